@@ -1,0 +1,158 @@
+"""Command line: python -m core {simulate,metrics} ...  (run with -h for each command).
+
+Bad input exits with code 2 and one line on stderr naming the problem.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from core.errors import InputError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints the whole usage otherwise)
+        raise SystemExit(_fail(f"{self.prog}: {message}"))
+
+
+def _fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _positive_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _nonneg_float(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {s!r}")
+    return v
+
+
+def _finite_float(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {s!r}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="python -m core", description="Serving Explorer core: simulate schedules, compute metrics.")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    s = sub.add_parser("simulate", help="run a workload through the core scheduler; write a trace")
+    s.add_argument("workload", help="workload file: our JSON, Vidur CSV, LLMServingSim JSONL, or a trace")
+    s.add_argument("--policy", choices=["serial", "static", "continuous"], default="continuous")
+    s.add_argument("--max-seqs", type=_positive_int, help="running sequences at most")
+    s.add_argument("--token-budget", type=_positive_int, help="tokens computed per step (prefill + decode)")
+    s.add_argument("--chunk", type=_positive_int, help="chunked prefill: prompt tokens per request per step")
+    s.add_argument("--kv-blocks", type=_positive_int, help="KV pool size in blocks (default: unlimited)")
+    s.add_argument("--block-size", type=_positive_int, default=16, help="tokens per KV block (default 16)")
+    s.add_argument("--prefix-caching", action="store_true", help="reuse cached blocks (needs prompt_ids)")
+    s.add_argument("--step-model", choices=["constant", "affine", "roofline"], default="constant")
+    s.add_argument("--step-ms", type=_nonneg_float, default=1.0, help="constant model: ms per step")
+    s.add_argument("--base-ms", type=_nonneg_float, default=0.0, help="affine/roofline: fixed ms per step")
+    s.add_argument("--prefill-ms-per-token", type=_nonneg_float, default=0.0)
+    s.add_argument("--decode-ms-per-seq", type=_nonneg_float, default=0.0)
+    s.add_argument("--model", default="Llama-2-7B", help="roofline: model preset")
+    s.add_argument("--gpu", default="A100-80GB", help="roofline: GPU preset")
+    s.add_argument("--label", help="trace label (meta.label)")
+    s.add_argument("--out", required=True, help="trace to write (.json or .json.gz)")
+
+    m = sub.add_parser("metrics", help="per-request and summary metrics of a trace")
+    m.add_argument("trace")
+    m.add_argument("--window", nargs=2, type=_finite_float, metavar=("START_MS", "END_MS"),
+                   help="fixed throughput window (default: drain window [first arrival, last emission])")
+    m.add_argument("--usd-per-hour", type=_nonneg_float, help="flat resource tariff for cost figures")
+    m.add_argument("--json", action="store_true", help="print one JSON object")
+    return ap
+
+
+def cmd_simulate(a) -> int:
+    from core.scheduler import SchedulerConfig
+    from core.simulate import StepModel, simulate
+    from core.workload import load_workload
+    w = load_workload(a.workload)
+    cfg = SchedulerConfig(policy=a.policy, max_seqs=a.max_seqs, token_budget=a.token_budget, chunk=a.chunk,
+                          block_size=a.block_size, kv_blocks=a.kv_blocks, prefix_caching=a.prefix_caching)
+    sm = StepModel(a.step_model, step_ms=a.step_ms, base_ms=a.base_ms,
+                   prefill_ms_per_token=a.prefill_ms_per_token, decode_ms_per_seq=a.decode_ms_per_seq,
+                   model=a.model, gpu=a.gpu)
+    tr = simulate(w, cfg, sm, label=a.label)
+    try:
+        tr.save(a.out)
+    except OSError as e:
+        raise InputError(f"--out {a.out}: cannot write ({e.strerror})") from None
+    st = tr.meta["stats"]
+    print(f"wrote {a.out}: {len(w)} requests, {len(tr.tokens)} tokens, {st['steps']} steps, "
+          f"{st['preemptions']} preemptions; step model {sm.describe()}")
+    return 0
+
+
+def _fmt(x, unit=""):
+    return "—" if x is None else f"{x:,.3f}{unit}"
+
+
+def cmd_metrics(a) -> int:
+    from core.metrics import summarize
+    from core.trace import load_trace
+    tr = load_trace(a.trace)
+    out = summarize(tr, window=a.window, usd_per_hour=a.usd_per_hour)
+    if a.json:
+        print(json.dumps(out, allow_nan=False))
+        return 0
+    s = out["summary"]
+    print(f"{a.trace}: source={out['source']} label={out['label']!r}")
+    print(f"{'id':>10} {'arrival':>10} {'TTFT ms':>10} {'TPOT ms':>10} {'E2E ms':>10} {'tokens':>7}")
+    for r in out["requests"][:50]:
+        print(f"{r['id']:>10} {r['arrival_ms']:>10.3f} {_fmt(r['ttft_ms']):>10} {_fmt(r['tpot_ms']):>10} "
+              f"{_fmt(r['e2e_ms']):>10} {r['output_tokens']:>7}")
+    if len(out["requests"]) > 50:
+        print(f"... {len(out['requests']) - 50} more requests (use --json for all)")
+    w0, w1 = s["window_ms"]
+    print(f"output throughput: {s['output_tokens']} tokens / {(w1 - w0) / 1000:g} s = "
+          f"{_fmt(s['output_tok_per_s'])} tok/s over the {s['window_kind']} window [{w0:g}, {w1:g}] ms")
+    if s["cost_usd"] is not None:
+        per_1k = s["cost_per_1k_output_usd"]
+        print(f"cost at USD {s['usd_per_hour']:g}/h over that window: {s['cost_usd']:.9f} USD per run, "
+              f"{'—' if per_1k is None else f'{per_1k:.6f}'} USD per 1,000 output tokens")
+    for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        d = s[k]
+        print(f"{k:>8}: n={d['n']} mean={_fmt(d['mean'])} median={_fmt(d['median'])} "
+              f"p90={_fmt(d['p90'])} p99={_fmt(d['p99'])}")
+    print(f"percentile estimator: {s['percentile_estimator']}")
+    for n in s["notes"] + s["conservation_problems"]:
+        print(f"note: {n}")
+    return 0
+
+
+def main(argv=None) -> int:
+    try:
+        a = build_parser().parse_args(argv)
+        return {"simulate": cmd_simulate, "metrics": cmd_metrics}[a.cmd](a)
+    except InputError as e:
+        return _fail(str(e))
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""Iteration-level request scheduler, shared by the simulator and the runner.
+
+One step = one forward pass over a batch of (request, token count) pairs. The rule for
+every request is the same: it owns `prompt + emitted` known tokens, of which `computed`
+have KV in the cache; a step computes `n` more, and when computed reaches
+prompt + emitted the step's last logits yield the next token (emitted += 1).
+So a fresh request emits its first token in the step that finishes its prefill, and a
+request with n output tokens needs n steps when its prefill fits in one step.
+
+Policies
+- continuous: iteration-level refill (Orca/vLLM): every step, running requests first
+  (decodes and continuing prefill chunks, oldest first), then waiting requests are
+  admitted FCFS while seats (`max_seqs`), the token budget and KV blocks allow.
+- static: fixed cohorts: waiting requests are admitted only when the running set is
+  empty; a cohort holds its seats until its last member finishes.
+- serial: one request at a time (static/continuous with max_seqs = 1).
+
+Limits: `max_seqs` running requests; `token_budget` tokens per step (prefill + decode);
+`chunk` = chunked prefill (at most `chunk` prompt tokens per request per step; without
+it a prompt is computed in a single step); KV blocks from `core.paging.BlockManager`.
+When the running requests need more KV blocks than are free, the newest running
+request is preempted (its blocks freed, to be recomputed) and re-queued at the front;
+no new request is admitted in a step that preempted.
+
+The per-step work is vectorised over the running set with numpy, so long simulations
+stay fast; only block allocation, admission and finishing touch Python per request.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.errors import ConfigError
+from core.paging import BlockManager, KVLog
+from core.workload import Workload
+
+POLICIES = ("serial", "static", "continuous")
+BIG = 1 << 62  # "no limit" for budgets and seats
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    policy: str = "continuous"      # serial | static | continuous
+    max_seqs: int | None = None     # running requests at most (None: no limit; serial: 1)
+    token_budget: int | None = None  # tokens computed per step, prefill + decode (None: no limit)
+    chunk: int | None = None        # chunked prefill: prompt tokens per request per step (None: off)
+    block_size: int = 16            # tokens per KV block
+    kv_blocks: int | None = None    # KV pool size in blocks (None: enough for every request at once)
+    prefix_caching: bool = False    # reuse cached full blocks with an exact token-id prefix match
+    model_id: str | None = None     # part of the prefix-cache key (model/adapter identity)
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
+        for name in ("max_seqs", "token_budget", "chunk", "kv_blocks"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(f"{name}: expected a positive integer or none, got {v!r}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ConfigError(f"block_size: expected a positive integer, got {self.block_size!r}")
+
+    @property
+    def seats(self) -> int:
+        if self.policy == "serial":
+            return 1
+        return self.max_seqs if self.max_seqs is not None else BIG
+
+    def to_dict(self) -> dict:
+        return {"policy": self.policy, "max_seqs": self.seats if self.seats != BIG else None,
+                "token_budget": self.token_budget, "chunk": self.chunk,
+                "block_size": self.block_size, "kv_blocks": self.kv_blocks,
+                "prefix_caching": self.prefix_caching, "model_id": self.model_id}
+
+
+@dataclass(slots=True)
+class Batch:
+    step: int
+    t_ms: float                 # step start
+    reqs: np.ndarray            # request indices, batch order
+    num_tokens: np.ndarray      # tokens computed for each this step
+    start_pos: np.ndarray       # first position written (tokens already cached)
+    is_prefill: np.ndarray      # False: a one-token decode after at least one emission
+
+    @property
+    def prefill_tokens(self) -> int:
+        return int(self.num_tokens[self.is_prefill].sum())
+
+    @property
+    def decode_seqs(self) -> int:
+        return int((~self.is_prefill).sum())
+
+    @property
+    def total_tokens(self) -> int:
+        return int(self.num_tokens.sum())
+
+
+class StepLog:
+    """Columnar record of what the scheduler did (turned into a trace by core.trace)."""
+
+    def __init__(self):
+        self.steps = []                          # (step, t_ms, dur_ms, running, waiting, used, free)
+        self.batch_parts = []                    # (step, reqs, num_tokens, is_prefill)
+        self.token_parts = []                    # (reqs, index, t_ms, token_ids|None)
+        self.finishes = []                       # (req, t_ms, reason)
+        self.preempts = []                       # (req, t_ms, reason, freed_blocks)
+        self.kv = KVLog()
+
+
+class Scheduler:
+    def __init__(self, workload: Workload, config: SchedulerConfig, log: StepLog | None = None):
+        self.cfg = config
+        reqs = workload.requests
+        self.ids = [r.id for r in reqs]
+        self.n = len(reqs)
+        self.prompt_len = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
+        self.out_len = np.array([r.output_tokens for r in reqs], dtype=np.int64)
+        self.arrival = np.array([r.arrival_ms for r in reqs], dtype=np.float64)
+        self.salt = [r.tenant for r in reqs]
+        # Known token ids per request (prompt, then outputs when the caller supplies them).
+        self.token_ids = [list(r.prompt_ids) if r.prompt_ids is not None else None for r in reqs]
+        self.aborts = sorted((r.abort_at_ms, i) for i, r in enumerate(reqs) if r.abort_at_ms is not None)
+        bs = config.block_size
+        # KV slots a request ever needs: the last output token is never fed back.
+        need_blocks = -(-(self.prompt_len + self.out_len - 1) // bs)
+        if config.kv_blocks is None:
+            num_blocks = int(need_blocks.sum())
+        else:
+            num_blocks = config.kv_blocks
+            worst = int(need_blocks.argmax())
+            if need_blocks[worst] > num_blocks:
+                raise ConfigError(
+                    f"kv_blocks: request {self.ids[worst]!r} needs {int(need_blocks[worst])} blocks "
+                    f"of {bs} tokens (prompt + output - 1 = "
+                    f"{int(self.prompt_len[worst] + self.out_len[worst] - 1)} tokens) "
+                    f"but the pool has {num_blocks}")
+        if config.chunk is None and config.token_budget is not None:
+            worst = int(self.prompt_len.argmax())
+            if self.prompt_len[worst] > config.token_budget:
+                raise ConfigError(
+                    f"token_budget: request {self.ids[worst]!r} has a {int(self.prompt_len[worst])}-token "
+                    f"prompt, more than the per-step budget of {config.token_budget}; "
+                    f"enable chunked prefill (chunk) or raise the budget")
+        self.log = log
+        self.bm = BlockManager(num_blocks, bs, config.prefix_caching, config.model_id,
+                               log.kv if log is not None else None)
+        self.computed = np.zeros(self.n, dtype=np.int64)
+        self.emitted = np.zeros(self.n, dtype=np.int64)
+        self.nblocks = np.zeros(self.n, dtype=np.int64)
+        self.state = np.zeros(self.n, dtype=np.int8)  # 0 not arrived, 1 waiting, 2 running, 3 done
+        self.run = np.empty(0, dtype=np.int64)        # running request indices, admission order
+        self.waiting: deque[int] = deque()
+        self.next_arrival = 0
+        self.num_done = 0
+        self.step = 0
+        self.num_preemptions = 0
+        self._pending_step = None
+
+    # ---- clock-driven inputs ---------------------------------------------------------
+    def done(self) -> bool:
+        return self.num_done == self.n
+
+    def admit_arrivals(self, now_ms: float):
+        while self.next_arrival < self.n and self.arrival[self.next_arrival] <= now_ms:
+            i = self.next_arrival
+            if self.state[i] == 0:
+                self.waiting.append(i)
+                self.state[i] = 1
+            self.next_arrival += 1
+
+    def next_event_ms(self) -> float | None:
+        """When something can next happen while idle: an arrival or an abort."""
+        times = []
+        nxt = self.next_arrival
+        while nxt < self.n and self.state[nxt] == 3:
+            nxt += 1
+        if nxt < self.n:
+            times.append(float(self.arrival[nxt]))
+        for t, i in self.aborts:
+            if self.state[i] != 3:
+                times.append(t)
+                break
+        return min(times) if times else None
+
+    def abort(self, i: int, now_ms: float, reason: str = "abort"):
+        """Cancel request i wherever it is; its blocks return to the pool."""
+        if self.state[i] == 3:
+            return
+        if self.state[i] == 2:
+            self.bm.now_ms = now_ms
+            self.bm.free_seq(i)
+            self.nblocks[i] = 0
+            self.run = self.run[self.run != i]
+        elif self.state[i] == 1:
+            self.waiting.remove(i)
+        self.state[i] = 3  # a request not yet arrived is skipped when it would arrive
+        self.num_done += 1
+        if self.log is not None:
+            self.log.finishes.append((i, now_ms, reason))
+
+    def _abort_due(self, now_ms):
+        while self.aborts and self.aborts[0][0] <= now_ms:
+            t, i = self.aborts.pop(0)
+            self.abort(i, now_ms)
+
+    # ---- one step ----------------------------------------------------------------------
+    def _plan_running(self, run, budget):
+        pending = self.prompt_len[run] + self.emitted[run] - self.computed[run]
+        want = np.minimum(pending, self.cfg.chunk) if self.cfg.chunk else pending
+        # Oldest first: each request takes what the budget has left after those before it.
+        before = np.cumsum(want) - want
+        n = np.clip(budget - before, 0, want)
+        need = -(-(self.computed[run] + n) // self.cfg.block_size) - self.nblocks[run]
+        # A decode computes the one token emitted last; anything else is (re)prefill.
+        is_decode = (pending == 1) & (self.emitted[run] > 0)
+        return n, need, is_decode
+
+    def schedule(self, now_ms: float) -> Batch | None:
+        """Choose the next step's batch (None if there is nothing to run now)."""
+        cfg, bm = self.cfg, self.bm
+        bm.now_ms = now_ms
+        self._abort_due(now_ms)
+        budget = cfg.token_budget if cfg.token_budget is not None else BIG
+        bs = cfg.block_size
+        run = self.run
+        cohort_open = cfg.policy == "continuous" or len(run) == 0
+        preempted = False
+        n = need = np.empty(0, dtype=np.int64)
+        is_decode = np.empty(0, dtype=bool)
+        if len(run):
+            n, need, is_decode = self._plan_running(run, budget)
+            while int(need.sum()) > bm.num_free:
+                victim = int(run[-1])           # newest running request
+                freed = bm.free_seq(victim)
+                self.computed[victim] = 0
+                self.nblocks[victim] = 0
+                self.state[victim] = 1
+                self.waiting.appendleft(victim)
+                run = run[:-1]
+                preempted = True
+                self.num_preemptions += 1
+                if self.log is not None:
+                    self.log.preempts.append((victim, now_ms, "kv_full", freed))
+                n, need, is_decode = self._plan_running(run, budget)
+            grow = need > 0
+            if grow.any():
+                bm.grow_many(run[grow].tolist(), need[grow].tolist())
+                self.nblocks[run] += need
+        used = int(n.sum())
+        new_reqs, new_n = [], []
+        if cohort_open and not preempted:
+            seats = cfg.seats - len(run)
+            while self.waiting and seats > 0 and budget - used > 0:
+                r = self.waiting[0]
+                total = int(self.prompt_len[r] + self.emitted[r])  # tokens to (re)compute
+                known = self.token_ids[r]
+                hits = bm.match_prefix(known, self.salt[r], max_tokens=total - 1) if known else []
+                cached = len(hits) * bs
+                pending = total - cached
+                take = min(pending, cfg.chunk or pending, budget - used)
+                if cfg.chunk is None and take < pending:
+                    break  # the whole prompt must fit in this step's budget
+                if bm.admission_cost(hits, cached + take) > bm.num_free:
+                    break  # FCFS: no skipping ahead of the head of the queue
+                self.waiting.popleft()
+                bm.admit(r, hits, self.salt[r])
+                bm.grow(r, cached + take)
+                self.computed[r] = cached
+                self.nblocks[r] = len(bm.tables[r])
+                self.state[r] = 2
+                new_reqs.append(r)
+                new_n.append(take)
+                used += take
+                seats -= 1
+        if new_reqs:
+            run = np.concatenate([run, np.array(new_reqs, dtype=np.int64)])
+            n = np.concatenate([n, np.array(new_n, dtype=np.int64)])
+            is_decode = np.concatenate([is_decode, np.zeros(len(new_reqs), dtype=bool)])
+        self.run = run
+        active = n > 0
+        if active.all():
+            reqs, num = run, n
+        elif not active.any():
+            return None
+        else:
+            reqs, num, is_decode = run[active], n[active], is_decode[active]
+        batch = Batch(self.step, now_ms, reqs, num, self.computed[reqs], ~is_decode)
+        self._pending_step = (len(run), len(self.waiting), bm.num_used, bm.num_free)
+        return batch
+
+    def complete(self, batch: Batch, t_end_ms: float, dur_ms: float | None = None,
+                 token_ids: np.ndarray | None = None, t_tokens_ms: float | None = None,
+                 stopped: set | None = None) -> np.ndarray:
+        """Apply a finished step. `token_ids` (runner) are the sampled ids for the requests
+        that emit, in batch order; `stopped` ends requests early (EOS).
+        Returns the indices of requests that emitted a token this step."""
+        bm = self.bm
+        bm.now_ms = t_end_ms
+        r = batch.reqs
+        self.computed[r] += batch.num_tokens
+        emit = self.computed[r] == self.prompt_len[r] + self.emitted[r]
+        er = r[emit]
+        self.emitted[er] += 1
+        t_tok = t_end_ms if t_tokens_ms is None else t_tokens_ms
+        if token_ids is not None:
+            for j, i in enumerate(er.tolist()):
+                if self.token_ids[i] is not None:
+                    self.token_ids[i].append(int(token_ids[j]))
+        if self.log is not None:
+            dur = t_end_ms - batch.t_ms if dur_ms is None else dur_ms
+            running, waiting, used, free = self._pending_step
+            self.log.steps.append((batch.step, batch.t_ms, dur, running, waiting, used, free))
+            self.log.batch_parts.append((batch.step, r, batch.num_tokens, batch.is_prefill))
+            self.log.token_parts.append((er, self.emitted[er] - 1, t_tok,
+                                         None if token_ids is None else np.asarray(token_ids)))
+        if bm.prefix_caching:
+            bs = self.cfg.block_size
+            crossed = (self.computed[r] // bs) > (batch.start_pos // bs)
+            for i in r[crossed].tolist():
+                ids = self.token_ids[i]
+                if ids is not None:
+                    bm.commit(i, ids, int(self.computed[i]))
+        fin = er[self.emitted[er] >= self.out_len[er]]
+        reasons = {}
+        if stopped:
+            extra = [i for i in er.tolist() if i in stopped and self.emitted[i] < self.out_len[i]]
+            if extra:
+                fin = np.concatenate([fin, np.array(extra, dtype=np.int64)])
+                reasons = {i: "stop" for i in extra}
+        if len(fin):
+            for i in fin.tolist():
+                bm.free_seq(i)
+                self.nblocks[i] = 0
+                self.state[i] = 3
+                if self.log is not None:
+                    self.log.finishes.append((i, t_tok, reasons.get(i, "length")))
+            self.num_done += len(fin)
+            self.run = self.run[self.state[self.run] == 2]
+        self.step += 1
+        self._pending_step = None
+        return er

@@ -1,0 +1,157 @@
+"""Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) as probability mass.
+
+A draft proposes x ~ q; the target has p. Accept x with probability min(1, p(x)/q(x)); on
+rejection sample from the residual normalize(max(p - q, 0)). Accepted mass is min(p, q);
+rejection mass is 1 - sum min(p, q) = sum max(p - q, 0); the residual returns exactly the
+missing p - min(p, q). So the emitted token is distributed as p.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from core.errors import ConfigError
+
+TOL = 1e-9
+
+
+def _dist(x, name) -> np.ndarray:
+    a = np.asarray(x, dtype=float)
+    if a.ndim != 1 or len(a) < 1:
+        raise ConfigError(f"{name}: expected a non-empty list of probabilities")
+    if not np.all(np.isfinite(a)) or (a < 0).any():
+        raise ConfigError(f"{name}: probabilities must be finite and >= 0")
+    if abs(a.sum() - 1.0) > 1e-6:
+        raise ConfigError(f"{name}: probabilities must sum to 1 (they sum to {a.sum():.6g})")
+    return a
+
+
+def _pair(p, q):
+    p, q = _dist(p, "p"), _dist(q, "q")
+    if p.shape != q.shape:
+        raise ConfigError(f"p and q must have the same length ({len(p)} vs {len(q)})")
+    return p, q
+
+
+def acceptance(p, q) -> list[float]:
+    """min(1, p/q) per candidate (1 where q = 0: never proposed, never rejected)."""
+    p, q = _pair(p, q)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(q > 0, np.minimum(1.0, p / np.where(q > 0, q, 1.0)), 1.0)
+    return a.tolist()
+
+
+def accepted_mass(p, q) -> list[float]:
+    p, q = _pair(p, q)
+    return np.minimum(p, q).tolist()
+
+
+def rejection_mass(p, q) -> float:
+    p, q = _pair(p, q)
+    return float(max(0.0, 1.0 - np.minimum(p, q).sum()))
+
+
+def residual(p, q) -> list[float]:
+    """normalize(max(p - q, 0)); all zeros when p == q (then rejection never happens)."""
+    p, q = _pair(p, q)
+    r = np.maximum(p - q, 0.0)
+    s = r.sum()
+    if s <= TOL:
+        return [0.0] * len(p)
+    return (r / s).tolist()
+
+
+def final_distribution(p, q) -> list[float]:
+    """Distribution of the emitted token: accepted mass + rejection mass x residual (= p)."""
+    p, q = _pair(p, q)
+    return (np.minimum(p, q) + rejection_mass(p, q) * np.asarray(residual(p, q))).tolist()
+
+
+def wrong_final_distribution(p, q) -> list[float]:
+    """The WRONG rule: on rejection resample from p itself (not the residual)."""
+    p, q = _pair(p, q)
+    return (np.minimum(p, q) + rejection_mass(p, q) * p).tolist()
+
+
+def alpha(p, q) -> float:
+    """Acceptance rate of one proposal: sum min(p, q)."""
+    p, q = _pair(p, q)
+    return float(np.minimum(p, q).sum())
+
+
+def speculative_sample(p, q, rng: np.random.Generator, wrong: bool = False) -> tuple[int, bool]:
+    """One draw through the algorithm: (token, accepted?)."""
+    p, q = np.asarray(p, float), np.asarray(q, float)
+    x = int(rng.choice(len(q), p=q))
+    if rng.random() < min(1.0, p[x] / q[x]):
+        return x, True
+    r = p if wrong else np.asarray(residual(p, q))
+    return int(rng.choice(len(p), p=r / r.sum())), False
+
+
+def monte_carlo(p, q, draws: int, seed: int = 0, wrong: bool = False) -> dict:
+    """Empirical distribution of the emitted token over `draws` seeded draws, vectorised.
+    Returns counts, frequencies, acceptance rate and a 99% normal band per candidate."""
+    p, q = _pair(p, q)
+    if isinstance(draws, bool) or not isinstance(draws, int) or draws < 1:
+        raise ConfigError(f"draws: expected a positive integer, got {draws!r}")
+    rng = np.random.default_rng(seed)
+    n = len(p)
+    x = rng.choice(n, size=draws, p=q)
+    u = rng.random(draws)
+    acc = np.asarray(acceptance(p, q))[x]
+    accepted = u < acc
+    r = p if wrong else np.asarray(residual(p, q))
+    if r.sum() > 0:
+        resampled = rng.choice(n, size=draws, p=r / r.sum())
+    else:
+        resampled = x
+    out = np.where(accepted, x, resampled)
+    counts = np.bincount(out, minlength=n)
+    freq = counts / draws
+    target = np.asarray(final_distribution(p, q))
+    half = 2.576 * np.sqrt(target * (1 - target) / draws)
+    return {"counts": counts.tolist(), "freq": freq.tolist(), "accept_rate": float(accepted.mean()),
+            "band_lo": (target - half).tolist(), "band_hi": (target + half).tolist(), "draws": draws}
+
+
+def greedy_accepted(draft_tokens, target_argmax) -> int:
+    """Greedy verification: accept the longest prefix where the draft equals the
+    target's argmax at that position. Returns the number accepted."""
+    k = 0
+    for d, t in zip(draft_tokens, target_argmax):
+        if d != t:
+            break
+        k += 1
+    return k
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Expected tokens emitted per target verification with gamma proposals and i.i.d.
+    acceptance alpha: (1 - alpha^(gamma+1)) / (1 - alpha); gamma + 1 when alpha = 1."""
+    if not (0.0 <= alpha <= 1.0):
+        raise ConfigError(f"alpha: expected a number in [0, 1], got {alpha!r}")
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
+        raise ConfigError(f"gamma: expected an integer >= 0, got {gamma!r}")
+    if alpha >= 1.0 - 1e-12:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def speedup(alpha: float, gamma: int, draft_cost: float, verify_cost: float = 1.0) -> float:
+    """Tokens per unit time relative to plain decoding. One plain decode step costs 1 (a
+    target step). One speculative round costs gamma x draft_cost (each draft step, as a
+    fraction of a target step) + verify_cost (the target verifying gamma + 1 positions,
+    as a multiple of a decode step) and yields expected_tokens(alpha, gamma)."""
+    if draft_cost < 0 or verify_cost <= 0:
+        raise ConfigError("draft_cost must be >= 0 and verify_cost > 0")
+    return expected_tokens(alpha, gamma) / (gamma * draft_cost + verify_cost)
+
+
+def break_even_draft_cost(alpha: float, gamma: int, verify_cost: float = 1.0) -> float:
+    """Largest draft cost (per draft step, in target steps) at which speculation still
+    does not lose: gamma x c + verify = expected tokens."""
+    if gamma == 0:
+        return math.inf
+    return max(0.0, (expected_tokens(alpha, gamma) - verify_cost) / gamma)

@@ -1,0 +1,595 @@
+"""The `serving-trace/1` format: the contract between the simulator, the runner, importers
+and the pages. See docs/trace-format.md and data/schema/serving-trace-1.json.
+
+In memory a trace is columnar (pandas DataFrames per event type, request index codes
+instead of ids) so that million-event traces load and aggregate quickly; on disk it is
+one JSON document (optionally gzip-compressed) with an `events` list.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.errors import TraceError
+from core.paging import KV_OPS
+from core.workload import Request, Workload, decode_bytes
+
+SCHEMA = "serving-trace/1"
+SOURCES = ("given", "simulated", "measured", "imported")
+TOKEN_SOURCES = ("sampled", "accepted", "recovered", "bonus")
+KINDS = ("decode", "prefill")  # batch entry kinds (category order: code 1 = prefill)
+REQUEST_FIELDS = ("id", "arrival_ms", "prompt_tokens", "max_output_tokens", "tenant")
+# Event types whose rows live in DataFrames; any other type is kept verbatim in `other`.
+TABLE_TYPES = ("token", "finish", "step", "kv", "preempt")
+MAX_REPORTED = 1  # problems spelled out; the rest are counted
+
+
+def _empty(cols: dict) -> pd.DataFrame:
+    return pd.DataFrame(copy=False, data={c: pd.Series(dtype=t) for c, t in cols.items()})
+
+
+TOKEN_COLS = {"req": "int64", "index": "int64", "t_ms": "float64", "source": "object", "token_id": "int64"}
+FINISH_COLS = {"req": "int64", "t_ms": "float64", "reason": "object"}
+STEP_COLS = {"step": "int64", "t_ms": "float64", "dur_ms": "float64", "running": "int64",
+             "waiting": "int64", "kv_used_blocks": "int64", "kv_free_blocks": "int64"}
+BATCH_COLS = {"step": "int64", "req": "int64", "kind": "object", "tokens": "int64"}
+KV_COLS = {"t_ms": "float64", "op": "object", "req": "int64", "block": "int64", "logical": "int64",
+           "ref": "int64", "hash": "object", "src": "int64"}
+PREEMPT_COLS = {"t_ms": "float64", "req": "int64", "reason": "object", "freed_blocks": "int64"}
+
+
+@dataclass
+class Trace:
+    meta: dict
+    requests: pd.DataFrame                # id, arrival_ms, prompt_tokens, max_output_tokens, tenant
+    tokens: pd.DataFrame = field(default_factory=lambda: _empty(TOKEN_COLS))
+    finishes: pd.DataFrame = field(default_factory=lambda: _empty(FINISH_COLS))
+    steps: pd.DataFrame = field(default_factory=lambda: _empty(STEP_COLS))
+    batch: pd.DataFrame = field(default_factory=lambda: _empty(BATCH_COLS))  # one row per (step, req)
+    kv: pd.DataFrame = field(default_factory=lambda: _empty(KV_COLS))
+    preempts: pd.DataFrame = field(default_factory=lambda: _empty(PREEMPT_COLS))
+    other: list = field(default_factory=list)          # spec, tiles, unknown events, verbatim
+    request_extra: list = field(default_factory=list)  # per request: unknown fields, verbatim
+    extra: dict = field(default_factory=dict)          # unknown top-level fields, verbatim
+
+    @property
+    def ids(self) -> list[str]:
+        return self.requests["id"].tolist()
+
+    @property
+    def source(self) -> str:
+        return self.meta.get("source", "")
+
+    @property
+    def label(self) -> str:
+        return self.meta.get("label") or self.source
+
+    def event_types(self) -> set[str]:
+        present = {name for name, df in (("token", self.tokens), ("finish", self.finishes),
+                                         ("step", self.steps), ("kv", self.kv),
+                                         ("preempt", self.preempts)) if len(df)}
+        return present | {e.get("type") for e in self.other}
+
+    def workload(self) -> Workload:
+        reqs = []
+        for i, row in enumerate(self.requests.itertuples(index=False)):
+            extra = self.request_extra[i] if i < len(self.request_extra) else {}
+            ids = extra.get("prompt_ids")
+            reqs.append(Request(
+                id=row.id, arrival_ms=float(row.arrival_ms), prompt_tokens=int(row.prompt_tokens),
+                output_tokens=int(row.max_output_tokens),
+                prompt_ids=tuple(ids) if isinstance(ids, list) and len(ids) == row.prompt_tokens else None,
+                tenant=row.tenant if isinstance(row.tenant, str) else None,
+                abort_at_ms=extra.get("abort_at_ms")))
+        return Workload(reqs, name=self.meta.get("label") or "trace workload")
+
+    # ---- to the JSON form ----------------------------------------------------------
+    def to_doc(self) -> dict:
+        ids = np.array(self.ids, dtype=object)
+        req_docs = []
+        for i, row in enumerate(self.requests.itertuples(index=False)):
+            d = {"id": row.id, "arrival_ms": float(row.arrival_ms), "prompt_tokens": int(row.prompt_tokens),
+                 "max_output_tokens": int(row.max_output_tokens)}
+            if isinstance(row.tenant, str):
+                d["tenant"] = row.tenant
+            if i < len(self.request_extra):
+                d.update(self.request_extra[i])
+            req_docs.append(d)
+        parts: list[tuple[np.ndarray, int, list[dict]]] = []  # (times, type order, events)
+
+        tk = self.tokens
+        if len(tk):
+            has_id = tk["token_id"].to_numpy() >= 0
+            evs = [{"t_ms": t, "type": "token", "req": r, "index": k, "source": s}
+                   for t, r, k, s in zip(tk["t_ms"].tolist(), ids[tk["req"].to_numpy()].tolist(),
+                                         tk["index"].tolist(), tk["source"].tolist())]
+            if has_id.any():
+                for e, tid, h in zip(evs, tk["token_id"].tolist(), has_id.tolist()):
+                    if h:
+                        e["token_id"] = tid
+            parts.append((tk["t_ms"].to_numpy(), 2, evs))
+        fn = self.finishes
+        if len(fn):
+            evs = [{"t_ms": t, "type": "finish", "req": r, "reason": s}
+                   for t, r, s in zip(fn["t_ms"].tolist(), ids[fn["req"].to_numpy()].tolist(),
+                                      fn["reason"].tolist())]
+            parts.append((fn["t_ms"].to_numpy(), 3, evs))
+        st = self.steps
+        if len(st):
+            b = self.batch
+            by_step: dict[int, list] = {}
+            for s, r, kd, n in zip(b["step"].tolist(), ids[b["req"].to_numpy()].tolist(),
+                                   b["kind"].tolist(), b["tokens"].tolist()):
+                by_step.setdefault(s, []).append({"req": r, "kind": kd, "tokens": n})
+            evs = [{"t_ms": t, "type": "step", "step": s, "dur_ms": d, "batch": by_step.get(s, []),
+                    "running": ru, "waiting": wa, "kv_used_blocks": u, "kv_free_blocks": f}
+                   for s, t, d, ru, wa, u, f in zip(*(st[c].tolist() for c in STEP_COLS))]
+            parts.append((st["t_ms"].to_numpy(), 1, evs))
+        kv = self.kv
+        if len(kv):
+            req_ids = np.where(kv["req"].to_numpy() >= 0, ids[np.maximum(kv["req"].to_numpy(), 0)], None) \
+                if len(ids) else np.full(len(kv), None)
+            evs = []
+            for t, op, r, blk, lg, ref, h, src in zip(kv["t_ms"].tolist(), kv["op"].tolist(), req_ids.tolist(),
+                                                     kv["block"].tolist(), kv["logical"].tolist(),
+                                                     kv["ref"].tolist(), kv["hash"].tolist(), kv["src"].tolist()):
+                e = {"t_ms": t, "type": "kv", "op": op, "req": r, "block": blk, "logical": lg, "ref": ref}
+                if h is not None:
+                    e["hash"] = h
+                if src >= 0:
+                    e["src"] = src
+                evs.append(e)
+            parts.append((kv["t_ms"].to_numpy(), 0, evs))
+        pr = self.preempts
+        if len(pr):
+            evs = [{"t_ms": t, "type": "preempt", "req": r, "reason": s, "freed_blocks": f}
+                   for t, r, s, f in zip(pr["t_ms"].tolist(), ids[pr["req"].to_numpy()].tolist(),
+                                         pr["reason"].tolist(), pr["freed_blocks"].tolist())]
+            parts.append((pr["t_ms"].to_numpy(), 0, evs))
+        if self.other:
+            parts.append((np.array([e.get("t_ms", 0.0) for e in self.other], dtype=float), 4, list(self.other)))
+        events: list = []
+        if parts:
+            times = np.concatenate([p[0] for p in parts])
+            order_key = np.concatenate([np.full(len(p[2]), p[1]) for p in parts])
+            flat = [e for p in parts for e in p[2]]
+            order = np.lexsort((order_key, times))  # by time; at equal times kv, step, token, finish
+            events = [flat[i] for i in order.tolist()]
+        doc = {"schema": SCHEMA, "meta": self.meta, "requests": req_docs, "events": events}
+        doc.update(self.extra)
+        return doc
+
+    def dumps(self, pretty: bool = False) -> str:
+        doc = self.to_doc()
+        if not pretty:
+            return json.dumps(doc, separators=(",", ":"), allow_nan=False)
+        # Readable and diff-friendly: one request / one event per line.
+        head = {k: v for k, v in doc.items() if k not in ("requests", "events")}
+        lines = ["{"]
+        for k, v in head.items():
+            lines.append(f" {json.dumps(k)}: {json.dumps(v, allow_nan=False)},")
+        for key in ("requests", "events"):
+            items = doc[key]
+            lines.append(f' "{key}": [')
+            lines += [f"  {json.dumps(x, allow_nan=False)}{',' if i < len(items) - 1 else ''}"
+                      for i, x in enumerate(items)]
+            lines.append(" ]," if key == "requests" else " ]")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def save(self, path: str | Path, pretty: bool = False):
+        p = Path(path)
+        data = self.dumps(pretty and not p.name.endswith(".gz")).encode()
+        if p.name.endswith(".gz"):
+            data = gzip.compress(data, compresslevel=6)
+        p.write_bytes(data)
+
+
+# ---- loading and validation --------------------------------------------------------
+
+class _Problems:
+    """Collects validation problems; raises one TraceError naming the first."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.items: list[tuple[float, str]] = []
+
+    def add(self, order: float, msg: str):
+        self.items.append((order, msg))
+
+    def raise_if_any(self):
+        if not self.items:
+            return
+        self.items.sort(key=lambda x: x[0])
+        first = self.items[0][1]
+        more = len(self.items) - 1
+        tail = f" (and {more} more problem{'s' if more != 1 else ''})" if more else ""
+        raise TraceError(f"{self.name}: {first}{tail}")
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v) -> bool:
+    return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
+
+
+def _ok_time(v) -> bool:
+    return _is_num(v) and math.isfinite(v) and v >= 0
+
+
+def parse_json_bytes(data: bytes | str, name: str, error=TraceError) -> Any:
+    text = decode_bytes(data, name, error) if isinstance(data, bytes) else data
+    if not text.strip():
+        raise error(f"{name}: the file is empty")
+    try:
+        return json.loads(text, parse_constant=lambda c: _bad_constant(c, name, error))
+    except json.JSONDecodeError as e:
+        raise error(f"{name}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    except RecursionError:
+        raise error(f"{name}: JSON nested too deeply") from None
+
+
+def _bad_constant(c, name, error):
+    raise error(f"{name}: {c} is not allowed (JSON numbers must be finite)")
+
+
+def load_trace(path: str | Path) -> Trace:
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory, expected a trace file") from None
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read ({e.strerror})") from None
+    return parse_trace(data, p.name)
+
+
+def parse_trace(data: bytes | str, name: str = "trace") -> Trace:
+    return trace_from_doc(parse_json_bytes(data, name), name)
+
+
+def trace_from_doc(doc: Any, name: str = "trace") -> Trace:
+    if not isinstance(doc, dict):
+        raise TraceError(f"{name}: expected a JSON object at the top level, got {type(doc).__name__}")
+    schema = doc.get("schema")
+    if schema is None:
+        raise TraceError(f"{name}: schema: missing (expected {SCHEMA!r})")
+    if schema != SCHEMA:
+        raise TraceError(f"{name}: schema: unknown version {schema!r}; this build reads {SCHEMA!r}")
+    meta = doc.get("meta")
+    if not isinstance(meta, dict):
+        raise TraceError(f"{name}: meta: expected an object with at least 'source'")
+    if meta.get("source") not in SOURCES:
+        raise TraceError(f"{name}: meta.source: expected one of {', '.join(SOURCES)}, got {meta.get('source')!r}")
+    reqs = doc.get("requests")
+    if not isinstance(reqs, list):
+        raise TraceError(f"{name}: requests: expected a list")
+    events = doc.get("events")
+    if not isinstance(events, list):
+        raise TraceError(f"{name}: events: expected a list")
+    pb = _Problems(name)
+
+    # Requests.
+    ids, arrival, prompt, max_out, tenant, extras = [], [], [], [], [], []
+    index_of: dict[str, int] = {}
+    for i, r in enumerate(reqs):
+        at = f"requests[{i}]"
+        if not isinstance(r, dict):
+            pb.add(-1e18 + i, f"{at}: expected an object"); continue
+        rid = r.get("id")
+        if _is_int(rid):
+            rid = str(int(rid))
+        if not isinstance(rid, str) or not rid:
+            pb.add(-1e18 + i, f"{at}.id: expected a non-empty string, got {rid!r}"); continue
+        if rid in index_of:
+            pb.add(-1e18 + i, f"{at}.id: duplicate request id {rid!r}"); continue
+        bad = None
+        if not _ok_time(r.get("arrival_ms")):
+            bad = f"{at}.arrival_ms: expected a finite number >= 0, got {r.get('arrival_ms')!r}"
+        elif not (_is_int(r.get("prompt_tokens")) and r["prompt_tokens"] >= 0):
+            bad = f"{at}.prompt_tokens: expected an integer >= 0, got {r.get('prompt_tokens')!r}"
+        elif not (_is_int(r.get("max_output_tokens")) and r["max_output_tokens"] >= 1):
+            bad = f"{at}.max_output_tokens: expected an integer >= 1, got {r.get('max_output_tokens')!r}"
+        elif r.get("tenant") is not None and not isinstance(r.get("tenant"), str):
+            bad = f"{at}.tenant: expected a string or null, got {r.get('tenant')!r}"
+        if bad:
+            pb.add(-1e18 + i, bad); continue
+        index_of[rid] = len(ids)
+        ids.append(rid)
+        arrival.append(float(r["arrival_ms"]))
+        prompt.append(int(r["prompt_tokens"]))
+        max_out.append(int(r["max_output_tokens"]))
+        tenant.append(r.get("tenant"))
+        extras.append({k: v for k, v in r.items() if k not in REQUEST_FIELDS})
+    pb.raise_if_any()
+
+    # Events: split by type, checking each row's fields.
+    tok = ([], [], [], [], [], [])      # req, index, t, source, token_id, position
+    fin = ([], [], [], [])              # req, t, reason, position
+    stp = ([], [], [], [], [], [], [])  # step, t, dur, running, waiting, used, free
+    bat = ([], [], [], [])              # step, req, kind, tokens
+    kvc = ([], [], [], [], [], [], [], [])
+    pre = ([], [], [], [])
+    other = []
+
+    def req_of(e, i, typ, required=True):
+        r = e.get("req")
+        if r is None and not required:
+            return -1
+        if _is_int(r) and not isinstance(r, str):
+            r = str(int(r))
+        j = index_of.get(r) if isinstance(r, str) else None
+        if j is None:
+            pb.add(i, f"events[{i}] ({typ}): req {r!r} is not in requests")
+        return j
+
+    for i, e in enumerate(events):
+        if not isinstance(e, dict):
+            pb.add(i, f"events[{i}]: expected an object"); continue
+        typ = e.get("type")
+        if not isinstance(typ, str):
+            pb.add(i, f"events[{i}].type: expected a string, got {typ!r}"); continue
+        t = e.get("t_ms")
+        if not _ok_time(t):
+            pb.add(i, f"events[{i}] ({typ}).t_ms: expected a finite number >= 0, got {t!r}"); continue
+        if typ == "token":
+            j = req_of(e, i, typ)
+            k = e.get("index")
+            if not (_is_int(k) and k >= 0):
+                pb.add(i, f"events[{i}] (token).index: expected an integer >= 0, got {k!r}"); continue
+            src = e.get("source", "sampled")
+            if src not in TOKEN_SOURCES:
+                pb.add(i, f"events[{i}] (token).source: expected one of {', '.join(TOKEN_SOURCES)}, got {src!r}")
+                continue
+            tid = e.get("token_id", -1)
+            if not (_is_int(tid) and tid >= -1):
+                pb.add(i, f"events[{i}] (token).token_id: expected an integer >= 0, got {tid!r}"); continue
+            if j is None:
+                continue
+            tok[0].append(j); tok[1].append(int(k)); tok[2].append(float(t)); tok[3].append(src)
+            tok[4].append(int(tid)); tok[5].append(i)
+        elif typ == "finish":
+            j = req_of(e, i, typ)
+            reason = e.get("reason", "length")
+            if not isinstance(reason, str):
+                pb.add(i, f"events[{i}] (finish).reason: expected a string, got {reason!r}"); continue
+            if j is None:
+                continue
+            fin[0].append(j); fin[1].append(float(t)); fin[2].append(reason); fin[3].append(i)
+        elif typ == "step":
+            s = e.get("step", len(stp[0]))
+            d = e.get("dur_ms", 0.0)
+            if not _is_int(s) or s < 0:
+                pb.add(i, f"events[{i}] (step).step: expected an integer >= 0, got {s!r}"); continue
+            if not _ok_time(d):
+                pb.add(i, f"events[{i}] (step).dur_ms: expected a finite number >= 0, got {d!r}"); continue
+            counts = []
+            for f_ in ("running", "waiting", "kv_used_blocks", "kv_free_blocks"):
+                v = e.get(f_, -1)
+                if not (_is_int(v) and v >= -1):
+                    pb.add(i, f"events[{i}] (step).{f_}: expected an integer >= 0, got {v!r}"); break
+                counts.append(int(v))
+            else:
+                b = e.get("batch", [])
+                if not isinstance(b, list):
+                    pb.add(i, f"events[{i}] (step).batch: expected a list"); continue
+                ok = True
+                rows = []
+                for k_, item in enumerate(b):
+                    if not isinstance(item, dict):
+                        pb.add(i, f"events[{i}] (step).batch[{k_}]: expected an object"); ok = False; break
+                    j = req_of(item, i, "step")
+                    kind = item.get("kind")
+                    n = item.get("tokens")
+                    if kind not in ("prefill", "decode"):
+                        pb.add(i, f"events[{i}] (step).batch[{k_}].kind: expected prefill or decode, got {kind!r}")
+                        ok = False; break
+                    if not (_is_int(n) and n >= 1):
+                        pb.add(i, f"events[{i}] (step).batch[{k_}].tokens: expected an integer >= 1, got {n!r}")
+                        ok = False; break
+                    if j is None:
+                        ok = False; break
+                    rows.append((j, kind, int(n)))
+                if not ok:
+                    continue
+                stp[0].append(int(s)); stp[1].append(float(t)); stp[2].append(float(d))
+                for col, v in zip(stp[3:], counts):
+                    col.append(v)
+                for j, kind, n in rows:
+                    bat[0].append(int(s)); bat[1].append(j); bat[2].append(kind); bat[3].append(n)
+        elif typ == "kv":
+            op = e.get("op")
+            if op not in KV_OPS:
+                pb.add(i, f"events[{i}] (kv).op: expected one of {', '.join(KV_OPS)}, got {op!r}"); continue
+            j = req_of(e, i, typ, required=False)
+            blk = e.get("block")
+            if not (_is_int(blk) and blk >= 0):
+                pb.add(i, f"events[{i}] (kv).block: expected an integer >= 0, got {blk!r}"); continue
+            lg, ref, src = e.get("logical", -1), e.get("ref", 0), e.get("src", -1)
+            if not (_is_int(lg) and _is_int(ref) and _is_int(src)):
+                pb.add(i, f"events[{i}] (kv): logical, ref and src must be integers"); continue
+            h = e.get("hash")
+            if j is None:
+                continue
+            kvc[0].append(float(t)); kvc[1].append(op); kvc[2].append(j); kvc[3].append(int(blk))
+            kvc[4].append(int(lg)); kvc[5].append(int(ref)); kvc[6].append(h if isinstance(h, str) else None)
+            kvc[7].append(int(src))
+        elif typ == "preempt":
+            j = req_of(e, i, typ)
+            fb = e.get("freed_blocks", 0)
+            if not (_is_int(fb) and fb >= 0):
+                pb.add(i, f"events[{i}] (preempt).freed_blocks: expected an integer >= 0, got {fb!r}"); continue
+            if j is None:
+                continue
+            pre[0].append(float(t)); pre[1].append(j); pre[2].append(str(e.get("reason", "kv_full")))
+            pre[3].append(int(fb))
+        else:
+            if typ in ("spec", "tiles") and "req" in e and e["req"] is not None:
+                req_of(e, i, typ)
+            other.append(e)
+    pb.raise_if_any()
+
+    requests = pd.DataFrame(copy=False, data={"id": pd.Series(ids, dtype=object), "arrival_ms": np.array(arrival, dtype=float),
+                             "prompt_tokens": np.array(prompt, dtype=np.int64),
+                             "max_output_tokens": np.array(max_out, dtype=np.int64),
+                             "tenant": pd.Series(tenant, dtype=object)})
+    tokens = pd.DataFrame(copy=False, data={"req": np.array(tok[0], dtype=np.int64), "index": np.array(tok[1], dtype=np.int64),
+                           "t_ms": np.array(tok[2], dtype=float),
+                           "source": pd.Categorical(tok[3], categories=TOKEN_SOURCES),
+                           "token_id": np.array(tok[4], dtype=np.int64)})
+    finishes = pd.DataFrame(copy=False, data={"req": np.array(fin[0], dtype=np.int64), "t_ms": np.array(fin[1], dtype=float),
+                             "reason": pd.Series(fin[2], dtype=object)})
+    steps = pd.DataFrame(copy=False, data={c: np.array(v, dtype=STEP_COLS[c]) for c, v in zip(STEP_COLS, stp)})
+    batch = pd.DataFrame(copy=False, data={"step": np.array(bat[0], dtype=np.int64), "req": np.array(bat[1], dtype=np.int64),
+                          "kind": pd.Categorical(bat[2], categories=KINDS),
+                          "tokens": np.array(bat[3], dtype=np.int64)})
+    kv = pd.DataFrame(copy=False, data={c: (pd.Series(v, dtype=object) if KV_COLS[c] == "object" else np.array(v, dtype=KV_COLS[c]))
+                       for c, v in zip(KV_COLS, kvc)})
+    kv["op"] = pd.Categorical(kvc[1], categories=KV_OPS)
+    preempts = pd.DataFrame(copy=False, data={"t_ms": np.array(pre[0], dtype=float), "req": np.array(pre[1], dtype=np.int64),
+                             "reason": pd.Series(pre[2], dtype=object),
+                             "freed_blocks": np.array(pre[3], dtype=np.int64)})
+    _check_consistency(pb, requests, tokens, np.array(tok[5], dtype=np.int64),
+                       finishes, np.array(fin[3], dtype=np.int64))
+    pb.raise_if_any()
+    extra = {k: v for k, v in doc.items() if k not in ("schema", "meta", "requests", "events")}
+    return Trace(meta=meta, requests=requests, tokens=tokens, finishes=finishes, steps=steps, batch=batch,
+                 kv=kv, preempts=preempts, other=other, request_extra=extras, extra=extra)
+
+
+def _check_consistency(pb: _Problems, requests, tokens, tok_pos, finishes, fin_pos):
+    """Cross-event rules, vectorised: tokens after arrival, indices 0..n-1 without repeats,
+    emission times non-decreasing in index order, counts within max_output_tokens, one
+    finish per request, not before its last token."""
+    ids = requests["id"].to_numpy()
+    if len(tokens):
+        req = tokens["req"].to_numpy()
+        idx = tokens["index"].to_numpy()
+        t = tokens["t_ms"].to_numpy()
+        arr = requests["arrival_ms"].to_numpy()[req]
+        for k in np.flatnonzero(t < arr):
+            pb.add(tok_pos[k], f"events[{tok_pos[k]}] (token): request {ids[req[k]]!r} token {idx[k]} at "
+                               f"{t[k]} ms is before its arrival at {arr[k]} ms")
+        order = np.lexsort((idx, req))
+        r_s, i_s, t_s, p_s = req[order], idx[order], t[order], tok_pos[order]
+        same = r_s[1:] == r_s[:-1]
+        for k in np.flatnonzero(same & (i_s[1:] == i_s[:-1])):
+            pb.add(p_s[k + 1], f"events[{p_s[k + 1]}] (token): request {ids[r_s[k]]!r} token index "
+                               f"{i_s[k]} appears twice")
+        for k in np.flatnonzero(same & (t_s[1:] < t_s[:-1])):
+            pb.add(p_s[k + 1], f"events[{p_s[k + 1]}] (token): request {ids[r_s[k]]!r} token {i_s[k + 1]} at "
+                               f"{t_s[k + 1]} ms is earlier than token {i_s[k]} at {t_s[k]} ms (times must not decrease)")
+        counts = np.bincount(req, minlength=len(requests))
+        maxo = requests["max_output_tokens"].to_numpy()
+        for j in np.flatnonzero(counts > maxo):
+            pb.add(1e18, f"request {ids[j]!r}: {counts[j]} tokens, more than its max_output_tokens {maxo[j]}")
+        # Indices 0..n-1: after sorting, the k-th token of a request must have index k.
+        start = np.r_[0, np.flatnonzero(~same) + 1]
+        rank = np.arange(len(r_s)) - np.repeat(start, np.diff(np.r_[start, len(r_s)]))
+        for k in np.flatnonzero(i_s != rank)[:1]:
+            pb.add(p_s[k], f"events[{p_s[k]}] (token): request {ids[r_s[k]]!r} token indices must run "
+                           f"0..n-1 without gaps; found index {i_s[k]} where {rank[k]} was expected")
+    if len(finishes):
+        req = finishes["req"].to_numpy()
+        t = finishes["t_ms"].to_numpy()
+        dup = pd.Series(req).duplicated().to_numpy()
+        for k in np.flatnonzero(dup):
+            pb.add(fin_pos[k], f"events[{fin_pos[k]}] (finish): request {ids[req[k]]!r} finishes twice")
+        if len(tokens):
+            last = tokens.groupby("req")["t_ms"].max()
+            lt = last.reindex(req).to_numpy()
+            for k in np.flatnonzero(t < lt):
+                pb.add(fin_pos[k], f"events[{fin_pos[k]}] (finish): request {ids[req[k]]!r} finishes at {t[k]} ms, "
+                                   f"before its last token at {lt[k]} ms")
+
+
+def new_trace(meta: dict, workload: Workload) -> Trace:
+    """An empty trace for a workload (events are added by builders)."""
+    requests = pd.DataFrame(copy=False, data={
+        "id": pd.Series([r.id for r in workload.requests], dtype=object),
+        "arrival_ms": np.array([r.arrival_ms for r in workload.requests], dtype=float),
+        "prompt_tokens": np.array([r.prompt_tokens for r in workload.requests], dtype=np.int64),
+        "max_output_tokens": np.array([r.output_tokens for r in workload.requests], dtype=np.int64),
+        "tenant": pd.Series([r.tenant for r in workload.requests], dtype=object)})
+    extras = []
+    for r in workload.requests:
+        e = dict(r.extra)
+        if r.prompt_ids is not None:
+            e["prompt_ids"] = list(r.prompt_ids)
+        if r.abort_at_ms is not None:
+            e["abort_at_ms"] = r.abort_at_ms
+        extras.append(e)
+    return Trace(meta=dict(meta), requests=requests, request_extra=extras)
+
+
+def trace_from_log(workload: Workload, log, meta: dict) -> Trace:
+    """Turn a scheduler StepLog (simulator or runner) into a Trace."""
+    tr = new_trace(meta, workload)
+    if log.token_parts:
+        reqs = np.concatenate([p[0] for p in log.token_parts])
+        idx = np.concatenate([p[1] for p in log.token_parts])
+        lens = np.fromiter((len(p[0]) for p in log.token_parts), dtype=np.int64, count=len(log.token_parts))
+        t = np.repeat(np.fromiter((p[2] for p in log.token_parts), dtype=float, count=len(lens)), lens)
+        if any(p[3] is not None for p in log.token_parts):
+            tid = np.concatenate([p[3] if p[3] is not None else np.full(len(p[0]), -1) for p in log.token_parts])
+        else:
+            tid = np.full(len(t), -1, dtype=np.int64)
+        src = getattr(log, "token_sources", None)  # codes into TOKEN_SOURCES (runner)
+        codes = np.concatenate(src) if src else np.zeros(len(reqs), dtype=np.int8)
+        tr.tokens = pd.DataFrame(copy=False, data={
+            "req": reqs.astype(np.int64, copy=False), "index": idx.astype(np.int64, copy=False), "t_ms": t,
+            "source": pd.Categorical.from_codes(codes, TOKEN_SOURCES), "token_id": tid.astype(np.int64, copy=False)})
+    if log.finishes:
+        f = list(zip(*log.finishes))
+        tr.finishes = pd.DataFrame(copy=False, data={"req": np.array(f[0], dtype=np.int64), "t_ms": np.array(f[1], dtype=float),
+                                    "reason": pd.Series(f[2], dtype=object)})
+    if log.steps:
+        cols = list(zip(*log.steps))
+        tr.steps = pd.DataFrame(copy=False, data={c: np.array(v, dtype=STEP_COLS[c]) for c, v in zip(STEP_COLS, cols)})
+        blens = np.fromiter((len(p[1]) for p in log.batch_parts), dtype=np.int64, count=len(log.batch_parts))
+        step = np.repeat(np.fromiter((p[0] for p in log.batch_parts), dtype=np.int64, count=len(blens)), blens)
+        tr.batch = pd.DataFrame(copy=False, data={
+            "step": step,
+            "req": np.concatenate([p[1] for p in log.batch_parts]).astype(np.int64, copy=False),
+            "kind": pd.Categorical.from_codes(
+                np.concatenate([p[3] for p in log.batch_parts]).astype(np.int8), KINDS),
+            "tokens": np.concatenate([p[2] for p in log.batch_parts]).astype(np.int64, copy=False)})
+    if len(log.kv):
+        c = log.kv.columns()
+        tr.kv = pd.DataFrame(copy=False, data={
+            "t_ms": c["t_ms"], "op": pd.Categorical.from_codes(c["op"], KV_OPS),
+            "req": c["req"], "block": c["block"], "logical": c["logical"], "ref": c["ref"],
+            "hash": pd.Series(c["hash"], dtype=object), "src": c["src"]})
+    if log.preempts:
+        p = list(zip(*log.preempts))
+        tr.preempts = pd.DataFrame(copy=False, data={"req": np.array(p[0], dtype=np.int64), "t_ms": np.array(p[1], dtype=float),
+                                    "reason": pd.Series(p[2], dtype=object),
+                                    "freed_blocks": np.array(p[3], dtype=np.int64)})[list(PREEMPT_COLS)]
+    return tr
+
+
+def given_trace(workload: Workload, emissions: dict[str, list[float]], meta: dict) -> Trace:
+    """A trace from assigned emission times per request id (teaching scenarios)."""
+    tr = new_trace({"source": "given", **meta}, workload)
+    pos = {rid: i for i, rid in enumerate(tr.ids)}
+    rows = [(pos[rid], k, float(t)) for rid, ts in emissions.items() for k, t in enumerate(ts)]
+    req, idx, t = (np.array(c) for c in zip(*rows))
+    tr.tokens = pd.DataFrame(copy=False, data={"req": req.astype(np.int64), "index": idx.astype(np.int64), "t_ms": t.astype(float),
+                              "source": pd.Categorical(["sampled"] * len(rows), categories=TOKEN_SOURCES),
+                              "token_id": np.full(len(rows), -1, dtype=np.int64)})
+    last = {rid: max(ts) for rid, ts in emissions.items()}
+    tr.finishes = pd.DataFrame(copy=False, data={"req": np.array([pos[r] for r in last], dtype=np.int64),
+                                "t_ms": np.array(list(last.values()), dtype=float),
+                                "reason": pd.Series(["length"] * len(last), dtype=object)})
+    return trace_from_doc(tr.to_doc(), meta.get("label", "given"))  # validate on the way out

@@ -1,0 +1,105 @@
+"""Regenerate the built-in workloads and given traces in data/ (deterministic, seeded).
+
+    python data/generate.py
+
+The chapter's numbers are assigned teaching values (Chapter 31, Table 31.1), so the given
+traces carry meta.source = "given"; the synthetic workloads are seeded random draws.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from core.trace import given_trace  # noqa: E402
+from core.workload import Request, Workload  # noqa: E402
+
+DATA = ROOT / "data"
+CREATED = "2026-11-29T00:00:00+00:00"  # fixed so regenerating gives identical files
+
+CHAPTER31 = Workload([
+    Request("A", 0.0, 4, 3, prompt_ids=(10, 11, 12, 13)),
+    Request("B", 20.0, 4, 2, prompt_ids=(10, 11, 12, 14)),
+    Request("C", 40.0, 2, 1, prompt_ids=(20, 21)),
+], name="chapter31")
+
+CHAPTER31_SERIAL = {"A": [100, 140, 180], "B": [260, 300], "C": [360]}
+CHAPTER31_CONTINUOUS = {"A": [100, 150, 200], "B": [150, 200], "C": [180]}
+
+
+def burst5() -> Workload:
+    return Workload([Request(f"R{i + 1}", 0.0, 8, n) for i, n in enumerate([5, 20, 10, 15, 10])], name="burst5")
+
+
+def shared_prefix(n=200, rate_per_s=20.0, seed=31) -> Workload:
+    """Chat traffic: Poisson arrivals; each request starts with one of two system prompts
+    (tenants 'acme' and 'globex' each have their own), then a user turn of random tokens."""
+    rng = np.random.default_rng(seed)
+    vocab = 32000
+    system = {"acme": rng.integers(100, vocab, 384).tolist(), "globex": rng.integers(100, vocab, 256).tolist()}
+    arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(1000.0 / rate_per_s, n - 1))])
+    reqs = []
+    for i, t in enumerate(arrivals):
+        tenant = "acme" if rng.random() < 0.6 else "globex"
+        user = rng.integers(100, vocab, int(rng.integers(16, 257))).tolist()
+        ids = system[tenant] + user
+        reqs.append(Request(f"q{i:03d}", round(float(t), 3), len(ids), int(rng.integers(8, 257)),
+                            prompt_ids=tuple(ids), tenant=tenant))
+    return Workload(reqs, name="shared_prefix_200")
+
+
+def poisson_mixed_csv(n=500, rate_per_s=8.0, seed=7) -> str:
+    """Vidur-style CSV (arrived_at in seconds): a long-tailed mix of prompt/output lengths."""
+    rng = np.random.default_rng(seed)
+    t = np.concatenate([[0.0], np.cumsum(rng.exponential(1.0 / rate_per_s, n - 1))])
+    prompt = np.clip(rng.lognormal(6.0, 1.0, n), 8, 8192).astype(int)
+    out = np.clip(rng.lognormal(4.8, 0.9, n), 1, 2048).astype(int)
+    lines = ["arrived_at,num_prefill_tokens,num_decode_tokens"]
+    lines += [f"{a:.6f},{p},{o}" for a, p, o in zip(t, prompt, out)]
+    return "\n".join(lines) + "\n"
+
+
+def llmservingsim_jsonl(n=64, seed=3) -> str:
+    rng = np.random.default_rng(seed)
+    t_ns = np.concatenate([[0], np.cumsum(rng.exponential(50e6, n - 1))]).astype(np.int64)
+    rows = [{"input_toks": int(rng.integers(32, 1025)), "output_toks": int(rng.integers(16, 513)),
+             "arrival_time_ns": int(a)} for a in t_ns]
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def write_json(path: Path, doc):
+    """One request per line: readable, diff-friendly."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = {k: v for k, v in doc.items() if k != "requests"}
+    lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    lines.append(' "requests": [')
+    reqs = doc["requests"]
+    lines += [f"  {json.dumps(r)}{',' if i < len(reqs) - 1 else ''}" for i, r in enumerate(reqs)]
+    lines += [" ]", "}"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main():
+    wl = DATA / "workloads"
+    write_json(wl / "chapter31.json", CHAPTER31.to_dict())
+    write_json(wl / "burst5.json", burst5().to_dict())
+    write_json(wl / "shared_prefix_200.json", shared_prefix().to_dict())
+    (wl / "poisson500_vidur.csv").write_text(poisson_mixed_csv())
+    (wl / "llmservingsim64.jsonl").write_text(llmservingsim_jsonl())
+    note = ("Assigned emission timestamps from Chapter 31, Table 31.1: a teaching scenario, "
+            "not a measurement of any framework.")
+    for name, em in (("serial", CHAPTER31_SERIAL), ("continuous", CHAPTER31_CONTINUOUS)):
+        tr = given_trace(CHAPTER31, em, {"label": f"Chapter 31 {name} schedule (given)", "created": CREATED,
+                                         "notes": note, "workload": "chapter31"})
+        tr.save(DATA / "traces" / f"chapter31_{name}.json", pretty=True)
+    print("wrote", *sorted(str(p.relative_to(ROOT)) for p in (DATA / "workloads").iterdir()),
+          *sorted(str(p.relative_to(ROOT)) for p in (DATA / "traces").iterdir()), sep="\n  ")
+
+
+if __name__ == "__main__":
+    main()
