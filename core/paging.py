@@ -80,9 +80,12 @@ class KVLog:
                 hashes[pos:pos + n] = [h.hex()[:16] if h else None for h in c[7]]
             pos += n
         ops = {op: i for i, op in enumerate(KV_OPS)}
-        req = np.fromiter(chain.from_iterable(
-            c[2] if isinstance(c[2], list) else repeat(-1 if c[2] is None else c[2], len(c[3])) for c in calls),
-            dtype=np.int64, count=total)
+        owners = lambda none: chain.from_iterable(
+            c[2] if isinstance(c[2], list) else repeat(none if c[2] is None else c[2], len(c[3])) for c in calls)
+        try:  # the scheduler uses integer request indices (-1: no owner) ...
+            req = np.fromiter(owners(-1), dtype=np.int64, count=total)
+        except (TypeError, ValueError):  # ... direct users may name sequences anything
+            req = np.array(list(owners(None)), dtype=object)
         return {"t_ms": rep((c[0] for c in calls), np.float64),
                 "op": rep((ops[c[1]] for c in calls), np.int8),
                 "req": req, "block": block, "logical": logical, "ref": per_block(6), "hash": hashes,

@@ -121,6 +121,7 @@ class Scheduler:
         # Known token ids per request (prompt, then outputs when the caller supplies them).
         self.token_ids = [list(r.prompt_ids) if r.prompt_ids is not None else None for r in reqs]
         self.aborts = sorted((r.abort_at_ms, i) for i, r in enumerate(reqs) if r.abort_at_ms is not None)
+        self.abort_at = np.array([np.inf if r.abort_at_ms is None else r.abort_at_ms for r in reqs])
         bs = config.block_size
         # KV slots a request ever needs: the last output token is never fed back.
         need_blocks = -(-(self.prompt_len + self.out_len - 1) // bs)
@@ -183,8 +184,9 @@ class Scheduler:
                 break
         return min(times) if times else None
 
-    def abort(self, i: int, now_ms: float, reason: str = "abort"):
-        """Cancel request i wherever it is; its blocks return to the pool."""
+    def abort(self, i: int, now_ms: float, reason: str = "abort", t_finish: float | None = None):
+        """Cancel request i wherever it is; its blocks return to the pool at `now_ms`; the
+        finish event is stamped `t_finish` (when the client cancelled) if given."""
         if self.state[i] == 3:
             return
         if self.state[i] == 2:
@@ -197,7 +199,7 @@ class Scheduler:
         self.state[i] = 3  # a request not yet arrived is skipped when it would arrive
         self.num_done += 1
         if self.log is not None:
-            self.log.finishes.append((i, now_ms, reason))
+            self.log.finishes.append((i, now_ms if t_finish is None else t_finish, reason))
 
     def _abort_due(self, now_ms):
         while self.aborts and self.aborts[0][0] <= now_ms:
@@ -292,28 +294,32 @@ class Scheduler:
     def complete(self, batch: Batch, t_end_ms: float, dur_ms: float | None = None,
                  token_ids: np.ndarray | None = None, t_tokens_ms: float | None = None,
                  stopped: set | None = None) -> np.ndarray:
-        """Apply a finished step. `token_ids` (runner) are the sampled ids for the requests
-        that emit, in batch order; `stopped` ends requests early (EOS).
+        """Apply a finished step. `token_ids` (runner): the sampled id for each batch entry
+        (entries that do not emit this step are ignored); `stopped` ends requests early (EOS).
         Returns the indices of requests that emitted a token this step."""
         bm = self.bm
         bm.now_ms = t_end_ms
         r = batch.reqs
         self.computed[r] += batch.num_tokens
         emit = self.computed[r] == self.prompt_len[r] + self.emitted[r]
+        cancelled = self.abort_at[r] <= t_end_ms  # cancelled mid-step: its token is never delivered
+        if cancelled.any():
+            emit &= ~cancelled
         er = r[emit]
         self.emitted[er] += 1
         t_tok = t_end_ms if t_tokens_ms is None else t_tokens_ms
-        if token_ids is not None:
-            for j, i in enumerate(er.tolist()):
+        tids = None
+        if token_ids is not None:  # one id per batch entry; entries that do not emit are ignored
+            tids = np.asarray(token_ids, dtype=np.int64)[emit]
+            for i, tid in zip(er.tolist(), tids.tolist()):
                 if self.token_ids[i] is not None:
-                    self.token_ids[i].append(int(token_ids[j]))
+                    self.token_ids[i].append(tid)
         if self.log is not None:
             dur = t_end_ms - batch.t_ms if dur_ms is None else dur_ms
             running, waiting, used, free = self._pending_step
             self.log.steps.append((batch.step, batch.t_ms, dur, running, waiting, used, free))
             self.log.batch_parts.append((batch.step, r, batch.num_tokens, batch.is_prefill))
-            self.log.token_parts.append((er, self.emitted[er] - 1, t_tok,
-                                         None if token_ids is None else np.asarray(token_ids)))
+            self.log.token_parts.append((er, self.emitted[er] - 1, t_tok, tids))
         if bm.prefix_caching:
             bs = self.cfg.block_size
             crossed = (self.computed[r] // bs) > (batch.start_pos // bs)
@@ -337,6 +343,9 @@ class Scheduler:
                     self.log.finishes.append((i, t_tok, reasons.get(i, "length")))
             self.num_done += len(fin)
             self.run = self.run[self.state[self.run] == 2]
+        if cancelled.any():
+            for i in r[cancelled].tolist():
+                self.abort(i, t_end_ms, t_finish=max(float(self.abort_at[i]), batch.t_ms))
         self.step += 1
         self._pending_step = None
         return er

@@ -1,0 +1,28 @@
+"""Home: what the explorer is, and the chapter's three-request scenario computed by core."""
+import streamlit as st
+
+from core.metrics import summarize
+from pages.common import chapter_traces, origin_badge, request_table
+
+st.title("Serving Explorer")
+st.markdown(
+    "See how an LLM server turns requests into tokens: schedules, KV-cache memory, attention "
+    "tiles and speculative decoding, all computed by one shared library (`core/`) from "
+    "given scenarios, the core simulator, or traces captured from real runs.")
+
+st.subheader("Three users arrive before the first answer finishes")
+st.markdown(
+    "Request A arrives at 0 ms (4 prompt / 3 output tokens), B at 20 ms (4 / 2), C at 40 ms (2 / 1). "
+    "The same workload under two assigned schedules:")
+cols = st.columns(2)
+for col, (name, tr) in zip(cols, chapter_traces().items()):
+    s = summarize(tr, usd_per_hour=2.0)
+    with col:
+        st.markdown(f"**{name.title()}** {origin_badge(tr)}")
+        st.dataframe(request_table(s), hide_index=True, key=f"home_table_{name}")
+        sm = s["summary"]
+        w0, w1 = sm["window_ms"]
+        st.metric("Output throughput (drain window)", f"{sm['output_tok_per_s']:.3f} tok/s",
+                  help=f"{sm['output_tokens']} tokens over [{w0:g}, {w1:g}] ms")
+        st.caption(f"Cost at USD 2/h over that window: {sm['cost_usd']:.9f} USD "
+                   f"({sm['cost_per_1k_output_usd']:.6f} USD per 1,000 output tokens).")

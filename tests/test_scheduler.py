@@ -1,0 +1,239 @@
+"""Scheduler and simulator: hand-worked schedules, an independent reference simulator, and
+property tests (conservation, limits, monotone times, determinism)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from core.errors import ConfigError
+from core.metrics import conservation
+from core.scheduler import Scheduler, SchedulerConfig, StepLog
+from core.simulate import StepModel, fit_affine, simulate
+from core.workload import Request, Workload, make_workload
+
+
+def emissions(tr):
+    out = {rid: [] for rid in tr.ids}
+    tk = tr.tokens.sort_values(["req", "index"])
+    for r, t in zip(tk["req"], tk["t_ms"]):
+        out[tr.ids[r]].append(float(t))
+    return out
+
+
+# ---- hand-worked schedules -------------------------------------------------------------
+
+STAGGERED = [("A", 0, 4, 3), ("B", 5, 4, 2), ("C", 12, 4, 2)]
+
+
+def test_staggered_continuous():
+    # t=0 A prefill -> 10. t=10 A decode + B prefill -> 20. C (arrived 12) waits: 2 seats.
+    # t=20 A, B decode -> 30 (both done). t=30 C -> 40, 50.
+    tr = simulate(make_workload(STAGGERED), SchedulerConfig("continuous", max_seqs=2), StepModel(step_ms=10))
+    assert emissions(tr) == {"A": [10, 20, 30], "B": [20, 30], "C": [40, 50]}
+
+
+def test_staggered_serial():
+    tr = simulate(make_workload(STAGGERED), SchedulerConfig("serial"), StepModel(step_ms=10))
+    assert emissions(tr) == {"A": [10, 20, 30], "B": [40, 50], "C": [60, 70]}
+
+
+def test_staggered_static():
+    # Cohort 1 = {A} (only arrival at t=0); cohort 2 = {B, C} at t=30.
+    tr = simulate(make_workload(STAGGERED), SchedulerConfig("static", max_seqs=2), StepModel(step_ms=10))
+    assert emissions(tr) == {"A": [10, 20, 30], "B": [40, 50], "C": [40, 50]}
+
+
+def test_chunked_prefill_with_budget():
+    # Budget 4/step, chunk 4: A's 10-token prompt takes 3 steps (4+4+2); B (2 tokens)
+    # fits beside A's last chunk; both emit at t=3; A decodes at t=4.
+    w = make_workload([("A", 0, 10, 2), ("B", 0, 2, 1)])
+    tr = simulate(w, SchedulerConfig("continuous", token_budget=4, chunk=4))
+    assert emissions(tr) == {"A": [3, 4], "B": [3]}
+    steps = tr.batch.groupby("step")["tokens"].sum().tolist()
+    assert steps == [4, 4, 4, 1]
+
+
+def test_budget_without_chunking_keeps_prompts_whole():
+    # Budget 8: A's 6-token prefill leaves 2; B's 4-token prompt waits a step.
+    w = make_workload([("A", 0, 6, 2), ("B", 0, 4, 1)])
+    tr = simulate(w, SchedulerConfig("continuous", token_budget=8))
+    assert emissions(tr) == {"A": [1, 2], "B": [2]}
+
+
+def test_prompt_over_budget_without_chunking_is_a_clear_error():
+    w = make_workload([("A", 0, 100, 2)])
+    with pytest.raises(ConfigError, match="chunked prefill"):
+        simulate(w, SchedulerConfig("continuous", token_budget=64))
+
+
+def test_preemption_by_recompute():
+    # Blocks of 2 tokens, pool of 4. A and B (2 prompt, 4 out) each fit alone (3 blocks).
+    # t=3 both need a 3rd block, none free: B (newest) is preempted, A finishes at 4,
+    # B recomputes prompt + 3 emitted tokens in one step and emits its last token at 5.
+    w = make_workload([("A", 0, 2, 4), ("B", 0, 2, 4)])
+    tr = simulate(w, SchedulerConfig("continuous", block_size=2, kv_blocks=4))
+    assert emissions(tr) == {"A": [1, 2, 3, 4], "B": [1, 2, 3, 5]}
+    assert tr.preempts[["t_ms", "req", "freed_blocks"]].values.tolist() == [[3.0, 1, 2]]
+    recompute = tr.batch[(tr.batch["step"] == 4)]
+    assert recompute[["req", "kind", "tokens"]].values.tolist() == [[1, "prefill", 5]]
+    assert tr.steps["kv_used_blocks"].max() <= 4
+
+
+def test_request_too_big_for_pool_is_a_clear_error():
+    w = make_workload([("A", 0, 10, 10)])
+    with pytest.raises(ConfigError, match="needs 5 blocks"):
+        simulate(w, SchedulerConfig("continuous", block_size=4, kv_blocks=4))
+
+
+def test_prefix_caching_hits_and_tenant_salt():
+    ids = tuple(range(100, 109))          # 9 tokens, block size 4: 2 full blocks shareable
+    def run(tenant_b):
+        w = Workload([Request("A", 0, 9, 2, prompt_ids=ids, tenant="t1"),
+                      Request("B", 10, 9, 2, prompt_ids=ids, tenant=tenant_b)])
+        return simulate(w, SchedulerConfig("continuous", block_size=4, prefix_caching=True))
+    same = run("t1")
+    hits = same.kv[same.kv["op"] == "hit"]
+    assert hits["req"].tolist() == [1, 1]
+    b_first = same.batch[same.batch["req"] == 1].iloc[0]
+    assert b_first["tokens"] == 1          # 8 of 9 prompt tokens came from the cache
+    other = run("t2")
+    assert (other.kv["op"] == "hit").sum() == 0
+    assert other.batch[other.batch["req"] == 1].iloc[0]["tokens"] == 9
+    assert emissions(same) == emissions(other)  # caching changes work, not the schedule here
+
+
+def test_abort_frees_blocks():
+    w = Workload([Request("A", 0, 4, 50, abort_at_ms=5.5), Request("B", 0, 4, 3)])
+    tr = simulate(w, SchedulerConfig("continuous", block_size=4))
+    em = emissions(tr)
+    assert len(em["A"]) == 5 and em["B"] == [1, 2, 3]
+    assert dict(zip(tr.finishes["req"], tr.finishes["reason"]))[0] == "abort"
+    assert conservation(tr) == []
+
+
+def test_fit_affine_recovers_coefficients():
+    w = make_workload([(i, i * 3.0, 20 + 7 * i, 5 + i) for i in range(12)])
+    truth = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.1, decode_ms_per_seq=0.5)
+    tr = simulate(w, SchedulerConfig("continuous", max_seqs=4), truth)
+    fit = fit_affine(tr)
+    assert fit.base_ms == pytest.approx(2.0, abs=1e-6)
+    assert fit.prefill_ms_per_token == pytest.approx(0.1, abs=1e-6)
+    assert fit.decode_ms_per_seq == pytest.approx(0.5, abs=1e-6)
+
+
+def test_roofline_step_model_bandwidth_bound_decode():
+    # Batch-1 decode of Llama-2-7B on the chapter's 2 TB/s GPU: ~weights / bandwidth.
+    w = make_workload([("A", 0, 1, 3)])
+    sm = StepModel("roofline", model="Llama-2-7B", gpu="Chapter 2 TB/s")
+    tr = simulate(w, SchedulerConfig("continuous"), sm)
+    from core.kv import MODELS
+    weights_ms = MODELS["Llama-2-7B"].weight_bytes(2) / 2e12 * 1000
+    d = tr.steps["dur_ms"].to_numpy()
+    assert d[1] == pytest.approx(weights_ms, rel=1e-3)  # KV of 2 positions is negligible
+    assert d[1] > weights_ms
+
+
+# ---- an independent reference simulator --------------------------------------------------
+
+def reference(reqs, policy, slots, step=1.0):
+    """Unit-step scheduling with free prefill and no KV/budget limits, written plainly:
+    every running request emits one token per step."""
+    pending = sorted(reqs, key=lambda r: r[1])
+    waiting, running, out = [], [], {r[0]: [] for r in reqs}
+    t = pending[0][1]
+    while pending or waiting or running:
+        while pending and pending[0][1] <= t:
+            waiting.append(list(pending.pop(0)))
+        if not running and not waiting:
+            t = pending[0][1]
+            continue
+        if policy == "continuous" or not running:
+            while waiting and len(running) < (1 if policy == "serial" else slots):
+                running.append(waiting.pop(0))
+        t = t + step
+        for r in running:
+            out[r[0]].append(t)
+            r[3] -= 1
+        running = [r for r in running if r[3] > 0]
+    return out
+
+
+workloads = st.lists(st.tuples(st.integers(0, 30), st.integers(1, 20), st.integers(1, 12)),
+                     min_size=1, max_size=12)
+
+
+@given(workloads, st.sampled_from(["serial", "static", "continuous"]), st.integers(1, 5))
+@settings(max_examples=120, deadline=None)
+def test_matches_reference_simulator(rows, policy, slots):
+    reqs = [(f"r{i}", float(a), p, o) for i, (a, p, o) in enumerate(rows)]
+    w = make_workload(reqs)
+    tr = simulate(w, SchedulerConfig(policy, max_seqs=slots))
+    assert emissions(tr) == reference(reqs, policy, slots)
+
+
+# ---- properties of any simulated run -----------------------------------------------------
+
+configs = st.fixed_dictionaries({
+    "policy": st.sampled_from(["serial", "static", "continuous"]),
+    "max_seqs": st.one_of(st.none(), st.integers(1, 6)),
+    "token_budget": st.one_of(st.none(), st.integers(8, 64)),
+    "chunk": st.one_of(st.none(), st.integers(1, 16)),
+    "block_size": st.integers(1, 8),
+    "kv_blocks": st.one_of(st.none(), st.integers(12, 60)),
+    "prefix_caching": st.booleans(),
+})
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 24), st.integers(1, 10),
+                          st.integers(0, 2), st.sampled_from([None, "x", "y"])), min_size=1, max_size=10),
+       configs, st.sampled_from([StepModel(step_ms=1.0),
+                                 StepModel("affine", base_ms=0.5, prefill_ms_per_token=0.1, decode_ms_per_seq=0.2)]))
+@settings(max_examples=150, deadline=None)
+def test_simulation_invariants(rows, cfg, model):
+    cfg = dict(cfg)
+    if cfg["chunk"] is None and cfg["token_budget"] is not None:
+        cfg["token_budget"] = max(cfg["token_budget"], 24)  # every prompt must fit unchunked
+    if cfg["kv_blocks"] is not None:
+        worst = max(-(-(p + o - 1) // cfg["block_size"]) for _, p, o, _, _ in rows)
+        cfg["kv_blocks"] = max(cfg["kv_blocks"], worst)
+    reqs = [Request(f"r{i}", float(a), p, o, prompt_ids=tuple((i * 7 + k) % 5 if fam else k % 3 for k in range(p)),
+                    tenant=ten)
+            for i, (a, p, o, fam, ten) in enumerate(rows)]
+    w = Workload(reqs)
+    config = SchedulerConfig(**cfg)
+    log = StepLog()
+    sched = Scheduler(w, config, log)
+    t = w.requests[0].arrival_ms
+    while not sched.done():
+        sched.admit_arrivals(t)
+        b = sched.schedule(t)
+        if b is None:
+            t = sched.next_event_ms()
+            continue
+        assert len(sched.run) <= config.seats
+        if config.token_budget:
+            assert b.total_tokens <= config.token_budget
+        if config.chunk:
+            assert (b.num_tokens <= config.chunk).all()
+        assert sched.bm.num_used <= sched.bm.num_blocks
+        d = model.duration_ms(b)
+        sched.complete(b, t + d, d)
+        t += d
+        sched.bm.check()
+    assert sched.bm.num_free == sched.bm.num_blocks  # every block returned
+    sched.bm.check()
+    tr = simulate(w, config, model)
+    assert conservation(tr) == []                    # each request emits its output count
+    m = tr.tokens.sort_values(["req", "index"])
+    for r, g in m.groupby("req"):
+        ts = g["t_ms"].to_numpy()
+        assert (np.diff(ts) >= 0).all()
+        assert ts[0] > w.requests[r].arrival_ms
+    if config.max_seqs:
+        assert tr.steps["running"].max() <= config.seats
+    # Hits never cross tenants or differ in tokens: compare hit blocks' cached content.
+    hits = tr.kv[tr.kv["op"] == "hit"]
+    for r in hits["req"].unique():
+        assert all(w.requests[j].tenant == w.requests[r].tenant
+                   for j in tr.kv[(tr.kv["op"] == "cache") & tr.kv["hash"].isin(hits[hits["req"] == r]["hash"])]["req"])
+    again = simulate(w, config, model, created=tr.meta["created"])
+    assert again.to_doc() == tr.to_doc()              # deterministic given its inputs
