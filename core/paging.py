@@ -66,8 +66,9 @@ class KVLog:
         lens = np.fromiter(map(len, (c[3] for c in calls)), dtype=np.int64, count=len(calls))
         total = int(lens.sum())
         rep = lambda vals, dt: np.repeat(np.fromiter(vals, dtype=dt, count=len(calls)), lens)
+        seq_like = (list, np.ndarray)
         per_block = lambda k: np.fromiter(
-            chain.from_iterable(c[k] if isinstance(c[k], list) else repeat(c[k], len(c[3])) for c in calls),
+            chain.from_iterable(c[k] if isinstance(c[k], seq_like) else repeat(c[k], len(c[3])) for c in calls),
             dtype=np.int64, count=total)
         block = np.fromiter(chain.from_iterable(c[3] for c in calls), dtype=np.int64, count=total)
         starts = np.repeat(np.cumsum(lens) - lens, lens)
@@ -81,7 +82,7 @@ class KVLog:
             pos += n
         ops = {op: i for i, op in enumerate(KV_OPS)}
         owners = lambda none: chain.from_iterable(
-            c[2] if isinstance(c[2], list) else repeat(none if c[2] is None else c[2], len(c[3])) for c in calls)
+            c[2] if isinstance(c[2], seq_like) else repeat(none if c[2] is None else c[2], len(c[3])) for c in calls)
         try:  # the scheduler uses integer request indices (-1: no owner) ...
             req = np.fromiter(owners(-1), dtype=np.int64, count=total)
         except (TypeError, ValueError):  # ... direct users may name sequences anything
@@ -235,15 +236,21 @@ class BlockManager:
         else:
             for b in new:
                 self.ref[b] = 1
+        tables = self.tables
+        starts = []
         pos = 0
-        owners, logicals = [], []
         for seq, k in zip(seqs, needs):
-            table = self.tables[seq]
-            owners.extend([seq] * k)
-            logicals.extend(range(len(table), len(table) + k))
+            table = tables[seq]
+            starts.append(len(table))
             table.extend(new[pos:pos + k])
             pos += k
-        self._rec("alloc", owners, new, logicals, 0, 1)  # one log call, per-block owners
+        if self.log is not None:  # one log call for the whole step, per-block owners
+            counts = np.asarray(needs, dtype=np.int64)
+            within = np.arange(len(new)) - np.repeat(np.cumsum(counts) - counts, counts)
+            self._rec("alloc", np.repeat(np.asarray(seqs), counts), new,
+                      np.repeat(np.asarray(starts, dtype=np.int64), counts) + within, 0, 1)
+        else:
+            self.counts["alloc"] += len(new)
 
     def prepare_write(self, seq, start_pos: int, num_tokens: int) -> tuple[list[int], list[tuple[int, int]]]:
         """Before writing positions [start_pos, start_pos+num_tokens): copy any block in

@@ -122,6 +122,7 @@ class Scheduler:
         self.token_ids = [list(r.prompt_ids) if r.prompt_ids is not None else None for r in reqs]
         self.aborts = sorted((r.abort_at_ms, i) for i, r in enumerate(reqs) if r.abort_at_ms is not None)
         self.abort_at = np.array([np.inf if r.abort_at_ms is None else r.abort_at_ms for r in reqs])
+        self.aborts_pending = bool(self.aborts)
         bs = config.block_size
         # KV slots a request ever needs: the last output token is never fed back.
         need_blocks = -(-(self.prompt_len + self.out_len - 1) // bs)
@@ -302,9 +303,13 @@ class Scheduler:
         r = batch.reqs
         self.computed[r] += batch.num_tokens
         emit = self.computed[r] == self.prompt_len[r] + self.emitted[r]
-        cancelled = self.abort_at[r] <= t_end_ms  # cancelled mid-step: its token is never delivered
-        if cancelled.any():
-            emit &= ~cancelled
+        cancelled = None
+        if self.aborts_pending:
+            cancelled = self.abort_at[r] <= t_end_ms  # cancelled mid-step: its token is never delivered
+            if cancelled.any():
+                emit &= ~cancelled
+            else:
+                cancelled = None
         er = r[emit]
         self.emitted[er] += 1
         t_tok = t_end_ms if t_tokens_ms is None else t_tokens_ms
@@ -343,7 +348,7 @@ class Scheduler:
                     self.log.finishes.append((i, t_tok, reasons.get(i, "length")))
             self.num_done += len(fin)
             self.run = self.run[self.state[self.run] == 2]
-        if cancelled.any():
+        if cancelled is not None:
             for i in r[cancelled].tolist():
                 self.abort(i, t_end_ms, t_finish=max(float(self.abort_at[i]), batch.t_ms))
         self.step += 1

@@ -516,15 +516,16 @@ def _check_consistency(pb: _Problems, requests, tokens, tok_pos, finishes, fin_p
 
 def new_trace(meta: dict, workload: Workload) -> Trace:
     """An empty trace for a workload (events are added by builders)."""
+    reqs = workload.requests
     requests = pd.DataFrame(copy=False, data={
-        "id": pd.Series([r.id for r in workload.requests], dtype=object),
-        "arrival_ms": np.array([r.arrival_ms for r in workload.requests], dtype=float),
-        "prompt_tokens": np.array([r.prompt_tokens for r in workload.requests], dtype=np.int64),
-        "max_output_tokens": np.array([r.output_tokens for r in workload.requests], dtype=np.int64),
-        "tenant": pd.Series([r.tenant for r in workload.requests], dtype=object)})
+        "id": pd.Series([r.id for r in reqs], dtype=object),
+        "arrival_ms": np.fromiter((r.arrival_ms for r in reqs), dtype=float, count=len(reqs)),
+        "prompt_tokens": np.fromiter((r.prompt_tokens for r in reqs), dtype=np.int64, count=len(reqs)),
+        "max_output_tokens": np.fromiter((r.output_tokens for r in reqs), dtype=np.int64, count=len(reqs)),
+        "tenant": pd.Series([r.tenant for r in reqs], dtype=object)})
     extras = []
-    for r in workload.requests:
-        e = dict(r.extra)
+    for r in reqs:
+        e = dict(r.extra) if r.extra else {}
         if r.prompt_ids is not None:
             e["prompt_ids"] = list(r.prompt_ids)
         if r.abort_at_ms is not None:
