@@ -87,7 +87,9 @@ class KVLog:
             req = np.fromiter(owners(-1), dtype=np.int64, count=total)
         except (TypeError, ValueError):  # ... direct users may name sequences anything
             req = np.array(list(owners(None)), dtype=object)
-        return {"t_ms": rep((c[0] for c in calls), np.float64),
+        t_ms = np.fromiter(chain.from_iterable(c[0] if isinstance(c[0], seq_like) else repeat(c[0], len(c[3]))
+                                               for c in calls), dtype=np.float64, count=total)
+        return {"t_ms": t_ms,
                 "op": rep((ops[c[1]] for c in calls), np.int8),
                 "req": req, "block": block, "logical": logical, "ref": per_block(6), "hash": hashes,
                 "src": rep((c[8] for c in calls), np.int64)}
@@ -228,6 +230,30 @@ class BlockManager:
         table.extend(new)
         return new
 
+    def append_blocks(self, owners: list, times_ms) -> bool:
+        """One fresh block for each entry of `owners` (a sequence may appear many times), in
+        order, logged at the matching `times_ms`. Only when no eviction is needed (returns
+        False and does nothing otherwise), so the result equals one-by-one growth."""
+        plain = self.free_plain
+        n = len(owners)
+        if n > len(plain):
+            return False
+        new = plain[len(plain) - n:][::-1]
+        del plain[len(plain) - n:]
+        self.ref[new] = 1
+        tables = self.tables
+        logical = []
+        for seq, b in zip(owners, new):
+            t = tables[seq]
+            logical.append(len(t))
+            t.append(b)
+        if self.log is not None:
+            self._rec("alloc", list(owners), new, logical, 0, 1)
+            self.log.calls[-1] = (list(times_ms),) + self.log.calls[-1][1:]
+        else:
+            self.counts["alloc"] += n
+        return True
+
     def grow_many(self, seqs: list, needs: list[int]):
         """Append needs[i] fresh blocks to seqs[i]'s table, for many sequences at once."""
         new = self._take(sum(needs))
@@ -244,7 +270,9 @@ class BlockManager:
             starts.append(len(table))
             table.extend(new[pos:pos + k])
             pos += k
-        if self.log is not None:  # one log call for the whole step, per-block owners
+        if self.log is not None and len(seqs) == 1:
+            self._rec("alloc", seqs[0], new, starts[0], 1, 1)
+        elif self.log is not None:  # one log call for the whole step, per-block owners
             counts = np.asarray(needs, dtype=np.int64)
             within = np.arange(len(new)) - np.repeat(np.cumsum(counts) - counts, counts)
             self._rec("alloc", np.repeat(np.asarray(seqs), counts), new,

@@ -96,12 +96,19 @@ class Batch:
         return int(self.num_tokens.sum())
 
 
+class StepRun(tuple):
+    """Step-log entry for a run of steps (fast-forward): the seven columns as arrays."""
+
+    def __new__(cls, *cols):
+        return super().__new__(cls, cols)
+
+
 class StepLog:
     """Columnar record of what the scheduler did (turned into a trace by core.trace)."""
 
     def __init__(self):
-        self.steps = []                          # (step, t_ms, dur_ms, running, waiting, used, free)
-        self.batch_parts = []                    # (step, reqs, num_tokens, is_prefill)
+        self.steps = []                          # (step, t_ms, dur_ms, running, waiting, used, free) or StepRun
+        self.batch_parts = []                    # (step or array of steps, reqs, num_tokens, is_prefill)
         self.token_parts = []                    # (reqs, index, t_ms, token_ids|None)
         self.finishes = []                       # (req, t_ms, reason)
         self.preempts = []                       # (req, t_ms, reason, freed_blocks)
@@ -282,15 +289,84 @@ class Scheduler:
             is_decode = np.concatenate([is_decode, np.zeros(len(new_reqs), dtype=bool)])
         self.run = run
         active = n > 0
+        if not active.any():
+            return None
         if active.all():
             reqs, num = run, n
-        elif not active.any():
-            return None
         else:
             reqs, num, is_decode = run[active], n[active], is_decode[active]
         batch = Batch(self.step, now_ms, reqs, num, self.computed[reqs], ~is_decode)
         self._pending_step = (len(run), len(self.waiting), bm.num_used, bm.num_free)
+        self._quiet = not new_reqs and not preempted  # nothing joined or left the running set
         return batch
+
+    def fast_forward(self, batch: Batch, durations, min_steps: int = 3) -> float | None:
+        """Simulator shortcut. If `batch` starts a run of identical decode-only steps (every
+        running request decodes, nobody can be admitted, nobody finishes, KV suffices),
+        apply as many of them as possible at once, with exactly the events step-by-step
+        scheduling would record. `durations(k)` gives the k step durations. Returns the time
+        the last applied step ends, or None (then use complete() as usual)."""
+        cfg, bm, run = self.cfg, self.bm, self.run
+        if (self.aborts_pending or not self._quiet or len(batch.reqs) != len(run)
+                or batch.is_prefill.any()):
+            return None
+        K = int((self.out_len[run] - self.emitted[run]).min()) - 1  # the finishing step runs normally
+        if K < min_steps:
+            return None
+        t0 = batch.t_ms
+        d = np.asarray(durations(K), dtype=np.float64)
+        ends = np.cumsum(np.r_[t0, d])[1:]          # sequential sums: bit-identical to t += d
+        starts = np.r_[t0, ends[:-1]]
+        nxt = self.next_arrival
+        arrivals_by_step = np.zeros(K, dtype=np.int64)
+        if nxt < self.n:
+            # Arrivals join the queue at each step start; they can only be admitted if the
+            # queue was empty and a seat is free (continuous), so the run must stop there.
+            pending = self.arrival[nxt:]
+            arrivals_by_step = np.searchsorted(pending, starts, side="right")
+            if cfg.policy == "continuous" and len(run) < cfg.seats and not self.waiting:
+                K = min(K, int(np.searchsorted(starts, pending[0], side="left")))
+        # KV: a request needs a new block at step j >= 1 when its position c + j starts a block.
+        bs = cfg.block_size
+        c = batch.start_pos
+        residue = (-c) % bs
+        by_residue = np.bincount(residue, minlength=bs)
+        j = np.arange(1, K)
+        need = by_residue[j % bs]
+        over = np.flatnonzero(np.cumsum(need) > bm.num_free)
+        if len(over):
+            K = min(K, int(over[0]) + 1)
+        if K < min_steps:
+            return None
+        n = len(run)
+        log = self.log
+        members = {res: run[residue == res].tolist() for res in np.flatnonzero(by_residue)}
+        step0, waiting0 = self.step, len(self.waiting)
+        alloc_steps = (np.flatnonzero(need[:K - 1]) + 1).tolist()  # steps that take new blocks
+        owners, times = [], []
+        for k in alloc_steps:
+            m = members[k % bs]
+            owners += m
+            times += [float(starts[k])] * len(m)
+        if owners and not bm.append_blocks(owners, times):
+            for k in alloc_steps:  # some block must be evicted: replay step by step, exactly
+                bm.now_ms = float(starts[k])
+                bm.grow_many(members[k % bs], [1] * len(members[k % bs]))
+        used = self._pending_step[2] + np.r_[0, np.cumsum(need[:K - 1])]
+        if log is not None:
+            steps = np.arange(step0, step0 + K)
+            log.steps.append(StepRun(steps, starts[:K], d[:K], np.full(K, n), waiting0 + arrivals_by_step[:K],
+                                     used, bm.num_blocks - used))
+            log.batch_parts.append((steps, run, batch.num_tokens, batch.is_prefill))
+            em = self.emitted[run]
+            log.token_parts.append((np.tile(run, K), (em[None, :] + np.arange(K)[:, None]).ravel(),
+                                    np.repeat(ends[:K], n), None))
+        self.computed[run] += K
+        self.emitted[run] += K
+        self.nblocks[run] = -(-self.computed[run] // bs)
+        self.step += K
+        self._pending_step = None
+        return float(ends[K - 1])
 
     def complete(self, batch: Batch, t_end_ms: float, dur_ms: float | None = None,
                  token_ids: np.ndarray | None = None, t_tokens_ms: float | None = None,

@@ -68,13 +68,24 @@ class StepModel:
         if self.kind == "affine":
             return (self.base_ms + self.prefill_ms_per_token * batch.prefill_tokens
                     + self.decode_ms_per_seq * batch.decode_seqs)
-        m, g = MODELS[self.model], GPUS[self.gpu]
         # Attention reads the K/V of every position each new token attends to.
-        kv_positions = float((batch.start_pos * batch.num_tokens + batch.num_tokens * (batch.num_tokens + 1) // 2).sum())
-        kv_read = kv_positions * m.kv_bytes_per_token(self.dtype_bytes)
-        bytes_moved = m.params * self.dtype_bytes + kv_read
-        flops = 2.0 * m.params * batch.total_tokens
+        kv_positions = int((batch.start_pos * batch.num_tokens + batch.num_tokens * (batch.num_tokens + 1) // 2).sum())
+        return self._roofline_ms(kv_positions, batch.total_tokens)
+
+    def _roofline_ms(self, kv_positions: int, tokens: int) -> float:
+        m, g = MODELS[self.model], GPUS[self.gpu]
+        bytes_moved = m.params * self.dtype_bytes + float(kv_positions) * m.kv_bytes_per_token(self.dtype_bytes)
+        flops = 2.0 * m.params * tokens
         return self.base_ms + 1000.0 * max(bytes_moved / g.bandwidth_Bps, flops / g.flops)
+
+    def decode_run_ms(self, batch: Batch, k: int) -> np.ndarray:
+        """Durations of `batch` (all one-token decodes) repeated k times, positions advancing
+        by one each step; equal to duration_ms of each of those steps."""
+        if self.kind != "roofline":
+            return np.full(k, self.duration_ms(batch))
+        s0 = int((batch.start_pos + 1).sum())
+        n = len(batch.reqs)
+        return np.array([self._roofline_ms(s0 + n * j, n) for j in range(k)])
 
     def describe(self) -> str:
         if self.kind == "constant":
@@ -98,18 +109,21 @@ class StepModel:
 
 
 def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel | None = None,
-             label: str | None = None, created: str | None = None, record_kv: bool = True) -> Trace:
+             label: str | None = None, created: str | None = None, record_kv: bool = True,
+             fast_forward: bool = True) -> Trace:
+    """`fast_forward` applies runs of identical decode-only steps in one go (same trace as
+    stepping one by one, which tests check); turn it off to step strictly."""
     step_model = step_model or StepModel()
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the run allocates many small acyclic records; cyclic GC passes only cost time
     try:
-        return _simulate(workload, config, step_model, label, created, record_kv)
+        return _simulate(workload, config, step_model, label, created, record_kv, fast_forward)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _simulate(workload, config, step_model, label, created, record_kv) -> Trace:
+def _simulate(workload, config, step_model, label, created, record_kv, fast_forward) -> Trace:
     log = StepLog()
     sched = Scheduler(workload, config, log)
     if not record_kv:
@@ -127,6 +141,11 @@ def _simulate(workload, config, step_model, label, created, record_kv) -> Trace:
                                    f"({len(sched.waiting)} waiting, {len(sched.run)} running)")
             t = nxt
             continue
+        if fast_forward:
+            t_end = sched.fast_forward(batch, lambda k: step_model.decode_run_ms(batch, k))
+            if t_end is not None:
+                t = t_end
+                continue
         dur = step_model.duration_ms(batch)
         if not dur > 0:
             raise ConfigError(f"step model gave a non-positive step duration ({dur} ms)")

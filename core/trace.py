@@ -540,8 +540,9 @@ def trace_from_log(workload: Workload, log, meta: dict) -> Trace:
     if log.token_parts:
         reqs = np.concatenate([p[0] for p in log.token_parts])
         idx = np.concatenate([p[1] for p in log.token_parts])
-        lens = np.fromiter((len(p[0]) for p in log.token_parts), dtype=np.int64, count=len(log.token_parts))
-        t = np.repeat(np.fromiter((p[2] for p in log.token_parts), dtype=float, count=len(lens)), lens)
+        # A part's time is one scalar (a step) or one per token (a fast-forwarded run of steps).
+        t = np.concatenate([np.full(len(p[0]), p[2], dtype=float) if np.ndim(p[2]) == 0 else p[2]
+                            for p in log.token_parts])
         if any(p[3] is not None for p in log.token_parts):
             tid = np.concatenate([p[3] if p[3] is not None else np.full(len(p[0]), -1) for p in log.token_parts])
         else:
@@ -556,16 +557,30 @@ def trace_from_log(workload: Workload, log, meta: dict) -> Trace:
         tr.finishes = pd.DataFrame(copy=False, data={"req": np.array(f[0], dtype=np.int64), "t_ms": np.array(f[1], dtype=float),
                                     "reason": pd.Series(f[2], dtype=object)})
     if log.steps:
-        cols = list(zip(*log.steps))
-        tr.steps = pd.DataFrame(copy=False, data={c: np.array(v, dtype=STEP_COLS[c]) for c, v in zip(STEP_COLS, cols)})
-        blens = np.fromiter((len(p[1]) for p in log.batch_parts), dtype=np.int64, count=len(log.batch_parts))
-        step = np.repeat(np.fromiter((p[0] for p in log.batch_parts), dtype=np.int64, count=len(blens)), blens)
+        # Entries are single steps (tuples of scalars) or StepRuns (tuples of arrays), in order.
+        parts, singles = [], []
+        for e in log.steps:
+            if type(e) is tuple:
+                singles.append(e)
+                continue
+            if singles:
+                parts.append(list(zip(*singles)))
+                singles = []
+            parts.append(e)
+        if singles:
+            parts.append(list(zip(*singles)))
+        tr.steps = pd.DataFrame(copy=False, data={
+            name: np.concatenate([np.asarray(p[i], dtype=STEP_COLS[name]) for p in parts])
+            for i, name in enumerate(STEP_COLS)})
+        # A part's step is one index, or an array of steps that all ran the same batch.
+        step = np.concatenate([np.full(len(p[1]), p[0], dtype=np.int64) if np.ndim(p[0]) == 0
+                               else np.repeat(p[0], len(p[1])) for p in log.batch_parts])
+        tile = lambda k: np.concatenate([p[k] if np.ndim(p[0]) == 0 else np.tile(p[k], len(p[0]))
+                                         for p in log.batch_parts])
         tr.batch = pd.DataFrame(copy=False, data={
-            "step": step,
-            "req": np.concatenate([p[1] for p in log.batch_parts]).astype(np.int64, copy=False),
-            "kind": pd.Categorical.from_codes(
-                np.concatenate([p[3] for p in log.batch_parts]).astype(np.int8), KINDS),
-            "tokens": np.concatenate([p[2] for p in log.batch_parts]).astype(np.int64, copy=False)})
+            "step": step, "req": tile(1).astype(np.int64, copy=False),
+            "kind": pd.Categorical.from_codes(tile(3).astype(np.int8), KINDS),
+            "tokens": tile(2).astype(np.int64, copy=False)})
     if len(log.kv):
         c = log.kv.columns()
         tr.kv = pd.DataFrame(copy=False, data={

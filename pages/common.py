@@ -1,13 +1,45 @@
-"""Helpers shared by pages: cached loads and small formatting. No math here (that is core's)."""
+"""Helpers shared by pages: cached loads, scenario presets, small formatting.
+No math here: every number comes from core."""
+import math
 from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
+from core.errors import InputError
+from core.scenarios import Limits, load_scenario, run_policies
+from core.simulate import StepModel
 from core.trace import Trace, load_trace
+from core.workload import Workload, parse_workload
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 ORIGIN_COLORS = {"given": "blue", "simulated": "orange", "measured": "green", "imported": "violet"}
+UPLOAD_LIMIT_MB = 200
+
+# Scenario presets for the schedule controls, applied when the user switches scenario.
+# The widgets' declared defaults are the chapter's, so a shared link stays exact.
+SCHEDULE_PRESETS = {
+    "chapter31": dict(ms=0, tb=0, ch=2, kb=0, s_kind="affine", s_step=10.0, s_base=20.0, s_pp=20.0, s_pd=20.0),
+    "burst5": dict(ms=3, tb=0, ch=4, kb=0, s_kind="constant", s_step=1.0, s_base=20.0, s_pp=20.0, s_pd=20.0),
+    "shared_prefix": dict(ms=32, tb=2048, ch=512, kb=0, s_kind="affine", s_step=10.0, s_base=5.0, s_pp=0.05,
+                          s_pd=0.25),
+    "poisson2000": dict(ms=256, tb=8192, ch=512, kb=0, s_kind="affine", s_step=10.0, s_base=5.0, s_pp=0.02,
+                        s_pd=0.05),
+    "custom": dict(ms=0, tb=0, ch=2, kb=0, s_kind="affine", s_step=10.0, s_base=20.0, s_pp=20.0, s_pd=20.0),
+    "upload": dict(ms=64, tb=4096, ch=512, kb=0, s_kind="affine", s_step=10.0, s_base=5.0, s_pp=0.02, s_pd=0.1),
+}
+
+
+def apply_presets_on_change(selector_key: str, presets: dict):
+    """When the user changes a scenario selector, load that scenario's control presets.
+    Not on the first run: a link's own query parameters must win."""
+    prev_key = f"_prev_{selector_key}"
+    cur = st.session_state.get(selector_key)
+    prev = st.session_state.get(prev_key)
+    if prev is not None and cur != prev and cur in presets:
+        for k, v in presets[cur].items():
+            st.session_state[k] = v
+    st.session_state[prev_key] = cur
 
 
 @st.cache_resource
@@ -15,15 +47,77 @@ def chapter_traces() -> dict[str, Trace]:
     return {name: load_trace(DATA / "traces" / f"chapter31_{name}.json") for name in ("serial", "continuous")}
 
 
+@st.cache_resource(show_spinner=False)
+def cached_scenario(name: str) -> Workload:
+    return load_scenario(name)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _parse_upload(data: bytes, name: str):
+    try:
+        return parse_workload(data, name), None
+    except InputError as e:
+        return None, str(e)
+
+
+def parse_upload(data: bytes, name: str):
+    """(workload, None) or (None, message). Parsed once per distinct file (cached)."""
+    if len(data) > UPLOAD_LIMIT_MB * 2**20:
+        return None, f"{name}: {len(data) / 2**20:.1f} MiB is over the {UPLOAD_LIMIT_MB} MiB limit"
+    return _parse_upload(data, name)
+
+
+def _workload_key(w: Workload) -> str:
+    return repr([(r.id, r.arrival_ms, r.prompt_tokens, r.output_tokens, r.prompt_ids, r.tenant, r.abort_at_ms)
+                 for r in w.requests])
+
+
+@st.cache_data(show_spinner="Simulating…", max_entries=32)
+def _policies(_w: Workload, wkey: str, policies: tuple, lim_key: str, sm_key: str, _lim: Limits, _sm: StepModel):
+    return run_policies(_w, list(policies), _lim, _sm, created="(app)")
+
+
+def cached_policies(w: Workload, policies: tuple, lim: Limits, sm: StepModel):
+    return _policies(w, _workload_key(w), policies, repr(lim), repr(sm), lim, sm)
+
+
+def step_model_controls(prefix: str = "s") -> StepModel:
+    """Sidebar widgets for the step-time model (bound to the URL)."""
+    kind = st.segmented_control("Step-time model", ["constant", "affine", "roofline"], default="affine",
+                                required=True, key=f"{prefix}_kind", bind="query-params")
+    if kind == "constant":
+        step = st.number_input("ms per step", 0.001, 1e6, 10.0, key=f"{prefix}_step", bind="query-params")
+        return StepModel("constant", step_ms=step)
+    base = st.number_input("base ms per step", 0.0, 1e6, 20.0, key=f"{prefix}_base", bind="query-params")
+    if kind == "affine":
+        pp = st.number_input("ms per prefill token", 0.0, 1e6, 20.0, key=f"{prefix}_pp", bind="query-params",
+                             format="%.4f")
+        pd_ = st.number_input("ms per decoding sequence", 0.0, 1e6, 20.0, key=f"{prefix}_pd", bind="query-params",
+                              format="%.4f")
+        try:
+            return StepModel("affine", base_ms=base, prefill_ms_per_token=pp, decode_ms_per_seq=pd_)
+        except InputError as e:
+            st.error(f"Step model: {e}")
+            st.stop()
+    from core.kv import GPUS, MODELS
+    model = st.selectbox("Model preset", list(MODELS), key=f"{prefix}_model", bind="query-params")
+    gpu = st.selectbox("GPU preset", list(GPUS), index=list(GPUS).index("A100-80GB"), key=f"{prefix}_gpu",
+                       bind="query-params")
+    return StepModel("roofline", base_ms=base, model=model, gpu=gpu)
+
+
 def origin_badge(trace: Trace) -> str:
     src = trace.meta.get("source", "?")
     extra = ""
-    if src == "simulated":
-        extra = f" — {trace.meta.get('step_model', {}).get('description', '')}"
-    elif src in ("measured", "imported"):
-        extra = f" — {trace.meta.get('device', '?')}, {trace.meta.get('engine', {}).get('name', '?')}, " \
-                f"{trace.meta.get('created', '?')}"
-    return f":{ORIGIN_COLORS.get(src, 'gray')}-badge[{src}]{extra}"
+    if src in ("measured", "imported"):
+        engine = trace.meta.get("engine", {})
+        name = engine.get("name", "?") if isinstance(engine, dict) else str(engine)
+        extra = f" {trace.meta.get('device', '?')}, {name}, {trace.meta.get('created', '?')}"
+    return f":{ORIGIN_COLORS.get(src, 'gray')}-badge[{src}{extra}]"
+
+
+def fmt_ms(x) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.3f}".rstrip("0").rstrip(".")
 
 
 def request_table(summary: dict) -> pd.DataFrame:

@@ -42,6 +42,14 @@ def test_staggered_static():
     assert emissions(tr) == {"A": [10, 20, 30], "B": [40, 50], "C": [40, 50]}
 
 
+def test_idle_gap_jumps_to_next_arrival():
+    # Nothing runs between A's finish (t=2) and B's arrival (t=7.5): no empty steps.
+    w = make_workload([("A", 0, 3, 2), ("B", 7.5, 3, 2)])
+    tr = simulate(w, SchedulerConfig("continuous"), StepModel(step_ms=1.0))
+    assert emissions(tr) == {"A": [1, 2], "B": [8.5, 9.5]}
+    assert len(tr.steps) == 4 and tr.batch.groupby("step").size().min() >= 1
+
+
 def test_chunked_prefill_with_budget():
     # Budget 4/step, chunk 4: A's 10-token prompt takes 3 steps (4+4+2); B (2 tokens)
     # fits beside A's last chunk; both emit at t=3; A decodes at t=4.
@@ -186,7 +194,8 @@ configs = st.fixed_dictionaries({
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 24), st.integers(1, 10),
                           st.integers(0, 2), st.sampled_from([None, "x", "y"])), min_size=1, max_size=10),
        configs, st.sampled_from([StepModel(step_ms=1.0),
-                                 StepModel("affine", base_ms=0.5, prefill_ms_per_token=0.1, decode_ms_per_seq=0.2)]))
+                                 StepModel("affine", base_ms=0.5, prefill_ms_per_token=0.1, decode_ms_per_seq=0.2),
+                                 StepModel("roofline", model="Llama-3-8B", gpu="H100-SXM")]))
 @settings(max_examples=150, deadline=None)
 def test_simulation_invariants(rows, cfg, model):
     cfg = dict(cfg)
@@ -219,6 +228,7 @@ def test_simulation_invariants(rows, cfg, model):
         sched.complete(b, t + d, d)
         t += d
         sched.bm.check()
+        assert len(b.reqs) >= 1 and (b.num_tokens >= 1).all()
     assert sched.bm.num_free == sched.bm.num_blocks  # every block returned
     sched.bm.check()
     tr = simulate(w, config, model)
@@ -237,3 +247,5 @@ def test_simulation_invariants(rows, cfg, model):
                    for j in tr.kv[(tr.kv["op"] == "cache") & tr.kv["hash"].isin(hits[hits["req"] == r]["hash"])]["req"])
     again = simulate(w, config, model, created=tr.meta["created"])
     assert again.to_doc() == tr.to_doc()              # deterministic given its inputs
+    stepwise = simulate(w, config, model, created=tr.meta["created"], fast_forward=False)
+    assert stepwise.to_doc() == tr.to_doc()           # the fast-forward shortcut changes nothing

@@ -1,0 +1,89 @@
+"""KV memory and paging figures."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+
+from core.figures import PALETTE, base_layout
+from core.kv import GIB, ModelSpec
+from core.occupancy import CACHED, FREE, OWNED, SHARED, STATE_NAMES, Occupancy
+
+STATE_COLORS = {FREE: "#F2F2F2", CACHED: "#C7E9C0", OWNED: "#6BAED6", SHARED: "#E6550D"}
+
+
+def kv_growth_chart(models: list[ModelSpec], dtype_bytes: float, max_tokens: int = 32768,
+                    marker_tokens: int | None = None) -> go.Figure:
+    """KV GiB per sequence vs context length, one line per model (GQA shows as a flatter line)."""
+    x = np.unique(np.r_[np.linspace(0, max_tokens, 65).astype(int), marker_tokens or 0])
+    fig = go.Figure()
+    for i, m in enumerate(models):
+        y = m.kv_bytes_per_token(dtype_bytes) * x / GIB
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{m.name} ({m.kv_heads} KV heads)",
+                                 line_color=PALETTE[i % len(PALETTE)],
+                                 hovertemplate="%{x:,} tokens: %{y:.3f} GiB<extra>" + m.name + "</extra>"))
+    if marker_tokens:
+        fig.add_vline(x=marker_tokens, line_dash="dot", line_color="#888")
+    fig.update_layout(xaxis_title="cached tokens per sequence", yaxis_title="KV cache (GiB)")
+    return base_layout(fig, f"KV cache per sequence ({dtype_bytes:g}-byte elements)", height=340)
+
+
+def occupancy_heatmap(occ: Occupancy, ids: list[str], cursor_index: int | None = None,
+                      max_blocks: int = 1024) -> go.Figure:
+    """Physical blocks (rows) x time (columns), colored by state; hover names the owner
+    and reference count; shared blocks show their ref count as text."""
+    state, ref, owner = occ.state, occ.ref, occ.owner
+    B = state.shape[0]
+    step = max(1, -(-B // max_blocks))
+    rows = np.arange(0, B, step)
+    state, ref, owner = state[rows], ref[rows], owner[rows]
+    ids_arr = np.array(list(ids) + ["—"], dtype=object)
+    owner_name = ids_arr[np.where(owner >= 0, owner, len(ids))]
+    text = np.where(state == SHARED, ref.astype(str), "")
+    custom = np.dstack([owner_name, ref.astype(object), np.array(STATE_NAMES, dtype=object)[state]])
+    colorscale = []
+    for k in (FREE, CACHED, OWNED, SHARED):
+        colorscale += [[k / 4, STATE_COLORS[k]], [(k + 1) / 4, STATE_COLORS[k]]]
+    fig = go.Figure(go.Heatmap(
+        z=state.astype(float), x=occ.times_ms, y=rows, zmin=0, zmax=4, colorscale=colorscale,
+        text=text, texttemplate="%{text}", customdata=custom, xgap=0.5, ygap=0.5,
+        colorbar=dict(tickvals=[0.5, 1.5, 2.5, 3.5], ticktext=list(STATE_NAMES), title="block"),
+        hovertemplate="block %{y} at %{x:.3f} ms<br>%{customdata[2]}, owner %{customdata[0]}, "
+                      "ref %{customdata[1]}<extra></extra>"))
+    if cursor_index is not None and 0 <= cursor_index < len(occ.times_ms):
+        fig.add_vline(x=float(occ.times_ms[cursor_index]), line_color="#d62728", line_width=2)
+    fig.update_yaxes(title_text="physical block" + (f" (every {step}th)" if step > 1 else ""), autorange="reversed")
+    fig.update_xaxes(title_text="time (ms)")
+    return base_layout(fig, "KV block occupancy over time", height=min(700, 200 + 6 * len(rows)))
+
+
+def block_table_figure(tables: dict[str, list[int]], ref_of_block: dict[int, int] | None = None) -> go.Figure:
+    """Block tables as a grid: one row per sequence, one cell per logical block, labeled
+    with the physical block id; cells of shared blocks (ref > 1) are highlighted."""
+    names = list(tables)
+    width = max((len(t) for t in tables.values()), default=0)
+    z = np.full((len(names), max(width, 1)), np.nan)
+    text = np.full(z.shape, "", dtype=object)
+    for i, n in enumerate(names):
+        for j, b in enumerate(tables[n]):
+            shared = ref_of_block is not None and ref_of_block.get(b, 1) > 1
+            z[i, j] = 1.0 if shared else 0.0
+            text[i, j] = str(b)
+    fig = go.Figure(go.Heatmap(z=z, x=[f"L{j}" for j in range(z.shape[1])], y=names, text=text,
+                               texttemplate="%{text}", zmin=0, zmax=1, showscale=False, xgap=2, ygap=2,
+                               colorscale=[[0, STATE_COLORS[OWNED]], [1, STATE_COLORS[SHARED]]],
+                               hovertemplate="%{y} logical %{x} -> physical %{text}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(title_text="logical block", type="category")
+    return base_layout(fig, "Block tables (logical -> physical; orange = shared)", height=120 + 30 * len(names))
+
+
+def waste_chart(labels: list[str], tokens: list[int], paged_slots: list[int], contiguous_slots: list[int]) -> go.Figure:
+    """Slots held per sequence: tokens stored vs paged (whole blocks) vs contiguous reservation."""
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=labels, y=tokens, name="tokens stored", marker_color="#6BAED6"))
+    fig.add_trace(go.Bar(x=labels, y=np.array(paged_slots) - np.array(tokens), base=tokens,
+                         name="paged: empty slots in the last block", marker_color="#FDAE6B"))
+    fig.add_trace(go.Bar(x=labels, y=contiguous_slots, name="contiguous: reserved max length",
+                         marker_color="rgba(150,150,150,0.35)"))
+    fig.update_layout(barmode="overlay", yaxis_title="KV slots (tokens)")
+    return base_layout(fig, "Reserved KV slots per sequence", height=340)

@@ -1,0 +1,131 @@
+"""Replay a trace's `kv` events into block states over time (for occupancy views).
+
+Each physical block is, at any moment, one of
+    FREE      - unreferenced, holds nothing worth keeping
+    CACHED    - unreferenced but still holds a cached prefix (a later hit can revive it)
+    OWNED     - referenced by exactly one sequence
+    SHARED    - referenced by more than one sequence (prefix hit or fork)
+The state of a block at time t is decided by its last kv event at or before t (events at
+the same time keep their recorded order).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+FREE, CACHED, OWNED, SHARED = 0, 1, 2, 3
+STATE_NAMES = ("free", "cached-free", "owned", "shared")
+
+
+@dataclass(slots=True)
+class Occupancy:
+    times_ms: np.ndarray     # [S] snapshot times
+    state: np.ndarray        # [B, S] one of FREE/CACHED/OWNED/SHARED
+    ref: np.ndarray          # [B, S] reference count
+    owner: np.ndarray        # [B, S] request index of the last sequence to take the block (-1 none)
+    num_blocks: int
+
+    def at(self, j: int) -> dict:
+        """Counts of each state at snapshot j."""
+        s = self.state[:, j]
+        return {name: int((s == k).sum()) for k, name in enumerate(STATE_NAMES)}
+
+
+def snapshot_times(trace, max_snapshots: int = 200) -> np.ndarray:
+    """Step start times (or kv event times if there are no steps), thinned evenly."""
+    if len(trace.steps):
+        t = trace.steps["t_ms"].to_numpy()
+    else:
+        t = np.unique(trace.kv["t_ms"].to_numpy())
+    if len(trace.tokens):
+        t = np.append(t, trace.tokens["t_ms"].max())
+    t = np.unique(t)
+    if len(t) > max_snapshots:
+        t = t[np.linspace(0, len(t) - 1, max_snapshots).round().astype(int)]
+    return t
+
+
+def replay(trace, times_ms=None, num_blocks: int | None = None, max_snapshots: int = 200) -> Occupancy:
+    kv = trace.kv
+    times = snapshot_times(trace, max_snapshots) if times_ms is None else np.asarray(times_ms, dtype=float)
+    if num_blocks is None:
+        engine = trace.meta.get("engine", {}) if isinstance(trace.meta.get("engine"), dict) else {}
+        stats = trace.meta.get("stats", {}) if isinstance(trace.meta.get("stats"), dict) else {}
+        num_blocks = int(stats.get("kv_blocks") or engine.get("kv_blocks") or
+                         (kv["block"].max() + 1 if len(kv) else 0))
+    B, S = num_blocks, len(times)
+    state = np.zeros((B, S), dtype=np.int8)
+    ref = np.zeros((B, S), dtype=np.int32)
+    owner = np.full((B, S), -1, dtype=np.int64)
+    if not len(kv) or not S:
+        return Occupancy(times, state, ref, owner, B)
+    op = kv["op"].astype(str).to_numpy()
+    blk = kv["block"].to_numpy()
+    r = kv["ref"].to_numpy()
+    req = kv["req"].to_numpy()
+    t = kv["t_ms"].to_numpy()
+    has_hash = kv["hash"].notna().to_numpy()
+    # Owner carried forward: the last alloc/hit/cow/cache sequence of each block.
+    takes = np.isin(op, ("alloc", "hit", "cow", "cache"))
+    ev_state = np.where(r > 1, SHARED, np.where(r == 1, OWNED, np.where(has_hash & (op == "free"), CACHED, FREE)))
+    ev_state[op == "evict"] = FREE
+    order = np.lexsort((np.arange(len(blk)), blk))   # by block, then recorded order
+    blk_s, t_s = blk[order], t[order]
+    starts = np.searchsorted(blk_s, np.arange(B))
+    ends = np.searchsorted(blk_s, np.arange(B), side="right")
+    for b in np.unique(blk_s):
+        if b >= B:
+            continue
+        idx = order[starts[b]:ends[b]]
+        tb = t_s[starts[b]:ends[b]]
+        last = np.searchsorted(tb, times, side="right") - 1   # last event <= each snapshot
+        ok = last >= 0
+        ev = idx[last[ok]]
+        state[b, ok] = ev_state[ev]
+        ref[b, ok] = r[ev]
+        own_idx = np.where(takes[idx], np.arange(len(idx)), -1)
+        own_idx = np.maximum.accumulate(own_idx)               # last taking event so far
+        o = own_idx[last[ok]]
+        owner[b, ok] = np.where((o >= 0) & (state[b, ok] >= OWNED), req[idx[np.maximum(o, 0)]], -1)
+    return Occupancy(times, state, ref, owner, B)
+
+
+def block_tables_at(trace, t_ms: float) -> dict[int, list[int]]:
+    """Each sequence's block table (logical -> physical) at time t, from kv events."""
+    kv = trace.kv
+    kv = kv[kv["t_ms"] <= t_ms]
+    tables: dict[int, dict[int, int]] = {}
+    for op, req, block, logical in zip(kv["op"].astype(str), kv["req"], kv["block"], kv["logical"]):
+        if req < 0:
+            continue
+        if op in ("alloc", "hit", "cow"):
+            tables.setdefault(int(req), {})[int(logical)] = int(block)
+        elif op == "free":
+            tab = tables.get(int(req))
+            if tab is not None:
+                tab.pop(int(logical), None)
+                if not tab:
+                    del tables[int(req)]
+    return {r: [tab[k] for k in sorted(tab)] for r, tab in tables.items()}
+
+
+def tokens_in_cache_at(trace, t_ms: float) -> dict[int, int]:
+    """Tokens each running sequence holds in KV at time t: computed so far per the step log
+    (prefill chunks and decodes of steps that ended by t)."""
+    st, b = trace.steps, trace.batch
+    if not len(st):
+        return {}
+    ended = st[(st["t_ms"] + st["dur_ms"]) <= t_ms]["step"]
+    done = b[b["step"].isin(ended)]
+    # A preemption resets a sequence's cache: count only steps after its last preemption.
+    last_pre = {}
+    for tp, r in zip(trace.preempts["t_ms"], trace.preempts["req"]):
+        if tp <= t_ms:
+            last_pre[int(r)] = tp
+    step_t = dict(zip(st["step"], st["t_ms"]))
+    out: dict[int, int] = {}
+    for s, r, n in zip(done["step"], done["req"], done["tokens"]):
+        if step_t[s] >= last_pre.get(int(r), -1.0):
+            out[int(r)] = out.get(int(r), 0) + int(n)
+    return out

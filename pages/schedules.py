@@ -1,0 +1,119 @@
+"""Schedules: the same workload under serial, static, continuous and chunked-prefill policies."""
+import pandas as pd
+import streamlit as st
+
+from core.errors import InputError
+from core.figures.timeline import metric_comparison_bars, schedule_timeline
+from core.scenarios import (POLICY_LABELS, SCENARIOS, Limits, given_schedules, per_request_table,
+                            summary_table, thin_sample_notes, tradeoff, workload_from_rows)
+from pages.common import (SCHEDULE_PRESETS, apply_presets_on_change, cached_policies, cached_scenario, fmt_ms,
+                          origin_badge, parse_upload, step_model_controls)
+
+st.title("Schedules")
+st.caption("One workload, several schedulers, one time axis. Bars: queue wait (gray), prefill (yellow), "
+           "first-to-last token (blue); ticks: token emissions (hover for time and gap).")
+
+scenario = st.selectbox("Scenario", list(SCENARIOS), format_func=SCENARIOS.get, key="sc", bind="query-params")
+apply_presets_on_change("sc", SCHEDULE_PRESETS)
+
+workload = None
+if scenario == "custom":
+    default = pd.DataFrame({"id": ["A", "B", "C"], "arrival_ms": [0.0, 20.0, 40.0],
+                            "prompt_tokens": [4, 4, 2], "output_tokens": [3, 2, 1]})
+    edited = st.data_editor(default, num_rows="dynamic", key="sched_editor", hide_index=True)
+    try:
+        workload = workload_from_rows(edited.to_dict("records"))
+    except InputError as e:
+        st.error(f"Workload table: {e}")
+elif scenario == "upload":
+    up = st.file_uploader("Workload file (our JSON, Vidur CSV, LLMServingSim JSONL, or a trace)",
+                          type=["json", "csv", "jsonl", "gz"], key="sched_upload")
+    if up is not None:
+        workload, err = parse_upload(up.getvalue(), up.name)
+        if err:
+            st.error(err)
+    if workload is None:
+        workload = st.session_state.get("sched_last_upload")
+        if workload is None:
+            st.info("Upload a workload file to simulate it.")
+            st.stop()
+        st.caption(f"Showing the last valid upload: {workload.name}")
+    else:
+        st.session_state["sched_last_upload"] = workload
+else:
+    workload = cached_scenario(scenario)
+if workload is None:
+    st.stop()
+
+with st.sidebar:
+    st.subheader("Scheduler")
+    policies = st.pills("Policies (simulated)", list(POLICY_LABELS), format_func=POLICY_LABELS.get,
+                        selection_mode="multi", default=list(POLICY_LABELS), key="pol", bind="query-params")
+    max_seqs = st.number_input("Max running sequences (0 = no limit)", 0, 4096, 0, key="ms", bind="query-params")
+    budget = st.number_input("Token budget per step (0 = no limit)", 0, 1_000_000, 0, key="tb", bind="query-params")
+    chunk = st.number_input("Chunk size (chunked prefill)", 1, 1_000_000, 2, key="ch", bind="query-params")
+    kv_blocks = st.number_input("KV blocks (0 = enough for all)", 0, 1_000_000, 0, key="kb", bind="query-params")
+    block_size = st.number_input("Block size (tokens)", 1, 1024, 16, key="bs", bind="query-params")
+    step_model = step_model_controls(prefix="s")
+    st.subheader("Throughput and cost")
+    usd = st.number_input("Tariff (USD per hour)", 0.0, 1e6, 2.0, step=0.5, key="usd", bind="query-params")
+
+lim = Limits(max_seqs=max_seqs or None, token_budget=budget or None, chunk=int(chunk),
+             kv_blocks=kv_blocks or None, block_size=int(block_size))
+try:
+    schedules = given_schedules(scenario) + cached_policies(workload, tuple(policies or ()), lim, step_model)
+except InputError as e:
+    st.error(f"Scheduler settings: {e}")
+    st.stop()
+if not schedules:
+    st.info("Pick at least one policy.")
+    st.stop()
+
+st.markdown(" ".join(f"**{label}** {origin_badge(tr)}  " for label, tr in schedules))
+st.caption(f"Simulated step model — {step_model.describe()}. "
+           f"Workload: {len(workload)} requests, {sum(r.output_tokens for r in workload.requests):,} output tokens.")
+st.plotly_chart(schedule_timeline(schedules), key="sched_timeline", width="stretch")
+
+end_default = float(max(tr.tokens["t_ms"].max() for _, tr in schedules))
+c1, c2 = st.columns(2)
+w0 = c1.number_input("Fixed window start (ms)", 0.0, 1e12, 0.0, key="w0", bind="query-params")
+w1 = c2.number_input("Fixed window end (ms, 0 = latest emission)", 0.0, 1e12, 0.0, key="w1", bind="query-params")
+window = (w0, w1 if w1 > 0 else end_default)
+if window[1] <= window[0]:
+    st.error(f"Fixed window: end ({window[1]:g} ms) must be after start ({window[0]:g} ms).")
+    window = None
+
+st.subheader("Throughput, cost and latency summary")
+summ = summary_table(schedules, window, usd)
+st.dataframe(summ, hide_index=True, key="sched_summary",
+             column_config={c: st.column_config.NumberColumn(format="%.6g") for c in summ.columns
+                            if c not in ("schedule", "origin", "drain window ms")})
+st.caption("Drain window = [first arrival, last emission] of each schedule; the fixed window is the same "
+           f"for all. Cost = USD {usd:g}/h × drain-window hours. Percentiles: numpy 'linear' estimator.")
+for note in thin_sample_notes(schedules):
+    st.warning(note)
+
+st.subheader("Per request")
+table = per_request_table(schedules)
+names = [label for label, _ in schedules]
+show = st.selectbox("Schedule", names, key="sched_pick")
+one = table[table["schedule"] == show]
+st.dataframe(pd.DataFrame({"request": one["request"], "arrival ms": one["arrival_ms"],
+                           "waiting ms": one["waiting_ms"].map(fmt_ms), "TTFT ms": one["ttft_ms"].map(fmt_ms),
+                           "TPOT ms": one["tpot_ms"].map(fmt_ms), "E2E ms (duration)": one["e2e_ms"].map(fmt_ms),
+                           "tokens": one["tokens"]}),
+             hide_index=True, key="sched_requests")
+st.caption("TPOT = (E2E − TTFT)/(tokens − 1); a one-token request has none (—), never 0.")
+if len(table["request"].unique()) <= 60:
+    st.plotly_chart(metric_comparison_bars(table, "e2e_ms"), key="sched_e2e_bars", width="stretch")
+
+if len(names) >= 2:
+    st.subheader("Who wins, who loses")
+    c1, c2 = st.columns(2)
+    base = c1.selectbox("From", names, index=0, key="sched_from")
+    other = c2.selectbox("To", names, index=len(names) - 1, key="sched_to")
+    tr_df = tradeoff(schedules, base, other)
+    sooner, later = (tr_df["verdict"] == "sooner").sum(), (tr_df["verdict"] == "later").sum()
+    st.markdown(f"Switching from **{base}** to **{other}**: {sooner} request(s) finish sooner, "
+                f"{later} later (E2E change, negative = sooner).")
+    st.dataframe(tr_df, hide_index=True, key="sched_tradeoff")
