@@ -5,6 +5,14 @@ st.set_page_config(page_title="Serving Explorer", page_icon=":material/speed:", 
 
 pg = st.navigation({
     "": [st.Page("pages/home.py", title="Home", icon=":material/home:", default=True)],
+    "Mechanisms": [
+        st.Page("pages/schedules.py", title="Schedules", icon=":material/view_timeline:", url_path="schedules"),
+        st.Page("pages/kv_memory.py", title="KV memory & paging", icon=":material/memory:", url_path="kv"),
+        st.Page("pages/attention_tiles.py", title="Attention tiles", icon=":material/grid_on:", url_path="tiles"),
+        st.Page("pages/speculative.py", title="Speculative decoding", icon=":material/call_split:",
+                url_path="speculative"),
+        st.Page("pages/roofline.py", title="Roofline", icon=":material/show_chart:", url_path="roofline"),
+    ],
 })
 st.sidebar.caption("Every number is labeled by origin: **given** (teaching scenario), "
                    "**simulated** (core simulator, step model stated), **measured** (captured trace).")

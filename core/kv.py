@@ -145,8 +145,14 @@ def capacity(memory_bytes: int, weight_bytes: int, kv_bytes_per_seq: int, reserv
 
 
 def fmt_bytes(n: float) -> str:
-    """'1.000 GiB (1.074 GB)': binary and decimal side by side."""
-    return f"{n / GIB:,.3f} GiB ({n / GB:,.3f} GB)"
+    """Binary and decimal side by side, in the largest unit that keeps the value >= 1:
+    '1.000 GiB (1.074 GB)', '512.000 KiB (524.288 kB)'."""
+    units = [(2**40, "TiB", 10**12, "TB"), (GIB, "GiB", GB, "GB"), (2**20, "MiB", 10**6, "MB"),
+             (2**10, "KiB", 10**3, "kB")]
+    for b, bn, d, dn in units:
+        if abs(n) >= b:
+            return f"{n / b:,.3f} {bn} ({n / d:,.3f} {dn})"
+    return f"{n:,.0f} B"
 
 
 @dataclass(frozen=True, slots=True)

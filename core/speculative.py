@@ -155,3 +155,19 @@ def break_even_draft_cost(alpha: float, gamma: int, verify_cost: float = 1.0) ->
     if gamma == 0:
         return math.inf
     return max(0.0, (expected_tokens(alpha, gamma) - verify_cost) / gamma)
+
+
+def acceptance_by_position(spec_events: list[dict]) -> tuple[list[int], list[float], list[int]]:
+    """From a trace's `spec` events: acceptance rate at each draft position (a position is
+    reached only if every earlier one was accepted). Returns (positions, rates, counts)."""
+    reached: dict[int, int] = {}
+    accepted: dict[int, int] = {}
+    for e in spec_events:
+        for i, pos in enumerate(e.get("positions") or []):
+            reached[i] = reached.get(i, 0) + 1
+            if pos.get("accepted"):
+                accepted[i] = accepted.get(i, 0) + 1
+            else:
+                break
+    positions = sorted(reached)
+    return positions, [accepted.get(i, 0) / reached[i] for i in positions], [reached[i] for i in positions]

@@ -296,3 +296,20 @@ def load_workload(path: str | Path, tokenize: Tokenize | None = None) -> Workloa
 def make_workload(rows: Iterable[tuple], name="workload") -> Workload:
     """Build from (id, arrival_ms, prompt_tokens, output_tokens) tuples (tests, pages)."""
     return Workload([Request(str(i), float(a), int(p), int(o)) for i, a, p, o in rows], name=name)
+
+
+def parse_token_ids(text: str, what: str = "token ids") -> list[int]:
+    """'10, 11,12 13' -> [10, 11, 12, 13]; a clear error names the bad item."""
+    items = [x for x in text.replace(",", " ").split() if x]
+    if not items:
+        raise WorkloadError(f"{what}: expected token ids like 10,11,12")
+    out = []
+    for x in items:
+        try:
+            v = int(x)
+        except ValueError:
+            raise WorkloadError(f"{what}: {x!r} is not an integer token id") from None
+        if v < 0:
+            raise WorkloadError(f"{what}: token ids must be >= 0, got {v}")
+        out.append(v)
+    return out

@@ -16,17 +16,21 @@ DATA = Path(__file__).resolve().parent.parent / "data"
 ORIGIN_COLORS = {"given": "blue", "simulated": "orange", "measured": "green", "imported": "violet"}
 UPLOAD_LIMIT_MB = 200
 
+# Short labels (they appear in shareable URLs) for the built-in scenarios.
+SCENARIO_LABELS = {"Chapter 31": "chapter31", "Burst 5": "burst5", "Shared prefix": "shared_prefix",
+                   "Poisson 2000": "poisson2000", "Custom": "custom", "Upload": "upload"}
+
 # Scenario presets for the schedule controls, applied when the user switches scenario.
 # The widgets' declared defaults are the chapter's, so a shared link stays exact.
 SCHEDULE_PRESETS = {
-    "chapter31": dict(ms=0, tb=0, ch=2, kb=0, s_kind="affine", s_step=10.0, s_base=20.0, s_pp=20.0, s_pd=20.0),
-    "burst5": dict(ms=3, tb=0, ch=4, kb=0, s_kind="constant", s_step=1.0, s_base=20.0, s_pp=20.0, s_pd=20.0),
-    "shared_prefix": dict(ms=32, tb=2048, ch=512, kb=0, s_kind="affine", s_step=10.0, s_base=5.0, s_pp=0.05,
+    "chapter31": dict(pol=["serial", "static", "continuous", "chunked"], ms=0, tb=0, ch=2, kb=0, s_kind="affine", s_step=10.0, s_base=20.0, s_pp=20.0, s_pd=20.0),
+    "burst5": dict(pol=["static", "continuous"], ms=3, tb=0, ch=4, kb=0, s_kind="constant", s_step=1.0, s_base=20.0, s_pp=20.0, s_pd=20.0),
+    "shared_prefix": dict(pol=["static", "continuous", "chunked"], ms=32, tb=2048, ch=512, kb=0, s_kind="affine", s_step=10.0, s_base=5.0, s_pp=0.05,
                           s_pd=0.25),
-    "poisson2000": dict(ms=256, tb=8192, ch=512, kb=0, s_kind="affine", s_step=10.0, s_base=5.0, s_pp=0.02,
+    "poisson2000": dict(pol=["continuous", "chunked"], ms=256, tb=8192, ch=512, kb=0, s_kind="affine", s_step=10.0, s_base=5.0, s_pp=0.02,
                         s_pd=0.05),
-    "custom": dict(ms=0, tb=0, ch=2, kb=0, s_kind="affine", s_step=10.0, s_base=20.0, s_pp=20.0, s_pd=20.0),
-    "upload": dict(ms=64, tb=4096, ch=512, kb=0, s_kind="affine", s_step=10.0, s_base=5.0, s_pp=0.02, s_pd=0.1),
+    "custom": dict(pol=["serial", "static", "continuous", "chunked"], ms=0, tb=0, ch=2, kb=0, s_kind="affine", s_step=10.0, s_base=20.0, s_pp=20.0, s_pd=20.0),
+    "upload": dict(pol=["continuous", "chunked"], ms=64, tb=4096, ch=512, kb=0, s_kind="affine", s_step=10.0, s_base=5.0, s_pp=0.02, s_pd=0.1),
 }
 
 
@@ -126,3 +130,27 @@ def request_table(summary: dict) -> pd.DataFrame:
              "TPOT ms": "—" if r["tpot_ms"] is None else f"{r['tpot_ms']:g}",
              "E2E ms": r["e2e_ms"], "tokens": r["output_tokens"]} for r in summary["requests"]]
     return pd.DataFrame(rows)
+
+
+@st.cache_resource(show_spinner=False)
+def _bundled_traces() -> dict:
+    out = {}
+    for p in sorted((DATA / "traces").glob("*.json*")):
+        try:
+            out[p.name] = load_trace(p)
+        except InputError:
+            continue
+    return out
+
+
+def tile_traces() -> dict:
+    """Bundled traces with `tiles` events: name -> (trace, tile event dicts)."""
+    return {n: (tr, [e for e in tr.other if e.get("type") == "tiles"])
+            for n, tr in _bundled_traces().items() if any(e.get("type") == "tiles" for e in tr.other)}
+
+
+def spec_traces() -> dict:
+    """Bundled traces with `spec` events: name -> (positions, acceptance rates, counts)."""
+    from core.speculative import acceptance_by_position
+    return {n: acceptance_by_position([e for e in tr.other if e.get("type") == "spec"])
+            for n, tr in _bundled_traces().items() if any(e.get("type") == "spec" for e in tr.other)}

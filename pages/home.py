@@ -10,6 +10,23 @@ st.markdown(
     "tiles and speculative decoding, all computed by one shared library (`core/`) from "
     "given scenarios, the core simulator, or traces captured from real runs.")
 
+st.page_link("pages/schedules.py", label="Open the chapter's three-request scenario in Schedules",
+             icon=":material/play_arrow:", query_params={"sc": "chapter31"})
+c1, c2 = st.columns(2)
+with c1:
+    st.page_link("pages/schedules.py", label="**Schedules** — serial, static, continuous and chunked prefill on "
+                 "one time axis; TTFT, TPOT, throughput windows and cost.", icon=":material/view_timeline:")
+    st.page_link("pages/kv_memory.py", label="**KV memory & paging** — cache sizing with GQA, paged blocks over "
+                 "time, prefix sharing with tenant salts, copy-on-write, eviction and preemption.",
+                 icon=":material/memory:")
+    st.page_link("pages/attention_tiles.py", label="**Attention tiles** — online softmax tile by tile, exact "
+                 "merging vs the wrong average, tile visit order, HBM traffic.", icon=":material/grid_on:")
+with c2:
+    st.page_link("pages/speculative.py", label="**Speculative decoding** — acceptance and residual as mass "
+                 "flows, Monte Carlo check, expected tokens and break-even.", icon=":material/call_split:")
+    st.page_link("pages/roofline.py", label="**Roofline** — arithmetic intensity of prefill vs decode, "
+                 "bandwidth-bound step rate, batch size.", icon=":material/show_chart:")
+
 st.subheader("Three users arrive before the first answer finishes")
 st.markdown(
     "Request A arrives at 0 ms (4 prompt / 3 output tokens), B at 20 ms (4 / 2), C at 40 ms (2 / 1). "

@@ -6,15 +6,17 @@ from core.errors import InputError
 from core.figures.timeline import metric_comparison_bars, schedule_timeline
 from core.scenarios import (POLICY_LABELS, SCENARIOS, Limits, given_schedules, per_request_table,
                             summary_table, thin_sample_notes, tradeoff, workload_from_rows)
-from pages.common import (SCHEDULE_PRESETS, apply_presets_on_change, cached_policies, cached_scenario, fmt_ms,
+from pages.common import (SCENARIO_LABELS, SCHEDULE_PRESETS, apply_presets_on_change, cached_policies, cached_scenario, fmt_ms,
                           origin_badge, parse_upload, step_model_controls)
 
 st.title("Schedules")
 st.caption("One workload, several schedulers, one time axis. Bars: queue wait (gray), prefill (yellow), "
            "first-to-last token (blue); ticks: token emissions (hover for time and gap).")
 
-scenario = st.selectbox("Scenario", list(SCENARIOS), format_func=SCENARIOS.get, key="sc", bind="query-params")
-apply_presets_on_change("sc", SCHEDULE_PRESETS)
+label = st.selectbox("Scenario", list(SCENARIO_LABELS), key="sc", bind="query-params")
+scenario = SCENARIO_LABELS[label]
+st.caption(SCENARIOS[scenario])
+apply_presets_on_change("sc", {lab: SCHEDULE_PRESETS[key] for lab, key in SCENARIO_LABELS.items()})
 
 workload = None
 if scenario == "custom":
@@ -47,8 +49,9 @@ if workload is None:
 
 with st.sidebar:
     st.subheader("Scheduler")
-    policies = st.pills("Policies (simulated)", list(POLICY_LABELS), format_func=POLICY_LABELS.get,
-                        selection_mode="multi", default=list(POLICY_LABELS), key="pol", bind="query-params")
+    policies = st.pills("Policies (simulated)", list(POLICY_LABELS), selection_mode="multi",
+                        default=list(POLICY_LABELS), key="pol", bind="query-params",
+                        help="chunked = continuous batching with chunked prefill")
     max_seqs = st.number_input("Max running sequences (0 = no limit)", 0, 4096, 0, key="ms", bind="query-params")
     budget = st.number_input("Token budget per step (0 = no limit)", 0, 1_000_000, 0, key="tb", bind="query-params")
     chunk = st.number_input("Chunk size (chunked prefill)", 1, 1_000_000, 2, key="ch", bind="query-params")
@@ -90,6 +93,9 @@ st.dataframe(summ, hide_index=True, key="sched_summary",
                             if c not in ("schedule", "origin", "drain window ms")})
 st.caption("Drain window = [first arrival, last emission] of each schedule; the fixed window is the same "
            f"for all. Cost = USD {usd:g}/h × drain-window hours. Percentiles: numpy 'linear' estimator.")
+steps_taken = [(label, len(tr.steps)) for label, tr in schedules if len(tr.steps)]
+if steps_taken:
+    st.markdown("Forward steps taken: " + ", ".join(f"**{label}** {n:,}" for label, n in steps_taken) + ".")
 for note in thin_sample_notes(schedules):
     st.warning(note)
 

@@ -5,6 +5,10 @@ from tests.browser import SHOTS, browser_page, require_browser, streamlit_server
 
 pytestmark = pytest.mark.browser
 
+PAGES = [("", "home", "Serving Explorer"), ("schedules", "schedules", "Schedules"),
+         ("kv", "kv", "KV memory & paging"), ("tiles", "tiles", "Attention tiles"),
+         ("speculative", "speculative", "Speculative decoding"), ("roofline", "roofline", "Roofline")]
+
 
 @pytest.fixture(scope="module")
 def server():
@@ -13,14 +17,41 @@ def server():
         yield url
 
 
-def test_home_renders_without_exception(server):
+@pytest.fixture(scope="module")
+def page():
+    require_browser()
+    with browser_page() as p:
+        yield p
+
+
+def test_home_renders_without_exception(server, page):
     from playwright.sync_api import expect
-    with browser_page() as page:
-        page.goto(server)
-        wait_idle(page)
-        expect(page.get_by_text("Serving Explorer").first).to_be_visible()
-        expect(page.get_by_text("16.667 tok/s")).to_be_visible()
-        expect(page.get_by_text("30.000 tok/s")).to_be_visible()
-        assert page.locator("[data-testid='stException']").count() == 0
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / "home.png"), full_page=True)
+    page.goto(server)
+    wait_idle(page)
+    expect(page.get_by_text("16.667 tok/s")).to_be_visible()
+    expect(page.get_by_text("30.000 tok/s")).to_be_visible()
+    assert page.locator("[data-testid='stException']").count() == 0
+
+
+@pytest.mark.parametrize("path,shot,title", PAGES[1:], ids=[p[1] for p in PAGES[1:]])
+def test_every_page_draws_a_chart(server, page, path, shot, title):
+    from playwright.sync_api import expect
+    page.goto(f"{server}/{path}")
+    wait_idle(page)
+    expect(page.get_by_role("heading", name=title).first).to_be_visible()
+    expect(page.locator(".js-plotly-plot").first).to_be_visible()
+    page.wait_for_selector(".js-plotly-plot .main-svg")
+    assert page.locator("[data-testid='stException']").count() == 0
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{shot}.png"), full_page=True)
+
+
+def test_query_parameters_restore_a_scenario(server, page):
+    from playwright.sync_api import expect
+    page.goto(f"{server}/schedules?sc=Burst+5&pol=static&pol=continuous&ms=3&s_kind=constant&s_step=1")
+    wait_idle(page)
+    expect(page.get_by_text("Burst of five, outputs [5, 20, 10, 15, 10]").first).to_be_visible()
+    # Static vs continuous with 3 slots: 35 vs 20 unit steps, restored purely from the link.
+    expect(page.get_by_text("Forward steps taken: simulated static 35, simulated continuous 20.")).to_be_visible()
+    assert page.locator("[data-testid='stException']").count() == 0
+    page.screenshot(path=str(SHOTS / "schedules_burst5_link.png"), full_page=True)

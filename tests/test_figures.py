@@ -1,0 +1,126 @@
+"""Figure builders as plain functions: the data in the returned figures, and the occupancy
+replay they draw from."""
+import numpy as np
+import pytest
+
+from core import kv
+from core.figures.attention import hbm_traffic_chart, online_softmax_figure, tile_grid
+from core.figures.memory import block_table_figure, kv_growth_chart, occupancy_heatmap, waste_chart
+from core.figures.roof import roofline_chart
+from core.figures.spec import break_even_chart, expected_tokens_chart, mass_sankey, monte_carlo_figure
+from core.figures.timeline import schedule_timeline
+from core.occupancy import CACHED, FREE, OWNED, SHARED, block_tables_at, replay
+from core.scheduler import SchedulerConfig
+from core.simulate import simulate
+from core.speculative import monte_carlo
+from core.tiles import online_softmax_steps
+from core.trace import load_trace
+from core.workload import Request, Workload, make_workload
+from tests.conftest import DATA
+
+
+def test_timeline_bars_and_ticks_equal_the_trace():
+    tr = load_trace(DATA / "traces" / "chapter31_continuous.json")
+    sim = simulate(make_workload([("A", 0, 4, 3), ("B", 20, 4, 2), ("C", 40, 2, 1)]),
+                   SchedulerConfig("continuous"), None)
+    fig = schedule_timeline([("given", tr), ("sim", sim)])
+    bars = [t for t in fig.data if t.type == "bar"]
+    given_queue = bars[0]
+    assert list(given_queue.base) == [0, 20, 40]                 # bars start at arrivals
+    assert list(given_queue.x) == [100, 130, 140]                # ... and last until first tokens (TTFT)
+    ticks = [t for t in fig.data if t.type == "scatter"]
+    assert sorted(ticks[0].x) == [100, 150, 180, 200, 200]
+    # Hover gaps: A's tokens at 100, 150, 200 -> gaps (none), 50, 50.
+    a = [c[1] for c, y in zip(ticks[0].customdata, ticks[0].y) if y == "A"]
+    assert np.isnan(a[0]) and a[1:] == [50, 50]
+    sim_bars = [t for t in bars if t.xaxis == "x2"]
+    prefill = [b for b in sim_bars if b.name == "prefill"][0]
+    assert list(prefill.base) == [0, 20, 40]                     # scheduled at arrival (no queue)
+
+
+def test_timeline_hides_markers_for_huge_traces():
+    w = make_workload([(i, 0, 4, 50) for i in range(20)])
+    fig = schedule_timeline([("sim", simulate(w, SchedulerConfig("continuous")))], max_token_markers=100)
+    assert not [t for t in fig.data if t.type == "scatter"]
+    assert "token markers hidden" in fig.layout.title.text
+
+
+def test_occupancy_replay_matches_step_events():
+    w = Workload([Request(f"r{i}", i * 2.0, 20, 6, prompt_ids=tuple(range(16)) + (i, i, i, i), tenant="t")
+                  for i in range(6)])
+    tr = simulate(w, SchedulerConfig("continuous", max_seqs=3, block_size=4, kv_blocks=20, prefix_caching=True))
+    occ = replay(tr, times_ms=tr.steps["t_ms"].to_numpy())
+    used = (occ.state >= OWNED).sum(axis=0)
+    assert used.tolist() == tr.steps["kv_used_blocks"].tolist()   # independent: logged by the scheduler
+    assert (occ.state == SHARED).any()                             # the 16-token prefix is shared
+    end = replay(tr, times_ms=[tr.tokens["t_ms"].max()])
+    assert set(end.state[:, 0].tolist()) <= {FREE, CACHED}          # everything released at the end
+    assert (end.state[:, 0] == CACHED).sum() >= 4                   # prefix blocks stay cached
+    tables = block_tables_at(tr, float(tr.steps["t_ms"].iloc[3]))
+    assert all(len(t) >= 1 for t in tables.values())
+    fig = occupancy_heatmap(occ, tr.ids, cursor_index=2)
+    assert fig.data[0].z.shape == occ.state.shape
+    assert set(np.unique(fig.data[0].text)) <= {""} | {str(k) for k in range(2, 10)}
+
+
+def test_block_table_and_waste_figures():
+    fig = block_table_figure({"a": [0, 1], "b": [0, 2]}, {0: 2, 1: 1, 2: 1})
+    assert fig.data[0].text.tolist() == [["0", "1"], ["0", "2"]]
+    assert fig.data[0].z.tolist() == [[1.0, 0.0], [1.0, 0.0]]      # block 0 is shared
+    w = waste_chart(["a"], [5], [8], [64])
+    assert list(w.data[1].y) == [3] and list(w.data[2].y) == [64]
+
+
+def test_kv_growth_chart_hits_one_gib_at_2048():
+    fig = kv_growth_chart([kv.MODELS["Llama-2-7B"]], 2, 4096, 2048)
+    x, y = list(fig.data[0].x), list(fig.data[0].y)
+    assert y[x.index(2048)] == pytest.approx(1.0)
+
+
+def test_tile_figures():
+    steps = online_softmax_steps(np.log([4, 2, 1, 1]), [1, 3, 0, 2], 2)
+    fig = online_softmax_figure(steps, 1, 1.5, 4 / 3)
+    assert list(fig.data[0].y) == pytest.approx([6 / 8, 2 / 8])    # tile masses 6 and 2 of 8
+    assert list(fig.data[1].y) == pytest.approx([10 / 6, 1.5])
+    grid = tile_grid(8, 4, 2, causal=True)
+    text = grid.data[0].text
+    # Query rows 0-3 see keys 0-3 only; a tile is partly masked (*) when a key in it lies after
+    # some query row of the tile (row 0 cannot see key 1).
+    assert text[0].tolist() == ["1*", "2*", "skip", "skip"]
+    assert text[1].tolist() == ["1", "2", "3*", "4*"]
+    hbm = hbm_traffic_chart([1024, 4096], 128, 2, 128)
+    assert all(n > t for n, t in zip(hbm.data[0].y, hbm.data[1].y))
+
+
+def test_sankey_flows_reproduce_the_final_distribution():
+    fig = mass_sankey([0.6, 0.4], [0.8, 0.2], ["Paris", "Lyon"])
+    link = fig.data[0].link
+    into = {}
+    for t, v in zip(link.target, link.value):
+        into[t] = into.get(t, 0) + v
+    assert into[3] == pytest.approx(0.6) and into[4] == pytest.approx(0.4)   # final Paris, final Lyon
+    assert into[2] == pytest.approx(0.2)                                      # rejected
+    wrong = mass_sankey([0.6, 0.4], [0.8, 0.2], ["Paris", "Lyon"], wrong=True)
+    into = {}
+    for t, v in zip(wrong.data[0].link.target, wrong.data[0].link.value):
+        into[t] = into.get(t, 0) + v
+    assert into[3] == pytest.approx(0.72)
+
+
+def test_spec_charts():
+    mc = monte_carlo([0.6, 0.4], [0.8, 0.2], 1000, seed=0)
+    fig = monte_carlo_figure(mc, [0.6, 0.4], ["Paris", "Lyon"])
+    assert list(fig.data[1].y) == mc["freq"]
+    ex = expected_tokens_chart([0.8], 4)
+    assert list(ex.data[0].y) == pytest.approx([1, 1.8, 2.44, 2.952, 3.3616])
+    be = break_even_chart(0.8, 4, 1.0)
+    assert be.data[0].y[0] == pytest.approx(3.3616)                          # free draft: E tokens per step
+
+
+def test_roofline_chart_ridge_and_points():
+    g = kv.GPUS["A100-80GB"]
+    fig = roofline_chart([g], [("decode B=1", 1.0)])
+    ridge = fig.data[1]
+    assert ridge.x[0] == pytest.approx(312e12 / 2039e9)
+    pt = fig.data[-1]
+    assert pt.y[0] == pytest.approx(2039e9 / 1e12)                           # bandwidth-bound at intensity 1

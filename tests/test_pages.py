@@ -1,0 +1,219 @@
+"""Every page headless (Streamlit AppTest): runs without exception, shows the reference
+numbers, reacts correctly to widgets and to URL query parameters."""
+import base64
+import json
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import ROOT
+
+
+def open_page(page, params=None):
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.switch_page(f"pages/{page}.py")
+    for k, v in (params or {}).items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def charts(at):
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def arr(v):
+    """Plotly 7 may store arrays as base64 'bdata'."""
+    if isinstance(v, dict) and "bdata" in v:
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"])).tolist()
+    return v
+
+
+def all_text(at):
+    return " ".join([m.value for m in at.markdown] + [c.value for c in at.caption])
+
+
+def frame_with(at, column):
+    for df in at.dataframe:
+        if column in df.value.columns:
+            return df.value
+    raise AssertionError(f"no table with column {column!r}")
+
+
+# ---- schedules ---------------------------------------------------------------------------
+
+def test_schedules_chapter_numbers():
+    at = open_page("schedules")
+    summ = frame_with(at, "tok/s (drain)").set_index("schedule")
+    assert summ.loc["given serial", "tok/s (drain)"] == pytest.approx(6 / 0.36)
+    assert summ.loc["given continuous", "tok/s (drain)"] == pytest.approx(30.0)
+    assert summ.loc["given serial", "cost USD (drain)"] == pytest.approx(0.0002)
+    assert summ.loc["given continuous", "USD per 1k tokens"] == pytest.approx(0.018519, abs=1e-6)
+    fixed = [c for c in summ.columns if c.startswith("tok/s fixed")][0]
+    # Default fixed window ends at the latest emission of all schedules: simulated serial with the
+    # chapter preset (20 ms + 20 ms/prefill token + 20 ms/decode seq): A 100, 140, 180; B from 180:
+    # +100 -> 280, 320; C from 320: 20 + 2*20 -> 380.
+    assert fixed == "tok/s fixed [0, 380] ms"
+    serial = frame_with(at, "tok/s (drain)").set_index("schedule").loc["simulated serial"]
+    assert serial["drain window ms"] == "[0, 380]"
+    per_req = frame_with(at, "TTFT ms")
+    assert per_req["TTFT ms"].tolist() == ["100", "240", "320"]     # given serial, first in the picker
+    at.selectbox(key="sched_pick").select("given continuous").run()
+    per_req = frame_with(at, "TTFT ms")
+    assert per_req["TTFT ms"].tolist() == ["100", "130", "140"]
+    assert per_req["TPOT ms"].tolist() == ["50", "50", "—"]         # C has no TPOT
+    # Fixed window 0-400 ms: 15 tok/s for both given schedules.
+    at.number_input(key="w1").set_value(400.0).run()
+    summ = frame_with(at, "tok/s (drain)").set_index("schedule")
+    assert summ.loc["given serial", "tok/s fixed [0, 400] ms"] == pytest.approx(15.0)
+    assert summ.loc["given continuous", "tok/s fixed [0, 400] ms"] == pytest.approx(15.0)
+    assert any("p99" in w.value for w in at.warning)                 # too few samples for a tail
+
+
+def test_schedules_timeline_bars_start_at_arrivals_and_ticks_at_emissions():
+    at = open_page("schedules")
+    fig = charts(at)[0]
+    given_serial_ticks = [t for t in fig["data"] if t.get("mode") == "markers" and t.get("xaxis", "x") == "x"]
+    xs = sorted(arr(given_serial_ticks[0]["x"]))
+    assert xs == [100, 140, 180, 260, 300, 360]
+    queue = [t for t in fig["data"] if t["type"] == "bar" and t.get("xaxis", "x") == "x"][0]
+    assert arr(queue["base"]) == [0, 20, 40]
+
+
+def test_schedules_burst_static_vs_continuous_from_url():
+    at = open_page("schedules", {"sc": "Burst 5", "pol": ["static", "continuous"], "ms": "3",
+                                 "s_kind": "constant", "s_step": "1"})
+    summ = frame_with(at, "steps").set_index("schedule")
+    assert summ.loc["simulated static", "steps"] == 35
+    assert summ.loc["simulated continuous", "steps"] == 20
+    assert "Forward steps taken: **simulated static** 35, **simulated continuous** 20." in all_text(at)
+
+
+def test_schedules_changing_a_widget_changes_the_result():
+    at = open_page("schedules", {"sc": "Burst 5", "pol": ["continuous"], "s_kind": "constant", "s_step": "1"})
+    assert frame_with(at, "steps").set_index("schedule").loc["simulated continuous", "steps"] == 20  # no limit
+    at.number_input(key="ms").set_value(1).run()
+    # One seat: requests run one after another: 5 + 20 + 10 + 15 + 10 = 60 steps.
+    assert frame_with(at, "steps").set_index("schedule").loc["simulated continuous", "steps"] == 60
+
+
+def test_schedules_custom_table_bad_row_is_reported():
+    at = open_page("schedules", {"sc": "Custom"})
+    assert "given serial" not in frame_with(at, "tok/s (drain)")["schedule"].tolist()
+    assert at.session_state["sc"] == "Custom"
+
+
+def test_schedules_switching_scenario_applies_presets():
+    at = open_page("schedules")
+    at.selectbox(key="sc").select("Burst 5").run()
+    assert not at.exception
+    assert at.number_input(key="ms").value == 3
+    assert at.selectbox(key="sc").value == "Burst 5"
+    assert frame_with(at, "steps")["schedule"].tolist() == ["simulated static", "simulated continuous"]
+
+
+# ---- KV memory ---------------------------------------------------------------------------
+
+def test_kv_calculator_reference():
+    at = open_page("kv_memory")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["KV per token"] == "524,288 B"        # 512 KiB
+    assert metrics["KV per sequence"] == "1.000 GiB"     # 2,048 tokens
+    at.number_input(key="kv_seqs").set_value(40).run()
+    assert {m.label: m.value for m in at.metric}["KV total"] == "40.000 GiB"
+    at.number_input(key="kv_seqs").set_value(1).run()
+    at.number_input(key="kv_tokens").set_value(32768).run()
+    assert {m.label: m.value for m in at.metric}["KV per sequence"] == "16.000 GiB"
+
+
+def test_kv_gqa_preset_is_smaller():
+    at = open_page("kv_memory", {"kv_model": "Llama-3-8B"})
+    assert {m.label: m.value for m in at.metric}["KV per token"] == "131,072 B"  # 8 KV heads of 32
+
+
+def test_kv_paging_views_and_tenant_salt():
+    at = open_page("kv_memory")
+    figs = charts(at)
+    heat = [f for f in figs if f["data"] and f["data"][0]["type"] == "heatmap"]
+    assert heat, "occupancy heatmap missing"
+    hits_on = int({m.label: m.value for m in at.metric}["hit"])
+    at.toggle(key="pg_salt").set_value(False).run()
+    hits_off = int({m.label: m.value for m in at.metric}["hit"])
+    assert hits_off > hits_on > 0       # without salts, tenants also share each other's system prompt
+    text = all_text(at)
+    assert "Reusable prefix: **3 position(s)**" in text
+    assert "matched prefix **0**" in text
+
+
+def test_kv_prefix_identity_input_and_bad_input():
+    at = open_page("kv_memory", {"px_b": "20,21"})
+    assert "Reusable prefix: **0 position(s)**" in all_text(at)
+    at.text_input(key="px_b").set_value("10, 11, x").run()
+    assert any("'x' is not an integer token id" in e.value for e in at.error)
+    assert {m.label: m.value for m in at.metric}["KV per token"] == "524,288 B"  # the rest still works
+
+
+def test_kv_fork_copy_on_write():
+    at = open_page("kv_memory")
+    text = all_text(at)
+    assert "sample 1: block 1 →" in text     # 6 prompt tokens, blocks of 4: the partial block 1 is copied
+
+
+# ---- attention tiles ------------------------------------------------------------------
+
+def test_tiles_chapter_example():
+    at = open_page("attention_tiles")
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Online softmax (all tiles)"] == "1.5"
+    assert metrics["Full softmax"] == "1.5"
+    assert metrics["Average of tile averages (wrong)"] == "1.33333"
+    steps = frame_with(at, "running sum l")
+    assert steps["output so far acc/l"].round(6).tolist() == [round(10 / 6, 6), 1.5]
+
+
+def test_tiles_random_matches_full_softmax():
+    at = open_page("attention_tiles", {"at_preset": "random", "at_n": "64", "at_tile_r": "8", "at_seed": "3"})
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Online softmax (all tiles)"] == metrics["Full softmax"]
+    assert "captured by the runner" in " ".join(i.value for i in at.info)
+
+
+# ---- speculative ---------------------------------------------------------------------------
+
+def test_speculative_paris():
+    at = open_page("speculative")
+    nums = frame_with(at, "wrong rule").set_index("candidate")
+    assert nums.loc["Paris", "accept min(1, p/q)"] == pytest.approx(0.75)
+    assert nums.loc["Paris", "final"] == pytest.approx(0.6)
+    assert nums.loc["Paris", "wrong rule"] == pytest.approx(0.72)
+    assert nums.loc["Lyon", "residual"] == pytest.approx(1.0)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Wrong rule: Paris"] == "0.72"
+    sankeys = [f for f in charts(at) if f["data"][0]["type"] == "sankey"]
+    assert len(sankeys) == 2
+
+
+def test_speculative_exercise_preset():
+    at = open_page("speculative", {"sp_preset": "exercise"})
+    nums = frame_with(at, "wrong rule").set_index("candidate")
+    assert nums["accept min(1, p/q)"].tolist() == pytest.approx([0.5, 1.0])
+    assert nums["final"].tolist() == pytest.approx([0.3, 0.7])
+    assert {m.label: m.value for m in at.metric}["Rejection mass"] == "0.3"
+
+
+# ---- roofline ---------------------------------------------------------------------------
+
+def test_roofline_chapter_numbers():
+    at = open_page("roofline")
+    assert "≈ **142.857**" in all_text(at)
+    pts = frame_with(at, "intensity FLOP/B")
+    assert pts["intensity FLOP/B"].tolist() == [1.0, 32.0, 2048.0]
+
+
+# ---- home --------------------------------------------------------------------------------
+
+def test_home_links_every_page():
+    at = open_page("home")
+    assert [m.value for m in at.metric] == ["16.667 tok/s", "30.000 tok/s"]
