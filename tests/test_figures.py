@@ -29,7 +29,7 @@ def test_timeline_bars_and_ticks_equal_the_trace():
     assert list(given_queue.base) == [0, 20, 40]                 # bars start at arrivals
     assert list(given_queue.x) == [100, 130, 140]                # ... and last until first tokens (TTFT)
     ticks = [t for t in fig.data if t.type == "scatter"]
-    assert sorted(ticks[0].x) == [100, 150, 180, 200, 200]
+    assert sorted(ticks[0].x) == [100, 150, 150, 180, 200, 200]
     # Hover gaps: A's tokens at 100, 150, 200 -> gaps (none), 50, 50.
     a = [c[1] for c, y in zip(ticks[0].customdata, ticks[0].y) if y == "A"]
     assert np.isnan(a[0]) and a[1:] == [50, 50]
