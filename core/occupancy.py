@@ -92,40 +92,34 @@ def replay(trace, times_ms=None, num_blocks: int | None = None, max_snapshots: i
 
 
 def block_tables_at(trace, t_ms: float) -> dict[int, list[int]]:
-    """Each sequence's block table (logical -> physical) at time t, from kv events."""
+    """Each sequence's block table (logical -> physical) at time t, from kv events: the last
+    event for each (sequence, logical block) decides; a `free` means it is gone."""
     kv = trace.kv
-    kv = kv[kv["t_ms"] <= t_ms]
-    tables: dict[int, dict[int, int]] = {}
-    for op, req, block, logical in zip(kv["op"].astype(str), kv["req"], kv["block"], kv["logical"]):
-        if req < 0:
-            continue
-        if op in ("alloc", "hit", "cow"):
-            tables.setdefault(int(req), {})[int(logical)] = int(block)
-        elif op == "free":
-            tab = tables.get(int(req))
-            if tab is not None:
-                tab.pop(int(logical), None)
-                if not tab:
-                    del tables[int(req)]
-    return {r: [tab[k] for k in sorted(tab)] for r, tab in tables.items()}
+    if not len(kv):
+        return {}
+    keep = (kv["t_ms"].to_numpy() <= t_ms) & (kv["req"].to_numpy() >= 0) & (kv["logical"].to_numpy() >= 0)
+    ev = kv.loc[keep, ["op", "req", "logical", "block"]]
+    ev = ev[ev["op"].isin(["alloc", "hit", "cow", "cache", "free"])]
+    last = ev.drop_duplicates(subset=["req", "logical"], keep="last")
+    last = last[last["op"] != "free"].sort_values(["req", "logical"])
+    out: dict[int, list[int]] = {}
+    for r, g in last.groupby("req", sort=True)["block"]:
+        out[int(r)] = g.tolist()
+    return out
 
 
 def tokens_in_cache_at(trace, t_ms: float) -> dict[int, int]:
-    """Tokens each running sequence holds in KV at time t: computed so far per the step log
-    (prefill chunks and decodes of steps that ended by t)."""
+    """Tokens each sequence has computed into KV by time t: the tokens of its steps that ended
+    by t, counting only steps after its last preemption (a preemption drops its cache)."""
     st, b = trace.steps, trace.batch
     if not len(st):
         return {}
-    ended = st[(st["t_ms"] + st["dur_ms"]) <= t_ms]["step"]
-    done = b[b["step"].isin(ended)]
-    # A preemption resets a sequence's cache: count only steps after its last preemption.
-    last_pre = {}
-    for tp, r in zip(trace.preempts["t_ms"], trace.preempts["req"]):
-        if tp <= t_ms:
-            last_pre[int(r)] = tp
-    step_t = dict(zip(st["step"], st["t_ms"]))
-    out: dict[int, int] = {}
-    for s, r, n in zip(done["step"], done["req"], done["tokens"]):
-        if step_t[s] >= last_pre.get(int(r), -1.0):
-            out[int(r)] = out.get(int(r), 0) + int(n)
-    return out
+    ended = st.loc[(st["t_ms"] + st["dur_ms"]) <= t_ms, ["step", "t_ms"]]
+    done = b.merge(ended, on="step", how="inner")
+    pre = trace.preempts[trace.preempts["t_ms"] <= t_ms]
+    if len(pre):
+        last_pre = pre.groupby("req")["t_ms"].max()
+        cut = last_pre.reindex(done["req"]).to_numpy()
+        done = done[~(done["t_ms"].to_numpy() < np.nan_to_num(cut, nan=-1.0))]
+    sums = done.groupby("req")["tokens"].sum()
+    return {int(r): int(n) for r, n in sums.items()}

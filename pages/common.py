@@ -76,7 +76,7 @@ def _workload_key(w: Workload) -> str:
                  for r in w.requests])
 
 
-@st.cache_data(show_spinner="Simulating…", max_entries=32)
+@st.cache_resource(show_spinner="Simulating…", max_entries=32)  # traces are shared, never mutated
 def _policies(_w: Workload, wkey: str, policies: tuple, lim_key: str, sm_key: str, _lim: Limits, _sm: StepModel):
     return run_policies(_w, list(policies), _lim, _sm, created="(app)")
 
@@ -154,3 +154,13 @@ def spec_traces() -> dict:
     from core.speculative import acceptance_by_position
     return {n: acceptance_by_position([e for e in tr.other if e.get("type") == "spec"])
             for n, tr in _bundled_traces().items() if any(e.get("type") == "spec" for e in tr.other)}
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _occupancy(_tr: Trace, key: str, max_snapshots: int):
+    from core.occupancy import replay
+    return replay(_tr, max_snapshots=max_snapshots)
+
+
+def cached_occupancy(w: Workload, lim: Limits, sm: StepModel, trace: Trace, max_snapshots: int = 160):
+    return _occupancy(trace, _workload_key(w) + repr(lim) + repr(sm), max_snapshots)

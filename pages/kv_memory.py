@@ -6,11 +6,12 @@ import streamlit as st
 from core import kv
 from core.errors import InputError
 from core.figures.memory import block_table_figure, kv_growth_chart, occupancy_heatmap, waste_chart
-from core.occupancy import block_tables_at, replay, tokens_in_cache_at
+from core.occupancy import block_tables_at, tokens_in_cache_at
 from core.scenarios import Limits, fork_demo, prefix_match, shared_prefix_demo
 from core.workload import Request, Workload
 from core.workload import parse_token_ids
-from pages.common import cached_policies, cached_scenario, origin_badge
+from core.simulate import StepModel
+from pages.common import cached_occupancy, cached_policies, cached_scenario, origin_badge
 
 st.title("KV memory & paging")
 
@@ -80,13 +81,13 @@ else:
                       for r in w.requests], name=w.name)
 lim = Limits(max_seqs=int(max_seqs), token_budget=None, kv_blocks=int(pool), block_size=int(block_size),
              prefix_caching=caching)
-from core.simulate import StepModel  # noqa: E402
+unit = StepModel("constant", step_ms=1.0)
 try:
-    (label, tr), = cached_policies(w, ("continuous",), lim, StepModel("constant", step_ms=1.0))
+    (label, tr), = cached_policies(w, ("continuous",), lim, unit)
 except InputError as e:
     st.error(f"Paging settings: {e}")
     st.stop()
-occ = replay(tr, max_snapshots=160)
+occ = cached_occupancy(w, lim, unit, tr)
 st.markdown(f"{origin_badge(tr)} continuous policy, constant 1 ms steps, {len(w)} requests, "
             f"pool of {pool} blocks × {block_size} tokens.")
 cursor = st.slider("Time cursor (snapshot)", 0, len(occ.times_ms) - 1, min(len(occ.times_ms) - 1, 20),

@@ -36,19 +36,26 @@ def occupancy_heatmap(occ: Occupancy, ids: list[str], cursor_index: int | None =
     step = max(1, -(-B // max_blocks))
     rows = np.arange(0, B, step)
     state, ref, owner = state[rows], ref[rows], owner[rows]
-    ids_arr = np.array(list(ids) + ["—"], dtype=object)
-    owner_name = ids_arr[np.where(owner >= 0, owner, len(ids))]
     text = np.where(state == SHARED, ref.astype(str), "")
-    custom = np.dstack([owner_name, ref.astype(object), np.array(STATE_NAMES, dtype=object)[state]])
     colorscale = []
     for k in (FREE, CACHED, OWNED, SHARED):
         colorscale += [[k / 4, STATE_COLORS[k]], [(k + 1) / 4, STATE_COLORS[k]]]
+    detailed = state.size <= 40_000  # owner names in hover only while the grid is small
+    extra = {}
+    if detailed:
+        ids_arr = np.array(list(ids) + ["—"], dtype=object)
+        owner_name = ids_arr[np.where(owner >= 0, owner, len(ids))]
+        extra = dict(customdata=np.dstack([owner_name, ref.astype(object),
+                                           np.array(STATE_NAMES, dtype=object)[state]]),
+                     hovertemplate="block %{y} at %{x:.3f} ms<br>%{customdata[2]}, owner %{customdata[0]}, "
+                                   "ref %{customdata[1]}<extra></extra>")
+    else:
+        extra = dict(hovertemplate="block %{y} at %{x:.3f} ms<br>state %{z} "
+                                   "(0 free, 1 cached-free, 2 owned, 3 shared)<extra></extra>")
     fig = go.Figure(go.Heatmap(
-        z=state.astype(float), x=occ.times_ms, y=rows, zmin=0, zmax=4, colorscale=colorscale,
-        text=text, texttemplate="%{text}", customdata=custom, xgap=0.5, ygap=0.5,
-        colorbar=dict(tickvals=[0.5, 1.5, 2.5, 3.5], ticktext=list(STATE_NAMES), title="block"),
-        hovertemplate="block %{y} at %{x:.3f} ms<br>%{customdata[2]}, owner %{customdata[0]}, "
-                      "ref %{customdata[1]}<extra></extra>"))
+        z=state.astype(np.int8), x=occ.times_ms, y=rows, zmin=0, zmax=4, colorscale=colorscale,
+        text=text, texttemplate="%{text}", xgap=0.5 if detailed else 0, ygap=0.5 if detailed else 0,
+        colorbar=dict(tickvals=[0.5, 1.5, 2.5, 3.5], ticktext=list(STATE_NAMES), title="block"), **extra))
     if cursor_index is not None and 0 <= cursor_index < len(occ.times_ms):
         fig.add_vline(x=float(occ.times_ms[cursor_index]), line_color="#d62728", line_width=2)
     fig.update_yaxes(title_text="physical block" + (f" (every {step}th)" if step > 1 else ""), autorange="reversed")
