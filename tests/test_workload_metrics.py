@@ -160,3 +160,14 @@ def test_online_softmax_stable_with_huge_logits():
     assert tiles.online_softmax(logits, v, 1) == pytest.approx(float(w @ v / w.sum()))
     with pytest.raises(ConfigError, match="values"):
         tiles.online_softmax([1, 2], [1], 1)
+
+
+def test_edited_table_rows_become_a_workload_with_row_errors():
+    from core.scenarios import workload_from_rows
+    w = workload_from_rows([{"id": "A", "arrival_ms": 0.0, "prompt_tokens": 4.0, "output_tokens": 3.0},
+                            {"id": None, "arrival_ms": None, "prompt_tokens": None, "output_tokens": None},
+                            {"id": "B", "arrival_ms": 20.0, "prompt_tokens": 4, "output_tokens": 2}])
+    assert [(r.id, r.prompt_tokens, r.output_tokens) for r in w.requests] == [("A", 4, 3), ("B", 4, 2)]
+    with pytest.raises(WorkloadError, match="row 2"):
+        workload_from_rows([{"id": "A", "arrival_ms": 0.0, "prompt_tokens": 4, "output_tokens": 3},
+                            {"id": "B", "arrival_ms": 5.0, "prompt_tokens": 0, "output_tokens": 3}])
