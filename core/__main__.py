@@ -1,4 +1,4 @@
-"""Command line: python -m core {simulate,metrics} ...  (run with -h for each command).
+"""Command line: python -m core {simulate,metrics,export} ...  (run with -h for each command).
 
 Bad input exits with code 2 and one line on stderr naming the problem.
 """
@@ -75,12 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--label", help="trace label (meta.label)")
     s.add_argument("--out", required=True, help="trace to write (.json or .json.gz)")
 
-    m = sub.add_parser("metrics", help="per-request and summary metrics of a trace")
-    m.add_argument("trace")
+    m = sub.add_parser("metrics", help="per-request and summary metrics of a trace or a vLLM result file")
+    m.add_argument("trace", help="serving-trace/1 (.json, .json.gz, .parquet) or a vLLM/SGLang result JSON")
     m.add_argument("--window", nargs=2, type=_finite_float, metavar=("START_MS", "END_MS"),
                    help="fixed throughput window (default: drain window [first arrival, last emission])")
     m.add_argument("--usd-per-hour", type=_nonneg_float, help="flat resource tariff for cost figures")
     m.add_argument("--json", action="store_true", help="print one JSON object")
+
+    e = sub.add_parser("export", help="convert a trace: Chrome/Perfetto JSON, per-request CSV, JSON, Parquet")
+    e.add_argument("trace", help="serving-trace/1 or a vLLM/SGLang result JSON")
+    e.add_argument("--chrome", metavar="OUT.json", help="Chrome Trace Event JSON (open in ui.perfetto.dev)")
+    e.add_argument("--csv", metavar="OUT.csv", help="per-request metrics")
+    e.add_argument("--trace-out", metavar="OUT", help="the trace itself: .json, .json.gz or .parquet")
     return ap
 
 
@@ -109,11 +115,47 @@ def _fmt(x, unit=""):
     return "—" if x is None else f"{x:,.3f}{unit}"
 
 
+def _read(path):
+    """A Trace or an importers.Imported, from any supported file."""
+    from pathlib import Path
+
+    from core.importers import load_any
+    from core.trace import is_parquet, trace_from_parquet
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, expected a trace file") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+    if is_parquet(data):
+        return trace_from_parquet(data, Path(path).name)
+    return load_any(data, Path(path).name)
+
+
 def cmd_metrics(a) -> int:
+    from core.importers import Imported
     from core.metrics import summarize
-    from core.trace import load_trace
-    tr = load_trace(a.trace)
+    got = _read(a.trace)
+    imp = got if isinstance(got, Imported) else None
+    tr = imp.trace if imp else got
+    if imp and tr is None:
+        out = {"source": "imported", "requests": [], "summary": {"failed": None}, "file_summary": imp.file_summary,
+               "notes": imp.notes}
+        if a.json:
+            print(json.dumps(out, allow_nan=False))
+        else:
+            print(f"{a.trace}: {imp.notes[0]}")
+            for k, v in imp.file_summary.items():
+                print(f"  {k}: {v}")
+        return 0
     out = summarize(tr, window=a.window, usd_per_hour=a.usd_per_hour)
+    if imp:
+        out["summary"]["failed"] = len(imp.failed)
+        out["failed"] = imp.failed
+        out["file_summary"] = imp.file_summary
+        out["summary"]["notes"] = imp.notes + out["summary"]["notes"]
     if a.json:
         print(json.dumps(out, allow_nan=False))
         return 0
@@ -139,13 +181,38 @@ def cmd_metrics(a) -> int:
     print(f"percentile estimator: {s['percentile_estimator']}")
     for n in s["notes"] + s["conservation_problems"]:
         print(f"note: {n}")
+    for f in out.get("failed", []):
+        print(f"failed: request {f['id']} (#{f['index']}): {f['error']}")
+    if "failed" in s:
+        print(f"failed requests: {s['failed']}")
+    return 0
+
+
+def cmd_export(a) -> int:
+    from core.export import chrome_trace_json, metrics_csv
+    from core.importers import Imported
+    if not (a.chrome or a.csv or a.trace_out):
+        raise InputError("export: give at least one of --chrome, --csv, --trace-out")
+    got = _read(a.trace)
+    tr = got.trace if isinstance(got, Imported) else got
+    if tr is None:
+        raise InputError(f"{a.trace}: only summary fields; nothing per request to export")
+    for path, write in ((a.chrome, lambda p: open(p, "w").write(chrome_trace_json(tr))),
+                        (a.csv, lambda p: open(p, "w").write(metrics_csv(tr))),
+                        (a.trace_out, lambda p: tr.save(p))):
+        if path:
+            try:
+                write(path)
+            except OSError as e:
+                raise InputError(f"{path}: cannot write ({e.strerror})") from None
+            print(f"wrote {path}")
     return 0
 
 
 def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
-        return {"simulate": cmd_simulate, "metrics": cmd_metrics}[a.cmd](a)
+        return {"simulate": cmd_simulate, "metrics": cmd_metrics, "export": cmd_export}[a.cmd](a)
     except InputError as e:
         return _fail(str(e))
     except SystemExit as e:

@@ -1,0 +1,181 @@
+"""Import results written by existing engines' serving benchmarks.
+
+vLLM (`vllm bench serve --save-result`, formerly benchmarks/benchmark_serving.py) writes one
+JSON object with summary fields (`duration`, `completed`, `mean_ttft_ms`, `p99_tpot_ms`, ...)
+and, with details, per-request arrays in seconds: `ttfts`, `itls` (gaps between streamed
+chunks), `input_lens`, `output_lens`, `errors` ("" when the request succeeded). SGLang's
+bench_serving writes the same arrays and may add `start_times`.
+
+Per request we rebuild a timeline: send time (from `start_times` / `request_submit_times`
+when present, else 0 for every request, each aligned at its own send), first token at
+send + TTFT, then one emission per ITL gap. The request's output tokens are spread over
+those emissions (one each, the remainder released with the last chunk), so core.metrics
+gives vLLM's own TTFT, TPOT = (E2E - TTFT)/(n - 1), ITL and E2E = TTFT + sum(ITL).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from core.errors import TraceError
+from core.trace import TOKEN_SOURCES, Trace, parse_json_bytes, trace_from_doc, new_trace
+from core.workload import Request, Workload
+
+VLLM_ARRAY_KEYS = ("ttfts", "itls", "input_lens", "output_lens")
+VLLM_SUMMARY_KEYS = ("duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
+                     "output_throughput", "total_token_throughput")
+METRIC_NAMES = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass
+class Imported:
+    trace: Trace | None                # None when the file has only summary fields
+    engine: str                        # "vllm" (also SGLang's compatible format)
+    file_summary: dict                 # the file's own summary numbers, verbatim
+    failed: list[dict] = field(default_factory=list)   # [{"index", "error"}]
+    notes: list[str] = field(default_factory=list)
+    aligned_at_zero: bool = False      # no send times: every request starts at its own t = 0
+
+
+def looks_like_vllm(doc: Any) -> bool:
+    if not isinstance(doc, dict) or "schema" in doc:
+        return False
+    return any(k in doc for k in VLLM_ARRAY_KEYS) or any(f"mean_{m}_ms" in doc for m in METRIC_NAMES)
+
+
+def _num_list(doc, key, name) -> list:
+    v = doc.get(key)
+    if not isinstance(v, list):
+        raise TraceError(f"{name}: {key}: expected a list")
+    return v
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def import_vllm(doc: dict, name: str = "vllm result") -> Imported:
+    summary = {k: v for k, v in doc.items()
+               if k in VLLM_SUMMARY_KEYS or k in ("failed", "num_prompts", "request_rate", "max_concurrency",
+                                                    "model_id", "backend", "date", "burstiness")
+               or any(k.startswith(f"{s}_{m}_ms") for s in ("mean", "median", "std") for m in METRIC_NAMES)
+               or any(k.startswith(f"p") and k.endswith(f"_{m}_ms") for m in METRIC_NAMES)}
+    meta = {"source": "imported", "label": f"{name} (vLLM benchmark result)",
+            "created": str(doc.get("date", "")) or "unknown",
+            "engine": {"name": str(doc.get("backend") or "vllm"), "model": doc.get("model_id"),
+                       "request_rate": doc.get("request_rate"), "max_concurrency": doc.get("max_concurrency")},
+            "device": "not recorded in the result file", "notes": ""}
+    if not all(k in doc for k in ("ttfts", "itls", "output_lens")):
+        return Imported(None, "vllm", summary, notes=[
+            "This file has only summary fields; per-request views need the detailed arrays "
+            "(ttfts, itls, input_lens, output_lens, errors: vLLM writes them with --save-detailed)."])
+    ttfts = _num_list(doc, "ttfts", name)
+    itls = _num_list(doc, "itls", name)
+    out_lens = _num_list(doc, "output_lens", name)
+    n = len(ttfts)
+    in_lens = doc.get("input_lens") if isinstance(doc.get("input_lens"), list) else [0] * n
+    errors = doc.get("errors") if isinstance(doc.get("errors"), list) else [""] * n
+    for key, arr in (("itls", itls), ("output_lens", out_lens), ("input_lens", in_lens), ("errors", errors)):
+        if len(arr) != n:
+            raise TraceError(f"{name}: {key} has {len(arr)} entries but ttfts has {n}")
+    starts = None
+    for key in ("start_times", "request_submit_times"):
+        if isinstance(doc.get(key), list) and len(doc[key]) == n and all(_finite(x) for x in doc[key]):
+            starts = np.asarray(doc[key], dtype=float)
+            break
+    aligned = starts is None
+    notes = []
+    if aligned:
+        notes.append("No send times in the file: every request is drawn from its own send time 0 "
+                     "(timelines overlap; throughput over a shared window is not meaningful).")
+        arrival_ms = np.zeros(n)
+    else:
+        arrival_ms = (starts - starts.min()) * 1000.0
+    reqs, tok_req, tok_idx, tok_t, failed, finishes = [], [], [], [], [], []
+    merged = 0
+    for i in range(n):
+        err = errors[i]
+        rid = f"req{i}"
+        ok = not (isinstance(err, str) and err) and not (err not in (None, "") and not isinstance(err, str))
+        if not ok:
+            failed.append({"index": i, "id": rid, "error": str(err)})
+        ttft, gaps, nout, nin = ttfts[i], itls[i], out_lens[i], in_lens[i]
+        where = f"{name}: request {i}"
+        if not isinstance(gaps, list) or not all(_finite(g) and g >= 0 for g in gaps):
+            raise TraceError(f"{where}: itls: expected a list of gaps >= 0 (seconds)")
+        if not (_finite(nout) and float(nout).is_integer() and nout >= 0):
+            raise TraceError(f"{where}: output_lens: expected an integer >= 0, got {nout!r}")
+        if not (_finite(nin) and float(nin).is_integer() and nin >= 0):
+            raise TraceError(f"{where}: input_lens: expected an integer >= 0, got {nin!r}")
+        nout, nin = int(nout), int(nin)
+        if not ok or nout == 0:
+            reqs.append(Request(rid, float(arrival_ms[i]), max(nin, 1), 1, extra={"error": str(err)} if not ok else {}))
+            finishes.append((len(reqs) - 1, float(arrival_ms[i]), "error" if not ok else "stop"))
+            continue
+        if not (_finite(ttft) and ttft >= 0):
+            raise TraceError(f"{where}: ttfts: expected a number of seconds >= 0, got {ttft!r}")
+        chunk_t = arrival_ms[i] + (ttft + np.concatenate([[0.0], np.cumsum(gaps)])) * 1000.0
+        if nout >= len(chunk_t):
+            counts = np.ones(len(chunk_t), dtype=np.int64)
+            counts[-1] += nout - len(chunk_t)
+        else:  # more stream chunks than tokens: keep the first n-1 chunk times and the last
+            merged += 1
+            chunk_t = np.concatenate([chunk_t[: nout - 1], chunk_t[-1:]])
+            counts = np.ones(nout, dtype=np.int64)
+        times = np.repeat(chunk_t, counts)
+        j = len(reqs)
+        reqs.append(Request(rid, float(arrival_ms[i]), max(nin, 1), nout))
+        tok_req.append(np.full(nout, j)); tok_idx.append(np.arange(nout)); tok_t.append(times)
+        finishes.append((j, float(times[-1]), "length"))
+    if merged:
+        notes.append(f"{merged} request(s) streamed more chunks than output tokens; their extra chunk times "
+                     "were merged, so their ITL gaps differ from the file's.")
+    if failed:
+        notes.append(f"{len(failed)} failed request(s) (non-empty errors) are kept with no tokens and a "
+                     "finish reason 'error'; they are excluded from latency statistics, as vLLM does.")
+    meta["notes"] = " ".join(notes)
+    if not reqs:
+        raise TraceError(f"{name}: the file lists no requests")
+    tr = new_trace(meta, Workload(reqs, name=name))
+    # Workload() sorted by arrival (stable); map our request index -> position in trace.
+    pos = {rid: k for k, rid in enumerate(tr.ids)}
+    order = np.array([pos[r.id] for r in reqs])
+    if tok_req:
+        tr.tokens = pd.DataFrame({"req": order[np.concatenate(tok_req)], "index": np.concatenate(tok_idx),
+                                  "t_ms": np.concatenate(tok_t),
+                                  "source": pd.Categorical(["sampled"] * sum(map(len, tok_req)),
+                                                           categories=TOKEN_SOURCES),
+                                  "token_id": -1})
+    tr.finishes = pd.DataFrame({"req": order[[f[0] for f in finishes]], "t_ms": [f[1] for f in finishes],
+                                "reason": pd.Series([f[2] for f in finishes], dtype=object)})
+    err_of = {f["id"]: f["error"] for f in failed}
+    if err_of:
+        for k, rid in enumerate(tr.ids):
+            if rid in err_of:
+                tr.request_extra[k]["error"] = err_of[rid]
+    return Imported(tr, "vllm", summary, failed, notes, aligned)
+
+
+def load_any(data: bytes | str, name: str = "trace"):
+    """A native trace (Trace) or an engine result (Imported), detected from the content."""
+    doc = parse_json_bytes(data, name)
+    if looks_like_vllm(doc):
+        return import_vllm(doc, name)
+    return trace_from_doc(doc, name)
+
+
+def file_summary_comparison(imp: Imported, ours: dict) -> pd.DataFrame:
+    """The file's own mean/median/p99 of TTFT, TPOT, ITL, E2E next to ours (ms)."""
+    rows = []
+    ours_key = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
+    for m in METRIC_NAMES:
+        for stat in ("mean", "median", "p50", "p90", "p95", "p99", "std"):
+            k = f"{stat}_{m}_ms"
+            if k in imp.file_summary:
+                ours_stat = ours["summary"][ours_key[m]].get("median" if stat == "p50" else stat)
+                rows.append({"metric": k, "file": imp.file_summary[k], "ours": ours_stat})
+    return pd.DataFrame(rows)
