@@ -13,6 +13,9 @@ pg = st.navigation({
                 url_path="speculative"),
         st.Page("pages/roofline.py", title="Roofline", icon=":material/show_chart:", url_path="roofline"),
     ],
+    "Your runs": [
+        st.Page("pages/replay.py", title="Trace replay", icon=":material/slow_motion_video:", url_path="replay"),
+    ],
 })
 st.sidebar.caption("Every number is labeled by origin: **given** (teaching scenario), "
                    "**simulated** (core simulator, step model stated), **measured** (captured trace).")

@@ -63,7 +63,7 @@ def main():
         return
     logging.disable(logging.WARNING)
     from streamlit.testing.v1 import AppTest
-    os.environ["SERVING_EXPLORER_EXTRA_TRACE"] = paths["parquet"]
+    os.environ["SERVING_EXPLORER_TRACES"] = paths["parquet"]
     at = AppTest.from_file(os.path.join(ROOT, "app.py"), default_timeout=300)
     at.switch_page("pages/replay.py")
     at.query_params["tr"] = "bench.parquet"
@@ -73,6 +73,8 @@ def main():
     if at.exception:
         print("replay page exception:", at.exception[0].message)
         return
+    shown = at.selectbox(key="tr").value
+    assert shown == "bench.parquet", f"the page opened {shown!r}, not the benchmark trace"
     slider = at.slider(key="rp_cursor")
     lo, hi = slider.min, slider.max
     times = []

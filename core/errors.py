@@ -16,3 +16,9 @@ class TraceError(InputError):
 
 class ConfigError(InputError):
     pass
+
+
+def short(v, limit: int = 40) -> str:
+    """repr() of a bad value for an error message, cut to a readable length."""
+    r = repr(v)
+    return r if len(r) <= limit else r[: limit - 3] + "..."

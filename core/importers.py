@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.errors import TraceError
+from core.errors import short, TraceError
 from core.trace import TOKEN_SOURCES, Trace, parse_json_bytes, trace_from_doc, new_trace
 from core.workload import Request, Workload
 
@@ -55,7 +55,10 @@ def _num_list(doc, key, name) -> list:
 
 
 def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    try:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def import_vllm(doc: dict, name: str = "vllm result") -> Imported:
@@ -108,16 +111,16 @@ def import_vllm(doc: dict, name: str = "vllm result") -> Imported:
         if not isinstance(gaps, list) or not all(_finite(g) and g >= 0 for g in gaps):
             raise TraceError(f"{where}: itls: expected a list of gaps >= 0 (seconds)")
         if not (_finite(nout) and float(nout).is_integer() and nout >= 0):
-            raise TraceError(f"{where}: output_lens: expected an integer >= 0, got {nout!r}")
+            raise TraceError(f"{where}: output_lens: expected an integer >= 0, got {short(nout)}")
         if not (_finite(nin) and float(nin).is_integer() and nin >= 0):
-            raise TraceError(f"{where}: input_lens: expected an integer >= 0, got {nin!r}")
+            raise TraceError(f"{where}: input_lens: expected an integer >= 0, got {short(nin)}")
         nout, nin = int(nout), int(nin)
         if not ok or nout == 0:
             reqs.append(Request(rid, float(arrival_ms[i]), max(nin, 1), 1, extra={"error": str(err)} if not ok else {}))
             finishes.append((len(reqs) - 1, float(arrival_ms[i]), "error" if not ok else "stop"))
             continue
         if not (_finite(ttft) and ttft >= 0):
-            raise TraceError(f"{where}: ttfts: expected a number of seconds >= 0, got {ttft!r}")
+            raise TraceError(f"{where}: ttfts: expected a number of seconds >= 0, got {short(ttft)}")
         chunk_t = arrival_ms[i] + (ttft + np.concatenate([[0.0], np.cumsum(gaps)])) * 1000.0
         if nout >= len(chunk_t):
             counts = np.ones(len(chunk_t), dtype=np.int64)

@@ -50,10 +50,9 @@ def replay(trace, times_ms=None, num_blocks: int | None = None, max_snapshots: i
     kv = trace.kv
     times = snapshot_times(trace, max_snapshots) if times_ms is None else np.asarray(times_ms, dtype=float)
     if num_blocks is None:
-        engine = trace.meta.get("engine", {}) if isinstance(trace.meta.get("engine"), dict) else {}
-        stats = trace.meta.get("stats", {}) if isinstance(trace.meta.get("stats"), dict) else {}
-        num_blocks = int(stats.get("kv_blocks") or engine.get("kv_blocks") or
-                         (kv["block"].max() + 1 if len(kv) else 0))
+        # Only blocks that were ever touched: with a huge (or unlimited) pool the rest stay
+        # free forever, and the allocator hands out the lowest ids first.
+        num_blocks = int(kv["block"].max() + 1) if len(kv) else 0
     B, S = num_blocks, len(times)
     state = np.zeros((B, S), dtype=np.int8)
     ref = np.zeros((B, S), dtype=np.int32)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.errors import TraceError
+from core.errors import short, TraceError
 from core.paging import KV_OPS
 from core.workload import Request, Workload, decode_bytes
 
@@ -194,7 +194,7 @@ class Trace:
             return
         data = self.dumps(pretty and not p.name.endswith(".gz")).encode()
         if p.name.endswith(".gz"):
-            data = gzip.compress(data, compresslevel=6)
+            data = gzip.compress(data, compresslevel=6, mtime=0)  # reproducible bytes
         p.write_bytes(data)
 
 
@@ -229,7 +229,10 @@ def _is_int(v) -> bool:
 
 
 def _ok_time(v) -> bool:
-    return _is_num(v) and math.isfinite(v) and v >= 0
+    try:
+        return _is_num(v) and math.isfinite(v) and v >= 0
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 def parse_json_bytes(data: bytes | str, name: str, error=TraceError) -> Any:
@@ -317,7 +320,7 @@ def trace_from_doc(doc: Any, name: str = "trace", event_columns=None) -> Trace:
     if not isinstance(meta, dict):
         raise TraceError(f"{name}: meta: expected an object with at least 'source'")
     if meta.get("source") not in SOURCES:
-        raise TraceError(f"{name}: meta.source: expected one of {', '.join(SOURCES)}, got {meta.get('source')!r}")
+        raise TraceError(f"{name}: meta.source: expected one of {', '.join(SOURCES)}, got {short(meta.get('source'))}")
     reqs = doc.get("requests")
     if not isinstance(reqs, list):
         raise TraceError(f"{name}: requests: expected a list")
@@ -337,18 +340,18 @@ def trace_from_doc(doc: Any, name: str = "trace", event_columns=None) -> Trace:
         if _is_int(rid):
             rid = str(int(rid))
         if not isinstance(rid, str) or not rid:
-            pb.add(-1e18 + i, f"{at}.id: expected a non-empty string, got {rid!r}"); continue
+            pb.add(-1e18 + i, f"{at}.id: expected a non-empty string, got {short(rid)}"); continue
         if rid in index_of:
             pb.add(-1e18 + i, f"{at}.id: duplicate request id {rid!r}"); continue
         bad = None
         if not _ok_time(r.get("arrival_ms")):
-            bad = f"{at}.arrival_ms: expected a finite number >= 0, got {r.get('arrival_ms')!r}"
+            bad = f"{at}.arrival_ms: expected a finite number >= 0, got {short(r.get('arrival_ms'))}"
         elif not (_is_int(r.get("prompt_tokens")) and r["prompt_tokens"] >= 0):
-            bad = f"{at}.prompt_tokens: expected an integer >= 0, got {r.get('prompt_tokens')!r}"
+            bad = f"{at}.prompt_tokens: expected an integer >= 0, got {short(r.get('prompt_tokens'))}"
         elif not (_is_int(r.get("max_output_tokens")) and r["max_output_tokens"] >= 1):
-            bad = f"{at}.max_output_tokens: expected an integer >= 1, got {r.get('max_output_tokens')!r}"
+            bad = f"{at}.max_output_tokens: expected an integer >= 1, got {short(r.get('max_output_tokens'))}"
         elif r.get("tenant") is not None and not isinstance(r.get("tenant"), str):
-            bad = f"{at}.tenant: expected a string or null, got {r.get('tenant')!r}"
+            bad = f"{at}.tenant: expected a string or null, got {short(r.get('tenant'))}"
         if bad:
             pb.add(-1e18 + i, bad); continue
         index_of[rid] = len(ids)
@@ -423,22 +426,22 @@ def _slow_event_columns(events, index_of, pb):
             pb.add(i, f"events[{i}]: expected an object"); continue
         typ = e.get("type")
         if not isinstance(typ, str):
-            pb.add(i, f"events[{i}].type: expected a string, got {typ!r}"); continue
+            pb.add(i, f"events[{i}].type: expected a string, got {short(typ)}"); continue
         t = e.get("t_ms")
         if not _ok_time(t):
-            pb.add(i, f"events[{i}] ({typ}).t_ms: expected a finite number >= 0, got {t!r}"); continue
+            pb.add(i, f"events[{i}] ({typ}).t_ms: expected a finite number >= 0, got {short(t)}"); continue
         if typ == "token":
             j = req_of(e, i, typ)
             k = e.get("index")
             if not (_is_int(k) and k >= 0):
-                pb.add(i, f"events[{i}] (token).index: expected an integer >= 0, got {k!r}"); continue
+                pb.add(i, f"events[{i}] (token).index: expected an integer >= 0, got {short(k)}"); continue
             src = e.get("source", "sampled")
             if src not in TOKEN_SOURCES:
-                pb.add(i, f"events[{i}] (token).source: expected one of {', '.join(TOKEN_SOURCES)}, got {src!r}")
+                pb.add(i, f"events[{i}] (token).source: expected one of {', '.join(TOKEN_SOURCES)}, got {short(src)}")
                 continue
             tid = e.get("token_id", -1)
             if not (_is_int(tid) and tid >= -1):
-                pb.add(i, f"events[{i}] (token).token_id: expected an integer >= 0, got {tid!r}"); continue
+                pb.add(i, f"events[{i}] (token).token_id: expected an integer >= 0, got {short(tid)}"); continue
             if j is None:
                 continue
             tok[0].append(j); tok[1].append(int(k)); tok[2].append(float(t)); tok[3].append(src)
@@ -447,7 +450,7 @@ def _slow_event_columns(events, index_of, pb):
             j = req_of(e, i, typ)
             reason = e.get("reason", "length")
             if not isinstance(reason, str):
-                pb.add(i, f"events[{i}] (finish).reason: expected a string, got {reason!r}"); continue
+                pb.add(i, f"events[{i}] (finish).reason: expected a string, got {short(reason)}"); continue
             if j is None:
                 continue
             fin[0].append(j); fin[1].append(float(t)); fin[2].append(reason); fin[3].append(i)
@@ -455,14 +458,14 @@ def _slow_event_columns(events, index_of, pb):
             s = e.get("step", len(stp[0]))
             d = e.get("dur_ms", 0.0)
             if not _is_int(s) or s < 0:
-                pb.add(i, f"events[{i}] (step).step: expected an integer >= 0, got {s!r}"); continue
+                pb.add(i, f"events[{i}] (step).step: expected an integer >= 0, got {short(s)}"); continue
             if not _ok_time(d):
-                pb.add(i, f"events[{i}] (step).dur_ms: expected a finite number >= 0, got {d!r}"); continue
+                pb.add(i, f"events[{i}] (step).dur_ms: expected a finite number >= 0, got {short(d)}"); continue
             counts = []
             for f_ in ("running", "waiting", "kv_used_blocks", "kv_free_blocks"):
                 v = e.get(f_, -1)
                 if not (_is_int(v) and v >= -1):
-                    pb.add(i, f"events[{i}] (step).{f_}: expected an integer >= 0, got {v!r}"); break
+                    pb.add(i, f"events[{i}] (step).{f_}: expected an integer >= 0, got {short(v)}"); break
                 counts.append(int(v))
             else:
                 b = e.get("batch", [])
@@ -477,10 +480,10 @@ def _slow_event_columns(events, index_of, pb):
                     kind = item.get("kind")
                     n = item.get("tokens")
                     if kind not in ("prefill", "decode"):
-                        pb.add(i, f"events[{i}] (step).batch[{k_}].kind: expected prefill or decode, got {kind!r}")
+                        pb.add(i, f"events[{i}] (step).batch[{k_}].kind: expected prefill or decode, got {short(kind)}")
                         ok = False; break
                     if not (_is_int(n) and n >= 1):
-                        pb.add(i, f"events[{i}] (step).batch[{k_}].tokens: expected an integer >= 1, got {n!r}")
+                        pb.add(i, f"events[{i}] (step).batch[{k_}].tokens: expected an integer >= 1, got {short(n)}")
                         ok = False; break
                     if j is None:
                         ok = False; break
@@ -495,11 +498,11 @@ def _slow_event_columns(events, index_of, pb):
         elif typ == "kv":
             op = e.get("op")
             if op not in KV_OPS:
-                pb.add(i, f"events[{i}] (kv).op: expected one of {', '.join(KV_OPS)}, got {op!r}"); continue
+                pb.add(i, f"events[{i}] (kv).op: expected one of {', '.join(KV_OPS)}, got {short(op)}"); continue
             j = req_of(e, i, typ, required=False)
             blk = e.get("block")
             if not (_is_int(blk) and blk >= 0):
-                pb.add(i, f"events[{i}] (kv).block: expected an integer >= 0, got {blk!r}"); continue
+                pb.add(i, f"events[{i}] (kv).block: expected an integer >= 0, got {short(blk)}"); continue
             lg, ref, src = e.get("logical", -1), e.get("ref", 0), e.get("src", -1)
             if not (_is_int(lg) and _is_int(ref) and _is_int(src)):
                 pb.add(i, f"events[{i}] (kv): logical, ref and src must be integers"); continue
@@ -513,7 +516,7 @@ def _slow_event_columns(events, index_of, pb):
             j = req_of(e, i, typ)
             fb = e.get("freed_blocks", 0)
             if not (_is_int(fb) and fb >= 0):
-                pb.add(i, f"events[{i}] (preempt).freed_blocks: expected an integer >= 0, got {fb!r}"); continue
+                pb.add(i, f"events[{i}] (preempt).freed_blocks: expected an integer >= 0, got {short(fb)}"); continue
             if j is None:
                 continue
             pre[0].append(float(t)); pre[1].append(j); pre[2].append(str(e.get("reason", "kv_full")))
@@ -534,6 +537,8 @@ def _fast_event_columns(events, index_of):
     try:
         types = [e["type"] for e in events]
     except (KeyError, TypeError):
+        return None
+    if set(map(type, types)) - {str}:
         return None
     codes, uniques = pd.factorize(pd.Series(types, dtype=object), use_na_sentinel=True)
     if (codes < 0).any() or not all(type(u) is str for u in uniques):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from core.errors import WorkloadError
+from core.errors import short, WorkloadError
 
 MAX_TOKENS = 10_000_000  # per request; larger counts are certainly a unit mistake
 
@@ -87,14 +87,18 @@ class Workload:
 
 def _check_time(v, what):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise WorkloadError(f"{what}: expected a number of milliseconds, got {v!r}")
-    if not math.isfinite(v) or v < 0:
-        raise WorkloadError(f"{what}: expected a finite number >= 0, got {v!r}")
+        raise WorkloadError(f"{what}: expected a number of milliseconds, got {short(v)}")
+    try:
+        finite = math.isfinite(v)
+    except OverflowError:
+        finite = False
+    if not finite or v < 0:
+        raise WorkloadError(f"{what}: expected a finite number >= 0, got {short(v)}")
 
 
 def _check_count(v, what):
     if isinstance(v, bool) or not isinstance(v, int):
-        raise WorkloadError(f"{what}: expected a positive integer, got {v!r}")
+        raise WorkloadError(f"{what}: expected a positive integer, got {short(v)}")
     if v < 1 or v > MAX_TOKENS:
         raise WorkloadError(f"{what}: expected an integer in 1..{MAX_TOKENS}, got {v}")
 
@@ -107,10 +111,10 @@ def _as_int(v, what):
         try:
             f = float(v)
         except ValueError:
-            raise WorkloadError(f"{what}: expected an integer, got {v!r}") from None
+            raise WorkloadError(f"{what}: expected an integer, got {short(v)}") from None
         if f.is_integer():
             return int(f)
-        raise WorkloadError(f"{what}: expected an integer, got {v!r}")
+        raise WorkloadError(f"{what}: expected an integer, got {short(v)}")
     return v
 
 
@@ -119,7 +123,7 @@ def _as_float(v, what):
         try:
             return float(v)
         except ValueError:
-            raise WorkloadError(f"{what}: expected a number, got {v!r}") from None
+            raise WorkloadError(f"{what}: expected a number, got {short(v)}") from None
     return v
 
 
@@ -137,7 +141,7 @@ def request_from_dict(d: Any, where: str, tokenize: Tokenize | None = None) -> R
     if isinstance(rid, int) and not isinstance(rid, bool):
         rid = str(rid)
     if not isinstance(rid, str):
-        raise WorkloadError(f"{where}.id: expected a string, got {rid!r}")
+        raise WorkloadError(f"{where}.id: expected a string, got {short(rid)}")
     if "arrival_ms" not in d:
         raise WorkloadError(f"{where}.arrival_ms: missing")
     ids = d.get("prompt_ids")
@@ -156,7 +160,7 @@ def request_from_dict(d: Any, where: str, tokenize: Tokenize | None = None) -> R
         raise WorkloadError(f"{where}.output_tokens: missing")
     tenant = d.get("tenant")
     if tenant is not None and not isinstance(tenant, str):
-        raise WorkloadError(f"{where}.tenant: expected a string or null, got {tenant!r}")
+        raise WorkloadError(f"{where}.tenant: expected a string or null, got {short(tenant)}")
     return Request(
         id=rid,
         arrival_ms=d["arrival_ms"],

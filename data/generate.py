@@ -72,6 +72,46 @@ def llmservingsim_jsonl(n=64, seed=3) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
 
 
+def vllm_style_result(trace, fail_ids=(), name="example") -> dict:
+    """A result file in vLLM's `--save-result` format, synthesized from a simulated trace so the
+    importer has a realistic file to read (it is NOT a vLLM measurement). Summary fields follow
+    vLLM's calculate_metrics: successful requests only; TPOT = (latency - TTFT)/(n - 1) for
+    n > 1; ITL pooled over all chunk gaps; np.percentile's default (linear) estimator."""
+    ids = trace.ids
+    tk = trace.tokens.sort_values(["req", "index"])
+    arrival = trace.requests["arrival_ms"].to_numpy() / 1000.0
+    ttfts, itls, outs, ins, errors = [], [], [], [], []
+    for r, g in tk.groupby("req"):
+        t = g["t_ms"].to_numpy() / 1000.0
+        failed = ids[r] in fail_ids
+        ttfts.append(0.0 if failed else float(t[0] - arrival[r]))
+        itls.append([] if failed else np.diff(t).tolist())
+        outs.append(0 if failed else len(t))
+        ins.append(int(trace.requests["prompt_tokens"].iloc[r]))
+        errors.append("ClientPayloadError: Response payload is not completed" if failed else "")
+    ok = [i for i, e in enumerate(errors) if not e]
+    ttft = np.array([ttfts[i] for i in ok])
+    lat = np.array([ttfts[i] + sum(itls[i]) for i in ok])
+    tpot = np.array([(lat[k] - ttft[k]) / (outs[i] - 1) for k, i in enumerate(ok) if outs[i] > 1])
+    itl = np.array([g for i in ok for g in itls[i]])
+    start = float(arrival.min())
+    end = max(float(arrival[i] + ttfts[i] + sum(itls[i])) for i in ok)
+    duration = end - start
+    res = {"date": "20261129-000000", "backend": "vllm", "model_id": "example (simulated)",
+           "request_rate": "inf", "duration": duration, "completed": len(ok), "failed": len(ids) - len(ok),
+           "total_input_tokens": int(sum(ins[i] for i in ok)), "total_output_tokens": int(sum(outs[i] for i in ok)),
+           "request_throughput": len(ok) / duration, "output_throughput": sum(outs[i] for i in ok) / duration}
+    for m, v in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", lat)):
+        res[f"mean_{m}_ms"] = float(np.mean(v) * 1000)
+        res[f"median_{m}_ms"] = float(np.median(v) * 1000)
+        res[f"std_{m}_ms"] = float(np.std(v) * 1000)
+        for q in (90, 99):
+            res[f"p{q}_{m}_ms"] = float(np.percentile(v, q) * 1000)
+    res.update({"input_lens": ins, "output_lens": outs, "ttfts": ttfts, "itls": itls, "errors": errors,
+                "note": f"{name}: synthesized in vLLM's result format from a core simulation; not a measurement"})
+    return res
+
+
 def write_json(path: Path, doc):
     """One request per line: readable, diff-friendly."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,6 +137,24 @@ def main():
         tr = given_trace(CHAPTER31, em, {"label": f"Chapter 31 {name} schedule (given)", "created": CREATED,
                                          "notes": note, "workload": "chapter31"})
         tr.save(DATA / "traces" / f"chapter31_{name}.json", pretty=True)
+    # Simulated traces of the shared-prefix workload, prefix caching on vs off (compare them).
+    from core.scheduler import SchedulerConfig
+    from core.simulate import StepModel, simulate
+    sp = shared_prefix()
+    sp = Workload(sp.requests[:60], name="shared_prefix_60")
+    model = StepModel("affine", base_ms=4.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.2)
+    for on in (True, False):
+        cfg = SchedulerConfig("continuous", max_seqs=16, token_budget=2048, chunk=512, kv_blocks=400,
+                              prefix_caching=on)
+        tr = simulate(sp, cfg, model, label=f"shared prefix, prefix caching {'on' if on else 'off'} (simulated)",
+                      created=CREATED)
+        tr.save(DATA / "traces" / f"shared_prefix_caching_{'on' if on else 'off'}.json.gz")
+    # A vLLM-format result file (synthesized) with one failed request.
+    base = simulate(Workload(sp.requests[:40], name="vllm_example"),
+                    SchedulerConfig("continuous", max_seqs=8), model, created=CREATED)
+    (DATA / "imports").mkdir(exist_ok=True)
+    (DATA / "imports" / "vllm_example_result.json").write_text(
+        json.dumps(vllm_style_result(base, fail_ids=("q007",), name="vllm_example_result.json")) + "\n")
     print("wrote", *sorted(str(p.relative_to(ROOT)) for p in (DATA / "workloads").iterdir()),
           *sorted(str(p.relative_to(ROOT)) for p in (DATA / "traces").iterdir()), sep="\n  ")
 

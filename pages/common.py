@@ -164,3 +164,90 @@ def _occupancy(_tr: Trace, key: str, max_snapshots: int):
 
 def cached_occupancy(w: Workload, lim: Limits, sm: StepModel, trace: Trace, max_snapshots: int = 160):
     return _occupancy(trace, _workload_key(w) + repr(lim) + repr(sm), max_snapshots)
+
+
+# ---- trace files for the replay page ------------------------------------------------------
+TRACE_SUFFIXES = (".json", ".json.gz", ".parquet")
+
+
+def trace_files() -> dict[str, Path]:
+    """Bundled traces (data/traces), engine result files (data/imports), and any files or
+    directories listed in SERVING_EXPLORER_TRACES (os.pathsep-separated)."""
+    import os
+    roots = [DATA / "traces", DATA / "imports"]
+    extra = os.environ.get("SERVING_EXPLORER_TRACES", "")
+    roots += [Path(p) for p in extra.split(os.pathsep) if p]
+    out: dict[str, Path] = {}
+    for root in roots:
+        files = [root] if root.is_file() else sorted(root.glob("*")) if root.is_dir() else []
+        for f in files:
+            if f.name.endswith(TRACE_SUFFIXES):
+                out.setdefault(f.name, f)
+    return out
+
+
+@st.cache_resource(show_spinner="Loading trace…", max_entries=8)
+def _load_file(path: str, mtime: float):
+    from core.importers import Imported, load_any
+    from core.trace import is_parquet, trace_from_parquet
+    data = Path(path).read_bytes()
+    try:
+        got = trace_from_parquet(data, Path(path).name) if is_parquet(data) else load_any(data, Path(path).name)
+    except InputError as e:
+        return None, None, str(e)
+    if isinstance(got, Imported):
+        return got.trace, got, None
+    return got, None, None
+
+
+def load_trace_file(path: Path):
+    """(trace or None, Imported or None, error or None), parsed once per file version."""
+    return _load_file(str(path), path.stat().st_mtime)
+
+
+@st.cache_resource(show_spinner="Parsing upload…", max_entries=4)
+def _parse_upload_trace(file_id: str, name: str, _data: bytes):
+    from core.importers import Imported, load_any
+    from core.trace import is_parquet, trace_from_parquet
+    try:
+        got = trace_from_parquet(_data, name) if is_parquet(_data) else load_any(_data, name)
+    except InputError as e:
+        return None, None, str(e)
+    if isinstance(got, Imported):
+        return got.trace, got, None
+    return got, None, None
+
+
+def parse_uploaded_trace(up):
+    """Parse an uploaded trace once per upload (keyed by the upload's id)."""
+    if up.size > UPLOAD_LIMIT_MB * 2**20:
+        return None, None, f"{up.name}: {up.size / 2**20:.1f} MiB is over the {UPLOAD_LIMIT_MB} MiB limit"
+    return _parse_upload_trace(up.file_id, up.name, up.getvalue())
+
+
+@st.cache_resource(show_spinner="Simulating the same workload…", max_entries=8)
+def predicted_trace(_trace: Trace, key: str):
+    """The trace's workload through the core simulator with an affine step model fitted to
+    the trace's own step durations, under the trace's engine limits when recorded."""
+    from core.scheduler import SchedulerConfig
+    from core.simulate import fit_affine, simulate
+    sm = fit_affine(_trace)
+    eng = _trace.meta.get("engine") if isinstance(_trace.meta.get("engine"), dict) else {}
+    fields = {k: eng.get(k) for k in ("max_seqs", "token_budget", "chunk", "kv_blocks") if eng.get(k)}
+    cfg = SchedulerConfig(policy=eng.get("policy") if eng.get("policy") in ("serial", "static", "continuous")
+                          else "continuous", block_size=int(eng.get("block_size") or 16),
+                          prefix_caching=bool(eng.get("prefix_caching")), **fields)
+    return simulate(_trace.workload(), cfg, sm, label=f"predicted for {_trace.label}", created="(app)")
+
+
+@st.cache_resource(show_spinner=False, max_entries=16)
+def _derived(_tr: Trace, key: str, what: str):
+    from core.metrics import request_metrics, summarize
+    from core.replay import in_flight_series
+    return {"summary": lambda: summarize(_tr), "requests": lambda: request_metrics(_tr),
+            "in_flight": lambda: in_flight_series(_tr)}[what]()
+
+
+def derived(tr: Trace, key: str, what: str):
+    """Per-trace results that do not depend on the cursor, computed once per trace."""
+    return _derived(tr, key, what)

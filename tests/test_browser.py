@@ -1,4 +1,6 @@
 """The app in a real browser: headless Chromium against `streamlit run app.py`."""
+import re
+
 import pytest
 
 from tests.browser import SHOTS, browser_page, require_browser, streamlit_server, wait_idle
@@ -7,7 +9,8 @@ pytestmark = pytest.mark.browser
 
 PAGES = [("", "home", "Serving Explorer"), ("schedules", "schedules", "Schedules"),
          ("kv", "kv", "KV memory & paging"), ("tiles", "tiles", "Attention tiles"),
-         ("speculative", "speculative", "Speculative decoding"), ("roofline", "roofline", "Roofline")]
+         ("speculative", "speculative", "Speculative decoding"), ("roofline", "roofline", "Roofline"),
+         ("replay?tr=shared_prefix_caching_on.json.gz", "replay", "Trace replay")]
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +58,26 @@ def test_query_parameters_restore_a_scenario(server, page):
     expect(page.get_by_text("Forward steps taken: simulated static 35, simulated continuous 20.")).to_be_visible()
     assert page.locator("[data-testid='stException']").count() == 0
     page.screenshot(path=str(SHOTS / "schedules_burst5_link.png"), full_page=True)
+
+
+def test_upload_a_trace_and_move_the_cursor(server, page):
+    from playwright.sync_api import expect
+    from tests.conftest import DATA
+    page.goto(f"{server}/replay?tr=Upload+a+file%E2%80%A6")
+    wait_idle(page)
+    page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(
+        str(DATA / "traces" / "shared_prefix_caching_on.json.gz"))
+    expect(page.get_by_text("shared prefix, prefix caching on (simulated)").first).to_be_visible(timeout=60_000)
+    wait_idle(page)
+    step_title = re.compile(r"^Step \d+ at")
+    title = page.locator(".gtitle", has_text=step_title).first
+    expect(title).to_be_visible()
+    before = title.text_content()
+    thumb = page.get_by_role("slider").first
+    thumb.focus()
+    for _ in range(40):
+        page.keyboard.press("ArrowLeft")
+    wait_idle(page)
+    expect(page.locator(".gtitle", has_text=step_title).first).not_to_have_text(before, timeout=30_000)
+    assert page.locator("[data-testid='stException']").count() == 0
+    page.screenshot(path=str(SHOTS / "replay_upload.png"), full_page=True)

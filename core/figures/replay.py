@@ -1,0 +1,43 @@
+"""Trace replay figures: counts over time with a cursor, the batch at the cursor, CDFs."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from core.figures import PALETTE, base_layout
+from core.replay import cdf_points
+
+
+def in_flight_figure(df, cursor_ms: float | None = None) -> go.Figure:
+    fig = go.Figure()
+    fig.add_trace(go.Scattergl(x=df["t_ms"], y=df["running"], mode="lines", name="running",
+                               line=dict(shape="hv", color=PALETTE[0])))
+    if (df["waiting"] >= 0).any():
+        fig.add_trace(go.Scattergl(x=df["t_ms"], y=df["waiting"], mode="lines", name="waiting",
+                                   line=dict(shape="hv", color=PALETTE[1])))
+    if cursor_ms is not None:
+        fig.add_vline(x=cursor_ms, line_color="#d62728", line_width=2)
+    fig.update_layout(xaxis_title="time (ms)", yaxis_title="requests")
+    return base_layout(fig, f"Running and waiting ({df.attrs.get('source', '')})", height=280)
+
+
+def batch_figure(batch, step: dict) -> go.Figure:
+    """Tokens computed per request in one step, prefill vs decode."""
+    fig = go.Figure()
+    for kind, color in (("prefill", "#F2B701"), ("decode", "#80B1D3")):
+        part = batch[batch["kind"] == kind]
+        fig.add_trace(go.Bar(x=part["request"], y=part["tokens"], name=kind, marker_color=color,
+                             hovertemplate="%{x}: %{y} " + kind + " token(s)<extra></extra>"))
+    fig.update_layout(barmode="stack", xaxis_title="request", yaxis_title="tokens this step",
+                      xaxis_type="category")
+    title = (f"Step {int(step['step'])} at {step['t_ms']:.3f} ms ({step['dur_ms']:.3f} ms): "
+             f"{int(batch['tokens'].sum())} tokens, {len(batch)} requests")
+    return base_layout(fig, title, height=300)
+
+
+def cdf_figure(series: dict[str, object], metric: str) -> go.Figure:
+    fig = go.Figure()
+    for i, (label, values) in enumerate(series.items()):
+        x, y = cdf_points(values)
+        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", name=label, line=dict(shape="hv", color=PALETTE[i])))
+    fig.update_layout(xaxis_title=f"{metric} (ms)", yaxis_title="fraction of requests", yaxis_range=[0, 1.02])
+    return base_layout(fig, f"{metric} CDF", height=300)

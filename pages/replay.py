@@ -1,0 +1,204 @@
+"""Trace replay: load a trace (bundled, uploaded, or an engine's result file), move a time
+cursor through it, compare it with another trace or with the simulator's prediction."""
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from core.errors import InputError
+from core.export import chrome_trace_json, metrics_csv
+from core.figures.memory import occupancy_heatmap
+from core.figures.replay import batch_figure, cdf_figure, in_flight_figure
+from core.figures.spec import acceptance_by_position_figure
+from core.figures.attention import captured_tiles_figure
+from core.figures.timeline import schedule_timeline
+from core.importers import file_summary_comparison
+from core.metrics import request_metrics, summarize
+from core.replay import (compare_table, in_flight_series, requests_near, step_at, subset, time_range,
+                         workload_differences)
+from core.speculative import acceptance_by_position
+from pages.common import (UPLOAD_LIMIT_MB, _occupancy, derived, fmt_ms, load_trace_file, origin_badge,
+                          parse_uploaded_trace, predicted_trace, trace_files)
+
+st.title("Trace replay")
+st.caption("Open a trace — bundled, captured by the runner, written by hand, or a vLLM/SGLang benchmark result — "
+           "and move the time cursor: every view below follows it.")
+
+files = trace_files()
+UPLOAD = "Upload a file…"
+choice = st.selectbox("Trace", list(files) + [UPLOAD], key="tr", bind="query-params")
+
+
+def get_trace(choice, slot):
+    """(trace, imported, label) for a choice, keeping the last good upload on errors."""
+    if choice == UPLOAD:
+        up = st.file_uploader(f"serving-trace/1 (.json, .json.gz, .parquet) or a vLLM/SGLang result JSON, "
+                              f"up to {UPLOAD_LIMIT_MB} MB", type=["json", "gz", "parquet"], key=f"{slot}_upload")
+        if up is not None:
+            tr, imp, err = parse_uploaded_trace(up)
+            if err:
+                st.error(f"Could not load {up.name}: {err}")
+            else:
+                st.session_state[f"{slot}_last"] = (tr, imp, up.name)
+        last = st.session_state.get(f"{slot}_last")
+        if last is None:
+            return None, None, None
+        if up is None or st.session_state.get(f"{slot}_last")[2] != up.name:
+            st.caption(f"Showing the last file that loaded: {last[2]}")
+        return last
+    tr, imp, err = load_trace_file(files[choice])
+    if err:
+        st.error(f"Could not load {choice}: {err}")
+        return None, None, None
+    return tr, imp, choice
+
+
+tr, imp, label = get_trace(choice, "rp")
+if imp is not None:
+    for note in imp.notes:
+        st.info(note)
+    if imp.failed:
+        st.warning(f"{len(imp.failed)} failed request(s) in the file (kept, excluded from latency statistics):")
+        st.dataframe(pd.DataFrame(imp.failed), hide_index=True, key="rp_failed")
+if tr is None:
+    if imp is not None:
+        st.subheader("The file's own summary")
+        st.dataframe(pd.DataFrame([imp.file_summary]).T.rename(columns={0: "value"}), key="rp_filesummary")
+    else:
+        st.info("Pick a trace or upload one.")
+    st.stop()
+
+# ---- metrics panel ---------------------------------------------------------------------
+meta = tr.meta
+st.markdown(f"**{tr.label}** {origin_badge(tr)}")
+eng = meta.get("engine")
+details = {"created": meta.get("created"), "device": meta.get("device"),
+           "step model": (meta.get("step_model") or {}).get("description") if isinstance(meta.get("step_model"), dict)
+           else None, "notes": meta.get("notes")}
+st.caption(" · ".join(f"{k}: {v}" for k, v in details.items() if v))
+tkey = f"{label}:{id(tr)}:{len(tr.tokens)}"
+summary = derived(tr, tkey, "summary")
+s = summary["summary"]
+cols = st.columns(6)
+cols[0].metric("requests", f"{s['requests']:,}")
+cols[1].metric("output tokens", f"{s['output_tokens']:,}")
+cols[2].metric("tok/s (drain window)", "—" if s["output_tok_per_s"] is None else f"{s['output_tok_per_s']:,.1f}",
+               help=f"window {s['window_ms'][0]:g}–{s['window_ms'][1]:g} ms")
+cols[3].metric("TTFT p50 ms", fmt_ms(s["ttft_ms"]["median"]))
+cols[4].metric("TTFT p99 ms", fmt_ms(s["ttft_ms"]["p99"]))
+cols[5].metric("TPOT mean ms", fmt_ms(s["tpot_ms"]["mean"]))
+st.caption(f"Percentiles: {s['percentile_estimator']}. " + " ".join(s["notes"][:2]))
+if isinstance(eng, dict):
+    with st.expander("Engine configuration"):
+        st.json(eng)
+if imp is not None and imp.file_summary:
+    with st.expander("Our metrics vs the file's own summary"):
+        st.dataframe(file_summary_comparison(imp, summary), hide_index=True, key="rp_agree")
+
+# ---- the time cursor ---------------------------------------------------------------------
+t0, t1 = time_range(tr)
+if t1 <= t0:
+    t1 = t0 + 1.0
+playing = st.toggle("Play", False, key="rp_play", help="advance the cursor automatically")
+big = len(tr.requests) > 150
+
+
+@st.fragment(run_every=0.8 if playing else None)
+def cursor_views():
+    step = (t1 - t0) / 400
+    if playing:
+        cur = st.session_state.get("rp_cursor", t0)
+        st.session_state["rp_cursor"] = t0 if cur + 10 * step > t1 else min(t1, cur + 10 * step)
+    cursor = st.slider("Time cursor (ms)", float(t0), float(t1), float(t0 + (t1 - t0) / 2), step=step,
+                       key="rp_cursor", format="%.3f")
+    shown = tr
+    if big:
+        idx = requests_near(tr, cursor, limit=150, metrics=derived(tr, tkey, "requests"))
+        shown = subset(tr, idx)
+        st.caption(f"Timeline: the {len(idx)} of {len(tr.requests):,} requests nearest the cursor "
+                   "(in flight first).")
+    fig = schedule_timeline([(label, shown)], max_token_markers=15_000)
+    fig.add_vline(x=cursor, line_color="#d62728", line_width=2)
+    st.plotly_chart(fig, key="rp_timeline")
+    st.plotly_chart(in_flight_figure(derived(tr, tkey, "in_flight"), cursor), key="rp_inflight")
+    row, batch = step_at(tr, cursor)
+    if row is None:
+        st.info("Batch composition needs `step` events (with their `batch` lists).")
+    else:
+        st.plotly_chart(batch_figure(batch, row), key="rp_batch")
+    if len(tr.kv):
+        occ = _occupancy(tr, tkey, 160)
+        j = int(np.clip(np.searchsorted(occ.times_ms, cursor, side="right") - 1, 0, len(occ.times_ms) - 1))
+        counts = occ.at(j)
+        st.plotly_chart(occupancy_heatmap(occ, tr.ids, j), key="rp_kv")
+        st.caption("At the cursor: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " blocks.")
+    else:
+        st.info("KV block occupancy needs `kv` events (alloc/free/hit/...).")
+
+
+cursor_views()
+spec = [e for e in tr.other if e.get("type") == "spec"]
+if spec:
+    pos, rates, counts = acceptance_by_position(spec)
+    st.plotly_chart(acceptance_by_position_figure(pos, rates, counts), key="rp_spec")
+else:
+    st.info("Speculative acceptance per position needs `spec` events.")
+tiles = [e for e in tr.other if e.get("type") == "tiles"]
+if tiles:
+    st.plotly_chart(captured_tiles_figure(tiles[:64]), key="rp_tiles")
+else:
+    st.info("Per-tile attention statistics need `tiles` events.")
+
+with st.expander("Per-request metrics"):
+    m = derived(tr, tkey, "requests")
+    st.dataframe(m.head(2000), hide_index=True, key="rp_requests")
+    if len(m) > 2000:
+        st.caption(f"First 2,000 of {len(m):,} requests; the CSV export has all.")
+
+# ---- export ----------------------------------------------------------------------------
+c1, c2 = st.columns(2)
+c1.download_button("Chrome / Perfetto trace (JSON)", data=lambda: chrome_trace_json(tr),
+                   file_name=f"{label}.chrome.json", mime="application/json", key="rp_dl_chrome",
+                   help="open in ui.perfetto.dev or chrome://tracing")
+c2.download_button("Per-request metrics (CSV)", data=lambda: metrics_csv(tr), file_name=f"{label}.metrics.csv",
+                   mime="text/csv", key="rp_dl_csv")
+
+# ---- compare -----------------------------------------------------------------------------
+st.header("Compare")
+PREDICT = "Predicted by the simulator"
+
+
+def predict():
+    st.session_state["rp_cmp"] = PREDICT
+
+
+if len(tr.steps) >= 3:
+    st.button("Predict this trace with the simulator (step model fitted to its step durations)",
+              on_click=predict, key="rp_predict")
+other_choice = st.selectbox("Compare with", ["(none)", PREDICT] + list(files) + [UPLOAD], key="rp_cmp",
+                            bind="query-params")
+if other_choice != "(none)":
+    if other_choice == PREDICT:
+        try:
+            other, other_label = predicted_trace(tr, f"{label}:{id(tr)}"), "predicted (simulated)"
+            sm = other.meta["step_model"]["description"]
+            st.caption(f"Prediction: core simulator, {sm}.")
+        except InputError as e:
+            st.error(f"Cannot predict: {e}")
+            st.stop()
+    else:
+        other, _, other_label = get_trace(other_choice, "rp_cmp")
+        if other is None:
+            st.stop()
+        other_label = f"{other_label} ({other.source})"
+    this_label = f"{label} ({tr.source})"
+    for d in workload_differences(tr, other):
+        st.warning(f"The two workloads differ: {d}. Differences in metrics mix scheduling with workload.")
+    st.dataframe(compare_table(tr, other, this_label, other_label), hide_index=True, key="rp_compare",
+                 column_config={c: st.column_config.NumberColumn(format="%.6g")
+                                for c in (this_label, other_label, "difference", "ratio")})
+    ma, mb = request_metrics(tr), request_metrics(other)
+    c1, c2, c3 = st.columns(3)
+    for col, metric, key in ((c1, "TTFT", "ttft_ms"), (c2, "TPOT", "tpot_ms"), (c3, "E2E", "e2e_ms")):
+        col.plotly_chart(cdf_figure({this_label: ma[key], other_label: mb[key]}, metric), key=f"rp_cdf_{key}")
+    if len(tr.requests) <= 60 and len(other.requests) <= 60:
+        st.plotly_chart(schedule_timeline([(this_label, tr), (other_label, other)]), key="rp_both")

@@ -1,0 +1,109 @@
+"""The trace replay page, headless: bundled traces, the cursor, uploads good and bad,
+engine results, comparisons and predictions."""
+import json
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import DATA, ROOT
+
+
+def replay(params=None):
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.switch_page("pages/replay.py")
+    for k, v in (params or {}).items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def charts(at):
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def batch_title(at):
+    for f in charts(at):
+        title = (f["layout"].get("title") or {}).get("text", "")
+        if title.startswith("Step "):
+            return title
+    return None
+
+
+def test_given_trace_metrics_and_missing_views_named():
+    at = replay({"tr": "chapter31_continuous.json"})
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["tok/s (drain window)"] == "30.0"
+    assert (metrics["TTFT p50 ms"], metrics["TTFT p99 ms"]) == ("130", "139.8")   # linear: 130 + .98*10
+    infos = " ".join(i.value for i in at.info)
+    for needed in ("`step` events", "`kv` events", "`spec` events", "`tiles` events"):
+        assert needed in infos
+
+
+def test_moving_the_cursor_changes_the_batch_view():
+    at = replay({"tr": "shared_prefix_caching_on.json.gz"})
+    first = batch_title(at)
+    assert first and first.startswith("Step ")
+    slider = at.slider(key="rp_cursor")
+    at.slider(key="rp_cursor").set_value(slider.min + (slider.max - slider.min) * 0.1).run()
+    second = batch_title(at)
+    assert second != first
+    heat = [f for f in charts(at) if f["data"] and f["data"][0]["type"] == "heatmap"]
+    assert heat, "KV occupancy view missing for a trace with kv events"
+
+
+def test_upload_good_then_garbage_keeps_the_previous_trace():
+    at = replay({"tr": "Upload a file…"})
+    good = (DATA / "traces" / "chapter31_serial.json").read_bytes()
+    at.file_uploader(key="rp_upload").set_value(("mine.json", good, "application/json")).run()
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric}["tok/s (drain window)"] == "16.7"
+    at.file_uploader(key="rp_upload").set_value(("bad.json", b'{"schema": "serving-trace/7"}', "application/json")).run()
+    assert not at.exception
+    errors = " ".join(e.value for e in at.error)
+    assert "bad.json" in errors and "unknown version 'serving-trace/7'" in errors
+    assert {m.label: m.value for m in at.metric}["tok/s (drain window)"] == "16.7"   # still the good one
+    assert any("last file that loaded: mine.json" in c.value for c in at.caption)
+
+
+@pytest.mark.parametrize("blob,msg", [
+    (b"\x1f\x8b\x08\x00\x00", "gzip"),
+    (b"not json at all", "not valid JSON"),
+    (json.dumps({"schema": "serving-trace/1", "meta": {"source": "given"},
+                 "requests": [{"id": "A", "arrival_ms": 10, "prompt_tokens": 1, "max_output_tokens": 1}],
+                 "events": [{"t_ms": 5, "type": "token", "req": "A", "index": 0}]}).encode(), "before its arrival"),
+])
+def test_bad_uploads_get_clear_messages(blob, msg):
+    at = replay({"tr": "Upload a file…"})
+    at.file_uploader(key="rp_upload").set_value(("x.json", blob, "application/json")).run()
+    assert not at.exception
+    assert any(msg in e.value for e in at.error)
+
+
+def test_vllm_result_file():
+    at = replay({"tr": "vllm_example_result.json"})
+    assert {m.label: m.value for m in at.metric}["requests"] == "40"
+    assert any("failed request" in w.value for w in at.warning)
+    assert any("No send times" in i.value for i in at.info)
+    agree = [d.value for d in at.dataframe if "file" in d.value.columns]
+    assert agree, "agreement table missing"
+    t = agree[0]
+    assert ((t["file"] - t["ours"]).abs() < 1e-6).all()
+
+
+def test_compare_caching_on_off_and_predict():
+    at = replay({"tr": "shared_prefix_caching_on.json.gz", "rp_cmp": "shared_prefix_caching_off.json.gz"})
+    table = [d.value for d in at.dataframe if "difference" in d.value.columns][0].set_index("metric")
+    on, off = table.columns[0], table.columns[1]
+    assert table.loc["TTFT mean (ms)", on] < table.loc["TTFT mean (ms)", off]   # caching saves prefill
+    assert not at.warning                                                       # same workload
+    cdfs = [f for f in charts(at) if "CDF" in ((f["layout"].get("title") or {}).get("text", ""))]
+    assert len(cdfs) == 3
+    at.button(key="rp_predict").click().run()
+    assert at.selectbox(key="rp_cmp").value == "Predicted by the simulator"
+    assert any("Prediction: core simulator, affine" in c.value for c in at.caption)
+
+
+def test_compare_different_workloads_warns():
+    at = replay({"tr": "chapter31_serial.json", "rp_cmp": "shared_prefix_caching_on.json.gz"})
+    assert any("workloads differ" in w.value for w in at.warning)

@@ -1,0 +1,281 @@
+"""Trace formats, engine import, export, and fuzzing of the loaders."""
+import gzip
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from core.errors import TraceError
+from core.export import chrome_trace, metrics_csv
+from core.importers import Imported, import_vllm, load_any
+from core.metrics import summarize
+from core.trace import load_trace, parse_trace, to_parquet_bytes, trace_from_doc
+from tests.conftest import DATA, ROOT
+from tests.test_trace import minimal, sim_trace
+
+VLLM_FILE = DATA / "imports" / "vllm_example_result.json"
+
+
+# ---- round trips ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted((DATA / "traces").glob("*.json*")), ids=lambda p: p.name)
+def test_every_bundled_trace_round_trips_through_every_format(path, tmp_path):
+    tr = load_trace(path)
+    doc = tr.to_doc()
+    for name in ("t.json", "t.json.gz", "t.parquet"):
+        tr.save(tmp_path / name)
+        assert load_trace(tmp_path / name).to_doc() == doc, name
+
+
+def test_parquet_is_lossless_for_a_rich_trace(tmp_path):
+    tr = sim_trace(kv_blocks=70)                          # steps, batch, kv with hashes, preemptions
+    tr.other.append({"t_ms": 1.0, "type": "spec", "req": tr.ids[0], "step": 3, "proposed": [1, 2],
+                     "positions": [{"p": 0.5, "q": 0.4, "u": 0.1, "accepted": True}], "accepted": 1, "bonus": False})
+    tr.extra["custom_top"] = {"x": 1}
+    data = to_parquet_bytes(tr)
+    assert data[:4] == b"PAR1"
+    back = parse_trace(data, "t.parquet")
+    assert back.to_doc() == tr.to_doc()
+    assert summarize(back) == summarize(tr)
+
+
+def test_typed_fast_path_and_generic_path_agree():
+    tr = sim_trace()
+    raw = tr.dumps().encode()
+    fast = parse_trace(raw, "t.json")
+    generic = trace_from_doc(json.loads(raw), "t.json")
+    assert fast.to_doc() == generic.to_doc() == tr.to_doc()
+
+
+# ---- vLLM import ---------------------------------------------------------------------------
+
+def vllm_reference_summary(doc):
+    """vLLM's calculate_metrics, written out independently: successful requests only; TPOT
+    only for n > 1; ITLs pooled; latency = TTFT + sum(ITL); numpy's default percentile."""
+    ok = [i for i, e in enumerate(doc["errors"]) if not e]
+    ttft = np.array([doc["ttfts"][i] for i in ok])
+    lat = np.array([doc["ttfts"][i] + sum(doc["itls"][i]) for i in ok])
+    tpot = np.array([(lat[k] - ttft[k]) / (doc["output_lens"][i] - 1) for k, i in enumerate(ok)
+                     if doc["output_lens"][i] > 1])
+    itl = np.array([g for i in ok for g in doc["itls"][i]])
+    out = {}
+    for m, v in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2el", lat)):
+        if not len(v):
+            continue  # vLLM prints 0 for an empty metric; ours reports it as missing
+        out[f"mean_{m}_ms"] = np.mean(v) * 1000
+        out[f"median_{m}_ms"] = np.median(v) * 1000
+        out[f"p99_{m}_ms"] = np.percentile(v, 99) * 1000
+        out[f"std_{m}_ms"] = np.std(v) * 1000
+    return out
+
+
+OURS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
+STATS = {"mean": "mean", "median": "median", "p99": "p99", "std": "std"}
+
+
+def assert_agrees(ours, ref):
+    for k, v in ref.items():
+        stat, m = k.split("_")[0], k.split("_")[1]
+        assert ours["summary"][OURS[m]][STATS[stat]] == pytest.approx(v, rel=1e-9, abs=1e-6), k
+
+
+def test_bundled_vllm_file_agrees_with_its_own_summary():
+    doc = json.loads(VLLM_FILE.read_text())
+    imp = load_any(VLLM_FILE.read_bytes(), VLLM_FILE.name)
+    assert isinstance(imp, Imported) and imp.aligned_at_zero
+    ours = summarize(imp.trace)
+    for m in OURS:
+        for stat in ("mean", "median", "p99", "std"):
+            key = f"{stat}_{m}_ms"
+            assert ours["summary"][OURS[m]][STATS[stat]] == pytest.approx(doc[key], rel=1e-9, abs=1e-6), key
+    assert [f["index"] for f in imp.failed] == [7] and "ClientPayloadError" in imp.failed[0]["error"]
+    assert dict(zip(imp.trace.finishes["req"], imp.trace.finishes["reason"]))[
+        imp.trace.ids.index("req7")] == "error"
+
+
+@st.composite
+def vllm_docs(draw):
+    n = draw(st.integers(2, 12))
+    out_lens = draw(st.lists(st.integers(1, 8), min_size=n, max_size=n))
+    gaps = st.floats(0.0005, 0.2, allow_nan=False)
+    itls = [draw(st.lists(gaps, min_size=k - 1, max_size=k - 1)) for k in out_lens]
+    ttfts = draw(st.lists(st.floats(0.001, 3.0), min_size=n, max_size=n))
+    errors = [""] * n
+    failed = draw(st.sets(st.integers(0, n - 1), max_size=n - 1))
+    for i in failed:
+        errors[i] = "Timeout"
+        out_lens[i], itls[i], ttfts[i] = 0, [], 0.0
+    return {"ttfts": ttfts, "itls": itls, "output_lens": out_lens, "input_lens": [5] * n, "errors": errors,
+            "duration": 10.0, "completed": n - len(failed)}
+
+
+@given(vllm_docs())
+@settings(max_examples=60, deadline=None)
+def test_import_agrees_with_vllm_definitions(doc):
+    imp = import_vllm(doc, "r.json")
+    ours = summarize(imp.trace)
+    assert len(imp.failed) == sum(1 for e in doc["errors"] if e)
+    assert_agrees(ours, vllm_reference_summary(doc))
+
+
+def test_import_with_send_times_and_summary_only():
+    doc = {"ttfts": [0.1, 0.2], "itls": [[0.05], [0.05, 0.05]], "output_lens": [2, 3], "input_lens": [4, 4],
+           "errors": ["", ""], "start_times": [100.0, 100.5]}
+    imp = import_vllm(doc)
+    assert not imp.aligned_at_zero
+    m = summarize(imp.trace)["requests"]
+    assert [r["arrival_ms"] for r in m] == [0.0, 500.0]
+    assert [r["first_token_ms"] for r in m] == pytest.approx([100.0, 700.0])
+    only = import_vllm({"mean_ttft_ms": 12.0, "p99_tpot_ms": 3.0, "completed": 5})
+    assert only.trace is None and "summary fields" in only.notes[0]
+    with pytest.raises(TraceError, match="itls has 1 entries but ttfts has 2"):
+        import_vllm({"ttfts": [0.1, 0.2], "itls": [[]], "output_lens": [1, 1]})
+
+
+# ---- export ----------------------------------------------------------------------------------
+
+def test_chrome_trace_structure():
+    tr = sim_trace(kv_blocks=70)
+    ct = chrome_trace(tr)
+    json.dumps(ct, allow_nan=False)
+    ev = ct["traceEvents"]
+    names = {(e["pid"], e["args"]["name"]) for e in ev if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {(1, "scheduler"), (2, "requests")}
+    steps = [e for e in ev if e["ph"] == "X" and e["pid"] == 1]
+    assert len(steps) == len(tr.steps)
+    assert steps[0]["ts"] == pytest.approx(tr.steps["t_ms"].iloc[0] * 1000)
+    assert {e["name"] for e in ev if e["ph"] == "C"} == {"sequences", "kv_used_blocks"}
+    threads = [e for e in ev if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 2]
+    assert len(threads) == len(tr.requests)
+    instants = [e for e in ev if e["ph"] == "i" and e["name"].startswith("token")]
+    assert len(instants) == len(tr.tokens)
+    slices = {e["name"] for e in ev if e["ph"] == "X" and e["pid"] == 2}
+    assert slices == {"queued", "prefill", "decode"}
+    assert sum(1 for e in ev if e["ph"] == "i" and e["name"].startswith("preempted")) == len(tr.preempts)
+
+
+def test_csv_export_leaves_missing_tpot_empty():
+    tr = load_trace(DATA / "traces" / "chapter31_continuous.json")
+    lines = metrics_csv(tr).strip().splitlines()
+    assert lines[0].startswith("id,arrival_ms,first_token_ms")
+    c = lines[3].split(",")
+    assert c[0] == "C" and c[6] == ""                      # TPOT of a one-token request: empty
+
+
+def run_cli(*args):
+    p = subprocess.run([sys.executable, "-m", "core", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_cli_metrics_on_vllm_file_lists_failures():
+    rc, out, err = run_cli("metrics", VLLM_FILE, "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["summary"]["failed"] == 1
+    assert doc["failed"][0]["id"] == "req7" and doc["failed"][0]["error"]
+    assert doc["file_summary"]["completed"] == 39
+
+
+def test_cli_export(tmp_path):
+    rc, out, err = run_cli("export", DATA / "traces" / "shared_prefix_caching_on.json.gz",
+                           "--chrome", tmp_path / "c.json", "--csv", tmp_path / "m.csv",
+                           "--trace-out", tmp_path / "t.parquet")
+    assert rc == 0, err
+    assert json.loads((tmp_path / "c.json").read_text())["traceEvents"]
+    assert len((tmp_path / "m.csv").read_text().splitlines()) == 61
+    assert load_trace(tmp_path / "t.parquet").to_doc() == load_trace(
+        DATA / "traces" / "shared_prefix_caching_on.json.gz").to_doc()
+    rc, _, err = run_cli("export", DATA / "traces" / "chapter31_serial.json")
+    assert rc == 2 and "at least one of" in err
+
+
+# ---- fuzzing: only our own error type, never another exception -------------------------------
+
+def only_trace_errors(data, name="f.json"):
+    try:
+        parse_trace(data, name)
+    except TraceError:
+        pass
+    try:
+        load_any(data, name)
+    except TraceError:
+        pass
+
+
+@given(st.binary(max_size=400))
+@settings(max_examples=300, deadline=None)
+def test_fuzz_random_bytes(data):
+    only_trace_errors(data)
+    only_trace_errors(b"PAR1" + data + b"PAR1", "f.parquet")
+    only_trace_errors(gzip.compress(data))
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+                           | st.text(max_size=8),
+                           lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                           max_leaves=20)
+
+
+@given(json_values)
+@settings(max_examples=300, deadline=None)
+def test_fuzz_random_json(value):
+    only_trace_errors(json.dumps(value).encode())
+
+
+KEYS = ["schema", "meta", "source", "requests", "events", "id", "arrival_ms", "prompt_tokens", "max_output_tokens",
+        "t_ms", "type", "req", "index", "reason", "step", "batch", "op", "block", "ttfts", "itls", "output_lens"]
+
+
+@given(st.data())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_fuzz_mutated_valid_traces(data):
+    base = sim_trace() if data.draw(st.booleans()) else None
+    doc = base.to_doc() if base is not None else minimal()
+    doc = json.loads(json.dumps(doc))
+    for _ in range(data.draw(st.integers(1, 4))):
+        # Pick a random container inside the document and change, drop or add a key/item.
+        node = doc
+        for _ in range(data.draw(st.integers(0, 3))):
+            if isinstance(node, dict) and node:
+                node = node[data.draw(st.sampled_from(sorted(node)))]
+            elif isinstance(node, list) and node:
+                node = node[data.draw(st.integers(0, len(node) - 1))]
+        if isinstance(node, dict):
+            key = data.draw(st.sampled_from(sorted(node) + KEYS))
+            action = data.draw(st.sampled_from(["set", "drop"]))
+            if action == "drop":
+                node.pop(key, None)
+            else:
+                node[key] = data.draw(json_values)
+        elif isinstance(node, list):
+            if node and data.draw(st.booleans()):
+                node.pop(data.draw(st.integers(0, len(node) - 1)))
+            else:
+                node.append(data.draw(json_values))
+    raw = json.dumps(doc).encode()
+    try:
+        tr = parse_trace(raw, "m.json")
+    except TraceError:
+        return
+    summarize(tr)                                   # whatever loads is usable
+    assert parse_trace(raw, "m.json").to_doc() == trace_from_doc(json.loads(raw), "m.json").to_doc()
+
+
+def test_deep_nesting_and_huge_numbers_are_clean_errors():
+    with pytest.raises(TraceError):
+        parse_trace(b"[" * 100_000 + b"]" * 100_000, "deep.json")
+    doc = minimal()
+    doc["events"][0]["t_ms"] = 10 ** 400                   # not a finite float
+    with pytest.raises(TraceError):
+        parse_trace(json.dumps(doc).encode(), "huge.json")
+
+
+def test_errors_count_all_problems_in_a_large_bad_file():
+    doc = minimal()
+    doc["events"] = [{"t_ms": 1, "type": "token", "req": "nobody", "index": 0} for _ in range(5000)]
+    with pytest.raises(TraceError, match=r"events\[0\].*and 4999 more problems"):
+        parse_trace(json.dumps(doc).encode(), "bad.json")
