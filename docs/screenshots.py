@@ -13,7 +13,8 @@ from tests.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server, wait_idle  
 
 OUT = ROOT / "docs" / "screenshots"
 PAGES = [("home", ""), ("schedules", "schedules"), ("kv", "kv"), ("tiles", "tiles"),
-         ("speculative", "speculative"), ("roofline", "roofline")]
+         ("speculative", "speculative"), ("roofline", "roofline"),
+         ("replay", "replay?tr=shared_prefix_caching_on.json.gz&rp_cmp=shared_prefix_caching_off.json.gz")]
 
 
 def main():

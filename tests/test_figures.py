@@ -42,7 +42,7 @@ def test_timeline_hides_markers_for_huge_traces():
     w = make_workload([(i, 0, 4, 50) for i in range(20)])
     fig = schedule_timeline([("sim", simulate(w, SchedulerConfig("continuous")))], max_token_markers=100)
     assert not [t for t in fig.data if t.type == "scatter"]
-    assert "token markers hidden" in fig.layout.title.text
+    assert "token ticks hidden" in fig.layout.title.text
 
 
 def test_occupancy_replay_matches_step_events():

@@ -45,7 +45,8 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.06 if rows > 1 else 0.0,
                         row_heights=heights, subplot_titles=[f"{label} [{tr.source}]" for label, tr in schedules])
     total_tokens = sum(len(tr.tokens) for _, tr in schedules)
-    draw_markers = total_tokens <= max_token_markers
+    # Ticks help while they are sparse; dense ones would only hide the bars.
+    draw_markers = total_tokens <= max_token_markers and total_tokens <= 25 * sum(heights)
     shown = set()
     for k, (label, tr) in enumerate(schedules, start=1):
         ids = np.array(tr.ids, dtype=object)
@@ -87,7 +88,8 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
         fig.update_yaxes(autorange="reversed", type="category", row=k, col=1)
     fig.update_layout(barmode="overlay", bargap=0.35)
     fig.update_xaxes(title_text="time (ms)", row=rows, col=1)
-    title = "Request timelines" + ("" if draw_markers else f" (token markers hidden: {total_tokens:,} tokens)")
+    title = "Request timelines" + ("" if draw_markers else
+                                   f" (token ticks hidden: {total_tokens:,} tokens are too dense to show)")
     return base_layout(fig, title, height=max(260, sum(heights) * height_per_row + 110 * rows))
 
 
