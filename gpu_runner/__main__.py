@@ -1,0 +1,210 @@
+"""python -m gpu_runner capture|generate ...  (run with -h for each command).
+
+Bad arguments or files exit with code 2 and one line on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        print(f"error: {self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _pos_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
+    return v
+
+
+def _nonneg_float(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
+    return v
+
+
+def _common(p):
+    p.add_argument("--model", default="tiny", help="tiny | tiny-draft | a local Hugging Face checkpoint directory")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--dtype", choices=["auto", "float32", "float64", "bfloat16", "float16"], default="auto",
+                   help="auto: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--attention", choices=["auto", "torch", "triton"], default="auto",
+                   help="auto: triton on CUDA, torch on CPU")
+    p.add_argument("--temperature", type=_nonneg_float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=_pos_int, help="CPU threads for torch")
+
+
+def build_parser():
+    ap = _Parser(prog="python -m gpu_runner", description="Serve workloads with a real model on the core scheduler.")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    c = sub.add_parser("capture", help="serve a workload and write a measured trace")
+    c.add_argument("--workload", required=True, help="workload file (JSON with prompt text/ids/counts, CSV, JSONL)")
+    c.add_argument("--out", required=True, help="trace to write (.json, .json.gz, .parquet)")
+    c.add_argument("--policy", choices=["continuous", "static", "serial"], default="continuous")
+    c.add_argument("--max-seqs", type=_pos_int)
+    c.add_argument("--token-budget", type=_pos_int)
+    c.add_argument("--chunk", type=_pos_int, help="chunked prefill chunk size")
+    c.add_argument("--block-size", type=_pos_int, default=16)
+    c.add_argument("--kv-blocks", type=_pos_int, help="KV pool size in blocks")
+    c.add_argument("--kv-memory-mb", type=_nonneg_float, help="or size the KV pool from a memory budget")
+    c.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False)
+    c.add_argument("--no-record", action="store_true", help="do not record events (timing overhead checks)")
+    c.add_argument("--label", help="trace label (meta.label)")
+    _common(c)
+    g = sub.add_parser("generate", help="continue one prompt")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text")
+    src.add_argument("--prompt-ids", help="comma-separated token ids")
+    g.add_argument("--max-tokens", type=_pos_int, default=64)
+    g.add_argument("--json", action="store_true", help='print {"ids": [...], "text": ...} for the generated tokens')
+    _common(g)
+    return ap
+
+
+def load_model(name: str, device: str, dtype_name: str):
+    import torch
+
+    from core.errors import ConfigError
+    from gpu_runner import checkpoint
+    from gpu_runner.tokenizer import ByteTokenizer
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available")
+    dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
+             "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
+    if name in checkpoint.BUNDLED:
+        path = checkpoint.BUNDLED[name]
+        if not (path / "model.safetensors").exists():
+            raise ConfigError(f"--model {name}: bundled weights missing at {path} (run python -m gpu_runner.train)")
+        return checkpoint.load_bundled(path, device, dtype), ByteTokenizer(), device, name
+    from gpu_runner.hf import load_hf
+    model, tok = load_hf(name, device, dtype)
+    return model, tok, device, name
+
+
+class Progress:
+    def __init__(self, total_label="tokens"):
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+        self.label = total_label
+
+    def __call__(self, done, total):
+        now = time.perf_counter()
+        if now - self.last < 0.2 and done < total:
+            return
+        self.last = now
+        width = 30
+        fill = int(width * done / max(total, 1))
+        rate = done / max(now - self.t0, 1e-9)
+        print(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {self.label} ({rate:,.0f}/s)",
+              end="", file=sys.stderr, flush=True)
+        if done >= total:
+            print(file=sys.stderr)
+
+
+def cmd_capture(a) -> int:
+    import torch
+
+    from core.scheduler import SchedulerConfig
+    from core.workload import load_workload
+    from gpu_runner.engine import Engine, EngineConfig, SamplingParams
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    model, tok, device, name = load_model(a.model, a.device, a.dtype)
+    w = load_workload(a.workload, tokenize=tok.encode if tok is not None else None)
+    attention = a.attention if a.attention != "auto" else ("triton" if device == "cuda" else "torch")
+    cfg = EngineConfig(
+        scheduler=SchedulerConfig(policy=a.policy, max_seqs=a.max_seqs, token_budget=a.token_budget, chunk=a.chunk,
+                                  block_size=a.block_size, prefix_caching=a.prefix_caching),
+        sampling=SamplingParams(a.temperature, a.top_k, a.top_p, a.seed), kv_blocks=a.kv_blocks,
+        kv_memory_bytes=int(a.kv_memory_mb * 2**20) if a.kv_memory_mb is not None else None,
+        attention=attention, record=not a.no_record)
+    engine = Engine(model, tok, cfg, device, name)
+    t0 = time.perf_counter()
+    tr, outputs = engine.run(w, progress=Progress())
+    secs = time.perf_counter() - t0
+    n_tok = sum(len(v) for v in outputs.values())
+    if tr is None:
+        print(f"served {len(w)} requests, {n_tok} tokens in {secs:.2f} s (recording off; nothing written)")
+        return 0
+    if a.label:
+        tr.meta["label"] = a.label
+    try:
+        tr.save(a.out)
+    except OSError as e:
+        from core.errors import InputError
+        raise InputError(f"--out {a.out}: cannot write ({e.strerror})") from None
+    print(f"wrote {a.out}: {len(w)} requests, {n_tok} tokens, {len(tr.steps)} steps, {len(tr.preempts)} preemptions "
+          f"in {secs:.2f} s on {tr.meta['device']}")
+    return 0
+
+
+def cmd_generate(a) -> int:
+    import torch
+
+    from core.errors import ConfigError
+    from core.scheduler import SchedulerConfig
+    from core.workload import Request, Workload, parse_token_ids
+    from gpu_runner.engine import Engine, EngineConfig, SamplingParams
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    ids = parse_token_ids(a.prompt_ids, "--prompt-ids") if a.prompt_ids is not None else None
+    model, tok, device, name = load_model(a.model, a.device, a.dtype)
+    if a.prompt is not None:
+        if tok is None:
+            raise ConfigError(f"--prompt: the model at {a.model} has no tokenizer.json; use --prompt-ids")
+        ids = tok.encode(a.prompt)
+        if not ids:
+            raise ConfigError("--prompt: empty prompt")
+    else:
+        bad = [i for i in ids if i >= model.cfg.vocab_size]
+        if bad:
+            raise ConfigError(f"--prompt-ids: id {bad[0]} is outside the vocabulary (size {model.cfg.vocab_size})")
+    attention = a.attention if a.attention != "auto" else ("triton" if device == "cuda" else "torch")
+    cfg = EngineConfig(scheduler=SchedulerConfig(policy="continuous"),
+                       sampling=SamplingParams(a.temperature, a.top_k, a.top_p, a.seed), attention=attention,
+                       record=False)
+    w = Workload([Request("prompt", 0.0, len(ids), a.max_tokens, prompt_ids=tuple(ids))], name="generate")
+    _, out = Engine(model, tok, cfg, device, name).run(w)
+    gen = out["prompt"]
+    text = tok.decode(gen) if tok is not None else None
+    if a.json:
+        print(json.dumps({"ids": gen, "text": text}))
+    else:
+        print(text if text is not None else " ".join(map(str, gen)))
+    return 0
+
+
+def main(argv=None) -> int:
+    from core.errors import InputError
+    try:
+        a = build_parser().parse_args(argv)
+        return {"capture": cmd_capture, "generate": cmd_generate}[a.cmd](a)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Tokenizers: the bundled byte-level one, or a Hugging Face tokenizer.json (via the
+`tokenizers` package, loaded from a local file; never downloaded)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+BOS, EOS = 256, 257
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are the tokens (ids 0-255); 256 = BOS, 257 = EOS."""
+    vocab_size = 258
+    bos_id, eos_id = BOS, EOS
+    name = "byte"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    name = "tokenizer.json"
+
+    def __init__(self, path: Path, eos_id: int | None = None):
+        from tokenizers import Tokenizer
+        self.tok = Tokenizer.from_file(str(path))
+        self.vocab_size = self.tok.get_vocab_size()
+        self.eos_id = eos_id
+        self.bos_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(list(ids))
