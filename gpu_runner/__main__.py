@@ -37,7 +37,8 @@ def _nonneg_float(s):
 
 
 def _common(p):
-    p.add_argument("--model", default="tiny", help="tiny | tiny-draft | a local Hugging Face checkpoint directory")
+    p.add_argument("--model", default="tiny",
+                   help="tiny | tiny-draft | random-0.5b (random weights, for timing) | a local HF checkpoint dir")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--dtype", choices=["auto", "float32", "float64", "bfloat16", "float16"], default="auto",
                    help="auto: float32 on CPU, bfloat16 on CUDA")
@@ -89,6 +90,13 @@ def load_model(name: str, device: str, dtype_name: str):
         raise ConfigError("--device cuda: no CUDA device is available")
     dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
              "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
+    if name == "random-0.5b":  # Llama/Qwen2-shaped, ~0.5B parameters, random weights: realistic step times
+        from gpu_runner.model import ModelConfig, Transformer, init_weights
+        cfg = ModelConfig(vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, hidden_dim=4864,
+                          max_seq_len=4096, rope_theta=1e6, tie_embeddings=True, qkv_bias=True)
+        model = Transformer(cfg)
+        init_weights(model, seed=0)
+        return model.to(device=device, dtype=dtype).eval(), ByteTokenizer(), device, name
     if name in checkpoint.BUNDLED:
         path = checkpoint.BUNDLED[name]
         if not (path / "model.safetensors").exists():

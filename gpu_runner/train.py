@@ -1,6 +1,6 @@
 """Train the bundled byte-level models on the shipped corpus (data/corpus/pydoc_topics.txt).
 
-    python -m gpu_runner.train [--which both|tiny|draft] [--steps-target 2400] [--steps-draft 1500]
+    python -m gpu_runner.train [--which both|tiny|draft] [--steps-target 1200] [--steps-draft 1500]
 
 Writes data/models/tiny and data/models/tiny-draft (config.json + model.safetensors) and
 docs/training.md (loss curves, final losses, time taken, command). Deterministic on CPU for a
@@ -104,7 +104,11 @@ def main():
     ap.add_argument("--steps-target", type=int, default=1200)
     ap.add_argument("--steps-draft", type=int, default=1500)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--doc-only", action="store_true", help="only rewrite docs/training.md from saved models")
     args = ap.parse_args()
+    if args.doc_only:
+        rewrite_doc()
+        return
     torch.set_num_threads(args.threads)
     results = {}
     for key, cfg, steps, seed in (("tiny", TARGET, args.steps_target, 31), ("tiny-draft", DRAFT, args.steps_draft, 7)):
@@ -117,7 +121,21 @@ def main():
                  "params": model.num_params(), "torch": torch.__version__, "threads": args.threads,
                  "command": "python -m gpu_runner.train"}
         checkpoint.save(model, checkpoint.BUNDLED[key], notes)
-        results[key] = (notes, curve, sample_text(model, "The \"for\" statement\n"))
+        results[key] = (notes, curve, sample_text(model, SAMPLE_PROMPT))
+    write_doc(results)
+
+
+SAMPLE_PROMPT = 'The "while" statement is used'
+
+
+def rewrite_doc():
+    """Rebuild docs/training.md from the saved checkpoints and curves (no training)."""
+    curves = json.loads((ROOT / "docs" / "training_curves.json").read_text())
+    results = {}
+    for key, curve in curves.items():
+        notes = json.loads((checkpoint.BUNDLED[key] / "config.json").read_text())["notes"]
+        model = checkpoint.load_bundled(checkpoint.BUNDLED[key])
+        results[key] = (notes, curve, sample_text(model, SAMPLE_PROMPT))
     write_doc(results)
 
 
@@ -138,7 +156,7 @@ def write_doc(results):
                   f"({notes['final_val_loss'] / math.log(2):.3f} bits/byte).", "",
                   "| step | train loss | val loss | seconds |", "|---:|---:|---:|---:|"]
         lines += [f"| {c['step']} | {c['train_loss']:.3f} | {c['val_loss']:.3f} | {c['seconds']:.0f} |" for c in curve]
-        lines += ["", "Greedy continuation of `The \"for\" statement\\n` (200 bytes):", "", "```",
+        lines += ["", f"Greedy continuation of `{SAMPLE_PROMPT}` (200 bytes):", "", "```",
                   sample.rstrip(), "```", ""]
     if not results:
         return

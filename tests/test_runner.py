@@ -251,3 +251,43 @@ def test_cli_bad_input_exit_2(args, msg):
     assert rc == 2 and "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and msg in lines[0], err
+
+
+# ---- the bundled models ------------------------------------------------------------------
+
+def corpus_words():
+    import re
+    return set(re.findall(r"[A-Za-z]{2,}", (DATA / "corpus" / "pydoc_topics.txt").read_text()))
+
+
+def test_bundled_target_writes_corpus_like_text():
+    import re
+    rc, out, err = cli("generate", "--prompt", 'The "while" statement is used', "--max-tokens", "160", "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert len(doc["ids"]) == 160 and all(0 <= i < 258 for i in doc["ids"])
+    words = re.findall(r"[A-Za-z]{2,}", doc["text"])
+    known = corpus_words()
+    assert len(words) >= 15
+    assert sum(w in known for w in words) / len(words) > 0.8, doc["text"]   # real words of the corpus
+
+
+def test_bundled_models_load_and_match_their_configs():
+    from gpu_runner import checkpoint
+    tiny = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
+    draft = checkpoint.load_bundled(checkpoint.BUNDLED["tiny-draft"])
+    assert 2_000_000 <= tiny.num_params() <= 5_000_000
+    assert tiny.cfg.n_kv_heads < tiny.cfg.n_heads                      # grouped-query attention
+    assert draft.num_params() < tiny.num_params() / 5
+    notes = json.loads((checkpoint.BUNDLED["tiny"] / "config.json").read_text())["notes"]
+    assert notes["final_val_loss"] < 1.6                                # nats/byte: far below uniform ln 258 = 5.55
+
+
+def test_cli_capture_writes_a_measured_trace(tmp_path):
+    rc, out, err = cli("capture", "--workload", DATA / "workloads" / "chapter31.json", "--out", tmp_path / "t.json",
+                       "--block-size", "2", "--kv-blocks", "6")
+    assert rc == 0, err
+    from core.trace import load_trace
+    tr = load_trace(tmp_path / "t.json")
+    assert tr.meta["source"] == "measured" and tr.meta["model"]["name"] == "tiny"
+    assert sorted(tr.tokens.groupby("req").size().tolist()) == [1, 2, 3]
