@@ -26,6 +26,9 @@ with c2:
                  "flows, Monte Carlo check, expected tokens and break-even.", icon=":material/call_split:")
     st.page_link("pages/roofline.py", label="**Roofline** — arithmetic intensity of prefill vs decode, "
                  "bandwidth-bound step rate, batch size.", icon=":material/show_chart:")
+    st.page_link("pages/replay.py", label="**Trace replay** — your runs: measured traces from the runner, "
+                 "vLLM/SGLang results, uploads; a time cursor, comparisons, predictions.",
+                 icon=":material/slow_motion_video:")
 
 st.subheader("Three users arrive before the first answer finishes")
 st.markdown(

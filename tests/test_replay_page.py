@@ -107,3 +107,14 @@ def test_compare_caching_on_off_and_predict():
 def test_compare_different_workloads_warns():
     at = replay({"tr": "chapter31_serial.json", "rp_cmp": "shared_prefix_caching_on.json.gz"})
     assert any("workloads differ" in w.value for w in at.warning)
+
+
+def test_measured_trace_shows_device_and_predicts():
+    at = replay({"tr": "shared_prefix_measured_cpu.json.gz"})
+    text = " ".join(m.value for m in at.markdown)
+    assert "measured CPU" in text and "gpu_runner" in text           # origin with device and engine
+    at.button(key="rp_predict").click().run()
+    assert not at.exception
+    table = [d.value for d in at.dataframe if "difference" in d.value.columns][0]
+    assert table.columns[2] == "predicted (simulated)"
+    assert not at.warning                                              # same workload on both sides
