@@ -50,6 +50,7 @@ class SchedulerConfig:
     kv_blocks: int | None = None    # KV pool size in blocks (None: enough for every request at once)
     prefix_caching: bool = False    # reuse cached full blocks with an exact token-id prefix match
     model_id: str | None = None     # part of the prefix-cache key (model/adapter identity)
+    spec_gamma: int = 0             # speculative decoding: draft tokens verified per decode step (0: off)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -60,6 +61,8 @@ class SchedulerConfig:
                 raise ConfigError(f"{name}: expected a positive integer or none, got {v!r}")
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
             raise ConfigError(f"block_size: expected a positive integer, got {self.block_size!r}")
+        if isinstance(self.spec_gamma, bool) or not isinstance(self.spec_gamma, int) or self.spec_gamma < 0:
+            raise ConfigError(f"spec_gamma: expected an integer >= 0, got {self.spec_gamma!r}")
 
     @property
     def seats(self) -> int:
@@ -71,7 +74,7 @@ class SchedulerConfig:
         return {"policy": self.policy, "max_seqs": self.seats if self.seats != BIG else None,
                 "token_budget": self.token_budget, "chunk": self.chunk,
                 "block_size": self.block_size, "kv_blocks": self.kv_blocks,
-                "prefix_caching": self.prefix_caching, "model_id": self.model_id}
+                "prefix_caching": self.prefix_caching, "model_id": self.model_id, "spec_gamma": self.spec_gamma}
 
 
 @dataclass(slots=True)
@@ -113,6 +116,8 @@ class StepLog:
         self.finishes = []                       # (req, t_ms, reason)
         self.preempts = []                       # (req, t_ms, reason, freed_blocks)
         self.kv = KVLog()
+        self.token_sources = []                  # per token part: codes into TOKEN_SOURCES, or None (sampled)
+        self.other = []                          # verbatim events (spec, tiles)
 
 
 class Scheduler:
@@ -218,12 +223,18 @@ class Scheduler:
     def _plan_running(self, run, budget):
         pending = self.prompt_len[run] + self.emitted[run] - self.computed[run]
         want = np.minimum(pending, self.cfg.chunk) if self.cfg.chunk else pending
+        if self.cfg.spec_gamma:
+            # A speculative decode verifies the last token plus up to gamma draft tokens, never
+            # proposing past the request's output length.
+            room = self.out_len[run] - self.emitted[run] - 1
+            want = want + np.where((pending == 1) & (self.emitted[run] > 0),
+                                   np.minimum(self.cfg.spec_gamma, room), 0)
         # Oldest first: each request takes what the budget has left after those before it.
         before = np.cumsum(want) - want
         n = np.clip(budget - before, 0, want)
         need = -(-(self.computed[run] + n) // self.cfg.block_size) - self.nblocks[run]
         # A decode computes the one token emitted last; anything else is (re)prefill.
-        is_decode = (pending == 1) & (self.emitted[run] > 0)
+        is_decode = (pending == 1) & (self.emitted[run] > 0)   # (with spec: decode + draft tokens)
         return n, need, is_decode
 
     def schedule(self, now_ms: float) -> Batch | None:
@@ -308,7 +319,7 @@ class Scheduler:
         the last applied step ends, or None (then use complete() as usual)."""
         cfg, bm, run = self.cfg, self.bm, self.run
         if (self.aborts_pending or not self._quiet or len(batch.reqs) != len(run)
-                or batch.is_prefill.any()):
+                or batch.is_prefill.any() or cfg.spec_gamma):
             return None
         K = int((self.out_len[run] - self.emitted[run]).min()) - 1  # the finishing step runs normally
         if K < min_steps:
@@ -361,12 +372,77 @@ class Scheduler:
             em = self.emitted[run]
             log.token_parts.append((np.tile(run, K), (em[None, :] + np.arange(K)[:, None]).ravel(),
                                     np.repeat(ends[:K], n), None))
+            log.token_sources.append(None)
         self.computed[run] += K
         self.emitted[run] += K
         self.nblocks[run] = -(-self.computed[run] // bs)
         self.step += K
         self._pending_step = None
         return float(ends[K - 1])
+
+    def complete_spec(self, batch: Batch, t_end_ms: float, new_tokens: list[list[int]],
+                      sources: list[list[int]], spec_events: list[dict] | None = None) -> None:
+        """Apply a step that may contain speculative verifications. new_tokens[j]: the
+        tokens batch entry j emits (empty if none; for a verified decode: the accepted draft
+        tokens then one recovered or bonus token); sources[j]: their codes in
+        core.trace.TOKEN_SOURCES. A verified decode keeps KV only for the accepted prefix:
+        computed becomes prompt + emitted - 1 and blocks past it return to the pool."""
+        bm = self.bm
+        bm.now_ms = t_end_ms
+        r = batch.reqs
+        self.computed[r] += batch.num_tokens
+        cancelled = (self.abort_at[r] <= t_end_ms) if self.aborts_pending else np.zeros(len(r), dtype=bool)
+        counts = np.array([0 if c else len(t) for t, c in zip(new_tokens, cancelled.tolist())], dtype=np.int64)
+        emit_r, emit_idx, emit_src, emit_ids = [], [], [], []
+        for j, i in enumerate(r.tolist()):
+            k = int(counts[j])
+            if not k:
+                continue
+            first = int(self.emitted[i])
+            emit_r += [i] * k
+            emit_idx += range(first, first + k)
+            emit_src += sources[j][:k]
+            emit_ids += new_tokens[j][:k]
+            if self.token_ids[i] is not None:
+                self.token_ids[i].extend(new_tokens[j][:k])
+        self.emitted[r] += counts
+        spec = ~batch.is_prefill & (batch.num_tokens > 1) & (counts > 0)
+        for j in np.flatnonzero(spec).tolist():  # roll back KV past the accepted prefix
+            i = int(r[j])
+            keep = int(self.prompt_len[i] + self.emitted[i] - 1)
+            self.computed[i] = keep
+            bm.truncate(i, keep)
+            self.nblocks[i] = len(bm.tables[i])
+        if self.log is not None:
+            running, waiting, used, free = self._pending_step
+            self.log.steps.append((batch.step, batch.t_ms, t_end_ms - batch.t_ms, running, waiting, used, free))
+            self.log.batch_parts.append((batch.step, r, batch.num_tokens, batch.is_prefill))
+            er = np.array(emit_r, dtype=np.int64)
+            self.log.token_parts.append((er, np.array(emit_idx, dtype=np.int64), t_end_ms,
+                                         np.array(emit_ids, dtype=np.int64)))
+            self.log.token_sources.append(np.array(emit_src, dtype=np.int8))
+            if spec_events:
+                self.log.other.extend(spec_events)
+        if bm.prefix_caching:
+            bs = self.cfg.block_size
+            crossed = (self.computed[r] // bs) > (batch.start_pos // bs)
+            for i in r[crossed].tolist():
+                if self.token_ids[i] is not None and i in bm.tables:
+                    bm.commit(i, self.token_ids[i], int(self.computed[i]))
+        done = [int(i) for j, i in enumerate(r.tolist()) if counts[j] and self.emitted[i] >= self.out_len[i]]
+        for i in done:
+            bm.free_seq(i)
+            self.nblocks[i] = 0
+            self.state[i] = 3
+            if self.log is not None:
+                self.log.finishes.append((i, t_end_ms, "length"))
+        self.num_done += len(done)
+        for i in r[cancelled].tolist():
+            self.abort(i, t_end_ms, t_finish=max(float(self.abort_at[i]), batch.t_ms))
+        if done:
+            self.run = self.run[self.state[self.run] == 2]
+        self.step += 1
+        self._pending_step = None
 
     def complete(self, batch: Batch, t_end_ms: float, dur_ms: float | None = None,
                  token_ids: np.ndarray | None = None, t_tokens_ms: float | None = None,
@@ -401,6 +477,7 @@ class Scheduler:
             self.log.steps.append((batch.step, batch.t_ms, dur, running, waiting, used, free))
             self.log.batch_parts.append((batch.step, r, batch.num_tokens, batch.is_prefill))
             self.log.token_parts.append((er, self.emitted[er] - 1, t_tok, tids))
+            self.log.token_sources.append(None)
         if bm.prefix_caching:
             bs = self.cfg.block_size
             crossed = (self.computed[r] // bs) > (batch.start_pos // bs)

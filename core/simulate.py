@@ -124,6 +124,9 @@ def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel 
 
 
 def _simulate(workload, config, step_model, label, created, record_kv, fast_forward) -> Trace:
+    if config.spec_gamma:
+        raise ConfigError("spec_gamma: the simulator does not model speculative acceptance; "
+                          "capture speculative runs with gpu_runner")
     log = StepLog()
     sched = Scheduler(workload, config, log)
     if not record_kv:

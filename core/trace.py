@@ -734,8 +734,12 @@ def trace_from_log(workload: Workload, log, meta: dict) -> Trace:
             tid = np.concatenate([p[3] if p[3] is not None else np.full(len(p[0]), -1) for p in log.token_parts])
         else:
             tid = np.full(len(t), -1, dtype=np.int64)
-        src = getattr(log, "token_sources", None)  # codes into TOKEN_SOURCES (runner)
-        codes = np.concatenate(src) if src else np.zeros(len(reqs), dtype=np.int8)
+        src = getattr(log, "token_sources", None)  # per part: codes into TOKEN_SOURCES, None = sampled
+        if src and any(c is not None for c in src):
+            codes = np.concatenate([c if c is not None else np.zeros(len(p[0]), dtype=np.int8)
+                                    for c, p in zip(src, log.token_parts)])
+        else:
+            codes = np.zeros(len(reqs), dtype=np.int8)
         tr.tokens = pd.DataFrame(copy=False, data={
             "req": reqs.astype(np.int64, copy=False), "index": idx.astype(np.int64, copy=False), "t_ms": t,
             "source": pd.Categorical.from_codes(codes, TOKEN_SOURCES), "token_id": tid.astype(np.int64, copy=False)})
@@ -774,6 +778,7 @@ def trace_from_log(workload: Workload, log, meta: dict) -> Trace:
             "t_ms": c["t_ms"], "op": pd.Categorical.from_codes(c["op"], KV_OPS),
             "req": c["req"], "block": c["block"], "logical": c["logical"], "ref": c["ref"],
             "hash": pd.Series(c["hash"], dtype=object), "src": c["src"]})
+    tr.other = list(getattr(log, "other", []) or [])
     if log.preempts:
         p = list(zip(*log.preempts))
         tr.preempts = pd.DataFrame(copy=False, data={"req": np.array(p[0], dtype=np.int64), "t_ms": np.array(p[1], dtype=float),

@@ -49,6 +49,9 @@ def _common(p):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=_pos_int, help="CPU threads for torch")
+    p.add_argument("--speculative", action="store_true", help="speculative decoding with a draft model")
+    p.add_argument("--gamma", type=_pos_int, default=4, help="draft tokens verified per step (with --speculative)")
+    p.add_argument("--draft", default="tiny-draft", help="draft model: tiny-draft | a local HF checkpoint dir")
 
 
 def build_parser():
@@ -107,6 +110,15 @@ def load_model(name: str, device: str, dtype_name: str):
     return model, tok, device, name
 
 
+def load_draft(a, device, target):
+    if not a.speculative:
+        return None, None
+    dtype = next(target.parameters()).dtype
+    model, _, _, name = load_model(a.draft, device, {"torch.float32": "float32", "torch.float64": "float64",
+                                                     "torch.bfloat16": "bfloat16", "torch.float16": "float16"}[str(dtype)])
+    return model, name
+
+
 class Progress:
     def __init__(self, total_label="tokens"):
         self.t0 = time.perf_counter()
@@ -143,8 +155,9 @@ def cmd_capture(a) -> int:
                                   block_size=a.block_size, prefix_caching=a.prefix_caching),
         sampling=SamplingParams(a.temperature, a.top_k, a.top_p, a.seed), kv_blocks=a.kv_blocks,
         kv_memory_bytes=int(a.kv_memory_mb * 2**20) if a.kv_memory_mb is not None else None,
-        attention=attention, record=not a.no_record)
-    engine = Engine(model, tok, cfg, device, name)
+        attention=attention, record=not a.no_record, gamma=a.gamma)
+    draft, draft_name = load_draft(a, device, model)
+    engine = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name)
     t0 = time.perf_counter()
     tr, outputs = engine.run(w, progress=Progress())
     secs = time.perf_counter() - t0
@@ -188,9 +201,10 @@ def cmd_generate(a) -> int:
     attention = a.attention if a.attention != "auto" else ("triton" if device == "cuda" else "torch")
     cfg = EngineConfig(scheduler=SchedulerConfig(policy="continuous"),
                        sampling=SamplingParams(a.temperature, a.top_k, a.top_p, a.seed), attention=attention,
-                       record=False)
+                       record=False, gamma=a.gamma)
     w = Workload([Request("prompt", 0.0, len(ids), a.max_tokens, prompt_ids=tuple(ids))], name="generate")
-    _, out = Engine(model, tok, cfg, device, name).run(w)
+    draft, draft_name = load_draft(a, device, model)
+    _, out = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name).run(w)
     gen = out["prompt"]
     text = tok.decode(gen) if tok is not None else None
     if a.json:

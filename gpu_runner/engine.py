@@ -129,11 +129,21 @@ class EngineConfig:
     kv_memory_bytes: int | None = None   # alternative: size the pool from a byte budget
     attention: str = "torch"             # torch | triton
     record: bool = True                  # write trace events (off: only the generated tokens)
+    gamma: int = 4                       # speculative decoding: draft tokens per verification (with a draft)
 
 
 class Engine:
-    def __init__(self, model: Transformer, tokenizer, cfg: EngineConfig, device="cpu", model_name="tiny"):
+    def __init__(self, model: Transformer, tokenizer, cfg: EngineConfig, device="cpu", model_name="tiny",
+                 draft: Transformer | None = None, draft_name: str | None = None):
         self.model = model
+        self.draft = draft
+        self.draft_name = draft_name
+        if draft is not None:
+            if draft.cfg.vocab_size != model.cfg.vocab_size:
+                raise ConfigError(f"draft: vocabulary size {draft.cfg.vocab_size} differs from the target's "
+                                  f"{model.cfg.vocab_size} (the draft must share the tokenizer)")
+            if cfg.gamma < 1:
+                raise ConfigError(f"gamma: expected an integer >= 1, got {cfg.gamma}")
         self.tok = tokenizer
         self.cfg = cfg
         self.device = torch.device(device)
@@ -170,7 +180,8 @@ class Engine:
                               f"{m.cfg.max_seq_len} positions")
         sc = self.cfg.scheduler
         sched_cfg = SchedulerConfig(**{**asdict(sc), "kv_blocks": self._pool_blocks(sc),
-                                       "model_id": self.model_name})
+                                       "model_id": self.model_name,
+                                       "spec_gamma": self.cfg.gamma if self.draft is not None else 0})
         log = StepLog() if self.cfg.record else None
         sched = Scheduler(wl, sched_cfg, log)
         bs = sched_cfg.block_size
@@ -178,8 +189,15 @@ class Engine:
                              self.device, self.dtype)
         sp = self.cfg.sampling
         gens = {i: request_generator(sp.seed, r.id, self.device) for i, r in enumerate(wl.requests)}
+        drafter = None
+        if self.draft is not None:
+            from gpu_runner.speculative import DraftRunner
+            d = self.draft.cfg
+            drafter = DraftRunner(self.draft, PagedKVCache(d.n_layers, sched.bm.num_blocks, bs, d.n_kv_heads,
+                                                           d.head_dim, self.device, self.dtype), self.attention)
         eos = getattr(self.tok, "eos_id", None)
         first_arrival = wl.requests[0].arrival_ms
+        self.ids = [r.id for r in wl.requests]
         t0 = time.perf_counter_ns()
         now = (lambda: first_arrival + (time.perf_counter_ns() - t0) / 1e6)
         tokens_out = 0
@@ -197,6 +215,16 @@ class Engine:
                 time.sleep(max(0.0, (nxt - now()) / 1000.0))
                 continue
             emits = self._emits(sched, batch)
+            if drafter is not None:
+                new, src, events = self._forward_spec(sched, batch, cache, drafter, emits, gens, sp)
+                t_end = now()                                          # tokens are on the host now
+                for e in events:
+                    e["t_ms"] = t_end
+                sched.complete_spec(batch, t_end, new, src, events if log is not None else None)
+                tokens_out += sum(len(t) for t in new)
+                if progress is not None:
+                    progress(tokens_out, total_out)
+                continue
             ids = self._forward(sched, batch, cache, emits, gens, sp)  # host list, -1 where nothing emits
             t_end = now()                                              # tokens are on the host now
             stopped = {int(r) for r, i in zip(batch.reqs.tolist(), ids) if eos is not None and i == eos}
@@ -254,6 +282,98 @@ class Engine:
                 k += 1
         return out
 
+    def _sample(self, logits, reqs, gens, sp) -> list[int]:
+        if sp.temperature == 0:
+            return logits.argmax(-1).tolist()
+        probs = filtered_probs(logits, sp)
+        return [int(torch.multinomial(probs[k], 1, generator=gens[r]).item()) for k, r in enumerate(reqs)]
+
+    def _forward_spec(self, sched, batch, cache, drafter, emits, gens, sp):
+        """One step with speculative verification for the decoding entries of the batch.
+        Returns (tokens per entry, sources per entry, spec events)."""
+        from gpu_runner.speculative import SAMPLED, verify
+        bs = sched.cfg.block_size
+        dev = self.device
+        greedy = sp.temperature == 0
+        reqs, starts, ns = batch.reqs.tolist(), batch.start_pos.tolist(), batch.num_tokens.tolist()
+        slots_of = [None] * len(reqs)
+        for j, (r, start, n) in enumerate(zip(reqs, starts, ns)):
+            table = sched.bm.tables[r]
+            slots_of[j] = [table[p // bs] * bs + p % bs for p in range(start + n)]
+        spec = [j for j in range(len(reqs)) if not batch.is_prefill[j] and ns[j] > 1]
+        # 1. Draft: catch its cache up to the last emitted token, then propose gamma_j tokens.
+        gam = {j: ns[j] - 1 for j in spec}
+        props = {j: [] for j in spec}
+        qdist = {j: [] for j in spec}
+        for j in spec:  # the draft's KV is valid at most as far as the target's (preemption resets)
+            r = reqs[j]
+            drafter.valid[r] = min(drafter.valid.get(r, 0), starts[j])
+        active = list(spec)
+        step = 0
+        while active:
+            entries = []
+            for j in active:
+                r, p = reqs[j], starts[j]
+                if step == 0:
+                    v = drafter.valid[r]
+                    ids = sched.token_ids[r][v:p + 1]
+                    entries.append((ids, v, slots_of[j]))
+                else:
+                    entries.append(([props[j][-1]], p + step, slots_of[j]))
+            logits = drafter.forward(entries, dev)
+            if greedy:
+                picked = logits.argmax(-1).tolist()
+                probs = None
+            else:
+                probs = filtered_probs(logits, sp)
+                picked = [int(torch.multinomial(probs[k], 1, generator=gens[reqs[j]]).item())
+                          for k, j in enumerate(active)]
+            for k, j in enumerate(active):
+                props[j].append(picked[k])
+                qdist[j].append(probs[k] if probs is not None else None)
+            step += 1
+            active = [j for j in active if len(props[j]) < gam[j]]
+        for j in spec:
+            drafter.valid[reqs[j]] = starts[j] + gam[j]
+        # 2. Target: one forward over everything; a verified entry feeds [last, proposals].
+        toks, pos, slots, chunks, row = [], [], [], [], 0
+        for j, (r, start, n) in enumerate(zip(reqs, starts, ns)):
+            ids = sched.token_ids[r][start:start + n] if j not in gam else [sched.token_ids[r][start]] + props[j]
+            toks += ids
+            pos += range(start, start + n)
+            slots += slots_of[j][start:]
+            chunks.append(Chunk(row, n, start, torch.tensor(slots_of[j], device=dev)))
+            row += n
+        hidden = self.model.forward_paged(torch.tensor(toks, device=dev), torch.tensor(pos, device=dev),
+                                          torch.tensor(slots, device=dev), chunks, cache,
+                                          lambda q, li, ch: self.attention(q, cache.k[li], cache.v[li], ch))
+        new = [[] for _ in reqs]
+        src = [[] for _ in reqs]
+        plain = [j for j in range(len(reqs)) if j not in gam and emits[j]]
+        if plain:
+            logits = self.model.logits(hidden[torch.tensor([chunks[j].row + chunks[j].n - 1 for j in plain],
+                                                           device=dev)])
+            for j, tok in zip(plain, self._sample(logits, [reqs[j] for j in plain], gens, sp)):
+                new[j], src[j] = [tok], [SAMPLED]
+        events = []
+        for j in spec:
+            c = chunks[j]
+            logits = self.model.logits(hidden[c.row:c.row + c.n])           # [gamma + 1, V]
+            if greedy:
+                p = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+                q = torch.nn.functional.one_hot(torch.tensor(props[j], device=dev), logits.shape[-1]).to(logits.dtype)
+            else:
+                p = filtered_probs(logits, sp)
+                q = torch.stack(qdist[j])
+            out, s_, positions = verify(p, q, props[j], gens[reqs[j]], greedy)
+            new[j], src[j] = out, s_
+            accepted = sum(1 for x in positions if x["accepted"])
+            drafter.valid[reqs[j]] = min(drafter.valid[reqs[j]], starts[j] + accepted + 1)
+            events.append({"type": "spec", "req": self.ids[reqs[j]], "step": int(batch.step),
+                           "proposed": props[j], "positions": positions, "accepted": accepted,
+                           "bonus": accepted == len(props[j])})
+        return new, src, events
+
     def _meta(self, wl, sched_cfg, notes) -> dict:
         try:
             import triton
@@ -270,6 +390,8 @@ class Engine:
                        "sampling": asdict(self.cfg.sampling)},
             "model": {"name": self.model_name, **self.model.cfg.to_dict(), "params": self.model.num_params(),
                       "dtype": str(self.dtype).removeprefix("torch."), "tokenizer": getattr(self.tok, "name", "?")},
+            "draft": None if self.draft is None else {"name": self.draft_name, "params": self.draft.num_params(),
+                                                       "gamma": self.cfg.gamma, **self.draft.cfg.to_dict()},
             "versions": {"torch": torch.__version__, "triton": triton_version, "python": platform.python_version()},
             "workload": wl.name,
             "notes": "; ".join(notes),
