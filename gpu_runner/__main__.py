@@ -70,6 +70,8 @@ def build_parser():
     c.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False)
     c.add_argument("--no-record", action="store_true", help="do not record events (timing overhead checks)")
     c.add_argument("--label", help="trace label (meta.label)")
+    c.add_argument("--capture-tiles", metavar="LAYER,HEAD",
+                   help="record per-tile (m, l) of the Triton attention kernel for one layer and head")
     _common(c)
     g = sub.add_parser("generate", help="continue one prompt")
     src = g.add_mutually_exclusive_group(required=True)
@@ -108,6 +110,17 @@ def load_model(name: str, device: str, dtype_name: str):
     from gpu_runner.hf import load_hf
     model, tok = load_hf(name, device, dtype)
     return model, tok, device, name
+
+
+def parse_pair(text):
+    if text is None:
+        return None
+    from core.errors import ConfigError
+    try:
+        layer, head = (int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--capture-tiles: expected LAYER,HEAD like 0,0, got {text!r}") from None
+    return layer, head
 
 
 def load_draft(a, device, target):
@@ -155,7 +168,7 @@ def cmd_capture(a) -> int:
                                   block_size=a.block_size, prefix_caching=a.prefix_caching),
         sampling=SamplingParams(a.temperature, a.top_k, a.top_p, a.seed), kv_blocks=a.kv_blocks,
         kv_memory_bytes=int(a.kv_memory_mb * 2**20) if a.kv_memory_mb is not None else None,
-        attention=attention, record=not a.no_record, gamma=a.gamma)
+        attention=attention, record=not a.no_record, gamma=a.gamma, capture_tiles=parse_pair(a.capture_tiles))
     draft, draft_name = load_draft(a, device, model)
     engine = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name)
     t0 = time.perf_counter()

@@ -130,6 +130,7 @@ class EngineConfig:
     attention: str = "torch"             # torch | triton
     record: bool = True                  # write trace events (off: only the generated tokens)
     gamma: int = 4                       # speculative decoding: draft tokens per verification (with a draft)
+    capture_tiles: tuple[int, int] | None = None  # (layer, head): record per-tile (m, l) (triton attention only)
 
 
 class Engine:
@@ -155,6 +156,14 @@ class Engine:
         if cfg.attention == "triton":
             from gpu_runner.kernels.triton_attention import paged_attention_triton
             self.attention = paged_attention_triton
+        if cfg.capture_tiles is not None:
+            if cfg.attention != "triton":
+                raise ConfigError("capture_tiles: per-tile statistics come from the Triton kernel; use attention=triton")
+            layer, head = cfg.capture_tiles
+            if not (0 <= layer < model.cfg.n_layers and 0 <= head < model.cfg.n_heads):
+                raise ConfigError(f"capture_tiles: layer {layer} / head {head} out of range "
+                                  f"({model.cfg.n_layers} layers, {model.cfg.n_heads} heads)")
+        self._tile_buf: list = []
 
     def _pool_blocks(self, sched_cfg: SchedulerConfig) -> int | None:
         c = self.cfg
@@ -220,6 +229,8 @@ class Engine:
                 t_end = now()                                          # tokens are on the host now
                 for e in events:
                     e["t_ms"] = t_end
+                if self.cfg.capture_tiles is not None:
+                    events += self._tile_events(batch, batch.t_ms)
                 sched.complete_spec(batch, t_end, new, src, events if log is not None else None)
                 tokens_out += sum(len(t) for t in new)
                 if progress is not None:
@@ -227,6 +238,8 @@ class Engine:
                 continue
             ids = self._forward(sched, batch, cache, emits, gens, sp)  # host list, -1 where nothing emits
             t_end = now()                                              # tokens are on the host now
+            if self.cfg.capture_tiles is not None and log is not None:
+                log.other.extend(self._tile_events(batch, batch.t_ms))
             stopped = {int(r) for r, i in zip(batch.reqs.tolist(), ids) if eos is not None and i == eos}
             er = sched.complete(batch, t_end, token_ids=np.array(ids, dtype=np.int64), stopped=stopped or None)
             tokens_out += len(er)
@@ -262,8 +275,7 @@ class Engine:
             row += n
         dev = self.device
         hidden = self.model.forward_paged(torch.tensor(toks, device=dev), torch.tensor(pos, device=dev),
-                                          torch.tensor(slots, device=dev), chunks, cache,
-                                          lambda q, li, ch: self.attention(q, cache.k[li], cache.v[li], ch))
+                                          torch.tensor(slots, device=dev), chunks, cache, self._attend(cache))
         last_rows = [c.row + c.n - 1 for c, e in zip(chunks, emits.tolist()) if e]
         out = [-1] * len(chunks)
         if not last_rows:
@@ -281,6 +293,43 @@ class Engine:
                 out[j] = picked[k]
                 k += 1
         return out
+
+    def _attend(self, cache):
+        cap = self.cfg.capture_tiles
+
+        def attend(q, li, ch):
+            if cap is not None and li == cap[0]:
+                return self.attention(q, cache.k[li], cache.v[li], ch, capture_head=cap[1], stats_out=self._tile_buf)
+            return self.attention(q, cache.k[li], cache.v[li], ch)
+        return attend
+
+    def _tile_events(self, batch, t_ms) -> list[dict]:
+        """Captured (m, l) per query row after each KV tile, as `tiles` events."""
+        from gpu_runner.kernels.triton_attention import BLOCK_M, BLOCK_N
+        events = []
+        row_to_req = {}
+        row = 0
+        for r, n in zip(batch.reqs.tolist(), batch.num_tokens.tolist()):
+            row_to_req[row] = r
+            row += n
+        layer, head = self.cfg.capture_tiles
+        for chunks, (m, l) in self._tile_buf:
+            m, l = m.cpu().numpy(), l.cpu().numpy()
+            for ci, c in enumerate(chunks):
+                for qt in range(m.shape[1]):
+                    rows = min(BLOCK_M, c.n - qt * BLOCK_M)
+                    if rows <= 0:
+                        continue
+                    for kt in range(m.shape[2]):
+                        mm, ll = m[ci, qt, kt, :rows], l[ci, qt, kt, :rows]
+                        if np.isnan(mm).all():
+                            continue
+                        events.append({"t_ms": t_ms, "type": "tiles", "req": self.ids[row_to_req[c.row]],
+                                       "step": int(batch.step), "layer": layer, "head": head, "q_tile": qt,
+                                       "kv_tile": kt, "q_start": c.start + qt * BLOCK_M, "kv_start": kt * BLOCK_N,
+                                       "m": [float(x) for x in mm], "l": [float(x) for x in ll]})
+        self._tile_buf.clear()
+        return events
 
     def _sample(self, logits, reqs, gens, sp) -> list[int]:
         if sp.temperature == 0:
@@ -345,8 +394,7 @@ class Engine:
             chunks.append(Chunk(row, n, start, torch.tensor(slots_of[j], device=dev)))
             row += n
         hidden = self.model.forward_paged(torch.tensor(toks, device=dev), torch.tensor(pos, device=dev),
-                                          torch.tensor(slots, device=dev), chunks, cache,
-                                          lambda q, li, ch: self.attention(q, cache.k[li], cache.v[li], ch))
+                                          torch.tensor(slots, device=dev), chunks, cache, self._attend(cache))
         new = [[] for _ in reqs]
         src = [[] for _ in reqs]
         plain = [j for j in range(len(reqs)) if j not in gam and emits[j]]
@@ -386,6 +434,7 @@ class Engine:
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "device": device_name(self.device),
             "engine": {"name": "gpu_runner", **sched_cfg.to_dict(), "attention": self.cfg.attention,
+                       "capture_tiles": list(self.cfg.capture_tiles) if self.cfg.capture_tiles else None,
                        "kv_memory_bytes": self.cfg.kv_memory_bytes,
                        "sampling": asdict(self.cfg.sampling)},
             "model": {"name": self.model_name, **self.model.cfg.to_dict(), "params": self.model.num_params(),
