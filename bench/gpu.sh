@@ -26,4 +26,6 @@ python -m gpu_runner capture --workload data/workloads/burst5.json --out "$OUT/b
     --device cuda --model random-0.5b
 python bench/gpu_decode.py --model random-0.5b --batches 1,8,32,64,128 --ctx 1024 --out "$OUT"
 python bench/gpu_decode.py --model random-0.5b --batches 1,8,32,64,128 --ctx 1024 --attention triton --out "$OUT/triton" || true
+python bench/triton_attention.py --out "$OUT"
+python -m gpu_runner capture --workload data/workloads/spec_demo.json --out "$OUT/spec_cuda.json" --device cuda --speculative --gamma 4 --temperature 0.8
 echo "done: $OUT"

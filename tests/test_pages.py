@@ -217,3 +217,19 @@ def test_roofline_chapter_numbers():
 def test_home_links_every_page():
     at = open_page("home")
     assert [m.value for m in at.metric] == ["16.667 tok/s", "30.000 tok/s"]
+
+
+def test_tiles_page_shows_captured_kernel_statistics():
+    at = open_page("attention_tiles")
+    captured = [f for f in charts(at) if any("running max m" in (a.get("text") or "")
+                                              for a in f["layout"].get("annotations", []))]
+    assert captured, "the bundled Triton tile-statistics trace should be drawn"
+    assert any("measured" in m.value and "CPU" in m.value for m in at.markdown)
+
+
+def test_speculative_page_shows_measured_acceptance():
+    at = open_page("speculative")
+    pos = [f for f in charts(at) if (f["layout"].get("title") or {}).get("text", "").startswith("Measured acceptance")]
+    assert pos
+    rates = arr(pos[0]["data"][0]["y"])
+    assert len(rates) == 4 and all(0 < r <= 1 for r in rates)
