@@ -151,7 +151,10 @@ def request_from_dict(d: Any, where: str, tokenize: Tokenize | None = None) -> R
             raise WorkloadError(f"{where}.prompt_ids: expected a list of non-negative integers")
     elif isinstance(d.get("prompt"), str) and tokenize is not None:
         ids = tokenize(d["prompt"])
-    n_prompt = d.get("prompt_tokens", len(ids) if ids is not None else None)
+    # Text tokenized here decides the length; otherwise prompt_tokens (e.g. a count for the
+    # bundled byte tokenizer, so the simulator can use the same file).
+    n_prompt = len(ids) if ids is not None and (tokenize is not None or "prompt_tokens" not in d) \
+        else d.get("prompt_tokens")
     if n_prompt is None:
         hint = (" (prompt text is only tokenized by gpu_runner)" if "prompt" in d else "")
         raise WorkloadError(f"{where}: give prompt_tokens or prompt_ids{hint}")
