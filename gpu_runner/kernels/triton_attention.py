@@ -57,7 +57,7 @@ def _flash_fwd(Q, K, V, O, BT, QROW, QLEN, QSTART, STATS_M, STATS_L, scale,
         for kt in range(0, tl.cdiv(ctx_end, BLOCK_N)):
             offs_n = kt * BLOCK_N + tl.arange(0, BLOCK_N)
             in_ctx = offs_n < ctx_end
-            blk = tl.load(BT + c * stride_bt + offs_n // BS, mask=in_ctx, other=0)
+            blk = tl.load(BT + c * stride_bt + offs_n // BS, mask=in_ctx, other=0).to(tl.int64)
             base = blk * stride_kb + (offs_n % BS) * stride_ks + kvh * stride_kh
             k = tl.load(K + base[:, None] + offs_d[None, :], mask=in_ctx[:, None], other=0.0)
             s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale    # [BLOCK_M, BLOCK_N]
@@ -89,27 +89,29 @@ def _paged_decode(Q, K, V, O, BT, CTX, scale,
     h = tl.program_id(1)
     ctx = tl.load(CTX + b)
     offs_d = tl.arange(0, HD)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d).to(tl.float32)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_d).to(tl.float32)[None, :]   # [1, HD]
     kvh = h // KV_GROUP
-    m_i = float("-inf")
-    l_i = 0.0
-    acc = tl.zeros([HD], tl.float32)
+    # Loop-carried statistics keep one shape and dtype throughout (required when compiled).
+    m_i = tl.full([1], float("-inf"), tl.float32)
+    l_i = tl.zeros([1], tl.float32)
+    acc = tl.zeros([1, HD], tl.float32)
     for kt in range(0, tl.cdiv(ctx, BLOCK_N)):
         offs_n = kt * BLOCK_N + tl.arange(0, BLOCK_N)
         in_ctx = offs_n < ctx
-        blk = tl.load(BT + b * stride_bt + offs_n // BS, mask=in_ctx, other=0)
+        blk = tl.load(BT + b * stride_bt + offs_n // BS, mask=in_ctx, other=0).to(tl.int64)
         base = blk * stride_kb + (offs_n % BS) * stride_ks + kvh * stride_kh
         k = tl.load(K + base[:, None] + offs_d[None, :], mask=in_ctx[:, None], other=0.0).to(tl.float32)
-        s = tl.sum(k * q[None, :], 1) * scale
-        s = tl.where(in_ctx, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
+        s = tl.sum(k[None, :, :] * q[:, None, :], 2) * scale        # [1, BLOCK_N]
+        s = tl.where(in_ctx[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new)
-        l_i = l_i * alpha + tl.sum(p, 0)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(V + base[:, None] + offs_d[None, :], mask=in_ctx[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], 1)
         m_i = m_new
-    tl.store(O + b * stride_ob + h * stride_oh + offs_d, (acc / l_i).to(O.dtype.element_ty))
+    out = acc / l_i[:, None]
+    tl.store(O + b * stride_ob + h * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty))
 
 
 def _tables(chunks, block_size, device):
