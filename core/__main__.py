@@ -6,50 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from core.errors import InputError
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit 2 (argparse prints the whole usage otherwise)
-        raise SystemExit(_fail(f"{self.prog}: {message}"))
-
-
-def _fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    return 2
-
-
-def _positive_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
-
-
-def _nonneg_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {s!r}")
-    return v
-
-
-def _finite_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {s!r}")
-    return v
+from core.cli import Parser as _Parser, finite_float as _finite_float, fail as _fail, \
+    nonneg_float as _nonneg_float, positive_int as _positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,16 +82,10 @@ def _read(path):
     """A Trace or an importers.Imported, from any supported file."""
     from pathlib import Path
 
+    from core.errors import read_input_file
     from core.importers import load_any
     from core.trace import is_parquet, trace_from_parquet
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, expected a trace file") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror})") from None
+    data = read_input_file(path, "trace")
     if is_parquet(data):
         return trace_from_parquet(data, Path(path).name)
     return load_any(data, Path(path).name)

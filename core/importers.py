@@ -66,7 +66,7 @@ def import_vllm(doc: dict, name: str = "vllm result") -> Imported:
                if k in VLLM_SUMMARY_KEYS or k in ("failed", "num_prompts", "request_rate", "max_concurrency",
                                                     "model_id", "backend", "date", "burstiness")
                or any(k.startswith(f"{s}_{m}_ms") for s in ("mean", "median", "std") for m in METRIC_NAMES)
-               or any(k.startswith(f"p") and k.endswith(f"_{m}_ms") for m in METRIC_NAMES)}
+               or any(k.startswith("p") and k.endswith(f"_{m}_ms") for m in METRIC_NAMES)}
     meta = {"source": "imported", "label": f"{name} (vLLM benchmark result)",
             "created": str(doc.get("date", "")) or "unknown",
             "engine": {"name": str(doc.get("backend") or "vllm"), "model": doc.get("model_id"),

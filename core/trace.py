@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.errors import short, TraceError
+from core.errors import TraceError, read_input_file, short
 from core.paging import KV_OPS
 from core.workload import Request, Workload, decode_bytes
 
@@ -269,16 +269,7 @@ def _bad_constant(c, name, error):
 
 
 def load_trace(path: str | Path) -> Trace:
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise TraceError(f"{path}: is a directory, expected a trace file") from None
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read ({e.strerror})") from None
-    return parse_trace(data, p.name)
+    return parse_trace(read_input_file(path, "trace", TraceError), Path(path).name)
 
 
 def parse_trace(data: bytes | str, name: str = "trace") -> Trace:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from core.errors import short, WorkloadError
+from core.errors import WorkloadError, read_input_file, short
 
 MAX_TOKENS = 10_000_000  # per request; larger counts are certainly a unit mistake
 
@@ -288,16 +288,7 @@ def parse_workload(data: bytes | str, name: str = "workload",
 
 
 def load_workload(path: str | Path, tokenize: Tokenize | None = None) -> Workload:
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise WorkloadError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise WorkloadError(f"{path}: is a directory, expected a workload file") from None
-    except OSError as e:
-        raise WorkloadError(f"{path}: cannot read ({e.strerror})") from None
-    return parse_workload(data, p.name, tokenize)
+    return parse_workload(read_input_file(path, "workload", WorkloadError), Path(path).name, tokenize)
 
 
 def make_workload(rows: Iterable[tuple], name="workload") -> Workload:

@@ -8,7 +8,6 @@ traces carry meta.source = "given"; the synthetic workloads are seeded random dr
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 

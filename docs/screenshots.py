@@ -3,7 +3,6 @@
 
     python docs/screenshots.py
 """
-import os
 import sys
 from pathlib import Path
 

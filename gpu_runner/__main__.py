@@ -10,30 +10,7 @@ import sys
 import time
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        print(f"error: {self.prog}: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _pos_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
-
-
-def _nonneg_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}")
-    return v
+from core.cli import Parser as _Parser, nonneg_float as _nonneg_float, positive_int as _pos_int
 
 
 def _common(p):

@@ -141,7 +141,6 @@ def rewrite_doc():
 
 def write_doc(results):
     path = ROOT / "docs" / "training.md"
-    old = path.read_text() if path.exists() else ""
     lines = ["# Training the bundled models", "",
              "Both models are byte-level Llama-style decoders trained from scratch on CPU on the shipped corpus "
              "(`data/corpus/pydoc_topics.txt`, 466 KB: the CPython 3.11.7 pydoc topics, PSF license), "

@@ -1,5 +1,4 @@
 """KV memory & paging: sizing calculator, block occupancy, prefix sharing, copy-on-write."""
-import numpy as np
 import pandas as pd
 import streamlit as st
 

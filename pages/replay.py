@@ -12,9 +12,8 @@ from core.figures.spec import acceptance_by_position_figure
 from core.figures.attention import captured_tiles_figure
 from core.figures.timeline import schedule_timeline
 from core.importers import file_summary_comparison
-from core.metrics import request_metrics, summarize
-from core.replay import (compare_table, in_flight_series, requests_near, step_at, subset, time_range,
-                         workload_differences)
+from core.metrics import request_metrics
+from core.replay import compare_table, requests_near, step_at, subset, time_range, workload_differences
 from core.speculative import acceptance_by_position
 from pages.common import (UPLOAD_LIMIT_MB, _occupancy, derived, fmt_ms, load_trace_file, origin_badge,
                           parse_uploaded_trace, predicted_trace, trace_files)

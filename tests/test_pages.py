@@ -1,34 +1,8 @@
 """Every page headless (Streamlit AppTest): runs without exception, shows the reference
 numbers, reacts correctly to widgets and to URL query parameters."""
-import base64
-import json
-
-import numpy as np
 import pytest
-from streamlit.testing.v1 import AppTest
 
-from tests.conftest import ROOT
-
-
-def open_page(page, params=None):
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    at.switch_page(f"pages/{page}.py")
-    for k, v in (params or {}).items():
-        at.query_params[k] = v
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
-
-def charts(at):
-    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
-
-
-def arr(v):
-    """Plotly 7 may store arrays as base64 'bdata'."""
-    if isinstance(v, dict) and "bdata" in v:
-        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"])).tolist()
-    return v
+from tests.apptest import arr, charts, open_page
 
 
 def all_text(at):

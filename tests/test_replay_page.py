@@ -3,23 +3,13 @@ engine results, comparisons and predictions."""
 import json
 
 import pytest
-from streamlit.testing.v1 import AppTest
 
-from tests.conftest import DATA, ROOT
+from tests.apptest import charts, open_page
+from tests.conftest import DATA
 
 
 def replay(params=None):
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    at.switch_page("pages/replay.py")
-    for k, v in (params or {}).items():
-        at.query_params[k] = v
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
-
-def charts(at):
-    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+    return open_page("replay", params)
 
 
 def batch_title(at):

@@ -11,7 +11,7 @@ import torch
 from core.metrics import conservation
 from core.scheduler import SchedulerConfig
 from core.trace import trace_from_doc
-from core.workload import Request, Workload, load_workload
+from core.workload import Request, Workload
 from gpu_runner.engine import Engine, EngineConfig, PagedKVCache, SamplingParams
 from gpu_runner.kernels.reference import Chunk, contiguous_causal_attention, paged_attention
 from gpu_runner.model import ModelConfig, Transformer, init_weights

@@ -30,7 +30,7 @@ def paged_attention(q, k_cache, v_cache, chunks: list[Chunk], scale: float | Non
     """q: [N, H, hd] packed queries; k_cache/v_cache: [num_blocks, block_size, Hkv, hd] of
     one layer. Each chunk's queries (positions start..start+n-1) attend causally to its
     positions 0..start+n-1, read from the cache through its slots. Returns [N, H, hd]."""
-    H, hd = q.shape[1], q.shape[2]
+    hd = q.shape[2]
     k_flat = k_cache.view(-1, k_cache.shape[2], hd)          # [slots, Hkv, hd]
     v_flat = v_cache.view(-1, v_cache.shape[2], hd)
     out = torch.empty_like(q)
