@@ -11,7 +11,7 @@ import sys
 from core.errors import InputError
 
 
-from core.cli import Parser as _Parser, finite_float as _finite_float, fail as _fail, \
+from core.cli import Parser as _Parser, finite_float as _finite_float, \
     nonneg_float as _nonneg_float, positive_int as _positive_int
 
 
@@ -167,15 +167,8 @@ def cmd_export(a) -> int:
 
 
 def main(argv=None) -> int:
-    try:
-        a = build_parser().parse_args(argv)
-        return {"simulate": cmd_simulate, "metrics": cmd_metrics, "export": cmd_export}[a.cmd](a)
-    except InputError as e:
-        return _fail(str(e))
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 2
-    except KeyboardInterrupt:
-        return 130
+    from core.cli import run
+    return run(build_parser(), {"simulate": cmd_simulate, "metrics": cmd_metrics, "export": cmd_export}, argv)
 
 
 if __name__ == "__main__":

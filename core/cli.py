@@ -17,6 +17,20 @@ def fail(msg: str) -> int:
     return 2
 
 
+def run(parser, commands: dict, argv=None) -> int:
+    """Parse, dispatch to commands[args.cmd]; bad input becomes exit code 2 and one line."""
+    from core.errors import InputError
+    try:
+        a = parser.parse_args(argv)
+        return commands[a.cmd](a)
+    except InputError as e:
+        return fail(str(e))
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    except KeyboardInterrupt:
+        return 130
+
+
 def positive_int(s):
     try:
         v = int(s)

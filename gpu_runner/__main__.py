@@ -205,17 +205,8 @@ def cmd_generate(a) -> int:
 
 
 def main(argv=None) -> int:
-    from core.errors import InputError
-    try:
-        a = build_parser().parse_args(argv)
-        return {"capture": cmd_capture, "generate": cmd_generate}[a.cmd](a)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else 2
-    except KeyboardInterrupt:
-        return 130
+    from core.cli import run
+    return run(build_parser(), {"capture": cmd_capture, "generate": cmd_generate}, argv)
 
 
 if __name__ == "__main__":
