@@ -11,8 +11,11 @@ import sys
 from core.errors import InputError
 
 
-from core.cli import Parser as _Parser, finite_float as _finite_float, \
-    nonneg_float as _nonneg_float, positive_int as _positive_int
+from core.cli import Parser as _Parser
+from core.cli import finite_float as _finite_float
+from core.cli import nonneg_float as _nonneg_float
+from core.config import SchedulerConfig, add_flags, from_args
+from core.stepmodel import StepModel
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,20 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("simulate", help="run a workload through the core scheduler; write a trace")
     s.add_argument("workload", help="workload file: our JSON, Vidur CSV, LLMServingSim JSONL, or a trace")
-    s.add_argument("--policy", choices=["serial", "static", "continuous"], default="continuous")
-    s.add_argument("--max-seqs", type=_positive_int, help="running sequences at most")
-    s.add_argument("--token-budget", type=_positive_int, help="tokens computed per step (prefill + decode)")
-    s.add_argument("--chunk", type=_positive_int, help="chunked prefill: prompt tokens per request per step")
-    s.add_argument("--kv-blocks", type=_positive_int, help="KV pool size in blocks (default: unlimited)")
-    s.add_argument("--block-size", type=_positive_int, default=16, help="tokens per KV block (default 16)")
-    s.add_argument("--prefix-caching", action="store_true", help="reuse cached blocks (needs prompt_ids)")
-    s.add_argument("--step-model", choices=["constant", "affine", "roofline"], default="constant")
-    s.add_argument("--step-ms", type=_nonneg_float, default=1.0, help="constant model: ms per step")
-    s.add_argument("--base-ms", type=_nonneg_float, default=0.0, help="affine/roofline: fixed ms per step")
-    s.add_argument("--prefill-ms-per-token", type=_nonneg_float, default=0.0)
-    s.add_argument("--decode-ms-per-seq", type=_nonneg_float, default=0.0)
-    s.add_argument("--model", default="Llama-2-7B", help="roofline: model preset")
-    s.add_argument("--gpu", default="A100-80GB", help="roofline: GPU preset")
+    add_flags(s, SchedulerConfig)
+    add_flags(s, StepModel)
     s.add_argument("--label", help="trace label (meta.label)")
     s.add_argument("--out", required=True, help="trace to write (.json or .json.gz)")
 
@@ -54,15 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_simulate(a) -> int:
-    from core.scheduler import SchedulerConfig
-    from core.simulate import StepModel, simulate
+    from core.simulate import simulate
     from core.workload import load_workload
     w = load_workload(a.workload)
-    cfg = SchedulerConfig(policy=a.policy, max_seqs=a.max_seqs, token_budget=a.token_budget, chunk=a.chunk,
-                          block_size=a.block_size, kv_blocks=a.kv_blocks, prefix_caching=a.prefix_caching)
-    sm = StepModel(a.step_model, step_ms=a.step_ms, base_ms=a.base_ms,
-                   prefill_ms_per_token=a.prefill_ms_per_token, decode_ms_per_seq=a.decode_ms_per_seq,
-                   model=a.model, gpu=a.gpu)
+    cfg = from_args(SchedulerConfig, a)
+    sm = from_args(StepModel, a)
     tr = simulate(w, cfg, sm, label=a.label)
     try:
         tr.save(a.out)

@@ -59,3 +59,20 @@ def finite_float(s):
     if not math.isfinite(v):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {s!r}")
     return v
+
+
+def nonneg_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
+    return v
+
+
+def any_int(s):
+    try:
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None

@@ -29,53 +29,15 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from enum import IntEnum
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
+from core.config import BIG, POLICIES, SchedulerConfig  # noqa: F401  (re-exported)
 from core.errors import ConfigError
 from core.paging import BlockManager, KVLog
 from core.workload import Workload
-
-POLICIES = ("serial", "static", "continuous")
-BIG = 1 << 62  # "no limit" for budgets and seats
-
-
-@dataclass(slots=True)
-class SchedulerConfig:
-    policy: str = "continuous"      # serial | static | continuous
-    max_seqs: int | None = None     # running requests at most (None: no limit; serial: 1)
-    token_budget: int | None = None  # tokens computed per step, prefill + decode (None: no limit)
-    chunk: int | None = None        # chunked prefill: prompt tokens per request per step (None: off)
-    block_size: int = 16            # tokens per KV block
-    kv_blocks: int | None = None    # KV pool size in blocks (None: enough for every request at once)
-    prefix_caching: bool = False    # reuse cached full blocks with an exact token-id prefix match
-    model_id: str | None = None     # part of the prefix-cache key (model/adapter identity)
-    spec_gamma: int = 0             # speculative decoding: draft tokens verified per decode step (0: off)
-
-    def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
-        for name in ("max_seqs", "token_budget", "chunk", "kv_blocks"):
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-                raise ConfigError(f"{name}: expected a positive integer or none, got {v!r}")
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ConfigError(f"block_size: expected a positive integer, got {self.block_size!r}")
-        if isinstance(self.spec_gamma, bool) or not isinstance(self.spec_gamma, int) or self.spec_gamma < 0:
-            raise ConfigError(f"spec_gamma: expected an integer >= 0, got {self.spec_gamma!r}")
-
-    @property
-    def seats(self) -> int:
-        if self.policy == "serial":
-            return 1
-        return self.max_seqs if self.max_seqs is not None else BIG
-
-    def to_dict(self) -> dict:
-        return {"policy": self.policy, "max_seqs": self.seats if self.seats != BIG else None,
-                "token_budget": self.token_budget, "chunk": self.chunk,
-                "block_size": self.block_size, "kv_blocks": self.kv_blocks,
-                "prefix_caching": self.prefix_caching, "model_id": self.model_id, "spec_gamma": self.spec_gamma}
-
 
 @dataclass(slots=True)
 class Batch:
@@ -99,30 +61,88 @@ class Batch:
         return int(self.num_tokens.sum())
 
 
-class StepRun(tuple):
-    """Step-log entry for a run of steps (fast-forward): the seven columns as arrays."""
+class RequestState(IntEnum):
+    NOT_ARRIVED = 0
+    WAITING = 1
+    RUNNING = 2
+    DONE = 3      # finished, aborted or rejected
 
-    def __new__(cls, *cols):
-        return super().__new__(cls, cols)
+
+# Plain ints for the hot paths (the per-request state array is int8).
+NOT_ARRIVED, WAITING, RUNNING, DONE = (int(s) for s in RequestState)
+
+
+# Step-log records. Each is a row, or (StepRun and parts built from arrays) a run of rows.
+class StepRecord(NamedTuple):
+    step: int | np.ndarray
+    t_ms: float | np.ndarray        # step start
+    dur_ms: float | np.ndarray
+    running: int | np.ndarray
+    waiting: int | np.ndarray
+    kv_used_blocks: int | np.ndarray
+    kv_free_blocks: int | np.ndarray
+
+
+StepRun = StepRecord  # a fast-forwarded run: the same fields, one array each
+
+
+class BatchPart(NamedTuple):
+    step: int | np.ndarray          # one step, or (fast-forward) the steps the same batch repeats in
+    reqs: np.ndarray
+    num_tokens: np.ndarray
+    is_prefill: np.ndarray
+
+
+class TokenPart(NamedTuple):
+    reqs: np.ndarray
+    index: np.ndarray               # output position of each token
+    t_ms: float | np.ndarray
+    token_ids: np.ndarray | None    # None: ids unknown (simulated)
+
+
+class FinishRecord(NamedTuple):
+    req: int
+    t_ms: float
+    reason: str                     # length | stop | abort
+
+
+class PreemptRecord(NamedTuple):
+    req: int
+    t_ms: float
+    reason: str
+    freed_blocks: int
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What an executor returns for one batch (the scheduler never knows who made it)."""
+    t_end_ms: float                              # when the step's tokens are on the host
+    dur_ms: float | None = None                  # step duration (default t_end_ms - batch.t_ms)
+    tokens: list[list[int]] | None = None        # per batch entry: token ids it emits ([] for none);
+    #                                              None: one unknown token per entry that completes
+    sources: list[list[int]] | None = None       # per entry: codes into TOKEN_SOURCES (None: sampled)
+    events: list[dict] | None = None             # verbatim trace events (spec, tiles)
 
 
 class StepLog:
     """Columnar record of what the scheduler did (turned into a trace by core.trace)."""
 
     def __init__(self):
-        self.steps = []                          # (step, t_ms, dur_ms, running, waiting, used, free) or StepRun
-        self.batch_parts = []                    # (step or array of steps, reqs, num_tokens, is_prefill)
-        self.token_parts = []                    # (reqs, index, t_ms, token_ids|None)
-        self.finishes = []                       # (req, t_ms, reason)
-        self.preempts = []                       # (req, t_ms, reason, freed_blocks)
+        self.steps: list[StepRecord] = []
+        self.batch_parts: list[BatchPart] = []
+        self.token_parts: list[TokenPart] = []
+        self.finishes: list[FinishRecord] = []
+        self.preempts: list[PreemptRecord] = []
         self.kv = KVLog()
-        self.token_sources = []                  # per token part: codes into TOKEN_SOURCES, or None (sampled)
-        self.other = []                          # verbatim events (spec, tiles)
+        self.token_sources: list = []            # per token part: codes into TOKEN_SOURCES, or None (sampled)
+        self.other: list[dict] = []              # verbatim events (spec, tiles)
 
 
 class Scheduler:
-    def __init__(self, workload: Workload, config: SchedulerConfig, log: StepLog | None = None):
+    def __init__(self, workload: Workload, config: SchedulerConfig, log: StepLog | None = None,
+                 stop_token_ids: Iterable[int] = ()):
         self.cfg = config
+        self.stop_token_ids = frozenset(stop_token_ids)  # a request emitting one of these stops (EOS)
         reqs = workload.requests
         self.ids = [r.id for r in reqs]
         self.n = len(reqs)
@@ -162,7 +182,7 @@ class Scheduler:
         self.computed = np.zeros(self.n, dtype=np.int64)
         self.emitted = np.zeros(self.n, dtype=np.int64)
         self.nblocks = np.zeros(self.n, dtype=np.int64)
-        self.state = np.zeros(self.n, dtype=np.int8)  # 0 not arrived, 1 waiting, 2 running, 3 done
+        self.state = np.zeros(self.n, dtype=np.int8)  # RequestState per request
         self.run = np.empty(0, dtype=np.int64)        # running request indices, admission order
         self.waiting: deque[int] = deque()
         self.next_arrival = 0
@@ -178,21 +198,21 @@ class Scheduler:
     def admit_arrivals(self, now_ms: float):
         while self.next_arrival < self.n and self.arrival[self.next_arrival] <= now_ms:
             i = self.next_arrival
-            if self.state[i] == 0:
+            if self.state[i] == NOT_ARRIVED:
                 self.waiting.append(i)
-                self.state[i] = 1
+                self.state[i] = WAITING
             self.next_arrival += 1
 
     def next_event_ms(self) -> float | None:
         """When something can next happen while idle: an arrival or an abort."""
         times = []
         nxt = self.next_arrival
-        while nxt < self.n and self.state[nxt] == 3:
+        while nxt < self.n and self.state[nxt] == DONE:
             nxt += 1
         if nxt < self.n:
             times.append(float(self.arrival[nxt]))
         for t, i in self.aborts:
-            if self.state[i] != 3:
+            if self.state[i] != DONE:
                 times.append(t)
                 break
         return min(times) if times else None
@@ -200,19 +220,19 @@ class Scheduler:
     def abort(self, i: int, now_ms: float, reason: str = "abort", t_finish: float | None = None):
         """Cancel request i wherever it is; its blocks return to the pool at `now_ms`; the
         finish event is stamped `t_finish` (when the client cancelled) if given."""
-        if self.state[i] == 3:
+        if self.state[i] == DONE:
             return
-        if self.state[i] == 2:
+        if self.state[i] == RUNNING:
             self.bm.now_ms = now_ms
             self.bm.free_seq(i)
             self.nblocks[i] = 0
             self.run = self.run[self.run != i]
-        elif self.state[i] == 1:
+        elif self.state[i] == WAITING:
             self.waiting.remove(i)
-        self.state[i] = 3  # a request not yet arrived is skipped when it would arrive
+        self.state[i] = DONE  # a request not yet arrived is skipped when it would arrive
         self.num_done += 1
         if self.log is not None:
-            self.log.finishes.append((i, now_ms if t_finish is None else t_finish, reason))
+            self.log.finishes.append(FinishRecord(i, now_ms if t_finish is None else t_finish, reason))
 
     def _abort_due(self, now_ms):
         while self.aborts and self.aborts[0][0] <= now_ms:
@@ -256,13 +276,13 @@ class Scheduler:
                 freed = bm.free_seq(victim)
                 self.computed[victim] = 0
                 self.nblocks[victim] = 0
-                self.state[victim] = 1
+                self.state[victim] = WAITING
                 self.waiting.appendleft(victim)
                 run = run[:-1]
                 preempted = True
                 self.num_preemptions += 1
                 if self.log is not None:
-                    self.log.preempts.append((victim, now_ms, "kv_full", freed))
+                    self.log.preempts.append(PreemptRecord(victim, now_ms, "kv_full", freed))
                 n, need, is_decode = self._plan_running(run, budget)
             grow = need > 0
             if grow.any():
@@ -289,7 +309,7 @@ class Scheduler:
                 bm.grow(r, cached + take)
                 self.computed[r] = cached
                 self.nblocks[r] = len(bm.tables[r])
-                self.state[r] = 2
+                self.state[r] = RUNNING
                 new_reqs.append(r)
                 new_n.append(take)
                 used += take
@@ -368,9 +388,9 @@ class Scheduler:
             steps = np.arange(step0, step0 + K)
             log.steps.append(StepRun(steps, starts[:K], d[:K], np.full(K, n), waiting0 + arrivals_by_step[:K],
                                      used, bm.num_blocks - used))
-            log.batch_parts.append((steps, run, batch.num_tokens, batch.is_prefill))
+            log.batch_parts.append(BatchPart(steps, run, batch.num_tokens, batch.is_prefill))
             em = self.emitted[run]
-            log.token_parts.append((np.tile(run, K), (em[None, :] + np.arange(K)[:, None]).ravel(),
+            log.token_parts.append(TokenPart(np.tile(run, K), (em[None, :] + np.arange(K)[:, None]).ravel(),
                                     np.repeat(ends[:K], n), None))
             log.token_sources.append(None)
         self.computed[run] += K
@@ -380,115 +400,72 @@ class Scheduler:
         self._pending_step = None
         return float(ends[K - 1])
 
-    def complete_spec(self, batch: Batch, t_end_ms: float, new_tokens: list[list[int]],
-                      sources: list[list[int]], spec_events: list[dict] | None = None) -> None:
-        """Apply a step that may contain speculative verifications. new_tokens[j]: the
-        tokens batch entry j emits (empty if none; for a verified decode: the accepted draft
-        tokens then one recovered or bonus token); sources[j]: their codes in
-        core.trace.TOKEN_SOURCES. A verified decode keeps KV only for the accepted prefix:
-        computed becomes prompt + emitted - 1 and blocks past it return to the pool."""
-        bm = self.bm
-        bm.now_ms = t_end_ms
-        r = batch.reqs
-        self.computed[r] += batch.num_tokens
-        cancelled = (self.abort_at[r] <= t_end_ms) if self.aborts_pending else np.zeros(len(r), dtype=bool)
-        counts = np.array([0 if c else len(t) for t, c in zip(new_tokens, cancelled.tolist())], dtype=np.int64)
-        emit_r, emit_idx, emit_src, emit_ids = [], [], [], []
-        for j, i in enumerate(r.tolist()):
-            k = int(counts[j])
-            if not k:
-                continue
-            first = int(self.emitted[i])
-            emit_r += [i] * k
-            emit_idx += range(first, first + k)
-            emit_src += sources[j][:k]
-            emit_ids += new_tokens[j][:k]
-            if self.token_ids[i] is not None:
-                self.token_ids[i].extend(new_tokens[j][:k])
-        self.emitted[r] += counts
-        spec = ~batch.is_prefill & (batch.num_tokens > 1) & (counts > 0)
-        for j in np.flatnonzero(spec).tolist():  # roll back KV past the accepted prefix
-            i = int(r[j])
-            keep = int(self.prompt_len[i] + self.emitted[i] - 1)
-            self.computed[i] = keep
-            bm.truncate(i, keep)
-            self.nblocks[i] = len(bm.tables[i])
-        if self.log is not None:
-            running, waiting, used, free = self._pending_step
-            self.log.steps.append((batch.step, batch.t_ms, t_end_ms - batch.t_ms, running, waiting, used, free))
-            self.log.batch_parts.append((batch.step, r, batch.num_tokens, batch.is_prefill))
-            er = np.array(emit_r, dtype=np.int64)
-            self.log.token_parts.append((er, np.array(emit_idx, dtype=np.int64), t_end_ms,
-                                         np.array(emit_ids, dtype=np.int64)))
-            self.log.token_sources.append(np.array(emit_src, dtype=np.int8))
-            if spec_events:
-                self.log.other.extend(spec_events)
-        if bm.prefix_caching:
-            bs = self.cfg.block_size
-            crossed = (self.computed[r] // bs) > (batch.start_pos // bs)
-            for i in r[crossed].tolist():
-                if self.token_ids[i] is not None and i in bm.tables:
-                    bm.commit(i, self.token_ids[i], int(self.computed[i]))
-        done = [int(i) for j, i in enumerate(r.tolist()) if counts[j] and self.emitted[i] >= self.out_len[i]]
-        for i in done:
-            bm.free_seq(i)
-            self.nblocks[i] = 0
-            self.state[i] = 3
-            if self.log is not None:
-                self.log.finishes.append((i, t_end_ms, "length"))
-        self.num_done += len(done)
-        for i in r[cancelled].tolist():
-            self.abort(i, t_end_ms, t_finish=max(float(self.abort_at[i]), batch.t_ms))
-        if done:
-            self.run = self.run[self.state[self.run] == 2]
-        self.step += 1
-        self._pending_step = None
 
-    def complete(self, batch: Batch, t_end_ms: float, dur_ms: float | None = None,
-                 token_ids: np.ndarray | None = None, t_tokens_ms: float | None = None,
-                 stopped: set | None = None) -> np.ndarray:
-        """Apply a finished step. `token_ids` (runner): the sampled id for each batch entry
-        (entries that do not emit this step are ignored); `stopped` ends requests early (EOS).
-        Returns the indices of requests that emitted a token this step."""
+    # ---- completing a step: one path for plain, speculative and simulated steps ---------------
+    def update(self, batch: Batch, out: StepOutput) -> np.ndarray:
+        """Apply a finished step and return the indices of requests that emitted tokens.
+
+        An entry emits when its computed tokens reach everything known (prompt + emitted):
+        one token, or (speculative verification: 1 + gamma tokens computed) the accepted
+        draft tokens plus one recovered or bonus token. Emission stops at max tokens and at
+        the first stop id (EOS); the KV cache keeps only what the emitted tokens justify
+        (prompt + emitted - 1 positions), so rejected draft positions return to the pool.
+        A request cancelled while the step ran never receives its tokens."""
         bm = self.bm
-        bm.now_ms = t_end_ms
+        t_end = out.t_end_ms
+        bm.now_ms = t_end
         r = batch.reqs
         self.computed[r] += batch.num_tokens
-        emit = self.computed[r] == self.prompt_len[r] + self.emitted[r]
+        emit = self.computed[r] >= self.prompt_len[r] + self.emitted[r]
         cancelled = None
         if self.aborts_pending:
-            cancelled = self.abort_at[r] <= t_end_ms  # cancelled mid-step: its token is never delivered
+            cancelled = self.abort_at[r] <= t_end
             if cancelled.any():
                 emit &= ~cancelled
             else:
                 cancelled = None
-        er = r[emit]
-        self.emitted[er] += 1
-        t_tok = t_end_ms if t_tokens_ms is None else t_tokens_ms
-        tids = None
-        if token_ids is not None:  # one id per batch entry; entries that do not emit are ignored
-            tids = np.asarray(token_ids, dtype=np.int64)[emit]
-            for i, tid in zip(er.tolist(), tids.tolist()):
-                if self.token_ids[i] is not None:
-                    self.token_ids[i].append(tid)
+        stopped = []
+        if out.tokens is None:  # simulated: one token (id unknown) per emitting entry
+            er = r[emit]
+            idx = self.emitted[er]
+            self.emitted[er] += 1
+            ids = src = None
+        else:
+            er, idx, ids, src, stopped = self._take_tokens(batch, out, emit)
         if self.log is not None:
-            dur = t_end_ms - batch.t_ms if dur_ms is None else dur_ms
+            log = self.log
             running, waiting, used, free = self._pending_step
-            self.log.steps.append((batch.step, batch.t_ms, dur, running, waiting, used, free))
-            self.log.batch_parts.append((batch.step, r, batch.num_tokens, batch.is_prefill))
-            self.log.token_parts.append((er, self.emitted[er] - 1, t_tok, tids))
-            self.log.token_sources.append(None)
+            dur = t_end - batch.t_ms if out.dur_ms is None else out.dur_ms
+            log.steps.append(StepRecord(batch.step, batch.t_ms, dur, running, waiting, used, free))
+            log.batch_parts.append(BatchPart(batch.step, r, batch.num_tokens, batch.is_prefill))
+            log.token_parts.append(TokenPart(er, idx, t_end, ids))
+            log.token_sources.append(src)
+            if out.events:
+                log.other.extend(out.events)
+        if out.tokens is not None:  # keep KV only for positions the emitted tokens justify
+            keep = self.prompt_len[r] + self.emitted[r] - 1
+            for j in np.flatnonzero(self.computed[r] > np.maximum(keep, 0)).tolist():
+                i = int(r[j])
+                if self.emitted[i] == 0:
+                    continue  # a prefill chunk: nothing emitted yet, nothing to roll back
+                self.computed[i] = int(keep[j])
+                bm.truncate(i, int(keep[j]))
+                self.nblocks[i] = len(bm.tables[i])
         if bm.prefix_caching:
             bs = self.cfg.block_size
             crossed = (self.computed[r] // bs) > (batch.start_pos // bs)
             for i in r[crossed].tolist():
-                ids = self.token_ids[i]
-                if ids is not None:
-                    bm.commit(i, ids, int(self.computed[i]))
-        fin = er[self.emitted[er] >= self.out_len[er]]
+                ids_i = self.token_ids[i]
+                if ids_i is not None and i in bm.tables:
+                    bm.commit(i, ids_i, int(self.computed[i]))
+        if out.tokens is None or len(er) < 2:
+            emitters = er
+        else:  # one row per token; a request's tokens are adjacent
+            emitters = er[np.r_[True, er[1:] != er[:-1]]]
+        fin = emitters[self.emitted[emitters] >= self.out_len[emitters]]
         reasons = {}
         if stopped:
-            extra = [i for i in er.tolist() if i in stopped and self.emitted[i] < self.out_len[i]]
+            extra = [i for i in stopped if self.emitted[i] < self.out_len[i]]
             if extra:
                 fin = np.concatenate([fin, np.array(extra, dtype=np.int64)])
                 reasons = {i: "stop" for i in extra}
@@ -496,14 +473,43 @@ class Scheduler:
             for i in fin.tolist():
                 bm.free_seq(i)
                 self.nblocks[i] = 0
-                self.state[i] = 3
+                self.state[i] = DONE
                 if self.log is not None:
-                    self.log.finishes.append((i, t_tok, reasons.get(i, "length")))
+                    self.log.finishes.append(FinishRecord(i, t_end, reasons.get(i, "length")))
             self.num_done += len(fin)
-            self.run = self.run[self.state[self.run] == 2]
+            self.run = self.run[self.state[self.run] == RUNNING]
         if cancelled is not None:
             for i in r[cancelled].tolist():
-                self.abort(i, t_end_ms, t_finish=max(float(self.abort_at[i]), batch.t_ms))
+                self.abort(i, t_end, t_finish=max(float(self.abort_at[i]), batch.t_ms))
         self.step += 1
         self._pending_step = None
         return er
+
+    def _take_tokens(self, batch, out, emit):
+        """Emitted tokens of a step whose executor returned ids: cut at max tokens and at the
+        first stop id. Returns (reqs, output index, ids, source codes or None, stopped reqs)."""
+        emit_r, emit_idx, emit_ids, emit_src, stopped = [], [], [], [], []
+        stop = self.stop_token_ids
+        for j, i in enumerate(batch.reqs.tolist()):
+            toks = out.tokens[j]
+            if not emit[j] or not toks:
+                continue
+            first = int(self.emitted[i])
+            k = min(len(toks), int(self.out_len[i]) - first)
+            if stop:
+                for m in range(k):
+                    if toks[m] in stop:
+                        k = m + 1
+                        stopped.append(i)
+                        break
+            emit_r += [i] * k
+            emit_idx += range(first, first + k)
+            emit_ids += toks[:k]
+            if out.sources is not None:
+                emit_src += out.sources[j][:k]
+            if self.token_ids[i] is not None:
+                self.token_ids[i].extend(toks[:k])
+            self.emitted[i] = first + k
+        src = np.array(emit_src, dtype=np.int8) if out.sources is not None else None
+        return (np.array(emit_r, dtype=np.int64), np.array(emit_idx, dtype=np.int64),
+                np.array(emit_ids, dtype=np.int64), src, stopped)

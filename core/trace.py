@@ -742,7 +742,7 @@ def trace_from_log(workload: Workload, log, meta: dict) -> Trace:
         # Entries are single steps (tuples of scalars) or StepRuns (tuples of arrays), in order.
         parts, singles = [], []
         for e in log.steps:
-            if type(e) is tuple:
+            if np.ndim(e[0]) == 0:  # a single step (a StepRun holds arrays)
                 singles.append(e)
                 continue
             if singles:

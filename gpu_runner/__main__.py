@@ -8,27 +8,36 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
+
+from core.cli import Parser as _Parser
+from core.cli import positive_int as _pos_int
+from core.config import SamplingParams, SchedulerConfig, add_flags, opt
 
 
-from core.cli import Parser as _Parser, nonneg_float as _nonneg_float, positive_int as _pos_int
+@dataclass(slots=True)
+class ModelOptions:
+    """Which model runs where (not part of a trace's engine options: the trace records the
+    resolved model, device and dtype)."""
+    model: str = opt("tiny", "tiny | tiny-draft | random-0.5b (random weights, for timing) | "
+                     "a local HF checkpoint dir")
+    device: str = opt("auto", "auto: cuda if available, else cpu", choices=("auto", "cpu", "cuda"))
+    dtype: str = opt("auto", "auto: float32 on CPU, bfloat16 on CUDA",
+                     choices=("auto", "float32", "float64", "bfloat16", "float16"))
+    threads: int | None = opt(None, "CPU threads for torch", minimum=1)
+    speculative: bool = opt(False, "speculative decoding with a draft model")
+    draft: str = opt("tiny-draft", "draft model: tiny-draft | a local HF checkpoint dir")
 
 
-def _common(p):
-    p.add_argument("--model", default="tiny",
-                   help="tiny | tiny-draft | random-0.5b (random weights, for timing) | a local HF checkpoint dir")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--dtype", choices=["auto", "float32", "float64", "bfloat16", "float16"], default="auto",
-                   help="auto: float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--attention", choices=["auto", "torch", "triton"], default="auto",
-                   help="auto: triton on CUDA, torch on CPU")
-    p.add_argument("--temperature", type=_nonneg_float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=_pos_int, help="CPU threads for torch")
-    p.add_argument("--speculative", action="store_true", help="speculative decoding with a draft model")
-    p.add_argument("--gamma", type=_pos_int, default=4, help="draft tokens verified per step (with --speculative)")
-    p.add_argument("--draft", default="tiny-draft", help="draft model: tiny-draft | a local HF checkpoint dir")
+def _common(p, scheduler: bool):
+    from gpu_runner.engine import EngineConfig
+    add_flags(p, ModelOptions)
+    add_flags(p, SamplingParams)
+    if scheduler:
+        add_flags(p, SchedulerConfig)
+        add_flags(p, EngineConfig)
+    else:
+        add_flags(p, EngineConfig, skip=("kv_memory_mb", "record", "capture_tiles"))
 
 
 def build_parser():
@@ -37,27 +46,24 @@ def build_parser():
     c = sub.add_parser("capture", help="serve a workload and write a measured trace")
     c.add_argument("--workload", required=True, help="workload file (JSON with prompt text/ids/counts, CSV, JSONL)")
     c.add_argument("--out", required=True, help="trace to write (.json, .json.gz, .parquet)")
-    c.add_argument("--policy", choices=["continuous", "static", "serial"], default="continuous")
-    c.add_argument("--max-seqs", type=_pos_int)
-    c.add_argument("--token-budget", type=_pos_int)
-    c.add_argument("--chunk", type=_pos_int, help="chunked prefill chunk size")
-    c.add_argument("--block-size", type=_pos_int, default=16)
-    c.add_argument("--kv-blocks", type=_pos_int, help="KV pool size in blocks")
-    c.add_argument("--kv-memory-mb", type=_nonneg_float, help="or size the KV pool from a memory budget")
-    c.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False)
-    c.add_argument("--no-record", action="store_true", help="do not record events (timing overhead checks)")
     c.add_argument("--label", help="trace label (meta.label)")
-    c.add_argument("--capture-tiles", metavar="LAYER,HEAD",
-                   help="record per-tile (m, l) of the Triton attention kernel for one layer and head")
-    _common(c)
+    _common(c, scheduler=True)
     g = sub.add_parser("generate", help="continue one prompt")
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text")
     src.add_argument("--prompt-ids", help="comma-separated token ids")
     g.add_argument("--max-tokens", type=_pos_int, default=64)
     g.add_argument("--json", action="store_true", help='print {"ids": [...], "text": ...} for the generated tokens')
-    _common(g)
+    _common(g, scheduler=False)
     return ap
+
+
+def engine_config(a, **overrides):
+    """EngineConfig from parsed flags: every option group from its own declaration."""
+    from core.config import from_args
+    from gpu_runner.engine import EngineConfig
+    sched = from_args(SchedulerConfig, a) if hasattr(a, "policy") else SchedulerConfig()
+    return from_args(EngineConfig, a, scheduler=sched, sampling=from_args(SamplingParams, a), **overrides)
 
 
 def load_model(name: str, device: str, dtype_name: str):
@@ -87,17 +93,6 @@ def load_model(name: str, device: str, dtype_name: str):
     from gpu_runner.hf import load_hf
     model, tok = load_hf(name, device, dtype)
     return model, tok, device, name
-
-
-def parse_pair(text):
-    if text is None:
-        return None
-    from core.errors import ConfigError
-    try:
-        layer, head = (int(x) for x in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--capture-tiles: expected LAYER,HEAD like 0,0, got {text!r}") from None
-    return layer, head
 
 
 def load_draft(a, device, target):
@@ -132,20 +127,13 @@ class Progress:
 def cmd_capture(a) -> int:
     import torch
 
-    from core.scheduler import SchedulerConfig
     from core.workload import load_workload
-    from gpu_runner.engine import Engine, EngineConfig, SamplingParams
+    from gpu_runner.engine import Engine
     if a.threads:
         torch.set_num_threads(a.threads)
     model, tok, device, name = load_model(a.model, a.device, a.dtype)
     w = load_workload(a.workload, tokenize=tok.encode if tok is not None else None)
-    attention = a.attention if a.attention != "auto" else ("triton" if device == "cuda" else "torch")
-    cfg = EngineConfig(
-        scheduler=SchedulerConfig(policy=a.policy, max_seqs=a.max_seqs, token_budget=a.token_budget, chunk=a.chunk,
-                                  block_size=a.block_size, prefix_caching=a.prefix_caching),
-        sampling=SamplingParams(a.temperature, a.top_k, a.top_p, a.seed), kv_blocks=a.kv_blocks,
-        kv_memory_bytes=int(a.kv_memory_mb * 2**20) if a.kv_memory_mb is not None else None,
-        attention=attention, record=not a.no_record, gamma=a.gamma, capture_tiles=parse_pair(a.capture_tiles))
+    cfg = engine_config(a)
     draft, draft_name = load_draft(a, device, model)
     engine = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name)
     t0 = time.perf_counter()
@@ -171,9 +159,8 @@ def cmd_generate(a) -> int:
     import torch
 
     from core.errors import ConfigError
-    from core.scheduler import SchedulerConfig
     from core.workload import Request, Workload, parse_token_ids
-    from gpu_runner.engine import Engine, EngineConfig, SamplingParams
+    from gpu_runner.engine import Engine
     if a.threads:
         torch.set_num_threads(a.threads)
     ids = parse_token_ids(a.prompt_ids, "--prompt-ids") if a.prompt_ids is not None else None
@@ -188,10 +175,7 @@ def cmd_generate(a) -> int:
         bad = [i for i in ids if i >= model.cfg.vocab_size]
         if bad:
             raise ConfigError(f"--prompt-ids: id {bad[0]} is outside the vocabulary (size {model.cfg.vocab_size})")
-    attention = a.attention if a.attention != "auto" else ("triton" if device == "cuda" else "torch")
-    cfg = EngineConfig(scheduler=SchedulerConfig(policy="continuous"),
-                       sampling=SamplingParams(a.temperature, a.top_k, a.top_p, a.seed), attention=attention,
-                       record=False, gamma=a.gamma)
+    cfg = engine_config(a, record=False)
     w = Workload([Request("prompt", 0.0, len(ids), a.max_tokens, prompt_ids=tuple(ids))], name="generate")
     draft, draft_name = load_draft(a, device, model)
     _, out = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name).run(w)

@@ -72,9 +72,39 @@ def load_hf(path: str | Path, device="cpu", dtype=torch.float32) -> tuple[Transf
             if src.shape != v.shape:
                 raise ConfigError(f"--model {path}: {k} has shape {tuple(src.shape)}, expected {tuple(v.shape)}")
             v.copy_(src)
+    # End of sequence: config.json's eos_token_id (an id or a list of ids) stops generation
+    # whether or not a tokenizer is present.
+    eos = raw.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = tuple(i for i in eos if isinstance(i, int) and not isinstance(i, bool)) or None
+    elif isinstance(eos, bool) or not isinstance(eos, int):
+        eos = None
+    model.eos_token_id = eos
     tok = None
     if (d / "tokenizer.json").exists():
         from gpu_runner.tokenizer import HFTokenizer
-        eos = raw.get("eos_token_id")
-        tok = HFTokenizer(d / "tokenizer.json", eos if isinstance(eos, int) else None)
+        tok = HFTokenizer(d / "tokenizer.json", eos)
     return model.to(device=device, dtype=dtype).eval(), tok
+
+
+def export_hf(model: Transformer, path, eos_token_id: int | None = None, bos_token_id: int | None = None):
+    """Write `model` as a Hugging Face Llama checkpoint (config.json + model.safetensors) that
+    `load_hf`, transformers and vLLM read. The bundled byte models use BOS 256 / EOS 257; pass
+    another `eos_token_id` to make a checkpoint that stops on a different token."""
+    from safetensors.torch import save_file
+    c = model.cfg
+    if c.qkv_bias:
+        raise ConfigError("export: q/k/v biases (Qwen2 layout) cannot be written as a Llama checkpoint")
+    d = Path(path)
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
+           "hidden_size": c.dim, "intermediate_size": c.hidden_dim, "num_hidden_layers": c.n_layers,
+           "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
+           "max_position_embeddings": c.max_seq_len, "rope_theta": c.rope_theta, "rms_norm_eps": c.norm_eps,
+           "tie_word_embeddings": c.tie_embeddings, "hidden_act": "silu", "attention_bias": False,
+           "torch_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+           "bos_token_id": bos_token_id, "eos_token_id": eos_token_id}
+    (d / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
+    state = {("" if k == "lm_head.weight" else "model.") + k: v.detach().contiguous().cpu()
+             for k, v in model.state_dict().items() if not (c.tie_embeddings and k == "lm_head.weight")}
+    save_file(state, str(d / "model.safetensors"))

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 
 from core.trace import TOKEN_SOURCES
+from gpu_runner.batching import attend_with, forward, pack
+from gpu_runner.sampling import sample
 
 SAMPLED, ACCEPTED, RECOVERED, BONUS = (TOKEN_SOURCES.index(s) for s in ("sampled", "accepted", "recovered", "bonus"))
 
@@ -63,24 +65,45 @@ class DraftRunner:
     def __init__(self, model, cache, attention):
         self.model = model
         self.cache = cache
-        self.attention = attention
+        self.attend = attend_with(attention, cache)
         self.valid: dict[int, int] = {}   # request -> positions 0..valid-1 hold draft KV
 
     def forward(self, entries, device):
         """entries: (token ids, first position, slots of positions 0..end) per request;
-        returns the draft logits at each entry's last token."""
-        from gpu_runner.kernels.reference import Chunk
-        toks, pos, slots, chunks, row = [], [], [], [], 0
-        for ids, start, all_slots in entries:
-            n = len(ids)
-            toks += ids
-            pos += range(start, start + n)
-            slots += all_slots[start:start + n]
-            chunks.append(Chunk(row, n, start, torch.tensor(all_slots[:start + n], device=device)))
-            row += n
-        c = self.cache
-        h = self.model.forward_paged(torch.tensor(toks, device=device), torch.tensor(pos, device=device),
-                                     torch.tensor(slots, device=device), chunks, c,
-                                     lambda q, li, ch: self.attention(q, c.k[li], c.v[li], ch))
-        last = torch.tensor([ch.row + ch.n - 1 for ch in chunks], device=device)
-        return self.model.logits(h[last])
+        returns the draft logits at each entry's last token: [len(entries), V]."""
+        packed = pack(entries, device)
+        return self.model.logits(forward(self.model, packed, self.cache, self.attend)[packed.last_rows()])
+
+    def propose(self, reqs, token_ids, spec, starts, gammas, slots, gens, sp, device):
+        """Draft gammas[j] tokens for each batch entry j in `spec` (reqs[j]: its request;
+        token_ids[j]: the request's known ids; starts[j]: position of its last emitted token).
+        First the draft's cache catches up to that token, then one token per draft step.
+        Returns ({j: proposals}, {j: draft distributions per proposal (None when greedy)})."""
+        for j in spec:  # the draft's KV is valid at most as far as the target's (preemption resets)
+            self.valid[reqs[j]] = min(self.valid.get(reqs[j], 0), starts[j])
+        props = {j: [] for j in spec}
+        qdist = {j: [] for j in spec}
+        active = list(spec)
+        step = 0
+        while active:
+            entries = []
+            for j in active:
+                p = starts[j]
+                if step == 0:
+                    v = self.valid[reqs[j]]
+                    entries.append((token_ids[j][v:p + 1], v, slots[j]))
+                else:
+                    entries.append(([props[j][-1]], p + step, slots[j]))
+            picked, probs = sample(self.forward(entries, device), [gens[j] for j in active], sp)
+            for k, j in enumerate(active):
+                props[j].append(picked[k])
+                qdist[j].append(probs[k] if probs is not None else None)
+            step += 1
+            active = [j for j in active if len(props[j]) < gammas[j]]
+        for j in spec:
+            self.valid[reqs[j]] = starts[j] + gammas[j]
+        return props, qdist
+
+    def rejected_after(self, req: int, start: int, accepted: int):
+        """Verification accepted `accepted` proposals: draft KV past them is stale."""
+        self.valid[req] = min(self.valid[req], start + accepted + 1)

@@ -7,7 +7,8 @@ from hypothesis import given, settings, strategies as st
 from core.errors import ConfigError
 from core.metrics import conservation
 from core.scheduler import Scheduler, SchedulerConfig, StepLog
-from core.simulate import StepModel, fit_affine, simulate
+from core import loop
+from core.simulate import StepModel, StepTimeExecutor, fit_affine, simulate
 from core.workload import Request, Workload, make_workload
 
 
@@ -209,26 +210,21 @@ def test_simulation_invariants(rows, cfg, model):
             for i, (a, p, o, fam, ten) in enumerate(rows)]
     w = Workload(reqs)
     config = SchedulerConfig(**cfg)
-    log = StepLog()
-    sched = Scheduler(w, config, log)
-    t = w.requests[0].arrival_ms
-    while not sched.done():
-        sched.admit_arrivals(t)
-        b = sched.schedule(t)
-        if b is None:
-            t = sched.next_event_ms()
-            continue
-        assert len(sched.run) <= config.seats
-        if config.token_budget:
-            assert b.total_tokens <= config.token_budget
-        if config.chunk:
-            assert (b.num_tokens <= config.chunk).all()
-        assert sched.bm.num_used <= sched.bm.num_blocks
-        d = model.duration_ms(b)
-        sched.complete(b, t + d, d)
-        t += d
-        sched.bm.check()
-        assert len(b.reqs) >= 1 and (b.num_tokens >= 1).all()
+    sched = Scheduler(w, config, StepLog())
+
+    class Checked(StepTimeExecutor):  # the simulator's executor, checking limits before each step
+        def execute(self, sched, b):
+            assert len(sched.run) <= config.seats
+            if config.token_budget:
+                assert b.total_tokens <= config.token_budget
+            if config.chunk:
+                assert (b.num_tokens <= config.chunk).all()
+            assert sched.bm.num_used <= sched.bm.num_blocks
+            assert len(b.reqs) >= 1 and (b.num_tokens >= 1).all()
+            return super().execute(sched, b)
+
+    loop.run(sched, Checked(model), loop.VirtualClock(w.requests[0].arrival_ms),
+             on_step=lambda sched, b, out: sched.bm.check())
     assert sched.bm.num_free == sched.bm.num_blocks  # every block returned
     sched.bm.check()
     tr = simulate(w, config, model)

@@ -1,0 +1,237 @@
+"""Options as data: every option is declared once, and everything else is derived.
+
+An option group is a `slots` dataclass whose fields are declared with `opt(default, help)`.
+From that one declaration come
+- `to_dict(cfg)` and `from_dict(Cls, d)`: trace metadata, page presets, JSON files;
+- `add_flags(parser, Cls)` and `from_args(Cls, args)`: both command lines;
+- `describe_options(Cls)`: the option tables in the docs.
+Validation lives in each class's `__post_init__` and names the option, so a value is
+checked the same way whether it came from a flag, a URL, a preset or a trace.
+
+Groups: `SchedulerConfig` (core.scheduler), `SamplingParams` (token sampling),
+`core.stepmodel.StepModel` (simulated step times), `gpu_runner.engine.EngineConfig`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import MISSING, dataclass, field
+
+from core.errors import ConfigError
+
+POLICIES = ("serial", "static", "continuous")
+BIG = 1 << 62  # "no limit" for budgets and seats
+
+
+def opt(default=MISSING, help: str = "", *, flag: str | None = None, cli: bool = True,
+        choices: tuple | None = None, minimum: float | None = None, parse=None, factory=None):
+    """A declared option. `minimum` drives the flag's argument check (1: positive integer,
+    0: number >= 0); `parse` turns a flag's text into the value (e.g. "0,1" -> (0, 1));
+    `cli=False` keeps an option out of the command lines (set by the program itself)."""
+    meta = {"help": help, "flag": flag, "cli": cli, "choices": choices, "minimum": minimum, "parse": parse}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _positive_int(v) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and v >= 1
+
+
+def check_positive_int(obj, *names, optional=True):
+    for name in names:
+        v = getattr(obj, name)
+        if v is None and optional:
+            continue
+        if not _positive_int(v):
+            raise ConfigError(f"{name}: expected a positive integer{' or none' if optional else ''}, got {v!r}")
+
+
+def check_number(obj, *names, minimum=0.0, positive=False):
+    for name in names:
+        v = getattr(obj, name)
+        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v >= minimum
+        if not ok or (positive and v <= 0):
+            raise ConfigError(f"{name}: expected a finite number {'> 0' if positive else f'>= {minimum:g}'}, "
+                              f"got {v!r}")
+
+
+# ---- the option groups the core owns ---------------------------------------------------------
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    policy: str = opt("continuous", "serial: one request at a time; static: fixed cohorts; "
+                      "continuous: iteration-level refill", choices=POLICIES)
+    max_seqs: int | None = opt(None, "running sequences at most (default: no limit; serial: 1)", minimum=1)
+    token_budget: int | None = opt(None, "tokens computed per step, prefill + decode (default: no limit)",
+                                   minimum=1)
+    chunk: int | None = opt(None, "chunked prefill: prompt tokens per request per step (default: off)", minimum=1)
+    block_size: int = opt(16, "tokens per KV block", minimum=1)
+    kv_blocks: int | None = opt(None, "KV pool size in blocks (default: enough for every request at once)",
+                                minimum=1)
+    prefix_caching: bool = opt(False, "reuse cached full blocks whose token-id prefix matches exactly")
+    model_id: str | None = opt(None, "part of the prefix-cache key (model/adapter identity)", cli=False)
+    spec_gamma: int = opt(0, "speculative decoding: draft tokens verified per decode step (0: off)", cli=False)
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
+        check_positive_int(self, "max_seqs", "token_budget", "chunk", "kv_blocks")
+        check_positive_int(self, "block_size", optional=False)
+        if isinstance(self.spec_gamma, bool) or not isinstance(self.spec_gamma, int) or self.spec_gamma < 0:
+            raise ConfigError(f"spec_gamma: expected an integer >= 0, got {self.spec_gamma!r}")
+        if not isinstance(self.prefix_caching, bool):
+            raise ConfigError(f"prefix_caching: expected true or false, got {self.prefix_caching!r}")
+
+    @property
+    def seats(self) -> int:
+        if self.policy == "serial":
+            return 1
+        return self.max_seqs if self.max_seqs is not None else BIG
+
+    def to_dict(self) -> dict:
+        # The effective seat count is recorded (serial: 1), so a trace states its limits.
+        return {**to_dict(self), "max_seqs": self.seats if self.seats != BIG else None}
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    temperature: float = opt(0.0, "softmax temperature; 0 = greedy", minimum=0)
+    top_k: int = opt(0, "keep the k most likely tokens (0 = off)", minimum=0)
+    top_p: float = opt(1.0, "keep the smallest set with this much probability (1 = off)")
+    seed: int = opt(0, "per-request random generators derive from it")
+
+    def __post_init__(self):
+        check_number(self, "temperature")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k: expected an integer >= 0, got {self.top_k!r}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ConfigError(f"seed: expected an integer, got {self.seed!r}")
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+
+# ---- derived codecs ----------------------------------------------------------------------
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _base_type(tp):
+    """int | None -> (int, True); bool -> (bool, False); nested dataclass -> (cls, False)."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return (rest[0] if len(rest) == 1 else tp), True
+    return tp, False
+
+
+def options(cls) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
+def to_dict(cfg) -> dict:
+    """Plain JSON-able dict of an option group (nested groups as dicts, tuples as lists)."""
+    out = {}
+    for f in options(type(cfg)):
+        v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):
+            v = v.to_dict() if hasattr(v, "to_dict") else to_dict(v)
+        elif isinstance(v, tuple):
+            v = list(v)
+        out[f.name] = v
+    return out
+
+
+def from_dict(cls, d, where: str = "config", strict: bool = True, aliases: dict | None = None):
+    """Build an option group from a dict. strict: unknown keys are an error naming them;
+    otherwise they are ignored (trace metadata carries more than the options)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}: expected an object of options, got {type(d).__name__}")
+    hints = _hints(cls)
+    known = {f.name: f for f in options(cls)}
+    d = {(aliases or {}).get(k, k): v for k, v in d.items()}
+    unknown = [k for k in d if k not in known]
+    if strict and unknown:
+        raise ConfigError(f"{where}: unknown option {unknown[0]!r} (known: {', '.join(known)})")
+    kwargs = {}
+    for name, f in known.items():
+        if name not in d:
+            continue
+        v = d[name]
+        tp, _ = _base_type(hints[name])
+        if dataclasses.is_dataclass(tp) and v is not None:
+            v = from_dict(tp, v, f"{where}.{name}", strict)
+        elif isinstance(v, list) and typing.get_origin(tp) is tuple:
+            v = tuple(v)
+        elif tp is float and not isinstance(v, bool) and isinstance(v, int):
+            v = float(v)
+        kwargs[name] = v
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def flag_name(f: dataclasses.Field, prefix: str = "") -> str:
+    return f.metadata.get("flag") or "--" + prefix + f.name.replace("_", "-")
+
+
+def _arg_type(tp, minimum):
+    from core import cli
+    if tp is int:
+        return cli.positive_int if minimum == 1 else cli.nonneg_int if minimum == 0 else cli.any_int
+    if tp is float:
+        return cli.nonneg_float if minimum == 0 else cli.finite_float
+    return str
+
+
+def add_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", skip: tuple = (), defaults: dict | None = None):
+    """One command-line flag per option of `cls` (nested groups are skipped: add them
+    with their own call). Defaults come from the declaration unless `defaults` overrides."""
+    hints = _hints(cls)
+    for f in options(cls):
+        meta = f.metadata
+        if not meta.get("cli", True) or f.name in skip:
+            continue
+        tp, nullable = _base_type(hints[f.name])
+        if dataclasses.is_dataclass(tp):
+            continue
+        default = (defaults or {}).get(f.name, f.default if f.default is not MISSING else None)
+        help_ = meta.get("help", "")
+        if tp is bool:
+            parser.add_argument(flag_name(f, prefix), dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=default, help=help_)
+            continue
+        kw = {"dest": f.name, "default": default,
+              "help": help_ + ("" if default is None else f" (default {default})")}
+        if meta.get("choices"):
+            kw["choices"] = list(meta["choices"])
+        elif meta.get("parse") is not None:
+            kw["type"] = meta["parse"]
+        else:
+            kw["type"] = _arg_type(tp, meta.get("minimum"))
+        parser.add_argument(flag_name(f, prefix), **kw)
+
+
+def from_args(cls, args: argparse.Namespace, **overrides):
+    """The option group from parsed flags (options without a flag keep their defaults)."""
+    kwargs = {f.name: getattr(args, f.name) for f in options(cls)
+              if f.metadata.get("cli", True) and hasattr(args, f.name)}
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+
+def describe_options(cls) -> list[tuple[str, str, str]]:
+    """(name, default, meaning) per option: the docs' option tables."""
+    out = []
+    for f in options(cls):
+        d = f.default if f.default is not MISSING else "(group)"
+        out.append((f.name, "none" if d is None else str(d), f.metadata.get("help", "")))
+    return out

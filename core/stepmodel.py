@@ -1,0 +1,126 @@
+"""Step-time models: how long one forward step takes in the simulator.
+
+- constant:  every step takes `step_ms` (the unit-step model of the scheduling examples);
+- affine:    base_ms + prefill_ms_per_token x prefill tokens + decode_ms_per_seq x decode
+             sequences (fit it to a measured trace with `fit_affine`);
+- roofline:  max(bytes moved / bandwidth, FLOPs / peak) for a model and GPU preset, where
+             bytes = weights once per step + KV read by attention (every cached position of
+             every sequence in the batch) and FLOPs = 2 x params x tokens; plus base_ms of
+             fixed overhead. An optimistic bound, not a prediction of a real engine.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from core.config import opt
+from core.errors import ConfigError
+from core.kv import GPUS, MODELS
+from core.scheduler import Batch
+
+if TYPE_CHECKING:
+    from core.trace import Trace
+
+STEP_MODELS = ("constant", "affine", "roofline")
+
+
+@dataclass(slots=True)
+class StepModel:
+    kind: str = opt("constant", "constant | affine | roofline", flag="--step-model", choices=STEP_MODELS)
+    step_ms: float = opt(1.0, "constant: ms per step", minimum=0)
+    base_ms: float = opt(0.0, "affine/roofline: fixed ms per step", minimum=0)
+    prefill_ms_per_token: float = opt(0.0, "affine: ms per prefill token", minimum=0)
+    decode_ms_per_seq: float = opt(0.0, "affine: ms per decoding sequence", minimum=0)
+    model: str = opt("Llama-2-7B", "roofline: model preset (core.kv.MODELS)")
+    gpu: str = opt("A100-80GB", "roofline: GPU preset (core.kv.GPUS)")
+    dtype_bytes: float = opt(2.0, "roofline: bytes per weight and KV element", minimum=0)
+
+    def __post_init__(self):
+        if self.kind not in STEP_MODELS:
+            raise ConfigError(f"step model: expected one of {', '.join(STEP_MODELS)}, got {self.kind!r}")
+        for name in ("step_ms", "base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "dtype_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{name}: expected a finite number >= 0, got {v!r}")
+        if self.kind == "constant" and self.step_ms <= 0:
+            raise ConfigError(f"step_ms: expected a positive number, got {self.step_ms!r}")
+        if self.kind == "affine" and self.base_ms <= 0 and self.prefill_ms_per_token <= 0 \
+                and self.decode_ms_per_seq <= 0:
+            raise ConfigError("affine step model: at least one of base_ms, prefill_ms_per_token, "
+                              "decode_ms_per_seq must be positive")
+        if self.kind == "roofline":
+            if self.model not in MODELS:
+                raise ConfigError(f"model: unknown preset {self.model!r} (known: {', '.join(MODELS)})")
+            if self.gpu not in GPUS:
+                raise ConfigError(f"gpu: unknown preset {self.gpu!r} (known: {', '.join(GPUS)})")
+            if self.dtype_bytes <= 0:
+                raise ConfigError("dtype_bytes: expected a positive number")
+
+    def duration_ms(self, batch: Batch) -> float:
+        if self.kind == "constant":
+            return self.step_ms
+        if self.kind == "affine":
+            return (self.base_ms + self.prefill_ms_per_token * batch.prefill_tokens
+                    + self.decode_ms_per_seq * batch.decode_seqs)
+        # Attention reads the K/V of every position each new token attends to.
+        kv_positions = int((batch.start_pos * batch.num_tokens + batch.num_tokens * (batch.num_tokens + 1) // 2).sum())
+        return self._roofline_ms(kv_positions, batch.total_tokens)
+
+    def _roofline_ms(self, kv_positions: int, tokens: int) -> float:
+        m, g = MODELS[self.model], GPUS[self.gpu]
+        bytes_moved = m.params * self.dtype_bytes + float(kv_positions) * m.kv_bytes_per_token(self.dtype_bytes)
+        flops = 2.0 * m.params * tokens
+        return self.base_ms + 1000.0 * max(bytes_moved / g.bandwidth_Bps, flops / g.flops)
+
+    def decode_run_ms(self, batch: Batch, k: int) -> np.ndarray:
+        """Durations of `batch` (all one-token decodes) repeated k times, positions advancing
+        by one each step; equal to duration_ms of each of those steps."""
+        if self.kind != "roofline":
+            return np.full(k, self.duration_ms(batch))
+        s0 = int((batch.start_pos + 1).sum())
+        n = len(batch.reqs)
+        return np.array([self._roofline_ms(s0 + n * j, n) for j in range(k)])
+
+    def describe(self) -> str:
+        if self.kind == "constant":
+            return f"constant: every step {self.step_ms:g} ms"
+        if self.kind == "affine":
+            return (f"affine: {self.base_ms:g} ms + {self.prefill_ms_per_token:g} ms x prefill tokens "
+                    f"+ {self.decode_ms_per_seq:g} ms x decode sequences")
+        return (f"roofline: {self.model} ({self.dtype_bytes:g}-byte weights/KV) on {self.gpu} peaks, "
+                f"max(bytes/bandwidth, FLOPs/peak) + {self.base_ms:g} ms")
+
+    def to_dict(self) -> dict:
+        d = {"kind": self.kind, "description": self.describe()}
+        if self.kind == "constant":
+            d["step_ms"] = self.step_ms
+        elif self.kind == "affine":
+            d.update(base_ms=self.base_ms, prefill_ms_per_token=self.prefill_ms_per_token,
+                     decode_ms_per_seq=self.decode_ms_per_seq)
+        else:
+            d.update(model=self.model, gpu=self.gpu, dtype_bytes=self.dtype_bytes, base_ms=self.base_ms)
+        return d
+
+
+def fit_affine(trace: Trace) -> StepModel:
+    """Least-squares fit of the affine step model to a trace's step events:
+    dur = base + a x prefill tokens + c x decode sequences (coefficients clipped at 0)."""
+    st, b = trace.steps, trace.batch
+    if len(st) < 3 or not len(b):
+        raise ConfigError("fit: the trace needs step events with batch composition (at least 3 steps)")
+    pre = b[b["kind"] == "prefill"].groupby("step")["tokens"].sum()
+    dec = b[b["kind"] == "decode"].groupby("step")["req"].count()
+    steps = st["step"].to_numpy()
+    x_pre = pre.reindex(steps, fill_value=0).to_numpy(dtype=float)
+    x_dec = dec.reindex(steps, fill_value=0).to_numpy(dtype=float)
+    y = st["dur_ms"].to_numpy(dtype=float)
+    A = np.column_stack([np.ones_like(y), x_pre, x_dec])
+    coef = np.linalg.lstsq(A, y, rcond=None)[0]
+    coef = np.maximum(coef, 0.0)
+    if coef.sum() <= 0:
+        coef[0] = float(np.mean(y)) or 1e-3
+    return StepModel("affine", base_ms=float(coef[0]), prefill_ms_per_token=float(coef[1]),
+                     decode_ms_per_seq=float(coef[2]))
