@@ -7,14 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-
-from core.errors import InputError
-
+from pathlib import Path
 
 from core.cli import Parser as _Parser
 from core.cli import finite_float as _finite_float
 from core.cli import nonneg_float as _nonneg_float
 from core.config import SchedulerConfig, add_flags, from_args
+from core.errors import InputError
 from core.stepmodel import StepModel
 
 
@@ -141,8 +140,8 @@ def cmd_export(a) -> int:
     tr = got.trace if isinstance(got, Imported) else got
     if tr is None:
         raise InputError(f"{a.trace}: only summary fields; nothing per request to export")
-    for path, write in ((a.chrome, lambda p: open(p, "w").write(chrome_trace_json(tr))),
-                        (a.csv, lambda p: open(p, "w").write(metrics_csv(tr))),
+    for path, write in ((a.chrome, lambda p: Path(p).write_text(chrome_trace_json(tr))),
+                        (a.csv, lambda p: Path(p).write_text(metrics_csv(tr))),
                         (a.trace_out, lambda p: tr.save(p))):
         if path:
             try:

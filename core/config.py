@@ -161,7 +161,7 @@ def from_dict(cls, d, where: str = "config", strict: bool = True, aliases: dict 
     if strict and unknown:
         raise ConfigError(f"{where}: unknown option {unknown[0]!r} (known: {', '.join(known)})")
     kwargs = {}
-    for name, f in known.items():
+    for name in known:
         if name not in d:
             continue
         v = d[name]

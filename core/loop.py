@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
-from core.scheduler import Batch, Scheduler, StepLog, StepOutput
+from core.scheduler import Batch, Scheduler
+from core.steplog import StepLog, StepOutput
 from core.workload import Workload
 
 
@@ -95,7 +97,7 @@ def run(sched: Scheduler, executor: Executor, clock, on_step: StepCallback | Non
 
 
 def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 def trace_meta(sched: Scheduler, workload: Workload, source: str, label: str, engine: dict,

@@ -28,16 +28,18 @@ stay fast; only block allocation, admission and finishing touch Python per reque
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Iterable, NamedTuple
 
 import numpy as np
 
 from core.config import BIG, POLICIES, SchedulerConfig  # noqa: F401  (re-exported)
 from core.errors import ConfigError
-from core.paging import BlockManager, KVLog
+from core.paging import BlockManager
+from core.steplog import BatchPart, FinishRecord, PreemptRecord, StepLog, StepOutput, StepRecord, StepRun, TokenPart
 from core.workload import Workload
+
 
 @dataclass(slots=True)
 class Batch:
@@ -70,72 +72,6 @@ class RequestState(IntEnum):
 
 # Plain ints for the hot paths (the per-request state array is int8).
 NOT_ARRIVED, WAITING, RUNNING, DONE = (int(s) for s in RequestState)
-
-
-# Step-log records. Each is a row, or (StepRun and parts built from arrays) a run of rows.
-class StepRecord(NamedTuple):
-    step: int | np.ndarray
-    t_ms: float | np.ndarray        # step start
-    dur_ms: float | np.ndarray
-    running: int | np.ndarray
-    waiting: int | np.ndarray
-    kv_used_blocks: int | np.ndarray
-    kv_free_blocks: int | np.ndarray
-
-
-StepRun = StepRecord  # a fast-forwarded run: the same fields, one array each
-
-
-class BatchPart(NamedTuple):
-    step: int | np.ndarray          # one step, or (fast-forward) the steps the same batch repeats in
-    reqs: np.ndarray
-    num_tokens: np.ndarray
-    is_prefill: np.ndarray
-
-
-class TokenPart(NamedTuple):
-    reqs: np.ndarray
-    index: np.ndarray               # output position of each token
-    t_ms: float | np.ndarray
-    token_ids: np.ndarray | None    # None: ids unknown (simulated)
-
-
-class FinishRecord(NamedTuple):
-    req: int
-    t_ms: float
-    reason: str                     # length | stop | abort
-
-
-class PreemptRecord(NamedTuple):
-    req: int
-    t_ms: float
-    reason: str
-    freed_blocks: int
-
-
-@dataclass(slots=True)
-class StepOutput:
-    """What an executor returns for one batch (the scheduler never knows who made it)."""
-    t_end_ms: float                              # when the step's tokens are on the host
-    dur_ms: float | None = None                  # step duration (default t_end_ms - batch.t_ms)
-    tokens: list[list[int]] | None = None        # per batch entry: token ids it emits ([] for none);
-    #                                              None: one unknown token per entry that completes
-    sources: list[list[int]] | None = None       # per entry: codes into TOKEN_SOURCES (None: sampled)
-    events: list[dict] | None = None             # verbatim trace events (spec, tiles)
-
-
-class StepLog:
-    """Columnar record of what the scheduler did (turned into a trace by core.trace)."""
-
-    def __init__(self):
-        self.steps: list[StepRecord] = []
-        self.batch_parts: list[BatchPart] = []
-        self.token_parts: list[TokenPart] = []
-        self.finishes: list[FinishRecord] = []
-        self.preempts: list[PreemptRecord] = []
-        self.kv = KVLog()
-        self.token_sources: list = []            # per token part: codes into TOKEN_SOURCES, or None (sampled)
-        self.other: list[dict] = []              # verbatim events (spec, tiles)
 
 
 class Scheduler:
@@ -342,7 +278,7 @@ class Scheduler:
                 or batch.is_prefill.any() or cfg.spec_gamma):
             return None
         K = int((self.out_len[run] - self.emitted[run]).min()) - 1  # the finishing step runs normally
-        if K < min_steps:
+        if min_steps > K:
             return None
         t0 = batch.t_ms
         d = np.asarray(durations(K), dtype=np.float64)
@@ -367,7 +303,7 @@ class Scheduler:
         over = np.flatnonzero(np.cumsum(need) > bm.num_free)
         if len(over):
             K = min(K, int(over[0]) + 1)
-        if K < min_steps:
+        if min_steps > K:
             return None
         n = len(run)
         log = self.log

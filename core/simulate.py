@@ -11,8 +11,10 @@ import gc
 import numpy as np
 
 from core import loop
+from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.scheduler import Batch, Scheduler, SchedulerConfig, StepLog, StepOutput
+from core.scheduler import Batch, Scheduler
+from core.steplog import StepLog, StepOutput
 from core.stepmodel import StepModel, fit_affine  # noqa: F401  (StepModel, fit_affine: re-exported)
 from core.trace import Trace
 from core.workload import Workload

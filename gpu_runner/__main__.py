@@ -4,7 +4,6 @@ Bad arguments or files exit with code 2 and one line on stderr.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -98,9 +97,8 @@ def load_model(name: str, device: str, dtype_name: str):
 def load_draft(a, device, target):
     if not a.speculative:
         return None, None
-    dtype = next(target.parameters()).dtype
-    model, _, _, name = load_model(a.draft, device, {"torch.float32": "float32", "torch.float64": "float64",
-                                                     "torch.bfloat16": "bfloat16", "torch.float16": "float16"}[str(dtype)])
+    dtype_name = str(next(target.parameters()).dtype).removeprefix("torch.")  # the draft runs in the target's dtype
+    model, _, _, name = load_model(a.draft, device, dtype_name)
     return model, name
 
 

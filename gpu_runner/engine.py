@@ -21,13 +21,14 @@ import torch
 from core import loop
 from core.config import SamplingParams, SchedulerConfig, opt, to_dict
 from core.errors import ConfigError
-from core.scheduler import Batch, Scheduler, StepLog, StepOutput
+from core.scheduler import Batch, Scheduler
+from core.steplog import StepLog, StepOutput
 from core.trace import Trace
 from core.workload import Request, Workload
 from gpu_runner.batching import forward, pack, slots_of
 from gpu_runner.kernels.reference import paged_attention
 from gpu_runner.model import Transformer
-from gpu_runner.sampling import filtered_probs, request_generator, sample  # noqa: F401  (filtered_probs: re-exported)
+from gpu_runner.sampling import filtered_probs, request_generator, sample
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus" / "pydoc_topics.txt"
 ATTENTION = ("auto", "torch", "triton")
@@ -59,7 +60,8 @@ class PagedKVCache:
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype) -> int:
-        return 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()
+        elem = torch.tensor([], dtype=dtype).element_size()
+        return 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * elem
 
 
 def prepare_workload(workload: Workload, tokenizer, vocab_size: int) -> tuple[Workload, list[str]]:
@@ -138,7 +140,8 @@ class Engine:
             self.attention = paged_attention_triton
         if cfg.capture_tiles is not None:
             if self.attention_name != "triton":
-                raise ConfigError("capture_tiles: per-tile statistics come from the Triton kernel; use attention=triton")
+                raise ConfigError("capture_tiles: per-tile statistics come from the Triton kernel; "
+                                  "use attention=triton")
             layer, head = cfg.capture_tiles
             if not (0 <= layer < model.cfg.n_layers and 0 <= head < model.cfg.n_heads):
                 raise ConfigError(f"capture_tiles: layer {layer} / head {head} out of range "
@@ -256,7 +259,8 @@ class ModelExecutor:
         slots = [slots_of(sched.bm.tables[r], s + n, bs) for r, s, n in zip(reqs, starts, ns)]
         # Plain entries that complete emit one sampled token; a decode entry of more than one
         # token verifies draft proposals.
-        emits = (batch.start_pos + batch.num_tokens == sched.prompt_len[batch.reqs] + sched.emitted[batch.reqs]).tolist()
+        known_len = sched.prompt_len[batch.reqs] + sched.emitted[batch.reqs]
+        emits = (batch.start_pos + batch.num_tokens == known_len).tolist()
         spec = [j for j in range(len(reqs)) if not batch.is_prefill[j] and ns[j] > 1] if self.drafter else []
         props, qdist = {}, {}
         if spec:

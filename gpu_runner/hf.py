@@ -55,7 +55,7 @@ def load_hf(path: str | Path, device="cpu", dtype=torch.float32) -> tuple[Transf
     tensors = {}
     for f in files:
         with safe_open(str(f), framework="pt") as sf:
-            for k in sf.keys():
+            for k in sf.keys():  # noqa: SIM118  (safe_open is not a dict)
                 tensors[k.removeprefix("model.")] = sf.get_tensor(k)
     model = Transformer(cfg)
     state = model.state_dict()

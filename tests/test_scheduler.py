@@ -2,13 +2,16 @@
 property tests (conservation, limits, monotone times, determinism)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from core import loop
+from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.metrics import conservation
-from core.scheduler import Scheduler, SchedulerConfig, StepLog
-from core import loop
+from core.scheduler import Scheduler
 from core.simulate import StepModel, StepTimeExecutor, fit_affine, simulate
+from core.steplog import StepLog
 from core.workload import Request, Workload, make_workload
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from core.config import SchedulerConfig
-from core.scheduler import Scheduler, StepLog, StepOutput
+from core.scheduler import Scheduler
+from core.steplog import StepLog, StepOutput
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
 from gpu_runner.engine import Engine, EngineConfig

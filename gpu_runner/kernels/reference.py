@@ -21,11 +21,6 @@ class Chunk:
     slots: torch.Tensor      # [start + n] slot ids of every position, in order (read through the table)
 
 
-def slots_of(table: list[int], length: int, block_size: int) -> list[int]:
-    """Slot id of each position 0..length-1 of a sequence with this block table."""
-    return [table[p // block_size] * block_size + p % block_size for p in range(length)]
-
-
 def paged_attention(q, k_cache, v_cache, chunks: list[Chunk], scale: float | None = None):
     """q: [N, H, hd] packed queries; k_cache/v_cache: [num_blocks, block_size, Hkv, hd] of
     one layer. Each chunk's queries (positions start..start+n-1) attend causally to its
