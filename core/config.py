@@ -4,7 +4,7 @@ An option group is a `slots` dataclass whose fields are declared with `opt(defau
 From that one declaration come
 - `to_dict(cfg)` and `from_dict(Cls, d)`: trace metadata, page presets, JSON files;
 - `add_flags(parser, Cls)` and `from_args(Cls, args)`: both command lines;
-- `describe_options(Cls)`: the option tables in the docs.
+- `options_markdown(...)`: the option tables in docs/configuration.md (a test keeps them current).
 Validation lives in each class's `__post_init__` and names the option, so a value is
 checked the same way whether it came from a flag, a URL, a preset or a trace.
 
@@ -228,10 +228,18 @@ def from_args(cls, args: argparse.Namespace, **overrides):
     return cls(**kwargs)
 
 
-def describe_options(cls) -> list[tuple[str, str, str]]:
-    """(name, default, meaning) per option: the docs' option tables."""
+def options_markdown(groups: dict) -> str:
+    """The option tables of docs/configuration.md: {title: option group class}."""
     out = []
-    for f in options(cls):
-        d = f.default if f.default is not MISSING else "(group)"
-        out.append((f.name, "none" if d is None else str(d), f.metadata.get("help", "")))
-    return out
+    for title, cls in groups.items():
+        out += [f"### {title} (`{cls.__module__}.{cls.__name__}`)", "",
+                "| option | flag | default | meaning |", "|---|---|---|---|"]
+        for f in options(cls):
+            meta = f.metadata
+            default = "(options below)" if f.default is MISSING else "none" if f.default is None else f"`{f.default}`"
+            flag = f"`{flag_name(f)}`" if meta.get("cli", True) and f.default is not MISSING else "—"
+            choices = f" ({' / '.join(map(str, meta['choices']))})" if meta.get("choices") else ""
+            text = f"{meta.get('help', '')}{choices}".replace("|", "\\|")
+            out.append(f"| `{f.name}` | {flag} | {default} | {text} |")
+        out.append("")
+    return "\n".join(out)

@@ -101,13 +101,14 @@ def now_iso() -> str:
 
 
 def trace_meta(sched: Scheduler, workload: Workload, source: str, label: str, engine: dict,
-               created: str | None = None, **fields) -> dict:
-    """The metadata every trace of a run carries: origin, label, when, `fields` (device,
-    step_model, model, ...), the engine (its `name`, the scheduler options, then the rest of
-    `engine`), the workload, and what the scheduler did."""
+               created: str | None = None, device: str | None = None, **fields) -> dict:
+    """The metadata every trace of a run carries: origin, label, when, where (measured runs),
+    the engine (its `name`, the scheduler options, then the rest of `engine`), `fields`
+    (step_model, model, versions, ...), the workload, and what the scheduler did."""
     engine = {"name": engine.get("name"), **sched.cfg.to_dict(),
               **{k: v for k, v in engine.items() if k != "name"}}
-    return {"source": source, "label": label, "created": created or now_iso(), **fields, "engine": engine,
+    where = {"device": device} if device is not None else {}
+    return {"source": source, "label": label, "created": created or now_iso(), **where, "engine": engine, **fields,
             "workload": workload.name,
             "stats": {"steps": sched.step, "preemptions": sched.num_preemptions, "kv_blocks": sched.bm.num_blocks,
                       **{f"kv_{k}": v for k, v in sched.bm.counts.items()}}}

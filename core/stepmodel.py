@@ -29,7 +29,7 @@ STEP_MODELS = ("constant", "affine", "roofline")
 
 @dataclass(slots=True)
 class StepModel:
-    kind: str = opt("constant", "constant | affine | roofline", flag="--step-model", choices=STEP_MODELS)
+    kind: str = opt("constant", "how a step's duration is computed", flag="--step-model", choices=STEP_MODELS)
     step_ms: float = opt(1.0, "constant: ms per step", minimum=0)
     base_ms: float = opt(0.0, "affine/roofline: fixed ms per step", minimum=0)
     prefill_ms_per_token: float = opt(0.0, "affine: ms per prefill token", minimum=0)
