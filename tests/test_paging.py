@@ -235,8 +235,8 @@ TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_coun
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=20), st.integers(1, 8))
 @settings(max_examples=100, deadline=None)
 def test_grow_many_equals_individual_grows(lengths, bs):
-    a = BlockManager(400, bs)
-    b = BlockManager(400, bs)
+    a = BlockManager(800, bs)   # room for the largest draw: 20 sequences x 40 one-token blocks
+    b = BlockManager(800, bs)
     for i, n in enumerate(lengths):
         a.admit(i); b.admit(i)
     a.grow_many(list(range(len(lengths))), [-(-n // bs) for n in lengths])
