@@ -24,8 +24,8 @@ python -m gpu_runner capture --workload data/workloads/shared_prefix_200.json --
 # 2. a random-initialised Llama-shaped ~0.5B model in bf16: realistic step times
 python -m gpu_runner capture --workload data/workloads/burst5.json --out "$OUT/burst5_random05b_cuda.json" \
     --device cuda --model random-0.5b
-python bench/gpu_decode.py --model random-0.5b --batches 1,8,32,64,128 --ctx 1024 --out "$OUT"
-python bench/gpu_decode.py --model random-0.5b --batches 1,8,32,64,128 --ctx 1024 --attention triton --out "$OUT/triton" || true
-python bench/triton_attention.py --out "$OUT"
+python -m bench.gpu_decode --model random-0.5b --batches 1,8,32,64,128 --ctx 1024 --out "$OUT"
+python -m bench.gpu_decode --model random-0.5b --batches 1,8,32,64,128 --ctx 1024 --attention triton --out "$OUT/triton" || true
+python -m bench.triton_attention --out "$OUT"
 python -m gpu_runner capture --workload data/workloads/spec_demo.json --out "$OUT/spec_cuda.json" --device cuda --speculative --gamma 4 --temperature 0.8
 echo "done: $OUT"

@@ -1,6 +1,6 @@
 """Decode step time against the weight-read bound, on whatever device is present.
 
-    python bench/gpu_decode.py [--model random-0.5b|tiny] [--batches 1,8,32,64] [--ctx 512] [--out DIR]
+    python -m bench.gpu_decode [--model random-0.5b|tiny] [--batches 1,8,32,64] [--ctx 512] [--out DIR]
 
 For each batch size: a prefill of `ctx` tokens per sequence, then timed decode steps through
 the same paged engine path the runner uses. Reports step time, tokens/s, and the roofline
@@ -10,17 +10,14 @@ name matches, else --bandwidth-gbps). Writes results.json into --out when given.
 import argparse
 import json
 import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import torch  # noqa: E402
+import torch
 
-from core.kv import GPUS  # noqa: E402
-from gpu_runner.__main__ import load_model  # noqa: E402
-from gpu_runner.engine import PagedKVCache, device_name  # noqa: E402
-from gpu_runner.kernels.reference import Chunk, paged_attention  # noqa: E402
+from core.kv import GPUS
+from gpu_runner.__main__ import load_model
+from gpu_runner.engine import PagedKVCache, device_name
+from gpu_runner.kernels.reference import Chunk, paged_attention
 
 
 def sync(dev):
@@ -33,7 +30,8 @@ def measure(model, dev, batch, ctx, steps, attention):
     cfg = model.cfg
     bs = 16
     per_seq = -(-(ctx + steps + 1) // bs)
-    cache = PagedKVCache(cfg.n_layers, batch * per_seq, bs, cfg.n_kv_heads, cfg.head_dim, dev, next(model.parameters()).dtype)
+    dtype = next(model.parameters()).dtype
+    cache = PagedKVCache(cfg.n_layers, batch * per_seq, bs, cfg.n_kv_heads, cfg.head_dim, dev, dtype)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     slot = lambda b, p: tables[b][p // bs] * bs + p % bs
     att = lambda q, li, ch: attention(q, cache.k[li], cache.v[li], ch)
@@ -41,12 +39,14 @@ def measure(model, dev, batch, ctx, steps, attention):
     toks = torch.randint(0, min(cfg.vocab_size, 256), (batch, ctx), generator=g)
     for b in range(batch):  # prefill each sequence
         slots = torch.tensor([slot(b, p) for p in range(ctx)], device=dev)
-        model.forward_paged(toks[b].to(dev), torch.arange(ctx, device=dev), slots, [Chunk(0, ctx, 0, slots)], cache, att)
+        model.forward_paged(toks[b].to(dev), torch.arange(ctx, device=dev), slots, [Chunk(0, ctx, 0, slots)],
+                            cache, att)
     times = []
     pos = ctx
     nxt = torch.zeros(batch, dtype=torch.long, device=dev)
-    for s in range(steps):
-        chunks = [Chunk(b, 1, pos, torch.tensor([slot(b, p) for p in range(pos + 1)], device=dev)) for b in range(batch)]
+    for _ in range(steps):
+        chunks = [Chunk(b, 1, pos, torch.tensor([slot(b, p) for p in range(pos + 1)], device=dev))
+                  for b in range(batch)]
         new = torch.tensor([slot(b, pos) for b in range(batch)], device=dev)
         sync(dev)
         t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Page render times via Streamlit AppTest: median of several reruns after one warm-up run
 (caches warm, as when a user moves a widget).
 
-    python bench/pages.py [--runs 5]
+    python -m bench.pages [--runs 5]
 
 Targets on the 2-core dev machine: each page's rerun < 300 ms on its default scenario;
 < 1 s for a 2,000-request workload on the schedules and paging pages. Printed, never asserted.
@@ -10,13 +10,12 @@ import argparse
 import logging
 import os
 import statistics
-import sys
 import time
 
+from streamlit.testing.v1 import AppTest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 logging.disable(logging.WARNING)
-from streamlit.testing.v1 import AppTest  # noqa: E402
 
 CASES = [
     ("home", "home", {}, 0.3),

@@ -1,6 +1,6 @@
 """Runner benchmarks with the bundled target model, measured side by side in one run.
 
-    python bench/runner.py [--threads 2] [--quick]
+    python -m bench.runner [--threads 2] [--quick]
 
 1. continuous batching vs serial on a 64-request burst: output tokens/s ratio (target >= 4x)
 2. recording on vs off: wall-time overhead (target <= 10%)
@@ -14,24 +14,23 @@ import argparse
 import os
 import platform
 import statistics
-import sys
 import time
 
+import numpy as np
+import torch
+
+from core.metrics import request_metrics, throughput
+from core.scheduler import SchedulerConfig
+from core.simulate import fit_affine, simulate
+from core.workload import Request, Workload
+from gpu_runner import checkpoint
+from gpu_runner.engine import Engine, EngineConfig
+from gpu_runner.tokenizer import ByteTokenizer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from core.metrics import request_metrics, throughput  # noqa: E402
-from core.scheduler import SchedulerConfig  # noqa: E402
-from core.simulate import fit_affine, simulate  # noqa: E402
-from core.workload import Request, Workload  # noqa: E402
-from gpu_runner import checkpoint  # noqa: E402
-from gpu_runner.engine import Engine, EngineConfig  # noqa: E402
-from gpu_runner.tokenizer import ByteTokenizer  # noqa: E402
-
 TOK = ByteTokenizer()
-CORPUS = TOK.encode(open(os.path.join(ROOT, "data", "corpus", "pydoc_topics.txt")).read())
+with open(os.path.join(ROOT, "data", "corpus", "pydoc_topics.txt")) as _f:
+    CORPUS = TOK.encode(_f.read())
 
 
 def burst(n, prompt, output, seed=0, gap_ms=0.0):

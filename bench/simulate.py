@@ -1,24 +1,21 @@
 """Simulator throughput: 10,000 requests (prompt 1-2,048, output 1-512 tokens, Poisson
 arrivals), continuous policy, 256 max sequences, 8,192-token budget, chunked prefill.
 
-    python bench/simulate.py [--requests N] [--rate PER_S] [--repeat K]
+    python -m bench.simulate [--requests N] [--rate PER_S] [--repeat K]
 
 Prints simulated requests/s and token emissions/s (wall clock of the simulation), and the
 time to compute the trace's metrics. Targets on the 2-core dev machine: simulation < 2 s,
 metrics < 1 s. Not a test: timings are printed, never asserted.
 """
 import argparse
-import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from core.metrics import summarize  # noqa: E402
-from core.scheduler import SchedulerConfig  # noqa: E402
-from core.simulate import StepModel, simulate  # noqa: E402
-from core.workload import Request, Workload  # noqa: E402
+from core.metrics import summarize
+from core.scheduler import SchedulerConfig
+from core.simulate import StepModel, simulate
+from core.workload import Request, Workload
 
 
 def poisson_workload(n, rate_per_s, seed=0):

@@ -1,6 +1,6 @@
 """Speculative decoding on vs off with the bundled pair (tiny target, tiny-draft), CPU.
 
-    python bench/speculative.py [--threads 2] [--temperature 0.8]
+    python -m bench.speculative [--threads 2] [--temperature 0.8]
 
 For gamma in {1, 2, 4, 8}: output tokens/s with and without speculation (same workload,
 measured in one run), acceptance rate per draft position, the measured per-proposal
@@ -8,20 +8,16 @@ acceptance alpha, mean tokens emitted per verification, and the i.i.d. formula
 (1 - alpha^(gamma+1)) / (1 - alpha) at that alpha. Prints numbers; asserts nothing.
 """
 import argparse
-import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import torch  # noqa: E402
+import torch
 
-from core.scheduler import SchedulerConfig  # noqa: E402
-from core.speculative import acceptance_by_position, expected_tokens  # noqa: E402
-from core.workload import Request, Workload  # noqa: E402
-from gpu_runner import checkpoint  # noqa: E402
-from gpu_runner.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
-from gpu_runner.tokenizer import ByteTokenizer  # noqa: E402
+from core.scheduler import SchedulerConfig
+from core.speculative import acceptance_by_position, expected_tokens
+from core.workload import Request, Workload
+from gpu_runner import checkpoint
+from gpu_runner.engine import Engine, EngineConfig, SamplingParams
+from gpu_runner.tokenizer import ByteTokenizer
 
 PROMPTS = ['The "while" statement is used', "A list comprehension", "Exceptions are raised", "The import system",
            "Assignment statements", "Function definitions", "The standard type hierarchy", "Comparisons"]
@@ -55,7 +51,8 @@ def main():
     serve()  # warm-up
     _, base = serve()
     print(f"\nno speculation: {base:8.1f} output tok/s")
-    print(f"{'gamma':>5} {'tok/s':>8} {'vs off':>7} {'alpha':>6} {'tokens/verify':>13} {'formula':>8}  acceptance by position")
+    print(f"{'gamma':>5} {'tok/s':>8} {'vs off':>7} {'alpha':>6} {'tokens/verify':>13} {'formula':>8}  "
+          "acceptance by position")
     for gamma in (1, 2, 4, 8):
         tr, rate = serve(gamma)
         ev = [e for e in tr.other if e["type"] == "spec" and len(e["proposed"]) == gamma]

@@ -1,6 +1,6 @@
 """Trace I/O and replay speed on a 10,000-request simulated trace (~1,000,000 events).
 
-    python bench/traces.py [--requests 10000] [--skip-page]
+    python -m bench.traces [--requests 10000] [--skip-page]
 
 Prints: event count, file sizes, load + validate + metrics time for the JSON and the
 Parquet form, and the replay page's rerun time when the time cursor moves (AppTest).
@@ -10,17 +10,16 @@ import argparse
 import logging
 import os
 import statistics
-import sys
 import tempfile
 import time
 
+from core.metrics import summarize
+from core.scenarios import poisson_workload
+from core.scheduler import SchedulerConfig
+from core.simulate import StepModel, simulate
+from core.trace import load_trace
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from core.metrics import summarize  # noqa: E402
-from core.scenarios import poisson_workload  # noqa: E402
-from core.scheduler import SchedulerConfig  # noqa: E402
-from core.simulate import StepModel, simulate  # noqa: E402
-from core.trace import load_trace  # noqa: E402
 
 
 def make_trace(n):

@@ -1,6 +1,6 @@
 """Triton attention kernels vs torch SDPA on CUDA (prepared for a GPU machine).
 
-    python bench/triton_attention.py [--out DIR]
+    python -m bench.triton_attention [--out DIR]
 
 Times the paged FlashAttention forward (tile capture off and on) and the paged decode kernel
 against torch.nn.functional.scaled_dot_product_attention over contiguous tensors, for
@@ -11,12 +11,9 @@ exits without measuring.
 import argparse
 import json
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
 
 def bench(fn, reps=20):

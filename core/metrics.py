@@ -72,16 +72,6 @@ def itl_gaps(trace) -> np.ndarray:
     return gaps[keep]
 
 
-def itl_per_request(trace) -> dict[str, list[float]]:
-    tk = trace.tokens
-    out = {rid: [] for rid in trace.ids}
-    ids = trace.ids
-    for r, g in tk.groupby("req")["t_ms"]:
-        ts = np.unique(g.to_numpy())
-        out[ids[r]] = np.diff(ts).tolist()
-    return out
-
-
 @dataclass(slots=True)
 class Throughput:
     output_tokens: int       # tokens emitted inside the window

@@ -103,11 +103,6 @@ def mean_of_ratios(parts) -> float:
     return sum(p[0] / p[1] for p in parts) / len(parts)
 
 
-def lse_from_stats(m: float, l: float) -> float:
-    """log-sum-exp of the logits seen so far, from the running (m, l)."""
-    return m + math.log(l)
-
-
 # ---- attention matrices ----------------------------------------------------------------
 
 def causal_attention(q, k, v) -> np.ndarray:

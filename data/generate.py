@@ -1,6 +1,6 @@
 """Regenerate the built-in workloads and given traces in data/ (deterministic, seeded).
 
-    python data/generate.py
+    python -m data.generate        (from the repository root)
 
 The chapter's numbers are assigned teaching values (Chapter 31, Table 31.1), so the given
 traces carry meta.source = "given"; the synthetic workloads are seeded random draws.
@@ -8,16 +8,14 @@ traces carry meta.source = "given"; the synthetic workloads are seeded random dr
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from core.trace import given_trace  # noqa: E402
-from core.workload import Request, Workload  # noqa: E402
+from core.trace import given_trace
+from core.workload import Request, Workload
 
+ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
 CREATED = "2026-11-29T00:00:00+00:00"  # fixed so regenerating gives identical files
 

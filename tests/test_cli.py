@@ -54,6 +54,7 @@ def test_fixed_windows(name, window, rate):
     assert m["summary"]["cost_usd"] is None and m["summary"]["cost_per_1k_output_usd"] is None
 
 
+@pytest.mark.slow
 def test_simulate_then_metrics(tmp_path):
     out = tmp_path / "static.json"
     rc, stdout, err = run("simulate", DATA / "workloads" / "burst5.json", "--policy", "static", "--max-seqs", "3",
@@ -74,6 +75,7 @@ def test_simulate_then_metrics(tmp_path):
     assert doc["requests"][0]["first_token_ms"] == 9
 
 
+@pytest.mark.slow
 def test_simulate_other_formats(tmp_path):
     for name in ("poisson500_vidur.csv", "llmservingsim64.jsonl"):
         rc, _, err = run("simulate", DATA / "workloads" / name, "--max-seqs", "32", "--out", tmp_path / "t.json")
@@ -86,6 +88,7 @@ def bad_file(tmp_path, name, content):
     return p
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args_fn,msg", [
     (lambda t: ["metrics", t / "missing.json"], "no such file"),
     (lambda t: ["metrics", bad_file(t, "x.json", "{not json")], "not valid JSON"),

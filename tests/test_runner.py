@@ -18,6 +18,8 @@ from gpu_runner.model import ModelConfig, Transformer, init_weights
 from gpu_runner.tokenizer import ByteTokenizer
 from tests.conftest import DATA, ROOT
 
+pytestmark = pytest.mark.slow  # loads the bundled torch models, runs the runner CLI in subprocesses
+
 SCHEMA = json.loads((DATA / "schema" / "serving-trace-1.json").read_text())
 
 

@@ -195,6 +195,7 @@ configs = st.fixed_dictionaries({
 })
 
 
+@pytest.mark.slow
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 24), st.integers(1, 10),
                           st.integers(0, 2), st.sampled_from([None, "x", "y"])), min_size=1, max_size=10),
        configs, st.sampled_from([StepModel(step_ms=1.0),

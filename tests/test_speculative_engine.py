@@ -12,6 +12,8 @@ from gpu_runner.engine import Engine, EngineConfig, SamplingParams, filtered_pro
 from gpu_runner.speculative import verify
 from gpu_runner.tokenizer import ByteTokenizer
 
+pytestmark = pytest.mark.slow  # loads the bundled target and draft models
+
 TOK = ByteTokenizer()
 PROMPTS = ['The "while" statement is used', "A list comprehension", "Exceptions are raised",
            "The import system", "Assignment statements"]

@@ -89,6 +89,7 @@ def serve(target, draft, gamma, **sched):
     return out, reasons
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sched", [dict(), dict(block_size=4, token_budget=16, chunk=8)], ids=["default", "chunked"])
 def test_greedy_speculative_stops_where_greedy_plain_stops(eos_space_models, sched):
     target, draft = eos_space_models

@@ -8,8 +8,10 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
-from gpu_runner.kernels import triton_attention as T  # noqa: E402
-from gpu_runner.kernels.reference import Chunk, contiguous_causal_attention, paged_attention  # noqa: E402
+from gpu_runner.kernels import triton_attention as T
+from gpu_runner.kernels.reference import Chunk, contiguous_causal_attention, paged_attention
+
+pytestmark = pytest.mark.slow  # Triton kernels under the interpreter on CPU
 
 
 def scattered_cache(lens, starts, H, Hkv, hd, bs, seed=0, dtype=torch.float32):
