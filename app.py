@@ -1,4 +1,5 @@
-"""Serving Explorer: the router and frame. Pages live in pages/; all logic lives in core/."""
+"""Serving Explorer: the router and frame. Pages live in pages/, the Streamlit helpers they share
+in ui.py, and all logic in core/."""
 import streamlit as st
 
 st.set_page_config(page_title="Serving Explorer", page_icon=":material/speed:", layout="wide")

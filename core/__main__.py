@@ -65,21 +65,14 @@ def _fmt(x, unit=""):
 
 
 def _read(path):
-    """A Trace or an importers.Imported, from any supported file."""
-    from pathlib import Path
-
-    from core.errors import read_input_file
-    from core.importers import load_any
-    from core.trace import is_parquet, trace_from_parquet
-    data = read_input_file(path, "trace")
-    if is_parquet(data):
-        return trace_from_parquet(data, Path(path).name)
-    return load_any(data, Path(path).name)
+    """A Trace, or a core.trace.Imported (an engine's benchmark result), from any supported file."""
+    from core.trace import open_trace
+    return open_trace(path)
 
 
 def cmd_metrics(a) -> int:
-    from core.importers import Imported
     from core.metrics import summarize
+    from core.trace import Imported
     got = _read(a.trace)
     imp = got if isinstance(got, Imported) else None
     tr = imp.trace if imp else got
@@ -133,7 +126,7 @@ def cmd_metrics(a) -> int:
 
 def cmd_export(a) -> int:
     from core.export import chrome_trace_json, metrics_csv
-    from core.importers import Imported
+    from core.trace import Imported
     if not (a.chrome or a.csv or a.trace_out):
         raise InputError("export: give at least one of --chrome, --csv, --trace-out")
     got = _read(a.trace)

@@ -28,11 +28,9 @@ ESTIMATOR_LABEL = "numpy 'linear' (Hyndman-Fan type 7)"
 DEFAULT_PERCENTILES = (50, 90, 95, 99)
 
 
-def request_metrics(trace) -> pd.DataFrame:
-    """One row per request (in trace order): id, arrival_ms, first_token_ms, last_token_ms,
-    output_tokens, ttft_ms, tpot_ms (NaN when n < 2), e2e_ms, finish_reason."""
-    req = trace.requests
-    n = len(req)
+def token_spans(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per request (trace order): first and last token time (NaN: none) and tokens emitted."""
+    n = len(trace.requests)
     tk = trace.tokens
     first = np.full(n, np.nan)
     last = np.full(n, np.nan)
@@ -43,6 +41,26 @@ def request_metrics(trace) -> pd.DataFrame:
         first[idx] = g["min"].to_numpy()
         last[idx] = g["max"].to_numpy()
         count[idx] = g["count"].to_numpy()
+    return first, last, count
+
+
+def first_scheduled_ms(trace) -> np.ndarray:
+    """Per request: start of the first step that computed any of its tokens (NaN without
+    step events). Queue wait = this - arrival."""
+    out = np.full(len(trace.requests), np.nan)
+    if len(trace.batch):
+        step_t = trace.steps.set_index("step")["t_ms"]
+        fb = trace.batch.groupby("req")["step"].min()
+        out[fb.index] = step_t.reindex(fb.to_numpy()).to_numpy()
+    return out
+
+
+def request_metrics(trace) -> pd.DataFrame:
+    """One row per request (in trace order): id, arrival_ms, first_token_ms, last_token_ms,
+    output_tokens, ttft_ms, tpot_ms (NaN when n < 2), e2e_ms, finish_reason."""
+    req = trace.requests
+    n = len(req)
+    first, last, count = token_spans(trace)
     arrival = req["arrival_ms"].to_numpy(dtype=float)
     ttft = first - arrival
     e2e = last - arrival

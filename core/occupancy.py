@@ -1,4 +1,5 @@
-"""Replay a trace's `kv` events into block states over time (for occupancy views).
+"""Block states over time from a trace's `kv` events (occupancy views), and the KV
+accounting the paging page shows (block tables, slots held vs reserved, op counts).
 
 Each physical block is, at any moment, one of
     FREE      - unreferenced, holds nothing worth keeping
@@ -10,9 +11,13 @@ the same time keep their recorded order).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
+
+from core.kv import Reservation, reservation
 
 FREE, CACHED, OWNED, SHARED = 0, 1, 2, 3
 STATE_NAMES = ("free", "cached-free", "owned", "shared")
@@ -31,6 +36,15 @@ class Occupancy:
         s = self.state[:, j]
         return {name: int((s == k).sum()) for k, name in enumerate(STATE_NAMES)}
 
+    def index_at(self, t_ms: float) -> int:
+        """The last snapshot at or before t (the first one before any)."""
+        j = int(np.searchsorted(self.times_ms, t_ms, side="right")) - 1
+        return min(max(j, 0), max(len(self.times_ms) - 1, 0))
+
+    def refs_at(self, j: int) -> dict[int, int]:
+        """Reference count of every block at snapshot j."""
+        return dict(enumerate(self.ref[:, j].tolist()))
+
 
 def snapshot_times(trace, max_snapshots: int = 200) -> np.ndarray:
     """Step start times (or kv event times if there are no steps), thinned evenly."""
@@ -46,7 +60,8 @@ def snapshot_times(trace, max_snapshots: int = 200) -> np.ndarray:
     return t
 
 
-def replay(trace, times_ms=None, num_blocks: int | None = None, max_snapshots: int = 200) -> Occupancy:
+def block_states(trace, times_ms=None, num_blocks: int | None = None, max_snapshots: int = 200) -> Occupancy:
+    """Each block's state, ref count and owner at each snapshot time (default: `snapshot_times`)."""
     kv = trace.kv
     times = snapshot_times(trace, max_snapshots) if times_ms is None else np.asarray(times_ms, dtype=float)
     if num_blocks is None:
@@ -122,3 +137,53 @@ def tokens_in_cache_at(trace, t_ms: float) -> dict[int, int]:
         done = done[~(done["t_ms"].to_numpy() < np.nan_to_num(cut, nan=-1.0))]
     sums = done.groupby("req")["tokens"].sum()
     return {int(r): int(n) for r, n in sums.items()}
+
+
+# ---- KV accounting for the paging page ------------------------------------------------------
+
+KV_OPS = ("alloc", "hit", "cache", "evict", "cow")
+
+
+@dataclass(slots=True)
+class SlotsHeld:
+    """KV slots (token positions) held at one time by up to `limit` sequences holding blocks."""
+    reqs: list[int]                 # request indices, ascending
+    tables: dict[int, list[int]]    # request index -> physical blocks
+    tokens: list[int]               # tokens stored per sequence (capped at its blocks' slots)
+    paged_slots: list[int]          # whole blocks x block_size per sequence
+    max_len: int                    # contiguous reservation per sequence: longest prompt + max output
+    totals: Reservation             # over the same sequences
+
+
+def slots_held_at(trace, t_ms: float, block_size: int, limit: int = 24) -> SlotsHeld:
+    tables = block_tables_at(trace, t_ms)
+    held = tokens_in_cache_at(trace, t_ms)
+    reqs = sorted(tables)[:limit]
+    req = trace.requests
+    max_len = int((req["prompt_tokens"] + req["max_output_tokens"]).max()) if len(req) else 0
+    tokens = [min(held.get(r, 0), len(tables[r]) * block_size) for r in reqs]
+    paged = [math.ceil(n / block_size) * block_size for n in tokens]
+    return SlotsHeld(reqs, {r: tables[r] for r in reqs}, tokens, paged, max_len,
+                     reservation(tokens, block_size, max_len))
+
+
+def kv_op_counts(trace) -> dict[str, int]:
+    """Number of kv events of each op in KV_OPS, plus preemptions."""
+    counts = trace.kv["op"].value_counts()
+    return {**{op: int(counts.get(op, 0)) for op in KV_OPS}, "preemptions": len(trace.preempts)}
+
+
+def prefill_tokens(trace) -> tuple[int, int]:
+    """(prompt tokens computed by prefill steps, prompt tokens of all requests). Computed can be
+    fewer (prefix-cache hits) or more (recomputation after preemption)."""
+    b = trace.batch
+    computed = int(b.loc[b["kind"] == "prefill", "tokens"].sum()) if len(b) else 0
+    return computed, int(trace.requests["prompt_tokens"].sum())
+
+
+def evictions_and_preemptions(trace, max_rows: int = 200) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(preemptions with request ids, the first `max_rows` evict/cow kv events)."""
+    ids, pre = trace.ids, trace.preempts
+    preempts = pd.DataFrame({"t_ms": pre["t_ms"], "request": [ids[r] for r in pre["req"]],
+                             "freed blocks": pre["freed_blocks"]})
+    return preempts, trace.kv[trace.kv["op"].isin(["evict", "cow"])].head(max_rows)

@@ -43,3 +43,26 @@ def step_time_s(params: int, dtype_bytes: float, tokens: int, gpu: GPUSpec,
     bytes_moved = params * dtype_bytes + kv_bytes_read
     flops = 2.0 * params * tokens
     return max(bytes_moved / gpu.bandwidth_Bps, flops / gpu.flops)
+
+
+def compute_bound_tokens_per_s(params: int, gpu: GPUSpec) -> float:
+    """Token positions per second at the compute roof: peak FLOP/s / (2 x params)."""
+    return gpu.flops / (2.0 * params)
+
+
+def intensity_table(points: list[tuple[str, float]], gpu: GPUSpec) -> list[dict]:
+    """Per (label, intensity FLOP/B): which roof bounds it on `gpu` and the attainable TFLOP/s."""
+    return [{"workload": label, "intensity FLOP/B": x, "bound on " + gpu.name: bound_of(x, gpu),
+             "attainable TFLOP/s": attainable_flops(x, gpu) / 1e12} for label, x in points]
+
+
+def batch_table(params: int, dtype_bytes: float, gpu: GPUSpec,
+                batches=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512)) -> list[dict]:
+    """Per decode batch size B: roofline step time (weights read once, 2 x params x B FLOPs),
+    tokens/s = B / step time, and the bounding roof."""
+    rows = []
+    for b in batches:
+        t_s = step_time_s(params, dtype_bytes, b, gpu)
+        rows.append({"batch": b, "step time ms (roofline)": t_s * 1000, "tokens/s": b / t_s,
+                     "bound": bound_of(arithmetic_intensity(b, dtype_bytes), gpu)})
+    return rows

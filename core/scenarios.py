@@ -1,18 +1,24 @@
-"""Built-in scenarios and the comparisons the pages show (pages stay thin: they call these)."""
+"""What the app ships with: built-in workloads and their scheduler presets, bundled and
+configured trace files, and the small worked examples of the KV and attention pages.
+
+A preset states option values (`SchedulerConfig` and `StepModel` fields, the policies to
+run); the app maps them onto its widgets through its URL-key table (ui.py).
+"""
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
+from core.compare import POLICY_LABELS
+from core.config import SchedulerConfig, from_dict
 from core.errors import ConfigError, WorkloadError
-from core.metrics import cost_usd, request_metrics, summarize, throughput
 from core.paging import BlockManager
-from core.scheduler import SchedulerConfig
-from core.simulate import StepModel, simulate
+from core.stepmodel import StepModel
 from core.trace import Trace, load_trace
 from core.workload import Request, Workload, load_workload, request_from_dict
 
@@ -27,6 +33,63 @@ SCENARIOS = {
     "upload": "Upload a workload file",
 }
 
+
+# ---- scheduler presets ------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class SchedulePreset:
+    """Settings a scenario starts from: policies to run, `SchedulerConfig` fields (`chunk` is the
+    'chunked' policy's chunk size) and `StepModel` fields. Only the fields named are set."""
+    policies: tuple[str, ...]
+    scheduler: dict
+    step_model: dict
+
+    def __post_init__(self):
+        bad = [p for p in self.policies if p not in POLICY_LABELS]
+        if bad:
+            raise ConfigError(f"preset policies: unknown {bad[0]!r} (known: {', '.join(POLICY_LABELS)})")
+        from_dict(SchedulerConfig, self.scheduler, "preset scheduler")   # names and values checked
+        from_dict(StepModel, self.step_model, "preset step_model")
+
+    def options(self) -> dict[str, object]:
+        """Option values by qualified name ("SchedulerConfig.max_seqs", "StepModel.step_ms",
+        "policies"), typed as the option groups type them."""
+        cfg = from_dict(SchedulerConfig, self.scheduler)
+        sm = from_dict(StepModel, self.step_model)
+        return {"policies": list(self.policies),
+                **{f"SchedulerConfig.{k}": getattr(cfg, k) for k in self.scheduler},
+                **{f"StepModel.{k}": getattr(sm, k) for k in self.step_model}}
+
+
+ALL_POLICIES = tuple(POLICY_LABELS)
+_NO_LIMITS = dict(max_seqs=None, token_budget=None, kv_blocks=None)
+# The chapter's affine model: 20 ms a step + 20 ms per prefill token + 20 ms per decoding sequence.
+_CHAPTER_STEPS = dict(kind="affine", step_ms=10.0, base_ms=20.0, prefill_ms_per_token=20.0, decode_ms_per_seq=20.0)
+
+
+def _affine(base_ms: float, prefill_ms_per_token: float, decode_ms_per_seq: float) -> dict:
+    return dict(kind="affine", step_ms=10.0, base_ms=base_ms, prefill_ms_per_token=prefill_ms_per_token,
+                decode_ms_per_seq=decode_ms_per_seq)
+
+
+SCHEDULE_PRESETS = {
+    "chapter31": SchedulePreset(ALL_POLICIES, {**_NO_LIMITS, "chunk": 2}, _CHAPTER_STEPS),
+    "burst5": SchedulePreset(("static", "continuous"), {**_NO_LIMITS, "max_seqs": 3, "chunk": 4},
+                             {**_CHAPTER_STEPS, "kind": "constant", "step_ms": 1.0}),
+    "shared_prefix": SchedulePreset(("static", "continuous", "chunked"),
+                                    {**_NO_LIMITS, "max_seqs": 32, "token_budget": 2048, "chunk": 512},
+                                    _affine(5.0, 0.05, 0.25)),
+    "poisson2000": SchedulePreset(("continuous", "chunked"),
+                                  {**_NO_LIMITS, "max_seqs": 256, "token_budget": 8192, "chunk": 512},
+                                  _affine(5.0, 0.02, 0.05)),
+    "custom": SchedulePreset(ALL_POLICIES, {**_NO_LIMITS, "chunk": 2}, _CHAPTER_STEPS),
+    "upload": SchedulePreset(("continuous", "chunked"),
+                             {**_NO_LIMITS, "max_seqs": 64, "token_budget": 4096, "chunk": 512},
+                             _affine(5.0, 0.02, 0.1)),
+}
+
+
+# ---- workloads --------------------------------------------------------------------------------
 
 def load_scenario(name: str) -> Workload:
     if name == "chapter31":
@@ -46,6 +109,40 @@ def given_schedules(name: str) -> list[tuple[str, Trace]]:
     return [(f"given {k}", load_trace(DATA / "traces" / f"chapter31_{k}.json")) for k in ("serial", "continuous")]
 
 
+def max_output_tokens(workload: Workload) -> int:
+    """Output tokens the workload's requests ask for (each request's `output_tokens`)."""
+    return sum(r.output_tokens for r in workload.requests)
+
+
+def without_tenants(workload: Workload) -> Workload:
+    """The same requests with no tenant cache salt, so every request may share every prefix."""
+    return Workload([dataclasses.replace(r, tenant=None) for r in workload.requests], name=workload.name)
+
+
+# ---- trace files --------------------------------------------------------------------------------
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".parquet")
+
+
+def bundled_trace_files() -> list[Path]:
+    """The serving-trace files in data/traces."""
+    return sorted(p for p in (DATA / "traces").glob("*") if p.name.endswith(TRACE_SUFFIXES))
+
+
+def trace_files(extra: str = "") -> dict[str, Path]:
+    """File name -> path for the bundled traces (data/traces), engine result files
+    (data/imports), and the files or directories in `extra`, an os.pathsep-separated list
+    (the SERVING_EXPLORER_TRACES environment variable). The first file of a name wins."""
+    roots = [DATA / "traces", DATA / "imports"] + [Path(p) for p in extra.split(os.pathsep) if p]
+    out: dict[str, Path] = {}
+    for root in roots:
+        files = [root] if root.is_file() else sorted(root.glob("*")) if root.is_dir() else []
+        for f in files:
+            if f.name.endswith(TRACE_SUFFIXES):
+                out.setdefault(f.name, f)
+    return out
+
+
 def poisson_workload(n: int, rate_per_s: float, seed: int = 0, max_prompt: int = 2048,
                      max_output: int = 512) -> Workload:
     rng = np.random.default_rng(seed)
@@ -57,14 +154,15 @@ def poisson_workload(n: int, rate_per_s: float, seed: int = 0, max_prompt: int =
 
 
 def workload_from_rows(rows: list[dict]) -> Workload:
-    """From an edited table (id, arrival_ms, prompt_tokens, output_tokens); errors name the row."""
+    """From an edited table (id, arrival_ms, prompt_tokens, max_output_tokens or output_tokens);
+    errors name the row."""
     reqs = []
     for i, row in enumerate(rows):
         d = {k: v for k, v in row.items() if v is not None and not (isinstance(v, float) and math.isnan(v))}
         if not d:
             continue
         d.setdefault("id", f"R{i + 1}")
-        for k in ("prompt_tokens", "output_tokens"):
+        for k in ("prompt_tokens", "max_output_tokens", "output_tokens"):
             if isinstance(d.get(k), float) and d[k].is_integer():
                 d[k] = int(d[k])
         try:
@@ -75,98 +173,7 @@ def workload_from_rows(rows: list[dict]) -> Workload:
     return Workload(reqs, name="custom")
 
 
-# ---- policies side by side -------------------------------------------------------------
-
-POLICY_LABELS = {"serial": "serial", "static": "static", "continuous": "continuous",
-                 "chunked": "continuous + chunked prefill"}
-
-
-@dataclass(slots=True)
-class Limits:
-    max_seqs: int | None = None
-    token_budget: int | None = None
-    chunk: int = 64
-    kv_blocks: int | None = None
-    block_size: int = 16
-    prefix_caching: bool = False
-
-
-def policy_config(policy: str, lim: Limits) -> SchedulerConfig:
-    if policy not in POLICY_LABELS:
-        raise ConfigError(f"policy: expected one of {', '.join(POLICY_LABELS)}, got {policy!r}")
-    return SchedulerConfig(policy="continuous" if policy == "chunked" else policy, max_seqs=lim.max_seqs,
-                           token_budget=lim.token_budget, chunk=lim.chunk if policy == "chunked" else None,
-                           block_size=lim.block_size, kv_blocks=lim.kv_blocks, prefix_caching=lim.prefix_caching)
-
-
-def run_policies(workload: Workload, policies: list[str], lim: Limits, step_model: StepModel,
-                 created: str = "") -> list[tuple[str, Trace]]:
-    out = []
-    for p in policies:
-        cfg = policy_config(p, lim)
-        out.append((f"simulated {POLICY_LABELS[p]}",
-                    simulate(workload, cfg, step_model, label=POLICY_LABELS[p], created=created or None)))
-    return out
-
-
-def per_request_table(schedules: list[tuple[str, Trace]]) -> pd.DataFrame:
-    """Long table: schedule, request, arrival, TTFT, TPOT (NaN = missing), E2E, finish,
-    waiting (first step start - arrival, when step events exist)."""
-    frames = []
-    for label, tr in schedules:
-        m = request_metrics(tr)
-        wait = np.full(len(m), np.nan)
-        if len(tr.batch):
-            step_t = tr.steps.set_index("step")["t_ms"]
-            fb = tr.batch.groupby("req")["step"].min()
-            wait[fb.index] = step_t.reindex(fb.to_numpy()).to_numpy() - m["arrival_ms"].to_numpy()[fb.index]
-        frames.append(pd.DataFrame({"schedule": label, "request": m["id"], "arrival_ms": m["arrival_ms"],
-                                    "ttft_ms": m["ttft_ms"], "tpot_ms": m["tpot_ms"], "e2e_ms": m["e2e_ms"],
-                                    "finish_ms": m["last_token_ms"], "waiting_ms": wait,
-                                    "tokens": m["output_tokens"]}))
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-def tradeoff(schedules: list[tuple[str, Trace]], base: str, other: str) -> pd.DataFrame:
-    """Per request: E2E under `base` and `other` and the change (negative = finishes sooner)."""
-    t = per_request_table([s for s in schedules if s[0] in (base, other)])
-    a = t[t["schedule"] == base].set_index("request")["e2e_ms"]
-    b = t[t["schedule"] == other].set_index("request")["e2e_ms"]
-    d = pd.DataFrame({"request": a.index, f"E2E {base}": a.to_numpy(), f"E2E {other}": b.reindex(a.index).to_numpy()})
-    d["change_ms"] = d[f"E2E {other}"] - d[f"E2E {base}"]
-    d["verdict"] = np.where(d["change_ms"] < 0, "sooner", np.where(d["change_ms"] > 0, "later", "same"))
-    return d
-
-
-def summary_table(schedules: list[tuple[str, Trace]], window: tuple[float, float] | None,
-                  usd_per_hour: float) -> pd.DataFrame:
-    rows = []
-    for label, tr in schedules:
-        drain = throughput(tr)
-        cost, per_1k = cost_usd(drain, usd_per_hour)
-        s = summarize(tr)["summary"]
-        row = {"schedule": label, "origin": tr.source, "steps": len(tr.steps) if len(tr.steps) else None,
-               "output tokens": drain.output_tokens,
-               "drain window ms": f"[{drain.start_ms:g}, {drain.end_ms:g}]",
-               "tok/s (drain)": drain.tok_per_s}
-        if window is not None:
-            fixed = throughput(tr, window)
-            row[f"tok/s fixed [{window[0]:g}, {window[1]:g}] ms"] = fixed.tok_per_s
-        row.update({"cost USD (drain)": cost, "USD per 1k tokens": per_1k,
-                    "TTFT p50": s["ttft_ms"]["p50"], "TTFT p99": s["ttft_ms"]["p99"],
-                    "TPOT mean": s["tpot_ms"]["mean"], "E2E p99": s["e2e_ms"]["p99"]})
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def thin_sample_notes(schedules: list[tuple[str, Trace]]) -> list[str]:
-    notes = []
-    for label, tr in schedules[:1]:
-        notes += summarize(tr)["summary"]["notes"]
-    return notes
-
-
-# ---- KV page demos -----------------------------------------------------------------------
+# ---- worked examples: KV paging -----------------------------------------------------------------------
 
 def shared_prefix_demo(n: int = 24, tenants: int = 2, system_tokens: int = 64, block_size: int = 16,
                        salt_by_tenant: bool = True, seed: int = 5) -> Workload:
@@ -219,3 +226,30 @@ def fork_demo(prompt_tokens: int, samples: int, block_size: int, append_tokens: 
     bm.check()
     return {"before": before, "after": after, "refs_before": refs_before, "refs_after": refs_after,
             "copies": copies, "partial_tail": prompt_tokens % block_size != 0}
+
+
+def word_prefix_match(words_a: str, words_b: str) -> int:
+    """Positions of `words_b` served from `words_a`'s cache when each distinct word is one token
+    id: the same words in another order share only their common leading run."""
+    vocab = {w: i + 100 for i, w in enumerate(dict.fromkeys(words_a.split() + words_b.split()))}
+    return prefix_match([vocab[w] for w in words_a.split()], [vocab[w] for w in words_b.split()])
+
+
+# ---- worked examples: attention tiles -------------------------------------------------------------
+
+# The chapter's one query: unnormalised weights [4, 2, 1, 1] (logits = ln w) over values [1, 3, 0, 2].
+CHAPTER_TILE_WEIGHTS = (4.0, 2.0, 1.0, 1.0)
+CHAPTER_TILE_VALUES = (1.0, 3.0, 0.0, 2.0)
+
+
+def chapter_tile_example() -> tuple[np.ndarray, np.ndarray]:
+    """(logits [n], values [n]) of the chapter's example."""
+    return np.log(CHAPTER_TILE_WEIGHTS), np.array(CHAPTER_TILE_VALUES)
+
+
+def random_tile_example(num_keys: int, seed: int, logit_scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """(logits [n], values [n]): standard normal logits x `logit_scale` and values, seeded."""
+    if isinstance(num_keys, bool) or not isinstance(num_keys, int) or num_keys < 1:
+        raise ConfigError(f"num_keys: expected a positive integer, got {num_keys!r}")
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(num_keys) * logit_scale, rng.standard_normal(num_keys)

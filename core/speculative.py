@@ -34,6 +34,31 @@ def _pair(p, q):
     return p, q
 
 
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or v == ""
+
+
+def candidates(names: list, p: list, q: list, max_candidates: int = 8) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """An edited candidate table as (names, p, q): rows with every cell empty are dropped, an
+    unnamed candidate is called "#<row>", and p and q must be distributions over 2 to
+    `max_candidates` candidates. Errors name the row and column."""
+    rows = [(n, x, y) for n, x, y in zip(names, p, q) if not (_missing(n) and _missing(x) and _missing(y))]
+    if not 2 <= len(rows) <= max_candidates:
+        raise ConfigError(f"table: expected 2 to {max_candidates} candidates, got {len(rows)}")
+    out = {"p": [], "q": []}
+    for i, (_, x, y) in enumerate(rows):
+        for col, v in (("p", x), ("q", y)):
+            if _missing(v):
+                raise ConfigError(f"column {col}, row {i + 1}: every candidate needs a probability")
+            try:
+                out[col].append(float(v))
+            except (TypeError, ValueError):
+                raise ConfigError(f"column {col}, row {i + 1}: {v!r} is not a number") from None
+    labels = [n if isinstance(n, str) and n else f"#{i + 1}" for i, (n, _, _) in enumerate(rows)]
+    p_arr, q_arr = _pair(out["p"], out["q"])
+    return labels, p_arr, q_arr
+
+
 def acceptance(p, q) -> list[float]:
     """min(1, p/q) per candidate (1 where q = 0: never proposed, never rejected)."""
     p, q = _pair(p, q)
@@ -74,20 +99,16 @@ def wrong_final_distribution(p, q) -> list[float]:
     return (np.minimum(p, q) + rejection_mass(p, q) * p).tolist()
 
 
+def wrong_rule_error(p, q) -> float:
+    """Largest |wrong rule's probability - p| over the candidates."""
+    p, q = _pair(p, q)
+    return float(np.abs(np.asarray(wrong_final_distribution(p, q)) - p).max())
+
+
 def alpha(p, q) -> float:
     """Acceptance rate of one proposal: sum min(p, q)."""
     p, q = _pair(p, q)
     return float(np.minimum(p, q).sum())
-
-
-def speculative_sample(p, q, rng: np.random.Generator, wrong: bool = False) -> tuple[int, bool]:
-    """One draw through the algorithm: (token, accepted?)."""
-    p, q = np.asarray(p, float), np.asarray(q, float)
-    x = int(rng.choice(len(q), p=q))
-    if rng.random() < min(1.0, p[x] / q[x]):
-        return x, True
-    r = p if wrong else np.asarray(residual(p, q))
-    return int(rng.choice(len(p), p=r / r.sum())), False
 
 
 def monte_carlo(p, q, draws: int, seed: int = 0, wrong: bool = False) -> dict:
@@ -114,17 +135,6 @@ def monte_carlo(p, q, draws: int, seed: int = 0, wrong: bool = False) -> dict:
     half = 2.576 * np.sqrt(target * (1 - target) / draws)
     return {"counts": counts.tolist(), "freq": freq.tolist(), "accept_rate": float(accepted.mean()),
             "band_lo": (target - half).tolist(), "band_hi": (target + half).tolist(), "draws": draws}
-
-
-def greedy_accepted(draft_tokens, target_argmax) -> int:
-    """Greedy verification: accept the longest prefix where the draft equals the
-    target's argmax at that position. Returns the number accepted."""
-    k = 0
-    for d, t in zip(draft_tokens, target_argmax):
-        if d != t:
-            break
-        k += 1
-    return k
 
 
 def expected_tokens(alpha: float, gamma: int) -> float:

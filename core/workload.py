@@ -14,9 +14,10 @@ import gzip
 import io
 import json
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from core.errors import WorkloadError, read_input_file, short
 
@@ -282,8 +283,11 @@ def parse_workload(data: bytes | str, name: str = "workload",
                 return _from_vidur_csv(text, name)
         raise WorkloadError(f"{name}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     if isinstance(doc, dict) and "schema" in doc and "events" in doc:
-        from core.trace import trace_from_doc
-        return trace_from_doc(doc, name).workload()
+        # A serving trace: its requests are the workload (max_output_tokens is read as
+        # output_tokens); its events are not needed, so core.trace is not involved.
+        meta = doc.get("meta")
+        label = meta.get("label") if isinstance(meta, dict) else None
+        doc = {"requests": doc.get("requests"), "name": label if isinstance(label, str) and label else "trace workload"}
     return _from_json_doc(doc, name, tokenize)
 
 

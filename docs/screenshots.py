@@ -1,15 +1,13 @@
 """Regenerate the README screenshots with the project's own browser tooling
 (Streamlit server + headless Chromium via Playwright, as in tests/browser.py).
 
-    python docs/screenshots.py
+    python -m docs.screenshots        (from the repository root)
 """
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server, wait_idle  # noqa: E402
+from tests.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server, wait_idle
 
+ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "screenshots"
 PAGES = [("home", ""), ("schedules", "schedules"), ("kv", "kv"), ("tiles", "tiles"),
          ("speculative", "speculative"), ("roofline", "roofline"),

@@ -54,6 +54,11 @@ def build_parser():
     g.add_argument("--max-tokens", type=_pos_int, default=64)
     g.add_argument("--json", action="store_true", help='print {"ids": [...], "text": ...} for the generated tokens')
     _common(g, scheduler=False)
+    x = sub.add_parser("export-hf", help="write a model as a Hugging Face Llama checkpoint (for vLLM, transformers)")
+    x.add_argument("--model", default="tiny", help="tiny | tiny-draft | a local HF checkpoint dir")
+    x.add_argument("--out", required=True, help="directory to write config.json + model.safetensors into")
+    x.add_argument("--eos-token-id", type=int, default=257, help="end-of-sequence id (byte models: 257)")
+    x.add_argument("--bos-token-id", type=int, default=256, help="beginning-of-sequence id (byte models: 256)")
     return ap
 
 
@@ -186,9 +191,26 @@ def cmd_generate(a) -> int:
     return 0
 
 
+def cmd_export_hf(a) -> int:
+    from pathlib import Path
+
+    from core.errors import InputError
+    from gpu_runner.hf import export_hf
+    model, _, _, name = load_model(a.model, "cpu", "float32")
+    out = Path(a.out)
+    if out.exists() and (out / "config.json").exists():
+        raise InputError(f"--out {out}: already holds a checkpoint (config.json); choose an empty directory")
+    try:
+        export_hf(model, out, eos_token_id=a.eos_token_id, bos_token_id=a.bos_token_id)
+    except OSError as e:
+        raise InputError(f"--out {out}: cannot write ({e.strerror})") from None
+    print(f"wrote {out}: {name} as a Llama checkpoint ({model.num_params():,} parameters, eos {a.eos_token_id})")
+    return 0
+
+
 def main(argv=None) -> int:
     from core.cli import run
-    return run(build_parser(), {"capture": cmd_capture, "generate": cmd_generate}, argv)
+    return run(build_parser(), {"capture": cmd_capture, "generate": cmd_generate, "export-hf": cmd_export_hf}, argv)
 
 
 if __name__ == "__main__":

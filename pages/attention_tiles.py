@@ -1,12 +1,18 @@
 """Attention tiles: online softmax tile by tile, tile visit order, HBM traffic, kernel stats."""
-import numpy as np
 import pandas as pd
 import streamlit as st
 
 from core import tiles
 from core.errors import InputError
-from core.figures.attention import captured_tiles_figure, hbm_traffic_chart, online_softmax_figure, tile_grid
-from pages.common import tile_traces
+from core.figures.attention import (
+    captured_tiles_figure,
+    hbm_traffic_chart,
+    online_softmax_figure,
+    tile_event_groups,
+    tile_grid,
+)
+from core.scenarios import chapter_tile_example, random_tile_example
+from ui import bound, tile_traces
 
 st.title("Attention tiles")
 st.markdown("FlashAttention computes the same softmax attention, but walks the keys in tiles that fit in "
@@ -16,22 +22,19 @@ st.markdown("FlashAttention computes the same softmax attention, but walks the k
 
 st.header("One query, tile by tile")
 preset = st.segmented_control("Example", ["chapter", "random"], default="chapter", required=True,
-                              key="at_preset", bind="query-params",
-                              help="chapter: weights [4, 2, 1, 1], values [1, 3, 0, 2]; random: seeded logits")
+                              help="chapter: weights [4, 2, 1, 1], values [1, 3, 0, 2]; random: seeded logits",
+                              **bound("at_preset"))
 if preset == "chapter":
-    logits = np.log([4.0, 2.0, 1.0, 1.0])
-    values = np.array([1.0, 3.0, 0.0, 2.0])
-    tile_size = st.number_input("Tile size (keys)", 1, 4, 2, key="at_tile", bind="query-params")
+    logits, values = chapter_tile_example()
+    tile_size = st.number_input("Tile size (keys)", 1, 4, 2, **bound("at_tile"))
     st.caption("Unnormalised weights [4, 2, 1, 1] are exp(logits) with logits = ln w.")
 else:
     c1, c2, c3, c4 = st.columns(4)
-    n = c1.number_input("Keys", 2, 4096, 16, key="at_n", bind="query-params")
-    tile_size = c2.number_input("Tile size (keys)", 1, 4096, 4, key="at_tile_r", bind="query-params")
-    seed = c3.number_input("Seed", 0, 2**31 - 1, 0, key="at_seed", bind="query-params")
-    scale = c4.number_input("Logit scale", 0.0, 1000.0, 3.0, key="at_scale", bind="query-params")
-    rng = np.random.default_rng(int(seed))
-    logits = rng.standard_normal(int(n)) * scale
-    values = rng.standard_normal(int(n))
+    n = c1.number_input("Keys", 2, 4096, 16, **bound("at_n"))
+    tile_size = c2.number_input("Tile size (keys)", 1, 4096, 4, **bound("at_tile_r"))
+    seed = c3.number_input("Seed", 0, 2**31 - 1, 0, **bound("at_seed"))
+    scale = c4.number_input("Logit scale", 0.0, 1000.0, 3.0, **bound("at_scale"))
+    logits, values = random_tile_example(int(n), int(seed), scale)
 try:
     steps = tiles.online_softmax_steps(logits, values, int(tile_size))
 except InputError as e:
@@ -61,10 +64,10 @@ st.caption(":blue-badge[given] chapter numbers, or :orange-badge[computed] from 
 
 st.header("Which tiles does a causal kernel visit?")
 c1, c2, c3 = st.columns(3)
-T = c1.number_input("Sequence length", 1, 4096, 512, key="at_T", bind="query-params")
-bq = c2.number_input("Query tile", 1, 1024, 128, key="at_bq", bind="query-params")
-bk = c3.number_input("Key tile", 1, 1024, 64, key="at_bk", bind="query-params")
-causal = st.toggle("Causal mask", True, key="at_causal", bind="query-params")
+T = c1.number_input("Sequence length", 1, 4096, 512, **bound("at_T"))
+bq = c2.number_input("Query tile", 1, 1024, 128, **bound("at_bq"))
+bk = c3.number_input("Key tile", 1, 1024, 64, **bound("at_bk"))
+causal = st.toggle("Causal mask", True, **bound("at_causal"))
 if T / bq * T / bk > 4096:
     st.warning("Too many tiles to draw; raise the tile sizes.")
 else:
@@ -72,9 +75,9 @@ else:
 
 st.header("Memory traffic: naive vs tiled")
 c1, c2, c3 = st.columns(3)
-hd = c1.selectbox("Head dim", [64, 128, 256], index=1, key="at_hd", bind="query-params")
-dt = c2.selectbox("Bytes per element", [2, 4, 1], key="at_dt", bind="query-params")
-bq2 = c3.number_input("Query tile (rows per pass)", 16, 1024, 128, key="at_bq2", bind="query-params")
+hd = c1.selectbox("Head dim", [64, 128, 256], index=1, **bound("at_hd"))
+dt = c2.selectbox("Bytes per element", [2, 4, 1], **bound("at_dt"))
+bq2 = c3.number_input("Query tile (rows per pass)", 16, 1024, 128, **bound("at_bq2"))
 lens = [2 ** k for k in range(8, 18)]
 st.plotly_chart(hbm_traffic_chart(lens, int(hd), float(dt), int(bq2), causal), key="at_hbm")
 r = tiles.hbm_traffic_bytes(8192, int(hd), float(dt), int(bq2), causal)
@@ -93,7 +96,6 @@ else:
     tr, rows = found[name]
     st.markdown(f"{tr.meta.get('label', name)} — :green-badge[measured {tr.meta.get('device', '?')}, "
                 f"{tr.meta.get('created', '?')}]")
-    layers = sorted({(r.get("layer"), r.get("head"), r.get("q_tile")) for r in rows})
-    pick = st.selectbox("layer, head, query tile", layers, key="at_pick")
-    sel = [r for r in rows if (r.get("layer"), r.get("head"), r.get("q_tile")) == pick]
-    st.plotly_chart(captured_tiles_figure(sel), key="at_captured")
+    groups = tile_event_groups(rows)
+    pick = st.selectbox("layer, head, query tile", list(groups), key="at_pick")
+    st.plotly_chart(captured_tiles_figure(groups[pick]), key="at_captured")

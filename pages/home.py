@@ -2,7 +2,7 @@
 import streamlit as st
 
 from core.metrics import summarize
-from pages.common import chapter_traces, origin_badge, request_table
+from ui import chapter_traces, origin_badge, request_table
 
 st.title("Serving Explorer")
 st.markdown(

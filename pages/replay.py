@@ -1,30 +1,41 @@
 """Trace replay: load a trace (bundled, uploaded, or an engine's result file), move a time
 cursor through it, compare it with another trace or with the simulator's prediction."""
-import numpy as np
 import pandas as pd
 import streamlit as st
 
+from core.compare import compare_table, workload_differences
+from core.cursor import advance, requests_near, step_at, subset, time_range
 from core.errors import InputError
 from core.export import chrome_trace_json, metrics_csv
-from core.figures.memory import occupancy_heatmap
-from core.figures.replay import batch_figure, cdf_figure, in_flight_figure
-from core.figures.spec import acceptance_by_position_figure
 from core.figures.attention import captured_tiles_figure
+from core.figures.batch import batch_figure, in_flight_figure
+from core.figures.latency import cdf_figure
+from core.figures.memory import occupancy_heatmap
+from core.figures.spec import acceptance_by_position_figure
 from core.figures.timeline import schedule_timeline
-from core.importers import file_summary_comparison
-from core.metrics import request_metrics
-from core.replay import compare_table, requests_near, step_at, subset, time_range, workload_differences
 from core.speculative import acceptance_by_position
-from pages.common import (UPLOAD_LIMIT_MB, _occupancy, derived, fmt_ms, load_trace_file, origin_badge,
-                          parse_uploaded_trace, predicted_trace, trace_files)
+from core.trace import file_summary_comparison
+from ui import (
+    UPLOAD_LIMIT_MB,
+    bound,
+    cached_block_states,
+    cached_prediction,
+    derived,
+    fmt_ms,
+    load_trace_file,
+    origin_badge,
+    parse_uploaded_trace,
+    replay_trace_files,
+    trace_details,
+)
 
 st.title("Trace replay")
 st.caption("Open a trace — bundled, captured by the runner, written by hand, or a vLLM/SGLang benchmark result — "
            "and move the time cursor: every view below follows it.")
 
-files = trace_files()
+files = replay_trace_files()
 UPLOAD = "Upload a file…"
-choice = st.selectbox("Trace", list(files) + [UPLOAD], key="tr", bind="query-params")
+choice = st.selectbox("Trace", list(files) + [UPLOAD], **bound("tr"))
 
 
 def get_trace(choice, slot):
@@ -67,28 +78,22 @@ if tr is None:
     st.stop()
 
 # ---- metrics panel ---------------------------------------------------------------------
-meta = tr.meta
 st.markdown(f"**{tr.label}** {origin_badge(tr)}")
-eng = meta.get("engine")
-details = {"created": meta.get("created"), "device": meta.get("device"),
-           "step model": (meta.get("step_model") or {}).get("description") if isinstance(meta.get("step_model"), dict)
-           else None, "notes": meta.get("notes")}
-st.caption(" · ".join(f"{k}: {v}" for k, v in details.items() if v))
-tkey = f"{label}:{id(tr)}:{len(tr.tokens)}"
-summary = derived(tr, tkey, "summary")
+st.caption(trace_details(tr))
+summary = derived(tr, "summary")
 s = summary["summary"]
 cols = st.columns(6)
 cols[0].metric("requests", f"{s['requests']:,}")
-cols[1].metric("output tokens", f"{s['output_tokens']:,}")
+cols[1].metric("output tokens", f"{s['output_tokens']:,}")   # emitted (the summary's output_tokens)
 cols[2].metric("tok/s (drain window)", "—" if s["output_tok_per_s"] is None else f"{s['output_tok_per_s']:,.1f}",
                help=f"window {s['window_ms'][0]:g}–{s['window_ms'][1]:g} ms")
 cols[3].metric("TTFT p50 ms", fmt_ms(s["ttft_ms"]["median"]))
 cols[4].metric("TTFT p99 ms", fmt_ms(s["ttft_ms"]["p99"]))
 cols[5].metric("TPOT mean ms", fmt_ms(s["tpot_ms"]["mean"]))
 st.caption(f"Percentiles: {s['percentile_estimator']}. " + " ".join(s["notes"][:2]))
-if isinstance(eng, dict):
+if isinstance(tr.meta.get("engine"), dict):
     with st.expander("Engine configuration"):
-        st.json(eng)
+        st.json(tr.meta["engine"])
 if imp is not None and imp.file_summary:
     with st.expander("Our metrics vs the file's own summary"):
         st.dataframe(file_summary_comparison(imp, summary), hide_index=True, key="rp_agree")
@@ -105,28 +110,27 @@ big = len(tr.requests) > 150
 def cursor_views():
     step = (t1 - t0) / 400
     if playing:
-        cur = st.session_state.get("rp_cursor", t0)
-        st.session_state["rp_cursor"] = t0 if cur + 10 * step > t1 else min(t1, cur + 10 * step)
+        st.session_state["rp_cursor"] = advance(st.session_state.get("rp_cursor", t0), t0, t1, 10 * step)
     cursor = st.slider("Time cursor (ms)", float(t0), float(t1), float(t0 + (t1 - t0) / 2), step=step,
                        key="rp_cursor", format="%.3f")
     shown = tr
     if big:
-        idx = requests_near(tr, cursor, limit=150, metrics=derived(tr, tkey, "requests"))
+        idx = requests_near(tr, cursor, limit=150, metrics=derived(tr, "requests"))
         shown = subset(tr, idx)
         st.caption(f"Timeline: the {len(idx)} of {len(tr.requests):,} requests nearest the cursor "
                    "(in flight first).")
     fig = schedule_timeline([(label, shown)], max_token_markers=15_000)
     fig.add_vline(x=cursor, line_color="#d62728", line_width=2)
     st.plotly_chart(fig, key="rp_timeline")
-    st.plotly_chart(in_flight_figure(derived(tr, tkey, "in_flight"), cursor), key="rp_inflight")
+    st.plotly_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
     row, batch = step_at(tr, cursor)
     if row is None:
         st.info("Batch composition needs `step` events (with their `batch` lists).")
     else:
         st.plotly_chart(batch_figure(batch, row), key="rp_batch")
     if len(tr.kv):
-        occ = _occupancy(tr, tkey, 160)
-        j = int(np.clip(np.searchsorted(occ.times_ms, cursor, side="right") - 1, 0, len(occ.times_ms) - 1))
+        occ = cached_block_states(tr)
+        j = occ.index_at(cursor)
         counts = occ.at(j)
         st.plotly_chart(occupancy_heatmap(occ, tr.ids, j), key="rp_kv")
         st.caption("At the cursor: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " blocks.")
@@ -135,20 +139,20 @@ def cursor_views():
 
 
 cursor_views()
-spec = [e for e in tr.other if e.get("type") == "spec"]
+spec = tr.events_of("spec")
 if spec:
     pos, rates, counts = acceptance_by_position(spec)
     st.plotly_chart(acceptance_by_position_figure(pos, rates, counts), key="rp_spec")
 else:
     st.info("Speculative acceptance per position needs `spec` events.")
-tiles = [e for e in tr.other if e.get("type") == "tiles"]
+tiles = tr.events_of("tiles")
 if tiles:
     st.plotly_chart(captured_tiles_figure(tiles[:64]), key="rp_tiles")
 else:
     st.info("Per-tile attention statistics need `tiles` events.")
 
 with st.expander("Per-request metrics"):
-    m = derived(tr, tkey, "requests")
+    m = derived(tr, "requests")
     st.dataframe(m.head(2000), hide_index=True, key="rp_requests")
     if len(m) > 2000:
         st.caption(f"First 2,000 of {len(m):,} requests; the CSV export has all.")
@@ -173,12 +177,11 @@ def predict():
 if len(tr.steps) >= 3:
     st.button("Predict this trace with the simulator (step model fitted to its step durations)",
               on_click=predict, key="rp_predict")
-other_choice = st.selectbox("Compare with", ["(none)", PREDICT] + list(files) + [UPLOAD], key="rp_cmp",
-                            bind="query-params")
+other_choice = st.selectbox("Compare with", ["(none)", PREDICT] + list(files) + [UPLOAD], **bound("rp_cmp"))
 if other_choice != "(none)":
     if other_choice == PREDICT:
         try:
-            other, other_label = predicted_trace(tr, f"{label}:{id(tr)}"), "predicted (simulated)"
+            other, other_label = cached_prediction(tr), "predicted (simulated)"
             sm = other.meta["step_model"]["description"]
             st.caption(f"Prediction: core simulator, {sm}.")
         except InputError as e:
@@ -195,7 +198,7 @@ if other_choice != "(none)":
     st.dataframe(compare_table(tr, other, this_label, other_label), hide_index=True, key="rp_compare",
                  column_config={c: st.column_config.NumberColumn(format="%.6g")
                                 for c in (this_label, other_label, "difference", "ratio")})
-    ma, mb = request_metrics(tr), request_metrics(other)
+    ma, mb = derived(tr, "requests"), derived(other, "requests")
     c1, c2, c3 = st.columns(3)
     for col, metric, key in ((c1, "TTFT", "ttft_ms"), (c2, "TPOT", "tpot_ms"), (c3, "E2E", "e2e_ms")):
         col.plotly_chart(cdf_figure({this_label: ma[key], other_label: mb[key]}, metric), key=f"rp_cdf_{key}")

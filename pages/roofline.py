@@ -4,6 +4,7 @@ import streamlit as st
 
 from core import kv, roofline
 from core.figures.roof import roofline_chart
+from ui import bound
 
 st.title("Roofline")
 st.markdown("A dense forward step over B token positions does about 2·P·B FLOPs while reading the P·b bytes "
@@ -11,23 +12,19 @@ st.markdown("A dense forward step over B token positions does about 2·P·B FLOP
             "point (peak FLOP/s ÷ bandwidth) a step waits on memory; above it, on arithmetic.")
 
 c1, c2, c3 = st.columns(3)
-gpu_name = c1.selectbox("GPU", list(kv.GPUS), index=list(kv.GPUS).index("A100-80GB"), key="rf_gpu",
-                        bind="query-params")
-model_name = c2.selectbox("Model", list(kv.MODELS), key="rf_model", bind="query-params")
-dtype = c3.selectbox("Weight bytes", [2.0, 1.0, 4.0, 0.5], key="rf_dtype", bind="query-params")
+gpu_name = c1.selectbox("GPU", list(kv.GPUS), index=list(kv.GPUS).index("A100-80GB"), **bound("rf_gpu"))
+model_name = c2.selectbox("Model", list(kv.MODELS), **bound("rf_model"))
+dtype = c3.selectbox("Weight bytes", [2.0, 1.0, 4.0, 0.5], **bound("rf_dtype"))
 c1, c2 = st.columns(2)
-batch = c1.number_input("Decode batch (sequences)", 1, 65536, 32, key="rf_batch", bind="query-params")
-prompt = c2.number_input("Prefill length (tokens)", 1, 1_000_000, 2048, key="rf_prompt", bind="query-params")
+batch = c1.number_input("Decode batch (sequences)", 1, 65536, 32, **bound("rf_batch"))
+prompt = c2.number_input("Prefill length (tokens)", 1, 1_000_000, 2048, **bound("rf_prompt"))
 gpu, model = kv.GPUS[gpu_name], kv.MODELS[model_name]
 points = [("decode B=1", roofline.arithmetic_intensity(1, dtype)),
           (f"decode B={batch}", roofline.arithmetic_intensity(batch, dtype)),
           (f"prefill {prompt}", roofline.arithmetic_intensity(prompt, dtype))]
 others = [g for n, g in kv.GPUS.items() if n in ("T4", "H100-SXM") and n != gpu_name]
 st.plotly_chart(roofline_chart([gpu] + others, points), key="rf_chart")
-st.dataframe(pd.DataFrame([{"workload": label, "intensity FLOP/B": x,
-                            "bound on " + gpu.name: roofline.bound_of(x, gpu),
-                            "attainable TFLOP/s": roofline.attainable_flops(x, gpu) / 1e12} for label, x in points]),
-             hide_index=True, key="rf_points")
+st.dataframe(pd.DataFrame(roofline.intensity_table(points, gpu)), hide_index=True, key="rf_points")
 st.caption(f"{gpu.name}: {gpu.tflops_16:g} TFLOP/s dense 16-bit, {gpu.bandwidth_gbps:g} GB/s → ridge "
            f"{gpu.ridge_flop_per_byte:.0f} FLOP/B ({gpu.source}). Ignores attention, activations and KV traffic.")
 
@@ -39,16 +36,11 @@ c1.metric("Weight bytes", f"{wbytes / 1e9:,.2f} GB", help=kv.fmt_bytes(wbytes))
 c2.metric("Steps/s upper bound", f"{rate:,.2f}")
 c3.metric(f"Tokens/s at batch {batch}", f"{rate * batch:,.0f}",
           help="Bandwidth bound × batch, until the compute roof: "
-               f"{gpu.flops / (2 * model.params):,.0f} tokens/s")
+               f"{roofline.compute_bound_tokens_per_s(model.params, gpu):,.0f} tokens/s")
 chapter = roofline.bandwidth_bound_steps_per_s(2e12, 7e9 * 2)
 st.markdown(f"The chapter's assumption — 2 TB/s and 7 B two-byte weights (14 GB) — gives "
             f"2e12 / 14e9 ≈ **{chapter:.3f}** weight-read-limited steps/s: an optimistic bound, not a "
             f"measurement. :blue-badge[given]")
-rows = []
-for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
-    t_s = roofline.step_time_s(model.params, dtype, b, gpu)
-    rows.append({"batch": b, "step time ms (roofline)": t_s * 1000, "tokens/s": b / t_s,
-                 "bound": roofline.bound_of(roofline.arithmetic_intensity(b, dtype), gpu)})
-st.dataframe(pd.DataFrame(rows), hide_index=True, key="rf_batch_table")
+st.dataframe(pd.DataFrame(roofline.batch_table(model.params, dtype, gpu)), hide_index=True, key="rf_batch_table")
 st.caption(":orange-badge[simulated] roofline lower bound on step time, max(weights/bandwidth, FLOPs/peak); "
            "batching shares the weight read until compute becomes the limit.")

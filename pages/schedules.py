@@ -2,26 +2,45 @@
 import pandas as pd
 import streamlit as st
 
+from core.compare import (
+    POLICY_LABELS,
+    fixed_window,
+    per_request_table,
+    steps_taken,
+    summary_table,
+    thin_sample_notes,
+    tradeoff,
+)
+from core.config import SchedulerConfig
 from core.errors import InputError
-from core.figures.timeline import metric_comparison_bars, schedule_timeline
-from core.scenarios import (POLICY_LABELS, SCENARIOS, Limits, given_schedules, per_request_table,
-                            summary_table, thin_sample_notes, tradeoff, workload_from_rows)
-from pages.common import (SCENARIO_LABELS, SCHEDULE_PRESETS, apply_presets_on_change, cached_policies, cached_scenario, fmt_ms,
-                          origin_badge, parse_upload, step_model_controls)
+from core.figures.latency import metric_comparison_bars
+from core.figures.timeline import schedule_timeline
+from core.scenarios import SCENARIOS, SCHEDULE_PRESETS, given_schedules, max_output_tokens, workload_from_rows
+from ui import (
+    SCENARIO_LABELS,
+    apply_presets_on_change,
+    bound,
+    cached_policies,
+    cached_scenario,
+    fmt_ms,
+    origin_badge,
+    parse_upload,
+    step_model_controls,
+)
 
 st.title("Schedules")
 st.caption("One workload, several schedulers, one time axis. Bars: queue wait (gray), prefill (yellow), "
            "first-to-last token (blue); ticks: token emissions (hover for time and gap).")
 
-label = st.selectbox("Scenario", list(SCENARIO_LABELS), key="sc", bind="query-params")
+label = st.selectbox("Scenario", list(SCENARIO_LABELS), **bound("sc"))
 scenario = SCENARIO_LABELS[label]
 st.caption(SCENARIOS[scenario])
-apply_presets_on_change("sc", {lab: SCHEDULE_PRESETS[key] for lab, key in SCENARIO_LABELS.items()})
+apply_presets_on_change("sc", "schedules", {lab: SCHEDULE_PRESETS[key] for lab, key in SCENARIO_LABELS.items()})
 
 workload = None
 if scenario == "custom":
     default = pd.DataFrame({"id": ["A", "B", "C"], "arrival_ms": [0.0, 20.0, 40.0],
-                            "prompt_tokens": [4, 4, 2], "output_tokens": [3, 2, 1]})
+                            "prompt_tokens": [4, 4, 2], "max_output_tokens": [3, 2, 1]})
     edited = st.data_editor(default, num_rows="dynamic", key="sched_editor", hide_index=True)
     try:
         workload = workload_from_rows(edited.to_dict("records"))
@@ -50,21 +69,22 @@ if workload is None:
 with st.sidebar:
     st.subheader("Scheduler")
     policies = st.pills("Policies (simulated)", list(POLICY_LABELS), selection_mode="multi",
-                        default=list(POLICY_LABELS), key="pol", bind="query-params",
-                        help="chunked = continuous batching with chunked prefill")
-    max_seqs = st.number_input("Max running sequences (0 = no limit)", 0, 4096, 0, key="ms", bind="query-params")
-    budget = st.number_input("Token budget per step (0 = no limit)", 0, 1_000_000, 0, key="tb", bind="query-params")
-    chunk = st.number_input("Chunk size (chunked prefill)", 1, 1_000_000, 2, key="ch", bind="query-params")
-    kv_blocks = st.number_input("KV blocks (0 = enough for all)", 0, 1_000_000, 0, key="kb", bind="query-params")
-    block_size = st.number_input("Block size (tokens)", 1, 1024, 16, key="bs", bind="query-params")
-    step_model = step_model_controls(prefix="s")
+                        default=list(POLICY_LABELS), help="chunked = continuous batching with chunked prefill",
+                        **bound("pol"))
+    max_seqs = st.number_input("Max running sequences (0 = no limit)", 0, 4096, 0, **bound("ms"))
+    budget = st.number_input("Token budget per step (0 = no limit)", 0, 1_000_000, 0, **bound("tb"))
+    chunk = st.number_input("Chunk size (chunked prefill)", 1, 1_000_000, 2, **bound("ch"))
+    kv_blocks = st.number_input("KV blocks (0 = enough for all)", 0, 1_000_000, 0, **bound("kb"))
+    block_size = st.number_input("Block size (tokens)", 1, 1024, 16, **bound("bs"))
+    step_model = step_model_controls()
     st.subheader("Throughput and cost")
-    usd = st.number_input("Tariff (USD per hour)", 0.0, 1e6, 2.0, step=0.5, key="usd", bind="query-params")
+    usd = st.number_input("Tariff (USD per hour)", 0.0, 1e6, 2.0, step=0.5, **bound("usd"))
 
-lim = Limits(max_seqs=max_seqs or None, token_budget=budget or None, chunk=int(chunk),
-             kv_blocks=kv_blocks or None, block_size=int(block_size))
 try:
-    schedules = given_schedules(scenario) + cached_policies(workload, tuple(policies or ()), lim, step_model)
+    config = SchedulerConfig(max_seqs=max_seqs or None, token_budget=budget or None, kv_blocks=kv_blocks or None,
+                             block_size=int(block_size))
+    schedules = given_schedules(scenario) + cached_policies(workload, tuple(policies or ()), config, step_model,
+                                                            int(chunk))
 except InputError as e:
     st.error(f"Scheduler settings: {e}")
     st.stop()
@@ -74,16 +94,16 @@ if not schedules:
 
 st.markdown(" ".join(f"**{label}** {origin_badge(tr)}  " for label, tr in schedules))
 st.caption(f"Simulated step model — {step_model.describe()}. "
-           f"Workload: {len(workload)} requests, {sum(r.output_tokens for r in workload.requests):,} output tokens.")
+           f"Workload: {len(workload)} requests asking for {max_output_tokens(workload):,} output tokens.")
 st.plotly_chart(schedule_timeline(schedules), key="sched_timeline", width="stretch")
 
-end_default = float(max(tr.tokens["t_ms"].max() for _, tr in schedules))
 c1, c2 = st.columns(2)
-w0 = c1.number_input("Fixed window start (ms)", 0.0, 1e12, 0.0, key="w0", bind="query-params")
-w1 = c2.number_input("Fixed window end (ms, 0 = latest emission)", 0.0, 1e12, 0.0, key="w1", bind="query-params")
-window = (w0, w1 if w1 > 0 else end_default)
-if window[1] <= window[0]:
-    st.error(f"Fixed window: end ({window[1]:g} ms) must be after start ({window[0]:g} ms).")
+w0 = c1.number_input("Fixed window start (ms)", 0.0, 1e12, 0.0, **bound("w0"))
+w1 = c2.number_input("Fixed window end (ms, 0 = latest emission)", 0.0, 1e12, 0.0, **bound("w1"))
+try:
+    window = fixed_window(schedules, w0, w1)
+except InputError as e:
+    st.error(f"Fixed throughput {e}")
     window = None
 
 st.subheader("Throughput, cost and latency summary")
@@ -93,9 +113,9 @@ st.dataframe(summ, hide_index=True, key="sched_summary",
                             if c not in ("schedule", "origin", "drain window ms")})
 st.caption("Drain window = [first arrival, last emission] of each schedule; the fixed window is the same "
            f"for all. Cost = USD {usd:g}/h × drain-window hours. Percentiles: numpy 'linear' estimator.")
-steps_taken = [(label, len(tr.steps)) for label, tr in schedules if len(tr.steps)]
-if steps_taken:
-    st.markdown("Forward steps taken: " + ", ".join(f"**{label}** {n:,}" for label, n in steps_taken) + ".")
+taken = steps_taken(schedules)
+if taken:
+    st.markdown("Forward steps taken: " + ", ".join(f"**{label}** {n:,}" for label, n in taken) + ".")
 for note in thin_sample_notes(schedules):
     st.warning(note)
 
@@ -107,7 +127,7 @@ one = table[table["schedule"] == show]
 st.dataframe(pd.DataFrame({"request": one["request"], "arrival ms": one["arrival_ms"],
                            "waiting ms": one["waiting_ms"].map(fmt_ms), "TTFT ms": one["ttft_ms"].map(fmt_ms),
                            "TPOT ms": one["tpot_ms"].map(fmt_ms), "E2E ms (duration)": one["e2e_ms"].map(fmt_ms),
-                           "tokens": one["tokens"]}),
+                           "tokens": one["emitted_tokens"]}),
              hide_index=True, key="sched_requests")
 st.caption("TPOT = (E2E − TTFT)/(tokens − 1); a one-token request has none (—), never 0.")
 if len(table["request"].unique()) <= 60:

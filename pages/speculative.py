@@ -1,13 +1,17 @@
 """Speculative decoding: where the probability mass goes, and when speculation pays."""
-import numpy as np
 import pandas as pd
 import streamlit as st
 
 from core import speculative as spec
 from core.errors import InputError
-from core.figures.spec import (acceptance_by_position_figure, break_even_chart, expected_tokens_chart,
-                               mass_sankey, monte_carlo_figure)
-from pages.common import spec_traces
+from core.figures.spec import (
+    acceptance_by_position_figure,
+    break_even_chart,
+    expected_tokens_chart,
+    mass_sankey,
+    monte_carlo_figure,
+)
+from ui import bound, spec_traces
 
 st.title("Speculative decoding")
 st.markdown("A draft proposes x ~ q; the target, with distribution p, accepts it with probability "
@@ -19,32 +23,24 @@ PRESETS = {
     "exercise": ("Exercise: p = [0.3, 0.7], q = [0.6, 0.4]", ["Paris", "Lyon"], [0.3, 0.7], [0.6, 0.4]),
     "three": ("Three candidates", ["A", "B", "C"], [0.2, 0.5, 0.3], [0.6, 0.3, 0.1]),
 }
-preset = st.segmented_control("Preset", list(PRESETS), default="paris", required=True, key="sp_preset",
-                              bind="query-params")
+preset = st.segmented_control("Preset", list(PRESETS), default="paris", required=True, **bound("sp_preset"))
 desc, names, p0, q0 = PRESETS[preset]
 st.caption(desc)
 edited = st.data_editor(pd.DataFrame({"candidate": names, "p (target)": p0, "q (draft)": q0}),
                         num_rows="dynamic", hide_index=True, key=f"sp_table_{preset}")
-edited = edited.dropna(how="all")
 try:
-    if not 2 <= len(edited) <= 8:
-        raise InputError(f"table: expected 2 to 8 candidates, got {len(edited)}")
-    names = [str(x) if isinstance(x, str) and x else f"#{i + 1}" for i, x in enumerate(edited["candidate"])]
-    p = edited["p (target)"].astype(float).to_numpy()
-    q = edited["q (draft)"].astype(float).to_numpy()
-    for col, v in (("p (target)", p), ("q (draft)", q)):
-        if np.isnan(v).any():
-            raise InputError(f"column {col}: every candidate needs a probability")
-    acc = spec.acceptance(p, q)
-    res = spec.residual(p, q)
-except (InputError, ValueError) as e:
+    names, p, q = spec.candidates(edited["candidate"].tolist(), edited["p (target)"].tolist(),
+                                  edited["q (draft)"].tolist())
+except InputError as e:
     st.error(f"Distributions: {e}")
     st.stop()
+acc = spec.acceptance(p, q)
+res = spec.residual(p, q)
 final = spec.final_distribution(p, q)
 wrong = spec.wrong_final_distribution(p, q)
 alpha = spec.alpha(p, q)
 st.dataframe(pd.DataFrame({"candidate": names, "p": p, "q": q, "accept min(1, p/q)": acc,
-                           "accepted mass min(p, q)": np.minimum(p, q), "residual": res, "final": final,
+                           "accepted mass min(p, q)": spec.accepted_mass(p, q), "residual": res, "final": final,
                            "wrong rule": wrong}),
              hide_index=True, key="sp_numbers",
              column_config={c: st.column_config.NumberColumn(format="%.4g")
@@ -53,17 +49,17 @@ st.dataframe(pd.DataFrame({"candidate": names, "p": p, "q": q, "accept min(1, p/
 c1, c2, c3 = st.columns(3)
 c1.metric("α = Σ min(p, q) (acceptance rate)", f"{alpha:.4g}")
 c2.metric("Rejection mass", f"{spec.rejection_mass(p, q):.4g}")
-err = float(np.abs(np.array(wrong) - p).max())
 c3.metric(f"Wrong rule: {names[0]}", f"{wrong[0]:.4g}", delta=f"{wrong[0] - p[0]:+.4g} vs p", delta_color="inverse")
 c1, c2 = st.columns(2)
 c1.plotly_chart(mass_sankey(p, q, names), key="sp_sankey")
 c2.plotly_chart(mass_sankey(p, q, names, wrong=True), key="sp_sankey_wrong")
-st.caption(f":blue-badge[given] preset values or your edits. The wrong rule's largest error is {err:.4g}.")
+st.caption(":blue-badge[given] preset values or your edits. "
+           f"The wrong rule's largest error is {spec.wrong_rule_error(p, q):.4g}.")
 
 st.header("Monte Carlo check")
 c1, c2 = st.columns(2)
-draws = c1.number_input("Draws", 100, 5_000_000, 100_000, step=10_000, key="sp_draws", bind="query-params")
-seed = c2.number_input("Seed", 0, 2**31 - 1, 0, key="sp_seed", bind="query-params")
+draws = c1.number_input("Draws", 100, 5_000_000, 100_000, step=10_000, **bound("sp_draws"))
+seed = c2.number_input("Seed", 0, 2**31 - 1, 0, **bound("sp_seed"))
 mc = spec.monte_carlo(p, q, int(draws), int(seed))
 mc_wrong = spec.monte_carlo(p, q, int(draws), int(seed), wrong=True)
 st.plotly_chart(monte_carlo_figure(mc, p, names, mc_wrong), key="sp_mc")
@@ -74,9 +70,8 @@ st.caption(f":orange-badge[simulated] {int(draws):,} seeded draws through the ex
 st.header("How many tokens per verification, and when it pays")
 c1, c2, c3 = st.columns(3)
 a_sel = c1.slider("α", 0.0, 1.0, float(round(alpha, 2)), 0.01, key="sp_alpha")
-gamma = c2.slider("γ (draft tokens)", 1, 16, 4, key="sp_gamma", bind="query-params")
-verify = c3.number_input("Verify cost (× one decode step)", 0.1, 10.0, 1.0, 0.1, key="sp_verify",
-                         bind="query-params")
+gamma = c2.slider("γ (draft tokens)", 1, 16, 4, **bound("sp_gamma"))
+verify = c3.number_input("Verify cost (× one decode step)", 0.1, 10.0, 1.0, 0.1, **bound("sp_verify"))
 st.plotly_chart(expected_tokens_chart([0.5, 0.7, 0.8, 0.9, a_sel], 12, (a_sel, gamma)), key="sp_expected")
 st.plotly_chart(break_even_chart(a_sel, gamma, verify), key="sp_breakeven")
 st.caption(f"Expected tokens per verification (1 − α^(γ+1))/(1 − α) = {spec.expected_tokens(a_sel, gamma):.4g}; "

@@ -62,6 +62,7 @@ def test_query_parameters_restore_a_scenario(server, page):
 
 def test_upload_a_trace_and_move_the_cursor(server, page):
     from playwright.sync_api import expect
+
     from tests.conftest import DATA
     page.goto(f"{server}/replay?tr=Upload+a+file%E2%80%A6")
     wait_idle(page)

@@ -92,7 +92,8 @@ def bad_file(tmp_path, name, content):
 @pytest.mark.parametrize("args_fn,msg", [
     (lambda t: ["metrics", t / "missing.json"], "no such file"),
     (lambda t: ["metrics", bad_file(t, "x.json", "{not json")], "not valid JSON"),
-    (lambda t: ["metrics", bad_file(t, "x.json", '{"schema": "serving-trace/9", "meta": {}, "requests": [], "events": []}')],
+    (lambda t: ["metrics", bad_file(t, "x.json",
+                                    '{"schema": "serving-trace/9", "meta": {}, "requests": [], "events": []}')],
      "unknown version"),
     (lambda t: ["metrics", bad_file(t, "x.json", json.dumps({
         "schema": "serving-trace/1", "meta": {"source": "given"},

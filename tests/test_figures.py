@@ -1,5 +1,5 @@
-"""Figure builders as plain functions: the data in the returned figures, and the occupancy
-replay they draw from."""
+"""Figure builders as plain functions: the data in the returned figures, and the block
+states (core.occupancy) they draw from."""
 import numpy as np
 import pytest
 
@@ -9,7 +9,7 @@ from core.figures.memory import block_table_figure, kv_growth_chart, occupancy_h
 from core.figures.roof import roofline_chart
 from core.figures.spec import break_even_chart, expected_tokens_chart, mass_sankey, monte_carlo_figure
 from core.figures.timeline import schedule_timeline
-from core.occupancy import CACHED, FREE, OWNED, SHARED, block_tables_at, replay
+from core.occupancy import CACHED, FREE, OWNED, SHARED, block_states, block_tables_at
 from core.scheduler import SchedulerConfig
 from core.simulate import simulate
 from core.speculative import monte_carlo
@@ -45,15 +45,15 @@ def test_timeline_hides_markers_for_huge_traces():
     assert "token ticks hidden" in fig.layout.title.text
 
 
-def test_occupancy_replay_matches_step_events():
+def test_block_states_match_step_events():
     w = Workload([Request(f"r{i}", i * 2.0, 20, 6, prompt_ids=tuple(range(16)) + (i, i, i, i), tenant="t")
                   for i in range(6)])
     tr = simulate(w, SchedulerConfig("continuous", max_seqs=3, block_size=4, kv_blocks=20, prefix_caching=True))
-    occ = replay(tr, times_ms=tr.steps["t_ms"].to_numpy())
+    occ = block_states(tr, times_ms=tr.steps["t_ms"].to_numpy())
     used = (occ.state >= OWNED).sum(axis=0)
     assert used.tolist() == tr.steps["kv_used_blocks"].tolist()   # independent: logged by the scheduler
     assert (occ.state == SHARED).any()                             # the 16-token prefix is shared
-    end = replay(tr, times_ms=[tr.tokens["t_ms"].max()])
+    end = block_states(tr, times_ms=[tr.tokens["t_ms"].max()])
     assert set(end.state[:, 0].tolist()) <= {FREE, CACHED}          # everything released at the end
     assert (end.state[:, 0] == CACHED).sum() >= 4                   # prefix blocks stay cached
     tables = block_tables_at(tr, float(tr.steps["t_ms"].iloc[3]))

@@ -1,6 +1,7 @@
 """Block manager: unit tests and property tests of its invariants."""
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from core.errors import ConfigError
@@ -237,7 +238,7 @@ TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_coun
 def test_grow_many_equals_individual_grows(lengths, bs):
     a = BlockManager(800, bs)   # room for the largest draw: 20 sequences x 40 one-token blocks
     b = BlockManager(800, bs)
-    for i, n in enumerate(lengths):
+    for i in range(len(lengths)):
         a.admit(i); b.admit(i)
     a.grow_many(list(range(len(lengths))), [-(-n // bs) for n in lengths])
     for i, n in enumerate(lengths):

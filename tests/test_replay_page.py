@@ -48,7 +48,8 @@ def test_upload_good_then_garbage_keeps_the_previous_trace():
     at.file_uploader(key="rp_upload").set_value(("mine.json", good, "application/json")).run()
     assert not at.exception
     assert {m.label: m.value for m in at.metric}["tok/s (drain window)"] == "16.7"
-    at.file_uploader(key="rp_upload").set_value(("bad.json", b'{"schema": "serving-trace/7"}', "application/json")).run()
+    bad = ("bad.json", b'{"schema": "serving-trace/7"}', "application/json")
+    at.file_uploader(key="rp_upload").set_value(bad).run()
     assert not at.exception
     errors = " ".join(e.value for e in at.error)
     assert "bad.json" in errors and "unknown version 'serving-trace/7'" in errors

@@ -52,7 +52,8 @@ def text_workload(n=6, seed=0):
     for i in range(n):
         start = int(rng.integers(0, len(corpus) - 100))
         p = int(rng.integers(3, 40))
-        reqs.append(Request(f"r{i}", float(i) * 0.5, p, int(rng.integers(2, 20)), prompt_ids=tuple(corpus[start:start + p])))
+        reqs.append(Request(f"r{i}", float(i) * 0.5, p, int(rng.integers(2, 20)),
+                            prompt_ids=tuple(corpus[start:start + p])))
     return Workload(reqs, name="text")
 
 

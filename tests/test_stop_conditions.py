@@ -76,6 +76,18 @@ def eos_space_models(tmp_path_factory):
     return target, draft
 
 
+def test_cli_export_hf_round_trips(tmp_path):
+    from gpu_runner.__main__ import main
+    assert main(["export-hf", "--model", "tiny", "--out", str(tmp_path / "x"), "--eos-token-id", "32"]) == 0
+    ours = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
+    back, _ = load_hf(tmp_path / "x")
+    x = torch.randint(0, 256, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), ours(x), rtol=0, atol=0)
+    assert back.eos_token_id == SPACE
+    assert main(["export-hf", "--model", "tiny", "--out", str(tmp_path / "x")]) == 2   # never overwrites
+
+
 def serve(target, draft, gamma, **sched):
     reqs = [Request(f"r{i}", 0.0, len(p), 40, prompt_ids=tuple(ByteTokenizer().encode(p)))
             for i, p in enumerate(PROMPTS)]

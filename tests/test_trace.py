@@ -33,6 +33,7 @@ def sim_trace(**cfg):
                     StepModel("affine", base_ms=3, prefill_ms_per_token=0.02, decode_ms_per_seq=0.1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", sorted((DATA / "traces").glob("*.json*")), ids=lambda p: p.name)
 def test_bundled_traces_match_schema_and_load(path):
     raw = path.read_bytes()
@@ -154,4 +155,44 @@ def test_steps_batch_and_kv_survive_json():
     assert back.batch.groupby("step")["tokens"].sum().tolist() == tr.batch.groupby("step")["tokens"].sum().tolist()
     assert sorted(back.kv["op"].tolist()) == sorted(tr.kv["op"].tolist())
     counts = {k: v for k, v in back.kv["op"].value_counts().to_dict().items() if v}
-    assert counts == {k.removeprefix("kv_"): v for k, v in tr.meta["stats"].items() if k.startswith("kv_") and k != "kv_blocks" and v}
+    assert counts == {k.removeprefix("kv_"): v for k, v in tr.meta["stats"].items()
+                      if k.startswith("kv_") and k != "kv_blocks" and v}
+
+
+# ---- one declaration: everything derived from core/trace/schema.py is up to date -------------
+
+def test_committed_json_schema_is_the_generated_one():
+    from core.trace.schema import json_schema_text
+    assert (DATA / "schema" / "serving-trace-1.json").read_text() == json_schema_text(), \
+        "run: python -m core.trace --write"
+
+
+def test_docs_field_tables_are_up_to_date():
+    from core.trace.schema import DOC_FILE, docs_with_tables
+    text = DOC_FILE.read_text()
+    assert docs_with_tables(text) == text, "run: python -m core.trace --write"
+
+
+def test_written_fields_are_declared():
+    from core.trace.schema import BATCH, EVENTS
+    declared = {r.type: {"t_ms", "type"} | {f.name for f in r.json_fields} for r in EVENTS}
+    tr = sim_trace(kv_blocks=70)
+    for e in tr.to_doc()["events"]:
+        assert set(e) <= declared[e["type"]], e
+        for item in e.get("batch", []):
+            assert set(item) == {f.name for f in BATCH.json_fields}
+
+
+def test_workload_does_not_import_trace():
+    import subprocess
+    import sys
+    code = "import sys, core.workload; assert not [m for m in sys.modules if m.startswith('core.trace')]"
+    assert subprocess.run([sys.executable, "-c", code], cwd=DATA.parent).returncode == 0
+
+
+@pytest.mark.parametrize("path", sorted((DATA / "traces").glob("*.json*")), ids=lambda p: p.name)
+def test_a_trace_read_as_a_workload_is_its_workload(path):
+    from core.workload import parse_workload
+    row = lambda r: (r.id, r.arrival_ms, r.prompt_tokens, r.output_tokens, r.prompt_ids, r.tenant, r.abort_at_ms)
+    w = load_trace(path).workload()
+    assert list(map(row, parse_workload(path.read_bytes(), path.name).requests)) == list(map(row, w.requests))

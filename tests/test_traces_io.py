@@ -6,13 +6,13 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from core.errors import TraceError
 from core.export import chrome_trace, metrics_csv
-from core.importers import Imported, import_vllm, load_any
 from core.metrics import summarize
-from core.trace import load_trace, parse_trace, to_parquet_bytes, trace_from_doc
+from core.trace import Imported, import_vllm, load_trace, open_trace, parse_trace, to_parquet_bytes, trace_from_doc
 from tests.conftest import DATA, ROOT
 from tests.test_trace import minimal, sim_trace
 
@@ -50,6 +50,32 @@ def test_typed_fast_path_and_generic_path_agree():
     assert fast.to_doc() == generic.to_doc() == tr.to_doc()
 
 
+@pytest.mark.parametrize("name", ["spec_measured_cpu.json", "tiles_measured_cpu_triton.json"])
+def test_fast_path_keeps_verbatim_events(name):
+    from core.trace.jsoncodec import decode_fast
+    raw = (DATA / "traces" / name).read_bytes()
+    fast = decode_fast(raw, name)                       # None would mean: refused, left to the precise path
+    assert fast is not None and fast.to_doc() == trace_from_doc(json.loads(raw), name).to_doc()
+    kind = name.split("_")[0]
+    assert fast.events_of(kind) == [e for e in json.loads(raw)["events"] if e["type"] == kind]
+
+
+def test_open_trace_sniffs_the_content_not_the_name(tmp_path):
+    tr = sim_trace()
+    for name in ("a.json", "b.json.gz", "c.parquet"):
+        tr.save(tmp_path / name)
+        data = (tmp_path / name).read_bytes()
+        (tmp_path / "misnamed.txt").write_bytes(data)
+        for got in (open_trace(tmp_path / name), open_trace(str(tmp_path / "misnamed.txt")), open_trace(data, name)):
+            assert isinstance(got, type(tr)) and got.to_doc() == tr.to_doc(), name
+    imp = open_trace(VLLM_FILE)
+    assert isinstance(imp, Imported) and imp.trace is not None and imp.failed and imp.file_summary
+    with pytest.raises(TraceError, match="schema: missing"):
+        load_trace(VLLM_FILE)                           # a native trace only
+    with pytest.raises(TraceError, match="nope.json: no such file"):
+        open_trace(tmp_path / "nope.json")
+
+
 # ---- vLLM import ---------------------------------------------------------------------------
 
 def vllm_reference_summary(doc):
@@ -84,7 +110,7 @@ def assert_agrees(ours, ref):
 
 def test_bundled_vllm_file_agrees_with_its_own_summary():
     doc = json.loads(VLLM_FILE.read_text())
-    imp = load_any(VLLM_FILE.read_bytes(), VLLM_FILE.name)
+    imp = open_trace(VLLM_FILE.read_bytes(), VLLM_FILE.name)
     assert isinstance(imp, Imported) and imp.aligned_at_zero
     ours = summarize(imp.trace)
     for m in OURS:
@@ -201,7 +227,7 @@ def only_trace_errors(data, name="f.json"):
     except TraceError:
         pass
     try:
-        load_any(data, name)
+        open_trace(data, name)
     except TraceError:
         pass
 
@@ -220,6 +246,7 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70
                            max_leaves=20)
 
 
+@pytest.mark.slow
 @given(json_values)
 @settings(max_examples=300, deadline=None)
 def test_fuzz_random_json(value):
@@ -230,6 +257,7 @@ KEYS = ["schema", "meta", "source", "requests", "events", "id", "arrival_ms", "p
         "t_ms", "type", "req", "index", "reason", "step", "batch", "op", "block", "ttfts", "itls", "output_lens"]
 
 
+@pytest.mark.slow
 @given(st.data())
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_fuzz_mutated_valid_traces(data):

@@ -25,7 +25,8 @@ def test_vidur_csv():
 
 
 def test_llmservingsim_jsonl():
-    data = b'{"input_toks": 5, "output_toks": 2, "arrival_time_ns": 3000000}\n\n{"input_toks": 1, "output_toks": 9, "arrival_time_ns": 0}\n'
+    data = (b'{"input_toks": 5, "output_toks": 2, "arrival_time_ns": 3000000}\n\n'
+            b'{"input_toks": 1, "output_toks": 9, "arrival_time_ns": 0}\n')
     w = parse_workload(data, "t.jsonl")
     assert [(r.arrival_ms, r.prompt_tokens, r.output_tokens) for r in w.requests] == [(0.0, 1, 9), (3.0, 5, 2)]
 

@@ -79,6 +79,15 @@ def hbm_traffic_chart(seq_lens, head_dim: int, dtype_bytes: float, block_q: int,
                        height=340)
 
 
+def tile_event_groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    """Captured `tiles` events by (layer, head, query tile), in key order; one group is one
+    captured_tiles_figure."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r.get("layer"), r.get("head"), r.get("q_tile")), []).append(r)
+    return dict(sorted(groups.items()))
+
+
 def captured_tiles_figure(rows: list[dict]) -> go.Figure:
     """Per-tile running max m and log-sum-exp (m + ln l) of captured kernel statistics,
     one line per query row, x = key tile."""

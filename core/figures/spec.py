@@ -43,7 +43,8 @@ def mass_sankey(p, q, names: list[str], wrong: bool = False) -> go.Figure:
         node=dict(label=labels, color=node_colors, pad=18, thickness=16),
         link=dict(source=src, target=dst, value=val, color=col, customdata=hover,
                   hovertemplate="%{customdata}<extra></extra>")))
-    title = ("WRONG rule: on rejection resample from p" if wrong else "Exact rule: on rejection resample from the residual")
+    title = ("WRONG rule: on rejection resample from p" if wrong
+             else "Exact rule: on rejection resample from the residual")
     return base_layout(fig, title, height=360)
 
 

@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.figures import ORIGIN_COLORS, base_layout
+from core.metrics import first_scheduled_ms, token_spans
 
 QUEUE_COLOR = "#D9D9D9"
 PREFILL_COLOR = "#F2B701"
@@ -14,24 +15,11 @@ DECODE_COLOR = "#80B1D3"
 
 def request_spans(trace) -> dict[str, np.ndarray]:
     """Per request: arrival, first scheduled step start (NaN without step events), first and
-    last token times, token count."""
-    n = len(trace.requests)
+    last token times, tokens emitted."""
     arrival = trace.requests["arrival_ms"].to_numpy(dtype=float)
-    first = np.full(n, np.nan)
-    last = np.full(n, np.nan)
-    count = np.zeros(n, dtype=np.int64)
-    tk = trace.tokens
-    if len(tk):
-        g = tk.groupby("req")["t_ms"].agg(["min", "max", "count"])
-        first[g.index] = g["min"]
-        last[g.index] = g["max"]
-        count[g.index] = g["count"]
-    sched = np.full(n, np.nan)
-    if len(trace.batch):
-        step_t = trace.steps.set_index("step")["t_ms"]
-        fb = trace.batch.groupby("req")["step"].min()
-        sched[fb.index] = step_t.reindex(fb.to_numpy()).to_numpy()
-    return {"arrival": arrival, "scheduled": sched, "first": first, "last": last, "count": count}
+    first, last, num_emitted = token_spans(trace)
+    return {"arrival": arrival, "scheduled": first_scheduled_ms(trace), "first": first, "last": last,
+            "num_emitted": num_emitted}
 
 
 def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: int = 20_000,
@@ -48,7 +36,7 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
     # Ticks help while they are sparse; dense ones would only hide the bars.
     draw_markers = total_tokens <= max_token_markers and total_tokens <= 25 * sum(heights)
     shown = set()
-    for k, (label, tr) in enumerate(schedules, start=1):
+    for k, (_, tr) in enumerate(schedules, start=1):
         ids = np.array(tr.ids, dtype=object)
         sp = request_spans(tr)
         has_steps = not np.all(np.isnan(sp["scheduled"]))
@@ -91,14 +79,3 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
     title = "Request timelines" + ("" if draw_markers else
                                    f" (token ticks hidden: {total_tokens:,} tokens are too dense to show)")
     return base_layout(fig, title, height=max(260, sum(heights) * height_per_row + 110 * rows))
-
-
-def metric_comparison_bars(table, metric: str, unit: str = "ms") -> go.Figure:
-    """Grouped bars of one per-request metric across schedules. `table`: DataFrame with
-    columns request, schedule, and the metric (NaN = missing, drawn as a gap)."""
-    fig = go.Figure()
-    for sched, g in table.groupby("schedule", sort=False):
-        fig.add_trace(go.Bar(x=g["request"], y=g[metric], name=str(sched),
-                             hovertemplate=f"%{{x}}: %{{y:.3f}} {unit}<extra>{sched}</extra>"))
-    fig.update_layout(barmode="group", yaxis_title=f"{metric}")
-    return base_layout(fig, f"{metric} per request", height=320)

@@ -21,8 +21,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.errors import short, TraceError
-from core.trace import TOKEN_SOURCES, Trace, parse_json_bytes, trace_from_doc, new_trace
+from core.errors import TraceError, short
+from core.trace.build import new_trace
+from core.trace.model import Trace, frame
+from core.trace.schema import FINISH, TOKEN
 from core.workload import Request, Workload
 
 VLLM_ARRAY_KEYS = ("ttfts", "itls", "input_lens", "output_lens")
@@ -148,27 +150,16 @@ def import_vllm(doc: dict, name: str = "vllm result") -> Imported:
     pos = {rid: k for k, rid in enumerate(tr.ids)}
     order = np.array([pos[r.id] for r in reqs])
     if tok_req:
-        tr.tokens = pd.DataFrame({"req": order[np.concatenate(tok_req)], "index": np.concatenate(tok_idx),
-                                  "t_ms": np.concatenate(tok_t),
-                                  "source": pd.Categorical(["sampled"] * sum(map(len, tok_req)),
-                                                           categories=TOKEN_SOURCES),
-                                  "token_id": -1})
-    tr.finishes = pd.DataFrame({"req": order[[f[0] for f in finishes]], "t_ms": [f[1] for f in finishes],
-                                "reason": pd.Series([f[2] for f in finishes], dtype=object)})
+        tr.tokens = frame(TOKEN, {"t_ms": np.concatenate(tok_t), "req": order[np.concatenate(tok_req)],
+                                  "index": np.concatenate(tok_idx)})
+    tr.finishes = frame(FINISH, {"t_ms": [f[1] for f in finishes], "req": order[[f[0] for f in finishes]],
+                                 "reason": [f[2] for f in finishes]})
     err_of = {f["id"]: f["error"] for f in failed}
     if err_of:
         for k, rid in enumerate(tr.ids):
             if rid in err_of:
                 tr.request_extra[k]["error"] = err_of[rid]
     return Imported(tr, "vllm", summary, failed, notes, aligned)
-
-
-def load_any(data: bytes | str, name: str = "trace"):
-    """A native trace (Trace) or an engine result (Imported), detected from the content."""
-    doc = parse_json_bytes(data, name)
-    if looks_like_vllm(doc):
-        return import_vllm(doc, name)
-    return trace_from_doc(doc, name)
 
 
 def file_summary_comparison(imp: Imported, ours: dict) -> pd.DataFrame:

@@ -1,11 +1,12 @@
-"""What the trace replay page needs from a trace: state at a time cursor, windows of requests,
-comparisons between two traces of the same workload."""
+"""A trace at a time cursor: the span a cursor moves over, the step running at a time, the
+requests worth drawing around it, and running/waiting counts over time (for the trace
+replay page). Times are ms on the trace's own clock."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from core.metrics import request_metrics, summarize, throughput
+from core.metrics import request_metrics
 from core.trace import Trace
 
 
@@ -93,50 +94,6 @@ def step_at(trace: Trace, t_ms: float) -> tuple[dict | None, pd.DataFrame]:
     return row, b.reset_index(drop=True)
 
 
-def workload_differences(a: Trace, b: Trace, limit: int = 5) -> list[str]:
-    """Differences between two traces' workloads (ids, arrivals, prompt/output lengths)."""
-    out = []
-    ra, rb = a.requests.set_index("id"), b.requests.set_index("id")
-    only_a, only_b = ra.index.difference(rb.index), rb.index.difference(ra.index)
-    if len(only_a) or len(only_b):
-        out.append(f"request ids differ: {len(only_a)} only in the first, {len(only_b)} only in the second")
-    common = ra.index.intersection(rb.index)
-    for col, what in (("arrival_ms", "arrival times"), ("prompt_tokens", "prompt lengths"),
-                      ("max_output_tokens", "output lengths")):
-        x, y = ra.loc[common, col].to_numpy(), rb.loc[common, col].to_numpy()
-        diff = ~np.isclose(x, y) if col == "arrival_ms" else x != y
-        if diff.any():
-            ex = ", ".join(f"{common[i]}: {x[i]:g} vs {y[i]:g}" for i in np.flatnonzero(diff)[:limit])
-            out.append(f"{int(diff.sum())} request(s) have different {what} ({ex})")
-    return out
-
-
-METRIC_ROWS = [("TTFT mean", "ttft_ms", "mean"), ("TTFT p50", "ttft_ms", "median"), ("TTFT p99", "ttft_ms", "p99"),
-               ("TPOT mean", "tpot_ms", "mean"), ("TPOT p99", "tpot_ms", "p99"), ("ITL mean", "itl_ms", "mean"),
-               ("ITL p99", "itl_ms", "p99"), ("E2E mean", "e2e_ms", "mean"), ("E2E p99", "e2e_ms", "p99")]
-
-
-def compare_table(a: Trace, b: Trace, label_a: str, label_b: str) -> pd.DataFrame:
-    """Key metrics side by side with the difference (second - first) and the ratio."""
-    sa, sb = summarize(a)["summary"], summarize(b)["summary"]
-    rows = []
-    for name, key, stat in METRIC_ROWS:
-        x, y = sa[key][stat], sb[key][stat]
-        rows.append((f"{name} (ms)", x, y))
-    ta, tb = throughput(a), throughput(b)
-    rows.append(("output tok/s (own drain window)", ta.tok_per_s, tb.tok_per_s))
-    rows.append(("drain window (ms)", ta.window_ms, tb.window_ms))
-    rows.append(("output tokens", ta.output_tokens, tb.output_tokens))
-    df = pd.DataFrame(rows, columns=["metric", label_a, label_b])
-    x = pd.to_numeric(df[label_a], errors="coerce")
-    y = pd.to_numeric(df[label_b], errors="coerce")
-    df["difference"] = y - x
-    df["ratio"] = np.where(x != 0, y / x, np.nan)
-    return df
-
-
-def cdf_points(values) -> tuple[np.ndarray, np.ndarray]:
-    """Empirical CDF: sorted values and cumulative fractions (missing values dropped)."""
-    v = np.sort(np.asarray(values, dtype=float))
-    v = v[~np.isnan(v)]
-    return v, np.arange(1, len(v) + 1) / max(len(v), 1)
+def advance(cursor_ms: float, start_ms: float, end_ms: float, step_ms: float) -> float:
+    """The next cursor position when playing: `step_ms` on, back to the start past the end."""
+    return start_ms if cursor_ms + step_ms > end_ms else min(end_ms, cursor_ms + step_ms)

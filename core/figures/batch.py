@@ -1,10 +1,10 @@
-"""Trace replay figures: counts over time with a cursor, the batch at the cursor, CDFs."""
+"""What runs when: running and waiting requests over time with a cursor line, and the batch of
+one step (tokens per request, prefill vs decode)."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
 
 from core.figures import PALETTE, base_layout
-from core.replay import cdf_points
 
 
 def in_flight_figure(df, cursor_ms: float | None = None) -> go.Figure:
@@ -32,12 +32,3 @@ def batch_figure(batch, step: dict) -> go.Figure:
     title = (f"Step {int(step['step'])} at {step['t_ms']:.3f} ms ({step['dur_ms']:.3f} ms): "
              f"{int(batch['tokens'].sum())} tokens, {len(batch)} requests")
     return base_layout(fig, title, height=300)
-
-
-def cdf_figure(series: dict[str, object], metric: str) -> go.Figure:
-    fig = go.Figure()
-    for i, (label, values) in enumerate(series.items()):
-        x, y = cdf_points(values)
-        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", name=label, line=dict(shape="hv", color=PALETTE[i])))
-    fig.update_layout(xaxis_title=f"{metric} (ms)", yaxis_title="fraction of requests", yaxis_range=[0, 1.02])
-    return base_layout(fig, f"{metric} CDF", height=300)

@@ -1,0 +1,27 @@
+"""Per-request latency across schedules or traces: grouped bars per request, and empirical CDFs."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from core.compare import cdf_points
+from core.figures import PALETTE, base_layout
+
+
+def metric_comparison_bars(table, metric: str, unit: str = "ms") -> go.Figure:
+    """Grouped bars of one per-request metric across schedules. `table`: DataFrame with
+    columns request, schedule, and the metric (NaN = missing, drawn as a gap)."""
+    fig = go.Figure()
+    for sched, g in table.groupby("schedule", sort=False):
+        fig.add_trace(go.Bar(x=g["request"], y=g[metric], name=str(sched),
+                             hovertemplate=f"%{{x}}: %{{y:.3f}} {unit}<extra>{sched}</extra>"))
+    fig.update_layout(barmode="group", yaxis_title=f"{metric}")
+    return base_layout(fig, f"{metric} per request", height=320)
+
+
+def cdf_figure(series: dict[str, object], metric: str) -> go.Figure:
+    fig = go.Figure()
+    for i, (label, values) in enumerate(series.items()):
+        x, y = cdf_points(values)
+        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines", name=label, line=dict(shape="hv", color=PALETTE[i])))
+    fig.update_layout(xaxis_title=f"{metric} (ms)", yaxis_title="fraction of requests", yaxis_range=[0, 1.02])
+    return base_layout(fig, f"{metric} CDF", height=300)

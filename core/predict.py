@@ -1,0 +1,31 @@
+"""Predict a trace with the simulator: the trace's own workload through the core scheduler,
+under the scheduler options its metadata records (`meta.engine`, options not recorded take
+their defaults, other engine fields are ignored) and an affine step model fitted by least
+squares to its step durations (`core.stepmodel.fit_affine`).
+
+The prediction is of plain decoding: a speculative engine's `spec_gamma` is dropped, since
+the simulator does not model acceptance.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from core.config import SchedulerConfig, from_dict
+from core.simulate import simulate
+from core.stepmodel import fit_affine
+from core.trace import Trace
+
+
+def scheduler_options(trace: Trace) -> SchedulerConfig:
+    """The scheduler options recorded in `meta.engine` (defaults when there is none)."""
+    engine = trace.meta.get("engine")
+    cfg = from_dict(SchedulerConfig, engine if isinstance(engine, dict) else {}, "meta.engine", strict=False)
+    return dataclasses.replace(cfg, spec_gamma=0)
+
+
+def predicted_trace(trace: Trace, created: str | None = None) -> Trace:
+    """Raises ConfigError (naming the option) when the trace has too few steps to fit or its
+    recorded options are invalid."""
+    step_model = fit_affine(trace)
+    return simulate(trace.workload(), scheduler_options(trace), step_model,
+                    label=f"predicted for {trace.label}", created=created)

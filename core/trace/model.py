@@ -1,0 +1,151 @@
+"""The in-memory trace: one pandas table per record type of schema.py, requests referenced
+by row position (int64 codes, -1: none) instead of ids, so that million-event traces load
+and aggregate quickly. spec, tiles and unknown events stay verbatim in `other`; unknown
+request and top-level fields stay verbatim in `request_extra` and `extra`.
+
+`frame` builds a table from columns in the declared order and dtypes, checking every
+value against its declaration; every decoder (fast JSON, precise JSON, Parquet) and every
+builder goes through it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from core.trace.schema import BATCH, FINISH, KV, PREEMPT, STEP, TABLE_EVENTS, TOKEN, Field, Record, dtype
+from core.workload import Request, Workload
+
+
+class BadColumn(ValueError):
+    """A column value outside its declaration (the decoders word it for their input)."""
+
+    def __init__(self, f: Field, detail: str = ""):
+        super().__init__(f"{f.name}: {detail or 'expected ' + f.expect}")
+        self.field = f
+
+
+def empty(rec: Record) -> pd.DataFrame:
+    return pd.DataFrame(copy=False, data={f.name: pd.Series(dtype=dtype(f)) for f in rec.columns})
+
+
+def _column(f: Field, v, n: int, n_requests: int | None):
+    """One column as numpy (or a Categorical); checked when n_requests is given."""
+    check = n_requests is not None
+    if v is None:                                  # absent: the fill value
+        if f.required:
+            raise BadColumn(f, "missing")
+        v = [f.fill] * n
+    if isinstance(v, pd.Series):
+        v = v.array if isinstance(v.dtype, pd.CategoricalDtype) else v.to_numpy()
+    t = f.type
+    if t == "enum":
+        if not (isinstance(v, pd.Categorical) and list(v.categories) == list(f.values)):
+            code = {x: k for k, x in enumerate(f.values)}
+            try:
+                codes = np.fromiter(map(code.__getitem__, v), np.int8, len(v))
+            except (KeyError, TypeError):  # a value outside `values`: NaN
+                codes = np.fromiter((code.get(x, -1) if isinstance(x, str) else -1 for x in v), np.int8, len(v))
+            v = pd.Categorical.from_codes(codes, categories=list(f.values))
+        if check and (v.codes < 0).any():
+            raise BadColumn(f)
+        return v
+    if t in ("str", "str?", "id"):
+        a = np.asarray(v, dtype=object) if not isinstance(v, np.ndarray) or v.dtype != object else v
+        if check and t == "id" and len(a) and (not all(type(x) is str and x for x in a.tolist())
+                                               or pd.Index(a, dtype=object).has_duplicates):
+            raise BadColumn(f)
+        return pd.Series(a, dtype=object, copy=False)  # a bare array would become pandas' str dtype (None -> NaN)
+    try:
+        a = np.asarray(v, dtype=np.float64 if t == "time" else np.int64)
+    except (OverflowError, TypeError, ValueError):
+        raise BadColumn(f) from None
+    if not check or not len(a):
+        return a
+    if t == "time":
+        ok = np.isfinite(a).all() and (a >= 0).all()
+    elif t == "req":
+        ok = ((a >= (-1 if f.nullable else 0)) & (a < n_requests)).all()
+    elif f.lo is not None:
+        ok = ((a >= f.lo) | (a == f.default)).all() if isinstance(f.default, int) else (a >= f.lo).all()
+    else:
+        ok = True
+    if not ok:
+        raise BadColumn(f)
+    return a
+
+
+def frame(rec: Record, data: dict, n_requests: int | None = None) -> pd.DataFrame:
+    """rec's table from `data` (column name -> list, array, Series or Categorical; absent
+    optional columns get their fill value). With n_requests every value is checked and the
+    first column outside its declaration raises BadColumn."""
+    n = len(next(iter(data.values()))) if data else 0
+    return pd.DataFrame(copy=False, data={f.name: _column(f, data.get(f.name), n, n_requests)
+                                          for f in rec.columns})
+
+
+@dataclass
+class Trace:
+    meta: dict
+    requests: pd.DataFrame                # id, arrival_ms, prompt_tokens, max_output_tokens, tenant
+    tokens: pd.DataFrame = field(default_factory=lambda: empty(TOKEN))
+    finishes: pd.DataFrame = field(default_factory=lambda: empty(FINISH))
+    steps: pd.DataFrame = field(default_factory=lambda: empty(STEP))
+    batch: pd.DataFrame = field(default_factory=lambda: empty(BATCH))  # one row per (step, req)
+    kv: pd.DataFrame = field(default_factory=lambda: empty(KV))
+    preempts: pd.DataFrame = field(default_factory=lambda: empty(PREEMPT))
+    other: list = field(default_factory=list)          # spec, tiles, unknown events, verbatim
+    request_extra: list = field(default_factory=list)  # per request: other fields, verbatim
+    extra: dict = field(default_factory=dict)          # unknown top-level fields, verbatim
+
+    @property
+    def ids(self) -> list[str]:
+        return self.requests["id"].tolist()
+
+    @property
+    def source(self) -> str:
+        return self.meta.get("source", "")
+
+    @property
+    def label(self) -> str:
+        return self.meta.get("label") or self.source
+
+    def event_types(self) -> set[str]:
+        present = {r.type for r in TABLE_EVENTS if len(getattr(self, r.table))}
+        return present | {e.get("type") for e in self.other}
+
+    def events_of(self, type: str) -> list[dict]:
+        """The verbatim events of one type (spec, tiles, ...), in trace order."""
+        return [e for e in self.other if e.get("type") == type]
+
+    def workload(self) -> Workload:
+        reqs = []
+        for i, row in enumerate(self.requests.itertuples(index=False)):
+            extra = self.request_extra[i] if i < len(self.request_extra) else {}
+            ids = extra.get("prompt_ids")
+            reqs.append(Request(
+                id=row.id, arrival_ms=float(row.arrival_ms), prompt_tokens=int(row.prompt_tokens),
+                output_tokens=int(row.max_output_tokens),
+                prompt_ids=tuple(ids) if isinstance(ids, list) and len(ids) == row.prompt_tokens else None,
+                tenant=row.tenant if isinstance(row.tenant, str) else None,
+                abort_at_ms=extra.get("abort_at_ms")))
+        return Workload(reqs, name=self.meta.get("label") or "trace workload")
+
+    def to_doc(self) -> dict:
+        from core.trace.jsoncodec import to_doc
+        return to_doc(self)
+
+    def dumps(self, pretty: bool = False) -> str:
+        from core.trace.jsoncodec import dumps
+        return dumps(self, pretty)
+
+    def save(self, path: str | Path, pretty: bool = False):
+        """.json, .json.gz, or .parquet (the columnar form), by the file name."""
+        from core.trace.jsoncodec import json_bytes
+        from core.trace.parquet import to_parquet_bytes
+        p = Path(path)
+        p.write_bytes(to_parquet_bytes(self) if p.name.endswith(".parquet")
+                      else json_bytes(self, pretty, gz=p.name.endswith(".gz")))
+

@@ -1,0 +1,50 @@
+"""One way in for every trace input. The content decides, never the file name:
+- Parquet magic `PAR1`: the columnar form (parquet.py);
+- otherwise JSON, gzip-compressed or not (detected from the bytes): a document with a
+  `schema` key is a serving trace (jsoncodec.py, validate.py); a vLLM / SGLang serving
+  benchmark result (engines.py) becomes an `Imported` carrying its trace.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from core.errors import TraceError, read_input_file
+from core.trace.engines import Imported, import_vllm, looks_like_vllm
+from core.trace.jsoncodec import decode_fast, gunzip, no_gc, parse_json_bytes
+from core.trace.model import Trace
+from core.trace.parquet import is_parquet, trace_from_parquet
+from core.trace.validate import trace_from_doc
+
+
+def _read(data: bytes | str, name: str, engines: bool) -> Trace | Imported:
+    with no_gc():
+        if isinstance(data, str):  # JSON text
+            doc = parse_json_bytes(data, name)
+        elif is_parquet(data):
+            return trace_from_parquet(data, name)
+        else:
+            data = gunzip(data, name)
+            tr = decode_fast(data, name)
+            if tr is not None:
+                return tr
+            doc = parse_json_bytes(data, name)
+        if engines and looks_like_vllm(doc):
+            return import_vllm(doc, name)
+        return trace_from_doc(doc, name)
+
+
+def open_trace(src: str | Path | bytes, name: str | None = None) -> Trace | Imported:
+    """A Trace, or an engine's benchmark result as an Imported (its `.trace`, `.failed`,
+    `.file_summary`, `.notes`), from a path or the file's bytes; `name` labels errors."""
+    if isinstance(src, (str, Path)):
+        return _read(read_input_file(src, "trace", TraceError), name or Path(src).name, engines=True)
+    return _read(bytes(src), name or "trace", engines=True)
+
+
+def parse_trace(data: bytes | str, name: str = "trace") -> Trace:
+    """A serving trace only (engine results are refused): JSON bytes or text, gzip, Parquet."""
+    return _read(data, name, engines=False)
+
+
+def load_trace(path: str | Path) -> Trace:
+    return parse_trace(read_input_file(path, "trace", TraceError), Path(path).name)

@@ -1,0 +1,191 @@
+"""The columnar Parquet form of a trace (for large traces), derived from schema.py.
+
+One Parquet table, one row per record, `rtype` naming the record: request, token, finish,
+step, batch (one per (step, request) entry), kv, preempt, other (an event kept verbatim,
+as JSON in the `json` column). Each declared column field is one column (the union over
+records; `req` holds the request's row position, a request's arrival is in `t_ms`, its
+extra fields are JSON in `json`); columns a record does not use are null. The document's
+schema, meta and unknown top-level fields are JSON in the file's key-value metadata
+under "serving-trace". Lossless with the JSON form.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from core.errors import TraceError
+from core.trace.model import BadColumn, Trace, frame
+from core.trace.schema import REQUEST, SCHEMA, TABLES, Field, Record
+from core.trace.validate import Problems, check_consistency, check_meta
+
+PARQUET_KEY = b"serving-trace"
+_ARROW = {"time": "float64", "int": "int64", "req": "int64", "str": "string", "str?": "string", "enum": "string",
+          "id": "string"}
+
+
+def _layout() -> dict[str, str]:
+    cols = {"rtype": "string"}
+    for rec in TABLES:
+        for f in rec.columns:
+            assert cols.setdefault(f.column, _ARROW[f.type]) == _ARROW[f.type], f"two types for column {f.column}"
+    return cols | {"json": "string"}
+
+
+COLUMNS = _layout()                           # column -> Arrow type, in file order
+RTYPES = [r.type for r in TABLES] + ["other"]
+_NEEDED = {"rtype", "json"} | {f.column for r in TABLES for f in r.columns if f.required}
+
+
+def is_parquet(data: bytes) -> bool:
+    return data[:4] == b"PAR1"
+
+
+def _dumps(x) -> str:
+    return json.dumps(x, separators=(",", ":"), allow_nan=False)
+
+
+def to_parquet_bytes(trace: Trace) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def table(rtype: str, cols: dict) -> pa.Table:
+        n = len(next(iter(cols.values()))) if cols else 0
+        arrays = [pa.array([rtype] * n, pa.string())]
+        for name, typ in list(COLUMNS.items())[1:]:
+            t = getattr(pa, typ)()
+            v = cols.get(name)
+            if v is None:
+                arrays.append(pa.nulls(n, type=t))
+                continue
+            v = v.astype(object) if isinstance(getattr(v, "dtype", None), pd.CategoricalDtype) else v
+            arrays.append(pa.array(v, type=t, from_pandas=True))
+        return pa.Table.from_arrays(arrays, names=list(COLUMNS))
+
+    parts = []
+    for rec in TABLES:
+        df = getattr(trace, rec.table)
+        cols = {f.column: df[f.name] for f in rec.columns}
+        if rec is REQUEST:
+            extras = [_dumps(e) if e else None for e in trace.request_extra]
+            cols["json"] = pd.Series(extras + [None] * (len(df) - len(extras)), dtype=object)
+        parts.append(table(rec.type, cols))
+    if trace.other:
+        parts.append(table("other", {"t_ms": [float(e.get("t_ms", 0.0)) for e in trace.other],
+                                     "json": [_dumps(e) for e in trace.other]}))
+    t = pa.concat_tables(parts)
+    head = json.dumps({"schema": SCHEMA, "meta": trace.meta, "extra": trace.extra}, allow_nan=False)
+    t = t.replace_schema_metadata({PARQUET_KEY: head.encode()})
+    buf = pa.BufferOutputStream()
+    pq.write_table(t, buf, compression="zstd")
+    return buf.getvalue().to_pybytes()
+
+
+def _read_table(data: bytes, name: str):
+    """The Arrow table with every column of the layout, and the document head."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        t = pq.read_table(pa.BufferReader(data))
+    except Exception as e:  # pyarrow raises many types for corrupt files
+        raise TraceError(f"{name}: not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
+    md = t.schema.metadata or {}
+    if PARQUET_KEY not in md:
+        raise TraceError(f"{name}: Parquet file without serving-trace metadata (not written by this tool?)")
+    try:
+        head = json.loads(md[PARQUET_KEY].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise TraceError(f"{name}: broken serving-trace metadata in the Parquet file") from None
+    if not isinstance(head, dict) or head.get("schema") != SCHEMA:
+        got = head.get("schema") if isinstance(head, dict) else None
+        raise TraceError(f"{name}: schema: unknown version {got!r}; this build reads {SCHEMA!r}")
+    if not isinstance(head.get("meta"), dict):
+        raise TraceError(f"{name}: meta: expected an object with at least 'source'")
+    check_meta(head["meta"], name)
+    missing = [c for c in COLUMNS if c not in t.column_names]
+    if set(missing) & _NEEDED:
+        raise TraceError(f"{name}: Parquet table lacks column(s) {', '.join(c for c in missing if c in _NEEDED)}")
+    for c in missing:  # an optional field newer than the file: all absent
+        t = t.append_column(c, pa.nulls(len(t), getattr(pa, COLUMNS[c])()))
+    try:
+        t = t.select(list(COLUMNS)).cast(pa.schema([(c, getattr(pa, ty)()) for c, ty in COLUMNS.items()]))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise TraceError(f"{name}: Parquet column types do not match the format ({str(e)[:120]})") from None
+    return t, head
+
+
+class _Rows:
+    """The rows of one record type, column by column, straight from Arrow."""
+
+    def __init__(self, t, rt: np.ndarray, rtype: str, name: str):
+        import pyarrow as pa
+        self.pa, self.name, self.rtype = pa, name, rtype
+        sel = np.flatnonzero(rt == RTYPES.index(rtype))
+        self.n = len(sel)
+        # Our writer keeps each record type contiguous: slice (zero-copy) instead of take.
+        if self.n and sel[-1] - sel[0] + 1 == self.n:
+            self.col = lambda c: t.column(c).slice(int(sel[0]), self.n)
+        else:
+            self.col = lambda c: t.column(c).take(pa.array(sel))
+
+    def field(self, f: Field):
+        """The field's values as numpy (or a Categorical); nulls become its fill value."""
+        pa = self.pa
+        col = self.col(f.column)
+        if col.null_count:
+            if f.required:
+                raise TraceError(f"{self.name}: {self.rtype} records: {f.name} missing")
+            if f.fill is not None:
+                col = col.fill_null(pa.scalar(f.fill, col.type))
+        if f.type == "enum":
+            if not self.n:
+                return pd.Categorical([], categories=list(f.values))
+            d = col.combine_chunks().dictionary_encode()
+            values = d.dictionary.to_pylist()
+            if not set(values) <= set(f.values):
+                raise TraceError(f"{self.name}: {self.rtype} records: {f.name}: expected {f.expect}")
+            remap = np.array([f.values.index(v) for v in values], dtype=np.int64)
+            return pd.Categorical.from_codes(remap[d.indices.to_numpy(zero_copy_only=False)],
+                                             categories=list(f.values))
+        return col.to_numpy(zero_copy_only=False)
+
+    def frame(self, rec: Record, n_requests: int) -> pd.DataFrame:
+        try:
+            return frame(rec, {f.name: self.field(f) for f in rec.columns}, n_requests)
+        except BadColumn as e:
+            raise TraceError(f"{self.name}: {self.rtype} records: {e}") from None
+
+    def json(self, null_ok: bool = False) -> list[dict]:
+        """The `json` column parsed: objects (null_ok: {} for a null)."""
+        try:
+            out = [{} if x is None and null_ok else json.loads(x) for x in self.col("json").to_pylist()]
+        except (TypeError, json.JSONDecodeError):
+            raise TraceError(f"{self.name}: {self.rtype} records: json: not valid JSON") from None
+        if not all(isinstance(x, dict) for x in out):
+            raise TraceError(f"{self.name}: {self.rtype} records: json: expected an object")
+        return out
+
+
+def trace_from_parquet(data: bytes, name: str = "trace.parquet") -> Trace:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    t, head = _read_table(data, name)
+    rtype = t.column("rtype")
+    if rtype.null_count:
+        raise TraceError(f"{name}: a row has no record type (rtype)")
+    idx = pc.index_in(rtype, value_set=pa.array(RTYPES))
+    if idx.null_count:
+        raise TraceError(f"{name}: unknown record type in column rtype")
+    rt = idx.to_numpy(zero_copy_only=False).astype(np.int64)
+    rows = {r: _Rows(t, rt, r, name) for r in RTYPES}
+    requests = rows["request"].frame(REQUEST, 0)
+    extras = rows["request"].json(null_ok=True)
+    tables = {rec.table: rows[rec.type].frame(rec, len(requests)) for rec in TABLES if rec is not REQUEST}
+    other = rows["other"].json()
+    pb = Problems(name)
+    check_consistency(pb, requests, tables["tokens"], np.arange(len(tables["tokens"])),
+                      tables["finishes"], np.arange(len(tables["finishes"])))
+    pb.raise_if_any()
+    extra = head.get("extra") if isinstance(head.get("extra"), dict) else {}
+    return Trace(meta=head["meta"], requests=requests, **tables, other=other, request_extra=extras, extra=extra)

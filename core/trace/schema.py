@@ -1,0 +1,389 @@
+"""The `serving-trace/1` schema, declared once.
+
+Every record type lists each of its fields once: name, type, default (or required),
+allowed values and a one-line meaning. Everything else is derived from these
+declarations: the in-memory columns and dtypes (`COLUMNS`, model.py), the JSON encoder
+and the fast decoder (jsoncodec.py), the precise validator (validate.py), the Parquet
+layout (parquet.py), the JSON Schema `data/schema/serving-trace-1.json` and the field
+tables in docs/trace-format.md. Adding an event field is one `Field(...)` line here plus
+its producer; then regenerate the two files:
+
+    python -m core.trace --write        # (no flag: print the JSON Schema)
+
+Field types. Column types become one column of the record's table:
+  time   milliseconds: a finite number >= 0                       float64
+  int    an integer >= lo (or exactly the default, e.g. -1 "not recorded")   int64
+  str    a string                                                 object
+  str?   a string or null                                         object (None)
+  enum   one of `values`                                          Categorical(values)
+  req    a listed request's id; in memory its row in `requests`   int64 (-1: none)
+  id     a request's own id (integers are read as strings)        object
+  batch  (step events) the step's batch entries                   rows of the `batch` table
+Verbatim types are kept as given (request extras, meta, spec/tiles events) and only
+described to the JSON Schema: number, object, object?, objects, ints, numbers, bool,
+str|object.
+
+Records with a table are decoded into columns (unknown fields of table events are
+dropped); records without one are kept verbatim, and the loader checks only their
+time, req and enum fields. Unknown event types are kept verbatim with a checked t_ms.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from core.paging import KV_OPS
+
+SCHEMA = "serving-trace/1"
+SOURCES = ("given", "simulated", "measured", "imported")
+TOKEN_SOURCES = ("sampled", "accepted", "recovered", "bonus")
+KINDS = ("decode", "prefill")  # batch entry kinds; category order matters (code 1 = prefill)
+REQUIRED = object()            # Field.default of a required field
+
+COLUMN_TYPES = ("time", "int", "str", "str?", "enum", "req", "id")
+VERBATIM_TYPES = ("number", "object", "object?", "objects", "ints", "numbers", "bool", "str|object")
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    name: str
+    type: str                 # see the module docstring
+    meaning: str
+    default: Any = REQUIRED   # value when absent; REQUIRED: must be present
+    lo: int | None = None     # int (and ints items): smallest valid value, besides the default
+    values: tuple = ()        # enum: allowed values, in Categorical order
+    write: str = "always"     # "always"; "present": omitted when equal to the default;
+    #                           "never": not in JSON (batch.step comes from the enclosing step)
+    pq: str | None = None     # Parquet column, when not `name`
+
+    def __post_init__(self):
+        assert self.type in COLUMN_TYPES + VERBATIM_TYPES + ("batch",), self.type
+        assert self.write in ("always", "present", "never"), self.write
+        assert (self.type == "enum") == bool(self.values), self.name
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    @property
+    def nullable(self) -> bool:
+        return self.type == "str?" or (self.type == "req" and self.default is None)
+
+    @property
+    def fill(self):
+        """The in-memory value of an absent field (a null request reference is -1)."""
+        return -1 if self.type == "req" and self.default is None else self.default
+
+    @property
+    def column(self) -> str:
+        return self.pq or self.name
+
+    @property
+    def expect(self) -> str:
+        """What a valid value is, for error messages: 'expected {expect}, got ...'."""
+        t = self.type
+        if t == "time":
+            return "a finite number >= 0"
+        if t == "int":
+            return "an integer" if self.lo is None else f"an integer >= {self.lo}"
+        if t == "enum":
+            return "one of " + ", ".join(self.values)
+        if t == "req":
+            return "a listed request id" + (" or null" if self.nullable else "")
+        if t == "id":
+            return "a unique non-empty string"
+        return {"str": "a string", "str?": "a string or null", "batch": "a list"}.get(t, t)
+
+
+@dataclass(frozen=True)
+class Record:
+    type: str                 # the event's `type` (for the others: the record's name)
+    table: str | None         # Trace attribute holding its rows; None: kept verbatim
+    meaning: str
+    fields: tuple[Field, ...]
+    order: int = 4            # at equal t_ms, events are written in increasing `order`
+
+    def __post_init__(self):
+        if self.table:
+            omitted = [f.write == "present" for f in self.fields if f.write != "never" and f.type in COLUMN_TYPES]
+            # Optional columns are appended when present: they must come last to keep key order.
+            assert omitted == sorted(omitted), f"{self.type}: 'present' fields must come last"
+
+    def field(self, name: str) -> Field:
+        return next(f for f in self.fields if f.name == name)
+
+    @property
+    def columns(self) -> tuple[Field, ...]:
+        """Fields that are columns of the table, in column order."""
+        return tuple(f for f in self.fields if f.type in COLUMN_TYPES) if self.table else ()
+
+    @property
+    def json_fields(self) -> tuple[Field, ...]:
+        return tuple(f for f in self.fields if f.write != "never")
+
+
+def _t_ms(meaning: str) -> Field:
+    return Field("t_ms", "time", meaning)
+
+
+def _req(meaning: str = "the request (its id)", **kw) -> Field:
+    return Field("req", "req", meaning, **kw)
+
+
+# ---- the declarations --------------------------------------------------------------------
+
+REQUEST = Record("request", "requests", "one request of the workload", (
+    Field("id", "id", "unique id (integers are read as strings)"),
+    Field("arrival_ms", "time", "when the request arrived", pq="t_ms"),
+    Field("prompt_tokens", "int", "prompt length in tokens", lo=0),
+    Field("max_output_tokens", "int", "the most output tokens the request may get (max_tokens)", lo=1),
+    Field("tenant", "str?", "cache salt: KV blocks are never shared across tenants", default=None, write="present"),
+    Field("prompt_ids", "ints", "the prompt's token ids (prefix caching needs them)", default=None, lo=0),
+    Field("abort_at_ms", "number", "the client cancels the request at this time", default=None, lo=0),
+))
+
+TOKEN = Record("token", "tokens", "a token reached the client at t_ms", (
+    _t_ms("when the token reached the client"),
+    _req(),
+    Field("index", "int", "its position in the request's output, 0..n-1", lo=0),
+    Field("source", "enum", "how it was produced: sampled; speculative decoding: accepted (a draft token), "
+          "recovered (resampled from the residual), bonus", default="sampled", values=TOKEN_SOURCES),
+    Field("token_id", "int", "the token id (-1 or absent: not recorded)", default=-1, lo=0, write="present"),
+), order=2)
+
+FINISH = Record("finish", "finishes", "the request ended", (
+    _t_ms("when the request ended"),
+    _req(),
+    Field("reason", "str", "length, stop, abort, error, ...", default="length"),
+), order=3)
+
+BATCH = Record("batch", "batch", "one request's share of a step (an entry of the step's `batch`)", (
+    Field("step", "int", "the enclosing step event's step", lo=0, write="never"),
+    _req(),
+    Field("kind", "enum", "prefill or decode", values=KINDS),
+    Field("tokens", "int", "tokens of this request computed in the step", lo=1),
+))
+
+STEP = Record("step", "steps", "one forward pass starting at t_ms", (
+    _t_ms("when the step started"),
+    Field("step", "int", "step number", lo=0),
+    Field("dur_ms", "time", "how long the step took", default=0.0),
+    Field("batch", "batch", "the requests in the step: [{req, kind, tokens}] (the batch record)", default=()),
+    Field("running", "int", "running requests (-1: not recorded)", default=-1, lo=0),
+    Field("waiting", "int", "waiting requests (-1: not recorded)", default=-1, lo=0),
+    Field("kv_used_blocks", "int", "KV blocks in use (-1: not recorded)", default=-1, lo=0),
+    Field("kv_free_blocks", "int", "KV blocks free (-1: not recorded)", default=-1, lo=0),
+), order=1)
+
+KV = Record("kv", "kv", "a physical KV block changed", (
+    _t_ms("when the block changed"),
+    Field("op", "enum", "alloc, free, hit (prefix-cache reuse), cache (a full block got its hash), "
+          "evict (a cached block reused for other data), cow (copy-on-write of src into block)", values=KV_OPS),
+    _req("the request (null: none)", default=None),
+    Field("block", "int", "physical block id", lo=0),
+    Field("logical", "int", "the request's logical block index (-1: none)", default=-1),
+    Field("ref", "int", "the block's reference count after the op", default=0),
+    Field("hash", "str?", "prefix-cache hash of a full block", default=None, write="present"),
+    Field("src", "int", "cow: the block copied from (-1 or absent: none)", default=-1, write="present"),
+), order=0)
+
+PREEMPT = Record("preempt", "preempts", "a running request lost its KV blocks (to be recomputed)", (
+    _t_ms("when the request was preempted"),
+    _req(),
+    Field("reason", "str", "why, e.g. kv_full", default="kv_full"),
+    Field("freed_blocks", "int", "KV blocks it released", default=0, lo=0),
+), order=0)
+
+SPEC = Record("spec", None, "one speculative verification of a request's draft tokens", (
+    _t_ms("when the step's tokens were on the host"),
+    _req(default=None),
+    Field("step", "int", "step number", default=None, lo=0),
+    Field("proposed", "ints", "the draft token ids", default=None),
+    Field("positions", "objects", "per draft token: {p, q, u, accepted} (target and draft probability, "
+          "uniform draw, verdict)", default=None),
+    Field("accepted", "int", "draft tokens accepted", default=None, lo=0),
+    Field("bonus", "bool", "all accepted, so the target's next token came free", default=None),
+))
+
+TILES = Record("tiles", None, "running softmax max/sum per query row after one KV tile (FlashAttention)", (
+    _t_ms("when the step started"),
+    _req(default=None),
+    Field("step", "int", "step number", default=None, lo=0),
+    Field("layer", "int", "layer", default=None, lo=0),
+    Field("head", "int", "attention head", default=None, lo=0),
+    Field("q_tile", "int", "query tile", default=None, lo=0),
+    Field("kv_tile", "int", "KV tile", default=None, lo=0),
+    Field("q_start", "int", "first query position of the tile", default=None, lo=0),
+    Field("kv_start", "int", "first KV position of the tile", default=None, lo=0),
+    Field("m", "numbers", "running max per query row", default=None),
+    Field("l", "numbers", "running sum per query row", default=None),
+))
+
+META = Record("meta", None, "where the trace comes from", (
+    Field("source", "enum", "how the times were obtained", values=SOURCES),
+    Field("label", "str", "a short name for the trace", default=None),
+    Field("created", "str", "ISO-8601 time the trace was made", default=None),
+    Field("device", "str|object", "where it ran", default=None),
+    Field("engine", "object", "engine / scheduler configuration", default=None),
+    Field("model", "object", "the model", default=None),
+    Field("draft", "object?", "speculative decoding: the draft model", default=None),
+    Field("step_model", "object", "simulated traces: the step-time model", default=None),
+    Field("workload", "str", "the workload's name", default=None),
+    Field("stats", "object", "what the scheduler did (steps, preemptions, KV block ops)", default=None),
+    Field("versions", "object", "software versions", default=None),
+    Field("notes", "str", "free text", default=None),
+))
+
+EVENTS = (TOKEN, FINISH, STEP, KV, PREEMPT, SPEC, TILES)    # in the order tables are written
+TABLE_EVENTS = tuple(r for r in EVENTS if r.table)
+VERBATIM_EVENTS = {r.type: r for r in EVENTS if not r.table}
+TABLES = (REQUEST, TOKEN, FINISH, STEP, BATCH, KV, PREEMPT)  # in-memory tables (and Parquet rtypes)
+
+
+def dtype(f: Field):
+    if f.type == "enum":
+        return pd.CategoricalDtype(list(f.values))
+    return {"time": "float64", "int": "int64", "req": "int64"}.get(f.type, "object")
+
+
+COLUMNS = {r.table: {f.name: dtype(f) for f in r.columns} for r in TABLES}
+REQUEST_FIELDS = tuple(COLUMNS["requests"])
+TOKEN_COLS, FINISH_COLS, STEP_COLS, BATCH_COLS, KV_COLS, PREEMPT_COLS = (
+    COLUMNS[t] for t in ("tokens", "finishes", "steps", "batch", "kv", "preempts"))
+
+
+# ---- JSON Schema -------------------------------------------------------------------------
+
+def _json_type(f: Field) -> dict:
+    t = f.type
+    if t == "time":
+        return {"$ref": "#/$defs/time"}
+    if t == "int":
+        lo = min(f.lo, f.default) if f.lo is not None and isinstance(f.default, int) else f.lo
+        return {"type": "integer"} | ({"minimum": lo} if lo is not None else {})
+    if t == "number":
+        return {"type": "number"} | ({"minimum": f.lo} if f.lo is not None else {})
+    if t == "enum":
+        return {"enum": list(f.values)}
+    if t == "req":
+        return {"anyOf": [{"$ref": "#/$defs/req"}, {"type": "null"}]} if f.nullable else {"$ref": "#/$defs/req"}
+    if t == "ints":
+        return {"type": "array", "items": {"type": "integer"} | ({"minimum": f.lo} if f.lo is not None else {})}
+    if t == "batch":
+        return {"type": "array", "items": _object(BATCH)}
+    return {"id": {"type": ["string", "integer"]}, "str": {"type": "string"}, "str?": {"type": ["string", "null"]},
+            "object": {"type": "object"}, "object?": {"type": ["object", "null"]},
+            "objects": {"type": "array", "items": {"type": "object"}},
+            "numbers": {"type": "array", "items": {"type": "number"}}, "bool": {"type": "boolean"},
+            "str|object": {"type": ["string", "object"]}}[t]
+
+
+def _object(r: Record, skip=()) -> dict:
+    props = {f.name: _json_type(f) | {"description": f.meaning} for f in r.json_fields if f.name not in skip}
+    required = [f.name for f in r.json_fields if f.required and f.name not in skip]
+    return {"type": "object"} | ({"required": required} if required else {}) | {"properties": props}
+
+
+def json_schema() -> dict:
+    events = []
+    for r in EVENTS:
+        then = _object(r, skip=("t_ms",))
+        then.pop("type")
+        events.append({"if": {"properties": {"type": {"const": r.type}}}, "then": then})
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "serving-trace-1.json",
+        "title": SCHEMA,
+        "description": "A serving run: requests and timestamped events on one clock (milliseconds). Only "
+                       "requests plus token and finish events are required; the other event types enable more "
+                       "views. Unknown fields are allowed and kept. Cross-event rules (tokens not before arrival, "
+                       "token indices 0..n-1 per request with non-decreasing times, at most max_output_tokens "
+                       "tokens, one finish per request not before its last token, events only for listed "
+                       "requests) are checked by core.trace, not expressible here. Generated by "
+                       "`python -m core.trace` from core/trace/schema.py.",
+        "type": "object",
+        "required": ["schema", "meta", "requests", "events"],
+        "properties": {
+            "schema": {"const": SCHEMA},
+            "meta": _object(META),
+            "requests": {"type": "array", "items": _object(REQUEST)},
+            "events": {"type": "array", "items": {
+                "type": "object", "required": ["t_ms", "type"],
+                "properties": {"t_ms": {"$ref": "#/$defs/time"}, "type": {"type": "string"}},
+                "allOf": events}},
+        },
+        "$defs": {"time": {"type": "number", "minimum": 0}, "req": {"type": ["string", "integer"]}},
+    }
+
+
+def _layout(x, indent: int = 0, width: int = 110) -> str:
+    """JSON with one space of indent per level; anything that fits in `width` on one line."""
+    one = json.dumps(x, ensure_ascii=False)
+    if indent + len(one) <= width or not isinstance(x, (dict, list)) or not x:
+        return one
+    pad = " " * (indent + 1)
+    if isinstance(x, dict):
+        items = [f"{pad}{json.dumps(k)}: {_layout(v, indent + 1, width)}" for k, v in x.items()]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    return "[\n" + ",\n".join(pad + _layout(v, indent + 1, width) for v in x) + "\n" + " " * indent + "]"
+
+
+def json_schema_text() -> str:
+    return _layout(json_schema()) + "\n"
+
+
+# ---- docs/trace-format.md field tables ---------------------------------------------------
+
+DOC_BEGIN = "<!-- fields: generated by `python -m core.trace --write`; do not edit by hand -->"
+DOC_END = "<!-- end of generated fields -->"
+
+
+def _doc_type(f: Field) -> str:
+    if f.type == "enum":
+        return " \\| ".join(f"`{v}`" for v in f.values)
+    if f.type == "req":
+        return "request id" + (" or null" if f.nullable else "")
+    if f.type == "int" and f.lo is not None:
+        return f"integer ≥ {f.lo}"
+    return {"time": "ms ≥ 0", "int": "integer", "number": "number" + (" ≥ 0" if f.lo == 0 else ""),
+            "str?": "string or null", "str": "string", "id": "string",
+            "batch": "list", "ints": "list of integers", "numbers": "list of numbers", "objects": "list of objects",
+            "object?": "object or null", "str|object": "string or object"}.get(f.type, f.type)
+
+
+def _doc_default(f: Field) -> str:
+    if f.required:
+        return "**required**"
+    if f.default is None or f.default == ():
+        return ""
+    return f"`{json.dumps(f.default)}`"
+
+
+def doc_tables() -> str:
+    out = [DOC_BEGIN, ""]
+    for r in (META, REQUEST, *EVENTS, BATCH):
+        head = f"`{r.type}` event" if r in EVENTS else f"`{r.type}`"
+        where = f"in memory: `Trace.{r.table}`" if r.table else "kept verbatim"
+        out += [f"**{head}**: {r.meaning} ({where}).", "",
+                "| field | type | default | meaning |", "|---|---|---|---|"]
+        out += [f"| `{f.name}` | {_doc_type(f)} | {_doc_default(f)} | {f.meaning} |"
+                for f in r.json_fields]
+        out.append("")
+    out.append(DOC_END)
+    return "\n".join(out)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_FILE = ROOT / "data" / "schema" / "serving-trace-1.json"
+DOC_FILE = ROOT / "docs" / "trace-format.md"
+
+
+def docs_with_tables(text: str) -> str:
+    """docs/trace-format.md with the generated part between the markers replaced."""
+    start, end = text.index(DOC_BEGIN), text.index(DOC_END) + len(DOC_END)
+    return text[:start] + doc_tables() + text[end:]
+

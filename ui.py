@@ -1,0 +1,333 @@
+"""Streamlit glue shared by the pages (pages/ holds only pages): the URL-key table, caches
+around core, the widgets several pages share, and display formatting. Nothing here computes
+a result; every number comes from core.
+
+URL keys: every widget bound to the URL (`bind="query-params"`) takes its key from
+`bound(key)`, which accepts only keys declared in URL_KEYS. A key that sets an option names
+it ("SchedulerConfig.max_seqs", "StepModel.step_ms"), so a scenario preset, which states
+option values, reaches the widgets through this one table.
+
+Caches: arguments are hashed through HASH_FUNCS. A trace is keyed by identity: every trace
+the pages pass comes out of another cache and is never mutated, and each cached value here
+also holds the trace it was computed from, so the trace outlives its entry and its id
+cannot be reused by another trace while the entry exists.
+"""
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from core.compare import run_policies
+from core.config import SchedulerConfig
+from core.cursor import in_flight_series
+from core.errors import InputError
+from core.kv import GPUS, MODELS
+from core.metrics import request_metrics, summarize
+from core.occupancy import block_states
+from core.predict import predicted_trace
+from core.scenarios import DATA, SchedulePreset, bundled_trace_files, load_scenario, trace_files
+from core.speculative import acceptance_by_position
+from core.stepmodel import STEP_MODELS, StepModel
+from core.trace import Trace, load_trace
+from core.workload import Workload, parse_workload
+
+UPLOAD_LIMIT_MB = 200
+
+
+# ---- URL keys -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class UrlKey:
+    page: str                   # url_path of the page with the widget ("" = home)
+    meaning: str
+    option: str = ""            # the option it sets: "SchedulerConfig.<field>", "StepModel.<field>", "policies"
+    zero_is_none: bool = False  # the widget's 0 stands for the option's None ("no limit")
+
+
+def _keys(page: str, **keys) -> dict[str, UrlKey]:
+    return {k: UrlKey(page, *v) if isinstance(v, tuple) else UrlKey(page, v) for k, v in keys.items()}
+
+
+URL_KEYS: dict[str, UrlKey] = {
+    **_keys("schedules",
+            sc="scenario (a label of SCENARIO_LABELS)",
+            pol=("policies to simulate (core.compare.POLICY_LABELS)", "policies"),
+            ms=("running sequences at most, 0 = no limit", "SchedulerConfig.max_seqs", True),
+            tb=("tokens per step at most, 0 = no limit", "SchedulerConfig.token_budget", True),
+            ch=("chunk size of the 'chunked' policy (prompt tokens per request per step)", "SchedulerConfig.chunk"),
+            kb=("KV pool in blocks, 0 = enough for all", "SchedulerConfig.kv_blocks", True),
+            bs=("tokens per KV block", "SchedulerConfig.block_size"),
+            s_kind=("step-time model", "StepModel.kind"),
+            s_step=("constant model: ms per step", "StepModel.step_ms"),
+            s_base=("affine/roofline model: base ms per step", "StepModel.base_ms"),
+            s_pp=("affine model: ms per prefill token", "StepModel.prefill_ms_per_token"),
+            s_pd=("affine model: ms per decoding sequence", "StepModel.decode_ms_per_seq"),
+            s_model=("roofline model: model preset", "StepModel.model"),
+            s_gpu=("roofline model: GPU preset", "StepModel.gpu"),
+            usd="tariff, USD per hour",
+            w0="fixed throughput window start, ms",
+            w1="fixed throughput window end, ms (0 = latest emission)"),
+    **_keys("kv",
+            kv_model="calculator: model preset or Custom", kv_dtype="calculator: KV dtype",
+            kv_gpu="calculator: GPU preset", kv_layers="calculator: layers (Custom)",
+            kv_heads="calculator: KV heads (Custom)", kv_hd="calculator: head dim (Custom)",
+            kv_tokens="calculator: tokens per sequence", kv_seqs="calculator: sequences",
+            pg_wl="paging: workload",
+            pg_bs=("paging: tokens per KV block", "SchedulerConfig.block_size"),
+            pg_pool=("paging: KV pool in blocks", "SchedulerConfig.kv_blocks"),
+            pg_ms=("paging: running sequences at most", "SchedulerConfig.max_seqs"),
+            pg_pc=("paging: prefix caching", "SchedulerConfig.prefix_caching"),
+            pg_salt="paging: a cache salt per tenant",
+            px_a="prefix identity: cached request's token ids", px_b="prefix identity: new request's token ids",
+            fk_prompt="fork demo: prompt tokens", fk_samples="fork demo: samples", fk_bs="fork demo: block size"),
+    **_keys("tiles",
+            at_preset="example: chapter or random", at_tile="chapter example: tile size (keys)",
+            at_n="random example: keys", at_tile_r="random example: tile size (keys)",
+            at_seed="random example: seed", at_scale="random example: logit scale",
+            at_T="tile grid: sequence length", at_bq="tile grid: query tile", at_bk="tile grid: key tile",
+            at_causal="causal mask", at_hd="HBM traffic: head dim", at_dt="HBM traffic: bytes per element",
+            at_bq2="HBM traffic: query tile"),
+    **_keys("speculative",
+            sp_preset="p/q preset", sp_draws="Monte Carlo draws", sp_seed="Monte Carlo seed",
+            sp_gamma="draft tokens γ", sp_verify="verify cost in decode steps"),
+    **_keys("roofline",
+            rf_gpu="GPU preset", rf_model="model preset", rf_dtype="bytes per weight",
+            rf_batch="decode batch (sequences)", rf_prompt="prefill length (tokens)"),
+    **_keys("replay", tr="trace file name (or the upload choice)", rp_cmp="trace to compare with"),
+}
+
+# Values of `sc`: label (as it appears in links) -> built-in scenario name.
+SCENARIO_LABELS = {"Chapter 31": "chapter31", "Burst 5": "burst5", "Shared prefix": "shared_prefix",
+                   "Poisson 2000": "poisson2000", "Custom": "custom", "Upload": "upload"}
+
+
+def bound(key: str) -> dict:
+    """Widget arguments that bind it to the URL under `key` (declared in URL_KEYS)."""
+    if key not in URL_KEYS:
+        raise KeyError(f"URL key {key!r} is not declared in ui.URL_KEYS")
+    return {"key": key, "bind": "query-params"}
+
+
+def preset_widget_values(page: str, preset: SchedulePreset) -> dict[str, object]:
+    """Widget key -> value for the options a preset sets, on one page."""
+    options = preset.options()
+    out = {}
+    for key, u in URL_KEYS.items():
+        if u.page == page and u.option in options:
+            v = options[u.option]
+            out[key] = 0 if v is None and u.zero_is_none else v
+    return out
+
+
+def apply_presets_on_change(selector_key: str, page: str, presets: dict[str, SchedulePreset]):
+    """When the user changes the selector, set the widgets from its preset. Not on the first run:
+    a link's own query parameters must win. (Writes widget keys, never st.query_params.)"""
+    prev_key = f"_prev_{selector_key}"
+    cur = st.session_state.get(selector_key)
+    prev = st.session_state.get(prev_key)
+    if prev is not None and cur != prev and cur in presets:
+        st.session_state.update(preset_widget_values(page, presets[cur]))
+    st.session_state[prev_key] = cur
+
+
+# ---- caches -------------------------------------------------------------------------------------
+
+def _workload_key(w: Workload) -> str:
+    return repr([(r.id, r.arrival_ms, r.prompt_tokens, r.output_tokens, r.prompt_ids, r.tenant, r.abort_at_ms)
+                 for r in w.requests])
+
+
+HASH_FUNCS = {Workload: _workload_key, SchedulerConfig: repr, StepModel: repr, Trace: id}
+
+
+@st.cache_resource
+def chapter_traces() -> dict[str, Trace]:
+    return {name: load_trace(DATA / "traces" / f"chapter31_{name}.json") for name in ("serial", "continuous")}
+
+
+@st.cache_resource(show_spinner=False)
+def cached_scenario(name: str) -> Workload:
+    return load_scenario(name)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _parse_upload(data: bytes, name: str):
+    try:
+        return parse_workload(data, name), None
+    except InputError as e:
+        return None, str(e)
+
+
+def parse_upload(data: bytes, name: str):
+    """(workload, None) or (None, message). Parsed once per distinct file (cached)."""
+    if len(data) > UPLOAD_LIMIT_MB * 2**20:
+        return None, f"{name}: {len(data) / 2**20:.1f} MiB is over the {UPLOAD_LIMIT_MB} MiB limit"
+    return _parse_upload(data, name)
+
+
+# The traces returned are shared between reruns and sessions: never mutate them.
+@st.cache_resource(show_spinner="Simulating…", max_entries=32, hash_funcs=HASH_FUNCS)
+def cached_policies(workload: Workload, policies: tuple, config: SchedulerConfig, step_model: StepModel,
+                    chunk: int | None = None) -> list[tuple[str, Trace]]:
+    return run_policies(workload, list(policies), config, step_model, chunk, created="(app)")
+
+
+@st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
+def _block_states(trace: Trace, max_snapshots: int):
+    return trace, block_states(trace, max_snapshots=max_snapshots)
+
+
+def cached_block_states(trace: Trace, max_snapshots: int = 160):
+    return _block_states(trace, max_snapshots)[1]
+
+
+_DERIVED = {"summary": summarize, "requests": request_metrics, "in_flight": in_flight_series}
+
+
+@st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
+def _derived(trace: Trace, what: str):
+    return trace, _DERIVED[what](trace)
+
+
+def derived(trace: Trace, what: str):
+    """Per-trace results that do not depend on the cursor ("summary", "requests", "in_flight")."""
+    return _derived(trace, what)[1]
+
+
+@st.cache_resource(show_spinner="Simulating the same workload…", max_entries=8, hash_funcs=HASH_FUNCS)
+def _predicted(trace: Trace):
+    return trace, predicted_trace(trace, created="(app)")
+
+
+def cached_prediction(trace: Trace) -> Trace:
+    """core.predict.predicted_trace, once per trace."""
+    return _predicted(trace)[1]
+
+
+@st.cache_resource(show_spinner=False)
+def _bundled_traces() -> dict[str, Trace]:
+    out = {}
+    for p in bundled_trace_files():
+        try:
+            out[p.name] = load_trace(p)
+        except InputError:
+            continue
+    return out
+
+
+def tile_traces() -> dict[str, tuple[Trace, list[dict]]]:
+    """Bundled traces with `tiles` events: name -> (trace, tile events)."""
+    return {n: (tr, tr.events_of("tiles")) for n, tr in _bundled_traces().items() if tr.events_of("tiles")}
+
+
+def spec_traces() -> dict[str, tuple[list[int], list[float], list[int]]]:
+    """Bundled traces with `spec` events: name -> (positions, acceptance rates, counts)."""
+    return {n: acceptance_by_position(tr.events_of("spec")) for n, tr in _bundled_traces().items()
+            if tr.events_of("spec")}
+
+
+def replay_trace_files() -> dict[str, Path]:
+    """Trace files for the replay page: bundled, imported, and SERVING_EXPLORER_TRACES."""
+    return trace_files(os.environ.get("SERVING_EXPLORER_TRACES", ""))
+
+
+@st.cache_resource(show_spinner="Loading trace…", max_entries=8)
+def _load_file(path: str, mtime: float):
+    from core.trace import Imported, open_trace
+    try:
+        got = open_trace(path)
+    except InputError as e:
+        return None, None, str(e)
+    if isinstance(got, Imported):
+        return got.trace, got, None
+    return got, None, None
+
+
+def load_trace_file(path: Path):
+    """(trace or None, Imported or None, error or None), parsed once per file version."""
+    return _load_file(str(path), path.stat().st_mtime)
+
+
+# `_data` is left out of the key (Streamlit skips arguments named with a leading underscore):
+# the upload's file_id already identifies its bytes, and hashing up to 200 MB each rerun costs.
+@st.cache_resource(show_spinner="Parsing upload…", max_entries=4)
+def _parse_upload_trace(file_id: str, name: str, _data: bytes):
+    from core.trace import Imported, open_trace
+    try:
+        got = open_trace(_data, name)
+    except InputError as e:
+        return None, None, str(e)
+    if isinstance(got, Imported):
+        return got.trace, got, None
+    return got, None, None
+
+
+def parse_uploaded_trace(up):
+    """Parse an uploaded trace once per upload (keyed by the upload's id)."""
+    if up.size > UPLOAD_LIMIT_MB * 2**20:
+        return None, None, f"{up.name}: {up.size / 2**20:.1f} MiB is over the {UPLOAD_LIMIT_MB} MiB limit"
+    return _parse_upload_trace(up.file_id, up.name, up.getvalue())
+
+
+# ---- shared widgets -----------------------------------------------------------------------------
+
+def step_model_controls() -> StepModel:
+    """Sidebar widgets for the step-time model (bound to the URL)."""
+    kind = st.segmented_control("Step-time model", list(STEP_MODELS), default="affine", required=True,
+                                **bound("s_kind"))
+    if kind == "constant":
+        step_ms = st.number_input("ms per step", 0.001, 1e6, 10.0, **bound("s_step"))
+        return StepModel("constant", step_ms=step_ms)
+    base_ms = st.number_input("base ms per step", 0.0, 1e6, 20.0, **bound("s_base"))
+    if kind == "affine":
+        pp = st.number_input("ms per prefill token", 0.0, 1e6, 20.0, format="%.4f", **bound("s_pp"))
+        pd_ = st.number_input("ms per decoding sequence", 0.0, 1e6, 20.0, format="%.4f", **bound("s_pd"))
+        try:
+            return StepModel("affine", base_ms=base_ms, prefill_ms_per_token=pp, decode_ms_per_seq=pd_)
+        except InputError as e:
+            st.error(f"Step model: {e}")
+            st.stop()
+    model = st.selectbox("Model preset", list(MODELS), **bound("s_model"))
+    gpu = st.selectbox("GPU preset", list(GPUS), index=list(GPUS).index("A100-80GB"), **bound("s_gpu"))
+    return StepModel("roofline", base_ms=base_ms, model=model, gpu=gpu)
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+
+ORIGIN_COLORS = {"given": "blue", "simulated": "orange", "measured": "green", "imported": "violet"}
+
+
+def origin_badge(trace: Trace) -> str:
+    src = trace.meta.get("source", "?")
+    extra = ""
+    if src in ("measured", "imported"):
+        engine = trace.meta.get("engine", {})
+        name = engine.get("name", "?") if isinstance(engine, dict) else str(engine)
+        extra = f" {trace.meta.get('device', '?')}, {name}, {trace.meta.get('created', '?')}"
+    return f":{ORIGIN_COLORS.get(src, 'gray')}-badge[{src}{extra}]"
+
+
+def trace_details(trace: Trace) -> str:
+    """Created, device, step model and notes from the trace's metadata, those present."""
+    meta = trace.meta
+    step_model = meta.get("step_model")
+    details = {"created": meta.get("created"), "device": meta.get("device"),
+               "step model": step_model.get("description") if isinstance(step_model, dict) else None,
+               "notes": meta.get("notes")}
+    return " · ".join(f"{k}: {v}" for k, v in details.items() if v)
+
+
+def fmt_ms(x) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.3f}".rstrip("0").rstrip(".")
+
+
+def request_table(summary: dict) -> pd.DataFrame:
+    """Per-request metrics for display; a missing TPOT shows as an em dash, never 0.
+    `output_tokens` in a summary is the count emitted."""
+    rows = [{"request": r["id"], "arrival ms": r["arrival_ms"], "TTFT ms": r["ttft_ms"],
+             "TPOT ms": "—" if r["tpot_ms"] is None else f"{r['tpot_ms']:g}",
+             "E2E ms": r["e2e_ms"], "tokens": r["output_tokens"]} for r in summary["requests"]]
+    return pd.DataFrame(rows)
