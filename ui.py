@@ -136,7 +136,7 @@ def apply_presets_on_change(selector_key: str, page: str, presets: dict[str, Sch
 # ---- caches -------------------------------------------------------------------------------------
 
 def _workload_key(w: Workload) -> str:
-    return repr([(r.id, r.arrival_ms, r.prompt_tokens, r.output_tokens, r.prompt_ids, r.tenant, r.abort_at_ms)
+    return repr([(r.id, r.arrival_ms, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant, r.abort_at_ms)
                  for r in w.requests])
 
 

@@ -97,7 +97,7 @@ def summary_table(schedules: list[tuple[str, Trace]], window: tuple[float, float
         cost, per_1k = cost_usd(drain, usd_per_hour)
         s = summarize(tr)["summary"]
         row = {"schedule": label, "origin": tr.source, "steps": len(tr.steps) if len(tr.steps) else None,
-               "output tokens": drain.output_tokens,
+               "output tokens": drain.emitted_tokens,
                "drain window ms": f"[{drain.start_ms:g}, {drain.end_ms:g}]",
                "tok/s (drain)": drain.tok_per_s}
         if window is not None:
@@ -150,7 +150,7 @@ def compare_table(a: Trace, b: Trace, label_a: str, label_b: str) -> pd.DataFram
     ta, tb = throughput(a), throughput(b)
     rows.append(("output tok/s (own drain window)", ta.tok_per_s, tb.tok_per_s))
     rows.append(("drain window (ms)", ta.window_ms, tb.window_ms))
-    rows.append(("emitted tokens", ta.output_tokens, tb.output_tokens))
+    rows.append(("emitted tokens", ta.emitted_tokens, tb.emitted_tokens))
     df = pd.DataFrame(rows, columns=["metric", label_a, label_b])
     x = pd.to_numeric(df[label_a], errors="coerce")
     y = pd.to_numeric(df[label_b], errors="coerce")

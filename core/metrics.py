@@ -57,7 +57,7 @@ def first_scheduled_ms(trace) -> np.ndarray:
 
 def request_metrics(trace) -> pd.DataFrame:
     """One row per request (in trace order): id, arrival_ms, first_token_ms, last_token_ms,
-    output_tokens, ttft_ms, tpot_ms (NaN when n < 2), e2e_ms, finish_reason."""
+    output_tokens (emitted), ttft_ms, tpot_ms (NaN when n < 2), e2e_ms, finish_reason."""
     req = trace.requests
     n = len(req)
     first, last, count = token_spans(trace)
@@ -92,7 +92,7 @@ def itl_gaps(trace) -> np.ndarray:
 
 @dataclass(slots=True)
 class Throughput:
-    output_tokens: int       # tokens emitted inside the window
+    emitted_tokens: int      # tokens emitted inside the window
     start_ms: float
     end_ms: float
     kind: str                # "drain" or "fixed"
@@ -103,7 +103,7 @@ class Throughput:
 
     @property
     def tok_per_s(self) -> float:
-        return self.output_tokens * 1000.0 / self.window_ms if self.window_ms > 0 else math.nan
+        return self.emitted_tokens * 1000.0 / self.window_ms if self.window_ms > 0 else math.nan
 
     def describe(self) -> str:
         what = "drain window [first arrival, last emission]" if self.kind == "drain" else "fixed window"
@@ -136,7 +136,7 @@ def cost_usd(tp: Throughput, usd_per_hour: float) -> tuple[float, float]:
     if not (math.isfinite(usd_per_hour) and usd_per_hour >= 0):
         raise InputError(f"usd_per_hour: expected a number >= 0, got {usd_per_hour}")
     cost = usd_per_hour * tp.window_ms / 3_600_000.0
-    per_1k = cost / tp.output_tokens * 1000.0 if tp.output_tokens else math.nan
+    per_1k = cost / tp.emitted_tokens * 1000.0 if tp.emitted_tokens else math.nan
     return cost, per_1k
 
 
@@ -232,7 +232,7 @@ def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENT
     summary = {
         "requests": int(len(m)),
         "completed": int((m["output_tokens"] > 0).sum()),
-        "output_tokens": tp.output_tokens,
+        "output_tokens": tp.emitted_tokens,
         "window_ms": [tp.start_ms, tp.end_ms],
         "window_kind": tp.kind,
         "output_tok_per_s": _none_if_nan(tp.tok_per_s),

@@ -111,7 +111,7 @@ def given_schedules(name: str) -> list[tuple[str, Trace]]:
 
 def max_output_tokens(workload: Workload) -> int:
     """Output tokens the workload's requests ask for (each request's `output_tokens`)."""
-    return sum(r.output_tokens for r in workload.requests)
+    return sum(r.max_output_tokens for r in workload.requests)
 
 
 def without_tenants(workload: Workload) -> Workload:

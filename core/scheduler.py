@@ -83,7 +83,7 @@ class Scheduler:
         self.ids = [r.id for r in reqs]
         self.n = len(reqs)
         self.prompt_len = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
-        self.out_len = np.array([r.output_tokens for r in reqs], dtype=np.int64)
+        self.out_len = np.array([r.max_output_tokens for r in reqs], dtype=np.int64)
         self.arrival = np.array([r.arrival_ms for r in reqs], dtype=np.float64)
         self.salt = [r.tenant for r in reqs]
         # Known token ids per request (prompt, then outputs when the caller supplies them).

@@ -29,7 +29,7 @@ class Request:
     id: str
     arrival_ms: float
     prompt_tokens: int
-    output_tokens: int                     # tokens the request asks for (max_tokens)
+    max_output_tokens: int                 # tokens the request asks for (max_tokens; JSON key output_tokens)
     prompt_ids: tuple[int, ...] | None = None  # exact token ids, needed for prefix caching
     tenant: str | None = None              # cache salt: blocks are never shared across tenants
     abort_at_ms: float | None = None       # client cancels at this time (runner/simulator)
@@ -41,7 +41,7 @@ class Request:
             raise WorkloadError(f"{where}: id must be a non-empty string")
         _check_time(self.arrival_ms, f"{where}: arrival_ms")
         _check_count(self.prompt_tokens, f"{where}: prompt_tokens")
-        _check_count(self.output_tokens, f"{where}: output_tokens")
+        _check_count(self.max_output_tokens, f"{where}: output_tokens")
         if self.prompt_ids is not None:
             self.prompt_ids = tuple(self.prompt_ids)
             if len(self.prompt_ids) != self.prompt_tokens:
@@ -52,7 +52,7 @@ class Request:
 
     def to_dict(self) -> dict:
         d = {"id": self.id, "arrival_ms": self.arrival_ms, "prompt_tokens": self.prompt_tokens,
-             "output_tokens": self.output_tokens}
+             "output_tokens": self.max_output_tokens}
         if self.prompt_ids is not None:
             d["prompt_ids"] = list(self.prompt_ids)
         if self.tenant is not None:
@@ -169,7 +169,7 @@ def request_from_dict(d: Any, where: str, tokenize: Tokenize | None = None) -> R
         id=rid,
         arrival_ms=d["arrival_ms"],
         prompt_tokens=_as_int(n_prompt, f"{where}.prompt_tokens"),
-        output_tokens=_as_int(n_out, f"{where}.output_tokens"),
+        max_output_tokens=_as_int(n_out, f"{where}.output_tokens"),
         prompt_ids=tuple(ids) if ids is not None else None,
         tenant=tenant,
         abort_at_ms=d.get("abort_at_ms"),
@@ -218,7 +218,7 @@ def _from_vidur_csv(text: str, name: str) -> Workload:
                 id=str(row.get("id") or row.get("request_id") or i),
                 arrival_ms=arrived_s * 1000.0 if isinstance(arrived_s, (int, float)) else arrived_s,
                 prompt_tokens=_as_int(row["num_prefill_tokens"], f"{where}.num_prefill_tokens"),
-                output_tokens=_as_int(row["num_decode_tokens"], f"{where}.num_decode_tokens")))
+                max_output_tokens=_as_int(row["num_decode_tokens"], f"{where}.num_decode_tokens")))
         except WorkloadError as e:
             raise _prefix(where, e) from None
     return Workload(out, name=name)
@@ -245,7 +245,7 @@ def _from_llmservingsim_jsonl(text: str, name: str) -> Workload:
                 id=str(d.get("id", len(out))),
                 arrival_ms=t_ns / 1e6 if isinstance(t_ns, (int, float)) and not isinstance(t_ns, bool) else t_ns,
                 prompt_tokens=_as_int(d["input_toks"], f"{where}.input_toks"),
-                output_tokens=_as_int(d["output_toks"], f"{where}.output_toks")))
+                max_output_tokens=_as_int(d["output_toks"], f"{where}.output_toks")))
         except WorkloadError as e:
             raise _prefix(where, e) from None
     return Workload(out, name=name)

@@ -84,7 +84,7 @@ def prepare_workload(workload: Workload, tokenizer, vocab_size: int) -> tuple[Wo
             start = zlib.crc32(r.id.encode()) % max(1, len(corpus) - r.prompt_tokens)
             ids = tuple(corpus[start:start + r.prompt_tokens])
             filled += 1
-        out.append(Request(r.id, r.arrival_ms, r.prompt_tokens, r.output_tokens, ids, r.tenant, r.abort_at_ms,
+        out.append(Request(r.id, r.arrival_ms, r.prompt_tokens, r.max_output_tokens, ids, r.tenant, r.abort_at_ms,
                            dict(r.extra)))
     if folded:
         notes.append(f"{folded} prompt(s) had token ids beyond the model's vocabulary; folded mod {mod}")
@@ -173,7 +173,7 @@ class Engine:
         on_step(scheduler, batch, step output) too."""
         m = self.model
         wl, notes = prepare_workload(workload, self.tok, m.cfg.vocab_size)
-        too_long = [r.id for r in wl.requests if r.prompt_tokens + r.output_tokens > m.cfg.max_seq_len]
+        too_long = [r.id for r in wl.requests if r.prompt_tokens + r.max_output_tokens > m.cfg.max_seq_len]
         if too_long:
             raise ConfigError(f"request {too_long[0]!r}: prompt + output exceeds the model's "
                               f"{m.cfg.max_seq_len} positions")
@@ -186,7 +186,7 @@ class Engine:
         # engine sleeps until the next one.
         clock = loop.WallClock(wl.requests[0].arrival_ms)
         executor = ModelExecutor(self, sched, clock, [r.id for r in wl.requests])
-        total_out = sum(r.output_tokens for r in wl.requests)
+        total_out = sum(r.max_output_tokens for r in wl.requests)
 
         def after_step(sched, batch, out):
             if progress is not None:

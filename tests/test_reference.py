@@ -184,7 +184,7 @@ def test_static_vs_continuous(outputs, static_steps, continuous_steps):
 
 def test_burst5_file():
     w = load_workload(DATA / "workloads" / "burst5.json")
-    assert [r.output_tokens for r in w.requests] == [5, 20, 10, 15, 10]
+    assert [r.max_output_tokens for r in w.requests] == [5, 20, 10, 15, 10]
     assert all(r.arrival_ms == 0 for r in w.requests)
 
 

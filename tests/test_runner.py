@@ -182,7 +182,7 @@ def test_prefix_caching_hits_same_outputs_and_tenant_isolation(model):
 
 def test_abort_returns_blocks(model):
     w = text_workload(4, seed=2)
-    reqs = [Request(r.id, r.arrival_ms, r.prompt_tokens, 200 if i == 1 else r.output_tokens, r.prompt_ids,
+    reqs = [Request(r.id, r.arrival_ms, r.prompt_tokens, 200 if i == 1 else r.max_output_tokens, r.prompt_ids,
                     abort_at_ms=30.0 if i == 1 else None) for i, r in enumerate(w.requests)]
     tr, out = run(model, Workload(reqs), policy="continuous", block_size=4)
     reasons = dict(zip([tr.ids[r] for r in tr.finishes["req"]], tr.finishes["reason"]))

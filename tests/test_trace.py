@@ -146,7 +146,7 @@ def test_workload_of_a_trace_roundtrips_prompt_ids():
     tr = load_trace(DATA / "traces" / "chapter31_continuous.json")
     w = tr.workload()
     assert [r.prompt_ids for r in w.requests] == [(10, 11, 12, 13), (10, 11, 12, 14), (20, 21)]
-    assert [r.output_tokens for r in w.requests] == [3, 2, 1]
+    assert [r.max_output_tokens for r in w.requests] == [3, 2, 1]
 
 
 def test_steps_batch_and_kv_survive_json():
@@ -193,6 +193,6 @@ def test_workload_does_not_import_trace():
 @pytest.mark.parametrize("path", sorted((DATA / "traces").glob("*.json*")), ids=lambda p: p.name)
 def test_a_trace_read_as_a_workload_is_its_workload(path):
     from core.workload import parse_workload
-    row = lambda r: (r.id, r.arrival_ms, r.prompt_tokens, r.output_tokens, r.prompt_ids, r.tenant, r.abort_at_ms)
+    row = lambda r: (r.id, r.arrival_ms, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant, r.abort_at_ms)
     w = load_trace(path).workload()
     assert list(map(row, parse_workload(path.read_bytes(), path.name).requests)) == list(map(row, w.requests))

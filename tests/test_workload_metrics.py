@@ -14,21 +14,22 @@ from tests.conftest import DATA
 
 def test_chapter_workload_file():
     w = load_workload(DATA / "workloads" / "chapter31.json")
-    assert [(r.id, r.arrival_ms, r.prompt_tokens, r.output_tokens) for r in w.requests] == \
+    assert [(r.id, r.arrival_ms, r.prompt_tokens, r.max_output_tokens) for r in w.requests] == \
         [("A", 0, 4, 3), ("B", 20, 4, 2), ("C", 40, 2, 1)]
     assert w.requests[0].prompt_ids == (10, 11, 12, 13)
 
 
 def test_vidur_csv():
     w = parse_workload(b"arrived_at,num_prefill_tokens,num_decode_tokens\n0.5,100,20\n0.25,8,1.0\n", "t.csv")
-    assert [(r.arrival_ms, r.prompt_tokens, r.output_tokens) for r in w.requests] == [(250.0, 8, 1), (500.0, 100, 20)]
+    got = [(r.arrival_ms, r.prompt_tokens, r.max_output_tokens) for r in w.requests]
+    assert got == [(250.0, 8, 1), (500.0, 100, 20)]
 
 
 def test_llmservingsim_jsonl():
     data = (b'{"input_toks": 5, "output_toks": 2, "arrival_time_ns": 3000000}\n\n'
             b'{"input_toks": 1, "output_toks": 9, "arrival_time_ns": 0}\n')
     w = parse_workload(data, "t.jsonl")
-    assert [(r.arrival_ms, r.prompt_tokens, r.output_tokens) for r in w.requests] == [(0.0, 1, 9), (3.0, 5, 2)]
+    assert [(r.arrival_ms, r.prompt_tokens, r.max_output_tokens) for r in w.requests] == [(0.0, 1, 9), (3.0, 5, 2)]
 
 
 def test_bundled_workloads_load():
@@ -75,9 +76,9 @@ def test_metrics_hand_computed():
     assert b["tpot_ms"] is None and b["ttft_ms"] == 50
     assert sorted(itl_gaps(tr).tolist()) == [15, 25]
     tp = throughput(tr)
-    assert (tp.start_ms, tp.end_ms, tp.output_tokens) == (0, 70, 5)
+    assert (tp.start_ms, tp.end_ms, tp.emitted_tokens) == (0, 70, 5)
     assert s["summary"]["output_tok_per_s"] == pytest.approx(5 / 0.070)
-    assert throughput(tr, (40, 60)).output_tokens == 2   # 45 and 50 inside, inclusive ends
+    assert throughput(tr, (40, 60)).emitted_tokens == 2   # 45 and 50 inside, inclusive ends
     with pytest.raises(InputError, match="window"):
         throughput(tr, (60, 60))
 
@@ -168,7 +169,7 @@ def test_edited_table_rows_become_a_workload_with_row_errors():
     w = workload_from_rows([{"id": "A", "arrival_ms": 0.0, "prompt_tokens": 4.0, "output_tokens": 3.0},
                             {"id": None, "arrival_ms": None, "prompt_tokens": None, "output_tokens": None},
                             {"id": "B", "arrival_ms": 20.0, "prompt_tokens": 4, "output_tokens": 2}])
-    assert [(r.id, r.prompt_tokens, r.output_tokens) for r in w.requests] == [("A", 4, 3), ("B", 4, 2)]
+    assert [(r.id, r.prompt_tokens, r.max_output_tokens) for r in w.requests] == [("A", 4, 3), ("B", 4, 2)]
     with pytest.raises(WorkloadError, match="row 2"):
         workload_from_rows([{"id": "A", "arrival_ms": 0.0, "prompt_tokens": 4, "output_tokens": 3},
                             {"id": "B", "arrival_ms": 5.0, "prompt_tokens": 0, "output_tokens": 3}])

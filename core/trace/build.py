@@ -33,7 +33,7 @@ def new_trace(meta: dict, workload: Workload) -> Trace:
         "id": [r.id for r in reqs],
         "arrival_ms": np.fromiter((r.arrival_ms for r in reqs), dtype=float, count=len(reqs)),
         "prompt_tokens": np.fromiter((r.prompt_tokens for r in reqs), dtype=np.int64, count=len(reqs)),
-        "max_output_tokens": np.fromiter((r.output_tokens for r in reqs), dtype=np.int64, count=len(reqs)),
+        "max_output_tokens": np.fromiter((r.max_output_tokens for r in reqs), dtype=np.int64, count=len(reqs)),
         "tenant": [r.tenant for r in reqs]})
     extras = []
     for r in reqs:

@@ -127,7 +127,7 @@ class Trace:
             ids = extra.get("prompt_ids")
             reqs.append(Request(
                 id=row.id, arrival_ms=float(row.arrival_ms), prompt_tokens=int(row.prompt_tokens),
-                output_tokens=int(row.max_output_tokens),
+                max_output_tokens=int(row.max_output_tokens),
                 prompt_ids=tuple(ids) if isinstance(ids, list) and len(ids) == row.prompt_tokens else None,
                 tenant=row.tenant if isinstance(row.tenant, str) else None,
                 abort_at_ms=extra.get("abort_at_ms")))
