@@ -12,6 +12,7 @@ from pathlib import Path
 from core.cli import Parser as _Parser
 from core.cli import finite_float as _finite_float
 from core.cli import nonneg_float as _nonneg_float
+from core.cli import write_output
 from core.config import SchedulerConfig, add_flags, from_args
 from core.errors import InputError
 from core.stepmodel import StepModel
@@ -50,10 +51,7 @@ def cmd_simulate(a) -> int:
     cfg = from_args(SchedulerConfig, a)
     sm = from_args(StepModel, a)
     tr = simulate(w, cfg, sm, label=a.label)
-    try:
-        tr.save(a.out)
-    except OSError as e:
-        raise InputError(f"--out {a.out}: cannot write ({e.strerror})") from None
+    write_output(a.out, tr.save, "--out")
     st = tr.meta["stats"]
     print(f"wrote {a.out}: {len(w)} requests, {len(tr.tokens)} tokens, {st['steps']} steps, "
           f"{st['preemptions']} preemptions; step model {sm.describe()}")
@@ -137,10 +135,7 @@ def cmd_export(a) -> int:
                         (a.csv, lambda p: Path(p).write_text(metrics_csv(tr))),
                         (a.trace_out, lambda p: tr.save(p))):
         if path:
-            try:
-                write(path)
-            except OSError as e:
-                raise InputError(f"{path}: cannot write ({e.strerror})") from None
+            write_output(path, write)
             print(f"wrote {path}")
     return 0
 

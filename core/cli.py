@@ -31,48 +31,30 @@ def run(parser, commands: dict, argv=None) -> int:
         return 130
 
 
-def positive_int(s):
+def _converter(parse, ok, expected: str):
+    """An argparse type: parse the text, check it, or say what was expected."""
+    def convert(s):
+        try:
+            v = parse(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {s!r}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {s!r}")
+        return v
+    return convert
+
+
+positive_int = _converter(int, lambda v: v >= 1, "a positive integer")
+nonneg_int = _converter(int, lambda v: v >= 0, "an integer >= 0")
+any_int = _converter(int, lambda v: True, "an integer")
+nonneg_float = _converter(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+finite_float = _converter(float, math.isfinite, "a finite number")
+
+
+def write_output(path, write, flag: str = ""):
+    """Run write(path); an OSError becomes one line naming the flag and path."""
+    from core.errors import InputError
     try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}")
-    return v
-
-
-def nonneg_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if not math.isfinite(v) or v < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {s!r}")
-    return v
-
-
-def finite_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}") from None
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {s!r}")
-    return v
-
-
-def nonneg_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}")
-    return v
-
-
-def any_int(s):
-    try:
-        return int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+        write(path)
+    except OSError as e:
+        raise InputError(f"{flag + ' ' if flag else ''}{path}: cannot write ({e.strerror})") from None

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from core.cli import Parser as _Parser
 from core.cli import positive_int as _pos_int
+from core.cli import write_output
 from core.config import SamplingParams, SchedulerConfig, add_flags, opt
 
 
@@ -148,11 +149,7 @@ def cmd_capture(a) -> int:
         return 0
     if a.label:
         tr.meta["label"] = a.label
-    try:
-        tr.save(a.out)
-    except OSError as e:
-        from core.errors import InputError
-        raise InputError(f"--out {a.out}: cannot write ({e.strerror})") from None
+    write_output(a.out, tr.save, "--out")
     print(f"wrote {a.out}: {len(w)} requests, {n_tok} tokens, {len(tr.steps)} steps, {len(tr.preempts)} preemptions "
           f"in {secs:.2f} s on {tr.meta['device']}")
     return 0
@@ -200,10 +197,8 @@ def cmd_export_hf(a) -> int:
     out = Path(a.out)
     if out.exists() and (out / "config.json").exists():
         raise InputError(f"--out {out}: already holds a checkpoint (config.json); choose an empty directory")
-    try:
-        export_hf(model, out, eos_token_id=a.eos_token_id, bos_token_id=a.bos_token_id)
-    except OSError as e:
-        raise InputError(f"--out {out}: cannot write ({e.strerror})") from None
+    write_output(out, lambda p: export_hf(model, p, eos_token_id=a.eos_token_id, bos_token_id=a.bos_token_id),
+                 "--out")
     print(f"wrote {out}: {name} as a Llama checkpoint ({model.num_params():,} parameters, eos {a.eos_token_id})")
     return 0
 
