@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from core.cli import Parser as _Parser
+from core.cli import check_writable, write_output
 from core.cli import finite_float as _finite_float
 from core.cli import nonneg_float as _nonneg_float
-from core.cli import write_output
 from core.config import SchedulerConfig, add_flags, from_args
 from core.errors import InputError
 from core.stepmodel import StepModel
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_simulate(a) -> int:
     from core.simulate import simulate
     from core.workload import load_workload
+    check_writable(a.out, "--out")
     w = load_workload(a.workload)
     cfg = from_args(SchedulerConfig, a)
     sm = from_args(StepModel, a)
@@ -127,6 +128,9 @@ def cmd_export(a) -> int:
     from core.trace import Imported
     if not (a.chrome or a.csv or a.trace_out):
         raise InputError("export: give at least one of --chrome, --csv, --trace-out")
+    for flag, path in (("--chrome", a.chrome), ("--csv", a.csv), ("--trace-out", a.trace_out)):
+        if path:
+            check_writable(path, flag)
     got = _read(a.trace)
     tr = got.trace if isinstance(got, Imported) else got
     if tr is None:

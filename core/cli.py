@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
+from pathlib import Path
 
 
 class Parser(argparse.ArgumentParser):
@@ -51,10 +53,36 @@ nonneg_float = _converter(float, lambda v: math.isfinite(v) and v >= 0, "a finit
 finite_float = _converter(float, math.isfinite, "a finite number")
 
 
-def write_output(path, write, flag: str = ""):
-    """Run write(path); an OSError becomes one line naming the flag and path."""
+def _where(path, flag: str) -> str:
+    return f"{flag + ' ' if flag else ''}{path}"
+
+
+def check_writable(path, flag: str = ""):
+    """Refuse an output path before any work is done: its directory must exist and be
+    writable, and the path must not be a directory."""
     from core.errors import InputError
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise InputError(f"{_where(path, flag)}: is a directory (expected a file name)")
+    if not parent.is_dir():
+        raise InputError(f"{_where(path, flag)}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{_where(path, flag)}: directory {parent} is not writable")
+
+
+def write_output(path, write, flag: str = ""):
+    """write(tmp) to a temporary file beside `path`, then rename it over `path`: an existing
+    file is replaced whole or not at all (a full disk or a kill mid-write leaves it intact).
+    The temporary name ends like `path`, so writers that choose the format by suffix agree.
+    An OSError becomes one line naming the flag and path."""
+    from core.errors import InputError
+    p = Path(path)
+    tmp = p.with_name(f".partial-{os.getpid()}-{p.name}")
     try:
-        write(path)
+        write(tmp)
+        os.replace(tmp, p)
     except OSError as e:
-        raise InputError(f"{flag + ' ' if flag else ''}{path}: cannot write ({e.strerror})") from None
+        raise InputError(f"{_where(path, flag)}: cannot write ({e.strerror})") from None
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass
 
 from core.cli import Parser as _Parser
+from core.cli import check_writable, write_output
 from core.cli import positive_int as _pos_int
-from core.cli import write_output
 from core.config import SamplingParams, SchedulerConfig, add_flags, opt
 
 
@@ -135,6 +135,7 @@ def cmd_capture(a) -> int:
     from gpu_runner.engine import Engine
     if a.threads:
         torch.set_num_threads(a.threads)
+    check_writable(a.out, "--out")  # before minutes of work, not after
     model, tok, device, name = load_model(a.model, a.device, a.dtype)
     w = load_workload(a.workload, tokenize=tok.encode if tok is not None else None)
     cfg = engine_config(a)
@@ -146,10 +147,15 @@ def cmd_capture(a) -> int:
     n_tok = sum(len(v) for v in outputs.values())
     if tr is None:
         print(f"served {len(w)} requests, {n_tok} tokens in {secs:.2f} s (recording off; nothing written)")
-        return 0
+        return 130 if engine.interrupted else 0
     if a.label:
         tr.meta["label"] = a.label
     write_output(a.out, tr.save, "--out")
+    if engine.interrupted:
+        done = len(tr.finishes)
+        print(f"interrupted: wrote the partial trace to {a.out} ({done} of {len(w)} requests finished, "
+              f"{n_tok} tokens, {len(tr.steps)} steps); unfinished requests have no finish event", file=sys.stderr)
+        return 130
     print(f"wrote {a.out}: {len(w)} requests, {n_tok} tokens, {len(tr.steps)} steps, {len(tr.preempts)} preemptions "
           f"in {secs:.2f} s on {tr.meta['device']}")
     return 0

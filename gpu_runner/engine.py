@@ -132,6 +132,7 @@ class Engine:
         self.device = torch.device(device)
         self.dtype = next(model.parameters()).dtype
         self.model_name = model_name
+        self.interrupted = False          # the last run() was stopped by Ctrl-C (its trace is partial)
         self.attention_name = cfg.attention if cfg.attention != "auto" else \
             ("triton" if self.device.type == "cuda" else "torch")
         self.attention = paged_attention
@@ -194,7 +195,13 @@ class Engine:
             if on_step is not None:
                 on_step(sched, batch, out)
 
-        loop.run(sched, executor, clock, on_step=after_step)
+        self.interrupted = False
+        try:
+            loop.run(sched, executor, clock, on_step=after_step)
+        except KeyboardInterrupt:  # Ctrl-C: keep what was served; the trace says it is partial
+            self.interrupted = True
+            notes.append(f"interrupted after {sched.step} steps: {sched.num_done} of {sched.n} requests finished; "
+                         "unfinished requests have no finish event")
         outputs = {r.id: list(sched.token_ids[i][r.prompt_tokens:]) for i, r in enumerate(wl.requests)}
         self.last_scheduler = sched
         if log is None:
