@@ -14,6 +14,7 @@ cannot be reused by another trace while the entry exists.
 """
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -247,8 +248,16 @@ def _load_file(path: str, mtime: float):
 
 
 def load_trace_file(path: Path):
-    """(trace or None, Imported or None, error or None), parsed once per file version."""
-    return _load_file(str(path), path.stat().st_mtime)
+    """(trace or None, Imported or None, error or None), parsed once per file version.
+    Only a regular file is opened (it may have changed since it was listed)."""
+    import stat
+    try:
+        st_ = path.stat()
+    except OSError as e:
+        return None, None, f"{path.name}: cannot open ({e.strerror})"
+    if not stat.S_ISREG(st_.st_mode):
+        return None, None, f"{path.name}: not a regular file"
+    return _load_file(str(path), st_.st_mtime)
 
 
 # `_data` is left out of the key (Streamlit skips arguments named with a leading underscore):
@@ -300,6 +309,15 @@ def step_model_controls() -> StepModel:
 ORIGIN_COLORS = {"given": "blue", "simulated": "orange", "measured": "green", "imported": "violet"}
 
 
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&])")
+
+
+def md(text) -> str:
+    """User-supplied text (labels, file names, notes, error excerpts) made inert in
+    Streamlit markdown: no links, images, HTML, emphasis, colors or emoji shortcodes."""
+    return _MD_SPECIAL.sub(r"\\\1", str(text))
+
+
 def origin_badge(trace: Trace) -> str:
     src = trace.meta.get("source", "?")
     extra = ""
@@ -307,7 +325,8 @@ def origin_badge(trace: Trace) -> str:
         engine = trace.meta.get("engine", {})
         name = engine.get("name", "?") if isinstance(engine, dict) else str(engine)
         extra = f" {trace.meta.get('device', '?')}, {name}, {trace.meta.get('created', '?')}"
-    return f":{ORIGIN_COLORS.get(src, 'gray')}-badge[{src}{extra}]"
+    color = ORIGIN_COLORS.get(src, "gray")
+    return f":{color}-badge[{md(src + extra)}]"
 
 
 def trace_details(trace: Trace) -> str:
@@ -317,7 +336,7 @@ def trace_details(trace: Trace) -> str:
     details = {"created": meta.get("created"), "device": meta.get("device"),
                "step model": step_model.get("description") if isinstance(step_model, dict) else None,
                "notes": meta.get("notes")}
-    return " · ".join(f"{k}: {v}" for k, v in details.items() if v)
+    return " · ".join(f"{k}: {md(v)}" for k, v in details.items() if v)
 
 
 def fmt_ms(x) -> str:

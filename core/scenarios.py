@@ -132,13 +132,15 @@ def bundled_trace_files() -> list[Path]:
 def trace_files(extra: str = "") -> dict[str, Path]:
     """File name -> path for the bundled traces (data/traces), engine result files
     (data/imports), and the files or directories in `extra`, an os.pathsep-separated list
-    (the SERVING_EXPLORER_TRACES environment variable). The first file of a name wins."""
+    (the SERVING_EXPLORER_TRACES environment variable). The first file of a name wins.
+    Only regular files are listed: FIFOs, devices, directories named *.json and broken or
+    looping symlinks are skipped (reading a FIFO would block the page forever)."""
     roots = [DATA / "traces", DATA / "imports"] + [Path(p) for p in extra.split(os.pathsep) if p]
     out: dict[str, Path] = {}
     for root in roots:
         files = [root] if root.is_file() else sorted(root.glob("*")) if root.is_dir() else []
         for f in files:
-            if f.name.endswith(TRACE_SUFFIXES):
+            if f.name.endswith(TRACE_SUFFIXES) and f.is_file():   # is_file: regular, symlinks followed
                 out.setdefault(f.name, f)
     return out
 

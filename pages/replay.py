@@ -23,6 +23,7 @@ from ui import (
     derived,
     fmt_ms,
     load_trace_file,
+    md,
     origin_badge,
     parse_uploaded_trace,
     replay_trace_files,
@@ -46,18 +47,18 @@ def get_trace(choice, slot):
         if up is not None:
             tr, imp, err = parse_uploaded_trace(up)
             if err:
-                st.error(f"Could not load {up.name}: {err}")
+                st.error(f"Could not load {md(up.name)}: {md(err)}")
             else:
                 st.session_state[f"{slot}_last"] = (tr, imp, up.name)
         last = st.session_state.get(f"{slot}_last")
         if last is None:
             return None, None, None
         if up is None or st.session_state.get(f"{slot}_last")[2] != up.name:
-            st.caption(f"Showing the last file that loaded: {last[2]}")
+            st.caption(f"Showing the last file that loaded: {md(last[2])}")
         return last
     tr, imp, err = load_trace_file(files[choice])
     if err:
-        st.error(f"Could not load {choice}: {err}")
+        st.error(f"Could not load {md(choice)}: {md(err)}")
         return None, None, None
     return tr, imp, choice
 
@@ -65,7 +66,7 @@ def get_trace(choice, slot):
 tr, imp, label = get_trace(choice, "rp")
 if imp is not None:
     for note in imp.notes:
-        st.info(note)
+        st.info(md(note))
     if imp.failed:
         st.warning(f"{len(imp.failed)} failed request(s) in the file (kept, excluded from latency statistics):")
         st.dataframe(pd.DataFrame(imp.failed), hide_index=True, key="rp_failed")
@@ -78,7 +79,7 @@ if tr is None:
     st.stop()
 
 # ---- metrics panel ---------------------------------------------------------------------
-st.markdown(f"**{tr.label}** {origin_badge(tr)}")
+st.markdown(f"**{md(tr.label)}** {origin_badge(tr)}")
 st.caption(trace_details(tr))
 summary = derived(tr, "summary")
 s = summary["summary"]
@@ -90,7 +91,7 @@ cols[2].metric("tok/s (drain window)", "—" if s["output_tok_per_s"] is None el
 cols[3].metric("TTFT p50 ms", fmt_ms(s["ttft_ms"]["median"]))
 cols[4].metric("TTFT p99 ms", fmt_ms(s["ttft_ms"]["p99"]))
 cols[5].metric("TPOT mean ms", fmt_ms(s["tpot_ms"]["mean"]))
-st.caption(f"Percentiles: {s['percentile_estimator']}. " + " ".join(s["notes"][:2]))
+st.caption(f"Percentiles: {s['percentile_estimator']}. " + md(" ".join(s["notes"][:2])))
 if isinstance(tr.meta.get("engine"), dict):
     with st.expander("Engine configuration"):
         st.json(tr.meta["engine"])
@@ -185,7 +186,7 @@ if other_choice != "(none)":
             sm = other.meta["step_model"]["description"]
             st.caption(f"Prediction: core simulator, {sm}.")
         except InputError as e:
-            st.error(f"Cannot predict: {e}")
+            st.error(f"Cannot predict: {md(e)}")
             st.stop()
     else:
         other, _, other_label = get_trace(other_choice, "rp_cmp")
@@ -194,7 +195,7 @@ if other_choice != "(none)":
         other_label = f"{other_label} ({other.source})"
     this_label = f"{label} ({tr.source})"
     for d in workload_differences(tr, other):
-        st.warning(f"The two workloads differ: {d}. Differences in metrics mix scheduling with workload.")
+        st.warning(f"The two workloads differ: {md(d)}. Differences in metrics mix scheduling with workload.")
     st.dataframe(compare_table(tr, other, this_label, other_label), hide_index=True, key="rp_compare",
                  column_config={c: st.column_config.NumberColumn(format="%.6g")
                                 for c in (this_label, other_label, "difference", "ratio")})
