@@ -14,7 +14,7 @@ from core.cli import check_writable, write_output
 from core.cli import finite_float as _finite_float
 from core.cli import nonneg_float as _nonneg_float
 from core.config import SchedulerConfig, add_flags, from_args
-from core.errors import InputError
+from core.errors import MAX_DECOMPRESSED_BYTES, InputError
 from core.stepmodel import StepModel
 
 
@@ -30,14 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", required=True, help="trace to write (.json or .json.gz)")
 
     m = sub.add_parser("metrics", help="per-request and summary metrics of a trace or a vLLM result file")
-    m.add_argument("trace", help="serving-trace/1 (.json, .json.gz, .parquet) or a vLLM/SGLang result JSON")
+    gz = f"gzip input may inflate to at most {MAX_DECOMPRESSED_BYTES / 2**30:g} GiB, compressed once"
+    m.add_argument("trace", help=f"serving-trace/1 (.json, .json.gz, .parquet) or a vLLM/SGLang result JSON; {gz}")
     m.add_argument("--window", nargs=2, type=_finite_float, metavar=("START_MS", "END_MS"),
                    help="fixed throughput window (default: drain window [first arrival, last emission])")
     m.add_argument("--usd-per-hour", type=_nonneg_float, help="flat resource tariff for cost figures")
     m.add_argument("--json", action="store_true", help="print one JSON object")
 
     e = sub.add_parser("export", help="convert a trace: Chrome/Perfetto JSON, per-request CSV, JSON, Parquet")
-    e.add_argument("trace", help="serving-trace/1 or a vLLM/SGLang result JSON")
+    e.add_argument("trace", help=f"serving-trace/1 or a vLLM/SGLang result JSON; {gz}")
     e.add_argument("--chrome", metavar="OUT.json", help="Chrome Trace Event JSON (open in ui.perfetto.dev)")
     e.add_argument("--csv", metavar="OUT.csv", help="per-request metrics")
     e.add_argument("--trace-out", metavar="OUT", help="the trace itself: .json, .json.gz or .parquet")

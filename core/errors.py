@@ -24,6 +24,46 @@ def short(v, limit: int = 40) -> str:
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
+MAX_DECOMPRESSED_BYTES = 2 * 2**30  # gzip input inflates to at most this (2 GiB): a bigger one is a bomb
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n:,} bytes"
+
+
+def gunzip(data: bytes, name: str, error=InputError) -> bytes:
+    """`data` decompressed when it is gzip (else as is), streaming up to MAX_DECOMPRESSED_BYTES;
+    a larger output or gzip inside gzip is refused as `error` naming the file."""
+    import gzip
+    import io
+    import zlib
+    if data[:2] != GZIP_MAGIC:
+        return data
+    limit = MAX_DECOMPRESSED_BYTES
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+            out = f.read(limit + 1)  # stops after limit + 1 bytes: never inflates a bomb whole
+    except (OSError, EOFError, zlib.error) as e:
+        raise error(f"{name}: broken gzip data ({e})") from None
+    if len(out) > limit:
+        raise error(f"{name}: gzip data inflates to more than {_size(limit)} (the limit for compressed input)")
+    if out[:2] == GZIP_MAGIC:
+        raise error(f"{name}: gzip data inside gzip data (compressed twice?); decompress it once first")
+    return out
+
+
+def loads_json(text: str | bytes, name: str, error=InputError, **kw):
+    """json.loads, with JSON nested too deeply for the parser refused as `error` naming the file
+    (a RecursionError otherwise). Every JSON parse of user input goes through here or through
+    a parser with its own depth limit (orjson, msgspec). JSONDecodeError is left to the caller."""
+    import json
+    try:
+        return json.loads(text, **kw)
+    except RecursionError:
+        raise error(f"{name}: JSON nested too deeply") from None
+
+
 def read_input_file(path, what: str, error=InputError) -> bytes:
     """Bytes of a user-given file, or `error` naming the path and what went wrong."""
     from pathlib import Path

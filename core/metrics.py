@@ -57,7 +57,8 @@ def first_scheduled_ms(trace) -> np.ndarray:
 
 def request_metrics(trace) -> pd.DataFrame:
     """One row per request (in trace order): id, arrival_ms, first_token_ms, last_token_ms,
-    output_tokens (emitted), ttft_ms, tpot_ms (NaN when n < 2), e2e_ms, finish_reason."""
+    output_tokens (emitted), ttft_ms, tpot_ms (NaN when n < 2), e2e_ms, finish_reason (None:
+    no finish event, e.g. an interrupted capture)."""
     req = trace.requests
     n = len(req)
     first, last, count = token_spans(trace)
@@ -72,7 +73,8 @@ def request_metrics(trace) -> pd.DataFrame:
         reason[f["req"].to_numpy()] = f["reason"].to_numpy()
     return pd.DataFrame({"id": req["id"].to_numpy(), "arrival_ms": arrival, "first_token_ms": first,
                          "last_token_ms": last, "output_tokens": count, "ttft_ms": ttft,
-                         "tpot_ms": tpot, "e2e_ms": e2e, "finish_reason": reason})
+                         "tpot_ms": tpot, "e2e_ms": e2e,
+                         "finish_reason": pd.Series(reason, dtype=object)})  # object: None stays None
 
 
 def itl_gaps(trace) -> np.ndarray:
@@ -229,9 +231,14 @@ def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENT
     single = int((m["output_tokens"] == 1).sum())
     if single:
         notes.append(f"{single} request(s) with one output token have no TPOT (missing, not 0)")
+    unfinished = int(m["finish_reason"].isna().sum())
+    if unfinished:
+        notes.append(f"{unfinished} request(s) have no finish event (finish_reason null): "
+                     "the capture ended before they finished")
     summary = {
         "requests": int(len(m)),
         "completed": int((m["output_tokens"] > 0).sum()),
+        "unfinished": unfinished,                     # requests without a finish event
         "output_tokens": tp.emitted_tokens,
         "window_ms": [tp.start_ms, tp.end_ms],
         "window_kind": tp.kind,
@@ -249,6 +256,7 @@ def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENT
         rows.append({"id": r.id, "arrival_ms": r.arrival_ms, "first_token_ms": _none_if_nan(r.first_token_ms),
                      "last_token_ms": _none_if_nan(r.last_token_ms), "output_tokens": int(r.output_tokens),
                      "ttft_ms": _none_if_nan(r.ttft_ms), "tpot_ms": _none_if_nan(r.tpot_ms),
-                     "e2e_ms": _none_if_nan(r.e2e_ms), "finish_reason": r.finish_reason})
+                     "e2e_ms": _none_if_nan(r.e2e_ms),
+                     "finish_reason": r.finish_reason if isinstance(r.finish_reason, str) else None})
     return {"source": trace.meta.get("source"), "label": trace.meta.get("label"),
             "requests": rows, "summary": summary}

@@ -10,7 +10,6 @@ Formats read by `parse_workload`:
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import json
 import math
@@ -19,9 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.errors import WorkloadError, read_input_file, short
+from core.errors import WorkloadError, gunzip, loads_json, read_input_file, short
 
 MAX_TOKENS = 10_000_000  # per request; larger counts are certainly a unit mistake
+# Latest time (ms) anywhere: ~31.7 years. A float64 near 1e12 still resolves ~1e-4 ms, so every
+# time stays exact to the microsecond (Chrome export) and sums of times stay finite.
+MAX_TIME_MS = 1e12
 
 
 @dataclass(slots=True)
@@ -95,6 +97,8 @@ def _check_time(v, what):
         finite = False
     if not finite or v < 0:
         raise WorkloadError(f"{what}: expected a finite number >= 0, got {short(v)}")
+    if v > MAX_TIME_MS:
+        raise WorkloadError(f"{what}: {short(v)} ms is beyond the latest time {MAX_TIME_MS:g} ms")
 
 
 def _check_count(v, what):
@@ -179,8 +183,15 @@ def request_from_dict(d: Any, where: str, tokenize: Tokenize | None = None) -> R
 
 
 def _prefix(where, e):
-    # Re-raise a Request validation error with the row location in front.
-    return WorkloadError(f"{where}: {e}")
+    # Re-raise a Request validation error with the row location in front (once).
+    msg = str(e)
+    return WorkloadError(msg if msg.startswith(where) else f"{where}: {msg}")
+
+
+def _count(v, what):
+    n = _as_int(v, what)
+    _check_count(n, what)
+    return n
 
 
 def _from_json_doc(doc: Any, name: str, tokenize: Tokenize | None) -> Workload:
@@ -194,12 +205,13 @@ def _from_json_doc(doc: Any, name: str, tokenize: Tokenize | None) -> Workload:
     out = []
     for i, d in enumerate(reqs):
         try:
-            out.append(request_from_dict(d, f"requests[{i}]", tokenize))
+            out.append(request_from_dict(d, f"{name}: requests[{i}]", tokenize))
         except WorkloadError as e:
-            if str(e).startswith("requests["):
-                raise
-            raise _prefix(f"requests[{i}]", e) from None
-    return Workload(out, name=doc.get("name", name) if isinstance(doc.get("name"), str) else name)
+            raise _prefix(f"{name}: requests[{i}]", e) from None
+    try:
+        return Workload(out, name=doc.get("name", name) if isinstance(doc.get("name"), str) else name)
+    except WorkloadError as e:
+        raise _prefix(name, e) from None
 
 
 def _from_vidur_csv(text: str, name: str) -> Workload:
@@ -217,8 +229,8 @@ def _from_vidur_csv(text: str, name: str) -> Workload:
             out.append(Request(
                 id=str(row.get("id") or row.get("request_id") or i),
                 arrival_ms=arrived_s * 1000.0 if isinstance(arrived_s, (int, float)) else arrived_s,
-                prompt_tokens=_as_int(row["num_prefill_tokens"], f"{where}.num_prefill_tokens"),
-                max_output_tokens=_as_int(row["num_decode_tokens"], f"{where}.num_decode_tokens")))
+                prompt_tokens=_count(row["num_prefill_tokens"], f"{where}.num_prefill_tokens"),
+                max_output_tokens=_count(row["num_decode_tokens"], f"{where}.num_decode_tokens")))
         except WorkloadError as e:
             raise _prefix(where, e) from None
     return Workload(out, name=name)
@@ -231,7 +243,7 @@ def _from_llmservingsim_jsonl(text: str, name: str) -> Workload:
             continue
         where = f"{name} line {i + 1}"
         try:
-            d = json.loads(line)
+            d = loads_json(line, where, WorkloadError)
         except json.JSONDecodeError as e:
             raise WorkloadError(f"{where}: not JSON ({e.msg})") from None
         if not isinstance(d, dict):
@@ -244,19 +256,15 @@ def _from_llmservingsim_jsonl(text: str, name: str) -> Workload:
             out.append(Request(
                 id=str(d.get("id", len(out))),
                 arrival_ms=t_ns / 1e6 if isinstance(t_ns, (int, float)) and not isinstance(t_ns, bool) else t_ns,
-                prompt_tokens=_as_int(d["input_toks"], f"{where}.input_toks"),
-                max_output_tokens=_as_int(d["output_toks"], f"{where}.output_toks")))
+                prompt_tokens=_count(d["input_toks"], f"{where}.input_toks"),
+                max_output_tokens=_count(d["output_toks"], f"{where}.output_toks")))
         except WorkloadError as e:
             raise _prefix(where, e) from None
     return Workload(out, name=name)
 
 
 def decode_bytes(data: bytes, name: str, error=WorkloadError) -> str:
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise error(f"{name}: broken gzip data ({e})") from None
+    data = gunzip(data, name, error)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -273,7 +281,7 @@ def parse_workload(data: bytes | str, name: str = "workload",
     if lower.endswith(".jsonl"):
         return _from_llmservingsim_jsonl(text, name)
     try:
-        doc = json.loads(text)
+        doc = loads_json(text, name, WorkloadError)
     except json.JSONDecodeError as e:
         first = text.lstrip()[:1]
         if first == "{" and "\n{" in text.strip():

@@ -26,11 +26,31 @@ def save(model: Transformer, path: Path, notes: dict | None = None):
 
 
 def load_bundled(path: Path, device="cpu", dtype=torch.float32) -> Transformer:
-    cfg_doc = json.loads((path / "config.json").read_text())
+    """A bundled checkpoint; a broken one (e.g. a Git LFS pointer instead of the weights) is a
+    ConfigError naming the file."""
+    from safetensors import SafetensorError
+
+    from core.errors import ConfigError
+    from gpu_runner.hf import MAX_CONFIG_BYTES, read_json, read_safetensors_header
+    cfg_path, weights = path / "config.json", path / "model.safetensors"
+    cfg_doc = read_json(cfg_path, "config.json", MAX_CONFIG_BYTES)
+    if not isinstance(cfg_doc, dict):
+        raise ConfigError(f"{cfg_path}: expected a JSON object")
     fields = {k: v for k, v in cfg_doc.items() if k in ModelConfig.__dataclass_fields__}
-    model = Transformer(ModelConfig(**fields))
-    state = load_file(str(path / "model.safetensors"))
+    try:
+        cfg = ModelConfig(**fields)
+    except ConfigError as e:
+        raise ConfigError(f"{cfg_path}: {e}") from None
+    read_safetensors_header(weights)
+    model = Transformer(cfg)
+    try:
+        state = load_file(str(weights))
+    except SafetensorError as e:
+        raise ConfigError(f"{weights}: corrupt safetensors file ({e})") from None
     if model.cfg.tie_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
-    model.load_state_dict(state, strict=True)
+    try:
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:  # missing, unexpected or mis-shaped tensors
+        raise ConfigError(f"{weights}: does not match {cfg_path.name} ({str(e).splitlines()[-1].strip()})") from None
     return model.to(device=device, dtype=dtype).eval()

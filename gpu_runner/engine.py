@@ -173,11 +173,13 @@ class Engine:
         generated token ids per request id). progress(done, total) after each step;
         on_step(scheduler, batch, step output) too."""
         m = self.model
-        wl, notes = prepare_workload(workload, self.tok, m.cfg.vocab_size)
-        too_long = [r.id for r in wl.requests if r.prompt_tokens + r.max_output_tokens > m.cfg.max_seq_len]
+        # Checked first: it needs only the counts (filling a huge prompt from the corpus would fail first).
+        too_long = [r for r in workload.requests if r.prompt_tokens + r.max_output_tokens > m.cfg.max_seq_len]
         if too_long:
-            raise ConfigError(f"request {too_long[0]!r}: prompt + output exceeds the model's "
-                              f"{m.cfg.max_seq_len} positions")
+            r = too_long[0]
+            raise ConfigError(f"request {r.id!r}: prompt + output = {r.prompt_tokens + r.max_output_tokens:,} "
+                              f"tokens exceeds the model's {m.cfg.max_seq_len:,} positions")
+        wl, notes = prepare_workload(workload, self.tok, m.cfg.vocab_size)
         sc = self.cfg.scheduler
         sched_cfg = dataclasses.replace(sc, kv_blocks=self._pool_blocks(sc), model_id=self.model_name,
                                         spec_gamma=self.cfg.gamma if self.draft is not None else 0)

@@ -4,74 +4,271 @@ downloaded, and only safetensors weights are read (never pickled .bin files)."""
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
-from core.errors import ConfigError
+from core.errors import ConfigError, short
 from gpu_runner.model import ModelConfig, Transformer
 
 SUPPORTED = ("llama", "mistral", "qwen2")
+MAX_CONFIG_BYTES = 16 << 20          # config.json: a few KiB in practice
+MAX_HEADER_BYTES = 100 << 20         # a safetensors header (the safetensors library's own limit)
+# Bytes per element of every safetensors dtype; weights must be one of FLOAT_DTYPES.
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+               "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+_REQUIRED = object()
+
+
+# ---- reading untrusted files ------------------------------------------------------------------
+
+def read_limited(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of `path`, or ConfigError naming it (missing, unreadable, larger than `limit`)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a {what} file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
+    if len(data) > limit:
+        raise ConfigError(f"{path}: larger than {limit:,} bytes; not a {what} file")
+    return data
+
+
+def parse_json(data: bytes, where: str):
+    """JSON from untrusted bytes; every failure (encoding, syntax, nesting, huge numbers) is a
+    one-line ConfigError naming `where`."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text (bad byte at offset {e.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise ConfigError(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer with thousands of digits
+        raise ConfigError(f"{where}: not valid JSON ({str(e).split(';')[0]})") from None
+
+
+def read_json(path: Path, what: str, limit: int):
+    return parse_json(read_limited(path, what, limit), str(path))
+
+
+# ---- config.json ----------------------------------------------------------------------------------
+
+def _type_name(v) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), type(v).__name__)
 
 
 def config_from_hf(cfg: dict, where: str = "config.json") -> ModelConfig:
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where}: expected a JSON object, got {_type_name(cfg)}")
     mt = cfg.get("model_type")
     if mt not in SUPPORTED:
-        raise ConfigError(f"{where}: model_type {mt!r} is not supported (expected one of {', '.join(SUPPORTED)})")
+        raise ConfigError(f"{where}: model_type {short(mt)} is not supported (expected one of {', '.join(SUPPORTED)})")
     if cfg.get("rope_scaling"):
-        raise ConfigError(f"{where}: rope_scaling {cfg['rope_scaling']!r} is not supported by this runner")
+        raise ConfigError(f"{where}: rope_scaling {short(cfg['rope_scaling'])} is not supported by this runner")
+    rope_params = cfg.get("rope_parameters")
+    if rope_params is not None and not isinstance(rope_params, dict):
+        raise ConfigError(f"{where}: rope_parameters must be an object, got {_type_name(rope_params)}")
+    rope_params = rope_params or {}
+    if rope_params.get("rope_type", "default") not in ("default", None):
+        raise ConfigError(f"{where}: rope_parameters.rope_type {short(rope_params['rope_type'])} is not supported "
+                          "by this runner")
+
+    def integer(key, default=_REQUIRED):
+        v = cfg.get(key)
+        if v is None:  # absent or null: optional fields take their default
+            if default is _REQUIRED:
+                raise ConfigError(f"{where}: missing field {key!r}" if key not in cfg
+                                  else f"{where}: {key} must be an integer >= 1, got null")
+            return default
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{where}: {key} must be an integer >= 1, got {short(v)}")
+        return v
+
+    def number(key, v, default, low):
+        if v is None:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
+                or (v == 0 and low == "> 0"):
+            raise ConfigError(f"{where}: {key} must be a finite number {low}, got {short(v)}")
+        return float(v)
+
+    def flag(key, default):
+        v = cfg.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise ConfigError(f"{where}: {key} must be true or false, got {short(v)}")
+        return v
+
+    vocab, dim, layers = integer("vocab_size"), integer("hidden_size"), integer("num_hidden_layers")
+    heads, hidden = integer("num_attention_heads"), integer("intermediate_size")
+    kv_heads = integer("num_key_value_heads", heads)
+    head_dim = integer("head_dim", None)
+    max_pos = integer("max_position_embeddings", 2048)
+    theta_key = "rope_theta" if cfg.get("rope_theta") is not None else "rope_parameters.rope_theta"
+    theta = number(theta_key, cfg.get("rope_theta", rope_params.get("rope_theta")), 10000.0, "> 0")
+    eps = number("rms_norm_eps", cfg.get("rms_norm_eps"), 1e-6, ">= 0")
+    if heads % kv_heads:
+        raise ConfigError(f"{where}: num_attention_heads ({heads}) must be a multiple of "
+                          f"num_key_value_heads ({kv_heads})")
+    if head_dim is None and dim % heads:
+        raise ConfigError(f"{where}: hidden_size ({dim}) must be a multiple of num_attention_heads ({heads}) "
+                          "when head_dim is not given")
+    if (head_dim or dim // heads) % 2:
+        raise ConfigError(f"{where}: head_dim ({head_dim or dim // heads}) must be even (rotary positions)")
     try:
-        heads = int(cfg["num_attention_heads"])
-        return ModelConfig(
-            vocab_size=int(cfg["vocab_size"]), dim=int(cfg["hidden_size"]), n_layers=int(cfg["num_hidden_layers"]),
-            n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
-            hidden_dim=int(cfg["intermediate_size"]),
-            max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
-            rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bool(cfg.get("attention_bias", mt == "qwen2")))
-    except KeyError as e:
-        raise ConfigError(f"{where}: missing field {e.args[0]!r}") from None
+        return ModelConfig(vocab_size=vocab, dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
+                           head_dim=head_dim, hidden_dim=hidden, max_seq_len=max_pos, rope_theta=theta, norm_eps=eps,
+                           tie_embeddings=flag("tie_word_embeddings", False),
+                           qkv_bias=flag("attention_bias", mt == "qwen2"))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def param_count(c: ModelConfig) -> int:
+    """Parameters of Transformer(c), from the config alone (nothing allocated)."""
+    hd = c.head_dim
+    attn = c.dim * c.n_heads * hd * 2 + c.dim * c.n_kv_heads * hd * 2
+    bias = (c.n_heads + 2 * c.n_kv_heads) * hd if c.qkv_bias else 0
+    per_layer = attn + bias + 3 * c.dim * c.hidden_dim + 2 * c.dim
+    return c.vocab_size * c.dim * (1 if c.tie_embeddings else 2) + c.n_layers * per_layer + c.dim
+
+
+def memory_limit() -> int:
+    """Bytes a model may take while it is built: this machine's RAM (64 GiB when unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 64 << 30
+
+
+def check_model_size(c: ModelConfig, where: str, limit: int | None = None) -> None:
+    """Refuse a config whose model would not fit in memory, before anything is allocated. The
+    model is built in float32 on the CPU (then cast), and the rotary tables are built in float64."""
+    limit = memory_limit() if limit is None else limit
+    n = param_count(c)
+    need = n * 4 + c.max_seq_len * c.head_dim * 32
+    if need > limit:
+        raise ConfigError(
+            f"{where}: the model needs about {need / 2**30:,.1f} GiB ({n:,} parameters in float32, vocab_size "
+            f"{c.vocab_size} x hidden_size {c.dim}, num_hidden_layers {c.n_layers}, intermediate_size "
+            f"{c.hidden_dim}, max_position_embeddings {c.max_seq_len}); this machine has {limit / 2**30:,.1f} GiB")
+
+
+# ---- *.safetensors --------------------------------------------------------------------------------
+
+def read_safetensors_header(f: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{tensor name: (dtype, shape)} from a safetensors file's header, checked against the file's
+    size: a bounded read, whatever the header claims."""
+    try:
+        size = f.stat().st_size
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise ConfigError(f"{f}: truncated safetensors file ({size} bytes; the header length takes 8)")
+            n = int.from_bytes(head, "little")
+            if n > MAX_HEADER_BYTES:
+                raise ConfigError(f"{f}: corrupt safetensors file: the header claims {n:,} bytes "
+                                  f"(at most {MAX_HEADER_BYTES:,} are read)")
+            if 8 + n > size:
+                raise ConfigError(f"{f}: truncated safetensors file: the header claims {n:,} bytes, "
+                                  f"the file holds {size:,}")
+            raw = fh.read(n)
+    except OSError as e:
+        raise ConfigError(f"{f}: cannot read ({e.strerror or e})") from None
+    doc = parse_json(raw.rstrip(b" "), f"{f}: safetensors header")
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{f}: corrupt safetensors header (expected a JSON object, got {_type_name(doc)})")
+    data_len = size - 8 - n
+    out = {}
+    for name, e in doc.items():
+        if name == "__metadata__":
+            continue
+        where = f"{f}: tensor {short(name)}"
+        if not isinstance(e, dict):
+            raise ConfigError(f"{where}: corrupt header entry {short(e)}")
+        dt, shape, off = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+        if dt not in DTYPE_BYTES:
+            raise ConfigError(f"{where}: unknown dtype {short(dt)}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                  for d in shape):
+            raise ConfigError(f"{where}: corrupt shape {short(shape)}")
+        if not (isinstance(off, list) and len(off) == 2 and all(isinstance(o, int) and not isinstance(o, bool)
+                                                                 for o in off) and 0 <= off[0] <= off[1]):
+            raise ConfigError(f"{where}: corrupt data_offsets {short(off)}")
+        if off[1] > data_len:
+            raise ConfigError(f"{where}: truncated file: the tensor's data ends at byte {off[1]:,} of the data "
+                              f"section, which holds {data_len:,}")
+        if math.prod(shape) * DTYPE_BYTES[dt] != off[1] - off[0]:
+            raise ConfigError(f"{where}: corrupt header: shape {shape} in {dt} does not match data_offsets {off}")
+        out[name] = (dt, tuple(shape))
+    from safetensors import SafetensorError, safe_open
+    try:  # the library's own checks (offsets that cover the data exactly, ...): reads the header only
+        with safe_open(str(f), framework="pt"):
+            pass
+    except SafetensorError as e:
+        raise ConfigError(f"{f}: corrupt safetensors file ({_first_line(e)})") from None
+    return out
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def load_hf(path: str | Path, device="cpu", dtype=torch.float32) -> tuple[Transformer, object]:
-    """(model, tokenizer or None) from a checkpoint directory."""
+    """(model, tokenizer or None) from a checkpoint directory. Everything is checked (config
+    fields, the model's size, every safetensors header, names, dtypes and shapes) before the
+    model is allocated; tensors are then read one at a time."""
+    from safetensors import SafetensorError, safe_open
     d = Path(path)
     if not d.is_dir():
         raise ConfigError(f"--model {path}: not a directory (expected config.json + *.safetensors)")
     cfg_path = d / "config.json"
     if not cfg_path.exists():
         raise ConfigError(f"--model {path}: no config.json")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{cfg_path}: not valid JSON ({e.msg})") from None
+    raw = read_json(cfg_path, "config.json", MAX_CONFIG_BYTES)
     cfg = config_from_hf(raw, str(cfg_path))
+    check_model_size(cfg, str(cfg_path))
     files = sorted(d.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"--model {path}: no *.safetensors weights (pickled .bin files are not read)")
-    tensors = {}
+    found: dict[str, tuple[Path, str, str, tuple[int, ...]]] = {}  # our name -> (file, stored name, dtype, shape)
     for f in files:
-        with safe_open(str(f), framework="pt") as sf:
-            for k in sf.keys():  # noqa: SIM118  (safe_open is not a dict)
-                tensors[k.removeprefix("model.")] = sf.get_tensor(k)
-    model = Transformer(cfg)
-    state = model.state_dict()
-    missing = [k for k in state if k not in tensors and not (k == "lm_head.weight" and cfg.tie_embeddings)]
-    if "lm_head.weight" in missing and "embed_tokens.weight" in tensors:
-        missing.remove("lm_head.weight")
-        tensors["lm_head.weight"] = tensors["embed_tokens.weight"]
+        for k, (dt, shape) in read_safetensors_header(f).items():
+            name = k.removeprefix("model.")
+            if name in found:
+                raise ConfigError(f"{f}: tensor {short(k)} is also in {found[name][0]}")
+            found[name] = (f, k, dt, shape)
+    with torch.device("meta"):  # names and shapes only: nothing is allocated
+        expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+    source = {}  # parameter -> where its values come from
+    for k in expected:
+        if k == "lm_head.weight" and (cfg.tie_embeddings or k not in found):
+            continue  # tied to the embedding (a stored lm_head is ignored, as transformers does)
+        if k in found:
+            source[k] = found[k]
+    missing = [k for k in expected if k not in source and k != "lm_head.weight"]
     if missing:
         raise ConfigError(f"--model {path}: weights missing for {', '.join(missing[:3])}"
                           + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
-    with torch.no_grad():
-        for k, v in state.items():
-            src = tensors.get(k, tensors.get("embed_tokens.weight") if k == "lm_head.weight" else None)
-            if src.shape != v.shape:
-                raise ConfigError(f"--model {path}: {k} has shape {tuple(src.shape)}, expected {tuple(v.shape)}")
-            v.copy_(src)
+    for k, (f, stored, dt, shape) in source.items():
+        if dt not in FLOAT_DTYPES:
+            raise ConfigError(f"{f}: tensor {stored} has dtype {dt}; expected floating-point weights "
+                              f"({', '.join(FLOAT_DTYPES)}; quantized checkpoints are not read)")
+        if shape != expected[k]:
+            raise ConfigError(f"{f}: tensor {stored} has shape {shape}, expected {expected[k]} from {cfg_path.name}")
     # End of sequence: config.json's eos_token_id (an id or a list of ids) stops generation
     # whether or not a tokenizer is present.
     eos = raw.get("eos_token_id")
@@ -79,11 +276,34 @@ def load_hf(path: str | Path, device="cpu", dtype=torch.float32) -> tuple[Transf
         eos = tuple(i for i in eos if isinstance(i, int) and not isinstance(i, bool)) or None
     elif isinstance(eos, bool) or not isinstance(eos, int):
         eos = None
-    model.eos_token_id = eos
     tok = None
     if (d / "tokenizer.json").exists():
         from gpu_runner.tokenizer import HFTokenizer
         tok = HFTokenizer(d / "tokenizer.json", eos)
+        if tok.vocab_size > cfg.vocab_size:
+            raise ConfigError(f"{d / 'tokenizer.json'}: {tok.vocab_size} tokens, more than {cfg_path.name}'s "
+                              f"vocab_size {cfg.vocab_size}")
+    model = Transformer(cfg)
+    state = model.state_dict()
+    by_file: dict[Path, list[str]] = {}
+    for k, (f, *_rest) in source.items():
+        by_file.setdefault(f, []).append(k)
+    with torch.no_grad():
+        for f, keys in by_file.items():
+            try:
+                with safe_open(str(f), framework="pt") as sf:
+                    for k in keys:
+                        stored = source[k][1]
+                        t = sf.get_tensor(stored)
+                        if not torch.isfinite(t).all():
+                            raise ConfigError(f"{f}: tensor {stored} holds NaN or infinite values")
+                        state[k].copy_(t)
+                        del t
+            except SafetensorError as e:
+                raise ConfigError(f"{f}: corrupt safetensors file ({_first_line(e)})") from None
+        if "lm_head.weight" not in source and not cfg.tie_embeddings:
+            state["lm_head.weight"].copy_(state["embed_tokens.weight"])
+    model.eos_token_id = eos
     return model.to(device=device, dtype=dtype).eval(), tok
 
 

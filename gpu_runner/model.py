@@ -14,6 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from core.errors import ConfigError, short
+
 
 @dataclass
 class ModelConfig:
@@ -31,13 +33,35 @@ class ModelConfig:
     qkv_bias: bool = False         # Qwen2 puts biases on q/k/v
 
     def __post_init__(self):
-        assert self.n_heads % self.n_kv_heads == 0, "n_heads must be a multiple of n_kv_heads"
+        # Bad shapes are input errors (a checkpoint's config), reported with the field names
+        # before any tensor is allocated.
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "max_seq_len"):
+            _check_positive_int(name, getattr(self, name))
+        if self.head_dim is not None:
+            _check_positive_int("head_dim", self.head_dim)
+        for name, low in (("rope_theta", "> 0"), ("norm_eps", ">= 0")):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v < 0 or (v == 0 and low == "> 0"):
+                raise ConfigError(f"model config: {name} must be a finite number {low}, got {short(v)}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model config: n_heads ({self.n_heads}) must be a multiple of "
+                              f"n_kv_heads ({self.n_kv_heads})")
         if self.head_dim is None:
-            assert self.dim % self.n_heads == 0, "dim must be a multiple of n_heads"
+            if self.dim % self.n_heads:
+                raise ConfigError(f"model config: dim ({self.dim}) must be a multiple of n_heads ({self.n_heads}) "
+                                  "when head_dim is not given")
             self.head_dim = self.dim // self.n_heads
+        if self.head_dim % 2:
+            raise ConfigError(f"model config: head_dim ({self.head_dim}) must be even (rotary positions)")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _check_positive_int(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(f"model config: {name} must be an integer >= 1, got {short(v)}")
 
 
 class RMSNorm(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 BOS, EOS = 256, 257
+MAX_TOKENIZER_BYTES = 512 << 20  # tokenizer.json: tens of MiB at most in practice
 
 
 class ByteTokenizer:
@@ -25,7 +26,19 @@ class HFTokenizer:
 
     def __init__(self, path: Path, eos_id: int | None = None):
         from tokenizers import Tokenizer
-        self.tok = Tokenizer.from_file(str(path))
+
+        from core.errors import ConfigError
+        from gpu_runner.hf import parse_json, read_limited
+        data = read_limited(path, "tokenizer.json", MAX_TOKENIZER_BYTES)
+        doc = parse_json(data, str(path))
+        if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
+            raise ConfigError(f"{path}: not a Hugging Face tokenizer.json (expected an object with a \"model\" "
+                              "object)")
+        try:
+            self.tok = Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as e:  # the tokenizers library raises plain Exception
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(f"{path}: not a tokenizer.json the tokenizers library can read ({msg})") from None
         self.vocab_size = self.tok.get_vocab_size()
         self.eos_id = eos_id
         self.bos_id = None

@@ -21,16 +21,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from core.errors import TraceError, short
+from core.errors import TraceError, WorkloadError, short
 from core.trace.build import new_trace
 from core.trace.model import Trace, frame
 from core.trace.schema import FINISH, TOKEN
-from core.workload import Request, Workload
+from core.workload import MAX_TIME_MS, MAX_TOKENS, Request, Workload
 
 VLLM_ARRAY_KEYS = ("ttfts", "itls", "input_lens", "output_lens")
 VLLM_SUMMARY_KEYS = ("duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
                      "output_throughput", "total_token_throughput")
 METRIC_NAMES = ("ttft", "tpot", "itl", "e2el")
+MAX_IMPORT_TOKENS = 100_000_000  # output tokens in one file (~2.5 GB of token rows): checked before allocating
 
 
 @dataclass
@@ -63,7 +64,20 @@ def _finite(x) -> bool:
         return False
 
 
+def _count(v, where: str, key: str) -> int:
+    if not (_finite(v) and float(v).is_integer() and 0 <= v <= MAX_TOKENS):
+        raise TraceError(f"{where}: {key}: expected an integer in 0..{MAX_TOKENS}, got {short(v)}")
+    return int(v)
+
+
 def import_vllm(doc: dict, name: str = "vllm result") -> Imported:
+    try:
+        return _import_vllm(doc, name)
+    except WorkloadError as e:  # a request the checks above missed: still name the file
+        raise TraceError(f"{name}: {e}") from None
+
+
+def _import_vllm(doc: dict, name: str) -> Imported:
     summary = {k: v for k, v in doc.items()
                if k in VLLM_SUMMARY_KEYS or k in ("failed", "num_prompts", "request_rate", "max_concurrency",
                                                     "model_id", "backend", "date", "burstiness")
@@ -87,6 +101,12 @@ def import_vllm(doc: dict, name: str = "vllm result") -> Imported:
     for key, arr in (("itls", itls), ("output_lens", out_lens), ("input_lens", in_lens), ("errors", errors)):
         if len(arr) != n:
             raise TraceError(f"{name}: {key} has {len(arr)} entries but ttfts has {n}")
+    # Lengths first, all of them, so that nothing is allocated for a file that is refused.
+    out_lens = [_count(v, f"{name}: request {i}", "output_lens") for i, v in enumerate(out_lens)]
+    in_lens = [_count(v, f"{name}: request {i}", "input_lens") for i, v in enumerate(in_lens)]
+    if sum(out_lens) > MAX_IMPORT_TOKENS:
+        raise TraceError(f"{name}: output_lens: {sum(out_lens)} output tokens in all, more than the "
+                         f"{MAX_IMPORT_TOKENS} an import holds")
     starts = None
     for key in ("start_times", "request_submit_times"):
         if isinstance(doc.get(key), list) and len(doc[key]) == n and all(_finite(x) for x in doc[key]):
@@ -100,6 +120,8 @@ def import_vllm(doc: dict, name: str = "vllm result") -> Imported:
         arrival_ms = np.zeros(n)
     else:
         arrival_ms = (starts - starts.min()) * 1000.0
+        if not arrival_ms.max() <= MAX_TIME_MS:
+            raise TraceError(f"{name}: {key}: send times span more than the latest time {MAX_TIME_MS:g} ms")
     reqs, tok_req, tok_idx, tok_t, failed, finishes = [], [], [], [], [], []
     merged = 0
     for i in range(n):
@@ -112,18 +134,17 @@ def import_vllm(doc: dict, name: str = "vllm result") -> Imported:
         where = f"{name}: request {i}"
         if not isinstance(gaps, list) or not all(_finite(g) and g >= 0 for g in gaps):
             raise TraceError(f"{where}: itls: expected a list of gaps >= 0 (seconds)")
-        if not (_finite(nout) and float(nout).is_integer() and nout >= 0):
-            raise TraceError(f"{where}: output_lens: expected an integer >= 0, got {short(nout)}")
-        if not (_finite(nin) and float(nin).is_integer() and nin >= 0):
-            raise TraceError(f"{where}: input_lens: expected an integer >= 0, got {short(nin)}")
-        nout, nin = int(nout), int(nin)
         if not ok or nout == 0:
             reqs.append(Request(rid, float(arrival_ms[i]), max(nin, 1), 1, extra={"error": str(err)} if not ok else {}))
             finishes.append((len(reqs) - 1, float(arrival_ms[i]), "error" if not ok else "stop"))
             continue
         if not (_finite(ttft) and ttft >= 0):
             raise TraceError(f"{where}: ttfts: expected a number of seconds >= 0, got {short(ttft)}")
-        chunk_t = arrival_ms[i] + (ttft + np.concatenate([[0.0], np.cumsum(gaps)])) * 1000.0
+        with np.errstate(over="ignore"):  # an overflow to inf is refused just below
+            chunk_t = arrival_ms[i] + (ttft + np.concatenate([[0.0], np.cumsum(gaps)])) * 1000.0
+        if not chunk_t[-1] <= MAX_TIME_MS:  # times grow along the request (gaps >= 0); inf fails too
+            raise TraceError(f"{where}: ttfts + itls: the last token at {chunk_t[-1]:g} ms is beyond the "
+                             f"latest time {MAX_TIME_MS:g} ms")
         if nout >= len(chunk_t):
             counts = np.ones(len(chunk_t), dtype=np.int64)
             counts[-1] += nout - len(chunk_t)

@@ -28,7 +28,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from core.errors import TraceError
+from core import errors
+from core.errors import TraceError, loads_json
 from core.trace.model import BadColumn, Trace, frame
 from core.trace.schema import BATCH, COLUMN_TYPES, REQUEST, SCHEMA, STEP, TABLE_EVENTS, Field, Record
 from core.trace.validate import Problems, read_events, trace_from_doc
@@ -126,12 +127,7 @@ def json_bytes(trace: Trace, pretty: bool = False, gz: bool = False) -> bytes:
 # ---- generic parsing -------------------------------------------------------------------------
 
 def gunzip(data: bytes, name: str, error=TraceError) -> bytes:
-    if data[:2] != b"\x1f\x8b":
-        return data
-    try:
-        return gzip.decompress(data)
-    except (OSError, EOFError) as e:
-        raise error(f"{name}: broken gzip data ({e})") from None
+    return errors.gunzip(data, name, error)  # streaming, capped at errors.MAX_DECOMPRESSED_BYTES
 
 
 def parse_json_bytes(data: bytes | str, name: str, error=TraceError) -> Any:
@@ -147,11 +143,9 @@ def parse_json_bytes(data: bytes | str, name: str, error=TraceError) -> Any:
     if not text.strip():
         raise error(f"{name}: the file is empty")
     try:
-        return json.loads(text, parse_constant=lambda c: _bad_constant(c, name, error))
+        return loads_json(text, name, error, parse_constant=lambda c: _bad_constant(c, name, error))
     except json.JSONDecodeError as e:
         raise error(f"{name}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
-    except RecursionError:
-        raise error(f"{name}: JSON nested too deeply") from None
 
 
 def _bad_constant(c, name, error):

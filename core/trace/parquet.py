@@ -15,10 +15,10 @@ import json
 import numpy as np
 import pandas as pd
 
-from core.errors import TraceError
+from core.errors import TraceError, loads_json, short
 from core.trace.model import BadColumn, Trace, frame
-from core.trace.schema import REQUEST, SCHEMA, TABLES, Field, Record
-from core.trace.validate import Problems, check_consistency, check_meta
+from core.trace.schema import REQUEST, SCHEMA, TABLE_EVENTS, TABLES, Field, Record
+from core.trace.validate import Problems, check_consistency, check_meta, read_events
 
 PARQUET_KEY = b"serving-trace"
 _ARROW = {"time": "float64", "int": "int64", "req": "int64", "str": "string", "str?": "string", "enum": "string",
@@ -94,7 +94,7 @@ def _read_table(data: bytes, name: str):
     if PARQUET_KEY not in md:
         raise TraceError(f"{name}: Parquet file without serving-trace metadata (not written by this tool?)")
     try:
-        head = json.loads(md[PARQUET_KEY].decode())
+        head = loads_json(md[PARQUET_KEY].decode(), f"{name}: serving-trace metadata", TraceError)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise TraceError(f"{name}: broken serving-trace metadata in the Parquet file") from None
     if not isinstance(head, dict) or head.get("schema") != SCHEMA:
@@ -108,11 +108,13 @@ def _read_table(data: bytes, name: str):
         raise TraceError(f"{name}: Parquet table lacks column(s) {', '.join(c for c in missing if c in _NEEDED)}")
     for c in missing:  # an optional field newer than the file: all absent
         t = t.append_column(c, pa.nulls(len(t), getattr(pa, COLUMNS[c])()))
-    try:
-        t = t.select(list(COLUMNS)).cast(pa.schema([(c, getattr(pa, ty)()) for c, ty in COLUMNS.items()]))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-        raise TraceError(f"{name}: Parquet column types do not match the format ({str(e)[:120]})") from None
-    return t, head
+    cols = []
+    for c, ty in COLUMNS.items():  # one by one, to name the column (e.g. a uint64 beyond int64)
+        try:
+            cols.append(t.column(c).cast(getattr(pa, ty)()))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise TraceError(f"{name}: column {c}: does not hold {ty} ({str(e)[:120]})") from None
+    return pa.table(cols, names=list(COLUMNS)), head
 
 
 class _Rows:
@@ -157,13 +159,21 @@ class _Rows:
             raise TraceError(f"{self.name}: {self.rtype} records: {e}") from None
 
     def json(self, null_ok: bool = False) -> list[dict]:
-        """The `json` column parsed: objects (null_ok: {} for a null)."""
-        try:
-            out = [{} if x is None and null_ok else json.loads(x) for x in self.col("json").to_pylist()]
-        except (TypeError, json.JSONDecodeError):
-            raise TraceError(f"{self.name}: {self.rtype} records: json: not valid JSON") from None
-        if not all(isinstance(x, dict) for x in out):
-            raise TraceError(f"{self.name}: {self.rtype} records: json: expected an object")
+        """The `json` column parsed: objects (null_ok: {} for a null); else a TraceError naming
+        the record (its position among the records of its type)."""
+        out = []
+        for k, x in enumerate(self.col("json").to_pylist()):
+            at = f"{self.name}: {self.rtype} record {k}: json"
+            if x is None and null_ok:
+                out.append({})
+                continue
+            try:
+                v = loads_json(x, at, TraceError)
+            except (TypeError, json.JSONDecodeError):
+                raise TraceError(f"{at}: not valid JSON") from None
+            if not isinstance(v, dict):
+                raise TraceError(f"{at}: expected an object, got {short(v)}")
+            out.append(v)
         return out
 
 
@@ -181,9 +191,20 @@ def trace_from_parquet(data: bytes, name: str = "trace.parquet") -> Trace:
     rows = {r: _Rows(t, rt, r, name) for r in RTYPES}
     requests = rows["request"].frame(REQUEST, 0)
     extras = rows["request"].json(null_ok=True)
+    for k, x in enumerate(extras):  # extras never shadow a column (the JSON form would let them)
+        clash = sorted(set(x) & {f.name for f in REQUEST.columns})
+        if clash:
+            raise TraceError(f"{name}: request record {k}: json: {clash[0]!r} is a request column, "
+                             "not an extra field")
     tables = {rec.table: rows[rec.type].frame(rec, len(requests)) for rec in TABLES if rec is not REQUEST}
     other = rows["other"].json()
+    tabled = {rec.type for rec in TABLE_EVENTS}
+    for k, e in enumerate(other):
+        if e.get("type") in tabled:
+            raise TraceError(f"{name}: other record {k}: a {e['type']} event belongs in its own records")
     pb = Problems(name)
+    other = read_events(other, {rid: j for j, rid in enumerate(requests["id"].tolist())}, pb, "other record")[1]
+    pb.raise_if_any()
     check_consistency(pb, requests, tables["tokens"], np.arange(len(tables["tokens"])),
                       tables["finishes"], np.arange(len(tables["finishes"])))
     pb.raise_if_any()

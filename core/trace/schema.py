@@ -11,8 +11,8 @@ its producer; then regenerate the two files:
     python -m core.trace --write        # (no flag: print the JSON Schema)
 
 Field types. Column types become one column of the record's table:
-  time   milliseconds: a finite number >= 0                       float64
-  int    an integer >= lo (or exactly the default, e.g. -1 "not recorded")   int64
+  time   milliseconds: a number in 0..MAX_TIME_MS (1e12)             float64
+  int    an integer in lo..2**63-1 (or exactly the default, e.g. -1 "not recorded")   int64
   str    a string                                                 object
   str?   a string or null                                         object (None)
   enum   one of `values`                                          Categorical(values)
@@ -37,6 +37,9 @@ from typing import Any
 import pandas as pd
 
 from core.paging import KV_OPS
+from core.workload import MAX_TIME_MS
+
+INT_MAX = 2**63 - 1            # int fields are int64 columns
 
 SCHEMA = "serving-trace/1"
 SOURCES = ("given", "simulated", "measured", "imported")
@@ -87,7 +90,7 @@ class Field:
         """What a valid value is, for error messages: 'expected {expect}, got ...'."""
         t = self.type
         if t == "time":
-            return "a finite number >= 0"
+            return f"a number of ms in 0..{MAX_TIME_MS:g}"
         if t == "int":
             return "an integer" if self.lo is None else f"an integer >= {self.lo}"
         if t == "enum":
@@ -264,7 +267,7 @@ def _json_type(f: Field) -> dict:
         return {"$ref": "#/$defs/time"}
     if t == "int":
         lo = min(f.lo, f.default) if f.lo is not None and isinstance(f.default, int) else f.lo
-        return {"type": "integer"} | ({"minimum": lo} if lo is not None else {})
+        return {"type": "integer", "maximum": INT_MAX} | ({"minimum": lo} if lo is not None else {})
     if t == "number":
         return {"type": "number"} | ({"minimum": f.lo} if f.lo is not None else {})
     if t == "enum":
@@ -316,7 +319,8 @@ def json_schema() -> dict:
                 "properties": {"t_ms": {"$ref": "#/$defs/time"}, "type": {"type": "string"}},
                 "allOf": events}},
         },
-        "$defs": {"time": {"type": "number", "minimum": 0}, "req": {"type": ["string", "integer"]}},
+        "$defs": {"time": {"type": "number", "minimum": 0, "maximum": MAX_TIME_MS},
+                  "req": {"type": ["string", "integer"]}},
     }
 
 

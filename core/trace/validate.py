@@ -19,7 +19,19 @@ import pandas as pd
 
 from core.errors import TraceError, short
 from core.trace.model import BadColumn, Trace, frame
-from core.trace.schema import BATCH, META, REQUEST, SCHEMA, STEP, TABLE_EVENTS, VERBATIM_EVENTS, Field, Record
+from core.trace.schema import (
+    BATCH,
+    INT_MAX,
+    MAX_TIME_MS,
+    META,
+    REQUEST,
+    SCHEMA,
+    STEP,
+    TABLE_EVENTS,
+    VERBATIM_EVENTS,
+    Field,
+    Record,
+)
 
 _TOP_FIELDS = ("schema", "meta", "requests", "events")
 _REQUEST_COLUMNS = {f.name for f in REQUEST.columns}
@@ -59,7 +71,7 @@ def _is_int(v) -> bool:
 
 def _ok_time(v) -> bool:
     try:
-        return _is_num(v) and math.isfinite(v) and v >= 0
+        return _is_num(v) and math.isfinite(v) and 0 <= v <= MAX_TIME_MS
     except OverflowError:  # an integer too large for a float
         return False
 
@@ -84,7 +96,14 @@ def _checker(f: Field, index_of: dict) -> Callable:
         return lambda v: float(v) if _ok_time(v) else bad(v)
     if t == "int":
         lo, dflt = f.lo, f.default if isinstance(f.default, int) else None
-        return lambda v: int(v) if _is_int(v) and (lo is None or v >= lo or v == dflt) else bad(v)
+
+        def check_int(v):
+            if not (_is_int(v) and (lo is None or v >= lo or v == dflt)):
+                bad(v)
+            if not -INT_MAX - 1 <= v <= INT_MAX:
+                raise _Bad(f".{f.name}: {short(v)} is too large (an int64: at most 2**63 - 1)")
+            return int(v)
+        return check_int
     if t == "enum":
         allowed = set(f.values)
         return lambda v: v if isinstance(v, str) and v in allowed else bad(v)
@@ -117,8 +136,9 @@ class _Table:
         return frame(self.rec, cols | (extra or {}), n_requests)
 
 
-def read_events(events: list, index_of: dict, pb: Problems) -> tuple[dict, list, dict]:
-    """(tables, verbatim events, event index per row of tokens and finishes); problems go to pb."""
+def read_events(events: list, index_of: dict, pb: Problems, where: str = "events") -> tuple[dict, list, dict]:
+    """(tables, verbatim events, event index per row of tokens and finishes); problems go to pb,
+    each located as `where[i]`."""
     tables = {rec.type: _Table(rec, index_of) for rec in TABLE_EVENTS}
     batch = _Table(BATCH, index_of)
     batch_steps: list[int] = []
@@ -131,13 +151,13 @@ def read_events(events: list, index_of: dict, pb: Problems) -> tuple[dict, list,
     other = []
     for i, e in enumerate(events):
         if not isinstance(e, dict):
-            pb.add(i, f"events[{i}]: expected an object")
+            pb.add(i, f"{where}[{i}]: expected an object")
             continue
         typ = e.get("type")
         if not isinstance(typ, str):
-            pb.add(i, f"events[{i}].type: expected a string, got {short(typ)}")
+            pb.add(i, f"{where}[{i}].type: expected a string, got {short(typ)}")
             continue
-        at = f"events[{i}] ({typ})"
+        at = f"{where}[{i}] ({typ})"
         tab = tables.get(typ)
         try:
             if tab is None:  # kept verbatim: check what the loader relies on
@@ -154,7 +174,7 @@ def read_events(events: list, index_of: dict, pb: Problems) -> tuple[dict, list,
                     raise _Bad(".batch: expected a list")
                 entries = []
                 for k, item in enumerate(b):
-                    at = f"events[{i}] (step).batch[{k}]"
+                    at = f"{where}[{i}] (step).batch[{k}]"
                     if not isinstance(item, dict):
                         raise _Bad(": expected an object")
                     entries.append(batch.row(item))
