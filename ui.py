@@ -309,7 +309,7 @@ def step_model_controls() -> StepModel:
 ORIGIN_COLORS = {"given": "blue", "simulated": "orange", "measured": "green", "imported": "violet"}
 
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$:&])")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>:~$|#&])")  # links/images, HTML, emphasis, colors, emoji, math
 
 
 def md(text) -> str:
