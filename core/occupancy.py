@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from core.kv import Reservation, reservation
+from core.trace.schema import MAX_KV_BLOCKS
 
 FREE, CACHED, OWNED, SHARED = 0, 1, 2, 3
 STATE_NAMES = ("free", "cached-free", "owned", "shared")
@@ -60,6 +61,11 @@ def snapshot_times(trace, max_snapshots: int = 200) -> np.ndarray:
     return t
 
 
+# Blocks x snapshots held at once (state, ref count, owner: ~13 bytes a cell, ~110 MB): two
+# snapshots of the largest pool a trace may name (core.trace.schema.MAX_KV_BLOCKS).
+MAX_CELLS = 2 * MAX_KV_BLOCKS
+
+
 def block_states(trace, times_ms=None, num_blocks: int | None = None, max_snapshots: int = 200) -> Occupancy:
     """Each block's state, ref count and owner at each snapshot time (default: `snapshot_times`)."""
     kv = trace.kv
@@ -68,6 +74,10 @@ def block_states(trace, times_ms=None, num_blocks: int | None = None, max_snapsh
         # Only blocks that were ever touched: with a huge (or unlimited) pool the rest stay
         # free forever, and the allocator hands out the lowest ids first.
         num_blocks = int(kv["block"].max() + 1) if len(kv) else 0
+    if num_blocks * len(times) > MAX_CELLS and len(times) > 2:
+        # Bounded memory (~13 bytes a cell): fewer snapshots, evenly spread, first and last kept.
+        keep = np.unique(np.linspace(0, len(times) - 1, max(2, MAX_CELLS // max(num_blocks, 1))).round().astype(int))
+        times = times[keep]
     B, S = num_blocks, len(times)
     state = np.zeros((B, S), dtype=np.int8)
     ref = np.zeros((B, S), dtype=np.int32)

@@ -13,7 +13,7 @@ import pytest
 from core import errors
 from core.__main__ import main
 from core.errors import TraceError, WorkloadError
-from core.trace import load_trace, open_trace
+from core.trace import load_trace, open_trace, parse_trace
 from core.trace.parquet import to_parquet_bytes
 from core.workload import MAX_TIME_MS, parse_workload
 from tests.conftest import DATA
@@ -260,3 +260,38 @@ def test_json_workload_errors_name_the_file(tmp_path, capsys):
     dup = {"name": "my run", "requests": [{"id": "a", "arrival_ms": 0, "prompt_tokens": 1, "output_tokens": 1}] * 2}
     with pytest.raises(WorkloadError, match="w.json: .*duplicate request id 'a'"):
         parse_workload(json.dumps(dup), "w.json")
+
+
+def test_kv_block_id_beyond_any_pool_is_refused(tmp_path):
+    # Issue 10 item 7: a kv event with block 2**40 would make the block view allocate terabytes.
+    from core.trace.schema import MAX_KV_BLOCKS
+    doc = json.loads((DATA / "traces" / "chapter31_serial.json").read_text())
+    doc["events"].insert(0, {"t_ms": 0.0, "type": "kv", "op": "alloc", "req": "A", "block": 2**40,
+                             "logical": 0, "ref": 1})
+    with pytest.raises(TraceError, match=r"events\[0\] \(kv\)\.block: expected an integer in 0\.\.4,194,303"):
+        parse_trace(json.dumps(doc), "big_block.json")
+    doc["events"][0]["block"] = MAX_KV_BLOCKS - 1          # the largest allowed id loads
+    assert parse_trace(json.dumps(doc), "ok.json").kv["block"].max() == MAX_KV_BLOCKS - 1
+
+
+def test_block_view_memory_is_bounded():
+    # The largest allowed block id with the default 200 snapshots would be 838M cells; the view
+    # thins its snapshots to stay within MAX_CELLS instead.
+    from core.occupancy import MAX_CELLS, block_states
+    from core.trace.schema import MAX_KV_BLOCKS
+    doc = json.loads((DATA / "traces" / "chapter31_serial.json").read_text())
+    doc["events"].insert(0, {"t_ms": 0.0, "type": "kv", "op": "alloc", "req": "A", "block": MAX_KV_BLOCKS - 1,
+                             "logical": 0, "ref": 1})
+    occ = block_states(parse_trace(json.dumps(doc), "t.json"))
+    assert occ.state.size <= MAX_CELLS and occ.state.shape[0] == MAX_KV_BLOCKS
+    assert occ.state[MAX_KV_BLOCKS - 1, -1] == 2           # that block is owned at the end (OWNED)
+
+
+def test_predict_with_a_bad_recorded_option_names_it():
+    # Issue 10 item 8: meta.engine.block_size "abc" -> a ConfigError naming the option, no traceback.
+    from core.errors import ConfigError
+    from core.predict import predicted_trace
+    tr = load_trace(DATA / "traces" / "shared_prefix_caching_on.json.gz")
+    tr.meta["engine"]["block_size"] = "abc"
+    with pytest.raises(ConfigError, match=r"meta\.engine: block_size: expected a positive integer, got 'abc'"):
+        predicted_trace(tr)

@@ -70,8 +70,9 @@ def _column(f: Field, v, n: int, n_requests: int | None):
         ok = ((a >= (-1 if f.nullable else 0)) & (a < n_requests)).all()
     elif f.lo is not None:
         ok = ((a >= f.lo) | (a == f.default)).all() if isinstance(f.default, int) else (a >= f.lo).all()
+        ok = ok and bool((a <= f.hi).all())
     else:
-        ok = True
+        ok = bool((a <= f.hi).all())
     if not ok:
         raise BadColumn(f)
     return a

@@ -40,6 +40,8 @@ from core.paging import KV_OPS
 from core.workload import MAX_TIME_MS
 
 INT_MAX = 2**63 - 1            # int fields are int64 columns
+MAX_KV_BLOCKS = 1 << 22        # 4,194,304 blocks (67M tokens at 16 per block): beyond any real pool,
+#                                small enough that the block views stay within memory
 
 SCHEMA = "serving-trace/1"
 SOURCES = ("given", "simulated", "measured", "imported")
@@ -58,6 +60,7 @@ class Field:
     meaning: str
     default: Any = REQUIRED   # value when absent; REQUIRED: must be present
     lo: int | None = None     # int (and ints items): smallest valid value, besides the default
+    hi: int = INT_MAX         # int: largest valid value (int64 columns: at most 2**63 - 1)
     values: tuple = ()        # enum: allowed values, in Categorical order
     write: str = "always"     # "always"; "present": omitted when equal to the default;
     #                           "never": not in JSON (batch.step comes from the enclosing step)
@@ -92,6 +95,8 @@ class Field:
         if t == "time":
             return f"a number of ms in 0..{MAX_TIME_MS:g}"
         if t == "int":
+            if self.hi != INT_MAX:
+                return f"an integer in {self.lo or 0}..{self.hi:,}"
             return "an integer" if self.lo is None else f"an integer >= {self.lo}"
         if t == "enum":
             return "one of " + ", ".join(self.values)
@@ -187,7 +192,7 @@ KV = Record("kv", "kv", "a physical KV block changed", (
     Field("op", "enum", "alloc, free, hit (prefix-cache reuse), cache (a full block got its hash), "
           "evict (a cached block reused for other data), cow (copy-on-write of src into block)", values=KV_OPS),
     _req("the request (null: none)", default=None),
-    Field("block", "int", "physical block id", lo=0),
+    Field("block", "int", "physical block id", lo=0, hi=MAX_KV_BLOCKS - 1),
     Field("logical", "int", "the request's logical block index (-1: none)", default=-1),
     Field("ref", "int", "the block's reference count after the op", default=0),
     Field("hash", "str?", "prefix-cache hash of a full block", default=None, write="present"),
@@ -267,7 +272,7 @@ def _json_type(f: Field) -> dict:
         return {"$ref": "#/$defs/time"}
     if t == "int":
         lo = min(f.lo, f.default) if f.lo is not None and isinstance(f.default, int) else f.lo
-        return {"type": "integer", "maximum": INT_MAX} | ({"minimum": lo} if lo is not None else {})
+        return {"type": "integer", "maximum": f.hi} | ({"minimum": lo} if lo is not None else {})
     if t == "number":
         return {"type": "number"} | ({"minimum": f.lo} if f.lo is not None else {})
     if t == "enum":
@@ -351,6 +356,8 @@ def _doc_type(f: Field) -> str:
         return " \\| ".join(f"`{v}`" for v in f.values)
     if f.type == "req":
         return "request id" + (" or null" if f.nullable else "")
+    if f.type == "int" and f.hi != INT_MAX:
+        return f"integer {f.lo or 0}..{f.hi:,}"
     if f.type == "int" and f.lo is not None:
         return f"integer ≥ {f.lo}"
     return {"time": "ms ≥ 0", "int": "integer", "number": "number" + (" ≥ 0" if f.lo == 0 else ""),

@@ -95,13 +95,15 @@ def _checker(f: Field, index_of: dict) -> Callable:
     if t == "time":
         return lambda v: float(v) if _ok_time(v) else bad(v)
     if t == "int":
-        lo, dflt = f.lo, f.default if isinstance(f.default, int) else None
+        lo, hi, dflt = f.lo, f.hi, f.default if isinstance(f.default, int) else None
 
         def check_int(v):
             if not (_is_int(v) and (lo is None or v >= lo or v == dflt)):
                 bad(v)
             if not -INT_MAX - 1 <= v <= INT_MAX:
                 raise _Bad(f".{f.name}: {short(v)} is too large (an int64: at most 2**63 - 1)")
+            if v > hi:
+                bad(v)
             return int(v)
         return check_int
     if t == "enum":
