@@ -56,8 +56,19 @@ def gunzip(data: bytes, name: str, error=InputError) -> bytes:
 def loads_json(text: str | bytes, name: str, error=InputError, **kw):
     """json.loads, with JSON nested too deeply for the parser refused as `error` naming the file
     (a RecursionError otherwise). Every JSON parse of user input goes through here or through
-    a parser with its own depth limit (orjson, msgspec). JSONDecodeError is left to the caller."""
+    a parser with its own depth limit (orjson, msgspec). JSONDecodeError is left to the caller.
+    NaN, Infinity and numbers beyond float range (1e309) are not JSON: refused as `error`."""
     import json
+    import math
+
+    def not_json(c):
+        raise error(f"{name}: {c} is not a JSON number (numbers must be finite)")
+
+    def finite(s):
+        v = float(s)
+        return v if math.isfinite(v) else not_json(s)
+    kw.setdefault("parse_constant", not_json)
+    kw.setdefault("parse_float", finite)
     try:
         return json.loads(text, **kw)
     except RecursionError:

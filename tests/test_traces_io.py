@@ -6,13 +6,14 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from core.errors import TraceError
 from core.export import chrome_trace, metrics_csv
 from core.metrics import summarize
 from core.trace import Imported, import_vllm, load_trace, open_trace, parse_trace, to_parquet_bytes, trace_from_doc
+from tests import fuzz_corpus
 from tests.conftest import DATA, ROOT
 from tests.test_trace import minimal, sim_trace
 
@@ -240,8 +241,8 @@ def test_fuzz_random_bytes(data):
     only_trace_errors(gzip.compress(data))
 
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
-                           | st.text(max_size=8),
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | fuzz_corpus.BIG_INTS
+                           | st.floats() | fuzz_corpus.HOSTILE_FLOATS | st.text(max_size=8),
                            lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
                            max_leaves=20)
 
@@ -250,7 +251,9 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70
 @given(json_values)
 @settings(max_examples=300, deadline=None)
 def test_fuzz_random_json(value):
-    only_trace_errors(json.dumps(value).encode())
+    raw = json.dumps(value, allow_nan=True).encode()     # NaN / Infinity literals included
+    only_trace_errors(raw)
+    fuzz_corpus.check(raw, "r.json")
 
 
 KEYS = ["schema", "meta", "source", "requests", "events", "id", "arrival_ms", "prompt_tokens", "max_output_tokens",
@@ -259,10 +262,14 @@ KEYS = ["schema", "meta", "source", "requests", "events", "id", "arrival_ms", "p
 
 @pytest.mark.slow
 @given(st.data())
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_fuzz_mutated_valid_traces(data):
-    base = sim_trace() if data.draw(st.booleans()) else None
-    doc = base.to_doc() if base is not None else minimal()
+    # Small bases keep each example fast; the simulated trace (1.2 MB: batch and preempt
+    # records) is one choice in six.
+    base = data.draw(st.sampled_from(["minimal", "sim", *fuzz_corpus.BASES, "chapter31_measured_cpu.json",
+                                      "tiles_measured_cpu_triton.json"]))
+    doc = (minimal() if base == "minimal" else sim_trace().to_doc() if base == "sim"
+           else fuzz_corpus.base_doc(base))
     doc = json.loads(json.dumps(doc))
     for _ in range(data.draw(st.integers(1, 4))):
         # Pick a random container inside the document and change, drop or add a key/item.
@@ -284,13 +291,99 @@ def test_fuzz_mutated_valid_traces(data):
                 node.pop(data.draw(st.integers(0, len(node) - 1)))
             else:
                 node.append(data.draw(json_values))
-    raw = json.dumps(doc).encode()
+    raw = json.dumps(doc, allow_nan=True).encode()
+    fuzz_corpus.check(raw, "m.json")
     try:
         tr = parse_trace(raw, "m.json")
     except TraceError:
         return
     summarize(tr)                                   # whatever loads is usable
     assert parse_trace(raw, "m.json").to_doc() == trace_from_doc(json.loads(raw), "m.json").to_doc()
+
+
+# Hostile values in real traces (tests/fuzz_corpus.py): integers 2**63..2**70 and -2**63-1,
+# ±1e308, ±Infinity, NaN, 1..5000 levels of nesting, records in the wrong shape; each mutated
+# trace as JSON and (when it loads) as Parquet, plus mutations of the Parquet file itself
+# (columns with out-of-range / wrongly typed values, the json column, the metadata JSON).
+# Invariant (fuzz_corpus.check): open_trace, summarize, json.dumps(summary, allow_nan=False)
+# and chrome_trace_json succeed or raise an InputError; never another exception, never a hang.
+
+def _deep_doc(depth, kind):
+    return fuzz_corpus.dumps(fuzz_corpus.base_doc("chapter31_serial.json"),
+                             (("events", 0, "t_ms"), depth, kind)), f"deep {kind} {depth}"
+
+
+@pytest.mark.slow
+@given(fuzz_corpus.mutated_docs())
+@example(_deep_doc(fuzz_corpus.MAX_DEPTH, "list"))
+@example(_deep_doc(fuzz_corpus.MAX_DEPTH, "dict"))
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def test_fuzz_hostile_values_json_and_parquet(case):
+    raw, what = case
+    fuzz_corpus.check(raw, "m.json")
+    fuzz_corpus.check(gzip.compress(raw, mtime=0), "m.json.gz")
+    try:
+        tr = parse_trace(raw, "m.json")
+    except TraceError:
+        return
+    pq_bytes = to_parquet_bytes(tr)                 # what loads from JSON also writes and reads as Parquet
+    fuzz_corpus.check(pq_bytes, "m.parquet")
+    assert parse_trace(pq_bytes, "m.parquet").to_doc() == tr.to_doc(), what
+
+
+@pytest.mark.slow
+@given(fuzz_corpus.mutated_parquet())
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+def test_fuzz_hostile_parquet(case):
+    raw, what = case
+    fuzz_corpus.check(raw, "m.parquet")
+
+
+@pytest.mark.parametrize("base", fuzz_corpus.BASES)
+@pytest.mark.parametrize("path,value", [
+    (("requests", 0, "prompt_tokens"), 2**63), (("requests", 0, "prompt_tokens"), 2**70),
+    (("requests", 0, "max_output_tokens"), -2**63 - 1), (("events", 0, "t_ms"), 1e308),
+    (("events", 0, "t_ms"), -1e308), (("events", 0, "t_ms"), float("inf")), (("events", 0, "t_ms"), float("nan")),
+    (("requests", 0, "arrival_ms"), float("-inf")), (("meta",), []), (("meta",), None), (("events", 0), [1, 2]),
+    (("requests",), {"A": {}}), (("requests", 0), "A"), (("meta", "source"), {"x": 1}),
+])
+def test_hostile_values_are_clean_errors(base, path, value):
+    doc = fuzz_corpus.base_doc(base)
+    raw = fuzz_corpus.dumps(fuzz_corpus.put(doc, path, value))
+    with pytest.raises(TraceError):
+        parse_trace(raw, "h.json")
+    fuzz_corpus.check(raw, "h.json")
+
+
+def _parquet_with_head(change):
+    t = fuzz_corpus._table("chapter31_serial.json")
+    head = json.loads(t.schema.metadata[b"serving-trace"])
+    change(head)
+    return fuzz_corpus.write_parquet(t.replace_schema_metadata({b"serving-trace": fuzz_corpus.dumps(head)}))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_parquet_metadata_nan_is_a_clean_error(value):
+    # Found by the fuzzer: NaN/Infinity in the Parquet metadata JSON loaded (the JSON form refuses
+    # them) and broke json.dumps(summary) later. Now refused at load.
+    raw = _parquet_with_head(lambda h: h["meta"].__setitem__("label", value))
+    with pytest.raises(TraceError, match="not a JSON number"):
+        parse_trace(raw, "m.parquet")
+    fuzz_corpus.check(raw, "m.parquet")
+
+
+@pytest.mark.parametrize("where", ["meta", "json-column"])
+def test_parquet_nan_in_json_texts_does_not_load(where):
+    if where == "meta":
+        raw = _parquet_with_head(lambda h: h["meta"].__setitem__("engine", {"temperature": float("nan")}))
+    else:
+        import pyarrow as pa
+        t = fuzz_corpus._table("chapter31_serial.json")
+        v = t.column("json").to_pylist()
+        v[0] = '{"x": NaN}'                            # row 0 is request A: its extra fields
+        raw = fuzz_corpus.write_parquet(fuzz_corpus._replace(t, "json", pa.array(v, pa.string())))
+    with pytest.raises(TraceError, match="not a JSON number"):
+        parse_trace(raw, "m.parquet")
 
 
 def test_deep_nesting_and_huge_numbers_are_clean_errors():
