@@ -145,9 +145,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.next_id = 0
 
     def _commit_shadow(self, seq):
+        # Always (re)record: within one rule a cached-free block can be evicted, reallocated to
+        # this sequence and committed with new content, so an older record may be stale. Hits
+        # were checked against the old record before this point.
         bm = self.bm
         for i, b in enumerate(bm.tables[seq][: len(self.tokens[seq]) // 4]):
-            if bm.hash[b] is not None and b not in self.content:
+            if bm.hash[b] is not None:
                 self.content[b] = (self.salt[seq], tuple(self.tokens[seq][: (i + 1) * 4]))
 
     @rule(ids=st.lists(st.integers(0, 3), min_size=1, max_size=14), salt=st.sampled_from([None, "x", "y"]))
