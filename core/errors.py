@@ -75,14 +75,18 @@ def loads_json(text: str | bytes, name: str, error=InputError, **kw):
         raise error(f"{name}: JSON nested too deeply") from None
 
 
-def read_input_file(path, what: str, error=InputError) -> bytes:
-    """Bytes of a user-given file, or `error` naming the path and what went wrong."""
-    from pathlib import Path
+def read_input_file(path, what: str, error=InputError, limit: int | None = None) -> bytes:
+    """Bytes of a user-given file, or `error` naming the path and what went wrong; with
+    `limit`, at most that many bytes are read and a larger file is refused."""
     try:
-        return Path(path).read_bytes()
+        with open(path, "rb") as f:
+            data = f.read() if limit is None else f.read(limit + 1)
     except FileNotFoundError:
         raise error(f"{path}: no such file") from None
     except IsADirectoryError:
         raise error(f"{path}: is a directory, expected a {what} file") from None
     except OSError as e:
-        raise error(f"{path}: cannot read ({e.strerror})") from None
+        raise error(f"{path}: cannot read ({e.strerror or e})") from None
+    if limit is not None and len(data) > limit:
+        raise error(f"{path}: larger than {limit:,} bytes; not a {what} file")
+    return data

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from core.errors import ConfigError, short
+from core.errors import ConfigError, read_input_file, short
 from gpu_runner.model import ModelConfig, Transformer
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -27,18 +27,7 @@ _REQUIRED = object()
 
 def read_limited(path: Path, what: str, limit: int) -> bytes:
     """The bytes of `path`, or ConfigError naming it (missing, unreadable, larger than `limit`)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(limit + 1)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, expected a {what} file") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
-    if len(data) > limit:
-        raise ConfigError(f"{path}: larger than {limit:,} bytes; not a {what} file")
-    return data
+    return read_input_file(path, what, ConfigError, limit)
 
 
 def parse_json(data: bytes, where: str):
