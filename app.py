@@ -2,14 +2,18 @@
 in ui.py, and all logic in core/."""
 import streamlit as st
 
+from ui import drop_overlong_params, freeze_startup_heap
+
 st.set_page_config(page_title="Serving Explorer", page_icon=":material/speed:", layout="wide")
+freeze_startup_heap()
+drop_overlong_params()
 
 pg = st.navigation({
     "": [st.Page("pages/home.py", title="Home", icon=":material/home:", default=True)],
     "Mechanisms": [
         st.Page("pages/schedules.py", title="Schedules", icon=":material/view_timeline:", url_path="schedules"),
-        st.Page("pages/kv_memory.py", title="KV memory & paging", icon=":material/memory:", url_path="kv"),
-        st.Page("pages/attention_tiles.py", title="Attention tiles", icon=":material/grid_on:", url_path="tiles"),
+        st.Page("pages/kv.py", title="KV memory & paging", icon=":material/memory:", url_path="kv"),
+        st.Page("pages/tiles.py", title="Attention tiles", icon=":material/grid_on:", url_path="tiles"),
         st.Page("pages/speculative.py", title="Speculative decoding", icon=":material/call_split:",
                 url_path="speculative"),
         st.Page("pages/roofline.py", title="Roofline", icon=":material/show_chart:", url_path="roofline"),

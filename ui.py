@@ -12,6 +12,7 @@ the pages pass comes out of another cache and is never mutated, and each cached 
 also holds the trace it was computed from, so the trace outlives its entry and its id
 cannot be reused by another trace while the entry exists.
 """
+import gc
 import math
 import os
 import re
@@ -21,21 +22,40 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from core.compare import run_policies
+from core.compare import per_request_table, run_policies, steps_taken, summary_table, thin_sample_notes, tradeoff
 from core.config import SchedulerConfig
 from core.cursor import in_flight_series
 from core.errors import InputError
+from core.figures.latency import metric_comparison_bars
+from core.figures.timeline import schedule_timeline
 from core.kv import GPUS, MODELS
 from core.metrics import request_metrics, summarize
 from core.occupancy import block_states
 from core.predict import predicted_trace
-from core.scenarios import DATA, SchedulePreset, bundled_trace_files, load_scenario, trace_files
+from core.scenarios import DATA, SchedulePreset, bundled_trace_files, given_schedules, load_scenario, trace_files
 from core.speculative import acceptance_by_position
 from core.stepmodel import STEP_MODELS, StepModel
 from core.trace import Trace, load_trace
 from core.workload import Workload, parse_workload
 
 UPLOAD_LIMIT_MB = 200
+
+
+def freeze_startup_heap() -> None:
+    """Move everything the imports built (streamlit, pandas, plotly, core) out of the cyclic
+    garbage collector's reach, once per process. Streamlit runs a full collection after every
+    script run (runner.postScriptGC); over the startup heap that cost ~100 ms per rerun, a
+    stop-the-world pause for every other user's script thread too. Later garbage is
+    collected as before."""
+    global _HEAP_FROZEN
+    if not _HEAP_FROZEN:
+        import core.figures  # noqa: F401  (plotly's figure classes: the largest import the pages share)
+        gc.collect()
+        gc.freeze()
+        _HEAP_FROZEN = True
+
+
+_HEAP_FROZEN = False
 
 
 # ---- URL keys -----------------------------------------------------------------------------------
@@ -112,6 +132,40 @@ def bound(key: str) -> dict:
     return {"key": key, "bind": "query-params"}
 
 
+def ensure_app_frame() -> None:
+    """Every page calls this first. With a pages/ directory next to app.py, Streamlit runs a
+    deep-linked page file on its own (its pre-st.navigation multipage mode) until some session
+    of the process has called st.navigation: on a fresh server the first link to /schedules
+    ran without app.py (no page config, link checks or navigation), and AppTest does the same
+    after switch_page. Leave that mode and rerun, now through app.py."""
+    from streamlit.runtime.pages_manager import PagesManager
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
+MAX_PARAM_CHARS = 4096    # one query parameter's name or value; URL_KEYS values are far shorter
+
+
+def drop_overlong_params() -> list[str]:
+    """Remove query parameters whose name or value is over MAX_PARAM_CHARS, before any widget
+    reads them, and say so on the page. A link that long is a mistake or an attack, and left in
+    the address bar it breaks the next navigation: the browser sends the address twice (the
+    request line and the Referer header) and the HTTP server refuses the request (400), so the
+    page never finishes loading. Returns the notices shown."""
+    notes = []
+    for key in list(st.query_params):
+        longest = max((len(v) for v in st.query_params.get_all(key)), default=0)
+        if len(key) > MAX_PARAM_CHARS or longest > MAX_PARAM_CHARS:
+            shown = key if len(key) <= 40 else key[:40] + "…"
+            notes.append(f"Ignored the link's parameter **{md(shown)}**: "
+                         f"{max(len(key), longest):,} characters, at most {MAX_PARAM_CHARS:,}.")
+            del st.query_params[key]
+    for n in notes:
+        st.warning(n, icon=":material/link_off:")
+    return notes
+
+
 def preset_widget_values(page: str, preset: SchedulePreset) -> dict[str, object]:
     """Widget key -> value for the options a preset sets, on one page."""
     options = preset.options()
@@ -147,6 +201,30 @@ HASH_FUNCS = {Workload: _workload_key, SchedulerConfig: repr, StepModel: repr, T
 @st.cache_resource
 def chapter_traces() -> dict[str, Trace]:
     return {name: load_trace(DATA / "traces" / f"chapter31_{name}.json") for name in ("serial", "continuous")}
+
+
+@st.cache_resource(show_spinner=False)
+def cached_given(name: str) -> list[tuple[str, Trace]]:
+    """core.scenarios.given_schedules, read from disk once per process."""
+    return given_schedules(name)
+
+
+_SCHEDULE_VIEWS = {"timeline": schedule_timeline, "summary": summary_table, "requests": per_request_table,
+                   "tradeoff": tradeoff, "steps": steps_taken, "thin": thin_sample_notes,
+                   "e2e_bars": lambda s: metric_comparison_bars(per_request_table(s), "e2e_ms")}
+
+
+@st.cache_resource(show_spinner=False, max_entries=64, hash_funcs=HASH_FUNCS)
+def _schedule_view(what: str, schedules: tuple, args: tuple):
+    return schedules, _SCHEDULE_VIEWS[what](list(schedules), *args)
+
+
+def schedule_view(what: str, schedules: list[tuple[str, Trace]], *args):
+    """A view over (label, trace) schedules ("timeline", "summary", "requests", "tradeoff",
+    "steps", "thin", "e2e_bars"), computed once per process for the same traces and arguments and shared by
+    every session: a class opening the same scenario builds it once. The result (a figure, a
+    data frame, a list) is shared: never mutate it."""
+    return _schedule_view(what, tuple(schedules), args)[1]
 
 
 @st.cache_resource(show_spinner=False)
@@ -260,25 +338,27 @@ def load_trace_file(path: Path):
     return _load_file(str(path), st_.st_mtime)
 
 
-# `_data` is left out of the key (Streamlit skips arguments named with a leading underscore):
-# the upload's file_id already identifies its bytes, and hashing up to 200 MB each rerun costs.
-@st.cache_resource(show_spinner="Parsing upload…", max_entries=4)
-def _parse_upload_trace(file_id: str, name: str, _data: bytes):
-    from core.trace import Imported, open_trace
-    try:
-        got = open_trace(_data, name)
-    except InputError as e:
-        return None, None, str(e)
-    if isinstance(got, Imported):
-        return got.trace, got, None
-    return got, None, None
-
-
-def parse_uploaded_trace(up):
-    """Parse an uploaded trace once per upload (keyed by the upload's id)."""
+def parse_uploaded_trace(up, slot: str):
+    """Parse an uploaded trace once per upload. The result is kept in this session only (one per
+    page slot, replaced by the next upload, freed when the session ends): an upload is one
+    user's data, and a cache shared by every session would keep the largest files of a whole
+    class alive at once."""
     if up.size > UPLOAD_LIMIT_MB * 2**20:
         return None, None, f"{up.name}: {up.size / 2**20:.1f} MiB is over the {UPLOAD_LIMIT_MB} MiB limit"
-    return _parse_upload_trace(up.file_id, up.name, up.getvalue())
+    key = f"_{slot}_parsed"
+    held = st.session_state.get(key)
+    if held is not None and held[0] == up.file_id:
+        return held[1]
+    from core.trace import Imported, open_trace
+    st.session_state.pop(key, None)   # the previous upload's trace can go before this one is parsed
+    with st.spinner("Parsing upload…"):
+        try:
+            got = open_trace(up.getvalue(), up.name)
+            result = (got.trace, got, None) if isinstance(got, Imported) else (got, None, None)
+        except InputError as e:
+            result = (None, None, str(e))
+    st.session_state[key] = (up.file_id, result)
+    return result
 
 
 # ---- shared widgets -----------------------------------------------------------------------------

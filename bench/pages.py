@@ -20,14 +20,14 @@ logging.disable(logging.WARNING)
 CASES = [
     ("home", "home", {}, 0.3),
     ("schedules (chapter 31)", "schedules", {}, 0.3),
-    ("kv memory & paging (default)", "kv_memory", {}, 0.3),
-    ("attention tiles", "attention_tiles", {}, 0.3),
+    ("kv memory & paging (default)", "kv", {}, 0.3),
+    ("attention tiles", "tiles", {}, 0.3),
     ("speculative decoding", "speculative", {}, 0.3),
     ("roofline", "roofline", {}, 0.3),
     ("schedules, 2,000 requests", "schedules",
      {"sc": "Poisson 2000", "pol": ["continuous", "chunked"], "ms": "256", "tb": "8192", "ch": "512",
       "s_base": "5", "s_pp": "0.02", "s_pd": "0.05"}, 1.0),
-    ("paging, 2,000 requests", "kv_memory", {"pg_wl": "poisson2000", "pg_pool": "8192", "pg_ms": "256"}, 1.0),
+    ("paging, 2,000 requests", "kv", {"pg_wl": "poisson2000", "pg_pool": "8192", "pg_ms": "256"}, 1.0),
 ]
 
 

@@ -2,7 +2,9 @@
 import streamlit as st
 
 from core.metrics import summarize
-from ui import chapter_traces, origin_badge, request_table
+from ui import chapter_traces, ensure_app_frame, origin_badge, request_table
+
+ensure_app_frame()
 
 st.title("Serving Explorer")
 st.markdown(
@@ -16,10 +18,10 @@ c1, c2 = st.columns(2)
 with c1:
     st.page_link("pages/schedules.py", label="**Schedules** — serial, static, continuous and chunked prefill on "
                  "one time axis; TTFT, TPOT, throughput windows and cost.", icon=":material/view_timeline:")
-    st.page_link("pages/kv_memory.py", label="**KV memory & paging** — cache sizing with GQA, paged blocks over "
+    st.page_link("pages/kv.py", label="**KV memory & paging** — cache sizing with GQA, paged blocks over "
                  "time, prefix sharing with tenant salts, copy-on-write, eviction and preemption.",
                  icon=":material/memory:")
-    st.page_link("pages/attention_tiles.py", label="**Attention tiles** — online softmax tile by tile, exact "
+    st.page_link("pages/tiles.py", label="**Attention tiles** — online softmax tile by tile, exact "
                  "merging vs the wrong average, tile visit order, HBM traffic.", icon=":material/grid_on:")
 with c2:
     st.page_link("pages/speculative.py", label="**Speculative decoding** — acceptance and residual as mass "

@@ -21,6 +21,7 @@ from ui import (
     cached_block_states,
     cached_prediction,
     derived,
+    ensure_app_frame,
     fmt_ms,
     load_trace_file,
     md,
@@ -29,6 +30,8 @@ from ui import (
     replay_trace_files,
     trace_details,
 )
+
+ensure_app_frame()
 
 st.title("Trace replay")
 st.caption("Open a trace — bundled, captured by the runner, written by hand, or a vLLM/SGLang benchmark result — "
@@ -45,7 +48,7 @@ def get_trace(choice, slot):
         up = st.file_uploader(f"serving-trace/1 (.json, .json.gz, .parquet) or a vLLM/SGLang result JSON, "
                               f"up to {UPLOAD_LIMIT_MB} MB", type=["json", "gz", "parquet"], key=f"{slot}_upload")
         if up is not None:
-            tr, imp, err = parse_uploaded_trace(up)
+            tr, imp, err = parse_uploaded_trace(up, slot)
             if err:
                 st.error(f"Could not load {md(up.name)}: {md(err)}")
             else:

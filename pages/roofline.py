@@ -4,7 +4,9 @@ import streamlit as st
 
 from core import kv, roofline
 from core.figures.roof import roofline_chart
-from ui import bound
+from ui import bound, ensure_app_frame
+
+ensure_app_frame()
 
 st.title("Roofline")
 st.markdown("A dense forward step over B token positions does about 2·P·B FLOPs while reading the P·b bytes "

@@ -2,31 +2,26 @@
 import pandas as pd
 import streamlit as st
 
-from core.compare import (
-    POLICY_LABELS,
-    fixed_window,
-    per_request_table,
-    steps_taken,
-    summary_table,
-    thin_sample_notes,
-    tradeoff,
-)
+from core.compare import POLICY_LABELS, fixed_window
 from core.config import SchedulerConfig
 from core.errors import InputError
-from core.figures.latency import metric_comparison_bars
-from core.figures.timeline import schedule_timeline
-from core.scenarios import SCENARIOS, SCHEDULE_PRESETS, given_schedules, max_output_tokens, workload_from_rows
+from core.scenarios import SCENARIOS, SCHEDULE_PRESETS, max_output_tokens, workload_from_rows
 from ui import (
     SCENARIO_LABELS,
     apply_presets_on_change,
     bound,
+    cached_given,
     cached_policies,
     cached_scenario,
+    ensure_app_frame,
     fmt_ms,
     origin_badge,
     parse_upload,
+    schedule_view,
     step_model_controls,
 )
+
+ensure_app_frame()
 
 st.title("Schedules")
 st.caption("One workload, several schedulers, one time axis. Bars: queue wait (gray), prefill (yellow), "
@@ -83,7 +78,7 @@ with st.sidebar:
 try:
     config = SchedulerConfig(max_seqs=max_seqs or None, token_budget=budget or None, kv_blocks=kv_blocks or None,
                              block_size=int(block_size))
-    schedules = given_schedules(scenario) + cached_policies(workload, tuple(policies or ()), config, step_model,
+    schedules = cached_given(scenario) + cached_policies(workload, tuple(policies or ()), config, step_model,
                                                             int(chunk))
 except InputError as e:
     st.error(f"Scheduler settings: {e}")
@@ -95,7 +90,7 @@ if not schedules:
 st.markdown(" ".join(f"**{label}** {origin_badge(tr)}  " for label, tr in schedules))
 st.caption(f"Simulated step model — {step_model.describe()}. "
            f"Workload: {len(workload)} requests asking for {max_output_tokens(workload):,} output tokens.")
-st.plotly_chart(schedule_timeline(schedules), key="sched_timeline", width="stretch")
+st.plotly_chart(schedule_view("timeline", schedules), key="sched_timeline", width="stretch")
 
 c1, c2 = st.columns(2)
 w0 = c1.number_input("Fixed window start (ms)", 0.0, 1e12, 0.0, **bound("w0"))
@@ -107,20 +102,20 @@ except InputError as e:
     window = None
 
 st.subheader("Throughput, cost and latency summary")
-summ = summary_table(schedules, window, usd)
+summ = schedule_view("summary", schedules, window, usd)
 st.dataframe(summ, hide_index=True, key="sched_summary",
              column_config={c: st.column_config.NumberColumn(format="%.6g") for c in summ.columns
                             if c not in ("schedule", "origin", "drain window ms")})
 st.caption("Drain window = [first arrival, last emission] of each schedule; the fixed window is the same "
            f"for all. Cost = USD {usd:g}/h × drain-window hours. Percentiles: numpy 'linear' estimator.")
-taken = steps_taken(schedules)
+taken = schedule_view("steps", schedules)
 if taken:
     st.markdown("Forward steps taken: " + ", ".join(f"**{label}** {n:,}" for label, n in taken) + ".")
-for note in thin_sample_notes(schedules):
+for note in schedule_view("thin", schedules):
     st.warning(note)
 
 st.subheader("Per request")
-table = per_request_table(schedules)
+table = schedule_view("requests", schedules)
 names = [label for label, _ in schedules]
 show = st.selectbox("Schedule", names, key="sched_pick")
 one = table[table["schedule"] == show]
@@ -131,14 +126,14 @@ st.dataframe(pd.DataFrame({"request": one["request"], "arrival ms": one["arrival
              hide_index=True, key="sched_requests")
 st.caption("TPOT = (E2E − TTFT)/(tokens − 1); a one-token request has none (—), never 0.")
 if len(table["request"].unique()) <= 60:
-    st.plotly_chart(metric_comparison_bars(table, "e2e_ms"), key="sched_e2e_bars", width="stretch")
+    st.plotly_chart(schedule_view("e2e_bars", schedules), key="sched_e2e_bars", width="stretch")
 
 if len(names) >= 2:
     st.subheader("Who wins, who loses")
     c1, c2 = st.columns(2)
     base = c1.selectbox("From", names, index=0, key="sched_from")
     other = c2.selectbox("To", names, index=len(names) - 1, key="sched_to")
-    tr_df = tradeoff(schedules, base, other)
+    tr_df = schedule_view("tradeoff", schedules, base, other)
     sooner, later = (tr_df["verdict"] == "sooner").sum(), (tr_df["verdict"] == "later").sum()
     st.markdown(f"Switching from **{base}** to **{other}**: {sooner} request(s) finish sooner, "
                 f"{later} later (E2E change, negative = sooner).")

@@ -11,7 +11,9 @@ from core.figures.spec import (
     mass_sankey,
     monte_carlo_figure,
 )
-from ui import bound, spec_traces
+from ui import bound, ensure_app_frame, spec_traces
+
+ensure_app_frame()
 
 st.title("Speculative decoding")
 st.markdown("A draft proposes x ~ q; the target, with distribution p, accepts it with probability "

@@ -9,6 +9,8 @@ from tests.conftest import ROOT
 
 
 def open_page(page, params=None):
+    """The page as the server runs it: through app.py (page config, link checks, navigation);
+    pages rerun themselves through app.py when started on their own (ui.ensure_app_frame)."""
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
     at.switch_page(f"pages/{page}.py")
     for k, v in (params or {}).items():

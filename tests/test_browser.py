@@ -82,3 +82,21 @@ def test_upload_a_trace_and_move_the_cursor(server, page):
     expect(page.locator(".gtitle", has_text=step_title).first).not_to_have_text(before, timeout=30_000)
     assert page.locator("[data-testid='stException']").count() == 0
     page.screenshot(path=str(SHOTS / "replay_upload.png"), full_page=True)
+
+
+def test_an_overlong_link_parameter_is_dropped_and_navigation_still_works(server, page):
+    """Issue 10 item 15: a 100,000-character parameter used to leave the page loading forever on
+    the next navigation (the address sent twice, as request line and Referer, is refused by the
+    HTTP server). The parameter is dropped with a notice, so reloading and navigating work."""
+    from playwright.sync_api import expect
+    url = f"{server}/schedules?sc={'x' * 100_000}&ms=3"
+    for _ in range(2):   # the second navigation is the one that used to hang
+        page.goto(url)
+        wait_idle(page)
+        expect(page.get_by_text("100,000 characters, at most 4,096").first).to_be_visible(timeout=60_000)
+        expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=60_000)
+        assert page.locator("[data-testid='stException']").count() == 0
+        assert len(page.url) < 1000 and "ms=3" in page.url    # the rest of the link is kept
+    page.goto(f"{server}/kv")
+    wait_idle(page)
+    expect(page.get_by_role("heading", name="KV memory & paging").first).to_be_visible(timeout=60_000)

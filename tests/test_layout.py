@@ -75,3 +75,23 @@ def test_pages_hold_only_pages():
     app = (ROOT / "app.py").read_text()
     for p in (ROOT / "pages").glob("*.py"):
         assert f"pages/{p.name}" in app, f"{p.name} is in pages/ but is not a page of app.py"
+
+
+def test_pages_run_through_app_py():
+    """Streamlit runs a deep-linked page file on its own until a session has called
+    st.navigation (it finds pages/ next to app.py): each page calls ui.ensure_app_frame() before
+    drawing anything, and its URL path is its file name, so the rerun through app.py lands on
+    the same page."""
+    app = ast.parse((ROOT / "app.py").read_text())
+    pages = {}
+    for node in ast.walk(app):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "Page":
+            kw = {k.arg: k.value.value for k in node.keywords if isinstance(k.value, ast.Constant)}
+            pages[node.args[0].value] = kw
+    assert len(pages) == len(list((ROOT / "pages").glob("*.py")))
+    for path, kw in pages.items():
+        stem = Path(path).stem
+        assert kw.get("url_path", stem) == stem or kw.get("default"), f"{path}: url_path {kw.get('url_path')!r}"
+        body = ast.parse((ROOT / path).read_text()).body
+        first_call = next(n for n in body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call))
+        assert ast.unparse(first_call) == "ensure_app_frame()", f"{path}: first call is {ast.unparse(first_call)}"

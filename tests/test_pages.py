@@ -65,6 +65,18 @@ def test_schedules_burst_static_vs_continuous_from_url():
     assert "Forward steps taken: **simulated static** 35, **simulated continuous** 20." in all_text(at)
 
 
+def test_overlong_link_parameters_are_dropped_with_a_notice():
+    """Issue 10 item 15: a parameter over 4,096 characters (name or value) is removed before any
+    widget reads it; the rest of the link still applies."""
+    at = open_page("schedules", {"sc": "x" * 100_000, "ms": "3", "y" * 5000: "1"})
+    notes = [w.value for w in at.warning if "Ignored the link's parameter" in w.value]
+    assert len(notes) == 2
+    assert any("**sc**: 100,000 characters, at most 4,096." in n for n in notes)
+    assert any("5,000 characters" in n and "…" in n for n in notes)   # a long name is shortened
+    assert "sc" not in at.query_params and at.query_params["ms"] in ("3", ["3"])
+    assert at.number_input(key="ms").value == 3
+
+
 def test_schedules_changing_a_widget_changes_the_result():
     at = open_page("schedules", {"sc": "Burst 5", "pol": ["continuous"], "s_kind": "constant", "s_step": "1"})
     assert frame_with(at, "steps").set_index("schedule").loc["simulated continuous", "steps"] == 20  # no limit
@@ -91,7 +103,7 @@ def test_schedules_switching_scenario_applies_presets():
 # ---- KV memory ---------------------------------------------------------------------------
 
 def test_kv_calculator_reference():
-    at = open_page("kv_memory")
+    at = open_page("kv")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["KV per token"] == "524,288 B"        # 512 KiB
     assert metrics["KV per sequence"] == "1.000 GiB"     # 2,048 tokens
@@ -103,12 +115,12 @@ def test_kv_calculator_reference():
 
 
 def test_kv_gqa_preset_is_smaller():
-    at = open_page("kv_memory", {"kv_model": "Llama-3-8B"})
+    at = open_page("kv", {"kv_model": "Llama-3-8B"})
     assert {m.label: m.value for m in at.metric}["KV per token"] == "131,072 B"  # 8 KV heads of 32
 
 
 def test_kv_paging_views_and_tenant_salt():
-    at = open_page("kv_memory")
+    at = open_page("kv")
     figs = charts(at)
     heat = [f for f in figs if f["data"] and f["data"][0]["type"] == "heatmap"]
     assert heat, "occupancy heatmap missing"
@@ -122,7 +134,7 @@ def test_kv_paging_views_and_tenant_salt():
 
 
 def test_kv_prefix_identity_input_and_bad_input():
-    at = open_page("kv_memory", {"px_b": "20,21"})
+    at = open_page("kv", {"px_b": "20,21"})
     assert "Reusable prefix: **0 position(s)**" in all_text(at)
     at.text_input(key="px_b").set_value("10, 11, x").run()
     assert any("'x' is not an integer token id" in e.value for e in at.error)
@@ -130,7 +142,7 @@ def test_kv_prefix_identity_input_and_bad_input():
 
 
 def test_kv_fork_copy_on_write():
-    at = open_page("kv_memory")
+    at = open_page("kv")
     text = all_text(at)
     assert "sample 1: block 1 →" in text     # 6 prompt tokens, blocks of 4: the partial block 1 is copied
 
@@ -138,7 +150,7 @@ def test_kv_fork_copy_on_write():
 # ---- attention tiles ------------------------------------------------------------------
 
 def test_tiles_chapter_example():
-    at = open_page("attention_tiles")
+    at = open_page("tiles")
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Online softmax (all tiles)"] == "1.5"
     assert metrics["Full softmax"] == "1.5"
@@ -148,7 +160,7 @@ def test_tiles_chapter_example():
 
 
 def test_tiles_random_matches_full_softmax():
-    at = open_page("attention_tiles", {"at_preset": "random", "at_n": "64", "at_tile_r": "8", "at_seed": "3"})
+    at = open_page("tiles", {"at_preset": "random", "at_n": "64", "at_tile_r": "8", "at_seed": "3"})
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Online softmax (all tiles)"] == metrics["Full softmax"]
 
@@ -193,7 +205,7 @@ def test_home_links_every_page():
 
 
 def test_tiles_page_shows_captured_kernel_statistics():
-    at = open_page("attention_tiles")
+    at = open_page("tiles")
     captured = [f for f in charts(at) if any("running max m" in (a.get("text") or "")
                                               for a in f["layout"].get("annotations", []))]
     assert captured, "the bundled Triton tile-statistics trace should be drawn"

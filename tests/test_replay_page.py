@@ -57,6 +57,21 @@ def test_upload_good_then_garbage_keeps_the_previous_trace():
     assert any("last file that loaded: mine.json" in c.value for c in at.caption)
 
 
+def test_uploads_with_same_name_and_tokens_never_share_cached_results():
+    """Issue 10 item 13: results derived from a trace are cached per trace object; two uploads with
+    the same file name and the same requests and token counts (the chapter's serial and continuous
+    schedules) must each show their own numbers, also after the other was collected."""
+    import gc
+    at = replay({"tr": "Upload a file…"})
+    files = {"16.7": (DATA / "traces" / "chapter31_serial.json").read_bytes(),
+             "30.0": (DATA / "traces" / "chapter31_continuous.json").read_bytes()}
+    for expected in ["16.7", "30.0", "16.7", "30.0"]:
+        at.file_uploader(key="rp_upload").set_value(("mine.json", files[expected], "application/json")).run()
+        assert not at.exception
+        assert {m.label: m.value for m in at.metric}["tok/s (drain window)"] == expected
+        gc.collect()
+
+
 @pytest.mark.parametrize("blob,msg", [
     (b"\x1f\x8b\x08\x00\x00", "gzip"),
     (b"not json at all", "not valid JSON"),

@@ -12,7 +12,9 @@ from core.figures.attention import (
     tile_grid,
 )
 from core.scenarios import chapter_tile_example, random_tile_example
-from ui import bound, tile_traces
+from ui import bound, ensure_app_frame, tile_traces
+
+ensure_app_frame()
 
 st.title("Attention tiles")
 st.markdown("FlashAttention computes the same softmax attention, but walks the keys in tiles that fit in "

@@ -1,0 +1,1 @@
+"""Serving a classroom: several Streamlit processes behind a sticky reverse proxy (docs/deploy.md)."""
