@@ -66,23 +66,40 @@ class WallClock:
 StepCallback = Callable[[Scheduler, Batch, StepOutput], None]
 
 
+class Inbox(Protocol):
+    """Requests from outside the loop (a server's clients): applied between steps."""
+
+    def drain(self, sched: Scheduler, now_ms: float) -> bool:
+        """Add new requests and apply cancellations; False: stop the loop now."""
+
+    def wait(self) -> None:
+        """Block until something arrives (the loop is idle)."""
+
+
 def run(sched: Scheduler, executor: Executor, clock, on_step: StepCallback | None = None,
-        fast_forward: bool = False) -> None:
-    """Drive `sched` until every request has finished. `fast_forward` (simulator only: the
-    executor must have `run_durations(batch, k)`) applies runs of identical decode steps
-    at once, with the same trace as stepping them one by one."""
-    while not sched.done():
+        fast_forward: bool = False, inbox: Inbox | None = None) -> None:
+    """Drive `sched` until every request has finished, or with an `inbox` (a server) until the
+    inbox says stop. `fast_forward` (simulator only: the executor must have
+    `run_durations(batch, k)`) applies runs of identical decode steps at once, with the same
+    trace as stepping them one by one."""
+    while True:
+        if inbox is not None:
+            if not inbox.drain(sched, clock.now()):
+                break
+        elif sched.done():
+            break
         t = clock.now()
         sched.admit_arrivals(t)
         batch = sched.schedule(t)
         if batch is None:
             nxt = sched.next_event_ms()
-            if nxt is None or nxt <= t:
-                if sched.done():
-                    break
+            if nxt is not None and nxt > t:
+                clock.wait_until(nxt)
+            elif inbox is not None:
+                inbox.wait()
+            elif not sched.done():
                 raise RuntimeError(f"scheduler made no progress at t={t} ms "
                                    f"({len(sched.waiting)} waiting, {len(sched.run)} running)")
-            clock.wait_until(nxt)
             continue
         if fast_forward:
             t_end = sched.fast_forward(batch, lambda k: executor.run_durations(batch, k))

@@ -38,7 +38,7 @@ from core.config import BIG, POLICIES, SchedulerConfig  # noqa: F401  (re-export
 from core.errors import ConfigError
 from core.paging import BlockManager
 from core.steplog import BatchPart, FinishRecord, PreemptRecord, StepLog, StepOutput, StepRecord, StepRun, TokenPart
-from core.workload import Workload
+from core.workload import Request, Workload
 
 
 @dataclass(slots=True)
@@ -75,11 +75,12 @@ NOT_ARRIVED, WAITING, RUNNING, DONE = (int(s) for s in RequestState)
 
 
 class Scheduler:
-    def __init__(self, workload: Workload, config: SchedulerConfig, log: StepLog | None = None,
+    def __init__(self, workload: Workload | None, config: SchedulerConfig, log: StepLog | None = None,
                  stop_token_ids: Iterable[int] = ()):
+        """`workload` None: no requests yet (a server adds them with add_request)."""
         self.cfg = config
         self.stop_token_ids = frozenset(stop_token_ids)  # a request emitting one of these stops (EOS)
-        reqs = workload.requests
+        reqs = workload.requests if workload is not None else []
         self.ids = [r.id for r in reqs]
         self.n = len(reqs)
         self.prompt_len = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
@@ -98,14 +99,14 @@ class Scheduler:
             num_blocks = int(need_blocks.sum())
         else:
             num_blocks = config.kv_blocks
-            worst = int(need_blocks.argmax())
-            if need_blocks[worst] > num_blocks:
+            worst = int(need_blocks.argmax()) if self.n else 0
+            if self.n and need_blocks[worst] > num_blocks:
                 raise ConfigError(
                     f"kv_blocks: request {self.ids[worst]!r} needs {int(need_blocks[worst])} blocks "
                     f"of {bs} tokens (prompt + output - 1 = "
                     f"{int(self.prompt_len[worst] + self.out_len[worst] - 1)} tokens) "
                     f"but the pool has {num_blocks}")
-        if config.chunk is None and config.token_budget is not None:
+        if config.chunk is None and config.token_budget is not None and self.n:
             worst = int(self.prompt_len.argmax())
             if self.prompt_len[worst] > config.token_budget:
                 raise ConfigError(
@@ -126,6 +127,41 @@ class Scheduler:
         self.step = 0
         self.num_preemptions = 0
         self._pending_step = None
+        self.stop_of: dict[int, frozenset] = {}   # per-request stop ids replacing stop_token_ids
+
+    # ---- requests arriving while the loop runs (a server) -----------------------------------
+    _PER_REQUEST = ("prompt_len", "out_len", "arrival", "abort_at", "computed", "emitted", "nblocks", "state")
+
+    def add_request(self, r: Request, stop_ids: Iterable[int] | None = None) -> int:
+        """Append request `r` (arrival times must not decrease) and return its index. `stop_ids`
+        replace the scheduler's stop ids for it (() ignores EOS). Refused with ConfigError: a
+        request that could never run (prompt + output over the KV pool; a prompt over the
+        token budget without chunked prefill). Per-request arrays grow by doubling."""
+        bs, cfg, i = self.cfg.block_size, self.cfg, self.n
+        need = -(-(r.prompt_tokens + r.max_output_tokens - 1) // bs)
+        if need > self.bm.num_blocks:
+            raise ConfigError(f"prompt + output = {r.prompt_tokens + r.max_output_tokens:,} tokens need {need:,} "
+                              f"KV blocks of {bs}; the pool has {self.bm.num_blocks:,}")
+        if cfg.chunk is None and cfg.token_budget is not None and r.prompt_tokens > cfg.token_budget:
+            raise ConfigError(f"a {r.prompt_tokens:,}-token prompt is over the per-step token budget of "
+                              f"{cfg.token_budget:,} (serve with chunked prefill to split it)")
+        if i and r.arrival_ms < self.arrival[i - 1]:
+            raise ValueError(f"arrival {r.arrival_ms} ms is before the previous request's")
+        cap = getattr(self, "_capacity", {})
+        if not cap or len(cap["state"]) <= i:
+            cap = {k: np.resize(getattr(self, k), max(16, 2 * i)) for k in self._PER_REQUEST}
+            self._capacity = cap
+        for k, v in zip(self._PER_REQUEST, (r.prompt_tokens, r.max_output_tokens, r.arrival_ms, np.inf, 0, 0, 0,
+                                            NOT_ARRIVED)):
+            cap[k][i] = v
+            setattr(self, k, cap[k][:i + 1])
+        self.ids.append(r.id)
+        self.salt.append(r.tenant)
+        self.token_ids.append(list(r.prompt_ids) if r.prompt_ids is not None else None)
+        if stop_ids is not None:
+            self.stop_of[i] = frozenset(stop_ids)
+        self.n += 1
+        return i
 
     # ---- clock-driven inputs ---------------------------------------------------------
     def done(self) -> bool:
@@ -425,8 +461,8 @@ class Scheduler:
         """Emitted tokens of a step whose executor returned ids: cut at max tokens and at the
         first stop id. Returns (reqs, output index, ids, source codes or None, stopped reqs)."""
         emit_r, emit_idx, emit_ids, emit_src, stopped = [], [], [], [], []
-        stop = self.stop_token_ids
         for j, i in enumerate(batch.reqs.tolist()):
+            stop = self.stop_of.get(i, self.stop_token_ids)
             toks = out.tokens[j]
             if not emit[j] or not toks:
                 continue

@@ -249,3 +249,57 @@ def test_simulation_invariants(rows, cfg, model):
     assert again.to_doc() == tr.to_doc()              # deterministic given its inputs
     stepwise = simulate(w, config, model, created=tr.meta["created"], fast_forward=False)
     assert stepwise.to_doc() == tr.to_doc()           # the fast-forward shortcut changes nothing
+
+
+class _ArrivalInbox:
+    """Hands the scheduler each request only once the clock has reached its arrival, as a server
+    does; while idle, the virtual clock jumps to the next arrival."""
+
+    def __init__(self, requests, clock):
+        self.pending, self.clock = list(requests), clock
+
+    def drain(self, sched, now_ms):
+        while self.pending and self.pending[0].arrival_ms <= now_ms:
+            sched.add_request(self.pending.pop(0))
+        return bool(self.pending) or not sched.done()
+
+    def wait(self):
+        self.clock.wait_until(self.pending[0].arrival_ms)
+
+
+@pytest.mark.parametrize("cfg", [
+    SchedulerConfig(max_seqs=4, kv_blocks=64, block_size=8),
+    SchedulerConfig(max_seqs=8, token_budget=64, chunk=16, kv_blocks=40, block_size=4, prefix_caching=True),
+])
+def test_requests_added_while_running_schedule_like_a_known_workload(cfg):
+    """A server's scheduler learns of each request when it arrives (add_request between steps);
+    the schedule must be the one computed with the whole workload known up front."""
+    rng = np.random.default_rng(5)
+    arrivals = np.cumsum(rng.exponential(25.0, 60))
+    ids = [tuple(int(t) for t in rng.integers(0, 50, int(p))) for p in rng.integers(4, 60, 60)]
+    wl = Workload([Request(f"q{k}", float(a), len(ids[k]), int(o), ids[k])
+                   for k, (a, o) in enumerate(zip(arrivals, rng.integers(1, 30, 60)))], name="online")
+    model = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.3)
+    known = simulate(wl, cfg, model, fast_forward=False)
+    log = StepLog()
+    sched = Scheduler(None, cfg, log)
+    clock = loop.VirtualClock(wl.requests[0].arrival_ms)
+    loop.run(sched, StepTimeExecutor(model), clock, inbox=_ArrivalInbox(wl.requests, clock))
+    online = loop.to_trace(sched, log, wl, known.meta)
+    assert sched.n == 60 and sched.num_done == 60
+    for part in ("tokens", "steps", "finishes"):
+        a, b = getattr(known, part), getattr(online, part)
+        assert a.equals(b), part
+
+
+def test_add_request_refuses_what_could_never_run():
+    sched = Scheduler(None, SchedulerConfig(kv_blocks=4, block_size=8, token_budget=16))
+    with pytest.raises(ConfigError, match="need 5 KV blocks of 8; the pool has 4"):
+        sched.add_request(Request("big", 0.0, 10, 31))
+    with pytest.raises(ConfigError, match="over the per-step token budget of 16"):
+        sched.add_request(Request("long", 0.0, 17, 1))
+    assert sched.n == 0
+    for k in range(40):   # growth past the initial capacity keeps every value
+        assert sched.add_request(Request(f"r{k}", float(k), 1 + k % 5, 1 + k % 3)) == k
+    assert sched.prompt_len.tolist() == [1 + k % 5 for k in range(40)]
+    assert sched.arrival.tolist() == [float(k) for k in range(40)] and len(sched.state) == 40
