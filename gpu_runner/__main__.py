@@ -1,4 +1,4 @@
-"""python -m gpu_runner capture|generate ...  (run with -h for each command).
+"""python -m gpu_runner capture|generate|serve|export-hf ...  (run with -h for each command).
 
 Bad arguments or files exit with code 2 and one line on stderr.
 """
@@ -55,6 +55,15 @@ def build_parser():
     g.add_argument("--max-tokens", type=_pos_int, default=64)
     g.add_argument("--json", action="store_true", help='print {"ids": [...], "text": ...} for the generated tokens')
     _common(g, scheduler=False)
+    v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, /metrics)")
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 = every interface)")
+    v.add_argument("--port", type=_pos_int, default=8000)
+    v.add_argument("--served-model-name", help="the model name clients send (default: --model)")
+    v.add_argument("--max-waiting", type=_pos_int, default=256,
+                   help="requests waiting at most; more get 503 with Retry-After")
+    v.add_argument("--trace-out", help="record a measured trace here (.json, .json.gz, .parquet), rewritten "
+                   "about once a second and at shutdown")
+    _common(v, scheduler=True)
     x = sub.add_parser("export-hf", help="write a model as a Hugging Face Llama checkpoint (for vLLM, transformers)")
     x.add_argument("--model", default="tiny", help="tiny | tiny-draft | a local HF checkpoint dir")
     x.add_argument("--out", required=True, help="directory to write config.json + model.safetensors into")
@@ -209,9 +218,50 @@ def cmd_export_hf(a) -> int:
     return 0
 
 
+def cmd_serve(a) -> int:
+    import dataclasses
+    import logging
+
+    import torch
+
+    from gpu_runner.engine import Engine
+    from gpu_runner.metrics import ServerMetrics
+    from gpu_runner.server import App, serve
+    from gpu_runner.serving import ServingEngine
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.trace_out:
+        check_writable(a.trace_out, "--trace-out")
+    model, tok, device, name = load_model(a.model, a.device, a.dtype)
+    cfg = engine_config(a)
+    sc = cfg.scheduler
+    if sc.kv_blocks is None and cfg.kv_memory_mb is None:
+        # default pool: every seat (max_seqs, else 32) can hold a full-context sequence
+        per_seq = -(-model.cfg.max_seq_len // sc.block_size)
+        cfg = dataclasses.replace(cfg, scheduler=dataclasses.replace(sc, kv_blocks=per_seq * (sc.max_seqs or 32)))
+    draft, draft_name = load_draft(a, device, model)
+    engine = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name)
+    served = a.served_model_name or name
+    metrics = ServerMetrics(served)
+    from pathlib import Path
+    se = ServingEngine(engine, max_waiting=a.max_waiting, metrics=metrics,
+                       trace_out=Path(a.trace_out) if a.trace_out else None)
+    app = App(se, served, tok, metrics, model.cfg.max_seq_len, model.cfg.vocab_size)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    def ready(_):
+        print(f"gpu_runner serve: {served} on http://{a.host}:{a.port} ({se.cfg.policy}, {se.cfg.kv_blocks} KV blocks "
+              f"of {se.cfg.block_size}, max_seqs {se.cfg.max_seqs}); Ctrl-C stops", flush=True)
+    serve(se, app, a.host, a.port, ready)
+    if a.trace_out and se.log is not None and se.sched.n:
+        print(f"wrote {a.trace_out}: {se.sched.n} requests, {se.sched.step} steps", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     from core.cli import run
-    return run(build_parser(), {"capture": cmd_capture, "generate": cmd_generate, "export-hf": cmd_export_hf}, argv)
+    return run(build_parser(), {"capture": cmd_capture, "generate": cmd_generate, "export-hf": cmd_export_hf,
+                                "serve": cmd_serve}, argv)
 
 
 if __name__ == "__main__":

@@ -245,6 +245,7 @@ class ModelExecutor:
         self.cache = PagedKVCache(m.n_layers, n, bs, m.n_kv_heads, m.head_dim, engine.device, engine.dtype)
         sp = engine.cfg.sampling
         self.gens = [request_generator(sp.seed, rid, engine.device) for rid in ids]
+        self.sp_of = [sp] * len(ids)     # per-request sampling (a server's requests differ)
         self.drafter = None
         if engine.draft is not None:
             from gpu_runner.speculative import DraftRunner
@@ -252,6 +253,12 @@ class ModelExecutor:
             self.drafter = DraftRunner(engine.draft, PagedKVCache(d.n_layers, n, bs, d.n_kv_heads, d.head_dim,
                                                                   engine.device, engine.dtype), engine.attention)
         self.tile_buf: list = []
+
+    def add_request(self, rid: str, sp: SamplingParams) -> None:
+        """A request the scheduler just appended (a server): its generator and sampling."""
+        self.ids.append(rid)
+        self.gens.append(request_generator(sp.seed, rid, self.e.device))
+        self.sp_of.append(sp)
 
     def attend(self, q, li, chunks):
         cap, c = self.e.cfg.capture_tiles, self.cache
@@ -283,11 +290,18 @@ class ModelExecutor:
         sources = [[] for _ in reqs] if self.drafter else None
         plain = [j for j in range(len(reqs)) if emits[j] and j not in props]
         if plain:
-            picked, _ = sample(e.model.logits(hidden[packed.last_rows(plain)]), [self.gens[reqs[j]] for j in plain], sp)
-            for j, tok in zip(plain, picked):
-                tokens[j] = [tok]
-                if sources is not None:
-                    sources[j] = [SAMPLED]
+            logits = e.model.logits(hidden[packed.last_rows(plain)])
+            groups: dict[tuple, list[int]] = {}
+            for k, j in enumerate(plain):
+                p = self.sp_of[reqs[j]]
+                groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(k)
+            for ks in groups.values():   # one draw per distinct sampling setting
+                picked, _ = sample(logits[ks] if len(groups) > 1 else logits,
+                                   [self.gens[reqs[plain[k]]] for k in ks], self.sp_of[reqs[plain[ks[0]]]])
+                for k, tok in zip(ks, picked):
+                    tokens[plain[k]] = [tok]
+                    if sources is not None:
+                        sources[plain[k]] = [SAMPLED]
         events = []
         greedy = sp.temperature == 0
         for j in spec:

@@ -1,0 +1,110 @@
+"""`/metrics` of `gpu_runner serve`: Prometheus text format (prometheus_client), under vLLM's
+metric names for what the two engines share, so dashboards and scrapers built for vLLM
+read ours. Each name means what it means in vLLM (v1 engine, docs "Production Metrics"):
+
+    vllm:num_requests_running          gauge    requests in the running batch
+    vllm:num_requests_waiting          gauge    requests queued (accepted, not yet running)
+    vllm:kv_cache_usage_perc           gauge    KV blocks in use / pool (0..1)
+    vllm:num_preemptions_total         counter  preemptions (recompute)
+    vllm:prompt_tokens_total           counter  prompt tokens of scheduled requests
+    vllm:generation_tokens_total       counter  generated tokens delivered
+    vllm:prefix_cache_queries_total    counter  prompt tokens looked up in the prefix cache
+    vllm:prefix_cache_hits_total       counter  of those, tokens found cached
+    vllm:request_success_total         counter  finished requests, label finished_reason
+    vllm:time_to_first_token_seconds   histogram  arrival -> first token
+    vllm:inter_token_latency_seconds   histogram  gaps between consecutive tokens of a request
+    vllm:e2e_request_latency_seconds   histogram  arrival -> last token
+    vllm:request_queue_time_seconds    histogram  arrival -> first scheduled
+
+Every series carries `model_name`. A request's tokens delivered by one step (speculative
+decoding) count as one gap of that step's length and zero-length gaps for the rest, as the
+client sees them.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+
+disable_created_metrics()   # no *_created series (vLLM exposes none either)
+
+# vLLM's bucket edges (seconds)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+FINISH_REASONS = {"length": "length", "stop": "stop", "abort": "abort"}
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = r = CollectorRegistry()
+        self.model = model_name
+        lab = ["model_name"]
+        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch", lab, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to run", lab, registry=r)
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent", lab, registry=r)
+        self.preempt = Counter("vllm:num_preemptions", "Cumulative preemptions", lab, registry=r)
+        self.prompt = Counter("vllm:prompt_tokens", "Prompt tokens processed", lab, registry=r)
+        self.gen = Counter("vllm:generation_tokens", "Generation tokens produced", lab, registry=r)
+        self.pc_q = Counter("vllm:prefix_cache_queries", "Prefix-cache queries, in tokens", lab, registry=r)
+        self.pc_h = Counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens", lab, registry=r)
+        self.success = Counter("vllm:request_success", "Finished requests", lab + ["finished_reason"], registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token", lab,
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency", lab,
+                             buckets=ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency", lab,
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("vllm:request_queue_time_seconds", "Time waiting before first scheduled", lab,
+                               buckets=LATENCY_BUCKETS, registry=r)
+        for m in (self.running, self.waiting, self.kv, self.preempt, self.prompt, self.gen, self.pc_q, self.pc_h,
+                  self.ttft, self.itl, self.e2e, self.queue):
+            m.labels(model_name=model_name)          # every series exists from the start, at 0
+        for reason in FINISH_REASONS.values():
+            self.success.labels(model_name=model_name, finished_reason=reason)
+        self._preemptions = 0
+
+    def step(self, running: int, waiting: int, kv_usage: float, preemptions: int, hit_tokens: int):
+        m = self.model
+        self.running.labels(model_name=m).set(running)
+        self.waiting.labels(model_name=m).set(waiting)
+        self.kv.labels(model_name=m).set(kv_usage)
+        if preemptions > self._preemptions:
+            self.preempt.labels(model_name=m).inc(preemptions - self._preemptions)
+            self._preemptions = preemptions
+        if hit_tokens:
+            self.pc_h.labels(model_name=m).inc(hit_tokens)
+
+    def scheduled(self, s, prompt_tokens: int):
+        m = self.model
+        self.prompt.labels(model_name=m).inc(prompt_tokens)
+        self.pc_q.labels(model_name=m).inc(prompt_tokens)
+        self.queue.labels(model_name=m).observe(max(0.0, (s.scheduled_ms - s.arrival_ms) / 1000))
+
+    def tokens(self, s, n: int, t_ms: float):
+        m = self.model
+        self.gen.labels(model_name=m).inc(n)
+        if s.first_token_ms is None:
+            self.ttft.labels(model_name=m).observe(max(0.0, (t_ms - s.arrival_ms) / 1000))
+            n -= 1
+        else:
+            self.itl.labels(model_name=m).observe(max(0.0, (t_ms - s.last_token_ms) / 1000))
+            n -= 1
+        for _ in range(n):   # tokens of the same step reach the client together
+            self.itl.labels(model_name=m).observe(0.0)
+
+    def finished(self, s, reason: str, t_ms: float):
+        m = self.model
+        self.success.labels(model_name=m, finished_reason=FINISH_REASONS.get(reason, reason)).inc()
+        if s.last_token_ms is not None:
+            self.e2e.labels(model_name=m).observe(max(0.0, (s.last_token_ms - s.arrival_ms) / 1000))
+
+    def idle(self, running: int, waiting: int, kv_usage: float):
+        m = self.model
+        self.running.labels(model_name=m).set(running)
+        self.waiting.labels(model_name=m).set(waiting)
+        self.kv.labels(model_name=m).set(kv_usage)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

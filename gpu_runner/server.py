@@ -1,0 +1,363 @@
+"""`python -m gpu_runner serve`: an OpenAI-compatible HTTP API over the runner (Starlette +
+uvicorn). Handlers validate, submit to the ServingEngine (gpu_runner.serving) and stream
+what it sends back; they never touch the scheduler.
+
+    POST /v1/completions       prompt: text or token ids; stream (SSE) or not
+    POST /v1/chat/completions  messages joined as "role: content" lines (the bundled models
+                               have no chat template), then "assistant: "
+    GET  /v1/models, /health, /metrics (Prometheus, vLLM's names: gpu_runner.metrics)
+
+Fields: max_tokens (default 16), temperature (default 1.0, as OpenAI), top_p, top_k (0 or
+-1 = off), seed, stop (strings), stop_token_ids, ignore_eos, n (1 only), stream,
+stream_options.include_usage. Unknown fields are ignored with one logged warning per name
+(as vLLM does: benchmark clients send extras). Errors: 400 (bad JSON, wrong types, too
+long for the model or the KV pool), 404 (unknown model), 503 + Retry-After (waiting queue
+full, or shutting down).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from core.config import SamplingParams
+from core.errors import ConfigError
+from gpu_runner.serving import Overloaded, ServerStopping, ServingEngine, Stream
+
+log = logging.getLogger("gpu_runner.serve")
+MAX_BODY = 4 * 2**20
+KNOWN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+         "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user"}
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.headers = headers
+
+
+def error(message: str, status: int = 400, headers: dict | None = None) -> JSONResponse:
+    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, "Error")
+    return JSONResponse({"object": "error", "message": message, "type": kind, "code": status}, status,
+                        headers=headers)
+
+
+def _int(body, key, default, lo=None, hi=None):
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(f"{key}: expected an integer, got {json.dumps(v)[:40]}")
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise BadRequest(f"{key}: {v} is out of range" + (f" (at least {lo})" if lo is not None else ""))
+    return v
+
+
+def _num(body, key, default, lo, hi):
+    v = body.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+        raise BadRequest(f"{key}: expected a number in [{lo}, {hi}], got {json.dumps(v)[:40]}")
+    return float(v)
+
+
+class App:
+    def __init__(self, se: ServingEngine, model_name: str, tokenizer, metrics, max_seq_len: int,
+                 vocab_size: int):
+        self.se, self.name, self.tok, self.metrics = se, model_name, tokenizer, metrics
+        self.max_seq_len, self.vocab = max_seq_len, vocab_size
+        self.created = int(time.time())
+        self.warned: set[str] = set()
+        self.app = Starlette(routes=[
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/metrics", self.prom, methods=["GET"]),
+        ])
+
+    # ---- small endpoints ----------------------------------------------------------------------
+    async def models(self, request: Request):
+        return JSONResponse({"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
+                                                         "owned_by": "gpu_runner", "max_model_len": self.max_seq_len}]})
+
+    async def health(self, request: Request):
+        if self.se.error is not None or not self.se.thread.is_alive():
+            return Response("engine stopped", 503)
+        return Response(b"", 200)
+
+    async def prom(self, request: Request):
+        self.metrics.idle(**{k: v for k, v in zip(("running", "waiting", "kv_usage"), self.se.load().values())})
+        return Response(self.metrics.render(), 200, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    # ---- parsing ------------------------------------------------------------------------------
+    async def _body(self, request: Request) -> dict:
+        size = request.headers.get("content-length")
+        if size is not None and size.isdigit() and int(size) > MAX_BODY:
+            raise BadRequest(f"request body of {int(size):,} bytes is over the {MAX_BODY:,}-byte limit", 413)
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY:
+                raise BadRequest(f"request body is over the {MAX_BODY:,}-byte limit", 413)
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise BadRequest(f"body is not valid JSON: {str(e)[:120]}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("body: expected a JSON object")
+        unknown = sorted(set(body) - KNOWN - self.warned)
+        if unknown:
+            log.warning("ignoring unknown request field(s): %s", ", ".join(unknown))
+            self.warned.update(unknown)
+        model = body.get("model")
+        if model is not None and model != self.name:
+            raise BadRequest(f"The model `{model}` does not exist (this server serves `{self.name}`)", 404)
+        return body
+
+    def _prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if self.tok is None:
+                raise BadRequest("prompt: this model has no tokenizer; send token ids")
+            ids = self.tok.encode(prompt)
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.vocab]
+            if bad:
+                raise BadRequest(f"prompt: token id {bad[0]} is outside the vocabulary (size {self.vocab})")
+        else:
+            raise BadRequest("prompt: expected a string or a list of token ids (one prompt per request)")
+        if not ids:
+            raise BadRequest("prompt: empty")
+        return ids
+
+    def _stream(self, body: dict, ids: list[int]) -> tuple[Stream, list[str]]:
+        if _int(body, "n", 1, 1) != 1:
+            raise BadRequest("n: only 1 is supported")
+        max_tokens = _int(body, "max_tokens", None, 1)
+        if max_tokens is None:
+            max_tokens = _int(body, "max_completion_tokens", 16, 1)
+        if len(ids) + max_tokens > self.max_seq_len:
+            raise BadRequest(f"This model's maximum context length is {self.max_seq_len} tokens. However, you "
+                             f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} "
+                             f"for the completion).")
+        top_k = _int(body, "top_k", 0, -1)
+        try:
+            sp = SamplingParams(temperature=_num(body, "temperature", 1.0, 0.0, 100.0),
+                                top_p=_num(body, "top_p", 1.0, 1e-9, 1.0), top_k=max(0, top_k),
+                                seed=_int(body, "seed", 0))
+        except ConfigError as e:
+            raise BadRequest(str(e)) from None
+        stop = body.get("stop") or []
+        if isinstance(stop, str):
+            stop = [stop]
+        if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)) or len(stop) > 16:
+            raise BadRequest("stop: expected a string or a list of up to 16 non-empty strings")
+        stop_ids = body.get("stop_token_ids") or []
+        if not (isinstance(stop_ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids)):
+            raise BadRequest("stop_token_ids: expected a list of integers")
+        ignore_eos = body.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise BadRequest("ignore_eos: expected true or false")
+        eos = () if ignore_eos else self.se.engine.stop_token_ids
+        stops = tuple(dict.fromkeys([*eos, *stop_ids])) if (stop_ids or ignore_eos) else None
+        if self.se.engine.draft is not None and sp != self.se.engine.cfg.sampling:
+            raise BadRequest("speculative serving samples with the server's settings "
+                             "(--temperature/--top-k/--top-p/--seed); leave them out of the request")
+        return Stream("", ids, max_tokens, sp, stops, asyncio.get_running_loop()), stop
+
+    # ---- completions --------------------------------------------------------------------------
+    async def completions(self, request: Request):
+        return await self._serve(request, chat=False)
+
+    async def chat(self, request: Request):
+        return await self._serve(request, chat=True)
+
+    async def _serve(self, request: Request, chat: bool):
+        try:
+            body = await self._body(request)
+            if chat:
+                msgs = body.get("messages")
+                if not (isinstance(msgs, list) and msgs and all(
+                        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                        for m in msgs)):
+                    raise BadRequest("messages: expected a non-empty list of {role, content} with string values")
+                ids = self._prompt_ids("".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant: ")
+            else:
+                if "prompt" not in body:
+                    raise BadRequest("prompt: required")
+                ids = self._prompt_ids(body["prompt"])
+            s, stop = self._stream(body, ids)
+            so = body.get("stream_options") or {}
+            usage_in_stream = isinstance(so, dict) and so.get("include_usage") is True
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise BadRequest("stream: expected true or false")
+            try:
+                self.se.submit(s)
+            except Overloaded as e:
+                raise BadRequest(f"server busy: {e}", 503, {"Retry-After": "1"}) from None
+            except ServerStopping as e:
+                raise BadRequest(str(e), 503, {"Retry-After": "5"}) from None
+            first = await s.queue.get()
+            if first[0] == "error":
+                raise BadRequest(first[1])
+        except BadRequest as e:
+            return error(str(e), e.status, e.headers)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        gen = _Generation(self, s, stop, rid, chat)
+        if stream:
+            return StreamingResponse(gen.sse(request, usage_in_stream), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await gen.whole(request)
+
+
+class _Generation:
+    """Tokens of one accepted request -> text, stop strings, OpenAI-shaped responses."""
+
+    def __init__(self, app: App, s: Stream, stop: list[str], rid: str, chat: bool):
+        self.app, self.s, self.stop, self.rid, self.chat = app, s, stop, rid, chat
+        self.ids: list[int] = []
+        self.text = ""          # text delivered so far
+        self.finish = None
+
+    def _decode(self) -> str:
+        return self.app.tok.decode(self.ids) if self.app.tok is not None else " ".join(map(str, self.ids))
+
+    async def events(self):
+        """Yields text deltas; sets self.finish. A stop string ends the request (reason "stop")
+        and is not delivered; text that could still grow into a stop string is held back."""
+        hold = max((len(x) for x in self.stop), default=1) - 1
+        while self.finish is None:
+            item = await self.s.queue.get()
+            if item[0] == "tokens":
+                self.ids += item[1]
+                full = self._decode()
+                cut = min((i for i in (full.find(x) for x in self.stop) if i >= 0), default=-1)
+                if cut >= 0:
+                    self.app.se.cancel(self.s, "stop")
+                    self.finish = "stop"
+                    full = full[:cut]
+                    out = full[len(self.text):]
+                else:
+                    # hold back a possible partial stop string, and an incomplete UTF-8 character
+                    safe = len(full) - hold if self.stop else len(full)
+                    if full.endswith("\ufffd"):
+                        safe = min(safe, len(full) - 1)
+                    out = full[len(self.text):max(safe, len(self.text))]
+                self.text += out
+                if out:
+                    yield out
+            elif item[0] == "finish":
+                self.finish = item[1]
+                rest = self._decode()[len(self.text):] if item[1] != "stop" or not self.stop else ""
+                if self.stop:   # the held-back tail, unless it contains a stop string
+                    full = self._decode()
+                    cut = min((i for i in (full.find(x) for x in self.stop) if i >= 0), default=-1)
+                    rest = (full[:cut] if cut >= 0 else full)[len(self.text):]
+                self.text += rest
+                if rest:
+                    yield rest
+            elif item[0] == "error":
+                self.finish = "error"
+                raise RuntimeError(item[1])
+
+    def usage(self) -> dict:
+        n_p, n_c = len(self.s.prompt_ids), len(self.ids)
+        return {"prompt_tokens": n_p, "completion_tokens": n_c, "total_tokens": n_p + n_c}
+
+    def _chunk(self, delta: str | None, finish: str | None, first: bool = False) -> dict:
+        if self.chat:
+            d = {"role": "assistant", "content": delta or ""} if first else ({"content": delta} if delta else {})
+            choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        return {"id": self.rid, "object": obj, "created": int(time.time()), "model": self.app.name,
+                "choices": [choice]}
+
+    async def _watch(self, request: Request):
+        """Cancel the request when the client disconnects."""
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                self.app.se.cancel(self.s)
+                return
+
+    async def sse(self, request: Request, include_usage: bool):
+        watcher = asyncio.create_task(self._watch(request))
+        try:
+            first = True
+            async for delta in self.events():
+                yield f"data: {json.dumps(self._chunk(delta, None, first))}\n\n"
+                first = False
+            reason = "length" if self.finish == "length" else "stop" if self.finish == "stop" else "abort"
+            yield f"data: {json.dumps(self._chunk(None, reason, first))}\n\n"
+            if include_usage:
+                u = self._chunk(None, None)
+                u["choices"], u["usage"] = [], self.usage()
+                yield f"data: {json.dumps(u)}\n\n"
+            yield "data: [DONE]\n\n"
+        except RuntimeError as e:
+            yield f"data: {json.dumps({'object': 'error', 'message': str(e), 'code': 500})}\n\n"
+        finally:
+            watcher.cancel()
+            if not self.s.done:
+                self.app.se.cancel(self.s)   # the client went away mid-stream
+
+    async def whole(self, request: Request):
+        watcher = asyncio.create_task(self._watch(request))
+        try:
+            async for _ in self.events():
+                pass
+        except RuntimeError as e:
+            return error(str(e), 500)
+        finally:
+            watcher.cancel()
+            if not self.s.done:
+                self.app.se.cancel(self.s)
+        reason = "length" if self.finish == "length" else "stop" if self.finish == "stop" else "abort"
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": self.text}, "logprobs": None,
+                      "finish_reason": reason}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": self.text, "logprobs": None, "finish_reason": reason,
+                      "token_ids": self.ids}
+            obj = "text_completion"
+        return JSONResponse({"id": self.rid, "object": obj, "created": int(time.time()), "model": self.app.name,
+                             "choices": [choice], "usage": self.usage()})
+
+
+def serve(se: ServingEngine, app: App, host: str, port: int, ready=None) -> None:
+    """Run uvicorn until SIGINT/SIGTERM; on the signal the engine stops first (unfinished
+    requests end with finish_reason "abort", the trace is written), then the HTTP server."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            se.stop()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app.app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=5, lifespan="off")
+    server = _Server(config)
+    se.start()
+    try:
+        if ready is not None:
+            ready(server)
+        server.run()
+    finally:
+        se.stop()

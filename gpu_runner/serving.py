@@ -1,0 +1,276 @@
+"""The engine behind `python -m gpu_runner serve`: the core step loop in one background
+thread, fed by HTTP handlers through an inbox.
+
+    handler --submit()--> inbox --(between steps)--> Scheduler.add_request / abort
+    engine thread: core.loop.run(scheduler, ModelExecutor, WallClock, inbox=...)
+    after each step: new tokens and finishes --call_soon_threadsafe--> the handler's queue
+
+Handlers never touch the scheduler; the engine thread never blocks on a client. A request
+the scheduler refuses (it could never fit the KV pool or the token budget) is answered with
+its message; a full waiting queue refuses at once (the server answers 503). Stop: every
+unfinished request is aborted, the thread ends, and the trace (if recorded) is written.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from core import loop
+from core.config import SamplingParams
+from core.errors import ConfigError
+from core.scheduler import DONE, RUNNING, WAITING, Scheduler
+from core.steplog import StepLog
+from core.workload import Request, Workload
+
+FLUSH_EVERY_S = 1.0
+
+
+class Overloaded(Exception):
+    """The waiting queue is full (HTTP 503 with Retry-After)."""
+
+
+class ServerStopping(Exception):
+    """The server is shutting down and admits nothing new (HTTP 503)."""
+
+
+@dataclass(eq=False)
+class Stream:
+    """One client request as the engine sees it; events go to `queue` on the client's loop:
+    ("accepted",), ("error", message), ("tokens", [ids]), ("finish", reason)."""
+    rid: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop_ids: tuple[int, ...] | None           # None: the model's EOS; () ignores it
+    aloop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    index: int | None = None                   # the scheduler's request index once added
+    arrival_ms: float = 0.0
+    sent: int = 0
+    first_token_ms: float | None = None
+    last_token_ms: float | None = None
+    scheduled_ms: float | None = None
+    done: bool = False
+
+    def push(self, item):
+        self.aloop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+class ServingEngine:
+    """`engine` is a gpu_runner.engine.Engine; its scheduler options must give a KV pool
+    (kv_blocks or kv_memory_mb). `metrics` (gpu_runner.metrics.ServerMetrics) is updated
+    from the engine thread; `trace_out` is rewritten atomically about once a second."""
+
+    def __init__(self, engine, max_waiting: int = 256, metrics=None, trace_out: Path | None = None):
+        from gpu_runner.engine import ModelExecutor
+        self.engine = engine
+        sc = engine.cfg.scheduler
+        pool = engine._pool_blocks(sc)
+        if pool is None:
+            raise ConfigError("serve needs a KV pool size: --kv-blocks N or --kv-memory-mb M")
+        self.cfg = dataclasses.replace(sc, kv_blocks=pool, model_id=engine.model_name,
+                                       spec_gamma=engine.cfg.gamma if engine.draft is not None else 0)
+        self.log = StepLog() if (engine.cfg.record or trace_out is not None) else None
+        self.sched = Scheduler(None, self.cfg, self.log, stop_token_ids=engine.stop_token_ids)
+        self.clock = loop.WallClock(0.0)
+        self.executor = ModelExecutor(engine, self.sched, self.clock, [])
+        self.max_waiting = max_waiting
+        self.metrics = metrics
+        self.trace_out = trace_out
+        self.streams: dict[int, Stream] = {}
+        self._pending: deque = deque()
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._ids = itertools.count()
+        self._hits_seen = 0
+        self._last_flush = time.monotonic()
+        self._flushed_step = -1
+        self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.error: BaseException | None = None
+
+    # ---- called from HTTP handlers ----------------------------------------------------------
+    def start(self):
+        self.thread.start()
+
+    def submit(self, s: Stream) -> None:
+        """Queue a request (its arrival is now); raises Overloaded / ServerStopping."""
+        with self._cv:
+            if self._stopping:
+                raise ServerStopping("the server is shutting down")
+            waiting = len(self._pending) + len(self.sched.waiting)
+            if waiting >= self.max_waiting:
+                raise Overloaded(f"{waiting} requests are waiting (limit {self.max_waiting})")
+            s.rid = s.rid or f"req-{next(self._ids)}"
+            s.arrival_ms = self.clock.now()
+            self._pending.append(("add", s))
+            self._cv.notify()
+
+    def cancel(self, s: Stream, reason: str = "abort") -> None:
+        """The client went away (or a stop string matched): abort it between steps."""
+        with self._cv:
+            if not s.done:
+                self._pending.append(("abort", s, reason))
+                self._cv.notify()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Admit nothing new, abort what is unfinished, end the thread, write the trace."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self.thread.join(timeout_s)
+
+    def load(self) -> dict:
+        """Running / waiting / KV usage now (read without locking: gauges, not accounting)."""
+        s = self.sched
+        return {"running": len(s.run), "waiting": len(s.waiting) + len(self._pending),
+                "kv_usage": s.bm.num_used / max(1, s.bm.num_blocks)}
+
+    # ---- the inbox the step loop drains (engine thread) ---------------------------------------
+    def drain(self, sched: Scheduler, now_ms: float) -> bool:
+        with self._cv:
+            items = list(self._pending)
+            self._pending.clear()
+            stopping = self._stopping
+        for item in items:
+            if item[0] == "add":
+                self._add(item[1])
+            else:
+                s, reason = item[1], item[2]
+                if s.index is not None and not s.done:
+                    sched.abort(s.index, now_ms, reason)
+                    self._finish(s, reason, now_ms)
+        if stopping:
+            for s in list(self.streams.values()):
+                sched.abort(s.index, now_ms, "abort")
+                self._finish(s, "abort", now_ms)
+            return False
+        self._maybe_flush()
+        return True
+
+    def wait(self) -> None:
+        with self._cv:
+            while not self._pending and not self._stopping:
+                self._cv.wait(FLUSH_EVERY_S)
+                if not self._pending and not self._stopping:
+                    self._maybe_flush()
+
+    def _add(self, s: Stream):
+        r = Request(s.rid, s.arrival_ms, len(s.prompt_ids), s.max_tokens, tuple(s.prompt_ids))
+        try:
+            s.index = self.sched.add_request(r, s.stop_ids)
+        except (ConfigError, ValueError) as e:
+            s.done = True
+            s.push(("error", str(e)))
+            return
+        self.executor.add_request(s.rid, s.sampling)
+        self.streams[s.index] = s
+        s.push(("accepted",))
+
+    def _finish(self, s: Stream, reason: str, now_ms: float):
+        if s.done:
+            return
+        s.done = True
+        self.streams.pop(s.index, None)
+        s.push(("finish", reason))
+        if self.metrics is not None:
+            self.metrics.finished(s, reason, now_ms)
+
+    def _after_step(self, sched: Scheduler, batch, out):
+        t = out.t_end_ms
+        bs = sched.cfg.block_size
+        for i in set(batch.reqs.tolist()):
+            s = self.streams.get(i)
+            if s is None:
+                continue
+            if s.scheduled_ms is None:
+                s.scheduled_ms = batch.t_ms
+                if self.metrics is not None:
+                    self.metrics.scheduled(s, len(s.prompt_ids))
+            n = int(sched.emitted[i])
+            if n > s.sent:
+                p = int(sched.prompt_len[i])
+                new = sched.token_ids[i][p + s.sent:p + n]
+                if self.metrics is not None:
+                    self.metrics.tokens(s, len(new), t)
+                if s.first_token_ms is None:
+                    s.first_token_ms = t
+                s.last_token_ms = t
+                s.sent = n
+                s.push(("tokens", new))
+            if sched.state[i] == DONE:
+                self._finish(s, "length" if n >= int(sched.out_len[i]) else "stop", t)
+        if self.metrics is not None:
+            hits = sched.bm.counts["hit"]
+            self.metrics.step(len(sched.run), len(sched.waiting) + len(self._pending),
+                              sched.bm.num_used / max(1, sched.bm.num_blocks), sched.num_preemptions,
+                              (hits - self._hits_seen) * bs)
+            self._hits_seen = hits
+
+    def _run(self):
+        import torch
+        try:
+            with torch.inference_mode():
+                loop.run(self.sched, self.executor, self.clock, on_step=self._after_step, inbox=self)
+        except BaseException as e:  # a model error must not leave clients waiting forever
+            self.error = e
+            with self._cv:
+                self._stopping = True
+            for s in list(self.streams.values()):
+                s.done = True
+                s.push(("error", f"engine failed: {type(e).__name__}: {e}"))
+            self.streams.clear()
+        finally:
+            self._flush(final=True)
+
+    # ---- the trace --------------------------------------------------------------------------
+    def workload(self) -> Workload | None:
+        s = self.sched
+        if s.n == 0:
+            return None
+        reqs = [Request(s.ids[i], float(s.arrival[i]), int(s.prompt_len[i]), int(s.out_len[i]),
+                        tuple(s.token_ids[i][:int(s.prompt_len[i])])) for i in range(s.n)]
+        return Workload(reqs, name="served")
+
+    def trace(self):
+        """The measured trace of everything served so far (unfinished requests have no finish)."""
+        from gpu_runner.engine import device_name
+        wl = self.workload()
+        if wl is None or self.log is None:
+            return None
+        e = self.engine
+        meta = loop.trace_meta(self.sched, wl, "measured", f"served by gpu_runner on {e.model_name}",
+                               e._engine_meta(), device=device_name(e.device), **e._model_meta(),
+                               notes="gpu_runner serve: arrival = when the HTTP request was accepted")
+        return loop.to_trace(self.sched, self.log, wl, meta)
+
+    def _maybe_flush(self):
+        if self.trace_out is not None and time.monotonic() - self._last_flush >= FLUSH_EVERY_S:
+            self._flush()
+
+    def _flush(self, final: bool = False):
+        """Rewrite trace_out atomically when something changed: readable at any moment, and a
+        killed server loses at most the last second."""
+        if self.trace_out is None or (self.sched.step == self._flushed_step and not final):
+            return
+        self._last_flush = time.monotonic()
+        tr = self.trace()
+        if tr is None:
+            return
+        from core.cli import write_output
+        try:
+            write_output(self.trace_out, tr.save, "--trace-out")
+            self._flushed_step = self.sched.step
+            if final:
+                print(f"gpu_runner serve: wrote {self.trace_out} ({self.sched.n} requests, {self.sched.step} steps)",
+                      flush=True)
+        except Exception as e:  # a full disk must not stop serving; say it once per flush
+            print(f"gpu_runner serve: could not write {self.trace_out}: {e}", flush=True)
+
+
+__all__ = ["DONE", "RUNNING", "WAITING", "Overloaded", "ServerStopping", "ServingEngine", "Stream"]

@@ -1,0 +1,265 @@
+"""`gpu_runner serve`: the OpenAI-compatible server on loopback, started and stopped by the
+tests (in-process in a thread, and one subprocess for SIGTERM), every wait bounded."""
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from core.config import SchedulerConfig
+from core.workload import Request, Workload
+from gpu_runner import checkpoint
+from gpu_runner.engine import Engine, EngineConfig
+from gpu_runner.metrics import ServerMetrics
+from gpu_runner.server import App
+from gpu_runner.serving import ServingEngine
+from gpu_runner.tokenizer import ByteTokenizer
+from tests.browser import free_port
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow   # runs the bundled model
+
+PROMPTS = ["The ", "def f(x):\n    return ", "A list is", "import "]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.set_num_threads(1)
+    return checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
+
+
+class Running:
+    """A server in this process: uvicorn in a thread, the engine in its own."""
+
+    def __init__(self, model, max_waiting=256, **sched):
+        import uvicorn
+        cfg = EngineConfig(scheduler=SchedulerConfig(**{"kv_blocks": 256, **sched}))
+        self.engine = Engine(model, ByteTokenizer(), cfg, "cpu", "tiny")
+        self.metrics = ServerMetrics("tiny")
+        self.se = ServingEngine(self.engine, max_waiting=max_waiting, metrics=self.metrics)
+        app = App(self.se, "tiny", ByteTokenizer(), self.metrics, model.cfg.max_seq_len, model.cfg.vocab_size)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app.app, host="127.0.0.1", port=self.port, log_level="error",
+                                                    lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.se.start()
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.se.stop()
+
+    def metric(self, name, **labels):
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return s.value
+        raise KeyError(name)
+
+
+def reference(model, prompts, max_tokens):
+    """Greedy outputs of the batch runner (Engine.run) for the same prompts."""
+    tok = ByteTokenizer()
+    wl = Workload([Request(f"p{i}", 0.0, len(tok.encode(p)), max_tokens, tuple(tok.encode(p)))
+                   for i, p in enumerate(prompts)])
+    _, out = Engine(model, tok, EngineConfig()).run(wl)
+    return [out[f"p{i}"] for i in range(len(prompts))]
+
+
+def sse_tokens(lines):
+    chunks = [json.loads(x[6:]) for x in lines if x.startswith("data: ") and x != "data: [DONE]"]
+    return chunks
+
+
+def test_completions_equal_the_batch_runner_streaming_or_not(tiny):
+    ref = reference(tiny, PROMPTS, 24)
+    with Running(tiny) as srv, httpx.Client(timeout=60) as c:
+        for p, want in zip(PROMPTS, ref):
+            r = c.post(f"{srv.url}/v1/completions", json={"prompt": p, "max_tokens": 24, "temperature": 0})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["choices"][0]["token_ids"] == want
+            assert body["choices"][0]["text"] == ByteTokenizer().decode(want)
+            assert body["usage"] == {"prompt_tokens": len(p), "completion_tokens": 24, "total_tokens": len(p) + 24}
+            with c.stream("POST", f"{srv.url}/v1/completions",
+                          json={"prompt": list(p.encode()), "max_tokens": 24, "temperature": 0, "stream": True,
+                                "stream_options": {"include_usage": True}}) as s:
+                chunks = sse_tokens(list(s.iter_lines()))
+            assert "".join(ch["choices"][0]["text"] for ch in chunks if ch["choices"]) == ByteTokenizer().decode(want)
+            assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+            assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 24
+        chat = c.post(f"{srv.url}/v1/chat/completions",
+                      json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0})
+        assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+        assert len(chat.json()["choices"][0]["message"]["content"]) > 0
+        models = c.get(f"{srv.url}/v1/models").json()
+        assert models["data"][0]["id"] == "tiny"
+        assert c.get(f"{srv.url}/health").status_code == 200
+
+
+def test_concurrent_streams_all_complete_and_batch_together(tiny):
+    async def one(client, url, k):
+        async with client.stream("POST", f"{url}/v1/completions",
+                                 json={"prompt": PROMPTS[k % 4], "max_tokens": 16, "temperature": 0,
+                                       "stream": True}) as s:
+            lines = [x async for x in s.aiter_lines()]
+        return "".join(ch["choices"][0]["text"] for ch in sse_tokens(lines) if ch["choices"])
+
+    async def main(url):
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(one(client, url, k) for k in range(32)))
+
+    ref = [ByteTokenizer().decode(t) for t in reference(tiny, PROMPTS, 16)]
+    with Running(tiny) as srv:
+        texts = asyncio.run(main(srv.url))
+        assert texts == [ref[k % 4] for k in range(32)]     # batching does not change greedy outputs
+        assert srv.metric("vllm:request_success_total", finished_reason="length") == 32
+        assert max(r.running for r in srv.se.log.steps) > 1       # continuous batching across clients
+
+
+def test_cancelled_streams_return_their_kv_blocks(tiny):
+    async def cancel_midway(client, url):
+        async with client.stream("POST", f"{url}/v1/completions",
+                                 json={"prompt": "The ", "max_tokens": 400, "temperature": 0, "stream": True,
+                                       "ignore_eos": True}) as s:
+            n = 0
+            async for line in s.aiter_lines():
+                n += line.startswith("data: ")
+                if n >= 3:
+                    break          # leave mid-stream: the connection closes
+
+    async def main(url):
+        async with httpx.AsyncClient(timeout=60) as client:
+            await asyncio.gather(*(cancel_midway(client, url) for _ in range(20)))
+
+    with Running(tiny) as srv:
+        asyncio.run(main(srv.url))
+        deadline = time.monotonic() + 30
+        while srv.se.streams or srv.se.sched.num_done < 20:
+            assert time.monotonic() < deadline, "cancelled requests were not aborted"
+            time.sleep(0.05)
+        assert srv.metric("vllm:kv_cache_usage_perc") == 0.0
+        assert srv.metric("vllm:request_success_total", finished_reason="abort") == 20
+        bm = srv.se.sched.bm
+        assert bm.num_free == bm.num_blocks
+        bm.check()
+        # and it keeps serving
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200
+
+
+def test_overload_gets_503_and_the_server_keeps_serving(tiny):
+    async def main(url):
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(client.post(f"{url}/v1/completions",
+                                                      json={"prompt": "The ", "max_tokens": 60, "ignore_eos": True})
+                                          for _ in range(12)))
+
+    with Running(tiny, max_waiting=2, max_seqs=1) as srv:
+        rs = asyncio.run(main(srv.url))
+        codes = [r.status_code for r in rs]
+        assert codes.count(503) >= 1 and codes.count(200) >= 2, codes
+        busy = next(r for r in rs if r.status_code == 503)
+        assert busy.headers["retry-after"] and "waiting" in busy.json()["message"]
+        r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200
+
+
+def test_bad_requests_get_400_with_the_reason(tiny):
+    with Running(tiny, kv_blocks=8, block_size=16) as srv, httpx.Client(timeout=30) as c:
+        url = f"{srv.url}/v1/completions"
+        cases = [
+            ({"prompt": "x" * 2000, "max_tokens": 100}, 400, "maximum context length is 2048"),
+            ({"prompt": "x" * 100, "max_tokens": 100}, 400, "need 13 KV blocks of 16; the pool has 8"),
+            ({"prompt": "x", "max_tokens": "ten"}, 400, "max_tokens: expected an integer"),
+            ({"prompt": "x", "temperature": -1}, 400, "temperature: expected a number"),
+            ({"prompt": [1, 2, 999]}, 400, "token id 999 is outside the vocabulary"),
+            ({"max_tokens": 3}, 400, "prompt: required"),
+            ({"prompt": "x", "model": "gpt-9"}, 404, "`gpt-9` does not exist"),
+            ({"prompt": "x", "n": 2}, 400, "n: only 1"),
+        ]
+        for body, code, msg in cases:
+            r = c.post(url, json=body)
+            assert r.status_code == code and msg in r.json()["message"], (body, r.status_code, r.text)
+        r = c.post(url, content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["message"]
+        r = c.post(url, content=b"[" * 100_000, headers={"content-type": "application/json"})
+        assert r.status_code == 400
+        # unknown fields (benchmark clients send them) are ignored
+        r = c.post(url, json={"prompt": "x", "max_tokens": 2, "best_of": 1, "logprobs": None, "extra": {"a": 1}})
+        assert r.status_code == 200
+        # stop strings end the request before the match, which is not returned
+        ref = reference(tiny, ["The "], 30)[0]
+        text = ByteTokenizer().decode(ref)
+        stop = text[5:7]
+        r = c.post(url, json={"prompt": "The ", "max_tokens": 30, "temperature": 0, "stop": stop}).json()
+        assert r["choices"][0]["text"] == text[:text.find(stop)] and r["choices"][0]["finish_reason"] == "stop"
+        assert c.get(f"{srv.url}/health").status_code == 200     # none of it hurt the server
+
+
+def test_metrics_parse_and_use_vllm_names(tiny):
+    with Running(tiny) as srv:
+        httpx.post(f"{srv.url}/v1/completions", json={"prompt": "The ", "max_tokens": 5, "temperature": 0},
+                   timeout=30)
+        text = httpx.get(f"{srv.url}/metrics", timeout=10).text
+        names = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+        for want in ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                     "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                     "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:request_success_total",
+                     "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_count",
+                     "vllm:e2e_request_latency_seconds_sum", "vllm:request_queue_time_seconds_count"]:
+            assert want in names, want
+        assert srv.metric("vllm:generation_tokens_total") == 5
+        assert srv.metric("vllm:prompt_tokens_total") == 4
+        assert srv.metric("vllm:inter_token_latency_seconds_count") == 4     # 5 tokens, 4 gaps
+
+
+def test_sigterm_writes_a_valid_trace(tmp_path):
+    from core.metrics import conservation
+    from core.trace import load_trace
+    port = free_port()
+    out = tmp_path / "served.json"
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_runner", "serve", "--port", str(port), "--threads", "1",
+                             "--kv-blocks", "128", "--trace-out", str(out)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.2)
+        for p in PROMPTS:
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": p, "max_tokens": 8}, timeout=30)
+            assert r.status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    tr = load_trace(out)
+    assert tr.meta["source"] == "measured" and len(tr.requests) == 4 and len(tr.finishes) == 4
+    assert len(tr.tokens) == 32
+    assert conservation(tr) == []
