@@ -1,4 +1,4 @@
-"""python -m gpu_runner capture|generate|serve|export-hf ...  (run with -h for each command).
+"""python -m gpu_runner capture|generate|serve|loadgen|export-hf ...  (run with -h for each command).
 
 Bad arguments or files exit with code 2 and one line on stderr.
 """
@@ -64,6 +64,18 @@ def build_parser():
     v.add_argument("--trace-out", help="record a measured trace here (.json, .json.gz, .parquet), rewritten "
                    "about once a second and at shutdown")
     _common(v, scheduler=True)
+    lg = sub.add_parser("loadgen", help="load an OpenAI-compatible server (ours, vLLM, SGLang) and write a "
+                        "measured trace of what the client saw")
+    lg.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    lg.add_argument("--workload", required=True, help="workload file (JSON with prompt text/ids/counts, CSV, JSONL)")
+    lg.add_argument("--out", required=True, help="trace to write (.json, .json.gz, .parquet)")
+    lg.add_argument("--rate", type=float, help="open loop: Poisson arrivals at this many requests/s "
+                    "(default: the workload's own arrival times)")
+    lg.add_argument("--concurrency", type=_pos_int, help="closed loop: this many requests in flight")
+    lg.add_argument("--model", help="model name to send (default: the first of /v1/models)")
+    lg.add_argument("--temperature", type=float, default=0.0)
+    lg.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
+    lg.add_argument("--metrics-interval", type=float, default=0.2, help="seconds between /metrics samples")
     x = sub.add_parser("export-hf", help="write a model as a Hugging Face Llama checkpoint (for vLLM, transformers)")
     x.add_argument("--model", default="tiny", help="tiny | tiny-draft | a local HF checkpoint dir")
     x.add_argument("--out", required=True, help="directory to write config.json + model.safetensors into")
@@ -258,10 +270,15 @@ def cmd_serve(a) -> int:
     return 0
 
 
+def cmd_loadgen(a) -> int:
+    from gpu_runner.loadgen import main_loadgen
+    return main_loadgen(a)
+
+
 def main(argv=None) -> int:
     from core.cli import run
     return run(build_parser(), {"capture": cmd_capture, "generate": cmd_generate, "export-hf": cmd_export_hf,
-                                "serve": cmd_serve}, argv)
+                                "serve": cmd_serve, "loadgen": cmd_loadgen}, argv)
 
 
 if __name__ == "__main__":

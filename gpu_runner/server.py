@@ -81,6 +81,7 @@ class App:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
+            Route("/version", self.version, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.prom, methods=["GET"]),
         ])
@@ -89,6 +90,10 @@ class App:
     async def models(self, request: Request):
         return JSONResponse({"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
                                                          "owned_by": "gpu_runner", "max_model_len": self.max_seq_len}]})
+
+    async def version(self, request: Request):
+        import torch
+        return JSONResponse({"version": f"gpu_runner (torch {torch.__version__})"})
 
     async def health(self, request: Request):
         if self.se.error is not None or not self.se.thread.is_alive():

@@ -263,3 +263,39 @@ def test_sigterm_writes_a_valid_trace(tmp_path):
     assert tr.meta["source"] == "measured" and len(tr.requests) == 4 and len(tr.finishes) == 4
     assert len(tr.tokens) == 32
     assert conservation(tr) == []
+
+
+def test_loadgen_against_our_server_matches_the_servers_own_trace(tiny, tmp_path):
+    """The capture client: a valid measured trace whose per-request token counts equal what the
+    server recorded, with /metrics gauges; Poisson and closed-loop modes."""
+    from core.trace import load_trace
+    from gpu_runner.__main__ import main
+    wl = tmp_path / "w.json"
+    wl.write_text(json.dumps({"requests": [{"id": f"r{k}", "arrival_ms": 40 * k, "prompt": PROMPTS[k % 4],
+                                            "output_tokens": 6 + k % 5} for k in range(12)]}))
+    for mode in (["--rate", "50"], ["--concurrency", "4"], []):
+        with Running(tiny) as srv:
+            out = tmp_path / "captured.json"
+            assert main(["loadgen", "--url", srv.url, "--workload", str(wl), "--out", str(out),
+                         "--metrics-interval", "0.05", *mode]) == 0
+            server_tr = srv.se.trace()
+        tr = load_trace(out)
+        assert tr.meta["source"] == "measured" and tr.meta["engine"]["name"] == "gpu_runner"
+        from core.metrics import request_metrics
+        got = dict(zip(*(request_metrics(tr)[c] for c in ("id", "output_tokens"))))
+        assert got == {f"r{k}": 6 + k % 5 for k in range(12)}
+        served = request_metrics(server_tr)["output_tokens"]   # the server's ids are its own
+        assert sorted(served) == sorted(got.values())
+        assert set(tr.finishes["reason"]) == {"length"}
+        gauges = [e for e in tr.other if e.get("type") == "gauge"]
+        assert gauges and {"running", "waiting", "kv_usage"} <= set(gauges[0])
+
+
+def test_loadgen_names_an_unreachable_server(tmp_path, capsys):
+    from gpu_runner.__main__ import main
+    wl = tmp_path / "w.json"
+    wl.write_text(json.dumps({"requests": [{"id": "a", "arrival_ms": 0, "prompt": "x", "output_tokens": 2}]}))
+    rc = main(["loadgen", "--url", f"http://127.0.0.1:{free_port()}", "--workload", str(wl),
+               "--out", str(tmp_path / "o.json")])
+    assert rc == 2 and "GET /v1/models failed" in capsys.readouterr().err
+    assert not (tmp_path / "o.json").exists()

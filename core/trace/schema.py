@@ -231,6 +231,17 @@ TILES = Record("tiles", None, "running softmax max/sum per query row after one K
     Field("l", "numbers", "running sum per query row", default=None),
 ))
 
+GAUGE = Record("gauge", None, "the server's own load, sampled by a capture client from its /metrics (engines "
+               "whose steps we cannot see)", (
+    _t_ms("when the sample was read"),
+    Field("running", "number", "requests running (vllm:num_requests_running)", default=None, lo=0),
+    Field("waiting", "number", "requests waiting (vllm:num_requests_waiting)", default=None, lo=0),
+    Field("kv_usage", "number", "KV-cache usage, 0..1 (vllm:kv_cache_usage_perc)", default=None, lo=0),
+    Field("preemptions", "number", "preemptions so far (vllm:num_preemptions_total)", default=None, lo=0),
+    Field("prefix_cache_queries", "number", "prefix-cache queries so far, tokens", default=None, lo=0),
+    Field("prefix_cache_hits", "number", "prefix-cache hits so far, tokens", default=None, lo=0),
+))
+
 META = Record("meta", None, "where the trace comes from", (
     Field("source", "enum", "how the times were obtained", values=SOURCES),
     Field("label", "str", "a short name for the trace", default=None),
@@ -246,7 +257,7 @@ META = Record("meta", None, "where the trace comes from", (
     Field("notes", "str", "free text", default=None),
 ))
 
-EVENTS = (TOKEN, FINISH, STEP, KV, PREEMPT, SPEC, TILES)    # in the order tables are written
+EVENTS = (TOKEN, FINISH, STEP, KV, PREEMPT, SPEC, TILES, GAUGE)    # in the order tables are written
 TABLE_EVENTS = tuple(r for r in EVENTS if r.table)
 VERBATIM_EVENTS = {r.type: r for r in EVENTS if not r.table}
 TABLES = (REQUEST, TOKEN, FINISH, STEP, BATCH, KV, PREEMPT)  # in-memory tables (and Parquet rtypes)

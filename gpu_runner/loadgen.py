@@ -1,0 +1,242 @@
+"""`python -m gpu_runner loadgen`: load any OpenAI-compatible server (ours, vLLM, SGLang) with
+a workload and write what the client saw as a measured trace.
+
+Arrivals: the workload's own times (default), `--rate R` (Poisson, R requests/s, seeded) or
+`--concurrency C` (closed loop: C requests in flight, the next sent when one ends; a burst
+sweep is this, not an arrival process). Each request streams (`stream: true`,
+`ignore_eos: true` so outputs have the workload's lengths, `temperature` 0 unless given);
+every SSE chunk with text is one arrival time. Tokens that reach the client together count
+as one inter-token gap, as vLLM's benchmark counts them: a chunk carrying k tokens (known
+from `usage`) gives its time to all k. Failures (HTTP errors, dropped streams) become
+finish events with reason "error" and the text in meta.failures. In parallel the server's
+`/metrics` is sampled every --metrics-interval seconds into `gauge` events (running,
+waiting, KV usage, preemptions, prefix cache) when it serves vLLM's names.
+
+The trace: meta.source "measured", meta.device the client machine, meta.engine the server
+(from /v1/models `owned_by`, /version, and the `server` response header), times in ms from
+the first send.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from core.errors import InputError
+from core.workload import Workload
+
+CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus" / "pydoc_topics.txt"
+GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+          "vllm:kv_cache_usage_perc": "kv_usage", "vllm:gpu_cache_usage_perc": "kv_usage",
+          "vllm:num_preemptions_total": "preemptions", "vllm:prefix_cache_queries_total": "prefix_cache_queries",
+          "vllm:prefix_cache_hits_total": "prefix_cache_hits"}
+
+
+def prompt_ids(workload: Workload) -> list[list[int]]:
+    """Token ids to send: the workload's own, else bytes of the bundled corpus (byte-level
+    tokenizers read them as text), a slice chosen by the request's position."""
+    corpus = None
+    out = []
+    for k, r in enumerate(workload.requests):
+        if r.prompt_ids is not None:
+            out.append(list(r.prompt_ids))
+            continue
+        if corpus is None:
+            corpus = list(CORPUS.read_bytes())
+        start = (k * 7919) % max(1, len(corpus) - r.prompt_tokens)
+        out.append(corpus[start:start + r.prompt_tokens])
+    return out
+
+
+def send_times(workload: Workload, rate: float | None, seed: int) -> list[float] | None:
+    """Seconds from the start at which each request is sent (None: closed loop)."""
+    n = len(workload)
+    if rate is not None:
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, n)
+        return list(np.cumsum(gaps) - gaps[0])
+    t0 = workload.requests[0].arrival_ms
+    return [(r.arrival_ms - t0) / 1000 for r in workload.requests]
+
+
+class Capture:
+    def __init__(self, url: str, model: str | None, temperature: float, metrics_interval: float):
+        self.url = url.rstrip("/")
+        self.model = model
+        self.temperature = temperature
+        self.metrics_interval = metrics_interval
+        self.t0 = 0.0
+        self.records: list[dict] = []
+        self.gauges: list[dict] = []
+        self.failures: dict[str, str] = {}
+        self.engine: dict = {}
+        self.done = 0
+
+    def now_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000
+
+    async def identify(self, client: httpx.AsyncClient):
+        try:
+            r = await client.get(f"{self.url}/v1/models", timeout=30)
+            r.raise_for_status()
+            data = r.json()["data"][0]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+            raise InputError(f"--url {self.url}: GET /v1/models failed ({type(e).__name__}: {str(e)[:120]}); "
+                             "is an OpenAI-compatible server running there?") from None
+        self.model = self.model or data.get("id")
+        self.engine = {"name": data.get("owned_by") or "?", "url": self.url, "model": self.model,
+                       "server_header": r.headers.get("server")}
+        try:
+            v = await client.get(f"{self.url}/version", timeout=5)
+            if v.status_code == 200:
+                self.engine["version"] = v.json().get("version")
+        except (httpx.HTTPError, ValueError, AttributeError):
+            pass
+
+    async def one(self, client: httpx.AsyncClient, rid: str, ids: list[int], max_tokens: int):
+        rec = {"id": rid, "arrival_ms": self.now_ms(), "prompt_tokens": len(ids), "max_output_tokens": max_tokens,
+               "chunks": [], "tokens": None, "reason": None}
+        self.records.append(rec)
+        body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "temperature": self.temperature,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            async with client.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode("utf-8", "replace")
+                    raise RuntimeError(f"HTTP {resp.status_code}: {text[:200]}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    t = self.now_ms()
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        rec["tokens"] = chunk["usage"].get("completion_tokens")
+                    for ch in chunk.get("choices") or []:
+                        if ch.get("text") or ch.get("delta", {}).get("content"):
+                            rec["chunks"].append(t)
+                        if ch.get("finish_reason"):
+                            rec["reason"] = ch["finish_reason"]
+                            rec["end_ms"] = t
+            if rec["reason"] is None:
+                raise RuntimeError("the stream ended without a finish reason")
+        except (httpx.HTTPError, RuntimeError, ValueError) as e:
+            rec["reason"] = "error"
+            rec["end_ms"] = self.now_ms()
+            self.failures[rid] = f"{type(e).__name__}: {e}"[:300]
+        self.done += 1
+
+    async def sample_metrics(self, client: httpx.AsyncClient, stop: asyncio.Event):
+        from prometheus_client.parser import text_string_to_metric_families
+        while not stop.is_set():
+            try:
+                r = await client.get(f"{self.url}/metrics", timeout=5)
+                g = {"t_ms": self.now_ms(), "type": "gauge"}
+                for fam in text_string_to_metric_families(r.text):
+                    for s in fam.samples:
+                        key = GAUGES.get(s.name)
+                        if key is not None:
+                            g[key] = g.get(key, 0.0) + float(s.value)   # summed over label sets (engines)
+                if len(g) > 2:
+                    self.gauges.append(g)
+            except (httpx.HTTPError, ValueError):
+                pass
+            try:
+                await asyncio.wait_for(stop.wait(), self.metrics_interval)
+            except TimeoutError:
+                pass
+
+    async def run(self, workload: Workload, rate: float | None, concurrency: int | None, seed: int, progress=None):
+        ids = prompt_ids(workload)
+        reqs = workload.requests
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0), limits=limits) as client:
+            await self.identify(client)
+            stop = asyncio.Event()
+            self.t0 = time.perf_counter()
+            sampler = asyncio.create_task(self.sample_metrics(client, stop))
+            tasks = []
+
+            async def report():
+                while not stop.is_set():
+                    if progress is not None:
+                        progress(self.done, len(reqs))
+                    await asyncio.sleep(0.2)
+            reporter = asyncio.create_task(report())
+            if concurrency is not None:
+                queue = list(range(len(reqs)))[::-1]
+
+                async def worker():
+                    while queue:
+                        k = queue.pop()
+                        await self.one(client, reqs[k].id, ids[k], reqs[k].max_output_tokens)
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+            else:
+                for k, at in enumerate(send_times(workload, rate, seed)):
+                    delay = at - (time.perf_counter() - self.t0)
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    tasks.append(asyncio.create_task(self.one(client, reqs[k].id, ids[k], reqs[k].max_output_tokens)))
+                await asyncio.gather(*tasks)
+            stop.set()
+            await sampler
+            await reporter
+            if progress is not None:
+                progress(self.done, len(reqs))
+
+    def doc(self, workload: Workload, how: str) -> dict:
+        """The serving-trace/1 document of what was captured."""
+        from core.loop import now_iso
+        requests, events = [], []
+        for rec in sorted(self.records, key=lambda r: r["arrival_ms"]):
+            requests.append({"id": rec["id"], "arrival_ms": rec["arrival_ms"], "prompt_tokens": rec["prompt_tokens"],
+                             "max_output_tokens": rec["max_output_tokens"]})
+            chunks = rec["chunks"]
+            n = rec["tokens"] if rec["tokens"] is not None else len(chunks)
+            times = chunks[:n] + [chunks[-1]] * (n - len(chunks)) if chunks else []
+            for i, t in enumerate(times):
+                events.append({"t_ms": t, "type": "token", "req": rec["id"], "index": i})
+            end = max([rec.get("end_ms", rec["arrival_ms"])] + times[-1:])
+            events.append({"t_ms": end, "type": "finish", "req": rec["id"], "reason": rec["reason"] or "error"})
+        events += self.gauges
+        meta = {"source": "measured", "label": f"{workload.name} against {self.engine.get('name')} ({how})",
+                "created": now_iso(),
+                "device": f"client: {platform.node() or '?'} ({platform.machine()}), server at {self.url}",
+                "engine": self.engine, "workload": workload.name,
+                "notes": f"captured by gpu_runner loadgen ({how}); times are client-side: arrival = when the request "
+                         "was sent, a token = when its SSE chunk arrived",
+                "versions": {"python": platform.python_version(), "httpx": httpx.__version__}}
+        if self.failures:
+            meta["failures"] = self.failures
+        return {"schema": "serving-trace/1", "meta": meta, "requests": requests, "events": events}
+
+
+def main_loadgen(a) -> int:
+    from core.cli import check_writable, write_output
+    from core.trace import trace_from_doc
+    from core.workload import load_workload
+    from gpu_runner.__main__ import Progress
+    if (a.rate is not None) and (a.concurrency is not None):
+        raise InputError("--rate and --concurrency: choose one (or neither: the workload's arrival times)")
+    if a.rate is not None and not a.rate > 0:
+        raise InputError(f"--rate: expected a positive number of requests per second, got {a.rate}")
+    check_writable(a.out, "--out")
+    w = load_workload(a.workload, tokenize=lambda text: list(text.encode("utf-8")))
+    how = (f"Poisson {a.rate:g} req/s, seed {a.seed}" if a.rate is not None else
+           f"closed loop, concurrency {a.concurrency}" if a.concurrency is not None else "the workload's arrival times")
+    cap = Capture(a.url, a.model, a.temperature, a.metrics_interval)
+    t0 = time.perf_counter()
+    try:
+        asyncio.run(cap.run(w, a.rate, a.concurrency, a.seed, Progress("requests")))
+    except KeyboardInterrupt:
+        print("\ninterrupted: writing what was captured (unsent requests are left out)", file=sys.stderr)
+    secs = time.perf_counter() - t0
+    tr = trace_from_doc(cap.doc(w, how))
+    write_output(a.out, tr.save, "--out")
+    print(f"wrote {a.out}: {len(tr.requests)} requests, {len(tr.tokens)} tokens, {len(cap.failures)} failed, "
+          f"{len(cap.gauges)} /metrics samples, in {secs:.1f} s against {cap.engine.get('name')} at {cap.url}")
+    return 0
