@@ -8,7 +8,7 @@ from core.cursor import advance, requests_near, step_at, subset, time_range
 from core.errors import InputError
 from core.export import chrome_trace_json, metrics_csv
 from core.figures.attention import captured_tiles_figure
-from core.figures.batch import batch_figure, in_flight_figure
+from core.figures.batch import batch_figure, gauges_figure, in_flight_figure
 from core.figures.latency import cdf_figure
 from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
@@ -102,6 +102,46 @@ if imp is not None and imp.file_summary:
     with st.expander("Our metrics vs the file's own summary"):
         st.dataframe(file_summary_comparison(imp, summary), hide_index=True, key="rp_agree")
 
+# ---- live: follow a file that is still being written --------------------------------------
+def show_live(now_tr, name):
+    """The growing trace at "now" (its last event): counts, the requests nearest now, in flight,
+    and the server's own gauges when a capture client sampled them."""
+    m = derived(now_tr, "summary")["summary"]
+    a, b = time_range(now_tr)
+    finished = len(now_tr.finishes)
+    c = st.columns(4)
+    c[0].metric("requests so far", f"{len(now_tr.requests):,}")
+    c[1].metric("finished", f"{finished:,}")
+    c[2].metric("tokens", f"{m['output_tokens']:,}")
+    c[3].metric("now (ms)", f"{b:,.0f}")
+    idx = requests_near(now_tr, b, limit=60, metrics=derived(now_tr, "requests"))
+    fig = schedule_timeline([(name, subset(now_tr, idx))], max_token_markers=5_000)
+    fig.add_vline(x=b, line_color="#d62728", line_width=2)
+    st.plotly_chart(fig, key="rp_live_timeline")
+    st.plotly_chart(in_flight_figure(derived(now_tr, "in_flight"), b), key="rp_live_inflight")
+    gauges = now_tr.events_of("gauge")
+    if gauges:
+        st.plotly_chart(gauges_figure(gauges, b), key="rp_live_gauges")
+    if len(now_tr.kv):
+        occ = cached_block_states(now_tr)
+        st.plotly_chart(occupancy_heatmap(occ, now_tr.ids, occ.index_at(b)), key="rp_live_kv")
+
+
+if choice != UPLOAD and st.toggle("Live: follow this file while it grows", False, key="rp_live",
+                                  help="for a trace being written by `gpu_runner serve --trace-out` or "
+                                       "`gpu_runner loadgen --out`: re-read about once a second"):
+    @st.fragment(run_every=1.0)
+    def live_views():
+        now_tr, _, err = load_trace_file(files[choice])
+        if err or now_tr is None:
+            st.warning(f"Waiting for a readable {md(choice)}: {md(err)}")
+            return
+        show_live(now_tr, label)
+
+    live_views()
+    st.caption("Turn live off to move the time cursor and compare.")
+    st.stop()
+
 # ---- the time cursor ---------------------------------------------------------------------
 t0, t1 = time_range(tr)
 if t1 <= t0:
@@ -127,6 +167,9 @@ def cursor_views():
     fig.add_vline(x=cursor, line_color="#d62728", line_width=2)
     st.plotly_chart(fig, key="rp_timeline")
     st.plotly_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
+    gauges = tr.events_of("gauge")
+    if gauges:
+        st.plotly_chart(gauges_figure(gauges, cursor), key="rp_gauges")
     row, batch = step_at(tr, cursor)
     if row is None:
         st.info("Batch composition needs `step` events (with their `batch` lists).")

@@ -113,3 +113,23 @@ def test_a_link_beyond_the_http_limit_is_refused_at_once(server):
     resp = conn.getresponse()
     assert resp.status == 400 and b"Invalid HTTP request" in resp.read()
     conn.close()
+
+
+def test_live_replay_advances_without_a_click(tmp_path, page):
+    """Issue 11 part 3: with Live on, a trace file rewritten on disk (as `serve --trace-out` and
+    `loadgen --out` do) shows up in the page by itself within a few seconds."""
+    from playwright.sync_api import expect
+
+    from tests.browser import streamlit_server
+    from tests.test_replay_page import growing
+    path = tmp_path / "growing.json"
+    growing(path, 1)
+    with streamlit_server({"SERVING_EXPLORER_TRACES": str(tmp_path)}) as url:
+        page.goto(f"{url}/replay?tr=growing.json")
+        wait_idle(page)
+        page.get_by_text("Live: follow this file while it grows").click()
+        so_far = page.locator("[data-testid='stMetric']", has_text="requests so far")
+        expect(so_far).to_contain_text("1", timeout=60_000)
+        growing(path, 3)
+        expect(so_far).to_contain_text("3", timeout=30_000)      # no click: the live fragment re-read it
+        assert page.locator("[data-testid='stException']").count() == 0

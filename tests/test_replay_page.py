@@ -124,3 +124,36 @@ def test_measured_trace_shows_device_and_predicts():
     table = [d.value for d in at.dataframe if "difference" in d.value.columns][0]
     assert table.columns[2] == "predicted (simulated)"
     assert not at.warning                                              # same workload on both sides
+
+
+def growing(path, n):
+    """Write the chapter's continuous trace cut to its first n requests (as a server would,
+    atomically, while it grows)."""
+    doc = json.loads((DATA / "traces" / "chapter31_continuous.json").read_text())
+    keep = {r["id"] for r in doc["requests"][:n]}
+    doc["requests"] = doc["requests"][:n]
+    doc["events"] = [e for e in doc["events"] if e.get("req") in keep]
+    tmp = path.with_name(".tmp-" + path.name)
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)
+
+
+def test_live_mode_follows_a_growing_file(tmp_path, monkeypatch):
+    """Issue 11 part 3: with Live on, the views re-read the file (a new version each time it is
+    rewritten) and the counts advance."""
+    import os
+    import time
+    path = tmp_path / "growing.json"
+    growing(path, 1)
+    monkeypatch.setenv("SERVING_EXPLORER_TRACES", str(tmp_path))
+    at = replay({"tr": "growing.json"})
+    at.toggle(key="rp_live").set_value(True).run()
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["requests so far"] == "1"
+    growing(path, 3)
+    os.utime(path, (time.time() + 5, time.time() + 5))   # a distinct version even within one clock tick
+    at.run()
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["requests so far"] == "3" and metrics["finished"] == "3"
+    assert any("Turn live off" in c.value for c in at.caption)

@@ -32,3 +32,23 @@ def batch_figure(batch, step: dict) -> go.Figure:
     title = (f"Step {int(step['step'])} at {step['t_ms']:.3f} ms ({step['dur_ms']:.3f} ms): "
              f"{int(batch['tokens'].sum())} tokens, {len(batch)} requests")
     return base_layout(fig, title, height=300)
+
+
+def gauges_figure(gauges: list[dict], cursor_ms: float | None = None) -> go.Figure:
+    """The server's own load as a capture client sampled it (`gauge` events from /metrics):
+    running and waiting requests (left axis) and KV-cache usage in percent (right axis)."""
+    fig = go.Figure()
+    t = [g["t_ms"] for g in gauges]
+    for i, key in enumerate(("running", "waiting")):
+        if any(key in g for g in gauges):
+            fig.add_trace(go.Scattergl(x=t, y=[g.get(key) for g in gauges], mode="lines", name=f"{key} (server)",
+                                       line=dict(shape="hv", color=PALETTE[i])))
+    if any("kv_usage" in g for g in gauges):
+        fig.add_trace(go.Scattergl(x=t, y=[None if g.get("kv_usage") is None else 100 * g["kv_usage"] for g in gauges],
+                                   mode="lines", name="KV usage % (server)", yaxis="y2",
+                                   line=dict(shape="hv", color=PALETTE[3], dash="dot")))
+    if cursor_ms is not None:
+        fig.add_vline(x=cursor_ms, line_color="#d62728", line_width=2)
+    fig.update_layout(xaxis_title="time (ms)", yaxis_title="requests",
+                      yaxis2=dict(title="KV usage (%)", overlaying="y", side="right", range=[0, 100], showgrid=False))
+    return base_layout(fig, "Server gauges, sampled from its /metrics (measured by the client)", height=280)
