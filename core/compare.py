@@ -118,19 +118,30 @@ def thin_sample_notes(schedules: list[tuple[str, Trace]]) -> list[str]:
 # ---- two traces of the same workload -------------------------------------------------------
 
 def workload_differences(a: Trace, b: Trace, limit: int = 5) -> list[str]:
-    """Differences between two traces' workloads (ids, arrivals, prompt/output lengths)."""
+    """Differences between two traces' workloads (ids, arrivals, prompt/output lengths).
+    Requests are matched by id; when no id is shared and both have the same number of requests
+    (an engine's result file names its requests req0, req1, ... by position), they are matched
+    by position in arrival order instead, and the first line says so."""
     out = []
     ra, rb = a.requests.set_index("id"), b.requests.set_index("id")
-    only_a, only_b = ra.index.difference(rb.index), rb.index.difference(ra.index)
-    if len(only_a) or len(only_b):
-        out.append(f"request ids differ: {len(only_a)} only in the first, {len(only_b)} only in the second")
     common = ra.index.intersection(rb.index)
+    if len(common) == 0 and len(ra) == len(rb) and len(ra):
+        out.append(f"no request id is shared: the {len(ra)} requests are matched by position (arrival order)")
+        ra = a.requests.sort_values("arrival_ms", kind="stable").reset_index(drop=True)
+        rb = b.requests.sort_values("arrival_ms", kind="stable").reset_index(drop=True)
+        names = [f"#{i} ({x} / {y})" for i, (x, y) in enumerate(zip(ra["id"], rb["id"]))]
+        common = ra.index
+    else:
+        only_a, only_b = ra.index.difference(rb.index), rb.index.difference(ra.index)
+        if len(only_a) or len(only_b):
+            out.append(f"request ids differ: {len(only_a)} only in the first, {len(only_b)} only in the second")
+        names = list(common)
     for col, what in (("arrival_ms", "arrival times"), ("prompt_tokens", "prompt lengths"),
                       ("max_output_tokens", "requested output lengths")):
         x, y = ra.loc[common, col].to_numpy(), rb.loc[common, col].to_numpy()
         diff = ~np.isclose(x, y) if col == "arrival_ms" else x != y
         if diff.any():
-            ex = ", ".join(f"{common[i]}: {x[i]:g} vs {y[i]:g}" for i in np.flatnonzero(diff)[:limit])
+            ex = ", ".join(f"{names[i]}: {x[i]:g} vs {y[i]:g}" for i in np.flatnonzero(diff)[:limit])
             out.append(f"{int(diff.sum())} request(s) have different {what} ({ex})")
     return out
 

@@ -14,7 +14,7 @@ from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
 from core.figures.timeline import schedule_timeline
 from core.speculative import acceptance_by_position
-from core.trace import file_summary_comparison
+from core.trace import file_summary_comparison, file_window_comparison
 from ui import (
     UPLOAD_LIMIT_MB,
     bound,
@@ -101,6 +101,11 @@ if isinstance(tr.meta.get("engine"), dict):
 if imp is not None and imp.file_summary:
     with st.expander("Our metrics vs the file's own summary"):
         st.dataframe(file_summary_comparison(imp, summary), hide_index=True, key="rp_agree")
+        windows = file_window_comparison(imp, summary)
+        if len(windows):
+            st.caption("Throughput and duration: the same counts over different windows (see *how*). "
+                       "The benchmark's duration starts before the first send and includes client overhead.")
+            st.dataframe(windows, hide_index=True, key="rp_windows")
 
 # ---- live: follow a file that is still being written --------------------------------------
 def show_live(now_tr, name):

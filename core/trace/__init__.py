@@ -15,7 +15,7 @@ Modules, by job:
 from __future__ import annotations
 
 from core.trace.build import given_trace, new_trace, trace_from_log
-from core.trace.engines import Imported, file_summary_comparison, import_vllm, looks_like_vllm
+from core.trace.engines import Imported, file_summary_comparison, file_window_comparison, import_vllm, looks_like_vllm
 from core.trace.jsoncodec import no_gc, parse_json_bytes
 from core.trace.model import Trace
 from core.trace.open import load_trace, open_trace, parse_trace
@@ -37,6 +37,7 @@ from core.trace.validate import trace_from_doc
 
 __all__ = ["BATCH_COLS", "FINISH_COLS", "Imported", "KINDS", "KV_COLS", "PARQUET_KEY", "PREEMPT_COLS",
            "REQUEST_FIELDS", "SCHEMA", "SOURCES", "STEP_COLS", "TOKEN_COLS", "TOKEN_SOURCES", "Trace",
-           "file_summary_comparison", "given_trace", "import_vllm", "is_parquet", "load_trace", "looks_like_vllm",
+           "file_summary_comparison", "file_window_comparison", "given_trace", "import_vllm", "is_parquet",
+           "load_trace", "looks_like_vllm",
            "new_trace", "no_gc", "open_trace", "parse_json_bytes", "parse_trace", "to_parquet_bytes",
            "trace_from_doc", "trace_from_log", "trace_from_parquet"]

@@ -183,6 +183,29 @@ def _import_vllm(doc: dict, name: str) -> Imported:
     return Imported(tr, "vllm", summary, failed, notes, aligned)
 
 
+def file_window_comparison(imp: Imported, ours: dict) -> pd.DataFrame:
+    """The file's own throughput and duration beside ours, each with how it is computed. They
+    differ by their window, not by their counts: the benchmark divides by its whole duration
+    (from before the first send until the last response, client overhead included), we by the
+    drain window [first send, last token]. Without send times in the file there is no shared
+    window, and ours is left empty."""
+    fs, s = imp.file_summary, ours["summary"]
+    lo, hi = s["window_ms"]
+    win_s = (hi - lo) / 1000 if hi > lo else None
+    meaningful = not any("No send times" in n for n in imp.notes)
+    rows = []
+    for key, label, mine, how in (
+            ("duration", "duration (s)", win_s, "file: the benchmark's wall time; ours: drain window length"),
+            ("output_throughput", "output throughput (tok/s)", s["output_tok_per_s"],
+             "file: total output tokens / duration; ours: emitted tokens / drain window"),
+            ("request_throughput", "request throughput (req/s)",
+             s["requests"] / win_s if win_s else None, "file: completed requests / duration; "
+             "ours: requests / drain window")):
+        if key in fs:
+            rows.append({"metric": label, "file": fs[key], "ours": mine if meaningful else None, "how": how})
+    return pd.DataFrame(rows)
+
+
 def file_summary_comparison(imp: Imported, ours: dict) -> pd.DataFrame:
     """The file's own mean/median/p99 of TTFT, TPOT, ITL, E2E next to ours (ms)."""
     rows = []
