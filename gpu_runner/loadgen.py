@@ -19,7 +19,6 @@ the first send.
 from __future__ import annotations
 
 import asyncio
-import json
 import platform
 import sys
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import orjson
 
 from core.errors import InputError
 from core.workload import Workload
@@ -113,7 +113,7 @@ class Capture:
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     t = self.now_ms()
-                    chunk = json.loads(line[6:])
+                    chunk = orjson.loads(line[6:])
                     if chunk.get("usage"):
                         rec["tokens"] = chunk["usage"].get("completion_tokens")
                     for ch in chunk.get("choices") or []:
