@@ -317,3 +317,44 @@ def export_hf(model: Transformer, path, eos_token_id: int | None = None, bos_tok
     state = {("" if k == "lm_head.weight" else "model.") + k: v.detach().contiguous().cpu()
              for k, v in model.state_dict().items() if not (c.tie_embeddings and k == "lm_head.weight")}
     save_file(state, str(d / "model.safetensors"))
+    if c.vocab_size == 258:   # the bundled byte models: a tokenizer others can load too
+        write_byte_tokenizer(d, bos_token_id, eos_token_id)
+
+
+BYTE_SPECIALS = {256: "<s>", 257: "</s>"}
+
+
+def write_byte_tokenizer(d: Path, bos_token_id: int | None, eos_token_id: int | None) -> None:
+    """tokenizer.json (+ tokenizer_config.json) for the byte models: token id = byte value
+    (0..255), <s> = 256, </s> = 257; built with the `tokenizers` library (byte-level model,
+    no merges), so transformers and vLLM encode text exactly as gpu_runner.tokenizer does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    chars = ByteLevel.alphabet()   # the 256 printable stand-ins byte-level BPE uses for bytes
+    table = _bytes_to_unicode()
+    assert sorted(table.values()) == sorted(chars)
+    vocab = {table[b]: b for b in range(256)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    from tokenizers import AddedToken
+    tok.add_special_tokens([AddedToken(BYTE_SPECIALS[i], special=True) for i in (256, 257)])
+    tok.save(str(d / "tokenizer.json"))
+    names = {i: BYTE_SPECIALS.get(i) for i in (bos_token_id, eos_token_id)}
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": names.get(bos_token_id),
+        "eos_token": names.get(eos_token_id), "add_bos_token": False, "add_eos_token": False,
+        "model_max_length": 1_000_000, "clean_up_tokenization_spaces": False}, indent=1) + "\n")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (what ByteLevel pre-tokenization produces)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table

@@ -50,7 +50,8 @@ def cli_error(capsys, d, *args):
 
 def test_good_checkpoint_loads(ckpt):
     model, tok = load_hf(ckpt)
-    assert tok is None and model.eos_token_id == 257
+    assert model.eos_token_id == 257
+    assert tok is not None and tok.encode("Hi") == [72, 105]     # the exported byte tokenizer
     ref = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
     ids = torch.tensor([[256, 72, 105]])
     with torch.no_grad():

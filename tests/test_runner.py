@@ -234,6 +234,31 @@ def test_hf_checkpoint_matches_transformers(arch, tmp_path):
     assert out["x"] == want
 
 
+def test_exported_tiny_model_loads_in_transformers_with_its_tokenizer(tmp_path):
+    """`export-hf` (issue 11): transformers reads the directory, its logits and greedy tokens
+    equal ours, and its tokenizer encodes text to the same byte ids as ours."""
+    transformers = pytest.importorskip("transformers")
+    from gpu_runner import checkpoint
+    from gpu_runner.__main__ import main
+    assert main(["export-hf", "--model", "tiny", "--out", str(tmp_path / "hf")]) == 0
+    d = tmp_path / "hf"
+    assert {p.name for p in d.iterdir()} == {"config.json", "model.safetensors", "tokenizer.json",
+                                             "tokenizer_config.json"}
+    text = 'The "for" statement — naïve'
+    tok = transformers.AutoTokenizer.from_pretrained(str(d))
+    assert tok(text, add_special_tokens=False)["input_ids"] == list(text.encode()) == ByteTokenizer().encode(text)
+    assert tok.decode(list(text.encode())) == text and (tok.bos_token_id, tok.eos_token_id) == (256, 257)
+    hf = transformers.LlamaForCausalLM.from_pretrained(str(d)).eval()
+    ours = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
+    ids = torch.tensor([list(text.encode())])
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids), hf(ids).logits, rtol=1e-4, atol=1e-4)
+        want = hf.generate(ids, max_new_tokens=16, do_sample=False, eos_token_id=None)[0, ids.shape[1]:].tolist()
+    w = Workload([Request("x", 0.0, ids.shape[1], 16, prompt_ids=tuple(ids[0].tolist()))])
+    _, out = Engine(ours, ByteTokenizer(), EngineConfig()).run(w)
+    assert out["x"] == want[:len(out["x"])] and len(out["x"]) >= 1
+
+
 # ---- command line -------------------------------------------------------------------------
 
 def cli(*args):

@@ -70,6 +70,8 @@ def test_update_cuts_at_max_tokens_and_rolls_back_rejected_positions():
 def eos_space_models(tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-eos-space")
     export_hf(checkpoint.load_bundled(checkpoint.BUNDLED["tiny"]), d, eos_token_id=SPACE, bos_token_id=256)
+    for name in ("tokenizer.json", "tokenizer_config.json"):   # EOS from config.json alone
+        (d / name).unlink()
     target, tok = load_hf(d, dtype=torch.float64)
     assert tok is None and target.eos_token_id == SPACE
     draft = checkpoint.load_bundled(checkpoint.BUNDLED["tiny-draft"]).double()
