@@ -177,9 +177,14 @@ class App:
             raise BadRequest("ignore_eos: expected true or false")
         eos = () if ignore_eos else self.se.engine.stop_token_ids
         stops = tuple(dict.fromkeys([*eos, *stop_ids])) if (stop_ids or ignore_eos) else None
-        if self.se.engine.draft is not None and sp != self.se.engine.cfg.sampling:
-            raise BadRequest("speculative serving samples with the server's settings "
-                             "(--temperature/--top-k/--top-p/--seed); leave them out of the request")
+        if self.se.engine.draft is not None:   # one sampling setting for the whole speculative batch
+            server_sp = self.se.engine.cfg.sampling
+            given = {k for k in ("temperature", "top_p", "top_k", "seed") if body.get(k) is not None}
+            if any(getattr(sp, k) != getattr(server_sp, k) for k in given):
+                raise BadRequest("speculative serving samples with the server's settings "
+                                 f"(temperature {server_sp.temperature:g}, top_k {server_sp.top_k}, top_p "
+                                 f"{server_sp.top_p:g}, seed {server_sp.seed}); leave them out of the request")
+            sp = server_sp
         return Stream("", ids, max_tokens, sp, stops, asyncio.get_running_loop()), stop
 
     # ---- completions --------------------------------------------------------------------------

@@ -39,10 +39,10 @@ def tiny():
 class Running:
     """A server in this process: uvicorn in a thread, the engine in its own."""
 
-    def __init__(self, model, max_waiting=256, **sched):
+    def __init__(self, model, max_waiting=256, draft=None, **sched):
         import uvicorn
-        cfg = EngineConfig(scheduler=SchedulerConfig(**{"kv_blocks": 256, **sched}))
-        self.engine = Engine(model, ByteTokenizer(), cfg, "cpu", "tiny")
+        cfg = EngineConfig(scheduler=SchedulerConfig(**{"kv_blocks": 256, **sched}), gamma=3)
+        self.engine = Engine(model, ByteTokenizer(), cfg, "cpu", "tiny", draft=draft, draft_name="tiny-draft")
         self.metrics = ServerMetrics("tiny")
         self.se = ServingEngine(self.engine, max_waiting=max_waiting, metrics=self.metrics)
         app = App(self.se, "tiny", ByteTokenizer(), self.metrics, model.cfg.max_seq_len, model.cfg.vocab_size)
@@ -113,6 +113,22 @@ def test_completions_equal_the_batch_runner_streaming_or_not(tiny):
         models = c.get(f"{srv.url}/v1/models").json()
         assert models["data"][0]["id"] == "tiny"
         assert c.get(f"{srv.url}/health").status_code == 200
+
+
+def test_speculative_serving_is_greedy_exact(tiny):
+    """With a draft model the server verifies draft tokens; greedy output is unchanged, and the
+    recorded trace has spec events."""
+    draft = checkpoint.load_bundled(checkpoint.BUNDLED["tiny-draft"])
+    ref = reference(tiny, PROMPTS[:2], 20)
+    with Running(tiny, draft=draft) as srv, httpx.Client(timeout=60) as c:
+        for p, want in zip(PROMPTS[:2], ref):
+            r = c.post(f"{srv.url}/v1/completions", json={"prompt": p, "max_tokens": 20, "temperature": 0})
+            assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == want
+        r = c.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 2, "temperature": 0.7})
+        assert r.status_code == 400 and "speculative serving samples with the server's settings" in r.text
+        r = c.post(f"{srv.url}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 20})   # no sampling fields
+        assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == ref[0]   # server: greedy
+        assert srv.se.trace().events_of("spec")
 
 
 def test_concurrent_streams_all_complete_and_batch_together(tiny):
