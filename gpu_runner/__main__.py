@@ -62,7 +62,8 @@ def build_parser():
     v.add_argument("--max-waiting", type=_pos_int, default=256,
                    help="requests waiting at most; more get 503 with Retry-After")
     v.add_argument("--trace-out", help="record a measured trace here (.json, .json.gz, .parquet), rewritten "
-                   "about once a second and at shutdown")
+                   "atomically about once a second (less often when a rewrite would take over 5%% of the "
+                   "engine's time) and at shutdown")
     _common(v, scheduler=True)
     lg = sub.add_parser("loadgen", help="load an OpenAI-compatible server (ours, vLLM, SGLang) and write a "
                         "measured trace of what the client saw")

@@ -29,6 +29,7 @@ from core.steplog import StepLog
 from core.workload import Request, Workload
 
 FLUSH_EVERY_S = 1.0
+FLUSH_SHARE = 0.05   # a flush rebuilds the whole trace: at most this share of the engine thread's time
 
 
 class Overloaded(Exception):
@@ -90,6 +91,7 @@ class ServingEngine:
         self._ids = itertools.count()
         self._hits_seen = 0
         self._last_flush = time.monotonic()
+        self._flush_every = FLUSH_EVERY_S
         self._flushed_step = -1
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.error: BaseException | None = None
@@ -250,15 +252,18 @@ class ServingEngine:
         return loop.to_trace(self.sched, self.log, wl, meta)
 
     def _maybe_flush(self):
-        if self.trace_out is not None and time.monotonic() - self._last_flush >= FLUSH_EVERY_S:
+        if self.trace_out is not None and time.monotonic() - self._last_flush >= self._flush_every:
             self._flush()
 
     def _flush(self, final: bool = False):
         """Rewrite trace_out atomically when something changed: readable at any moment, and a
-        killed server loses at most the last second."""
+        killed server loses at most the last interval. The interval is one second while a
+        rewrite is cheap; as the trace grows it stretches so that rewriting takes at most
+        FLUSH_SHARE of the engine thread (a 50 ms rewrite: every second; 200 ms: every 4 s)."""
         if self.trace_out is None or (self.sched.step == self._flushed_step and not final):
             return
-        self._last_flush = time.monotonic()
+        started = time.monotonic()
+        self._last_flush = started
         tr = self.trace()
         if tr is None:
             return
@@ -266,6 +271,7 @@ class ServingEngine:
         try:
             write_output(self.trace_out, tr.save, "--trace-out")
             self._flushed_step = self.sched.step
+            self._flush_every = max(FLUSH_EVERY_S, (time.monotonic() - started) / FLUSH_SHARE)
             if final:
                 print(f"gpu_runner serve: wrote {self.trace_out} ({self.sched.n} requests, {self.sched.step} steps)",
                       flush=True)
