@@ -124,3 +124,49 @@ def test_roofline_chart_ridge_and_points():
     assert ridge.x[0] == pytest.approx(312e12 / 2039e9)
     pt = fig.data[-1]
     assert pt.y[0] == pytest.approx(2039e9 / 1e12)                           # bandwidth-bound at intensity 1
+
+
+def _many(n, seed=0):
+    """A simulated trace of n Poisson requests (continuous, 32 seats)."""
+    import numpy as np
+
+    from core.config import SchedulerConfig
+    from core.simulate import simulate
+    from core.stepmodel import StepModel
+    from core.workload import Request, Workload
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(5.0, n))
+    wl = Workload([Request(f"r{i}", float(t[i]), int(rng.integers(1, 200)), int(rng.integers(1, 60)))
+                   for i in range(n)])
+    return simulate(wl, SchedulerConfig(max_seqs=32), StepModel("affine", base_ms=2, decode_ms_per_seq=0.1,
+                                                               prefill_ms_per_token=0.01))
+
+
+def test_timelines_fit_one_screen_at_any_size():
+    from core.figures.timeline import schedule_timeline
+    for n in (3, 40, 250, 2_000, 10_000):
+        tr = _many(n)
+        fig = schedule_timeline([("a", tr), ("b", tr)] if n <= 2_000 else [("a", tr)])
+        assert fig.layout.height <= 900, (n, fig.layout.height)
+        kinds = {d.type for d in fig.data}
+        assert (kinds == {"heatmap"}) == (n * (2 if n <= 2_000 else 1) > 300)
+
+
+def test_aggregate_timeline_totals_equal_the_detailed_data():
+    import numpy as np
+
+    from core.figures.timeline import aggregate_timeline
+    tr = _many(1_500, seed=3)
+    fig = aggregate_timeline([("x", tr)], groups=40, bins=120)
+    heat = fig.data[0]
+    custom = np.asarray(heat.customdata)
+    assert custom[:, 0, 3].sum() == 1_500                      # every request in exactly one row
+    z = np.asarray(heat.z)
+    assert (z == custom[..., :3].sum(-1)).all()               # color = waiting + prefill + decode
+    # a column = the requests in flight at its center, counted here from arrivals and last tokens
+    t = tr.tokens
+    last = t.groupby("req")["t_ms"].max().reindex(range(len(tr.requests))).to_numpy()
+    arrival = tr.requests["arrival_ms"].to_numpy()
+    centers = np.asarray(heat.x)
+    in_flight = ((arrival[:, None] <= centers[None, :]) & (last[:, None] >= centers[None, :])).sum(0)
+    assert (z.sum(0) == in_flight).all()

@@ -22,12 +22,86 @@ def request_spans(trace) -> dict[str, np.ndarray]:
             "num_emitted": num_emitted}
 
 
+MAX_LANES = 300        # requests drawn one row each (all schedules together); more: the aggregate view
+GROUPS, TIME_BINS = 100, 300
+MAX_HEIGHT = 900       # px: a timeline never needs more than one screen
+
+
+def state_counts(spans: dict[str, np.ndarray], groups: np.ndarray, n_groups: int, centers: np.ndarray):
+    """Requests of each group waiting / in prefill / decoding at each time (bin centers):
+    arrays [n_groups, len(centers)]. A request waits from arrival to its first scheduled step
+    (to its first token without step events), is in prefill until its first token, and decodes
+    until its last token (inclusive)."""
+    arrival, first, last = spans["arrival"], spans["first"], spans["last"]
+    sched = spans["scheduled"]
+    queue_end = np.where(np.isnan(sched), first, sched)
+    out = np.zeros((3, n_groups, len(centers)), dtype=np.int64)
+    for g in range(n_groups):
+        m = groups == g
+        a, q, f, last_g = (np.sort(x[m & ~np.isnan(x)]) for x in (arrival, queue_end, first, last))
+        arrived = np.searchsorted(a, centers, side="right")
+        scheduled = np.searchsorted(q, centers, side="right")
+        started = np.searchsorted(f, centers, side="right")
+        ended = np.searchsorted(last_g, centers, side="left")      # still decoding at its last token
+        out[0, g] = arrived - scheduled
+        out[1, g] = scheduled - started
+        out[2, g] = started - ended
+    return out
+
+
+def aggregate_timeline(schedules: list[tuple[str, object]], groups: int = GROUPS, bins: int = TIME_BINS) -> go.Figure:
+    """Timelines of many requests on one screen: per schedule a heatmap with requests in
+    arrival order grouped into at most `groups` rows and time into `bins` columns; the color is
+    how many of the row's requests are in the system (waiting + prefill + decode) at the
+    column's center, the hover splits it by state. Totals are the detailed view's: every
+    request is in exactly one row, and a column sums to the requests in flight then."""
+    rows = len(schedules)
+    spans = [request_spans(tr) for _, tr in schedules]
+    lo = min(float(np.nanmin(sp["arrival"])) for sp in spans if len(sp["arrival"]))
+    hi = max(float(np.nanmax(np.r_[sp["last"], sp["arrival"]])) for sp in spans if len(sp["arrival"]))
+    hi = hi if hi > lo else lo + 1.0
+    edges = np.linspace(lo, hi, bins + 1)
+    centers = (edges[:-1] + edges[1:]) / 2
+    titles = []
+    for label, tr in schedules:
+        n = len(tr.requests)
+        g = min(groups, max(n, 1))
+        titles.append(f"{label} [{tr.source}]: {n:,} requests in {g} rows of ~{-(-n // g):,} (arrival order)")
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08 if rows > 1 else 0.0,
+                        subplot_titles=titles)
+    for k, ((_, tr), sp) in enumerate(zip(schedules, spans), start=1):
+        n = len(tr.requests)
+        g = min(groups, max(n, 1))
+        order = np.argsort(sp["arrival"], kind="stable")
+        group_of = np.empty(n, dtype=np.int64)
+        group_of[order] = np.arange(n) * g // max(n, 1)
+        counts = state_counts(sp, group_of, g, centers)
+        first_ids = [tr.ids[order[i * n // g]] for i in range(g)]
+        sizes = np.bincount(group_of, minlength=g)
+        custom = np.stack([counts[0], counts[1], counts[2], np.broadcast_to(sizes[:, None], counts[0].shape)], -1)
+        fig.add_trace(go.Heatmap(
+            z=counts.sum(0), x=centers, y=[f"{i}: from {rid}" for i, rid in enumerate(first_ids)],
+            customdata=custom, colorscale="Blues", zmin=0, showscale=k == 1,
+            colorbar=dict(title="in system", len=0.5),
+            hovertemplate="%{y} (%{customdata[3]} requests)<br>at %{x:.1f} ms: %{customdata[0]} waiting, "
+                          "%{customdata[1]} in prefill, %{customdata[2]} decoding<extra></extra>"), row=k, col=1)
+        fig.update_yaxes(autorange="reversed", showticklabels=False, title_text="requests →", row=k, col=1)
+    fig.update_xaxes(title_text="time (ms)", row=rows, col=1)
+    total = sum(len(tr.requests) for _, tr in schedules)
+    title = (f"Request timelines, aggregated ({total:,} requests: more than {MAX_LANES} lanes would not fit a "
+             f"screen; {bins} time bins of {(hi - lo) / bins:,.1f} ms)")
+    return base_layout(fig, title, height=min(MAX_HEIGHT, 140 + 260 * rows))
+
+
 def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: int = 20_000,
-                      height_per_row: int = 22) -> go.Figure:
+                      height_per_row: int = 22, max_lanes: int = MAX_LANES) -> go.Figure:
     """Stacked timelines (one subplot per schedule, shared x in ms). Bars: queue wait
     (arrival -> first scheduled step; for traces without step events, arrival -> first token
     is drawn as 'waiting for first token'), prefill (first step -> first token), decode
-    (first -> last token). Markers: every token emission, hover gives time and gap."""
+    (first -> last token). Markers: every token emission, hover gives time and gap.
+    More than `max_lanes` requests in all: `aggregate_timeline` (one screen at any size)."""
+    if sum(len(tr.requests) for _, tr in schedules) > max_lanes:
+        return aggregate_timeline(schedules)
     rows = len(schedules)
     heights = [max(len(tr.requests), 1) for _, tr in schedules]
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.06 if rows > 1 else 0.0,
@@ -78,4 +152,8 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
     fig.update_xaxes(title_text="time (ms)", row=rows, col=1)
     title = "Request timelines" + ("" if draw_markers else
                                    f" (token ticks hidden: {total_tokens:,} tokens are too dense to show)")
-    return base_layout(fig, title, height=max(260, sum(heights) * height_per_row + 110 * rows))
+    # one screen: rows shrink (down to 2 px, labels hidden below 12 px) rather than the figure growing
+    per_row = max(2.0, min(height_per_row, (MAX_HEIGHT - 110 * rows) / sum(heights)))
+    if per_row < 12:
+        fig.update_yaxes(showticklabels=False)
+    return base_layout(fig, title, height=int(min(MAX_HEIGHT, max(260, sum(heights) * per_row + 110 * rows))))
