@@ -59,3 +59,13 @@ def test_file_throughput_beside_ours_with_the_window_each_uses():
     # without send times there is no shared window: ours is left empty
     alone = import_vllm(vllm_result([8, 8, 8], outputs))
     assert file_window_comparison(alone, summarize(alone.trace))["ours"].isna().all()
+
+
+def test_client_queue_times_are_reported_not_added():
+    doc = vllm_result([8, 8], [3, 3], starts=[5.0, 5.5])
+    doc["queue_times"] = [0.0, 0.25]
+    imp = import_vllm(doc)
+    note = " ".join(imp.notes)
+    assert "mean 125.000 ms, max 250.000 ms" in note and "not part of TTFT" in note
+    # TTFT still starts at the send: 50 ms for both, as the file says
+    assert np.allclose(summarize(imp.trace)["summary"]["ttft_ms"]["mean"], 50.0)

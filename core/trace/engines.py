@@ -122,6 +122,12 @@ def _import_vllm(doc: dict, name: str) -> Imported:
         arrival_ms = (starts - starts.min()) * 1000.0
         if not arrival_ms.max() <= MAX_TIME_MS:
             raise TraceError(f"{name}: {key}: send times span more than the latest time {MAX_TIME_MS:g} ms")
+        qt = doc.get("queue_times")
+        if isinstance(qt, list) and len(qt) == n and all(_finite(x) and x >= 0 for x in qt):
+            q = np.asarray(qt, dtype=float) * 1000.0
+            notes.append(f"Arrival = the benchmark's send time ({key}). Before sending, requests waited in the "
+                         f"client for a concurrency slot (queue_times): mean {q.mean():.3f} ms, max "
+                         f"{q.max():.3f} ms; as in vLLM's own statistics that wait is not part of TTFT or E2E.")
     reqs, tok_req, tok_idx, tok_t, failed, finishes = [], [], [], [], [], []
     merged = 0
     for i in range(n):
