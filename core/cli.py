@@ -31,6 +31,10 @@ def run(parser, commands: dict, argv=None) -> int:
         return e.code if isinstance(e.code, int) else 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:   # `... | head` closed the pipe: stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())   # so the interpreter's final flush cannot fail again
+        return 141
 
 
 def _converter(parse, ok, expected: str):

@@ -30,7 +30,7 @@ class ModelOptions:
 
 
 def _common(p, scheduler: bool):
-    from gpu_runner.engine import EngineConfig
+    from gpu_runner.options import EngineConfig
     add_flags(p, ModelOptions)
     add_flags(p, SamplingParams)
     if scheduler:
@@ -88,7 +88,7 @@ def build_parser():
 def engine_config(a, **overrides):
     """EngineConfig from parsed flags: every option group from its own declaration."""
     from core.config import from_args
-    from gpu_runner.engine import EngineConfig
+    from gpu_runner.options import EngineConfig
     sched = from_args(SchedulerConfig, a) if hasattr(a, "policy") else SchedulerConfig()
     return from_args(EngineConfig, a, scheduler=sched, sampling=from_args(SamplingParams, a), **overrides)
 

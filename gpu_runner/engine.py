@@ -8,18 +8,16 @@ gpu_runner.speculative), and reads the clock once the tokens are on the host.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import platform
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from core import loop
-from core.config import SamplingParams, SchedulerConfig, opt, to_dict
+from core.config import SamplingParams, SchedulerConfig, to_dict
 from core.errors import ConfigError
 from core.scheduler import Batch, Scheduler
 from core.steplog import StepLog, StepOutput
@@ -28,21 +26,10 @@ from core.workload import Request, Workload
 from gpu_runner.batching import forward, pack, slots_of
 from gpu_runner.kernels.reference import paged_attention
 from gpu_runner.model import Transformer
+from gpu_runner.options import ATTENTION, EngineConfig, parse_layer_head  # noqa: F401  (re-exported)
 from gpu_runner.sampling import filtered_probs, request_generator, sample
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus" / "pydoc_topics.txt"
-ATTENTION = ("auto", "torch", "triton")
-
-
-def parse_layer_head(text: str) -> tuple[int, int]:
-    """The --capture-tiles flag: "LAYER,HEAD"."""
-    try:
-        layer, head = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LAYER,HEAD like 0,0, got {text!r}") from None
-    return layer, head
-
-
 class PagedKVCache:
     """Per layer K and V: [num_blocks, block_size, kv_heads, head_dim]."""
 
@@ -97,25 +84,6 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-@dataclass(slots=True)
-class EngineConfig:
-    scheduler: SchedulerConfig = opt(factory=SchedulerConfig, help="scheduling options (core.config)")
-    sampling: SamplingParams = opt(factory=SamplingParams, help="token sampling options (core.config)")
-    kv_memory_mb: float | None = opt(None, "size the KV pool from a memory budget in MiB "
-                                     "(instead of --kv-blocks)", minimum=0)
-    attention: str = opt("auto", "attention kernels: auto = triton on CUDA, torch on CPU", choices=ATTENTION)
-    record: bool = opt(True, "record trace events (off: only the generated tokens, for overhead checks)")
-    gamma: int = opt(4, "speculative decoding: draft tokens verified per step (with a draft model)", minimum=1)
-    capture_tiles: tuple[int, int] | None = opt(None, "LAYER,HEAD: record per-tile (m, l) of the Triton "
-                                                "attention kernel for one layer and head", parse=parse_layer_head)
-
-    def __post_init__(self):
-        if self.attention not in ATTENTION:
-            raise ConfigError(f"attention: expected one of {', '.join(ATTENTION)}, got {self.attention!r}")
-        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
-            raise ConfigError(f"gamma: expected an integer >= 1, got {self.gamma!r}")
 
 
 class Engine:
@@ -219,10 +187,10 @@ class Engine:
         return {"name": "gpu_runner", **c, "attention": self.attention_name}
 
     def _model_meta(self) -> dict:
-        try:
-            import triton
-            triton_version = triton.__version__
-        except Exception:  # triton is optional on CPU
+        from importlib.metadata import PackageNotFoundError, version
+        try:   # the installed version, without importing triton (which fixes its interpreter mode)
+            triton_version = version("triton")
+        except PackageNotFoundError:  # triton is optional on CPU
             triton_version = None
         return {
             "model": {"name": self.model_name, **self.model.cfg.to_dict(), "params": self.model.num_params(),

@@ -122,3 +122,10 @@ def test_bad_input_exit_2_one_line(tmp_path, args_fn, msg):
     assert "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and msg in lines[0], err
+
+
+def test_a_closed_pipe_is_not_a_traceback():
+    """`python -m core metrics T | head -1`: the reader leaves early; no BrokenPipeError traceback."""
+    p = subprocess.run(f"{sys.executable} -m core metrics {DATA / 'traces' / 'shared_prefix_measured_cpu.json.gz'}"
+                       " | head -1", shell=True, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.stdout.count("\n") == 1 and "Traceback" not in p.stderr and "Error" not in p.stderr, p.stderr

@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 import urllib.request
+from pathlib import Path
 
 
 def post(url: str, body: dict) -> dict:
@@ -23,7 +24,7 @@ def post(url: str, body: dict) -> dict:
 
 
 def query(a) -> int:
-    spec = json.load(open(a.prompts))
+    spec = json.loads(Path(a.prompts).read_text())
     base = a.url.rstrip("/")
     with urllib.request.urlopen(f"{base}/v1/models", timeout=30) as r:
         model = json.loads(r.read())["data"][0]["id"]
@@ -40,13 +41,13 @@ def query(a) -> int:
         out["ids"].append(ids)
         out["text"].append(ch["text"])
         out["source"].append(src)
-    json.dump(out, open(a.out, "w"), indent=1)
+    Path(a.out).write_text(json.dumps(out, indent=1))
     print(f"{a.out}: {len(out['ids'])} completions from {model} at {base} ({', '.join(sorted(set(out['source'])))})")
     return 0
 
 
 def compare(a) -> int:
-    x, y = json.load(open(a.a)), json.load(open(a.b))
+    x, y = json.loads(Path(a.a).read_text()), json.loads(Path(a.b).read_text())
     bad = 0
     for k, (i, j) in enumerate(zip(x["ids"], y["ids"])):
         if i == j:
