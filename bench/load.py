@@ -128,8 +128,8 @@ async def ws_user(url: str, i: int, timeout_s: float) -> tuple[float | None, str
                             return None, "exception shown: " + fwd.delta.new_element.exception.type
                         if element == "plotly_chart" and first is None:
                             first = time.perf_counter() - t0
-                    if kind == "script_finished":
-                        break
+                    if kind == "script_finished" and fwd.script_finished != ForwardMsg.FINISHED_EARLY_FOR_RERUN:
+                        break   # (a run that ends early for a rerun is followed by the rerun)
         return (first if first is not None else time.perf_counter() - t0), None
     except Exception as e:  # a timeout or a refused connection is a failed user, reported, not raised
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
