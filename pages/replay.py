@@ -132,9 +132,11 @@ def show_live(now_tr, name):
         st.plotly_chart(occupancy_heatmap(occ, now_tr.ids, occ.index_at(b)), key="rp_live_kv")
 
 
-if choice != UPLOAD and st.toggle("Live: follow this file while it grows", False, key="rp_live",
-                                  help="for a trace being written by `gpu_runner serve --trace-out` or "
-                                       "`gpu_runner loadgen --out`: re-read about once a second"):
+toggles = st.columns(4)
+live = choice != UPLOAD and toggles[1].toggle("Live: follow the file", False, key="rp_live",
+                                              help="for a trace being written by `gpu_runner serve --trace-out` or "
+                                                   "`gpu_runner loadgen --out`: re-read about once a second")
+if live:
     @st.fragment(run_every=1.0)
     def live_views():
         now_tr, _, err = load_trace_file(files[choice])
@@ -151,7 +153,7 @@ if choice != UPLOAD and st.toggle("Live: follow this file while it grows", False
 t0, t1 = time_range(tr)
 if t1 <= t0:
     t1 = t0 + 1.0
-playing = st.toggle("Play", False, key="rp_play", help="advance the cursor automatically")
+playing = toggles[0].toggle("Play", False, key="rp_play", help="advance the cursor automatically")
 big = len(tr.requests) > 150
 
 
@@ -168,26 +170,35 @@ def cursor_views():
         shown = subset(tr, idx)
         st.caption(f"Timeline: the {len(idx)} of {len(tr.requests):,} requests nearest the cursor "
                    "(in flight first).")
-    fig = schedule_timeline([(label, shown)], max_token_markers=15_000)
+    # one 1280x800 screen: the cursor, a compact timeline, then batch and KV side by side
+    fig = schedule_timeline([(label, shown)], max_token_markers=15_000, max_height=360)
     fig.add_vline(x=cursor, line_color="#d62728", line_width=2)
     st.plotly_chart(fig, key="rp_timeline")
-    st.plotly_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
-    gauges = tr.events_of("gauge")
-    if gauges:
-        st.plotly_chart(gauges_figure(gauges, cursor), key="rp_gauges")
+    left, right = st.columns(2)
     row, batch = step_at(tr, cursor)
-    if row is None:
-        st.info("Batch composition needs `step` events (with their `batch` lists).")
-    else:
-        st.plotly_chart(batch_figure(batch, row), key="rp_batch")
-    if len(tr.kv):
-        occ = cached_block_states(tr)
-        j = occ.index_at(cursor)
-        counts = occ.at(j)
-        st.plotly_chart(occupancy_heatmap(occ, tr.ids, j), key="rp_kv")
-        st.caption("At the cursor: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " blocks.")
-    else:
-        st.info("KV block occupancy needs `kv` events (alloc/free/hit/...).")
+    with left:
+        if row is None:
+            st.plotly_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
+            st.caption("Batch composition needs `step` events (with their `batch` lists).")
+        else:
+            st.plotly_chart(batch_figure(batch, row).update_layout(height=330), key="rp_batch")
+    with right:
+        if len(tr.kv):
+            occ = cached_block_states(tr)
+            j = occ.index_at(cursor)
+            counts = occ.at(j)
+            st.plotly_chart(occupancy_heatmap(occ, tr.ids, j).update_layout(height=330), key="rp_kv")
+            st.caption("At the cursor: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " blocks.")
+        else:
+            gauges = tr.events_of("gauge")
+            if gauges:
+                st.plotly_chart(gauges_figure(gauges, cursor), key="rp_gauges")
+            else:
+                st.caption("KV block occupancy needs `kv` events (alloc/free/hit/...).")
+    if row is not None:
+        st.plotly_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
+    if len(tr.kv) and tr.events_of("gauge"):
+        st.plotly_chart(gauges_figure(tr.events_of("gauge"), cursor), key="rp_gauges")
 
 
 cursor_views()

@@ -127,7 +127,7 @@ def test_live_replay_advances_without_a_click(tmp_path, page):
     with streamlit_server({"SERVING_EXPLORER_TRACES": str(tmp_path)}) as url:
         page.goto(f"{url}/replay?tr=growing.json")
         wait_idle(page)
-        page.get_by_text("Live: follow this file while it grows").click()
+        page.get_by_text("Live: follow the file").click()
         so_far = page.locator("[data-testid='stMetric']", has_text="requests so far")
         expect(so_far).to_contain_text("1", timeout=60_000)
         growing(path, 3)

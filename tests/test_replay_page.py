@@ -25,9 +25,9 @@ def test_given_trace_metrics_and_missing_views_named():
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["tok/s (drain window)"] == "30.0"
     assert (metrics["TTFT p50 ms"], metrics["TTFT p99 ms"]) == ("130", "139.8")   # linear: 130 + .98*10
-    infos = " ".join(i.value for i in at.info)
+    said = " ".join(i.value for i in [*at.info, *at.caption])
     for needed in ("`step` events", "`kv` events", "`spec` events", "`tiles` events"):
-        assert needed in infos
+        assert needed in said
 
 
 def test_moving_the_cursor_changes_the_batch_view():

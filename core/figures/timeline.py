@@ -93,7 +93,7 @@ def aggregate_timeline(schedules: list[tuple[str, object]], groups: int = GROUPS
 
 
 def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: int = 20_000,
-                      height_per_row: int = 22, max_lanes: int = MAX_LANES) -> go.Figure:
+                      height_per_row: int = 22, max_lanes: int = MAX_LANES, max_height: int = MAX_HEIGHT) -> go.Figure:
     """Stacked timelines (one subplot per schedule, shared x in ms). Bars: queue wait
     (arrival -> first scheduled step; for traces without step events, arrival -> first token
     is drawn as 'waiting for first token'), prefill (first step -> first token), decode
@@ -152,7 +152,7 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
     title = "Request timelines" + ("" if draw_markers else
                                    f" (token ticks hidden: {total_tokens:,} tokens are too dense to show)")
     # one screen: rows shrink (down to 2 px, labels hidden below 12 px) rather than the figure growing
-    per_row = max(2.0, min(height_per_row, (MAX_HEIGHT - 110 * rows) / sum(heights)))
+    per_row = max(2.0, min(height_per_row, (max_height - 110 * rows) / sum(heights)))
     if per_row < 12:
         fig.update_yaxes(showticklabels=False)
-    return base_layout(fig, title, height=int(min(MAX_HEIGHT, max(260, sum(heights) * per_row + 110 * rows))))
+    return base_layout(fig, title, height=int(min(max_height, max(260, sum(heights) * per_row + 110 * rows))))
