@@ -67,12 +67,38 @@ def check_writable(path, flag: str = ""):
     from core.errors import InputError
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")
-    if p.is_dir():
-        raise InputError(f"{_where(path, flag)}: is a directory (expected a file name)")
+    if str(path).endswith("/"):   # a partitioned trace: a directory of Parquet parts
+        if p.is_dir() and any(not q.name.endswith(".parquet") for q in p.iterdir()):
+            raise InputError(f"{_where(path, flag)}: holds files other than Parquet parts; name a new or "
+                             "empty directory")
+    elif p.is_dir():
+        raise InputError(f"{_where(path, flag)}: is a directory (expected a file name; end it with / to write "
+                         "a directory of Parquet parts)")
     if not parent.is_dir():
         raise InputError(f"{_where(path, flag)}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{_where(path, flag)}: directory {parent} is not writable")
+
+
+def _write_directory(p: Path, write, flag: str):
+    """write(tmp + "/") into a new directory beside `p`, then swap it in: an existing
+    directory of parts is replaced whole or not at all."""
+    import shutil
+
+    from core.errors import InputError
+    tmp = p.with_name(f".partial-{os.getpid()}-{p.name}")
+    old = p.with_name(f".old-{os.getpid()}-{p.name}")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        write(f"{tmp}/")
+        if p.exists():
+            os.replace(p, old)
+        os.replace(tmp, p)
+    except OSError as e:
+        raise InputError(f"{_where(p, flag)}: cannot write ({e.strerror})") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def write_output(path, write, flag: str = ""):
@@ -82,6 +108,8 @@ def write_output(path, write, flag: str = ""):
     An OSError becomes one line naming the flag and path."""
     from core.errors import InputError
     p = Path(path)
+    if str(path).endswith("/"):
+        return _write_directory(p, write, flag)
     tmp = p.with_name(f".partial-{os.getpid()}-{p.name}")
     try:
         write(tmp)

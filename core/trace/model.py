@@ -143,10 +143,14 @@ class Trace:
         return dumps(self, pretty)
 
     def save(self, path: str | Path, pretty: bool = False):
-        """.json, .json.gz, or .parquet (the columnar form), by the file name."""
+        """.json, .json.gz, or .parquet (the columnar form), by the file name; a name ending in
+        "/": a directory of Parquet parts (a partitioned trace)."""
         from core.trace.jsoncodec import json_bytes
-        from core.trace.parquet import to_parquet_bytes
+        from core.trace.parquet import to_parquet_bytes, write_parquet_parts
         p = Path(path)
+        if str(path).endswith("/"):
+            write_parquet_parts(self, p)
+            return
         p.write_bytes(to_parquet_bytes(self) if p.name.endswith(".parquet")
                       else json_bytes(self, pretty, gz=p.name.endswith(".gz")))
 

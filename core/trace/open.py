@@ -37,6 +37,9 @@ def open_trace(src: str | Path | bytes, name: str | None = None) -> Trace | Impo
     """A Trace, or an engine's benchmark result as an Imported (its `.trace`, `.failed`,
     `.file_summary`, `.notes`), from a path or the file's bytes; `name` labels errors."""
     if isinstance(src, (str, Path)):
+        if Path(src).is_dir():   # a partitioned trace: a directory of Parquet parts
+            from core.trace.parquet import trace_from_parquet_dir
+            return trace_from_parquet_dir(src)
         return _read(read_input_file(src, "trace", TraceError), name or Path(src).name, engines=True)
     return _read(bytes(src), name or "trace", engines=True)
 
@@ -47,4 +50,7 @@ def parse_trace(data: bytes | str, name: str = "trace") -> Trace:
 
 
 def load_trace(path: str | Path) -> Trace:
+    if Path(path).is_dir():
+        from core.trace.parquet import trace_from_parquet_dir
+        return trace_from_parquet_dir(path)
     return parse_trace(read_input_file(path, "trace", TraceError), Path(path).name)

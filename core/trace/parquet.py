@@ -11,6 +11,7 @@ under "serving-trace". Lossless with the JSON form.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -46,9 +47,9 @@ def _dumps(x) -> str:
     return json.dumps(x, separators=(",", ":"), allow_nan=False)
 
 
-def to_parquet_bytes(trace: Trace) -> bytes:
+def _to_table(trace: Trace):
+    """The whole trace as one Arrow table in the file layout, the document head in its metadata."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     def table(rtype: str, cols: dict) -> pa.Table:
         n = len(next(iter(cols.values()))) if cols else 0
@@ -81,20 +82,55 @@ def to_parquet_bytes(trace: Trace) -> bytes:
                                      "json": [_dumps(e) for e in trace.other]}))
     t = pa.concat_tables(parts)
     head = json.dumps({"schema": SCHEMA, "meta": trace.meta, "extra": trace.extra}, allow_nan=False)
-    t = t.replace_schema_metadata({PARQUET_KEY: head.encode()})
+    return t.replace_schema_metadata({PARQUET_KEY: head.encode()})
+
+
+def to_parquet_bytes(trace: Trace) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     buf = pa.BufferOutputStream()
-    pq.write_table(t, buf, compression="zstd")
+    pq.write_table(_to_table(trace), buf, compression="zstd")
     return buf.getvalue().to_pybytes()
+
+
+PART_ROWS = 1_000_000   # rows per part of a partitioned trace
+
+
+def write_parquet_parts(trace: Trace, directory: str | Path, rows_per_part: int = PART_ROWS) -> list[Path]:
+    """The trace as a directory of Parquet parts (part-00000.parquet, ...): the same table as
+    one file, cut every `rows_per_part` rows, each part carrying the same head metadata, so a
+    dataset reader (pyarrow.dataset, DuckDB's read_parquet('dir/*.parquet')) can scan it
+    column by column and `open_trace(directory)` reassembles the trace."""
+    import pyarrow.parquet as pq
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    t = _to_table(trace)
+    paths = []
+    for k, start in enumerate(range(0, max(len(t), 1), rows_per_part)):
+        part = d / f"part-{k:05d}.parquet"
+        pq.write_table(t.slice(start, rows_per_part), part, compression="zstd")
+        paths.append(part)
+    return paths
+
+
+
+
+def _arrow(data: bytes, name: str):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        return pq.read_table(pa.BufferReader(data))
+    except Exception as e:  # pyarrow raises many types for corrupt files
+        raise TraceError(f"{name}: not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
 
 
 def _read_table(data: bytes, name: str):
     """The Arrow table with every column of the layout, and the document head."""
+    return _checked(_arrow(data, name), name)
+
+
+def _checked(t, name: str):
     import pyarrow as pa
-    import pyarrow.parquet as pq
-    try:
-        t = pq.read_table(pa.BufferReader(data))
-    except Exception as e:  # pyarrow raises many types for corrupt files
-        raise TraceError(f"{name}: not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
     md = t.schema.metadata or {}
     if PARQUET_KEY not in md:
         raise TraceError(f"{name}: Parquet file without serving-trace metadata (not written by this tool?)")
@@ -183,9 +219,40 @@ class _Rows:
 
 
 def trace_from_parquet(data: bytes, name: str = "trace.parquet") -> Trace:
+    return _trace_from_table(*_read_table(data, name), name)
+
+
+def trace_from_parquet_dir(directory: str | Path) -> Trace:
+    """A directory of Parquet parts written by write_parquet_parts, as one trace. Every part
+    must carry the same head (schema, meta); parts are read in name order, each bounded like
+    any input file."""
+    import pyarrow as pa
+
+    from core.errors import read_input_file
+    d = Path(directory)
+    parts = sorted(p for p in d.glob("*.parquet") if p.is_file())
+    if not parts:
+        raise TraceError(f"{d.name}: a directory without .parquet parts")
+    tables, head = [], None
+    for p in parts:
+        t = _arrow(read_input_file(p, "trace part", TraceError), f"{d.name}/{p.name}")
+        h = (t.schema.metadata or {}).get(PARQUET_KEY)
+        if head is None:
+            head = h
+        elif h != head:
+            raise TraceError(f"{d.name}/{p.name}: a part of a different trace (its metadata differs from "
+                             f"{parts[0].name}'s)")
+        tables.append(t)
+    try:
+        t = pa.concat_tables(tables)
+    except pa.ArrowInvalid as e:
+        raise TraceError(f"{d.name}: parts with different columns ({str(e)[:120]})") from None
+    return _trace_from_table(*_checked(t, d.name), d.name)
+
+
+def _trace_from_table(t, head: dict, name: str) -> Trace:
     import pyarrow as pa
     import pyarrow.compute as pc
-    t, head = _read_table(data, name)
     rtype = t.column("rtype")
     if rtype.null_count:
         raise TraceError(f"{name}: a row has no record type (rtype)")
