@@ -67,3 +67,22 @@ def test_simulate_cli_writes_parts(tmp_path, capsys):
     assert (tmp_path / "sim" / "part-00000.parquet").exists()
     assert main(["metrics", str(tmp_path / "sim"), "--json"]) == 0
     assert '"requests"' in capsys.readouterr().out
+
+
+def test_files_keep_one_record_type_per_row_group_and_old_layouts_still_read():
+    """The reader fetches each record type's row groups and only its columns (issue 12: a
+    13.5 M-row trace loads in ~2 s / 1.5 GB instead of ~5 s / 4.4 GB); a file written as one
+    mixed table (earlier writers) takes the whole-table path and gives the same trace."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from core.trace.parquet import _row_groups_by_type, _to_table
+    tr = load_trace(DATA / "traces" / "shared_prefix_measured_cpu.json.gz")
+    new = to_parquet_bytes(tr)
+    groups = _row_groups_by_type(pq.ParquetFile(pa.BufferReader(new)))
+    assert groups is not None and {"request", "token", "finish", "step", "batch", "kv"} <= set(groups)
+    buf = pa.BufferOutputStream()
+    pq.write_table(_to_table(tr), buf, compression="zstd")
+    old = buf.getvalue().to_pybytes()
+    assert _row_groups_by_type(pq.ParquetFile(pa.BufferReader(old))) is None
+    same(trace_from_parquet(new), trace_from_parquet(old))

@@ -47,8 +47,9 @@ def _dumps(x) -> str:
     return json.dumps(x, separators=(",", ":"), allow_nan=False)
 
 
-def _to_table(trace: Trace):
-    """The whole trace as one Arrow table in the file layout, the document head in its metadata."""
+def _to_tables(trace: Trace):
+    """The trace as one Arrow table per record type in the file layout (the document head in
+    each one's schema metadata)."""
     import pyarrow as pa
 
     def table(rtype: str, cols: dict) -> pa.Table:
@@ -80,16 +81,27 @@ def _to_table(trace: Trace):
     if trace.other:
         parts.append(table("other", {"t_ms": [float(e.get("t_ms", 0.0)) for e in trace.other],
                                      "json": [_dumps(e) for e in trace.other]}))
-    t = pa.concat_tables(parts)
     head = json.dumps({"schema": SCHEMA, "meta": trace.meta, "extra": trace.extra}, allow_nan=False)
-    return t.replace_schema_metadata({PARQUET_KEY: head.encode()})
+    return [t.replace_schema_metadata({PARQUET_KEY: head.encode()}) for t in parts]
+
+
+def _to_table(trace: Trace):
+    """The whole trace as one Arrow table in the file layout, the document head in its metadata."""
+    import pyarrow as pa
+    return pa.concat_tables(_to_tables(trace))
 
 
 def to_parquet_bytes(trace: Trace) -> bytes:
+    """One file; each record type is written as its own row groups, so a reader can fetch a
+    record type's rows and only its columns (row-group statistics name the type)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+    tables = _to_tables(trace)
     buf = pa.BufferOutputStream()
-    pq.write_table(_to_table(trace), buf, compression="zstd")
+    with pq.ParquetWriter(buf, tables[0].schema, compression="zstd") as w:
+        for t in tables:
+            if len(t) or t is tables[0]:
+                w.write_table(t)
     return buf.getvalue().to_pybytes()
 
 
@@ -131,19 +143,7 @@ def _read_table(data: bytes, name: str):
 
 def _checked(t, name: str):
     import pyarrow as pa
-    md = t.schema.metadata or {}
-    if PARQUET_KEY not in md:
-        raise TraceError(f"{name}: Parquet file without serving-trace metadata (not written by this tool?)")
-    try:
-        head = loads_json(md[PARQUET_KEY].decode(), f"{name}: serving-trace metadata", TraceError)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise TraceError(f"{name}: broken serving-trace metadata in the Parquet file") from None
-    if not isinstance(head, dict) or head.get("schema") != SCHEMA:
-        got = head.get("schema") if isinstance(head, dict) else None
-        raise TraceError(f"{name}: schema: unknown version {got!r}; this build reads {SCHEMA!r}")
-    if not isinstance(head.get("meta"), dict):
-        raise TraceError(f"{name}: meta: expected an object with at least 'source'")
-    check_meta(head["meta"], name)
+    head = _head(t.schema, name)
     missing = [c for c in COLUMNS if c not in t.column_names]
     if set(missing) & _NEEDED:
         raise TraceError(f"{name}: Parquet table lacks column(s) {', '.join(c for c in missing if c in _NEEDED)}")
@@ -156,6 +156,24 @@ def _checked(t, name: str):
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
             raise TraceError(f"{name}: column {c}: does not hold {ty} ({str(e)[:120]})") from None
     return pa.table(cols, names=list(COLUMNS)), head
+
+
+def _head(schema, name: str) -> dict:
+    """The document head in the file's metadata, checked."""
+    md = schema.metadata or {}
+    if PARQUET_KEY not in md:
+        raise TraceError(f"{name}: Parquet file without serving-trace metadata (not written by this tool?)")
+    try:
+        head = loads_json(md[PARQUET_KEY].decode(), f"{name}: serving-trace metadata", TraceError)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise TraceError(f"{name}: broken serving-trace metadata in the Parquet file") from None
+    if not isinstance(head, dict) or head.get("schema") != SCHEMA:
+        got = head.get("schema") if isinstance(head, dict) else None
+        raise TraceError(f"{name}: schema: unknown version {got!r}; this build reads {SCHEMA!r}")
+    if not isinstance(head.get("meta"), dict):
+        raise TraceError(f"{name}: meta: expected an object with at least 'source'")
+    check_meta(head["meta"], name)
+    return head
 
 
 class _Rows:
@@ -171,6 +189,26 @@ class _Rows:
             self.col = lambda c: t.column(c).slice(int(sel[0]), self.n)
         else:
             self.col = lambda c: t.column(c).take(pa.array(sel))
+
+    @classmethod
+    def of_table(cls, t, rtype: str, name: str) -> _Rows:
+        """The rows of one record type read on their own (only its columns): a column absent
+        from the file is all null; each is cast to the layout's type, naming it if it cannot be."""
+        import pyarrow as pa
+        self = cls.__new__(cls)
+        self.pa, self.name, self.rtype = pa, name, rtype
+        self.n = 0 if t is None else len(t)
+
+        def col(c):
+            ty = getattr(pa, COLUMNS[c])()
+            if t is None or c not in t.column_names:
+                return pa.nulls(self.n, ty)
+            try:
+                return t.column(c).cast(ty)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                raise TraceError(f"{name}: column {c}: does not hold {COLUMNS[c]} ({str(e)[:120]})") from None
+        self.col = col
+        return self
 
     def field(self, f: Field):
         """The field's values as numpy (or a Categorical); nulls become its fill value."""
@@ -218,8 +256,58 @@ class _Rows:
         return out
 
 
+def _record_columns(rtype: str) -> list[str]:
+    if rtype == "other":
+        return ["t_ms", "json"]
+    rec = next(r for r in TABLES if r.type == rtype)
+    return list(dict.fromkeys([f.column for f in rec.columns] + (["json"] if rec is REQUEST else [])))
+
+
+def _row_groups_by_type(pf) -> dict[str, list[int]] | None:
+    """Row groups per record type when every row group holds one type (our writer's layout,
+    told by the rtype column's statistics); None otherwise (then the whole table is read)."""
+    md = pf.metadata
+    names = pf.schema_arrow.names
+    if "rtype" not in names:
+        return None
+    col = names.index("rtype")
+    groups: dict[str, list[int]] = {}
+    for i in range(md.num_row_groups):
+        st = md.row_group(i).column(col).statistics
+        if st is None or not st.has_min_max or st.null_count or st.min != st.max or st.min not in RTYPES:
+            return None
+        groups.setdefault(st.min, []).append(i)
+    return groups
+
+
 def trace_from_parquet(data: bytes, name: str = "trace.parquet") -> Trace:
-    return _trace_from_table(*_read_table(data, name), name)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(data), read_dictionary=["rtype"])
+        groups = _row_groups_by_type(pf)
+    except Exception as e:  # pyarrow raises many types for corrupt files
+        raise TraceError(f"{name}: not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
+    if groups is None:
+        return _trace_from_table(*_read_table(data, name), name)
+    head = _head(pf.schema_arrow, name)
+    present = set(pf.schema_arrow.names)
+    missing = sorted((_NEEDED - {"rtype"}) - present)
+    if missing:
+        raise TraceError(f"{name}: Parquet table lacks column(s) {', '.join(missing)}")
+    rows = {}
+    for r in RTYPES:
+        try:
+            t = pf.read_row_groups(groups[r], columns=["rtype"] + [c for c in _record_columns(r) if c in present]) \
+                if r in groups else None
+        except Exception as e:
+            raise TraceError(f"{name}: not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
+        # statistics are what the file claims; the rows must agree (rtype is read as a dictionary: cheap)
+        if t is not None and pc.unique(t.column("rtype")).to_pylist() != [r]:
+            raise TraceError(f"{name}: row groups claim {r} records but hold other record types")
+        rows[r] = _Rows.of_table(t, r, name)
+    return _trace_from_rows(rows, head, name)
 
 
 def trace_from_parquet_dir(directory: str | Path) -> Trace:
@@ -260,7 +348,10 @@ def _trace_from_table(t, head: dict, name: str) -> Trace:
     if idx.null_count:
         raise TraceError(f"{name}: unknown record type in column rtype")
     rt = idx.to_numpy(zero_copy_only=False).astype(np.int64)
-    rows = {r: _Rows(t, rt, r, name) for r in RTYPES}
+    return _trace_from_rows({r: _Rows(t, rt, r, name) for r in RTYPES}, head, name)
+
+
+def _trace_from_rows(rows: dict, head: dict, name: str) -> Trace:
     requests = rows["request"].frame(REQUEST, 0)
     extras = rows["request"].json(null_ok=True)
     for k, x in enumerate(extras):  # extras never shadow a column (the JSON form would let them)
