@@ -88,7 +88,9 @@ def aggregate_timeline(schedules: list[tuple[str, object]], groups: int = GROUPS
         fig.update_yaxes(autorange="reversed", showticklabels=False, title_text="requests →", row=k, col=1)
     fig.update_xaxes(title_text="time (ms)", row=rows, col=1)
     total = sum(len(tr.requests) for _, tr in schedules)
-    title = f"Request timelines, aggregated: {total:,} requests, time bins of {(hi - lo) / bins:,.4g} ms"
+    width = (hi - lo) / bins
+    title = (f"Request timelines, aggregated: {total:,} requests, time bins of "
+             f"{f'{width:,.0f}' if width >= 100 else f'{width:.3g}'} ms")
     return base_layout(fig, title, height=min(MAX_HEIGHT, 140 + 260 * rows))
 
 
