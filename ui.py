@@ -331,6 +331,9 @@ def load_trace_file(path: Path):
     import stat
     try:
         st_ = path.stat()
+        if stat.S_ISDIR(st_.st_mode):   # a partitioned trace: keyed by its parts' names, sizes and times
+            parts = sorted(path.glob("*.parquet"))
+            return _load_file(str(path), hash(tuple((q.name, q.stat().st_size, q.stat().st_mtime) for q in parts)))
     except OSError as e:
         return None, None, f"{path.name}: cannot open ({e.strerror})"
     if not stat.S_ISREG(st_.st_mode):

@@ -132,7 +132,8 @@ def bundled_trace_files() -> list[Path]:
 def trace_files(extra: str = "") -> dict[str, Path]:
     """File name -> path for the bundled traces (data/traces), engine result files
     (data/imports), and the files or directories in `extra`, an os.pathsep-separated list
-    (the SERVING_EXPLORER_TRACES environment variable). The first file of a name wins.
+    (the SERVING_EXPLORER_TRACES environment variable). The first file of a name wins. A
+    directory of Parquet parts (a partitioned trace) is listed as "name/".
     Only regular files are listed: FIFOs, devices, directories named *.json and broken or
     looping symlinks are skipped (reading a FIFO would block the page forever)."""
     roots = [DATA / "traces", DATA / "imports"] + [Path(p) for p in extra.split(os.pathsep) if p]
@@ -142,6 +143,8 @@ def trace_files(extra: str = "") -> dict[str, Path]:
         for f in files:
             if f.name.endswith(TRACE_SUFFIXES) and f.is_file():   # is_file: regular, symlinks followed
                 out.setdefault(f.name, f)
+            elif f.is_dir() and (f / "part-00000.parquet").is_file():   # a partitioned trace
+                out.setdefault(f"{f.name}/", f)
     return out
 
 

@@ -86,3 +86,13 @@ def test_files_keep_one_record_type_per_row_group_and_old_layouts_still_read():
     old = buf.getvalue().to_pybytes()
     assert _row_groups_by_type(pq.ParquetFile(pa.BufferReader(old))) is None
     same(trace_from_parquet(new), trace_from_parquet(old))
+
+
+def test_the_replay_page_opens_a_directory_of_parts(tmp_path, monkeypatch):
+    from tests.apptest import open_page
+    tr = load_trace(DATA / "traces" / "chapter31_continuous.json")
+    write_parquet_parts(tr, tmp_path / "big", rows_per_part=4)
+    monkeypatch.setenv("SERVING_EXPLORER_TRACES", str(tmp_path))
+    at = open_page("replay", {"tr": "big/"})
+    assert not at.exception
+    assert {m.label: m.value for m in at.metric}["tok/s (drain window)"] == "30.0"   # as the single file
