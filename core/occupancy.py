@@ -98,24 +98,26 @@ def block_states(trace, times_ms=None, num_blocks: int | None = None, max_snapsh
     takes = is_op("alloc", "hit", "cow", "cache")
     ev_state = np.where(r > 1, SHARED, np.where(r == 1, OWNED, np.where(has_hash & is_op("free"), CACHED, FREE)))
     ev_state[is_op("evict")] = FREE
-    order = np.lexsort((np.arange(len(blk)), blk))   # by block, then recorded order
+    order = np.argsort(blk, kind="stable")          # by block, then recorded order
     blk_s, t_s = blk[order], t[order]
-    starts = np.searchsorted(blk_s, np.arange(B))
-    ends = np.searchsorted(blk_s, np.arange(B), side="right")
-    for b in np.unique(blk_s):
-        if b >= B:
-            continue
-        idx = order[starts[b]:ends[b]]
-        tb = t_s[starts[b]:ends[b]]
-        last = np.searchsorted(tb, times, side="right") - 1   # last event <= each snapshot
-        ok = last >= 0
-        ev = idx[last[ok]]
-        state[b, ok] = ev_state[ev]
-        ref[b, ok] = r[ev]
-        own_idx = np.where(takes[idx], np.arange(len(idx)), -1)
-        own_idx = np.maximum.accumulate(own_idx)               # last taking event so far
-        o = own_idx[last[ok]]
-        owner[b, ok] = np.where((o >= 0) & (state[b, ok] >= OWNED), req[idx[np.maximum(o, 0)]], -1)
+    # One search for every (block, snapshot): events keyed by (block, time rank); the last
+    # event at or before each snapshot is the one whose key is the last <= the query's.
+    grid = np.unique(np.concatenate([t_s, times]))
+    span = len(grid) + 1
+    key = blk_s.astype(np.int64) * span + np.searchsorted(grid, t_s)
+    bb = np.arange(B, dtype=np.int64)
+    q = bb[:, None] * span + np.searchsorted(grid, times)[None, :]
+    last = np.searchsorted(key, q.ravel(), side="right") - 1
+    ok = (last >= 0) & (blk_s[np.maximum(last, 0)] == np.repeat(bb, S))
+    ev = order[last[ok]]
+    rows, cols = np.divmod(np.flatnonzero(ok), S)
+    state[rows, cols] = ev_state[ev]
+    ref[rows, cols] = r[ev]
+    # owner: the last taking event (alloc/hit/cow/cache) of the same block up to that event
+    took = np.maximum.accumulate(np.where(takes[order], np.arange(len(order)), -1))
+    o = took[last[ok]]
+    same = (o >= 0) & (blk_s[np.maximum(o, 0)] == rows)
+    owner[rows, cols] = np.where(same & (state[rows, cols] >= OWNED), req[order[np.maximum(o, 0)]], -1)
     return Occupancy(times, state, ref, owner, B)
 
 
