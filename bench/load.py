@@ -68,18 +68,6 @@ def rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def wait_healthy(url: str, timeout_s: float = 60):
-    end = time.time() + timeout_s
-    while time.time() < end:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise SystemExit(f"server at {url} did not become healthy in {timeout_s:.0f} s")
-
-
 async def _get(url: str, cookies: dict[str, str]) -> bytes:
     """GET as a browser would (gzip accepted, its cookies sent); cookies set by the answer are kept
     (a proxy's sticky-session cookie among them)."""
@@ -215,7 +203,12 @@ def main() -> int:
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             stack.callback(_stop, server)
             pids = [server.pid]
-            wait_healthy(url)
+            from deploy.serve import DeployError, wait_healthy
+            try:
+                wait_healthy(url, 60, [server])
+            except DeployError as e:
+                print(f"bench.load: {e}", file=sys.stderr)
+                return 2
         rss_cold = sum(rss_mb(p) for p in pids)
         # Warm-up: one user opens every page once per process (imports, built-in scenarios cached
         # per process); the baseline that memory should return to is measured after it.

@@ -101,7 +101,7 @@ class App:
         return Response(b"", 200)
 
     async def prom(self, request: Request):
-        self.metrics.idle(**{k: v for k, v in zip(("running", "waiting", "kv_usage"), self.se.load().values())})
+        self.metrics.idle(**self.se.load())
         return Response(self.metrics.render(), 200, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # ---- parsing ------------------------------------------------------------------------------

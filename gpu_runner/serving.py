@@ -24,7 +24,7 @@ from pathlib import Path
 from core import loop
 from core.config import SamplingParams
 from core.errors import ConfigError
-from core.scheduler import DONE, RUNNING, WAITING, Scheduler
+from core.scheduler import DONE, Scheduler
 from core.steplog import StepLog
 from core.workload import Request, Workload
 
@@ -156,11 +156,14 @@ class ServingEngine:
         return True
 
     def wait(self) -> None:
-        with self._cv:
-            while not self._pending and not self._stopping:
+        while True:
+            with self._cv:
+                if self._pending or self._stopping:
+                    return
                 self._cv.wait(FLUSH_EVERY_S)
-                if not self._pending and not self._stopping:
-                    self._maybe_flush()
+                if self._pending or self._stopping:
+                    return
+            self._maybe_flush()   # outside the lock: handlers keep submitting while the trace is written
 
     def _add(self, s: Stream):
         r = Request(s.rid, s.arrival_ms, len(s.prompt_ids), s.max_tokens, tuple(s.prompt_ids))
@@ -277,6 +280,3 @@ class ServingEngine:
                       flush=True)
         except Exception as e:  # a full disk must not stop serving; say it once per flush
             print(f"gpu_runner serve: could not write {self.trace_out}: {e}", flush=True)
-
-
-__all__ = ["DONE", "RUNNING", "WAITING", "Overloaded", "ServerStopping", "ServingEngine", "Stream"]

@@ -149,13 +149,17 @@ def _checked(t, name: str):
         raise TraceError(f"{name}: Parquet table lacks column(s) {', '.join(c for c in missing if c in _NEEDED)}")
     for c in missing:  # an optional field newer than the file: all absent
         t = t.append_column(c, pa.nulls(len(t), getattr(pa, COLUMNS[c])()))
-    cols = []
-    for c, ty in COLUMNS.items():  # one by one, to name the column (e.g. a uint64 beyond int64)
-        try:
-            cols.append(t.column(c).cast(getattr(pa, ty)()))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-            raise TraceError(f"{name}: column {c}: does not hold {ty} ({str(e)[:120]})") from None
-    return pa.table(cols, names=list(COLUMNS)), head
+    # one by one, to name the column (e.g. a uint64 beyond int64)
+    return pa.table([_cast(t.column(c), c, name) for c in COLUMNS], names=list(COLUMNS)), head
+
+
+def _cast(col, c: str, name: str):
+    """Column `c` in the layout's Arrow type, or a TraceError naming it."""
+    import pyarrow as pa
+    try:
+        return col.cast(getattr(pa, COLUMNS[c])())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise TraceError(f"{name}: column {c}: does not hold {COLUMNS[c]} ({str(e)[:120]})") from None
 
 
 def _head(schema, name: str) -> dict:
@@ -200,13 +204,9 @@ class _Rows:
         self.n = 0 if t is None else len(t)
 
         def col(c):
-            ty = getattr(pa, COLUMNS[c])()
             if t is None or c not in t.column_names:
-                return pa.nulls(self.n, ty)
-            try:
-                return t.column(c).cast(ty)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-                raise TraceError(f"{name}: column {c}: does not hold {COLUMNS[c]} ({str(e)[:120]})") from None
+                return pa.nulls(self.n, getattr(pa, COLUMNS[c])())
+            return _cast(t.column(c), c, name)
         self.col = col
         return self
 
