@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(s, SchedulerConfig)
     add_flags(s, StepModel)
     s.add_argument("--label", help="trace label (meta.label)")
-    s.add_argument("--out", required=True, help="trace to write (.json or .json.gz)")
+    s.add_argument("--out", required=True,
+                   help="trace to write: .json, .json.gz, .parquet (written while it is simulated), "
+                        "or a name ending in / (a directory of Parquet parts)")
 
     m = sub.add_parser("metrics", help="per-request and summary metrics of a trace or a vLLM result file")
     gz = f"gzip input may inflate to at most {MAX_DECOMPRESSED_BYTES / 2**30:g} GiB, compressed once"
@@ -52,10 +54,17 @@ def cmd_simulate(a) -> int:
     w = load_workload(a.workload)
     cfg = from_args(SchedulerConfig, a)
     sm = from_args(StepModel, a)
-    tr = simulate(w, cfg, sm, label=a.label)
-    write_output(a.out, tr.save, "--out")
-    st = tr.meta["stats"]
-    print(f"wrote {a.out}: {len(w)} requests, {len(tr.tokens)} tokens, {st['steps']} steps, "
+    if a.out.endswith(".parquet"):  # streamed: the trace is written while it is simulated
+        from core.simulate import simulate_to_parquet
+        got = {}
+        write_output(a.out, lambda p: got.update(zip(("meta", "counts"), simulate_to_parquet(
+            w, cfg, str(p), sm, label=a.label))), "--out")
+        st, n_tokens = got["meta"]["stats"], got["counts"].get("token", 0)
+    else:
+        tr = simulate(w, cfg, sm, label=a.label)
+        write_output(a.out, tr.save, "--out")
+        st, n_tokens = tr.meta["stats"], len(tr.tokens)
+    print(f"wrote {a.out}: {len(w)} requests, {n_tokens} tokens, {st['steps']} steps, "
           f"{st['preemptions']} preemptions; step model {sm.describe()}")
     return 0
 

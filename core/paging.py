@@ -54,45 +54,59 @@ class KVLog:
     def __len__(self):
         return self.rows
 
+    def clear(self):
+        """Forget the recorded calls (a streaming writer has taken them)."""
+        self.calls = []
+        self.rows = 0
+
     def columns(self) -> dict:
         """Columns t_ms, op (codes into KV_OPS), req (-1: none), block, logical, ref,
-        hash (16 hex chars or None), src. A call's seq and logical may be per-block lists."""
-        from itertools import chain, repeat
+        hash (16 hex chars or None; None for the whole column when no call has hashes), src.
+        A call's t_ms, seq, logical and refs may be per-block sequences (then logical's step
+        is 0)."""
         calls = self.calls
         if not calls:
             return {"t_ms": np.empty(0), "op": np.empty(0, np.int8), "req": np.empty(0, np.int64),
                     "block": np.empty(0, np.int64), "logical": np.empty(0, np.int64),
-                    "ref": np.empty(0, np.int64), "hash": [], "src": np.empty(0, np.int64)}
-        lens = np.fromiter(map(len, (c[3] for c in calls)), dtype=np.int64, count=len(calls))
+                    "ref": np.empty(0, np.int64), "hash": None, "src": np.empty(0, np.int64)}
+        m = len(calls)
+        lens = np.fromiter(map(len, (c[3] for c in calls)), dtype=np.int64, count=m)
         total = int(lens.sum())
-        rep = lambda vals, dt: np.repeat(np.fromiter(vals, dtype=dt, count=len(calls)), lens)
-        seq_like = (list, np.ndarray)
-        per_block = lambda k: np.fromiter(
-            chain.from_iterable(c[k] if isinstance(c[k], seq_like) else repeat(c[k], len(c[3])) for c in calls),
-            dtype=np.int64, count=total)
-        block = np.fromiter(chain.from_iterable(c[3] for c in calls), dtype=np.int64, count=total)
-        starts = np.repeat(np.cumsum(lens) - lens, lens)
-        within = np.arange(total) - starts
-        logical = per_block(4) + rep((c[5] for c in calls), np.int64) * within  # step 0 for lists
-        hashes = [None] * total
-        pos = 0
-        for c, n in zip(calls, lens.tolist()):
-            if c[7] is not None:
-                hashes[pos:pos + n] = [h.hex()[:16] if h else None for h in c[7]]
-            pos += n
+        starts = (np.cumsum(lens) - lens).tolist()
+        seq_like = (list, np.ndarray, range)
         ops = {op: i for i, op in enumerate(KV_OPS)}
-        owners = lambda none: chain.from_iterable(
-            c[2] if isinstance(c[2], seq_like) else repeat(none if c[2] is None else c[2], len(c[3])) for c in calls)
+
+        def column(k, dtype, scalar=lambda v: v):
+            # per call: one value (repeated over its blocks) or one value per block
+            per_block = [j for j, c in enumerate(calls) if isinstance(c[k], seq_like)]
+            if len(per_block) == m:
+                return np.concatenate([np.asarray(c[k], dtype=dtype) for c in calls])
+            flat = set(per_block)
+            out = np.repeat(np.fromiter((0 if j in flat else scalar(c[k]) for j, c in enumerate(calls)),
+                                        dtype=dtype, count=m), lens)
+            for j in per_block:
+                out[starts[j]:starts[j] + len(calls[j][3])] = calls[j][k]
+            return out
+
+        block = np.concatenate([np.asarray(c[3], dtype=np.int64) for c in calls])
+        within = np.arange(total) - np.repeat(np.asarray(starts, dtype=np.int64), lens)
+        logical = column(4, np.int64) + np.repeat(np.fromiter((c[5] for c in calls), np.int64, m), lens) * within
+        hashes = None
+        if any(c[7] is not None for c in calls):
+            hashes = [None] * total
+            for c, n, pos in zip(calls, lens.tolist(), starts):
+                if c[7] is not None:
+                    hashes[pos:pos + n] = [h.hex()[:16] if h else None for h in c[7]]
         try:  # the scheduler uses integer request indices (-1: no owner) ...
-            req = np.fromiter(owners(-1), dtype=np.int64, count=total)
+            req = column(2, np.int64, lambda v: -1 if v is None else v)
         except (TypeError, ValueError):  # ... direct users may name sequences anything
-            req = np.array(list(owners(None)), dtype=object)
-        t_ms = np.fromiter(chain.from_iterable(c[0] if isinstance(c[0], seq_like) else repeat(c[0], len(c[3]))
-                                               for c in calls), dtype=np.float64, count=total)
-        return {"t_ms": t_ms,
-                "op": rep((ops[c[1]] for c in calls), np.int8),
-                "req": req, "block": block, "logical": logical, "ref": per_block(6), "hash": hashes,
-                "src": rep((c[8] for c in calls), np.int64)}
+            from itertools import chain, repeat
+            req = np.array(list(chain.from_iterable(
+                c[2] if isinstance(c[2], seq_like) else repeat(c[2], len(c[3])) for c in calls)), dtype=object)
+        return {"t_ms": column(0, np.float64),
+                "op": np.repeat(np.fromiter((ops[c[1]] for c in calls), np.int8, m), lens),
+                "req": req, "block": block, "logical": logical, "ref": column(6, np.int64), "hash": hashes,
+                "src": np.repeat(np.fromiter((c[8] for c in calls), np.int64, m), lens)}
 
 
 def block_hash(parent: bytes | None, tokens, extra: bytes) -> bytes:
@@ -109,6 +123,13 @@ def extra_key(model_id: str | None, salt: str | None) -> bytes:
     return b"".join(len(p).to_bytes(4, "little") + p for p in parts)
 
 
+class _Sparse(dict):
+    """Per-block values kept only where set; absent blocks read as None."""
+
+    def __missing__(self, key):
+        return None
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False,
                  model_id: str | None = None, log: KVLog | None = None):
@@ -122,13 +143,19 @@ class BlockManager:
         self.model_id = model_id
         self.log = log
         self.now_ms = 0.0                      # set by the caller; stamps log rows
+        # Per-block state is sized by use, not by the pool: a pool "big enough for every
+        # request" of a million-request workload has ~10^8 blocks, of which a few thousand are
+        # ever in use at once. `ref` is calloc'ed (untouched pages cost nothing); hashes and
+        # token ids exist only for cached blocks.
         self.ref = np.zeros(num_blocks, dtype=np.int64)
-        self.hash: list[bytes | None] = [None] * num_blocks
-        self.tokens: list[tuple | None] = [None] * num_blocks  # ids of a cached block
+        self.hash: dict[int, bytes] = _Sparse()        # block -> hash of its cached prefix (None: uncached)
+        self.tokens: dict[int, tuple] = _Sparse()      # block -> token ids of a cached block
         self.cache: dict[bytes, int] = {}      # full-block hash -> physical block
-        # Free blocks: uncached ones on a stack (reused first, lowest ids first at start),
-        # cached ones in LRU order (oldest release first) so a hit can still revive them.
-        self.free_plain: list[int] = list(range(num_blocks - 1, -1, -1))
+        # Free blocks: released uncached ones on a stack (the most recently released is reused
+        # first), then never-used ones from `fresh` upwards (lowest ids first), then cached ones
+        # in LRU order (oldest release first) so a hit can still revive them.
+        self.free_plain: list[int] = []
+        self.fresh = 0                         # blocks fresh..num_blocks-1 have never been used
         self.free_cached: OrderedDict[int, None] = OrderedDict()
         self.tables: dict = {}                 # seq id -> [physical block per logical block]
         self.chain: dict = {}                  # seq id -> hashes of its full blocks so far
@@ -138,7 +165,7 @@ class BlockManager:
     # ---- queries -------------------------------------------------------------------
     @property
     def num_free(self) -> int:
-        return len(self.free_plain) + len(self.free_cached)
+        return len(self.free_plain) + (self.num_blocks - self.fresh) + len(self.free_cached)
 
     @property
     def num_used(self) -> int:
@@ -188,18 +215,29 @@ class BlockManager:
         (evicting the prefix they held)."""
         if n > self.num_free:
             raise OutOfBlocks(f"need {n} blocks, {self.num_free} free")
-        plain = self.free_plain
-        k = min(n, len(plain))
-        new = plain[len(plain) - k:][::-1]
-        del plain[len(plain) - k:]
-        for _ in range(n - k):
+        new = self._take_uncached(n)
+        for _ in range(n - len(new)):
             b, _ = self.free_cached.popitem(last=False)
-            h = self.hash[b]
+            h = self.hash.pop(b)
             del self.cache[h]
-            self.hash[b] = None
-            self.tokens[b] = None
+            del self.tokens[b]
             self._rec("evict", None, [b], -1, 0, 0, [h])
             new.append(b)
+        return new
+
+    def _take_uncached(self, n: int) -> list[int]:
+        """Up to n uncached free blocks: released ones (most recent first), then fresh ones."""
+        plain = self.free_plain
+        k = min(n, len(plain))
+        if k:
+            new = plain[len(plain) - k:][::-1]
+            del plain[len(plain) - k:]
+        else:
+            new = []
+        m = min(n - k, self.num_blocks - self.fresh)
+        if m:
+            new += range(self.fresh, self.fresh + m)
+            self.fresh += m
         return new
 
     def admit(self, seq, hits: list[int] = (), salt: str | None = None) -> int:
@@ -225,7 +263,7 @@ class BlockManager:
         if need <= 0:
             return []
         new = self._take(need)
-        self.ref[new] = 1
+        self.ref[np.array(new, dtype=np.int64)] = 1
         self._rec("alloc", seq, new, len(table), 1, 1)
         table.extend(new)
         return new
@@ -234,12 +272,10 @@ class BlockManager:
         """One fresh block for each entry of `owners` (a sequence may appear many times), in
         order, logged at the matching `times_ms`. Only when no eviction is needed (returns
         False and does nothing otherwise), so the result equals one-by-one growth."""
-        plain = self.free_plain
         n = len(owners)
-        if n > len(plain):
+        if n > len(self.free_plain) + self.num_blocks - self.fresh:
             return False
-        new = plain[len(plain) - n:][::-1]
-        del plain[len(plain) - n:]
+        new = self._take_uncached(n)
         self.ref[new] = 1
         tables = self.tables
         logical = []
@@ -256,29 +292,36 @@ class BlockManager:
 
     def grow_many(self, seqs: list, needs: list[int]):
         """Append needs[i] fresh blocks to seqs[i]'s table, for many sequences at once."""
-        new = self._take(sum(needs))
-        if len(new) > 8:
-            self.ref[new] = 1
-        else:
-            for b in new:
-                self.ref[b] = 1
+        total = sum(needs)
+        new = self._take(total)
         tables = self.tables
-        starts = []
-        pos = 0
-        for seq, k in zip(seqs, needs):
-            table = tables[seq]
-            starts.append(len(table))
-            table.extend(new[pos:pos + k])
-            pos += k
+        if total == len(seqs):  # one block each (decodes crossing a block boundary): the common case
+            starts = []
+            for seq, b in zip(seqs, new):
+                t = tables[seq]
+                starts.append(len(t))
+                t.append(b)
+            owners, logical = seqs, starts
+        else:
+            starts = []
+            pos = 0
+            for seq, k in zip(seqs, needs):
+                table = tables[seq]
+                starts.append(len(table))
+                table.extend(new[pos:pos + k])
+                pos += k
+            counts = np.asarray(needs, dtype=np.int64)
+            within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+            owners = np.repeat(np.asarray(seqs), counts)
+            logical = np.repeat(np.asarray(starts, dtype=np.int64), counts) + within
+        new = np.array(new, dtype=np.int64)
+        self.ref[new] = 1
         if self.log is not None and len(seqs) == 1:
             self._rec("alloc", seqs[0], new, starts[0], 1, 1)
         elif self.log is not None:  # one log call for the whole step, per-block owners
-            counts = np.asarray(needs, dtype=np.int64)
-            within = np.arange(len(new)) - np.repeat(np.cumsum(counts) - counts, counts)
-            self._rec("alloc", np.repeat(np.asarray(seqs), counts), new,
-                      np.repeat(np.asarray(starts, dtype=np.int64), counts) + within, 0, 1)
+            self._rec("alloc", owners, new, logical, 0, 1)
         else:
-            self.counts["alloc"] += len(new)
+            self.counts["alloc"] += total
 
     def prepare_write(self, seq, start_pos: int, num_tokens: int) -> tuple[list[int], list[tuple[int, int]]]:
         """Before writing positions [start_pos, start_pos+num_tokens): copy any block in
@@ -338,10 +381,13 @@ class BlockManager:
 
     def _release(self, seq, blocks: list[int], logical0: int, step: int):
         arr = np.array(blocks, dtype=np.int64)
-        self.ref[arr] -= 1
-        refs = self.ref[arr]
+        ref = self.ref
+        ref[arr] -= 1
+        refs = ref[arr]
         hashes = None
-        if self.prefix_caching:
+        if not self.prefix_caching and not refs.any():   # no block shared: all of them are free now
+            self.free_plain.extend(blocks)
+        elif self.prefix_caching:
             hashes = [self.hash[b] for b in blocks]
             for b, h, r in zip(blocks, hashes, refs.tolist()):
                 if r == 0:
@@ -351,7 +397,7 @@ class BlockManager:
                         self.free_cached[b] = None
         else:
             self.free_plain.extend(arr[refs == 0].tolist())
-        self._rec("free", seq, blocks, logical0, step, refs.tolist(), hashes)
+        self._rec("free", seq, arr, logical0, step, refs, hashes)
 
     def truncate(self, seq, num_tokens: int):
         """Drop blocks past `num_tokens` positions (speculative rollback)."""
@@ -381,8 +427,9 @@ class BlockManager:
             np.add.at(refs, table, 1)
         bad = np.flatnonzero(refs != self.ref)
         assert not len(bad), f"block {bad[0]}: ref {self.ref[bad[0]]} but {refs[bad[0]]} table refs"
-        free = self.free_plain + list(self.free_cached)
+        free = self.free_plain + list(range(self.fresh, self.num_blocks)) + list(self.free_cached)
         assert len(set(free)) == len(free), "a block is listed free twice"
+        assert all(b < self.fresh for b in self.free_plain), "a never-used block is on the released stack"
         is_free = np.zeros(self.num_blocks, dtype=bool)
         is_free[free] = True
         broken = np.flatnonzero(is_free == (self.ref > 0))
@@ -391,10 +438,9 @@ class BlockManager:
             assert self.hash[b] is None, f"block {b}: cached but on the uncached free stack"
         for b in self.free_cached:
             assert self.hash[b] is not None, f"block {b}: uncached but in the cached free list"
-        for b in range(self.num_blocks):
-            h = self.hash[b]
-            if h is not None:
-                assert self.cache.get(h) == b, f"block {b}: hash not mapped back to it"
-                assert self.tokens[b] is not None and len(self.tokens[b]) == self.block_size
+        for b, h in self.hash.items():
+            assert h is not None, f"block {b}: a None hash stored"
+            assert self.cache.get(h) == b, f"block {b}: hash not mapped back to it"
+            assert self.tokens[b] is not None and len(self.tokens[b]) == self.block_size
         for h, b in self.cache.items():
             assert self.hash[b] == h, f"cache entry for block {b} is stale"

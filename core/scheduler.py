@@ -80,17 +80,28 @@ class Scheduler:
         """`workload` None: no requests yet (a server adds them with add_request)."""
         self.cfg = config
         self.stop_token_ids = frozenset(stop_token_ids)  # a request emitting one of these stops (EOS)
-        reqs = workload.requests if workload is not None else []
-        self.ids = [r.id for r in reqs]
-        self.n = len(reqs)
-        self.prompt_len = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
-        self.out_len = np.array([r.max_output_tokens for r in reqs], dtype=np.int64)
-        self.arrival = np.array([r.arrival_ms for r in reqs], dtype=np.float64)
-        self.salt = [r.tenant for r in reqs]
-        # Known token ids per request (prompt, then outputs when the caller supplies them).
-        self.token_ids = [list(r.prompt_ids) if r.prompt_ids is not None else None for r in reqs]
-        self.aborts = sorted((r.abort_at_ms, i) for i, r in enumerate(reqs) if r.abort_at_ms is not None)
-        self.abort_at = np.array([np.inf if r.abort_at_ms is None else r.abort_at_ms for r in reqs])
+        if workload is not None and workload.plain:  # lengths and arrivals only: read the columns
+            self.ids = workload.ids
+            self.n = len(workload)
+            self.prompt_len = workload.prompt_tokens.astype(np.int64)
+            self.out_len = workload.max_output_tokens.astype(np.int64)
+            self.arrival = workload.arrival_ms.astype(np.float64)
+            self.salt = [None] * self.n
+            self.token_ids = [None] * self.n
+            self.aborts = []
+            self.abort_at = np.full(self.n, np.inf)
+        else:
+            reqs = workload.requests if workload is not None else []
+            self.ids = [r.id for r in reqs]
+            self.n = len(reqs)
+            self.prompt_len = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
+            self.out_len = np.array([r.max_output_tokens for r in reqs], dtype=np.int64)
+            self.arrival = np.array([r.arrival_ms for r in reqs], dtype=np.float64)
+            self.salt = [r.tenant for r in reqs]
+            # Known token ids per request (prompt, then outputs when the caller supplies them).
+            self.token_ids = [list(r.prompt_ids) if r.prompt_ids is not None else None for r in reqs]
+            self.aborts = sorted((r.abort_at_ms, i) for i, r in enumerate(reqs) if r.abort_at_ms is not None)
+            self.abort_at = np.array([np.inf if r.abort_at_ms is None else r.abort_at_ms for r in reqs])
         self.aborts_pending = bool(self.aborts)
         bs = config.block_size
         # KV slots a request ever needs: the last output token is never fed back.
@@ -213,20 +224,23 @@ class Scheduler:
 
     # ---- one step ----------------------------------------------------------------------
     def _plan_running(self, run, budget):
-        pending = self.prompt_len[run] + self.emitted[run] - self.computed[run]
+        computed, emitted = self.computed[run], self.emitted[run]
+        pending = self.prompt_len[run] + emitted - computed
         want = np.minimum(pending, self.cfg.chunk) if self.cfg.chunk else pending
+        # A decode computes the one token emitted last; anything else is (re)prefill.
+        is_decode = (pending == 1) & (emitted > 0)   # (with spec: decode + draft tokens)
         if self.cfg.spec_gamma:
             # A speculative decode verifies the last token plus up to gamma draft tokens, never
             # proposing past the request's output length.
-            room = self.out_len[run] - self.emitted[run] - 1
-            want = want + np.where((pending == 1) & (self.emitted[run] > 0),
-                                   np.minimum(self.cfg.spec_gamma, room), 0)
-        # Oldest first: each request takes what the budget has left after those before it.
-        before = np.cumsum(want) - want
-        n = np.clip(budget - before, 0, want)
-        need = -(-(self.computed[run] + n) // self.cfg.block_size) - self.nblocks[run]
-        # A decode computes the one token emitted last; anything else is (re)prefill.
-        is_decode = (pending == 1) & (self.emitted[run] > 0)   # (with spec: decode + draft tokens)
+            room = self.out_len[run] - emitted - 1
+            want = want + np.where(is_decode, np.minimum(self.cfg.spec_gamma, room), 0)
+        if int(want.sum()) <= budget:
+            n = want
+        else:  # oldest first: each request takes what the budget has left after those before it
+            before = np.cumsum(want) - want
+            n = np.minimum(np.maximum(budget - before, 0), want)
+        bs = self.cfg.block_size
+        need = (computed + n + (bs - 1)) // bs - self.nblocks[run]
         return n, need, is_decode
 
     def schedule(self, now_ms: float) -> Batch | None:
@@ -239,8 +253,6 @@ class Scheduler:
         run = self.run
         cohort_open = cfg.policy == "continuous" or len(run) == 0
         preempted = False
-        n = need = np.empty(0, dtype=np.int64)
-        is_decode = np.empty(0, dtype=bool)
         if len(run):
             n, need, is_decode = self._plan_running(run, budget)
             while int(need.sum()) > bm.num_free:
@@ -256,10 +268,14 @@ class Scheduler:
                 if self.log is not None:
                     self.log.preempts.append(PreemptRecord(victim, now_ms, "kv_full", freed))
                 n, need, is_decode = self._plan_running(run, budget)
-            grow = need > 0
-            if grow.any():
-                bm.grow_many(run[grow].tolist(), need[grow].tolist())
-                self.nblocks[run] += need
+            grow = np.flatnonzero(need > 0)
+            if len(grow):
+                who = run[grow]
+                bm.grow_many(who.tolist(), need[grow].tolist())
+                self.nblocks[who] += need[grow]
+        else:
+            n = np.empty(0, dtype=np.int64)
+            is_decode = np.empty(0, dtype=bool)
         used = int(n.sum())
         new_reqs, new_n = [], []
         if cohort_open and not preempted:
@@ -274,7 +290,8 @@ class Scheduler:
                 take = min(pending, cfg.chunk or pending, budget - used)
                 if cfg.chunk is None and take < pending:
                     break  # the whole prompt must fit in this step's budget
-                if bm.admission_cost(hits, cached + take) > bm.num_free:
+                cost = bm.admission_cost(hits, cached + take) if hits else -(-(cached + take) // bs)
+                if cost > bm.num_free:
                     break  # FCFS: no skipping ahead of the head of the queue
                 self.waiting.popleft()
                 bm.admit(r, hits, self.salt[r])
@@ -291,15 +308,17 @@ class Scheduler:
             n = np.concatenate([n, np.array(new_n, dtype=np.int64)])
             is_decode = np.concatenate([is_decode, np.zeros(len(new_reqs), dtype=bool)])
         self.run = run
-        active = n > 0
-        if not active.any():
+        k = np.count_nonzero(n)
+        if not k:
             return None
-        if active.all():
+        if k == len(n):
             reqs, num = run, n
         else:
+            active = n > 0
             reqs, num, is_decode = run[active], n[active], is_decode[active]
         batch = Batch(self.step, now_ms, reqs, num, self.computed[reqs], ~is_decode)
-        self._pending_step = (len(run), len(self.waiting), bm.num_used, bm.num_free)
+        free = bm.num_free
+        self._pending_step = (len(run), len(self.waiting), bm.num_blocks - free, free)
         self._quiet = not new_reqs and not preempted  # nothing joined or left the running set
         return batch
 

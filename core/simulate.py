@@ -41,6 +41,53 @@ def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel 
              fast_forward: bool = True) -> Trace:
     """`fast_forward` applies runs of identical decode-only steps in one go (same trace as
     stepping one by one, which tests check); turn it off to step strictly."""
+    sched, log, meta = _run(workload, config, step_model, label, created, record_kv, fast_forward)
+    return loop.to_trace(sched, log, workload, meta)
+
+
+FLUSH_STEPS = 2048   # streaming: hand the log to the writer every this many executed steps
+
+
+def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_model: StepModel | None = None,
+                        label: str | None = None, created: str | None = None, record_kv: bool = True,
+                        fast_forward: bool = True, flush_steps: int = FLUSH_STEPS,
+                        row_group_rows: int | None = None) -> tuple[dict, dict]:
+    """The trace `simulate` would return, written into one Parquet file (`sink`: a path or a
+    pyarrow output stream) while the simulation runs: the log is handed to a
+    core.trace.parquet.TraceWriter every `flush_steps` steps and forgotten, so memory stays
+    bounded by the run's live state, not its length. Reading the file back gives exactly
+    the trace `simulate` returns (tests check). Returns (meta, rows per record type)."""
+    from core.trace.build import log_records, new_trace
+    from core.trace.parquet import ROW_GROUP_ROWS, TraceWriter, request_columns
+    writer = TraceWriter(sink, row_group_rows or ROW_GROUP_ROWS)
+    try:
+        head = new_trace({}, workload)
+        writer.add("request", request_columns(head.requests, head.request_extra if not workload.plain else []))
+        del head
+
+        def drain(log: StepLog):
+            for rtype, cols in log_records(log).items():
+                writer.add(rtype, {k: v for k, v in cols.items() if v is not None})
+            if log.other:
+                from core.trace.parquet import _dumps
+                writer.add("other", {"t_ms": np.array([float(e.get("t_ms", 0.0)) for e in log.other]),
+                                     "json": [_dumps(e) for e in log.other]})
+            log.clear()
+
+        def on_step(sched, batch, out):
+            if len(sched.log.batch_parts) >= flush_steps:
+                drain(sched.log)
+
+        sched, log, meta = _run(workload, config, step_model, label, created, record_kv, fast_forward, on_step)
+        drain(log)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close(meta)
+    return meta, writer.counts
+
+
+def _run(workload, config, step_model, label, created, record_kv, fast_forward, on_step=None):
     step_model = step_model or StepModel()
     if config.spec_gamma:
         raise ConfigError("spec_gamma: the simulator does not model speculative acceptance; "
@@ -52,11 +99,11 @@ def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel 
         sched = Scheduler(workload, config, log)
         if not record_kv:
             sched.bm.log = None
-        clock = loop.VirtualClock(float(workload.requests[0].arrival_ms))
-        loop.run(sched, StepTimeExecutor(step_model), clock, fast_forward=fast_forward)
+        clock = loop.VirtualClock(float(workload.arrival_ms[0]))
+        loop.run(sched, StepTimeExecutor(step_model), clock, on_step=on_step, fast_forward=fast_forward)
         meta = loop.trace_meta(sched, workload, "simulated", label or f"{config.policy} (simulated)",
                                {"name": "core.simulate"}, created, step_model=step_model.to_dict())
-        return loop.to_trace(sched, log, workload, meta)
+        return sched, log, meta
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -78,3 +78,9 @@ class StepLog:
         self.kv = KVLog()
         self.token_sources: list = []            # per token part: codes into TOKEN_SOURCES, or None (sampled)
         self.other: list[dict] = []              # verbatim events (spec, tiles)
+
+    def clear(self):
+        """Forget every record (a streaming writer has taken them); the run continues."""
+        self.steps, self.batch_parts, self.token_parts = [], [], []
+        self.finishes, self.preempts, self.token_sources, self.other = [], [], [], []
+        self.kv.clear()

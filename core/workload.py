@@ -9,14 +9,14 @@ Formats read by `parse_workload`:
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from core.errors import WorkloadError, gunzip, loads_json, read_input_file, short
 
@@ -65,27 +65,246 @@ class Request:
         return d
 
 
-@dataclass(slots=True)
 class Workload:
-    requests: list[Request]
-    name: str = "workload"
+    """Requests sorted by arrival (stable: equal arrivals keep their given order).
 
-    def __post_init__(self):
-        if not self.requests:
-            raise WorkloadError(f"{self.name}: the workload has no requests")
+    Two ways in: `Workload(requests, name)` from Request objects, or `Workload.from_columns(...)`
+    from whole columns (the CSV/JSONL loaders), which keeps the workload columnar and builds the
+    Request objects only when `requests` is first read. Either way `ids`, `arrival_ms`,
+    `prompt_tokens`, `max_output_tokens` and `plain` are there, computed once. Assigning
+    `requests` replaces the workload's requests (no re-validation, no re-sort, as before) and drops
+    the cached columns; mutating the list or its requests in place does not refresh them."""
+    __slots__ = ("name", "_requests", "_ids", "_auto_ids", "_arrival", "_prompt", "_output", "_tenant", "_plain")
+
+    def __init__(self, requests: list[Request], name: str = "workload"):
+        self.name = name
+        requests = list(requests)
+        if not requests:
+            raise WorkloadError(f"{name}: the workload has no requests")
         seen = set()
-        for r in self.requests:
+        for r in requests:
             if r.id in seen:
-                raise WorkloadError(f"{self.name}: duplicate request id {r.id!r}")
+                raise WorkloadError(f"{name}: duplicate request id {r.id!r}")
             seen.add(r.id)
         # Stable sort: equal arrivals keep file order (FCFS tie-break).
-        self.requests = sorted(self.requests, key=lambda r: r.arrival_ms)
+        self.requests = sorted(requests, key=lambda r: r.arrival_ms)
+
+    @classmethod
+    def from_columns(cls, ids, arrival_ms, prompt_tokens, max_output_tokens, name: str = "workload",
+                     tenant=None) -> Workload:
+        """A workload from whole columns, validated column-wise with Request's rules.
+
+        ids: strings (None: "0", "1", ... by row); arrival_ms: numbers (ms, finite, >= 0, at most
+        MAX_TIME_MS); prompt_tokens, max_output_tokens: integers in 1..MAX_TOKENS (integer dtype:
+        4.0 is refused, as Request refuses it); tenant: None, one string for every request, or one
+        string-or-None per row. Rows are stable-sorted by arrival; a bad value raises
+        WorkloadError naming the workload, the row (0-based, given order), the request and field."""
+        n = len(arrival_ms)
+        cols = {"arrival_ms": n, "prompt_tokens": len(prompt_tokens), "output_tokens": len(max_output_tokens)}
+        if ids is not None:
+            ids = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+            cols = {"ids": len(ids)} | cols
+        if isinstance(tenant, str) or tenant is None:
+            tenants = None if tenant is None else [tenant] * n
+        else:
+            tenants = tenant.tolist() if isinstance(tenant, np.ndarray) else list(tenant)
+            cols["tenant"] = len(tenants)
+        if len(set(cols.values())) > 1:
+            raise WorkloadError(f"{name}: columns differ in length ("
+                                + ", ".join(f"{k} {v}" for k, v in cols.items()) + ")")
+        rid = (lambda i: ids[i]) if ids is not None else str
+        if ids is not None:
+            for i, v in enumerate(ids):
+                if not isinstance(v, str) or not v:
+                    raise WorkloadError(f"{name}: row {i} (request {short(v)}): id must be a non-empty string")
+        where = lambda i: f"{name}: row {i} (request {rid(i)!r})"
+        a = _time_column(arrival_ms, where, "arrival_ms")
+        p = _count_column(prompt_tokens, where, "prompt_tokens")
+        o = _count_column(max_output_tokens, where, "output_tokens")
+        bad = _first_bad_row(a, p, o)
+        if bad is not None:
+            _check_time(float(a[bad]), f"{where(bad)}: arrival_ms")
+            _check_count(int(p[bad]), f"{where(bad)}: prompt_tokens")
+            _check_count(int(o[bad]), f"{where(bad)}: output_tokens")
+        if tenants is not None:
+            for i, t in enumerate(tenants):
+                if t is not None and not isinstance(t, str):
+                    raise WorkloadError(f"{where(i)}: tenant: expected a string or null, got {short(t)}")
+            if all(t is None for t in tenants):
+                tenants = None
+        return cls._checked(ids, a, p, o, name, tenants)
+
+    @classmethod
+    def _checked(cls, ids: list[str] | None, a: np.ndarray, p: np.ndarray, o: np.ndarray, name: str,
+                 tenants: list | None = None) -> Workload:
+        # Columns already valid row by row (float64, int64, int64); the workload-level checks and
+        # the stable sort by arrival remain.
+        n = len(a)
+        if n == 0:
+            raise WorkloadError(f"{name}: the workload has no requests")
+        if ids is not None and len(set(ids)) != n:
+            seen = set()
+            for r in ids:
+                if r in seen:
+                    raise WorkloadError(f"{name}: duplicate request id {r!r}")
+                seen.add(r)
+        w = cls.__new__(cls)
+        w.name = name
+        w._requests = None
+        if bool((a[1:] >= a[:-1]).all()):  # already in arrival order: the stable sort keeps it
+            w._arrival, w._prompt, w._output = a, p, o
+            w._auto_ids = None if ids is not None else np.arange(n)
+            w._ids = ids
+            w._tenant = tenants
+        else:
+            order = np.argsort(a, kind="stable")
+            w._arrival, w._prompt, w._output = a[order], p[order], o[order]
+            w._auto_ids = None if ids is not None else order
+            w._ids = None if ids is None else [ids[i] for i in order.tolist()]
+            w._tenant = None if tenants is None else [tenants[i] for i in order.tolist()]
+        w._plain = tenants is None
+        return w
+
+    def _drop_columns(self):
+        self._ids = self._auto_ids = self._arrival = self._prompt = self._output = self._tenant = self._plain = None
+
+    @property
+    def requests(self) -> list[Request]:
+        """The requests in arrival order, built on first use for a columnar workload (then kept)."""
+        if self._requests is None:
+            new, req = object.__new__, Request
+            ts = self._tenant or [None] * len(self)
+
+            def make(i, a, p, o, t):
+                # Fields were validated column-wise: skip Request.__post_init__.
+                r = new(req)
+                r.id, r.arrival_ms, r.prompt_tokens, r.max_output_tokens = i, a, p, o
+                r.prompt_ids = r.abort_at_ms = None
+                r.tenant, r.extra = t, {}
+                return r
+            self._requests = list(map(make, self.ids, self._arrival.tolist(), self._prompt.tolist(),
+                                      self._output.tolist(), ts))
+        return self._requests
+
+    @requests.setter
+    def requests(self, value: list[Request]):
+        self._requests = value
+        self._drop_columns()
+
+    @property
+    def ids(self) -> list[str]:
+        if self._ids is None:
+            if self._requests is None:
+                self._ids = [str(i) for i in self._auto_ids.tolist()]
+            else:
+                self._ids = [r.id for r in self._requests]
+        return self._ids
+
+    @property
+    def arrival_ms(self) -> np.ndarray:
+        if self._arrival is None:
+            self._arrival = np.fromiter((r.arrival_ms for r in self._requests), dtype=np.float64,
+                                        count=len(self._requests))
+        return self._arrival
+
+    @property
+    def prompt_tokens(self) -> np.ndarray:
+        if self._prompt is None:
+            self._prompt = np.fromiter((r.prompt_tokens for r in self._requests), dtype=np.int64,
+                                       count=len(self._requests))
+        return self._prompt
+
+    @property
+    def max_output_tokens(self) -> np.ndarray:
+        if self._output is None:
+            self._output = np.fromiter((r.max_output_tokens for r in self._requests), dtype=np.int64,
+                                       count=len(self._requests))
+        return self._output
+
+    @property
+    def plain(self) -> bool:
+        """True when the columns alone describe the workload: no request has prompt_ids, a
+        tenant, abort_at_ms or extra fields."""
+        if self._plain is None:
+            self._plain = all(r.prompt_ids is None and r.tenant is None and r.abort_at_ms is None and not r.extra
+                              for r in self._requests)
+        return self._plain
 
     def __len__(self):
-        return len(self.requests)
+        return len(self._requests) if self._requests is not None else len(self._arrival)
+
+    def __eq__(self, other):
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        if self.name != other.name or len(self) != len(other):
+            return False
+        if self._requests is None and other._requests is None:  # both columnar: compare columns
+            return (self.ids == other.ids and self._tenant == other._tenant
+                    and all(np.array_equal(getattr(self, k), getattr(other, k))
+                            for k in ("arrival_ms", "prompt_tokens", "max_output_tokens")))
+        return self.requests == other.requests
+
+    __hash__ = None  # as the dataclass had: mutable, compared by value
+
+    def __repr__(self):
+        return f"Workload(name={self.name!r}, {len(self)} requests)"
+
+    def __getstate__(self):
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __setstate__(self, state):
+        for k, v in state.items():
+            object.__setattr__(self, k, v)
 
     def to_dict(self) -> dict:
+        if self._requests is None and self._tenant is None:
+            return {"name": self.name, "requests": [
+                {"id": i, "arrival_ms": a, "prompt_tokens": p, "output_tokens": o} for i, a, p, o in
+                zip(self.ids, self._arrival.tolist(), self._prompt.tolist(), self._output.tolist())]}
         return {"name": self.name, "requests": [r.to_dict() for r in self.requests]}
+
+
+def _first_bad_row(a: np.ndarray, p: np.ndarray, o: np.ndarray) -> int | None:
+    """First row whose arrival (ms) or counts break Request's rules, or None; a may be float64,
+    p and o int64 or float64 (then they must hold integers)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        ok = np.isfinite(a) & (a >= 0) & (a <= MAX_TIME_MS)
+        for c in (p, o):
+            ok &= (c >= 1) & (c <= MAX_TOKENS)
+            if c.dtype.kind == "f":
+                ok &= np.floor(c) == c  # NaN and inf fail the range test already
+    if ok.all():
+        return None
+    return int(np.argmin(ok))
+
+
+def _time_column(values, where, what) -> np.ndarray:
+    """values as float64, or the first one that is not a number refused as _check_time would."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iuf":
+        return values.astype(np.float64, copy=False)
+    items = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    for i, v in enumerate(items):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            _check_time(v, f"{where(i)}: {what}")
+        elif isinstance(v, int) and not -MAX_TIME_MS <= v <= MAX_TIME_MS:
+            _check_time(v, f"{where(i)}: {what}")  # refused (and maybe beyond float range)
+    return np.array(items, dtype=np.float64)
+
+
+def _count_column(values, where, what) -> np.ndarray:
+    """values as int64 (integers only, as _check_count), or the first bad one refused."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        if values.dtype.kind == "u" and len(values) and values.max() > MAX_TOKENS:
+            i = int(np.argmax(values > MAX_TOKENS))
+            _check_count(int(values[i]), f"{where(i)}: {what}")
+        return values.astype(np.int64, copy=False)
+    items = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    for i, v in enumerate(items):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            _check_count(v, f"{where(i)}: {what}")
+        elif not -(2**63) <= v < 2**63:
+            _check_count(int(v), f"{where(i)}: {what}")
+    return np.array(items, dtype=np.int64)
 
 
 def _check_time(v, what):
@@ -214,55 +433,6 @@ def _from_json_doc(doc: Any, name: str, tokenize: Tokenize | None) -> Workload:
         raise _prefix(name, e) from None
 
 
-def _from_vidur_csv(text: str, name: str) -> Workload:
-    reader = csv.DictReader(io.StringIO(text))
-    need = ["arrived_at", "num_prefill_tokens", "num_decode_tokens"]
-    missing = [c for c in need if c not in (reader.fieldnames or [])]
-    if missing:
-        raise WorkloadError(f"{name}: CSV is missing column(s) {', '.join(missing)} "
-                            f"(expected Vidur-style {','.join(need)})")
-    out = []
-    for i, row in enumerate(reader):
-        where = f"{name} row {i + 2}"  # +1 header, +1 one-based
-        try:
-            arrived_s = _as_float(row["arrived_at"], f"{where}.arrived_at")
-            out.append(Request(
-                id=str(row.get("id") or row.get("request_id") or i),
-                arrival_ms=arrived_s * 1000.0 if isinstance(arrived_s, (int, float)) else arrived_s,
-                prompt_tokens=_count(row["num_prefill_tokens"], f"{where}.num_prefill_tokens"),
-                max_output_tokens=_count(row["num_decode_tokens"], f"{where}.num_decode_tokens")))
-        except WorkloadError as e:
-            raise _prefix(where, e) from None
-    return Workload(out, name=name)
-
-
-def _from_llmservingsim_jsonl(text: str, name: str) -> Workload:
-    out = []
-    for i, line in enumerate(text.splitlines()):
-        if not line.strip():
-            continue
-        where = f"{name} line {i + 1}"
-        try:
-            d = loads_json(line, where, WorkloadError)
-        except json.JSONDecodeError as e:
-            raise WorkloadError(f"{where}: not JSON ({e.msg})") from None
-        if not isinstance(d, dict):
-            raise WorkloadError(f"{where}: expected an object")
-        for k in ("input_toks", "output_toks", "arrival_time_ns"):
-            if k not in d:
-                raise WorkloadError(f"{where}: missing {k}")
-        try:
-            t_ns = _as_float(d["arrival_time_ns"], f"{where}.arrival_time_ns")
-            out.append(Request(
-                id=str(d.get("id", len(out))),
-                arrival_ms=t_ns / 1e6 if isinstance(t_ns, (int, float)) and not isinstance(t_ns, bool) else t_ns,
-                prompt_tokens=_count(d["input_toks"], f"{where}.input_toks"),
-                max_output_tokens=_count(d["output_toks"], f"{where}.output_toks")))
-        except WorkloadError as e:
-            raise _prefix(where, e) from None
-    return Workload(out, name=name)
-
-
 def decode_bytes(data: bytes, name: str, error=WorkloadError) -> str:
     data = gunzip(data, name, error)
     try:
@@ -274,6 +444,7 @@ def decode_bytes(data: bytes, name: str, error=WorkloadError) -> str:
 def parse_workload(data: bytes | str, name: str = "workload",
                    tokenize: Tokenize | None = None) -> Workload:
     """Parse a workload file's content; the format follows the name's suffix, then content."""
+    from core.workload_files import _from_llmservingsim_jsonl, _from_vidur_csv
     text = decode_bytes(data, name) if isinstance(data, bytes) else data
     lower = name.lower().removesuffix(".gz")
     if lower.endswith(".csv"):

@@ -1,5 +1,7 @@
 """Scheduler and simulator: hand-worked schedules, an independent reference simulator, and
 property tests (conservation, limits, monotone times, determinism)."""
+import io
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -10,8 +12,9 @@ from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.metrics import conservation
 from core.scheduler import Scheduler
-from core.simulate import StepModel, StepTimeExecutor, fit_affine, simulate
+from core.simulate import StepModel, StepTimeExecutor, fit_affine, simulate, simulate_to_parquet
 from core.steplog import StepLog
+from core.trace import parse_trace
 from core.workload import Request, Workload, make_workload
 
 
@@ -249,6 +252,9 @@ def test_simulation_invariants(rows, cfg, model):
     assert again.to_doc() == tr.to_doc()              # deterministic given its inputs
     stepwise = simulate(w, config, model, created=tr.meta["created"], fast_forward=False)
     assert stepwise.to_doc() == tr.to_doc()           # the fast-forward shortcut changes nothing
+    buf = io.BytesIO()                                # written while simulated, in tiny pieces
+    simulate_to_parquet(w, config, buf, model, created=tr.meta["created"], flush_steps=2, row_group_rows=7)
+    assert parse_trace(buf.getvalue(), "streamed.parquet").to_doc() == tr.to_doc()
 
 
 class _ArrivalInbox:

@@ -47,61 +47,175 @@ def _dumps(x) -> str:
     return json.dumps(x, separators=(",", ":"), allow_nan=False)
 
 
-def _to_tables(trace: Trace):
-    """The trace as one Arrow table per record type in the file layout (the document head in
-    each one's schema metadata)."""
-    import pyarrow as pa
+ROW_GROUP_ROWS = 1 << 20     # rows per row group (each holds one record type)
+_ENUMS = {f.column: f.values for rec in TABLES for f in rec.columns if f.type == "enum"}
 
-    def table(rtype: str, cols: dict) -> pa.Table:
+
+class TraceWriter:
+    """Writes a trace into one Parquet file as its rows arrive, holding at most about one
+    row group per record type in memory: `add(rtype, columns)` any number of times, in any
+    order of record types (rows of one type in trace order), then `close(meta)`. The head
+    (schema, meta, extra) goes into the file's key-value metadata at close, so a run's
+    statistics known only at its end are in it. Row groups are encoded and compressed on a
+    background thread (pyarrow releases the GIL), so a simulation keeps stepping meanwhile.
+
+    Columns are named by the file layout (`COLUMNS`); absent ones are null. Values: numpy
+    arrays or lists; an enum column is a pandas Categorical or integer codes into the field's
+    values; string columns may hold None."""
+
+    def __init__(self, sink, row_group_rows: int = ROW_GROUP_ROWS, background: bool = True):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        self._pa = pa
+        # Enum columns (and rtype) are written from dictionary arrays (codes + values) without
+        # ever making one string per row; Parquet stores them dictionary-encoded either way, and
+        # without a stored Arrow schema every reader sees plain strings.
+        self._types = {c: pa.dictionary(pa.int8(), pa.string()) if c in _ENUMS or c == "rtype" else getattr(pa, t)()
+                       for c, t in COLUMNS.items()}
+        self.schema = pa.schema([(c, t) for c, t in self._types.items()])
+        # rtype statistics let a reader fetch one record type's row groups; other statistics
+        # are not read and cost time
+        self._w = pq.ParquetWriter(sink, self.schema, compression="zstd", compression_level=1,
+                                   write_statistics=["rtype"], store_schema=False)
+        self.row_group_rows = row_group_rows
+        self._buf: dict[str, list[dict]] = {}
+        self._rows: dict[str, int] = {}
+        self.rows = 0                           # rows added so far
+        self.counts: dict[str, int] = {}        # ... per record type
+        self._pool = None
+        if background:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
+        self._pending = []
+
+    def add(self, rtype: str, cols: dict):
         n = len(next(iter(cols.values()))) if cols else 0
-        # the record type of every row, built in Arrow (a Python list of n strings cost seconds)
-        arrays = [pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int8)), pa.array([rtype])).cast(pa.string())]
-        for name, typ in list(COLUMNS.items())[1:]:
-            t = getattr(pa, typ)()
-            v = cols.get(name)
-            if v is None:
-                arrays.append(pa.nulls(n, type=t))
-            elif isinstance(getattr(v, "dtype", None), pd.CategoricalDtype):   # codes + categories, cast in Arrow
-                codes = np.asarray(v.cat.codes)
-                dictionary = pa.DictionaryArray.from_arrays(pa.array(codes, mask=codes < 0),
-                                                            pa.array(list(v.cat.categories), type=t))
-                arrays.append(dictionary.cast(t))
-            else:
-                arrays.append(pa.array(v, type=t, from_pandas=True))
-        return pa.Table.from_arrays(arrays, names=list(COLUMNS))
+        if not n:
+            return
+        self._buf.setdefault(rtype, []).append(cols)
+        self._rows[rtype] = self._rows.get(rtype, 0) + n
+        self.rows += n
+        self.counts[rtype] = self.counts.get(rtype, 0) + n
+        if self._rows[rtype] >= self.row_group_rows:
+            self._flush(rtype, whole_groups=True)
 
-    parts = []
-    for rec in TABLES:
-        df = getattr(trace, rec.table)
-        cols = {f.column: df[f.name] for f in rec.columns}
-        if rec is REQUEST:
-            extras = [_dumps(e) if e else None for e in trace.request_extra]
-            cols["json"] = pd.Series(extras + [None] * (len(df) - len(extras)), dtype=object)
-        parts.append(table(rec.type, cols))
-    if trace.other:
-        parts.append(table("other", {"t_ms": [float(e.get("t_ms", 0.0)) for e in trace.other],
-                                     "json": [_dumps(e) for e in trace.other]}))
-    head = json.dumps({"schema": SCHEMA, "meta": trace.meta, "extra": trace.extra}, allow_nan=False)
-    return [t.replace_schema_metadata({PARQUET_KEY: head.encode()}) for t in parts]
+    def _array(self, c: str, v):
+        pa, t = self._pa, self._types[c]
+        if isinstance(v, pa.Array):
+            return v
+        if c in _ENUMS:
+            if isinstance(v, pd.Series):
+                v = v.array
+            codes = np.asarray(v.codes if isinstance(v, pd.Categorical) else v, dtype=np.int8)
+            missing = codes < 0
+            return pa.DictionaryArray.from_arrays(pa.array(codes, mask=missing if missing.any() else None),
+                                                  pa.array(_ENUMS[c], type=pa.string()))
+        if isinstance(v, pd.Series):
+            v = v.to_numpy()
+        return pa.array(v, type=t, from_pandas=True)
+
+    def _table(self, rtype: str, parts: list[dict]):
+        pa = self._pa
+        lens = [len(next(iter(p.values()))) if p else 0 for p in parts]
+        n = sum(lens)
+        arrays = [pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int8)), pa.array([rtype]))]
+        for c in list(COLUMNS)[1:]:
+            t = self._types[c]
+            if not any(c in p for p in parts):
+                arrays.append(pa.nulls(n, t))
+            elif len(parts) == 1:
+                arrays.append(self._array(c, parts[0][c]))
+            else:
+                arrays.append(pa.chunked_array([self._array(c, p[c]) if c in p else pa.nulls(k, t)
+                                                for p, k in zip(parts, lens)], t).combine_chunks())
+        return pa.Table.from_arrays(arrays, schema=self.schema)
+
+    def _flush(self, rtype: str, whole_groups: bool = False):
+        parts = self._buf.pop(rtype, [])
+        n = self._rows.pop(rtype, 0)
+        if not n:
+            return
+        t = self._table(rtype, parts)
+        rg = self.row_group_rows
+        cut = n - n % rg if whole_groups else n
+        if cut < n:  # keep the remainder for the next row group
+            rest = t.slice(cut)
+            self._buf[rtype] = [{c: rest.column(c).combine_chunks() for c in COLUMNS
+                                 if c != "rtype" and rest.column(c).null_count < len(rest)}]
+            self._rows[rtype] = n - cut
+            t = t.slice(0, cut)
+        self._submit(t)
+
+    def _submit(self, t):
+        if self._pool is None:
+            self._w.write_table(t, row_group_size=self.row_group_rows)
+            return
+        while self._pending and (self._pending[0].done() or len(self._pending) >= 2):
+            self._pending.pop(0).result()   # bounded memory; re-raises a write error here
+        self._pending.append(self._pool.submit(self._w.write_table, t, row_group_size=self.row_group_rows))
+
+    def abort(self):
+        """Stop without a usable file (the caller removes it)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._w.close()
+
+    def close(self, meta: dict, extra: dict | None = None):
+        try:
+            for rtype in [r for r in RTYPES if r in self._buf]:
+                self._flush(rtype)
+            if not self.rows:  # a file needs at least one row group to carry the layout
+                self._submit(self._table("request", [{}]).slice(0, 0))
+            for f in self._pending:
+                f.result()
+            head = json.dumps({"schema": SCHEMA, "meta": meta, "extra": extra or {}}, allow_nan=False)
+            self._w.add_key_value_metadata({PARQUET_KEY: head.encode()})
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+            self._w.close()
+
+
+def request_columns(trace_requests: pd.DataFrame, request_extra: list) -> dict:
+    """The request rows in the file layout (extra fields as JSON in `json`)."""
+    cols = {f.column: trace_requests[f.name] for f in REQUEST.columns}
+    extras = [_dumps(e) if e else None for e in request_extra]
+    cols["json"] = extras + [None] * (len(trace_requests) - len(extras))
+    return cols
+
+
+def write_trace(trace: Trace, sink, row_group_rows: int = ROW_GROUP_ROWS):
+    """The whole trace through a TraceWriter: each record type in its own row groups."""
+    w = TraceWriter(sink, row_group_rows, background=False)
+    try:
+        w.add("request", request_columns(trace.requests, trace.request_extra))
+        for rec in TABLES[1:]:
+            df = getattr(trace, rec.table)
+            w.add(rec.type, {f.column: df[f.name] for f in rec.columns})
+        if trace.other:
+            w.add("other", {"t_ms": np.array([float(e.get("t_ms", 0.0)) for e in trace.other]),
+                            "json": [_dumps(e) for e in trace.other]})
+    except BaseException:
+        w.abort()
+        raise
+    w.close(trace.meta, trace.extra)
 
 
 def _to_table(trace: Trace):
     """The whole trace as one Arrow table in the file layout, the document head in its metadata."""
     import pyarrow as pa
-    return pa.concat_tables(_to_tables(trace))
+    import pyarrow.parquet as pq
+    buf = pa.BufferOutputStream()
+    write_trace(trace, buf)
+    return pq.read_table(pa.BufferReader(buf.getvalue()))
 
 
 def to_parquet_bytes(trace: Trace) -> bytes:
     """One file; each record type is written as its own row groups, so a reader can fetch a
     record type's rows and only its columns (row-group statistics name the type)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
-    tables = _to_tables(trace)
     buf = pa.BufferOutputStream()
-    with pq.ParquetWriter(buf, tables[0].schema, compression="zstd") as w:
-        for t in tables:
-            if len(t) or t is tables[0]:
-                w.write_table(t)
+    write_trace(trace, buf)
     return buf.getvalue().to_pybytes()
 
 
