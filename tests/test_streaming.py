@@ -122,7 +122,8 @@ def test_a_huge_pool_costs_nothing_until_used():
 
 def test_columnar_workload_simulates_like_request_objects():
     w = poisson(150, 4)
-    objs = Workload([Request(r.id, r.arrival_ms, r.prompt_tokens, r.max_output_tokens) for r in w.requests], name=w.name)
+    objs = Workload([Request(r.id, r.arrival_ms, r.prompt_tokens, r.max_output_tokens) for r in w.requests],
+                    name=w.name)
     cfg = SchedulerConfig(max_seqs=8, token_budget=128, chunk=32)
     a = simulate(w, cfg, MODEL, created="t")
     b = simulate(objs, cfg, MODEL, created="t")
