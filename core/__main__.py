@@ -55,7 +55,8 @@ def cmd_simulate(a) -> int:
     cfg = from_args(SchedulerConfig, a)
     sm = from_args(StepModel, a)
     if a.out.endswith(".parquet"):  # streamed: the trace is written while it is simulated
-        from core.simulate import simulate_to_parquet
+        from core.simulate import reuse_freed_memory, simulate_to_parquet
+        reuse_freed_memory()
         got = {}
         write_output(a.out, lambda p: got.update(zip(("meta", "counts"), simulate_to_parquet(
             w, cfg, str(p), sm, label=a.label))), "--out")

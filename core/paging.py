@@ -78,14 +78,15 @@ class KVLog:
 
         def column(k, dtype, scalar=lambda v: v):
             # per call: one value (repeated over its blocks) or one value per block
-            per_block = [j for j, c in enumerate(calls) if isinstance(c[k], seq_like)]
-            if len(per_block) == m:
-                return np.concatenate([np.asarray(c[k], dtype=dtype) for c in calls])
-            flat = set(per_block)
-            out = np.repeat(np.fromiter((0 if j in flat else scalar(c[k]) for j, c in enumerate(calls)),
+            vals = [c[k] for c in calls]
+            is_seq = np.fromiter((isinstance(v, seq_like) for v in vals), dtype=bool, count=m)
+            if is_seq.all():
+                return np.concatenate([np.asarray(v, dtype=dtype) for v in vals])
+            out = np.repeat(np.fromiter((0 if q else scalar(v) for v, q in zip(vals, is_seq.tolist())),
                                         dtype=dtype, count=m), lens)
-            for j in per_block:
-                out[starts[j]:starts[j] + len(calls[j][3])] = calls[j][k]
+            if is_seq.any():
+                seqs = [v for v, q in zip(vals, is_seq.tolist()) if q]
+                out[np.repeat(is_seq, lens)] = np.concatenate([np.asarray(v, dtype=dtype) for v in seqs])
             return out
 
         block = np.concatenate([np.asarray(c[3], dtype=np.int64) for c in calls])

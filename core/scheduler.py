@@ -49,6 +49,7 @@ class Batch:
     num_tokens: np.ndarray      # tokens computed for each this step
     start_pos: np.ndarray       # first position written (tokens already cached)
     is_prefill: np.ndarray      # False: a one-token decode after at least one emission
+    emits: np.ndarray | None = None  # the step completes everything known (a token is due); None: compute
 
     @property
     def prefill_tokens(self) -> int:
@@ -241,7 +242,7 @@ class Scheduler:
             n = np.minimum(np.maximum(budget - before, 0), want)
         bs = self.cfg.block_size
         need = (computed + n + (bs - 1)) // bs - self.nblocks[run]
-        return n, need, is_decode
+        return n, need, is_decode, pending
 
     def schedule(self, now_ms: float) -> Batch | None:
         """Choose the next step's batch (None if there is nothing to run now)."""
@@ -254,7 +255,7 @@ class Scheduler:
         cohort_open = cfg.policy == "continuous" or len(run) == 0
         preempted = False
         if len(run):
-            n, need, is_decode = self._plan_running(run, budget)
+            n, need, is_decode, pending = self._plan_running(run, budget)
             while int(need.sum()) > bm.num_free:
                 victim = int(run[-1])           # newest running request
                 freed = bm.free_seq(victim)
@@ -267,17 +268,17 @@ class Scheduler:
                 self.num_preemptions += 1
                 if self.log is not None:
                     self.log.preempts.append(PreemptRecord(victim, now_ms, "kv_full", freed))
-                n, need, is_decode = self._plan_running(run, budget)
+                n, need, is_decode, pending = self._plan_running(run, budget)
             grow = np.flatnonzero(need > 0)
             if len(grow):
                 who = run[grow]
                 bm.grow_many(who.tolist(), need[grow].tolist())
                 self.nblocks[who] += need[grow]
         else:
-            n = np.empty(0, dtype=np.int64)
+            n = pending = np.empty(0, dtype=np.int64)
             is_decode = np.empty(0, dtype=bool)
         used = int(n.sum())
-        new_reqs, new_n = [], []
+        new_reqs, new_n, new_pending = [], [], []
         if cohort_open and not preempted:
             seats = cfg.seats - len(run)
             while self.waiting and seats > 0 and budget - used > 0:
@@ -286,9 +287,9 @@ class Scheduler:
                 known = self.token_ids[r]
                 hits = bm.match_prefix(known, self.salt[r], max_tokens=total - 1) if known else []
                 cached = len(hits) * bs
-                pending = total - cached
-                take = min(pending, cfg.chunk or pending, budget - used)
-                if cfg.chunk is None and take < pending:
+                todo = total - cached
+                take = min(todo, cfg.chunk or todo, budget - used)
+                if cfg.chunk is None and take < todo:
                     break  # the whole prompt must fit in this step's budget
                 cost = bm.admission_cost(hits, cached + take) if hits else -(-(cached + take) // bs)
                 if cost > bm.num_free:
@@ -301,11 +302,13 @@ class Scheduler:
                 self.state[r] = RUNNING
                 new_reqs.append(r)
                 new_n.append(take)
+                new_pending.append(todo)
                 used += take
                 seats -= 1
         if new_reqs:
             run = np.concatenate([run, np.array(new_reqs, dtype=np.int64)])
             n = np.concatenate([n, np.array(new_n, dtype=np.int64)])
+            pending = np.concatenate([pending, np.array(new_pending, dtype=np.int64)])
             is_decode = np.concatenate([is_decode, np.zeros(len(new_reqs), dtype=bool)])
         self.run = run
         k = np.count_nonzero(n)
@@ -315,8 +318,8 @@ class Scheduler:
             reqs, num = run, n
         else:
             active = n > 0
-            reqs, num, is_decode = run[active], n[active], is_decode[active]
-        batch = Batch(self.step, now_ms, reqs, num, self.computed[reqs], ~is_decode)
+            reqs, num, is_decode, pending = run[active], n[active], is_decode[active], pending[active]
+        batch = Batch(self.step, now_ms, reqs, num, self.computed[reqs], ~is_decode, num >= pending)
         free = bm.num_free
         self._pending_step = (len(run), len(self.waiting), bm.num_blocks - free, free)
         self._quiet = not new_reqs and not preempted  # nothing joined or left the running set
@@ -406,20 +409,20 @@ class Scheduler:
         t_end = out.t_end_ms
         bm.now_ms = t_end
         r = batch.reqs
-        self.computed[r] += batch.num_tokens
-        emit = self.computed[r] >= self.prompt_len[r] + self.emitted[r]
+        self.computed[r] = batch.start_pos + batch.num_tokens
+        emit = batch.emits if batch.emits is not None else self.computed[r] >= self.prompt_len[r] + self.emitted[r]
         cancelled = None
         if self.aborts_pending:
             cancelled = self.abort_at[r] <= t_end
             if cancelled.any():
-                emit &= ~cancelled
+                emit = emit & ~cancelled
             else:
                 cancelled = None
         stopped = []
         if out.tokens is None:  # simulated: one token (id unknown) per emitting entry
             er = r[emit]
             idx = self.emitted[er]
-            self.emitted[er] += 1
+            self.emitted[er] = idx + 1
             ids = src = None
         else:
             er, idx, ids, src, stopped = self._take_tokens(batch, out, emit)

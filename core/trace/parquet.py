@@ -87,6 +87,7 @@ class TraceWriter:
             from concurrent.futures import ThreadPoolExecutor
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
         self._pending = []
+        self._null_arrays: dict = {}
 
     def add(self, rtype: str, cols: dict):
         n = len(next(iter(cols.values()))) if cols else 0
@@ -101,33 +102,41 @@ class TraceWriter:
 
     def _array(self, c: str, v):
         pa, t = self._pa, self._types[c]
+        if isinstance(v, pa.ChunkedArray):
+            return v.chunks
         if isinstance(v, pa.Array):
-            return v
+            return [v]
         if c in _ENUMS:
             if isinstance(v, pd.Series):
                 v = v.array
             codes = np.asarray(v.codes if isinstance(v, pd.Categorical) else v, dtype=np.int8)
             missing = codes < 0
-            return pa.DictionaryArray.from_arrays(pa.array(codes, mask=missing if missing.any() else None),
-                                                  pa.array(_ENUMS[c], type=pa.string()))
+            return [pa.DictionaryArray.from_arrays(pa.array(codes, mask=missing if missing.any() else None),
+                                                   pa.array(_ENUMS[c], type=pa.string()))]
         if isinstance(v, pd.Series):
             v = v.to_numpy()
-        return pa.array(v, type=t, from_pandas=True)
+        return [pa.array(v, type=t, from_pandas=True)]
+
+    def _nulls(self, c: str, n: int):
+        # slices of one all-null array per column: fresh zeroed buffers for every row group
+        # cost page faults that dominated writing
+        have = self._null_arrays.get(c)
+        if have is None or len(have) < n:
+            have = self._null_arrays[c] = self._pa.nulls(max(n, 2 * self.row_group_rows), self._types[c])
+        return have.slice(0, n)
 
     def _table(self, rtype: str, parts: list[dict]):
         pa = self._pa
         lens = [len(next(iter(p.values()))) if p else 0 for p in parts]
         n = sum(lens)
-        arrays = [pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int8)), pa.array([rtype]))]
+        arrays = [pa.chunked_array([pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int8)), pa.array([rtype]))])]
         for c in list(COLUMNS)[1:]:
             t = self._types[c]
             if not any(c in p for p in parts):
-                arrays.append(pa.nulls(n, t))
-            elif len(parts) == 1:
-                arrays.append(self._array(c, parts[0][c]))
+                arrays.append(self._nulls(c, n))
             else:
-                arrays.append(pa.chunked_array([self._array(c, p[c]) if c in p else pa.nulls(k, t)
-                                                for p, k in zip(parts, lens)], t).combine_chunks())
+                arrays.append(pa.chunked_array([a for p, k in zip(parts, lens)
+                                                for a in (self._array(c, p[c]) if c in p else [self._nulls(c, k)])], t))
         return pa.Table.from_arrays(arrays, schema=self.schema)
 
     def _flush(self, rtype: str, whole_groups: bool = False):
@@ -140,7 +149,7 @@ class TraceWriter:
         cut = n - n % rg if whole_groups else n
         if cut < n:  # keep the remainder for the next row group
             rest = t.slice(cut)
-            self._buf[rtype] = [{c: rest.column(c).combine_chunks() for c in COLUMNS
+            self._buf[rtype] = [{c: rest.column(c) for c in COLUMNS
                                  if c != "rtype" and rest.column(c).null_count < len(rest)}]
             self._rows[rtype] = n - cut
             t = t.slice(0, cut)
