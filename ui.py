@@ -24,7 +24,7 @@ import streamlit as st
 
 from core.compare import per_request_table, run_policies, steps_taken, summary_table, thin_sample_notes, tradeoff
 from core.config import SchedulerConfig
-from core.cursor import in_flight_series
+from core.cursor import in_flight_series, row_index, time_range
 from core.errors import InputError
 from core.figures.latency import metric_comparison_bars
 from core.figures.timeline import schedule_timeline
@@ -122,7 +122,8 @@ URL_KEYS: dict[str, UrlKey] = {
 
 # Values of `sc`: label (as it appears in links) -> built-in scenario name.
 SCENARIO_LABELS = {"Chapter 31": "chapter31", "Burst 5": "burst5", "Shared prefix": "shared_prefix",
-                   "Poisson 2000": "poisson2000", "Custom": "custom", "Upload": "upload"}
+                   "Poisson 2000": "poisson2000",
+                   "Poisson 10000": "poisson10000", "Custom": "custom", "Upload": "upload"}
 
 
 def bound(key: str) -> dict:
@@ -209,8 +210,15 @@ def cached_given(name: str) -> list[tuple[str, Trace]]:
     return given_schedules(name)
 
 
-_SCHEDULE_VIEWS = {"timeline": schedule_timeline, "summary": summary_table, "requests": per_request_table,
-                   "tradeoff": tradeoff, "steps": steps_taken, "thin": thin_sample_notes,
+def _summaries(schedules):
+    return [derived(tr, "summary") for _, tr in schedules]
+
+
+_SCHEDULE_VIEWS = {"timeline": schedule_timeline,
+                   "summary": lambda s, window, usd: summary_table(s, window, usd, _summaries(s)),
+                   "requests": per_request_table,
+                   "tradeoff": lambda s, a, b: tradeoff(s, a, b, schedule_view("requests", s)),
+                   "steps": steps_taken, "thin": lambda s: thin_sample_notes(s, _summaries(s)),
                    "e2e_bars": lambda s: metric_comparison_bars(per_request_table(s), "e2e_ms")}
 
 
@@ -263,7 +271,8 @@ def cached_block_states(trace: Trace, max_snapshots: int = 160):
     return _block_states(trace, max_snapshots)[1]
 
 
-_DERIVED = {"summary": summarize, "requests": request_metrics, "in_flight": in_flight_series}
+_DERIVED = {"summary": summarize, "requests": request_metrics, "in_flight": in_flight_series, "rows": row_index,
+            "span": time_range}
 
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
@@ -272,7 +281,9 @@ def _derived(trace: Trace, what: str):
 
 
 def derived(trace: Trace, what: str):
-    """Per-trace results that do not depend on the cursor ("summary", "requests", "in_flight")."""
+    """Per-trace results that do not depend on the cursor ("summary", "requests", "in_flight",
+    "span": the cursor's range, "rows": where each request's rows and each step's batch
+    entries are, for `subset`/`step_at`)."""
     return _derived(trace, what)[1]
 
 

@@ -78,9 +78,11 @@ def per_request_table(schedules: list[tuple[str, Trace]]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def tradeoff(schedules: list[tuple[str, Trace]], base: str, other: str) -> pd.DataFrame:
-    """Per request: E2E under `base` and `other` and the change (negative = finishes sooner)."""
-    t = per_request_table([s for s in schedules if s[0] in (base, other)])
+def tradeoff(schedules: list[tuple[str, Trace]], base: str, other: str,
+             table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per request: E2E under `base` and `other` and the change (negative = finishes sooner).
+    `table`: the schedules' per_request_table, when the caller has it."""
+    t = per_request_table([s for s in schedules if s[0] in (base, other)]) if table is None else table
     a = t[t["schedule"] == base].set_index("request")["e2e_ms"]
     b = t[t["schedule"] == other].set_index("request")["e2e_ms"]
     d = pd.DataFrame({"request": a.index, f"E2E {base}": a.to_numpy(), f"E2E {other}": b.reindex(a.index).to_numpy()})
@@ -90,12 +92,13 @@ def tradeoff(schedules: list[tuple[str, Trace]], base: str, other: str) -> pd.Da
 
 
 def summary_table(schedules: list[tuple[str, Trace]], window: tuple[float, float] | None,
-                  usd_per_hour: float) -> pd.DataFrame:
+                  usd_per_hour: float, summaries: list[dict] | None = None) -> pd.DataFrame:
+    """`summaries`: summarize(trace) of each schedule, when the caller has them."""
     rows = []
-    for label, tr in schedules:
+    for i, (label, tr) in enumerate(schedules):
         drain = throughput(tr)
         cost, per_1k = cost_usd(drain, usd_per_hour)
-        s = summarize(tr)["summary"]
+        s = (summarize(tr) if summaries is None else summaries[i])["summary"]
         row = {"schedule": label, "origin": tr.source, "steps": len(tr.steps) if len(tr.steps) else None,
                "output tokens": drain.emitted_tokens,
                "drain window ms": f"[{drain.start_ms:g}, {drain.end_ms:g}]",
@@ -110,9 +113,11 @@ def summary_table(schedules: list[tuple[str, Trace]], window: tuple[float, float
     return pd.DataFrame(rows)
 
 
-def thin_sample_notes(schedules: list[tuple[str, Trace]]) -> list[str]:
+def thin_sample_notes(schedules: list[tuple[str, Trace]], summaries: list[dict] | None = None) -> list[str]:
     """The first schedule's notes on samples too few for a percentile (the workload decides them)."""
-    return summarize(schedules[0][1])["summary"]["notes"] if schedules else []
+    if not schedules:
+        return []
+    return (summarize(schedules[0][1]) if summaries is None else summaries[0])["summary"]["notes"]
 
 
 # ---- two traces of the same workload -------------------------------------------------------

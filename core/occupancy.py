@@ -98,26 +98,37 @@ def block_states(trace, times_ms=None, num_blocks: int | None = None, max_snapsh
     takes = is_op("alloc", "hit", "cow", "cache")
     ev_state = np.where(r > 1, SHARED, np.where(r == 1, OWNED, np.where(has_hash & is_op("free"), CACHED, FREE)))
     ev_state[is_op("evict")] = FREE
-    order = np.argsort(blk, kind="stable")          # by block, then recorded order
-    blk_s, t_s = blk[order], t[order]
-    # One search for every (block, snapshot): events keyed by (block, time rank); the last
-    # event at or before each snapshot is the one whose key is the last <= the query's.
-    grid = np.unique(np.concatenate([t_s, times]))
-    span = len(grid) + 1
-    key = blk_s.astype(np.int64) * span + np.searchsorted(grid, t_s)
+    # by block, then recorded order (on 32-bit ids when they fit: the sort is ~3x faster than on int64)
+    narrow = blk.min() >= -2**31 and blk.max() < 2**31
+    order = np.argsort(blk.astype(np.int32) if narrow else blk, kind="stable")
+    blk_s = blk[order]
+    # One search for every (block, snapshot): events keyed by (block, the first snapshot at or
+    # after the event); the last event at or before snapshot s is the last whose key is <= the
+    # key (block, s).
+    by_time = np.argsort(times, kind="stable")      # times as given may be in any order
+    rank = np.empty(S, dtype=np.int64)
+    rank[by_time] = np.arange(S)
+    span = S + 1
+    key = blk_s.astype(np.int64) * span + np.searchsorted(times[by_time], t[order], side="left")
     bb = np.arange(B, dtype=np.int64)
-    q = bb[:, None] * span + np.searchsorted(grid, times)[None, :]
+    q = bb[:, None] * span + rank[None, :]
     last = np.searchsorted(key, q.ravel(), side="right") - 1
-    ok = (last >= 0) & (blk_s[np.maximum(last, 0)] == np.repeat(bb, S))
-    ev = order[last[ok]]
-    rows, cols = np.divmod(np.flatnonzero(ok), S)
-    state[rows, cols] = ev_state[ev]
-    ref[rows, cols] = r[ev]
-    # owner: the last taking event (alloc/hit/cow/cache) of the same block up to that event
-    took = np.maximum.accumulate(np.where(takes[order], np.arange(len(order)), -1))
-    o = took[last[ok]]
-    same = (o >= 0) & (blk_s[np.maximum(o, 0)] == rows)
-    owner[rows, cols] = np.where(same & (state[rows, cols] >= OWNED), req[order[np.maximum(o, 0)]], -1)
+    # the cell has an event when that last event is its own block's (not an earlier block's)
+    ok = last >= np.repeat(np.searchsorted(blk_s, bb, side="left"), S)
+    cells = np.flatnonzero(ok)                        # row-major (block, snapshot) cells with an event
+    lo = last[cells]                                  # events in block order: gathers stay local
+    st = ev_state[order].astype(np.int8)[lo]
+    state.reshape(-1)[cells] = st
+    ref.reshape(-1)[cells] = r[order].astype(np.int32)[lo]
+    # owner: the last taking event (alloc/hit/cow/cache) of the same block up to each event;
+    # a block's first event is a mark too, so a take is found only within its block
+    takes_s = takes[order]
+    n = len(order)
+    first = np.r_[True, blk_s[1:] != blk_s[:-1]] if n else np.zeros(0, dtype=bool)
+    mark = np.maximum.accumulate(np.where(takes_s | first, np.arange(n), -1))
+    took = np.where(takes_s[np.maximum(mark, 0)] & (mark >= 0), mark, -1)
+    o = took[lo]
+    owner.reshape(-1)[cells] = np.where((o >= 0) & (st >= OWNED), req[order][np.maximum(o, 0)], -1)
     return Occupancy(times, state, ref, owner, B)
 
 

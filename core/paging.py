@@ -36,78 +36,93 @@ class OutOfBlocks(RuntimeError):
 
 
 class KVLog:
-    """Record of block events, one row per block touched. Rows are stored per call (a
-    call touches a run of blocks) and expanded into columns on demand, which keeps
-    recording cheap in long simulations."""
+    """Record of block events, one row per block touched, written straight into typed column
+    buffers (a call touches a run of blocks: one slice assignment per column), so recording
+    stays cheap and `columns()` only joins buffers. Sequence ids are the scheduler's integer
+    request indices; other ids (direct users name sequences anything) switch the `req`
+    column to Python objects."""
+
+    CHUNK = 1 << 16
+    _NUM = (("t_ms", np.float64), ("op", np.int8), ("req", np.int64), ("block", np.int64), ("logical", np.int64),
+            ("ref", np.int64), ("src", np.int64))
+    _OPS = {op: i for i, op in enumerate(KV_OPS)}
 
     def __init__(self):
-        # (t_ms, op, seq, blocks, logical0, logical_step, refs (list|int), hashes (list|None), src)
-        self.calls: list[tuple] = []
+        self.clear()
+
+    def clear(self):
+        """Forget what was recorded (a streaming writer has taken it)."""
+        self._done: list[dict] = []          # full buffers, trimmed
+        self._buf = None
+        self._n = 0
+        self._hashes: list[tuple[int, list]] = []   # (first row, hashes of the call's blocks)
+        self._obj_req: list | None = None    # the req column as objects, once a non-integer id appeared
         self.rows = 0
 
+    def _room(self, k: int):
+        if self._buf is not None:
+            if self._n + k <= len(self._buf["block"]):
+                return
+            self._done.append({c: v[:self._n] for c, v in self._buf.items()})
+        size = max(self.CHUNK, k)
+        self._buf = {c: np.empty(size, dt) for c, dt in self._NUM}
+        self._n = 0
+
     def add(self, t, op, seq, blocks, logical0, step, refs, hashes=None, src=-1):
-        # seq: one id, or a list with one per block; logical0: first logical index
-        # (then + step per block), or a list with one per block (step 0)
-        self.calls.append((t, op, seq, blocks, logical0, step, refs, hashes, src))
-        self.rows += len(blocks)
+        """t: one time or one per block; seq: one id (None: no owner) or one per block;
+        logical0: the first logical index (then + step per block), or one per block (step 0);
+        refs: one count or one per block; hashes: one per block (bytes or None) or None."""
+        k = len(blocks)
+        if not k:
+            return
+        self._room(k)
+        b, i = self._buf, self._n
+        j = i + k
+        b["t_ms"][i:j] = t
+        b["op"][i:j] = self._OPS[op]
+        b["block"][i:j] = blocks
+        b["logical"][i:j] = np.arange(logical0, logical0 + step * k, step) if step else logical0
+        b["ref"][i:j] = refs
+        b["src"][i:j] = src
+        owner = -1 if seq is None else seq
+        if self._obj_req is None:
+            try:
+                if not isinstance(owner, (int, np.integer, list, np.ndarray)) or isinstance(owner, bool):
+                    raise TypeError(owner)
+                b["req"][i:j] = owner
+            except (TypeError, ValueError):   # a sequence named by something other than an int
+                self._obj_req = self._req_ints().astype(object).tolist()
+        if self._obj_req is not None:
+            self._obj_req += list(owner) if isinstance(owner, (list, np.ndarray)) else [owner] * k
+        if hashes is not None:
+            self._hashes.append((self.rows, hashes))
+        self._n = j
+        self.rows += k
+
+    def _parts(self) -> list[dict]:
+        return self._done + ([{c: v[:self._n] for c, v in self._buf.items()}] if self._buf is not None else [])
+
+    def _req_ints(self) -> np.ndarray:
+        parts = self._parts()
+        return np.concatenate([p["req"] for p in parts]) if parts else np.empty(0, np.int64)
 
     def __len__(self):
         return self.rows
 
-    def clear(self):
-        """Forget the recorded calls (a streaming writer has taken them)."""
-        self.calls = []
-        self.rows = 0
-
     def columns(self) -> dict:
         """Columns t_ms, op (codes into KV_OPS), req (-1: none), block, logical, ref,
-        hash (16 hex chars or None; None for the whole column when no call has hashes), src.
-        A call's t_ms, seq, logical and refs may be per-block sequences (then logical's step
-        is 0)."""
-        calls = self.calls
-        if not calls:
-            return {"t_ms": np.empty(0), "op": np.empty(0, np.int8), "req": np.empty(0, np.int64),
-                    "block": np.empty(0, np.int64), "logical": np.empty(0, np.int64),
-                    "ref": np.empty(0, np.int64), "hash": None, "src": np.empty(0, np.int64)}
-        m = len(calls)
-        lens = np.fromiter(map(len, (c[3] for c in calls)), dtype=np.int64, count=m)
-        total = int(lens.sum())
-        starts = (np.cumsum(lens) - lens).tolist()
-        seq_like = (list, np.ndarray, range)
-        ops = {op: i for i, op in enumerate(KV_OPS)}
-
-        def column(k, dtype, scalar=lambda v: v):
-            # per call: one value (repeated over its blocks) or one value per block
-            vals = [c[k] for c in calls]
-            is_seq = np.fromiter((isinstance(v, seq_like) for v in vals), dtype=bool, count=m)
-            if is_seq.all():
-                return np.concatenate([np.asarray(v, dtype=dtype) for v in vals])
-            out = np.repeat(np.fromiter((0 if q else scalar(v) for v, q in zip(vals, is_seq.tolist())),
-                                        dtype=dtype, count=m), lens)
-            if is_seq.any():
-                seqs = [v for v, q in zip(vals, is_seq.tolist()) if q]
-                out[np.repeat(is_seq, lens)] = np.concatenate([np.asarray(v, dtype=dtype) for v in seqs])
-            return out
-
-        block = np.concatenate([np.asarray(c[3], dtype=np.int64) for c in calls])
-        within = np.arange(total) - np.repeat(np.asarray(starts, dtype=np.int64), lens)
-        logical = column(4, np.int64) + np.repeat(np.fromiter((c[5] for c in calls), np.int64, m), lens) * within
-        hashes = None
-        if any(c[7] is not None for c in calls):
-            hashes = [None] * total
-            for c, n, pos in zip(calls, lens.tolist(), starts):
-                if c[7] is not None:
-                    hashes[pos:pos + n] = [h.hex()[:16] if h else None for h in c[7]]
-        try:  # the scheduler uses integer request indices (-1: no owner) ...
-            req = column(2, np.int64, lambda v: -1 if v is None else v)
-        except (TypeError, ValueError):  # ... direct users may name sequences anything
-            from itertools import chain, repeat
-            req = np.array(list(chain.from_iterable(
-                c[2] if isinstance(c[2], seq_like) else repeat(c[2], len(c[3])) for c in calls)), dtype=object)
-        return {"t_ms": column(0, np.float64),
-                "op": np.repeat(np.fromiter((ops[c[1]] for c in calls), np.int8, m), lens),
-                "req": req, "block": block, "logical": logical, "ref": column(6, np.int64), "hash": hashes,
-                "src": np.repeat(np.fromiter((c[8] for c in calls), np.int64, m), lens)}
+        hash (16 hex chars or None; None for the whole column when no call has hashes), src."""
+        parts = self._parts()
+        out = {c: (np.concatenate([p[c] for p in parts]) if parts else np.empty(0, dt)) for c, dt in self._NUM}
+        if self._obj_req is not None:
+            out["req"] = np.array(self._obj_req, dtype=object)
+        out["hash"] = None
+        if self._hashes:
+            col = [None] * self.rows
+            for pos, hs in self._hashes:
+                col[pos:pos + len(hs)] = [h.hex()[:16] if h else None for h in hs]
+            out["hash"] = col
+        return out
 
 
 def block_hash(parent: bytes | None, tokens, extra: bytes) -> bytes:
@@ -285,8 +300,8 @@ class BlockManager:
             logical.append(len(t))
             t.append(b)
         if self.log is not None:
-            self._rec("alloc", list(owners), new, logical, 0, 1)
-            self.log.calls[-1] = (list(times_ms),) + self.log.calls[-1][1:]
+            self.counts["alloc"] += n
+            self.log.add(list(times_ms), "alloc", list(owners), new, logical, 0, 1)
         else:
             self.counts["alloc"] += n
         return True

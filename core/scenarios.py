@@ -29,6 +29,7 @@ SCENARIOS = {
     "burst5": "Burst of five, outputs [5, 20, 10, 15, 10]",
     "shared_prefix": "Chat with shared system prompts (200 requests)",
     "poisson2000": "Poisson traffic, 2,000 requests",
+    "poisson10000": "Poisson traffic, 10,000 requests (production-sized: aggregated views)",
     "custom": "Edit my own",
     "upload": "Upload a workload file",
 }
@@ -82,6 +83,9 @@ SCHEDULE_PRESETS = {
     "poisson2000": SchedulePreset(("continuous", "chunked"),
                                   {**_NO_LIMITS, "max_seqs": 256, "token_budget": 8192, "chunk": 512},
                                   _affine(5.0, 0.02, 0.05)),
+    "poisson10000": SchedulePreset(("continuous", "chunked"),
+                                   {**_NO_LIMITS, "max_seqs": 256, "token_budget": 8192, "chunk": 512},
+                                   _affine(5.0, 0.02, 0.05)),
     "custom": SchedulePreset(ALL_POLICIES, {**_NO_LIMITS, "chunk": 2}, _CHAPTER_STEPS),
     "upload": SchedulePreset(("continuous", "chunked"),
                              {**_NO_LIMITS, "max_seqs": 64, "token_budget": 4096, "chunk": 512},
@@ -100,6 +104,8 @@ def load_scenario(name: str) -> Workload:
         return load_workload(DATA / "workloads" / "shared_prefix_200.json")
     if name == "poisson2000":
         return poisson_workload(2000, rate_per_s=20.0, seed=2000)
+    if name == "poisson10000":
+        return poisson_workload(10_000, rate_per_s=50.0, seed=10_000)
     raise ConfigError(f"scenario: unknown built-in {name!r}")
 
 

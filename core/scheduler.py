@@ -81,28 +81,19 @@ class Scheduler:
         """`workload` None: no requests yet (a server adds them with add_request)."""
         self.cfg = config
         self.stop_token_ids = frozenset(stop_token_ids)  # a request emitting one of these stops (EOS)
-        if workload is not None and workload.plain:  # lengths and arrivals only: read the columns
-            self.ids = workload.ids
-            self.n = len(workload)
-            self.prompt_len = workload.prompt_tokens.astype(np.int64)
-            self.out_len = workload.max_output_tokens.astype(np.int64)
-            self.arrival = workload.arrival_ms.astype(np.float64)
-            self.salt = [None] * self.n
-            self.token_ids = [None] * self.n
-            self.aborts = []
-            self.abort_at = np.full(self.n, np.inf)
-        else:
-            reqs = workload.requests if workload is not None else []
-            self.ids = [r.id for r in reqs]
-            self.n = len(reqs)
-            self.prompt_len = np.array([r.prompt_tokens for r in reqs], dtype=np.int64)
-            self.out_len = np.array([r.max_output_tokens for r in reqs], dtype=np.int64)
-            self.arrival = np.array([r.arrival_ms for r in reqs], dtype=np.float64)
-            self.salt = [r.tenant for r in reqs]
-            # Known token ids per request (prompt, then outputs when the caller supplies them).
-            self.token_ids = [list(r.prompt_ids) if r.prompt_ids is not None else None for r in reqs]
-            self.aborts = sorted((r.abort_at_ms, i) for i, r in enumerate(reqs) if r.abort_at_ms is not None)
-            self.abort_at = np.array([np.inf if r.abort_at_ms is None else r.abort_at_ms for r in reqs])
+        w = workload
+        self.ids = list(w.ids) if w is not None else []
+        self.n = n = len(self.ids)
+        self.prompt_len = w.prompt_tokens.astype(np.int64) if n else np.empty(0, np.int64)
+        self.out_len = w.max_output_tokens.astype(np.int64) if n else np.empty(0, np.int64)
+        self.arrival = w.arrival_ms.astype(np.float64) if n else np.empty(0)
+        reqs = w.requests if n and not w.plain else [None] * n   # per-request fields beyond the columns
+        self.salt = [r and r.tenant for r in reqs]
+        # Known token ids per request (prompt, then outputs when the caller supplies them).
+        self.token_ids = [list(r.prompt_ids) if r and r.prompt_ids is not None else None for r in reqs]
+        abort = [r.abort_at_ms if r else None for r in reqs]
+        self.aborts = sorted((t, i) for i, t in enumerate(abort) if t is not None)
+        self.abort_at = np.array([np.inf if t is None else t for t in abort], dtype=np.float64)
         self.aborts_pending = bool(self.aborts)
         bs = config.block_size
         # KV slots a request ever needs: the last output token is never fed back.

@@ -7,6 +7,7 @@ Step-time models are in core.stepmodel.
 from __future__ import annotations
 
 import gc
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,8 +17,10 @@ from core.errors import ConfigError
 from core.scheduler import Batch, Scheduler
 from core.steplog import StepLog, StepOutput
 from core.stepmodel import StepModel, fit_affine  # noqa: F401  (StepModel, fit_affine: re-exported)
-from core.trace import Trace
 from core.workload import Workload
+
+if TYPE_CHECKING:
+    from core.trace import Trace
 
 
 class StepTimeExecutor:
@@ -71,20 +74,18 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
     pyarrow output stream) while the simulation runs: the log is handed to a
     core.trace.parquet.TraceWriter every `flush_steps` steps and forgotten, so memory stays
     bounded by the run's live state, not its length. Reading the file back gives exactly
-    the trace `simulate` returns (tests check). Returns (meta, rows per record type)."""
-    from core.trace.build import log_records, new_trace
-    from core.trace.parquet import ROW_GROUP_ROWS, TraceWriter, request_columns
+    the trace `simulate` returns (tests check). Returns (meta, rows per record type). Needs
+    neither pandas nor Request objects for a plain workload."""
+    from core.steplog import log_records
+    from core.trace.writer import ROW_GROUP_ROWS, TraceWriter, _dumps, workload_request_rows
     writer = TraceWriter(sink, row_group_rows or ROW_GROUP_ROWS)
     try:
-        head = new_trace({}, workload)
-        writer.add("request", request_columns(head.requests, head.request_extra if not workload.plain else []))
-        del head
+        writer.add("request", workload_request_rows(workload))
 
         def drain(log: StepLog):
             for rtype, cols in log_records(log).items():
                 writer.add(rtype, {k: v for k, v in cols.items() if v is not None})
             if log.other:
-                from core.trace.parquet import _dumps
                 writer.add("other", {"t_ms": np.array([float(e.get("t_ms", 0.0)) for e in log.other]),
                                      "json": [_dumps(e) for e in log.other]})
             log.clear()

@@ -84,3 +84,84 @@ class StepLog:
         self.steps, self.batch_parts, self.token_parts = [], [], []
         self.finishes, self.preempts, self.token_sources, self.other = [], [], [], []
         self.kv.clear()
+
+
+LOG_STEP_FIELDS = ("step", "t_ms", "dur_ms", "running", "waiting", "kv_used_blocks", "kv_free_blocks")
+STEP_DTYPES = {name: (float if name in ("t_ms", "dur_ms") else np.int64) for name in LOG_STEP_FIELDS}
+
+
+def spread(values: list, lens: np.ndarray, dtype) -> np.ndarray:
+    """One column from per-part values, each a scalar (repeated over its part's `lens` rows)
+    or an array of exactly that many rows."""
+    arr = [isinstance(v, np.ndarray) for v in values]
+    if not any(arr):
+        return np.repeat(np.array(values, dtype=dtype), lens)
+    if all(arr):
+        return np.concatenate(values).astype(dtype, copy=False)
+    out = np.repeat(np.array([0 if a else v for v, a in zip(values, arr)], dtype=dtype), lens)
+    out[np.repeat(np.array(arr), lens)] = np.concatenate([v for v, a in zip(values, arr) if a])
+    return out
+
+
+def _steps(entries: list) -> dict:
+    # Entries are single steps (scalars) or runs (arrays), in order; consecutive singles are
+    # gathered into one part.
+    parts, singles = [], []
+    for e in entries:
+        if not isinstance(e[0], np.ndarray):
+            singles.append(e)
+            continue
+        if singles:
+            parts.append(list(zip(*singles)))
+            singles = []
+        parts.append(e)
+    if singles:
+        parts.append(list(zip(*singles)))
+    return {name: np.concatenate([np.asarray(p[i], dtype=STEP_DTYPES[name]) for p in parts])
+            for i, name in enumerate(LOG_STEP_FIELDS)}
+
+
+def log_records(log) -> dict:
+    """What the StepLog holds, as columns per record type: {rtype: {field: values}} for
+    token, finish, step, batch, kv and preempt (types with no rows are left out). Enum fields
+    are int8 codes into the field's values (schema.py); a KV hash column of None means no
+    block was hashed. Builds nothing per row in Python (core.trace turns it into tables, or a
+    TraceWriter streams it)."""
+    out = {}
+    if log.token_parts:
+        reqs, index, t, ids = zip(*log.token_parts)
+        lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
+        n = int(lens.sum())
+        # A part's time is one scalar (a step) or one per token (a fast-forwarded run of steps).
+        tid = (spread([-1 if x is None else x for x in ids], lens, np.int64) if any(x is not None for x in ids)
+               else np.full(n, -1, dtype=np.int64))
+        src = getattr(log, "token_sources", None)
+        codes = (spread([0 if c is None else c for c in src], lens, np.int8) if src and any(c is not None for c in src)
+                 else np.zeros(n, dtype=np.int8))
+        out["token"] = {"t_ms": spread(list(t), lens, np.float64), "req": np.concatenate(reqs),
+                        "index": np.concatenate(index), "source": codes,
+                        "token_id": tid}
+    if log.finishes:
+        req, t, reason = (list(c) for c in zip(*log.finishes))
+        out["finish"] = {"t_ms": np.array(t, dtype=float), "req": np.array(req, dtype=np.int64), "reason": reason}
+    if log.steps:
+        out["step"] = _steps(log.steps)
+        # A part's step is one index, or an array of steps that all ran the same batch.
+        steps, reqs, tokens, prefill = zip(*log.batch_parts)
+        runs = [isinstance(x, np.ndarray) for x in steps]
+        if any(runs):  # a fast-forwarded run: its batch repeats once per step
+            k = [len(x) if r else 1 for x, r in zip(steps, runs)]
+            reqs, tokens, prefill = ([np.tile(v, j) if j > 1 or r else v for v, j, r in zip(col, k, runs)]
+                                     for col in (reqs, tokens, prefill))
+            steps = [np.repeat(x, len(v) // len(x)) if r else x for x, v, r in zip(steps, reqs, runs)]
+        lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
+        out["batch"] = {"step": spread(list(steps), lens, np.int64), "req": np.concatenate(reqs),
+                        "tokens": np.concatenate(tokens),
+                        "kind": np.concatenate(prefill).astype(np.int8)}
+    if len(log.kv):
+        out["kv"] = log.kv.columns()
+    if log.preempts:
+        req, t, reason, freed = (list(c) for c in zip(*log.preempts))
+        out["preempt"] = {"t_ms": np.array(t, dtype=float), "req": np.array(req, dtype=np.int64), "reason": reason,
+                          "freed_blocks": np.array(freed, dtype=np.int64)}
+    return out

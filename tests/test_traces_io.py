@@ -53,7 +53,7 @@ def test_typed_fast_path_and_generic_path_agree():
 
 @pytest.mark.parametrize("name", ["spec_measured_cpu.json", "tiles_measured_cpu_triton.json"])
 def test_fast_path_keeps_verbatim_events(name):
-    from core.trace.jsoncodec import decode_fast
+    from core.trace.jsonstream import decode_fast
     raw = (DATA / "traces" / name).read_bytes()
     fast = decode_fast(raw, name)                       # None would mean: refused, left to the precise path
     assert fast is not None and fast.to_doc() == trace_from_doc(json.loads(raw), name).to_doc()

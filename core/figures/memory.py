@@ -36,7 +36,10 @@ def occupancy_heatmap(occ: Occupancy, ids: list[str], cursor_index: int | None =
     step = max(1, -(-B // max_blocks))
     rows = np.arange(0, B, step)
     state, ref, owner = state[rows], ref[rows], owner[rows]
-    text = np.where(state == SHARED, ref.astype(str), "")
+    # shared blocks' ref counts as cell text; no text array at all when nothing is shared (a
+    # large grid's 10^5 empty strings cost more to build and send than the rest of the figure)
+    shared = state == SHARED
+    text = np.where(shared, ref.astype(str), "") if shared.any() else None
     colorscale = []
     for k in (FREE, CACHED, OWNED, SHARED):
         colorscale += [[k / 4, STATE_COLORS[k]], [(k + 1) / 4, STATE_COLORS[k]]]
@@ -52,9 +55,11 @@ def occupancy_heatmap(occ: Occupancy, ids: list[str], cursor_index: int | None =
     else:
         extra = dict(hovertemplate="block %{y} at %{x:.3f} ms<br>state %{z} "
                                    "(0 free, 1 cached-free, 2 owned, 3 shared)<extra></extra>")
+    if text is not None:
+        extra.update(text=text, texttemplate="%{text}")
     fig = go.Figure(go.Heatmap(
         z=state.astype(np.int8), x=occ.times_ms, y=rows, zmin=0, zmax=4, colorscale=colorscale,
-        text=text, texttemplate="%{text}", xgap=0.5 if detailed else 0, ygap=0.5 if detailed else 0,
+        xgap=0.5 if detailed else 0, ygap=0.5 if detailed else 0,
         colorbar=dict(tickvals=[0.5, 1.5, 2.5, 3.5], ticktext=list(STATE_NAMES), title="block"), **extra))
     if cursor_index is not None and 0 <= cursor_index < len(occ.times_ms):
         fig.add_vline(x=float(occ.times_ms[cursor_index]), line_color="#d62728", line_width=2)

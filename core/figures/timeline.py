@@ -76,7 +76,8 @@ def aggregate_timeline(schedules: list[tuple[str, object]], groups: int = GROUPS
         group_of = np.empty(n, dtype=np.int64)
         group_of[order] = np.arange(n) * g // max(n, 1)
         counts = state_counts(sp, group_of, g, centers)
-        first_ids = [tr.ids[order[i * n // g]] for i in range(g)]
+        ids = tr.requests["id"].to_numpy()
+        first_ids = [ids[order[i * n // g]] for i in range(g)]
         sizes = np.bincount(group_of, minlength=g)
         custom = np.stack([counts[0], counts[1], counts[2], np.broadcast_to(sizes[:, None], counts[0].shape)], -1)
         fig.add_trace(go.Heatmap(

@@ -14,26 +14,36 @@ Modules, by job:
 """
 from __future__ import annotations
 
-from core.trace.build import given_trace, new_trace, trace_from_log
-from core.trace.engines import Imported, file_summary_comparison, file_window_comparison, import_vllm, looks_like_vllm
-from core.trace.jsoncodec import no_gc, parse_json_bytes
-from core.trace.model import Trace
-from core.trace.open import load_trace, open_trace, parse_trace
-from core.trace.parquet import PARQUET_KEY, is_parquet, to_parquet_bytes, trace_from_parquet
-from core.trace.schema import (
-    BATCH_COLS,
-    FINISH_COLS,
-    KINDS,
-    KV_COLS,
-    PREEMPT_COLS,
-    REQUEST_FIELDS,
-    SCHEMA,
-    SOURCES,
-    STEP_COLS,
-    TOKEN_COLS,
-    TOKEN_SOURCES,
-)
-from core.trace.validate import trace_from_doc
+import importlib
+
+# Submodules load on first use (PEP 562), so a streamed simulation, which needs only the
+# schema and the Parquet writer, never imports pandas.
+_WHERE = {
+    "given_trace": "build", "new_trace": "build", "trace_from_log": "build",
+    "Imported": "engines", "file_summary_comparison": "engines", "file_window_comparison": "engines",
+    "import_vllm": "engines", "looks_like_vllm": "engines",
+    "no_gc": "jsoncodec", "parse_json_bytes": "jsoncodec",
+    "Trace": "model",
+    "load_trace": "open", "open_trace": "open", "parse_trace": "open",
+    "PARQUET_KEY": "parquet", "is_parquet": "parquet", "to_parquet_bytes": "parquet", "trace_from_parquet": "parquet",
+    "BATCH_COLS": "schema", "FINISH_COLS": "schema", "KINDS": "schema", "KV_COLS": "schema",
+    "PREEMPT_COLS": "schema", "REQUEST_FIELDS": "schema", "SCHEMA": "schema", "SOURCES": "schema",
+    "STEP_COLS": "schema", "TOKEN_COLS": "schema", "TOKEN_SOURCES": "schema",
+    "trace_from_doc": "validate",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))
+
 
 __all__ = ["BATCH_COLS", "FINISH_COLS", "Imported", "KINDS", "KV_COLS", "PARQUET_KEY", "PREEMPT_COLS",
            "REQUEST_FIELDS", "SCHEMA", "SOURCES", "STEP_COLS", "TOKEN_COLS", "TOKEN_SOURCES", "Trace",

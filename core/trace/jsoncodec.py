@@ -11,6 +11,11 @@ generated from the declarations, several times faster than generic JSON objects,
 and tiles, wrong types, out-of-range values, broken cross-event rules) goes to the precise
 path in validate.py, which parses the document generically and either builds the trace
 or names the first problem.
+
+The fast path streams (`decode_fast`, see "streaming" below): gzip is inflated and the
+events decoded a slice of about STREAM_CHUNK bytes at a time into growing columns, so the
+whole text and all the typed events never coexist; documents in another layout than ours
+go to the same decoder run on the whole document (`_decode_whole`).
 """
 from __future__ import annotations
 
@@ -244,8 +249,9 @@ def _events(raw: bytes) -> tuple[list, list]:
         return events, [msgspec.json.decode(r) for r, k in zip(raws, kinds) if not k]
 
 
-def decode_fast(raw: bytes, name: str) -> Trace | None:
-    """The trace in `raw` (uncompressed JSON bytes), or None when the fast path refuses it."""
+def _decode_whole(raw, name: str) -> Trace | None:
+    """The whole-document fast decoder: the trace in `raw` (all of the uncompressed JSON), or
+    None when refused. The streaming decoder's fallback for documents not in its layout."""
     try:
         top = _TOP.decode(raw)
         events, other = _events(top["events"])
@@ -257,4 +263,3 @@ def decode_fast(raw: bytes, name: str) -> Trace | None:
         return trace_from_doc(doc, name, fast_events=lambda index_of: _tables(events, other, index_of))
     except (TraceError, BadColumn, OverflowError):
         return None  # the precise path words the problem (it sees the original events)
-

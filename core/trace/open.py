@@ -10,7 +10,8 @@ from pathlib import Path
 
 from core.errors import TraceError, read_input_file
 from core.trace.engines import Imported, import_vllm, looks_like_vllm
-from core.trace.jsoncodec import decode_fast, gunzip, no_gc, parse_json_bytes
+from core.trace.jsoncodec import no_gc, parse_json_bytes
+from core.trace.jsonstream import decode_fast
 from core.trace.model import Trace
 from core.trace.parquet import is_parquet, trace_from_parquet
 from core.trace.validate import trace_from_doc
@@ -23,8 +24,7 @@ def _read(data: bytes | str, name: str, engines: bool) -> Trace | Imported:
         elif is_parquet(data):
             return trace_from_parquet(data, name)
         else:
-            data = gunzip(data, name)
-            tr = decode_fast(data, name)
+            tr = decode_fast(data, name)   # inflates gzip as it decodes (bounded)
             if tr is not None:
                 return tr
             doc = parse_json_bytes(data, name)

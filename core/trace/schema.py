@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from core.paging import KV_OPS
 from core.workload import MAX_TIME_MS
 
@@ -265,14 +263,27 @@ TABLES = (REQUEST, TOKEN, FINISH, STEP, BATCH, KV, PREEMPT)  # in-memory tables 
 
 def dtype(f: Field):
     if f.type == "enum":
+        import pandas as pd
         return pd.CategoricalDtype(list(f.values))
     return {"time": "float64", "int": "int64", "req": "int64"}.get(f.type, "object")
 
 
-COLUMNS = {r.table: {f.name: dtype(f) for f in r.columns} for r in TABLES}
-REQUEST_FIELDS = tuple(COLUMNS["requests"])
-TOKEN_COLS, FINISH_COLS, STEP_COLS, BATCH_COLS, KV_COLS, PREEMPT_COLS = (
-    COLUMNS[t] for t in ("tokens", "finishes", "steps", "batch", "kv", "preempts"))
+REQUEST_FIELDS = tuple(f.name for f in REQUEST.columns)
+_COLS = {"TOKEN_COLS": "tokens", "FINISH_COLS": "finishes", "STEP_COLS": "steps", "BATCH_COLS": "batch",
+         "KV_COLS": "kv", "PREEMPT_COLS": "preempts"}
+
+
+def __getattr__(name: str):
+    # COLUMNS (table -> column -> pandas dtype) and the *_COLS tables are built on first use:
+    # enum dtypes need pandas, which the streaming writer never imports.
+    if name == "COLUMNS":
+        value = {r.table: {f.name: dtype(f) for f in r.columns} for r in TABLES}
+    elif name in _COLS:
+        value = __getattr__("COLUMNS")[_COLS[name]]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 # ---- JSON Schema -------------------------------------------------------------------------
