@@ -177,6 +177,7 @@ class BlockManager:
         self.chain: dict = {}                  # seq id -> hashes of its full blocks so far
         self.extra: dict = {}                  # seq id -> extra-key bytes (model + salt)
         self.counts = {op: 0 for op in KV_OPS}
+        self.ever_shared = False               # no block has had two owners (no hit, no fork) yet
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -265,6 +266,7 @@ class BlockManager:
             if self.ref[b] == 0:
                 del self.free_cached[b]
             self.ref[b] += 1
+        self.ever_shared |= bool(hits)
         self.tables[seq] = list(hits)  # the table grows; the logged hit list must not
         self.chain[seq] = [self.hash[b] for b in hits]
         self.extra[seq] = extra_key(self.model_id, salt)
@@ -370,6 +372,7 @@ class BlockManager:
             raise ValueError(f"sequence {child!r} already has a block table")
         table = list(self.tables[parent])
         self.ref[table] += 1
+        self.ever_shared = True
         self.tables[child] = table
         self.chain[child] = list(self.chain[parent])
         self.extra[child] = self.extra[parent]
@@ -398,9 +401,14 @@ class BlockManager:
     def _release(self, seq, blocks: list[int], logical0: int, step: int):
         arr = np.array(blocks, dtype=np.int64)
         ref = self.ref
+        hashes = None
+        if not self.ever_shared and not self.prefix_caching:   # every block had one owner: all are free now
+            ref[arr] = 0
+            self.free_plain.extend(blocks)
+            self._rec("free", seq, arr, logical0, step, 0)
+            return
         ref[arr] -= 1
         refs = ref[arr]
-        hashes = None
         if not self.prefix_caching and not refs.any():   # no block shared: all of them are free now
             self.free_plain.extend(blocks)
         elif self.prefix_caching:

@@ -53,11 +53,11 @@ class Batch:
 
     @property
     def prefill_tokens(self) -> int:
-        return int(self.num_tokens[self.is_prefill].sum())
+        return int(np.add.reduce(self.num_tokens, where=self.is_prefill))
 
     @property
     def decode_seqs(self) -> int:
-        return int((~self.is_prefill).sum())
+        return len(self.is_prefill) - int(np.count_nonzero(self.is_prefill))
 
     @property
     def total_tokens(self) -> int:

@@ -59,7 +59,7 @@ class TraceWriter:
         self.schema = pa.schema([(c, t) for c, t in self._types.items()])
         # rtype statistics let a reader fetch one record type's row groups; other statistics
         # are not read and cost time
-        self._w = pq.ParquetWriter(sink, self.schema, compression="zstd", compression_level=1,
+        self._w = pq.ParquetWriter(sink, self.schema, compression="lz4",
                                    write_statistics=["rtype"], store_schema=False)
         self.row_group_rows = row_group_rows
         self._buf: dict[str, list[dict]] = {}
