@@ -258,8 +258,10 @@ def parse_upload(data: bytes, name: str):
 # The traces returned are shared between reruns and sessions: never mutate them.
 @st.cache_resource(show_spinner="Simulating…", max_entries=32, hash_funcs=HASH_FUNCS)
 def cached_policies(workload: Workload, policies: tuple, config: SchedulerConfig, step_model: StepModel,
-                    chunk: int | None = None) -> list[tuple[str, Trace]]:
-    return run_policies(workload, list(policies), config, step_model, chunk, created="(app)")
+                    chunk: int | None = None, record_kv: bool = True) -> list[tuple[str, Trace]]:
+    """record_kv False (the schedules page, which shows no block-level paging): no KV events,
+    which are most of a large run's rows."""
+    return run_policies(workload, list(policies), config, step_model, chunk, created="(app)", record_kv=record_kv)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)

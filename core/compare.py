@@ -39,13 +39,14 @@ def policy_config(policy: str, config: SchedulerConfig, chunk: int | None = None
 
 
 def run_policies(workload, policies: list[str], config: SchedulerConfig, step_model: StepModel,
-                 chunk: int | None = None, created: str = "") -> list[tuple[str, Trace]]:
-    """One simulated trace per policy, labelled "simulated <policy>"."""
+                 chunk: int | None = None, created: str = "", record_kv: bool = True) -> list[tuple[str, Trace]]:
+    """One simulated trace per policy, labelled "simulated <policy>". `record_kv` False: no
+    per-block KV events (schedules, latencies, preemptions and KV counts are the same)."""
     out = []
     for p in policies:
         cfg = policy_config(p, config, chunk)
-        out.append((f"simulated {POLICY_LABELS[p]}",
-                    simulate(workload, cfg, step_model, label=POLICY_LABELS[p], created=created or None)))
+        out.append((f"simulated {POLICY_LABELS[p]}", simulate(workload, cfg, step_model, label=POLICY_LABELS[p],
+                                                              created=created or None, record_kv=record_kv)))
     return out
 
 

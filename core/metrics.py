@@ -36,11 +36,14 @@ def token_spans(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     last = np.full(n, np.nan)
     count = np.zeros(n, dtype=np.int64)
     if len(tk):
-        g = tk.groupby("req")["t_ms"].agg(["min", "max", "count"])
-        idx = g.index.to_numpy()
-        first[idx] = g["min"].to_numpy()
-        last[idx] = g["max"].to_numpy()
-        count[idx] = g["count"].to_numpy()
+        req, t = tk["req"].to_numpy(), tk["t_ms"].to_numpy(dtype=float)
+        count = np.bincount(req, minlength=n).astype(np.int64)
+        first = np.full(n, np.inf)
+        last = np.full(n, -np.inf)
+        np.minimum.at(first, req, t)
+        np.maximum.at(last, req, t)
+        first[count == 0] = np.nan
+        last[count == 0] = np.nan
     return first, last, count
 
 
@@ -50,8 +53,11 @@ def first_scheduled_ms(trace) -> np.ndarray:
     out = np.full(len(trace.requests), np.nan)
     if len(trace.batch):
         step_t = trace.steps.set_index("step")["t_ms"]
-        fb = trace.batch.groupby("req")["step"].min()
-        out[fb.index] = step_t.reindex(fb.to_numpy()).to_numpy()
+        req, step = trace.batch["req"].to_numpy(), trace.batch["step"].to_numpy()
+        fb = np.full(len(out), np.iinfo(np.int64).max)
+        np.minimum.at(fb, req, step)
+        has = fb != np.iinfo(np.int64).max
+        out[has] = step_t.reindex(fb[has]).to_numpy()
     return out
 
 

@@ -79,7 +79,7 @@ try:
     config = SchedulerConfig(max_seqs=max_seqs or None, token_budget=budget or None, kv_blocks=kv_blocks or None,
                              block_size=int(block_size))
     schedules = cached_given(scenario) + cached_policies(workload, tuple(policies or ()), config, step_model,
-                                                            int(chunk))
+                                                            int(chunk), record_kv=False)
 except InputError as e:
     st.error(f"Scheduler settings: {e}")
     st.stop()
