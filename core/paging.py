@@ -281,8 +281,9 @@ class BlockManager:
         if need <= 0:
             return []
         new = self._take(need)
-        self.ref[np.array(new, dtype=np.int64)] = 1
-        self._rec("alloc", seq, new, len(table), 1, 1)
+        arr = np.array(new, dtype=np.int64)
+        self.ref[arr] = 1
+        self._rec("alloc", seq, arr, len(table), 1, 1)
         table.extend(new)
         return new
 
@@ -307,6 +308,21 @@ class BlockManager:
         else:
             self.counts["alloc"] += n
         return True
+
+    def grow_one_each(self, seqs: np.ndarray, starts: np.ndarray):
+        """One fresh block for each of `seqs` (distinct sequences whose tables hold `starts`
+        blocks): decodes crossing a block boundary, the common case of every step. Same blocks
+        and log as grow_many(seqs, [1, ...])."""
+        new = self._take(len(seqs))
+        tables = self.tables
+        for seq, b in zip(seqs.tolist(), new):
+            tables[seq].append(b)
+        arr = np.array(new, dtype=np.int64)
+        self.ref[arr] = 1
+        if self.log is not None:
+            self._rec("alloc", seqs, arr, starts, 0, 1)
+        else:
+            self.counts["alloc"] += len(new)
 
     def grow_many(self, seqs: list, needs: list[int]):
         """Append needs[i] fresh blocks to seqs[i]'s table, for many sequences at once."""

@@ -22,9 +22,8 @@ When the running requests need more KV blocks than are free, the newest running
 request is preempted (its blocks freed, to be recomputed) and re-queued at the front;
 no new request is admitted in a step that preempted.
 
-The per-step work is vectorised over the running set with numpy, so long simulations
-stay fast; only block allocation, admission and finishing touch Python per request.
-"""
+Per-step work is vectorised over the running set (numpy); only block allocation,
+admission and finishing touch Python per request."""
 from __future__ import annotations
 
 from collections import deque
@@ -71,8 +70,7 @@ class RequestState(IntEnum):
     DONE = 3      # finished, aborted or rejected
 
 
-# Plain ints for the hot paths (the per-request state array is int8).
-NOT_ARRIVED, WAITING, RUNNING, DONE = (int(s) for s in RequestState)
+NOT_ARRIVED, WAITING, RUNNING, DONE = (int(s) for s in RequestState)  # plain ints for the int8 state array
 
 
 class Scheduler:
@@ -262,9 +260,12 @@ class Scheduler:
                 n, need, is_decode, pending = self._plan_running(run, budget)
             grow = np.flatnonzero(need > 0)
             if len(grow):
-                who = run[grow]
-                bm.grow_many(who.tolist(), need[grow].tolist())
-                self.nblocks[who] += need[grow]
+                who, more = run[grow], need[grow]
+                if int(more.sum()) == len(grow):   # one block each
+                    bm.grow_one_each(who, self.nblocks[who])
+                else:
+                    bm.grow_many(who.tolist(), more.tolist())
+                self.nblocks[who] += more
         else:
             n = pending = np.empty(0, dtype=np.int64)
             is_decode = np.empty(0, dtype=bool)
@@ -384,7 +385,6 @@ class Scheduler:
         self.step += K
         self._pending_step = None
         return float(ends[K - 1])
-
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
     def update(self, batch: Batch, out: StepOutput) -> np.ndarray:
