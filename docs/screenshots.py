@@ -2,7 +2,17 @@
 (Streamlit server + headless Chromium via Playwright, as in tests/browser.py).
 
     python -m docs.screenshots        (from the repository root)
+    python -m docs.screenshots replay_10000_requests     (only the shots named)
+
+Besides one shot per page, two 10,000-request shots at a projector-size window (1280x800):
+the Schedules page on the built-in "Poisson 10000" scenario (its preset in the link), and the
+Trace replay page on a 10,000-request trace simulated here, into a temporary directory, with
+`python -m core simulate` from the same workload.
 """
+import csv
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from tests.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server, wait_idle
@@ -13,24 +23,84 @@ PAGES = [("home", ""), ("schedules", "schedules"), ("kv", "kv"), ("tiles", "tile
          ("speculative", "speculative"), ("roofline", "roofline"),
          ("replay", "replay?tr=shared_prefix_caching_on.json.gz&rp_cmp=shared_prefix_caching_off.json.gz")]
 
+PROJECTOR = {"width": 1280, "height": 800}
+# the "Poisson 10000" preset (core.scenarios.SCHEDULE_PRESETS); a link's parameters win over it
+SCHEDULES_10K = ("schedules?sc=Poisson+10000&pol=continuous&pol=chunked&ms=256&tb=8192&ch=512"
+                 "&s_kind=affine&s_base=5&s_pp=0.02&s_pd=0.05")
+TRACE_10K = "poisson10000.parquet"
+SIMULATE_10K = ["--max-seqs", "256", "--token-budget", "8192", "--chunk", "8192", "--step-model", "affine",
+                "--base-ms", "5", "--prefill-ms-per-token", "0.02", "--decode-ms-per-seq", "0.05"]
 
-def main():
+
+def settle(page, path: str, url: str):
+    page.goto(f"{url}/{path}")
+    wait_idle(page)
+    if path:
+        page.wait_for_selector(".js-plotly-plot .main-svg")
+    page.wait_for_timeout(800)  # let plotly finish its transitions
+
+
+def scroll_to(page, selector: str, below_px: int = 0):
+    """Scroll the page's main area so `selector`'s first element starts `below_px` above the top."""
+    page.locator(selector).first.evaluate(
+        "(e, dy) => { e.scrollIntoView({block: 'start'}); "
+        "let s = e.parentElement; "
+        "while (s && !/auto|scroll/.test(getComputedStyle(s).overflowY)) s = s.parentElement; "
+        "if (s) s.scrollTop += dy; }", below_px)
+    page.wait_for_timeout(500)
+
+
+def write_trace_10k(directory: Path) -> Path:
+    """The Poisson 10000 workload as a Vidur-style CSV, simulated to a trace by the CLI."""
+    from core.scenarios import load_scenario
+    workload = directory / "poisson10000.csv"
+    with open(workload, "w", newline="") as f:
+        wr = csv.writer(f)
+        wr.writerow(["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
+        for r in load_scenario("poisson10000").requests:
+            wr.writerow([repr(r.arrival_ms / 1000.0), r.prompt_tokens, r.max_output_tokens])
+    trace = directory / "traces" / TRACE_10K
+    trace.parent.mkdir()
+    subprocess.run([sys.executable, "-m", "core", "simulate", str(workload), *SIMULATE_10K, "--out", str(trace)],
+                   cwd=ROOT, check=True)
+    return trace
+
+
+def shoot(page, name: str):
+    page.screenshot(path=str(OUT / f"{name}.png"))
+    print("wrote", OUT / f"{name}.png")
+
+
+def main(only: set[str] = frozenset()):
+    """Every screenshot, or only the names in `only` (file names without .png)."""
     from playwright.sync_api import sync_playwright
     OUT.mkdir(parents=True, exist_ok=True)
-    with streamlit_server() as url, sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1600})
-        page.set_default_timeout(60_000)
-        for name, path in PAGES:
-            page.goto(f"{url}/{path}")
-            wait_idle(page)
-            if path:
-                page.wait_for_selector(".js-plotly-plot .main-svg")
-            page.wait_for_timeout(800)  # let plotly finish its transitions
-            page.screenshot(path=str(OUT / f"{name}.png"))
-            print("wrote", OUT / f"{name}.png")
-        browser.close()
+    wanted = (lambda name: not only or name in only)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = write_trace_10k(Path(tmp)) if wanted("replay_10000_requests") else Path(tmp) / "traces" / TRACE_10K
+        with streamlit_server({"SERVING_EXPLORER_TRACES": str(trace.parent)}) as url, sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            page.set_default_timeout(60_000)
+            for name, path in PAGES:
+                if wanted(name):
+                    settle(page, path, url)
+                    shoot(page, name)
+            page.close()
+
+            page = browser.new_page(viewport=PROJECTOR)
+            page.set_default_timeout(120_000)
+            if wanted("schedules_10000_requests"):
+                settle(page, SCHEDULES_10K, url)
+                scroll_to(page, ".js-plotly-plot")          # the aggregated timeline heatmap
+                shoot(page, "schedules_10000_requests")
+            if wanted("replay_10000_requests"):
+                # the cursor starts mid-run; its value, the timeline, batch and KV charts in one screen
+                settle(page, f"replay?tr={TRACE_10K}", url)
+                scroll_to(page, "[data-testid='stSlider']", below_px=20)
+                shoot(page, "replay_10000_requests")
+            browser.close()
 
 
 if __name__ == "__main__":
-    main()
+    main(set(sys.argv[1:]))

@@ -63,7 +63,9 @@ def occupancy_heatmap(occ: Occupancy, ids: list[str], cursor_index: int | None =
         colorbar=dict(tickvals=[0.5, 1.5, 2.5, 3.5], ticktext=list(STATE_NAMES), title="block"), **extra))
     if cursor_index is not None and 0 <= cursor_index < len(occ.times_ms):
         fig.add_vline(x=float(occ.times_ms[cursor_index]), line_color="#d62728", line_width=2)
-    fig.update_yaxes(title_text="physical block" + (f" (every {step}th)" if step > 1 else ""), autorange="reversed")
+    suffix = "th" if step % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(step % 10, "th")
+    fig.update_yaxes(title_text="physical block" + (f" (every {step}{suffix})" if step > 1 else ""),
+                     autorange="reversed")
     fig.update_xaxes(title_text="time (ms)")
     return base_layout(fig, "KV block occupancy over time", height=min(700, 200 + 6 * len(rows)))
 
