@@ -182,7 +182,7 @@ def cursor_views():
         st.caption(f"Timeline: the {len(idx)} of {len(tr.requests):,} requests nearest the cursor "
                    "(in flight first).")
     # one 1280x800 screen: the cursor, a compact timeline, then batch and KV side by side
-    fig = schedule_timeline([(label, shown)], max_token_markers=15_000, max_height=360)
+    fig = schedule_timeline([(label, shown)], max_token_markers=15_000, max_height=300)
     fig.add_vline(x=cursor, line_color="#d62728", line_width=2)
     st.plotly_chart(fig, key="rp_timeline")
     left, right = st.columns(2)
@@ -192,14 +192,14 @@ def cursor_views():
             st.plotly_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
             st.caption("Batch composition needs `step` events (with their `batch` lists).")
         else:
-            st.plotly_chart(batch_figure(batch, row).update_layout(height=330), key="rp_batch")
+            st.plotly_chart(batch_figure(batch, row).update_layout(height=280), key="rp_batch")
     with right:
         if len(tr.kv):
             occ = cached_block_states(tr)
             j = occ.index_at(cursor)
             counts = occ.at(j)
             ids = tr.requests["id"].to_numpy()      # names for the hover of a small grid only
-            st.plotly_chart(occupancy_heatmap(occ, ids, j).update_layout(height=330), key="rp_kv")
+            st.plotly_chart(occupancy_heatmap(occ, ids, j).update_layout(height=280), key="rp_kv")
             st.caption("At the cursor: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " blocks.")
         else:
             gauges = tr.events_of("gauge")

@@ -133,3 +133,27 @@ def test_live_replay_advances_without_a_click(tmp_path, page):
         growing(path, 3)
         expect(so_far).to_contain_text("3", timeout=30_000)      # no click: the live fragment re-read it
         assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_replay_cursor_timeline_batch_and_kv_fit_one_projector_screen(server, page):
+    """At 1280x800 the time cursor, the timeline and the batch and KV views below it fit in one
+    screen (issue 12): scrolled so the cursor is at the top, the KV chart ends inside the window."""
+    from playwright.sync_api import expect
+    page.set_viewport_size({"width": 1280, "height": 800})
+    try:
+        page.goto(f"{server}/replay?tr=shared_prefix_caching_on.json.gz")
+        wait_idle(page)
+        kv = page.locator(".gtitle", has_text="KV block occupancy over time").first
+        expect(kv).to_be_visible(timeout=60_000)
+        # the cursor's label at the window's top (Streamlit scrolls its main block, not the window)
+        page.get_by_text("Time cursor (ms)").first.evaluate("e => e.scrollIntoView({block: 'start'})")
+        wait_idle(page)
+        cursor_top = page.get_by_text("Time cursor (ms)").first.bounding_box()["y"]
+        charts = page.locator("[data-testid='stPlotlyChart']")
+        bottoms = [charts.nth(i).bounding_box() for i in range(charts.count())]
+        kv_box = next(b for i, b in enumerate(bottoms)
+                      if charts.nth(i).locator(".gtitle", has_text="KV block occupancy").count())
+        assert cursor_top >= 0 and kv_box["y"] + kv_box["height"] <= 800, (cursor_top, kv_box)
+        page.screenshot(path=str(SHOTS / "replay_1280x800.png"))
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1000})

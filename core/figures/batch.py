@@ -29,8 +29,9 @@ def batch_figure(batch, step: dict) -> go.Figure:
                              hovertemplate="%{x}: %{y} " + kind + " token(s)<extra></extra>"))
     fig.update_layout(barmode="stack", xaxis_title="request", yaxis_title="tokens this step",
                       xaxis_type="category")
-    title = (f"Step {int(step['step'])} at {step['t_ms']:.3f} ms ({step['dur_ms']:.3f} ms): "
-             f"{int(batch['tokens'].sum())} tokens, {len(batch)} requests")
+    # two short lines: the whole title fits a half-width column at 1280 px
+    title = (f"Step {int(step['step'])} at {step['t_ms']:,.3f} ms ({step['dur_ms']:.3f} ms)<br>"
+             f"{int(batch['tokens'].sum()):,} tokens, {len(batch):,} requests")
     return base_layout(fig, title, height=300)
 
 
