@@ -66,6 +66,8 @@ class KVLog:
             self._done.append({c: v[:self._n] for c, v in self._buf.items()})
         size = max(self.CHUNK, k)
         self._buf = {c: np.empty(size, dt) for c, dt in self._NUM}
+        self._buf["src"][:] = -1   # written only for copy-on-write rows
+        self._cap = size
         self._n = 0
 
     def add(self, t, op, seq, blocks, logical0, step, refs, hashes=None, src=-1):
@@ -75,19 +77,24 @@ class KVLog:
         k = len(blocks)
         if not k:
             return
-        self._room(k)
-        b, i = self._buf, self._n
+        i = self._n
         j = i + k
+        if self._buf is None or j > self._cap:
+            self._room(k)
+            i, j = 0, k
+        b = self._buf
         b["t_ms"][i:j] = t
         b["op"][i:j] = self._OPS[op]
         b["block"][i:j] = blocks
         b["logical"][i:j] = np.arange(logical0, logical0 + step * k, step) if step else logical0
         b["ref"][i:j] = refs
-        b["src"][i:j] = src
+        if src != -1:
+            b["src"][i:j] = src
         owner = -1 if seq is None else seq
         if self._obj_req is None:
             try:
-                if not isinstance(owner, (int, np.integer, list, np.ndarray)) or isinstance(owner, bool):
+                if type(owner) is not int and (not isinstance(owner, (np.integer, list, np.ndarray))
+                                               or isinstance(owner, bool)):
                     raise TypeError(owner)
                 b["req"][i:j] = owner
             except (TypeError, ValueError):   # a sequence named by something other than an int
