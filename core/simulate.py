@@ -78,7 +78,13 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
     neither pandas nor Request objects for a plain workload."""
     from core.steplog import log_records
     from core.trace.writer import ROW_GROUP_ROWS, TraceWriter, _dumps, workload_request_rows
-    writer = TraceWriter(sink, row_group_rows or ROW_GROUP_ROWS)
+    if row_group_rows is None:
+        # Rows still buffered when the run ends are written after its last step: a run of a
+        # few million tokens ends sooner with smaller row groups; a long one writes faster
+        # with large ones (each row group writes every column chunk, most of them null).
+        small = int(workload.max_output_tokens.sum()) < 4 * ROW_GROUP_ROWS
+        row_group_rows = ROW_GROUP_ROWS // 4 if small else ROW_GROUP_ROWS
+    writer = TraceWriter(sink, row_group_rows)
     try:
         writer.add("request", workload_request_rows(workload))
 
