@@ -90,6 +90,15 @@ def test_integer_beyond_int64_in_parquet_is_a_trace_error(tmp_path, capsys):
     refused(capsys, "metrics", path, names=("big.parquet", "index"))
 
 
+@pytest.mark.parametrize("column", [
+    lambda n: pa.array([f"x{k}" for k in range(n)], pa.string()),          # text, not numbers
+    lambda n: pa.array([[k] for k in range(n)], pa.list_(pa.int64())),     # lists: no cast at all
+])
+def test_a_parquet_column_of_the_wrong_type_is_named(tmp_path, capsys, column):
+    edit = lambda t: t.set_column(t.column_names.index("index"), "index", column(len(t)))
+    refused(capsys, "metrics", _parquet_with(tmp_path, "w.parquet", edit), names=("w.parquet", "column index"))
+
+
 # ---- 2. a request without its finish event -------------------------------------------------
 
 def test_request_without_finish_is_reported_unfinished(tmp_path, capsys):
