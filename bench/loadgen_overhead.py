@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
+from deploy.serve import DeployError, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,16 +36,10 @@ def main() -> int:
                               stderr=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.1:{a.port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the server did not start")
-            time.sleep(0.3)
+        try:
+            wait_healthy(url, 120, [server], path="/health")
+        except DeployError as e:
+            raise SystemExit(f"the server did not start: {e}") from None
         with tempfile.TemporaryDirectory() as tmp:
             wl = Path(tmp) / "w.json"
             wl.write_text(json.dumps({"requests": [{"id": f"r{k}", "arrival_ms": 0, "prompt_tokens": 64,

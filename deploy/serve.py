@@ -38,19 +38,21 @@ def haproxy_config(address: str, port: int, backends: list[int]) -> str:
     return TEMPLATE.read_text().replace("{bind}", bind).replace("{servers}", servers)
 
 
-def wait_healthy(url: str, timeout_s: float, procs: list[subprocess.Popen]) -> None:
+def wait_healthy(url: str, timeout_s: float, procs: list[subprocess.Popen], path: str = "/_stcore/health") -> None:
+    """Poll `url + path` until it answers 200; DeployError when a process in `procs` exits or
+    the time is up (Streamlit by default; the runner's server answers /health)."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         for p in procs:
             if p.poll() is not None:
                 raise DeployError(f"{' '.join(map(str, p.args[:4]))}... exited with {p.returncode} while starting")
         try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+            with urllib.request.urlopen(f"{url}{path}", timeout=2) as r:
                 if r.status == 200:
                     return
         except OSError:
             time.sleep(0.3)
-    raise DeployError(f"{url} did not answer /_stcore/health within {timeout_s:.0f} s")
+    raise DeployError(f"{url} did not answer {path} within {timeout_s:.0f} s")
 
 
 def _stop(procs: list[subprocess.Popen]) -> None:

@@ -258,15 +258,8 @@ def test_sigterm_writes_a_valid_trace(tmp_path):
                             env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-            time.sleep(0.2)
+        from deploy.serve import wait_healthy
+        wait_healthy(f"http://127.0.0.1:{port}", 60, [proc], path="/health")
         for p in PROMPTS:
             r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": p, "max_tokens": 8}, timeout=30)
             assert r.status_code == 200
