@@ -20,7 +20,7 @@ from core.errors import TraceError, loads_json, short
 from core.trace.model import BadColumn, Trace, frame
 from core.trace.schema import REQUEST, SCHEMA, TABLE_EVENTS, TABLES, Field, Record
 from core.trace.validate import Problems, check_consistency, check_meta, read_events
-from core.trace.writer import COLUMNS, PARQUET_KEY, ROW_GROUP_ROWS, RTYPES, TraceWriter, _dumps
+from core.trace.writer import COLUMNS, PARQUET_KEY, ROW_GROUP_ROWS, RTYPES, RowTables, TraceWriter, _dumps, head_bytes
 
 _NEEDED = {"rtype", "json"} | {f.column for r in TABLES for f in r.columns if f.required}
 
@@ -37,17 +37,23 @@ def request_columns(trace_requests: pd.DataFrame, request_extra: list) -> dict:
     return cols
 
 
+def _trace_rows(trace: Trace):
+    """(record type, columns in the file layout) for each record type, requests first."""
+    yield "request", request_columns(trace.requests, trace.request_extra)
+    for rec in TABLES[1:]:
+        df = getattr(trace, rec.table)
+        yield rec.type, {f.column: df[f.name] for f in rec.columns}
+    if trace.other:
+        yield "other", {"t_ms": np.array([float(e.get("t_ms", 0.0)) for e in trace.other]),
+                        "json": [_dumps(e) for e in trace.other]}
+
+
 def write_trace(trace: Trace, sink, row_group_rows: int = ROW_GROUP_ROWS):
     """The whole trace through a TraceWriter: each record type in its own row groups."""
     w = TraceWriter(sink, row_group_rows, background=False)
     try:
-        w.add("request", request_columns(trace.requests, trace.request_extra))
-        for rec in TABLES[1:]:
-            df = getattr(trace, rec.table)
-            w.add(rec.type, {f.column: df[f.name] for f in rec.columns})
-        if trace.other:
-            w.add("other", {"t_ms": np.array([float(e.get("t_ms", 0.0)) for e in trace.other]),
-                            "json": [_dumps(e) for e in trace.other]})
+        for rtype, cols in _trace_rows(trace):
+            w.add(rtype, cols)
     except BaseException:
         w.abort()
         raise
@@ -55,12 +61,15 @@ def write_trace(trace: Trace, sink, row_group_rows: int = ROW_GROUP_ROWS):
 
 
 def _to_table(trace: Trace):
-    """The whole trace as one Arrow table in the file layout, the document head in its metadata."""
+    """The whole trace as one Arrow table in the file layout (plain string columns), the
+    document head in its metadata."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
-    buf = pa.BufferOutputStream()
-    write_trace(trace, buf)
-    return pq.read_table(pa.BufferReader(buf.getvalue()))
+    tb = RowTables()
+    t = pa.concat_tables([tb.table(rtype, [cols]) for rtype, cols in _trace_rows(trace)
+                          if rtype == "request" or len(next(iter(cols.values())))])
+    plain = pa.schema([(c, getattr(pa, typ)()) for c, typ in COLUMNS.items()],
+                      metadata={PARQUET_KEY: head_bytes(trace.meta, trace.extra)})
+    return t.cast(plain)
 
 
 def to_parquet_bytes(trace: Trace) -> bytes:

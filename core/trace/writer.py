@@ -35,57 +35,25 @@ ROW_GROUP_ROWS = 1 << 20     # rows per row group (each holds one record type)
 _ENUMS = {f.column: f.values for rec in TABLES for f in rec.columns if f.type == "enum"}
 
 
-class TraceWriter:
-    """Writes a trace into one Parquet file as its rows arrive, holding at most about one
-    row group per record type in memory: `add(rtype, columns)` any number of times, in any
-    order of record types (rows of one type in trace order), then `close(meta)`. The head
-    (schema, meta, extra) goes into the file's key-value metadata at close, so a run's
-    statistics known only at its end are in it. Row groups are encoded and compressed on a
-    background thread (pyarrow releases the GIL), so a simulation keeps stepping meanwhile.
+class RowTables:
+    """Arrow tables in the file layout from rows of one record type (columns named by
+    `COLUMNS`; absent ones are null). Values: numpy arrays or lists; an enum column is a
+    pandas Categorical or integer codes into the field's values; string columns may hold
+    None. Enum columns (and rtype) are dictionary arrays (codes + values): no string per row
+    is ever made; Parquet stores them dictionary-encoded either way, and without a stored
+    Arrow schema every reader sees plain strings."""
 
-    Columns are named by the file layout (`COLUMNS`); absent ones are null. Values: numpy
-    arrays or lists; an enum column is a pandas Categorical or integer codes into the field's
-    values; string columns may hold None."""
-
-    def __init__(self, sink, row_group_rows: int = ROW_GROUP_ROWS, background: bool = True):
+    def __init__(self, null_rows: int = ROW_GROUP_ROWS):
         import pyarrow as pa
-        import pyarrow.parquet as pq
         self._pa = pa
-        # Enum columns (and rtype) are written from dictionary arrays (codes + values) without
-        # ever making one string per row; Parquet stores them dictionary-encoded either way, and
-        # without a stored Arrow schema every reader sees plain strings.
-        self._types = {c: pa.dictionary(pa.int8(), pa.string()) if c in _ENUMS or c == "rtype" else getattr(pa, t)()
-                       for c, t in COLUMNS.items()}
-        self.schema = pa.schema([(c, t) for c, t in self._types.items()])
-        # rtype statistics let a reader fetch one record type's row groups; other statistics
-        # are not read and cost time
-        self._w = pq.ParquetWriter(sink, self.schema, compression="lz4",
-                                   write_statistics=["rtype"], store_schema=False)
-        self.row_group_rows = row_group_rows
-        self._buf: dict[str, list[dict]] = {}
-        self._rows: dict[str, int] = {}
-        self.rows = 0                           # rows added so far
-        self.counts: dict[str, int] = {}        # ... per record type
-        self._pool = None
-        if background:
-            from concurrent.futures import ThreadPoolExecutor
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
-        self._pending = []
+        self.types = {c: pa.dictionary(pa.int8(), pa.string()) if c in _ENUMS or c == "rtype" else getattr(pa, t)()
+                      for c, t in COLUMNS.items()}
+        self.schema = pa.schema(list(self.types.items()))
+        self._null_rows = null_rows
         self._null_arrays: dict = {}
 
-    def add(self, rtype: str, cols: dict):
-        n = len(next(iter(cols.values()))) if cols else 0
-        if not n:
-            return
-        self._buf.setdefault(rtype, []).append(cols)
-        self._rows[rtype] = self._rows.get(rtype, 0) + n
-        self.rows += n
-        self.counts[rtype] = self.counts.get(rtype, 0) + n
-        if self._rows[rtype] >= self.row_group_rows:
-            self._flush(rtype, whole_groups=True)
-
-    def _array(self, c: str, v):
-        pa, t = self._pa, self._types[c]
+    def _array(self, c: str, v) -> list:
+        pa, t = self._pa, self.types[c]
         if isinstance(v, pa.ChunkedArray):
             return v.chunks
         if isinstance(v, pa.Array):
@@ -108,17 +76,18 @@ class TraceWriter:
         # cost page faults that dominated writing
         have = self._null_arrays.get(c)
         if have is None or len(have) < n:
-            have = self._null_arrays[c] = self._pa.nulls(max(n, 2 * self.row_group_rows), self._types[c])
+            have = self._null_arrays[c] = self._pa.nulls(max(n, 2 * self._null_rows), self.types[c])
         return have.slice(0, n)
 
-    def _table(self, rtype: str, parts: list[dict]):
+    def table(self, rtype: str, parts: list[dict]):
+        """One table of `rtype` rows from parts (dicts of columns), in order."""
         pa = self._pa
         lens = [len(next(iter(p.values()))) if p else 0 for p in parts]
         n = sum(lens)
         arrays = [pa.chunked_array([pa.DictionaryArray.from_arrays(
             _arrow_numbers(pa, np.zeros(n, np.int8), pa.int8()), _arrow_strings(pa, [rtype]))])]
         for c in list(COLUMNS)[1:]:
-            t = self._types[c]
+            t = self.types[c]
             if not any(c in p for p in parts):
                 arrays.append(self._nulls(c, n))
             else:
@@ -126,12 +95,56 @@ class TraceWriter:
                                                 for a in (self._array(c, p[c]) if c in p else [self._nulls(c, k)])], t))
         return pa.Table.from_arrays(arrays, schema=self.schema)
 
+
+def head_bytes(meta: dict, extra: dict | None = None) -> bytes:
+    """The document head a Parquet trace carries under PARQUET_KEY."""
+    return json.dumps({"schema": SCHEMA, "meta": meta, "extra": extra or {}}, allow_nan=False).encode()
+
+
+class TraceWriter:
+    """Writes a trace into one Parquet file as its rows arrive, holding at most about one
+    row group per record type in memory: `add(rtype, columns)` any number of times, in any
+    order of record types (rows of one type in trace order), then `close(meta)`. The head
+    (schema, meta, extra) goes into the file's key-value metadata at close, so a run's
+    statistics known only at its end are in it. Row groups are encoded and compressed on a
+    background thread (pyarrow releases the GIL), so a simulation keeps stepping meanwhile.
+    Columns and values: as RowTables."""
+
+    def __init__(self, sink, row_group_rows: int = ROW_GROUP_ROWS, background: bool = True):
+        import pyarrow.parquet as pq
+        self._tables = RowTables(row_group_rows)
+        # rtype statistics let a reader fetch one record type's row groups; other statistics
+        # are not read and cost time
+        self._w = pq.ParquetWriter(sink, self._tables.schema, compression="lz4",
+                                   write_statistics=["rtype"], store_schema=False)
+        self.row_group_rows = row_group_rows
+        self._buf: dict[str, list[dict]] = {}
+        self._rows: dict[str, int] = {}
+        self.rows = 0                           # rows added so far
+        self.counts: dict[str, int] = {}        # ... per record type
+        self._pool = None
+        if background:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
+        self._pending = []
+
+    def add(self, rtype: str, cols: dict):
+        n = len(next(iter(cols.values()))) if cols else 0
+        if not n:
+            return
+        self._buf.setdefault(rtype, []).append(cols)
+        self._rows[rtype] = self._rows.get(rtype, 0) + n
+        self.rows += n
+        self.counts[rtype] = self.counts.get(rtype, 0) + n
+        if self._rows[rtype] >= self.row_group_rows:
+            self._flush(rtype, whole_groups=True)
+
     def _flush(self, rtype: str, whole_groups: bool = False):
         parts = self._buf.pop(rtype, [])
         n = self._rows.pop(rtype, 0)
         if not n:
             return
-        t = self._table(rtype, parts)
+        t = self._tables.table(rtype, parts)
         rg = self.row_group_rows
         cut = n - n % rg if whole_groups else n
         if cut < n:  # keep the remainder for the next row group
@@ -161,11 +174,10 @@ class TraceWriter:
             for rtype in [r for r in RTYPES if r in self._buf]:
                 self._flush(rtype)
             if not self.rows:  # a file needs at least one row group to carry the layout
-                self._submit(self._table("request", [{}]).slice(0, 0))
+                self._submit(self._tables.table("request", [{}]).slice(0, 0))
             for f in self._pending:
                 f.result()
-            head = json.dumps({"schema": SCHEMA, "meta": meta, "extra": extra or {}}, allow_nan=False)
-            self._w.add_key_value_metadata({PARQUET_KEY: head.encode()})
+            self._w.add_key_value_metadata({PARQUET_KEY: head_bytes(meta, extra)})
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)
