@@ -200,26 +200,24 @@ class Workload:
                 self._ids = [r.id for r in self._requests]
         return self._ids
 
+    def _from_requests(self, slot: str, field: str, dtype) -> np.ndarray:
+        # a column of a workload made of Request objects, gathered once
+        if getattr(self, slot) is None:
+            setattr(self, slot, np.fromiter((getattr(r, field) for r in self._requests), dtype=dtype,
+                                            count=len(self._requests)))
+        return getattr(self, slot)
+
     @property
     def arrival_ms(self) -> np.ndarray:
-        if self._arrival is None:
-            self._arrival = np.fromiter((r.arrival_ms for r in self._requests), dtype=np.float64,
-                                        count=len(self._requests))
-        return self._arrival
+        return self._from_requests("_arrival", "arrival_ms", np.float64)
 
     @property
     def prompt_tokens(self) -> np.ndarray:
-        if self._prompt is None:
-            self._prompt = np.fromiter((r.prompt_tokens for r in self._requests), dtype=np.int64,
-                                       count=len(self._requests))
-        return self._prompt
+        return self._from_requests("_prompt", "prompt_tokens", np.int64)
 
     @property
     def max_output_tokens(self) -> np.ndarray:
-        if self._output is None:
-            self._output = np.fromiter((r.max_output_tokens for r in self._requests), dtype=np.int64,
-                                       count=len(self._requests))
-        return self._output
+        return self._from_requests("_output", "max_output_tokens", np.int64)
 
     @property
     def plain(self) -> bool:
