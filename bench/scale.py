@@ -20,25 +20,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.vs_vidur import write_workload_csv
+from bench.vs_vidur import timed, write_workload_csv
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_REV = "24f1dea"   # main before issue 12's streaming writer
 FLAGS = ["--max-seqs", "256", "--token-budget", "8192", "--chunk", "8192", "--step-model", "affine",
          "--base-ms", "5", "--prefill-ms-per-token", "0.02", "--decode-ms-per-seq", "0.05"]
-
-
-def timed(cmd, log: Path, cwd: Path):
-    """cmd under /usr/bin/time: (wall s, peak RSS GB, user s, system s, output); RuntimeError on failure."""
-    tfile = log.with_suffix(".time")
-    with open(log, "w") as out:
-        p = subprocess.run(["/usr/bin/time", "-f", "%e %M %U %S", "-o", str(tfile), *map(str, cmd)],
-                           stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
-    text = log.read_text()
-    if p.returncode != 0:
-        raise RuntimeError(f"exited {p.returncode}: {text[-500:]}")
-    wall, kb, user, sys_s = tfile.read_text().strip().splitlines()[-1].split()
-    return float(wall), int(kb) * 1024 / 1e9, float(user), float(sys_s), text
 
 
 def run(tree: Path, csv_path: Path, out: Path, log: Path):
@@ -84,7 +71,7 @@ def main():
                     for name, tree in trees.items():
                         out = d / f"{name}{n}.parquet"
                         try:
-                            wall, gb, user, sys_s, _ = run(tree, w, out, d / f"{name}{n}-{k}.log")
+                            wall, gb, _, user, sys_s = run(tree, w, out, d / f"{name}{n}-{k}.log")
                         except RuntimeError as e:
                             print(f"{name} {n}: failed ({str(e).splitlines()[0]})")
                             continue

@@ -62,17 +62,18 @@ def write_workload_csv(path: Path, n: int, rate: float, seed: int) -> int:
     return blocks
 
 
-def timed(cmd, log: Path, env=None):
-    """Run cmd under /usr/bin/time; (wall s, peak RSS GB, stdout). Raises on failure."""
+def timed(cmd, log: Path, env=None, cwd: Path = REPO):
+    """Run cmd under /usr/bin/time: (wall s, peak RSS GB, output, user CPU s, system CPU s).
+    Raises RuntimeError on failure, with the end of the output."""
     tfile = log.with_suffix(".time")
     with open(log, "w") as out:
-        p = subprocess.run([TIME, "-f", "%e %M", "-o", str(tfile), *map(str, cmd)],
-                           stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        p = subprocess.run([TIME, "-f", "%e %M %U %S", "-o", str(tfile), *map(str, cmd)],
+                           stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     text = log.read_text()
     if p.returncode != 0:
         raise RuntimeError(f"{cmd[0]} ... exited {p.returncode}; last output:\n{text[-2000:]}")
-    wall, kb = tfile.read_text().strip().splitlines()[-1].split()
-    return float(wall), int(kb) * 1024 / 1e9, text
+    wall, kb, user, sys_s = tfile.read_text().strip().splitlines()[-1].split()
+    return float(wall), int(kb) * 1024 / 1e9, text, float(user), float(sys_s)
 
 
 def run_ours(csv_path: Path, out: Path, log: Path):
@@ -80,7 +81,7 @@ def run_ours(csv_path: Path, out: Path, log: Path):
            "--token-budget", TOKEN_BUDGET, "--chunk", TOKEN_BUDGET, "--step-model", "affine",
            "--base-ms", STEP["base_ms"], "--prefill-ms-per-token", STEP["prefill_ms_per_token"],
            "--decode-ms-per-seq", STEP["decode_ms_per_seq"], "--out", out]
-    wall, gb, text = timed(cmd, log)
+    wall, gb, text, *_ = timed(cmd, log)
     preempt = [ln for ln in text.splitlines() if ln.startswith("wrote ")]
     return wall, gb, int(preempt[-1].split(" preemptions")[0].rsplit(" ", 1)[1]) if preempt else None
 
@@ -108,7 +109,7 @@ def vidur_prepare(py: Path, cache: Path, log: Path):
 
 
 def run_vidur(py: Path, cache: Path, csv_path: Path, out_root: Path, blocks: int, log: Path):
-    wall, gb, text = timed([py, LAUNCHER, "run", "--cache-dir", cache, "--trace", csv_path,
+    wall, gb, text, *_ = timed([py, LAUNCHER, "run", "--cache-dir", cache, "--trace", csv_path,
                             "--out-dir", out_root, "--num-blocks", blocks,
                             "--max-seqs", MAX_SEQS, "--token-budget", TOKEN_BUDGET,
                             "--base-ms", STEP["base_ms"],
@@ -154,7 +155,7 @@ def main():
     try:
         cache = work / "vidur_cache"
         if not skip:
-            t, gb, _ = vidur_prepare(py, cache, work / "vidur_prepare.log")
+            t, gb, *_ = vidur_prepare(py, cache, work / "vidur_prepare.log")
             print(f"Vidur prepare (profile + predictor training, untimed below): {t:.1f} s, {gb:.2f} GB")
         rows = []
         for n in sizes:
