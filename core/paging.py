@@ -27,109 +27,11 @@ from collections import OrderedDict
 import numpy as np
 
 from core.errors import ConfigError
-
-KV_OPS = ("alloc", "free", "hit", "cache", "evict", "cow")
+from core.kvlog import KV_OPS, KVLog
 
 
 class OutOfBlocks(RuntimeError):
     """Asked for more blocks than are free; callers check `num_free` first."""
-
-
-class KVLog:
-    """Record of block events, one row per block touched, written straight into typed column
-    buffers (a call touches a run of blocks: one slice assignment per column), so recording
-    stays cheap and `columns()` only joins buffers. Sequence ids are the scheduler's integer
-    request indices; other ids (direct users name sequences anything) switch the `req`
-    column to Python objects."""
-
-    CHUNK = 1 << 16
-    _NUM = (("t_ms", np.float64), ("op", np.int8), ("req", np.int64), ("block", np.int64), ("logical", np.int64),
-            ("ref", np.int64), ("src", np.int64))
-    _OPS = {op: i for i, op in enumerate(KV_OPS)}
-
-    def __init__(self):
-        self.clear()
-
-    def clear(self):
-        """Forget what was recorded (a streaming writer has taken it)."""
-        self._done: list[dict] = []          # full buffers, trimmed
-        self._buf = None
-        self._n = 0
-        self._hashes: list[tuple[int, list]] = []   # (first row, hashes of the call's blocks)
-        self._obj_req: list | None = None    # the req column as objects, once a non-integer id appeared
-        self.rows = 0
-
-    def _room(self, k: int):
-        if self._buf is not None:
-            if self._n + k <= len(self._buf["block"]):
-                return
-            self._done.append({c: v[:self._n] for c, v in self._buf.items()})
-        size = max(self.CHUNK, k)
-        self._buf = {c: np.empty(size, dt) for c, dt in self._NUM}
-        self._buf["src"][:] = -1   # written only for copy-on-write rows
-        self._cap = size
-        self._n = 0
-
-    def add(self, t, op, seq, blocks, logical0, step, refs, hashes=None, src=-1):
-        """t: one time or one per block; seq: one id (None: no owner) or one per block;
-        logical0: the first logical index (then + step per block), or one per block (step 0);
-        refs: one count or one per block; hashes: one per block (bytes or None) or None."""
-        k = len(blocks)
-        if not k:
-            return
-        i = self._n
-        j = i + k
-        if self._buf is None or j > self._cap:
-            self._room(k)
-            i, j = 0, k
-        b = self._buf
-        b["t_ms"][i:j] = t
-        b["op"][i:j] = self._OPS[op]
-        b["block"][i:j] = blocks
-        b["logical"][i:j] = np.arange(logical0, logical0 + step * k, step) if step else logical0
-        b["ref"][i:j] = refs
-        if src != -1:
-            b["src"][i:j] = src
-        owner = -1 if seq is None else seq
-        if self._obj_req is None:
-            try:
-                if type(owner) is not int and (not isinstance(owner, (np.integer, list, np.ndarray))
-                                               or isinstance(owner, bool)):
-                    raise TypeError(owner)
-                b["req"][i:j] = owner
-            except (TypeError, ValueError):   # a sequence named by something other than an int
-                self._obj_req = self._req_ints().astype(object).tolist()
-        if self._obj_req is not None:
-            self._obj_req += list(owner) if isinstance(owner, (list, np.ndarray)) else [owner] * k
-        if hashes is not None:
-            self._hashes.append((self.rows, hashes))
-        self._n = j
-        self.rows += k
-
-    def _parts(self) -> list[dict]:
-        return self._done + ([{c: v[:self._n] for c, v in self._buf.items()}] if self._buf is not None else [])
-
-    def _req_ints(self) -> np.ndarray:
-        parts = self._parts()
-        return np.concatenate([p["req"] for p in parts]) if parts else np.empty(0, np.int64)
-
-    def __len__(self):
-        return self.rows
-
-    def columns(self) -> dict:
-        """Columns t_ms, op (codes into KV_OPS), req (-1: none), block, logical, ref,
-        hash (16 hex chars or None; None for the whole column when no call has hashes), src."""
-        parts = self._parts()
-        out = {c: (np.concatenate([p[c] for p in parts]) if parts else np.empty(0, dt)) for c, dt in self._NUM}
-        if self._obj_req is not None:
-            out["req"] = np.array(self._obj_req, dtype=object)
-        out["hash"] = None
-        if self._hashes:
-            col = [None] * self.rows
-            for pos, hs in self._hashes:
-                col[pos:pos + len(hs)] = [h.hex()[:16] if h else None for h in hs]
-            out["hash"] = col
-        return out
 
 
 def block_hash(parent: bytes | None, tokens, extra: bytes) -> bytes:
@@ -170,7 +72,7 @@ class BlockManager:
         # request" of a million-request workload has ~10^8 blocks, of which a few thousand are
         # ever in use at once. `ref` is calloc'ed (untouched pages cost nothing); hashes and
         # token ids exist only for cached blocks.
-        self.ref = np.zeros(num_blocks, dtype=np.int64)
+        self._ref = np.zeros(num_blocks, dtype=np.int64)   # kept only while `_live` (see ref)
         self.hash: dict[int, bytes] = _Sparse()        # block -> hash of its cached prefix (None: uncached)
         self.tokens: dict[int, tuple] = _Sparse()      # block -> token ids of a cached block
         self.cache: dict[bytes, int] = {}      # full-block hash -> physical block
@@ -190,6 +92,23 @@ class BlockManager:
     @property
     def num_free(self) -> int:
         return len(self.free_plain) + (self.num_blocks - self.fresh) + len(self.free_cached)
+
+    @property
+    def _live(self) -> bool:
+        # Reference counts matter once a block can have two owners (prefix caching, forks);
+        # until then every block in a table has exactly one and counting costs per step.
+        return self.prefix_caching or self.ever_shared
+
+    @property
+    def ref(self) -> np.ndarray:
+        """References per block (tables holding it). Before any sharing, computed from the
+        tables on each access (a copy: writing into it changes nothing)."""
+        if self._live:
+            return self._ref
+        ref = np.zeros(self.num_blocks, dtype=np.int64)
+        for table in self.tables.values():
+            ref[table] += 1
+        return ref
 
     @property
     def num_used(self) -> int:
@@ -225,7 +144,7 @@ class BlockManager:
     def admission_cost(self, hits: list[int], num_tokens: int) -> int:
         """Free blocks consumed by admitting a new sequence with these hits and
         `num_tokens` slots: fresh blocks plus hit blocks that are currently free."""
-        revived = sum(1 for b in hits if self.ref[b] == 0)
+        revived = sum(1 for b in hits if self._ref[b] == 0)
         return revived + max(0, self.blocks_for(num_tokens) - len(hits))
 
     # ---- mutations -----------------------------------------------------------------
@@ -270,15 +189,15 @@ class BlockManager:
             raise ValueError(f"sequence {seq!r} already has a block table")
         hits = list(hits)
         for b in hits:
-            if self.ref[b] == 0:
+            if self._ref[b] == 0:
                 del self.free_cached[b]
-            self.ref[b] += 1
+            self._ref[b] += 1
         self.ever_shared |= bool(hits)
         self.tables[seq] = list(hits)  # the table grows; the logged hit list must not
         self.chain[seq] = [self.hash[b] for b in hits]
         self.extra[seq] = extra_key(self.model_id, salt)
         if hits:
-            self._rec("hit", seq, hits, 0, 1, self.ref[hits].tolist(), list(self.chain[seq]))
+            self._rec("hit", seq, hits, 0, 1, self._ref[hits].tolist(), list(self.chain[seq]))
         return len(hits) * self.block_size
 
     def grow(self, seq, num_tokens: int) -> list[int]:
@@ -288,9 +207,9 @@ class BlockManager:
         if need <= 0:
             return []
         new = self._take(need)
-        arr = np.array(new, dtype=np.int64)
-        self.ref[arr] = 1
-        self._rec("alloc", seq, arr, len(table), 1, 1)
+        if self._live:
+            self._ref[new] = 1
+        self._rec("alloc", seq, new, len(table), 1, 1)
         table.extend(new)
         return new
 
@@ -302,7 +221,8 @@ class BlockManager:
         if n > len(self.free_plain) + self.num_blocks - self.fresh:
             return False
         new = self._take_uncached(n)
-        self.ref[new] = 1
+        if self._live:
+            self._ref[new] = 1
         tables = self.tables
         logical = []
         for seq, b in zip(owners, new):
@@ -324,10 +244,10 @@ class BlockManager:
         tables = self.tables
         for seq, b in zip(seqs.tolist(), new):
             tables[seq].append(b)
-        arr = np.array(new, dtype=np.int64)
-        self.ref[arr] = 1
+        if self._live:
+            self._ref[new] = 1
         if self.log is not None:
-            self._rec("alloc", seqs, arr, starts, 0, 1)
+            self._rec("alloc", seqs, new, starts, 0, 1)
         else:
             self.counts["alloc"] += len(new)
 
@@ -355,8 +275,8 @@ class BlockManager:
             within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
             owners = np.repeat(np.asarray(seqs), counts)
             logical = np.repeat(np.asarray(starts, dtype=np.int64), counts) + within
-        new = np.array(new, dtype=np.int64)
-        self.ref[new] = 1
+        if self._live:
+            self._ref[new] = 1
         if self.log is not None and len(seqs) == 1:
             self._rec("alloc", seqs[0], new, starts[0], 1, 1)
         elif self.log is not None:  # one log call for the whole step, per-block owners
@@ -372,7 +292,8 @@ class BlockManager:
         table = self.tables[seq]
         first = start_pos // self.block_size
         end_blocks = self.blocks_for(start_pos + num_tokens)
-        cows = [i for i in range(first, min(len(table), end_blocks)) if self.ref[table[i]] > 1]
+        ref = self._ref
+        cows = [i for i in range(first, min(len(table), end_blocks)) if ref[table[i]] > 1] if self._live else []
         need = len(cows) + max(0, end_blocks - len(table))
         if need > self.num_free:
             raise OutOfBlocks(f"need {need} blocks, {self.num_free} free")
@@ -380,8 +301,8 @@ class BlockManager:
         for i in cows:
             src = table[i]
             dst = self._take(1)[0]
-            self.ref[src] -= 1
-            self.ref[dst] = 1
+            ref[src] -= 1
+            ref[dst] = 1
             table[i] = dst
             copies.append((src, dst))
             self._rec("cow", seq, [dst], i, 1, 1, None, src)
@@ -394,8 +315,10 @@ class BlockManager:
         if child in self.tables:
             raise ValueError(f"sequence {child!r} already has a block table")
         table = list(self.tables[parent])
-        self.ref[table] += 1
+        if not self._live:
+            self._ref = self.ref   # start counting: from now on a block can have two owners
         self.ever_shared = True
+        self._ref[table] += 1
         self.tables[child] = table
         self.chain[child] = list(self.chain[parent])
         self.extra[child] = self.extra[parent]
@@ -419,17 +342,16 @@ class BlockManager:
             self.hash[b] = h
             self.tokens[b] = chunk
             self.cache[h] = b
-            self._rec("cache", seq, [b], i, 1, int(self.ref[b]), [h])
+            self._rec("cache", seq, [b], i, 1, int(self._ref[b]), [h])
 
     def _release(self, seq, blocks: list[int], logical0: int, step: int):
-        arr = np.array(blocks, dtype=np.int64)
-        ref = self.ref
         hashes = None
-        if not self.ever_shared and not self.prefix_caching:   # every block had one owner: all are free now
-            ref[arr] = 0
+        if not self._live:   # every block had one owner: all are free now
             self.free_plain.extend(blocks)
-            self._rec("free", seq, arr, logical0, step, 0)
+            self._rec("free", seq, blocks, logical0, step, 0)
             return
+        arr = np.array(blocks, dtype=np.int64)
+        ref = self._ref
         ref[arr] -= 1
         refs = ref[arr]
         if not self.prefix_caching and not refs.any():   # no block shared: all of them are free now
@@ -472,15 +394,16 @@ class BlockManager:
         for seq, table in self.tables.items():
             assert len(set(table)) == len(table), f"{seq}: a block appears twice in its table"
             np.add.at(refs, table, 1)
-        bad = np.flatnonzero(refs != self.ref)
-        assert not len(bad), f"block {bad[0]}: ref {self.ref[bad[0]]} but {refs[bad[0]]} table refs"
+        ref = self.ref
+        bad = np.flatnonzero(refs != ref)
+        assert not len(bad), f"block {bad[0]}: ref {ref[bad[0]]} but {refs[bad[0]]} table refs"
         free = self.free_plain + list(range(self.fresh, self.num_blocks)) + list(self.free_cached)
         assert len(set(free)) == len(free), "a block is listed free twice"
         assert all(b < self.fresh for b in self.free_plain), "a never-used block is on the released stack"
         is_free = np.zeros(self.num_blocks, dtype=bool)
         is_free[free] = True
-        broken = np.flatnonzero(is_free == (self.ref > 0))
-        assert not len(broken), f"block {broken[0]}: free xor referenced broken (ref {self.ref[broken[0]]})"
+        broken = np.flatnonzero(is_free == (ref > 0))
+        assert not len(broken), f"block {broken[0]}: free xor referenced broken (ref {ref[broken[0]]})"
         for b in self.free_plain:
             assert self.hash[b] is None, f"block {b}: cached but on the uncached free stack"
         for b in self.free_cached:

@@ -35,8 +35,9 @@ import numpy as np
 
 from core.config import BIG, POLICIES, SchedulerConfig  # noqa: F401  (re-exported)
 from core.errors import ConfigError
+from core.fastforward import fast_forward as _fast_forward
 from core.paging import BlockManager
-from core.steplog import BatchPart, FinishRecord, PreemptRecord, StepLog, StepOutput, StepRecord, StepRun, TokenPart
+from core.steplog import BatchPart, FinishRecord, PreemptRecord, StepLog, StepOutput, StepRecord, TokenPart
 from core.workload import Request, Workload
 
 
@@ -49,13 +50,18 @@ class Batch:
     start_pos: np.ndarray       # first position written (tokens already cached)
     is_prefill: np.ndarray      # False: a one-token decode after at least one emission
     emits: np.ndarray | None = None  # the step completes everything known (a token is due); None: compute
+    counts: tuple[int, int] | None = None  # (prefill tokens, decode seqs) when the scheduler knows them
 
     @property
     def prefill_tokens(self) -> int:
+        if self.counts is not None:
+            return self.counts[0]
         return int(np.add.reduce(self.num_tokens, where=self.is_prefill))
 
     @property
     def decode_seqs(self) -> int:
+        if self.counts is not None:
+            return self.counts[1]
         return len(self.is_prefill) - int(np.count_nonzero(self.is_prefill))
 
     @property
@@ -128,6 +134,8 @@ class Scheduler:
         self.step = 0
         self.num_preemptions = 0
         self._pending_step = None
+        self._decoding = False  # every running request is a one-token decode (set by update)
+        self._consts: dict = {}
         self.stop_of: dict[int, frozenset] = {}   # per-request stop ids replacing stop_token_ids
 
     # ---- requests arriving while the loop runs (a server) -----------------------------------
@@ -243,7 +251,21 @@ class Scheduler:
         run = self.run
         cohort_open = cfg.policy == "continuous" or len(run) == 0
         preempted = False
-        if len(run):
+        fast = self._decoding and 0 < len(run) <= budget
+        if fast:  # every running request decodes one token (the steady state): a block each at a boundary
+            start = self.computed[run]
+            grow = np.flatnonzero(start % bs == 0)
+            if len(grow) > bm.num_free:
+                fast = False  # someone must be preempted: the general path below
+            else:
+                n = self._const("ones", len(run))
+                if len(grow):
+                    who = run[grow]
+                    bm.grow_one_each(who, self.nblocks[who])
+                    self.nblocks[who] += 1
+        if fast:
+            pass
+        elif len(run):
             n, need, is_decode, pending = self._plan_running(run, budget)
             while int(need.sum()) > bm.num_free:
                 victim = int(run[-1])           # newest running request
@@ -270,7 +292,7 @@ class Scheduler:
             n = pending = np.empty(0, dtype=np.int64)
             is_decode = np.empty(0, dtype=bool)
         used = int(n.sum())
-        new_reqs, new_n, new_pending = [], [], []
+        new_reqs, new_n, new_pending, new_start = [], [], [], []
         if cohort_open and not preempted:
             seats = cfg.seats - len(run)
             while self.waiting and seats > 0 and budget - used > 0:
@@ -295,8 +317,46 @@ class Scheduler:
                 new_reqs.append(r)
                 new_n.append(take)
                 new_pending.append(todo)
+                new_start.append(cached)
                 used += take
                 seats -= 1
+        if fast:  # running decodes, then the admitted prefills: no entry is idle
+            m0 = len(start)
+            if new_reqs:
+                self.run = run = np.concatenate([run, new_reqs])
+                n = np.concatenate([n, new_n])
+                start = np.concatenate([start, new_start])
+                is_prefill = np.zeros(len(run), dtype=bool)
+                is_prefill[m0:] = True
+                done = [a >= b for a, b in zip(new_n, new_pending)]
+                if all(done):
+                    emits = self._const("true", len(run))
+                else:
+                    emits = np.ones(len(run), dtype=bool)
+                    emits[m0:] = done
+                counts = (used - m0, m0)
+            else:
+                is_prefill, emits, counts = self._const("false", m0), self._const("true", m0), (0, m0)
+            batch = Batch(self.step, now_ms, run, n, start, is_prefill, emits, counts)
+        else:
+            batch = self._general_batch(run, n, pending, is_decode, new_reqs, new_n, new_pending, now_ms)
+            if batch is None:
+                return None
+        free = bm.num_free
+        self._pending_step = (len(self.run), len(self.waiting), bm.num_blocks - free, free)
+        self._quiet = not new_reqs and not preempted  # nothing joined or left the running set
+        return batch
+
+    def _const(self, kind: str, k: int) -> np.ndarray:
+        """k ones (int64), True or False: read-only views of one array per kind."""
+        a = self._consts.get(kind)
+        if a is None or len(a) < k:
+            a = (np.ones if kind != "false" else np.zeros)(max(k, 256), dtype=np.int64 if kind == "ones" else bool)
+            a.flags.writeable = False
+            self._consts[kind] = a
+        return a[:k]
+
+    def _general_batch(self, run, n, pending, is_decode, new_reqs, new_n, new_pending, now_ms):
         if new_reqs:
             run = np.concatenate([run, np.array(new_reqs, dtype=np.int64)])
             n = np.concatenate([n, np.array(new_n, dtype=np.int64)])
@@ -311,80 +371,13 @@ class Scheduler:
         else:
             active = n > 0
             reqs, num, is_decode, pending = run[active], n[active], is_decode[active], pending[active]
-        batch = Batch(self.step, now_ms, reqs, num, self.computed[reqs], ~is_decode, num >= pending)
-        free = bm.num_free
-        self._pending_step = (len(run), len(self.waiting), bm.num_blocks - free, free)
-        self._quiet = not new_reqs and not preempted  # nothing joined or left the running set
-        return batch
+        return Batch(self.step, now_ms, reqs, num, self.computed[reqs], ~is_decode, num >= pending)
 
     def fast_forward(self, batch: Batch, durations, min_steps: int = 3) -> float | None:
-        """Simulator shortcut. If `batch` starts a run of identical decode-only steps (every
-        running request decodes, nobody can be admitted, nobody finishes, KV suffices),
-        apply as many of them as possible at once, with exactly the events step-by-step
-        scheduling would record. `durations(k)` gives the k step durations. Returns the time
-        the last applied step ends, or None (then use complete() as usual)."""
-        cfg, bm, run = self.cfg, self.bm, self.run
-        if (self.aborts_pending or not self._quiet or len(batch.reqs) != len(run)
-                or batch.is_prefill.any() or cfg.spec_gamma):
-            return None
-        K = int((self.out_len[run] - self.emitted[run]).min()) - 1  # the finishing step runs normally
-        if min_steps > K:
-            return None
-        t0 = batch.t_ms
-        d = np.asarray(durations(K), dtype=np.float64)
-        ends = np.cumsum(np.r_[t0, d])[1:]          # sequential sums: bit-identical to t += d
-        starts = np.r_[t0, ends[:-1]]
-        nxt = self.next_arrival
-        arrivals_by_step = np.zeros(K, dtype=np.int64)
-        if nxt < self.n:
-            # Arrivals join the queue at each step start; they can only be admitted if the
-            # queue was empty and a seat is free (continuous), so the run must stop there.
-            pending = self.arrival[nxt:]
-            arrivals_by_step = np.searchsorted(pending, starts, side="right")
-            if cfg.policy == "continuous" and len(run) < cfg.seats and not self.waiting:
-                K = min(K, int(np.searchsorted(starts, pending[0], side="left")))
-        # KV: a request needs a new block at step j >= 1 when its position c + j starts a block.
-        bs = cfg.block_size
-        c = batch.start_pos
-        residue = (-c) % bs
-        by_residue = np.bincount(residue, minlength=bs)
-        j = np.arange(1, K)
-        need = by_residue[j % bs]
-        over = np.flatnonzero(np.cumsum(need) > bm.num_free)
-        if len(over):
-            K = min(K, int(over[0]) + 1)
-        if min_steps > K:
-            return None
-        n = len(run)
-        log = self.log
-        members = {res: run[residue == res].tolist() for res in np.flatnonzero(by_residue)}
-        step0, waiting0 = self.step, len(self.waiting)
-        alloc_steps = (np.flatnonzero(need[:K - 1]) + 1).tolist()  # steps that take new blocks
-        owners, times = [], []
-        for k in alloc_steps:
-            m = members[k % bs]
-            owners += m
-            times += [float(starts[k])] * len(m)
-        if owners and not bm.append_blocks(owners, times):
-            for k in alloc_steps:  # some block must be evicted: replay step by step, exactly
-                bm.now_ms = float(starts[k])
-                bm.grow_many(members[k % bs], [1] * len(members[k % bs]))
-        used = self._pending_step[2] + np.r_[0, np.cumsum(need[:K - 1])]
-        if log is not None:
-            steps = np.arange(step0, step0 + K)
-            log.steps.append(StepRun(steps, starts[:K], d[:K], np.full(K, n), waiting0 + arrivals_by_step[:K],
-                                     used, bm.num_blocks - used))
-            log.batch_parts.append(BatchPart(steps, run, batch.num_tokens, batch.is_prefill))
-            em = self.emitted[run]
-            log.token_parts.append(TokenPart(np.tile(run, K), (em[None, :] + np.arange(K)[:, None]).ravel(),
-                                    np.repeat(ends[:K], n), None))
-            log.token_sources.append(None)
-        self.computed[run] += K
-        self.emitted[run] += K
-        self.nblocks[run] = -(-self.computed[run] // bs)
-        self.step += K
-        self._pending_step = None
-        return float(ends[K - 1])
+        """Simulator shortcut (core.fastforward): apply a run of identical decode-only steps
+        starting with `batch` at once, with the events stepping them would record; returns
+        when the last one ends, or None (then complete the step as usual)."""
+        return _fast_forward(self, batch, durations, min_steps)
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
     def update(self, batch: Batch, out: StepOutput) -> np.ndarray:
@@ -400,6 +393,7 @@ class Scheduler:
         t_end = out.t_end_ms
         bm.now_ms = t_end
         r = batch.reqs
+        whole = len(r) == len(self.run)   # every running request took part
         self.computed[r] = batch.start_pos + batch.num_tokens
         emit = batch.emits if batch.emits is not None else self.computed[r] >= self.prompt_len[r] + self.emitted[r]
         cancelled = None
@@ -415,7 +409,10 @@ class Scheduler:
             idx = self.emitted[er]
             self.emitted[er] = idx + 1
             ids = src = None
+            # All emitted one token: next step every one of them decodes (schedule's fast path).
+            self._decoding = whole and len(er) == len(r) and not self.cfg.spec_gamma
         else:
+            self._decoding = False
             er, idx, ids, src, stopped = self._take_tokens(batch, out, emit)
         if self.log is not None:
             log = self.log

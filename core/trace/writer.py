@@ -51,6 +51,7 @@ class RowTables:
         self.schema = pa.schema(list(self.types.items()))
         self._null_rows = null_rows
         self._null_arrays: dict = {}
+        self._zeros = None
 
     def _array(self, c: str, v) -> list:
         pa, t = self._pa, self.types[c]
@@ -72,11 +73,25 @@ class RowTables:
         return [_arrow_numbers(pa, a, t, np.isnan(a) if a.dtype == np.float64 else None)]
 
     def _nulls(self, c: str, n: int):
-        # slices of one all-null array per column: fresh zeroed buffers for every row group
-        # cost page faults that dominated writing
+        # Slices of one all-null array per column, all of them over one shared zeroed buffer
+        # (calloc'ed by numpy: pages are mapped only when read). Fresh zeroed Arrow buffers
+        # per row group, or even per column, cost page faults that dominated writing.
         have = self._null_arrays.get(c)
         if have is None or len(have) < n:
-            have = self._null_arrays[c] = self._pa.nulls(max(n, 2 * self._null_rows), self.types[c])
+            pa, t = self._pa, self.types[c]
+            size = max(n, 2 * self._null_rows)
+            if self._zeros is None or len(self._zeros) < 8 * (size + 1):
+                self._zeros = np.zeros(8 * (size + 1), dtype=np.uint8)
+                self._null_arrays = {}
+            z = pa.py_buffer(self._zeros)
+            if pa.types.is_dictionary(t):
+                idx = pa.Array.from_buffers(pa.int8(), size, [z, z], null_count=size)
+                have = pa.DictionaryArray.from_arrays(idx, _arrow_strings(pa, []))
+            elif pa.types.is_string(t):
+                have = pa.Array.from_buffers(t, size, [z, z, z], null_count=size)
+            else:
+                have = pa.Array.from_buffers(t, size, [z, z], null_count=size)
+            self._null_arrays[c] = have
         return have.slice(0, n)
 
     def table(self, rtype: str, parts: list[dict]):

@@ -1,0 +1,88 @@
+"""The simulator's fast-forward: a run of identical decode-only steps applied at once.
+
+Once every running request decodes and nothing can join or leave the running set for k
+steps (no admission possible, nobody finishes, KV blocks suffice), those k steps differ
+only in positions and times, so they are applied as arrays, with exactly the events
+stepping them one by one records (tests compare the two).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from core.steplog import BatchPart, StepRun, TokenPart
+
+if TYPE_CHECKING:
+    from core.scheduler import Batch, Scheduler
+
+
+def fast_forward(sched: Scheduler, batch: Batch, durations, min_steps: int = 3) -> float | None:
+    """Simulator shortcut. If `batch` starts a run of identical decode-only steps (every
+    running request decodes, nobody can be admitted, nobody finishes, KV suffices),
+    apply as many of them as possible at once, with exactly the events step-by-step
+    scheduling would record. `durations(k)` gives the k step durations. Returns the time
+    the last applied step ends, or None (then use complete() as usual)."""
+    cfg, bm, run = sched.cfg, sched.bm, sched.run
+    if (sched.aborts_pending or not sched._quiet or len(batch.reqs) != len(run)
+            or batch.is_prefill.any() or cfg.spec_gamma):
+        return None
+    K = int((sched.out_len[run] - sched.emitted[run]).min()) - 1  # the finishing step runs normally
+    if min_steps > K:
+        return None
+    t0 = batch.t_ms
+    d = np.asarray(durations(K), dtype=np.float64)
+    ends = np.cumsum(np.r_[t0, d])[1:]          # sequential sums: bit-identical to t += d
+    starts = np.r_[t0, ends[:-1]]
+    nxt = sched.next_arrival
+    arrivals_by_step = np.zeros(K, dtype=np.int64)
+    if nxt < sched.n:
+        # Arrivals join the queue at each step start; they can only be admitted if the
+        # queue was empty and a seat is free (continuous), so the run must stop there.
+        pending = sched.arrival[nxt:]
+        arrivals_by_step = np.searchsorted(pending, starts, side="right")
+        if cfg.policy == "continuous" and len(run) < cfg.seats and not sched.waiting:
+            K = min(K, int(np.searchsorted(starts, pending[0], side="left")))
+    # KV: a request needs a new block at step j >= 1 when its position c + j starts a block.
+    bs = cfg.block_size
+    c = batch.start_pos
+    residue = (-c) % bs
+    by_residue = np.bincount(residue, minlength=bs)
+    j = np.arange(1, K)
+    need = by_residue[j % bs]
+    over = np.flatnonzero(np.cumsum(need) > bm.num_free)
+    if len(over):
+        K = min(K, int(over[0]) + 1)
+    if min_steps > K:
+        return None
+    n = len(run)
+    log = sched.log
+    members = {res: run[residue == res].tolist() for res in np.flatnonzero(by_residue)}
+    step0, waiting0 = sched.step, len(sched.waiting)
+    alloc_steps = (np.flatnonzero(need[:K - 1]) + 1).tolist()  # steps that take new blocks
+    owners, times = [], []
+    for k in alloc_steps:
+        m = members[k % bs]
+        owners += m
+        times += [float(starts[k])] * len(m)
+    if owners and not bm.append_blocks(owners, times):
+        for k in alloc_steps:  # some block must be evicted: replay step by step, exactly
+            bm.now_ms = float(starts[k])
+            bm.grow_many(members[k % bs], [1] * len(members[k % bs]))
+    used = sched._pending_step[2] + np.r_[0, np.cumsum(need[:K - 1])]
+    if log is not None:
+        steps = np.arange(step0, step0 + K)
+        log.steps.append(StepRun(steps, starts[:K], d[:K], np.full(K, n), waiting0 + arrivals_by_step[:K],
+                                 used, bm.num_blocks - used))
+        log.batch_parts.append(BatchPart(steps, run, batch.num_tokens, batch.is_prefill))
+        em = sched.emitted[run]
+        log.token_parts.append(TokenPart(np.tile(run, K), (em[None, :] + np.arange(K)[:, None]).ravel(),
+                                np.repeat(ends[:K], n), None))
+        log.token_sources.append(None)
+    sched.computed[run] += K
+    sched.emitted[run] += K
+    sched.nblocks[run] = -(-sched.computed[run] // bs)
+    sched.step += K
+    sched._pending_step = None
+    return float(ends[K - 1])
+
