@@ -80,6 +80,8 @@ NOT_ARRIVED, WAITING, RUNNING, DONE = (int(s) for s in RequestState)  # plain in
 
 
 class Scheduler:
+    decode_fast_path = True   # False: plan every step in full (tests compare the two)
+
     def __init__(self, workload: Workload | None, config: SchedulerConfig, log: StepLog | None = None,
                  stop_token_ids: Iterable[int] = ()):
         """`workload` None: no requests yet (a server adds them with add_request)."""
@@ -410,7 +412,7 @@ class Scheduler:
             self.emitted[er] = idx + 1
             ids = src = None
             # All emitted one token: next step every one of them decodes (schedule's fast path).
-            self._decoding = whole and len(er) == len(r) and not self.cfg.spec_gamma
+            self._decoding = self.decode_fast_path and whole and len(er) == len(r) and not self.cfg.spec_gamma
         else:
             self._decoding = False
             er, idx, ids, src, stopped = self._take_tokens(batch, out, emit)

@@ -252,9 +252,36 @@ def test_simulation_invariants(rows, cfg, model):
     assert again.to_doc() == tr.to_doc()              # deterministic given its inputs
     stepwise = simulate(w, config, model, created=tr.meta["created"], fast_forward=False)
     assert stepwise.to_doc() == tr.to_doc()           # the fast-forward shortcut changes nothing
+    assert fully_planned(w, config, model, tr.meta["created"]).to_doc() == tr.to_doc()  # nor the decode fast path
     buf = io.BytesIO()                                # written while simulated, in tiny pieces
     simulate_to_parquet(w, config, buf, model, created=tr.meta["created"], flush_steps=2, row_group_rows=7)
     assert parse_trace(buf.getvalue(), "streamed.parquet").to_doc() == tr.to_doc()
+
+
+def fully_planned(w, config, model, created):
+    """The trace with every shortcut off: no fast-forward, each step planned in full."""
+    Scheduler.decode_fast_path = False
+    try:
+        return simulate(w, config, model, created=created, fast_forward=False)
+    finally:
+        Scheduler.decode_fast_path = True
+
+
+@pytest.mark.parametrize("kv_blocks", [None, 250])
+def test_shortcuts_change_nothing_under_load(kv_blocks):
+    # Overloaded: seats stay full, a request finishes and another is admitted nearly every
+    # step, so the decode fast path carries most steps; with 250 blocks requests are also
+    # preempted and recomputed.
+    rng = np.random.default_rng(5)
+    n = 400
+    w = make_workload([(f"q{i}", float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(
+        np.cumsum(rng.exponential(2.0, n)), rng.integers(1, 300, n), rng.integers(1, 120, n)))])
+    config = SchedulerConfig("continuous", max_seqs=32, token_budget=512, chunk=256, block_size=16,
+                             kv_blocks=kv_blocks)
+    model = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.01, decode_ms_per_seq=0.05)
+    tr = simulate(w, config, model)
+    assert (tr.meta["stats"]["preemptions"] > 0) == (kv_blocks is not None)
+    assert fully_planned(w, config, model, tr.meta["created"]).to_doc() == tr.to_doc()
 
 
 class _ArrivalInbox:
