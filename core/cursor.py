@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from core.metrics import request_metrics
+from core.order import stable_order
 from core.trace import Trace
 
 
@@ -43,7 +44,7 @@ def row_index(trace: Trace) -> RowIndex:
         req = getattr(trace, name)["req"].to_numpy()
         ok = (req >= 0) & (req < n)
         r = np.where(ok, req, n).astype(np.int32 if n < 2**31 - 1 else np.int64)   # n: rows of no request
-        order = np.argsort(r, kind="stable").astype(np.int32 if len(r) < 2**31 else np.int64)
+        order = stable_order(r).astype(np.int32 if len(r) < 2**31 else np.int64)
         starts = np.r_[0, np.cumsum(np.bincount(r, minlength=n + 1))]
         rows[name] = (order, starts)
     steps = trace.batch["step"].to_numpy()

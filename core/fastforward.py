@@ -25,7 +25,7 @@ def fast_forward(sched: Scheduler, batch: Batch, durations, min_steps: int = 3) 
     the last applied step ends, or None (then use complete() as usual)."""
     cfg, bm, run = sched.cfg, sched.bm, sched.run
     if (sched.aborts_pending or not sched._quiet or len(batch.reqs) != len(run)
-            or batch.is_prefill.any() or cfg.spec_gamma):
+            or batch.prefill_tokens or cfg.spec_gamma):
         return None
     K = int((sched.out_len[run] - sched.emitted[run]).min()) - 1  # the finishing step runs normally
     if min_steps > K:
@@ -86,3 +86,48 @@ def fast_forward(sched: Scheduler, batch: Batch, durations, min_steps: int = 3) 
     sched._pending_step = None
     return float(ends[K - 1])
 
+
+
+def plan_steady(sched: Scheduler, run: np.ndarray, budget: int):
+    """The running requests' share of the next step when the last step ran all of them and
+    every one either emitted (so now decodes one token) or is mid-prefill (`sched._prefilling`,
+    a mask over `run`, None: nobody): the same tokens and KV blocks as the scheduler's full
+    plan, without its per-request work. Returns (tokens, start positions, None or
+    (prefill positions, is-prefill, emits) for the mid-prefill ones), or None where the full
+    plan is needed (over the token budget, or someone must be preempted)."""
+    cfg, bm, bs = sched.cfg, sched.bm, sched.cfg.block_size
+    start = sched.computed[run]
+    mask = sched._prefilling
+    if mask is None:   # decodes only: a block each where a position starts one
+        if len(run) > budget:
+            return None
+        grow = np.flatnonzero((start & (bs - 1) if bs & (bs - 1) == 0 else start % bs) == 0)
+        if len(grow) > bm.num_free:
+            return None
+        if len(grow):
+            who = run[grow]
+            bm.grow_one_each(who, sched.nblocks[who])
+            sched.nblocks[who] += 1
+        return sched._const("ones", len(run)), start, None
+    pos = np.flatnonzero(mask)
+    pr = run[pos]
+    emitted = sched.emitted[pr]
+    pending = sched.prompt_len[pr] + emitted - start[pos]
+    want = np.minimum(pending, cfg.chunk) if cfg.chunk else pending
+    if len(run) - len(pos) + int(want.sum()) > budget:
+        return None
+    n = np.ones(len(run), dtype=np.int64)
+    n[pos] = want
+    need = (start + n + (bs - 1)) // bs - sched.nblocks[run]
+    if int(need.sum()) > bm.num_free:
+        return None
+    grow = np.flatnonzero(need > 0)
+    if len(grow):
+        who, more = run[grow], need[grow]
+        if int(more.sum()) == len(grow):
+            bm.grow_one_each(who, sched.nblocks[who])
+        else:
+            bm.grow_many(who.tolist(), more.tolist())
+        sched.nblocks[who] += more
+    # (a recomputed request whose last missing position is its last token counts as a decode)
+    return n, start, (pos, ~((pending == 1) & (emitted > 0)), want >= pending)

@@ -39,8 +39,9 @@ class KVLog:
         if not k:
             return
         owner = -1 if seq is None else seq
-        if type(owner) is not int and not self._obj_req and not _int_ids(owner):
-            self._obj_req = True
+        if (type(owner) is not int and not self._obj_req and not isinstance(owner, (list, np.ndarray))
+                and (isinstance(owner, bool) or not isinstance(owner, (int, np.integer)))):
+            self._obj_req = True   # (lists and arrays of ids are checked when read: _columns_of)
         self._calls.append((t, self._OPS[op], owner, blocks, logical0, step, refs, src))
         if hashes is not None:
             self._hashes.append((self.rows, hashes))
@@ -62,12 +63,16 @@ class KVLog:
         if steps.any():  # runs of consecutive logical indices (+1 or -1 per block)
             first = np.cumsum(lens) - lens
             logical += (np.arange(n) - np.repeat(first, lens)) * np.repeat(steps, lens)
+        req = None
+        if not self._obj_req:
+            try:
+                req = _spread(owner, lens, np.int64)
+            except (TypeError, ValueError, OverflowError):   # a sequence named by something else
+                self._obj_req = True
         if self._obj_req:
             req = np.empty(n, dtype=object)
             req[:] = [x for o, k in zip(owner, lens.tolist())
                       for x in (o.tolist() if isinstance(o, np.ndarray) else o if isinstance(o, list) else [o] * k)]
-        else:
-            req = _spread(owner, lens, np.int64)
         return {"t_ms": _spread(t, lens, np.float64), "op": np.repeat(np.array(op, dtype=np.int8), lens),
                 "req": req, "block": block, "logical": logical, "ref": _spread(refs, lens, np.int64),
                 "src": np.repeat(np.array(src, dtype=np.int64), lens)}
@@ -92,15 +97,6 @@ class KVLog:
                 col[pos:pos + len(hs)] = [h.hex()[:16] if h else None for h in hs]
             out["hash"] = col
         return out
-
-
-def _int_ids(owner) -> bool:
-    """An integer sequence id, or a list/array of them."""
-    if isinstance(owner, np.ndarray):
-        return owner.dtype.kind in "iu"
-    if isinstance(owner, list):
-        return all(type(x) is int or isinstance(x, np.integer) for x in owner)
-    return isinstance(owner, (int, np.integer)) and not isinstance(owner, bool)
 
 
 def _spread(values, lens: np.ndarray, dtype) -> np.ndarray:

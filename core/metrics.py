@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import InputError
+from core.order import stable_order
 
 ESTIMATOR = "linear"
 ESTIMATOR_LABEL = "numpy 'linear' (Hyndman-Fan type 7)"
@@ -90,7 +91,9 @@ def itl_gaps(trace) -> np.ndarray:
         return np.empty(0)
     req = tk["req"].to_numpy()
     t = tk["t_ms"].to_numpy()
-    order = np.lexsort((t, req))
+    # by request, then time: rows already in time order (every recorded trace) need only a
+    # stable sort by request
+    order = stable_order(req) if bool((t[1:] >= t[:-1]).all()) else np.lexsort((t, req))
     r, t = req[order], t[order]
     same = r[1:] == r[:-1]
     gaps = t[1:] - t[:-1]
@@ -257,12 +260,14 @@ def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENT
         "conservation_problems": conservation(trace),
         "notes": notes,
     }
-    rows = []
-    for r in m.itertuples(index=False):
-        rows.append({"id": r.id, "arrival_ms": r.arrival_ms, "first_token_ms": _none_if_nan(r.first_token_ms),
-                     "last_token_ms": _none_if_nan(r.last_token_ms), "output_tokens": int(r.output_tokens),
-                     "ttft_ms": _none_if_nan(r.ttft_ms), "tpot_ms": _none_if_nan(r.tpot_ms),
-                     "e2e_ms": _none_if_nan(r.e2e_ms),
-                     "finish_reason": r.finish_reason if isinstance(r.finish_reason, str) else None})
+    def col(name):   # plain Python values, NaN as None
+        return [None if x != x else x for x in m[name].to_numpy(dtype=float).tolist()]
+
+    names = ("id", "arrival_ms", "first_token_ms", "last_token_ms", "output_tokens", "ttft_ms", "tpot_ms", "e2e_ms",
+             "finish_reason")
+    cols = [m["id"].tolist(), m["arrival_ms"].to_numpy(dtype=float).tolist(), col("first_token_ms"),
+            col("last_token_ms"), m["output_tokens"].to_numpy(dtype=np.int64).tolist(), col("ttft_ms"),
+            col("tpot_ms"), col("e2e_ms"), [x if isinstance(x, str) else None for x in m["finish_reason"].tolist()]]
+    rows = [dict(zip(names, r)) for r in zip(*cols)]
     return {"source": trace.meta.get("source"), "label": trace.meta.get("label"),
             "requests": rows, "summary": summary}

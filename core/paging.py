@@ -252,34 +252,22 @@ class BlockManager:
             self.counts["alloc"] += len(new)
 
     def grow_many(self, seqs: list, needs: list[int]):
-        """Append needs[i] fresh blocks to seqs[i]'s table, for many sequences at once."""
+        """Append needs[i] fresh blocks to seqs[i]'s table, for many sequences at once (one
+        log call: per-block owners and logical indices)."""
         total = sum(needs)
         new = self._take(total)
         tables = self.tables
-        if total == len(seqs):  # one block each (decodes crossing a block boundary): the common case
-            starts = []
-            for seq, b in zip(seqs, new):
-                t = tables[seq]
-                starts.append(len(t))
-                t.append(b)
-            owners, logical = seqs, starts
-        else:
-            starts = []
-            pos = 0
-            for seq, k in zip(seqs, needs):
-                table = tables[seq]
-                starts.append(len(table))
-                table.extend(new[pos:pos + k])
-                pos += k
-            counts = np.asarray(needs, dtype=np.int64)
-            within = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
-            owners = np.repeat(np.asarray(seqs), counts)
-            logical = np.repeat(np.asarray(starts, dtype=np.int64), counts) + within
+        owners, logical = [], []
+        pos = 0
+        for seq, k in zip(seqs, needs):
+            table = tables[seq]
+            owners += [seq] * k
+            logical += range(len(table), len(table) + k)
+            table += new[pos:pos + k]
+            pos += k
         if self._live:
             self._ref[new] = 1
-        if self.log is not None and len(seqs) == 1:
-            self._rec("alloc", seqs[0], new, starts[0], 1, 1)
-        elif self.log is not None:  # one log call for the whole step, per-block owners
+        if self.log is not None:
             self._rec("alloc", owners, new, logical, 0, 1)
         else:
             self.counts["alloc"] += total

@@ -36,6 +36,7 @@ import numpy as np
 from core.config import BIG, POLICIES, SchedulerConfig  # noqa: F401  (re-exported)
 from core.errors import ConfigError
 from core.fastforward import fast_forward as _fast_forward
+from core.fastforward import plan_steady
 from core.paging import BlockManager
 from core.steplog import BatchPart, FinishRecord, PreemptRecord, StepLog, StepOutput, StepRecord, TokenPart
 from core.workload import Request, Workload
@@ -136,7 +137,8 @@ class Scheduler:
         self.step = 0
         self.num_preemptions = 0
         self._pending_step = None
-        self._decoding = False  # every running request is a one-token decode (set by update)
+        self._decoding = False  # the last step ran every running request (set by update)
+        self._prefilling = None  # ... and these of them (mask over run) are mid-prefill
         self._consts: dict = {}
         self.stop_of: dict[int, frozenset] = {}   # per-request stop ids replacing stop_token_ids
 
@@ -210,6 +212,7 @@ class Scheduler:
             self.bm.free_seq(i)
             self.nblocks[i] = 0
             self.run = self.run[self.run != i]
+            self._decoding = False
         elif self.state[i] == WAITING:
             self.waiting.remove(i)
         self.state[i] = DONE  # a request not yet arrived is skipped when it would arrive
@@ -253,20 +256,11 @@ class Scheduler:
         run = self.run
         cohort_open = cfg.policy == "continuous" or len(run) == 0
         preempted = False
-        fast = self._decoding and 0 < len(run) <= budget
-        if fast:  # every running request decodes one token (the steady state): a block each at a boundary
-            start = self.computed[run]
-            grow = np.flatnonzero(start % bs == 0)
-            if len(grow) > bm.num_free:
-                fast = False  # someone must be preempted: the general path below
-            else:
-                n = self._const("ones", len(run))
-                if len(grow):
-                    who = run[grow]
-                    bm.grow_one_each(who, self.nblocks[who])
-                    self.nblocks[who] += 1
-        if fast:
-            pass
+        # The steady state (every running request decodes, a few may be mid-prefill): planned
+        # without the general path's per-request work; None: plan in full
+        steady = plan_steady(self, run, budget) if self._decoding and len(run) else None
+        if steady is not None:
+            n, start, pre = steady
         elif len(run):
             n, need, is_decode, pending = self._plan_running(run, budget)
             while int(need.sum()) > bm.num_free:
@@ -322,23 +316,22 @@ class Scheduler:
                 new_start.append(cached)
                 used += take
                 seats -= 1
-        if fast:  # running decodes, then the admitted prefills: no entry is idle
+        if steady is not None:  # the running requests, then the admitted prefills: no entry is idle
             m0 = len(start)
             if new_reqs:
                 self.run = run = np.concatenate([run, new_reqs])
                 n = np.concatenate([n, new_n])
                 start = np.concatenate([start, new_start])
-                is_prefill = np.zeros(len(run), dtype=bool)
-                is_prefill[m0:] = True
-                done = [a >= b for a, b in zip(new_n, new_pending)]
-                if all(done):
-                    emits = self._const("true", len(run))
-                else:
-                    emits = np.ones(len(run), dtype=bool)
-                    emits[m0:] = done
-                counts = (used - m0, m0)
-            else:
+            if pre is None and not new_reqs:   # decodes only
                 is_prefill, emits, counts = self._const("false", m0), self._const("true", m0), (0, m0)
+            else:
+                is_prefill, emits = np.zeros(len(run), dtype=bool), np.ones(len(run), dtype=bool)
+                is_prefill[m0:] = True
+                emits[m0:] = [a >= b for a, b in zip(new_n, new_pending)]
+                counts = (used - m0, m0)
+                if pre is not None:   # (positions, is prefill, emits) of the running prefills
+                    is_prefill[pre[0]], emits[pre[0]] = pre[1], pre[2]
+                    counts = None
             batch = Batch(self.step, now_ms, run, n, start, is_prefill, emits, counts)
         else:
             batch = self._general_batch(run, n, pending, is_decode, new_reqs, new_n, new_pending, now_ms)
@@ -411,8 +404,10 @@ class Scheduler:
             idx = self.emitted[er]
             self.emitted[er] = idx + 1
             ids = src = None
-            # All emitted one token: next step every one of them decodes (schedule's fast path).
-            self._decoding = self.decode_fast_path and whole and len(er) == len(r) and not self.cfg.spec_gamma
+            # Every running request took part: next step those that emitted decode, the others
+            # continue their prefill (schedule's steady-state plan).
+            self._decoding = self.decode_fast_path and whole and not self.cfg.spec_gamma
+            self._prefilling = None if len(er) == len(r) else ~emit
         else:
             self._decoding = False
             er, idx, ids, src, stopped = self._take_tokens(batch, out, emit)
@@ -442,11 +437,11 @@ class Scheduler:
                 ids_i = self.token_ids[i]
                 if ids_i is not None and i in bm.tables:
                     bm.commit(i, ids_i, int(self.computed[i]))
-        if out.tokens is None or len(er) < 2:
-            emitters = er
+        if out.tokens is None:   # one token each: emitted is now idx + 1
+            fin = er[idx >= self.out_len[er] - 1]
         else:  # one row per token; a request's tokens are adjacent
-            emitters = er[np.r_[True, er[1:] != er[:-1]]]
-        fin = emitters[self.emitted[emitters] >= self.out_len[emitters]]
+            emitters = er[np.r_[True, er[1:] != er[:-1]]] if len(er) > 1 else er
+            fin = emitters[self.emitted[emitters] >= self.out_len[emitters]]
         reasons = {}
         if stopped:
             extra = [i for i in stopped if self.emitted[i] < self.out_len[i]]
@@ -461,7 +456,10 @@ class Scheduler:
                 if self.log is not None:
                     self.log.finishes.append(FinishRecord(i, t_end, reasons.get(i, "length")))
             self.num_done += len(fin)
-            self.run = self.run[self.state[self.run] == RUNNING]
+            keep = self.state[self.run] == RUNNING
+            self.run = self.run[keep]
+            if self._prefilling is not None and len(keep) == len(self._prefilling):
+                self._prefilling = self._prefilling[keep]
         if cancelled is not None:
             for i in r[cancelled].tolist():
                 self.abort(i, t_end, t_finish=max(float(self.abort_at[i]), batch.t_ms))
