@@ -75,7 +75,8 @@ class KVLog:
                       for x in (o.tolist() if isinstance(o, np.ndarray) else o if isinstance(o, list) else [o] * k)]
         return {"t_ms": _spread(t, lens, np.float64), "op": np.repeat(np.array(op, dtype=np.int8), lens),
                 "req": req, "block": block, "logical": logical, "ref": _spread(refs, lens, np.int64),
-                "src": np.repeat(np.array(src, dtype=np.int64), lens)}
+                "src": (np.repeat(np.array(src, dtype=np.int64), lens) if any(x != -1 for x in src)
+                        else np.full(n, -1, dtype=np.int64))}
 
     def __len__(self):
         return self.rows
@@ -88,8 +89,8 @@ class KVLog:
         for c, dt in self._NUM:
             if c == "req" and self._obj_req:
                 dt = object
-            out[c] = (np.concatenate([p[c].astype(dt, copy=False) for p in parts]) if parts
-                      else np.empty(0, dt))
+            cols = [p[c].astype(dt, copy=False) for p in parts]
+            out[c] = cols[0] if len(cols) == 1 else np.concatenate(cols) if cols else np.empty(0, dt)
         out["hash"] = None
         if self._hashes:
             col = [None] * self.rows

@@ -242,12 +242,13 @@ class BlockManager:
         and log as grow_many(seqs, [1, ...])."""
         new = self._take(len(seqs))
         tables = self.tables
-        for seq, b in zip(seqs.tolist(), new):
+        owners = seqs.tolist()
+        for seq, b in zip(owners, new):
             tables[seq].append(b)
         if self._live:
             self._ref[new] = 1
-        if self.log is not None:
-            self._rec("alloc", seqs, new, starts, 0, 1)
+        if self.log is not None:   # lists: the log reads Python ints fastest
+            self._rec("alloc", owners, new, np.asarray(starts).tolist(), 0, 1)
         else:
             self.counts["alloc"] += len(new)
 
