@@ -1,4 +1,4 @@
-"""Command line: python -m core {simulate,metrics,export} ...  (run with -h for each command).
+"""Command line: python -m core {simulate,metrics,sweep,export} ...  (run with -h for each command).
 
 Bad input exits with code 2 and one line on stderr naming the problem.
 """
@@ -10,9 +10,13 @@ import sys
 from pathlib import Path
 
 from core.cli import Parser as _Parser
-from core.cli import check_writable, write_output
+from core.cli import add_slo_flags, check_writable, slo_from_args, write_output
 from core.cli import finite_float as _finite_float
+from core.cli import list_of as _list_of
 from core.cli import nonneg_float as _nonneg_float
+from core.cli import nonneg_int as _nonneg_int
+from core.cli import positive_float as _positive_float
+from core.cli import positive_int as _positive_int
 from core.config import SchedulerConfig, add_flags, from_args
 from core.errors import MAX_DECOMPRESSED_BYTES, InputError
 from core.stepmodel import StepModel
@@ -37,7 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--window", nargs=2, type=_finite_float, metavar=("START_MS", "END_MS"),
                    help="fixed throughput window (default: drain window [first arrival, last emission])")
     m.add_argument("--usd-per-hour", type=_nonneg_float, help="flat resource tariff for cost figures")
+    add_slo_flags(m)
     m.add_argument("--json", action="store_true", help="print one JSON object")
+
+    w = sub.add_parser("sweep", help="simulate a workload at several offered loads; latency, throughput, SLOs")
+    w.add_argument("workload", help="workload file (its requests' lengths and order are kept; arrivals are not)")
+    load = w.add_mutually_exclusive_group(required=True)
+    load.add_argument("--rates", type=_list_of(_positive_float, "requests per second > 0"), metavar="R1,R2,...",
+                      help="open loop: Poisson arrivals at each rate (req/s)")
+    load.add_argument("--concurrency", type=_list_of(_positive_int, "integers >= 1"), metavar="C1,C2,...",
+                      help="closed loop: C clients, each sending its next request when its last one finishes")
+    w.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the Poisson arrivals (default 0)")
+    add_flags(w, SchedulerConfig)
+    add_flags(w, StepModel)
+    add_slo_flags(w)
+    w.add_argument("--attainment", type=_positive_float, default=0.9,
+                   help="SLO attainment the capacity point must reach (default 0.9)")
+    w.add_argument("--workers", type=_positive_int, help="processes to run points in (default: one per CPU)")
+    w.add_argument("--json", action="store_true", help="print one JSON object")
 
     e = sub.add_parser("export", help="convert a trace: Chrome/Perfetto JSON, per-request CSV, JSON, Parquet")
     e.add_argument("trace", help=f"serving-trace/1 or a vLLM/SGLang result JSON; {gz}")
@@ -96,7 +117,7 @@ def cmd_metrics(a) -> int:
             for k, v in imp.file_summary.items():
                 print(f"  {k}: {v}")
         return 0
-    out = summarize(tr, window=a.window, usd_per_hour=a.usd_per_hour)
+    out = summarize(tr, window=a.window, usd_per_hour=a.usd_per_hour, slo=slo_from_args(a))
     if imp:
         out["summary"]["failed"] = len(imp.failed)
         out["failed"] = imp.failed
@@ -125,12 +146,63 @@ def cmd_metrics(a) -> int:
         print(f"{k:>8}: n={d['n']} mean={_fmt(d['mean'])} median={_fmt(d['median'])} "
               f"p90={_fmt(d['p90'])} p99={_fmt(d['p99'])}")
     print(f"percentile estimator: {s['percentile_estimator']}")
+    if "slo" in s:
+        o, v = s["slo"], s["slo"]["violations"]
+        bounds = ", ".join(f"{k.split('_')[0].upper()} <= {o[k]:g} ms" for k in ("ttft_ms", "tpot_ms", "e2e_ms")
+                           if o[k] is not None)
+        print(f"SLOs ({bounds}): {o['met']} of {o['requests']} requests met them "
+              f"(attainment {_fmt(o['attainment'])}); goodput {_fmt(o['goodput_req_per_s'])} req/s, "
+              f"{_fmt(o['goodput_tok_per_s'])} tok/s; violations: "
+              + ", ".join(f"{k} {n}" for k, n in v.items() if n is not None))
+    ll = s["littles_law"]
+    print(f"Little's law: L = {_fmt(ll['L'])} requests in system, lambda W = {_fmt(ll['lambda_W'])} "
+          f"(lambda = {_fmt(ll['arrival_rate_per_s'])} req/s, W = {_fmt(ll['W_ms'])} ms)")
+    u = s["utilisation"]
+    if u is not None:
+        kv = (f"; KV blocks in use: mean {_fmt(u['kv_used_blocks_mean'])}, peak {u['kv_used_blocks_peak']}"
+              + (f" of {u['kv_blocks']}" if "kv_blocks" in u else ""))
+        print(f"running sequences: mean {_fmt(u['running_mean'])}, peak {u['running_peak']}{kv}")
     for n in s["notes"] + s["conservation_problems"]:
         print(f"note: {n}")
     for f in out.get("failed", []):
         print(f"failed: request {f['id']} (#{f['index']}): {f['error']}")
     if "failed" in s:
         print(f"failed requests: {s['failed']}")
+    return 0
+
+
+def cmd_sweep(a) -> int:
+    from core.sweep import sweep
+    from core.workload import load_workload
+    w = load_workload(a.workload)
+    out = sweep(w, from_args(SchedulerConfig, a), from_args(StepModel, a), rates=a.rates, concurrency=a.concurrency,
+                seed=a.seed, slo=slo_from_args(a), attainment=a.attainment, workers=a.workers)
+    if a.json:
+        print(json.dumps(out, allow_nan=False))
+        return 0
+    key = "rate" if a.rates else "concurrency"
+    kind = f"open loop (Poisson, seed {a.seed})" if a.rates else "closed loop"
+    print(f"{a.workload}: {len(w)} requests, {kind}; "
+          f"simulated, step model {from_args(StepModel, a).describe()}")
+    head = f"{key:>11} {'offered/s':>10} {'done/s':>8} {'tok/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} " \
+           f"{'TPOT p50':>9} {'TPOT p99':>9} {'E2E p99':>9} {'failed':>6}"
+    print(head + (f" {'SLO met':>8} {'goodput/s':>9}" if out["points"] and "slo" in out["points"][0] else ""))
+    for p in out["points"]:
+        row = (f"{p[key]:>11g} {_fmt(p['offered_req_per_s']):>10} {_fmt(p['achieved_req_per_s']):>8} "
+               f"{_fmt(p['output_tok_per_s']):>9} {_fmt(p['ttft_ms']['p50']):>9} {_fmt(p['ttft_ms']['p99']):>9} "
+               f"{_fmt(p['tpot_ms']['p50']):>9} {_fmt(p['tpot_ms']['p99']):>9} {_fmt(p['e2e_ms']['p99']):>9} "
+               f"{p['failed']:>6}")
+        if "slo" in p:
+            row += f" {_fmt(p['slo']['attainment']):>8} {_fmt(p['slo']['goodput_req_per_s']):>9}"
+        print(row)
+    if out["capacity"] is not None:
+        c = out["capacity"]
+        print(f"capacity: {key} {c[key]:g} is the highest swept load with SLO attainment >= {c['target']:g} "
+              f"({c['attainment']:.3f})")
+    elif slo_from_args(a).given():
+        print(f"capacity: no swept load reaches SLO attainment {a.attainment:g}")
+    print("latencies in ms; offered = arrivals per second over their span; done = completed requests per second "
+          "of the drain window")
     return 0
 
 
@@ -157,7 +229,8 @@ def cmd_export(a) -> int:
 
 def main(argv=None) -> int:
     from core.cli import run
-    return run(build_parser(), {"simulate": cmd_simulate, "metrics": cmd_metrics, "export": cmd_export}, argv)
+    return run(build_parser(), {"simulate": cmd_simulate, "metrics": cmd_metrics, "sweep": cmd_sweep,
+                                       "export": cmd_export}, argv)
 
 
 if __name__ == "__main__":

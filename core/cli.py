@@ -55,6 +55,29 @@ nonneg_int = _converter(int, lambda v: v >= 0, "an integer >= 0")
 any_int = _converter(int, lambda v: True, "an integer")
 nonneg_float = _converter(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 finite_float = _converter(float, math.isfinite, "a finite number")
+positive_float = _converter(float, lambda v: math.isfinite(v) and v > 0, "a finite number > 0")
+
+
+def list_of(convert, expected: str):
+    """An argparse type: comma-separated values, each through `convert`."""
+    def parse(s):
+        parts = [x.strip() for x in s.split(",")]
+        if not s.strip() or any(not x for x in parts):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {expected}, got {s!r}")
+        return [convert(x) for x in parts]
+    return parse
+
+
+def add_slo_flags(p):
+    g = p.add_argument_group("SLOs (a request meets them when it completed and every given bound holds)")
+    for name, what in (("ttft", "time to first token"), ("tpot", "time per output token"),
+                       ("e2e", "end-to-end latency")):
+        g.add_argument(f"--slo-{name}-ms", type=positive_float, metavar="MS", help=f"bound on {what}")
+
+
+def slo_from_args(a):
+    from core.metrics import SLO
+    return SLO(a.slo_ttft_ms, a.slo_tpot_ms, a.slo_e2e_ms)
 
 
 def _where(path, flag: str) -> str:

@@ -12,6 +12,20 @@ numbers computed on imported results agree with the file's own summary):
   (both ends inclusive)
 - cost = USD/hour x window hours; per 1,000 output tokens = cost / tokens x 1000
 - percentiles: numpy's 'linear' estimator (Hyndman-Fan type 7)
+- SLOs (service-level objectives: bounds on TTFT, TPOT and E2E, each optional) are gates,
+  not preferences. A request MEETS them when it completed (finish reason length, stop or
+  eos: not failed, aborted, rejected or unfinished) and every given bound holds (value <=
+  bound). A one-token request has no TPOT and cannot violate a TPOT bound; a completed
+  request with no token has no TTFT/E2E and violates those bounds.
+  attainment = requests that met / all requests (failed ones included)
+- goodput = the requests that met the SLOs and finished inside the throughput window, per
+  second of that window (goodput_req_per_s), and those requests' output tokens emitted
+  inside it, per second (goodput_tok_per_s): the same window as output throughput
+- Little's law over a window: L = time-average number of requests in the system (arrival to
+  last token), lambda = arrivals per second, W = mean E2E of those arrivals; L = lambda W
+  over the drain window of a finished workload
+- utilisation: running sequences and KV blocks in use, time-averaged over the window (idle
+  time counts as 0) and peak, from the step events
 """
 from __future__ import annotations
 
@@ -199,12 +213,12 @@ def conservation(trace) -> list[str]:
     return problems
 
 
-def littles_law(trace, window: tuple[float, float] | None = None) -> dict:
+def littles_law(trace, window: tuple[float, float] | None = None, m: pd.DataFrame | None = None) -> dict:
     """L = lambda * W over a window: L = time-average requests in system (arrival to last
     token), lambda = arrivals per ms in the window, W = mean E2E of those arrivals. Over the
     drain window of a finite workload the two sides agree exactly; a gap elsewhere says the
     window is not in steady state."""
-    m = request_metrics(trace)
+    m = request_metrics(trace) if m is None else m
     start, end = drain_window(trace) if window is None else window
     T = end - start
     a = m["arrival_ms"].to_numpy()
@@ -215,16 +229,106 @@ def littles_law(trace, window: tuple[float, float] | None = None) -> dict:
     arr = done & (a >= start) & (a <= end)
     lam = arr.sum() / T if T > 0 else math.nan
     W = float(np.mean(e[arr] - a[arr])) if arr.any() else math.nan
-    return {"L": float(L), "lambda_per_ms": float(lam), "W_ms": W, "lambda_W": float(lam * W),
-            "window_ms": [start, end]}
+    return {"L": _none_if_nan(float(L)), "lambda_per_ms": _none_if_nan(float(lam)),
+            "arrival_rate_per_s": _none_if_nan(float(lam) * 1000.0), "W_ms": _none_if_nan(W),
+            "lambda_W": _none_if_nan(float(lam * W)), "window_ms": [start, end]}
+
+
+COMPLETED = ("length", "stop", "eos")   # finish reasons of a request that ran to its end
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Bounds in ms; None: not part of the contract."""
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def __post_init__(self):
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise InputError(f"slo {name}: expected a number > 0 (ms), got {v!r}")
+
+    def given(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
+
+
+def slo_check(m: pd.DataFrame, slo: SLO) -> tuple[np.ndarray, dict]:
+    """Per request of request_metrics `m`: (met mask, violation counts). Counts: completed
+    requests over each given bound (None for a bound not given), and requests that did not
+    complete ("failed": error, abort, rejection, or no finish event)."""
+    done = m["finish_reason"].isin(COMPLETED).to_numpy()
+    met = done.copy()
+    counts = {}
+    for key, name in (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_ms")):
+        bound = getattr(slo, name)
+        if bound is None:
+            counts[key] = None
+            continue
+        v = m[name].to_numpy(dtype=float)
+        ok = np.isnan(v) if key == "tpot" else np.zeros(len(v), dtype=bool)   # no TPOT: nothing to violate
+        with np.errstate(invalid="ignore"):
+            ok |= v <= bound
+        counts[key] = int(np.count_nonzero(done & ~ok))
+        met &= ok
+    counts["failed"] = int(np.count_nonzero(~done))
+    return met, counts
+
+
+def slo_summary(trace, slo: SLO, m: pd.DataFrame | None = None,
+                tp: Throughput | None = None) -> tuple[dict, np.ndarray]:
+    """summary.slo (bounds, requests, met, attainment, goodput, violations) and the met mask."""
+    m = request_metrics(trace) if m is None else m
+    tp = throughput(trace) if tp is None else tp
+    met, violations = slo_check(m, slo)
+    n = len(m)
+    last = m["last_token_ms"].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        good = met & (last >= tp.start_ms) & (last <= tp.end_ms)
+    tk = trace.tokens
+    t = tk["t_ms"].to_numpy()
+    good_tokens = int(np.count_nonzero(met[tk["req"].to_numpy()] & (t >= tp.start_ms) & (t <= tp.end_ms))) if n else 0
+    secs = tp.window_ms / 1000.0
+    per_s = (lambda x: x / secs) if secs > 0 else (lambda x: None)
+    return {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms, "requests": n,
+            "met": int(met.sum()), "attainment": float(met.sum() / n) if n else None,
+            "goodput_req_per_s": per_s(int(good.sum())), "goodput_tok_per_s": per_s(good_tokens),
+            "violations": violations}, met
+
+
+def utilisation(trace, window: tuple[float, float] | None = None) -> dict | None:
+    """Running sequences and KV blocks in use: time-average over the window (idle time
+    counts as 0) and peak, from step events (None without them)."""
+    st = trace.steps
+    if not len(st):
+        return None
+    start, end = drain_window(trace) if window is None else (float(window[0]), float(window[1]))
+    t0 = st["t_ms"].to_numpy(dtype=float)
+    t1 = t0 + st["dur_ms"].to_numpy(dtype=float)
+    overlap = np.clip(np.minimum(t1, end) - np.maximum(t0, start), 0.0, None)
+    span = end - start
+    out = {"window_ms": [start, end]}
+    for key, col in (("running", "running"), ("kv_used_blocks", "kv_used_blocks")):
+        v = st[col].to_numpy(dtype=float)
+        out[f"{key}_mean"] = float((v * overlap).sum() / span) if span > 0 else None
+        out[f"{key}_peak"] = int(v.max())
+    total = trace.meta.get("stats", {}).get("kv_blocks")
+    if total:
+        out["kv_blocks"] = int(total)
+        mean = out["kv_used_blocks_mean"]
+        out["kv_used_fraction_mean"] = None if mean is None else mean / total
+        out["kv_used_fraction_peak"] = out["kv_used_blocks_peak"] / total
+    return out
 
 
 def _none_if_nan(x):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
-def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENTILES) -> dict:
-    """The metrics of one trace as plain JSON-ready data (used by the CLI and pages)."""
+def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENTILES, slo: SLO | None = None) -> dict:
+    """The metrics of one trace as plain JSON-ready data (used by the CLI and pages). With
+    SLO bounds given: summary.slo and a per-request slo_met."""
     m = request_metrics(trace)
     tp = throughput(trace, window)
     cost = per_1k = None
@@ -259,7 +363,12 @@ def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENT
         **dists,
         "conservation_problems": conservation(trace),
         "notes": notes,
+        "littles_law": littles_law(trace, None if window is None else (tp.start_ms, tp.end_ms), m),
+        "utilisation": utilisation(trace, None if window is None else (tp.start_ms, tp.end_ms)),
     }
+    met = None
+    if slo is not None and slo.given():
+        summary["slo"], met = slo_summary(trace, slo, m, tp)
     def col(name):   # plain Python values, NaN as None
         return [None if x != x else x for x in m[name].to_numpy(dtype=float).tolist()]
 
@@ -268,6 +377,9 @@ def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENT
     cols = [m["id"].tolist(), m["arrival_ms"].to_numpy(dtype=float).tolist(), col("first_token_ms"),
             col("last_token_ms"), m["output_tokens"].to_numpy(dtype=np.int64).tolist(), col("ttft_ms"),
             col("tpot_ms"), col("e2e_ms"), [x if isinstance(x, str) else None for x in m["finish_reason"].tolist()]]
+    if met is not None:
+        names += ("slo_met",)
+        cols.append(met.tolist())
     rows = [dict(zip(names, r)) for r in zip(*cols)]
     return {"source": trace.meta.get("source"), "label": trace.meta.get("label"),
             "requests": rows, "summary": summary}

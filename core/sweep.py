@@ -1,0 +1,176 @@
+"""Load sweeps: the same requests at several offered loads, simulated, summarised per point.
+
+Two kinds of load, which answer different questions:
+- open loop (`rates`): the workload's requests, same lengths and order, re-timed as a Poisson
+  arrival process at each rate (seeded: every rate scales the same exponential draws).
+  Arrivals do not wait for the server, so past capacity the queue and TTFT grow without bound.
+- closed loop (`concurrency`): C clients, each sending its next request the moment its last
+  one finishes (no think time): at most C requests are ever in the system. A burst of C is
+  the start of a closed loop, not an arrival process; latency stays bounded and throughput
+  saturates instead.
+
+Each point is one simulation (core.simulate) summarised with core.metrics.summarize;
+points run in parallel processes. `capacity`: the highest swept load whose SLO attainment
+is at least the target.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections import deque
+
+import numpy as np
+
+from core import loop
+from core.config import SchedulerConfig
+from core.errors import ConfigError
+from core.metrics import COMPLETED, SLO, request_metrics, summarize
+from core.scheduler import Scheduler
+from core.simulate import StepModel, StepTimeExecutor
+from core.steplog import StepLog
+from core.workload import Request, Workload
+
+PERCENTILES = (50, 90, 95, 99)
+MAX_POINTS = 200
+
+
+def poisson_arrivals(n: int, rate_per_s: float, seed: int) -> np.ndarray:
+    """n arrival times (ms) from 0: exponential gaps of mean 1000 / rate, seeded."""
+    if not (math.isfinite(rate_per_s) and rate_per_s > 0):
+        raise ConfigError(f"rate: expected requests per second > 0, got {rate_per_s!r}")
+    gaps = np.random.default_rng(seed).exponential(1.0, n - 1) * (1000.0 / rate_per_s)
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def retimed(workload: Workload, rate_per_s: float, seed: int) -> Workload:
+    """The same requests (lengths, ids, order) arriving as a Poisson process at `rate_per_s`."""
+    t = poisson_arrivals(len(workload), rate_per_s, seed)
+    reqs = [dataclasses.replace(r, arrival_ms=float(a), abort_at_ms=None) for r, a in zip(workload.requests, t)]
+    return Workload(reqs, name=f"{workload.name} @ {rate_per_s:g} req/s")
+
+
+class ClosedLoop:
+    """Inbox for core.loop.run: keeps `concurrency` requests in the system, sending the next
+    one (in workload order) at the time one finishes."""
+
+    def __init__(self, requests: list[Request], concurrency: int):
+        self.pending = deque(requests)
+        self.concurrency = concurrency
+        self.sent: list[Request] = []
+        self.max_in_flight = 0
+
+    def drain(self, sched: Scheduler, now_ms: float) -> bool:
+        while self.pending and len(self.sent) - sched.num_done < self.concurrency:
+            r = dataclasses.replace(self.pending.popleft(), arrival_ms=now_ms, abort_at_ms=None)
+            sched.add_request(r)
+            self.sent.append(r)
+        self.max_in_flight = max(self.max_in_flight, len(self.sent) - sched.num_done)
+        return bool(self.pending) or not sched.done()
+
+    def wait(self):  # never idle: a finish sends the next request at once
+        raise RuntimeError("closed loop: the scheduler went idle with requests in flight")
+
+
+def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: StepModel, concurrency: int,
+                    created: str | None = None):
+    """The workload's requests in order as a closed loop of `concurrency` clients; returns
+    (trace, most requests ever in flight). A pool left unsized (kv_blocks None) gets the
+    blocks every request would need at once, as an open-loop simulation does."""
+    if concurrency < 1:
+        raise ConfigError(f"concurrency: expected an integer >= 1, got {concurrency!r}")
+    if config.kv_blocks is None:
+        need = -(-(workload.prompt_tokens + workload.max_output_tokens - 1) // config.block_size)
+        config = dataclasses.replace(config, kv_blocks=int(need.sum()))
+    log = StepLog()
+    sched = Scheduler(None, config, log)
+    inbox = ClosedLoop(workload.requests, concurrency)
+    loop.run(sched, StepTimeExecutor(step_model), loop.VirtualClock(0.0), inbox=inbox)
+    sent = Workload(inbox.sent, name=f"{workload.name}, closed loop of {concurrency}")
+    meta = loop.trace_meta(sched, sent, "simulated", f"{config.policy}, {concurrency} in flight (simulated)",
+                           {"name": "core.sweep"}, created, step_model=step_model.to_dict(),
+                           load={"kind": "closed", "concurrency": concurrency})
+    return loop.to_trace(sched, log, sent, meta), inbox.max_in_flight
+
+
+def _dist(v) -> dict:
+    v = np.asarray(v, dtype=float)
+    v = v[~np.isnan(v)]
+    if not len(v):
+        return {f"p{q}": None for q in PERCENTILES} | {"mean": None}
+    qs = np.percentile(v, PERCENTILES, method="linear")
+    return {f"p{q}": float(x) for q, x in zip(PERCENTILES, qs)} | {"mean": float(v.mean())}
+
+
+def point_summary(trace, slo: SLO | None) -> dict:
+    """One sweep point's numbers (see core.metrics for each definition)."""
+    s = summarize(trace, slo=slo)["summary"]
+    m = request_metrics(trace)
+    a = m["arrival_ms"].to_numpy()
+    span = (a.max() - a.min()) / 1000.0
+    done = m["finish_reason"].isin(COMPLETED).to_numpy()
+    w0, w1 = s["window_ms"]
+    out = {"requests": len(m),
+           "offered_req_per_s": (len(a) - 1) / span if span > 0 else None,   # arrivals over their span
+           "achieved_req_per_s": int(done.sum()) / ((w1 - w0) / 1000.0) if w1 > w0 else None,
+           "output_tok_per_s": s["output_tok_per_s"],
+           "ttft_ms": _dist(m["ttft_ms"]), "tpot_ms": _dist(m["tpot_ms"]), "e2e_ms": _dist(m["e2e_ms"]),
+           "failed": int((~done).sum()),
+           "littles_law": s["littles_law"], "utilisation": s["utilisation"]}
+    if "slo" in s:
+        out["slo"] = s["slo"]
+    return out
+
+
+def run_point(workload: Workload, config: SchedulerConfig, step_model: StepModel, slo: SLO | None,
+              rate: float | None = None, concurrency: int | None = None, seed: int = 0) -> dict:
+    """Simulate and summarise one point (a module-level function: it runs in worker processes)."""
+    if rate is not None:
+        from core.simulate import simulate
+        tr = simulate(retimed(workload, rate, seed), config, step_model, created="(sweep)", record_kv=False)
+        return {"rate": rate} | point_summary(tr, slo)
+    tr, most = simulate_closed(workload, config, step_model, concurrency, created="(sweep)")
+    return {"concurrency": concurrency, "max_in_flight": most} | point_summary(tr, slo)
+
+
+def capacity(points: list[dict], target: float) -> dict | None:
+    """The highest swept load (rate or concurrency) whose SLO attainment is >= target."""
+    ok = [p for p in points if p.get("slo") and p["slo"]["attainment"] is not None
+          and p["slo"]["attainment"] >= target]
+    if not ok:
+        return None
+    key = "rate" if "rate" in ok[0] else "concurrency"
+    best = max(ok, key=lambda p: p[key])
+    return {key: best[key], "attainment": best["slo"]["attainment"], "target": target}
+
+
+def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, rates=None, concurrency=None,
+          seed: int = 0, slo: SLO | None = None, attainment: float = 0.9, workers: int | None = None) -> dict:
+    """{"kind", "points": [...] (in the order given), "capacity"} over `rates` (req/s, open
+    loop) or `concurrency` levels (closed loop). Points run in up to `workers` processes
+    (default: one per CPU); 1 runs them here."""
+    if (rates is None) == (concurrency is None):
+        raise ConfigError("sweep: give either rates or concurrency levels")
+    loads = list(rates if rates is not None else concurrency)
+    if not 1 <= len(loads) <= MAX_POINTS:
+        raise ConfigError(f"sweep: expected 1 to {MAX_POINTS} points, got {len(loads)}")
+    if not 0 < attainment <= 1:
+        raise ConfigError(f"attainment: expected a fraction in (0, 1], got {attainment!r}")
+    kind = "rate" if rates is not None else "concurrency"
+    jobs = [dict(rate=x, seed=seed) if kind == "rate" else dict(concurrency=int(x)) for x in loads]
+    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    if workers <= 1:
+        points = [run_point(workload, config, step_model, slo, **j) for j in jobs]
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+            futures = [pool.submit(run_point, workload, config, step_model, slo, **j) for j in jobs]
+            points = [f.result() for f in futures]
+    out = {"kind": "open" if kind == "rate" else "closed", "workload": workload.name, "requests": len(workload),
+           "seed": seed if kind == "rate" else None, "scheduler": config.to_dict(), "step_model": step_model.to_dict(),
+           "points": points, "capacity": None}
+    if slo is not None and slo.given():
+        out["capacity"] = capacity(points, attainment)
+    return out
