@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from collections import deque
 
 import numpy as np
@@ -26,6 +25,7 @@ from core import loop
 from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.metrics import COMPLETED, SLO, request_metrics, summarize
+from core.parallel import run_all
 from core.scheduler import Scheduler
 from core.simulate import StepModel, StepTimeExecutor
 from core.steplog import StepLog
@@ -158,16 +158,8 @@ def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, ra
         raise ConfigError(f"attainment: expected a fraction in (0, 1], got {attainment!r}")
     kind = "rate" if rates is not None else "concurrency"
     jobs = [dict(rate=x, seed=seed) if kind == "rate" else dict(concurrency=int(x)) for x in loads]
-    workers = min(workers or os.cpu_count() or 1, len(jobs))
-    if workers <= 1:
-        points = [run_point(workload, config, step_model, slo, **j) for j in jobs]
-    else:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-        with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-            futures = [pool.submit(run_point, workload, config, step_model, slo, **j) for j in jobs]
-            points = [f.result() for f in futures]
+    points = run_all(run_point, [dict(workload=workload, config=config, step_model=step_model, slo=slo, **j)
+                                 for j in jobs], workers)
     out = {"kind": "open" if kind == "rate" else "closed", "workload": workload.name, "requests": len(workload),
            "seed": seed if kind == "rate" else None, "scheduler": config.to_dict(), "step_model": step_model.to_dict(),
            "points": points, "capacity": None}
