@@ -23,6 +23,7 @@ from dataclasses import MISSING, dataclass, field
 from core.errors import ConfigError
 
 POLICIES = ("serial", "static", "continuous")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 BIG = 1 << 62  # "no limit" for budgets and seats
 
 
@@ -73,6 +74,16 @@ class SchedulerConfig:
     kv_blocks: int | None = opt(None, "KV pool size in blocks (default: enough for every request at once)",
                                 minimum=1)
     prefix_caching: bool = opt(False, "reuse cached full blocks whose token-id prefix matches exactly")
+    scheduling_policy: str = opt("fcfs", "order of the waiting queue: fcfs (arrival order) or priority (lower "
+                                 "`priority` first, then arrival; preemption takes the lowest priority)",
+                                 choices=SCHEDULING_POLICIES)
+    kv_watermark: float = opt(0.0, "admit a request only if this fraction of the KV pool stays free (vLLM's "
+                              "watermark; running requests may still use it)", minimum=0)
+    queue_limit: int | None = opt(None, "waiting-queue bound: after each step's admissions, requests beyond it "
+                                  "that never ran are rejected, newest first (default: no bound)", minimum=0)
+    max_model_len: int | None = opt(None, "context budget: a request whose prompt + output tokens exceed it, or "
+                                    "that could never fit the KV pool, is rejected on arrival instead of run",
+                                    minimum=1)
     model_id: str | None = opt(None, "part of the prefix-cache key (model/adapter identity)", cli=False)
     spec_gamma: int = opt(0, "speculative decoding: draft tokens verified per decode step (0: off)", cli=False)
 
@@ -85,6 +96,16 @@ class SchedulerConfig:
             raise ConfigError(f"spec_gamma: expected an integer >= 0, got {self.spec_gamma!r}")
         if not isinstance(self.prefix_caching, bool):
             raise ConfigError(f"prefix_caching: expected true or false, got {self.prefix_caching!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ConfigError(f"scheduling_policy: expected one of {', '.join(SCHEDULING_POLICIES)}, "
+                              f"got {self.scheduling_policy!r}")
+        check_number(self, "kv_watermark")
+        if self.kv_watermark >= 1:
+            raise ConfigError(f"kv_watermark: expected a fraction in [0, 1), got {self.kv_watermark!r}")
+        check_positive_int(self, "max_model_len")
+        if self.queue_limit is not None and (isinstance(self.queue_limit, bool) or not isinstance(self.queue_limit, int)
+                                             or self.queue_limit < 0):
+            raise ConfigError(f"queue_limit: expected an integer >= 0 or none, got {self.queue_limit!r}")
 
     @property
     def seats(self) -> int:

@@ -24,7 +24,7 @@ def fast_forward(sched: Scheduler, batch: Batch, durations, min_steps: int = 3) 
     scheduling would record. `durations(k)` gives the k step durations. Returns the time
     the last applied step ends, or None (then use complete() as usual)."""
     cfg, bm, run = sched.cfg, sched.bm, sched.run
-    if (sched.aborts_pending or not sched._quiet or len(batch.reqs) != len(run)
+    if (sched.aborts_pending or not sched._quiet or len(batch.reqs) != len(run) or cfg.queue_limit is not None
             or batch.prefill_tokens or cfg.spec_gamma):
         return None
     K = int((sched.out_len[run] - sched.emitted[run]).min()) - 1  # the finishing step runs normally

@@ -128,7 +128,8 @@ def trace_meta(sched: Scheduler, workload: Workload, source: str, label: str, en
     return {"source": source, "label": label, "created": created or now_iso(), **where, "engine": engine, **fields,
             "workload": workload.name,
             "stats": {"steps": sched.step, "preemptions": sched.num_preemptions, "kv_blocks": sched.bm.num_blocks,
-                      **{f"kv_{k}": v for k, v in sched.bm.counts.items()}}}
+                      **{f"kv_{k}": v for k, v in sched.bm.counts.items()},
+                      **{k: v for k, v in sched.failed.items() if v}}}   # rejected, deadline (when any)
 
 
 def to_trace(sched: Scheduler, log: StepLog, workload: Workload, meta: dict):

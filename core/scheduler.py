@@ -22,17 +22,20 @@ When the running requests need more KV blocks than are free, the newest running
 request is preempted (its blocks freed, to be recomputed) and re-queued at the front;
 no new request is admitted in a step that preempted.
 
+Admission control (queue order by priority, KV watermark, a bounded queue, a context
+budget, per-request deadlines): core.admission.
+
 Per-step work is vectorised over the running set (numpy); only block allocation,
 admission and finishing touch Python per request."""
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
 
+from core import admission as adm
 from core.config import BIG, POLICIES, SchedulerConfig  # noqa: F401  (re-exported)
 from core.errors import ConfigError
 from core.fastforward import fast_forward as _fast_forward
@@ -98,9 +101,13 @@ class Scheduler:
         self.salt = [r and r.tenant for r in reqs]
         # Known token ids per request (prompt, then outputs when the caller supplies them).
         self.token_ids = [list(r.prompt_ids) if r and r.prompt_ids is not None else None for r in reqs]
-        abort = [r.abort_at_ms if r else None for r in reqs]
-        self.aborts = sorted((t, i) for i, t in enumerate(abort) if t is not None)
-        self.abort_at = np.array([np.inf if t is None else t for t in abort], dtype=np.float64)
+        self.priority = [r.priority if r else 0 for r in reqs]
+        # cancellations, earliest first: (time, request, finish reason "abort" or "deadline")
+        self.aborts = sorted(e for e in (adm.abort_entry(r, i) for i, r in enumerate(reqs)) if e is not None)
+        self.abort_at = np.full(n, np.inf)
+        self.abort_reason = {}
+        for t, i, why in self.aborts:
+            self.abort_at[i], self.abort_reason[i] = t, why
         self.aborts_pending = bool(self.aborts)
         bs = config.block_size
         # KV slots a request ever needs: the last output token is never fed back.
@@ -110,7 +117,7 @@ class Scheduler:
         else:
             num_blocks = config.kv_blocks
             worst = int(need_blocks.argmax()) if self.n else 0
-            if self.n and need_blocks[worst] > num_blocks:
+            if self.n and need_blocks[worst] > num_blocks and config.max_model_len is None:
                 raise ConfigError(
                     f"kv_blocks: request {self.ids[worst]!r} needs {int(need_blocks[worst])} blocks "
                     f"of {bs} tokens (prompt + output - 1 = "
@@ -131,7 +138,10 @@ class Scheduler:
         self.nblocks = np.zeros(self.n, dtype=np.int64)
         self.state = np.zeros(self.n, dtype=np.int8)  # RequestState per request
         self.run = np.empty(0, dtype=np.int64)        # running request indices, admission order
-        self.waiting: deque[int] = deque()
+        self.waiting = adm.make_waiting(self)   # request indices, in admission order
+        self._ran: set[int] = set()         # requests ever admitted (never rejected by queue_limit)
+        self._wm = adm.watermark_blocks(config, num_blocks)
+        self.failed = {"rejected": 0, "deadline": 0}
         self.next_arrival = 0
         self.num_done = 0
         self.step = 0
@@ -143,38 +153,12 @@ class Scheduler:
         self.stop_of: dict[int, frozenset] = {}   # per-request stop ids replacing stop_token_ids
 
     # ---- requests arriving while the loop runs (a server) -----------------------------------
-    _PER_REQUEST = ("prompt_len", "out_len", "arrival", "abort_at", "computed", "emitted", "nblocks", "state")
-
     def add_request(self, r: Request, stop_ids: Iterable[int] | None = None) -> int:
         """Append request `r` (arrival times must not decrease) and return its index. `stop_ids`
         replace the scheduler's stop ids for it (() ignores EOS). Refused with ConfigError: a
         request that could never run (prompt + output over the KV pool; a prompt over the
-        token budget without chunked prefill). Per-request arrays grow by doubling."""
-        bs, cfg, i = self.cfg.block_size, self.cfg, self.n
-        need = -(-(r.prompt_tokens + r.max_output_tokens - 1) // bs)
-        if need > self.bm.num_blocks:
-            raise ConfigError(f"prompt + output = {r.prompt_tokens + r.max_output_tokens:,} tokens need {need:,} "
-                              f"KV blocks of {bs}; the pool has {self.bm.num_blocks:,}")
-        if cfg.chunk is None and cfg.token_budget is not None and r.prompt_tokens > cfg.token_budget:
-            raise ConfigError(f"a {r.prompt_tokens:,}-token prompt is over the per-step token budget of "
-                              f"{cfg.token_budget:,} (serve with chunked prefill to split it)")
-        if i and r.arrival_ms < self.arrival[i - 1]:
-            raise ValueError(f"arrival {r.arrival_ms} ms is before the previous request's")
-        cap = getattr(self, "_capacity", {})
-        if not cap or len(cap["state"]) <= i:
-            cap = {k: np.resize(getattr(self, k), max(16, 2 * i)) for k in self._PER_REQUEST}
-            self._capacity = cap
-        for k, v in zip(self._PER_REQUEST, (r.prompt_tokens, r.max_output_tokens, r.arrival_ms, np.inf, 0, 0, 0,
-                                            NOT_ARRIVED)):
-            cap[k][i] = v
-            setattr(self, k, cap[k][:i + 1])
-        self.ids.append(r.id)
-        self.salt.append(r.tenant)
-        self.token_ids.append(list(r.prompt_ids) if r.prompt_ids is not None else None)
-        if stop_ids is not None:
-            self.stop_of[i] = frozenset(stop_ids)
-        self.n += 1
-        return i
+        token budget without chunked prefill)."""
+        return adm.add_request(self, r, stop_ids)
 
     # ---- clock-driven inputs ---------------------------------------------------------
     def done(self) -> bool:
@@ -184,8 +168,11 @@ class Scheduler:
         while self.next_arrival < self.n and self.arrival[self.next_arrival] <= now_ms:
             i = self.next_arrival
             if self.state[i] == NOT_ARRIVED:
-                self.waiting.append(i)
-                self.state[i] = WAITING
+                if adm.too_big(self.cfg, int(self.prompt_len[i]), int(self.out_len[i]), self.bm.num_blocks):
+                    self._finish_failed(i, float(self.arrival[i]), adm.REJECTED)
+                else:
+                    self.waiting.append(i)
+                    self.state[i] = WAITING
             self.next_arrival += 1
 
     def next_event_ms(self) -> float | None:
@@ -196,7 +183,7 @@ class Scheduler:
             nxt += 1
         if nxt < self.n:
             times.append(float(self.arrival[nxt]))
-        for t, i in self.aborts:
+        for t, i, _ in self.aborts:
             if self.state[i] != DONE:
                 times.append(t)
                 break
@@ -207,6 +194,8 @@ class Scheduler:
         finish event is stamped `t_finish` (when the client cancelled) if given."""
         if self.state[i] == DONE:
             return
+        if reason == adm.DEADLINE:
+            self.failed[adm.DEADLINE] += 1
         if self.state[i] == RUNNING:
             self.bm.now_ms = now_ms
             self.bm.free_seq(i)
@@ -222,8 +211,16 @@ class Scheduler:
 
     def _abort_due(self, now_ms):
         while self.aborts and self.aborts[0][0] <= now_ms:
-            t, i = self.aborts.pop(0)
-            self.abort(i, now_ms)
+            t, i, why = self.aborts.pop(0)
+            self.abort(i, now_ms, why)
+
+    def _finish_failed(self, i: int, t: float, why: str):
+        """A request that never ran and never will (rejected)."""
+        self.state[i] = DONE
+        self.num_done += 1
+        self.failed[why] += 1
+        if self.log is not None:
+            self.log.finishes.append(FinishRecord(i, t, why))
 
     # ---- one step ----------------------------------------------------------------------
     def _plan_running(self, run, budget):
@@ -264,13 +261,14 @@ class Scheduler:
         elif len(run):
             n, need, is_decode, pending = self._plan_running(run, budget)
             while int(need.sum()) > bm.num_free:
-                victim = int(run[-1])           # newest running request
+                pos = adm.victim_position(cfg, run, self.priority, self.arrival)   # fcfs: the newest
+                victim = int(run[pos])
                 freed = bm.free_seq(victim)
                 self.computed[victim] = 0
                 self.nblocks[victim] = 0
                 self.state[victim] = WAITING
                 self.waiting.appendleft(victim)
-                run = run[:-1]
+                run = np.delete(run, pos)
                 preempted = True
                 self.num_preemptions += 1
                 if self.log is not None:
@@ -302,20 +300,24 @@ class Scheduler:
                 if cfg.chunk is None and take < todo:
                     break  # the whole prompt must fit in this step's budget
                 cost = bm.admission_cost(hits, cached + take) if hits else -(-(cached + take) // bs)
-                if cost > bm.num_free:
-                    break  # FCFS: no skipping ahead of the head of the queue
+                if cost > bm.num_free - self._wm:
+                    break  # no skipping ahead of the head of the queue
                 self.waiting.popleft()
                 bm.admit(r, hits, self.salt[r])
                 bm.grow(r, cached + take)
                 self.computed[r] = cached
                 self.nblocks[r] = len(bm.tables[r])
                 self.state[r] = RUNNING
+                self._ran.add(r)
                 new_reqs.append(r)
                 new_n.append(take)
                 new_pending.append(todo)
                 new_start.append(cached)
                 used += take
                 seats -= 1
+        for i in adm.over_bound(cfg, self.waiting, self._ran):   # queue_limit
+            self.waiting.remove(i)
+            self._finish_failed(i, now_ms, adm.REJECTED)
         if steady is not None:  # the running requests, then the admitted prefills: no entry is idle
             m0 = len(start)
             if new_reqs:
@@ -462,7 +464,7 @@ class Scheduler:
                 self._prefilling = self._prefilling[keep]
         if cancelled is not None:
             for i in r[cancelled].tolist():
-                self.abort(i, t_end, t_finish=max(float(self.abort_at[i]), batch.t_ms))
+                self.abort(i, t_end, self.abort_reason.get(i, "abort"), max(float(self.abort_at[i]), batch.t_ms))
         self.step += 1
         self._pending_step = None
         return er

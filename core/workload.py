@@ -36,6 +36,8 @@ class Request:
     tenant: str | None = None              # cache salt: blocks are never shared across tenants
     abort_at_ms: float | None = None       # client cancels at this time (runner/simulator)
     extra: dict = field(default_factory=dict)  # unknown fields, kept verbatim
+    deadline_ms: float | None = None       # must finish within this long after arrival, or is aborted
+    priority: int = 0                      # scheduling_policy "priority": lower runs first
 
     def __post_init__(self):
         where = f"request {self.id!r}"
@@ -51,6 +53,14 @@ class Request:
                                     f"but prompt_tokens is {self.prompt_tokens}")
         if self.abort_at_ms is not None:
             _check_time(self.abort_at_ms, f"{where}: abort_at_ms")
+        if self.deadline_ms is not None:
+            _check_time(self.deadline_ms, f"{where}: deadline_ms")
+            if self.deadline_ms <= 0:
+                raise WorkloadError(f"{where}: deadline_ms: expected a number of milliseconds > 0, got "
+                                    f"{short(self.deadline_ms)}")
+        p = self.priority
+        if isinstance(p, bool) or not isinstance(p, int) or not -2**31 <= p < 2**31:
+            raise WorkloadError(f"{where}: priority: expected an integer (lower runs first), got {short(p)}")
 
     def to_dict(self) -> dict:
         d = {"id": self.id, "arrival_ms": self.arrival_ms, "prompt_tokens": self.prompt_tokens,
@@ -61,6 +71,10 @@ class Request:
             d["tenant"] = self.tenant
         if self.abort_at_ms is not None:
             d["abort_at_ms"] = self.abort_at_ms
+        if self.deadline_ms is not None:
+            d["deadline_ms"] = self.deadline_ms
+        if self.priority:
+            d["priority"] = self.priority
         d.update(self.extra)
         return d
 
@@ -179,8 +193,8 @@ class Workload:
                 # Fields were validated column-wise: skip Request.__post_init__.
                 r = new(req)
                 r.id, r.arrival_ms, r.prompt_tokens, r.max_output_tokens = i, a, p, o
-                r.prompt_ids = r.abort_at_ms = None
-                r.tenant, r.extra = t, {}
+                r.prompt_ids = r.abort_at_ms = r.deadline_ms = None
+                r.tenant, r.extra, r.priority = t, {}, 0
                 return r
             self._requests = list(map(make, self.ids, self._arrival.tolist(), self._prompt.tolist(),
                                       self._output.tolist(), ts))
@@ -225,7 +239,7 @@ class Workload:
         tenant, abort_at_ms or extra fields."""
         if self._plain is None:
             self._plain = all(r.prompt_ids is None and r.tenant is None and r.abort_at_ms is None and not r.extra
-                              for r in self._requests)
+                              and r.deadline_ms is None and not r.priority for r in self._requests)
         return self._plain
 
     def __len__(self):
@@ -340,15 +354,6 @@ def _as_int(v, what):
     return v
 
 
-def _as_float(v, what):
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            raise WorkloadError(f"{what}: expected a number, got {short(v)}") from None
-    return v
-
-
 Tokenize = Callable[[str], list[int]]
 
 
@@ -356,7 +361,7 @@ def request_from_dict(d: Any, where: str, tokenize: Tokenize | None = None) -> R
     if not isinstance(d, dict):
         raise WorkloadError(f"{where}: expected an object, got {type(d).__name__}")
     known = {"id", "arrival_ms", "prompt_tokens", "prompt_ids", "prompt", "output_tokens",
-             "max_output_tokens", "tenant", "abort_at_ms"}
+             "max_output_tokens", "tenant", "abort_at_ms", "deadline_ms", "priority"}
     rid = d.get("id")
     if rid is None:
         raise WorkloadError(f"{where}.id: missing")
@@ -394,6 +399,8 @@ def request_from_dict(d: Any, where: str, tokenize: Tokenize | None = None) -> R
         prompt_ids=tuple(ids) if ids is not None else None,
         tenant=tenant,
         abort_at_ms=d.get("abort_at_ms"),
+        deadline_ms=d.get("deadline_ms"),
+        priority=d.get("priority", 0),
         extra={k: v for k, v in d.items() if k not in known} | (
             {"prompt": d["prompt"]} if "prompt" in d else {}),
     )
@@ -475,20 +482,3 @@ def load_workload(path: str | Path, tokenize: Tokenize | None = None) -> Workloa
 def make_workload(rows: Iterable[tuple], name="workload") -> Workload:
     """Build from (id, arrival_ms, prompt_tokens, output_tokens) tuples (tests, pages)."""
     return Workload([Request(str(i), float(a), int(p), int(o)) for i, a, p, o in rows], name=name)
-
-
-def parse_token_ids(text: str, what: str = "token ids") -> list[int]:
-    """'10, 11,12 13' -> [10, 11, 12, 13]; a clear error names the bad item."""
-    items = [x for x in text.replace(",", " ").split() if x]
-    if not items:
-        raise WorkloadError(f"{what}: expected token ids like 10,11,12")
-    out = []
-    for x in items:
-        try:
-            v = int(x)
-        except ValueError:
-            raise WorkloadError(f"{what}: {x!r} is not an integer token id") from None
-        if v < 0:
-            raise WorkloadError(f"{what}: token ids must be >= 0, got {v}")
-        out.append(v)
-    return out

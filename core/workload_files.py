@@ -13,8 +13,8 @@ import json
 
 import numpy as np
 
-from core.errors import WorkloadError, loads_json
-from core.workload import Request, Workload, _as_float, _count, _first_bad_row, _prefix
+from core.errors import WorkloadError, loads_json, short
+from core.workload import Request, Workload, _count, _first_bad_row, _prefix
 
 
 def _vidur_csv_rows(text: str, name: str) -> Workload:
@@ -188,3 +188,29 @@ def _llmservingsim_jsonl_columns(text: str, name: str) -> Workload | None:
     else:
         return None  # some ids missing or null (str(None) is "None"): the line-by-line rule decides
     return Workload._checked(ids, a, p.astype(np.int64), o.astype(np.int64), name)
+
+
+def _as_float(v, what):
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            raise WorkloadError(f"{what}: expected a number, got {short(v)}") from None
+    return v
+
+
+def parse_token_ids(text: str, what: str = "token ids") -> list[int]:
+    """'10, 11,12 13' -> [10, 11, 12, 13]; a clear error names the bad item."""
+    items = [x for x in text.replace(",", " ").split() if x]
+    if not items:
+        raise WorkloadError(f"{what}: expected token ids like 10,11,12")
+    out = []
+    for x in items:
+        try:
+            v = int(x)
+        except ValueError:
+            raise WorkloadError(f"{what}: {x!r} is not an integer token id") from None
+        if v < 0:
+            raise WorkloadError(f"{what}: token ids must be >= 0, got {v}")
+        out.append(v)
+    return out

@@ -187,7 +187,8 @@ def cmd_generate(a) -> int:
     import torch
 
     from core.errors import ConfigError
-    from core.workload import Request, Workload, parse_token_ids
+    from core.workload import Request, Workload
+    from core.workload_files import parse_token_ids
     from gpu_runner.engine import Engine
     if a.threads:
         torch.set_num_threads(a.threads)

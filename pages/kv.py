@@ -8,7 +8,7 @@ from core.figures.memory import block_table_figure, kv_growth_chart, occupancy_h
 from core.occupancy import evictions_and_preemptions, kv_op_counts, prefill_tokens, slots_held_at
 from core.scenarios import fork_demo, prefix_match, shared_prefix_demo, without_tenants, word_prefix_match
 from core.stepmodel import StepModel
-from core.workload import parse_token_ids
+from core.workload_files import parse_token_ids
 from ui import bound, cached_block_states, cached_policies, cached_scenario, ensure_app_frame, origin_badge
 
 ensure_app_frame()

@@ -131,7 +131,8 @@ class Trace:
                 max_output_tokens=int(row.max_output_tokens),
                 prompt_ids=tuple(ids) if isinstance(ids, list) and len(ids) == row.prompt_tokens else None,
                 tenant=row.tenant if isinstance(row.tenant, str) else None,
-                abort_at_ms=extra.get("abort_at_ms")))
+                abort_at_ms=extra.get("abort_at_ms"), deadline_ms=extra.get("deadline_ms"),
+                priority=extra.get("priority") or 0))
         return Workload(reqs, name=self.meta.get("label") or "trace workload")
 
     def to_doc(self) -> dict:

@@ -150,6 +150,9 @@ REQUEST = Record("request", "requests", "one request of the workload", (
     Field("tenant", "str?", "cache salt: KV blocks are never shared across tenants", default=None, write="present"),
     Field("prompt_ids", "ints", "the prompt's token ids (prefix caching needs them)", default=None, lo=0),
     Field("abort_at_ms", "number", "the client cancels the request at this time", default=None, lo=0),
+    Field("deadline_ms", "number", "it must finish within this many ms of its arrival, or is aborted (finish "
+          "reason deadline)", default=None, lo=0),
+    Field("priority", "number", "an integer; with scheduling_policy priority, lower runs first", default=None),
 ))
 
 TOKEN = Record("token", "tokens", "a token reached the client at t_ms", (

@@ -209,6 +209,10 @@ def request_extras(workload) -> list[dict]:
             e["prompt_ids"] = list(r.prompt_ids)
         if r.abort_at_ms is not None:
             e["abort_at_ms"] = r.abort_at_ms
+        if r.deadline_ms is not None:
+            e["deadline_ms"] = r.deadline_ms
+        if r.priority:
+            e["priority"] = r.priority
         extras.append(e)
     return extras
 
