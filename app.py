@@ -18,6 +18,9 @@ pg = st.navigation({
                 url_path="speculative"),
         st.Page("pages/roofline.py", title="Roofline", icon=":material/show_chart:", url_path="roofline"),
     ],
+    "Capacity": [
+        st.Page("pages/load.py", title="Load & SLOs", icon=":material/speed:", url_path="load"),
+    ],
     "Your runs": [
         st.Page("pages/replay.py", title="Trace replay", icon=":material/slow_motion_video:", url_path="replay"),
     ],

@@ -118,6 +118,22 @@ URL_KEYS: dict[str, UrlKey] = {
             rf_gpu="GPU preset", rf_model="model preset", rf_dtype="bytes per weight",
             rf_batch="decode batch (sequences)", rf_prompt="prefill length (tokens)"),
     **_keys("replay", tr="trace file name (or the upload choice)", rp_cmp="trace to compare with"),
+    **_keys("load",
+            ld_wl="workload (a label of LOAD_WORKLOADS)",
+            ld_kind="load: open (Poisson rates) or closed (clients in a loop)",
+            ld_loads="the loads to sweep: rates (req/s) or client counts, comma-separated",
+            ld_seed="seed of the Poisson arrivals",
+            ld_pol=("policies to sweep (core.compare.POLICY_LABELS)", "policies"),
+            ld_ms=("running sequences at most, 0 = no limit", "SchedulerConfig.max_seqs", True),
+            ld_tb=("tokens per step at most, 0 = no limit", "SchedulerConfig.token_budget", True),
+            ld_ch=("chunk size of the 'chunked' policy", "SchedulerConfig.chunk"),
+            ld_kb=("KV pool in blocks, 0 = enough for all", "SchedulerConfig.kv_blocks", True),
+            ld_base=("affine step model: base ms per step", "StepModel.base_ms"),
+            ld_pp=("affine step model: ms per prefill token", "StepModel.prefill_ms_per_token"),
+            ld_pd=("affine step model: ms per decoding sequence", "StepModel.decode_ms_per_seq"),
+            ld_ttft="SLO: TTFT bound in ms, 0 = none", ld_tpot="SLO: TPOT bound in ms, 0 = none",
+            ld_e2e="SLO: E2E bound in ms, 0 = none", ld_att="SLO attainment the capacity point must reach",
+            ld_pt="inspected point: policy", ld_px="inspected point: load"),
 }
 
 # Values of `sc`: label (as it appears in links) -> built-in scenario name.
@@ -192,8 +208,8 @@ def apply_presets_on_change(selector_key: str, page: str, presets: dict[str, Sch
 # ---- caches -------------------------------------------------------------------------------------
 
 def _workload_key(w: Workload) -> str:
-    return repr([(r.id, r.arrival_ms, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant, r.abort_at_ms)
-                 for r in w.requests])
+    return repr([(r.id, r.arrival_ms, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant, r.abort_at_ms,
+                  r.deadline_ms, r.priority) for r in w.requests])
 
 
 HASH_FUNCS = {Workload: _workload_key, SchedulerConfig: repr, StepModel: repr, Trace: id}

@@ -1,0 +1,61 @@
+"""Throughput-latency curves of load sweeps (core.sweep), one color per policy."""
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from core.figures import PALETTE, base_layout
+
+PANELS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("e2e_ms", "E2E (ms)"), (None, "tokens / s"))
+
+
+def load_curves(results: dict[str, dict], slo=None, log_y: bool = True) -> go.Figure:
+    """results: {policy label: sweep result}. p50 dashed, p99 solid; output tokens/s solid and
+    goodput dashed; SLO bounds as gray lines; each policy's capacity marked with a star."""
+    first = next(iter(results.values()), None)
+    key = "rate" if first and first["kind"] == "open" else "concurrency"
+    xlabel = "offered load (requests / s, Poisson)" if key == "rate" else "clients in a closed loop"
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in PANELS], vertical_spacing=0.16,
+                        horizontal_spacing=0.08)
+    for i, (label, res) in enumerate(results.items()):
+        color = PALETTE[i % len(PALETTE)]
+        pts = res["points"]
+        x = [p[key] for p in pts]
+        for k, (metric, _) in enumerate(PANELS):
+            row, col = k // 2 + 1, k % 2 + 1
+            if metric is None:
+                series = [("output", [p["output_tok_per_s"] for p in pts], "solid")]
+                if pts and "slo" in pts[0]:
+                    series.append(("goodput", [p["slo"]["goodput_tok_per_s"] for p in pts], "dash"))
+            else:
+                series = [("p99", [p[metric]["p99"] for p in pts], "solid"),
+                          ("p50", [p[metric]["p50"] for p in pts], "dash")]
+            for name, y, dash in series:
+                fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"{label} {name}",
+                                         legendgroup=label, showlegend=k in (0, 3),
+                                         line=dict(color=color, dash=dash), marker=dict(size=5),
+                                         hovertemplate=f"{label} {name}<br>{key} %{{x:g}}: %{{y:,.3f}}<extra></extra>"),
+                              row=row, col=col)
+        cap = res.get("capacity")
+        if cap is not None:
+            at = next(p for p in pts if p[key] == cap[key])
+            fig.add_trace(go.Scatter(x=[cap[key]], y=[at["output_tok_per_s"]], mode="markers", showlegend=False,
+                                     marker=dict(symbol="star", size=14, color=color, line=dict(width=1)),
+                                     hovertemplate=(f"{label}: capacity {key} %{{x:g}} (SLO attainment "
+                                                    f"{cap['attainment']:.3f} >= {cap['target']:g})<extra></extra>")),
+                          row=2, col=2)
+    if slo is not None:
+        for k, (metric, _) in enumerate(PANELS[:3]):
+            bound = getattr(slo, metric)
+            if bound is not None:
+                fig.add_hline(y=bound, line=dict(color="#666", dash="dot", width=1), row=k // 2 + 1, col=k % 2 + 1,
+                              annotation_text=f"SLO {bound:g} ms", annotation_position="top left")
+    for k in range(4):
+        fig.update_xaxes(title_text=xlabel if k >= 2 else None, row=k // 2 + 1, col=k % 2 + 1)
+        if log_y and k < 3:
+            fig.update_yaxes(type="log", row=k // 2 + 1, col=k % 2 + 1)
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0))
+    base_layout(fig, None, height=620)
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.14, xanchor="left", x=0),
+                      margin=dict(l=10, r=10, t=40, b=10))
+    return fig
