@@ -20,6 +20,8 @@ pg = st.navigation({
     ],
     "Capacity": [
         st.Page("pages/load.py", title="Load & SLOs", icon=":material/speed:", url_path="load"),
+        st.Page("pages/pathologies.py", title="Serving pathologies", icon=":material/healing:",
+                url_path="pathologies"),
     ],
     "Your runs": [
         st.Page("pages/replay.py", title="Trace replay", icon=":material/slow_motion_video:", url_path="replay"),

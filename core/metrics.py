@@ -103,8 +103,13 @@ def itl_gaps(trace) -> np.ndarray:
     tk = trace.tokens
     if len(tk) < 2:
         return np.empty(0)
-    req = tk["req"].to_numpy()
-    t = tk["t_ms"].to_numpy()
+    return itl_gaps_of(tk["req"].to_numpy(), tk["t_ms"].to_numpy())
+
+
+def itl_gaps_of(req: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """itl_gaps over token rows given as (request, time) arrays."""
+    if len(t) < 2:
+        return np.empty(0)
     # by request, then time: rows already in time order (every recorded trace) need only a
     # stable sort by request
     order = stable_order(req) if bool((t[1:] >= t[:-1]).all()) else np.lexsort((t, req))

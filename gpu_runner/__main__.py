@@ -158,11 +158,14 @@ def cmd_capture(a) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     check_writable(a.out, "--out")  # before minutes of work, not after
+    t_load = time.perf_counter()
     model, tok, device, name = load_model(a.model, a.device, a.dtype)
+    load_ms = (time.perf_counter() - t_load) * 1000.0
     w = load_workload(a.workload, tokenize=tok.encode if tok is not None else None)
     cfg = engine_config(a)
     draft, draft_name = load_draft(a, device, model)
     engine = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name)
+    engine.startup["model_load_ms"] = load_ms
     t0 = time.perf_counter()
     tr, outputs = engine.run(w, progress=Progress())
     secs = time.perf_counter() - t0
@@ -246,7 +249,9 @@ def cmd_serve(a) -> int:
         torch.set_num_threads(a.threads)
     if a.trace_out:
         check_writable(a.trace_out, "--trace-out")
+    t_load = time.perf_counter()
     model, tok, device, name = load_model(a.model, a.device, a.dtype)
+    load_ms = (time.perf_counter() - t_load) * 1000.0
     cfg = engine_config(a)
     sc = cfg.scheduler
     if sc.kv_blocks is None and cfg.kv_memory_mb is None:
@@ -255,6 +260,7 @@ def cmd_serve(a) -> int:
         cfg = dataclasses.replace(cfg, scheduler=dataclasses.replace(sc, kv_blocks=per_seq * (sc.max_seqs or 32)))
     draft, draft_name = load_draft(a, device, model)
     engine = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name)
+    engine.startup["model_load_ms"] = load_ms
     served = a.served_model_name or name
     metrics = ServerMetrics(served)
     from pathlib import Path

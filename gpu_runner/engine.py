@@ -100,6 +100,7 @@ class Engine:
         self.device = torch.device(device)
         self.dtype = next(model.parameters()).dtype
         self.model_name = model_name
+        self.startup: dict = {}   # cold start: model_load_ms (set by the command line that loaded it)
         self.interrupted = False          # the last run() was stopped by Ctrl-C (its trace is partial)
         self.attention_name = cfg.attention if cfg.attention != "auto" else \
             ("triton" if self.device.type == "cuda" else "torch")
@@ -160,6 +161,7 @@ class Engine:
         total_out = sum(r.max_output_tokens for r in wl.requests)
 
         def after_step(sched, batch, out):
+            self.note_first_step(batch, out)
             if progress is not None:
                 progress(int(sched.emitted.sum()), total_out)
             if on_step is not None:
@@ -181,6 +183,12 @@ class Engine:
                                notes="; ".join(notes))
         return loop.to_trace(sched, log, wl, meta), outputs
 
+    def note_first_step(self, batch, out):
+        """Cold start: the first step's duration (lazy initialisation, allocator and kernel
+        warm-up land in it), kept in the trace's meta.startup beside model_load_ms."""
+        if "first_step_ms" not in self.startup:
+            self.startup["first_step_ms"] = out.dur_ms if out.dur_ms is not None else out.t_end_ms - batch.t_ms
+
     def _engine_meta(self) -> dict:
         c = to_dict(self.cfg)
         del c["scheduler"]
@@ -198,6 +206,7 @@ class Engine:
             "draft": None if self.draft is None else {"name": self.draft_name, "params": self.draft.num_params(),
                                                        "gamma": self.cfg.gamma, **self.draft.cfg.to_dict()},
             "versions": {"torch": torch.__version__, "triton": triton_version, "python": platform.python_version()},
+            "startup": dict(self.startup) or None,
         }
 
 

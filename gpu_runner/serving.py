@@ -187,6 +187,7 @@ class ServingEngine:
             self.metrics.finished(s, reason, now_ms)
 
     def _after_step(self, sched: Scheduler, batch, out):
+        self.engine.note_first_step(batch, out)
         t = out.t_end_ms
         bs = sched.cfg.block_size
         for i in set(batch.reqs.tolist()):
