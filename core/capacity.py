@@ -11,6 +11,7 @@ while the long prompts' first tokens slip past the bound).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from core.compare import POLICY_LABELS, policy_config
@@ -19,7 +20,7 @@ from core.errors import InputError
 from core.metrics import SLO, summarize
 from core.simulate import simulate
 from core.stepmodel import StepModel
-from core.sweep import sweep
+from core.sweep import point_summary, sweep
 from core.workload import Request, Workload
 
 MAX_POINTS_PER_POLICY = 24   # a page's sweep; python -m core sweep takes up to core.sweep.MAX_POINTS
@@ -96,3 +97,42 @@ def parse_loads(text: str, kind: str) -> list[float]:
         raise InputError(f"loads: {len(out)} points; at most {MAX_POINTS_PER_POLICY} per sweep here "
                          "(python -m core sweep takes up to 200)")
     return sorted(set(out))
+
+
+_NOTE_LOAD = (re.compile(r"closed loop, concurrency (\d+)"), re.compile(r"Poisson ([0-9.]+) req/s"))
+
+
+def run_load(trace, file_summary: dict | None = None) -> dict | None:
+    """Where a measured run sits on a sweep's axis: {"kind": "open", "rate"} or {"kind":
+    "closed", "concurrency"}, from meta.load (gpu_runner loadgen, core.sweep), a vLLM result
+    file's max_concurrency / request_rate, or (captures made before meta.load existed) the
+    loadgen note "closed loop, concurrency N" / "Poisson R req/s". None: not a load run."""
+    meta = trace.meta if trace is not None else {}
+    load = meta.get("load")
+    if isinstance(load, dict) and load.get("kind") in ("open", "closed"):
+        return load
+    fs = file_summary or {}
+    if fs.get("max_concurrency") not in (None, "None"):
+        return {"kind": "closed", "concurrency": int(fs["max_concurrency"])}
+    rate = fs.get("request_rate")
+    if rate not in (None, "inf", float("inf")):
+        return {"kind": "open", "rate": float(rate)}
+    notes = str(meta.get("notes") or "")
+    m = _NOTE_LOAD[0].search(notes)
+    if m:
+        return {"kind": "closed", "concurrency": int(m.group(1))}
+    m = _NOTE_LOAD[1].search(notes)
+    if m:
+        return {"kind": "open", "rate": float(m.group(1))}
+    return None
+
+
+def measured_point(label: str, trace, slo: SLO | None, file_summary: dict | None = None) -> dict | None:
+    """A measured or imported run as a sweep point (core.sweep.point_summary) with its load
+    and label; None when the file does not say what load it ran under."""
+    load = run_load(trace, file_summary)
+    if load is None or trace is None or not len(trace.tokens):
+        return None
+    key = "rate" if load["kind"] == "open" else "concurrency"
+    return {"label": label, "kind": load["kind"], key: load[key], "origin": trace.meta.get("source"),
+            **point_summary(trace, slo)}

@@ -210,6 +210,8 @@ class Capture:
                 "notes": f"captured by gpu_runner loadgen ({how}); times are client-side: arrival = when the request "
                          "was sent, a token = when its SSE chunk arrived",
                 "versions": {"python": platform.python_version(), "httpx": httpx.__version__}}
+        if getattr(self, "load", None):
+            meta["load"] = self.load   # where this run sits on a load sweep's axis (core.capacity)
         if self.failures:
             meta["failures"] = self.failures
         return {"schema": "serving-trace/1", "meta": meta, "requests": requests, "events": events}
@@ -229,6 +231,8 @@ def main_loadgen(a) -> int:
     how = (f"Poisson {a.rate:g} req/s, seed {a.seed}" if a.rate is not None else
            f"closed loop, concurrency {a.concurrency}" if a.concurrency is not None else "the workload's arrival times")
     cap = Capture(a.url, a.model, a.temperature, a.metrics_interval)
+    cap.load = ({"kind": "open", "rate": a.rate, "seed": a.seed} if a.rate is not None else
+                {"kind": "closed", "concurrency": a.concurrency} if a.concurrency is not None else None)
     t0 = time.perf_counter()
     try:
         asyncio.run(cap.run(w, a.rate, a.concurrency, a.seed, Progress("requests")))

@@ -3,7 +3,7 @@ law, and Exercise 6 of chapter 31 with numbers."""
 import pandas as pd
 import streamlit as st
 
-from core.capacity import exercise6, exercise6_preset, parse_loads, sweep_policies
+from core.capacity import exercise6, exercise6_preset, measured_point, parse_loads, sweep_policies
 from core.compare import POLICY_LABELS
 from core.config import SchedulerConfig
 from core.errors import InputError
@@ -12,7 +12,17 @@ from core.metrics import SLO
 from core.scenarios import DATA
 from core.stepmodel import StepModel
 from core.workload import load_workload
-from ui import HASH_FUNCS, bound, ensure_app_frame, fmt_ms, md, parse_upload
+from ui import (
+    HASH_FUNCS,
+    bound,
+    ensure_app_frame,
+    fmt_ms,
+    load_trace_file,
+    md,
+    parse_upload,
+    parse_uploaded_trace,
+    replay_trace_files,
+)
 
 ensure_app_frame()
 
@@ -91,10 +101,38 @@ except InputError as e:   # ConfigError and WorkloadError too
     st.stop()
 
 key = "rate" if kind == "open" else "concurrency"
+files = replay_trace_files()
+picked = st.multiselect("Measured runs on the same axes (traces or vLLM/SGLang results that state their load)",
+                        list(files), key="ld_meas", default=[f for f in ("vllm_cpu_tiny_loadgen.json.gz",
+                                                                          "runner_served_tiny_loadgen.json.gz")
+                                                              if f in files and kind == "closed"])
+up = st.file_uploader("…or upload one", type=["json", "gz", "parquet"], key="ld_meas_upload")
+measured, skipped = [], []
+sources = [(name, *load_trace_file(files[name])) for name in picked]
+if up is not None:
+    sources.append((up.name, *parse_uploaded_trace(up, "load")))
+for name, tr, imp, err in sources:
+    if err:
+        st.error(err)
+        continue
+    p = measured_point(name, tr, slo if slo.given() else None, imp.file_summary if imp else None)
+    if p is None:
+        skipped.append(f"{md(name)} (no load stated)")
+    elif p["kind"] != kind:
+        skipped.append(f"{md(name)} ({p['kind']} loop)")
+    else:
+        measured.append(p)
+if skipped:
+    st.caption("Not drawn (a different kind of load than this sweep, or none stated): " + ", ".join(skipped))
 st.markdown(f":orange-badge[simulated] {len(workload)} requests of *{md(workload.name)}*, "
             f"{'Poisson arrivals, seed ' + str(seed) if kind == 'open' else 'closed loop, no think time'}; "
             f"step model {md(step_model.describe())}.")
-st.plotly_chart(load_curves(results, slo if slo.given() else None), key="ld_curves", width="stretch")
+st.plotly_chart(load_curves(results, slo if slo.given() else None, measured=measured), key="ld_curves",
+                width="stretch")
+if measured:
+    st.caption("Diamonds: measured or imported runs at the load they state (filled p99, open p50). They ran "
+               "their own workload on their own hardware; the curves are the simulator's on this page's "
+               "workload and step model — compare shapes, or fit a step model to a run before comparing values.")
 
 caps = {label: r["capacity"] for label, r in results.items()}
 if slo.given():

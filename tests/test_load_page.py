@@ -4,6 +4,7 @@ import pytest
 from core.capacity import exercise6, parse_loads
 from core.errors import InputError
 from tests.apptest import arr, charts, open_page
+from tests.conftest import DATA
 
 
 def test_exercise6_by_hand():
@@ -56,3 +57,28 @@ def test_load_page_closed_loop_and_bad_input():
     assert fig["layout"]["xaxis3"]["title"]["text"] == "clients in a closed loop"
     at = open_page("load", {"ld_loads": "5,abc"})
     assert [e.value for e in at.error] == ["loads: 'abc' is not a number"] and not charts(at)
+
+
+def test_measured_runs_state_their_load():
+    from core.capacity import measured_point, run_load
+    from core.trace import load_trace, open_trace
+    vllm = open_trace(DATA / "imports" / "vllm_cpu_tiny_burst64.json")
+    assert run_load(vllm.trace, vllm.file_summary) == {"kind": "closed", "concurrency": 16}
+    p = measured_point("v", vllm.trace, None, vllm.file_summary)
+    assert p["ttft_ms"]["p99"] == pytest.approx(vllm.file_summary["p99_ttft_ms"])   # vLLM's own number
+    lg = load_trace(DATA / "traces" / "runner_served_tiny_loadgen.json.gz")          # note of an older capture
+    assert run_load(lg) == {"kind": "closed", "concurrency": 16}
+    assert run_load(load_trace(DATA / "traces" / "shared_prefix_measured_cpu.json.gz")) is None
+    lg.meta["load"] = {"kind": "open", "rate": 7.5, "seed": 0}                        # what loadgen writes now
+    assert run_load(lg)["rate"] == 7.5
+
+
+def test_load_page_draws_measured_runs_of_the_same_kind():
+    at = open_page("load", {"ld_kind": "closed", "ld_loads": "1,16"})
+    (fig,) = charts(at)
+    names = {t.get("name") for t in fig["data"]}
+    assert {"measured: vllm_cpu_tiny_loadgen.json.gz", "measured: runner_served_tiny_loadgen.json.gz"} <= names
+    diamonds = [t for t in fig["data"] if t.get("name") == "measured: vllm_cpu_tiny_loadgen.json.gz"]
+    assert all(arr(t["x"]) == [16] for t in diamonds)
+    at = open_page("load", {})   # open loop: the closed-loop captures are not drawn
+    assert not any(str(t.get("name", "")).startswith("measured") for t in charts(at)[0]["data"])

@@ -9,9 +9,14 @@ from core.figures import PALETTE, base_layout
 PANELS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("e2e_ms", "E2E (ms)"), (None, "tokens / s"))
 
 
-def load_curves(results: dict[str, dict], slo=None, log_y: bool = True) -> go.Figure:
+MEASURED = ("#222222", "#8C564B", "#17BECF", "#7F7F7F")
+
+
+def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured: list[dict] = ()) -> go.Figure:
     """results: {policy label: sweep result}. p50 dashed, p99 solid; output tokens/s solid and
-    goodput dashed; SLO bounds as gray lines; each policy's capacity marked with a star."""
+    goodput dashed; SLO bounds as gray lines; each policy's capacity marked with a star.
+    `measured`: runs as points (core.capacity.measured_point) drawn as diamonds at their load:
+    p99 (filled) and p50 (open) latencies, output tokens/s."""
     first = next(iter(results.values()), None)
     key = "rate" if first and first["kind"] == "open" else "concurrency"
     xlabel = "offered load (requests / s, Poisson)" if key == "rate" else "clients in a closed loop"
@@ -44,6 +49,18 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True) -> go.Fi
                                      hovertemplate=(f"{label}: capacity {key} %{{x:g}} (SLO attainment "
                                                     f"{cap['attainment']:.3f} >= {cap['target']:g})<extra></extra>")),
                           row=2, col=2)
+    for j, p in enumerate(measured):
+        color = MEASURED[j % len(MEASURED)]
+        for k, (metric, _) in enumerate(PANELS):
+            marks = ([("output", p["output_tok_per_s"], "diamond")] if metric is None else
+                     [("p99", p[metric]["p99"], "diamond"), ("p50", p[metric]["p50"], "diamond-open")])
+            for name, y, symbol in marks:
+                fig.add_trace(go.Scatter(x=[p[key]], y=[y], mode="markers", name=f"{p['origin']}: {p['label']}",
+                                         legendgroup=f"m{j}", showlegend=k == 0 and name == "p99",
+                                         marker=dict(symbol=symbol, size=11, color=color, line=dict(width=1.5)),
+                                         hovertemplate=f"{p['origin']}: {p['label']} {name}<br>{key} %{{x:g}}: "
+                                                       f"%{{y:,.3f}}<extra></extra>"),
+                              row=k // 2 + 1, col=k % 2 + 1)
     if slo is not None:
         for k, (metric, _) in enumerate(PANELS[:3]):
             bound = getattr(slo, metric)
