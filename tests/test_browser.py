@@ -10,7 +10,8 @@ pytestmark = pytest.mark.browser
 PAGES = [("", "home", "Serving Explorer"), ("schedules", "schedules", "Schedules"),
          ("kv", "kv", "KV memory & paging"), ("tiles", "tiles", "Attention tiles"),
          ("speculative", "speculative", "Speculative decoding"), ("roofline", "roofline", "Roofline"),
-         ("replay?tr=shared_prefix_caching_on.json.gz", "replay", "Trace replay")]
+         ("replay?tr=shared_prefix_caching_on.json.gz", "replay", "Trace replay"),
+         ("load", "load", "Load & SLOs"), ("pathologies", "pathologies", "Serving pathologies")]
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,18 @@ def test_every_page_draws_a_chart(server, page, path, shot, title):
     assert page.locator("[data-testid='stException']").count() == 0
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{shot}.png"), full_page=True)
+
+
+def test_load_page_shows_capacity_and_the_exercise_6_verdict(server, page):
+    from playwright.sync_api import expect
+    page.goto(f"{server}/load?ld_kind=closed&ld_loads=1,4,16")
+    wait_idle(page)
+    expect(page.get_by_text("capacity", exact=False).first).to_be_visible()
+    expect(page.get_by_text("has not improved", exact=False)).to_be_visible()
+    # the closed-loop captures of vLLM and the runner are drawn on the same axes
+    expect(page.locator(".js-plotly-plot .legendtext", has_text="measured: vllm_cpu_tiny_loadgen.json.gz")
+           .first).to_be_attached()
+    assert page.locator("[data-testid='stException']").count() == 0
 
 
 def test_query_parameters_restore_a_scenario(server, page):

@@ -35,7 +35,8 @@ def test_load_page_default_sweep():
     (fig,) = charts(at)
     titles = [a["text"] for a in fig["layout"]["annotations"]]
     assert titles[:4] == ["TTFT (ms)", "TPOT (ms)", "E2E (ms)", "tokens / s"]
-    assert "SLO 500 ms" in titles and "SLO 50 ms" in titles              # the default bounds drawn
+    slo_lines = {t["name"]: arr(t["y"]) for t in fig["data"] if str(t.get("name", "")).startswith("SLO")}
+    assert slo_lines == {"SLO TTFT <= 500 ms": [500, 500], "SLO TPOT <= 50 ms": [50, 50]}   # the default bounds
     assert fig["layout"]["height"] <= 900
     policies = {t["legendgroup"] for t in fig["data"] if t.get("legendgroup")}
     assert policies == {"continuous", "continuous + chunked prefill"}

@@ -61,12 +61,17 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured
                                          hovertemplate=f"{p['origin']}: {p['label']} {name}<br>{key} %{{x:g}}: "
                                                        f"%{{y:,.3f}}<extra></extra>"),
                               row=k // 2 + 1, col=k % 2 + 1)
-    if slo is not None:
+    xs = sorted({p[key] for r in results.values() for p in r["points"]} | {p[key] for p in measured})
+    if slo is not None and xs:
         for k, (metric, _) in enumerate(PANELS[:3]):
             bound = getattr(slo, metric)
-            if bound is not None:
-                fig.add_hline(y=bound, line=dict(color="#666", dash="dot", width=1), row=k // 2 + 1, col=k % 2 + 1,
-                              annotation_text=f"SLO {bound:g} ms", annotation_position="top left")
+            if bound is not None:   # a line trace, not a shape: shape labels on log axes are in log units
+                fig.add_trace(go.Scatter(x=[xs[0], xs[-1]], y=[bound, bound], mode="lines", showlegend=False,
+                                         name=f"SLO {metric.split('_')[0].upper()} <= {bound:g} ms",
+                                         line=dict(color="#666", dash="dot", width=1.5),
+                                         hovertemplate=f"SLO: {metric.split('_')[0].upper()} <= {bound:g} ms"
+                                                       "<extra></extra>"),
+                              row=k // 2 + 1, col=k % 2 + 1)
     for k in range(4):
         fig.update_xaxes(title_text=xlabel if k >= 2 else None, row=k // 2 + 1, col=k % 2 + 1)
         if log_y and k < 3:
