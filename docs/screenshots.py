@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "screenshots"
 PAGES = [("home", ""), ("schedules", "schedules"), ("kv", "kv"), ("tiles", "tiles"),
          ("speculative", "speculative"), ("roofline", "roofline"),
-         ("replay", "replay?tr=shared_prefix_caching_on.json.gz&rp_cmp=shared_prefix_caching_off.json.gz")]
+         ("replay", "replay?tr=shared_prefix_caching_on.json.gz&rp_cmp=shared_prefix_caching_off.json.gz"),
+         ("load", "load"), ("pathologies", "pathologies")]
 
 PROJECTOR = {"width": 1280, "height": 800}
 # the "Poisson 10000" preset (core.scenarios.SCHEDULE_PRESETS); a link's parameters win over it
