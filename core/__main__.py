@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--concurrency", type=_list_of(_positive_int, "integers >= 1"), metavar="C1,C2,...",
                       help="closed loop: C clients, each sending its next request when its last one finishes")
     w.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the Poisson arrivals (default 0)")
+    w.add_argument("--repeats", type=_positive_int, default=1,
+                   help="open loop: run each rate with seeds SEED..SEED+K-1; points report the first run and the "
+                        "spread (min/mean/max); capacity needs the attainment in every run")
     add_flags(w, SchedulerConfig)
     add_flags(w, StepModel)
     add_slo_flags(w)
@@ -176,7 +179,7 @@ def cmd_sweep(a) -> int:
     from core.workload import load_workload
     w = load_workload(a.workload)
     out = sweep(w, from_args(SchedulerConfig, a), from_args(StepModel, a), rates=a.rates, concurrency=a.concurrency,
-                seed=a.seed, slo=slo_from_args(a), attainment=a.attainment, workers=a.workers)
+                seed=a.seed, slo=slo_from_args(a), attainment=a.attainment, workers=a.workers, repeats=a.repeats)
     if a.json:
         print(json.dumps(out, allow_nan=False))
         return 0
@@ -195,6 +198,12 @@ def cmd_sweep(a) -> int:
         if "slo" in p:
             row += f" {_fmt(p['slo']['attainment']):>8} {_fmt(p['slo']['goodput_req_per_s']):>9}"
         print(row)
+        if "repeats" in p:
+            r = p["repeats"]
+            print(f"{'':>11} over seeds {r['seeds'][0]}..{r['seeds'][-1]}: tok/s {r['output_tok_per_s']['min']:,.1f}"
+                  f"..{r['output_tok_per_s']['max']:,.1f}, TTFT p99 {r['ttft_p99_ms']['min']:,.1f}.."
+                  f"{r['ttft_p99_ms']['max']:,.1f}" + (f", SLO met {r['attainment']['min']:.3f}.."
+                                                        f"{r['attainment']['max']:.3f}" if "attainment" in r else ""))
     if out["capacity"] is not None:
         c = out["capacity"]
         print(f"capacity: {key} {c[key]:g} is the highest swept load with SLO attainment >= {c['target']:g} "

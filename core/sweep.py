@@ -133,22 +133,49 @@ def run_point(workload: Workload, config: SchedulerConfig, step_model: StepModel
     return {"concurrency": concurrency, "max_in_flight": most} | point_summary(tr, slo)
 
 
+SPREAD = {"output_tok_per_s": lambda p: p["output_tok_per_s"], "achieved_req_per_s": lambda p: p["achieved_req_per_s"],
+          "ttft_p99_ms": lambda p: p["ttft_ms"]["p99"], "tpot_p99_ms": lambda p: p["tpot_ms"]["p99"],
+          "e2e_p99_ms": lambda p: p["e2e_ms"]["p99"], "failed": lambda p: p["failed"],
+          "attainment": lambda p: p["slo"]["attainment"] if "slo" in p else None,
+          "goodput_req_per_s": lambda p: p["slo"]["goodput_req_per_s"] if "slo" in p else None}
+
+
+def with_repeats(runs: list[dict], seeds: list[int]) -> dict:
+    """One open-loop point from runs of the same rate with different arrival seeds: the first
+    run's numbers, and "repeats" = {seeds, metric: {min, mean, max}} over all of them."""
+    spread = {}
+    for name, get in SPREAD.items():
+        v = [get(r) for r in runs]
+        if all(x is not None for x in v):
+            spread[name] = {"min": min(v), "mean": sum(v) / len(v), "max": max(v)}
+    return runs[0] | {"seed": seeds[0], "repeats": {"seeds": seeds, **spread}}
+
+
+def attainment_of(p: dict) -> float | None:
+    """A point's SLO attainment; with repeats the worst one (a gate holds in every run)."""
+    if "repeats" in p and "attainment" in p["repeats"]:
+        return p["repeats"]["attainment"]["min"]
+    return p["slo"]["attainment"] if p.get("slo") else None
+
+
 def capacity(points: list[dict], target: float) -> dict | None:
-    """The highest swept load (rate or concurrency) whose SLO attainment is >= target."""
-    ok = [p for p in points if p.get("slo") and p["slo"]["attainment"] is not None
-          and p["slo"]["attainment"] >= target]
+    """The highest swept load (rate or concurrency) whose SLO attainment is >= target (in every
+    repeat, when a point has repeats)."""
+    ok = [p for p in points if attainment_of(p) is not None and attainment_of(p) >= target]
     if not ok:
         return None
     key = "rate" if "rate" in ok[0] else "concurrency"
     best = max(ok, key=lambda p: p[key])
-    return {key: best[key], "attainment": best["slo"]["attainment"], "target": target}
+    return {key: best[key], "attainment": attainment_of(best), "target": target}
 
 
 def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, rates=None, concurrency=None,
-          seed: int = 0, slo: SLO | None = None, attainment: float = 0.9, workers: int | None = None) -> dict:
+          seed: int = 0, slo: SLO | None = None, attainment: float = 0.9, workers: int | None = None,
+          repeats: int = 1) -> dict:
     """{"kind", "points": [...] (in the order given), "capacity"} over `rates` (req/s, open
-    loop) or `concurrency` levels (closed loop). Points run in up to `workers` processes
-    (default: one per CPU); 1 runs them here."""
+    loop) or `concurrency` levels (closed loop). Open-loop points can be repeated with arrival
+    seeds seed, seed+1, ... (`repeats`; see with_repeats). Runs go to up to `workers`
+    processes (default: one per CPU); 1 runs them here."""
     if (rates is None) == (concurrency is None):
         raise ConfigError("sweep: give either rates or concurrency levels")
     loads = list(rates if rates is not None else concurrency)
@@ -157,9 +184,18 @@ def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, ra
     if not 0 < attainment <= 1:
         raise ConfigError(f"attainment: expected a fraction in (0, 1], got {attainment!r}")
     kind = "rate" if rates is not None else "concurrency"
-    jobs = [dict(rate=x, seed=seed) if kind == "rate" else dict(concurrency=int(x)) for x in loads]
-    points = run_all(run_point, [dict(workload=workload, config=config, step_model=step_model, slo=slo, **j)
-                                 for j in jobs], workers)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 100:
+        raise ConfigError(f"repeats: expected an integer in 1..100, got {repeats!r}")
+    if repeats > 1 and kind == "concurrency":
+        raise ConfigError("repeats: a simulated closed loop is deterministic (every repeat would be the same run); "
+                          "repeat open-loop rates, whose arrivals change with the seed")
+    seeds = list(range(seed, seed + repeats))
+    jobs = ([dict(rate=x, seed=s) for x in loads for s in seeds] if kind == "rate"
+            else [dict(concurrency=int(x)) for x in loads])
+    runs = run_all(run_point, [dict(workload=workload, config=config, step_model=step_model, slo=slo, **j)
+                               for j in jobs], workers)
+    points = ([with_repeats(runs[i:i + repeats], seeds) for i in range(0, len(runs), repeats)] if repeats > 1
+              else runs)
     out = {"kind": "open" if kind == "rate" else "closed", "workload": workload.name, "requests": len(workload),
            "seed": seed if kind == "rate" else None, "scheduler": config.to_dict(), "step_model": step_model.to_dict(),
            "points": points, "capacity": None}

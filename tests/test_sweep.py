@@ -98,3 +98,25 @@ def test_cli_sweep_json_contract(tmp_path, capsys):
     assert out["capacity"]["concurrency"] in (1, 4)
     assert main(["sweep", str(p), "--rates", "0"]) == 2
     assert "--rates: expected a finite number > 0" in capsys.readouterr().err
+
+
+def test_repeats_report_the_spread_and_capacity_needs_every_run():
+    w = small(60)
+    cfg = SchedulerConfig("continuous", max_seqs=4, token_budget=64, chunk=16)
+    slo = SLO(ttft_ms=200.0)
+    one = sweep(w, cfg, STEP10, rates=[20.0, 80.0], slo=slo, seed=4, workers=1)
+    rep = sweep(w, cfg, STEP10, rates=[20.0, 80.0], slo=slo, seed=4, repeats=3, workers=1)
+    for a, b in zip(one["points"], [dict(p) for p in rep["points"]]):
+        r = b.pop("repeats")
+        assert b.pop("seed") == 4 and a == b                       # the first repeat is the seed-4 run
+        assert r["seeds"] == [4, 5, 6]
+        alone = [sweep(w, cfg, STEP10, rates=[a["rate"]], slo=slo, seed=s, workers=1)["points"][0] for s in (4, 5, 6)]
+        got = [p["slo"]["attainment"] for p in alone]
+        assert r["attainment"] == {"min": min(got), "mean": pytest.approx(sum(got) / 3), "max": max(got)}
+        toks = [p["output_tok_per_s"] for p in alone]
+        assert r["output_tok_per_s"]["min"] == min(toks) and r["output_tok_per_s"]["max"] == max(toks)
+    worst = {p["rate"]: p["repeats"]["attainment"]["min"] for p in rep["points"]}
+    cap = rep["capacity"]
+    assert cap is None or worst[cap["rate"]] >= 0.9 and cap["attainment"] == worst[cap["rate"]]
+    with pytest.raises(ConfigError, match="closed loop is deterministic"):
+        sweep(w, cfg, STEP10, concurrency=[2], repeats=2)
