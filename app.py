@@ -23,6 +23,9 @@ pg = st.navigation({
         st.Page("pages/pathologies.py", title="Serving pathologies", icon=":material/healing:",
                 url_path="pathologies"),
     ],
+    "Classroom": [
+        st.Page("pages/exercises.py", title="Exercises", icon=":material/school:", url_path="exercises"),
+    ],
     "Your runs": [
         st.Page("pages/replay.py", title="Trace replay", icon=":material/slow_motion_video:", url_path="replay"),
     ],

@@ -1,0 +1,39 @@
+"""Exercises: chapter 31's six exercises and the serving lesson's ten recall questions, each
+with a link to the page that works it, answer checks, and a hidden reference answer."""
+import streamlit as st
+
+from core.exercises import EXERCISES
+from ui import ensure_app_frame, md
+
+ensure_app_frame()
+
+st.title("Exercises")
+st.caption("Work each one on the linked page (it opens with the right parameters), enter your numbers, then "
+           "reveal the reference answer. Numeric answers are checked against the core's own computation "
+           "within the stated tolerance.")
+
+for group, prefix in (("Chapter 31", "ch31"), ("Serving lesson: recall and stretch", "recall")):
+    st.header(group)
+    for ex in (e for e in EXERCISES if e.key.startswith(prefix)):
+        st.subheader(ex.source)
+        st.markdown(md(ex.question))
+        if ex.link:
+            st.markdown(f"[Try it on the page ↗](/{ex.link})")
+        if ex.numeric:
+            cols = st.columns(min(len(ex.numeric), 4))
+            results = []
+            for i, n in enumerate(ex.numeric):
+                v = cols[i % len(cols)].number_input(n.label, value=None, format="%.6g", key=f"ex_{ex.key}_{i}",
+                                                     placeholder="your answer")
+                results.append((n, v, n.check(v)))
+            entered = [r for r in results if r[2] is not None]
+            if entered:
+                ok = sum(1 for r in entered if r[2])
+                text = ", ".join(f"{md(n.label)}: {'✓' if good else '✗'}" for n, _, good in entered)
+                asked = "" if len(entered) == len(results) else f" ({len(results)} asked)"
+                show = st.success if ok == len(results) else st.info
+                show(f"{ok} of {len(entered)} entered correct{asked} — {text}")
+        with st.expander("Reference answer"):
+            st.markdown(md(ex.answer))
+            for n in ex.numeric:
+                st.markdown(f"- {md(n.label)}: **{n.value():.6g}** {md(n.unit)} (± {n.tolerance:g})")
