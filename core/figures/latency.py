@@ -6,16 +6,19 @@ import plotly.graph_objects as go
 from core.compare import cdf_points
 from core.figures import PALETTE, base_layout
 
+METRIC_NAMES = {"e2e_ms": "E2E", "ttft_ms": "TTFT", "tpot_ms": "TPOT", "waiting_ms": "Queue wait"}
+
 
 def metric_comparison_bars(table, metric: str, unit: str = "ms") -> go.Figure:
     """Grouped bars of one per-request metric across schedules. `table`: DataFrame with
     columns request, schedule, and the metric (NaN = missing, drawn as a gap)."""
+    name = METRIC_NAMES.get(metric, metric)
     fig = go.Figure()
     for sched, g in table.groupby("schedule", sort=False):
         fig.add_trace(go.Bar(x=g["request"], y=g[metric], name=str(sched),
                              hovertemplate=f"%{{x}}: %{{y:.3f}} {unit}<extra>{sched}</extra>"))
-    fig.update_layout(barmode="group", yaxis_title=f"{metric}")
-    return base_layout(fig, f"{metric} per request", height=320)
+    fig.update_layout(barmode="group", yaxis_title=f"{name} ({unit})")
+    return base_layout(fig, f"{name} per request ({unit})", height=320)
 
 
 def cdf_figure(series: dict[str, object], metric: str) -> go.Figure:
