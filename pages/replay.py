@@ -7,6 +7,7 @@ from core.compare import compare_table, workload_differences
 from core.cursor import advance, requests_near, step_at, subset, time_range
 from core.errors import InputError
 from core.export import chrome_trace_json, metrics_csv
+from core.figures import CURSOR
 from core.figures.attention import captured_tiles_figure
 from core.figures.batch import batch_figure, gauges_figure, in_flight_figure
 from core.figures.latency import cdf_figure
@@ -130,7 +131,7 @@ def show_live(now_tr, name):
     c[3].metric("now (ms)", f"{b:,.0f}")
     idx = requests_near(now_tr, b, limit=60, metrics=derived(now_tr, "requests"))
     fig = schedule_timeline([(name, subset(now_tr, idx))], max_token_markers=5_000)
-    fig.add_vline(x=b, line_color="#d62728", line_width=2)
+    fig.add_vline(x=b, line_color=CURSOR, line_width=2)
     st.plotly_chart(fig, key="rp_live_timeline")
     st.plotly_chart(in_flight_figure(derived(now_tr, "in_flight"), b), key="rp_live_inflight")
     gauges = now_tr.events_of("gauge")
@@ -183,7 +184,7 @@ def cursor_views():
                    "(in flight first).")
     # one 1280x800 screen: the cursor, a compact timeline, then batch and KV side by side
     fig = schedule_timeline([(label, shown)], max_token_markers=15_000, max_height=300)
-    fig.add_vline(x=cursor, line_color="#d62728", line_width=2)
+    fig.add_vline(x=cursor, line_color=CURSOR, line_width=2)
     st.plotly_chart(fig, key="rp_timeline")
     left, right = st.columns(2)
     row, batch = step_at(tr, cursor, derived(tr, "rows") if big else None)

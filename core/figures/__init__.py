@@ -2,9 +2,12 @@
 import plotly.graph_objects as go
 import plotly.io as pio
 
-ORIGIN_COLORS = {"given": "#4C78A8", "simulated": "#F58518", "measured": "#54A24B", "imported": "#B279A2"}
-PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6",
-           "#9D755D", "#BAB0AC"]
+# Okabe & Ito's colour-blind-safe palette; meaning is never carried by red vs green alone.
+BLUE, ORANGE, GREEN, PURPLE, SKY, VERMILLION, YELLOW, GRAY = (
+    "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999")
+ORIGIN_COLORS = {"given": BLUE, "simulated": ORANGE, "measured": GREEN, "imported": PURPLE}
+PALETTE = [BLUE, ORANGE, GREEN, PURPLE, SKY, VERMILLION, YELLOW, GRAY, "#000000", "#8C564B"]
+CURSOR = VERMILLION
 
 
 
@@ -14,6 +17,7 @@ def _template() -> go.layout.Template:
     copying it cost ~10 ms per figure (a page draws several, every rerun, for every user)."""
     white = pio.templates["plotly_white"]
     t = go.layout.Template(layout=white.layout)
+    t.layout.colorway = PALETTE   # default trace colours too (plotly's own put red beside green)
     for kind in ("bar", "scatter", "heatmap", "table", "sankey"):
         t.data[kind] = white.data[kind]
     return t

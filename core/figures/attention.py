@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from core.figures import base_layout
+from core.figures import BLUE, VERMILLION, base_layout
 from core.tiles import TileStep, hbm_traffic_bytes
 
 
@@ -19,14 +19,14 @@ def online_softmax_figure(steps: list[TileStep], upto: int, full_value: float, w
     mass = [s.tile_sum * math.exp(s.m - final_m) / steps[-1].l for s in steps]
     outs = [float(s.output) for s in steps[: upto + 1]]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("share of softmax mass per tile", "output so far"))
-    colors = ["#4C78A8" if i <= upto else "#D9D9D9" for i in range(len(steps))]
+    colors = [BLUE if i <= upto else "#D9D9D9" for i in range(len(steps))]
     fig.add_trace(go.Bar(x=[f"tile {s.tile}" for s in steps], y=mass, marker_color=colors, name="mass",
                          hovertemplate="%{x}: %{y:.4f} of the total<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=list(range(len(outs))), y=outs, mode="lines+markers", name="running output",
                              hovertemplate="after tile %{x}: %{y:.6f}<extra></extra>"), row=1, col=2)
-    fig.add_hline(y=full_value, line_dash="dash", line_color="#54A24B", row=1, col=2,
+    fig.add_hline(y=full_value, line_dash="dash", line_color=BLUE, row=1, col=2,
                   annotation_text=f"full softmax {full_value:.6g}", annotation_position="top left")
-    fig.add_hline(y=wrong_value, line_dash="dot", line_color="#E45756", row=1, col=2,
+    fig.add_hline(y=wrong_value, line_dash="dot", line_color=VERMILLION, row=1, col=2,
                   annotation_text=f"average of tile averages {wrong_value:.6g} (wrong)",
                   annotation_position="bottom left")
     fig.update_xaxes(title_text="tiles visited", row=1, col=2, range=[-0.5, len(steps) - 0.5], dtick=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from core.figures import PALETTE, base_layout
+from core.figures import CURSOR, PALETTE, base_layout
 
 
 def in_flight_figure(df, cursor_ms: float | None = None) -> go.Figure:
@@ -15,7 +15,7 @@ def in_flight_figure(df, cursor_ms: float | None = None) -> go.Figure:
         fig.add_trace(go.Scattergl(x=df["t_ms"], y=df["waiting"], mode="lines", name="waiting",
                                    line=dict(shape="hv", color=PALETTE[1])))
     if cursor_ms is not None:
-        fig.add_vline(x=cursor_ms, line_color="#d62728", line_width=2)
+        fig.add_vline(x=cursor_ms, line_color=CURSOR, line_width=2)
     fig.update_layout(xaxis_title="time (ms)", yaxis_title="requests")
     return base_layout(fig, f"Running and waiting ({df.attrs.get('source', '')})", height=280)
 
@@ -49,7 +49,7 @@ def gauges_figure(gauges: list[dict], cursor_ms: float | None = None) -> go.Figu
                                    mode="lines", name="KV usage % (server)", yaxis="y2",
                                    line=dict(shape="hv", color=PALETTE[3], dash="dot")))
     if cursor_ms is not None:
-        fig.add_vline(x=cursor_ms, line_color="#d62728", line_width=2)
+        fig.add_vline(x=cursor_ms, line_color=CURSOR, line_width=2)
     fig.update_layout(xaxis_title="time (ms)", yaxis_title="requests",
                       yaxis2=dict(title="KV usage (%)", overlaying="y", side="right", range=[0, 100], showgrid=False))
     return base_layout(fig, "Server gauges, sampled from its /metrics (measured by the client)", height=280)

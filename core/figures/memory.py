@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from core.figures import PALETTE, base_layout
+from core.figures import CURSOR, PALETTE, base_layout
 from core.kv import GIB, ModelSpec
 from core.occupancy import CACHED, FREE, OWNED, SHARED, STATE_NAMES, Occupancy
 
-STATE_COLORS = {FREE: "#F2F2F2", CACHED: "#C7E9C0", OWNED: "#6BAED6", SHARED: "#E6550D"}
+STATE_COLORS = {FREE: "#F2F2F2", CACHED: "#BFE3F5", OWNED: "#0072B2", SHARED: "#E69F00"}   # Okabe-Ito
 
 
 def kv_growth_chart(models: list[ModelSpec], dtype_bytes: float, max_tokens: int = 32768,
@@ -62,7 +62,7 @@ def occupancy_heatmap(occ: Occupancy, ids: list[str], cursor_index: int | None =
         xgap=0.5 if detailed else 0, ygap=0.5 if detailed else 0,
         colorbar=dict(tickvals=[0.5, 1.5, 2.5, 3.5], ticktext=list(STATE_NAMES), title="block"), **extra))
     if cursor_index is not None and 0 <= cursor_index < len(occ.times_ms):
-        fig.add_vline(x=float(occ.times_ms[cursor_index]), line_color="#d62728", line_width=2)
+        fig.add_vline(x=float(occ.times_ms[cursor_index]), line_color=CURSOR, line_width=2)
     suffix = "th" if step % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(step % 10, "th")
     fig.update_yaxes(title_text="physical block" + (f" (every {step}{suffix})" if step > 1 else ""),
                      autorange="reversed")

@@ -5,7 +5,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from core import speculative as spec
-from core.figures import PALETTE, base_layout
+from core.figures import BLUE, GRAY, PALETTE, VERMILLION, base_layout
 
 
 def mass_sankey(p, q, names: list[str], wrong: bool = False) -> go.Figure:
@@ -26,17 +26,17 @@ def mass_sankey(p, q, names: list[str], wrong: bool = False) -> go.Figure:
     src, dst, val, col, hover = [], [], [], [], []
     for i in range(n):
         if acc[i] > 1e-12:
-            src.append(i); dst.append(final_node(i)); val.append(acc[i]); col.append("rgba(84,162,75,0.45)")
+            src.append(i); dst.append(final_node(i)); val.append(acc[i]); col.append("rgba(0,114,178,0.45)")
             hover.append(f"accepted {names[i]}: {acc[i]:.4f}")
         if rej[i] > 1e-12:
-            src.append(i); dst.append(rejected_node); val.append(rej[i]); col.append("rgba(228,87,86,0.45)")
+            src.append(i); dst.append(rejected_node); val.append(rej[i]); col.append("rgba(213,94,0,0.45)")
             hover.append(f"rejected {names[i]}: {rej[i]:.4f}")
     for i in range(n):
         if resample[i] > 1e-12:
             src.append(rejected_node); dst.append(final_node(i)); val.append(resample[i])
-            col.append("rgba(245,133,24,0.5)")
+            col.append("rgba(204,121,167,0.5)")
             hover.append(f"{'resampled from p' if wrong else 'residual'} -> {names[i]}: {resample[i]:.4f}")
-    node_colors = [PALETTE[i % len(PALETTE)] for i in range(n)] + ["#E45756"] + \
+    node_colors = [PALETTE[i % len(PALETTE)] for i in range(n)] + [VERMILLION] + \
                   [PALETTE[i % len(PALETTE)] for i in range(n)]
     fig = go.Figure(go.Sankey(
         arrangement="snap",
@@ -52,13 +52,13 @@ def monte_carlo_figure(mc: dict, target, names: list[str], wrong_mc: dict | None
     fig = go.Figure()
     target = np.asarray(target, float)
     lo, hi = np.asarray(mc["band_lo"]), np.asarray(mc["band_hi"])
-    fig.add_trace(go.Bar(x=names, y=target, name="target p", marker_color="#BAB0AC"))
+    fig.add_trace(go.Bar(x=names, y=target, name="target p", marker_color=GRAY))
     fig.add_trace(go.Bar(x=names, y=mc["freq"], name=f"exact algorithm ({mc['draws']:,} draws)",
-                         marker_color="#54A24B",
+                         marker_color=BLUE,
                          error_y=dict(type="data", symmetric=False, array=np.maximum(hi - np.asarray(mc["freq"]), 0),
                                       arrayminus=np.maximum(np.asarray(mc["freq"]) - lo, 0), visible=False)))
     if wrong_mc is not None:
-        fig.add_trace(go.Bar(x=names, y=wrong_mc["freq"], name="wrong rule (resample from p)", marker_color="#E45756"))
+        fig.add_trace(go.Bar(x=names, y=wrong_mc["freq"], name="wrong rule (resample from p)", marker_color=VERMILLION))
     fig.add_trace(go.Scatter(x=names, y=hi, mode="markers", marker=dict(symbol="line-ew-open", size=26, color="#333"),
                              name="99% band around p", hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=names, y=lo, mode="markers", marker=dict(symbol="line-ew-open", size=26, color="#333"),
@@ -90,7 +90,7 @@ def break_even_chart(alpha: float, gamma: int, verify_cost: float, max_draft_cos
                                hovertemplate="draft cost %{x:.2f}: %{y:.3f}x<extra></extra>"))
     fig.add_hline(y=1.0, line_dash="dash", line_color="#888", annotation_text="no gain")
     if 0 <= be <= max_draft_cost:
-        fig.add_vline(x=be, line_dash="dot", line_color="#E45756", annotation_text=f"break-even {be:.3f}")
+        fig.add_vline(x=be, line_dash="dot", line_color=VERMILLION, annotation_text=f"break-even {be:.3f}")
     fig.update_layout(xaxis_title="draft step cost (fraction of a target step)",
                       yaxis_title="speedup vs plain decoding")
     return base_layout(fig, f"Break-even: α = {alpha:.3f}, γ = {gamma}, verify = {verify_cost:g}x a decode step",
