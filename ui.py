@@ -183,6 +183,29 @@ def drop_overlong_params() -> list[str]:
     return notes
 
 
+def choice_param(key: str, choices: dict[str, str], what: str) -> str | None:
+    """Call before the widget bound to `key`: a link may name a choice by its label or by its
+    short name, in any case ("sc=burst5" = "sc=Burst 5"); a short name is rewritten to the
+    label. A value that is neither is dropped with a visible notice (the widget then shows its
+    default) instead of being ignored silently. Returns the notice shown, if any."""
+    if key not in st.query_params:
+        return None
+    value = st.query_params[key]
+    if value in choices:
+        return None
+    known = {label.lower(): label for label in choices} | {short.lower(): label for label, short in choices.items()}
+    label = known.get(value.strip().lower())
+    if label is not None:
+        st.query_params[key] = label
+        st.session_state[key] = label   # the bound widget reads its value from here on this run
+        return None
+    del st.query_params[key]
+    note = (f"The link's {md(what)} **{md(value[:60])}** is not one of: "
+            f"{', '.join(md(f'{lab} ({short})') for lab, short in choices.items())}; showing the default.")
+    st.warning(note, icon=":material/link_off:")
+    return note
+
+
 def preset_widget_values(page: str, preset: SchedulePreset) -> dict[str, object]:
     """Widget key -> value for the options a preset sets, on one page."""
     options = preset.options()

@@ -13,6 +13,7 @@ from ui import (
     cached_given,
     cached_policies,
     cached_scenario,
+    choice_param,
     ensure_app_frame,
     fmt_ms,
     origin_badge,
@@ -27,6 +28,7 @@ st.title("Schedules")
 st.caption("One workload, several schedulers, one time axis. Bars: queue wait (gray), prefill (yellow), "
            "first-to-last token (blue); ticks: token emissions (hover for time and gap).")
 
+choice_param("sc", SCENARIO_LABELS, "scenario")
 label = st.selectbox("Scenario", list(SCENARIO_LABELS), **bound("sc"))
 scenario = SCENARIO_LABELS[label]
 st.caption(SCENARIOS[scenario])

@@ -218,3 +218,17 @@ def test_speculative_page_shows_measured_acceptance():
     assert pos
     rates = arr(pos[0]["data"][0]["y"])
     assert len(rates) == 4 and all(0 < r <= 1 for r in rates)
+
+
+@pytest.mark.parametrize("value, shown", [("burst5", "Burst 5"), ("BURST 5", "Burst 5"), ("Burst 5", "Burst 5"),
+                                          ("shared_prefix", "Shared prefix")])
+def test_scenario_links_take_short_names_and_labels(value, shown):
+    at = open_page("schedules", {"sc": value})
+    assert at.selectbox(key="sc").value == shown
+    assert not any("is not one of" in w.value for w in at.warning)
+
+
+def test_an_unknown_scenario_in_a_link_is_said_not_ignored():
+    at = open_page("schedules", {"sc": "nonsense"})
+    assert at.selectbox(key="sc").value == "Chapter 31"
+    assert any("scenario **nonsense** is not one of" in w.value for w in at.warning)
