@@ -224,7 +224,18 @@ def apply_presets_on_change(selector_key: str, page: str, presets: dict[str, Sch
     cur = st.session_state.get(selector_key)
     prev = st.session_state.get(prev_key)
     if prev is not None and cur != prev and cur in presets:
-        st.session_state.update(preset_widget_values(page, presets[cur]))
+        values = preset_widget_values(page, presets[cur])
+        st.session_state.update(values)
+        # A widget not on the page before this run (e.g. the constant model's ms per step
+        # after switching from affine) takes the value but never writes it to the URL: write
+        # the preset's values there too, so the link reproduces the view.
+        from streamlit.errors import StreamlitAPIException
+        for k, v in values.items():
+            if k not in st.query_params and not isinstance(v, (list, tuple)):
+                try:
+                    st.query_params[k] = str(v).lower() if isinstance(v, bool) else str(v)
+                except StreamlitAPIException:   # bound to a widget on the page: it writes its own value
+                    pass
     st.session_state[prev_key] = cur
 
 

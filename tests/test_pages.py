@@ -232,3 +232,14 @@ def test_an_unknown_scenario_in_a_link_is_said_not_ignored():
     at = open_page("schedules", {"sc": "nonsense"})
     assert at.selectbox(key="sc").value == "Chapter 31"
     assert any("scenario **nonsense** is not one of" in w.value for w in at.warning)
+
+
+def test_a_preset_writes_every_value_into_the_link():
+    # Burst 5 switches the step model to constant 1 ms: the ms-per-step widget appears in that
+    # same run and must still reach the URL, or the shared link reopens with 10 ms steps.
+    at = open_page("schedules")
+    at.selectbox(key="sc").set_value("Burst 5").run()
+    q = {k: at.query_params[k] for k in at.query_params}
+    assert q["s_step"] == "1.0" and q["s_kind"] == "constant" and q["ms"] == "3"
+    again = open_page("schedules", {**q, "sc": "Burst 5"})
+    assert again.number_input(key="s_step").value == 1.0 and again.number_input(key="ms").value == 3
