@@ -111,7 +111,10 @@ def summary_table(schedules: list[tuple[str, Trace]], window: tuple[float, float
                     "TTFT p50": s["ttft_ms"]["p50"], "TTFT p99": s["ttft_ms"]["p99"],
                     "TPOT mean": s["tpot_ms"]["mean"], "E2E p99": s["e2e_ms"]["p99"]})
         rows.append(row)
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    if len(df):   # a given schedule has no steps: an empty cell, not "None"
+        df["steps"] = df["steps"].astype("Int64")
+    return df
 
 
 def thin_sample_notes(schedules: list[tuple[str, Trace]], summaries: list[dict] | None = None) -> list[str]:
