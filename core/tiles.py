@@ -51,6 +51,15 @@ def _check(logits, values, tile_size):
     return s, v
 
 
+def unscaled(step: TileStep) -> tuple[float, np.ndarray]:
+    """(l, acc) in the chapter's convention: sums of e^{s_j} (and e^{s_j} v_j) without the
+    running max taken out, i.e. the stored l and acc times e^m. The chapter's Example 31.2
+    (weights [4, 2, 1, 1], tiles of two) reads 6 and 10 after the first tile; the stored,
+    numerically stable values are 1.5 and 2.5 (scaled by e^-m with m = ln 4)."""
+    k = math.exp(step.m)
+    return step.l * k, step.acc * k
+
+
 def online_softmax_steps(logits, values, tile_size: int) -> list[TileStep]:
     """Every intermediate state of the tile-by-tile softmax average."""
     s, v = _check(logits, values, tile_size)

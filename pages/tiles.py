@@ -49,8 +49,12 @@ st.plotly_chart(online_softmax_figure(steps, upto, full, wrong), key="at_steps")
 table = pd.DataFrame([{"tile": s.tile, "keys": f"{s.start}–{s.stop - 1}", "tile max": s.tile_max,
                        "running max m": s.m, "rescale e^(m_old−m_new)": s.rescale,
                        "tile sum (at new m)": s.tile_sum, "running sum l": s.l, "acc": float(s.acc),
+                       "l·e^m (chapter)": tiles.unscaled(s)[0], "acc·e^m (chapter)": float(tiles.unscaled(s)[1]),
                        "output so far acc/l": float(s.output), "tile's own average": float(s.tile_output)}
                       for s in steps[: upto + 1]])
+st.caption("l and acc are stored scaled by e^−m (numerically stable); the chapter's Example 31.2 writes them "
+           "unscaled, as sums of the weights e^logit: the two '(chapter)' columns, equal to l·e^m and acc·e^m. "
+           "Their ratio, the output, is the same in both conventions.")
 st.dataframe(table, hide_index=True, key="at_table",
              column_config={c: st.column_config.NumberColumn(format="%.6g") for c in table.columns
                             if c not in ("tile", "keys")})

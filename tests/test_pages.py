@@ -243,3 +243,15 @@ def test_a_preset_writes_every_value_into_the_link():
     assert q["s_step"] == "1.0" and q["s_kind"] == "constant" and q["ms"] == "3"
     again = open_page("schedules", {**q, "sc": "Burst 5"})
     assert again.number_input(key="s_step").value == 1.0 and again.number_input(key="ms").value == 3
+
+
+def test_tile_table_shows_both_conventions_with_the_chapters_numbers():
+    # Example 31.2: weights [4, 2, 1, 1], values [1, 3, 0, 2], two tiles of two keys. The chapter
+    # writes tile 1's numerator and denominator as 10 and 6, then 12 and 8 after both tiles; the
+    # stored statistics are scaled by e^-m (m = ln 4): 2.5 and 1.5, then 3 and 2.
+    at = open_page("tiles")
+    df = next(d.value for d in at.dataframe if "l·e^m (chapter)" in d.value.columns)
+    assert df["l·e^m (chapter)"].tolist() == pytest.approx([6, 8])
+    assert df["acc·e^m (chapter)"].tolist() == pytest.approx([10, 12])
+    assert df["running sum l"].tolist() == pytest.approx([1.5, 2]) and df["acc"].tolist() == pytest.approx([2.5, 3])
+    assert df["output so far acc/l"].tolist() == pytest.approx([10 / 6, 1.5])
