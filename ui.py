@@ -183,6 +183,17 @@ def drop_overlong_params() -> list[str]:
     return notes
 
 
+def notices(notes: list[str], what: str = "these numbers") -> None:
+    """At most one notice area: one note as a caption with a warning icon, several folded into
+    one expander whose title counts them (a lecture screen is not a wall of yellow boxes)."""
+    if len(notes) == 1:
+        st.caption(f":material/warning: {notes[0]}")
+    elif notes:
+        with st.expander(f":material/warning: {len(notes)} notes on {what}"):
+            for n in notes:
+                st.markdown(f"- {n}")
+
+
 def choice_param(key: str, choices: dict[str, str], what: str) -> str | None:
     """Call before the widget bound to `key`: a link may name a choice by its label or by its
     short name, in any case ("sc=burst5" = "sc=Burst 5"); a short name is rewritten to the

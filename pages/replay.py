@@ -220,13 +220,13 @@ spec = tr.events_of("spec")
 if spec:
     pos, rates, counts = acceptance_by_position(spec)
     st.plotly_chart(acceptance_by_position_figure(pos, rates, counts), key="rp_spec")
-else:
-    st.info("Speculative acceptance per position needs `spec` events.")
 tiles = tr.events_of("tiles")
 if tiles:
     st.plotly_chart(captured_tiles_figure(tiles[:64]), key="rp_tiles")
-else:
-    st.info("Per-tile attention statistics need `tiles` events.")
+missing = [what for what, have in (("speculative acceptance per position (`spec` events)", spec),
+                                   ("per-tile attention statistics (`tiles` events)", tiles)) if not have]
+if missing:
+    st.caption("Not in this trace: " + "; ".join(missing) + ".")
 
 with st.expander("Per-request metrics"):
     m = derived(tr, "requests")

@@ -16,6 +16,7 @@ from ui import (
     choice_param,
     ensure_app_frame,
     fmt_ms,
+    notices,
     origin_badge,
     parse_upload,
     schedule_view,
@@ -113,8 +114,7 @@ st.caption("Drain window = [first arrival, last emission] of each schedule; the 
 taken = schedule_view("steps", schedules)
 if taken:
     st.markdown("Forward steps taken: " + ", ".join(f"**{label}** {n:,}" for label, n in taken) + ".")
-for note in schedule_view("thin", schedules):
-    st.warning(note)
+notices(schedule_view("thin", schedules), "these percentiles")
 
 st.subheader("Per request")
 table = schedule_view("requests", schedules)
