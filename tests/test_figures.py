@@ -170,3 +170,11 @@ def test_aggregate_timeline_totals_equal_the_detailed_data():
     centers = np.asarray(heat.x)
     in_flight = ((arrival[:, None] <= centers[None, :]) & (last[:, None] >= centers[None, :])).sum(0)
     assert (z.sum(0) == in_flight).all()
+
+
+def test_kv_growth_merges_models_with_identical_kv_size():
+    from core import kv
+    from core.figures.memory import kv_growth_chart
+    fig = kv_growth_chart([kv.MODELS[m] for m in ("Llama-3-8B", "Mistral-7B", "Llama-2-7B")], 2)
+    # Llama-3-8B and Mistral-7B: 32 layers x 8 KV heads x 128 dims: one line, both names
+    assert [t.name for t in fig.data] == ["Llama-3-8B = Mistral-7B (8 KV heads)", "Llama-2-7B (32 KV heads)"]

@@ -13,14 +13,20 @@ STATE_COLORS = {FREE: "#F2F2F2", CACHED: "#BFE3F5", OWNED: "#0072B2", SHARED: "#
 
 def kv_growth_chart(models: list[ModelSpec], dtype_bytes: float, max_tokens: int = 32768,
                     marker_tokens: int | None = None) -> go.Figure:
-    """KV GiB per sequence vs context length, one line per model (GQA shows as a flatter line)."""
+    """KV GiB per sequence vs context length, one line per model (GQA shows as a flatter line).
+    Models with the same bytes per token share one line, named after all of them (one drawn
+    over the other would hide it)."""
     x = np.unique(np.r_[np.linspace(0, max_tokens, 65).astype(int), marker_tokens or 0])
     fig = go.Figure()
-    for i, m in enumerate(models):
-        y = m.kv_bytes_per_token(dtype_bytes) * x / GIB
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{m.name} ({m.kv_heads} KV heads)",
+    groups: dict[int, list[ModelSpec]] = {}
+    for m in models:
+        groups.setdefault(m.kv_bytes_per_token(dtype_bytes), []).append(m)
+    for i, (per_token, ms) in enumerate(groups.items()):
+        y = per_token * x / GIB
+        names = " = ".join(m.name for m in ms)
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=f"{names} ({ms[0].kv_heads} KV heads)",
                                  line_color=PALETTE[i % len(PALETTE)],
-                                 hovertemplate="%{x:,} tokens: %{y:.3f} GiB<extra>" + m.name + "</extra>"))
+                                 hovertemplate="%{x:,} tokens: %{y:.3f} GiB<extra>" + names + "</extra>"))
     if marker_tokens:
         fig.add_vline(x=marker_tokens, line_dash="dot", line_color="#888")
     fig.update_layout(xaxis_title="cached tokens per sequence", yaxis_title="KV cache (GiB)")
