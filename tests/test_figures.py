@@ -178,3 +178,9 @@ def test_kv_growth_merges_models_with_identical_kv_size():
     fig = kv_growth_chart([kv.MODELS[m] for m in ("Llama-3-8B", "Mistral-7B", "Llama-2-7B")], 2)
     # Llama-3-8B and Mistral-7B: 32 layers x 8 KV heads x 128 dims: one line, both names
     assert [t.name for t in fig.data] == ["Llama-3-8B = Mistral-7B (8 KV heads)", "Llama-2-7B (32 KV heads)"]
+
+
+def test_draft_position_ticks_are_whole_positions():
+    from core.figures.spec import acceptance_by_position_figure
+    fig = acceptance_by_position_figure([0, 1, 2, 3], [0.9, 0.8, 0.6, 0.5], [10, 9, 7, 5])
+    assert list(fig.layout.xaxis.tickvals) == [0, 1, 2, 3]

@@ -100,5 +100,6 @@ def break_even_chart(alpha: float, gamma: int, verify_cost: float, max_draft_cos
 def acceptance_by_position_figure(positions: list[int], rates: list[float], counts: list[int]) -> go.Figure:
     fig = go.Figure(go.Bar(x=positions, y=rates, customdata=counts,
                            hovertemplate="position %{x}: %{y:.3f} (n=%{customdata})<extra></extra>"))
-    fig.update_layout(xaxis_title="draft position", yaxis_title="acceptance rate", yaxis_range=[0, 1])
+    fig.update_layout(xaxis_title="draft position", yaxis_title="acceptance rate", yaxis_range=[0, 1],
+                      xaxis=dict(tickmode="array", tickvals=list(positions)))   # whole positions, not -0.5, 0.5
     return base_layout(fig, "Measured acceptance per draft position", height=300)
