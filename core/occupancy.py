@@ -38,6 +38,13 @@ class Occupancy:
         s = self.state[:, j]
         return {name: int((s == k).sum()) for k, name in enumerate(STATE_NAMES)}
 
+    def busiest(self) -> int:
+        """The first snapshot with the most blocks held by sequences (a view's natural start:
+        the last snapshot of a finished run has every block free)."""
+        if not self.state.size:
+            return 0
+        return int(np.argmax((self.state >= OWNED).sum(axis=0)))
+
     def index_at(self, t_ms: float) -> int:
         """The last snapshot at or before t (the first one before any)."""
         j = int(np.searchsorted(self.times_ms, t_ms, side="right")) - 1

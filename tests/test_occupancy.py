@@ -51,3 +51,13 @@ def test_block_states_equal_a_direct_reading(seed):
     B = state.shape[0]
     assert np.array_equal(occ.state[:B], state) and np.array_equal(occ.ref[:B], refs)
     assert np.array_equal(occ.owner[:B], owner)
+
+
+def test_busiest_snapshot_is_where_most_blocks_are_held():
+    from core.occupancy import FREE, OWNED, SHARED, Occupancy
+    state = np.array([[FREE, OWNED, OWNED, FREE],
+                      [FREE, FREE, SHARED, FREE],
+                      [FREE, OWNED, SHARED, FREE]])
+    occ = Occupancy.__new__(Occupancy)
+    occ.state = state
+    assert occ.busiest() == 2
