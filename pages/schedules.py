@@ -66,9 +66,10 @@ if workload is None:
 
 with st.sidebar:
     st.subheader("Scheduler")
+    # Chapter 31 opens on its two given schedules; the simulated ones are one click away
     policies = st.pills("Policies (simulated)", list(POLICY_LABELS), selection_mode="multi",
-                        default=list(POLICY_LABELS), help="chunked = continuous batching with chunked prefill",
-                        **bound("pol"))
+                        default=[] if scenario == "chapter31" else list(POLICY_LABELS),
+                        help="chunked = continuous batching with chunked prefill", **bound("pol"))
     max_seqs = st.number_input("Max running sequences (0 = no limit)", 0, 4096, 0, **bound("ms"))
     budget = st.number_input("Token budget per step (0 = no limit)", 0, 1_000_000, 0, **bound("tb"))
     chunk = st.number_input("Chunk size (chunked prefill)", 1, 1_000_000, 2, **bound("ch"))
@@ -91,13 +92,19 @@ if not schedules:
     st.stop()
 
 st.markdown(" ".join(f"**{label}** {origin_badge(tr)}  " for label, tr in schedules))
-st.caption(f"Simulated step model — {step_model.describe()}. "
-           f"Workload: {len(workload)} requests asking for {max_output_tokens(workload):,} output tokens.")
+if policies:
+    st.caption(f"Simulated step model — {step_model.describe()}. "
+               f"Workload: {len(workload)} requests asking for {max_output_tokens(workload):,} output tokens.")
+if scenario == "chapter31":
+    st.caption("The given schedules are the chapter's Table 31.1 (its assigned emission times). Pick simulated "
+               "policies in the sidebar to run the same three requests through the core scheduler; their times "
+               "follow the stated step model, so they need not match the table.")
 st.plotly_chart(schedule_view("timeline", schedules), key="sched_timeline", width="stretch")
 
 c1, c2 = st.columns(2)
 w0 = c1.number_input("Fixed window start (ms)", 0.0, 1e12, 0.0, **bound("w0"))
-w1 = c2.number_input("Fixed window end (ms, 0 = latest emission)", 0.0, 1e12, 0.0, **bound("w1"))
+w1 = c2.number_input("Fixed window end (ms, 0 = latest emission)", 0.0, 1e12,
+                     400.0 if scenario == "chapter31" else 0.0, **bound("w1"))   # the chapter's 400 ms window
 try:
     window = fixed_window(schedules, w0, w1)
 except InputError as e:

@@ -25,24 +25,25 @@ def test_schedules_chapter_numbers():
     assert summ.loc["given continuous", "tok/s (drain)"] == pytest.approx(30.0)
     assert summ.loc["given serial", "cost USD (drain)"] == pytest.approx(0.0002)
     assert summ.loc["given continuous", "USD per 1k tokens"] == pytest.approx(0.018519, abs=1e-6)
-    fixed = [c for c in summ.columns if c.startswith("tok/s fixed")][0]
-    # Default fixed window ends at the latest emission of all schedules: simulated serial with the
-    # chapter preset (20 ms + 20 ms/prefill token + 20 ms/decode seq): A 100, 140, 180; B from 180:
-    # +100 -> 280, 320; C from 320: 20 + 2*20 -> 380.
-    assert fixed == "tok/s fixed [0, 380] ms"
-    serial = frame_with(at, "tok/s (drain)").set_index("schedule").loc["simulated serial"]
-    assert serial["drain window ms"] == "[0, 380]"
+    # Chapter 31 opens on its two given schedules and the chapter's fixed 400 ms window:
+    # 6 tokens / 0.4 s = 15 tok/s for both.
+    assert list(summ.index) == ["given serial", "given continuous"]
+    assert summ.loc["given serial", "tok/s fixed [0, 400] ms"] == pytest.approx(15.0)
+    assert summ.loc["given continuous", "tok/s fixed [0, 400] ms"] == pytest.approx(15.0)
     per_req = frame_with(at, "TTFT ms")
     assert per_req["TTFT ms"].tolist() == ["100", "240", "320"]     # given serial, first in the picker
     at.selectbox(key="sched_pick").select("given continuous").run()
     per_req = frame_with(at, "TTFT ms")
     assert per_req["TTFT ms"].tolist() == ["100", "130", "140"]
     assert per_req["TPOT ms"].tolist() == ["50", "50", "—"]         # C has no TPOT
-    # Fixed window 0-400 ms: 15 tok/s for both given schedules.
-    at.number_input(key="w1").set_value(400.0).run()
+    # The simulated policies, one click away: the latest emission of all schedules is simulated
+    # serial's with the chapter preset (20 ms + 20 ms/prefill token + 20 ms/decode seq): A 100,
+    # 140, 180; B from 180: +100 -> 280, 320; C from 320: 20 + 2*20 -> 380.
+    at.pills(key="pol").set_value(["serial", "static", "continuous", "chunked"]).run()
+    at.number_input(key="w1").set_value(0.0).run()
     summ = frame_with(at, "tok/s (drain)").set_index("schedule")
-    assert summ.loc["given serial", "tok/s fixed [0, 400] ms"] == pytest.approx(15.0)
-    assert summ.loc["given continuous", "tok/s fixed [0, 400] ms"] == pytest.approx(15.0)
+    assert [c for c in summ.columns if c.startswith("tok/s fixed")] == ["tok/s fixed [0, 380] ms"]
+    assert summ.loc["simulated serial", "drain window ms"] == "[0, 380]"
     notes = next(e for e in at.expander if "notes on these percentiles" in e.label)   # one notice area
     assert any("p99" in m.value for m in notes.markdown)               # too few samples for a tail
     assert not at.warning
