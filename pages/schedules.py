@@ -113,6 +113,8 @@ except InputError as e:
 
 st.subheader("Throughput, cost and latency summary")
 summ = schedule_view("summary", schedules, window, usd)
+if "steps" in summ and summ["steps"].isna().all():   # given schedules only: they have no steps
+    summ = summ.drop(columns="steps")
 st.dataframe(summ, hide_index=True, key="sched_summary",
              column_config={c: st.column_config.NumberColumn(format="%.6g") for c in summ.columns
                             if c not in ("schedule", "origin", "drain window ms")})
