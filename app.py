@@ -2,10 +2,11 @@
 in ui.py, and all logic in core/."""
 import streamlit as st
 
-from ui import drop_overlong_params, freeze_startup_heap
+from ui import compact_header, drop_overlong_params, freeze_startup_heap
 
 st.set_page_config(page_title="Serving Explorer", page_icon=":material/speed:", layout="wide")
 freeze_startup_heap()
+compact_header()
 drop_overlong_params()
 
 pg = st.navigation({

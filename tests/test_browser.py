@@ -170,3 +170,12 @@ def test_replay_cursor_timeline_batch_and_kv_fit_one_projector_screen(server, pa
         page.screenshot(path=str(SHOTS / "replay_1280x800.png"))
     finally:
         page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+def test_titles_start_near_the_top_at_projector_size(server, page):
+    # issue 14: ~120 px of empty header above every title at 1280x800
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{server}/load")
+    wait_idle(page)
+    top = page.get_by_role("heading", name="Load & SLOs").first.bounding_box()["y"]
+    assert top < 80, top
