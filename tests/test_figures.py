@@ -184,3 +184,16 @@ def test_draft_position_ticks_are_whole_positions():
     from core.figures.spec import acceptance_by_position_figure
     fig = acceptance_by_position_figure([0, 1, 2, 3], [0.9, 0.8, 0.6, 0.5], [10, 9, 7, 5])
     assert list(fig.layout.xaxis.tickvals) == [0, 1, 2, 3]
+
+
+def test_preemptions_are_marked_on_the_timeline():
+    from core.config import SchedulerConfig
+    from core.figures.timeline import schedule_timeline
+    from core.simulate import StepModel, simulate
+    from core.workload import Request, Workload
+    w = Workload([Request("L", 0.0, 2, 6), Request("H", 5.0, 2, 6)])
+    tr = simulate(w, SchedulerConfig("continuous", block_size=2, kv_blocks=5), StepModel("constant", step_ms=10.0))
+    fig = schedule_timeline([("sim", tr)])
+    marks = [t for t in fig.data if t.name == "preempted"]
+    # H is preempted at 40 ms (hand-worked in tests/test_admission.py)
+    assert len(marks) == 1 and list(marks[0].x) == [40.0] and list(marks[0].y) == ["H"]

@@ -11,6 +11,7 @@ from core.metrics import first_scheduled_ms, token_spans
 QUEUE_COLOR = "#D9D9D9"
 PREFILL_COLOR = "#F2B701"
 DECODE_COLOR = "#80B1D3"
+PREEMPT_COLOR = "#D55E00"   # Okabe-Ito vermillion
 
 
 def request_spans(trace) -> dict[str, np.ndarray]:
@@ -148,6 +149,15 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
                                      customdata=custom,
                                      hovertemplate="%{y} token %{customdata[0]} at %{x:.3f} ms"
                                                    "<br>gap %{customdata[1]:.3f} ms<extra></extra>"),
+                          row=k, col=1)
+        pre = getattr(tr, "preempts", None)
+        if pre is not None and len(pre):   # blocks freed here, the request recomputed later
+            fig.add_trace(go.Scatter(x=pre["t_ms"], y=ids[pre["req"].to_numpy()], mode="markers", name="preempted",
+                                     legendgroup="preempted", showlegend=legend("preempted"),
+                                     marker=dict(symbol="x-thin-open", size=11, color=PREEMPT_COLOR, line_width=2.5),
+                                     customdata=pre["freed_blocks"],
+                                     hovertemplate="%{y} preempted at %{x:.3f} ms: %{customdata} KV blocks freed, "
+                                                   "recomputed later<extra></extra>"),
                           row=k, col=1)
         fig.update_yaxes(autorange="reversed", type="category", row=k, col=1)
     fig.update_layout(barmode="overlay", bargap=0.35)
