@@ -140,3 +140,20 @@ def step_at(trace: Trace, t_ms: float, index: RowIndex | None = None) -> tuple[d
 def advance(cursor_ms: float, start_ms: float, end_ms: float, step_ms: float) -> float:
     """The next cursor position when playing: `step_ms` on, back to the start past the end."""
     return start_ms if cursor_ms + step_ms > end_ms else min(end_ms, cursor_ms + step_ms)
+
+
+def step_cursor(cursor_ms: float, direction: int, step_starts: np.ndarray, start_ms: float, end_ms: float,
+                fallback_ms: float) -> float:
+    """The cursor one step back (-1) or forward (+1): to the previous / next scheduler step's
+    start when the trace has steps (`step_starts` sorted), else by `fallback_ms`; clamped to
+    [start_ms, end_ms]."""
+    if len(step_starts):
+        if direction > 0:
+            j = int(np.searchsorted(step_starts, cursor_ms, side="right"))
+            t = float(step_starts[j]) if j < len(step_starts) else end_ms
+        else:
+            j = int(np.searchsorted(step_starts, cursor_ms, side="left")) - 1
+            t = float(step_starts[j]) if j >= 0 else start_ms
+    else:
+        t = cursor_ms + direction * fallback_ms
+    return min(max(t, start_ms), end_ms)

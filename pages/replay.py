@@ -1,10 +1,11 @@
 """Trace replay: load a trace (bundled, uploaded, or an engine's result file), move a time
 cursor through it, compare it with another trace or with the simulator's prediction."""
+import numpy as np
 import pandas as pd
 import streamlit as st
 
 from core.compare import compare_table, workload_differences
-from core.cursor import advance, requests_near, step_at, subset, time_range
+from core.cursor import advance, requests_near, step_at, step_cursor, subset, time_range
 from core.errors import InputError
 from core.export import chrome_trace_json, metrics_csv
 from core.figures import CURSOR
@@ -169,11 +170,23 @@ playing = toggles[0].toggle("Play", False, key="rp_play", help="advance the curs
 big = len(tr.requests) > 150
 
 
+SPEEDS = {"½×": 0.5, "1×": 1.0, "2×": 2.0, "4×": 4.0}
+
+
 @st.fragment(run_every=0.8 if playing else None)
 def cursor_views():
     step = (t1 - t0) / 400
+    here = st.session_state.get("rp_cursor", float(t0 + (t1 - t0) / 2))
+    c_back, c_fwd, c_speed = st.columns([1, 1, 3])
+    starts = tr.steps["t_ms"].to_numpy() if len(tr.steps) else np.empty(0)
+    if c_back.button("◀ step", key="rp_back", help="to the previous scheduler step (or 1/400 of the trace)"):
+        here = st.session_state["rp_cursor"] = step_cursor(here, -1, starts, t0, t1, step)
+    if c_fwd.button("step ▶", key="rp_fwd", help="to the next scheduler step (or 1/400 of the trace)"):
+        here = st.session_state["rp_cursor"] = step_cursor(here, +1, starts, t0, t1, step)
+    speed = c_speed.segmented_control("Play speed", list(SPEEDS), default="1×", key="rp_speed",
+                                      label_visibility="collapsed") or "1×"
     if playing:
-        st.session_state["rp_cursor"] = advance(st.session_state.get("rp_cursor", t0), t0, t1, 10 * step)
+        st.session_state["rp_cursor"] = advance(here, t0, t1, 10 * step * SPEEDS[speed])
     cursor = st.slider("Time cursor (ms)", float(t0), float(t1), float(t0 + (t1 - t0) / 2), step=step,
                        key="rp_cursor", format="%.3f")
     shown = tr

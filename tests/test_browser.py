@@ -179,3 +179,19 @@ def test_titles_start_near_the_top_at_projector_size(server, page):
     wait_idle(page)
     top = page.get_by_role("heading", name="Load & SLOs").first.bounding_box()["y"]
     assert top < 80, top
+
+
+def test_replay_step_buttons_move_the_cursor(server, page):
+    from playwright.sync_api import expect
+    page.goto(f"{server}/replay?tr=shared_prefix_caching_on.json.gz")
+    wait_idle(page)
+    value = page.locator("[data-testid='stSliderThumbValue']").first   # the time cursor, as shown
+    before = value.inner_text()
+    page.get_by_role("button", name="step ▶").click()
+    wait_idle(page)
+    expect(value).not_to_have_text(before)
+    after = value.inner_text()
+    assert float(after.replace(",", "")) > float(before.replace(",", ""))   # the next scheduler step
+    page.get_by_role("button", name="◀ step").click()
+    wait_idle(page)
+    expect(value).not_to_have_text(after)

@@ -157,3 +157,16 @@ def test_live_mode_follows_a_growing_file(tmp_path, monkeypatch):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["requests so far"] == "3" and metrics["finished"] == "3"
     assert any("Turn live off" in c.value for c in at.caption)
+
+
+def test_step_cursor_moves_to_neighbouring_steps():
+    import numpy as np
+
+    from core.cursor import step_cursor
+    starts = np.array([0.0, 29.6, 45.75, 50.15])
+    assert step_cursor(30.0, +1, starts, 0.0, 60.0, 1.0) == 45.75
+    assert step_cursor(45.75, +1, starts, 0.0, 60.0, 1.0) == 50.15     # from a step start: the next one
+    assert step_cursor(45.75, -1, starts, 0.0, 60.0, 1.0) == 29.6
+    assert step_cursor(55.0, +1, starts, 0.0, 60.0, 1.0) == 60.0       # past the last step: the end
+    assert step_cursor(0.0, -1, starts, 0.0, 60.0, 1.0) == 0.0
+    assert step_cursor(10.0, +1, np.empty(0), 0.0, 60.0, 2.5) == 12.5  # no steps: a fixed stride
