@@ -85,8 +85,8 @@ except InputError as e:
 occ = cached_block_states(tr)
 st.markdown(f"{origin_badge(tr)} continuous policy, constant 1 ms steps, {len(w)} requests, "
             f"pool of {pool} blocks × {block_size} tokens.")
-cursor = st.slider("Time cursor (snapshot)", 0, len(occ.times_ms) - 1, occ.busiest(), key="pg_cursor",
-                   help="opens at the snapshot with the most blocks in use")
+cursor = st.slider("Time cursor (snapshot)", 0, len(occ.times_ms) - 1, occ.busiest(),
+                   help="opens at the snapshot with the most blocks in use", **bound("pg_cursor"))
 st.plotly_chart(occupancy_heatmap(occ, tr.ids, cursor), key="pg_heatmap")
 counts = kv_op_counts(tr)
 for col, (op, n) in zip(st.columns(len(counts)), counts.items()):

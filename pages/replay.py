@@ -188,7 +188,7 @@ def cursor_views():
     if playing:
         st.session_state["rp_cursor"] = advance(here, t0, t1, 10 * step * SPEEDS[speed])
     cursor = st.slider("Time cursor (ms)", float(t0), float(t1), float(t0 + (t1 - t0) / 2), step=step,
-                       key="rp_cursor", format="%.3f")
+                       format="%.3f", **bound("rp_cursor"))
     shown = tr
     if big:
         idx = requests_near(tr, cursor, limit=150, metrics=derived(tr, "requests"))

@@ -128,7 +128,7 @@ notices(schedule_view("thin", schedules), "these percentiles")
 st.subheader("Per request")
 table = schedule_view("requests", schedules)
 names = [label for label, _ in schedules]
-show = st.selectbox("Schedule", names, key="sched_pick")
+show = st.selectbox("Schedule", names, **bound("sched_pick"))
 one = table[table["schedule"] == show]
 st.dataframe(pd.DataFrame({"request": one["request"], "arrival ms": one["arrival_ms"],
                            "waiting ms": one["waiting_ms"].map(fmt_ms), "TTFT ms": one["ttft_ms"].map(fmt_ms),

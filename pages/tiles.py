@@ -44,7 +44,7 @@ except InputError as e:
     st.stop()
 full = float(tiles.full_softmax_average(logits, values))
 wrong = tiles.average_of_tile_averages(logits, values, int(tile_size))
-upto = st.slider("Tiles visited", 1, len(steps), len(steps), key="at_upto") - 1
+upto = st.slider("Tiles visited", 1, len(steps), len(steps), **bound("at_upto")) - 1
 st.plotly_chart(online_softmax_figure(steps, upto, full, wrong), key="at_steps")
 table = pd.DataFrame([{"tile": s.tile, "keys": f"{s.start}–{s.stop - 1}", "tile max": s.tile_max,
                        "running max m": s.m, "rescale e^(m_old−m_new)": s.rescale,

@@ -258,3 +258,16 @@ def test_tile_table_shows_both_conventions_with_the_chapters_numbers():
     assert df["acc·e^m (chapter)"].tolist() == pytest.approx([10, 12])
     assert df["running sum l"].tolist() == pytest.approx([1.5, 2]) and df["acc"].tolist() == pytest.approx([2.5, 3])
     assert df["output so far acc/l"].tolist() == pytest.approx([10 / 6, 1.5])
+
+
+@pytest.mark.parametrize("page, params, key, kind, expected", [
+    ("tiles", {"at_upto": "1"}, "at_upto", "slider", 1),
+    ("kv", {"pg_cursor": "5"}, "pg_cursor", "slider", 5),
+    ("schedules", {"sched_pick": "given continuous"}, "sched_pick", "selectbox", "given continuous"),
+    ("replay", {"tr": "shared_prefix_caching_on.json.gz", "rp_cursor": "1000"}, "rp_cursor", "slider", 1000.0),
+])
+def test_cursors_and_picks_come_back_from_the_link(page, params, key, kind, expected):
+    # issue 14: the KV time cursor, the tiles-visited slider, the per-request schedule pick and
+    # the replay cursor were not in the URL
+    at = open_page(page, params)
+    assert getattr(at, kind)(key=key).value == expected
