@@ -271,3 +271,22 @@ def test_cursors_and_picks_come_back_from_the_link(page, params, key, kind, expe
     # the replay cursor were not in the URL
     at = open_page(page, params)
     assert getattr(at, kind)(key=key).value == expected
+
+
+def test_cached_attention_equals_recomputing_it():
+    import numpy as np
+
+    from core.tiles import cached_vs_recomputed
+    for dtype, tol in ((np.float32, 5e-6), (np.float64, 1e-12)):
+        rows = cached_vs_recomputed(dtype=dtype)
+        assert len(rows) == 7
+        assert max(r["max |cached - recomputed|"] for r in rows) < tol
+        # attention weights sum to 1, so values + 1 move every output by exactly 1
+        assert all(abs(r["control: values + 1"] - 1) < tol for r in rows)
+    # work by hand for 7 tokens of width 4: recompute sum_t 3(t+1)16 + 2(t+1)^2 4 = 1344 + 1120;
+    # cached sum_t 48 + 8(t+1) = 336 + 224
+    last = cached_vs_recomputed()[-1]
+    assert (last["multiply-adds so far, recomputed"], last["multiply-adds so far, cached"]) == (2464, 560)
+    at = open_page("tiles")
+    table = next(d.value for d in at.dataframe if "control (cached values + 1)" in d.value.columns)
+    assert len(table) == 7 and table["max |cached − recomputed|, float64"].max() < 1e-12
