@@ -2,7 +2,7 @@
 in ui.py, and all logic in core/."""
 import streamlit as st
 
-from ui import compact_header, drop_overlong_params, freeze_startup_heap
+from ui import compact_header, drop_overlong_params, freeze_startup_heap, link_box
 
 st.set_page_config(page_title="Serving Explorer", page_icon=":material/speed:", layout="wide")
 freeze_startup_heap()
@@ -34,3 +34,4 @@ pg = st.navigation({
 st.sidebar.caption("Every number is labeled by origin: **given** (teaching scenario), "
                    "**simulated** (core simulator, step model stated), **measured** (captured trace).")
 pg.run()
+link_box()   # after the page ran: the query parameters hold its widgets' values

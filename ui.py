@@ -165,6 +165,26 @@ def ensure_app_frame() -> None:
         st.rerun()
 
 
+def view_link() -> str | None:
+    """The address of this view with every bound widget's value (what a shared link restores)."""
+    from urllib.parse import urlencode
+    base = st.context.url
+    if not base:
+        return None
+    base = base.split("?", 1)[0]
+    query = urlencode([(k, v) for k in st.query_params for v in st.query_params.get_all(k)])
+    return base + ("?" + query if query else "")
+
+
+def link_box() -> None:
+    """The sidebar's "link to this view": a code box with a copy button."""
+    url = view_link()
+    if url:
+        with st.sidebar.expander(":material/link: Link to this view"):
+            st.code(url, language=None, wrap_lines=True)
+            st.caption("Opens this page with the same scenario, settings and cursor.")
+
+
 def compact_header() -> None:
     """Start the page content near the top: Streamlit's default leaves ~6 rem of empty space
     above every title, a tenth of a projector screen. A fixed style sheet, no user input."""

@@ -195,3 +195,16 @@ def test_replay_step_buttons_move_the_cursor(server, page):
     page.get_by_role("button", name="◀ step").click()
     wait_idle(page)
     expect(value).not_to_have_text(after)
+
+
+def test_link_to_this_view_restores_it(server, page):
+    page.goto(f"{server}/schedules?sc=Burst+5&ms=3&s_kind=constant&s_step=1")
+    wait_idle(page)
+    page.get_by_text("Link to this view").click()
+    link = page.locator("[data-testid='stCode']").last.inner_text().strip()
+    assert link.startswith(server) and "/schedules?" in link and "sc=Burst+5" in link and "s_step=1" in link
+    page.goto(link)                       # a fresh load of the shared link shows the same view
+    wait_idle(page)
+    from playwright.sync_api import expect
+    expect(page.get_by_text("simulated static").first).to_be_visible()
+    assert page.locator("[data-testid='stException']").count() == 0
