@@ -90,7 +90,13 @@ def tile_event_groups(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 def captured_tiles_figure(rows: list[dict]) -> go.Figure:
     """Per-tile running max m and log-sum-exp (m + ln l) of captured kernel statistics,
-    one line per query row, x = key tile."""
+    one line per query row, x = key tile. Rows from several kernel calls (request, step,
+    layer, head, query tile) are not mixed: the first call's are drawn and the title says
+    which (mixing them drew each row as a zig-zag between calls)."""
+    key = lambda r: tuple(r.get(k) for k in ("req", "step", "layer", "head", "q_tile"))
+    first = key(rows[0]) if rows else None
+    calls = len({key(r) for r in rows})
+    rows = [r for r in rows if key(r) == first]
     fig = make_subplots(rows=1, cols=2, subplot_titles=("running max m", "running log-sum-exp m + ln l"))
     by_row: dict[int, list] = {}
     for r in rows:
@@ -104,4 +110,12 @@ def captured_tiles_figure(rows: list[dict]) -> go.Figure:
         fig.add_trace(go.Scatter(x=x, y=[p[2] for p in pts], mode="lines+markers", name=f"row {i}",
                                  legendgroup=str(i), showlegend=False), row=1, col=2)
     fig.update_xaxes(title_text="key tile", dtick=1)
-    return base_layout(fig, None, height=340)
+    title = None
+    if first is not None:
+        req, step, layer, head, q_tile = first
+        title = (f"request {req}, step {step}, layer {layer}, head {head}, query tile {q_tile}"
+                 + (f" (1 of {calls} kernel calls captured)" if calls > 1 else ""))
+    base_layout(fig, title, height=360)
+    # the legend to the right, clear of the two subplot titles
+    fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02))
+    return fig
