@@ -16,6 +16,7 @@ import json
 
 import numpy as np
 
+from core.errors import InputError
 from core.figures.timeline import request_spans
 from core.metrics import request_metrics
 
@@ -81,3 +82,26 @@ def metrics_csv(trace) -> str:
     buf = io.StringIO()
     m.to_csv(buf, index=False, float_format="%.6f")
     return buf.getvalue()
+
+
+USER_META_LIMITS = {"device": 200, "engine": 200, "notes": 2000}
+
+
+def with_run_metadata(trace, device: str = "", engine: str = "", notes: str = ""):
+    """A copy of `trace` whose meta carries run details a user supplied for an uploaded file
+    (the trace itself is shared and never changed): device, engine (its name/version text,
+    kept beside an engine dict the file had) and notes. Empty fields leave the file's own."""
+    import dataclasses
+    meta = dict(trace.meta)
+    for name, value in (("device", device), ("engine", engine), ("notes", notes)):
+        value = (value or "").strip()
+        if len(value) > USER_META_LIMITS[name]:
+            raise InputError(f"{name}: at most {USER_META_LIMITS[name]} characters, got {len(value)}")
+        if not value:
+            continue
+        if name == "engine":
+            old = meta.get("engine")
+            meta["engine"] = {**old, "described_by_user": value} if isinstance(old, dict) else {"name": value}
+        else:
+            meta[name] = value
+    return dataclasses.replace(trace, meta=meta)

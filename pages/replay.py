@@ -1,5 +1,7 @@
 """Trace replay: load a trace (bundled, uploaded, or an engine's result file), move a time
 cursor through it, compare it with another trace or with the simulator's prediction."""
+import gzip
+
 import numpy as np
 import pandas as pd
 import streamlit as st
@@ -7,7 +9,7 @@ import streamlit as st
 from core.compare import compare_table, workload_differences
 from core.cursor import advance, requests_near, step_at, step_cursor, subset, time_range
 from core.errors import InputError
-from core.export import chrome_trace_json, metrics_csv
+from core.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, with_run_metadata
 from core.figures import CURSOR
 from core.figures.attention import captured_tiles_figure
 from core.figures.batch import batch_figure, gauges_figure, in_flight_figure
@@ -248,6 +250,22 @@ with st.expander("Per-request metrics"):
         st.caption(f"First 2,000 of {len(m):,} requests; the CSV export has all.")
 
 # ---- export ----------------------------------------------------------------------------
+if choice == UPLOAD:
+    with st.expander("Run details for this upload (kept in the trace you download)"):
+        device = st.text_input("Device", tr.meta.get("device") or "", max_chars=USER_META_LIMITS["device"],
+                               key="rp_meta_device", help="e.g. 1x H100-SXM, driver 550, CUDA 12.4")
+        engine = st.text_input("Engine and version", "", max_chars=USER_META_LIMITS["engine"],
+                               key="rp_meta_engine", help="e.g. vLLM 0.11.0, --max-num-seqs 256")
+        notes = st.text_area("Notes", tr.meta.get("notes") or "", max_chars=USER_META_LIMITS["notes"],
+                             key="rp_meta_notes")
+        try:
+            described = with_run_metadata(tr, device, engine, notes)
+        except InputError as e:
+            st.error(str(e))
+            described = tr
+        st.download_button("Trace with these details (JSON, gzip)",
+                           data=lambda: gzip.compress(described.dumps().encode()),
+                           file_name=f"{label}.described.json.gz", mime="application/gzip", key="rp_dl_described")
 c1, c2 = st.columns(2)
 c1.download_button("Chrome / Perfetto trace (JSON)", data=lambda: chrome_trace_json(tr),
                    file_name=f"{label}.chrome.json", mime="application/json", key="rp_dl_chrome",

@@ -208,3 +208,27 @@ def test_link_to_this_view_restores_it(server, page):
     from playwright.sync_api import expect
     expect(page.get_by_text("simulated static").first).to_be_visible()
     assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_an_upload_can_be_described_and_downloaded(server, page):
+    import gzip
+    import json
+
+    from playwright.sync_api import expect
+
+    from tests.conftest import DATA
+    page.goto(f"{server}/replay?tr=Upload+a+file%E2%80%A6")
+    wait_idle(page)
+    page.locator("[data-testid='stFileUploaderDropzoneInput']").set_input_files(
+        str(DATA / "traces" / "vllm_cpu_tiny_loadgen.json.gz"))
+    expect(page.get_by_text("Run details for this upload").first).to_be_visible(timeout=60_000)
+    page.get_by_text("Run details for this upload").first.click()
+    box = page.locator("input[aria-label='Engine and version']")
+    box.fill("vLLM 0.32.0 CPU, 1 thread")
+    box.press("Enter")
+    wait_idle(page)
+    with page.expect_download() as got:
+        page.get_by_role("button", name="Trace with these details (JSON, gzip)").click()
+    doc = json.loads(gzip.decompress(open(got.value.path(), "rb").read()))
+    assert doc["meta"]["engine"]["described_by_user"] == "vLLM 0.32.0 CPU, 1 thread"
+    assert page.locator("[data-testid='stException']").count() == 0

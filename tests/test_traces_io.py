@@ -400,3 +400,20 @@ def test_errors_count_all_problems_in_a_large_bad_file():
     doc["events"] = [{"t_ms": 1, "type": "token", "req": "nobody", "index": 0} for _ in range(5000)]
     with pytest.raises(TraceError, match=r"events\[0\].*and 4999 more problems"):
         parse_trace(json.dumps(doc).encode(), "bad.json")
+
+
+def test_user_run_details_go_into_a_copy_of_the_trace():
+    from core.errors import InputError
+    from core.export import with_run_metadata
+    from core.trace import load_trace, parse_trace
+    tr = load_trace(DATA / "traces" / "vllm_cpu_tiny_loadgen.json.gz")
+    engine_before = dict(tr.meta["engine"])
+    got = with_run_metadata(tr, device="1x H100-SXM", engine="vLLM 0.11.0", notes="warm server, 3 repeats")
+    assert got.meta["device"] == "1x H100-SXM" and got.meta["notes"] == "warm server, 3 repeats"
+    assert got.meta["engine"] == {**engine_before, "described_by_user": "vLLM 0.11.0"}
+    assert tr.meta["engine"] == engine_before and tr.meta["device"] != "1x H100-SXM"   # the shared trace untouched
+    back = parse_trace(got.dumps().encode(), "t.json")           # valid, and the details survive the file
+    assert back.meta["device"] == "1x H100-SXM" and back.meta["engine"]["described_by_user"] == "vLLM 0.11.0"
+    assert with_run_metadata(tr).meta == tr.meta                 # nothing entered: the file's own
+    with pytest.raises(InputError, match="notes: at most 2000"):
+        with_run_metadata(tr, notes="x" * 2001)
