@@ -1,5 +1,6 @@
 """The app in a real browser: headless Chromium against `streamlit run app.py`."""
 import re
+from pathlib import Path
 
 import pytest
 
@@ -229,6 +230,6 @@ def test_an_upload_can_be_described_and_downloaded(server, page):
     wait_idle(page)
     with page.expect_download() as got:
         page.get_by_role("button", name="Trace with these details (JSON, gzip)").click()
-    doc = json.loads(gzip.decompress(open(got.value.path(), "rb").read()))
+    doc = json.loads(gzip.decompress(Path(got.value.path()).read_bytes()))
     assert doc["meta"]["engine"]["described_by_user"] == "vLLM 0.32.0 CPU, 1 thread"
     assert page.locator("[data-testid='stException']").count() == 0
