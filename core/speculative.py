@@ -7,11 +7,12 @@ missing p - min(p, q). So the emitted token is distributed as p.
 """
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 
-from core.errors import ConfigError
+from core.errors import ConfigError, InputError
 
 TOL = 1e-9
 
@@ -181,3 +182,29 @@ def acceptance_by_position(spec_events: list[dict]) -> tuple[list[int], list[flo
                 break
     positions = sorted(reached)
     return positions, [accepted.get(i, 0) / reached[i] for i in positions], [reached[i] for i in positions]
+
+
+MAX_LINK_CANDIDATES = 32
+
+
+def table_to_link(names: list[str], p: list[float], q: list[float]) -> str:
+    """An edited p/q table as one compact URL parameter value (JSON rows [name, p, q])."""
+    return json.dumps([[str(n), float(a), float(b)] for n, a, b in zip(names, p, q)], separators=(",", ":"))
+
+
+def table_from_link(text: str) -> tuple[list[str], list[float], list[float]]:
+    """The inverse of table_to_link, checked: InputError names what is wrong."""
+    try:
+        rows = json.loads(text)
+    except ValueError:
+        raise InputError("the link's p/q table: not valid JSON") from None
+    if (not isinstance(rows, list) or not 1 <= len(rows) <= MAX_LINK_CANDIDATES
+            or not all(isinstance(r, list) and len(r) == 3 for r in rows)):
+        raise InputError(f"the link's p/q table: expected 1 to {MAX_LINK_CANDIDATES} rows [name, p, q]")
+    names = [str(r[0])[:80] for r in rows]
+    try:
+        p = [float(r[1]) for r in rows]
+        q = [float(r[2]) for r in rows]
+    except (TypeError, ValueError):
+        raise InputError("the link's p/q table: p and q must be numbers") from None
+    return names, p, q

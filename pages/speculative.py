@@ -27,15 +27,28 @@ PRESETS = {
 }
 preset = st.segmented_control("Preset", list(PRESETS), default="paris", required=True, **bound("sp_preset"))
 desc, names, p0, q0 = PRESETS[preset]
+seed = (names, p0, q0)
+if "sp_pq" in st.query_params:   # a shared link carries its edited table
+    try:
+        seed = spec.table_from_link(st.query_params["sp_pq"])
+        desc = f"{desc} — edited, from the link"
+    except InputError as e:
+        st.warning(f"{e}; showing the preset.", icon=":material/link_off:")
+        del st.query_params["sp_pq"]
 st.caption(desc)
-edited = st.data_editor(pd.DataFrame({"candidate": names, "p (target)": p0, "q (draft)": q0}),
-                        num_rows="dynamic", hide_index=True, key=f"sp_table_{preset}")
+edited = st.data_editor(pd.DataFrame({"candidate": seed[0], "p (target)": seed[1], "q (draft)": seed[2]}),
+                        num_rows="dynamic", hide_index=True, key=f"sp_table_{preset}_{abs(hash(str(seed)))}")
 try:
     names, p, q = spec.candidates(edited["candidate"].tolist(), edited["p (target)"].tolist(),
                                   edited["q (draft)"].tolist())
 except InputError as e:
     st.error(f"Distributions: {e}")
     st.stop()
+# the table goes into the link when it differs from the preset
+if (list(names), list(p), list(q)) != (PRESETS[preset][1], PRESETS[preset][2], PRESETS[preset][3]):
+    st.query_params["sp_pq"] = spec.table_to_link(names, p, q)
+elif "sp_pq" in st.query_params:
+    del st.query_params["sp_pq"]
 acc = spec.acceptance(p, q)
 res = spec.residual(p, q)
 final = spec.final_distribution(p, q)

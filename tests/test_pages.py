@@ -290,3 +290,22 @@ def test_cached_attention_equals_recomputing_it():
     at = open_page("tiles")
     table = next(d.value for d in at.dataframe if "control (cached values + 1)" in d.value.columns)
     assert len(table) == 7 and table["max |cached − recomputed|, float64"].max() < 1e-12
+
+
+def test_an_edited_pq_table_travels_in_the_link():
+    import json
+
+    from core.errors import InputError
+    from core.speculative import table_from_link, table_to_link
+    text = table_to_link(["x", "y"], [0.3, 0.7], [0.6, 0.4])
+    assert table_from_link(text) == (["x", "y"], [0.3, 0.7], [0.6, 0.4])
+    for bad in ("garbage", "[]", json.dumps([["x", "a", 1]]), json.dumps([["x", 1]])):
+        with pytest.raises(InputError, match="the link's p/q table"):
+            table_from_link(bad)
+    # the page opens on the link's table and computes from it: exercise 3's numbers
+    at = open_page("speculative", {"sp_pq": text})
+    numbers = next(d.value for d in at.dataframe if "accept min(1, p/q)" in d.value.columns)
+    assert numbers["accept min(1, p/q)"].tolist() == pytest.approx([0.5, 1.0])
+    assert numbers["final"].tolist() == pytest.approx([0.3, 0.7])
+    at = open_page("speculative", {"sp_pq": "garbage"})
+    assert any("showing the preset" in w.value for w in at.warning) and not at.exception
