@@ -90,6 +90,8 @@ URL_KEYS: dict[str, UrlKey] = {
             s_gpu=("roofline model: GPU preset", "StepModel.gpu"),
             usd="tariff, USD per hour",
             sched_pick="the schedule whose requests the per-request table lists",
+            sched_from="who wins and who loses: the schedule compared from",
+            sched_to="who wins and who loses: the schedule compared to",
             w0="fixed throughput window start, ms",
             w1="fixed throughput window end, ms (0 = latest emission)"),
     **_keys("kv",

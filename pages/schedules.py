@@ -142,8 +142,8 @@ if len(table["request"].unique()) <= 60:
 if len(names) >= 2:
     st.subheader("Who wins, who loses")
     c1, c2 = st.columns(2)
-    base = c1.selectbox("From", names, index=0, key="sched_from")
-    other = c2.selectbox("To", names, index=len(names) - 1, key="sched_to")
+    base = c1.selectbox("From", names, index=0, **bound("sched_from"))
+    other = c2.selectbox("To", names, index=len(names) - 1, **bound("sched_to"))
     tr_df = schedule_view("tradeoff", schedules, base, other)
     sooner, later = (tr_df["verdict"] == "sooner").sum(), (tr_df["verdict"] == "later").sum()
     st.markdown(f"Switching from **{base}** to **{other}**: {sooner} request(s) finish sooner, "

@@ -264,6 +264,8 @@ def test_tile_table_shows_both_conventions_with_the_chapters_numbers():
     ("tiles", {"at_upto": "1"}, "at_upto", "slider", 1),
     ("kv", {"pg_cursor": "5"}, "pg_cursor", "slider", 5),
     ("schedules", {"sched_pick": "given continuous"}, "sched_pick", "selectbox", "given continuous"),
+    ("schedules", {"sched_from": "given continuous"}, "sched_from", "selectbox", "given continuous"),
+    ("schedules", {"sched_to": "given serial"}, "sched_to", "selectbox", "given serial"),
     ("replay", {"tr": "shared_prefix_caching_on.json.gz", "rp_cursor": "1000"}, "rp_cursor", "slider", 1000.0),
 ])
 def test_cursors_and_picks_come_back_from_the_link(page, params, key, kind, expected):
