@@ -24,14 +24,14 @@ import numpy as np
 from core import loop
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.metrics import COMPLETED, SLO, request_metrics, summarize
+from core.metrics import COMPLETED, DEFAULT_PERCENTILES, SLO, request_metrics, summarize
 from core.parallel import run_all
 from core.scheduler import Scheduler
 from core.simulate import StepModel, StepTimeExecutor
 from core.steplog import StepLog
 from core.workload import Request, Workload
 
-PERCENTILES = (50, 90, 95, 99)
+PERCENTILES = DEFAULT_PERCENTILES   # what summarize computes: p50, p90, p95, p99
 MAX_POINTS = 200
 
 
@@ -93,15 +93,6 @@ def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: Ste
     return loop.to_trace(sched, log, sent, meta), inbox.max_in_flight
 
 
-def _dist(v) -> dict:
-    v = np.asarray(v, dtype=float)
-    v = v[~np.isnan(v)]
-    if not len(v):
-        return {f"p{q}": None for q in PERCENTILES} | {"mean": None}
-    qs = np.percentile(v, PERCENTILES, method="linear")
-    return {f"p{q}": float(x) for q, x in zip(PERCENTILES, qs)} | {"mean": float(v.mean())}
-
-
 def point_summary(trace, slo: SLO | None) -> dict:
     """One sweep point's numbers (see core.metrics for each definition)."""
     s = summarize(trace, slo=slo)["summary"]
@@ -114,7 +105,8 @@ def point_summary(trace, slo: SLO | None) -> dict:
            "offered_req_per_s": (len(a) - 1) / span if span > 0 else None,   # arrivals over their span
            "achieved_req_per_s": int(done.sum()) / ((w1 - w0) / 1000.0) if w1 > w0 else None,
            "output_tok_per_s": s["output_tok_per_s"],
-           "ttft_ms": _dist(m["ttft_ms"]), "tpot_ms": _dist(m["tpot_ms"]), "e2e_ms": _dist(m["e2e_ms"]),
+           **{k: {f"p{q}": s[k][f"p{q}"] for q in PERCENTILES} | {"mean": s[k]["mean"]}   # summarize's own
+              for k in ("ttft_ms", "tpot_ms", "e2e_ms")},
            "failed": int((~done).sum()),
            "littles_law": s["littles_law"], "utilisation": s["utilisation"]}
     if "slo" in s:
