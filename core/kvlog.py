@@ -59,22 +59,22 @@ class KVLog:
         n = int(lens.sum())
         block = np.fromiter(chain.from_iterable(blocks), np.int64, n)
         steps = np.array(step, dtype=np.int64)
-        logical = _spread(logical0, lens, np.int64)
+        logical = spread(logical0, lens, np.int64)
         if steps.any():  # runs of consecutive logical indices (+1 or -1 per block)
             first = np.cumsum(lens) - lens
             logical += (np.arange(n) - np.repeat(first, lens)) * np.repeat(steps, lens)
         req = None
         if not self._obj_req:
             try:
-                req = _spread(owner, lens, np.int64)
+                req = spread(owner, lens, np.int64)
             except (TypeError, ValueError, OverflowError):   # a sequence named by something else
                 self._obj_req = True
         if self._obj_req:
             req = np.empty(n, dtype=object)
             req[:] = [x for o, k in zip(owner, lens.tolist())
                       for x in (o.tolist() if isinstance(o, np.ndarray) else o if isinstance(o, list) else [o] * k)]
-        return {"t_ms": _spread(t, lens, np.float64), "op": np.repeat(np.array(op, dtype=np.int8), lens),
-                "req": req, "block": block, "logical": logical, "ref": _spread(refs, lens, np.int64),
+        return {"t_ms": spread(t, lens, np.float64), "op": np.repeat(np.array(op, dtype=np.int8), lens),
+                "req": req, "block": block, "logical": logical, "ref": spread(refs, lens, np.int64),
                 "src": (np.repeat(np.array(src, dtype=np.int64), lens) if any(x != -1 for x in src)
                         else np.full(n, -1, dtype=np.int64))}
 
@@ -100,14 +100,20 @@ class KVLog:
         return out
 
 
-def _spread(values, lens: np.ndarray, dtype) -> np.ndarray:
-    """One column from per-call values, each one scalar (repeated over the call's rows) or a
-    sequence of exactly that many rows."""
-    seq = [not isinstance(v, (int, float, np.integer, np.floating)) for v in values]
+def spread(values, lens: np.ndarray, dtype) -> np.ndarray:
+    """One column from per-part values (the step log's parts, the KV log's calls), each a
+    scalar (repeated over its part's `lens` rows) or an array or list of exactly that many
+    rows. Arrays are concatenated; lists of Python numbers are read in one pass."""
+    seq = [isinstance(v, (np.ndarray, list, tuple)) for v in values]
     if not any(seq):
         return np.repeat(np.array(values, dtype=dtype), lens)
+    parts = [v for v, a in zip(values, seq) if a]
+    if all(isinstance(v, np.ndarray) for v in parts):
+        flat = np.concatenate(parts).astype(dtype, copy=False)
+    else:
+        flat = np.fromiter(chain.from_iterable(parts), dtype, int(lens[np.array(seq)].sum()))
     if all(seq):
-        return np.fromiter(chain.from_iterable(values), dtype, int(lens.sum()))
+        return flat
     out = np.repeat(np.array([0 if a else v for v, a in zip(values, seq)], dtype=dtype), lens)
-    out[np.repeat(np.array(seq), lens)] = np.fromiter(chain.from_iterable(v for v, a in zip(values, seq) if a), dtype)
+    out[np.repeat(np.array(seq), lens)] = flat
     return out

@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from core.kvlog import spread
 from core.paging import KVLog
 
 
@@ -88,19 +89,6 @@ class StepLog:
 
 LOG_STEP_FIELDS = ("step", "t_ms", "dur_ms", "running", "waiting", "kv_used_blocks", "kv_free_blocks")
 STEP_DTYPES = {name: (float if name in ("t_ms", "dur_ms") else np.int64) for name in LOG_STEP_FIELDS}
-
-
-def spread(values: list, lens: np.ndarray, dtype) -> np.ndarray:
-    """One column from per-part values, each a scalar (repeated over its part's `lens` rows)
-    or an array of exactly that many rows."""
-    arr = [isinstance(v, np.ndarray) for v in values]
-    if not any(arr):
-        return np.repeat(np.array(values, dtype=dtype), lens)
-    if all(arr):
-        return np.concatenate(values).astype(dtype, copy=False)
-    out = np.repeat(np.array([0 if a else v for v, a in zip(values, arr)], dtype=dtype), lens)
-    out[np.repeat(np.array(arr), lens)] = np.concatenate([v for v, a in zip(values, arr) if a])
-    return out
 
 
 def _steps(entries: list) -> dict:
