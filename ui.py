@@ -366,7 +366,8 @@ def cached_block_states(trace: Trace, max_snapshots: int = 160):
     return _block_states(trace, max_snapshots)[1]
 
 
-_DERIVED = {"summary": summarize, "requests": request_metrics, "in_flight": in_flight_series, "rows": row_index,
+_DERIVED = {"summary": lambda tr: summarize(tr, per_request=False),   # pages read the summary only
+            "requests": request_metrics, "in_flight": in_flight_series, "rows": row_index,
             "span": time_range}
 
 

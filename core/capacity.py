@@ -67,7 +67,7 @@ def exercise6(ex: Exercise6 | None = None) -> list[dict]:
     rows = []
     for label, cfg in ex.schedules.items():
         tr = simulate(ex.workload, cfg, ex.step_model, label=label)
-        s = summarize(tr, window=ex.window_ms, slo=ex.slo)["summary"]
+        s = summarize(tr, window=ex.window_ms, slo=ex.slo, per_request=False)["summary"]
         slo = s["slo"]
         rows.append({"schedule": label, "trace": tr, "window_tokens": s["output_tokens"],
                      "window_tok_per_s": s["output_tok_per_s"], "ttft_max_ms": s["ttft_ms"]["max"],

@@ -99,7 +99,7 @@ def summary_table(schedules: list[tuple[str, Trace]], window: tuple[float, float
     for i, (label, tr) in enumerate(schedules):
         drain = throughput(tr)
         cost, per_1k = cost_usd(drain, usd_per_hour)
-        s = (summarize(tr) if summaries is None else summaries[i])["summary"]
+        s = (summarize(tr, per_request=False) if summaries is None else summaries[i])["summary"]
         row = {"schedule": label, "origin": tr.source, "steps": len(tr.steps) if len(tr.steps) else None,
                "output tokens": drain.emitted_tokens,
                "drain window ms": f"[{drain.start_ms:g}, {drain.end_ms:g}]",
@@ -121,7 +121,7 @@ def thin_sample_notes(schedules: list[tuple[str, Trace]], summaries: list[dict] 
     """The first schedule's notes on samples too few for a percentile (the workload decides them)."""
     if not schedules:
         return []
-    return (summarize(schedules[0][1]) if summaries is None else summaries[0])["summary"]["notes"]
+    return (summarize(schedules[0][1], per_request=False) if summaries is None else summaries[0])["summary"]["notes"]
 
 
 # ---- two traces of the same workload -------------------------------------------------------
@@ -162,7 +162,7 @@ METRIC_ROWS = [("TTFT mean", "ttft_ms", "mean"), ("TTFT p50", "ttft_ms", "median
 
 def compare_table(a: Trace, b: Trace, label_a: str, label_b: str) -> pd.DataFrame:
     """Key metrics side by side with the difference (second - first) and the ratio."""
-    sa, sb = summarize(a)["summary"], summarize(b)["summary"]
+    sa, sb = summarize(a, per_request=False)["summary"], summarize(b, per_request=False)["summary"]
     rows = []
     for name, key, stat in METRIC_ROWS:
         x, y = sa[key][stat], sb[key][stat]

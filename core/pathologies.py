@@ -72,7 +72,7 @@ def _recomputed(tr) -> int:
 
 
 def _row(label: str, tr, **extra) -> dict:
-    s = summarize(tr)["summary"]
+    s = summarize(tr, per_request=False)["summary"]
     m = request_metrics(tr)
     done = m["finish_reason"].isin(COMPLETED).to_numpy()
     # the preset's own metric first, so a narrow screen shows it

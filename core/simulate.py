@@ -7,6 +7,7 @@ Step-time models are in core.stepmodel.
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,8 +45,23 @@ def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel 
              fast_forward: bool = True) -> Trace:
     """`fast_forward` applies runs of identical decode-only steps in one go (same trace as
     stepping one by one, which tests check); turn it off to step strictly."""
-    sched, log, meta = _run(workload, config, step_model, label, created, record_kv, fast_forward)
-    return loop.to_trace(sched, log, workload, meta)
+    with _no_cyclic_gc():   # building the trace allocates as many acyclic objects as the run
+        sched, log, meta = _run(workload, config, step_model, label, created, record_kv, fast_forward)
+        return loop.to_trace(sched, log, workload, meta)
+
+
+@contextmanager
+def _no_cyclic_gc():
+    """Cyclic GC off for a block that allocates many small acyclic records (a run's log):
+    each collection pass would walk every live object of the process (in a Streamlit server,
+    its whole heap) and free nothing."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def reuse_freed_memory():
@@ -114,9 +130,7 @@ def _run(workload, config, step_model, label, created, record_kv, fast_forward, 
     if config.spec_gamma:
         raise ConfigError("spec_gamma: the simulator does not model speculative acceptance; "
                           "capture speculative runs with gpu_runner")
-    gc_was_enabled = gc.isenabled()
-    gc.disable()  # the run allocates many small acyclic records; cyclic GC passes only cost time
-    try:
+    with _no_cyclic_gc():
         log = StepLog()
         sched = Scheduler(workload, config, log)
         if not record_kv:
@@ -126,6 +140,3 @@ def _run(workload, config, step_model, label, created, record_kv, fast_forward, 
         meta = loop.trace_meta(sched, workload, "simulated", label or f"{config.policy} (simulated)",
                                {"name": "core.simulate"}, created, step_model=step_model.to_dict())
         return sched, log, meta
-    finally:
-        if gc_was_enabled:
-            gc.enable()

@@ -95,7 +95,7 @@ def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: Ste
 
 def point_summary(trace, slo: SLO | None) -> dict:
     """One sweep point's numbers (see core.metrics for each definition)."""
-    s = summarize(trace, slo=slo)["summary"]
+    s = summarize(trace, slo=slo, per_request=False)["summary"]
     m = request_metrics(trace)
     a = m["arrival_ms"].to_numpy()
     span = (a.max() - a.min()) / 1000.0
