@@ -79,7 +79,11 @@ def reuse_freed_memory():
         pass
 
 
-FLUSH_STEPS = 2048   # streaming: hand the log to the writer every this many executed steps
+# Streaming: hand the log to the writer every this many executed steps. Small enough that the
+# writer thread starts early and runs beside the scheduler (at 2,048 the first row groups came
+# late and the scheduler then waited on the writer: 10k requests took 1.33 s end to end, 1.05 s
+# at 512; bench.scale, docs/benchmarks.md); large enough that per-drain costs stay small.
+FLUSH_STEPS = 512
 
 
 def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_model: StepModel | None = None,
