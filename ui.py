@@ -307,7 +307,15 @@ def _summaries(schedules):
     return [derived(tr, "summary") for _, tr in schedules]
 
 
-_SCHEDULE_VIEWS = {"timeline": schedule_timeline,
+def _slots(schedules):
+    from core.figures.animate import slot_animation
+    from core.slots import slot_grid
+    grids = [(label, slot_grid(tr), tr.ids) for label, tr in schedules if len(tr.steps)]
+    grids = [x for x in grids if x[1] is not None]
+    return slot_animation(grids) if grids else None
+
+
+_SCHEDULE_VIEWS = {"timeline": schedule_timeline, "slots": _slots,
                    "summary": lambda s, window, usd: summary_table(s, window, usd, _summaries(s)),
                    "requests": per_request_table,
                    "tradeoff": lambda s, a, b: tradeoff(s, a, b, schedule_view("requests", s)),
@@ -321,7 +329,7 @@ def _schedule_view(what: str, schedules: tuple, args: tuple):
 
 
 def schedule_view(what: str, schedules: list[tuple[str, Trace]], *args):
-    """A view over (label, trace) schedules ("timeline", "summary", "requests", "tradeoff",
+    """A view over (label, trace) schedules ("timeline", "slots", "summary", "requests", "tradeoff",
     "steps", "thin", "e2e_bars"), computed once per process for the same traces and arguments and shared by
     every session: a class opening the same scenario builds it once. The result (a figure, a
     data frame, a list) is shared: never mutate it."""

@@ -101,6 +101,28 @@ if scenario == "chapter31":
                "follow the stated step model, so they need not match the table.")
 st.plotly_chart(schedule_view("timeline", schedules), key="sched_timeline", width="stretch")
 
+with st.expander("Seats, step by step (animation)", expanded=scenario in ("chapter31", "burst5")):
+    # the simulated schedules shown; on the given-only default, static vs continuous of the same workload
+    animated = [s for s in schedules if len(s[1].steps)]
+    if not animated:
+        try:
+            animated = cached_policies(workload, ("static", "continuous"), config, step_model, int(chunk),
+                                       record_kv=False)
+        except InputError as e:
+            st.error(f"Scheduler settings: {e}")
+    fig = schedule_view("slots", animated) if animated else None
+    if fig is None:
+        st.info("The seat view draws batches of at most 64 running sequences; lower 'Max running sequences' "
+                "to animate this workload.")
+    else:
+        st.caption("Each row is a seat of the running batch, each column a forward step, each colour a request "
+                   "(▶: its prefill step). Press play or drag the slider: a request that finishes frees its seat, "
+                   "and under continuous batching the next request takes it at the next step, while a static "
+                   "batch leaves it empty until its longest request is done. "
+                   + ("" if policies else "Simulated with the sidebar's step model (the given schedules have no "
+                      "steps). ") + step_model.describe())
+        st.plotly_chart(fig, key="sched_slots", width="stretch")
+
 c1, c2 = st.columns(2)
 w0 = c1.number_input("Fixed window start (ms)", 0.0, 1e12, 0.0, **bound("w0"))
 w1 = c2.number_input("Fixed window end (ms, 0 = latest emission)", 0.0, 1e12,

@@ -233,3 +233,26 @@ def test_an_upload_can_be_described_and_downloaded(server, page):
     doc = json.loads(gzip.decompress(Path(got.value.path()).read_bytes()))
     assert doc["meta"]["engine"]["described_by_user"] == "vLLM 0.32.0 CPU, 1 thread"
     assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_the_seat_animation_plays_in_the_browser_without_a_rerun(server, page):
+    """Play advances the slot grid's frames client-side: the slider's current step moves while
+    the browser sends nothing to the server (a rerun starts with a message on the websocket)."""
+    sent = []
+    page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(payload)))
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{server}/schedules?sc=Burst+5&ms=3&s_kind=constant&s_step=1")
+    wait_idle(page)
+    chart = page.locator("[data-testid='stPlotlyChart']").filter(has=page.locator(".slider-container")).first
+    chart.scroll_into_view_if_needed()
+    current = chart.locator("text.slider-label", has_text="step ")     # the slider's current value
+    assert current.text_content().strip() == "step 0"
+    before = len(sent)
+    chart.get_by_text("▶ 4×").click()
+    page.wait_for_timeout(1500)
+    moved = current.text_content().strip()
+    chart.get_by_text("❚❚ pause").click()
+    assert int(moved.split()[-1]) >= 5, moved      # 20 frames/s at 4x: well past step 5 after 1.5 s
+    assert len(sent) == before                     # no rerun
+    page.screenshot(path=str(SHOTS / "slots_animation.png"))
+    assert page.locator("[data-testid='stException']").count() == 0

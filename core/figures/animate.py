@@ -1,0 +1,114 @@
+"""Client-side animations: Plotly frames with play/pause at several speeds and a slider with one
+tick per frame (dragging or clicking a tick steps one frame). Playback runs in the browser:
+no server rerun per frame. Frames update only light traces (a curtain over the future, a
+line of narration, small heatmaps), so playback stays smooth at 10-20 frames per second."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from core.figures import GRAY, PALETTE, base_layout
+from core.slots import HELD, PREFILL, SlotGrid, step_story
+
+SPEEDS = ((0.5, "▶ 0.5×"), (1.0, "▶ 1×"), (2.0, "▶ 2×"), (4.0, "▶ 4×"))
+BASE_FPS = 5.0          # frames per second at 1×
+CURTAIN = "rgba(250,250,250,0.93)"
+
+
+def play_controls(fig: go.Figure, frame_names: list[str], label: str = "step ", base_fps: float = BASE_FPS,
+                  y: float = -0.02) -> go.Figure:
+    """Play buttons (one per speed), pause, and a slider with one step per frame."""
+    def play(speed):
+        ms = 1000.0 / (base_fps * speed)
+        return dict(method="animate", args=[None, {"frame": {"duration": ms, "redraw": True}, "fromcurrent": True,
+                                                   "transition": {"duration": 0}, "mode": "immediate"}])
+    buttons = [dict(label=text, **play(speed)) for speed, text in SPEEDS]
+    buttons.append(dict(label="❚❚ pause", method="animate",
+                        args=[[None], {"frame": {"duration": 0, "redraw": False}, "mode": "immediate",
+                                       "transition": {"duration": 0}}]))
+    steps = [dict(method="animate", label=name,
+                  args=[[name], {"frame": {"duration": 0, "redraw": True}, "mode": "immediate",
+                                 "transition": {"duration": 0}}]) for name in frame_names]
+    fig.update_layout(
+        updatemenus=[dict(type="buttons", direction="right", showactive=False, x=0, xanchor="left", y=y,
+                          yanchor="top", pad=dict(t=4, r=4), buttons=buttons)],
+        sliders=[dict(active=0, steps=steps, x=0.42, len=0.58, y=y, yanchor="top", pad=dict(t=4, b=4),
+                      currentvalue=dict(prefix=label, visible=True, xanchor="right"),
+                      transition=dict(duration=0))])
+    return fig
+
+
+def _curtain(x0: float, x1: float, y0: float, y1: float) -> dict:
+    return dict(x=[x0, x1, x1, x0, x0], y=[y0, y0, y1, y1, y0])
+
+
+def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]]) -> go.Figure:
+    """Seats (rows) x steps (columns) of each schedule, one subplot each, coloured by request;
+    a triangle marks a prefill step, a pale cell a seat held but not computed in the step.
+    Playing reveals one step per frame on every subplot at once, with a line saying who was
+    computed, seated and freed."""
+    rows = len(grids)
+    longest = max(len(g.steps) for _, g, _ in grids)
+    heights = [g.seats + 1.6 for _, g, _ in grids]
+    fig = make_subplots(rows=rows, cols=1, vertical_spacing=0.1 if rows > 1 else 0.0,
+                        row_heights=[h / sum(heights) for h in heights],
+                        subplot_titles=[f"{label}: {g.total_steps} steps, "
+                                        f"{g.idle_fraction():.0%} of seat-steps idle"
+                                        + (f" (first {len(g.steps)} shown)" if g.truncated else "")
+                                        for label, g, _ in grids])
+    ncol = len(PALETTE) - 2          # no gray or black: those mean idle
+    scale = [x for i in range(ncol) for x in ([i / ncol, PALETTE[i]], [(i + 1) / ncol, PALETTE[i]])]
+    dynamic = []        # (trace index, kind, grid, row) of the traces the frames update
+    for row, (label, g, ids) in enumerate(grids, start=1):
+        S = len(g.steps)
+        x = np.arange(S)
+        z = np.where(g.req >= 0, g.req % ncol, np.nan).astype(float)
+        name = np.array([[ids[r] if r >= 0 else "" for r in seat] for seat in g.req], dtype=object)
+        kind = np.array(["", "prefill", "decode", "held (not computed this step)"], dtype=object)[g.kind]
+        custom = np.dstack([name, kind, g.tokens.astype(object),
+                            np.broadcast_to(g.t_ms, g.req.shape).astype(object)])
+        fig.add_trace(go.Heatmap(
+            z=z, x=x, y=np.arange(g.seats), zmin=0, zmax=ncol, colorscale=scale, showscale=False, xgap=1, ygap=2,
+            text=name if S <= 30 else None, texttemplate="%{text}" if S <= 30 else None,
+            customdata=custom, name=label,
+            hovertemplate="seat %{y}, step %{x}<br>%{customdata[0]} %{customdata[1]}<br>"
+                          "tokens %{customdata[2]}, t %{customdata[3]} ms<extra></extra>"), row=row, col=1)
+        held = np.argwhere(g.kind == HELD)
+        fig.add_trace(go.Scatter(x=held[:, 1], y=held[:, 0], mode="markers", hoverinfo="skip",
+                                 marker=dict(symbol="square", size=9, color="rgba(255,255,255,0.6)"),
+                                 showlegend=False), row=row, col=1)
+        pre = np.argwhere(g.kind == PREFILL)
+        fig.add_trace(go.Scatter(x=pre[:, 1], y=pre[:, 0], mode="markers", hoverinfo="skip",
+                                 marker=dict(symbol="triangle-right", size=8, color="black"),
+                                 name="prefill step", legendgroup="prefill", showlegend=row == 1), row=row, col=1)
+        fig.add_trace(go.Scatter(**_curtain(0.5, longest - 0.5, -0.5, g.seats - 0.5), fill="toself", mode="lines",
+                                 line=dict(width=0), fillcolor=CURTAIN, hoverinfo="skip", showlegend=False),
+                      row=row, col=1)
+        dynamic.append((len(fig.data) - 1, "curtain", g, ids))
+        fig.add_trace(go.Scatter(x=[-0.5], y=[g.seats - 0.35], mode="text", text=[step_story(g, ids, 0)],
+                                 textposition="top right", hoverinfo="skip", showlegend=False,
+                                 textfont=dict(size=13)), row=row, col=1)
+        dynamic.append((len(fig.data) - 1, "story", g, ids))
+        fig.update_yaxes(range=[-0.5, g.seats + 0.6], title_text="seat", tickmode="array",
+                         tickvals=list(range(g.seats)), row=row, col=1, autorange=False)
+        fig.update_xaxes(range=[-0.5, longest - 0.5], row=row, col=1)
+    fig.update_xaxes(title_text="forward step (iteration)", row=rows, col=1)
+
+    frames = []
+    for k in range(longest):
+        data = []
+        for _, what, g, ids in dynamic:
+            j = min(k, len(g.steps) - 1)
+            if what == "curtain":
+                data.append(go.Scatter(**_curtain(j + 0.5, longest - 0.5, -0.5, g.seats - 0.5)))
+            else:
+                done = k >= len(g.steps)
+                data.append(go.Scatter(text=[f"done after {g.total_steps} steps" if done and not g.truncated
+                                             else step_story(g, ids, j)]))
+        frames.append(go.Frame(name=str(k), data=data, traces=[i for i, *_ in dynamic]))
+    fig.frames = frames
+    height = int(min(900, 170 + sum(34 * g.seats + 70 for _, g, _ in grids)))
+    base_layout(fig, height=height)
+    fig.update_layout(margin=dict(l=10, r=10, t=40, b=90), plot_bgcolor=GRAY + "22")
+    return play_controls(fig, [str(k) for k in range(longest)], y=-0.06 if rows > 1 else -0.12)
