@@ -258,14 +258,19 @@ class BlockManager:
         total = sum(needs)
         new = self._take(total)
         tables = self.tables
-        owners, logical = [], []
         pos = 0
-        for seq, k in zip(seqs, needs):
-            table = tables[seq]
-            owners += [seq] * k
-            logical += range(len(table), len(table) + k)
-            table += new[pos:pos + k]
-            pos += k
+        if self.log is None:          # no per-block owners and logical indices to record
+            for seq, k in zip(seqs, needs):
+                tables[seq] += new[pos:pos + k]
+                pos += k
+        else:
+            owners, logical = [], []
+            for seq, k in zip(seqs, needs):
+                table = tables[seq]
+                owners += [seq] * k
+                logical += range(len(table), len(table) + k)
+                table += new[pos:pos + k]
+                pos += k
         if self._live:
             self._ref[new] = 1
         if self.log is not None:

@@ -75,10 +75,13 @@ def slot_grid(trace, max_steps: int = MAX_STEPS, max_seats: int = MAX_SEATS) -> 
     shown = all_steps[:max_steps]
     t = st["t_ms"].to_numpy(dtype=float)[order][: len(shown)]
     dur = st["dur_ms"].to_numpy(dtype=float)[order][: len(shown)]
+    running = st["running"].to_numpy()[order][: len(shown)]
+    if len(running) and int(running.max()) > max_seats:    # refused before touching the batch rows
+        return None
     col_of = {int(s): j for j, s in enumerate(shown)}
 
     step = b["step"].to_numpy()
-    keep = np.isin(step, shown)
+    keep = step <= shown[-1]                     # the shown steps are the first ones
     req, step = b["req"].to_numpy()[keep], step[keep]
     kind = np.where(np.asarray(b["kind"])[keep] == "prefill", PREFILL, DECODE)
     tokens = b["tokens"].to_numpy()[keep]
