@@ -366,6 +366,20 @@ def cached_policies(workload: Workload, policies: tuple, config: SchedulerConfig
 
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
+def _paging_animation(trace: Trace, block_size: int):
+    from core.blockframes import paging_frames
+    from core.figures.animate import paging_animation
+    pf = paging_frames(trace, block_size)
+    return trace, (None if pf is None else (pf, paging_animation(pf, trace.ids)))
+
+
+def paging_animation_view(trace: Trace, block_size: int):
+    """(core.blockframes.PagingFrames, figure) of a trace's paging animation, once per trace;
+    None without kv or step events. Shared: never mutate."""
+    return _paging_animation(trace, block_size)[1]
+
+
+@st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
 def _block_states(trace: Trace, max_snapshots: int):
     return trace, block_states(trace, max_snapshots=max_snapshots)
 

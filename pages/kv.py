@@ -9,7 +9,15 @@ from core.occupancy import evictions_and_preemptions, kv_op_counts, prefill_toke
 from core.scenarios import fork_demo, prefix_match, shared_prefix_demo, without_tenants, word_prefix_match
 from core.stepmodel import StepModel
 from core.workload_files import parse_token_ids
-from ui import bound, cached_block_states, cached_policies, cached_scenario, ensure_app_frame, origin_badge
+from ui import (
+    bound,
+    cached_block_states,
+    cached_policies,
+    cached_scenario,
+    ensure_app_frame,
+    origin_badge,
+    paging_animation_view,
+)
 
 ensure_app_frame()
 
@@ -95,6 +103,20 @@ prefill_computed, prompt_total = prefill_tokens(tr)
 st.caption(f"Prefill tokens computed: {prefill_computed:,} of {prompt_total:,} prompt tokens "
            f"({prompt_total - prefill_computed:,} served from the prefix cache, minus any recomputation "
            f"after preemption).")
+
+with st.expander("Blocks filling token by token (animation)", expanded=True):
+    anim = paging_animation_view(tr, int(block_size))
+    if anim is None:
+        st.info("This run has no KV block events to animate.")
+    else:
+        pf, fig = anim
+        st.caption("Press play: at each scheduled step the block manager hands out blocks (left: a request's "
+                   "logical blocks, labelled with the physical block each maps to; ×n: shared by n sequences "
+                   "through the prefix cache), and the step's tokens fill them (shade). Right: the pool. "
+                   "A finished request's full blocks stay cached-free for later hits."
+                   + (f" First {len(pf.steps)} of {pf.total_steps} steps." if pf.truncated else "")
+                   + (f" {pf.more_requests} more requests hold blocks later (not drawn)." if pf.more_requests else ""))
+        st.plotly_chart(fig, key="pg_anim", width="stretch")
 
 t_cur = float(occ.times_ms[cursor])
 held = slots_held_at(tr, t_cur, int(block_size))

@@ -256,3 +256,18 @@ def test_the_seat_animation_plays_in_the_browser_without_a_rerun(server, page):
     assert len(sent) == before                     # no rerun
     page.screenshot(path=str(SHOTS / "slots_animation.png"))
     assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_the_paging_animation_plays_on_the_kv_page(server, page):
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{server}/kv")
+    wait_idle(page)
+    chart = page.locator("[data-testid='stPlotlyChart']").filter(has=page.locator(".slider-container")).first
+    chart.scroll_into_view_if_needed()
+    current = chart.locator("text.slider-label", has_text="frame ")
+    assert current.text_content().strip() == "frame 0"
+    chart.get_by_text("▶ 4×").click()
+    page.wait_for_timeout(1500)
+    chart.get_by_text("❚❚ pause").click()
+    assert int(current.text_content().split()[-1]) >= 5
+    chart.screenshot(path=str(SHOTS / "paging_animation.png"))

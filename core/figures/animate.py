@@ -8,7 +8,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from core.figures import GRAY, PALETTE, base_layout
+from core.blockframes import PagingFrames
+from core.figures import BLUE, GRAY, ORANGE, PALETTE, SKY, base_layout
 from core.slots import HELD, PREFILL, SlotGrid, step_story
 
 SPEEDS = ((0.5, "▶ 0.5×"), (1.0, "▶ 1×"), (2.0, "▶ 2×"), (4.0, "▶ 4×"))
@@ -112,3 +113,67 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]]) -> go.Figure:
     base_layout(fig, height=height)
     fig.update_layout(margin=dict(l=10, r=10, t=40, b=90), plot_bgcolor=GRAY + "22")
     return play_controls(fig, [str(k) for k in range(longest)], y=-0.06 if rows > 1 else -0.12)
+
+
+STATE_COLORS = ("#EEEEEE", SKY, BLUE, ORANGE)      # free, cached-free, owned, shared (core.occupancy order)
+
+
+def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
+    """Left: each request's logical blocks (columns) shaded by the tokens they store, labelled
+    with the physical block they map to (×n: shared by n sequences). Right: the pool of physical
+    blocks by state, labelled with the block id and owner. One frame per scheduled step."""
+    F, rows, cols = pf.block.shape
+    nb = pf.occupancy.num_blocks
+    width = 8 if nb <= 64 else 16
+    prow = -(-nb // width)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.56, 0.44], horizontal_spacing=0.08,
+                        subplot_titles=["Logical blocks of each request (shade: tokens stored)",
+                                        "Physical blocks (pool)"])
+
+    def logical(f):
+        b, n = pf.block[f], pf.fill[f]
+        ref = pf.occupancy.ref[:, f]
+        z = np.where(b >= 0, n / pf.block_size, np.nan)
+        text = [[("" if p < 0 else f"P{p}" + (f" ×{ref[p]}" if p < nb and ref[p] > 1 else ""))
+                 for p in row] for row in b]
+        return z, text
+
+    def physical(f):
+        s = np.full(prow * width, np.nan)
+        s[:nb] = pf.occupancy.state[:, f]
+        own, ref = pf.occupancy.owner[:, f], pf.occupancy.ref[:, f]
+        text = [f"{p}<br>{ids[own[p]] if own[p] >= 0 and s[p] >= 2 else ''}{' ×' + str(ref[p]) if ref[p] > 1 else ''}"
+                for p in range(nb)] + [""] * (prow * width - nb)
+        return s.reshape(prow, width), np.array(text, dtype=object).reshape(prow, width)
+
+    lz, lt = logical(0)
+    fig.add_trace(go.Heatmap(z=lz, text=lt, texttemplate="%{text}", zmin=0, zmax=1, x=np.arange(cols),
+                             y=np.arange(rows), colorscale=[[0, "#DCEBF7"], [1, BLUE]], showscale=False,
+                             xgap=2, ygap=2, hovertemplate="logical block %{x}: %{text}, %{z:.0%} full<extra></extra>"),
+                  row=1, col=1)
+    pz, ptx = physical(0)
+    scale = [x for i, c in enumerate(STATE_COLORS) for x in ([i / 4, c], [(i + 1) / 4, c])]
+    fig.add_trace(go.Heatmap(z=pz, text=ptx, texttemplate="%{text}", zmin=0, zmax=4, colorscale=scale,
+                             showscale=False, xgap=2, ygap=2, hovertemplate="block %{text}<extra></extra>"),
+                  row=1, col=2)
+    fig.add_trace(go.Scatter(x=[-0.5], y=[rows - 0.35], mode="text", text=[pf.stories[0]], textposition="top right",
+                             hoverinfo="skip", showlegend=False, textfont=dict(size=13)), row=1, col=1)
+    for name, color in zip(("free", "cached-free", "owned", "shared"), STATE_COLORS):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                                 marker=dict(symbol="square", size=12, color=color, line=dict(width=1, color=GRAY))))
+    fig.update_yaxes(tickmode="array", tickvals=list(range(rows)), ticktext=[ids[r] for r in pf.reqs],
+                     autorange=False, range=[rows - 0.5 + 1.0, -0.5], row=1, col=1)
+    fig.update_xaxes(title_text="logical block", range=[-0.5, cols - 0.5], dtick=1, row=1, col=1)
+    fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=2)
+    fig.update_xaxes(showticklabels=False, row=1, col=2)
+    frames = []
+    for f in range(F):
+        lz, lt = logical(f)
+        pz, ptx = physical(f)
+        frames.append(go.Frame(name=str(f), traces=[0, 1, 2], data=[
+            go.Heatmap(z=lz, text=lt), go.Heatmap(z=pz, text=ptx), go.Scatter(text=[pf.stories[f]])]))
+    fig.frames = frames
+    height = int(min(900, 200 + 30 * max(rows + 1, prow)))
+    base_layout(fig, height=height)
+    fig.update_layout(margin=dict(l=10, r=10, t=60, b=90))
+    return play_controls(fig, [str(f) for f in range(F)], label="frame ", y=-0.12)
