@@ -5,9 +5,9 @@ events (the paging animation).
 Frame k is the moment step k is scheduled (its start time): block tables hold what the block
 manager gave out by then (including the blocks step k will fill); a request's blocks store the
 full blocks it took from the prefix cache plus the tokens of its steps that ended by then (a
-preemption drops its cache). A last frame shows the end of the run. Tables and tokens follow the same rules as core.occupancy.block_tables_at and
-tokens_in_cache_at, computed in one pass (tests compare the two at every frame); physical block
-states come from core.occupancy.block_states.
+preemption drops its cache). A last frame shows the end of the run. Tables and computed tokens
+follow the rules of core.occupancy.block_tables_at and tokens_in_cache_at, in one pass (tests
+compare them at every frame); physical block states come from core.occupancy.block_states.
 """
 from __future__ import annotations
 
