@@ -128,7 +128,9 @@ def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
     prow = -(-nb // width)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.56, 0.44], horizontal_spacing=0.08,
                         subplot_titles=["Logical blocks of each request (shade: tokens stored)",
-                                        "Physical blocks (pool)"])
+                                        "Pool: " + " ".join(
+                                            f'<span style="color:{c}">■</span> {n}' for n, c in
+                                            zip(("free", "cached", "owned", "shared"), STATE_COLORS))])
 
     def logical(f):
         b, n = pf.block[f], pf.fill[f]
@@ -157,10 +159,8 @@ def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
                              showscale=False, xgap=2, ygap=2, hovertemplate="block %{text}<extra></extra>"),
                   row=1, col=2)
     fig.add_trace(go.Scatter(x=[-0.5], y=[rows - 0.35], mode="text", text=[pf.stories[0]], textposition="top right",
-                             hoverinfo="skip", showlegend=False, textfont=dict(size=13)), row=1, col=1)
-    for name, color in zip(("free", "cached-free", "owned", "shared"), STATE_COLORS):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
-                                 marker=dict(symbol="square", size=12, color=color, line=dict(width=1, color=GRAY))))
+                             hoverinfo="skip", showlegend=False, textfont=dict(size=13), cliponaxis=False),
+                  row=1, col=1)
     fig.update_yaxes(tickmode="array", tickvals=list(range(rows)), ticktext=[ids[r] for r in pf.reqs],
                      autorange=False, range=[rows - 0.5 + 1.0, -0.5], row=1, col=1)
     fig.update_xaxes(title_text="logical block", range=[-0.5, cols - 0.5], dtick=1, row=1, col=1)
@@ -175,5 +175,6 @@ def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
     fig.frames = frames
     height = int(min(900, 200 + 30 * max(rows + 1, prow)))
     base_layout(fig, height=height)
-    fig.update_layout(margin=dict(l=10, r=10, t=60, b=90))
+    fig.update_layout(margin=dict(l=10, r=10, t=70, b=90))
+    fig.update_annotations(yshift=8)          # subplot titles clear of the top row
     return play_controls(fig, [str(f) for f in range(F)], label="frame ", y=-0.12)
