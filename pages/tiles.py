@@ -4,6 +4,7 @@ import streamlit as st
 
 from core import tiles
 from core.errors import InputError
+from core.figures.animate import tile_walk_animation
 from core.figures.attention import (
     captured_tiles_figure,
     hbm_traffic_chart,
@@ -44,6 +45,12 @@ except InputError as e:
     st.stop()
 full = float(tiles.full_softmax_average(logits, values))
 wrong = tiles.average_of_tile_averages(logits, values, int(tile_size))
+with st.expander("Tile walk (animation)", expanded=True):
+    st.caption("Press play: each frame reads one tile. m, l and acc update as the text describes; the table "
+               "gives them in both conventions (the chapter's Example 31.2 reads l = 6 and acc = 10 after the "
+               "first tile; the stored, rescaled values are 1.5 and 2.5 with m = ln 4), and their ratio, the "
+               "output, is the same in both.")
+    st.plotly_chart(tile_walk_animation(steps, logits, values, full), key="at_walk", width="stretch")
 upto = st.slider("Tiles visited", 1, len(steps), len(steps), **bound("at_upto")) - 1
 st.plotly_chart(online_softmax_figure(steps, upto, full, wrong), key="at_steps")
 table = pd.DataFrame([{"tile": s.tile, "keys": f"{s.start}–{s.stop - 1}", "tile max": s.tile_max,

@@ -197,3 +197,20 @@ def test_preemptions_are_marked_on_the_timeline():
     marks = [t for t in fig.data if t.name == "preempted"]
     # H is preempted at 40 ms (hand-worked in tests/test_admission.py)
     assert len(marks) == 1 and list(marks[0].x) == [40.0] and list(marks[0].y) == ["H"]
+
+
+def test_the_tile_walk_animation_reads_the_chapters_numbers_in_both_conventions():
+    from core.figures.animate import tile_walk_animation
+    from core.scenarios import chapter_tile_example
+    logits, values = chapter_tile_example()          # weights [4, 2, 1, 1], values [1, 3, 0, 2], tiles of 2
+    steps = online_softmax_steps(logits, values, 2)
+    fig = tile_walk_animation(steps, logits, values, 1.5)
+    assert [f.name for f in fig.frames] == ["0", "1", "2"]            # before any tile, after each tile
+    table = lambda k: fig.frames[k].data[3].cells.values            # columns: name, stored, chapter
+    # after tile 0 (weights 4, 2): the chapter's l = 6, acc = 4*1 + 2*3 = 10; stored scaled by e^-ln4
+    assert table(1)[2][1:3] == ["6", "10"] and table(1)[1][1:3] == ["1.5", "2.5"]
+    # after tile 1 (weights 1, 1): l = 8, acc = 10 + 0 + 2 = 12, output 12 / 8 = 1.5 = the full softmax
+    assert table(2)[2][1:4] == ["8", "12", "1.5"]
+    assert list(fig.frames[1].data[1].x)[:2] == [-0.5, 1.5]         # the band over the tile being read: keys 0-1
+    assert list(fig.frames[2].data[0].x)[:2] == [-0.5, 1.5]         # ... which is read by the next frame
+    assert "m -inf → 1.386" in fig.frames[1].data[2].text[0]

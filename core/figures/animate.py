@@ -4,6 +4,8 @@ no server rerun per frame. Frames update only light traces (a curtain over the f
 line of narration, small heatmaps), so playback stays smooth at 10-20 frames per second."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -11,6 +13,7 @@ from plotly.subplots import make_subplots
 from core.blockframes import PagingFrames
 from core.figures import BLUE, GRAY, ORANGE, PALETTE, SKY, base_layout
 from core.slots import HELD, PREFILL, SlotGrid, step_story
+from core.tiles import TileStep, unscaled
 
 SPEEDS = ((0.5, "▶ 0.5×"), (1.0, "▶ 1×"), (2.0, "▶ 2×"), (4.0, "▶ 4×"))
 BASE_FPS = 5.0          # frames per second at 1×
@@ -178,3 +181,81 @@ def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
     fig.update_layout(margin=dict(l=10, r=10, t=70, b=90))
     fig.update_annotations(yshift=8)          # subplot titles clear of the top row
     return play_controls(fig, [str(f) for f in range(F)], label="frame ", y=-0.12)
+
+
+MAX_KEY_BARS = 64       # keys drawn one bar each; more: one bar per tile
+MAX_TILE_FRAMES = 128   # tiles animated; a longer walk shows its first MAX_TILE_FRAMES tiles
+
+
+def tile_walk_animation(steps: list[TileStep], logits, values, full_value: float) -> go.Figure:
+    """The online softmax one tile per frame. Top: the keys' weights e^logit (bars, with each
+    key's value), the tiles already read shaded blue and the tile being read orange. Bottom: the
+    running statistics after the tile in both conventions: stored (scaled by e^-m, numerically
+    stable) and the chapter's (plain sums of e^logit); the output so far is the same in both."""
+    s = np.asarray(logits, dtype=float)
+    v = np.asarray(values, dtype=float)
+    per_key = len(s) <= MAX_KEY_BARS
+    scaled = bool(s.max() > 30) or not per_key
+    if per_key:
+        edges = [(st.start - 0.5, st.stop - 0.5) for st in steps]
+        heights = np.exp(s - s.max()) if scaled else np.exp(s)
+        x, text = np.arange(len(s)), [f"v={x:g}" for x in v]
+    else:
+        edges = [(st.tile - 0.5, st.tile + 0.5) for st in steps]
+        heights = np.array([float(np.exp(s[st.start:st.stop] - s.max()).sum()) for st in steps])
+        x, text = np.arange(len(steps)), None
+    shown = steps[:MAX_TILE_FRAMES]
+    top = float(max(heights)) * 1.45
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.5, 0.5], vertical_spacing=0.14,
+                        specs=[[{"type": "xy"}], [{"type": "table"}]],
+                        subplot_titles=[("weights e^(logit − max logit)" if scaled else "weights e^logit")
+                                        + (" per key (label: its value v)" if per_key else " per tile")
+                                        + (f"; first {len(shown)} of {len(steps)} tiles animated"
+                                           if len(shown) < len(steps) else ""), ""])
+
+    def band(lo, hi):
+        return dict(x=[lo, hi, hi, lo, lo], y=[0, 0, top, top, 0])
+
+    def read(k):     # tiles 0..k-2 read, tile k-1 being read (k tiles read after the frame)
+        return band(-0.5, edges[k - 2][1]) if k >= 2 else band(-0.5, -0.5)
+
+    def current(k):
+        return band(*edges[k - 1]) if k >= 1 else band(-0.5, -0.5)
+
+    def rows(k):
+        names = ["m (running max)", "l (running sum)", "acc (running weighted sum)", "output acc / l"]
+        if k == 0:
+            return [names, ["−∞", "0", "0", "—"], ["−∞", "0", "0", "—"]]
+        st = steps[k - 1]
+        big_l, big_acc = unscaled(st)
+        return [names, [f"{st.m:.6g}", f"{st.l:.6g}", f"{float(st.acc):.6g}", f"{float(st.output):.6g}"],
+                [f"{st.m:.6g}", f"{big_l:.6g}", f"{float(big_acc):.6g}", f"{float(st.output):.6g}"]]
+
+    def story(k):
+        if k == 0:
+            return f"before any tile · the full softmax answer is {full_value:.6g}"
+        st = steps[k - 1]
+        m_old = steps[k - 2].m if k > 1 else -math.inf
+        return (f"tile {st.tile} (keys {st.start}–{st.stop - 1}): tile max {st.tile_max:.4g}, "
+                f"m {m_old:.4g} → {st.m:.4g}; old l and acc × e^(m_old − m_new) = {st.rescale:.4g}")
+
+    for f, color in ((read, BLUE), (current, ORANGE)):      # bands behind the bars
+        fig.add_trace(go.Scatter(**f(0), fill="toself", mode="lines", line=dict(width=0), fillcolor=color,
+                                 opacity=0.3, hoverinfo="skip", showlegend=False), row=1, col=1)
+    fig.add_trace(go.Bar(x=x, y=heights, marker_color="#555555", text=text, textposition="outside",
+                         hovertemplate="%{x}: %{y:.4g}<extra></extra>", showlegend=False), row=1, col=1)
+    fig.add_trace(go.Scatter(x=[-0.5], y=[top * 0.93], mode="text", text=[story(0)], textposition="middle right",
+                             cliponaxis=False, hoverinfo="skip", showlegend=False, textfont=dict(size=13)),
+                  row=1, col=1)
+    header = ["", "stored (× e^−m, stable)", "chapter (sums of e^logit)"]
+    fig.add_trace(go.Table(header=dict(values=header, align="left", font=dict(size=14)),
+                           cells=dict(values=rows(0), align="left", font=dict(size=14), height=26)), row=2, col=1)
+    fig.update_yaxes(range=[0, top], row=1, col=1)
+    fig.update_xaxes(range=[-0.5, len(x) - 0.5], dtick=1 if len(x) <= 32 else None, row=1, col=1)
+    fig.frames = [go.Frame(name=str(k), traces=[0, 1, 3, 4], data=[
+        go.Scatter(**read(k)), go.Scatter(**current(k)), go.Scatter(text=[story(k)]),
+        go.Table(cells=dict(values=rows(k)))]) for k in range(len(shown) + 1)]
+    base_layout(fig, height=520)
+    fig.update_layout(margin=dict(l=10, r=10, t=40, b=80))
+    return play_controls(fig, [str(k) for k in range(len(shown) + 1)], label="tiles read: ", base_fps=1.0,
+                         y=-0.04)
