@@ -2,9 +2,19 @@
 in ui.py, and all logic in core/."""
 import streamlit as st
 
-from ui import compact_header, drop_overlong_params, freeze_startup_heap, link_box
+from ui import (
+    compact_header,
+    drop_overlong_params,
+    export_tools,
+    freeze_startup_heap,
+    link_box,
+    presentation_switch,
+    start_view,
+)
 
-st.set_page_config(page_title="Serving Explorer", page_icon=":material/speed:", layout="wide")
+# a shared presentation link opens with the sidebar collapsed (the switch is in the sidebar)
+st.set_page_config(page_title="Serving Explorer", page_icon=":material/speed:", layout="wide",
+                   initial_sidebar_state="collapsed" if st.query_params.get("present") in ("True", "true") else "auto")
 freeze_startup_heap()
 compact_header()
 drop_overlong_params()
@@ -33,5 +43,8 @@ pg = st.navigation({
 })
 st.sidebar.caption("Every number is labeled by origin: **given** (teaching scenario), "
                    "**simulated** (core simulator, step model stated), **measured** (captured trace).")
+presentation_switch()
+start_view()
 pg.run()
 link_box()   # after the page ran: the query parameters hold its widgets' values
+export_tools(pg.url_path or "home")

@@ -2,7 +2,7 @@
 import streamlit as st
 
 from core.metrics import summarize
-from ui import chapter_traces, ensure_app_frame, origin_badge, request_table
+from ui import chapter_traces, ensure_app_frame, origin_badge, request_table, show_table
 
 ensure_app_frame()
 
@@ -41,7 +41,7 @@ for col, (name, tr) in zip(cols, chapter_traces().items()):
     s = summarize(tr, usd_per_hour=2.0)
     with col:
         st.markdown(f"**{name.title()}** {origin_badge(tr)}")
-        st.dataframe(request_table(s), hide_index=True, key=f"home_table_{name}")
+        show_table(request_table(s), hide_index=True, key=f"home_table_{name}")
         sm = s["summary"]
         w0, w1 = sm["window_ms"]
         st.metric("Output throughput (drain window)", f"{sm['output_tok_per_s']:.3f} tok/s",

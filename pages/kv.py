@@ -17,6 +17,8 @@ from ui import (
     ensure_app_frame,
     origin_badge,
     paging_animation_view,
+    show_chart,
+    show_table,
 )
 
 ensure_app_frame()
@@ -62,7 +64,7 @@ if not custom:
                 f"workspace and fragmentation. :blue-badge[given: preset numbers]")
     st.caption(f"Model config: {spec.source}. GPU: {gpu.source}.")
 shown = [kv.MODELS[m] for m in ("Llama-2-7B", "Llama-3-8B", "Mistral-7B", "Qwen2.5-7B", "Llama-2-70B")]
-st.plotly_chart(kv_growth_chart(shown, b, max(32768, int(tokens)), int(tokens)), key="kv_growth")
+show_chart(kv_growth_chart(shown, b, max(32768, int(tokens)), int(tokens)), key="kv_growth")
 
 # ---- paging explorer ---------------------------------------------------------------------
 st.header("Paged blocks over time")
@@ -95,7 +97,7 @@ st.markdown(f"{origin_badge(tr)} continuous policy, constant 1 ms steps, {len(w)
             f"pool of {pool} blocks × {block_size} tokens.")
 cursor = st.slider("Time cursor (snapshot)", 0, len(occ.times_ms) - 1, occ.busiest(),
                    help="opens at the snapshot with the most blocks in use", **bound("pg_cursor"))
-st.plotly_chart(occupancy_heatmap(occ, tr.ids, cursor), key="pg_heatmap")
+show_chart(occupancy_heatmap(occ, tr.ids, cursor), key="pg_heatmap")
 counts = kv_op_counts(tr)
 for col, (op, n) in zip(st.columns(len(counts)), counts.items()):
     col.metric(op, n)
@@ -116,7 +118,7 @@ with st.expander("Blocks filling token by token (animation)", expanded=True):
                    "A finished request's full blocks stay cached-free for later hits."
                    + (f" First {len(pf.steps)} of {pf.total_steps} steps." if pf.truncated else "")
                    + (f" {pf.more_requests} more requests hold blocks later (not drawn)." if pf.more_requests else ""))
-        st.plotly_chart(fig, key="pg_anim", width="stretch")
+        show_chart(fig, key="pg_anim", width="stretch")
 
 t_cur = float(occ.times_ms[cursor])
 held = slots_held_at(tr, t_cur, int(block_size))
@@ -124,9 +126,9 @@ ids = tr.ids
 st.subheader(f"At {t_cur:g} ms")
 if held.reqs:
     named = {ids[r]: t for r, t in held.tables.items()}
-    st.plotly_chart(block_table_figure(named, occ.refs_at(cursor)), key="pg_tables")
+    show_chart(block_table_figure(named, occ.refs_at(cursor)), key="pg_tables")
     res = held.totals
-    st.plotly_chart(waste_chart([ids[r] for r in held.reqs], held.tokens, held.paged_slots,
+    show_chart(waste_chart([ids[r] for r in held.reqs], held.tokens, held.paged_slots,
                                 [held.max_len] * len(held.reqs)), key="pg_waste")
     st.markdown(f"Paged: **{res.paged_waste:,}** empty slots in last blocks "
                 f"({res.paged_waste_frac:.1%} of {res.paged_slots:,} held). Contiguous max-length "
@@ -137,8 +139,8 @@ else:
 preempts, evicts = evictions_and_preemptions(tr)
 if len(preempts) or len(evicts):
     with st.expander(f"Evictions ({counts['evict']}) and preemptions ({counts['preemptions']})"):
-        st.dataframe(preempts, hide_index=True, key="pg_preempts")
-        st.dataframe(evicts, hide_index=True, key="pg_evicts")
+        show_table(preempts, hide_index=True, key="pg_preempts")
+        show_table(evicts, hide_index=True, key="pg_evicts")
 
 # ---- prefix identity -----------------------------------------------------------------------
 st.header("Same prefix, not merely similar words")
@@ -166,8 +168,8 @@ fs = c2.number_input("Samples", 1, 8, 3, **bound("fk_samples"))
 fb = c3.number_input("Block size ", 1, 64, 4, **bound("fk_bs"))
 demo = fork_demo(int(fp), int(fs), int(fb))
 c1, c2 = st.columns(2)
-c1.plotly_chart(block_table_figure(demo["before"], demo["refs_before"]), key="fk_before")
-c2.plotly_chart(block_table_figure(demo["after"], demo["refs_after"]), key="fk_after")
+show_chart(block_table_figure(demo["before"], demo["refs_before"]), key="fk_before", where=c1)
+show_chart(block_table_figure(demo["after"], demo["refs_after"]), key="fk_after", where=c2)
 if demo["copies"]:
     st.markdown("Each sample appended a token into the shared, partly filled last block, so the block manager "
                 "copied it first: " + ", ".join(f"{s}: block {a} → {b_}" for s, a, b_ in demo["copies"]) + ".")

@@ -22,6 +22,8 @@ from ui import (
     parse_upload,
     parse_uploaded_trace,
     replay_trace_files,
+    show_chart,
+    show_table,
 )
 
 ensure_app_frame()
@@ -127,7 +129,7 @@ if skipped:
 st.markdown(f":orange-badge[simulated] {len(workload)} requests of *{md(workload.name)}*, "
             f"{'Poisson arrivals, seed ' + str(seed) if kind == 'open' else 'closed loop, no think time'}; "
             f"step model {md(step_model.describe())}.")
-st.plotly_chart(load_curves(results, slo if slo.given() else None, measured=measured), key="ld_curves",
+show_chart(load_curves(results, slo if slo.given() else None, measured=measured), key="ld_curves",
                 width="stretch")
 if measured:
     st.caption("Diamonds: measured or imported runs at the load they state (filled p99, open p50). They ran "
@@ -153,7 +155,7 @@ for label, r in results.items():
                          "goodput tok/s": p["slo"]["goodput_tok_per_s"]} if "slo" in p else {})})
 table = pd.DataFrame(rows)
 with st.expander("Every point (simulated; latencies in ms)"):
-    st.dataframe(table, hide_index=True, key="ld_table",
+    show_table(table, hide_index=True, key="ld_table",
                  column_config={c: st.column_config.NumberColumn(format="%.6g") for c in table.columns
                                 if c not in ("policy",)})
 
@@ -186,7 +188,7 @@ st.markdown(
     f":orange-badge[simulated] {len(ex.workload)} requests: {md(ex.workload.name)}; step model "
     f"{md(ex.step_model.describe())}. Contract: TTFT ≤ {ex.slo.ttft_ms:g} ms for every request; throughput "
     f"counted in the fixed window [{ex.window_ms[0]:g}, {ex.window_ms[1]:g}] ms.")
-st.dataframe(pd.DataFrame([{
+show_table(pd.DataFrame([{
     "schedule": r["schedule"], "tokens in window": r["window_tokens"], "tok/s in window": r["window_tok_per_s"],
     "TTFT median ms": r["ttft_median_ms"], "TTFT max ms": r["ttft_max_ms"],
     f"requests over {ex.slo.ttft_ms:g} ms": r["over_bound"],

@@ -8,7 +8,7 @@ from core.figures import PALETTE, base_layout
 from core.pathologies import PATHOLOGIES, RUNS, cold_start
 from core.scenarios import DATA
 from core.trace import load_trace
-from ui import ensure_app_frame, fmt_ms, md
+from ui import ensure_app_frame, fmt_ms, md, show_chart, show_table
 
 ensure_app_frame()
 
@@ -28,7 +28,7 @@ def cached_cold():
 
 def table(rows: list[dict], key: str):
     df = pd.DataFrame([{k: v for k, v in r.items() if k != "trace"} for r in rows])
-    st.dataframe(df, hide_index=True, key=key,
+    show_table(df, hide_index=True, key=key,
                  column_config={c: st.column_config.NumberColumn(format="%.6g") for c in df.columns
                                 if c != "schedule"})
 
@@ -82,9 +82,9 @@ for p in PATHOLOGIES:
                 f"{md(rows[0]['trace'].meta['step_model'].get('description', ''))}")
     table(rows, f"pt_{p.key}")
     if p.key == "hol":
-        st.plotly_chart(decode_gaps(rows), key="pt_hol_fig", width="stretch")
+        show_chart(decode_gaps(rows), key="pt_hol_fig", width="stretch")
     elif p.key in ("leak", "thrash", "oom"):
-        st.plotly_chart(over_time(rows, "kv_used_blocks", "KV blocks in use", "blocks"), key=f"pt_{p.key}_fig",
+        show_chart(over_time(rows, "kv_used_blocks", "KV blocks in use", "blocks"), key=f"pt_{p.key}_fig",
                         width="stretch")
     if p.key == "leak":
         st.caption("The second row is a deliberately broken simulated variant (core.pathologies.LeakyScheduler), "

@@ -32,6 +32,8 @@ from ui import (
     origin_badge,
     parse_uploaded_trace,
     replay_trace_files,
+    show_chart,
+    show_table,
     trace_details,
 )
 
@@ -76,11 +78,11 @@ if imp is not None:
         st.info(md(note))
     if imp.failed:
         st.warning(f"{len(imp.failed)} failed request(s) in the file (kept, excluded from latency statistics):")
-        st.dataframe(pd.DataFrame(imp.failed), hide_index=True, key="rp_failed")
+        show_table(pd.DataFrame(imp.failed), hide_index=True, key="rp_failed")
 if tr is None:
     if imp is not None:
         st.subheader("The file's own summary")
-        st.dataframe(pd.DataFrame([imp.file_summary]).T.rename(columns={0: "value"}), key="rp_filesummary")
+        show_table(pd.DataFrame([imp.file_summary]).T.rename(columns={0: "value"}), key="rp_filesummary")
     else:
         st.info("Pick a trace or upload one.")
     st.stop()
@@ -112,12 +114,12 @@ def metrics_panel():
                 st.json(tr.meta["engine"])
         if imp is not None and imp.file_summary:
             with st.expander("Our metrics vs the file's own summary"):
-                st.dataframe(file_summary_comparison(imp, summary), hide_index=True, key="rp_agree")
+                show_table(file_summary_comparison(imp, summary), hide_index=True, key="rp_agree")
                 windows = file_window_comparison(imp, summary)
                 if len(windows):
                     st.caption("Throughput and duration: the same counts over different windows (see *how*). "
                                "The benchmark's duration starts before the first send and includes client overhead.")
-                    st.dataframe(windows, hide_index=True, key="rp_windows")
+                    show_table(windows, hide_index=True, key="rp_windows")
 
 
 # ---- live: follow a file that is still being written --------------------------------------
@@ -135,14 +137,14 @@ def show_live(now_tr, name):
     idx = requests_near(now_tr, b, limit=60, metrics=derived(now_tr, "requests"))
     fig = schedule_timeline([(name, subset(now_tr, idx))], max_token_markers=5_000)
     fig.add_vline(x=b, line_color=CURSOR, line_width=2)
-    st.plotly_chart(fig, key="rp_live_timeline")
-    st.plotly_chart(in_flight_figure(derived(now_tr, "in_flight"), b), key="rp_live_inflight")
+    show_chart(fig, key="rp_live_timeline")
+    show_chart(in_flight_figure(derived(now_tr, "in_flight"), b), key="rp_live_inflight")
     gauges = now_tr.events_of("gauge")
     if gauges:
-        st.plotly_chart(gauges_figure(gauges, b), key="rp_live_gauges")
+        show_chart(gauges_figure(gauges, b), key="rp_live_gauges")
     if len(now_tr.kv):
         occ = cached_block_states(now_tr)
-        st.plotly_chart(occupancy_heatmap(occ, now_tr.ids, occ.index_at(b)), key="rp_live_kv")
+        show_chart(occupancy_heatmap(occ, now_tr.ids, occ.index_at(b)), key="rp_live_kv")
 
 
 toggles = st.columns(4)
@@ -200,33 +202,33 @@ def cursor_views():
     # one 1280x800 screen: the cursor, a compact timeline, then batch and KV side by side
     fig = schedule_timeline([(label, shown)], max_token_markers=15_000, max_height=300)
     fig.add_vline(x=cursor, line_color=CURSOR, line_width=2)
-    st.plotly_chart(fig, key="rp_timeline")
+    show_chart(fig, key="rp_timeline")
     left, right = st.columns(2)
     row, batch = step_at(tr, cursor, derived(tr, "rows") if big else None)
     with left:
         if row is None:
-            st.plotly_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
+            show_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
             st.caption("Batch composition needs `step` events (with their `batch` lists).")
         else:
-            st.plotly_chart(batch_figure(batch, row).update_layout(height=280), key="rp_batch")
+            show_chart(batch_figure(batch, row).update_layout(height=280), key="rp_batch")
     with right:
         if len(tr.kv):
             occ = cached_block_states(tr)
             j = occ.index_at(cursor)
             counts = occ.at(j)
             ids = tr.requests["id"].to_numpy()      # names for the hover of a small grid only
-            st.plotly_chart(occupancy_heatmap(occ, ids, j).update_layout(height=280), key="rp_kv")
+            show_chart(occupancy_heatmap(occ, ids, j).update_layout(height=280), key="rp_kv")
             st.caption("At the cursor: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " blocks.")
         else:
             gauges = tr.events_of("gauge")
             if gauges:
-                st.plotly_chart(gauges_figure(gauges, cursor), key="rp_gauges")
+                show_chart(gauges_figure(gauges, cursor), key="rp_gauges")
             else:
                 st.caption("KV block occupancy needs `kv` events (alloc/free/hit/...).")
     if row is not None:
-        st.plotly_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
+        show_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
     if len(tr.kv) and tr.events_of("gauge"):
-        st.plotly_chart(gauges_figure(tr.events_of("gauge"), cursor), key="rp_gauges")
+        show_chart(gauges_figure(tr.events_of("gauge"), cursor), key="rp_gauges")
 
 
 cursor_views()
@@ -234,10 +236,10 @@ metrics_panel()
 spec = tr.events_of("spec")
 if spec:
     pos, rates, counts = acceptance_by_position(spec)
-    st.plotly_chart(acceptance_by_position_figure(pos, rates, counts), key="rp_spec")
+    show_chart(acceptance_by_position_figure(pos, rates, counts), key="rp_spec")
 tiles = tr.events_of("tiles")
 if tiles:
-    st.plotly_chart(captured_tiles_figure(tiles[:64]), key="rp_tiles")
+    show_chart(captured_tiles_figure(tiles[:64]), key="rp_tiles")
 missing = [what for what, have in (("speculative acceptance per position (`spec` events)", spec),
                                    ("per-tile attention statistics (`tiles` events)", tiles)) if not have]
 if missing:
@@ -245,7 +247,7 @@ if missing:
 
 with st.expander("Per-request metrics"):
     m = derived(tr, "requests")
-    st.dataframe(m.head(2000), hide_index=True, key="rp_requests")
+    show_table(m.head(2000), hide_index=True, key="rp_requests")
     if len(m) > 2000:
         st.caption(f"First 2,000 of {len(m):,} requests; the CSV export has all.")
 
@@ -303,12 +305,12 @@ if other_choice != "(none)":
     this_label = f"{label} ({tr.source})"
     for d in workload_differences(tr, other):
         st.warning(f"The two workloads differ: {md(d)}. Differences in metrics mix scheduling with workload.")
-    st.dataframe(compare_table(tr, other, this_label, other_label), hide_index=True, key="rp_compare",
+    show_table(compare_table(tr, other, this_label, other_label), hide_index=True, key="rp_compare",
                  column_config={c: st.column_config.NumberColumn(format="%.6g")
                                 for c in (this_label, other_label, "difference", "ratio")})
     ma, mb = derived(tr, "requests"), derived(other, "requests")
     c1, c2, c3 = st.columns(3)
     for col, metric, key in ((c1, "TTFT", "ttft_ms"), (c2, "TPOT", "tpot_ms"), (c3, "E2E", "e2e_ms")):
-        col.plotly_chart(cdf_figure({this_label: ma[key], other_label: mb[key]}, metric), key=f"rp_cdf_{key}")
+        show_chart(cdf_figure({this_label: ma[key], other_label: mb[key]}, metric), key=f"rp_cdf_{key}", where=col)
     if len(tr.requests) <= 60 and len(other.requests) <= 60:
-        st.plotly_chart(schedule_timeline([(this_label, tr), (other_label, other)]), key="rp_both")
+        show_chart(schedule_timeline([(this_label, tr), (other_label, other)]), key="rp_both")

@@ -4,7 +4,7 @@ import streamlit as st
 
 from core import kv, roofline
 from core.figures.roof import roofline_chart
-from ui import bound, ensure_app_frame
+from ui import bound, ensure_app_frame, show_chart, show_table
 
 ensure_app_frame()
 
@@ -25,8 +25,8 @@ points = [("decode B=1", roofline.arithmetic_intensity(1, dtype)),
           (f"decode B={batch}", roofline.arithmetic_intensity(batch, dtype)),
           (f"prefill {prompt}", roofline.arithmetic_intensity(prompt, dtype))]
 others = [g for n, g in kv.GPUS.items() if n in ("T4", "H100-SXM") and n != gpu_name]
-st.plotly_chart(roofline_chart([gpu] + others, points), key="rf_chart")
-st.dataframe(pd.DataFrame(roofline.intensity_table(points, gpu)), hide_index=True, key="rf_points")
+show_chart(roofline_chart([gpu] + others, points), key="rf_chart")
+show_table(pd.DataFrame(roofline.intensity_table(points, gpu)), hide_index=True, key="rf_points")
 st.caption(f"{gpu.name}: {gpu.tflops_16:g} TFLOP/s dense 16-bit, {gpu.bandwidth_gbps:g} GB/s → ridge "
            f"{gpu.ridge_flop_per_byte:.0f} FLOP/B ({gpu.source}). Ignores attention, activations and KV traffic.")
 
@@ -43,6 +43,6 @@ chapter = roofline.bandwidth_bound_steps_per_s(2e12, 7e9 * 2)
 st.markdown(f"The chapter's assumption — 2 TB/s and 7 B two-byte weights (14 GB) — gives "
             f"2e12 / 14e9 ≈ **{chapter:.3f}** weight-read-limited steps/s: an optimistic bound, not a "
             f"measurement. :blue-badge[given]")
-st.dataframe(pd.DataFrame(roofline.batch_table(model.params, dtype, gpu)), hide_index=True, key="rf_batch_table")
+show_table(pd.DataFrame(roofline.batch_table(model.params, dtype, gpu)), hide_index=True, key="rf_batch_table")
 st.caption(":orange-badge[simulated] roofline lower bound on step time, max(weights/bandwidth, FLOPs/peak); "
            "batching shares the weight read until compute becomes the limit.")

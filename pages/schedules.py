@@ -20,7 +20,10 @@ from ui import (
     origin_badge,
     parse_upload,
     schedule_view,
+    show_chart,
+    show_table,
     step_model_controls,
+    theme,
 )
 
 ensure_app_frame()
@@ -99,7 +102,7 @@ if scenario == "chapter31":
     st.caption("The given schedules are the chapter's Table 31.1 (its assigned emission times). Pick simulated "
                "policies in the sidebar to run the same three requests through the core scheduler; their times "
                "follow the stated step model, so they need not match the table.")
-st.plotly_chart(schedule_view("timeline", schedules), key="sched_timeline", width="stretch")
+show_chart(schedule_view("timeline", schedules), key="sched_timeline", width="stretch")
 
 with st.expander("Seats, step by step (animation)", expanded=scenario in ("chapter31", "burst5")):
     # the simulated schedules shown; on the given-only default, static vs continuous of the same workload
@@ -110,7 +113,7 @@ with st.expander("Seats, step by step (animation)", expanded=scenario in ("chapt
                                        record_kv=False)
         except InputError as e:
             st.error(f"Scheduler settings: {e}")
-    fig = schedule_view("slots", animated) if animated else None
+    fig = schedule_view("slots", animated, theme()) if animated else None
     if fig is None:
         st.info("The seat view draws batches of at most 64 running sequences; lower 'Max running sequences' "
                 "to animate this workload.")
@@ -121,7 +124,7 @@ with st.expander("Seats, step by step (animation)", expanded=scenario in ("chapt
                    "batch leaves it empty until its longest request is done. "
                    + ("" if policies else "Simulated with the sidebar's step model (the given schedules have no "
                       "steps). ") + step_model.describe())
-        st.plotly_chart(fig, key="sched_slots", width="stretch")
+        show_chart(fig, key="sched_slots", width="stretch")
 
 c1, c2 = st.columns(2)
 w0 = c1.number_input("Fixed window start (ms)", 0.0, 1e12, 0.0, **bound("w0"))
@@ -137,7 +140,7 @@ st.subheader("Throughput, cost and latency summary")
 summ = schedule_view("summary", schedules, window, usd)
 if "steps" in summ and summ["steps"].isna().all():   # given schedules only: they have no steps
     summ = summ.drop(columns="steps")
-st.dataframe(summ, hide_index=True, key="sched_summary",
+show_table(summ, hide_index=True, key="sched_summary",
              column_config={c: st.column_config.NumberColumn(format="%.6g") for c in summ.columns
                             if c not in ("schedule", "origin", "drain window ms")})
 st.caption("Drain window = [first arrival, last emission] of each schedule; the fixed window is the same "
@@ -152,14 +155,14 @@ table = schedule_view("requests", schedules)
 names = [label for label, _ in schedules]
 show = st.selectbox("Schedule", names, **bound("sched_pick"))
 one = table[table["schedule"] == show]
-st.dataframe(pd.DataFrame({"request": one["request"], "arrival ms": one["arrival_ms"],
+show_table(pd.DataFrame({"request": one["request"], "arrival ms": one["arrival_ms"],
                            "waiting ms": one["waiting_ms"].map(fmt_ms), "TTFT ms": one["ttft_ms"].map(fmt_ms),
                            "TPOT ms": one["tpot_ms"].map(fmt_ms), "E2E ms (duration)": one["e2e_ms"].map(fmt_ms),
                            "tokens": one["emitted_tokens"]}),
              hide_index=True, key="sched_requests")
 st.caption("TPOT = (E2E − TTFT)/(tokens − 1); a one-token request has none (—), never 0.")
 if len(table["request"].unique()) <= 60:
-    st.plotly_chart(schedule_view("e2e_bars", schedules), key="sched_e2e_bars", width="stretch")
+    show_chart(schedule_view("e2e_bars", schedules), key="sched_e2e_bars", width="stretch")
 
 if len(names) >= 2:
     st.subheader("Who wins, who loses")
@@ -170,4 +173,4 @@ if len(names) >= 2:
     sooner, later = (tr_df["verdict"] == "sooner").sum(), (tr_df["verdict"] == "later").sum()
     st.markdown(f"Switching from **{base}** to **{other}**: {sooner} request(s) finish sooner, "
                 f"{later} later (E2E change, negative = sooner).")
-    st.dataframe(tr_df, hide_index=True, key="sched_tradeoff")
+    show_table(tr_df, hide_index=True, key="sched_tradeoff")

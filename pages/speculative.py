@@ -11,7 +11,7 @@ from core.figures.spec import (
     mass_sankey,
     monte_carlo_figure,
 )
-from ui import bound, ensure_app_frame, spec_traces
+from ui import bound, ensure_app_frame, show_chart, show_table, spec_traces
 
 ensure_app_frame()
 
@@ -54,7 +54,7 @@ res = spec.residual(p, q)
 final = spec.final_distribution(p, q)
 wrong = spec.wrong_final_distribution(p, q)
 alpha = spec.alpha(p, q)
-st.dataframe(pd.DataFrame({"candidate": names, "p": p, "q": q, "accept min(1, p/q)": acc,
+show_table(pd.DataFrame({"candidate": names, "p": p, "q": q, "accept min(1, p/q)": acc,
                            "accepted mass min(p, q)": spec.accepted_mass(p, q), "residual": res, "final": final,
                            "wrong rule": wrong}),
              hide_index=True, key="sp_numbers",
@@ -66,8 +66,8 @@ c1.metric("α = Σ min(p, q) (acceptance rate)", f"{alpha:.4g}")
 c2.metric("Rejection mass", f"{spec.rejection_mass(p, q):.4g}")
 c3.metric(f"Wrong rule: {names[0]}", f"{wrong[0]:.4g}", delta=f"{wrong[0] - p[0]:+.4g} vs p", delta_color="inverse")
 c1, c2 = st.columns(2)
-c1.plotly_chart(mass_sankey(p, q, names), key="sp_sankey")
-c2.plotly_chart(mass_sankey(p, q, names, wrong=True), key="sp_sankey_wrong")
+show_chart(mass_sankey(p, q, names), key="sp_sankey", where=c1)
+show_chart(mass_sankey(p, q, names, wrong=True), key="sp_sankey_wrong", where=c2)
 st.caption(":blue-badge[given] preset values or your edits. "
            f"The wrong rule's largest error is {spec.wrong_rule_error(p, q):.4g}.")
 
@@ -77,7 +77,7 @@ draws = c1.number_input("Draws", 100, 5_000_000, 100_000, step=10_000, **bound("
 seed = c2.number_input("Seed", 0, 2**31 - 1, 0, **bound("sp_seed"))
 mc = spec.monte_carlo(p, q, int(draws), int(seed))
 mc_wrong = spec.monte_carlo(p, q, int(draws), int(seed), wrong=True)
-st.plotly_chart(monte_carlo_figure(mc, p, names, mc_wrong), key="sp_mc")
+show_chart(monte_carlo_figure(mc, p, names, mc_wrong), key="sp_mc")
 st.caption(f":orange-badge[simulated] {int(draws):,} seeded draws through the exact algorithm "
            f"(acceptance rate {mc['accept_rate']:.4f}, expected α = {alpha:.4f}); band = 99% normal interval "
            "around p.")
@@ -87,8 +87,8 @@ c1, c2, c3 = st.columns(3)
 a_sel = c1.slider("α", 0.0, 1.0, float(round(alpha, 2)), 0.01, key="sp_alpha")
 gamma = c2.slider("γ (draft tokens)", 1, 16, 4, **bound("sp_gamma"))
 verify = c3.number_input("Verify cost (× one decode step)", 0.1, 10.0, 1.0, 0.1, **bound("sp_verify"))
-st.plotly_chart(expected_tokens_chart([0.5, 0.7, 0.8, 0.9, a_sel], 12, (a_sel, gamma)), key="sp_expected")
-st.plotly_chart(break_even_chart(a_sel, gamma, verify), key="sp_breakeven")
+show_chart(expected_tokens_chart([0.5, 0.7, 0.8, 0.9, a_sel], 12, (a_sel, gamma)), key="sp_expected")
+show_chart(break_even_chart(a_sel, gamma, verify), key="sp_breakeven")
 st.caption(f"Expected tokens per verification (1 − α^(γ+1))/(1 − α) = {spec.expected_tokens(a_sel, gamma):.4g}; "
            f"speculation loses once a draft step costs more than "
            f"{spec.break_even_draft_cost(a_sel, gamma, verify):.4g} target steps. Assumes i.i.d. acceptance and "
@@ -102,4 +102,4 @@ if not found:
 else:
     name = st.selectbox("Trace", list(found), key="sp_trace")
     positions, rates, counts = found[name]
-    st.plotly_chart(acceptance_by_position_figure(positions, rates, counts), key="sp_positions")
+    show_chart(acceptance_by_position_figure(positions, rates, counts), key="sp_positions")

@@ -13,7 +13,7 @@ from core.figures.attention import (
     tile_grid,
 )
 from core.scenarios import chapter_tile_example, random_tile_example
-from ui import bound, ensure_app_frame, tile_traces
+from ui import bound, ensure_app_frame, show_chart, show_table, tile_traces
 
 ensure_app_frame()
 
@@ -50,9 +50,9 @@ with st.expander("Tile walk (animation)", expanded=True):
                "gives them in both conventions (the chapter's Example 31.2 reads l = 6 and acc = 10 after the "
                "first tile; the stored, rescaled values are 1.5 and 2.5 with m = ln 4), and their ratio, the "
                "output, is the same in both.")
-    st.plotly_chart(tile_walk_animation(steps, logits, values, full), key="at_walk", width="stretch")
+    show_chart(tile_walk_animation(steps, logits, values, full), key="at_walk", width="stretch")
 upto = st.slider("Tiles visited", 1, len(steps), len(steps), **bound("at_upto")) - 1
-st.plotly_chart(online_softmax_figure(steps, upto, full, wrong), key="at_steps")
+show_chart(online_softmax_figure(steps, upto, full, wrong), key="at_steps")
 table = pd.DataFrame([{"tile": s.tile, "keys": f"{s.start}–{s.stop - 1}", "tile max": s.tile_max,
                        "running max m": s.m, "rescale e^(m_old−m_new)": s.rescale,
                        "tile sum (at new m)": s.tile_sum, "running sum l": s.l, "acc": float(s.acc),
@@ -62,7 +62,7 @@ table = pd.DataFrame([{"tile": s.tile, "keys": f"{s.start}–{s.stop - 1}", "til
 st.caption("l and acc are stored scaled by e^−m (numerically stable); the chapter's Example 31.2 writes them "
            "unscaled, as sums of the weights e^logit: the two '(chapter)' columns, equal to l·e^m and acc·e^m. "
            "Their ratio, the output, is the same in both conventions.")
-st.dataframe(table, hide_index=True, key="at_table",
+show_table(table, hide_index=True, key="at_table",
              column_config={c: st.column_config.NumberColumn(format="%.6g") for c in table.columns
                             if c not in ("tile", "keys")})
 final = float(steps[-1].output)
@@ -77,7 +77,7 @@ st.caption(":blue-badge[given] chapter numbers, or :orange-badge[computed] from 
 
 st.header("A KV cache changes the work, not the answer")
 cache = pd.DataFrame(tiles.cache_table())
-st.dataframe(cache, hide_index=True, key="at_cache",
+show_table(cache, hide_index=True, key="at_cache",
              column_config={c: st.column_config.NumberColumn(format="%.2e") for c in cache.columns if "|" in c})
 st.caption(":orange-badge[computed] seeded random tokens (7 × width 4), one causal attention head. Each position "
            "either recomputes every projection and the attention over the whole prefix, or projects only the new "
@@ -94,7 +94,7 @@ causal = st.toggle("Causal mask", True, **bound("at_causal"))
 if T / bq * T / bk > 4096:
     st.warning("Too many tiles to draw; raise the tile sizes.")
 else:
-    st.plotly_chart(tile_grid(int(T), int(bq), int(bk), causal), key="at_grid")
+    show_chart(tile_grid(int(T), int(bq), int(bk), causal), key="at_grid")
 
 st.header("Memory traffic: naive vs tiled")
 c1, c2, c3 = st.columns(3)
@@ -102,7 +102,7 @@ hd = c1.selectbox("Head dim", [64, 128, 256], index=1, **bound("at_hd"))
 dt = c2.selectbox("Bytes per element", [2, 4, 1], **bound("at_dt"))
 bq2 = c3.number_input("Query tile (rows per pass)", 16, 1024, 128, **bound("at_bq2"))
 lens = [2 ** k for k in range(8, 18)]
-st.plotly_chart(hbm_traffic_chart(lens, int(hd), float(dt), int(bq2), causal), key="at_hbm")
+show_chart(hbm_traffic_chart(lens, int(hd), float(dt), int(bq2), causal), key="at_hbm")
 r = tiles.hbm_traffic_bytes(8192, int(hd), float(dt), int(bq2), causal)
 st.caption(f"Estimate, not a measurement: at 8,192 positions the score matrix alone is "
            f"{r['score_matrix_bytes'] / 2**20:,.0f} MiB per head; naive ≈ {r['naive_bytes'] / 2**20:,.0f} MiB vs "
@@ -121,4 +121,4 @@ else:
                 f"{tr.meta.get('created', '?')}]")
     groups = tile_event_groups(rows)
     pick = st.selectbox("layer, head, query tile", list(groups), key="at_pick")
-    st.plotly_chart(captured_tiles_figure(groups[pick]), key="at_captured")
+    show_chart(captured_tiles_figure(groups[pick]), key="at_captured")

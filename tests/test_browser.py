@@ -271,3 +271,37 @@ def test_the_paging_animation_plays_on_the_kv_page(server, page):
     chart.get_by_text("❚❚ pause").click()
     assert int(current.text_content().split()[-1]) >= 5
     chart.screenshot(path=str(SHOTS / "paging_animation.png"))
+
+
+def test_a_view_exports_its_tables_and_figures_for_slides(server, page):
+    import zipfile
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{server}/schedules?sc=Burst+5&ms=3&s_kind=constant&s_step=1")
+    wait_idle(page)
+    page.get_by_text("Slides and handouts").click()
+    page.get_by_role("button", name="CSV", exact=True).click()
+    wait_idle(page)
+    with page.expect_download() as d:
+        page.get_by_role("button", name="Download tables as CSV").click()
+    assert "sched_summary.csv" in zipfile.ZipFile(d.value.path()).namelist()
+    page.get_by_role("button", name="SVG", exact=True).click()
+    wait_idle(page)
+    with page.expect_download() as d:
+        page.get_by_role("button", name="Download figures as SVG").click()
+    names = zipfile.ZipFile(d.value.path()).namelist()
+    assert "sched_timeline.svg" in names and "sched_slots.svg" in names
+    assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_presentation_links_open_with_large_figure_fonts_and_the_sidebar_collapsed(server, page):
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{server}/tiles?present=True")
+    wait_idle(page)
+    box = page.locator("[data-testid='stSidebar']").bounding_box()
+    assert box is None or box["x"] + box["width"] <= 1 or box["width"] <= 1     # collapsed: off screen
+    chart = page.locator("[data-testid='stPlotlyChart']").first
+    chart.scroll_into_view_if_needed()
+    sizes = chart.locator("g.xtick text").evaluate_all(
+        "els => els.map(e => parseFloat(getComputedStyle(e).fontSize))")
+    assert sizes and min(sizes) >= 16
+    page.screenshot(path=str(SHOTS / "presentation_tiles.png"))

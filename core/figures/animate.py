@@ -17,7 +17,7 @@ from core.tiles import TileStep, unscaled
 
 SPEEDS = ((0.5, "▶ 0.5×"), (1.0, "▶ 1×"), (2.0, "▶ 2×"), (4.0, "▶ 4×"))
 BASE_FPS = 5.0          # frames per second at 1×
-CURTAIN = "rgba(250,250,250,0.93)"
+CURTAIN = {"light": "rgba(250,250,250,0.93)", "dark": "rgba(14,17,23,0.9)"}   # over the steps to come
 
 
 def play_controls(fig: go.Figure, frame_names: list[str], label: str = "step ", base_fps: float = BASE_FPS,
@@ -47,11 +47,12 @@ def _curtain(x0: float, x1: float, y0: float, y1: float) -> dict:
     return dict(x=[x0, x1, x1, x0, x0], y=[y0, y0, y1, y1, y0])
 
 
-def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]]) -> go.Figure:
+def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "light") -> go.Figure:
     """Seats (rows) x steps (columns) of each schedule, one subplot each, coloured by request;
     a triangle marks a prefill step, a pale cell a seat held but not computed in the step.
     Playing reveals one step per frame on every subplot at once, with a line saying who was
-    computed, seated and freed."""
+    computed, seated and freed. `theme` ("light" or "dark"): the app's, for the curtain over
+    the steps to come."""
     rows = len(grids)
     longest = max(len(g.steps) for _, g, _ in grids)
     heights = [g.seats + 1.6 for _, g, _ in grids]
@@ -87,7 +88,8 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]]) -> go.Figure:
                                  marker=dict(symbol="triangle-right", size=8, color="black"),
                                  name="prefill step", legendgroup="prefill", showlegend=row == 1), row=row, col=1)
         fig.add_trace(go.Scatter(**_curtain(0.5, longest - 0.5, -0.5, g.seats - 0.5), fill="toself", mode="lines",
-                                 line=dict(width=0), fillcolor=CURTAIN, hoverinfo="skip", showlegend=False),
+                                 line=dict(width=0), fillcolor=CURTAIN.get(theme, CURTAIN["light"]), hoverinfo="skip",
+                                 showlegend=False),
                       row=row, col=1)
         dynamic.append((len(fig.data) - 1, "curtain", g, ids))
         fig.add_trace(go.Scatter(x=[-0.5], y=[g.seats - 0.35], mode="text", text=[step_story(g, ids, 0)],
