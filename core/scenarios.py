@@ -7,6 +7,7 @@ run); the app maps them onto its widgets through its URL-key table (ui.py).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import numpy as np
 
 from core.compare import POLICY_LABELS
 from core.config import SchedulerConfig, from_dict
-from core.errors import ConfigError, WorkloadError
+from core.errors import ConfigError, InputError, WorkloadError
 from core.paging import BlockManager
 from core.stepmodel import StepModel
 from core.trace import Trace, load_trace
@@ -182,6 +183,34 @@ def workload_from_rows(rows: list[dict]) -> Workload:
             msg = str(e)
             raise WorkloadError(msg if msg.startswith("row ") else f"row {i + 1}: {msg}") from None
     return Workload(reqs, name="custom")
+
+
+MAX_LINK_REQUESTS = 200     # rows of a custom workload a link carries (a URL stays well under 8 KB)
+CUSTOM_COLUMNS = ("id", "arrival_ms", "prompt_tokens", "max_output_tokens")
+
+
+def custom_to_link(workload: Workload) -> str:
+    """A custom workload as one compact URL parameter value: JSON rows [id, arrival ms, prompt
+    tokens, max output tokens]."""
+    return json.dumps([[r.id, float(r.arrival_ms) if not float(r.arrival_ms).is_integer() else int(r.arrival_ms),
+                        int(r.prompt_tokens), int(r.max_output_tokens)] for r in workload.requests],
+                      separators=(",", ":"))
+
+
+def custom_from_link(text: str) -> list[dict]:
+    """The table rows of custom_to_link's value, checked (the workload itself is built and
+    checked by workload_from_rows); InputError says what is wrong."""
+    try:
+        rows = json.loads(text)
+    except ValueError:
+        raise InputError("the link's workload table: not valid JSON") from None
+    if (not isinstance(rows, list) or not 1 <= len(rows) <= MAX_LINK_REQUESTS
+            or not all(isinstance(r, list) and len(r) == 4 for r in rows)):
+        raise InputError(f"the link's workload table: expected 1 to {MAX_LINK_REQUESTS} rows "
+                         "[id, arrival_ms, prompt_tokens, max_output_tokens]")
+    out = [dict(zip(CUSTOM_COLUMNS, r)) for r in rows]
+    workload_from_rows(out)     # raises WorkloadError (an InputError) naming the row
+    return out
 
 
 # ---- worked examples: KV paging -----------------------------------------------------------------------

@@ -170,7 +170,7 @@ if live:
 t0, t1 = derived(tr, "span")
 if t1 <= t0:
     t1 = t0 + 1.0
-playing = toggles[0].toggle("Play", False, key="rp_play", help="advance the cursor automatically")
+playing = toggles[0].toggle("Play", False, help="advance the cursor automatically", **bound("rp_play"))
 big = len(tr.requests) > 150
 
 
@@ -187,8 +187,8 @@ def cursor_views():
         here = st.session_state["rp_cursor"] = step_cursor(here, -1, starts, t0, t1, step)
     if c_fwd.button("step ▶", key="rp_fwd", help="to the next scheduler step (or 1/400 of the trace)"):
         here = st.session_state["rp_cursor"] = step_cursor(here, +1, starts, t0, t1, step)
-    speed = c_speed.segmented_control("Play speed", list(SPEEDS), default="1×", key="rp_speed",
-                                      label_visibility="collapsed") or "1×"
+    speed = c_speed.segmented_control("Play speed", list(SPEEDS), default="1×", label_visibility="collapsed",
+                                      **bound("rp_speed")) or "1×"
     if playing:
         st.session_state["rp_cursor"] = advance(here, t0, t1, 10 * step * SPEEDS[speed])
     cursor = st.slider("Time cursor (ms)", float(t0), float(t1), float(t0 + (t1 - t0) / 2), step=step,

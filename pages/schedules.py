@@ -5,7 +5,16 @@ import streamlit as st
 from core.compare import POLICY_LABELS, fixed_window
 from core.config import SchedulerConfig
 from core.errors import InputError
-from core.scenarios import SCENARIOS, SCHEDULE_PRESETS, max_output_tokens, workload_from_rows
+from core.scenarios import (
+    CUSTOM_COLUMNS,
+    MAX_LINK_REQUESTS,
+    SCENARIOS,
+    SCHEDULE_PRESETS,
+    custom_from_link,
+    custom_to_link,
+    max_output_tokens,
+    workload_from_rows,
+)
 from ui import (
     SCENARIO_LABELS,
     apply_presets_on_change,
@@ -40,11 +49,22 @@ apply_presets_on_change("sc", "schedules", {lab: SCHEDULE_PRESETS[key] for lab, 
 
 workload = None
 if scenario == "custom":
-    default = pd.DataFrame({"id": ["A", "B", "C"], "arrival_ms": [0.0, 20.0, 40.0],
-                            "prompt_tokens": [4, 4, 2], "max_output_tokens": [3, 2, 1]})
-    edited = st.data_editor(default, num_rows="dynamic", key="sched_editor", hide_index=True)
+    rows = [{"id": i, "arrival_ms": a, "prompt_tokens": p, "max_output_tokens": o}
+            for i, a, p, o in (("A", 0.0, 4, 3), ("B", 20.0, 4, 2), ("C", 40.0, 2, 1))]
+    if "wl" in st.query_params:   # a shared link carries its edited table
+        try:
+            rows = custom_from_link(st.query_params["wl"])
+        except InputError as e:
+            st.warning(f"{e}; showing the example table.", icon=":material/link_off:")
+            del st.query_params["wl"]
+    # the editor starts from the table in the link; its key follows that table, so an edit that
+    # went into the link becomes the next run's starting table rather than being applied twice
+    edited = st.data_editor(pd.DataFrame(rows, columns=list(CUSTOM_COLUMNS)), num_rows="dynamic", hide_index=True,
+                            key=f"sched_editor_{abs(hash(str(rows)))}")
     try:
         workload = workload_from_rows(edited.to_dict("records"))
+        if len(workload) <= MAX_LINK_REQUESTS:
+            st.query_params["wl"] = custom_to_link(workload)
     except InputError as e:
         st.error(f"Workload table: {e}")
 elif scenario == "upload":

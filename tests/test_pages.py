@@ -311,3 +311,26 @@ def test_an_edited_pq_table_travels_in_the_link():
     assert numbers["final"].tolist() == pytest.approx([0.3, 0.7])
     at = open_page("speculative", {"sp_pq": "garbage"})
     assert any("showing the preset" in w.value for w in at.warning) and not at.exception
+
+
+def test_a_custom_workload_travels_in_the_link():
+    import json
+
+    from core.errors import InputError
+    from core.scenarios import custom_from_link, custom_to_link, workload_from_rows
+    rows = [{"id": "X", "arrival_ms": 0, "prompt_tokens": 8, "max_output_tokens": 4},
+            {"id": "Y", "arrival_ms": 5.5, "prompt_tokens": 2, "max_output_tokens": 3}]
+    text = custom_to_link(workload_from_rows(rows))
+    assert text == '[["X",0,8,4],["Y",5.5,2,3]]' and custom_from_link(text) == rows
+    for bad in ("garbage", "[]", json.dumps([["X", 0, 8]]), json.dumps([["X", 0, -8, 4]])):
+        with pytest.raises(InputError):
+            custom_from_link(bad)
+    # the page opens on the link's table. Serial, 1 ms steps: X's 4 tokens at 1-4 ms; Y arrives
+    # at 5.5 ms to an idle server, its prefill step gives its first token at 6.5 ms: TTFT 1 ms
+    at = open_page("schedules", {"sc": "Custom", "wl": text, "pol": ["serial"], "s_kind": "constant", "s_step": "1"})
+    assert not at.exception
+    table = next(d.value for d in at.dataframe if "TTFT ms" in d.value.columns)
+    assert table["request"].tolist() == ["X", "Y"] and table["TTFT ms"].tolist() == ["1", "1"]
+    assert at.query_params["wl"] == text                       # the link keeps the table
+    at = open_page("schedules", {"sc": "Custom", "wl": "garbage"})
+    assert any("showing the example table" in w.value for w in at.warning) and not at.exception
