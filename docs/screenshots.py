@@ -7,7 +7,9 @@
 Besides one shot per page, two 10,000-request shots at a projector-size window (1280x800):
 the Schedules page on the built-in "Poisson 10000" scenario (its preset in the link), and the
 Trace replay page on a 10,000-request trace simulated here, into a temporary directory, with
-`python -m core simulate` from the same workload.
+`python -m core simulate` from the same workload. For the classroom: the three animations
+paused mid-play (seats of static vs continuous batching on Burst 5, PagedAttention blocks
+filling, the tile walk), a page in the dark theme, and one in presentation mode.
 """
 import csv
 import subprocess
@@ -67,6 +69,27 @@ def write_trace_10k(directory: Path) -> Path:
     return trace
 
 
+# (name, page, play button, seconds of play) — each animation paused part-way, the chart alone
+ANIMATIONS = [("anim_slots", "schedules?sc=Burst+5&pol=static&pol=continuous&ms=3&s_kind=constant&s_step=1",
+               "▶ 4×", 1.6),
+              ("anim_paging", "kv", "▶ 4×", 6.0),
+              ("anim_tiles", "tiles", "▶ 1×", 1.2)]
+DARK = [("schedules_dark", "schedules?sc=Burst+5&pol=static&pol=continuous&ms=3&s_kind=constant&s_step=1"),
+        ("kv_dark", "kv")]
+PRESENTING = [("tiles_presentation", "tiles?present=True")]
+
+
+def play_and_pause(page, button: str, seconds: float):
+    chart = page.locator("[data-testid='stPlotlyChart']").filter(has=page.locator(".slider-container")).first
+    chart.scroll_into_view_if_needed()
+    chart.get_by_text(button).click()
+    page.wait_for_timeout(int(seconds * 1000))
+    chart.get_by_text("❚❚ pause").click()
+    page.mouse.move(2, 2)             # no hover toolbar over the chart
+    page.wait_for_timeout(700)
+    return chart
+
+
 def shoot(page, name: str):
     page.screenshot(path=str(OUT / f"{name}.png"))
     print("wrote", OUT / f"{name}.png")
@@ -100,6 +123,23 @@ def main(only: set[str] = frozenset()):
                 settle(page, f"replay?tr={TRACE_10K}", url)
                 scroll_to(page, "[data-testid='stSlider']", below_px=20)
                 shoot(page, "replay_10000_requests")
+            for name, path, button, seconds in ANIMATIONS:
+                if wanted(name):
+                    settle(page, path, url)
+                    play_and_pause(page, button, seconds).screenshot(path=str(OUT / f"{name}.png"))
+                    print("wrote", OUT / f"{name}.png")
+            for name, path in PRESENTING:
+                if wanted(name):
+                    settle(page, path, url)
+                    shoot(page, name)
+            page.close()
+            dark = browser.new_context(viewport=PROJECTOR, color_scheme="dark").new_page()
+            dark.set_default_timeout(60_000)
+            for name, path in DARK:
+                if wanted(name):
+                    settle(dark, path, url)
+                    scroll_to(dark, ".js-plotly-plot", below_px=-60)
+                    shoot(dark, name)
             browser.close()
 
 
