@@ -87,6 +87,9 @@ URL_KEYS: dict[str, UrlKey] = {
             s_base=("affine/roofline model: base ms per step", "StepModel.base_ms"),
             s_pp=("affine model: ms per prefill token", "StepModel.prefill_ms_per_token"),
             s_pd=("affine model: ms per decoding sequence", "StepModel.decode_ms_per_seq"),
+            s_ppk=("features model: ms per 1,000 attended prefill positions", "StepModel.prefill_ms_per_kpos"),
+            s_pdk=("features model: ms per 1,000 attended decode positions", "StepModel.decode_ms_per_kpos"),
+            s_pch=("features model: ms per prefill piece", "StepModel.prefill_ms_per_chunk"),
             s_model=("roofline model: model preset", "StepModel.model"),
             s_gpu=("roofline model: GPU preset", "StepModel.gpu"),
             usd="tariff, USD per hour",
@@ -576,11 +579,19 @@ def step_model_controls() -> StepModel:
         step_ms = st.number_input("ms per step", 0.001, 1e6, 10.0, **bound("s_step"))
         return StepModel("constant", step_ms=step_ms)
     base_ms = st.number_input("base ms per step", 0.0, 1e6, 20.0, **bound("s_base"))
-    if kind == "affine":
+    if kind in ("affine", "features"):
         pp = st.number_input("ms per prefill token", 0.0, 1e6, 20.0, format="%.4f", **bound("s_pp"))
         pd_ = st.number_input("ms per decoding sequence", 0.0, 1e6, 20.0, format="%.4f", **bound("s_pd"))
+        more = {}
+        if kind == "features":   # python -m core fit prints these for a measured trace
+            more = dict(prefill_ms_per_kpos=st.number_input("ms per 1,000 attended prefill positions", 0.0, 1e6,
+                                                            0.0, format="%.5f", **bound("s_ppk")),
+                        decode_ms_per_kpos=st.number_input("ms per 1,000 attended decode positions", 0.0, 1e6,
+                                                           0.0, format="%.5f", **bound("s_pdk")),
+                        prefill_ms_per_chunk=st.number_input("ms per prefill piece", 0.0, 1e6, 0.0, format="%.4f",
+                                                             **bound("s_pch")))
         try:
-            return StepModel("affine", base_ms=base_ms, prefill_ms_per_token=pp, decode_ms_per_seq=pd_)
+            return StepModel(kind, base_ms=base_ms, prefill_ms_per_token=pp, decode_ms_per_seq=pd_, **more)
         except InputError as e:
             st.error(f"Step model: {e}")
             st.stop()

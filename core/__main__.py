@@ -1,4 +1,4 @@
-"""Command line: python -m core {simulate,metrics,sweep,export} ...  (run with -h for each command).
+"""Command line: python -m core {simulate,metrics,sweep,fit,export} ...  (run with -h for each command).
 
 Bad input exits with code 2 and one line on stderr naming the problem.
 """
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("workload", help="workload file: our JSON, Vidur CSV, LLMServingSim JSONL, or a trace")
     add_flags(s, SchedulerConfig)
     add_flags(s, StepModel)
+    _model_file_flag(s)
     s.add_argument("--label", help="trace label (meta.label)")
     s.add_argument("--out", required=True,
                    help="trace to write: .json, .json.gz, .parquet (written while it is simulated), "
@@ -57,11 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "spread (min/mean/max); capacity needs the attainment in every run")
     add_flags(w, SchedulerConfig)
     add_flags(w, StepModel)
+    _model_file_flag(w)
     add_slo_flags(w)
     w.add_argument("--attainment", type=_positive_float, default=0.9,
                    help="SLO attainment the capacity point must reach (default 0.9)")
     w.add_argument("--workers", type=_positive_int, help="processes to run points in (default: one per CPU)")
     w.add_argument("--json", action="store_true", help="print one JSON object")
+
+    f = sub.add_parser("fit", help="fit a step model to a trace's step events; write it as a model file")
+    f.add_argument("trace", help="a trace with step and batch events (simulated or measured)")
+    f.add_argument("--model", choices=("affine", "features"), default="features",
+                   help="affine: base + prefill tokens + decoding sequences; features: also attended positions of "
+                        "prefill and decode, and prefill pieces (default features)")
+    f.add_argument("--out", metavar="MODEL.json", help="write the model file (for --step-model-file)")
+    f.add_argument("--json", action="store_true", help="print one JSON object")
 
     e = sub.add_parser("export", help="convert a trace: Chrome/Perfetto JSON, per-request CSV, JSON, Parquet")
     e.add_argument("trace", help=f"serving-trace/1 or a vLLM/SGLang result JSON; {gz}")
@@ -71,13 +81,67 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _model_file_flag(p):
+    p.add_argument("--step-model-file", metavar="MODEL.json",
+                   help="the step model from a file written by `python -m core fit` (instead of the step model "
+                        "flags); steps outside the range it was fitted on are reported")
+
+
+def _step_model(a) -> tuple[StepModel, dict]:
+    """The step model of the flags, or of --step-model-file (with its fit report)."""
+    if not getattr(a, "step_model_file", None):
+        return from_args(StepModel, a), {}
+    from core.stepfit import load
+    defaults = StepModel()
+    given = [f"--{k.replace('_', '-')}" for k in ("kind", "step_ms", "base_ms", "prefill_ms_per_token",
+                                                  "decode_ms_per_seq", "prefill_ms_per_kpos", "decode_ms_per_kpos",
+                                                  "prefill_ms_per_chunk")
+             if getattr(a, k, None) != getattr(defaults, k)]
+    if given:
+        flag = given[0].replace("--kind", "--step-model")
+        raise InputError(f"--step-model-file: the model comes from the file; drop {flag}")
+    return load(a.step_model_file)
+
+
+def _warn_outside(tr, fit_report: dict):
+    from core.stepfit import describe_outside, outside_range
+    o = outside_range(tr, fit_report) if fit_report else None
+    if o:
+        print(f"warning: {describe_outside(o)}; the durations there are extrapolated", file=sys.stderr)
+
+
+def cmd_fit(a) -> int:
+    from core.stepfit import fit, save
+    if a.out:
+        check_writable(a.out, "--out")
+    tr = _read(a.trace)
+    from core.trace import Imported
+    if isinstance(tr, Imported):
+        raise InputError(f"{a.trace}: an engine's result file has no step events to fit a step model to")
+    sm, report = fit(tr, a.model)
+    if a.out:
+        write_output(a.out, lambda p: save(p, sm, report), "--out")
+    if a.json:
+        print(json.dumps({"step_model": sm.to_dict(), "fit": report}, allow_nan=False))
+        return 0
+    r2 = "—" if report["r2"] is None else f"{report['r2']:.4f}"
+    print(f"{a.trace}: {report['steps']:,} steps; {sm.describe()}")
+    print(f"fit: R^2 {r2}; |residual| p50 {report['residual_ms']['p50']:.4g} ms, p90 "
+          f"{report['residual_ms']['p90']:.4g} ms, p99 {report['residual_ms']['p99']:.4g} ms; relative error p50 "
+          f"{report['relative_error']['p50']:.2%}, p90 {report['relative_error']['p90']:.2%}")
+    print("fitted range: " + ", ".join(f"{k} {lo:g}–{hi:g}" for k, (lo, hi) in report["range"].items()))
+    if a.out:
+        print(f"wrote {a.out}")
+    return 0
+
+
 def cmd_simulate(a) -> int:
     from core.simulate import simulate
     from core.workload import load_workload
     check_writable(a.out, "--out")
     w = load_workload(a.workload)
     cfg = from_args(SchedulerConfig, a)
-    sm = from_args(StepModel, a)
+    sm, fit_report = _step_model(a)
     if a.out.endswith(".parquet"):  # streamed: the trace is written while it is simulated
         from core.simulate import reuse_freed_memory, simulate_to_parquet
         reuse_freed_memory()
@@ -85,10 +149,14 @@ def cmd_simulate(a) -> int:
         write_output(a.out, lambda p: got.update(zip(("meta", "counts"), simulate_to_parquet(
             w, cfg, str(p), sm, label=a.label))), "--out")
         st, n_tokens = got["meta"]["stats"], got["counts"].get("token", 0)
+        if fit_report:
+            from core.trace import load_trace
+            _warn_outside(load_trace(a.out), fit_report)
     else:
         tr = simulate(w, cfg, sm, label=a.label)
         write_output(a.out, tr.save, "--out")
         st, n_tokens = tr.meta["stats"], len(tr.tokens)
+        _warn_outside(tr, fit_report)
     print(f"wrote {a.out}: {len(w)} requests, {n_tokens} tokens, {st['steps']} steps, "
           f"{st['preemptions']} preemptions; step model {sm.describe()}")
     return 0
@@ -178,7 +246,8 @@ def cmd_sweep(a) -> int:
     from core.sweep import sweep
     from core.workload import load_workload
     w = load_workload(a.workload)
-    out = sweep(w, from_args(SchedulerConfig, a), from_args(StepModel, a), rates=a.rates, concurrency=a.concurrency,
+    sm, _ = _step_model(a)
+    out = sweep(w, from_args(SchedulerConfig, a), sm, rates=a.rates, concurrency=a.concurrency,
                 seed=a.seed, slo=slo_from_args(a), attainment=a.attainment, workers=a.workers, repeats=a.repeats)
     if a.json:
         print(json.dumps(out, allow_nan=False))
@@ -186,7 +255,7 @@ def cmd_sweep(a) -> int:
     key = "rate" if a.rates else "concurrency"
     kind = f"open loop (Poisson, seed {a.seed})" if a.rates else "closed loop"
     print(f"{a.workload}: {len(w)} requests, {kind}; "
-          f"simulated, step model {from_args(StepModel, a).describe()}")
+          f"simulated, step model {sm.describe()}")
     head = f"{key:>11} {'offered/s':>10} {'done/s':>8} {'tok/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} " \
            f"{'TPOT p50':>9} {'TPOT p99':>9} {'E2E p99':>9} {'failed':>6}"
     print(head + (f" {'SLO met':>8} {'goodput/s':>9}" if out["points"] and "slo" in out["points"][0] else ""))
@@ -239,7 +308,7 @@ def cmd_export(a) -> int:
 def main(argv=None) -> int:
     from core.cli import run
     return run(build_parser(), {"simulate": cmd_simulate, "metrics": cmd_metrics, "sweep": cmd_sweep,
-                                       "export": cmd_export}, argv)
+                                       "fit": cmd_fit, "export": cmd_export}, argv)
 
 
 if __name__ == "__main__":
