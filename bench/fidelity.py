@@ -1,0 +1,95 @@
+"""How well does the simulator predict the runner? Fit a step model on one captured run,
+simulate a different workload under the same scheduler options, and compare per-request TTFT
+and E2E with that workload's captured run (issue 15's first target).
+
+    python -m bench.fidelity [--threads 1,2] [--requests 48]
+
+Workloads (prompt ids from the bundled corpus, greedy decoding on the bundled tiny model):
+  fit:     Poisson arrivals at 40 req/s, prompts 24-200 tokens, outputs 8-64;
+  predict: a burst of half the requests at t = 0, the rest at 15 req/s, prompts 96-480,
+           outputs 4-40 (another mix and another arrival process).
+Scheduler: continuous, 16 sequences, 1,024-token budget, chunk 256, block size 16. Each
+model (affine, features) is fitted by python -m core fit's code (core.stepfit) on the fit run
+and priced the predict run's workload; errors are |predicted - measured| / measured per
+request. Also in-sample: the fit run predicted from its own fit. Prints; asserts nothing.
+"""
+import argparse
+import platform
+
+import numpy as np
+import torch
+
+from bench.runner import CORPUS, serve
+from core.config import SchedulerConfig
+from core.metrics import request_metrics
+from core.simulate import simulate
+from core.stepfit import fit, outside_range
+from core.workload import Request, Workload
+from gpu_runner import checkpoint
+
+SCHED = dict(policy="continuous", max_seqs=16, token_budget=1024, chunk=256, block_size=16)
+
+
+def mixed(n, prompt, output, seed, arrivals):
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for i, t in enumerate(arrivals(rng, n)):
+        p = int(rng.integers(*prompt))
+        s = int(rng.integers(0, len(CORPUS) - p))
+        reqs.append(Request(f"r{i}", float(t), p, int(rng.integers(*output)), prompt_ids=tuple(CORPUS[s:s + p])))
+    return Workload(reqs)
+
+
+def poisson(rate):
+    return lambda rng, n: np.round(np.cumsum(rng.exponential(1000.0 / rate, n)), 3)
+
+
+def burst_then(rate):
+    def arrivals(rng, n):
+        k = n // 2
+        return np.concatenate([np.zeros(k), np.round(np.cumsum(rng.exponential(1000.0 / rate, n - k)), 3)])
+    return arrivals
+
+
+def errors(pred, meas) -> dict:
+    mp, mm = request_metrics(pred).set_index("id"), request_metrics(meas).set_index("id")
+    out = {}
+    for k in ("ttft_ms", "e2e_ms"):
+        e = ((mp[k] - mm[k]).abs() / mm[k]).to_numpy()
+        out[k] = (float(np.median(e)), float(np.percentile(e, 90)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--requests", type=int, default=48)
+    a = ap.parse_args()
+    model = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
+    fit_w = mixed(a.requests, (24, 200), (8, 64), 11, poisson(40.0))
+    test_w = mixed(a.requests, (96, 480), (4, 40), 12, burst_then(15.0))
+    print(f"model: tiny ({model.num_params():,} params, float32) on CPU {platform.machine()}, "
+          f"torch {torch.__version__}; scheduler {SCHED}; {a.requests} requests per workload")
+    for threads in [int(x) for x in a.threads.split(",")]:
+        torch.set_num_threads(threads)
+        serve(model, mixed(4, (8, 16), (2, 4), 0, poisson(100.0)), **SCHED)        # warm-up
+        fit_tr, _, _ = serve(model, fit_w, **SCHED)
+        test_tr, _, _ = serve(model, test_w, **SCHED)
+        print(f"\nthreads {threads}: fit run {len(fit_tr.steps)} steps, predict run {len(test_tr.steps)} steps")
+        print(f"  {'model':9} {'R^2':>6} {'in-sample TTFT/E2E med':>24} {'predict TTFT med/p90':>22} "
+              f"{'predict E2E med/p90':>21}  steps outside the fitted range")
+        for kind in ("affine", "features"):
+            sm, rep = fit(fit_tr, kind)
+            own = errors(simulate(fit_w, SchedulerConfig(**SCHED), sm), fit_tr)
+            pred = simulate(test_w, SchedulerConfig(**SCHED), sm)
+            e = errors(pred, test_tr)
+            o = outside_range(pred, rep)
+            print(f"  {kind:9} {rep['r2']:6.3f} {100 * own['ttft_ms'][0]:10.1f}% / {100 * own['e2e_ms'][0]:5.1f}%"
+                  f"      {100 * e['ttft_ms'][0]:8.1f}% / {100 * e['ttft_ms'][1]:5.1f}%"
+                  f"    {100 * e['e2e_ms'][0]:7.1f}% / {100 * e['e2e_ms'][1]:5.1f}%"
+                  f"   {0 if o is None else o['steps']} of {len(pred.steps)}")
+            print(f"            {sm.describe()}")
+
+
+if __name__ == "__main__":
+    main()
