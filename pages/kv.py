@@ -22,6 +22,7 @@ from ui import (
 )
 
 ensure_app_frame()
+ANIMATE_REQUESTS = 64
 
 st.title("KV memory & paging")
 
@@ -107,8 +108,11 @@ st.caption(f"Prefill tokens computed: {prefill_computed:,} of {prompt_total:,} p
            f"after preemption).")
 
 with st.expander("Blocks filling token by token (animation)", expanded=True):
-    anim = paging_animation_view(tr, int(block_size))
-    if anim is None:
+    anim = paging_animation_view(tr, int(block_size)) if len(w) <= ANIMATE_REQUESTS else None
+    if len(w) > ANIMATE_REQUESTS:
+        st.info(f"The animation draws one row per request: it is for workloads of at most {ANIMATE_REQUESTS} "
+                "requests (shared system prompt, chapter31, burst5). The occupancy heatmap above covers this one.")
+    elif anim is None:
         st.info("This run has no KV block events to animate.")
     else:
         pf, fig = anim
