@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.blockframes import PagingFrames
-from core.figures import BLUE, GRAY, ORANGE, PALETTE, SKY, base_layout
+from core.figures import BLUE, GRAY, ORANGE, PALETTE, SKY, base_layout, wrap_title
 from core.slots import HELD, PREFILL, SlotGrid, step_story
 from core.tiles import TileStep, unscaled
 
@@ -58,9 +58,9 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "l
     heights = [g.seats + 1.6 for _, g, _ in grids]
     fig = make_subplots(rows=rows, cols=1, vertical_spacing=0.1 if rows > 1 else 0.0,
                         row_heights=[h / sum(heights) for h in heights],
-                        subplot_titles=[f"{label}: {g.total_steps} steps, "
-                                        f"{g.idle_fraction():.0%} of seat-steps idle"
-                                        + (f" (first {len(g.steps)} shown)" if g.truncated else "")
+                        subplot_titles=[wrap_title(f"{label}: {g.total_steps} steps, "
+                                                   f"{g.idle_fraction():.0%} of seat-steps idle"
+                                                   + (f" (first {len(g.steps)} shown)" if g.truncated else ""), 40)
                                         for label, g, _ in grids])
     ncol = len(PALETTE) - 2          # no gray or black: those mean idle
     scale = [x for i in range(ncol) for x in ([i / ncol, PALETTE[i]], [(i + 1) / ncol, PALETTE[i]])]
@@ -132,10 +132,11 @@ def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
     width = 8 if nb <= 64 else 16
     prow = -(-nb // width)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.56, 0.44], horizontal_spacing=0.08,
-                        subplot_titles=["Logical blocks of each request (shade: tokens stored)",
-                                        "Pool: " + " ".join(
-                                            f'<span style="color:{c}">■</span> {n}' for n, c in
-                                            zip(("free", "cached", "owned", "shared"), STATE_COLORS))])
+                        subplot_titles=["Logical blocks per request<br>(shade: tokens stored)",
+                                        "Pool: " + "<br>".join(" ".join(
+                                            f'<span style="color:{c}">■</span> {n}' for n, c in pair) for pair in
+                                            (tuple(zip(("free", "cached"), STATE_COLORS[:2])),
+                                             tuple(zip(("owned", "shared"), STATE_COLORS[2:]))))])
 
     def logical(f):
         b, n = pf.block[f], pf.fill[f]
@@ -180,8 +181,8 @@ def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
     fig.frames = frames
     height = int(min(900, 200 + 30 * max(rows + 1, prow)))
     base_layout(fig, height=height)
-    fig.update_layout(margin=dict(l=10, r=10, t=70, b=90))
-    fig.update_annotations(yshift=8)          # subplot titles clear of the top row
+    fig.update_layout(margin=dict(l=10, r=10, t=90, b=90))
+    fig.update_annotations(yshift=8)          # subplot titles (two lines) clear of the top row
     return play_controls(fig, [str(f) for f in range(F)], label="frame ", y=-0.12)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from core.figures import BLUE, VERMILLION, base_layout
+from core.figures import BLUE, VERMILLION, base_layout, log_ticks
 from core.tiles import TileStep, hbm_traffic_bytes
 
 
@@ -24,11 +24,15 @@ def online_softmax_figure(steps: list[TileStep], upto: int, full_value: float, w
                          hovertemplate="%{x}: %{y:.4f} of the total<extra></extra>"), row=1, col=1)
     fig.add_trace(go.Scatter(x=list(range(len(outs))), y=outs, mode="lines+markers", name="running output",
                              hovertemplate="after tile %{x}: %{y:.6f}<extra></extra>"), row=1, col=2)
+    # each label on the far side of its line from the other line; the long one in two lines, so
+    # that both fit the right half of a phone-width chart
+    above = full_value >= wrong_value
     fig.add_hline(y=full_value, line_dash="dash", line_color=BLUE, row=1, col=2,
-                  annotation_text=f"full softmax {full_value:.6g}", annotation_position="top left")
+                  annotation_text=f"full softmax {full_value:.6g}",
+                  annotation_position="top left" if above else "bottom left")
     fig.add_hline(y=wrong_value, line_dash="dot", line_color=VERMILLION, row=1, col=2,
-                  annotation_text=f"average of tile averages {wrong_value:.6g} (wrong)",
-                  annotation_position="bottom left")
+                  annotation_text=f"average of tile averages<br>{wrong_value:.6g} (wrong)",
+                  annotation_position="bottom left" if above else "top left")
     fig.update_xaxes(title_text="tiles visited", row=1, col=2, range=[-0.5, len(steps) - 0.5], dtick=1)
     fig.update_layout(showlegend=False)
     return base_layout(fig, None, height=340)
@@ -73,8 +77,8 @@ def hbm_traffic_chart(seq_lens, head_dim: int, dtype_bytes: float, block_q: int,
                              hovertemplate="T=%{x}: %{y:,.1f} MiB<extra>naive</extra>"))
     fig.add_trace(go.Scatter(x=list(seq_lens), y=tiled, mode="lines+markers", name="tiled (scores on chip)",
                              hovertemplate="T=%{x}: %{y:,.1f} MiB<extra>tiled</extra>"))
-    fig.update_xaxes(type="log", title_text="sequence length")
-    fig.update_yaxes(type="log", title_text="HBM traffic per head (MiB)")
+    fig.update_xaxes(type="log", title_text="sequence length", **log_ticks(seq_lens))
+    fig.update_yaxes(type="log", title_text="HBM traffic per head (MiB)", **log_ticks(naive + tiled))
     return base_layout(fig, f"HBM traffic estimate, head dim {head_dim}, {dtype_bytes:g}-byte elements",
                        height=340)
 
@@ -97,7 +101,7 @@ def captured_tiles_figure(rows: list[dict]) -> go.Figure:
     first = key(rows[0]) if rows else None
     calls = len({key(r) for r in rows})
     rows = [r for r in rows if key(r) == first]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("running max m", "running log-sum-exp m + ln l"))
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("running max m", "log-sum-exp m + ln l"))
     by_row: dict[int, list] = {}
     for r in rows:
         for i, (m, l) in enumerate(zip(r["m"], r["l"])):
@@ -115,7 +119,5 @@ def captured_tiles_figure(rows: list[dict]) -> go.Figure:
         req, step, layer, head, q_tile = first
         title = (f"request {req}, step {step}, layer {layer}, head {head}, query tile {q_tile}"
                  + (f" (1 of {calls} kernel calls captured)" if calls > 1 else ""))
-    base_layout(fig, title, height=360)
-    # the legend to the right, clear of the two subplot titles
-    fig.update_layout(legend=dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02))
-    return fig
+    # the legend below the panels, clear of their titles (up to 16 rows: four lines on a phone)
+    return base_layout(fig, title, height=400)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from core.figures import PALETTE, base_layout
+from core.figures import PALETTE, base_layout, log_ticks
 
 PANELS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("e2e_ms", "E2E (ms)"), (None, "tokens / s"))
 
@@ -19,7 +19,8 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured
     p99 (filled) and p50 (open) latencies, output tokens/s."""
     first = next(iter(results.values()), None)
     key = "rate" if first and first["kind"] == "open" else "concurrency"
-    xlabel = "offered load (requests / s, Poisson)" if key == "rate" else "clients in a closed loop"
+    # at most ~24 characters a line: the two bottom panels' axis titles side by side fit a phone's width
+    xlabel = "offered load<br>(requests / s, Poisson)" if key == "rate" else "clients in a closed loop"
     fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in PANELS], vertical_spacing=0.16,
                         horizontal_spacing=0.08)
     for i, (label, res) in enumerate(results.items()):
@@ -73,11 +74,10 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured
                                                        "<extra></extra>"),
                               row=k // 2 + 1, col=k % 2 + 1)
     for k in range(4):
-        fig.update_xaxes(title_text=xlabel if k >= 2 else None, row=k // 2 + 1, col=k % 2 + 1)
-        if log_y and k < 3:
-            fig.update_yaxes(type="log", row=k // 2 + 1, col=k % 2 + 1)
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.12, xanchor="left", x=0))
-    base_layout(fig, None, height=620)
-    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.14, xanchor="left", x=0),
-                      margin=dict(l=10, r=10, t=40, b=10))
-    return fig
+        row, col = k // 2 + 1, k % 2 + 1
+        fig.update_xaxes(title_text=xlabel if k >= 2 else None, row=row, col=col)
+        if log_y and k < 3:   # ticks from the panel's own values, every label at full size
+            axis = "y" if k == 0 else f"y{k + 1}"
+            ys = [v for tr in fig.data if (tr.yaxis or "y") == axis for v in (tr.y if tr.y is not None else ())]
+            fig.update_yaxes(type="log", row=row, col=col, **log_ticks(ys))
+    return base_layout(fig, None, height=620)     # the legend below the panels (subplot titles above)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from core.figures import PALETTE, base_layout
+from core.figures import PALETTE, base_layout, log_ticks
 from core.kv import GPUSpec
 from core.roofline import attainable_flops
 
@@ -31,6 +31,6 @@ def roofline_chart(gpus: list[GPUSpec], points: list[tuple[str, float]]) -> go.F
                                  marker=dict(size=11, color="#000"),
                                  hovertemplate="%{text}: intensity %{x:,.0f} FLOP/B, roof %{y:.1f} TFLOP/s"
                                                "<extra></extra>"))
-    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte of weights)")
-    fig.update_yaxes(type="log", title_text="attainable TFLOP/s")
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte of weights)", **log_ticks())
+    fig.update_yaxes(type="log", title_text="attainable TFLOP/s", **log_ticks())
     return base_layout(fig, "Roofline", height=420)

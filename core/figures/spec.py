@@ -78,7 +78,8 @@ def expected_tokens_chart(alphas, max_gamma: int = 10, mark: tuple[float, int] |
         a, k = mark
         fig.add_trace(go.Scatter(x=[k], y=[spec.expected_tokens(a, k)], mode="markers", name="current",
                                  marker=dict(size=14, symbol="star", color="#000")))
-    fig.update_layout(xaxis_title="γ (draft tokens per verification)", yaxis_title="expected tokens per verification")
+    fig.update_layout(xaxis_title="γ (draft tokens per verification)",
+                      yaxis_title="expected tokens")   # short: the title says per what; fits a phone
     return base_layout(fig, "Expected tokens per target verification: (1 − α^(γ+1)) / (1 − α)", height=340)
 
 

@@ -107,7 +107,13 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
         return aggregate_timeline(schedules)
     rows = len(schedules)
     heights = [max(len(tr.requests), 1) for _, tr in schedules]
-    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.06 if rows > 1 else 0.0,
+    # one screen: rows shrink (down to 2 px, labels hidden below 12 px) rather than the figure growing
+    per_row = max(2.0, min(height_per_row, (max_height - 110 * rows) / sum(heights)))
+    height = int(min(max_height, max(260, sum(heights) * per_row + 110 * rows)))
+    # ~36 px between one schedule's last row and the next one's title, of a plot area ~170 px
+    # shorter than the figure (title, axis, legend)
+    spacing = min(36 / max(height - 170, 90), 0.5 / max(rows - 1, 1)) if rows > 1 else 0.0
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=spacing,
                         row_heights=heights, subplot_titles=[f"{label} [{tr.source}]" for label, tr in schedules])
     total_tokens = sum(len(tr.tokens) for _, tr in schedules)
     # Ticks help while they are sparse; dense ones would only hide the bars.
@@ -164,8 +170,6 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
     fig.update_xaxes(title_text="time (ms)", row=rows, col=1)
     title = "Request timelines" + ("" if draw_markers else
                                    f" (token ticks hidden: {total_tokens:,} tokens are too dense to show)")
-    # one screen: rows shrink (down to 2 px, labels hidden below 12 px) rather than the figure growing
-    per_row = max(2.0, min(height_per_row, (max_height - 110 * rows) / sum(heights)))
     if per_row < 12:
         fig.update_yaxes(showticklabels=False)
-    return base_layout(fig, title, height=int(min(max_height, max(260, sum(heights) * per_row + 110 * rows))))
+    return base_layout(fig, title, height=height)
