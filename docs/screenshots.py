@@ -121,7 +121,7 @@ def main(only: set[str] = frozenset()):
             if wanted("replay_10000_requests"):
                 # the cursor starts mid-run; its value, the timeline, batch and KV charts in one screen
                 settle(page, f"replay?tr={TRACE_10K}", url)
-                scroll_to(page, "[data-testid='stSlider']", below_px=20)
+                scroll_to(page, "[data-testid='stSlider']", below_px=-60)
                 shoot(page, "replay_10000_requests")
             for name, path, button, seconds in ANIMATIONS:
                 if wanted(name):
