@@ -307,23 +307,19 @@ def test_presentation_links_open_with_large_figure_fonts_and_the_sidebar_collaps
     page.screenshot(path=str(SHOTS / "presentation_tiles.png"))
 
 
-def test_every_page_renders_in_the_dark_theme(server):
+def test_every_page_renders_in_the_dark_theme(server, page):
     """The browser asks for dark: each page draws its first chart with no exception."""
-    from playwright.sync_api import sync_playwright
-
-    from tests.browser import CHROMIUM, CHROMIUM_ARGS
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="dark").new_page()
-            page.set_default_timeout(60_000)
-            for path, _, _ in PAGES[1:]:
-                page.goto(f"{server}/{path}")
-                wait_idle(page)
-                page.wait_for_selector(".js-plotly-plot .main-svg")
-                assert page.locator("[data-testid='stException']").count() == 0, path
-                bg = page.locator("[data-testid='stApp']").evaluate("e => getComputedStyle(e).backgroundColor")
-                rgb = [int(x) for x in re.findall(r"\d+", bg)[:3]]
-                assert sum(rgb) < 150, (path, bg)                  # a dark background
-        finally:
-            browser.close()
+    context = page.context.browser.new_context(viewport={"width": 1280, "height": 800}, color_scheme="dark")
+    try:
+        dark = context.new_page()
+        dark.set_default_timeout(60_000)
+        for path, _, _ in PAGES[1:]:
+            dark.goto(f"{server}/{path}")
+            wait_idle(dark)
+            dark.wait_for_selector(".js-plotly-plot .main-svg")
+            assert dark.locator("[data-testid='stException']").count() == 0, path
+            bg = dark.locator("[data-testid='stApp']").evaluate("e => getComputedStyle(e).backgroundColor")
+            rgb = [int(x) for x in re.findall(r"\d+", bg)[:3]]
+            assert sum(rgb) < 150, (path, bg)                  # a dark background
+    finally:
+        context.close()
