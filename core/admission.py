@@ -5,7 +5,7 @@ Rules (each off by default; SchedulerConfig holds the switches):
   front. "priority" (vLLM's semantics): lower `priority` first, then earlier arrival, then
   workload order; a preempted request re-enters by the same key, and the victim of a
   preemption is the running request with the highest (priority, arrival).
-- kv_watermark w: a request is admitted only if ceil(w x pool) blocks stay free after it
+- kv_watermark w: a request is admitted only if floor(w x pool) blocks stay free after it
   (running requests may still grow into them), so a burst of admissions cannot leave the
   running ones without room and force preemptions at once.
 - queue_limit n: after each step's admissions at most n requests wait; the newest ones
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
 from collections import deque
 
 import numpy as np
@@ -78,7 +77,7 @@ def abort_entry(r, i: int) -> tuple | None:
 
 
 def watermark_blocks(cfg, num_blocks: int) -> int:
-    return math.ceil(cfg.kv_watermark * num_blocks) if cfg.kv_watermark else 0
+    return int(cfg.kv_watermark * num_blocks)   # rounded down, as vLLM and Vidur do
 
 
 def too_big(cfg, prompt: int, output: int, num_blocks: int) -> str | None:

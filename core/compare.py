@@ -3,8 +3,9 @@ traces of the same workload side by side.
 
 Policies: "serial", "static" and "continuous" are `SchedulerConfig.policy`; "chunked" is
 continuous batching with chunked prefill, so its chunk size is passed explicitly and the
-other policies compute each prompt in one step. Token counts named `emitted` are tokens a
-run produced; `max_output_tokens` is what a request asked for.
+other policies compute each prompt in one step, except the named ones (core.policies):
+"sarathi" takes the same chunk size as its step budget, "vllm-v1" chunks by the budget.
+Token counts named `emitted` are tokens a run produced; `max_output_tokens` is what a request asked for.
 """
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ from core.stepmodel import StepModel
 from core.trace import Trace
 
 POLICY_LABELS = {"serial": "serial", "static": "static", "continuous": "continuous",
-                 "chunked": "continuous + chunked prefill"}
+                 "chunked": "continuous + chunked prefill",
+                 "vllm-v1": "vLLM V1 (chunked by the budget)", "vllm-v0": "vLLM V0 (prefill-first)",
+                 "orca": "Orca (whole prompts)", "sarathi": "Sarathi-Serve (stall-free chunks)"}
+GENERIC_POLICIES = ("serial", "static", "continuous", "chunked")
+TAKES_CHUNK = ("chunked", "sarathi")    # the policies the `chunk` argument applies to
 
 
 def policy_config(policy: str, config: SchedulerConfig, chunk: int | None = None) -> SchedulerConfig:
@@ -34,8 +39,8 @@ def policy_config(policy: str, config: SchedulerConfig, chunk: int | None = None
                           "not in the shared scheduler options")
     if policy == "chunked" and chunk is None:
         raise ConfigError("chunk: the 'chunked' policy needs a chunk size")
-    chunked = policy == "chunked"
-    return dataclasses.replace(config, policy="continuous" if chunked else policy, chunk=chunk if chunked else None)
+    return dataclasses.replace(config, policy="continuous" if policy == "chunked" else policy,
+                               chunk=chunk if policy in TAKES_CHUNK else None)
 
 
 def run_policies(workload, policies: list[str], config: SchedulerConfig, step_model: StepModel,

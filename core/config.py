@@ -22,7 +22,11 @@ from dataclasses import MISSING, dataclass, field
 
 from core.errors import ConfigError
 
-POLICIES = ("serial", "static", "continuous")
+# Batching policies (core.policies has each one's rules): the generic three, and four named
+# after the systems whose schedulers they follow.
+POLICIES = ("serial", "static", "continuous", "vllm-v1", "vllm-v0", "orca", "sarathi")
+SARATHI_CHUNK = 512          # sarathi's token budget per step when no chunk is given (Vidur's default)
+VLLM_V0_WATERMARK = 0.01     # vllm-v0's free-block watermark when none is given (vLLM's default)
 SCHEDULING_POLICIES = ("fcfs", "priority")
 BIG = 1 << 62  # "no limit" for budgets and seats
 
@@ -64,12 +68,14 @@ def check_number(obj, *names, minimum=0.0, positive=False):
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    policy: str = opt("continuous", "serial: one request at a time; static: fixed cohorts; "
-                      "continuous: iteration-level refill", choices=POLICIES)
+    policy: str = opt("continuous", "serial: one request at a time; static: fixed cohorts; continuous: "
+                      "iteration-level refill; vllm-v1, vllm-v0, orca, sarathi: those systems' batching "
+                      "rules (see Batching policies)", choices=POLICIES)
     max_seqs: int | None = opt(None, "running sequences at most (default: no limit; serial: 1)", minimum=1)
     token_budget: int | None = opt(None, "tokens computed per step, prefill + decode (default: no limit)",
                                    minimum=1)
-    chunk: int | None = opt(None, "chunked prefill: prompt tokens per request per step (default: off)", minimum=1)
+    chunk: int | None = opt(None, "chunked prefill: prompt tokens per request per step (default: off; vllm-v1: "
+                            "the token budget; sarathi: 512, and the step's token budget)", minimum=1)
     block_size: int = opt(16, "tokens per KV block", minimum=1)
     kv_blocks: int | None = opt(None, "KV pool size in blocks (default: enough for every request at once)",
                                 minimum=1)
@@ -77,8 +83,9 @@ class SchedulerConfig:
     scheduling_policy: str = opt("fcfs", "order of the waiting queue: fcfs (arrival order) or priority (lower "
                                  "`priority` first, then arrival; preemption takes the lowest priority)",
                                  choices=SCHEDULING_POLICIES)
-    kv_watermark: float = opt(0.0, "admit a request only if this fraction of the KV pool stays free (vLLM's "
-                              "watermark; running requests may still use it)", minimum=0)
+    kv_watermark: float | None = opt(None, "admit a request only if this fraction of the KV pool stays free "
+                                     "(vLLM's watermark; running requests may still use it; default: 0, "
+                                     "vllm-v0: 0.01)", minimum=0)
     queue_limit: int | None = opt(None, "waiting-queue bound: after each step's admissions, requests beyond it "
                                   "that never ran are rejected, newest first (default: no bound)", minimum=0)
     max_model_len: int | None = opt(None, "context budget: a request whose prompt + output tokens exceed it, or "
@@ -91,6 +98,17 @@ class SchedulerConfig:
         if self.policy not in POLICIES:
             raise ConfigError(f"policy: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
         check_positive_int(self, "max_seqs", "token_budget", "chunk", "kv_blocks")
+        # the named policies' settings, made explicit here so a trace records what ran
+        if self.policy in ("vllm-v0", "orca") and self.chunk is not None:
+            raise ConfigError(f"chunk: the {self.policy} policy computes each prompt in one step (no chunked "
+                              f"prefill); leave chunk unset, or use vllm-v1, sarathi or continuous")
+        if self.policy == "vllm-v1" and self.chunk is None:
+            self.chunk = self.token_budget
+        if self.policy == "sarathi":
+            self.chunk = self.chunk or SARATHI_CHUNK
+            self.token_budget = self.chunk if self.token_budget is None else min(self.token_budget, self.chunk)
+        if self.kv_watermark is None:
+            self.kv_watermark = VLLM_V0_WATERMARK if self.policy == "vllm-v0" else 0.0
         check_positive_int(self, "block_size", optional=False)
         if isinstance(self.spec_gamma, bool) or not isinstance(self.spec_gamma, int) or self.spec_gamma < 0:
             raise ConfigError(f"spec_gamma: expected an integer >= 0, got {self.spec_gamma!r}")

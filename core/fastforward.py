@@ -38,10 +38,10 @@ def fast_forward(sched: Scheduler, batch: Batch, durations, min_steps: int = 3) 
     arrivals_by_step = np.zeros(K, dtype=np.int64)
     if nxt < sched.n:
         # Arrivals join the queue at each step start; they can only be admitted if the
-        # queue was empty and a seat is free (continuous), so the run must stop there.
+        # queue was empty and a seat is free (any policy but static), so the run must stop there.
         pending = sched.arrival[nxt:]
         arrivals_by_step = np.searchsorted(pending, starts, side="right")
-        if cfg.policy == "continuous" and len(run) < cfg.seats and not sched.waiting:
+        if cfg.policy != "static" and len(run) < cfg.seats and not sched.waiting:
             K = min(K, int(np.searchsorted(starts, pending[0], side="left")))
     # KV: a request needs a new block at step j >= 1 when its position c + j starts a block.
     bs = cfg.block_size

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.compare import POLICY_LABELS
+from core.compare import GENERIC_POLICIES, POLICY_LABELS
 from core.config import SchedulerConfig, from_dict
 from core.errors import ConfigError, InputError, WorkloadError
 from core.paging import BlockManager
@@ -63,7 +63,7 @@ class SchedulePreset:
                 **{f"StepModel.{k}": getattr(sm, k) for k in self.step_model}}
 
 
-ALL_POLICIES = tuple(POLICY_LABELS)
+ALL_POLICIES = GENERIC_POLICIES
 _NO_LIMITS = dict(max_seqs=None, token_budget=None, kv_blocks=None)
 # The chapter's affine model: 20 ms a step + 20 ms per prefill token + 20 ms per decoding sequence.
 _CHAPTER_STEPS = dict(kind="affine", step_ms=10.0, base_ms=20.0, prefill_ms_per_token=20.0, decode_ms_per_seq=20.0)

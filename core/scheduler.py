@@ -30,12 +30,12 @@ admission and finishing touch Python per request."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from enum import IntEnum
 
 import numpy as np
 
 from core import admission as adm
+from core import policies
+from core.batch import DONE, NOT_ARRIVED, RUNNING, WAITING, Batch, RequestState  # noqa: F401  (re-exported)
 from core.config import BIG, POLICIES, SchedulerConfig  # noqa: F401  (re-exported)
 from core.errors import ConfigError
 from core.fastforward import fast_forward as _fast_forward
@@ -43,44 +43,6 @@ from core.fastforward import plan_steady
 from core.paging import BlockManager
 from core.steplog import BatchPart, FinishRecord, PreemptRecord, StepLog, StepOutput, StepRecord, TokenPart
 from core.workload import Request, Workload
-
-
-@dataclass(slots=True)
-class Batch:
-    step: int
-    t_ms: float                 # step start
-    reqs: np.ndarray            # request indices, batch order
-    num_tokens: np.ndarray      # tokens computed for each this step
-    start_pos: np.ndarray       # first position written (tokens already cached)
-    is_prefill: np.ndarray      # False: a one-token decode after at least one emission
-    emits: np.ndarray | None = None  # the step completes everything known (a token is due); None: compute
-    counts: tuple[int, int] | None = None  # (prefill tokens, decode seqs) when the scheduler knows them
-
-    @property
-    def prefill_tokens(self) -> int:
-        if self.counts is not None:
-            return self.counts[0]
-        return int(np.add.reduce(self.num_tokens, where=self.is_prefill))
-
-    @property
-    def decode_seqs(self) -> int:
-        if self.counts is not None:
-            return self.counts[1]
-        return len(self.is_prefill) - int(np.count_nonzero(self.is_prefill))
-
-    @property
-    def total_tokens(self) -> int:
-        return int(self.num_tokens.sum())
-
-
-class RequestState(IntEnum):
-    NOT_ARRIVED = 0
-    WAITING = 1
-    RUNNING = 2
-    DONE = 3      # finished, aborted or rejected
-
-
-NOT_ARRIVED, WAITING, RUNNING, DONE = (int(s) for s in RequestState)  # plain ints for the int8 state array
 
 
 class Scheduler:
@@ -234,11 +196,8 @@ class Scheduler:
             # proposing past the request's output length.
             room = self.out_len[run] - emitted - 1
             want = want + np.where(is_decode, np.minimum(self.cfg.spec_gamma, room), 0)
-        if int(want.sum()) <= budget:
-            n = want
-        else:  # oldest first: each request takes what the budget has left after those before it
-            before = np.cumsum(want) - want
-            n = np.minimum(np.maximum(budget - before, 0), want)
+        n = want if int(want.sum()) <= budget else policies.budget_shares(
+            want, budget, is_decode, self.cfg.policy == "sarathi")
         bs = self.cfg.block_size
         need = (computed + n + (bs - 1)) // bs - self.nblocks[run]
         return n, need, is_decode, pending
@@ -249,9 +208,14 @@ class Scheduler:
         bm.now_ms = now_ms
         self._abort_due(now_ms)
         budget = cfg.token_budget if cfg.token_budget is not None else BIG
-        bs = cfg.block_size
+        if cfg.policy == "vllm-v0" and self.waiting:   # a step of new prompts when any can join
+            batch = policies.prefill_only_batch(self, now_ms, budget)
+            if batch is not None:
+                return self._planned(batch, joined=True)
         run = self.run
-        cohort_open = cfg.policy == "continuous" or len(run) == 0
+        # who may join in this step: static, only into an empty batch; vllm-v0, only in a step of
+        # prompts alone (above)
+        cohort_open = cfg.policy != "vllm-v0" and (cfg.policy != "static" or len(run) == 0)
         preempted = False
         # The steady state (every running request decodes, a few may be mid-prefill): planned
         # without the general path's per-request work; None: plan in full
@@ -286,38 +250,10 @@ class Scheduler:
             n = pending = np.empty(0, dtype=np.int64)
             is_decode = np.empty(0, dtype=bool)
         used = int(n.sum())
-        new_reqs, new_n, new_pending, new_start = [], [], [], []
+        new_reqs = new_n = new_pending = new_start = ()
         if cohort_open and not preempted:
-            seats = cfg.seats - len(run)
-            while self.waiting and seats > 0 and budget - used > 0:
-                r = self.waiting[0]
-                total = int(self.prompt_len[r] + self.emitted[r])  # tokens to (re)compute
-                known = self.token_ids[r]
-                hits = bm.match_prefix(known, self.salt[r], max_tokens=total - 1) if known else []
-                cached = len(hits) * bs
-                todo = total - cached
-                take = min(todo, cfg.chunk or todo, budget - used)
-                if cfg.chunk is None and take < todo:
-                    break  # the whole prompt must fit in this step's budget
-                cost = bm.admission_cost(hits, cached + take) if hits else -(-(cached + take) // bs)
-                if cost > bm.num_free - self._wm:
-                    break  # no skipping ahead of the head of the queue
-                self.waiting.popleft()
-                bm.admit(r, hits, self.salt[r])
-                bm.grow(r, cached + take)
-                self.computed[r] = cached
-                self.nblocks[r] = len(bm.tables[r])
-                self.state[r] = RUNNING
-                self._ran.add(r)
-                new_reqs.append(r)
-                new_n.append(take)
-                new_pending.append(todo)
-                new_start.append(cached)
-                used += take
-                seats -= 1
-        for i in adm.over_bound(cfg, self.waiting, self._ran):   # queue_limit
-            self.waiting.remove(i)
-            self._finish_failed(i, now_ms, adm.REJECTED)
+            new_reqs, new_n, new_pending, new_start, used = policies.admit_waiting(self, budget, used, len(run))
+        self.reject_over_bound(now_ms)
         if steady is not None:  # the running requests, then the admitted prefills: no entry is idle
             m0 = len(start)
             if new_reqs:
@@ -339,10 +275,18 @@ class Scheduler:
             batch = self._general_batch(run, n, pending, is_decode, new_reqs, new_n, new_pending, now_ms)
             if batch is None:
                 return None
-        free = bm.num_free
-        self._pending_step = (len(self.run), len(self.waiting), bm.num_blocks - free, free)
-        self._quiet = not new_reqs and not preempted  # nothing joined or left the running set
+        return self._planned(batch, joined=bool(new_reqs) or preempted)
+
+    def _planned(self, batch: Batch, joined: bool) -> Batch:
+        free = self.bm.num_free
+        self._pending_step = (len(self.run), len(self.waiting), self.bm.num_blocks - free, free)
+        self._quiet = not joined  # nothing joined or left the running set
         return batch
+
+    def reject_over_bound(self, now_ms: float):
+        for i in adm.over_bound(self.cfg, self.waiting, self._ran):   # queue_limit
+            self.waiting.remove(i)
+            self._finish_failed(i, now_ms, adm.REJECTED)
 
     def _const(self, kind: str, k: int) -> np.ndarray:
         """k ones (int64), True or False: read-only views of one array per kind."""

@@ -63,7 +63,8 @@ with st.sidebar:
                         default=["continuous", "chunked"], **bound("ld_pol"))
     max_seqs = st.number_input("Max running sequences (0 = no limit)", 0, 4096, 32, **bound("ld_ms"))
     budget = st.number_input("Token budget per step (0 = no limit)", 0, 1_000_000, 8192, **bound("ld_tb"))
-    chunk = st.number_input("Chunk size (chunked prefill)", 1, 1_000_000, 512, **bound("ld_ch"))
+    chunk = st.number_input("Chunk size (chunked prefill)", 1, 1_000_000, 512, **bound("ld_ch"),
+                            help="prompt tokens per request per step of 'chunked'; the step budget of 'sarathi'")
     kv_blocks = st.number_input("KV blocks (0 = enough for all)", 0, 1_000_000, 0, **bound("ld_kb"))
     st.subheader("Step model (affine)")
     base = st.number_input("base ms per step", 0.0, 1e6, 5.0, **bound("ld_base"))

@@ -2,7 +2,7 @@
 import pandas as pd
 import streamlit as st
 
-from core.compare import POLICY_LABELS, fixed_window
+from core.compare import GENERIC_POLICIES, POLICY_LABELS, fixed_window
 from core.config import SchedulerConfig
 from core.errors import InputError
 from core.scenarios import (
@@ -91,11 +91,13 @@ with st.sidebar:
     st.subheader("Scheduler")
     # Chapter 31 opens on its two given schedules; the simulated ones are one click away
     policies = st.pills("Policies (simulated)", list(POLICY_LABELS), selection_mode="multi",
-                        default=[] if scenario == "chapter31" else list(POLICY_LABELS),
-                        help="chunked = continuous batching with chunked prefill", **bound("pol"))
+                        default=[] if scenario == "chapter31" else list(GENERIC_POLICIES),
+                        help="chunked = continuous batching with chunked prefill; vllm-v1, vllm-v0, orca, "
+                             "sarathi follow those systems' batching rules (docs/configuration.md)", **bound("pol"))
     max_seqs = st.number_input("Max running sequences (0 = no limit)", 0, 4096, 0, **bound("ms"))
     budget = st.number_input("Token budget per step (0 = no limit)", 0, 1_000_000, 0, **bound("tb"))
-    chunk = st.number_input("Chunk size (chunked prefill)", 1, 1_000_000, 2, **bound("ch"))
+    chunk = st.number_input("Chunk size (chunked prefill)", 1, 1_000_000, 2, **bound("ch"),
+                            help="prompt tokens per request per step of 'chunked'; the step budget of 'sarathi'")
     kv_blocks = st.number_input("KV blocks (0 = enough for all)", 0, 1_000_000, 0, **bound("kb"))
     block_size = st.number_input("Block size (tokens)", 1, 1024, 16, **bound("bs"))
     step_model = step_model_controls()

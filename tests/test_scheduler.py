@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core import loop
-from core.config import SchedulerConfig
+from core.config import POLICIES, SchedulerConfig
 from core.errors import ConfigError
 from core.metrics import conservation
 from core.scheduler import Scheduler
@@ -188,7 +188,7 @@ def test_matches_reference_simulator(rows, policy, slots):
 # ---- properties of any simulated run -----------------------------------------------------
 
 configs = st.fixed_dictionaries({
-    "policy": st.sampled_from(["serial", "static", "continuous"]),
+    "policy": st.sampled_from(POLICIES),
     "max_seqs": st.one_of(st.none(), st.integers(1, 6)),
     "token_budget": st.one_of(st.none(), st.integers(8, 64)),
     "chunk": st.one_of(st.none(), st.integers(1, 16)),
@@ -207,7 +207,9 @@ configs = st.fixed_dictionaries({
 @settings(max_examples=150, deadline=None)
 def test_simulation_invariants(rows, cfg, model):
     cfg = dict(cfg)
-    if cfg["chunk"] is None and cfg["token_budget"] is not None:
+    if cfg["policy"] in ("vllm-v0", "orca"):
+        cfg["chunk"] = None          # these compute whole prompts
+    if cfg["chunk"] is None and cfg["token_budget"] is not None and cfg["policy"] not in ("vllm-v1", "sarathi"):
         cfg["token_budget"] = max(cfg["token_budget"], 24)  # every prompt must fit unchunked
     if cfg["kv_blocks"] is not None:
         worst = max(-(-(p + o - 1) // cfg["block_size"]) for _, p, o, _, _ in rows)
@@ -267,8 +269,9 @@ def fully_planned(w, config, model, created):
         Scheduler.decode_fast_path = True
 
 
-@pytest.mark.parametrize("kv_blocks", [None, 250])
-def test_shortcuts_change_nothing_under_load(kv_blocks):
+@pytest.mark.parametrize("policy,kv_blocks", [("continuous", None), ("continuous", 250), ("vllm-v1", 250),
+                                               ("vllm-v0", None), ("vllm-v0", 250), ("orca", 250), ("sarathi", 250)])
+def test_shortcuts_change_nothing_under_load(policy, kv_blocks):
     # Overloaded: seats stay full, a request finishes and another is admitted nearly every
     # step, so the decode fast path carries most steps; with 250 blocks requests are also
     # preempted and recomputed.
@@ -276,8 +279,8 @@ def test_shortcuts_change_nothing_under_load(kv_blocks):
     n = 400
     w = make_workload([(f"q{i}", float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(
         np.cumsum(rng.exponential(2.0, n)), rng.integers(1, 300, n), rng.integers(1, 120, n)))])
-    config = SchedulerConfig("continuous", max_seqs=32, token_budget=512, chunk=256, block_size=16,
-                             kv_blocks=kv_blocks)
+    config = SchedulerConfig(policy, max_seqs=32, token_budget=512, block_size=16, kv_blocks=kv_blocks,
+                             chunk=256 if policy in ("continuous", "sarathi") else None)
     model = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.01, decode_ms_per_seq=0.05)
     tr = simulate(w, config, model)
     assert (tr.meta["stats"]["preemptions"] > 0) == (kv_blocks is not None)
