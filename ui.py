@@ -491,6 +491,33 @@ def cached_prediction(trace: Trace) -> Trace:
     return _predicted(trace)[1]
 
 
+@st.cache_resource(show_spinner="Fitting a step model to the requests' TTFT and E2E…", max_entries=8,
+                   hash_funcs=HASH_FUNCS)
+def _request_predicted(trace: Trace, config: SchedulerConfig, send_times_known: bool):
+    from core.reqfit import fit_from_requests
+    from core.simulate import simulate
+    sm, report = fit_from_requests(trace, config, send_times_known=send_times_known)
+    pred = simulate(trace.workload(), config, sm, label=f"predicted for {trace.label}", created="(app)",
+                    record_kv=False)
+    return trace, pred, report
+
+
+def cached_request_prediction(trace: Trace, config: SchedulerConfig, send_times_known: bool) -> tuple[Trace, dict]:
+    """core.reqfit: (predicted trace, fit report), once per trace and settings."""
+    return _request_predicted(trace, config, send_times_known)[1:]
+
+
+@st.cache_resource(show_spinner="Fitting and predicting…", max_entries=8, hash_funcs=HASH_FUNCS)
+def _fidelity(trace: Trace, model: str, fit_on: Trace | None):
+    from core.fidelity import how_good
+    return trace, fit_on, how_good(trace, model, fit_on)
+
+
+def cached_fidelity(trace: Trace, model: str, fit_on: Trace | None):
+    """core.fidelity.how_good, once per (trace, model, fit-on trace)."""
+    return _fidelity(trace, model, fit_on)[2]
+
+
 @st.cache_resource(show_spinner=False)
 def _bundled_traces() -> dict[str, Trace]:
     out = {}

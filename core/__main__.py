@@ -65,13 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--workers", type=_positive_int, help="processes to run points in (default: one per CPU)")
     w.add_argument("--json", action="store_true", help="print one JSON object")
 
-    f = sub.add_parser("fit", help="fit a step model to a trace's step events; write it as a model file")
-    f.add_argument("trace", help="a trace with step and batch events (simulated or measured)")
-    f.add_argument("--model", choices=("affine", "features"), default="features",
+    f = sub.add_parser("fit", help="fit a step model to a trace's step events (or, --from-requests, to its "
+                                   "per-request TTFT and E2E); write it as a model file")
+    f.add_argument("trace", help="a trace with step and batch events (simulated or measured); with --from-requests "
+                                 "also a trace without them or a vLLM/SGLang result JSON with send times")
+    f.add_argument("--model", choices=("affine", "features"),
                    help="affine: base + prefill tokens + decoding sequences; features: also attended positions of "
-                        "prefill and decode, and prefill pieces (default features)")
+                        "prefill and decode, and prefill pieces (default features; with --from-requests affine)")
     f.add_argument("--out", metavar="MODEL.json", help="write the model file (for --step-model-file)")
     f.add_argument("--json", action="store_true", help="print one JSON object")
+    f.add_argument("--from-requests", action="store_true",
+                   help="fit an affine model to the requests' measured TTFT and E2E by simulating the workload under "
+                        "the engine's scheduler settings (the flags below; default policy vllm-v1) instead of to "
+                        "step events (core.reqfit)")
+    f.add_argument("--search-rounds", type=_positive_int, default=15,
+                   help="--from-requests: rounds of the global search, 18 simulations each (default 15)")
+    add_flags(f.add_argument_group("the engine's scheduler settings (with --from-requests)"), SchedulerConfig,
+              defaults={"policy": "vllm-v1"})
 
     e = sub.add_parser("export", help="convert a trace: Chrome/Perfetto JSON, per-request CSV, JSON, Parquet")
     e.add_argument("trace", help=f"serving-trace/1 or a vLLM/SGLang result JSON; {gz}")
@@ -116,9 +126,30 @@ def cmd_fit(a) -> int:
         check_writable(a.out, "--out")
     tr = _read(a.trace)
     from core.trace import Imported
+    if a.from_requests:
+        from core.reqfit import fit_from_requests
+        if isinstance(tr, Imported) and tr.trace is None:
+            raise InputError(f"{a.trace}: the file has only summary numbers, no per-request measurements to fit")
+        sm, report = fit_from_requests(tr.trace if isinstance(tr, Imported) else tr, from_args(SchedulerConfig, a),
+                                       a.model or "affine", search_rounds=a.search_rounds,
+                                       send_times_known=not (isinstance(tr, Imported) and tr.aligned_at_zero))
+        if a.out:
+            write_output(a.out, lambda p: save(p, sm, report), "--out")
+        if a.json:
+            print(json.dumps({"step_model": sm.to_dict(), "fit": report}, allow_nan=False))
+            return 0
+        e = report["error"]
+        print(f"{a.trace}: {report['requests']:,} requests, {report['simulations']} simulations; {sm.describe()}")
+        print(f"fit ({report['scheduler']['policy']}): per-request |error| TTFT p50 {e['ttft_ms']['p50']:.1%}, "
+              f"p90 {e['ttft_ms']['p90']:.1%}; E2E p50 {e['e2e_ms']['p50']:.1%}, p90 {e['e2e_ms']['p90']:.1%}"
+              )
+        if a.out:
+            print(f"wrote {a.out}")
+        return 0
     if isinstance(tr, Imported):
-        raise InputError(f"{a.trace}: an engine's result file has no step events to fit a step model to")
-    sm, report = fit(tr, a.model)
+        raise InputError(f"{a.trace}: an engine's result file has no step events to fit a step model to; "
+                         f"--from-requests fits one to its per-request TTFT and E2E")
+    sm, report = fit(tr, a.model or "features")
     if a.out:
         write_output(a.out, lambda p: save(p, sm, report), "--out")
     if a.json:

@@ -99,12 +99,17 @@ def trace_features(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return steps[has], X[has], st["dur_ms"].to_numpy(dtype=float)[has]
 
 
-def fit(trace, model: str = "features") -> tuple[StepModel, dict]:
-    """A step model fitted to the trace's step durations and its fit report."""
+def fit(trace, model: str = "features", until_ms: float | None = None) -> tuple[StepModel, dict]:
+    """A step model fitted to the trace's step durations (`until_ms`: only the steps that
+    start before it) and its fit report."""
     from scipy.optimize import nnls
     if model not in MODELS:
         raise ConfigError(f"model: expected one of {', '.join(MODELS)}, got {model!r}")
     steps, X, y = trace_features(trace)
+    if until_ms is not None:
+        t = trace.steps.set_index("step")["t_ms"].reindex(steps).to_numpy(dtype=float)
+        keep = t < until_ms
+        steps, X, y = steps[keep], X[keep], y[keep]
     if len(y) < MIN_STEPS:
         raise ConfigError(f"fit: the trace needs step events with batch composition (at least {MIN_STEPS} steps, "
                           f"has {len(y)})")
@@ -130,8 +135,13 @@ def fit(trace, model: str = "features") -> tuple[StepModel, dict]:
               "r2": 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else None,
               "residual_ms": {f"p{q}": float(np.percentile(np.abs(res), q)) for q in (50, 90, 99)},
               "relative_error": {f"p{q}": float(np.percentile(rel, q)) for q in (50, 90)},
-              "range": {f: [float(X[:, i].min()), float(X[:, i].max())] for i, f in enumerate(FEATURES) if i}}
+              "range": feature_range(X)}
     return sm, report
+
+
+def feature_range(X: np.ndarray) -> dict:
+    """{feature: [min, max]} over the steps' feature rows (trace_features), the constant left out."""
+    return {f: [float(X[:, i].min()), float(X[:, i].max())] for i, f in enumerate(FEATURES) if i}
 
 
 def outside_range(trace, report: dict) -> dict | None:

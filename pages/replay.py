@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from core.compare import compare_table, workload_differences
+from core.config import POLICIES, SchedulerConfig
 from core.cursor import advance, requests_near, step_at, step_cursor, subset, time_range
 from core.errors import InputError
 from core.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, with_run_metadata
@@ -18,12 +19,15 @@ from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
 from core.figures.timeline import schedule_timeline
 from core.speculative import acceptance_by_position
+from core.stepfit import MIN_STEPS, describe_outside
 from core.trace import file_summary_comparison, file_window_comparison
 from ui import (
     UPLOAD_LIMIT_MB,
     bound,
     cached_block_states,
+    cached_fidelity,
     cached_prediction,
+    cached_request_prediction,
     derived,
     ensure_app_frame,
     fmt_ms,
@@ -45,6 +49,7 @@ st.caption("Open a trace — bundled, captured by the runner, written by hand, o
 
 files = replay_trace_files()
 UPLOAD = "Upload a file…"
+FIRST_HALF = "this run's first half (forward in time)"
 choice = st.selectbox("Trace", list(files) + [UPLOAD], **bound("tr"))
 
 
@@ -287,13 +292,35 @@ def predict():
 if len(tr.steps) >= 3:
     st.button("Predict this trace with the simulator (step model fitted to its step durations)",
               on_click=predict, key="rp_predict")
+    engine_settings = None
+else:   # no step events: fit to the requests' TTFT and E2E under the engine's settings as stated
+    with st.expander("Predict from the requests' TTFT and E2E (no step events): the engine's scheduler settings"):
+        st.caption("The simulator replays this workload (send times, prompt and output lengths) under these "
+                   "settings and fits an affine step time to the measured TTFT and E2E (core/reqfit.py).")
+        e1, e2, e3, e4, e5 = st.columns(5)
+        engine_settings = dict(
+            policy=e1.selectbox("Policy", POLICIES, index=POLICIES.index("vllm-v1"), key="rp_rf_policy"),
+            max_seqs=e2.number_input("max_num_seqs", 1, 1_000_000, 256, key="rp_rf_ms"),
+            token_budget=e3.number_input("max_num_batched_tokens", 1, 10_000_000, 2048, key="rp_rf_tb"),
+            block_size=e4.number_input("block_size", 1, 4096, 16, key="rp_rf_bs"),
+            kv_blocks=e5.number_input("KV blocks (0 = enough)", 0, 100_000_000, 0, key="rp_rf_kb") or None)
+        st.button("Fit and predict", on_click=predict, key="rp_predict_requests")
 other_choice = st.selectbox("Compare with", ["(none)", PREDICT] + list(files) + [UPLOAD], **bound("rp_cmp"))
 if other_choice != "(none)":
     if other_choice == PREDICT:
         try:
-            other, other_label = cached_prediction(tr), "predicted (simulated)"
-            sm = other.meta["step_model"]["description"]
-            st.caption(f"Prediction: core simulator, {sm}.")
+            if engine_settings is None:
+                other = cached_prediction(tr)
+                st.caption(f"Prediction: core simulator, {other.meta['step_model']['description']}.")
+            else:
+                other, rep = cached_request_prediction(tr, SchedulerConfig(**engine_settings),
+                                                       not (imp is not None and imp.aligned_at_zero))
+                e = rep["error"]
+                st.caption(f"Prediction: core simulator ({rep['scheduler']['policy']}), "
+                           f"{other.meta['step_model']['description']}, fitted to {rep['requests']} requests' "
+                           f"TTFT and E2E in {rep['simulations']} simulations; in-sample per-request error "
+                           f"TTFT p50 {e['ttft_ms']['p50']:.1%}, E2E p50 {e['e2e_ms']['p50']:.1%}.")
+            other_label = "predicted (simulated)"
         except InputError as e:
             st.error(f"Cannot predict: {md(e)}")
             st.stop()
@@ -314,3 +341,45 @@ if other_choice != "(none)":
         show_chart(cdf_figure({this_label: ma[key], other_label: mb[key]}, metric), key=f"rp_cdf_{key}", where=col)
     if len(tr.requests) <= 60 and len(other.requests) <= 60:
         show_chart(schedule_timeline([(this_label, tr), (other_label, other)]), key="rp_both")
+
+# ---- how good is the simulator? ------------------------------------------------------------------
+if len(tr.steps) >= MIN_STEPS:
+    st.header("How good is the simulator?")
+    st.caption("Fit a step model on part of this run (or on another run), predict the whole run with the core "
+               "scheduler under this trace's own settings, and compare request by request: error = |predicted − "
+               "measured| / measured (core/fidelity.py).")
+    with_steps = [f for f in files if f != choice]
+    f1, f2 = st.columns(2)
+    fit_choice = f1.selectbox("Fit on", [FIRST_HALF] + with_steps, key="rp_fid_on")
+    fid_model = f2.segmented_control("Step model", ["affine", "features"], default="features", required=True,
+                                     key="rp_fid_model")
+    fit_tr = None
+    if fit_choice != FIRST_HALF:
+        fit_tr, _, _ = get_trace(fit_choice, "rp_fid")
+    try:
+        fid = cached_fidelity(tr, fid_model, fit_tr)
+    except InputError as e:
+        st.error(f"Cannot test the simulator on this: {md(e)}")
+        st.stop()
+    r2 = fid.fit_report.get("r2")
+    st.caption(f"Fitted on {md(fid.fit_on)}: {fid.step_model.describe()}"
+               + ("" if r2 is None else f" (R² {r2:.3f} on the fitted steps)") + ". Predicted numbers: simulated.")
+    summ = fid.summary()
+    show_table(summ, hide_index=True, key="rp_fid_summary",
+               column_config={c: st.column_config.NumberColumn(format="percent")
+                              for c in ("median error", "p90 error", "max error")})
+    held = fid.requests[fid.requests["held_out"]] if fid.requests["held_out"].any() else fid.requests
+    which = "held-out" if fid.requests["held_out"].any() else "all"
+    c1, c2 = st.columns(2)
+    for col, key, name in ((c1, "ttft_ms", "TTFT"), (c2, "e2e_ms", "E2E")):
+        show_chart(cdf_figure({f"{which} requests": 100 * held[f"{key}_error"]}, f"{name} error", unit="%"),
+                   key=f"rp_fid_cdf_{key}", where=col)
+    if fid.outside:
+        st.warning(f"{md(describe_outside(fid.outside))}: the prediction extrapolates there.")
+    else:
+        st.caption("Every predicted step lies inside the range the model was fitted on.")
+    st.subheader("The requests it misses most")
+    show_table(fid.worst(10), hide_index=True, key="rp_fid_worst",
+               column_config={c: st.column_config.NumberColumn(format="percent")
+                              for c in ("ttft_ms_error", "e2e_ms_error")})
+

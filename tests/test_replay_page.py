@@ -103,8 +103,8 @@ def test_compare_caching_on_off_and_predict():
     on, off = table.columns[0], table.columns[1]
     assert table.loc["TTFT mean (ms)", on] < table.loc["TTFT mean (ms)", off]   # caching saves prefill
     assert not at.warning                                                       # same workload
-    cdfs = [f for f in charts(at) if "CDF" in ((f["layout"].get("title") or {}).get("text", ""))]
-    assert len(cdfs) == 3
+    titles = [(f["layout"].get("title") or {}).get("text", "") for f in charts(at)]
+    assert len([t for t in titles if "CDF" in t and "error" not in t]) == 3
     at.button(key="rp_predict").click().run()
     assert at.selectbox(key="rp_cmp").value == "Predicted by the simulator"
     assert any("Prediction: core simulator, affine" in c.value for c in at.caption)
@@ -124,6 +124,38 @@ def test_measured_trace_shows_device_and_predicts():
     table = [d.value for d in at.dataframe if "difference" in d.value.columns][0]
     assert table.columns[2] == "predicted (simulated)"
     assert not at.warning                                              # same workload on both sides
+
+
+def test_how_good_is_the_simulator_on_a_measured_run():
+    at = replay({"tr": "shared_prefix_measured_cpu.json.gz"})
+    assert "How good is the simulator?" in [h.value for h in at.header]
+    summary = [d.value for d in at.dataframe if "median error" in d.value.columns][0]
+    assert set(summary["requests"]) == {"held out", "in sample"} and set(summary["metric"]) == {"TTFT", "E2E"}
+    # the held-out requests' errors: |predicted - measured| / measured from the worst-requests table
+    worst = [d.value for d in at.dataframe if "e2e_ms_error" in d.value.columns][0]
+    assert worst["held_out"].all()
+    got = (worst["e2e_ms_predicted"] - worst["e2e_ms_measured"]).abs() / worst["e2e_ms_measured"]
+    assert ((got - worst["e2e_ms_error"]).abs() < 1e-12).all()
+    assert summary.loc[(summary["requests"] == "held out") & (summary["metric"] == "E2E"), "max error"].item() \
+        == pytest.approx(worst["e2e_ms_error"].max())
+    titles = [(f["layout"].get("title") or {}).get("text", "") for f in charts(at)]
+    assert "TTFT error CDF" in titles and "E2E error CDF" in titles
+    at.segmented_control(key="rp_fid_model").set_value("affine").run()
+    assert not at.exception and any("affine:" in c.value for c in at.caption if "Fitted on" in c.value)
+
+
+def test_an_engines_result_file_is_predicted_from_its_requests():
+    at = replay({"tr": "vllm_cpu_tiny_burst64.json"})
+    assert "How good is the simulator?" not in [h.value for h in at.header]    # no step events
+    at.number_input(key="rp_rf_ms").set_value(16)
+    at.number_input(key="rp_rf_bs").set_value(128)
+    at.button(key="rp_predict_requests").click().run()
+    assert not at.exception and not at.error
+    assert at.selectbox(key="rp_cmp").value == "Predicted by the simulator"
+    cap = [c.value for c in at.caption if c.value.startswith("Prediction: core simulator (vllm-v1)")]
+    assert cap and "fitted to 64 requests" in cap[0]
+    table = [d.value for d in at.dataframe if "difference" in d.value.columns][0]
+    assert table.columns[2] == "predicted (simulated)"
 
 
 def growing(path, n):
