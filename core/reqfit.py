@@ -2,18 +2,20 @@
 SGLang benchmark result with send times, a load generator's capture), find the step time
 under which the simulator, replaying the measured workload (send times, prompt and output
 lengths) through the engine's stated scheduler settings, reproduces each request's measured
-TTFT and E2E best (least squares of the relative errors, so a long request does not outweigh
-a short one).
+TTFT and E2E best: the loss is the mean squared log ratio predicted / measured of each (a
+relative error, so a long request does not outweigh a short one, and symmetric: twice too
+slow costs what half too fast does).
 
 Method: first a global search (scipy.optimize.differential_evolution) over the affine
 coefficients, since the loss is rough (a small change of step time reorders who is batched
-with whom, and each request's latency jumps); then a polish by linear fits: for a given
+with whom, and each request's latency jumps), refined by Nelder-Mead; then a polish by linear
+fits, which also sets the features model's other coefficients: for a given
 schedule, every step's end is the
 start of its busy period (an arrival the engine was idle for) plus the sum of the durations
 of the steps before it in that period, and a duration is linear in the step model's
 coefficients (core.stepmodel.FEATURES). So each request's predicted TTFT and E2E are linear
-in the coefficients, and non-negative least squares (scipy.optimize.nnls) gives the best
-coefficients for that schedule. Simulating with them may change the schedule (who is batched
+in the coefficients, and non-negative least squares (scipy.optimize.nnls) of the relative errors (to first order the
+log ratios) gives the best coefficients for that schedule. Simulating with them may change the schedule (who is batched
 with whom, where the engine idles), so the step towards them is damped (Gauss-Newton with a
 backtracking line search): it is taken only as far as the actual simulation's loss falls, and
 the iteration stops when no step helps or the coefficients stop moving. Each try is one
@@ -126,7 +128,9 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
         sim = simulate(workload, config, _model(model, c), record_kv=False)
         p = request_metrics(sim).set_index("id").loc[ids]
         pt, pe = p["ttft_ms"].to_numpy(dtype=float), p["e2e_ms"].to_numpy(dtype=float)
-        return sim, float(np.mean(((pt - ttft) / ttft) ** 2) + np.mean(((pe - e2e) / e2e) ** 2))
+        if not (np.all(pt > 0) and np.all(pe > 0)):
+            return sim, np.inf
+        return sim, float(np.mean(np.log(pt / ttft) ** 2) + np.mean(np.log(pe / e2e) ** 2))
 
     def linear_fit(sim):
         a_t, d_t, a_e, d_e = _linearised(sim, ids, arrival, cols)
@@ -147,9 +151,14 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
     found = differential_evolution(lambda x: evaluate(np.r_[np.exp(x), np.zeros(len(FEATURES) - 3)])[1],
                                    [(v - np.log(30.0), v + np.log(30.0)) for v in x0], popsize=search_size,
                                    maxiter=search_rounds, tol=1e-10, seed=0, polish=False, init="sobol")
-    coef = np.r_[np.exp(found.x), np.zeros(len(FEATURES) - 3)]
+    from scipy.optimize import minimize
+    local = minimize(lambda x: evaluate(np.r_[np.exp(x), np.zeros(len(FEATURES) - 3)])[1], found.x,
+                     method="Nelder-Mead", options={"maxfev": 150, "xatol": 1e-4, "fatol": 1e-9,
+                                                    "initial_simplex": np.vstack([found.x] + [
+                                                        found.x + 0.2 * np.eye(3)[i] for i in range(3)])})
+    coef = np.r_[np.exp(local.x), np.zeros(len(FEATURES) - 3)]
     sim, loss = evaluate(coef)
-    sims, iterations = int(found.nfev) + 1, 0
+    sims, iterations = int(found.nfev) + int(local.nfev) + 1, 0
     while iterations < max_iter:
         iterations += 1
         target = linear_fit(sim)
