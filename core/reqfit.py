@@ -87,53 +87,71 @@ def errors(predicted, measured) -> dict:
     return out
 
 
+class _Run:
+    """One measured run: its workload and the requests' measured TTFT and E2E."""
+
+    def __init__(self, trace):
+        self.trace = trace
+        self.workload = trace.workload()
+        if len(self.workload) > MAX_REQUESTS:
+            raise ConfigError(f"fit: {len(self.workload):,} requests; a request-level fit simulates the whole workload "
+                              f"per iteration and takes at most {MAX_REQUESTS:,}")
+        m, ok = _measured(trace)
+        self.m, self.ok = m, ok
+        self.ids = m["id"].to_numpy()[ok]
+        self.arrival = m["arrival_ms"].to_numpy(dtype=float)[ok]
+        self.ttft, self.e2e = m["ttft_ms"].to_numpy(dtype=float)[ok], m["e2e_ms"].to_numpy(dtype=float)[ok]
+        self.out_tokens = m["output_tokens"].to_numpy()[ok]
+
+
 def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max_iter: int = 30,
                       search_size: int = 6, search_rounds: int = 15,
                       send_times_known: bool = True) -> tuple[StepModel, dict]:
     """A step model (`model`: "affine" or "features") under which simulating `trace`'s workload
     with `config` best reproduces its per-request TTFT and E2E, and a report (iterations,
-    error percentiles, the fitted batches' range). `search_size` x 3 candidates for up to
-    `search_rounds` rounds of the global search. `send_times_known` False: an imported file
-    without send times (refused). Raises ConfigError when the trace cannot be fitted this way."""
-    from scipy.optimize import nnls
+    error percentiles, the fitted batches' range). `trace` may be a list of runs of the same
+    engine (different workloads or loads): they are fitted together, every request counting
+    once, which separates costs that one run alone cannot (a run that always decodes at the
+    same batch size cannot tell a step's base cost from its per-sequence cost). `search_size`
+    x 3 candidates for up to `search_rounds` rounds of the global search. `send_times_known`
+    False: an imported file without send times (refused). Raises ConfigError when the runs
+    cannot be fitted this way."""
+    from scipy.optimize import differential_evolution, minimize, nnls
     if model not in MODELS:
         raise ConfigError(f"model: expected one of {', '.join(MODELS)}, got {model!r}")
     if not send_times_known:
         raise ConfigError("fit: the file has no send times (every request starts at its own 0), so the load the "
                           "engine saw is unknown; a request-level fit needs start_times")
-    workload = trace.workload()
-    n = len(workload)
-    if n > MAX_REQUESTS:
-        raise ConfigError(f"fit: {n:,} requests; a request-level fit simulates the whole workload per iteration and "
-                          f"takes at most {MAX_REQUESTS:,}")
-    m, ok = _measured(trace)
-    if int(ok.sum()) < MIN_REQUESTS:
-        raise ConfigError(f"fit: needs at least {MIN_REQUESTS} completed requests with TTFT and E2E, "
-                          f"has {int(ok.sum())}")
-    ids = m["id"].to_numpy()[ok]
-    arrival = m["arrival_ms"].to_numpy(dtype=float)[ok]
-    ttft, e2e = m["ttft_ms"].to_numpy(dtype=float)[ok], m["e2e_ms"].to_numpy(dtype=float)[ok]
+    runs = [_Run(t) for t in (trace if isinstance(trace, (list, tuple)) else [trace])]
+    if not runs:
+        raise ConfigError("fit: no runs given")
+    n_ok = sum(int(r.ok.sum()) for r in runs)
+    if n_ok < MIN_REQUESTS:
+        raise ConfigError(f"fit: needs at least {MIN_REQUESTS} completed requests with TTFT and E2E, has {n_ok}")
+    ttft, e2e = np.concatenate([r.ttft for r in runs]), np.concatenate([r.e2e for r in runs])
     cols = [FEATURES.index(f) for f in MODELS[model]]
 
     # a start from the data: a decode step ~ the median gap between tokens, split between the
     # step's base and its sequences; a prompt token ~ what the median TTFT leaves over a step
-    out_tokens = m["output_tokens"].to_numpy()[ok]
+    out_tokens = np.concatenate([r.out_tokens for r in runs])
     many = out_tokens > 1
     step = float(np.median((e2e - ttft)[many] / (out_tokens[many] - 1))) if many.any() else float(np.median(ttft)) / 4
     coef = np.zeros(len(FEATURES))
-    prompt = max(float(np.median(workload.prompt_tokens)), 1.0)
+    prompt = max(float(np.median(np.concatenate([r.workload.prompt_tokens for r in runs]))), 1.0)
     coef[0], coef[1], coef[2] = step / 2, float(np.median(ttft)) / prompt / 2, step / 16
 
     def evaluate(c):
-        sim = simulate(workload, config, _model(model, c), record_kv=False)
-        p = request_metrics(sim).set_index("id").loc[ids]
-        pt, pe = p["ttft_ms"].to_numpy(dtype=float), p["e2e_ms"].to_numpy(dtype=float)
+        sims = [simulate(r.workload, config, _model(model, c), record_kv=False) for r in runs]
+        p = [request_metrics(sim).set_index("id").loc[r.ids] for sim, r in zip(sims, runs)]
+        pt = np.concatenate([q["ttft_ms"].to_numpy(dtype=float) for q in p])
+        pe = np.concatenate([q["e2e_ms"].to_numpy(dtype=float) for q in p])
         if not (np.all(pt > 0) and np.all(pe > 0)):
-            return sim, np.inf
-        return sim, float(np.mean(np.log(pt / ttft) ** 2) + np.mean(np.log(pe / e2e) ** 2))
+            return sims, np.inf
+        return sims, float(np.mean(np.log(pt / ttft) ** 2) + np.mean(np.log(pe / e2e) ** 2))
 
-    def linear_fit(sim):
-        a_t, d_t, a_e, d_e = _linearised(sim, ids, arrival, cols)
+    def linear_fit(sims):
+        parts = [_linearised(sim, r.ids, r.arrival, cols) for sim, r in zip(sims, runs)]
+        a_t, d_t, a_e, d_e = (np.concatenate([p[i] for p in parts]) for i in range(4))
         A = np.vstack([a_t / ttft[:, None], a_e / e2e[:, None]])
         b = np.r_[(ttft - d_t) / ttft, (e2e - d_e) / e2e]
         scale = np.linalg.norm(A, axis=0)
@@ -145,43 +163,46 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
 
     # 1. a global search over the three affine coefficients (log scale, a factor of 30 either way
     # of the start): the loss is rough, since a small change of step time reorders who is batched
-    # with whom; 2. Gauss-Newton from the best point found, over all of the model's coefficients
-    from scipy.optimize import differential_evolution
+    # with whom; then Nelder-Mead from its best point; 2. Gauss-Newton from there, over all of
+    # the model's coefficients
+    def affine_loss(x):
+        return evaluate(np.r_[np.exp(x), np.zeros(len(FEATURES) - 3)])[1]
     x0 = np.log(np.maximum(coef[:3], FLOOR_MS))
-    found = differential_evolution(lambda x: evaluate(np.r_[np.exp(x), np.zeros(len(FEATURES) - 3)])[1],
-                                   [(v - np.log(30.0), v + np.log(30.0)) for v in x0], popsize=search_size,
-                                   maxiter=search_rounds, tol=1e-10, seed=0, polish=False, init="sobol")
-    from scipy.optimize import minimize
-    local = minimize(lambda x: evaluate(np.r_[np.exp(x), np.zeros(len(FEATURES) - 3)])[1], found.x,
-                     method="Nelder-Mead", options={"maxfev": 150, "xatol": 1e-4, "fatol": 1e-9,
-                                                    "initial_simplex": np.vstack([found.x] + [
-                                                        found.x + 0.2 * np.eye(3)[i] for i in range(3)])})
+    found = differential_evolution(affine_loss, [(v - np.log(30.0), v + np.log(30.0)) for v in x0],
+                                   popsize=search_size, maxiter=search_rounds, tol=1e-10, seed=0, polish=False,
+                                   init="sobol")
+    local = minimize(affine_loss, found.x, method="Nelder-Mead",
+                     options={"maxfev": 150, "xatol": 1e-4, "fatol": 1e-9,
+                              "initial_simplex": np.vstack([found.x] + [found.x + 0.2 * np.eye(3)[i]
+                                                                          for i in range(3)])})
     coef = np.r_[np.exp(local.x), np.zeros(len(FEATURES) - 3)]
-    sim, loss = evaluate(coef)
-    sims, iterations = int(found.nfev) + int(local.nfev) + 1, 0
+    sims, loss = evaluate(coef)
+    evaluations, iterations = int(found.nfev) + int(local.nfev) + 1, 0
     while iterations < max_iter:
         iterations += 1
-        target = linear_fit(sim)
+        target = linear_fit(sims)
         for alpha in 0.5 ** np.arange(11):          # damped: the actual loss must fall
             cand = coef + alpha * (target - coef)
             if cand[0] <= 0 and cand[2] <= 0 and cand[4] <= 0:  # a decode step must take time
                 cand[0] = FLOOR_MS
-            cand_sim, cand_loss = evaluate(cand)
-            sims += 1
+            cand_sims, cand_loss = evaluate(cand)
+            evaluations += 1
             if cand_loss < loss:
                 break
         else:
             break                                           # no step along the fit helps: done
         moved = float(np.max(np.abs(cand - coef) / np.maximum(np.abs(coef), 1e-9)))
-        coef, sim, loss = cand, cand_sim, cand_loss
+        coef, sims, loss = cand, cand_sims, cand_loss
         if moved < 1e-6 or loss < 1e-20:
             break
     sm = _model(model, coef)
-    e = errors(sim, trace)
-    _, X, _ = trace_features(sim)
-    report = {"trace": trace.label, "model": model, "fitted_on": "requests", "requests": int(ok.sum()),
-              "iterations": iterations, "simulations": sims, "loss": loss, "scheduler": config.to_dict(),
+    errs = [errors(sim, r.trace) for sim, r in zip(sims, runs)]
+    e = {k: np.concatenate([x[k] for x in errs]) for k in ("ttft_ms", "e2e_ms")}
+    X = np.vstack([trace_features(sim)[1] for sim in sims])
+    report = {"trace": " + ".join(r.trace.label for r in runs), "model": model, "fitted_on": "requests",
+              "runs": len(runs), "requests": n_ok, "iterations": iterations,
+              "simulations": evaluations * len(runs), "loss": loss, "scheduler": config.to_dict(),
               "error": {k: {f"p{q}": float(np.percentile(v, q)) for q in (50, 90)} for k, v in e.items() if len(v)},
-              # the batches of the best fit's simulated schedule: what the coefficients were fitted on
+              # the batches of the best fit's simulated schedules: what the coefficients were fitted on
               "range": feature_range(X) if len(X) else {}}
     return sm, report
