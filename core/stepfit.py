@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from core.config import from_dict
 from core.errors import ConfigError
@@ -163,6 +164,28 @@ def outside_range(trace, report: dict) -> dict | None:
             out_any |= bad
             feats[f] = [float(X[:, i].min()), float(X[:, i].max()), lo, hi]
     return {"steps": int(out_any.sum()), "of": int(len(X)), "features": feats} if out_any.any() else None
+
+
+def outside_steps(trace, report: dict) -> pd.DataFrame:
+    """The trace's steps outside the fitted range: step, start ms, and each feature's value,
+    with the features out of range named per step."""
+    rng = report.get("range") or {}
+    steps, X, _ = trace_features(trace)
+    if not len(X) or not rng:
+        return pd.DataFrame()
+    bad = np.zeros(X.shape, dtype=bool)
+    for i, f in enumerate(FEATURES):
+        if f in rng:
+            lo, hi = rng[f]
+            bad[:, i] = (X[:, i] < lo - 1e-9) | (X[:, i] > hi + 1e-9)
+    rows = bad.any(axis=1)
+    t = trace.steps.set_index("step")["t_ms"].reindex(steps[rows]).to_numpy()
+    out = pd.DataFrame({"step": steps[rows], "t_ms": t})
+    for i, f in enumerate(FEATURES):
+        if i:
+            out[f] = X[rows, i]
+    out["outside"] = [", ".join(f for i, f in enumerate(FEATURES) if b[i]) for b in bad[rows]]
+    return out
 
 
 def describe_outside(o: dict) -> str:

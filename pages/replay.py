@@ -19,7 +19,7 @@ from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
 from core.figures.timeline import schedule_timeline
 from core.speculative import acceptance_by_position
-from core.stepfit import MIN_STEPS, describe_outside
+from core.stepfit import MIN_STEPS, describe_outside, outside_steps
 from core.trace import file_summary_comparison, file_window_comparison
 from ui import (
     UPLOAD_LIMIT_MB,
@@ -376,6 +376,8 @@ if len(tr.steps) >= MIN_STEPS:
                    key=f"rp_fid_cdf_{key}", where=col)
     if fid.outside:
         st.warning(f"{md(describe_outside(fid.outside))}: the prediction extrapolates there.")
+        with st.expander("The predicted steps outside the fitted range"):
+            show_table(outside_steps(fid.predicted, fid.fit_report), hide_index=True, key="rp_fid_outside")
     else:
         st.caption("Every predicted step lies inside the range the model was fitted on.")
     st.subheader("The requests it misses most")

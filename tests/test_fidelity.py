@@ -97,3 +97,27 @@ def test_the_command_line_fits_an_engines_result_file_from_its_requests(tmp_path
     no_send_times = ROOT / "data" / "imports" / "vllm_example_result.json"
     assert main(["fit", str(no_send_times), "--from-requests"]) != 0
     assert "no send times" in capsys.readouterr().err
+
+
+def test_the_steps_outside_the_fitted_range_are_listed():
+    # fitted on light traffic (one short prompt at a time), priced on a burst of long prompts
+    rng = np.random.default_rng(1)
+    light = Workload([Request(f"a{i}", i * 50.0, int(rng.integers(1, 50)), 5) for i in range(30)])
+    burst = Workload([Request(f"b{i}", 0.0, int(rng.integers(100, 400)), 5) for i in range(30)])
+    cfg = SchedulerConfig("continuous", max_seqs=8, token_budget=512, chunk=128)
+    from core.stepfit import fit, outside_range, outside_steps
+    sm, report = fit(simulate(light, cfg, TRUE_AFFINE), "affine")
+    pred = simulate(burst, cfg, sm)
+    listed = outside_steps(pred, report)
+    assert len(listed) == outside_range(pred, report)["steps"] > 0
+    for _, row in listed.iterrows():
+        for f in row["outside"].split(", "):
+            lo, hi = report["range"][f]
+            assert not lo <= row[f] <= hi, (row["step"], f)
+    # and every step not listed is inside the range on every feature
+    from core.stepfit import trace_features
+    from core.stepmodel import FEATURES
+    steps, X, _ = trace_features(pred)
+    for s, x in zip(steps, X):
+        if s not in set(listed["step"]):
+            assert all(report["range"][f][0] <= x[i] <= report["range"][f][1] for i, f in enumerate(FEATURES) if i)
