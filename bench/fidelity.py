@@ -5,8 +5,9 @@ and E2E with that workload's captured run (issue 15's first target).
     python -m bench.fidelity [--threads 1,2] [--requests 48]
 
 Workloads (prompt ids from the bundled corpus, greedy decoding on the bundled tiny model):
-  fit:     Poisson arrivals at 80 req/s, prompts 16-768 tokens, outputs 4-64 (a wide mix and a
-           queue, so that its batches span nearly the range the other workload reaches);
+  fit:     Poisson arrivals at 80 req/s, prompts 16-64 or 512-768 tokens (bimodal: context
+           length varies independently of batch size), outputs 4-64 (a queue, so that its
+           batches span nearly the range the other workload reaches);
   predict: a burst of half the requests at t = 0, the rest at 15 req/s, prompts 96-480,
            outputs 4-40 (another mix and another arrival process).
 Scheduler: continuous, 16 sequences, 1,024-token budget, chunk 256, block size 16. Before the
@@ -41,7 +42,8 @@ def mixed(n, prompt, output, seed, arrivals):
     rng = np.random.default_rng(seed)
     reqs = []
     for i, t in enumerate(arrivals(rng, n)):
-        p = int(rng.integers(*prompt))
+        lo_hi = prompt[int(rng.integers(len(prompt)))] if isinstance(prompt, list) else prompt   # a mix of ranges
+        p = int(rng.integers(*lo_hi))
         s = int(rng.integers(0, len(CORPUS) - p))
         reqs.append(Request(f"r{i}", float(t), p, int(rng.integers(*output)), prompt_ids=tuple(CORPUS[s:s + p])))
     return Workload(reqs)
@@ -73,7 +75,7 @@ def main():
     ap.add_argument("--requests", type=int, default=48)
     a = ap.parse_args()
     model = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
-    fit_w = mixed(a.requests, (16, 768), (4, 64), 11, poisson(80.0))
+    fit_w = mixed(a.requests, [(16, 64), (512, 768)], (4, 64), 11, poisson(80.0))
     test_w = mixed(a.requests, (96, 480), (4, 40), 12, burst_then(15.0))
     print(f"model: tiny ({model.num_params():,} params, float32) on CPU {platform.machine()}, "
           f"torch {torch.__version__}; scheduler {SCHED}; {a.requests} requests per workload")
