@@ -348,9 +348,10 @@ if len(tr.steps) >= MIN_STEPS:
     st.caption("Fit a step model on part of this run (or on another run), predict the whole run with the core "
                "scheduler under this trace's own settings, and compare request by request: error = |predicted − "
                "measured| / measured (core/fidelity.py).")
-    with_steps = [f for f in files if f != choice]
+    others = [f for f in files if f != choice]
     f1, f2 = st.columns(2)
-    fit_choice = f1.selectbox("Fit on", [FIRST_HALF] + with_steps, key="rp_fid_on")
+    fit_choice = f1.selectbox("Fit on", [FIRST_HALF] + others, key="rp_fid_on",
+                              help="another run needs step events (a runner capture or a simulation)")
     fid_model = f2.segmented_control("Step model", ["affine", "features"], default="features", required=True,
                                      key="rp_fid_model")
     fit_tr = None
