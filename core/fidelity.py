@@ -16,6 +16,7 @@ fitted on (core.stepfit.outside_range): where they leave it, the step times are 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -24,7 +25,7 @@ from core.errors import ConfigError
 from core.metrics import first_scheduled_ms, request_metrics
 from core.predict import scheduler_options
 from core.simulate import simulate
-from core.stepfit import MIN_STEPS, fit, outside_range
+from core.stepfit import MIN_STEPS, fit, outside_range, outside_steps
 from core.stepmodel import StepModel
 from core.trace import Trace
 
@@ -39,6 +40,11 @@ class Fidelity:
     requests: pd.DataFrame       # per request: id, prompt/output tokens, held_out, measured/predicted/error per metric
     outside: dict | None         # the prediction's steps outside the fitted range (core.stepfit.outside_range)
     predicted: Trace
+
+    @cached_property
+    def outside_table(self) -> pd.DataFrame:
+        """The predicted steps outside the fitted range (core.stepfit.outside_steps), computed once."""
+        return outside_steps(self.predicted, self.fit_report) if self.outside else pd.DataFrame()
 
     def summary(self) -> pd.DataFrame:
         """Median, p90 and max error per metric, for held-out and in-sample requests."""

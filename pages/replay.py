@@ -19,7 +19,7 @@ from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
 from core.figures.timeline import schedule_timeline
 from core.speculative import acceptance_by_position
-from core.stepfit import MIN_STEPS, describe_outside, outside_steps
+from core.stepfit import MIN_STEPS, describe_outside
 from core.trace import file_summary_comparison, file_window_comparison
 from ui import (
     UPLOAD_LIMIT_MB,
@@ -50,6 +50,7 @@ st.caption("Open a trace — bundled, captured by the runner, written by hand, o
 files = replay_trace_files()
 UPLOAD = "Upload a file…"
 FIRST_HALF = "this run's first half (forward in time)"
+FIDELITY_AUTO_REQUESTS = 2000   # above: "How good is the simulator?" runs when asked
 choice = st.selectbox("Trace", list(files) + [UPLOAD], **bound("tr"))
 
 
@@ -357,6 +358,11 @@ if len(tr.steps) >= MIN_STEPS:
     fit_tr = None
     if fit_choice != FIRST_HALF:
         fit_tr, _, _ = get_trace(fit_choice, "rp_fid")
+    big = len(tr.requests) > FIDELITY_AUTO_REQUESTS
+    if big and not st.toggle("Fit and predict", value=False, key="rp_fid_run"):
+        st.caption(f"{len(tr.requests):,} requests: the check fits the run's steps and simulates the whole run "
+                   f"(seconds at this size), so it runs when you switch it on.")
+        st.stop()
     try:
         fid = cached_fidelity(tr, fid_model, fit_tr)
     except InputError as e:
@@ -378,7 +384,7 @@ if len(tr.steps) >= MIN_STEPS:
     if fid.outside:
         st.warning(f"{md(describe_outside(fid.outside))}: the prediction extrapolates there.")
         with st.expander("The predicted steps outside the fitted range"):
-            show_table(outside_steps(fid.predicted, fid.fit_report), hide_index=True, key="rp_fid_outside")
+            show_table(fid.outside_table, hide_index=True, key="rp_fid_outside")
     else:
         st.caption("Every predicted step lies inside the range the model was fitted on.")
     st.subheader("The requests it misses most")
