@@ -349,7 +349,8 @@ if len(tr.steps) >= MIN_STEPS:
     st.caption("Fit a step model on part of this run (or on another run), predict the whole run with the core "
                "scheduler under this trace's own settings, and compare request by request: error = |predicted − "
                "measured| / measured (core/fidelity.py).")
-    others = [f for f in files if f != choice]
+    # engines' result files (data/imports) never have step events to fit
+    others = [f for f, path in files.items() if f != choice and path.parent.name != "imports"]
     f1, f2 = st.columns(2)
     fit_choice = f1.selectbox("Fit on", [FIRST_HALF] + others, key="rp_fid_on",
                               help="another run needs step events (a runner capture or a simulation)")

@@ -140,6 +140,8 @@ def test_how_good_is_the_simulator_on_a_measured_run():
         == pytest.approx(worst["e2e_ms_error"].max())
     titles = [(f["layout"].get("title") or {}).get("text", "") for f in charts(at)]
     assert "TTFT error CDF" in titles and "E2E error CDF" in titles
+    fit_on = at.selectbox(key="rp_fid_on").options
+    assert "vllm_cpu_tiny_burst64.json" not in fit_on and "shared_prefix_caching_on.json.gz" in fit_on
     at.segmented_control(key="rp_fid_model").set_value("affine").run()
     assert not at.exception and any("affine:" in c.value for c in at.caption if "Fitted on" in c.value)
 
