@@ -122,10 +122,10 @@ def _warn_outside(tr, fit_report: dict):
 
 def cmd_fit(a) -> int:
     from core.stepfit import fit, save
+    from core.trace import Imported
     if a.out:
         check_writable(a.out, "--out")
     tr = _read(a.trace)
-    from core.trace import Imported
     if a.from_requests:
         from core.reqfit import fit_from_requests
         if isinstance(tr, Imported) and tr.trace is None:
@@ -133,34 +133,28 @@ def cmd_fit(a) -> int:
         sm, report = fit_from_requests(tr.trace if isinstance(tr, Imported) else tr, from_args(SchedulerConfig, a),
                                        a.model or "affine", search_rounds=a.search_rounds,
                                        send_times_known=not (isinstance(tr, Imported) and tr.aligned_at_zero))
-        if a.out:
-            write_output(a.out, lambda p: save(p, sm, report), "--out")
-        if a.json:
-            print(json.dumps({"step_model": sm.to_dict(), "fit": report}, allow_nan=False))
-            return 0
-        e = report["error"]
-        print(f"{a.trace}: {report['requests']:,} requests, {report['simulations']} simulations; {sm.describe()}")
-        print(f"fit ({report['scheduler']['policy']}): per-request |error| TTFT p50 {e['ttft_ms']['p50']:.1%}, "
-              f"p90 {e['ttft_ms']['p90']:.1%}; E2E p50 {e['e2e_ms']['p50']:.1%}, p90 {e['e2e_ms']['p90']:.1%}"
-              )
-        if a.out:
-            print(f"wrote {a.out}")
-        return 0
-    if isinstance(tr, Imported):
+    elif isinstance(tr, Imported):
         raise InputError(f"{a.trace}: an engine's result file has no step events to fit a step model to; "
                          f"--from-requests fits one to its per-request TTFT and E2E")
-    sm, report = fit(tr, a.model or "features")
+    else:
+        sm, report = fit(tr, a.model or "features")
     if a.out:
         write_output(a.out, lambda p: save(p, sm, report), "--out")
     if a.json:
         print(json.dumps({"step_model": sm.to_dict(), "fit": report}, allow_nan=False))
         return 0
-    r2 = "—" if report["r2"] is None else f"{report['r2']:.4f}"
-    print(f"{a.trace}: {report['steps']:,} steps; {sm.describe()}")
-    print(f"fit: R^2 {r2}; |residual| p50 {report['residual_ms']['p50']:.4g} ms, p90 "
-          f"{report['residual_ms']['p90']:.4g} ms, p99 {report['residual_ms']['p99']:.4g} ms; relative error p50 "
-          f"{report['relative_error']['p50']:.2%}, p90 {report['relative_error']['p90']:.2%}")
-    print("fitted range: " + ", ".join(f"{k} {lo:g}–{hi:g}" for k, (lo, hi) in report["range"].items()))
+    if a.from_requests:
+        e = report["error"]
+        print(f"{a.trace}: {report['requests']:,} requests, {report['simulations']} simulations; {sm.describe()}")
+        print(f"fit ({report['scheduler']['policy']}): per-request |error| TTFT p50 {e['ttft_ms']['p50']:.1%}, "
+              f"p90 {e['ttft_ms']['p90']:.1%}; E2E p50 {e['e2e_ms']['p50']:.1%}, p90 {e['e2e_ms']['p90']:.1%}")
+    else:
+        r2 = "—" if report["r2"] is None else f"{report['r2']:.4f}"
+        print(f"{a.trace}: {report['steps']:,} steps; {sm.describe()}")
+        print(f"fit: R^2 {r2}; |residual| p50 {report['residual_ms']['p50']:.4g} ms, p90 "
+              f"{report['residual_ms']['p90']:.4g} ms, p99 {report['residual_ms']['p99']:.4g} ms; relative error "
+              f"p50 {report['relative_error']['p50']:.2%}, p90 {report['relative_error']['p90']:.2%}")
+        print("fitted range: " + ", ".join(f"{k} {lo:g}–{hi:g}" for k, (lo, hi) in report["range"].items()))
     if a.out:
         print(f"wrote {a.out}")
     return 0

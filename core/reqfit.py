@@ -29,8 +29,8 @@ from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.metrics import request_metrics
 from core.simulate import simulate
-from core.stepfit import MODELS, feature_range, trace_features
-from core.stepmodel import FEATURE_COEFFICIENTS, FEATURES, StepModel
+from core.stepfit import MODELS, feature_range, model_of, nnls_coefficients, trace_features
+from core.stepmodel import FEATURES, StepModel
 
 MIN_REQUESTS = 4
 MAX_REQUESTS = 20_000     # each evaluation simulates them all
@@ -43,19 +43,10 @@ def _measured(trace):
     return m, ok
 
 
-def _model(kind: str, coef: np.ndarray) -> StepModel:
-    values = dict(zip(FEATURE_COEFFICIENTS, (float(c) for c in coef)))
-    if kind == "features":
-        return StepModel("features", **values)
-    return StepModel("affine", base_ms=values["base_ms"], prefill_ms_per_token=values["prefill_ms_per_token"],
-                     decode_ms_per_seq=values["decode_ms_per_seq"])
-
-
-def _linearised(sim, ids, arrival, cols):
-    """Rows A (requests x coefficients) and offsets d with TTFT = A_t c + d_t and E2E = A_e c + d_e
+def _linearised(sim, ids, arrival):
+    """Rows A (requests x FEATURES) and offsets d with TTFT = A_t c + d_t and E2E = A_e c + d_e
     for the schedule of `sim`, as long as that schedule stays."""
     _, X, _ = trace_features(sim)
-    X = X[:, cols]
     t = sim.steps["t_ms"].to_numpy(dtype=float)
     end = t + sim.steps["dur_ms"].to_numpy(dtype=float)
     new = np.r_[True, t[1:] > end[:-1] + 1e-6]            # a step after an idle wait opens a period
@@ -116,7 +107,7 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
     x 3 candidates for up to `search_rounds` rounds of the global search. `send_times_known`
     False: an imported file without send times (refused). Raises ConfigError when the runs
     cannot be fitted this way."""
-    from scipy.optimize import differential_evolution, minimize, nnls
+    from scipy.optimize import differential_evolution, minimize
     if model not in MODELS:
         raise ConfigError(f"model: expected one of {', '.join(MODELS)}, got {model!r}")
     if not send_times_known:
@@ -129,7 +120,6 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
     if n_ok < MIN_REQUESTS:
         raise ConfigError(f"fit: needs at least {MIN_REQUESTS} completed requests with TTFT and E2E, has {n_ok}")
     ttft, e2e = np.concatenate([r.ttft for r in runs]), np.concatenate([r.e2e for r in runs])
-    cols = [FEATURES.index(f) for f in MODELS[model]]
 
     # a start from the data: a decode step ~ the median gap between tokens, split between the
     # step's base and its sequences; a prompt token ~ what the median TTFT leaves over a step
@@ -141,7 +131,7 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
     coef[0], coef[1], coef[2] = step / 2, float(np.median(ttft)) / prompt / 2, step / 16
 
     def evaluate(c):
-        sims = [simulate(r.workload, config, _model(model, c), record_kv=False) for r in runs]
+        sims = [simulate(r.workload, config, model_of(model, c), record_kv=False) for r in runs]
         p = [request_metrics(sim).set_index("id").loc[r.ids] for sim, r in zip(sims, runs)]
         pt = np.concatenate([q["ttft_ms"].to_numpy(dtype=float) for q in p])
         pe = np.concatenate([q["e2e_ms"].to_numpy(dtype=float) for q in p])
@@ -150,16 +140,11 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
         return sims, float(np.mean(np.log(pt / ttft) ** 2) + np.mean(np.log(pe / e2e) ** 2))
 
     def linear_fit(sims):
-        parts = [_linearised(sim, r.ids, r.arrival, cols) for sim, r in zip(sims, runs)]
+        parts = [_linearised(sim, r.ids, r.arrival) for sim, r in zip(sims, runs)]
         a_t, d_t, a_e, d_e = (np.concatenate([p[i] for p in parts]) for i in range(4))
         A = np.vstack([a_t / ttft[:, None], a_e / e2e[:, None]])
         b = np.r_[(ttft - d_t) / ttft, (e2e - d_e) / e2e]
-        scale = np.linalg.norm(A, axis=0)
-        scale[scale == 0] = 1.0
-        sol, _ = nnls(A / scale, b)
-        out = np.zeros(len(FEATURES))
-        out[cols] = sol / scale
-        return out
+        return nnls_coefficients(A, b, model)
 
     # 1. a global search over the three affine coefficients (log scale, a factor of 30 either way
     # of the start): the loss is rough, since a small change of step time reorders who is batched
@@ -195,7 +180,7 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
         coef, sims, loss = cand, cand_sims, cand_loss
         if moved < 1e-6 or loss < 1e-20:
             break
-    sm = _model(model, coef)
+    sm = model_of(model, coef)
     errs = [errors(sim, r.trace) for sim, r in zip(sims, runs)]
     e = {k: np.concatenate([x[k] for x in errs]) for k in ("ttft_ms", "e2e_ms")}
     X = np.vstack([trace_features(sim)[1] for sim in sims])

@@ -7,13 +7,8 @@ prompt + emitted the step's last logits yield the next token (emitted += 1).
 So a fresh request emits its first token in the step that finishes its prefill, and a
 request with n output tokens needs n steps when its prefill fits in one step.
 
-Policies
-- continuous: iteration-level refill (Orca/vLLM): every step, running requests first
-  (decodes and continuing prefill chunks, oldest first), then waiting requests are
-  admitted FCFS while seats (`max_seqs`), the token budget and KV blocks allow.
-- static: fixed cohorts: waiting requests are admitted only when the running set is
-  empty; a cohort holds its seats until its last member finishes.
-- serial: one request at a time (static/continuous with max_seqs = 1).
+Policies (who joins a step and what it mixes: serial, static, continuous, vllm-v1,
+vllm-v0, orca, sarathi): core.policies, which also holds the admission loop.
 
 Limits: `max_seqs` running requests; `token_budget` tokens per step (prefill + decode);
 `chunk` = chunked prefill (at most `chunk` prompt tokens per request per step; without

@@ -103,31 +103,19 @@ def trace_features(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def fit(trace, model: str = "features", until_ms: float | None = None) -> tuple[StepModel, dict]:
     """A step model fitted to the trace's step durations (`until_ms`: only the steps that
     start before it) and its fit report."""
-    from scipy.optimize import nnls
     if model not in MODELS:
         raise ConfigError(f"model: expected one of {', '.join(MODELS)}, got {model!r}")
     steps, X, y = trace_features(trace)
     if until_ms is not None:
-        t = trace.steps.set_index("step")["t_ms"].reindex(steps).to_numpy(dtype=float)
-        keep = t < until_ms
+        keep = step_starts(trace, steps) < until_ms
         steps, X, y = steps[keep], X[keep], y[keep]
     if len(y) < MIN_STEPS:
         raise ConfigError(f"fit: the trace needs step events with batch composition (at least {MIN_STEPS} steps, "
                           f"has {len(y)})")
-    cols = [FEATURES.index(f) for f in MODELS[model]]
-    A = X[:, cols]
-    scale = np.linalg.norm(A, axis=0)
-    scale[scale == 0] = 1.0
-    coef, _ = nnls(A / scale, y)
-    coef = coef / scale
-    full = np.zeros(len(FEATURES))
-    full[cols] = coef
+    full = nnls_coefficients(X, y, model)
     if full[0] <= 0 and full[2] <= 0 and full[4] <= 0:     # a decode-only step must take time
         full[0] = max(float(np.min(y)), 1e-6)
-    values = dict(zip(FEATURE_COEFFICIENTS, full.tolist()))
-    sm = StepModel(model, **values) if model == "features" else StepModel(
-        "affine", base_ms=values["base_ms"], prefill_ms_per_token=values["prefill_ms_per_token"],
-        decode_ms_per_seq=values["decode_ms_per_seq"])
+    sm = model_of(model, full)
     pred = X @ full
     res = y - pred
     ss_tot = float(((y - y.mean()) ** 2).sum())
@@ -138,6 +126,34 @@ def fit(trace, model: str = "features", until_ms: float | None = None) -> tuple[
               "relative_error": {f"p{q}": float(np.percentile(rel, q)) for q in (50, 90)},
               "range": feature_range(X)}
     return sm, report
+
+
+def nnls_coefficients(X: np.ndarray, y: np.ndarray, model: str) -> np.ndarray:
+    """Non-negative least squares of y on the model's columns of X (columns scaled to unit
+    norm for the solver): a full coefficient vector over FEATURES, zero where the model has none."""
+    from scipy.optimize import nnls
+    cols = [FEATURES.index(f) for f in MODELS[model]]
+    A = X[:, cols]
+    scale = np.linalg.norm(A, axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(A / scale, y)
+    full = np.zeros(len(FEATURES))
+    full[cols] = coef / scale
+    return full
+
+
+def model_of(model: str, coef: np.ndarray) -> StepModel:
+    """The StepModel ("affine" or "features") with these coefficients (over FEATURES)."""
+    values = dict(zip(FEATURE_COEFFICIENTS, (float(c) for c in coef)))
+    if model == "features":
+        return StepModel("features", **values)
+    return StepModel("affine", base_ms=values["base_ms"], prefill_ms_per_token=values["prefill_ms_per_token"],
+                     decode_ms_per_seq=values["decode_ms_per_seq"])
+
+
+def step_starts(trace, steps: np.ndarray) -> np.ndarray:
+    """Start time (ms) of each of these steps."""
+    return trace.steps.set_index("step")["t_ms"].reindex(steps).to_numpy(dtype=float)
 
 
 def feature_range(X: np.ndarray) -> dict:
@@ -153,17 +169,22 @@ def outside_range(trace, report: dict) -> dict | None:
     _, X, _ = trace_features(trace)
     if not len(X) or not rng:
         return None
-    out_any = np.zeros(len(X), dtype=bool)
-    feats = {}
+    bad = _out_of_range(X, rng)
+    if not bad.any():
+        return None
+    feats = {f: [float(X[:, i].min()), float(X[:, i].max()), *rng[f]] for i, f in enumerate(FEATURES)
+             if bad[:, i].any()}
+    return {"steps": int(bad.any(axis=1).sum()), "of": int(len(X)), "features": feats}
+
+
+def _out_of_range(X: np.ndarray, rng: dict) -> np.ndarray:
+    """[steps x FEATURES]: where a step's feature lies outside the fitted [min, max]."""
+    bad = np.zeros(X.shape, dtype=bool)
     for i, f in enumerate(FEATURES):
-        if f not in rng:
-            continue
-        lo, hi = rng[f]
-        bad = (X[:, i] < lo - 1e-9) | (X[:, i] > hi + 1e-9)
-        if bad.any():
-            out_any |= bad
-            feats[f] = [float(X[:, i].min()), float(X[:, i].max()), lo, hi]
-    return {"steps": int(out_any.sum()), "of": int(len(X)), "features": feats} if out_any.any() else None
+        if f in rng:
+            lo, hi = rng[f]
+            bad[:, i] = (X[:, i] < lo - 1e-9) | (X[:, i] > hi + 1e-9)
+    return bad
 
 
 def outside_steps(trace, report: dict) -> pd.DataFrame:
@@ -173,14 +194,9 @@ def outside_steps(trace, report: dict) -> pd.DataFrame:
     steps, X, _ = trace_features(trace)
     if not len(X) or not rng:
         return pd.DataFrame()
-    bad = np.zeros(X.shape, dtype=bool)
-    for i, f in enumerate(FEATURES):
-        if f in rng:
-            lo, hi = rng[f]
-            bad[:, i] = (X[:, i] < lo - 1e-9) | (X[:, i] > hi + 1e-9)
+    bad = _out_of_range(X, rng)
     rows = bad.any(axis=1)
-    t = trace.steps.set_index("step")["t_ms"].reindex(steps[rows]).to_numpy()
-    out = pd.DataFrame({"step": steps[rows], "t_ms": t})
+    out = pd.DataFrame({"step": steps[rows], "t_ms": step_starts(trace, steps[rows])})
     for i, f in enumerate(FEATURES):
         if i:
             out[f] = X[rows, i]
