@@ -65,16 +65,24 @@ def streamlit_server(env_extra: dict | None = None):
 
 
 @contextmanager
-def browser_page():
+def launched_browser():
+    """The system Chromium under Playwright (one per test module: a second sync Playwright
+    inside a first one fails)."""
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.set_default_timeout(60_000)
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+@contextmanager
+def browser_page():
+    with launched_browser() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        yield page
 
 
 def wait_idle(page):

@@ -27,3 +27,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The app under `streamlit run` on a free loopback port, for a browser test module."""
+    from tests.browser import require_browser, streamlit_server
+    require_browser()
+    with streamlit_server() as url:
+        yield url

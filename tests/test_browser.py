@@ -16,13 +16,6 @@ PAGES = [("", "home", "Serving Explorer"), ("schedules", "schedules", "Schedules
 
 
 @pytest.fixture(scope="module")
-def server():
-    require_browser()
-    with streamlit_server() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
 def page():
     require_browser()
     with browser_page() as p:
@@ -134,7 +127,6 @@ def test_live_replay_advances_without_a_click(tmp_path, page):
     `loadgen --out` do) shows up in the page by itself within a few seconds."""
     from playwright.sync_api import expect
 
-    from tests.browser import streamlit_server
     from tests.test_replay_page import growing
     path = tmp_path / "growing.json"
     growing(path, 1)

@@ -14,7 +14,7 @@ import pytest
 from google.protobuf.message import DecodeError
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, require_browser, streamlit_server
+from tests.browser import launched_browser, require_browser
 
 pytestmark = pytest.mark.browser
 
@@ -346,22 +346,10 @@ def roundtrip(browser, user, server, case: Case):
 
 
 @pytest.fixture(scope="module")
-def server():
-    require_browser()
-    with streamlit_server() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
 def browser():
     require_browser()
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    with launched_browser() as b:
+        yield b
 
 
 @pytest.fixture(scope="module")
