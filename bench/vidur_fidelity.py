@@ -15,16 +15,24 @@ rounding in expectation (see ROUNDING_MS). Each pool size is a run: "none" = eno
 every request at once. Not run in CI (it needs the Vidur environment, bench/vidur/README.md).
 """
 import argparse
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from bench.vs_vidur import BLOCK, MAX_SEQS, REPO, STEP, TOKEN_BUDGET, run_vidur, vidur_prepare, write_workload_csv
+from bench.vs_vidur import (
+    BLOCK,
+    MAX_SEQS,
+    REPO,
+    STEP,
+    TOKEN_BUDGET,
+    run_vidur,
+    vidur_prepare,
+    work_dir,
+    write_workload_csv,
+)
 
 # Vidur looks a prefill's time up at its length rounded up to a multiple of 32 tokens: on average
 # 15.5 tokens more, 0.31 ms at 0.02 ms/token. "+rounding" adds that per prefill piece (the
@@ -81,9 +89,7 @@ def main():
     py = a.venv / "bin" / "python"
     if not py.exists():
         sys.exit(f"Vidur environment not found ({py}): see bench/vidur/README.md")
-    work = Path(tempfile.mkdtemp(prefix="vidur_fid_")) if a.keep is None else a.keep
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with work_dir(a.keep, "vidur_fid_") as work:
         vidur_prepare(py, work / "cache", work / "prepare.log")
         csv_path = work / "w.csv"
         enough = write_workload_csv(csv_path, a.requests, a.rate, a.seed)
@@ -102,11 +108,6 @@ def main():
                     o50, v50, d50, dmean, dabs = c[k]
                     print(f"{pool:>8} {policy:>16} {k[:-2].upper():>6} {o50:>10.4f} {v50:>11.4f} {d50:>+9.1%} "
                           f"{dmean:>+9.1%} {dabs:>7.1%} {c['restarts'][0]:>10} / {c['restarts'][1]}", flush=True)
-    finally:
-        if a.keep is None:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            print(f"kept in {work}")
 
 
 if __name__ == "__main__":

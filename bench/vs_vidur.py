@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench.simulate import poisson_workload
@@ -44,6 +45,20 @@ LAUNCHER = REPO / "bench" / "vidur_launch.py"
 STEP = dict(base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.05)
 MAX_SEQS, TOKEN_BUDGET, BLOCK = 256, 8192, 16
 TIME = "/usr/bin/time"
+
+
+@contextmanager
+def work_dir(keep: Path | None, prefix: str):
+    """A temporary folder removed afterwards, or `keep` (made if missing) left in place."""
+    work = Path(tempfile.mkdtemp(prefix=prefix)) if keep is None else keep
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        yield work
+    finally:
+        if keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept in {work}")
 
 
 def write_workload_csv(path: Path, n: int, rate: float, seed: int) -> int:
@@ -150,9 +165,7 @@ def main():
               f"Create it as bench/vidur/README.md says, or pass --venv.")
         skip = True
 
-    work = Path(tempfile.mkdtemp(prefix="vs_vidur_")) if a.keep is None else a.keep
-    work.mkdir(parents=True, exist_ok=True)
-    try:
+    with work_dir(a.keep, "vs_vidur_") as work:
         cache = work / "vidur_cache"
         if not skip:
             t, gb, *_ = vidur_prepare(py, cache, work / "vidur_prepare.log")
@@ -192,11 +205,6 @@ def main():
                 print(f"{f'poisson {n:,}':>16} {side:>6} {s['completed']:>8,} {s['ttft_mean_s']:>10.2f} "
                       f"{s['ttft_p50_s']:>9.2f} {s['e2e_mean_s']:>9.2f} {s['makespan_s']:>9.2f} "
                       f"{s['restarts'] if s['restarts'] is not None else '?':>9}")
-    finally:
-        if a.keep is None:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            print(f"kept in {work}")
 
 
 if __name__ == "__main__":
