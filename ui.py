@@ -496,7 +496,8 @@ def cached_prediction(trace: Trace) -> Trace:
 def _request_predicted(trace: Trace, config: SchedulerConfig, send_times_known: bool):
     from core.reqfit import fit_from_requests
     from core.simulate import simulate
-    sm, report = fit_from_requests(trace, config, send_times_known=send_times_known)
+    # (a page waits for it: ~0.1 s per simulation at 2,000 requests; larger files: python -m core fit)
+    sm, report = fit_from_requests(trace, config, send_times_known=send_times_known, max_requests=2000)
     pred = simulate(trace.workload(), config, sm, label=f"predicted for {trace.label}", created="(app)",
                     record_kv=False)
     return trace, pred, report

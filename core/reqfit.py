@@ -81,12 +81,12 @@ def errors(predicted, measured) -> dict:
 class _Run:
     """One measured run: its workload and the requests' measured TTFT and E2E."""
 
-    def __init__(self, trace):
+    def __init__(self, trace, max_requests: int):
         self.trace = trace
         self.workload = trace.workload()
-        if len(self.workload) > MAX_REQUESTS:
+        if len(self.workload) > max_requests:
             raise ConfigError(f"fit: {len(self.workload):,} requests; a request-level fit simulates the whole workload "
-                              f"per iteration and takes at most {MAX_REQUESTS:,}")
+                              f"~700 times and takes at most {max_requests:,} here")
         m, ok = _measured(trace)
         self.m, self.ok = m, ok
         self.ids = m["id"].to_numpy()[ok]
@@ -97,7 +97,7 @@ class _Run:
 
 def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max_iter: int = 30,
                       search_size: int = 6, search_rounds: int = 15,
-                      send_times_known: bool = True) -> tuple[StepModel, dict]:
+                      send_times_known: bool = True, max_requests: int = MAX_REQUESTS) -> tuple[StepModel, dict]:
     """A step model (`model`: "affine" or "features") under which simulating `trace`'s workload
     with `config` best reproduces its per-request TTFT and E2E, and a report (iterations,
     error percentiles, the fitted batches' range). `trace` may be a list of runs of the same
@@ -105,7 +105,8 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
     once, which separates costs that one run alone cannot (a run that always decodes at the
     same batch size cannot tell a step's base cost from its per-sequence cost). `search_size`
     x 3 candidates for up to `search_rounds` rounds of the global search. `send_times_known`
-    False: an imported file without send times (refused). Raises ConfigError when the runs
+    False: an imported file without send times (refused). Runs of more than `max_requests`
+    requests are refused (each simulation runs them all). Raises ConfigError when the runs
     cannot be fitted this way."""
     from scipy.optimize import differential_evolution, minimize
     if model not in MODELS:
@@ -113,7 +114,7 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
     if not send_times_known:
         raise ConfigError("fit: the file has no send times (every request starts at its own 0), so the load the "
                           "engine saw is unknown; a request-level fit needs start_times")
-    runs = [_Run(t) for t in (trace if isinstance(trace, (list, tuple)) else [trace])]
+    runs = [_Run(t, max_requests) for t in (trace if isinstance(trace, (list, tuple)) else [trace])]
     if not runs:
         raise ConfigError("fit: no runs given")
     n_ok = sum(int(r.ok.sum()) for r in runs)

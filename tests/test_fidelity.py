@@ -52,6 +52,8 @@ def test_request_level_fit_refuses_what_it_cannot_fit():
         fit_from_requests(simulate(poisson(3, 200.0, 3), CFG, TRUE_AFFINE), CFG)
     with pytest.raises(ConfigError, match="model: expected one of"):
         fit_from_requests(tr, CFG, model="cubic")
+    with pytest.raises(ConfigError, match="40 requests; .* at most 10 here"):
+        fit_from_requests(tr, CFG, max_requests=10)
 
 
 def test_held_out_prediction_is_exact_when_the_model_is_right():
