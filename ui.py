@@ -46,9 +46,11 @@ def freeze_startup_heap() -> None:
     garbage collector's reach, once per process. Streamlit runs a full collection after every
     script run (runner.postScriptGC); over the startup heap that cost ~100 ms per rerun, a
     stop-the-world pause for every other user's script thread too. Later garbage is
-    collected as before."""
+    collected as before. Also turns off numpy's huge-page advice (core.cli.no_hugepage_advice)."""
     global _HEAP_FROZEN
     if not _HEAP_FROZEN:
+        from core.cli import no_hugepage_advice
+        no_hugepage_advice()
         import core.figures  # noqa: F401  (plotly's figure classes: the largest import the pages share)
         gc.collect()
         gc.freeze()

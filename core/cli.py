@@ -19,9 +19,26 @@ def fail(msg: str) -> int:
     return 2
 
 
+def no_hugepage_advice() -> None:
+    """Stop numpy from asking the kernel for transparent huge pages on large arrays (its
+    madvise(MADV_HUGEPAGE)), unless the user set NUMPY_MADVISE_HUGEPAGE. Where the kernel's
+    THP defrag setting is "madvise" (this dev machine), every such request can compact memory
+    synchronously: a 10,000-request simulation spent 0.3 s of its ~1 s in the kernel, 0.07 s
+    without the advice (docs/benchmarks.md, round 6). Idempotent; numpy's switch is private,
+    so a numpy without it is left as it is."""
+    if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
+        return
+    import numpy as np
+    switch = getattr(getattr(np, "_core", None), "multiarray", None)
+    switch = getattr(switch, "_set_madvise_hugepage", None)
+    if switch is not None:
+        switch(False)
+
+
 def run(parser, commands: dict, argv=None) -> int:
     """Parse, dispatch to commands[args.cmd]; bad input becomes exit code 2 and one line."""
     from core.errors import InputError
+    no_hugepage_advice()
     try:
         a = parser.parse_args(argv)
         return commands[a.cmd](a)
