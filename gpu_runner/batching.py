@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpu_runner.kernels.reference import Chunk
+from gpu_runner.kernels.reference import Chunk, StepChunks
 
 
 def slots_of(table: list[int], length: int, block_size: int) -> np.ndarray:
@@ -47,7 +47,7 @@ def pack(entries, device) -> Packed:
         row += n
     flat = np.concatenate(slots) if slots else np.empty(0, dtype=np.int64)
     return Packed(torch.tensor(toks, device=device), torch.tensor(pos, device=device),
-                  torch.as_tensor(flat, device=device), chunks)
+                  torch.as_tensor(flat, device=device), StepChunks(chunks))
 
 
 def attend_with(attention, cache):
@@ -55,7 +55,7 @@ def attend_with(attention, cache):
     return lambda q, li, chunks: attention(q, cache.k[li], cache.v[li], chunks)
 
 
-def forward(model, packed: Packed, cache, attend):
-    """Run `model` over a packed step against `cache`; attend(q, layer, chunks) -> [N, H, hd].
-    Returns hidden states [N, D]."""
-    return model.forward_paged(packed.tokens, packed.positions, packed.slots, packed.chunks, cache, attend)
+def forward(model, packed: Packed, cache, attend, weights=None):
+    """Run `model` over a packed step against `cache`; attend(q, layer, chunks) -> [N, H, hd];
+    weights: None or the model's gpu_runner.onednn.OneDNNWeights. Returns hidden states [N, D]."""
+    return model.forward_paged(packed.tokens, packed.positions, packed.slots, packed.chunks, cache, attend, weights)

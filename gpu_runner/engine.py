@@ -108,6 +108,14 @@ class Engine:
         if self.attention_name == "triton":
             from gpu_runner.kernels.triton_attention import paged_attention_triton
             self.attention = paged_attention_triton
+        from gpu_runner import onednn
+        if cfg.matmul == "onednn" and not onednn.available(model):
+            raise ConfigError("matmul onednn: needs a float32 model on the CPU and torch built with oneDNN "
+                              "(use --matmul torch)")
+        self.matmul_name = "onednn" if cfg.matmul != "torch" and onednn.available(model) else "torch"
+        self._weights = onednn.OneDNNWeights(model) if self.matmul_name == "onednn" else None
+        self._draft_weights = (onednn.OneDNNWeights(draft) if self.matmul_name == "onednn" and draft is not None
+                               and onednn.available(draft) else None)
         if cfg.capture_tiles is not None:
             if self.attention_name != "triton":
                 raise ConfigError("capture_tiles: per-tile statistics come from the Triton kernel; "
@@ -116,6 +124,15 @@ class Engine:
             if not (0 <= layer < model.cfg.n_layers and 0 <= head < model.cfg.n_heads):
                 raise ConfigError(f"capture_tiles: layer {layer} / head {head} out of range "
                                   f"({model.cfg.n_layers} layers, {model.cfg.n_heads} heads)")
+
+    @property
+    def weights(self):
+        """The target's packed oneDNN weights (repacked if a parameter changed), or None."""
+        return None if self._weights is None else self._weights.fresh()
+
+    @property
+    def draft_weights(self):
+        return None if self._draft_weights is None else self._draft_weights.fresh()
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:
@@ -192,7 +209,7 @@ class Engine:
     def _engine_meta(self) -> dict:
         c = to_dict(self.cfg)
         del c["scheduler"]
-        return {"name": "gpu_runner", **c, "attention": self.attention_name}
+        return {"name": "gpu_runner", **c, "attention": self.attention_name, "matmul": self.matmul_name}
 
     def _model_meta(self) -> dict:
         from importlib.metadata import PackageNotFoundError, version
@@ -228,7 +245,8 @@ class ModelExecutor:
             from gpu_runner.speculative import DraftRunner
             d = engine.draft.cfg
             self.drafter = DraftRunner(engine.draft, PagedKVCache(d.n_layers, n, bs, d.n_kv_heads, d.head_dim,
-                                                                  engine.device, engine.dtype), engine.attention)
+                                                                  engine.device, engine.dtype), engine.attention,
+                                       lambda: engine.draft_weights)
         self.tile_buf: list = []
 
     def add_request(self, rid: str, sp: SamplingParams) -> None:
@@ -262,12 +280,13 @@ class ModelExecutor:
         entries = [([known[j][s]] + props[j] if j in props else known[j][s:s + n], s, slots[j])
                    for j, (s, n) in enumerate(zip(starts, ns))]
         packed = pack(entries, dev)
-        hidden = forward(e.model, packed, self.cache, self.attend)
+        weights = e.weights
+        hidden = forward(e.model, packed, self.cache, self.attend, weights)
         tokens = [[] for _ in reqs]
         sources = [[] for _ in reqs] if self.drafter else None
         plain = [j for j in range(len(reqs)) if emits[j] and j not in props]
         if plain:
-            logits = e.model.logits(hidden[packed.last_rows(plain)])
+            logits = e.model.logits(hidden[packed.last_rows(plain)], weights)
             groups: dict[tuple, list[int]] = {}
             for k, j in enumerate(plain):
                 p = self.sp_of[reqs[j]]
@@ -283,7 +302,7 @@ class ModelExecutor:
         greedy = sp.temperature == 0
         for j in spec:
             c = packed.chunks[j]
-            logits = e.model.logits(hidden[c.row:c.row + c.n])           # [gamma + 1, V]
+            logits = e.model.logits(hidden[c.row:c.row + c.n], weights)  # [gamma + 1, V]
             if greedy:
                 p = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
                 q = torch.nn.functional.one_hot(torch.tensor(props[j], device=dev), logits.shape[-1]).to(logits.dtype)

@@ -167,25 +167,30 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(x))
 
     # ---- packed chunks against a paged KV cache ----------------------------------------------
-    def forward_paged(self, tokens, positions, slots, seqs, cache, attention):
+    def forward_paged(self, tokens, positions, slots, seqs, cache, attention, weights=None):
         """One engine step.
         tokens, positions, slots: [N] (all chunks packed; slot = block * block_size + offset,
         where each new token's K/V is written); seqs: per chunk (start, n_new, context_len,
         block_table tensor); cache: PagedKVCache; attention(q, layer, seqs) -> [N, H, hd]
-        reads K/V through the block tables. Returns hidden states [N, D] (final norm applied)."""
+        reads K/V through the block tables; weights: None (the modules' own linears) or a
+        gpu_runner.onednn.OneDNNWeights of this model. Returns hidden states [N, D] (final
+        norm applied)."""
         x = self.embed_tokens(tokens)                                    # [N, D]
         cos, sin = self.rope_cos[positions].to(x.dtype), self.rope_sin[positions].to(x.dtype)
         for li, layer in enumerate(self.layers):
             a = layer.self_attn
-            q, k, v = a.qkv(layer.input_layernorm(x), cos, sin)
+            h = layer.input_layernorm(x)
+            q, k, v = a.qkv(h, cos, sin) if weights is None else weights.qkv(li, h, cos, sin)
             cache.write(li, slots, k, v)
             o = attention(q, li, seqs)                                   # [N, H, hd]
-            x = x + a.o_proj(o.reshape(o.shape[0], -1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            o = o.reshape(o.shape[0], -1)
+            x = x + (a.o_proj(o) if weights is None else weights.o(li, o))
+            h = layer.post_attention_layernorm(x)
+            x = x + (layer.mlp(h) if weights is None else weights.mlp(li, h))
         return self.norm(x)
 
-    def logits(self, hidden):
-        return self.lm_head(hidden)
+    def logits(self, hidden, weights=None):
+        return self.lm_head(hidden) if weights is None else weights.logits(hidden)
 
 
 def init_weights(model: Transformer, seed: int = 0):

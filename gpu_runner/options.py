@@ -9,6 +9,7 @@ from core.config import SamplingParams, SchedulerConfig, opt
 from core.errors import ConfigError
 
 ATTENTION = ("auto", "torch", "triton")
+MATMUL = ("auto", "torch", "onednn")
 
 
 def parse_layer_head(text: str) -> tuple[int, int]:
@@ -27,6 +28,9 @@ class EngineConfig:
     kv_memory_mb: float | None = opt(None, "size the KV pool from a memory budget in MiB "
                                      "(instead of --kv-blocks)", minimum=0)
     attention: str = opt("auto", "attention kernels: auto = triton on CUDA, torch on CPU", choices=ATTENTION)
+    matmul: str = opt("auto", "linear layers: onednn = weights packed once for oneDNN, q/k/v and gate/up fused "
+                      "(CPU, float32); torch = torch.nn.functional.linear; auto = onednn where it can run",
+                      choices=MATMUL)
     record: bool = opt(True, "record trace events (off: only the generated tokens, for overhead checks)")
     gamma: int = opt(4, "speculative decoding: draft tokens verified per step (with a draft model)", minimum=1)
     capture_tiles: tuple[int, int] | None = opt(None, "LAYER,HEAD: record per-tile (m, l) of the Triton "
@@ -35,5 +39,7 @@ class EngineConfig:
     def __post_init__(self):
         if self.attention not in ATTENTION:
             raise ConfigError(f"attention: expected one of {', '.join(ATTENTION)}, got {self.attention!r}")
+        if self.matmul not in MATMUL:
+            raise ConfigError(f"matmul: expected one of {', '.join(MATMUL)}, got {self.matmul!r}")
         if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
             raise ConfigError(f"gamma: expected an integer >= 1, got {self.gamma!r}")

@@ -62,17 +62,19 @@ class DraftRunner:
     """The draft model, its paged cache (sharing the target's block tables), and how far each
     request's draft KV is valid."""
 
-    def __init__(self, model, cache, attention):
+    def __init__(self, model, cache, attention, weights=None):
         self.model = model
         self.cache = cache
         self.attend = attend_with(attention, cache)
+        self.weights = weights    # callable: the draft's current OneDNNWeights, or None
         self.valid: dict[int, int] = {}   # request -> positions 0..valid-1 hold draft KV
 
     def forward(self, entries, device):
         """entries: (token ids, first position, slots of positions 0..end) per request;
         returns the draft logits at each entry's last token: [len(entries), V]."""
         packed = pack(entries, device)
-        return self.model.logits(forward(self.model, packed, self.cache, self.attend)[packed.last_rows()])
+        w = None if self.weights is None else self.weights()
+        return self.model.logits(forward(self.model, packed, self.cache, self.attend, w)[packed.last_rows()], w)
 
     def propose(self, reqs, token_ids, spec, starts, gammas, slots, gens, sp, device):
         """Draft gammas[j] tokens for each batch entry j in `spec` (reqs[j]: its request;

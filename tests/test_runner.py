@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from core.errors import ConfigError
 from core.metrics import conservation
 from core.scheduler import SchedulerConfig
 from core.trace import trace_from_doc
@@ -209,6 +210,72 @@ def test_recording_off_gives_the_same_tokens(model):
     eng = Engine(model, ByteTokenizer(), EngineConfig(record=False))
     tr, b = eng.run(w)
     assert tr is None and a == b
+
+
+# ---- oneDNN linears (--matmul onednn, the CPU float32 default) -------------------------------
+
+def fp32_model():
+    torch.manual_seed(0)
+    m = Transformer(ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=160, max_seq_len=256,
+                                qkv_bias=True))
+    init_weights(m, seed=5)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    return m.eval()
+
+
+def test_onednn_linears_match_the_modules_and_follow_weight_changes():
+    from gpu_runner import onednn
+    m = fp32_model()
+    if not onednn.available(m):
+        pytest.skip("torch built without oneDNN")
+    w = onednn.OneDNNWeights(m)
+    x = torch.randn(7, 64)
+    pos = torch.arange(3, 10)
+    cos, sin = m.rope_cos[pos], m.rope_sin[pos]
+    close = dict(rtol=1e-5, atol=1e-6)
+    with torch.inference_mode():
+        for li, layer in enumerate(m.layers):
+            for got, want in zip(w.qkv(li, x, cos, sin), layer.self_attn.qkv(x, cos, sin)):
+                torch.testing.assert_close(got, want, **close)
+            torch.testing.assert_close(w.mlp(li, x), layer.mlp(x), **close)
+            torch.testing.assert_close(w.o(li, x), layer.self_attn.o_proj(x), **close)
+        torch.testing.assert_close(w.logits(x), m.lm_head(x), **close)
+        before = w.mlp(1, x)
+    with torch.no_grad():
+        m.layers[1].mlp.down_proj.weight.mul_(2)          # an in-place change (an optimiser step)
+    with torch.inference_mode():
+        after = w.fresh().mlp(1, x)
+        torch.testing.assert_close(after, m.layers[1].mlp(x), **close)
+        torch.testing.assert_close(after, 2 * before, **close)
+
+
+def test_onednn_linear_rows_do_not_depend_on_the_rest_of_the_batch():
+    """A token's projections are the same bits alone or beside others, so a request's greedy
+    tokens do not depend on who else is in its batch through the linears."""
+    from gpu_runner import onednn
+    m = fp32_model()
+    if not onednn.available(m):
+        pytest.skip("torch built without oneDNN")
+    w = onednn.OneDNNWeights(m)
+    x = torch.randn(65, 64)
+    with torch.inference_mode():
+        alone = torch.cat([w.mlp(0, x[i:i + 1]) for i in range(len(x))])
+        for n in (2, 5, 16, 65):
+            assert torch.equal(w.mlp(0, x[:n]), alone[:n]), n
+
+
+def test_matmul_option_is_recorded_and_checked(model):
+    from gpu_runner import onednn
+    with pytest.raises(ConfigError, match="matmul onednn"):
+        Engine(model, ByteTokenizer(), EngineConfig(matmul="onednn"))      # a float64 model
+    m = fp32_model()
+    tr, _ = Engine(m, ByteTokenizer(), EngineConfig()).run(text_workload(2))
+    assert tr.meta["engine"]["matmul"] == ("onednn" if onednn.available(m) else "torch")
+    tr, _ = Engine(m, ByteTokenizer(), EngineConfig(matmul="torch")).run(text_workload(2))
+    assert tr.meta["engine"]["matmul"] == "torch"
 
 
 # ---- Hugging Face checkpoints -----------------------------------------------------------------
