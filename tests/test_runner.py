@@ -63,7 +63,7 @@ def text_workload(n=6, seed=0):
 def test_paged_attention_equals_contiguous():
     torch.manual_seed(1)
     H, Hkv, hd, bs = 4, 2, 8, 4
-    lens = [7, 1, 12]
+    lens = [7, 1, 12, 5]
     nb = 16
     kc = torch.zeros(nb, bs, Hkv, hd, dtype=torch.float64)
     vc = torch.zeros_like(kc)
@@ -77,7 +77,7 @@ def test_paged_attention_equals_contiguous():
         slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(L)])
         kc.view(-1, Hkv, hd)[slots] = k
         vc.view(-1, Hkv, hd)[slots] = v
-        start = L - 1 if L == 1 else 2            # a decode, and chunks with a cached prefix
+        start = L - 1 if L == 1 else 0 if L == 5 else 2   # a decode, chunks with a cached prefix, one without
         chunks.append(Chunk(row, L - start, start, slots))
         qs.append(q[start:])
         refs.append(contiguous_causal_attention(q, k, v)[start:])

@@ -48,7 +48,7 @@ class _Plan:
     dec_rows: torch.Tensor | None   # [B] query rows of the one-token chunks
     dec_idx: torch.Tensor | None    # [B * L] slots of their positions, padded with slot 0
     dec_mask: torch.Tensor | None   # [B, 1, 1, L] True where a position is in the context
-    others: list                    # (chunk, causal mask [n, ctx] or None when it has no cached prefix)
+    others: list                    # (chunk, causal mask [n, ctx], or None: no cached prefix, is_causal)
 
 
 def _plan(chunks, device) -> _Plan:
@@ -66,7 +66,9 @@ def _plan(chunks, device) -> _Plan:
         rows = torch.tensor([c.row for c in decodes], device=device)
     others = []
     for c in chunks:
-        if c.n != 1:
+        if c.n != 1 and c.start == 0:   # no cached prefix: plain causal (same values, upper tiles skipped)
+            others.append((c, None))
+        elif c.n != 1:
             ctx = c.start + c.n
             qpos = torch.arange(c.start, ctx, device=device)[:, None]
             others.append((c, torch.arange(ctx, device=device)[None, :] <= qpos))   # causal with offset
@@ -94,7 +96,8 @@ def paged_attention(q, k_cache, v_cache, chunks: list[Chunk], scale: float | Non
         k = k_flat.index_select(0, c.slots).transpose(0, 1)[None]   # [1, Hkv, ctx, hd]
         v = v_flat.index_select(0, c.slots).transpose(0, 1)[None]
         qc = q[c.row:c.row + c.n].transpose(0, 1)[None]             # [1, H, n, hd]
-        o = F.scaled_dot_product_attention(qc, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(qc, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                           enable_gqa=True)
         out[c.row:c.row + c.n] = o[0].transpose(0, 1)
     return out
 
