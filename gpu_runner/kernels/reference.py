@@ -45,7 +45,8 @@ def per_step(chunks, key: str, build):
 
 @dataclass
 class _Plan:
-    dec_rows: torch.Tensor | None   # [B] query rows of the one-token chunks
+    dec_rows: torch.Tensor | None   # [B] query rows of the one-token chunks (None: no decodes)
+    all_decodes: bool               # they are every row, in order (a decode-only step)
     dec_idx: torch.Tensor | None    # [B * L] slots of their positions, padded with slot 0
     dec_mask: torch.Tensor | None   # [B, 1, 1, L] True where a position is in the context
     others: list                    # (chunk, causal mask [n, ctx], or None: no cached prefix, is_causal)
@@ -72,7 +73,7 @@ def _plan(chunks, device) -> _Plan:
             ctx = c.start + c.n
             qpos = torch.arange(c.start, ctx, device=device)[:, None]
             others.append((c, torch.arange(ctx, device=device)[None, :] <= qpos))   # causal with offset
-    return _Plan(rows, idx, mask, others)
+    return _Plan(rows, not others and [c.row for c in decodes] == list(range(len(decodes))), idx, mask, others)
 
 
 def paged_attention(q, k_cache, v_cache, chunks: list[Chunk], scale: float | None = None):
@@ -89,9 +90,15 @@ def paged_attention(q, k_cache, v_cache, chunks: list[Chunk], scale: float | Non
         B = len(plan.dec_rows)
         k = k_flat.index_select(0, plan.dec_idx).view(B, -1, hkv, hd).transpose(1, 2)   # [B, Hkv, L, hd]
         v = v_flat.index_select(0, plan.dec_idx).view(B, -1, hkv, hd).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q[plan.dec_rows][:, :, None], k, v, attn_mask=plan.dec_mask,
-                                           scale=scale, enable_gqa=True)   # [B, H, 1, hd]
-        out[plan.dec_rows] = o[:, :, 0]
+        # The query heads that share a K/V head become that head's queries (one position each,
+        # so no causal mask): [B, Hkv, H/Hkv, hd] against [B, Hkv, L, hd], no K/V repeated for
+        # grouped-query attention (half the time of enable_gqa at 16 sequences)
+        H = q.shape[1]
+        qd = q.reshape(B, hkv, H // hkv, hd) if plan.all_decodes else q[plan.dec_rows].view(B, hkv, H // hkv, hd)
+        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=plan.dec_mask, scale=scale).reshape(B, H, hd)
+        if plan.all_decodes:
+            return o
+        out[plan.dec_rows] = o
     for c, mask in plan.others:
         k = k_flat.index_select(0, c.slots).transpose(0, 1)[None]   # [1, Hkv, ctx, hd]
         v = v_flat.index_select(0, c.slots).transpose(0, 1)[None]
