@@ -4,6 +4,7 @@ Bad arguments or files exit with code 2 and one line on stderr.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -64,6 +65,9 @@ def build_parser():
     v.add_argument("--trace-out", help="record a measured trace here (.json, .json.gz, .parquet), rewritten "
                    "atomically about once a second (less often when a rewrite would take over 5%% of the "
                    "engine's time) and at shutdown")
+    v.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the engine in its own process, as vLLM does (default); --no-engine-process keeps "
+                   "it in a thread of the HTTP server, which then shares the interpreter lock with it")
     _common(v, scheduler=True)
     lg = sub.add_parser("loadgen", help="load an OpenAI-compatible server (ours, vLLM, SGLang) and write a "
                         "measured trace of what the client saw")
@@ -235,46 +239,62 @@ def cmd_export_hf(a) -> int:
     return 0
 
 
-def cmd_serve(a) -> int:
+def serving_engine(a, max_waiting: int, metrics=None):
+    """The ServingEngine `serve` runs, from its flags: model, engine, KV pool (default: every
+    seat, max_seqs or 32, can hold a full-context sequence), trace file."""
     import dataclasses
-    import logging
+    from pathlib import Path
 
     import torch
 
     from gpu_runner.engine import Engine
-    from gpu_runner.metrics import ServerMetrics
-    from gpu_runner.server import App, serve
     from gpu_runner.serving import ServingEngine
     if a.threads:
         torch.set_num_threads(a.threads)
-    if a.trace_out:
-        check_writable(a.trace_out, "--trace-out")
     t_load = time.perf_counter()
     model, tok, device, name = load_model(a.model, a.device, a.dtype)
     load_ms = (time.perf_counter() - t_load) * 1000.0
     cfg = engine_config(a)
     sc = cfg.scheduler
     if sc.kv_blocks is None and cfg.kv_memory_mb is None:
-        # default pool: every seat (max_seqs, else 32) can hold a full-context sequence
         per_seq = -(-model.cfg.max_seq_len // sc.block_size)
         cfg = dataclasses.replace(cfg, scheduler=dataclasses.replace(sc, kv_blocks=per_seq * (sc.max_seqs or 32)))
     draft, draft_name = load_draft(a, device, model)
     engine = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name)
     engine.startup["model_load_ms"] = load_ms
-    served = a.served_model_name or name
-    metrics = ServerMetrics(served)
-    from pathlib import Path
-    se = ServingEngine(engine, max_waiting=a.max_waiting, metrics=metrics,
+    se = ServingEngine(engine, max_waiting=max_waiting, metrics=metrics,
                        trace_out=Path(a.trace_out) if a.trace_out else None)
-    app = App(se, served, tok, metrics, model.cfg.max_seq_len, model.cfg.vocab_size)
+    se.model_info = {"tokenizer": tok, "name": name, "max_seq_len": model.cfg.max_seq_len,
+                     "vocab_size": model.cfg.vocab_size}
+    return se
+
+
+def cmd_serve(a) -> int:
+    import logging
+
+    from gpu_runner.metrics import ServerMetrics
+    from gpu_runner.server import App, serve
+    if a.trace_out:
+        check_writable(a.trace_out, "--trace-out")
+    served = a.served_model_name or a.model
+    metrics = ServerMetrics(served)
+    if a.engine_process:
+        from gpu_runner.engine_process import ProcessServingEngine
+        se = ProcessServingEngine(a, metrics=metrics, max_waiting=a.max_waiting)
+    else:
+        se = serving_engine(a, a.max_waiting, metrics)
+    info = se.model_info
+    app = App(se, served, info["tokenizer"], metrics, info["max_seq_len"], info["vocab_size"])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    where = "its own process" if a.engine_process else "a thread of the server"
 
     def ready(_):
         print(f"gpu_runner serve: {served} on http://{a.host}:{a.port} ({se.cfg.policy}, {se.cfg.kv_blocks} KV blocks "
-              f"of {se.cfg.block_size}, max_seqs {se.cfg.max_seqs}); Ctrl-C stops", flush=True)
+              f"of {se.cfg.block_size}, max_seqs {se.cfg.max_seqs}; engine in {where}); Ctrl-C stops", flush=True)
     serve(se, app, a.host, a.port, ready)
-    if a.trace_out and se.log is not None and se.sched.n:
-        print(f"wrote {a.trace_out}: {se.sched.n} requests, {se.sched.step} steps", flush=True)
+    done = se.served()
+    if a.trace_out and done and done["requests"]:
+        print(f"wrote {a.trace_out}: {done['requests']} requests, {done['steps']} steps", flush=True)
     return 0
 
 

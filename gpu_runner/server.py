@@ -96,7 +96,7 @@ class App:
         return JSONResponse({"version": f"gpu_runner (torch {torch.__version__})"})
 
     async def health(self, request: Request):
-        if self.se.error is not None or not self.se.thread.is_alive():
+        if not self.se.alive():
             return Response("engine stopped", 503)
         return Response(b"", 200)
 

@@ -63,6 +63,46 @@ class Stream:
         self.aloop.call_soon_threadsafe(self.queue.put_nowait, item)
 
 
+class LocalEvents:
+    """What the engine tells a request's client and the metrics, applied in this process: to
+    the Stream (its queue, its times) and to `metrics` (gpu_runner.metrics.ServerMetrics or
+    None). An engine in another process (gpu_runner.engine_process) sends the same calls over
+    a pipe and the server applies them here, in the same order."""
+
+    def __init__(self, metrics=None):
+        self.metrics = metrics
+
+    def accepted(self, s: Stream):
+        s.push(("accepted",))
+
+    def error(self, s: Stream, message: str):
+        s.done = True
+        s.push(("error", message))
+
+    def scheduled(self, s: Stream, prompt_tokens: int, t_ms: float):
+        s.scheduled_ms = t_ms
+        if self.metrics is not None:
+            self.metrics.scheduled(s, prompt_tokens)
+
+    def tokens(self, s: Stream, ids: list[int], t_ms: float):
+        if self.metrics is not None:
+            self.metrics.tokens(s, len(ids), t_ms)
+        if s.first_token_ms is None:
+            s.first_token_ms = t_ms
+        s.last_token_ms = t_ms
+        s.push(("tokens", ids))
+
+    def finish(self, s: Stream, reason: str, t_ms: float):
+        s.done = True
+        s.push(("finish", reason))
+        if self.metrics is not None:
+            self.metrics.finished(s, reason, t_ms)
+
+    def step(self, running: int, waiting: int, kv_usage: float, preemptions: int, hit_tokens: int):
+        if self.metrics is not None:
+            self.metrics.step(running, waiting, kv_usage, preemptions, hit_tokens)
+
+
 class ServingEngine:
     """`engine` is a gpu_runner.engine.Engine; its scheduler options must give a KV pool
     (kv_blocks or kv_memory_mb). `metrics` (gpu_runner.metrics.ServerMetrics) is updated
@@ -83,6 +123,7 @@ class ServingEngine:
         self.executor = ModelExecutor(engine, self.sched, self.clock, [])
         self.max_waiting = max_waiting
         self.metrics = metrics
+        self.events = LocalEvents(metrics)
         self.trace_out = trace_out
         self.streams: dict[int, Stream] = {}
         self._pending: deque = deque()
@@ -100,8 +141,12 @@ class ServingEngine:
     def start(self):
         self.thread.start()
 
-    def submit(self, s: Stream) -> None:
-        """Queue a request (its arrival is now); raises Overloaded / ServerStopping."""
+    def alive(self) -> bool:
+        return self.error is None and self.thread.is_alive()
+
+    def submit(self, s: Stream, arrival_ms: float | None = None) -> None:
+        """Queue a request (its arrival is now, or `arrival_ms` on this engine's clock);
+        raises Overloaded / ServerStopping."""
         with self._cv:
             if self._stopping:
                 raise ServerStopping("the server is shutting down")
@@ -109,7 +154,7 @@ class ServingEngine:
             if waiting >= self.max_waiting:
                 raise Overloaded(f"{waiting} requests are waiting (limit {self.max_waiting})")
             s.rid = s.rid or f"req-{next(self._ids)}"
-            s.arrival_ms = self.clock.now()
+            s.arrival_ms = self.clock.now() if arrival_ms is None else arrival_ms
             self._pending.append(("add", s))
             self._cv.notify()
 
@@ -120,12 +165,21 @@ class ServingEngine:
                 self._pending.append(("abort", s, reason))
                 self._cv.notify()
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Admit nothing new, abort what is unfinished, end the thread, write the trace."""
+    def request_stop(self) -> None:
+        """Admit nothing new; the step loop aborts what is unfinished at its next drain, ends
+        and writes the trace."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
-        self.thread.join(timeout_s)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """request_stop, then wait for the engine thread to end."""
+        self.request_stop()
+        if self.thread.is_alive():
+            self.thread.join(timeout_s)
+
+    def served(self) -> dict:
+        return {"requests": self.sched.n, "steps": self.sched.step}
 
     def load(self) -> dict:
         """Running / waiting / KV usage now (read without locking: gauges, not accounting)."""
@@ -170,21 +224,18 @@ class ServingEngine:
         try:
             s.index = self.sched.add_request(r, s.stop_ids)
         except (ConfigError, ValueError) as e:
-            s.done = True
-            s.push(("error", str(e)))
+            self.events.error(s, str(e))
             return
         self.executor.add_request(s.rid, s.sampling)
         self.streams[s.index] = s
-        s.push(("accepted",))
+        self.events.accepted(s)
 
     def _finish(self, s: Stream, reason: str, now_ms: float):
         if s.done:
             return
         s.done = True
         self.streams.pop(s.index, None)
-        s.push(("finish", reason))
-        if self.metrics is not None:
-            self.metrics.finished(s, reason, now_ms)
+        self.events.finish(s, reason, now_ms)
 
     def _after_step(self, sched: Scheduler, batch, out):
         self.engine.note_first_step(batch, out)
@@ -195,28 +246,19 @@ class ServingEngine:
             if s is None:
                 continue
             if s.scheduled_ms is None:
-                s.scheduled_ms = batch.t_ms
-                if self.metrics is not None:
-                    self.metrics.scheduled(s, len(s.prompt_ids))
+                self.events.scheduled(s, len(s.prompt_ids), batch.t_ms)
             n = int(sched.emitted[i])
             if n > s.sent:
                 p = int(sched.prompt_len[i])
-                new = sched.token_ids[i][p + s.sent:p + n]
-                if self.metrics is not None:
-                    self.metrics.tokens(s, len(new), t)
-                if s.first_token_ms is None:
-                    s.first_token_ms = t
-                s.last_token_ms = t
+                self.events.tokens(s, sched.token_ids[i][p + s.sent:p + n], t)
                 s.sent = n
-                s.push(("tokens", new))
             if sched.state[i] == DONE:
                 self._finish(s, "length" if n >= int(sched.out_len[i]) else "stop", t)
-        if self.metrics is not None:
-            hits = sched.bm.counts["hit"]
-            self.metrics.step(len(sched.run), len(sched.waiting) + len(self._pending),
-                              sched.bm.num_used / max(1, sched.bm.num_blocks), sched.num_preemptions,
-                              (hits - self._hits_seen) * bs)
-            self._hits_seen = hits
+        hits = sched.bm.counts["hit"]
+        self.events.step(len(sched.run), len(sched.waiting) + len(self._pending),
+                         sched.bm.num_used / max(1, sched.bm.num_blocks), sched.num_preemptions,
+                         (hits - self._hits_seen) * bs)
+        self._hits_seen = hits
 
     def _run(self):
         import torch
@@ -228,8 +270,7 @@ class ServingEngine:
             with self._cv:
                 self._stopping = True
             for s in list(self.streams.values()):
-                s.done = True
-                s.push(("error", f"engine failed: {type(e).__name__}: {e}"))
+                self.events.error(s, f"engine failed: {type(e).__name__}: {e}")
             self.streams.clear()
         finally:
             self._flush(final=True)

@@ -39,12 +39,21 @@ def tiny():
 class Running:
     """A server in this process: uvicorn in a thread, the engine in its own."""
 
-    def __init__(self, model, max_waiting=256, draft=None, **sched):
+    def __init__(self, model, max_waiting=256, draft=None, engine_process=False, **sched):
+        """engine_process: the engine in its own process, as `serve` runs it by default (the
+        bundled tiny model, loaded there from the same flags; scheduler options default)."""
         import uvicorn
-        cfg = EngineConfig(scheduler=SchedulerConfig(**{"kv_blocks": 256, **sched}), gamma=3)
-        self.engine = Engine(model, ByteTokenizer(), cfg, "cpu", "tiny", draft=draft, draft_name="tiny-draft")
         self.metrics = ServerMetrics("tiny")
-        self.se = ServingEngine(self.engine, max_waiting=max_waiting, metrics=self.metrics)
+        if engine_process:
+            from gpu_runner.__main__ import build_parser
+            from gpu_runner.engine_process import ProcessServingEngine
+            assert draft is None and not sched
+            args = build_parser().parse_args(["serve", "--model", "tiny", "--threads", "1", "--kv-blocks", "256"])
+            self.se = ProcessServingEngine(args, metrics=self.metrics, max_waiting=max_waiting)
+        else:
+            cfg = EngineConfig(scheduler=SchedulerConfig(**{"kv_blocks": 256, **sched}), gamma=3)
+            self.engine = Engine(model, ByteTokenizer(), cfg, "cpu", "tiny", draft=draft, draft_name="tiny-draft")
+            self.se = ServingEngine(self.engine, max_waiting=max_waiting, metrics=self.metrics)
         app = App(self.se, "tiny", ByteTokenizer(), self.metrics, model.cfg.max_seq_len, model.cfg.vocab_size)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -89,9 +98,10 @@ def sse_tokens(lines):
     return chunks
 
 
-def test_completions_equal_the_batch_runner_streaming_or_not(tiny):
+@pytest.mark.parametrize("engine_process", [False, True], ids=["engine-thread", "engine-process"])
+def test_completions_equal_the_batch_runner_streaming_or_not(tiny, engine_process):
     ref = reference(tiny, PROMPTS, 24)
-    with Running(tiny) as srv, httpx.Client(timeout=60) as c:
+    with Running(tiny, engine_process=engine_process) as srv, httpx.Client(timeout=60) as c:
         for p, want in zip(PROMPTS, ref):
             r = c.post(f"{srv.url}/v1/completions", json={"prompt": p, "max_tokens": 24, "temperature": 0})
             assert r.status_code == 200, r.text
@@ -113,6 +123,28 @@ def test_completions_equal_the_batch_runner_streaming_or_not(tiny):
         models = c.get(f"{srv.url}/v1/models").json()
         assert models["data"][0]["id"] == "tiny"
         assert c.get(f"{srv.url}/health").status_code == 200
+        assert srv.metric("vllm:generation_tokens_total", model_name="tiny") == 2 * 24 * len(PROMPTS) + 5
+        assert srv.metric("vllm:request_success_total", model_name="tiny", finished_reason="length") == 9
+
+
+def test_a_dead_engine_process_fails_requests_clearly(tiny):
+    """The engine process killed under a running server: /health says so, open streams end with
+    an error event, new requests get 503, and nothing hangs."""
+    with Running(tiny, engine_process=True) as srv, httpx.Client(timeout=30) as c:
+        assert c.get(f"{srv.url}/health").status_code == 200
+        with c.stream("POST", f"{srv.url}/v1/completions",
+                      json={"prompt": "The ", "max_tokens": 1500, "stream": True, "ignore_eos": True}) as s:
+            lines = s.iter_lines()
+            assert next(lines).startswith("data: ")           # streaming has started
+            srv.se.proc.kill()
+            rest = [x for x in lines if x.startswith("data: ")]
+        assert any('"object": "error"' in x for x in rest), rest[-3:]
+        deadline = time.monotonic() + 10
+        while c.get(f"{srv.url}/health").status_code != 503:
+            assert time.monotonic() < deadline, "/health still says healthy"
+            time.sleep(0.1)
+        r = c.post(f"{srv.url}/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and "engine process" in r.text
 
 
 def test_speculative_serving_is_greedy_exact(tiny):
