@@ -9,9 +9,11 @@ model, against the time of that step's matmuls alone.
   included);
 - matmuls: the same step's linear layers alone (every layer's q/k/v, o, gate, up and down
   projections and the tied output head, for one token, with the model's weights), timed
-  back to back in a loop (median of `--steps` repeats);
+  back to back in a loop (median of `--steps` repeats), twice: as torch.nn.functional.linear
+  calls, and as the engine runs them (`--matmul onednn`, the CPU default: packed, fused
+  q|k|v and gate|up, with the rotary embedding and SwiGLU's silu that those calls include);
 - forward: the model's forward_paged for that one token with the reference paged attention
-  (no scheduling, no sampling), median of `--steps` repeats.
+  and the engine's linears (no scheduling, no sampling), median of `--steps` repeats.
 Goal (issue 16): step <= 1.5 x matmuls. Runs everything in one process, side by side.
 """
 import argparse
@@ -77,6 +79,18 @@ def main():
             for wt, b in lin:
                 F.linear(x if wt.shape[1] == x.shape[1] else torch.empty(1, wt.shape[1]), wt, b)
         mm = median_ms(matmuls, a.steps)
+        weights = eng.weights                               # the engine's linears (None: torch's)
+        mm_engine = mm
+        if weights is not None:                             # the same products as the engine runs them
+            cos, sin = model.rope_cos[:1], model.rope_sin[:1]
+
+            def packed():
+                for li in range(model.cfg.n_layers):
+                    weights.qkv(li, x, cos, sin)
+                    weights.o(li, x)
+                    weights.mlp(li, x)
+                weights.logits(x)
+            mm_engine = median_ms(packed, a.steps)
 
         bs, ctx = 16, a.context
         blocks = -(-(ctx + 1) // bs)
@@ -85,15 +99,17 @@ def main():
         slots = slots_of(list(range(blocks)), ctx + 1, bs)
         packed = pack([([5], ctx, slots)], "cpu")
         attend = attend_with(paged_attention, cache)
-        fwd = median_ms(lambda: model.logits(forward(model, packed, cache, attend)), a.steps)
+        fwd = median_ms(lambda: model.logits(forward(model, packed, cache, attend, weights), weights), a.steps)
     print(f"tiny model ({model.num_params():,} params, float32), CPU {platform.machine()}, {a.threads} thread(s), "
           f"torch {torch.__version__}; one sequence, context {ctx}, {len(lin)} linear layers per token")
-    print(f"  matmuls alone:               {mm:8.3f} ms")
-    print(f"  model forward (no scheduling): {fw(fwd)} ms  ({fwd / mm:.1f}x matmuls)")
+    print(f"  matmuls alone (torch F.linear):  {mm:8.3f} ms")
+    print(f"  the engine's linears alone ({eng.matmul_name}; with rope and silu for onednn): {mm_engine:8.3f} ms")
+    print(f"  model forward (no scheduling): {fw(fwd)} ms  ({fwd / mm:.1f}x F.linear matmuls)")
     print(f"  engine decode step (median of {int((kinds == 'decode').sum())}): {fw(step)} ms  "
-          f"({step / mm:.1f}x matmuls; goal <= 1.5x)")
+          f"({step / mm:.1f}x F.linear matmuls, {step / mm_engine:.1f}x the engine's linears; goal <= 1.5x)")
     print(f"  so per step: {step - fwd:.3f} ms outside the forward (scheduling, packing, sampling, bookkeeping), "
-          f"{fwd - mm:.3f} ms in the forward beyond the matmuls (attention, norms, rope, cache writes, dispatch)")
+          f"{fwd - mm_engine:.3f} ms in the forward beyond the engine's linears (attention, norms, cache writes, "
+          "dispatch)")
 
 
 def fw(v: float) -> str:

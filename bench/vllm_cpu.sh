@@ -293,7 +293,7 @@ say "summary"
 {
   echo "cpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores visible"
   echo "vllm serve threads: $(grep -m1 -o 'Reducing Torch threads[^.]*' "$OUT/vllm_server.log" || echo '?'); $(grep -m1 -o "VLLM_CPU_OMP_THREADS_BIND=[^,]*" "$OUT/vllm_server.log" || echo 'VLLM_CPU_OMP_THREADS_BIND=?'); worker $(grep -m1 -o 'core ids=\[[0-9, ]*\]' "$OUT/vllm_server.log" || echo 'core ids=?'), $(grep -m1 -o 'reserved_cpus=\[[0-9, ]*\]' "$OUT/vllm_server.log" || echo 'reserved_cpus=?') (API server)"
-  echo "gpu_runner serve threads: --threads 1 (torch intra-op), one engine thread + the uvicorn event loop in one process"
+  echo "gpu_runner serve threads: --threads 1 (torch intra-op); the engine in its own process (the default), the uvicorn event loop in the server process"
   echo "clients (vllm bench serve, loadgen) run under nice -n $CLIENT_NICE; servers at normal priority"
   echo "vllm bench serve -> gpu_runner: $RUNNER_BENCH"
 } >> "$OUT/notes.txt"
