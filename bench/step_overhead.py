@@ -82,7 +82,7 @@ def main():
         weights = eng.weights                               # the engine's linears (None: torch's)
         mm_engine = mm
         if weights is not None:                             # the same products as the engine runs them
-            cos, sin = model.rope_cos[:1], model.rope_sin[:1]
+            cos, sin = weights.rope_tables(model.rope_cos[:1], model.rope_sin[:1])
 
             def packed():
                 for li in range(model.cfg.n_layers):

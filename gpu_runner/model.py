@@ -177,6 +177,8 @@ class Transformer(nn.Module):
         norm applied)."""
         x = self.embed_tokens(tokens)                                    # [N, D]
         cos, sin = self.rope_cos[positions].to(x.dtype), self.rope_sin[positions].to(x.dtype)
+        if weights is not None:
+            cos, sin = weights.rope_tables(cos, sin)
         for li, layer in enumerate(self.layers):
             a = layer.self_attn
             h = layer.input_layernorm(x)

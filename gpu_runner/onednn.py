@@ -66,15 +66,26 @@ class OneDNNWeights:
             self._pack_all()
         return self
 
+    def rope_tables(self, cos, sin):
+        """The step's rotary tables for qkv(): cos and a sign-folded sin, [N, heads of q and
+        k, hd], laid out once per step (every layer uses them) so the products are not
+        broadcast. With rot = (-x2, x1): rot * sin == roll(x, hd/2) * (-sin1, sin2), exactly."""
+        cfg = self.model.cfg
+        N, hd, heads = cos.shape[0], cfg.head_dim, cfg.n_heads + cfg.n_kv_heads
+        h = hd // 2
+        signed = torch.cat([-sin[:, :h], sin[:, h:]], dim=-1)
+        return (cos[:, None, :].expand(N, heads, hd).contiguous(), signed[:, None, :].expand(N, heads, hd).contiguous())
+
     def qkv(self, li: int, x, cos, sin):
-        """x [N, dim] -> q [N, H, hd], k/v [N, Hkv, hd], rotary applied (as Attention.qkv)."""
-        from gpu_runner.model import apply_rope
+        """x [N, dim] -> q [N, H, hd], k/v [N, Hkv, hd], rotary applied (as Attention.qkv);
+        cos, sin: from rope_tables()."""
         cfg = self.model.cfg
         w, b = self.layers[li][0], self.layers[li][1]
         y = _linear(x, w, b)
         N, H, qk = x.shape[0], cfg.n_heads, self.split[0] + self.split[1]
         # q and k are adjacent columns: one rotary pass over both (the same elementwise math)
-        qk_rot = apply_rope(y[:, :qk].view(N, H + cfg.n_kv_heads, cfg.head_dim), cos[:, None], sin[:, None])
+        x_qk = y[:, :qk].view(N, H + cfg.n_kv_heads, cfg.head_dim)
+        qk_rot = x_qk * cos + x_qk.roll(cfg.head_dim // 2, -1) * sin
         return qk_rot[:, :H], qk_rot[:, H:], y[:, qk:].view(N, cfg.n_kv_heads, cfg.head_dim)
 
     def o(self, li: int, x):

@@ -238,7 +238,7 @@ def test_onednn_linears_match_the_modules_and_follow_weight_changes():
     close = dict(rtol=1e-5, atol=1e-6)
     with torch.inference_mode():
         for li, layer in enumerate(m.layers):
-            for got, want in zip(w.qkv(li, x, cos, sin), layer.self_attn.qkv(x, cos, sin)):
+            for got, want in zip(w.qkv(li, x, *w.rope_tables(cos, sin)), layer.self_attn.qkv(x, cos, sin)):
                 torch.testing.assert_close(got, want, **close)
             torch.testing.assert_close(w.mlp(li, x), layer.mlp(x), **close)
             torch.testing.assert_close(w.o(li, x), layer.self_attn.o_proj(x), **close)
