@@ -74,6 +74,9 @@ def _engine_main(conn_in, conn_out, args, origin_ns: int) -> None:
         conn_out.send(("fatal", f"{type(e).__name__}: {e}" if not isinstance(e, ConfigError) else str(e)))
         return
     se.clock.origin_ns = origin_ns
+    # SIGTERM to the whole process group (a supervisor, a benchmark's cleanup): stop as the
+    # server would, so unfinished requests end "abort" and the trace is written
+    signal.signal(signal.SIGTERM, lambda *_: se.request_stop())
     events = se.events = _RemoteEvents()
     streams: dict[str, Stream] = {}
     e = se.engine
