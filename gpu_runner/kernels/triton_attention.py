@@ -11,7 +11,11 @@
   no gather copy.
 
 On CUDA they compile natively; on CPU they run under the Triton interpreter
-(TRITON_INTERPRET=1, set here when no GPU is present): slow, for tests and small demos.
+(TRITON_INTERPRET=1, set here when no GPU is present and the variable is not already set):
+slow, for tests and small demos. The interpreter is a process-wide choice made when triton is
+first imported (its own library functions are built for one mode), so a process that compiles
+the kernels for a GPU target on a CPU-only machine sets TRITON_INTERPRET=0 before importing
+this module (tests/test_triton_compile.py does, in a subprocess).
 """
 from __future__ import annotations
 
