@@ -36,31 +36,46 @@ READY_TIMEOUT_S = 600.0
 
 
 class _RemoteEvents:
-    """The engine process's events: buffered, sent as one message per step."""
+    """The engine process's events: buffered, sent as one message per step. The engine thread
+    adds most of them, the request thread a refusal now and then: one lock for the buffer.
+    A request's last event (finish, error) also forgets its stream here."""
 
-    def __init__(self):
+    def __init__(self, streams: dict):
         self.buf: list = []
+        self.lock = threading.Lock()
+        self.streams = streams
+
+    def _add(self, event):
+        with self.lock:
+            self.buf.append(event)
+
+    def take(self) -> list:
+        with self.lock:
+            out, self.buf = self.buf, []
+        return out
 
     def accepted(self, s):
-        self.buf.append(("accepted", s.rid))
+        self._add(("accepted", s.rid))
 
     def error(self, s, message):
         s.done = True
-        self.buf.append(("error", s.rid, message))
+        self.streams.pop(s.rid, None)
+        self._add(("error", s.rid, message))
 
     def scheduled(self, s, prompt_tokens, t_ms):
         s.scheduled_ms = t_ms
-        self.buf.append(("scheduled", s.rid, prompt_tokens, t_ms))
+        self._add(("scheduled", s.rid, prompt_tokens, t_ms))
 
     def tokens(self, s, ids, t_ms):
-        self.buf.append(("tokens", s.rid, list(ids), t_ms))
+        self._add(("tokens", s.rid, list(ids), t_ms))
 
     def finish(self, s, reason, t_ms):
         s.done = True
-        self.buf.append(("finish", s.rid, reason, t_ms))
+        self.streams.pop(s.rid, None)
+        self._add(("finish", s.rid, reason, t_ms))
 
     def step(self, running, waiting, kv_usage, preemptions, hit_tokens):
-        self.buf.append(("step", None, running, waiting, kv_usage, preemptions, hit_tokens))
+        self._add(("step", None, running, waiting, kv_usage, preemptions, hit_tokens))
 
 
 def _engine_main(conn_in, conn_out, args, origin_ns: int) -> None:
@@ -77,13 +92,13 @@ def _engine_main(conn_in, conn_out, args, origin_ns: int) -> None:
     # SIGTERM to the whole process group (a supervisor, a benchmark's cleanup): stop as the
     # server would, so unfinished requests end "abort" and the trace is written
     signal.signal(signal.SIGTERM, lambda *_: se.request_stop())
-    events = se.events = _RemoteEvents()
-    streams: dict[str, Stream] = {}
+    streams: dict[str, Stream] = {}     # unfinished requests by id
+    events = se.events = _RemoteEvents(streams)
     e = se.engine
 
     def flush():
-        if events.buf:
-            out, events.buf = events.buf, []
+        out = events.take()
+        if out:
             conn_out.send(out)
 
     drain, after = se.drain, se._after_step
