@@ -44,7 +44,7 @@ for i in range(a["n"]):
     s = int(rng.integers(0, len(corpus) - a["prompt"]))
     reqs.append(Request(f"r{i}", 0.0, a["prompt"], a["output"], prompt_ids=tuple(corpus[s:s + a["prompt"]])))
 model = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"]).eval()
-extra = {k: a[k] for k in ("matmul", "attention") if a.get(k)}
+extra = {"matmul": a["matmul"]} if a["matmul"] else {}
 cfg = EngineConfig(scheduler=SchedulerConfig("continuous", max_seqs=a["seats"], token_budget=a["budget"]), **extra)
 eng = Engine(model, tok, cfg)
 eng.run(Workload(reqs[:4]))
@@ -58,7 +58,7 @@ d = tr.steps.set_index("step")["dur_ms"]
 print(json.dumps({"tok_s": n / secs, "secs": secs, "ttft_ms": ttft,
                   "decode_ms": float(d[kinds[kinds == "decode"].index].median()),
                   "prefill_ms": float(d[kinds[kinds == "prefill"].index].median()),
-                  "matmul": tr.meta["engine"].get("matmul", "torch"), "attention": tr.meta["engine"]["attention"],
+                  "matmul": tr.meta["engine"].get("matmul", "torch"),
                   "outputs": hashlib.sha1(repr(sorted(out.items())).encode()).hexdigest()[:12]}))
 """
 
@@ -85,18 +85,18 @@ def main():
     a = ap.parse_args()
     base = {k: getattr(a, k) for k in ("threads", "n", "prompt", "output", "seats", "budget")}
     with tempfile.TemporaryDirectory() as tmp:
-        variants = [("this checkout, --matmul torch", REPO, ("torch", None)),
-                    ("this checkout, --matmul onednn", REPO, ("onednn", None))]
+        variants = [("this checkout, --matmul torch", REPO, "torch"),
+                    ("this checkout, --matmul onednn", REPO, "onednn")]
         if a.old_rev != "none":
             old = Path(tmp) / "old"
             subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), a.old_rev],
                            check=True, capture_output=True)
-            variants.insert(0, (f"old {a.old_rev}", old, (None, None)))
+            variants.insert(0, (f"old {a.old_rev}", old, None))
         try:
             results = {name: [] for name, _, _ in variants}
             for r in range(a.repeat):
-                for name, tree, (matmul, attention) in variants:
-                    res = run(tree, {**base, "matmul": matmul, "attention": attention})
+                for name, tree, matmul in variants:
+                    res = run(tree, {**base, "matmul": matmul})
                     results[name].append(res)
                     print(f"round {r + 1}: {name:50s} {res['tok_s']:7.0f} tok/s", file=sys.stderr, flush=True)
         finally:

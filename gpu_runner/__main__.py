@@ -262,11 +262,8 @@ def serving_engine(a, max_waiting: int, metrics=None):
     draft, draft_name = load_draft(a, device, model)
     engine = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name)
     engine.startup["model_load_ms"] = load_ms
-    se = ServingEngine(engine, max_waiting=max_waiting, metrics=metrics,
-                       trace_out=Path(a.trace_out) if a.trace_out else None)
-    se.model_info = {"tokenizer": tok, "name": name, "max_seq_len": model.cfg.max_seq_len,
-                     "vocab_size": model.cfg.vocab_size}
-    return se
+    return ServingEngine(engine, max_waiting=max_waiting, metrics=metrics,
+                         trace_out=Path(a.trace_out) if a.trace_out else None)
 
 
 def cmd_serve(a) -> int:

@@ -122,7 +122,6 @@ class ServingEngine:
         self.clock = loop.WallClock(0.0)
         self.executor = ModelExecutor(engine, self.sched, self.clock, [])
         self.max_waiting = max_waiting
-        self.metrics = metrics
         self.events = LocalEvents(metrics)
         self.trace_out = trace_out
         self.streams: dict[int, Stream] = {}
@@ -140,6 +139,13 @@ class ServingEngine:
     # ---- called from HTTP handlers ----------------------------------------------------------
     def start(self):
         self.thread.start()
+
+    @property
+    def model_info(self) -> dict:
+        """What the HTTP side needs of the model: its tokenizer, name and limits."""
+        e = self.engine
+        return {"tokenizer": e.tok, "name": e.model_name, "max_seq_len": e.model.cfg.max_seq_len,
+                "vocab_size": e.model.cfg.vocab_size}
 
     def alive(self) -> bool:
         return self.error is None and self.thread.is_alive()

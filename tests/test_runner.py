@@ -226,12 +226,17 @@ def fp32_model():
     return m.eval()
 
 
-def test_onednn_linears_match_the_modules_and_follow_weight_changes():
+def packed_fp32_model():
+    """(fp32 model, its OneDNNWeights), or skip where torch has no oneDNN."""
     from gpu_runner import onednn
     m = fp32_model()
     if not onednn.available(m):
         pytest.skip("torch built without oneDNN")
-    w = onednn.OneDNNWeights(m)
+    return m, onednn.OneDNNWeights(m)
+
+
+def test_onednn_linears_match_the_modules_and_follow_weight_changes():
+    m, w = packed_fp32_model()
     x = torch.randn(7, 64)
     pos = torch.arange(3, 10)
     cos, sin = m.rope_cos[pos], m.rope_sin[pos]
@@ -255,11 +260,7 @@ def test_onednn_linears_match_the_modules_and_follow_weight_changes():
 def test_onednn_linear_rows_do_not_depend_on_the_rest_of_the_batch():
     """A token's projections are the same bits alone or beside others, so a request's greedy
     tokens do not depend on who else is in its batch through the linears."""
-    from gpu_runner import onednn
-    m = fp32_model()
-    if not onednn.available(m):
-        pytest.skip("torch built without oneDNN")
-    w = onednn.OneDNNWeights(m)
+    _, w = packed_fp32_model()
     x = torch.randn(65, 64)
     with torch.inference_mode():
         alone = torch.cat([w.mlp(0, x[i:i + 1]) for i in range(len(x))])
