@@ -16,6 +16,7 @@ import gc
 import math
 import os
 import re
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,11 +47,14 @@ def freeze_startup_heap() -> None:
     garbage collector's reach, once per process. Streamlit runs a full collection after every
     script run (runner.postScriptGC); over the startup heap that cost ~100 ms per rerun, a
     stop-the-world pause for every other user's script thread too. Later garbage is
-    collected as before. Also turns off numpy's huge-page advice (core.cli.no_hugepage_advice)."""
+    collected as before. Also turns off numpy's huge-page advice (core.cli.no_hugepage_advice)
+    and starts the worker processes that simulate large workloads (core.parallel.warm)."""
     global _HEAP_FROZEN
     if not _HEAP_FROZEN:
         from core.cli import no_hugepage_advice
+        from core.parallel import warm
         no_hugepage_advice()
+        warm()
         import core.figures  # noqa: F401  (plotly's figure classes: the largest import the pages share)
         gc.collect()
         gc.freeze()
@@ -440,7 +444,21 @@ def cached_policies(workload: Workload, policies: tuple, config: SchedulerConfig
                     chunk: int | None = None, record_kv: bool = True) -> list[tuple[str, Trace]]:
     """record_kv False (the schedules page, which shows no block-level paging): no KV events,
     which are most of a large run's rows."""
-    return run_policies(workload, list(policies), config, step_model, chunk, created="(app)", record_kv=record_kv)
+    runs = run_policies(workload, list(policies), config, step_model, chunk, created="(app)", record_kv=record_kv,
+                        summaries=True)
+    for key in [k for k, (ref, _) in _PREMADE_SUMMARIES.items() if ref() is None]:
+        del _PREMADE_SUMMARIES[key]
+    for _, tr, summary in runs:    # computed beside the trace (in its worker process on a large workload)
+        _PREMADE_SUMMARIES[id(tr)] = (weakref.ref(tr), summary)
+    return [(label, tr) for label, tr, _ in runs]
+
+
+_PREMADE_SUMMARIES: dict[int, tuple] = {}   # id(trace) -> (weak reference to it, its summary)
+
+
+def _summary(tr: Trace) -> dict:
+    ref, summary = _PREMADE_SUMMARIES.pop(id(tr), (None, None))
+    return summary if ref is not None and ref() is tr else summarize(tr, per_request=False)
 
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
@@ -466,7 +484,7 @@ def cached_block_states(trace: Trace, max_snapshots: int = 160):
     return _block_states(trace, max_snapshots)[1]
 
 
-_DERIVED = {"summary": lambda tr: summarize(tr, per_request=False),   # pages read the summary only
+_DERIVED = {"summary": _summary,   # pages read the summary only
             "requests": request_metrics, "in_flight": in_flight_series, "rows": row_index,
             "span": time_range}
 

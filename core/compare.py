@@ -17,6 +17,7 @@ import pandas as pd
 from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.metrics import cost_usd, first_scheduled_ms, request_metrics, summarize, throughput
+from core.parallel import run_all
 from core.simulate import simulate
 from core.stepmodel import StepModel
 from core.trace import Trace
@@ -43,16 +44,32 @@ def policy_config(policy: str, config: SchedulerConfig, chunk: int | None = None
                                chunk=chunk if policy in TAKES_CHUNK else None)
 
 
+PARALLEL_MIN_REQUESTS = 1_000     # below this, a policy simulates in milliseconds: no worker processes
+
+
 def run_policies(workload, policies: list[str], config: SchedulerConfig, step_model: StepModel,
-                 chunk: int | None = None, created: str = "", record_kv: bool = True) -> list[tuple[str, Trace]]:
+                 chunk: int | None = None, created: str = "", record_kv: bool = True,
+                 summaries: bool = False) -> list[tuple]:
     """One simulated trace per policy, labelled "simulated <policy>". `record_kv` False: no
-    per-block KV events (schedules, latencies, preemptions and KV counts are the same)."""
-    out = []
+    per-block KV events (schedules, latencies, preemptions and KV counts are the same).
+    `summaries`: (label, trace, summarize(trace, per_request=False)) instead of pairs. With
+    several policies and at least PARALLEL_MIN_REQUESTS requests, each policy runs in its own
+    worker process (core.parallel.run_all; the same traces as one after another)."""
+    jobs = []
     for p in policies:
-        cfg = policy_config(p, config, chunk)
-        out.append((f"simulated {POLICY_LABELS[p]}", simulate(workload, cfg, step_model, label=POLICY_LABELS[p],
-                                                              created=created or None, record_kv=record_kv)))
-    return out
+        jobs.append(dict(workload=workload, config=policy_config(p, config, chunk), step_model=step_model,
+                         label=POLICY_LABELS[p], created=created or None, record_kv=record_kv, summary=summaries))
+    if len(jobs) > 1 and len(workload.requests) >= PARALLEL_MIN_REQUESTS:
+        runs = run_all(_policy_run, jobs)
+    else:
+        runs = [_policy_run(**j) for j in jobs]
+    return [(f"simulated {j['label']}", *r) if summaries else (f"simulated {j['label']}", r[0])
+            for j, r in zip(jobs, runs)]
+
+
+def _policy_run(workload, config, step_model, label, created, record_kv, summary) -> tuple:
+    tr = simulate(workload, config, step_model, label=label, created=created, record_kv=record_kv)
+    return (tr, summarize(tr, per_request=False)) if summary else (tr,)
 
 
 def fixed_window(schedules: list[tuple[str, Trace]], start_ms: float, end_ms: float = 0.0) -> tuple[float, float]:
