@@ -78,9 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit an affine model to the requests' measured TTFT and E2E by simulating the workload under "
                         "the engine's scheduler settings (the flags below; default policy vllm-v1) instead of to "
                         "step events (core.reqfit)")
+    f.add_argument("--from-token-times", action="store_true",
+                   help="fit to engine steps inferred from the streamed tokens' arrival times (each step's tokens "
+                        "reach the client together; core.stepinfer): for files without step events whose "
+                        "per-token times are known, e.g. a vLLM result with itls; uses the flags below")
     f.add_argument("--search-rounds", type=_positive_int, default=15,
                    help="--from-requests: rounds of the global search, 18 simulations each (default 15)")
-    add_flags(f.add_argument_group("the engine's scheduler settings (with --from-requests)"), SchedulerConfig,
+    add_flags(f.add_argument_group("the engine's scheduler settings (with --from-requests / --from-token-times)"),
+              SchedulerConfig,
               defaults={"policy": "vllm-v1"})
 
     e = sub.add_parser("export", help="convert a trace: Chrome/Perfetto JSON, per-request CSV, JSON, Parquet")
@@ -126,7 +131,16 @@ def cmd_fit(a) -> int:
     if a.out:
         check_writable(a.out, "--out")
     tr = _read(a.trace)
-    if a.from_requests:
+    if a.from_requests and a.from_token_times:
+        raise InputError("fit: choose one of --from-requests and --from-token-times")
+    if a.from_token_times:
+        from core.stepinfer import fit_inferred
+        if isinstance(tr, Imported) and (tr.trace is None or tr.aligned_at_zero):
+            raise InputError(f"{a.trace}: inferring steps needs each request's send time and per-token times "
+                             "(a vLLM result saved with --save-detailed and start_times)")
+        sm, report = fit_inferred(tr.trace if isinstance(tr, Imported) else tr, from_args(SchedulerConfig, a),
+                                  a.model or "affine")
+    elif a.from_requests:
         from core.reqfit import fit_from_requests
         if isinstance(tr, Imported) and tr.trace is None:
             raise InputError(f"{a.trace}: the file has only summary numbers, no per-request measurements to fit")
@@ -135,7 +149,8 @@ def cmd_fit(a) -> int:
                                        send_times_known=not (isinstance(tr, Imported) and tr.aligned_at_zero))
     elif isinstance(tr, Imported):
         raise InputError(f"{a.trace}: an engine's result file has no step events to fit a step model to; "
-                         f"--from-requests fits one to its per-request TTFT and E2E")
+                         f"--from-token-times fits one to the steps inferred from its streamed tokens, "
+                         f"--from-requests to its per-request TTFT and E2E")
     else:
         sm, report = fit(tr, a.model or "features")
     if a.out:
@@ -143,6 +158,8 @@ def cmd_fit(a) -> int:
     if a.json:
         print(json.dumps({"step_model": sm.to_dict(), "fit": report}, allow_nan=False))
         return 0
+    if a.from_token_times:
+        print(f"{a.trace}: " + "; ".join(report["notes"]))
     if a.from_requests:
         e = report["error"]
         print(f"{a.trace}: {report['requests']:,} requests, {report['simulations']} simulations; {sm.describe()}")
