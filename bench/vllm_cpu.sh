@@ -48,7 +48,10 @@
 # arrivals at that rate, still capped at CONCURRENCY in flight; the loadgen client stays closed-loop),
 # REPEATS (3: each measured client run, the two clients alternating),
 # VLLM_KV_GIB (1: VLLM_CPU_KVCACHE_SPACE), CLIENT_NICE (-10: niceness of the benchmark clients,
-# see pitfall e), SKIP_INSTALL=1 (use the venv as is).
+# see pitfall e), SKIP_INSTALL=1 (use the venv as is), OTLP (1: vLLM exports one OpenTelemetry
+# span per request, with the latencies it measured itself, to bench/vllm_cpu/otlp_collector.py on
+# 127.0.0.1:$OTLP_PORT (4318), written to $OUT/vllm_spans.jsonl; each `vllm bench serve` run's
+# wall-clock window goes to $OUT/windows.txt; 0: off), VLLM_ONLY=1 (skip our server: sections 6-7).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,6 +71,9 @@ READY_TIMEOUT="${READY_TIMEOUT:-300}"
 VLLM_KV_GIB="${VLLM_KV_GIB:-1}"
 REPEATS="${REPEATS:-3}"
 CLIENT_NICE="${CLIENT_NICE:--10}"
+OTLP="${OTLP:-1}"
+OTLP_PORT="${OTLP_PORT:-4318}"
+VLLM_ONLY="${VLLM_ONLY:-0}"
 MAX_SEQS=16
 TOKEN_BUDGET=2048
 
@@ -244,10 +250,18 @@ loadgen() {  # PORT TRACE
 # ---- 5. vLLM ------------------------------------------------------------------------------------
 say "5. vLLM serve on 127.0.0.1:$VLLM_PORT"
 loadavg "before vllm serve"
-start_server vllm "$VLLM_PORT" "$OUT/vllm_server.log" "${VENV_ENV[@]}" "$VLLM" serve "$OUT/model" \
+OTLP_FLAGS=()
+OTLP_ENV=()
+if [ "$OTLP" = 1 ]; then
+  start_server otlp_collector "$OTLP_PORT" "$OUT/otlp_collector.log" "$VPY" "$HERE/otlp_collector.py" \
+    --port "$OTLP_PORT" --out "$OUT/vllm_spans.jsonl"
+  OTLP_FLAGS=(--otlp-traces-endpoint "http://127.0.0.1:$OTLP_PORT/v1/traces")
+  OTLP_ENV=(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf OTEL_BSP_SCHEDULE_DELAY=200)
+fi
+start_server vllm "$VLLM_PORT" "$OUT/vllm_server.log" "${VENV_ENV[@]}" "${OTLP_ENV[@]}" "$VLLM" serve "$OUT/model" \
   --tokenizer "$TOKDIR" --served-model-name tiny --host 127.0.0.1 --port "$VLLM_PORT" \
   --dtype float32 --max-model-len 2048 --max-num-seqs "$MAX_SEQS" --max-num-batched-tokens "$TOKEN_BUDGET" \
-  --block-size 128 --no-enable-prefix-caching --generation-config vllm --seed 0
+  --block-size 128 --no-enable-prefix-caching --generation-config vllm --seed 0 "${OTLP_FLAGS[@]}"
 VLLM_PID=$STARTED_PID
 curl -s "http://127.0.0.1:$VLLM_PORT/version" > "$OUT/vllm_version.json" || true
 run "$PY" "$HERE/greedy.py" query --url "http://127.0.0.1:$VLLM_PORT" --prompts "$OUT/greedy.json" --out "$OUT/greedy_vllm.json"
@@ -255,13 +269,20 @@ say "warm-up: one unmeasured pass of the workload (first batches of new shapes a
 loadgen "$VLLM_PORT" warmup_vllm.json
 for ((r = 1; r <= REPEATS; r++)); do
   loadavg "before vllm bench serve -> vllm (repeat $r)"
+  W0=$(date +%s.%N)
   bench_serve "$VLLM_PORT" "vllm_bench_vllm_r$r.json" || die "vllm bench serve against vLLM failed (log $OUT/vllm_bench_vllm_r$r.log)"
+  echo "vllm_bench_vllm_r$r.json $W0 $(date +%s.%N)" >> "$OUT/windows.txt"
   loadavg "before loadgen -> vllm (repeat $r)"
   loadgen "$VLLM_PORT" "vllm_loadgen_r$r.json"
 done
 curl -s "http://127.0.0.1:$VLLM_PORT/metrics" > "$OUT/vllm_metrics_after.txt" || true
+[ "$OTLP" = 1 ] && sleep 2      # the span exporter sends every 200 ms
 say "stopping vLLM"
 stop_server "$VLLM_PID"
+if [ "$VLLM_ONLY" = 1 ]; then
+  say "VLLM_ONLY=1: our server skipped"
+  exit 0
+fi
 
 # ---- 6. our server --------------------------------------------------------------------------------
 say "6. gpu_runner serve on 127.0.0.1:$RUNNER_PORT"

@@ -3,6 +3,7 @@ per-request TTFT and E2E error <= 15% with the vllm-v1 policy and vLLM's setting
 
     python -m bench.vllm_fidelity RUN_A.json RUN_B.json [RUN_C.json ...] [--max-seqs 16]
         [--token-budget 2048] [--block-size 128] [--method steps|requests] [--replay auto|send-times]
+        [--engine-side]
 
 RUN_A / RUN_B: `vllm bench serve --save-result` files with per-request details and send times
 (bench/vllm_cpu.sh writes them as $OUT/vllm_bench_vllm.json), of different workloads on the
@@ -16,22 +17,73 @@ closed loop, each request sent when one finishes in the simulation; any other ru
 measured send times (`--replay send-times` forces that for all: a closed loop's send times
 then carry the measured engine's speed into the prediction). With three or more runs, also
 each run predicted by a joint fit of all the others. Prints; asserts nothing. Not run in CI.
+
+`--engine-side`: compare with what vLLM measured itself rather than the client: each request's
+TTFT and E2E from vLLM's OpenTelemetry span (bench/vllm_cpu.sh with OTLP=1 writes
+vllm_spans.jsonl and windows.txt beside the result), from its arrival at vLLM's engine
+front-end, simulated at those arrival times (open loop) or as the closed loop with the run's
+own median round trip from a finish to the replacement's arrival. That leaves out the HTTP
+client and the API server's streaming, which on the 2-core machine share a saturated core.
 """
 import argparse
+import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
 
 from core.config import SchedulerConfig
+from core.metrics import request_metrics
 from core.reqfit import errors, fit_from_requests
 from core.simulate import simulate
 from core.stepinfer import closed_loop_clients, fit_inferred
 from core.sweep import simulate_closed
 from core.trace import open_trace
+from core.workload import Workload
+
+
+def engine_side(path: Path, trace):
+    """vLLM's own view of a run from the OpenTelemetry spans bench/vllm_cpu.sh collects (OTLP=1):
+    the `llm_request` spans that started inside the run's wall-clock window (windows.txt beside
+    the result file), matched to the result's requests in send order. Returns (workload with the
+    engine front-end's arrival times, {id: TTFT ms}, {id: E2E ms}) or None without spans."""
+    spans_file, windows = path.parent / "vllm_spans.jsonl", path.parent / "windows.txt"
+    if not spans_file.exists() or not windows.exists():
+        return None
+    window = {ln.split()[0]: (float(ln.split()[1]), float(ln.split()[2])) for ln in windows.read_text().splitlines()
+              if ln.strip()}
+    lo, hi = window.get(path.name, (None, None))
+    if lo is None:
+        return None
+    spans = [json.loads(ln) for ln in spans_file.read_text().splitlines() if ln.strip()]
+    spans = sorted((sp for sp in spans if sp["name"] == "llm_request" and lo * 1e9 <= sp["start_ns"] <= hi * 1e9),
+                   key=lambda sp: sp["start_ns"])
+    reqs = trace.workload().requests            # send order
+    if len(spans) != len(reqs):
+        raise SystemExit(f"{path}: {len(spans)} vLLM spans in the run's window for {len(reqs)} requests")
+    t0 = spans[0]["start_ns"]
+    ttft, e2e, out = {}, {}, []
+    for r, sp in zip(reqs, spans):
+        a = sp["attributes"]
+        if (a["gen_ai.usage.prompt_tokens"], a["gen_ai.usage.completion_tokens"]) != (r.prompt_tokens,
+                                                                                       r.max_output_tokens):
+            raise SystemExit(f"{path}: span and request {r.id} disagree on token counts")
+        out.append(dataclasses.replace(r, arrival_ms=(sp["start_ns"] - t0) / 1e6))
+        ttft[r.id] = a["gen_ai.latency.time_to_first_token"] * 1000.0
+        e2e[r.id] = a["gen_ai.latency.e2e"] * 1000.0
+    return Workload(out, name=f"{path.stem} (vLLM's arrivals)"), ttft, e2e
+
+
+def round_trip_ms(workload, e2e: dict, clients: int) -> float:
+    """A closed loop's median time from a finish (vLLM's clock) to the arrival of the request it
+    let the client send: the client's and the API server's round trip."""
+    arrival = np.array([r.arrival_ms for r in workload.requests])
+    finish = np.sort(np.array([r.arrival_ms + e2e[r.id] for r in workload.requests]))
+    return float(np.median(arrival[clients:] - finish[:len(arrival) - clients]))
 
 
 def row(fit_names, pred_name, how, e):
-    print(f"{' + '.join(fit_names):>60} {pred_name:>40} {how:>11} {np.median(e['ttft_ms']):>9.1%} "
+    print(f"{' + '.join(fit_names):>60} {pred_name:>40} {how:>16} {np.median(e['ttft_ms']):>9.1%} "
           f"{np.percentile(e['ttft_ms'], 90):>9.1%} {np.median(e['e2e_ms']):>8.1%} "
           f"{np.percentile(e['e2e_ms'], 90):>8.1%}", flush=True)
 
@@ -45,14 +97,24 @@ def main():
     ap.add_argument("--method", choices=("steps", "requests"), default="steps")
     ap.add_argument("--model", choices=("affine", "features"), default="affine")
     ap.add_argument("--replay", choices=("auto", "send-times"), default="auto")
+    ap.add_argument("--engine-side", action="store_true",
+                    help="compare with vLLM's own per-request TTFT and E2E (its OpenTelemetry spans, "
+                         "vllm_spans.jsonl and windows.txt beside each result file) from its own arrival "
+                         "times, leaving out the HTTP client and API server")
     a = ap.parse_args()
     cfg = SchedulerConfig("vllm-v1", max_seqs=a.max_seqs, token_budget=a.token_budget, block_size=a.block_size)
-    runs = []
+    runs, engine = [], {}
     for path in a.runs:
         imp = open_trace(path)
         if imp.trace is None or getattr(imp, "aligned_at_zero", False):
             raise SystemExit(f"{path}: needs per-request details with send times")
         runs.append((Path(path).stem, imp.trace))
+        if a.engine_side:
+            view = engine_side(Path(path), imp.trace)
+            if view is None:
+                raise SystemExit(f"{path}: --engine-side needs vllm_spans.jsonl and windows.txt beside it "
+                                 "(bench/vllm_cpu.sh with OTLP=1)")
+            engine[Path(path).stem] = view
 
     def fit(traces):
         if a.method == "steps":
@@ -61,12 +123,25 @@ def main():
 
     def predict(sm, tr):
         clients = closed_loop_clients(tr) if a.replay == "auto" else None
+        if a.engine_side:
+            w, ttft, e2e = engine[tr_name[id(tr)]]
+            if clients:
+                delay = round_trip_ms(w, e2e, clients)
+                sim, how = simulate_closed(w, cfg, sm, clients, delay_ms=delay)[0], f"closed {clients} +{delay:.1f}"
+            else:
+                sim, how = simulate(w, cfg, sm), "vLLM arr."
+            p = request_metrics(sim).set_index("id")
+            ids = [r.id for r in w.requests]
+            return how, {"ttft_ms": np.array([abs(p.at[i, "ttft_ms"] - ttft[i]) / ttft[i] for i in ids]),
+                         "e2e_ms": np.array([abs(p.at[i, "e2e_ms"] - e2e[i]) / e2e[i] for i in ids])}
         if clients:
             return f"closed {clients}", errors(simulate_closed(tr.workload(), cfg, sm, clients)[0], tr)
         return "send times", errors(simulate(tr.workload(), cfg, sm), tr)
 
-    print(f"scheduler: {cfg.to_dict()}; fitted to {a.method}, {a.model} model")
-    print(f"{'fit on':>60} {'predict':>40} {'arrivals':>11} {'TTFT med':>9} {'TTFT p90':>9} {'E2E med':>8} "
+    tr_name = {id(tr): name for name, tr in runs}
+    print(f"scheduler: {cfg.to_dict()}; fitted to {a.method}, {a.model} model; "
+          + ("vLLM's own TTFT/E2E (spans)" if a.engine_side else "the client's TTFT/E2E"))
+    print(f"{'fit on':>60} {'predict':>40} {'arrivals':>16} {'TTFT med':>9} {'TTFT p90':>9} {'E2E med':>8} "
           f"{'E2E p90':>8}")
     for name, tr in runs:               # each run alone, predicting every run
         sm = fit(tr)

@@ -54,15 +54,17 @@ class ClosedLoop:
     """Inbox for core.loop.run: keeps `concurrency` requests in the system, sending the next
     one (in workload order) at the time one finishes."""
 
-    def __init__(self, requests: list[Request], concurrency: int):
+    def __init__(self, requests: list[Request], concurrency: int, delay_ms: float = 0.0):
         self.pending = deque(requests)
         self.concurrency = concurrency
+        self.delay_ms = delay_ms        # from a finish to its replacement reaching the engine
         self.sent: list[Request] = []
         self.max_in_flight = 0
 
     def drain(self, sched: Scheduler, now_ms: float) -> bool:
         while self.pending and len(self.sent) - sched.num_done < self.concurrency:
-            r = dataclasses.replace(self.pending.popleft(), arrival_ms=now_ms, abort_at_ms=None)
+            r = dataclasses.replace(self.pending.popleft(), abort_at_ms=None,
+                                    arrival_ms=now_ms + (self.delay_ms if sched.num_done else 0.0))
             sched.add_request(r)
             self.sent.append(r)
         self.max_in_flight = max(self.max_in_flight, len(self.sent) - sched.num_done)
@@ -73,18 +75,22 @@ class ClosedLoop:
 
 
 def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: StepModel, concurrency: int,
-                    created: str | None = None):
+                    created: str | None = None, delay_ms: float = 0.0):
     """The workload's requests in order as a closed loop of `concurrency` clients; returns
-    (trace, most requests ever in flight). A pool left unsized (kv_blocks None) gets the
-    blocks every request would need at once, as an open-loop simulation does."""
+    (trace, most requests ever in flight). `delay_ms`: from a request's finish until the one
+    that replaces it reaches the engine (the client's and the server front-end's round trip).
+    A pool left unsized (kv_blocks None) gets the blocks every request would need at once, as an
+    open-loop simulation does."""
     if concurrency < 1:
         raise ConfigError(f"concurrency: expected an integer >= 1, got {concurrency!r}")
+    if not (math.isfinite(delay_ms) and delay_ms >= 0):
+        raise ConfigError(f"delay_ms: expected a number >= 0, got {delay_ms!r}")
     if config.kv_blocks is None:
         need = -(-(workload.prompt_tokens + workload.max_output_tokens - 1) // config.block_size)
         config = dataclasses.replace(config, kv_blocks=int(need.sum()))
     log = StepLog()
     sched = Scheduler(None, config, log)
-    inbox = ClosedLoop(workload.requests, concurrency)
+    inbox = ClosedLoop(workload.requests, concurrency, delay_ms)
     loop.run(sched, StepTimeExecutor(step_model), loop.VirtualClock(0.0), inbox=inbox)
     sent = Workload(inbox.sent, name=f"{workload.name}, closed loop of {concurrency}")
     meta = loop.trace_meta(sched, sent, "simulated", f"{config.policy}, {concurrency} in flight (simulated)",

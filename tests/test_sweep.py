@@ -120,3 +120,17 @@ def test_repeats_report_the_spread_and_capacity_needs_every_run():
     assert cap is None or worst[cap["rate"]] >= 0.9 and cap["attainment"] == worst[cap["rate"]]
     with pytest.raises(ConfigError, match="closed loop is deterministic"):
         sweep(w, cfg, STEP10, concurrency=[2], repeats=2)
+
+
+def test_a_closed_loops_replacement_reaches_the_engine_after_the_round_trip():
+    # one client, two requests of 2 output tokens, 10 ms steps: the first runs [0, 10] (prefill,
+    # token 1) and [10, 20] (token 2); its replacement is sent at 20 and arrives 5 ms later
+    w = Workload([Request("a", 0.0, 4, 2), Request("b", 0.0, 4, 2)])
+    tr, _ = simulate_closed(w, SchedulerConfig("continuous"), STEP10, 1, delay_ms=5.0)
+    assert tr.requests.set_index("id")["arrival_ms"].to_dict() == {"a": 0.0, "b": 25.0}
+    t = tr.tokens.groupby("req")["t_ms"].apply(list).tolist()
+    assert t == [[10.0, 20.0], [35.0, 45.0]]
+    no_delay, _ = simulate_closed(w, SchedulerConfig("continuous"), STEP10, 1)
+    assert no_delay.requests["arrival_ms"].tolist() == [0.0, 20.0]
+    with pytest.raises(ConfigError, match="delay_ms"):
+        simulate_closed(w, SchedulerConfig("continuous"), STEP10, 1, delay_ms=-1.0)
