@@ -22,7 +22,8 @@ each run predicted by a joint fit of all the others. Prints; asserts nothing. No
 TTFT and E2E from vLLM's OpenTelemetry span (bench/vllm_cpu.sh with OTLP=1 writes
 vllm_spans.jsonl and windows.txt beside the result), from its arrival at vLLM's engine
 front-end, simulated at those arrival times (open loop) or as the closed loop with the run's
-own median round trip from a finish to the replacement's arrival. That leaves out the HTTP
+own round trips (the k-th finish to the arrival of the request it released: the client's and
+the API server's reaction, measured; the engine's finishes are simulated). That leaves out the HTTP
 client and the API server's streaming, which on the 2-core machine share a saturated core.
 """
 import argparse
@@ -74,12 +75,17 @@ def engine_side(path: Path, trace):
     return Workload(out, name=f"{path.stem} (vLLM's arrivals)"), ttft, e2e
 
 
-def round_trip_ms(workload, e2e: dict, clients: int) -> float:
-    """A closed loop's median time from a finish (vLLM's clock) to the arrival of the request it
-    let the client send: the client's and the API server's round trip."""
+def round_trips_ms(workload, e2e: dict, clients: int) -> np.ndarray:
+    """A closed loop's round trips (vLLM's clock): from the k-th finish to the arrival of the
+    request it let a client send (the (clients + k)-th): the client's and the API server's part."""
     arrival = np.array([r.arrival_ms for r in workload.requests])
     finish = np.sort(np.array([r.arrival_ms + e2e[r.id] for r in workload.requests]))
-    return float(np.median(arrival[clients:] - finish[:len(arrival) - clients]))
+    return np.maximum(arrival[clients:] - finish[:len(arrival) - clients], 0.0)
+
+
+def run_name(path: Path) -> str:
+    """The file's name, with its folder when the name is bench/vllm_cpu.sh's generic one."""
+    return f"{path.parent.name}/{path.stem}" if path.stem.startswith("vllm_bench_") else path.stem
 
 
 def row(fit_names, pred_name, how, e):
@@ -108,13 +114,13 @@ def main():
         imp = open_trace(path)
         if imp.trace is None or getattr(imp, "aligned_at_zero", False):
             raise SystemExit(f"{path}: needs per-request details with send times")
-        runs.append((Path(path).stem, imp.trace))
+        runs.append((run_name(Path(path)), imp.trace))
         if a.engine_side:
             view = engine_side(Path(path), imp.trace)
             if view is None:
                 raise SystemExit(f"{path}: --engine-side needs vllm_spans.jsonl and windows.txt beside it "
                                  "(bench/vllm_cpu.sh with OTLP=1)")
-            engine[Path(path).stem] = view
+            engine[run_name(Path(path))] = view
 
     def fit(traces):
         if a.method == "steps":
@@ -126,8 +132,9 @@ def main():
         if a.engine_side:
             w, ttft, e2e = engine[tr_name[id(tr)]]
             if clients:
-                delay = round_trip_ms(w, e2e, clients)
-                sim, how = simulate_closed(w, cfg, sm, clients, delay_ms=delay)[0], f"closed {clients} +{delay:.1f}"
+                delay = round_trips_ms(w, e2e, clients)
+                sim = simulate_closed(w, cfg, sm, clients, delay_ms=delay)[0]
+                how = f"closed {clients} +{np.median(delay):.1f}"
             else:
                 sim, how = simulate(w, cfg, sm), "vLLM arr."
             p = request_metrics(sim).set_index("id")

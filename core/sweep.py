@@ -54,17 +54,24 @@ class ClosedLoop:
     """Inbox for core.loop.run: keeps `concurrency` requests in the system, sending the next
     one (in workload order) at the time one finishes."""
 
-    def __init__(self, requests: list[Request], concurrency: int, delay_ms: float = 0.0):
+    def __init__(self, requests: list[Request], concurrency: int, delay_ms=0.0):
         self.pending = deque(requests)
         self.concurrency = concurrency
-        self.delay_ms = delay_ms        # from a finish to its replacement reaching the engine
+        # from a finish to its replacement reaching the engine: one for all, or the k-th replacement's
+        self.delays = [float(delay_ms)] * len(requests) if np.ndim(delay_ms) == 0 else [float(d) for d in delay_ms]
+        self.replaced = 0
+        self.last_arrival = 0.0
         self.sent: list[Request] = []
         self.max_in_flight = 0
 
     def drain(self, sched: Scheduler, now_ms: float) -> bool:
         while self.pending and len(self.sent) - sched.num_done < self.concurrency:
-            r = dataclasses.replace(self.pending.popleft(), abort_at_ms=None,
-                                    arrival_ms=now_ms + (self.delay_ms if sched.num_done else 0.0))
+            at = now_ms
+            if sched.num_done:      # a replacement; the front end hands requests on in order
+                at = max(now_ms + self.delays[min(self.replaced, len(self.delays) - 1)], self.last_arrival)
+                self.replaced += 1
+            self.last_arrival = at
+            r = dataclasses.replace(self.pending.popleft(), abort_at_ms=None, arrival_ms=at)
             sched.add_request(r)
             self.sent.append(r)
         self.max_in_flight = max(self.max_in_flight, len(self.sent) - sched.num_done)
@@ -75,16 +82,19 @@ class ClosedLoop:
 
 
 def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: StepModel, concurrency: int,
-                    created: str | None = None, delay_ms: float = 0.0):
+                    created: str | None = None, delay_ms=0.0):
     """The workload's requests in order as a closed loop of `concurrency` clients; returns
     (trace, most requests ever in flight). `delay_ms`: from a request's finish until the one
-    that replaces it reaches the engine (the client's and the server front-end's round trip).
+    that replaces it reaches the engine (the client's and the server front-end's round trip),
+    one number or one per replacement in order (the last repeats); a replacement never reaches
+    the engine before the one sent before it.
     A pool left unsized (kv_blocks None) gets the blocks every request would need at once, as an
     open-loop simulation does."""
     if concurrency < 1:
         raise ConfigError(f"concurrency: expected an integer >= 1, got {concurrency!r}")
-    if not (math.isfinite(delay_ms) and delay_ms >= 0):
-        raise ConfigError(f"delay_ms: expected a number >= 0, got {delay_ms!r}")
+    d = np.atleast_1d(np.asarray(delay_ms, dtype=float))
+    if not (len(d) and np.isfinite(d).all() and (d >= 0).all()):
+        raise ConfigError(f"delay_ms: expected numbers >= 0, got {delay_ms!r}")
     if config.kv_blocks is None:
         need = -(-(workload.prompt_tokens + workload.max_output_tokens - 1) // config.block_size)
         config = dataclasses.replace(config, kv_blocks=int(need.sum()))

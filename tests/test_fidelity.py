@@ -123,3 +123,25 @@ def test_the_steps_outside_the_fitted_range_are_listed():
     for s, x in zip(steps, X):
         if s not in set(listed["step"]):
             assert all(report["range"][f][0] <= x[i] <= report["range"][f][1] for i, f in enumerate(FEATURES) if i)
+
+
+def test_vllms_own_request_spans_match_the_benchmark_files_requests():
+    """bench.vllm_fidelity --engine-side reads the OpenTelemetry spans bench/vllm_cpu.sh collects:
+    one per request inside the run's window, in send order, with the token counts the result
+    file has; a closed loop's round trips are never negative."""
+    from pathlib import Path
+
+    from bench.vllm_fidelity import engine_side, round_trips_ms
+    from core.stepinfer import closed_loop_clients
+    for name, n in (("c8_p256_o32", 64), ("c16_p128_o64", 64), ("poisson20_p192_o48", 96)):
+        path = ROOT / "data" / "imports" / "vllm_cpu_spans" / name / "vllm_bench_vllm_r1.json"
+        tr = open_trace(path).trace
+        w, ttft, e2e = engine_side(Path(path), tr)
+        assert len(w) == n and w.requests[0].arrival_ms == 0.0
+        assert [r.id for r in w.requests] == [r.id for r in tr.workload().requests]
+        assert all(0 < ttft[r.id] < e2e[r.id] for r in w.requests)
+        clients = closed_loop_clients(tr)
+        if clients:
+            rt = round_trips_ms(w, e2e, clients)
+            assert len(rt) == n - clients and (rt >= 0).all()
+    assert engine_side(ROOT / "data" / "imports" / "vllm_cpu_tiny_burst64.json", tr) is None   # no spans beside it

@@ -134,3 +134,13 @@ def test_a_closed_loops_replacement_reaches_the_engine_after_the_round_trip():
     assert no_delay.requests["arrival_ms"].tolist() == [0.0, 20.0]
     with pytest.raises(ConfigError, match="delay_ms"):
         simulate_closed(w, SchedulerConfig("continuous"), STEP10, 1, delay_ms=-1.0)
+
+
+def test_each_replacement_can_have_its_own_round_trip_and_keeps_its_place_in_line():
+    # two clients, four requests of one token, 10 ms steps: a and b finish at 10 together;
+    # c is delayed 30 ms, d 5 ms but not before c (the front end hands them on in order)
+    w = Workload([Request(x, 0.0, 4, 1) for x in "abcd"])
+    tr, _ = simulate_closed(w, SchedulerConfig("continuous"), STEP10, 2, delay_ms=[30.0, 5.0])
+    assert tr.requests.set_index("id")["arrival_ms"].to_dict() == {"a": 0.0, "b": 0.0, "c": 40.0, "d": 40.0}
+    with pytest.raises(ConfigError, match="delay_ms"):
+        simulate_closed(w, SchedulerConfig("continuous"), STEP10, 2, delay_ms=[1.0, float("nan")])
