@@ -20,6 +20,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
@@ -511,21 +512,36 @@ def cached_prediction(trace: Trace) -> Trace:
     return _predicted(trace)[1]
 
 
-@st.cache_resource(show_spinner="Fitting a step model to the requests' TTFT and E2E…", max_entries=8,
-                   hash_funcs=HASH_FUNCS)
-def _request_predicted(trace: Trace, config: SchedulerConfig, send_times_known: bool):
-    from core.reqfit import fit_from_requests
+@st.cache_resource(show_spinner="Fitting a step model and predicting…", max_entries=8, hash_funcs=HASH_FUNCS)
+def _request_predicted(trace: Trace, config: SchedulerConfig, send_times_known: bool, method: str):
+    from core.reqfit import errors, fit_from_requests
     from core.simulate import simulate
-    # (a page waits for it: ~0.1 s per simulation at 2,000 requests; larger files: python -m core fit)
-    sm, report = fit_from_requests(trace, config, send_times_known=send_times_known, max_requests=2000)
-    pred = simulate(trace.workload(), config, sm, label=f"predicted for {trace.label}", created="(app)",
-                    record_kv=False)
+    from core.stepinfer import closed_loop_clients, fit_inferred
+    from core.sweep import simulate_closed
+    if method == "token times":
+        sm, report = fit_inferred(trace, config, "affine")
+    else:   # (a page waits for it: ~0.1 s per simulation at 2,000 requests; larger files: python -m core fit)
+        sm, report = fit_from_requests(trace, config, send_times_known=send_times_known, max_requests=2000)
+    clients = closed_loop_clients(trace) if send_times_known else None
+    label = f"predicted for {trace.label}"
+    if clients:
+        pred = simulate_closed(trace.workload(), config, sm, clients, created="(app)")[0]
+        pred.meta["label"] = label
+    else:
+        pred = simulate(trace.workload(), config, sm, label=label, created="(app)", record_kv=False)
+    e = errors(pred, trace)
+    report = {**report, "method": method, "clients": clients,
+              "prediction_error": {k: float(np.median(v)) if len(v) else None for k, v in e.items()}}
     return trace, pred, report
 
 
-def cached_request_prediction(trace: Trace, config: SchedulerConfig, send_times_known: bool) -> tuple[Trace, dict]:
-    """core.reqfit: (predicted trace, fit report), once per trace and settings."""
-    return _request_predicted(trace, config, send_times_known)[1:]
+def cached_request_prediction(trace: Trace, config: SchedulerConfig, send_times_known: bool,
+                              method: str = "requests") -> tuple[Trace, dict]:
+    """A prediction for a trace without step events, once per trace, settings and method:
+    "token times" (core.stepinfer: steps inferred from the streamed tokens) or "requests"
+    (core.reqfit: the requests' TTFT and E2E). A closed-loop benchmark run is predicted as that
+    closed loop. Returns (predicted trace, fit report with the prediction's median errors)."""
+    return _request_predicted(trace, config, send_times_known, method)[1:]
 
 
 @st.cache_resource(show_spinner="Fitting and predicting…", max_entries=8, hash_funcs=HASH_FUNCS)

@@ -295,9 +295,17 @@ if len(tr.steps) >= 3:
               on_click=predict, key="rp_predict")
     engine_settings = None
 else:   # no step events: fit to the requests' TTFT and E2E under the engine's settings as stated
-    with st.expander("Predict from the requests' TTFT and E2E (no step events): the engine's scheduler settings"):
-        st.caption("The simulator replays this workload (send times, prompt and output lengths) under these "
-                   "settings and fits an affine step time to the measured TTFT and E2E (core/reqfit.py).")
+    with st.expander("Predict with the simulator (no step events): the engine's scheduler settings"):
+        per_token = bool(len(tr.tokens)) and tr.tokens.groupby("req").size().max() > 1
+        methods = ["token times", "requests"] if per_token else ["requests"]
+        method = st.segmented_control(
+            "Fit the step time to", methods, default=methods[0], key="rp_rf_method",
+            help="token times: the engine's steps read off the streamed tokens (a step's tokens reach the "
+                 "client together; core/stepinfer.py); requests: each request's TTFT and E2E, by simulating "
+                 "the workload under these settings (core/reqfit.py)") or methods[0]
+        st.caption("The simulator replays this workload (send times, or the closed loop of a benchmark run with a "
+                   "fixed number of clients; prompt and output lengths) under these settings with an affine step "
+                   "time fitted as chosen.")
         e1, e2, e3, e4, e5 = st.columns(5)
         engine_settings = dict(
             policy=e1.selectbox("Policy", POLICIES, index=POLICIES.index("vllm-v1"), key="rp_rf_policy"),
@@ -314,13 +322,17 @@ if other_choice != "(none)":
                 other = cached_prediction(tr)
                 st.caption(f"Prediction: core simulator, {other.meta['step_model']['description']}.")
             else:
-                other, rep = cached_request_prediction(tr, SchedulerConfig(**engine_settings),
-                                                       not (imp is not None and imp.aligned_at_zero))
-                e = rep["error"]
-                st.caption(f"Prediction: core simulator ({rep['scheduler']['policy']}), "
-                           f"{other.meta['step_model']['description']}, fitted to {rep['requests']} requests' "
-                           f"TTFT and E2E in {rep['simulations']} simulations; in-sample per-request error "
-                           f"TTFT p50 {e['ttft_ms']['p50']:.1%}, E2E p50 {e['e2e_ms']['p50']:.1%}.")
+                cfg = SchedulerConfig(**engine_settings)
+                other, rep = cached_request_prediction(tr, cfg, not (imp is not None and imp.aligned_at_zero),
+                                                       method)
+                e = rep["prediction_error"]
+                how = (f"fitted to {rep['steps']} steps inferred from the streamed token times"
+                       if rep["method"] == "token times" else
+                       f"fitted to {rep['requests']} requests' TTFT and E2E in {rep['simulations']} simulations")
+                arrivals = f"a closed loop of {rep['clients']} clients" if rep["clients"] else "the send times"
+                st.caption(f"Prediction: core simulator ({cfg.policy}), {other.meta['step_model']['description']}, "
+                           f"{how}; arrivals: {arrivals}. Per-request error (median, in sample) "
+                           f"TTFT {e['ttft_ms']:.1%}, E2E {e['e2e_ms']:.1%}.")
             other_label = "predicted (simulated)"
         except InputError as e:
             st.error(f"Cannot predict: {md(e)}")

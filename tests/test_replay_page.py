@@ -155,9 +155,15 @@ def test_an_engines_result_file_is_predicted_from_its_requests():
     assert not at.exception and not at.error
     assert at.selectbox(key="rp_cmp").value == "Predicted by the simulator"
     cap = [c.value for c in at.caption if c.value.startswith("Prediction: core simulator (vllm-v1)")]
-    assert cap and "fitted to 64 requests" in cap[0]
+    # the file streams per-token times: by default the steps are read off them; it was a closed loop
+    # of 16 clients (request rate inf, max concurrency 16), and is predicted as one
+    assert cap and "steps inferred from the streamed token times" in cap[0]
+    assert "arrivals: a closed loop of 16 clients" in cap[0]
     table = [d.value for d in at.dataframe if "difference" in d.value.columns][0]
     assert table.columns[2] == "predicted (simulated)"
+    at.segmented_control(key="rp_rf_method").set_value("requests").run()
+    cap = [c.value for c in at.caption if c.value.startswith("Prediction: core simulator (vllm-v1)")]
+    assert not at.exception and cap and "fitted to 64 requests" in cap[0]
 
 
 def growing(path, n):
