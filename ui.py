@@ -16,6 +16,7 @@ import gc
 import math
 import os
 import re
+import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -447,18 +448,21 @@ def cached_policies(workload: Workload, policies: tuple, config: SchedulerConfig
     which are most of a large run's rows."""
     runs = run_policies(workload, list(policies), config, step_model, chunk, created="(app)", record_kv=record_kv,
                         summaries=True)
-    for key in [k for k, (ref, _) in _PREMADE_SUMMARIES.items() if ref() is None]:
-        del _PREMADE_SUMMARIES[key]
-    for _, tr, summary in runs:    # computed beside the trace (in its worker process on a large workload)
-        _PREMADE_SUMMARIES[id(tr)] = (weakref.ref(tr), summary)
+    with _PREMADE_LOCK:     # sessions run in threads of one process
+        for key in [k for k, (ref, _) in list(_PREMADE_SUMMARIES.items()) if ref() is None]:
+            _PREMADE_SUMMARIES.pop(key, None)
+        for _, tr, summary in runs:    # computed beside the trace (in its worker process on a large workload)
+            _PREMADE_SUMMARIES[id(tr)] = (weakref.ref(tr), summary)
     return [(label, tr) for label, tr, _ in runs]
 
 
 _PREMADE_SUMMARIES: dict[int, tuple] = {}   # id(trace) -> (weak reference to it, its summary)
+_PREMADE_LOCK = threading.Lock()
 
 
 def _summary(tr: Trace) -> dict:
-    ref, summary = _PREMADE_SUMMARIES.pop(id(tr), (None, None))
+    with _PREMADE_LOCK:
+        ref, summary = _PREMADE_SUMMARIES.pop(id(tr), (None, None))
     return summary if ref is not None and ref() is tr else summarize(tr, per_request=False)
 
 
@@ -512,6 +516,9 @@ def cached_prediction(trace: Trace) -> Trace:
     return _predicted(trace)[1]
 
 
+MAX_PAGE_FIT_TOKENS = 2_000_000   # inferring steps walks every token in Python (~1.6 s per million)
+
+
 @st.cache_resource(show_spinner="Fitting a step model and predicting…", max_entries=8, hash_funcs=HASH_FUNCS)
 def _request_predicted(trace: Trace, config: SchedulerConfig, send_times_known: bool, method: str):
     from core.reqfit import errors, fit_from_requests
@@ -519,6 +526,9 @@ def _request_predicted(trace: Trace, config: SchedulerConfig, send_times_known: 
     from core.stepinfer import closed_loop_clients, fit_inferred
     from core.sweep import simulate_closed
     if method == "token times":
+        if len(trace.tokens) > MAX_PAGE_FIT_TOKENS:
+            raise InputError(f"{len(trace.tokens):,} tokens: the page fits up to {MAX_PAGE_FIT_TOKENS:,}; use "
+                             "python -m core fit FILE --from-token-times --out MODEL.json")
         sm, report = fit_inferred(trace, config, "affine")
     else:   # (a page waits for it: ~0.1 s per simulation at 2,000 requests; larger files: python -m core fit)
         sm, report = fit_from_requests(trace, config, send_times_known=send_times_known, max_requests=2000)

@@ -29,6 +29,7 @@ client and the API server's streaming, which on the 2-core machine share a satur
 import argparse
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -42,12 +43,15 @@ from core.sweep import simulate_closed
 from core.trace import open_trace
 from core.workload import Workload
 
+INDEX = re.compile(r".*-(\d+)-\d+$")
+
 
 def engine_side(path: Path, trace):
     """vLLM's own view of a run from the OpenTelemetry spans bench/vllm_cpu.sh collects (OTLP=1):
     the `llm_request` spans that started inside the run's wall-clock window (windows.txt beside
-    the result file), matched to the result's requests in send order. Returns (workload with the
-    engine front-end's arrival times, {id: TTFT ms}, {id: E2E ms}) or None without spans."""
+    the result file), matched to the result's requests by the dataset index in vLLM's request id
+    (checked: vLLM's TTFT never exceeds the client's). Returns (workload with the engine
+    front-end's arrival times, {id: TTFT ms}, {id: E2E ms}) or None without spans."""
     spans_file, windows = path.parent / "vllm_spans.jsonl", path.parent / "windows.txt"
     if not spans_file.exists() or not windows.exists():
         return None
@@ -57,14 +61,25 @@ def engine_side(path: Path, trace):
     if lo is None:
         return None
     spans = [json.loads(ln) for ln in spans_file.read_text().splitlines() if ln.strip()]
-    spans = sorted((sp for sp in spans if sp["name"] == "llm_request" and lo * 1e9 <= sp["start_ns"] <= hi * 1e9),
-                   key=lambda sp: sp["start_ns"])
+    spans = [sp for sp in spans if sp["name"] == "llm_request" and lo * 1e9 <= sp["start_ns"] <= hi * 1e9]
     reqs = trace.workload().requests            # send order
     if len(spans) != len(reqs):
         raise SystemExit(f"{path}: {len(spans)} vLLM spans in the run's window for {len(reqs)} requests")
-    t0 = spans[0]["start_ns"]
+    # `vllm bench serve` names request i of its dataset "bench-<hash>-i" (vLLM: "cmpl-bench-<hash>-i-0");
+    # the importer names the same request "req<i>". Matching by send order is not enough: sends
+    # 0.03 ms apart can reach the engine in either order.
+    by_index = {}
+    for sp in spans:
+        m = INDEX.match(str(sp["attributes"].get("gen_ai.request.id", "")))
+        if m is None:
+            raise SystemExit(f"{path}: span request id {sp['attributes'].get('gen_ai.request.id')!r} has no index")
+        by_index[f"req{int(m.group(1))}"] = sp
+    if set(by_index) != {r.id for r in reqs}:
+        raise SystemExit(f"{path}: the spans' request indices do not match the file's requests")
+    t0 = min(sp["start_ns"] for sp in spans)
     ttft, e2e, out = {}, {}, []
-    for r, sp in zip(reqs, spans):
+    for r in reqs:
+        sp = by_index[r.id]
         a = sp["attributes"]
         if (a["gen_ai.usage.prompt_tokens"], a["gen_ai.usage.completion_tokens"]) != (r.prompt_tokens,
                                                                                        r.max_output_tokens):
@@ -72,6 +87,11 @@ def engine_side(path: Path, trace):
         out.append(dataclasses.replace(r, arrival_ms=(sp["start_ns"] - t0) / 1e6))
         ttft[r.id] = a["gen_ai.latency.time_to_first_token"] * 1000.0
         e2e[r.id] = a["gen_ai.latency.e2e"] * 1000.0
+    measured = request_metrics(trace).set_index("id")
+    late = [r.id for r in reqs if ttft[r.id] > measured.at[r.id, "ttft_ms"] + 1.0]
+    if late:
+        raise SystemExit(f"{path}: vLLM's TTFT exceeds the client's for {len(late)} requests (e.g. {late[0]}): "
+                         "spans and requests are not matched")
     return Workload(out, name=f"{path.stem} (vLLM's arrivals)"), ttft, e2e
 
 

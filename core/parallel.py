@@ -46,10 +46,19 @@ ALIGN = 64
 
 
 def cpus() -> int:
+    """CPUs this process may use: its affinity, within a cgroup v2 CPU quota (containers), capped
+    by SERVING_EXPLORER_WORKERS."""
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         n = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, int(-(-int(quota) // int(period)))))
+    except (OSError, ValueError):
+        pass
     cap = os.environ.get("SERVING_EXPLORER_WORKERS", "")
     return max(1, min(n, int(cap))) if cap.isdigit() else n
 
@@ -76,7 +85,7 @@ def ship(obj, owner: int) -> Parcel:
         return Parcel(pickle.dumps(obj, protocol=5))
     path = None
     try:
-        fd, path = tempfile.mkstemp(dir=SHM_DIR, prefix=f"{SHM_PREFIX}{owner}-")
+        fd, path = tempfile.mkstemp(dir=SHM_DIR, prefix=f"{SHM_PREFIX}{owner}-{os.getpid()}-")
         with os.fdopen(fd, "wb") as f:
             os.posix_fallocate(f.fileno(), 0, size)     # ENOSPC here, not a SIGBUS later
             spans, at = [], 0
@@ -155,29 +164,38 @@ def _alive(pid: int) -> bool:
 # ---- workers ------------------------------------------------------------------------------------
 
 class WorkerDied(RuntimeError):
-    pass
+    def __init__(self, message: str, killed: bool = False):
+        super().__init__(message)
+        self.killed = killed        # by SIGKILL: most likely the out-of-memory killer
 
 
 class _Worker:
     """`python -m core.worker`: reads (fn, job, owner) pickles on stdin, answers with a pickled
     ("ok", Parcel) or ("error", exception) on stdout. A fresh interpreter, not a fork or a
     multiprocessing child: it neither inherits the caller's threads and locks nor imports the
-    caller's main module (under Streamlit, the running page's script)."""
+    caller's main module (under Streamlit, the running page's script). Any failure while talking
+    to it stops it (a half-written job or answer would leave the pipe out of step)."""
 
     def __init__(self):
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-        self.proc = subprocess.Popen([sys.executable, "-m", "core.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, cwd=root, env=env)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "core.worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, cwd=root, env=env)
+        except OSError as e:
+            raise WorkerDied(f"could not start a worker process ({e})") from None
 
     def call(self, fn, job: dict, owner: int):
+        message = pickle.dumps((fn, job, owner), protocol=5)     # a job that does not pickle fails here, whole
         try:
-            pickle.dump((fn, job, owner), self.proc.stdin, protocol=5)
+            self.proc.stdin.write(message)
             self.proc.stdin.flush()
             status, value = pickle.load(self.proc.stdout)
-        except (OSError, EOFError, pickle.UnpicklingError) as e:
+        except BaseException as e:
             self.stop()
-            raise WorkerDied(f"worker process {self.proc.pid} died ({e.__class__.__name__})") from None
+            killed = self.proc.returncode == -9
+            raise WorkerDied(f"worker process {self.proc.pid} died ({e.__class__.__name__}"
+                             f"{', killed: out of memory?' if killed else ''})", killed) from None
         if status == "error":
             raise value
         return unship(value)
@@ -189,6 +207,9 @@ class _Worker:
         if self.alive():
             self.proc.kill()
         self.proc.wait()
+        # result files it may have left half-written (named after the caller and this worker)
+        for path in glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}{os.getpid()}-{self.proc.pid}-*")):
+            _remove(path)
 
 
 class _Pool:
@@ -205,6 +226,7 @@ class _Pool:
         w = self.idle.get()
         try:
             if w is None or not w.alive():
+                w = None
                 w = _Worker()
             return w.call(fn, job, os.getpid())
         except WorkerDied:
@@ -214,14 +236,21 @@ class _Pool:
             self.idle.put(w)
 
     def map(self, fn, jobs: list[dict]) -> list:
+        """[fn(**job) for job in jobs] over the pool's workers (each job in a thread waiting for
+        a worker). A job whose worker died runs in this process instead, unless the worker was
+        killed (likely for memory: the server must not try the same here)."""
         out: list = [None] * len(jobs)
         errors: list = []
 
         def one(i):
             try:
-                out[i] = self.run(fn, jobs[i])
-            except WorkerDied:
-                out[i] = fn(**jobs[i])          # here, one after another
+                try:
+                    out[i] = self.run(fn, jobs[i])
+                except WorkerDied as e:
+                    if e.killed:
+                        raise MemoryError(f"a simulation's worker process was killed ({e}); not retried "
+                                          "here") from None
+                    out[i] = fn(**jobs[i])
             except BaseException as e:
                 errors.append(e)
 
@@ -266,11 +295,11 @@ def warm() -> None:
 
 
 def run_all(fn, jobs: list[dict], workers: int | None = None) -> list:
-    """[fn(**job) for job in jobs], in order, in up to `workers` processes (default: one per
-    CPU): forked for this call when the caller runs one thread, else the process's worker
-    pool (core.worker processes, up to one per CPU); here, one after another, with one worker
-    or job. A job whose worker dies runs here. `fn` must be a module-level function. A job's
-    exception is raised here."""
+    """[fn(**job) for job in jobs], in order: forked for this call into up to `workers`
+    processes (default: one per CPU) when the caller runs one thread, else on the process's
+    worker pool (core.worker processes, one per CPU; `workers` does not apply); here, one after
+    another, with one worker or job. A job whose worker dies runs here (see _Pool.map). `fn`
+    must be a module-level function. A job's exception is raised here."""
     workers = min(workers or cpus(), cpus(), len(jobs))
     if workers <= 1:
         return [fn(**j) for j in jobs]
@@ -291,7 +320,7 @@ def serve(stdin, stdout):
             answer = ("ok", ship(fn(**job), owner))
         except BaseException as e:
             try:
-                pickle.dumps(e)
+                pickle.loads(pickle.dumps(e))
             except Exception:
                 e = RuntimeError(f"{e.__class__.__name__}: {e}")
             answer = ("error", e)

@@ -106,6 +106,8 @@ def infer_steps(trace: Trace, config: SchedulerConfig, gap_ms: float | None = No
     full = (n_dec + n_new >= seats) | (n_dec + new_tokens >= budget)
     waiting_free = np.zeros(nb, dtype=bool)
     for r in range(len(prompt)):        # requests: few (a benchmark run), so a loop is fine
+        if first_burst[r] == nb:        # never emitted (failed, or no output): it tells nothing
+            continue
         lo, hi = sent_burst[r] + 1, first_burst[r]
         if hi > lo:
             ks = np.arange(lo, hi)

@@ -23,6 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from core.parallel import cpus
+
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = Path(__file__).with_name("haproxy.cfg")
 
@@ -79,6 +81,9 @@ def cluster(processes: int = 2, port: int = 8501, address: str = "127.0.0.1", lo
         raise DeployError("haproxy is not installed (Debian/Ubuntu: apt-get install haproxy)")
     backends = [port + i for i in range(1, processes + 1)]
     procs: list[subprocess.Popen] = []
+    # each app process starts simulation workers (core.parallel); N processes share the CPUs
+    env = dict(os.environ)
+    env.setdefault("SERVING_EXPLORER_WORKERS", str(max(1, cpus() // processes)))
     with tempfile.TemporaryDirectory(prefix="serving-explorer-deploy-") as tmp:
         logs = Path(log_dir or tmp)
         try:
@@ -88,7 +93,7 @@ def cluster(processes: int = 2, port: int = 8501, address: str = "127.0.0.1", lo
                         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
                          "--server.port", str(b), "--server.address", "127.0.0.1",
                          "--browser.gatherUsageStats", "false"],
-                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
+                        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env))
             for b in backends:
                 wait_healthy(f"http://127.0.0.1:{b}", timeout_s, procs)
             cfg = Path(tmp) / "haproxy.cfg"

@@ -296,7 +296,8 @@ if len(tr.steps) >= 3:
     engine_settings = None
 else:   # no step events: fit to the requests' TTFT and E2E under the engine's settings as stated
     with st.expander("Predict with the simulator (no step events): the engine's scheduler settings"):
-        per_token = bool(len(tr.tokens)) and tr.tokens.groupby("req").size().max() > 1
+        send_times = not (imp is not None and imp.aligned_at_zero)     # token times pool across requests only then
+        per_token = send_times and bool(len(tr.tokens)) and tr.tokens.groupby("req").size().max() > 1
         methods = ["token times", "requests"] if per_token else ["requests"]
         method = st.segmented_control(
             "Fit the step time to", methods, default=methods[0], key="rp_rf_method",
@@ -332,7 +333,8 @@ if other_choice != "(none)":
                 arrivals = f"a closed loop of {rep['clients']} clients" if rep["clients"] else "the send times"
                 st.caption(f"Prediction: core simulator ({cfg.policy}), {other.meta['step_model']['description']}, "
                            f"{how}; arrivals: {arrivals}. Per-request error (median, in sample) "
-                           f"TTFT {e['ttft_ms']:.1%}, E2E {e['e2e_ms']:.1%}.")
+                           + ", ".join(f"{k} {'—' if e[c] is None else f'{e[c]:.1%}'}"
+                                       for k, c in (("TTFT", "ttft_ms"), ("E2E", "e2e_ms"))) + ".")
             other_label = "predicted (simulated)"
         except InputError as e:
             st.error(f"Cannot predict: {md(e)}")

@@ -129,3 +129,22 @@ def test_a_job_whose_worker_dies_runs_in_the_caller_and_the_pool_recovers():
     jobs = [dict(caller=os.getpid(), x=i) for i in range(3)]
     assert in_thread(parallel.run_all, die_in_worker, jobs) == [0, 2, 4]
     assert in_thread(parallel.run_all, os.getpid, [{}, {}]) != [os.getpid()] * 2    # new workers
+
+
+def killed_in_worker(caller: int) -> int:
+    import signal
+    if os.getpid() != caller:
+        os.kill(os.getpid(), signal.SIGKILL)      # as the out-of-memory killer would
+    return 1
+
+
+def test_a_job_whose_worker_is_killed_is_not_rerun_in_the_caller():
+    with pytest.raises(MemoryError, match="killed"):
+        in_thread(parallel.run_all, killed_in_worker, [dict(caller=os.getpid())] * 2)
+    assert in_thread(parallel.run_all, die_in_worker, [dict(caller=os.getpid(), x=1)] * 2) == [2, 2]
+
+
+def test_a_job_that_does_not_pickle_fails_whole_and_the_workers_stay_usable():
+    with pytest.raises(Exception, match="pickle|lambda"):
+        in_thread(parallel.run_all, die_in_worker, [dict(caller=os.getpid(), x=lambda: 0)] * 2)
+    assert in_thread(parallel.run_all, os.getpid, [{}, {}]) != [os.getpid()] * 2
