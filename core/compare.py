@@ -148,8 +148,9 @@ def thin_sample_notes(schedules: list[tuple[str, Trace]], summaries: list[dict] 
 
 # ---- two traces of the same workload -------------------------------------------------------
 
-def workload_differences(a: Trace, b: Trace, limit: int = 5) -> list[str]:
-    """Differences between two traces' workloads (ids, arrivals, prompt/output lengths).
+def workload_differences(a: Trace, b: Trace, limit: int = 5, arrivals: bool = True) -> list[str]:
+    """Differences between two traces' workloads (ids, arrivals unless `arrivals` is False,
+    prompt/output lengths).
     Requests are matched by id; when no id is shared and both have the same number of requests
     (an engine's result file names its requests req0, req1, ... by position), they are matched
     by position in arrival order instead, and the first line says so."""
@@ -168,7 +169,7 @@ def workload_differences(a: Trace, b: Trace, limit: int = 5) -> list[str]:
             out.append(f"request ids differ: {len(only_a)} only in the first, {len(only_b)} only in the second")
         names = list(common)
     for col, what in (("arrival_ms", "arrival times"), ("prompt_tokens", "prompt lengths"),
-                      ("max_output_tokens", "requested output lengths")):
+                      ("max_output_tokens", "requested output lengths"))[0 if arrivals else 1:]:
         x, y = ra.loc[common, col].to_numpy(), rb.loc[common, col].to_numpy()
         diff = ~np.isclose(x, y) if col == "arrival_ms" else x != y
         if diff.any():

@@ -345,7 +345,10 @@ if other_choice != "(none)":
             st.stop()
         other_label = f"{other_label} ({other.source})"
     this_label = f"{label} ({tr.source})"
-    for d in workload_differences(tr, other):
+    # a closed loop's prediction sends each request when one finishes in the simulation: its
+    # arrival times are predicted, not the workload's (the caption above says so)
+    closed_prediction = other_choice == PREDICT and engine_settings is not None and bool(rep.get("clients"))
+    for d in workload_differences(tr, other, arrivals=not closed_prediction):
         st.warning(f"The two workloads differ: {md(d)}. Differences in metrics mix scheduling with workload.")
     show_table(compare_table(tr, other, this_label, other_label), hide_index=True, key="rp_compare",
                  column_config={c: st.column_config.NumberColumn(format="%.6g")
