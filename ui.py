@@ -521,10 +521,9 @@ MAX_PAGE_FIT_TOKENS = 2_000_000   # inferring steps walks every token in Python 
 
 @st.cache_resource(show_spinner="Fitting a step model and predicting…", max_entries=8, hash_funcs=HASH_FUNCS)
 def _request_predicted(trace: Trace, config: SchedulerConfig, send_times_known: bool, method: str):
+    from core.predict import replayed_run
     from core.reqfit import errors, fit_from_requests
-    from core.simulate import simulate
-    from core.stepinfer import closed_loop_clients, fit_inferred
-    from core.sweep import simulate_closed
+    from core.stepinfer import fit_inferred
     if method == "token times":
         if len(trace.tokens) > MAX_PAGE_FIT_TOKENS:
             raise InputError(f"{len(trace.tokens):,} tokens: the page fits up to {MAX_PAGE_FIT_TOKENS:,}; use "
@@ -532,13 +531,7 @@ def _request_predicted(trace: Trace, config: SchedulerConfig, send_times_known: 
         sm, report = fit_inferred(trace, config, "affine")
     else:   # (a page waits for it: ~0.1 s per simulation at 2,000 requests; larger files: python -m core fit)
         sm, report = fit_from_requests(trace, config, send_times_known=send_times_known, max_requests=2000)
-    clients = closed_loop_clients(trace) if send_times_known else None
-    label = f"predicted for {trace.label}"
-    if clients:
-        pred = simulate_closed(trace.workload(), config, sm, clients, created="(app)")[0]
-        pred.meta["label"] = label
-    else:
-        pred = simulate(trace.workload(), config, sm, label=label, created="(app)", record_kv=False)
+    pred, clients = replayed_run(trace, config, sm, closed_loop=send_times_known, created="(app)")
     e = errors(pred, trace)
     report = {**report, "method": method, "clients": clients,
               "prediction_error": {k: float(np.median(v)) if len(v) else None for k, v in e.items()}}

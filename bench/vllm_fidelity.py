@@ -36,6 +36,7 @@ import numpy as np
 
 from core.config import SchedulerConfig
 from core.metrics import request_metrics
+from core.predict import replayed_run
 from core.reqfit import errors, fit_from_requests
 from core.simulate import simulate
 from core.stepinfer import closed_loop_clients, fit_inferred
@@ -161,9 +162,8 @@ def main():
             ids = [r.id for r in w.requests]
             return how, {"ttft_ms": np.array([abs(p.at[i, "ttft_ms"] - ttft[i]) / ttft[i] for i in ids]),
                          "e2e_ms": np.array([abs(p.at[i, "e2e_ms"] - e2e[i]) / e2e[i] for i in ids])}
-        if clients:
-            return f"closed {clients}", errors(simulate_closed(tr.workload(), cfg, sm, clients)[0], tr)
-        return "send times", errors(simulate(tr.workload(), cfg, sm), tr)
+        sim, clients = replayed_run(tr, cfg, sm, closed_loop=a.replay == "auto")
+        return (f"closed {clients}" if clients else "send times"), errors(sim, tr)
 
     tr_name = {id(tr): name for name, tr in runs}
     print(f"scheduler: {cfg.to_dict()}; fitted to {a.method}, {a.model} model; "

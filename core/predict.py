@@ -29,3 +29,20 @@ def predicted_trace(trace: Trace, created: str | None = None) -> Trace:
     step_model = fit_affine(trace)
     return simulate(trace.workload(), scheduler_options(trace), step_model,
                     label=f"predicted for {trace.label}", created=created)
+
+
+def replayed_run(trace: Trace, config: SchedulerConfig, step_model, closed_loop: bool = True,
+                 created: str | None = None) -> tuple[Trace, int | None]:
+    """A measured run's workload simulated as its clients sent it: a closed-loop benchmark run
+    (core.stepinfer.closed_loop_clients) as that closed loop (each request sent when one
+    finishes in the simulation), any other run (or with `closed_loop` False) at its send times.
+    Returns (predicted trace, the closed loop's clients or None)."""
+    from core.stepinfer import closed_loop_clients
+    from core.sweep import simulate_closed
+    clients = closed_loop_clients(trace) if closed_loop else None
+    label = f"predicted for {trace.label}"
+    if clients:
+        pred = simulate_closed(trace.workload(), config, step_model, clients, created=created)[0]
+        pred.meta["label"] = label
+        return pred, clients
+    return simulate(trace.workload(), config, step_model, label=label, created=created, record_kv=False), None

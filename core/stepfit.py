@@ -112,20 +112,25 @@ def fit(trace, model: str = "features", until_ms: float | None = None) -> tuple[
     if len(y) < MIN_STEPS:
         raise ConfigError(f"fit: the trace needs step events with batch composition (at least {MIN_STEPS} steps, "
                           f"has {len(y)})")
+    full, quality = solve(X, y, model)
+    return model_of(model, full), {"trace": trace.label, "model": model, **quality}
+
+
+def solve(X: np.ndarray, y: np.ndarray, model: str) -> tuple[np.ndarray, dict]:
+    """Coefficients (over FEATURES) fitted by non-negative least squares to steps' features X
+    and durations y, and the fit's quality: steps, R^2, |residual| and relative error
+    percentiles, the fitted range of each feature."""
     full = nnls_coefficients(X, y, model)
     if full[0] <= 0 and full[2] <= 0 and full[4] <= 0:     # a decode-only step must take time
         full[0] = max(float(np.min(y)), 1e-6)
-    sm = model_of(model, full)
-    pred = X @ full
-    res = y - pred
+    res = y - X @ full
     ss_tot = float(((y - y.mean()) ** 2).sum())
     rel = np.abs(res) / np.maximum(y, 1e-9)
-    report = {"trace": trace.label, "model": model, "steps": int(len(y)),
-              "r2": 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else None,
-              "residual_ms": {f"p{q}": float(np.percentile(np.abs(res), q)) for q in (50, 90, 99)},
-              "relative_error": {f"p{q}": float(np.percentile(rel, q)) for q in (50, 90)},
-              "range": feature_range(X)}
-    return sm, report
+    return full, {"steps": int(len(y)),
+                  "r2": 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else None,
+                  "residual_ms": {f"p{q}": float(np.percentile(np.abs(res), q)) for q in (50, 90, 99)},
+                  "relative_error": {f"p{q}": float(np.percentile(rel, q)) for q in (50, 90)},
+                  "range": feature_range(X)}
 
 
 def nnls_coefficients(X: np.ndarray, y: np.ndarray, model: str) -> np.ndarray:

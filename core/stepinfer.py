@@ -32,7 +32,7 @@ import pandas as pd
 
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.stepfit import MIN_STEPS, feature_range, model_of, nnls_coefficients, trace_features
+from core.stepfit import MIN_STEPS, model_of, nnls_coefficients, solve, trace_features
 from core.stepmodel import StepModel
 from core.trace import Trace
 
@@ -172,19 +172,9 @@ def fit_inferred(traces, config: SchedulerConfig, model: str = "features",
         if nxt.sum() < MIN_STEPS:
             break
         keep = nxt
-    full = nnls_coefficients(X[keep], y[keep], model)
-    if full[0] <= 0 and full[2] <= 0 and full[4] <= 0:
-        full[0] = max(float(np.min(y)), 1e-6)
-    X, y = X[keep], y[keep]
-    res = y - X @ full
-    rel = np.abs(res) / np.maximum(y, 1e-9)
-    ss_tot = float(((y - y.mean()) ** 2).sum())
-    report = {"model": model, "method": "steps inferred from token times", "steps": int(len(y)),
-              "r2": 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else None,
-              "residual_ms": {f"p{q}": float(np.percentile(np.abs(res), q)) for q in (50, 90, 99)},
-              "relative_error": {f"p{q}": float(np.percentile(rel, q)) for q in (50, 90)},
-              "range": feature_range(X), "notes": notes}
-    return model_of(model, full), report
+    full, quality = solve(X[keep], y[keep], model)
+    return model_of(model, full), {"model": model, "method": "steps inferred from token times", **quality,
+                                   "notes": notes}
 
 
 def closed_loop_clients(trace: Trace) -> int | None:
