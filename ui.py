@@ -25,19 +25,33 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.compare import per_request_table, run_policies, steps_taken, summary_table, thin_sample_notes, tradeoff
+from core.analysis.compare import (
+    per_request_table,
+    run_policies,
+    steps_taken,
+    summary_table,
+    thin_sample_notes,
+    tradeoff,
+)
+from core.analysis.cursor import in_flight_series, row_index, time_range
+from core.analysis.metrics import request_metrics, summarize
+from core.analysis.occupancy import block_states
 from core.config import SchedulerConfig
-from core.cursor import in_flight_series, row_index, time_range
 from core.errors import InputError
 from core.figures.latency import metric_comparison_bars
 from core.figures.timeline import schedule_timeline
-from core.kv import GPUS, MODELS
-from core.metrics import request_metrics, summarize
-from core.occupancy import block_states
-from core.predict import predicted_trace
-from core.scenarios import DATA, SchedulePreset, bundled_trace_files, given_schedules, load_scenario, trace_files
-from core.speculative import acceptance_by_position
-from core.stepmodel import STEP_MODELS, StepModel
+from core.fit.predict import predicted_trace
+from core.formulas.kv import GPUS, MODELS
+from core.formulas.speculative import acceptance_by_position
+from core.lessons.scenarios import (
+    DATA,
+    SchedulePreset,
+    bundled_trace_files,
+    given_schedules,
+    load_scenario,
+    trace_files,
+)
+from core.sim.stepmodel import STEP_MODELS, StepModel
 from core.trace import Trace, load_trace
 from core.workload import Workload, parse_workload
 
@@ -50,11 +64,11 @@ def freeze_startup_heap() -> None:
     script run (runner.postScriptGC); over the startup heap that cost ~100 ms per rerun, a
     stop-the-world pause for every other user's script thread too. Later garbage is
     collected as before. Also turns off numpy's huge-page advice (core.cli.no_hugepage_advice)
-    and starts the worker processes that simulate large workloads (core.parallel.warm)."""
+    and starts the worker processes that simulate large workloads (core.sim.parallel.warm)."""
     global _HEAP_FROZEN
     if not _HEAP_FROZEN:
         from core.cli import no_hugepage_advice
-        from core.parallel import warm
+        from core.sim.parallel import warm
         no_hugepage_advice()
         warm()
         import core.figures  # noqa: F401  (plotly's figure classes: the largest import the pages share)
@@ -84,7 +98,7 @@ URL_KEYS: dict[str, UrlKey] = {
     **_keys("*", present="presentation mode: projector-sized fonts in figures, sidebar collapsed on opening"),
     **_keys("schedules",
             sc="scenario (a label of SCENARIO_LABELS)",
-            pol=("policies to simulate (core.compare.POLICY_LABELS)", "policies"),
+            pol=("policies to simulate (core.analysis.compare.POLICY_LABELS)", "policies"),
             ms=("running sequences at most, 0 = no limit", "SchedulerConfig.max_seqs", True),
             tb=("tokens per step at most, 0 = no limit", "SchedulerConfig.token_budget", True),
             ch=("chunk size of the 'chunked' policy (prompt tokens per request per step)", "SchedulerConfig.chunk"),
@@ -142,7 +156,7 @@ URL_KEYS: dict[str, UrlKey] = {
             ld_kind="load: open (Poisson rates) or closed (clients in a loop)",
             ld_loads="the loads to sweep: rates (req/s) or client counts, comma-separated",
             ld_seed="seed of the Poisson arrivals",
-            ld_pol=("policies to sweep (core.compare.POLICY_LABELS)", "policies"),
+            ld_pol=("policies to sweep (core.analysis.compare.POLICY_LABELS)", "policies"),
             ld_ms=("running sequences at most, 0 = no limit", "SchedulerConfig.max_seqs", True),
             ld_tb=("tokens per step at most, 0 = no limit", "SchedulerConfig.token_budget", True),
             ld_ch=("chunk size of the 'chunked' policy", "SchedulerConfig.chunk"),
@@ -377,7 +391,7 @@ def chapter_traces() -> dict[str, Trace]:
 
 @st.cache_resource(show_spinner=False)
 def cached_given(name: str) -> list[tuple[str, Trace]]:
-    """core.scenarios.given_schedules, read from disk once per process."""
+    """core.lessons.scenarios.given_schedules, read from disk once per process."""
     return given_schedules(name)
 
 
@@ -387,7 +401,7 @@ def _summaries(schedules):
 
 def _slots(schedules, theme="light"):
     from core.figures.animate import slot_animation
-    from core.slots import slot_grid
+    from core.lessons.slots import slot_grid
     grids = [(label, slot_grid(tr), tr.ids) for label, tr in schedules if len(tr.steps)]
     grids = [x for x in grids if x[1] is not None]
     return slot_animation(grids, theme) if grids else None
@@ -468,14 +482,14 @@ def _summary(tr: Trace) -> dict:
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
 def _paging_animation(trace: Trace, block_size: int):
-    from core.blockframes import paging_frames
     from core.figures.animate import paging_animation
+    from core.lessons.blockframes import paging_frames
     pf = paging_frames(trace, block_size)
     return trace, (None if pf is None else (pf, paging_animation(pf, trace.ids)))
 
 
 def paging_animation_view(trace: Trace, block_size: int):
-    """(core.blockframes.PagingFrames, figure) of a trace's paging animation, once per trace;
+    """(core.lessons.blockframes.PagingFrames, figure) of a trace's paging animation, once per trace;
     None without kv or step events. Shared: never mutate."""
     return _paging_animation(trace, block_size)[1]
 
@@ -512,7 +526,7 @@ def _predicted(trace: Trace):
 
 
 def cached_prediction(trace: Trace) -> Trace:
-    """core.predict.predicted_trace, once per trace."""
+    """core.fit.predict.predicted_trace, once per trace."""
     return _predicted(trace)[1]
 
 
@@ -521,9 +535,9 @@ MAX_PAGE_FIT_TOKENS = 2_000_000   # inferring steps walks every token in Python 
 
 @st.cache_resource(show_spinner="Fitting a step model and predicting…", max_entries=8, hash_funcs=HASH_FUNCS)
 def _request_predicted(trace: Trace, config: SchedulerConfig, send_times_known: bool, method: str):
-    from core.predict import replayed_run
-    from core.reqfit import errors, fit_from_requests
-    from core.stepinfer import fit_inferred
+    from core.fit.predict import replayed_run
+    from core.fit.reqfit import errors, fit_from_requests
+    from core.fit.stepinfer import fit_inferred
     if method == "token times":
         if len(trace.tokens) > MAX_PAGE_FIT_TOKENS:
             raise InputError(f"{len(trace.tokens):,} tokens: the page fits up to {MAX_PAGE_FIT_TOKENS:,}; use "
@@ -541,20 +555,20 @@ def _request_predicted(trace: Trace, config: SchedulerConfig, send_times_known: 
 def cached_request_prediction(trace: Trace, config: SchedulerConfig, send_times_known: bool,
                               method: str = "requests") -> tuple[Trace, dict]:
     """A prediction for a trace without step events, once per trace, settings and method:
-    "token times" (core.stepinfer: steps inferred from the streamed tokens) or "requests"
-    (core.reqfit: the requests' TTFT and E2E). A closed-loop benchmark run is predicted as that
+    "token times" (core.fit.stepinfer: steps inferred from the streamed tokens) or "requests"
+    (core.fit.reqfit: the requests' TTFT and E2E). A closed-loop benchmark run is predicted as that
     closed loop. Returns (predicted trace, fit report with the prediction's median errors)."""
     return _request_predicted(trace, config, send_times_known, method)[1:]
 
 
 @st.cache_resource(show_spinner="Fitting and predicting…", max_entries=8, hash_funcs=HASH_FUNCS)
 def _fidelity(trace: Trace, model: str, fit_on: Trace | None):
-    from core.fidelity import how_good
+    from core.fit.fidelity import how_good
     return trace, fit_on, how_good(trace, model, fit_on)
 
 
 def cached_fidelity(trace: Trace, model: str, fit_on: Trace | None):
-    """core.fidelity.how_good, once per (trace, model, fit-on trace)."""
+    """core.fit.fidelity.how_good, once per (trace, model, fit-on trace)."""
     return _fidelity(trace, model, fit_on)[2]
 
 

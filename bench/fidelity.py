@@ -12,12 +12,12 @@ Workloads (prompt ids from the bundled corpus, greedy decoding on the bundled ti
            outputs 4-40 (another mix and another arrival process).
 Scheduler: continuous, 16 sequences, 1,024-token budget, chunk 256, block size 16. Before the
 measured runs at each thread count, both workloads run once unmeasured (warm-up). Each
-model (affine, features) is fitted by python -m core fit's code (core.stepfit) on the fit run
+model (affine, features) is fitted by python -m core fit's code (core.fit.stepfit) on the fit run
 and priced the predict run's workload; errors are |predicted - measured| / measured per
 request. The fit workload is also run a second time and predicted from the first run's fit:
 that error is the machine's noise floor (the same workload, the same engine, minutes apart).
 Also in-sample: the fit run predicted from its own fit. "affine/requests" is fitted
-without step events, from the fit run's per-request TTFT and E2E alone (core.reqfit, as for an
+without step events, from the fit run's per-request TTFT and E2E alone (core.fit.reqfit, as for an
 engine's result file). Prints; asserts nothing.
 """
 import argparse
@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from bench.runner import CORPUS, serve
+from core.analysis.metrics import request_metrics
 from core.config import SchedulerConfig
-from core.metrics import request_metrics
-from core.reqfit import fit_from_requests
-from core.simulate import simulate
-from core.stepfit import describe_outside, fit, outside_range, trace_features
+from core.fit.reqfit import fit_from_requests
+from core.fit.stepfit import describe_outside, fit, outside_range, trace_features
+from core.sim.simulate import simulate
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
 

@@ -4,7 +4,7 @@
 
 For each batch size: a prefill of `ctx` tokens per sequence, then timed decode steps through
 the same paged engine path the runner uses. Reports step time, tokens/s, and the roofline
-lower bound weight bytes / memory bandwidth (device preset from core.kv.GPUS when the GPU
+lower bound weight bytes / memory bandwidth (device preset from core.formulas.kv.GPUS when the GPU
 name matches, else --bandwidth-gbps). Writes results.json into --out when given.
 """
 import argparse
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from core.kv import GPUS
+from core.formulas.kv import GPUS
 from gpu_runner.__main__ import load_model
 from gpu_runner.engine import PagedKVCache, device_name
 from gpu_runner.kernels.reference import Chunk, paged_attention

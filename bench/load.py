@@ -222,7 +222,7 @@ def main() -> int:
         rss_after = sum(rss_mb(p) for p in pids)
     times = sorted(t for t, _ in results if t is not None)
     errors = [f"user {i}: {e}" for i, (_, e) in enumerate(results) if e]
-    p95 = float(np.percentile(times, 95)) if times else float("nan")   # numpy 'linear', as core.metrics
+    p95 = float(np.percentile(times, 95)) if times else float("nan")   # numpy 'linear', as core.analysis.metrics
     client = "websocket clients (HTML + assets + one script run)" if a.client == "ws" else \
         "one Chromium, a context each"
     server_kind = f"{a.processes} Streamlit processes behind HAProxy" if a.processes else "one Streamlit process"

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHILD = ("import time; t=time.perf_counter(); from core.trace import load_trace; from core.metrics import summarize; "
+CHILD = ("import time; t=time.perf_counter(); from core.trace import load_trace; "
+         "from core.analysis.metrics import summarize; "
          "tr=load_trace({path!r}); t1=time.perf_counter(); summarize(tr); t2=time.perf_counter(); "
          "hwm=[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]; "
          "print(f'{{t1-t:.2f}} {{t2-t1:.2f}} {{hwm}}')")
@@ -32,8 +33,8 @@ def main() -> int:
     import pyarrow.parquet as pq
 
     from bench.simulate import poisson_workload
-    from core.scheduler import SchedulerConfig
-    from core.simulate import StepModel, simulate
+    from core.engine.scheduler import SchedulerConfig
+    from core.sim.simulate import StepModel, simulate
     from core.trace.parquet import _to_table
     tr = simulate(poisson_workload(a.requests, 50.0), SchedulerConfig(max_seqs=256, token_budget=8192, chunk=8192),
                   StepModel("affine", base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.05))

@@ -19,9 +19,9 @@ import time
 import numpy as np
 import torch
 
-from core.metrics import request_metrics, throughput
-from core.scheduler import SchedulerConfig
-from core.simulate import fit_affine, simulate
+from core.analysis.metrics import request_metrics, throughput
+from core.engine.scheduler import SchedulerConfig
+from core.sim.simulate import fit_affine, simulate
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
 from gpu_runner.engine import Engine, EngineConfig

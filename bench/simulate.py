@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from core.metrics import summarize
-from core.scheduler import SchedulerConfig
-from core.simulate import StepModel, simulate
+from core.analysis.metrics import summarize
+from core.engine.scheduler import SchedulerConfig
+from core.sim.simulate import StepModel, simulate
 from core.workload import Request, Workload
 
 

@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from core.scheduler import SchedulerConfig
-from core.speculative import acceptance_by_position, expected_tokens
+from core.engine.scheduler import SchedulerConfig
+from core.formulas.speculative import acceptance_by_position, expected_tokens
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
 from gpu_runner.engine import Engine, EngineConfig, SamplingParams

@@ -13,10 +13,10 @@ import statistics
 import tempfile
 import time
 
-from core.metrics import summarize
-from core.scenarios import poisson_workload
-from core.scheduler import SchedulerConfig
-from core.simulate import StepModel, simulate
+from core.analysis.metrics import summarize
+from core.engine.scheduler import SchedulerConfig
+from core.lessons.scenarios import poisson_workload
+from core.sim.simulate import StepModel, simulate
 from core.trace import load_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -52,7 +52,7 @@ def run_ours(csv_path: Path, variant: str, blocks: int, out: Path) -> pd.DataFra
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if p.returncode != 0:
         sys.exit(f"ours ({policy}) failed: {p.stderr[-2000:]}")
-    from core.metrics import request_metrics
+    from core.analysis.metrics import request_metrics
     from core.trace import load_trace
     tr = load_trace(out)
     m = request_metrics(tr)

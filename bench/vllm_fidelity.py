@@ -8,8 +8,8 @@ per-request TTFT and E2E error <= 15% with the vllm-v1 policy and vLLM's setting
 RUN_A / RUN_B: `vllm bench serve --save-result` files with per-request details and send times
 (bench/vllm_cpu.sh writes them as $OUT/vllm_bench_vllm.json), of different workloads on the
 same server settings. Each is fitted (`--method steps`, the default: to the engine steps
-inferred from the streamed token times, core.stepinfer; `requests`: to the per-request TTFT
-and E2E, core.reqfit) and used to predict the others: the other file's requests (prompt and
+inferred from the streamed token times, core.fit.stepinfer; `requests`: to the per-request TTFT
+and E2E, core.fit.reqfit) and used to predict the others: the other file's requests (prompt and
 output lengths) simulated with the fitted step model and compared request by request with
 what vLLM measured. How the requests arrive (`--replay auto`): a run whose client kept a fixed
 number of requests in flight (request rate inf, max concurrency C) is simulated as that
@@ -34,13 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
+from core.analysis.metrics import request_metrics
 from core.config import SchedulerConfig
-from core.metrics import request_metrics
-from core.predict import replayed_run
-from core.reqfit import errors, fit_from_requests
-from core.simulate import simulate
-from core.stepinfer import closed_loop_clients, fit_inferred
-from core.sweep import simulate_closed
+from core.fit.predict import replayed_run
+from core.fit.reqfit import errors, fit_from_requests
+from core.fit.stepinfer import closed_loop_clients, fit_inferred
+from core.sim.simulate import simulate
+from core.sim.sweep import simulate_closed
 from core.trace import open_trace
 from core.workload import Workload
 

@@ -19,7 +19,7 @@ from core.cli import positive_float as _positive_float
 from core.cli import positive_int as _positive_int
 from core.config import SchedulerConfig, add_flags, from_args
 from core.errors import MAX_DECOMPRESSED_BYTES, InputError
-from core.stepmodel import StepModel
+from core.sim.stepmodel import StepModel
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,10 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--from-requests", action="store_true",
                    help="fit an affine model to the requests' measured TTFT and E2E by simulating the workload under "
                         "the engine's scheduler settings (the flags below; default policy vllm-v1) instead of to "
-                        "step events (core.reqfit)")
+                        "step events (core.fit.reqfit)")
     f.add_argument("--from-token-times", action="store_true",
                    help="fit to engine steps inferred from the streamed tokens' arrival times (each step's tokens "
-                        "reach the client together; core.stepinfer): for files without step events whose "
+                        "reach the client together; core.fit.stepinfer): for files without step events whose "
                         "per-token times are known, e.g. a vLLM result with itls; uses the flags below")
     f.add_argument("--search-rounds", type=_positive_int, default=15,
                    help="--from-requests: rounds of the global search, 18 simulations each (default 15)")
@@ -106,7 +106,7 @@ def _step_model(a) -> tuple[StepModel, dict]:
     """The step model of the flags, or of --step-model-file (with its fit report)."""
     if not getattr(a, "step_model_file", None):
         return from_args(StepModel, a), {}
-    from core.stepfit import load
+    from core.fit.stepfit import load
     defaults = StepModel()
     given = [f"--{k.replace('_', '-')}" for k in ("kind", "step_ms", "base_ms", "prefill_ms_per_token",
                                                   "decode_ms_per_seq", "prefill_ms_per_kpos", "decode_ms_per_kpos",
@@ -119,14 +119,14 @@ def _step_model(a) -> tuple[StepModel, dict]:
 
 
 def _warn_outside(tr, fit_report: dict):
-    from core.stepfit import describe_outside, outside_range
+    from core.fit.stepfit import describe_outside, outside_range
     o = outside_range(tr, fit_report) if fit_report else None
     if o:
         print(f"warning: {describe_outside(o)}; the durations there are extrapolated", file=sys.stderr)
 
 
 def cmd_fit(a) -> int:
-    from core.stepfit import fit, save
+    from core.fit.stepfit import fit, save
     from core.trace import Imported
     if a.out:
         check_writable(a.out, "--out")
@@ -134,14 +134,14 @@ def cmd_fit(a) -> int:
     if a.from_requests and a.from_token_times:
         raise InputError("fit: choose one of --from-requests and --from-token-times")
     if a.from_token_times:
-        from core.stepinfer import fit_inferred
+        from core.fit.stepinfer import fit_inferred
         if isinstance(tr, Imported) and (tr.trace is None or tr.aligned_at_zero):
             raise InputError(f"{a.trace}: inferring steps needs each request's send time and per-token times "
                              "(a vLLM result saved with --save-detailed and start_times)")
         sm, report = fit_inferred(tr.trace if isinstance(tr, Imported) else tr, from_args(SchedulerConfig, a),
                                   a.model or "affine")
     elif a.from_requests:
-        from core.reqfit import fit_from_requests
+        from core.fit.reqfit import fit_from_requests
         if isinstance(tr, Imported) and tr.trace is None:
             raise InputError(f"{a.trace}: the file has only summary numbers, no per-request measurements to fit")
         sm, report = fit_from_requests(tr.trace if isinstance(tr, Imported) else tr, from_args(SchedulerConfig, a),
@@ -178,14 +178,14 @@ def cmd_fit(a) -> int:
 
 
 def cmd_simulate(a) -> int:
-    from core.simulate import simulate
+    from core.sim.simulate import simulate
     from core.workload import load_workload
     check_writable(a.out, "--out")
     w = load_workload(a.workload)
     cfg = from_args(SchedulerConfig, a)
     sm, fit_report = _step_model(a)
     if a.out.endswith(".parquet"):  # streamed: the trace is written while it is simulated
-        from core.simulate import reuse_freed_memory, simulate_to_parquet
+        from core.sim.simulate import reuse_freed_memory, simulate_to_parquet
         reuse_freed_memory()
         got = {}
         write_output(a.out, lambda p: got.update(zip(("meta", "counts"), simulate_to_parquet(
@@ -215,7 +215,7 @@ def _read(path):
 
 
 def cmd_metrics(a) -> int:
-    from core.metrics import summarize
+    from core.analysis.metrics import summarize
     from core.trace import Imported
     got = _read(a.trace)
     imp = got if isinstance(got, Imported) else None
@@ -285,7 +285,7 @@ def cmd_metrics(a) -> int:
 
 
 def cmd_sweep(a) -> int:
-    from core.sweep import sweep
+    from core.sim.sweep import sweep
     from core.workload import load_workload
     w = load_workload(a.workload)
     sm, _ = _step_model(a)
@@ -327,7 +327,7 @@ def cmd_sweep(a) -> int:
 
 
 def cmd_export(a) -> int:
-    from core.export import chrome_trace_json, metrics_csv
+    from core.analysis.export import chrome_trace_json, metrics_csv
     from core.trace import Imported
     if not (a.chrome or a.csv or a.trace_out):
         raise InputError("export: give at least one of --chrome, --csv, --trace-out")

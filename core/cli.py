@@ -93,7 +93,7 @@ def add_slo_flags(p):
 
 
 def slo_from_args(a):
-    from core.metrics import SLO
+    from core.analysis.metrics import SLO
     return SLO(a.slo_ttft_ms, a.slo_tpot_ms, a.slo_e2e_ms)
 
 

@@ -8,8 +8,8 @@ From that one declaration come
 Validation lives in each class's `__post_init__` and names the option, so a value is
 checked the same way whether it came from a flag, a URL, a preset or a trace.
 
-Groups: `SchedulerConfig` (core.scheduler), `SamplingParams` (token sampling),
-`core.stepmodel.StepModel` (simulated step times), `gpu_runner.engine.EngineConfig`.
+Groups: `SchedulerConfig` (core.engine.scheduler), `SamplingParams` (token sampling),
+`core.sim.stepmodel.StepModel` (simulated step times), `gpu_runner.engine.EngineConfig`.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from dataclasses import MISSING, dataclass, field
 
 from core.errors import ConfigError
 
-# Batching policies (core.policies has each one's rules): the generic three, and four named
+# Batching policies (core.engine.policies has each one's rules): the generic three, and four named
 # after the systems whose schedulers they follow.
 POLICIES = ("serial", "static", "continuous", "vllm-v1", "vllm-v0", "orca", "sarathi")
 SARATHI_CHUNK = 512          # sarathi's token budget per step when no chunk is given (Vidur's default)

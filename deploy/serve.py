@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from core.parallel import cpus
+from core.sim.parallel import cpus
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = Path(__file__).with_name("haproxy.cfg")
@@ -81,7 +81,7 @@ def cluster(processes: int = 2, port: int = 8501, address: str = "127.0.0.1", lo
         raise DeployError("haproxy is not installed (Debian/Ubuntu: apt-get install haproxy)")
     backends = [port + i for i in range(1, processes + 1)]
     procs: list[subprocess.Popen] = []
-    # each app process starts simulation workers (core.parallel); N processes share the CPUs
+    # each app process starts simulation workers (core.sim.parallel); N processes share the CPUs
     env = dict(os.environ)
     env.setdefault("SERVING_EXPLORER_WORKERS", str(max(1, cpus() // processes)))
     with tempfile.TemporaryDirectory(prefix="serving-explorer-deploy-") as tmp:

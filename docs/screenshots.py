@@ -27,7 +27,7 @@ PAGES = [("home", ""), ("schedules", "schedules"), ("kv", "kv"), ("tiles", "tile
          ("load", "load"), ("pathologies", "pathologies")]
 
 PROJECTOR = {"width": 1280, "height": 800}
-# the "Poisson 10000" preset (core.scenarios.SCHEDULE_PRESETS); a link's parameters win over it
+# the "Poisson 10000" preset (core.lessons.scenarios.SCHEDULE_PRESETS); a link's parameters win over it
 SCHEDULES_10K = ("schedules?sc=Poisson+10000&pol=continuous&pol=chunked&ms=256&tb=8192&ch=512"
                  "&s_kind=affine&s_base=5&s_pp=0.02&s_pd=0.05")
 TRACE_10K = "poisson10000.parquet"
@@ -55,7 +55,7 @@ def scroll_to(page, selector: str, below_px: int = 0):
 
 def write_trace_10k(directory: Path) -> Path:
     """The Poisson 10000 workload as a Vidur-style CSV, simulated to a trace by the CLI."""
-    from core.scenarios import load_scenario
+    from core.lessons.scenarios import load_scenario
     workload = directory / "poisson10000.csv"
     with open(workload, "w", newline="") as f:
         wr = csv.writer(f)

@@ -195,7 +195,7 @@ def cmd_generate(a) -> int:
 
     from core.errors import ConfigError
     from core.workload import Request, Workload
-    from core.workload_files import parse_token_ids
+    from core.workload.files import parse_token_ids
     from gpu_runner.engine import Engine
     if a.threads:
         torch.set_num_threads(a.threads)

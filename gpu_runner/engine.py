@@ -1,6 +1,6 @@
 """The runner: the core step loop with a real model as its executor.
 
-`Engine.run` hands `core.loop.run` a `ModelExecutor` and the wall clock; the scheduler
+`Engine.run` hands `core.engine.loop.run` a `ModelExecutor` and the wall clock; the scheduler
 (admission, chunking, KV blocks, prefix hits, preemption, stop conditions) is exactly the
 simulator's. The executor turns a batch into one packed forward over the paged KV cache
 (gpu_runner.batching), samples or verifies draft tokens (gpu_runner.sampling,
@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from core import loop
 from core.config import SamplingParams, SchedulerConfig, to_dict
+from core.engine import loop
+from core.engine.scheduler import Batch, Scheduler
+from core.engine.steplog import StepLog, StepOutput
 from core.errors import ConfigError
-from core.scheduler import Batch, Scheduler
-from core.steplog import StepLog, StepOutput
 from core.trace import Trace
 from core.workload import Request, Workload
 from gpu_runner.batching import forward, pack, slots_of

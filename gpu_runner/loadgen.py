@@ -190,7 +190,7 @@ class Capture:
 
     def doc(self, workload: Workload, how: str) -> dict:
         """The serving-trace/1 document of what was captured."""
-        from core.loop import now_iso
+        from core.engine.loop import now_iso
         requests, events = [], []
         for rec in sorted(self.records, key=lambda r: r["arrival_ms"]):
             requests.append({"id": rec["id"], "arrival_ms": rec["arrival_ms"], "prompt_tokens": rec["prompt_tokens"],
@@ -211,7 +211,7 @@ class Capture:
                          "was sent, a token = when its SSE chunk arrived",
                 "versions": {"python": platform.python_version(), "httpx": httpx.__version__}}
         if getattr(self, "load", None):
-            meta["load"] = self.load   # where this run sits on a load sweep's axis (core.capacity)
+            meta["load"] = self.load   # where this run sits on a load sweep's axis (core.lessons.load)
         if self.failures:
             meta["failures"] = self.failures
         return {"schema": "serving-trace/1", "meta": meta, "requests": requests, "events": events}

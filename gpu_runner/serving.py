@@ -2,7 +2,7 @@
 thread, fed by HTTP handlers through an inbox.
 
     handler --submit()--> inbox --(between steps)--> Scheduler.add_request / abort
-    engine thread: core.loop.run(scheduler, ModelExecutor, WallClock, inbox=...)
+    engine thread: core.engine.loop.run(scheduler, ModelExecutor, WallClock, inbox=...)
     after each step: new tokens and finishes --call_soon_threadsafe--> the handler's queue
 
 Handlers never touch the scheduler; the engine thread never blocks on a client. A request
@@ -21,11 +21,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core import loop
 from core.config import SamplingParams
+from core.engine import loop
+from core.engine.scheduler import DONE, Scheduler
+from core.engine.steplog import StepLog
 from core.errors import ConfigError
-from core.scheduler import DONE, Scheduler
-from core.steplog import StepLog
 from core.workload import Request, Workload
 
 FLUSH_EVERY_S = 1.0

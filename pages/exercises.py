@@ -2,7 +2,7 @@
 with a link to the page that works it, answer checks, and a hidden reference answer."""
 import streamlit as st
 
-from core.exercises import EXERCISES
+from core.lessons.exercises import EXERCISES
 from ui import ensure_app_frame, md
 
 ensure_app_frame()

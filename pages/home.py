@@ -1,7 +1,7 @@
 """Home: what the explorer is, and the chapter's three-request scenario computed by core."""
 import streamlit as st
 
-from core.metrics import summarize
+from core.analysis.metrics import summarize
 from ui import chapter_traces, ensure_app_frame, origin_badge, request_table, show_table
 
 ensure_app_frame()

@@ -1,14 +1,14 @@
 """KV memory & paging: sizing calculator, block occupancy, prefix sharing, copy-on-write."""
 import streamlit as st
 
-from core import kv
+from core.analysis.occupancy import evictions_and_preemptions, kv_op_counts, prefill_tokens, slots_held_at
 from core.config import SchedulerConfig
 from core.errors import InputError
 from core.figures.memory import block_table_figure, kv_growth_chart, occupancy_heatmap, waste_chart
-from core.occupancy import evictions_and_preemptions, kv_op_counts, prefill_tokens, slots_held_at
-from core.scenarios import fork_demo, prefix_match, shared_prefix_demo, without_tenants, word_prefix_match
-from core.stepmodel import StepModel
-from core.workload_files import parse_token_ids
+from core.formulas import kv
+from core.lessons.scenarios import fork_demo, prefix_match, shared_prefix_demo, without_tenants, word_prefix_match
+from core.sim.stepmodel import StepModel
+from core.workload.files import parse_token_ids
 from ui import (
     bound,
     cached_block_states,

@@ -3,14 +3,14 @@ law, and Exercise 6 of chapter 31 with numbers."""
 import pandas as pd
 import streamlit as st
 
-from core.capacity import exercise6, exercise6_preset, measured_point, parse_loads, sweep_policies
-from core.compare import POLICY_LABELS
+from core.analysis.compare import POLICY_LABELS
+from core.analysis.metrics import SLO
 from core.config import SchedulerConfig
 from core.errors import InputError
 from core.figures.load import load_curves
-from core.metrics import SLO
-from core.scenarios import DATA
-from core.stepmodel import StepModel
+from core.lessons.load import exercise6, exercise6_preset, measured_point, parse_loads, sweep_policies
+from core.lessons.scenarios import DATA
+from core.sim.stepmodel import StepModel
 from core.workload import load_workload
 from ui import (
     HASH_FUNCS,

@@ -1,12 +1,12 @@
 """Serving pathologies: five ways serving goes wrong, each beside its fix, with the metric
-that reveals it (core/pathologies.py)."""
+that reveals it (core/lessons/pathologies.py)."""
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
 from core.figures import PALETTE, base_layout
-from core.pathologies import PATHOLOGIES, RUNS, cold_start
-from core.scenarios import DATA
+from core.lessons.pathologies import PATHOLOGIES, RUNS, cold_start
+from core.lessons.scenarios import DATA
 from core.trace import load_trace
 from ui import ensure_app_frame, fmt_ms, md, show_chart, show_table
 
@@ -87,5 +87,6 @@ for p in PATHOLOGIES:
         show_chart(over_time(rows, "kv_used_blocks", "KV blocks in use", "blocks"), key=f"pt_{p.key}_fig",
                         width="stretch")
     if p.key == "leak":
-        st.caption("The second row is a deliberately broken simulated variant (core.pathologies.LeakyScheduler), "
+        st.caption("The second row is a deliberately broken simulated variant "
+                   "(core.lessons.pathologies.LeakyScheduler), "
                    "shown only to make the leak visible; the project's scheduler frees aborted requests' blocks.")

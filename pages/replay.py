@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.compare import compare_table, workload_differences
+from core.analysis.compare import compare_table, workload_differences
+from core.analysis.cursor import advance, requests_near, step_at, step_cursor, subset, time_range
+from core.analysis.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, with_run_metadata
 from core.config import POLICIES, SchedulerConfig
-from core.cursor import advance, requests_near, step_at, step_cursor, subset, time_range
 from core.errors import InputError
-from core.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, with_run_metadata
 from core.figures import CURSOR
 from core.figures.attention import captured_tiles_figure
 from core.figures.batch import batch_figure, gauges_figure, in_flight_figure
@@ -18,8 +18,8 @@ from core.figures.latency import cdf_figure
 from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
 from core.figures.timeline import schedule_timeline
-from core.speculative import acceptance_by_position
-from core.stepfit import MIN_STEPS, describe_outside
+from core.fit.stepfit import MIN_STEPS, describe_outside
+from core.formulas.speculative import acceptance_by_position
 from core.trace import file_summary_comparison, file_window_comparison
 from ui import (
     UPLOAD_LIMIT_MB,
@@ -302,8 +302,8 @@ else:   # no step events: fit to the requests' TTFT and E2E under the engine's s
         method = st.segmented_control(
             "Fit the step time to", methods, default=methods[0], key="rp_rf_method",
             help="token times: the engine's steps read off the streamed tokens (a step's tokens reach the "
-                 "client together; core/stepinfer.py); requests: each request's TTFT and E2E, by simulating "
-                 "the workload under these settings (core/reqfit.py)") or methods[0]
+                 "client together; core/fit/stepinfer.py); requests: each request's TTFT and E2E, by simulating "
+                 "the workload under these settings (core/fit/reqfit.py)") or methods[0]
         st.caption("The simulator replays this workload (send times, or the closed loop of a benchmark run with a "
                    "fixed number of clients; prompt and output lengths) under these settings with an affine step "
                    "time fitted as chosen.")
@@ -365,7 +365,7 @@ if len(tr.steps) >= MIN_STEPS:
     st.header("How good is the simulator?")
     st.caption("Fit a step model on part of this run (or on another run), predict the whole run with the core "
                "scheduler under this trace's own settings, and compare request by request: error = |predicted − "
-               "measured| / measured (core/fidelity.py).")
+               "measured| / measured (core/fit/fidelity.py).")
     # engines' result files (data/imports) never have step events to fit
     others = [f for f, path in files.items() if f != choice and path.parent.name != "imports"]
     f1, f2 = st.columns(2)

@@ -2,8 +2,8 @@
 import pandas as pd
 import streamlit as st
 
-from core import kv, roofline
 from core.figures.roof import roofline_chart
+from core.formulas import kv, roofline
 from ui import bound, ensure_app_frame, show_chart, show_table
 
 ensure_app_frame()

@@ -2,10 +2,10 @@
 import pandas as pd
 import streamlit as st
 
-from core.compare import GENERIC_POLICIES, POLICY_LABELS, fixed_window
+from core.analysis.compare import GENERIC_POLICIES, POLICY_LABELS, fixed_window
 from core.config import SchedulerConfig
 from core.errors import InputError
-from core.scenarios import (
+from core.lessons.scenarios import (
     CUSTOM_COLUMNS,
     MAX_LINK_REQUESTS,
     SCENARIOS,

@@ -2,7 +2,6 @@
 import pandas as pd
 import streamlit as st
 
-from core import speculative as spec
 from core.errors import InputError
 from core.figures.spec import (
     acceptance_by_position_figure,
@@ -11,6 +10,7 @@ from core.figures.spec import (
     mass_sankey,
     monte_carlo_figure,
 )
+from core.formulas import speculative as spec
 from ui import bound, ensure_app_frame, show_chart, show_table, spec_traces
 
 ensure_app_frame()

@@ -2,7 +2,6 @@
 import pandas as pd
 import streamlit as st
 
-from core import tiles
 from core.errors import InputError
 from core.figures.animate import tile_walk_animation
 from core.figures.attention import (
@@ -12,7 +11,8 @@ from core.figures.attention import (
     tile_event_groups,
     tile_grid,
 )
-from core.scenarios import chapter_tile_example, random_tile_example
+from core.formulas import tiles
+from core.lessons.scenarios import chapter_tile_example, random_tile_example
 from ui import bound, ensure_app_frame, show_chart, show_table, tile_traces
 
 ensure_app_frame()

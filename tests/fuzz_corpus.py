@@ -17,9 +17,9 @@ from contextlib import contextmanager
 
 from hypothesis import strategies as st
 
+from core.analysis.export import chrome_trace_json
+from core.analysis.metrics import summarize
 from core.errors import InputError
-from core.export import chrome_trace_json
-from core.metrics import summarize
 from core.trace import Imported, open_trace
 from tests.conftest import DATA
 

@@ -1,16 +1,16 @@
-"""Admission control (core.admission), hand-worked on small cases, and the block manager's
+"""Admission control (core.engine.admission), hand-worked on small cases, and the block manager's
 invariants with every control on."""
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import loop
+from core.analysis.metrics import SLO, summarize
 from core.config import SchedulerConfig
+from core.engine import loop
+from core.engine.scheduler import Scheduler
+from core.engine.steplog import StepLog
 from core.errors import ConfigError, WorkloadError
-from core.metrics import SLO, summarize
-from core.scheduler import Scheduler
-from core.simulate import StepModel, StepTimeExecutor, simulate
-from core.steplog import StepLog
+from core.sim.simulate import StepModel, StepTimeExecutor, simulate
 from core.trace import parse_trace
 from core.trace.parquet import to_parquet_bytes
 from core.workload import Request, Workload, request_from_dict

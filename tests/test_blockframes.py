@@ -1,15 +1,15 @@
-"""PagedAttention frames (core.blockframes) and their animation: hand-worked block filling, and
-every frame against core.occupancy's independent per-time queries."""
+"""PagedAttention frames (core.lessons.blockframes) and their animation: hand-worked block filling, and
+every frame against core.analysis.occupancy's independent per-time queries."""
 import numpy as np
 import pytest
 
-from core.blockframes import paging_frames
+from core.analysis.occupancy import block_tables_at, tokens_in_cache_at
 from core.config import SchedulerConfig
 from core.figures.animate import paging_animation
-from core.occupancy import block_tables_at, tokens_in_cache_at
-from core.scenarios import shared_prefix_demo
-from core.simulate import simulate
-from core.stepmodel import StepModel
+from core.lessons.blockframes import paging_frames
+from core.lessons.scenarios import shared_prefix_demo
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
 from core.workload import Request, Workload, make_workload
 
 UNIT = StepModel("constant", step_ms=1.0)

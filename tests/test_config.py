@@ -7,7 +7,7 @@ import pytest
 
 from core.config import SamplingParams, SchedulerConfig, add_flags, from_args, from_dict, options_markdown, to_dict
 from core.errors import ConfigError
-from core.stepmodel import StepModel
+from core.sim.stepmodel import StepModel
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"

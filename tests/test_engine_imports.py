@@ -3,8 +3,8 @@ an import names them generically, and the file's own throughput/duration shown b
 with the window each uses."""
 import numpy as np
 
-from core.compare import workload_differences
-from core.metrics import summarize
+from core.analysis.compare import workload_differences
+from core.analysis.metrics import summarize
 from core.trace import file_window_comparison, import_vllm, trace_from_doc
 
 

@@ -4,7 +4,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 import ui
-from core.exercises import EXERCISES
+from core.lessons.exercises import EXERCISES
 from tests.apptest import open_page
 from tests.conftest import ROOT
 

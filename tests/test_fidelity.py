@@ -1,5 +1,5 @@
-"""How good is the simulator: request-level fitting (core.reqfit) and held-out prediction
-(core.fidelity), checked against traces simulated with known step models, so the truth is known
+"""How good is the simulator: request-level fitting (core.fit.reqfit) and held-out prediction
+(core.fit.fidelity), checked against traces simulated with known step models, so the truth is known
 independently of the fitting code; the command line and the replay page's sections."""
 import json
 
@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from core.__main__ import main
+from core.analysis.metrics import request_metrics
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.fidelity import how_good
-from core.metrics import request_metrics
-from core.reqfit import errors, fit_from_requests
-from core.simulate import simulate
-from core.stepfit import load
-from core.stepmodel import StepModel
+from core.fit.fidelity import how_good
+from core.fit.reqfit import errors, fit_from_requests
+from core.fit.stepfit import load
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
 from core.trace import open_trace
 from core.workload import Request, Workload
 from tests.conftest import ROOT
@@ -108,7 +108,7 @@ def test_the_steps_outside_the_fitted_range_are_listed():
     light = Workload([Request(f"a{i}", i * 50.0, int(rng.integers(1, 50)), 5) for i in range(30)])
     burst = Workload([Request(f"b{i}", 0.0, int(rng.integers(100, 400)), 5) for i in range(30)])
     cfg = SchedulerConfig("continuous", max_seqs=8, token_budget=512, chunk=128)
-    from core.stepfit import fit, outside_range, outside_steps
+    from core.fit.stepfit import fit, outside_range, outside_steps
     sm, report = fit(simulate(light, cfg, TRUE_AFFINE), "affine")
     pred = simulate(burst, cfg, sm)
     listed = outside_steps(pred, report)
@@ -118,8 +118,8 @@ def test_the_steps_outside_the_fitted_range_are_listed():
             lo, hi = report["range"][f]
             assert not lo <= row[f] <= hi, (row["step"], f)
     # and every step not listed is inside the range on every feature
-    from core.stepfit import trace_features
-    from core.stepmodel import FEATURES
+    from core.fit.stepfit import trace_features
+    from core.sim.stepmodel import FEATURES
     steps, X, _ = trace_features(pred)
     for s, x in zip(steps, X):
         if s not in set(listed["step"]):
@@ -133,7 +133,7 @@ def test_vllms_own_request_spans_match_the_benchmark_files_requests():
     from pathlib import Path
 
     from bench.vllm_fidelity import engine_side, round_trips_ms
-    from core.stepinfer import closed_loop_clients
+    from core.fit.stepinfer import closed_loop_clients
     for name, n in (("c8_p256_o32", 64), ("c16_p128_o64", 64), ("poisson20_p192_o48", 96)):
         path = ROOT / "data" / "imports" / "vllm_cpu_spans" / name / "vllm_bench_vllm_r1.json"
         tr = open_trace(path).trace

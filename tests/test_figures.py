@@ -1,19 +1,19 @@
 """Figure builders as plain functions: the data in the returned figures, and the block
-states (core.occupancy) they draw from."""
+states (core.analysis.occupancy) they draw from."""
 import numpy as np
 import pytest
 
-from core import kv
+from core.analysis.occupancy import CACHED, FREE, OWNED, SHARED, block_states, block_tables_at
+from core.engine.scheduler import SchedulerConfig
 from core.figures.attention import hbm_traffic_chart, online_softmax_figure, tile_grid
 from core.figures.memory import block_table_figure, kv_growth_chart, occupancy_heatmap, waste_chart
 from core.figures.roof import roofline_chart
 from core.figures.spec import break_even_chart, expected_tokens_chart, mass_sankey, monte_carlo_figure
 from core.figures.timeline import schedule_timeline
-from core.occupancy import CACHED, FREE, OWNED, SHARED, block_states, block_tables_at
-from core.scheduler import SchedulerConfig
-from core.simulate import simulate
-from core.speculative import monte_carlo
-from core.tiles import online_softmax_steps
+from core.formulas import kv
+from core.formulas.speculative import monte_carlo
+from core.formulas.tiles import online_softmax_steps
+from core.sim.simulate import simulate
 from core.trace import load_trace
 from core.workload import Request, Workload, make_workload
 from tests.conftest import DATA
@@ -131,8 +131,8 @@ def _many(n, seed=0):
     import numpy as np
 
     from core.config import SchedulerConfig
-    from core.simulate import simulate
-    from core.stepmodel import StepModel
+    from core.sim.simulate import simulate
+    from core.sim.stepmodel import StepModel
     from core.workload import Request, Workload
     rng = np.random.default_rng(seed)
     t = np.cumsum(rng.exponential(5.0, n))
@@ -173,8 +173,8 @@ def test_aggregate_timeline_totals_equal_the_detailed_data():
 
 
 def test_kv_growth_merges_models_with_identical_kv_size():
-    from core import kv
     from core.figures.memory import kv_growth_chart
+    from core.formulas import kv
     fig = kv_growth_chart([kv.MODELS[m] for m in ("Llama-3-8B", "Mistral-7B", "Llama-2-7B")], 2)
     # Llama-3-8B and Mistral-7B: 32 layers x 8 KV heads x 128 dims: one line, both names
     assert [t.name for t in fig.data] == ["Llama-3-8B = Mistral-7B (8 KV heads)", "Llama-2-7B (32 KV heads)"]
@@ -189,7 +189,7 @@ def test_draft_position_ticks_are_whole_positions():
 def test_preemptions_are_marked_on_the_timeline():
     from core.config import SchedulerConfig
     from core.figures.timeline import schedule_timeline
-    from core.simulate import StepModel, simulate
+    from core.sim.simulate import StepModel, simulate
     from core.workload import Request, Workload
     w = Workload([Request("L", 0.0, 2, 6), Request("H", 5.0, 2, 6)])
     tr = simulate(w, SchedulerConfig("continuous", block_size=2, kv_blocks=5), StepModel("constant", step_ms=10.0))
@@ -201,7 +201,7 @@ def test_preemptions_are_marked_on_the_timeline():
 
 def test_the_tile_walk_animation_reads_the_chapters_numbers_in_both_conventions():
     from core.figures.animate import tile_walk_animation
-    from core.scenarios import chapter_tile_example
+    from core.lessons.scenarios import chapter_tile_example
     logits, values = chapter_tile_example()          # weights [4, 2, 1, 1], values [1, 3, 0, 2], tiles of 2
     steps = online_softmax_steps(logits, values, 2)
     fig = tile_walk_animation(steps, logits, values, 1.5)

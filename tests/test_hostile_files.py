@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from core.scenarios import trace_files
+from core.lessons.scenarios import trace_files
 from tests.conftest import DATA
 
 

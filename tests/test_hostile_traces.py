@@ -286,7 +286,7 @@ def test_kv_block_id_beyond_any_pool_is_refused(tmp_path):
 def test_block_view_memory_is_bounded():
     # The largest allowed block id with the default 200 snapshots would be 838M cells; the view
     # thins its snapshots to stay within MAX_CELLS instead.
-    from core.occupancy import MAX_CELLS, block_states
+    from core.analysis.occupancy import MAX_CELLS, block_states
     from core.trace.schema import MAX_KV_BLOCKS
     doc = json.loads((DATA / "traces" / "chapter31_serial.json").read_text())
     doc["events"].insert(0, {"t_ms": 0.0, "type": "kv", "op": "alloc", "req": "A", "block": MAX_KV_BLOCKS - 1,
@@ -299,7 +299,7 @@ def test_block_view_memory_is_bounded():
 def test_predict_with_a_bad_recorded_option_names_it():
     # Issue 10 item 8: meta.engine.block_size "abc" -> a ConfigError naming the option, no traceback.
     from core.errors import ConfigError
-    from core.predict import predicted_trace
+    from core.fit.predict import predicted_trace
     tr = load_trace(DATA / "traces" / "shared_prefix_caching_on.json.gz")
     tr.meta["engine"]["block_size"] = "abc"
     with pytest.raises(ConfigError, match=r"meta\.engine: block_size: expected a positive integer, got 'abc'"):

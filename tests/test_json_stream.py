@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from core import errors
+from core.engine.scheduler import SchedulerConfig
 from core.errors import TraceError
-from core.scheduler import SchedulerConfig
-from core.simulate import StepModel, simulate
+from core.sim.simulate import StepModel, simulate
 from core.trace import jsoncodec, jsonstream, parse_trace, trace_from_doc
 from core.trace.jsoncodec import gunzip, parse_json_bytes
 from core.trace.jsonstream import decode_fast

@@ -1,8 +1,8 @@
-"""The Load & SLOs page (AppTest) and core.capacity, against hand computations."""
+"""The Load & SLOs page (AppTest) and core.lessons.load, against hand computations."""
 import pytest
 
-from core.capacity import exercise6, parse_loads
 from core.errors import InputError
+from core.lessons.load import exercise6, parse_loads
 from tests.apptest import arr, charts, open_page
 from tests.conftest import DATA
 
@@ -61,7 +61,7 @@ def test_load_page_closed_loop_and_bad_input():
 
 
 def test_measured_runs_state_their_load():
-    from core.capacity import measured_point, run_load
+    from core.lessons.load import measured_point, run_load
     from core.trace import load_trace, open_trace
     vllm = open_trace(DATA / "imports" / "vllm_cpu_tiny_burst64.json")
     assert run_load(vllm.trace, vllm.file_summary) == {"kind": "closed", "concurrency": 16}

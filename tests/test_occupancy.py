@@ -1,12 +1,12 @@
-"""KV block states over time (core.occupancy.block_states) against a direct, event-by-event
+"""KV block states over time (core.analysis.occupancy.block_states) against a direct, event-by-event
 reading of the kv events: the vectorised search must give each block's state, ref count
 and owner at every snapshot exactly."""
 import numpy as np
 import pytest
 
+from core.analysis.occupancy import CACHED, FREE, OWNED, SHARED, block_states
 from core.config import SchedulerConfig
-from core.occupancy import CACHED, FREE, OWNED, SHARED, block_states
-from core.simulate import StepModel, simulate
+from core.sim.simulate import StepModel, simulate
 from core.workload import Request, Workload
 
 
@@ -54,7 +54,7 @@ def test_block_states_equal_a_direct_reading(seed):
 
 
 def test_busiest_snapshot_is_where_most_blocks_are_held():
-    from core.occupancy import FREE, OWNED, SHARED, Occupancy
+    from core.analysis.occupancy import FREE, OWNED, SHARED, Occupancy
     state = np.array([[FREE, OWNED, OWNED, FREE],
                       [FREE, FREE, SHARED, FREE],
                       [FREE, OWNED, SHARED, FREE]])

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from core import loop
 from core.cli import check_writable, write_output
+from core.engine import loop
 from core.errors import InputError
 from core.trace import parse_trace
 from tests.conftest import DATA

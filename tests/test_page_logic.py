@@ -7,16 +7,17 @@ import json
 import numpy as np
 import pytest
 
-from core import roofline
-from core.compare import fixed_window, per_request_table, policy_config, run_policies
+from core.analysis.compare import fixed_window, per_request_table, policy_config, run_policies
+from core.analysis.cursor import advance
+from core.analysis.occupancy import Occupancy, evictions_and_preemptions, kv_op_counts, prefill_tokens, slots_held_at
 from core.config import SchedulerConfig
-from core.cursor import advance
 from core.errors import ConfigError
 from core.figures.attention import tile_event_groups
-from core.kv import GPUS, MODELS
-from core.occupancy import Occupancy, evictions_and_preemptions, kv_op_counts, prefill_tokens, slots_held_at
-from core.predict import predicted_trace, scheduler_options
-from core.scenarios import (
+from core.fit.predict import predicted_trace, scheduler_options
+from core.formulas import roofline
+from core.formulas.kv import GPUS, MODELS
+from core.formulas.speculative import candidates, wrong_rule_error
+from core.lessons.scenarios import (
     SCHEDULE_PRESETS,
     SchedulePreset,
     chapter_tile_example,
@@ -26,9 +27,8 @@ from core.scenarios import (
     without_tenants,
     word_prefix_match,
 )
-from core.simulate import simulate
-from core.speculative import candidates, wrong_rule_error
-from core.stepmodel import StepModel
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
 from core.trace import load_trace, parse_trace
 from core.workload import Request, Workload, make_workload
 from tests.conftest import DATA

@@ -278,7 +278,7 @@ def test_cursors_and_picks_come_back_from_the_link(page, params, key, kind, expe
 def test_cached_attention_equals_recomputing_it():
     import numpy as np
 
-    from core.tiles import cached_vs_recomputed
+    from core.formulas.tiles import cached_vs_recomputed
     for dtype, tol in ((np.float32, 5e-6), (np.float64, 1e-12)):
         rows = cached_vs_recomputed(dtype=dtype)
         assert len(rows) == 7
@@ -298,7 +298,7 @@ def test_an_edited_pq_table_travels_in_the_link():
     import json
 
     from core.errors import InputError
-    from core.speculative import table_from_link, table_to_link
+    from core.formulas.speculative import table_from_link, table_to_link
     text = table_to_link(["x", "y"], [0.3, 0.7], [0.6, 0.4])
     assert table_from_link(text) == (["x", "y"], [0.3, 0.7], [0.6, 0.4])
     for bad in ("garbage", "[]", json.dumps([["x", "a", 1]]), json.dumps([["x", 1]])):
@@ -317,7 +317,7 @@ def test_a_custom_workload_travels_in_the_link():
     import json
 
     from core.errors import InputError
-    from core.scenarios import custom_from_link, custom_to_link, workload_from_rows
+    from core.lessons.scenarios import custom_from_link, custom_to_link, workload_from_rows
     rows = [{"id": "X", "arrival_ms": 0, "prompt_tokens": 8, "max_output_tokens": 4},
             {"id": "Y", "arrival_ms": 5.5, "prompt_tokens": 2, "max_output_tokens": 3}]
     text = custom_to_link(workload_from_rows(rows))

@@ -6,10 +6,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from core.cursor import row_index, step_at, subset, time_range
+from core.analysis.cursor import row_index, step_at, subset, time_range
+from core.analysis.occupancy import SHARED, block_states
 from core.figures.memory import occupancy_heatmap
-from core.occupancy import SHARED, block_states
-from core.scenarios import SCHEDULE_PRESETS, load_scenario
+from core.lessons.scenarios import SCHEDULE_PRESETS, load_scenario
 from core.trace import load_trace
 from tests.apptest import charts, open_page
 from tests.conftest import DATA

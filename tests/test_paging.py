@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from core.engine.kv_cache import BlockManager, KVLog, OutOfBlocks
 from core.errors import ConfigError
-from core.paging import BlockManager, KVLog, OutOfBlocks
 
 
 def fill(bm, seq, ids, salt=None):

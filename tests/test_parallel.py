@@ -1,4 +1,4 @@
-"""core.parallel: results shipped through shared memory equal the originals (dtypes included),
+"""core.sim.parallel: results shipped through shared memory equal the originals (dtypes included),
 the worker pool used by multi-threaded callers (a Streamlit server) gives the same traces as
 simulating in the caller, and failures (a job's error, a worker that dies, no usable
 /dev/shm) end as they would in one process."""
@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core import parallel
-from core.compare import PARALLEL_MIN_REQUESTS, run_policies
+from core.analysis.compare import PARALLEL_MIN_REQUESTS, run_policies
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.scenarios import poisson_workload
-from core.stepmodel import StepModel
+from core.lessons.scenarios import poisson_workload
+from core.sim import parallel
+from core.sim.stepmodel import StepModel
 
 STEP = StepModel("affine", base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.05)
 TABLES = ("requests", "tokens", "finishes", "steps", "batch", "kv", "preempts")

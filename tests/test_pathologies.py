@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from core.pathologies import PATHOLOGIES, RUNS, cold_start
+from core.lessons.pathologies import PATHOLOGIES, RUNS, cold_start
 from core.trace import load_trace
 from tests.apptest import charts, open_page
 from tests.conftest import DATA

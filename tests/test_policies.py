@@ -1,4 +1,4 @@
-"""Batching policies named after real systems (core/policies.py), worked by hand on small cases
+"""Batching policies named after real systems (core/engine/policies.py), worked by hand on small cases
 with 10 ms steps (one token per running request per step), and their defining rules checked
 on random workloads."""
 import numpy as np
@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.admission import watermark_blocks
 from core.config import POLICIES, SchedulerConfig
+from core.engine.admission import watermark_blocks
+from core.engine.policies import budget_shares
 from core.errors import ConfigError
-from core.policies import budget_shares
-from core.simulate import StepModel, simulate
+from core.sim.simulate import StepModel, simulate
 from core.workload import Request, Workload
 
 STEP10 = StepModel("constant", step_ms=10.0)

@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 
-from core import kv, roofline, speculative, tiles
-from core.metrics import cost_usd, request_metrics, throughput
-from core.paging import BlockManager
-from core.scheduler import SchedulerConfig
-from core.simulate import simulate
+from core.analysis.metrics import cost_usd, request_metrics, throughput
+from core.engine.kv_cache import BlockManager
+from core.engine.scheduler import SchedulerConfig
+from core.formulas import kv, roofline, speculative, tiles
+from core.sim.simulate import simulate
 from core.trace import load_trace
 from core.workload import load_workload, make_workload
 from tests.conftest import DATA

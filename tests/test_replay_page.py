@@ -204,7 +204,7 @@ def test_live_mode_follows_a_growing_file(tmp_path, monkeypatch):
 def test_step_cursor_moves_to_neighbouring_steps():
     import numpy as np
 
-    from core.cursor import step_cursor
+    from core.analysis.cursor import step_cursor
     starts = np.array([0.0, 29.6, 45.75, 50.15])
     assert step_cursor(30.0, +1, starts, 0.0, 60.0, 1.0) == 45.75
     assert step_cursor(45.75, +1, starts, 0.0, 60.0, 1.0) == 50.15     # from a step start: the next one

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
+from core.analysis.metrics import conservation
+from core.engine.scheduler import SchedulerConfig
 from core.errors import ConfigError
-from core.metrics import conservation
-from core.scheduler import SchedulerConfig
 from core.trace import trace_from_doc
 from core.workload import Request, Workload
 from gpu_runner.engine import Engine, EngineConfig, PagedKVCache, SamplingParams

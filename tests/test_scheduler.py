@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core import loop
+from core.analysis.metrics import conservation
 from core.config import POLICIES, SchedulerConfig
+from core.engine import loop
+from core.engine.scheduler import Scheduler
+from core.engine.steplog import StepLog
 from core.errors import ConfigError
-from core.metrics import conservation
-from core.scheduler import Scheduler
-from core.simulate import StepModel, StepTimeExecutor, fit_affine, simulate, simulate_to_parquet
-from core.steplog import StepLog
+from core.sim.simulate import StepModel, StepTimeExecutor, fit_affine, simulate, simulate_to_parquet
 from core.trace import parse_trace
 from core.workload import Request, Workload, make_workload
 
@@ -140,7 +140,7 @@ def test_roofline_step_model_bandwidth_bound_decode():
     w = make_workload([("A", 0, 1, 3)])
     sm = StepModel("roofline", model="Llama-2-7B", gpu="Chapter 2 TB/s")
     tr = simulate(w, SchedulerConfig("continuous"), sm)
-    from core.kv import MODELS
+    from core.formulas.kv import MODELS
     weights_ms = MODELS["Llama-2-7B"].weight_bytes(2) / 2e12 * 1000
     d = tr.steps["dur_ms"].to_numpy()
     assert d[1] == pytest.approx(weights_ms, rel=1e-3)  # KV of 2 positions is negligible

@@ -281,7 +281,7 @@ def test_metrics_parse_and_use_vllm_names(tiny):
 
 
 def test_sigterm_writes_a_valid_trace(tmp_path):
-    from core.metrics import conservation
+    from core.analysis.metrics import conservation
     from core.trace import load_trace
     port = free_port()
     out = tmp_path / "served.json"
@@ -322,7 +322,7 @@ def test_loadgen_against_our_server_matches_the_servers_own_trace(tiny, tmp_path
             server_tr = srv.se.trace()
         tr = load_trace(out)
         assert tr.meta["source"] == "measured" and tr.meta["engine"]["name"] == "gpu_runner"
-        from core.metrics import request_metrics
+        from core.analysis.metrics import request_metrics
         got = dict(zip(*(request_metrics(tr)[c] for c in ("id", "output_tokens"))))
         assert got == {f"r{k}": 6 + k % 5 for k in range(12)}
         served = request_metrics(server_tr)["output_tokens"]   # the server's ids are its own

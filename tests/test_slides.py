@@ -6,15 +6,15 @@ import zipfile
 import pandas as pd
 import pytest
 
-from core.compare import run_policies
+from core.analysis.compare import run_policies
 from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.figures.animate import slot_animation
 from core.figures.slides import chromium, figures_zip, for_presentation, still_figure, tables_zip
 from core.figures.timeline import schedule_timeline
-from core.scenarios import load_scenario
-from core.slots import slot_grid
-from core.stepmodel import StepModel
+from core.lessons.scenarios import load_scenario
+from core.lessons.slots import slot_grid
+from core.sim.stepmodel import StepModel
 
 
 def burst5():

@@ -4,10 +4,10 @@ import json
 import pytest
 
 from core.__main__ import main
+from core.analysis.metrics import SLO, summarize
 from core.config import SchedulerConfig
 from core.errors import InputError
-from core.metrics import SLO, summarize
-from core.simulate import StepModel, simulate
+from core.sim.simulate import StepModel, simulate
 from core.trace import trace_from_doc
 from core.workload import Request, Workload
 

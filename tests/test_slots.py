@@ -1,15 +1,15 @@
-"""Batch seats step by step (core.slots) and their animation (core.figures.animate): the seat
+"""Batch seats step by step (core.lessons.slots) and their animation (core.figures.animate): the seat
 grid against the batch events it is drawn from, and hand-worked static vs continuous."""
 import numpy as np
 import pytest
 
-from core.compare import run_policies
+from core.analysis.compare import run_policies
 from core.config import SchedulerConfig
 from core.figures.animate import SPEEDS, slot_animation
-from core.scenarios import load_scenario
-from core.simulate import simulate
-from core.slots import DECODE, EMPTY, HELD, PREFILL, slot_grid, step_story
-from core.stepmodel import StepModel
+from core.lessons.scenarios import load_scenario
+from core.lessons.slots import DECODE, EMPTY, HELD, PREFILL, slot_grid, step_story
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
 from core.workload import make_workload
 
 UNIT = StepModel("constant", step_ms=1.0)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from core import speculative as spec_math
-from core.scheduler import SchedulerConfig
+from core.engine.scheduler import SchedulerConfig
+from core.formulas import speculative as spec_math
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
 from gpu_runner.engine import Engine, EngineConfig, SamplingParams, filtered_probs

@@ -1,4 +1,4 @@
-"""Step models as data (core.stepfit, StepModel kind "features"): hand-worked features and
+"""Step models as data (core.fit.stepfit, StepModel kind "features"): hand-worked features and
 start positions, exact recovery of known coefficients from simulated traces (with chunked
 prefill, preemption and prefix-cache hits), the model file, range warnings and the CLI."""
 import json
@@ -9,10 +9,10 @@ import pytest
 from core.__main__ import main
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.scenarios import shared_prefix_demo
-from core.simulate import simulate
-from core.stepfit import entry_start_positions, fit, load, outside_range, save, trace_features
-from core.stepmodel import FEATURES, StepModel, step_features
+from core.fit.stepfit import entry_start_positions, fit, load, outside_range, save, trace_features
+from core.lessons.scenarios import shared_prefix_demo
+from core.sim.simulate import simulate
+from core.sim.stepmodel import FEATURES, StepModel, step_features
 from core.workload import make_workload
 
 TRUE = StepModel("features", base_ms=2.0, prefill_ms_per_token=0.01, decode_ms_per_seq=0.3,

@@ -1,4 +1,4 @@
-"""core.stepinfer: engine steps recovered from the times tokens reach the client. A run is
+"""core.fit.stepinfer: engine steps recovered from the times tokens reach the client. A run is
 simulated with a known step time, everything but the requests and their token times is
 dropped (what a vLLM result file holds), the tokens of each step are spread by a client-side
 jitter, and the inferred steps and the fitted step time must match the simulation's."""
@@ -10,10 +10,10 @@ import pytest
 
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.scenarios import poisson_workload
-from core.simulate import simulate
-from core.stepinfer import burst_gap_ms, closed_loop_clients, fit_inferred, infer_steps
-from core.stepmodel import StepModel
+from core.fit.stepinfer import burst_gap_ms, closed_loop_clients, fit_inferred, infer_steps
+from core.lessons.scenarios import poisson_workload
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
 from core.trace.model import BATCH, STEP, empty
 
 TRUE = StepModel("affine", base_ms=3.0, prefill_ms_per_token=0.07, decode_ms_per_seq=0.15)
@@ -99,7 +99,7 @@ def test_closed_loop_clients_read_from_the_run_settings(run):
 
 def test_the_command_line_fits_a_vllm_result_from_its_token_times(tmp_path, capsys):
     from core.__main__ import main
-    from core.stepfit import load
+    from core.fit.stepfit import load
     from tests.conftest import ROOT
     run = ROOT / "data" / "imports" / "vllm_cpu_tiny_poisson20_p192_o48.json"
     out = tmp_path / "m.json"

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from core.config import SchedulerConfig
-from core.scheduler import Scheduler
-from core.steplog import StepLog, StepOutput
+from core.engine.scheduler import Scheduler
+from core.engine.steplog import StepLog, StepOutput
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
 from gpu_runner.engine import Engine, EngineConfig

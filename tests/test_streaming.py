@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.config import SchedulerConfig
-from core.paging import BlockManager
-from core.simulate import StepModel, simulate, simulate_to_parquet
+from core.engine.kv_cache import BlockManager
+from core.sim.simulate import StepModel, simulate, simulate_to_parquet
 from core.trace import load_trace, parse_trace
 from core.trace.parquet import TraceWriter, to_parquet_bytes
 from core.workload import Request, Workload

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from core.__main__ import main
+from core.analysis.metrics import SLO
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.metrics import SLO
-from core.simulate import StepModel
-from core.sweep import retimed, simulate_closed, sweep
+from core.sim.simulate import StepModel
+from core.sim.sweep import retimed, simulate_closed, sweep
 from core.workload import Request, Workload
 
 STEP10 = StepModel("constant", step_ms=10.0)

@@ -6,10 +6,10 @@ import json
 import jsonschema
 import pytest
 
+from core.analysis.metrics import summarize
+from core.engine.scheduler import SchedulerConfig
 from core.errors import TraceError
-from core.metrics import summarize
-from core.scheduler import SchedulerConfig
-from core.simulate import StepModel, simulate
+from core.sim.simulate import StepModel, simulate
 from core.trace import load_trace, parse_trace, trace_from_doc
 from core.workload import load_workload
 from tests.conftest import DATA

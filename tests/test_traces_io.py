@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from core.analysis.export import chrome_trace, metrics_csv
+from core.analysis.metrics import summarize
 from core.errors import TraceError
-from core.export import chrome_trace, metrics_csv
-from core.metrics import summarize
 from core.trace import Imported, import_vllm, load_trace, open_trace, parse_trace, to_parquet_bytes, trace_from_doc
 from tests import fuzz_corpus
 from tests.conftest import DATA, ROOT
@@ -403,8 +403,8 @@ def test_errors_count_all_problems_in_a_large_bad_file():
 
 
 def test_user_run_details_go_into_a_copy_of_the_trace():
+    from core.analysis.export import with_run_metadata
     from core.errors import InputError
-    from core.export import with_run_metadata
     from core.trace import load_trace, parse_trace
     tr = load_trace(DATA / "traces" / "vllm_cpu_tiny_loadgen.json.gz")
     engine_before = dict(tr.meta["engine"])

@@ -6,7 +6,7 @@ import re
 import pytest
 
 import ui
-from core.scenarios import SCHEDULE_PRESETS
+from core.lessons.scenarios import SCHEDULE_PRESETS
 from tests.conftest import ROOT
 
 PAGES = sorted((ROOT / "pages").glob("*.py"))
@@ -27,7 +27,7 @@ def test_every_bound_widget_goes_through_the_table():
 
 def test_option_keys_name_real_options():
     from core.config import SchedulerConfig, options
-    from core.stepmodel import StepModel
+    from core.sim.stepmodel import StepModel
     fields = {f"{cls.__name__}.{f.name}" for cls in (SchedulerConfig, StepModel) for f in options(cls)}
     for key, u in ui.URL_KEYS.items():
         assert not u.option or u.option == "policies" or u.option in fields, key

@@ -1,4 +1,4 @@
-"""Column-wise workload loading (core.workload, core.workload_files): the Vidur CSV and LLMServingSim JSONL readers
+"""Column-wise workload loading (core.workload, core.workload.files): the Vidur CSV and LLMServingSim JSONL readers
 agree with the row-by-row readers (values, order, ties, errors), Workload.from_columns checks
 every Request rule, and the lazily built requests equal the eagerly built ones."""
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from core.errors import WorkloadError
 from core.workload import MAX_TIME_MS, MAX_TOKENS, Request, Workload, parse_workload
-from core.workload_files import (
+from core.workload.files import (
     _llmservingsim_jsonl_columns,
     _llmservingsim_jsonl_rows,
     _vidur_csv_columns,

@@ -4,9 +4,9 @@ import math
 import numpy as np
 import pytest
 
-from core import kv, speculative, tiles
+from core.analysis.metrics import distribution, itl_gaps, littles_law, min_samples_for, summarize, throughput
 from core.errors import ConfigError, InputError, WorkloadError
-from core.metrics import distribution, itl_gaps, littles_law, min_samples_for, summarize, throughput
+from core.formulas import kv, speculative, tiles
 from core.trace import trace_from_doc
 from core.workload import load_workload, parse_workload
 from tests.conftest import DATA
@@ -165,7 +165,7 @@ def test_online_softmax_stable_with_huge_logits():
 
 
 def test_edited_table_rows_become_a_workload_with_row_errors():
-    from core.scenarios import workload_from_rows
+    from core.lessons.scenarios import workload_from_rows
     w = workload_from_rows([{"id": "A", "arrival_ms": 0.0, "prompt_tokens": 4.0, "output_tokens": 3.0},
                             {"id": None, "arrival_ms": None, "prompt_tokens": None, "output_tokens": None},
                             {"id": "B", "arrival_ms": 20.0, "prompt_tokens": 4, "output_tokens": 2}])

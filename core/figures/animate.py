@@ -10,10 +10,10 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from core.blockframes import PagingFrames
 from core.figures import BLUE, GRAY, ORANGE, PALETTE, SKY, base_layout, wrap_title
-from core.slots import HELD, PREFILL, SlotGrid, step_story
-from core.tiles import TileStep, unscaled
+from core.formulas.tiles import TileStep, unscaled
+from core.lessons.blockframes import PagingFrames
+from core.lessons.slots import HELD, PREFILL, SlotGrid, step_story
 
 SPEEDS = ((0.5, "▶ 0.5×"), (1.0, "▶ 1×"), (2.0, "▶ 2×"), (4.0, "▶ 4×"))
 BASE_FPS = 5.0          # frames per second at 1×
@@ -120,7 +120,7 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "l
     return play_controls(fig, [str(k) for k in range(longest)], y=-0.06 if rows > 1 else -0.12)
 
 
-STATE_COLORS = ("#EEEEEE", SKY, BLUE, ORANGE)      # free, cached-free, owned, shared (core.occupancy order)
+STATE_COLORS = ("#EEEEEE", SKY, BLUE, ORANGE)      # free, cached-free, owned, shared (core.analysis.occupancy order)
 
 
 def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.figures import BLUE, VERMILLION, base_layout, log_ticks
-from core.tiles import TileStep, hbm_traffic_bytes
+from core.formulas.tiles import TileStep, hbm_traffic_bytes
 
 
 def online_softmax_figure(steps: list[TileStep], upto: int, full_value: float, wrong_value: float) -> go.Figure:

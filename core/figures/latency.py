@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from core.compare import cdf_points
+from core.analysis.compare import cdf_points
 from core.figures import PALETTE, base_layout
 
 METRIC_NAMES = {"e2e_ms": "E2E", "ttft_ms": "TTFT", "tpot_ms": "TPOT", "waiting_ms": "Queue wait"}

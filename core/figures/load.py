@@ -1,4 +1,4 @@
-"""Throughput-latency curves of load sweeps (core.sweep), one color per policy."""
+"""Throughput-latency curves of load sweeps (core.sim.sweep), one color per policy."""
 from __future__ import annotations
 
 import plotly.graph_objects as go
@@ -15,7 +15,7 @@ MEASURED = ("#222222", "#8C564B", "#17BECF", "#7F7F7F")
 def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured: list[dict] = ()) -> go.Figure:
     """results: {policy label: sweep result}. p50 dashed, p99 solid; output tokens/s solid and
     goodput dashed; SLO bounds as gray lines; each policy's capacity marked with a star.
-    `measured`: runs as points (core.capacity.measured_point) drawn as diamonds at their load:
+    `measured`: runs as points (core.lessons.load.measured_point) drawn as diamonds at their load:
     p99 (filled) and p50 (open) latencies, output tokens/s."""
     first = next(iter(results.values()), None)
     key = "rate" if first and first["kind"] == "open" else "concurrency"

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
+from core.analysis.occupancy import CACHED, FREE, OWNED, SHARED, STATE_NAMES, Occupancy
 from core.figures import CURSOR, PALETTE, base_layout
-from core.kv import GIB, ModelSpec
-from core.occupancy import CACHED, FREE, OWNED, SHARED, STATE_NAMES, Occupancy
+from core.formulas.kv import GIB, ModelSpec
 
 STATE_COLORS = {FREE: "#F2F2F2", CACHED: "#BFE3F5", OWNED: "#0072B2", SHARED: "#E69F00"}   # Okabe-Ito
 

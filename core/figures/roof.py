@@ -5,8 +5,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from core.figures import PALETTE, base_layout, log_ticks
-from core.kv import GPUSpec
-from core.roofline import attainable_flops
+from core.formulas.kv import GPUSpec
+from core.formulas.roofline import attainable_flops
 
 
 def roofline_chart(gpus: list[GPUSpec], points: list[tuple[str, float]]) -> go.Figure:

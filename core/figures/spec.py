@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from core import speculative as spec
 from core.figures import BLUE, GRAY, PALETTE, VERMILLION, base_layout
+from core.formulas import speculative as spec
 
 
 def mass_sankey(p, q, names: list[str], wrong: bool = False) -> go.Figure:

@@ -5,8 +5,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from core.analysis.metrics import first_scheduled_ms, token_spans
 from core.figures import ORIGIN_COLORS, base_layout
-from core.metrics import first_scheduled_ms, token_spans
 
 QUEUE_COLOR = "#D9D9D9"
 PREFILL_COLOR = "#F2B701"

@@ -1,7 +1,7 @@
 """Traces made in this process: from the scheduler's StepLog (simulator and runner), from
 emission times given per request (teaching scenarios), or empty for a workload.
 
-The StepLog interface (core/scheduler.py), read by position so that plain tuples and
+The StepLog interface (core/engine/scheduler.py), read by position so that plain tuples and
 NamedTuples both work:
   steps        (step, t_ms, dur_ms, running, waiting, kv_used_blocks, kv_free_blocks): scalars
                for one step, or arrays for a fast-forwarded run of steps
@@ -9,13 +9,13 @@ NamedTuples both work:
   token_parts  (reqs, index, t_ms scalar or per token, token_ids or None); token_sources:
                per part, codes into TOKEN_SOURCES or None (all sampled)
   finishes     (req, t_ms, reason);  preempts (req, t_ms, reason, freed_blocks)
-  kv           core.paging.KVLog;     other: verbatim events (spec, tiles)
+  kv           core.engine.kv_cache.KVLog;     other: verbatim events (spec, tiles)
 """
 from __future__ import annotations
 
 import pandas as pd
 
-from core.steplog import log_records
+from core.engine.steplog import log_records
 from core.trace.model import Trace, frame
 from core.trace.schema import BATCH, FINISH, KV, PREEMPT, REQUEST, STEP, TOKEN
 from core.trace.validate import trace_from_doc

@@ -9,7 +9,7 @@ bench_serving writes the same arrays and may add `start_times`.
 Per request we rebuild a timeline: send time (from `start_times` / `request_submit_times`
 when present, else 0 for every request, each aligned at its own send), first token at
 send + TTFT, then one emission per ITL gap. The request's output tokens are spread over
-those emissions (one each, the remainder released with the last chunk), so core.metrics
+those emissions (one each, the remainder released with the last chunk), so core.analysis.metrics
 gives vLLM's own TTFT, TPOT = (E2E - TTFT)/(n - 1), ITL and E2E = TTFT + sum(ITL).
 """
 from __future__ import annotations

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.paging import KV_OPS
+from core.engine.kv_cache import KV_OPS
 from core.workload import MAX_TIME_MS
 
 INT_MAX = 2**63 - 1            # int fields are int64 columns

@@ -1,0 +1,107 @@
+"""Exports: Chrome Trace Event JSON (opens in Perfetto / chrome://tracing) and CSV.
+
+Chrome trace layout:
+- process 1 "scheduler": one complete slice ("X") per step on thread 1, named by its batch
+  composition; counter tracks ("C") running, waiting, kv_used_blocks;
+- process 2 "requests": one thread per request with slices "queued" (arrival -> first
+  scheduled step, or -> first token without step events), "prefill" (first step -> first
+  token), "decode" (first -> last token), and an instant ("i") per token;
+- names through metadata events ("M": process_name, thread_name, thread_sort_index).
+Timestamps are microseconds on the trace's clock.
+"""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+
+from core.analysis.metrics import request_metrics
+from core.errors import InputError
+from core.figures.timeline import request_spans
+
+SCHED_PID, REQ_PID = 1, 2
+
+
+def chrome_trace(trace) -> dict:
+    us = 1000.0
+    ev: list[dict] = [
+        {"ph": "M", "pid": SCHED_PID, "name": "process_name", "args": {"name": "scheduler"}},
+        {"ph": "M", "pid": SCHED_PID, "tid": 1, "name": "thread_name", "args": {"name": "steps"}},
+        {"ph": "M", "pid": REQ_PID, "name": "process_name", "args": {"name": "requests"}},
+    ]
+    st, b = trace.steps, trace.batch
+    if len(st):
+        pre = b[b["kind"] == "prefill"].groupby("step")["tokens"].sum()
+        dec = b[b["kind"] == "decode"].groupby("step")["req"].count()
+        steps = st["step"].to_numpy()
+        n_pre = pre.reindex(steps, fill_value=0).to_numpy()
+        n_dec = dec.reindex(steps, fill_value=0).to_numpy()
+        for s, t, d, ru, wa, used, p, dcount in zip(steps.tolist(), st["t_ms"].tolist(), st["dur_ms"].tolist(),
+                                                     st["running"].tolist(), st["waiting"].tolist(),
+                                                     st["kv_used_blocks"].tolist(), n_pre.tolist(), n_dec.tolist()):
+            ev.append({"ph": "X", "pid": SCHED_PID, "tid": 1, "name": f"step {s}: {p} prefill tok, {dcount} decode",
+                       "ts": t * us, "dur": d * us, "args": {"step": s, "prefill_tokens": p, "decode_seqs": dcount}})
+            ev.append({"ph": "C", "pid": SCHED_PID, "name": "sequences", "ts": t * us,
+                       "args": {"running": ru, "waiting": wa}})
+            if used >= 0:
+                ev.append({"ph": "C", "pid": SCHED_PID, "name": "kv_used_blocks", "ts": t * us,
+                           "args": {"kv_used_blocks": used}})
+    ids = trace.ids
+    sp = request_spans(trace)
+    has_steps = bool(len(st))
+    for i, rid in enumerate(ids):
+        tid = i + 1
+        ev.append({"ph": "M", "pid": REQ_PID, "tid": tid, "name": "thread_name", "args": {"name": f"request {rid}"}})
+        ev.append({"ph": "M", "pid": REQ_PID, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
+        a, s0, f, last = sp["arrival"][i], sp["scheduled"][i], sp["first"][i], sp["last"][i]
+        q_end = s0 if has_steps and not np.isnan(s0) else f
+        if not np.isnan(q_end) and q_end > a:
+            ev.append({"ph": "X", "pid": REQ_PID, "tid": tid, "name": "queued", "ts": a * us, "dur": (q_end - a) * us})
+        if has_steps and not np.isnan(s0) and not np.isnan(f) and f > s0:
+            ev.append({"ph": "X", "pid": REQ_PID, "tid": tid, "name": "prefill", "ts": s0 * us, "dur": (f - s0) * us})
+        if not np.isnan(f) and last > f:
+            ev.append({"ph": "X", "pid": REQ_PID, "tid": tid, "name": "decode", "ts": f * us, "dur": (last - f) * us})
+    tk = trace.tokens
+    for r, k, t in zip(tk["req"].tolist(), tk["index"].tolist(), tk["t_ms"].tolist()):
+        ev.append({"ph": "i", "s": "t", "pid": REQ_PID, "tid": r + 1, "name": f"token {k}", "ts": t * us})
+    for r, t, reason in zip(trace.preempts["req"].tolist(), trace.preempts["t_ms"].tolist(),
+                            trace.preempts["reason"].tolist()):
+        ev.append({"ph": "i", "s": "t", "pid": REQ_PID, "tid": r + 1, "name": f"preempted ({reason})", "ts": t * us})
+    return {"traceEvents": ev, "displayTimeUnit": "ms",
+            "otherData": {"source": trace.source, "label": trace.label, "created": str(trace.meta.get("created", ""))}}
+
+
+def chrome_trace_json(trace) -> str:
+    return json.dumps(chrome_trace(trace), separators=(",", ":"), allow_nan=False)
+
+
+def metrics_csv(trace) -> str:
+    """Per-request metrics as CSV; a missing TPOT is an empty cell, never 0."""
+    m = request_metrics(trace)
+    buf = io.StringIO()
+    m.to_csv(buf, index=False, float_format="%.6f")
+    return buf.getvalue()
+
+
+USER_META_LIMITS = {"device": 200, "engine": 200, "notes": 2000}
+
+
+def with_run_metadata(trace, device: str = "", engine: str = "", notes: str = ""):
+    """A copy of `trace` whose meta carries run details a user supplied for an uploaded file
+    (the trace itself is shared and never changed): device, engine (its name/version text,
+    kept beside an engine dict the file had) and notes. Empty fields leave the file's own."""
+    import dataclasses
+    meta = dict(trace.meta)
+    for name, value in (("device", device), ("engine", engine), ("notes", notes)):
+        value = (value or "").strip()
+        if len(value) > USER_META_LIMITS[name]:
+            raise InputError(f"{name}: at most {USER_META_LIMITS[name]} characters, got {len(value)}")
+        if not value:
+            continue
+        if name == "engine":
+            old = meta.get("engine")
+            meta["engine"] = {**old, "described_by_user": value} if isinstance(old, dict) else {"name": value}
+        else:
+            meta[name] = value
+    return dataclasses.replace(trace, meta=meta)

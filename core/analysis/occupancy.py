@@ -1,0 +1,222 @@
+"""Block states over time from a trace's `kv` events (occupancy views), and the KV
+accounting the paging page shows (block tables, slots held vs reserved, op counts).
+
+Each physical block is, at any moment, one of
+    FREE      - unreferenced, holds nothing worth keeping
+    CACHED    - unreferenced but still holds a cached prefix (a later hit can revive it)
+    OWNED     - referenced by exactly one sequence
+    SHARED    - referenced by more than one sequence (prefix hit or fork)
+The state of a block at time t is decided by its last kv event at or before t (events at
+the same time keep their recorded order).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from core.formulas.kv import Reservation, reservation
+from core.order import stable_order
+from core.trace.schema import MAX_KV_BLOCKS
+
+FREE, CACHED, OWNED, SHARED = 0, 1, 2, 3
+STATE_NAMES = ("free", "cached-free", "owned", "shared")
+
+
+@dataclass(slots=True)
+class Occupancy:
+    times_ms: np.ndarray     # [S] snapshot times
+    state: np.ndarray        # [B, S] one of FREE/CACHED/OWNED/SHARED
+    ref: np.ndarray          # [B, S] reference count
+    owner: np.ndarray        # [B, S] request index of the last sequence to take the block (-1 none)
+    num_blocks: int
+
+    def at(self, j: int) -> dict:
+        """Counts of each state at snapshot j."""
+        s = self.state[:, j]
+        return {name: int((s == k).sum()) for k, name in enumerate(STATE_NAMES)}
+
+    def busiest(self) -> int:
+        """The first snapshot with the most blocks held by sequences (a view's natural start:
+        the last snapshot of a finished run has every block free)."""
+        if not self.state.size:
+            return 0
+        return int(np.argmax((self.state >= OWNED).sum(axis=0)))
+
+    def index_at(self, t_ms: float) -> int:
+        """The last snapshot at or before t (the first one before any)."""
+        j = int(np.searchsorted(self.times_ms, t_ms, side="right")) - 1
+        return min(max(j, 0), max(len(self.times_ms) - 1, 0))
+
+    def refs_at(self, j: int) -> dict[int, int]:
+        """Reference count of every block at snapshot j."""
+        return dict(enumerate(self.ref[:, j].tolist()))
+
+
+def snapshot_times(trace, max_snapshots: int = 200) -> np.ndarray:
+    """Step start times (or kv event times if there are no steps), thinned evenly."""
+    if len(trace.steps):
+        t = trace.steps["t_ms"].to_numpy()
+    else:
+        t = np.unique(trace.kv["t_ms"].to_numpy())
+    if len(trace.tokens):
+        t = np.append(t, trace.tokens["t_ms"].max())
+    t = np.unique(t)
+    if len(t) > max_snapshots:
+        t = t[np.linspace(0, len(t) - 1, max_snapshots).round().astype(int)]
+    return t
+
+
+# Blocks x snapshots held at once (state, ref count, owner: ~13 bytes a cell, ~110 MB): two
+# snapshots of the largest pool a trace may name (core.trace.schema.MAX_KV_BLOCKS).
+MAX_CELLS = 2 * MAX_KV_BLOCKS
+
+
+def block_states(trace, times_ms=None, num_blocks: int | None = None, max_snapshots: int = 200) -> Occupancy:
+    """Each block's state, ref count and owner at each snapshot time (default: `snapshot_times`)."""
+    kv = trace.kv
+    times = snapshot_times(trace, max_snapshots) if times_ms is None else np.asarray(times_ms, dtype=float)
+    if num_blocks is None:
+        # Only blocks that were ever touched: with a huge (or unlimited) pool the rest stay
+        # free forever, and the allocator hands out the lowest ids first.
+        num_blocks = int(kv["block"].max() + 1) if len(kv) else 0
+    if num_blocks * len(times) > MAX_CELLS and len(times) > 2:
+        # Bounded memory (~13 bytes a cell): fewer snapshots, evenly spread, first and last kept.
+        keep = np.unique(np.linspace(0, len(times) - 1, max(2, MAX_CELLS // max(num_blocks, 1))).round().astype(int))
+        times = times[keep]
+    B, S = num_blocks, len(times)
+    state = np.zeros((B, S), dtype=np.int8)
+    ref = np.zeros((B, S), dtype=np.int32)
+    owner = np.full((B, S), -1, dtype=np.int64)
+    if not len(kv) or not S:
+        return Occupancy(times, state, ref, owner, B)
+    # op as category codes: comparing 3 M Python strings cost more than the rest together
+    op_cat = kv["op"].astype("category")
+    code = {c: i for i, c in enumerate(op_cat.cat.categories)}
+    op = op_cat.cat.codes.to_numpy()
+    is_op = lambda *names: np.isin(op, [code[n] for n in names if n in code])
+    blk = kv["block"].to_numpy()
+    r = kv["ref"].to_numpy()
+    req = kv["req"].to_numpy()
+    t = kv["t_ms"].to_numpy()
+    has_hash = kv["hash"].notna().to_numpy()
+    # Owner carried forward: the last alloc/hit/cow/cache sequence of each block.
+    takes = is_op("alloc", "hit", "cow", "cache")
+    ev_state = np.where(r > 1, SHARED, np.where(r == 1, OWNED, np.where(has_hash & is_op("free"), CACHED, FREE)))
+    ev_state[is_op("evict")] = FREE
+    order = stable_order(blk)    # by block, then recorded order
+    blk_s = blk[order]
+    # One search for every (block, snapshot): events keyed by (block, the first snapshot at or
+    # after the event); the last event at or before snapshot s is the last whose key is <= the
+    # key (block, s).
+    by_time = np.argsort(times, kind="stable")      # times as given may be in any order
+    rank = np.empty(S, dtype=np.int64)
+    rank[by_time] = np.arange(S)
+    span = S + 1
+    key = blk_s.astype(np.int64) * span + np.searchsorted(times[by_time], t[order], side="left")
+    bb = np.arange(B, dtype=np.int64)
+    q = bb[:, None] * span + rank[None, :]
+    last = np.searchsorted(key, q.ravel(), side="right") - 1
+    # the cell has an event when that last event is its own block's (not an earlier block's)
+    ok = last >= np.repeat(np.searchsorted(blk_s, bb, side="left"), S)
+    cells = np.flatnonzero(ok)                        # row-major (block, snapshot) cells with an event
+    lo = last[cells]                                  # events in block order: gathers stay local
+    st = ev_state[order].astype(np.int8)[lo]
+    state.reshape(-1)[cells] = st
+    ref.reshape(-1)[cells] = r[order].astype(np.int32)[lo]
+    # owner: the last taking event (alloc/hit/cow/cache) of the same block up to each event;
+    # a block's first event is a mark too, so a take is found only within its block
+    takes_s = takes[order]
+    n = len(order)
+    first = np.r_[True, blk_s[1:] != blk_s[:-1]] if n else np.zeros(0, dtype=bool)
+    mark = np.maximum.accumulate(np.where(takes_s | first, np.arange(n), -1))
+    took = np.where(takes_s[np.maximum(mark, 0)] & (mark >= 0), mark, -1)
+    o = took[lo]
+    owner.reshape(-1)[cells] = np.where((o >= 0) & (st >= OWNED), req[order][np.maximum(o, 0)], -1)
+    return Occupancy(times, state, ref, owner, B)
+
+
+def block_tables_at(trace, t_ms: float) -> dict[int, list[int]]:
+    """Each sequence's block table (logical -> physical) at time t, from kv events: the last
+    event for each (sequence, logical block) decides; a `free` means it is gone."""
+    kv = trace.kv
+    if not len(kv):
+        return {}
+    keep = (kv["t_ms"].to_numpy() <= t_ms) & (kv["req"].to_numpy() >= 0) & (kv["logical"].to_numpy() >= 0)
+    ev = kv.loc[keep, ["op", "req", "logical", "block"]]
+    ev = ev[ev["op"].isin(["alloc", "hit", "cow", "cache", "free"])]
+    last = ev.drop_duplicates(subset=["req", "logical"], keep="last")
+    last = last[last["op"] != "free"].sort_values(["req", "logical"])
+    out: dict[int, list[int]] = {}
+    for r, g in last.groupby("req", sort=True)["block"]:
+        out[int(r)] = g.tolist()
+    return out
+
+
+def tokens_in_cache_at(trace, t_ms: float) -> dict[int, int]:
+    """Tokens each sequence has computed into KV by time t: the tokens of its steps that ended
+    by t, counting only steps after its last preemption (a preemption drops its cache)."""
+    st, b = trace.steps, trace.batch
+    if not len(st):
+        return {}
+    ended = st.loc[(st["t_ms"] + st["dur_ms"]) <= t_ms, ["step", "t_ms"]]
+    done = b.merge(ended, on="step", how="inner")
+    pre = trace.preempts[trace.preempts["t_ms"] <= t_ms]
+    if len(pre):
+        last_pre = pre.groupby("req")["t_ms"].max()
+        cut = last_pre.reindex(done["req"]).to_numpy()
+        done = done[~(done["t_ms"].to_numpy() < np.nan_to_num(cut, nan=-1.0))]
+    sums = done.groupby("req")["tokens"].sum()
+    return {int(r): int(n) for r, n in sums.items()}
+
+
+# ---- KV accounting for the paging page ------------------------------------------------------
+
+KV_OPS = ("alloc", "hit", "cache", "evict", "cow")
+
+
+@dataclass(slots=True)
+class SlotsHeld:
+    """KV slots (token positions) held at one time by up to `limit` sequences holding blocks."""
+    reqs: list[int]                 # request indices, ascending
+    tables: dict[int, list[int]]    # request index -> physical blocks
+    tokens: list[int]               # tokens stored per sequence (capped at its blocks' slots)
+    paged_slots: list[int]          # whole blocks x block_size per sequence
+    max_len: int                    # contiguous reservation per sequence: longest prompt + max output
+    totals: Reservation             # over the same sequences
+
+
+def slots_held_at(trace, t_ms: float, block_size: int, limit: int = 24) -> SlotsHeld:
+    tables = block_tables_at(trace, t_ms)
+    held = tokens_in_cache_at(trace, t_ms)
+    reqs = sorted(tables)[:limit]
+    req = trace.requests
+    max_len = int((req["prompt_tokens"] + req["max_output_tokens"]).max()) if len(req) else 0
+    tokens = [min(held.get(r, 0), len(tables[r]) * block_size) for r in reqs]
+    paged = [math.ceil(n / block_size) * block_size for n in tokens]
+    return SlotsHeld(reqs, {r: tables[r] for r in reqs}, tokens, paged, max_len,
+                     reservation(tokens, block_size, max_len))
+
+
+def kv_op_counts(trace) -> dict[str, int]:
+    """Number of kv events of each op in KV_OPS, plus preemptions."""
+    counts = trace.kv["op"].value_counts()
+    return {**{op: int(counts.get(op, 0)) for op in KV_OPS}, "preemptions": len(trace.preempts)}
+
+
+def prefill_tokens(trace) -> tuple[int, int]:
+    """(prompt tokens computed by prefill steps, prompt tokens of all requests). Computed can be
+    fewer (prefix-cache hits) or more (recomputation after preemption)."""
+    b = trace.batch
+    computed = int(b.loc[b["kind"] == "prefill", "tokens"].sum()) if len(b) else 0
+    return computed, int(trace.requests["prompt_tokens"].sum())
+
+
+def evictions_and_preemptions(trace, max_rows: int = 200) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(preemptions with request ids, the first `max_rows` evict/cow kv events)."""
+    ids, pre = trace.ids, trace.preempts
+    preempts = pd.DataFrame({"t_ms": pre["t_ms"], "request": [ids[r] for r in pre["req"]],
+                             "freed blocks": pre["freed_blocks"]})
+    return preempts, trace.kv[trace.kv["op"].isin(["evict", "cow"])].head(max_rows)

@@ -1,0 +1,119 @@
+"""Record of KV block events (core.engine.kv_cache's BlockManager writes it): one row per block
+touched, kept as one tuple per call and turned into typed columns, vectorised, when read.
+"""
+from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
+
+KV_OPS = ("alloc", "free", "hit", "cache", "evict", "cow")
+
+
+class KVLog:
+    """Record of block events, one row per block touched. A call (a run of blocks) is kept
+    as one tuple and calls become typed columns together, vectorised, when read (recording
+    stays a list append). Sequence ids are the scheduler's integer request indices; other
+    ids (direct users name sequences anything) make the `req` column Python objects."""
+
+    _NUM = (("t_ms", np.float64), ("op", np.int8), ("req", np.int64), ("block", np.int64), ("logical", np.int64),
+            ("ref", np.int64), ("src", np.int64))
+    _OPS = {op: i for i, op in enumerate(KV_OPS)}
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self):
+        """Forget what was recorded (a streaming writer has taken it)."""
+        self._calls: list[tuple] = []        # (t, op code, owner, blocks, logical0, step, refs, src)
+        self._done: list[dict] = []          # calls already turned into columns
+        self._hashes: list[tuple[int, list]] = []   # (first row, hashes of the call's blocks)
+        self._obj_req = False                # a non-integer sequence id was seen
+        self.rows = 0
+
+    def add(self, t, op, seq, blocks, logical0, step, refs, hashes=None, src=-1):
+        """t: one time or one per block; seq: one id (None: no owner) or one per block;
+        logical0: the first logical index (then + step per block), or one per block (step 0);
+        refs: one count or one per block; hashes: one per block (bytes or None) or None."""
+        k = len(blocks)
+        if not k:
+            return
+        owner = -1 if seq is None else seq
+        if (type(owner) is not int and not self._obj_req and not isinstance(owner, (list, np.ndarray))
+                and (isinstance(owner, bool) or not isinstance(owner, (int, np.integer)))):
+            self._obj_req = True   # (lists and arrays of ids are checked when read: _columns_of)
+        self._calls.append((t, self._OPS[op], owner, blocks, logical0, step, refs, src))
+        if hashes is not None:
+            self._hashes.append((self.rows, hashes))
+        self.rows += k
+
+    def _parts(self) -> list[dict]:
+        if self._calls:
+            self._done.append(self._columns_of(self._calls))
+            self._calls = []
+        return self._done
+
+    def _columns_of(self, calls) -> dict:
+        t, op, owner, blocks, logical0, step, refs, src = zip(*calls)
+        lens = np.fromiter(map(len, blocks), np.int64, len(calls))
+        n = int(lens.sum())
+        block = np.fromiter(chain.from_iterable(blocks), np.int64, n)
+        steps = np.array(step, dtype=np.int64)
+        logical = spread(logical0, lens, np.int64)
+        if steps.any():  # runs of consecutive logical indices (+1 or -1 per block)
+            first = np.cumsum(lens) - lens
+            logical += (np.arange(n) - np.repeat(first, lens)) * np.repeat(steps, lens)
+        req = None
+        if not self._obj_req:
+            try:
+                req = spread(owner, lens, np.int64)
+            except (TypeError, ValueError, OverflowError):   # a sequence named by something else
+                self._obj_req = True
+        if self._obj_req:
+            req = np.empty(n, dtype=object)
+            req[:] = [x for o, k in zip(owner, lens.tolist())
+                      for x in (o.tolist() if isinstance(o, np.ndarray) else o if isinstance(o, list) else [o] * k)]
+        return {"t_ms": spread(t, lens, np.float64), "op": np.repeat(np.array(op, dtype=np.int8), lens),
+                "req": req, "block": block, "logical": logical, "ref": spread(refs, lens, np.int64),
+                "src": (np.repeat(np.array(src, dtype=np.int64), lens) if any(x != -1 for x in src)
+                        else np.full(n, -1, dtype=np.int64))}
+
+    def __len__(self):
+        return self.rows
+
+    def columns(self) -> dict:
+        """Columns t_ms, op (codes into KV_OPS), req (-1: none), block, logical, ref,
+        hash (16 hex chars or None; None for the whole column when no call has hashes), src."""
+        parts = self._parts()
+        out = {}
+        for c, dt in self._NUM:
+            if c == "req" and self._obj_req:
+                dt = object
+            cols = [p[c].astype(dt, copy=False) for p in parts]
+            out[c] = cols[0] if len(cols) == 1 else np.concatenate(cols) if cols else np.empty(0, dt)
+        out["hash"] = None
+        if self._hashes:
+            col = [None] * self.rows
+            for pos, hs in self._hashes:
+                col[pos:pos + len(hs)] = [h.hex()[:16] if h else None for h in hs]
+            out["hash"] = col
+        return out
+
+
+def spread(values, lens: np.ndarray, dtype) -> np.ndarray:
+    """One column from per-part values (the step log's parts, the KV log's calls), each a
+    scalar (repeated over its part's `lens` rows) or an array or list of exactly that many
+    rows. Arrays are concatenated; lists of Python numbers are read in one pass."""
+    seq = [isinstance(v, (np.ndarray, list, tuple)) for v in values]
+    if not any(seq):
+        return np.repeat(np.array(values, dtype=dtype), lens)
+    parts = [v for v, a in zip(values, seq) if a]
+    if all(isinstance(v, np.ndarray) for v in parts):
+        flat = np.concatenate(parts).astype(dtype, copy=False)
+    else:
+        flat = np.fromiter(chain.from_iterable(parts), dtype, int(lens[np.array(seq)].sum()))
+    if all(seq):
+        return flat
+    out = np.repeat(np.array([0 if a else v for v, a in zip(values, seq)], dtype=dtype), lens)
+    out[np.repeat(np.array(seq), lens)] = flat
+    return out

@@ -1,0 +1,101 @@
+"""How good is the simulator? Fit a step model on one part of a measured run (or on another
+run), predict the run with the core scheduler under the options its metadata records, and
+compare request by request.
+
+- Fit on the run's first part: the step model is fitted (core.fit.stepfit) to the steps that
+  start before a split time; requests first scheduled after it are "held out" (none of their
+  steps was fitted; the prediction still replays the whole run, so this is a forward-in-time
+  test within one run, not an independent one). Errors are reported for held-out and in-sample requests
+  separately.
+- Fit on another run (another workload or another day): every request is held out.
+
+A request's error is |predicted - measured| / measured, of TTFT and of E2E (core.analysis.metrics
+definitions). The predicted schedule's batches are checked against the range the model was
+fitted on (core.fit.stepfit.outside_range): where they leave it, the step times are extrapolated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+
+from core.analysis.metrics import first_scheduled_ms, request_metrics
+from core.errors import ConfigError
+from core.fit.predict import scheduler_options
+from core.fit.stepfit import MIN_STEPS, fit, outside_range, outside_steps
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
+from core.trace import Trace
+
+METRICS = (("ttft_ms", "TTFT"), ("e2e_ms", "E2E"))
+
+
+@dataclass
+class Fidelity:
+    step_model: StepModel
+    fit_report: dict
+    fit_on: str                  # in words
+    requests: pd.DataFrame       # per request: id, prompt/output tokens, held_out, measured/predicted/error per metric
+    outside: dict | None         # the prediction's steps outside the fitted range (core.fit.stepfit.outside_range)
+    predicted: Trace
+
+    @cached_property
+    def outside_table(self) -> pd.DataFrame:
+        """The predicted steps outside the fitted range (core.fit.stepfit.outside_steps), computed once."""
+        return outside_steps(self.predicted, self.fit_report) if self.outside else pd.DataFrame()
+
+    def summary(self) -> pd.DataFrame:
+        """Median, p90 and max error per metric, for held-out and in-sample requests."""
+        rows = []
+        for held, name in ((True, "held out"), (False, "in sample")):
+            part = self.requests[self.requests["held_out"] == held]
+            for key, label in METRICS:
+                e = part[f"{key}_error"].to_numpy(dtype=float)
+                e = e[np.isfinite(e)]
+                if len(e):
+                    rows.append({"requests": name, "metric": label, "n": len(e), "median error": float(np.median(e)),
+                                 "p90 error": float(np.percentile(e, 90)), "max error": float(e.max())})
+        return pd.DataFrame(rows)
+
+    def worst(self, k: int = 10, metric: str = "e2e_ms") -> pd.DataFrame:
+        """The k held-out requests (all, if none is held out) the prediction misses most."""
+        d = self.requests[self.requests["held_out"]] if self.requests["held_out"].any() else self.requests
+        return d.sort_values(f"{metric}_error", ascending=False, na_position="last").head(k)
+
+
+def how_good(target: Trace, model: str = "features", fit_on: Trace | None = None,
+             split: float = 0.5) -> Fidelity:
+    """Fit on `fit_on` (or on `target`'s steps before `split` of its step span) and predict
+    `target`. Raises ConfigError when either has too few steps to fit."""
+    if len(target.steps) < MIN_STEPS:
+        raise ConfigError(f"the trace needs step events to predict (at least {MIN_STEPS} steps, has "
+                          f"{len(target.steps)})")
+    measured = request_metrics(target)
+    if fit_on is None:
+        if not 0 < split < 1:
+            raise ConfigError(f"split: expected a fraction in (0, 1), got {split!r}")
+        t = target.steps["t_ms"].to_numpy(dtype=float)
+        until = float(t.min() + split * (t.max() - t.min()))
+        sm, report = fit(target, model, until_ms=until)
+        with np.errstate(invalid="ignore"):
+            held = np.asarray(first_scheduled_ms(target), dtype=float) >= until
+        desc = (f"this run's {report['steps']:,} steps before {until:,.0f} ms ({split:.0%} of its span); "
+                f"held out: the {int(held.sum()):,} requests first scheduled after")
+    else:
+        sm, report = fit(fit_on, model)
+        held = np.ones(len(measured), dtype=bool)
+        desc = f"{fit_on.label} ({report['steps']:,} steps); held out: every request of this run"
+    pred = simulate(target.workload(), scheduler_options(target), sm, label=f"predicted for {target.label}",
+                    record_kv=False)
+    p = request_metrics(pred).set_index("id")
+    out = pd.DataFrame({"id": measured["id"], "prompt_tokens": target.requests["prompt_tokens"].to_numpy(),
+                        "output_tokens": measured["output_tokens"], "held_out": held})
+    for key, _ in METRICS:
+        m = measured[key].to_numpy(dtype=float)
+        q = p[key].reindex(measured["id"]).to_numpy(dtype=float)
+        out[f"{key}_measured"], out[f"{key}_predicted"] = m, q
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[f"{key}_error"] = np.where(m > 0, np.abs(q - m) / m, np.nan)
+    return Fidelity(sm, report, desc, out, outside_range(pred, report), pred)

@@ -1,0 +1,182 @@
+"""Chapter 31's six exercises and the serving lesson's ten recall questions, with a link that
+opens the page (and parameters) to work each one, numeric answers computed by the core, and
+reference answers (our wording; the facts and numbers are the sources').
+
+Numeric answers are never typed in here: each is computed from the bundled chapter traces,
+core.analysis.metrics or core.formulas.speculative, so they stay equal to what the pages show.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+
+
+@dataclass(frozen=True)
+class Numeric:
+    label: str
+    value: Callable[[], float]      # the reference value, computed
+    tolerance: float
+    unit: str = ""
+
+    def check(self, answer: float | None) -> bool | None:
+        """True/False for an answer within tolerance; None when nothing was entered."""
+        if answer is None or (isinstance(answer, float) and math.isnan(answer)):
+            return None
+        return abs(float(answer) - self.value()) <= self.tolerance
+
+
+@dataclass(frozen=True)
+class Exercise:
+    key: str
+    source: str
+    question: str
+    link: str                       # page path and query, e.g. "schedules?sc=Chapter+31"
+    answer: str                     # reference answer (markdown)
+    numeric: tuple[Numeric, ...] = field(default_factory=tuple)
+
+
+@cache
+def _chapter():
+    from core.analysis.metrics import request_metrics
+    from core.lessons.scenarios import DATA
+    from core.trace import load_trace
+    out = {}
+    for name in ("serial", "continuous"):
+        tr = load_trace(DATA / "traces" / f"chapter31_{name}.json")
+        out[name] = (tr, dict(zip(request_metrics(tr)["id"], request_metrics(tr)["e2e_ms"])))
+    return out
+
+
+def _e2e(schedule: str, req: str) -> Callable[[], float]:
+    return lambda: float(_chapter()[schedule][1][req])
+
+
+def _window_tput(schedule: str) -> Callable[[], float]:
+    def f():
+        from core.analysis.metrics import throughput
+        return throughput(_chapter()[schedule][0], (0.0, 500.0)).tok_per_s
+    return f
+
+
+EX3_P, EX3_Q = [0.3, 0.7], [0.6, 0.4]   # target p and draft q of the changed Example 31.3
+
+
+def _spec(what: str, i: int | None = None) -> Callable[[], float]:
+    def f():
+        from core.formulas import speculative as s
+        v = getattr(s, what)(EX3_P, EX3_Q)
+        return float(v if i is None else v[i])
+    return f
+
+
+EXERCISES = [
+    Exercise("ch31-1", "Chapter 31, exercise 1",
+             "From the chapter's serial and continuous schedules (Table 31.1), how long does each of A and B take "
+             "from arrival to its last token under each schedule? Who gains from continuous batching, and who "
+             "loses?",
+             "schedules?sc=Chapter+31",
+             "Serial: A 180 ms, B 300 − 20 = 280 ms. Continuous: A 200 ms, B 200 − 20 = 180 ms. B's request "
+             "completes 100 ms faster, A's 20 ms slower: one scheduling change helps one user and costs "
+             "another.",
+             (Numeric("A, serial (ms)", _e2e("serial", "A"), 0.5, "ms"),
+              Numeric("B, serial (ms)", _e2e("serial", "B"), 0.5, "ms"),
+              Numeric("A, continuous (ms)", _e2e("continuous", "A"), 0.5, "ms"),
+              Numeric("B, continuous (ms)", _e2e("continuous", "B"), 0.5, "ms"))),
+    Exercise("ch31-2", "Chapter 31, exercise 2",
+             "Compute each schedule's output throughput over one fixed 500 ms window, and say why it is not the "
+             "drain-window number.",
+             "schedules?sc=Chapter+31&w0=0&w1=500",
+             "Both schedules emit 6 tokens inside [0, 500] ms: 6 / 0.5 s = 12 tokens/s each. The fixed window "
+             "counts the idle time after the last token; a drain window stops at each schedule's own last "
+             "token. A throughput number means nothing without its window.",
+             (Numeric("serial (tokens/s)", _window_tput("serial"), 0.01),
+              Numeric("continuous (tokens/s)", _window_tput("continuous"), 0.01))),
+    Exercise("ch31-3", "Chapter 31, exercise 3",
+             "Redo Example 31.3 with target p = [0.3, 0.7] and draft q = [0.6, 0.4]: the acceptance probability "
+             "of each draft token, the rejection mass and the residual distribution; check that the final "
+             "masses equal p.",
+             "speculative",
+             "Acceptance min(1, p/q) = [0.5, 1]. Accepted masses 0.3 and 0.4, so 0.3 is rejected. The positive "
+             "residual (p − q)+ normalised is [0, 1]: every rejected draw becomes the second token (Lyon in the "
+             "chapter). Final masses: 0.3 and 0.4 + 0.3 = 0.7 — exactly p.",
+             (Numeric("acceptance of token 1", _spec("acceptance", 0), 1e-9),
+              Numeric("rejection mass", _spec("rejection_mass"), 1e-9),
+              Numeric("final mass of token 2", _spec("final_distribution", 1), 1e-9))),
+    Exercise("ch31-4", "Chapter 31, exercise 4",
+             "Two prompts hold the same words in a different order. May a prefix cache treat the second as a hit? "
+             "Even with identical token ids, what else has to match?",
+             "kv?px_a=10,11,12,13&px_b=13,12,11,10",
+             "No. A prefix hit needs the same tokens at the same positions from the start, not the same bag of "
+             "words. The model and adapter, positional settings and everything else that shapes the computed "
+             "keys and values must match too, and the tenant boundary must allow sharing (a cache salt)."),
+    Exercise("ch31-5", "Chapter 31, exercise 5",
+             "A framework cuts attention memory, yet decode steps are hardly faster. Name two plausible "
+             "bottlenecks and one measurement that tells them apart.",
+             "roofline",
+             "Reading the weights (or other non-attention work) may dominate each step, or requests may spend "
+             "their time queueing. Time kernels on the device and compare with request queue and emission "
+             "timestamps on the same workload; smaller memory allocations alone do not locate the bottleneck."),
+    Exercise("ch31-6", "Chapter 31, exercise 6",
+             "A server completes more tokens by pushing every first token past the application's limit. Under a "
+             "contract with a hard TTFT bound, is that an improvement?",
+             "load",
+             "No. A hard bound is a gate: extra throughput cannot pay for a violated bound. Report the gain and "
+             "the violation, then find another schedule or change the contract explicitly before comparing "
+             "again. The Load & SLOs page builds such a pair and marks the contract failed."),
+    Exercise("recall-1", "Serving lesson, recall 1",
+             "Why do prefill and decode tend to hit different bottlenecks?",
+             "roofline?rf_batch=1&rf_prompt=2048",
+             "Their arithmetic intensity differs (many tokens per weight read in prefill, one per sequence in "
+             "decode). Place each on a roofline and check with profiles; neither is 'compute-bound' or "
+             "'bandwidth-bound' by definition."),
+    Exercise("recall-2", "Serving lesson, recall 2",
+             "What does continuous batching change, and what does it not promise?",
+             "schedules?sc=Burst+5&pol=static&pol=continuous&ms=3&s_kind=constant&s_step=1",
+             "It refills free slots between iterations, which can raise utilisation; it does not promise any "
+             "particular utilisation and queues can still form."),
+    Exercise("recall-3", "Serving lesson, recall 3",
+             "What is stored in the KV cache, when is it written, and what does its size depend on?",
+             "kv",
+             "Each layer's keys and values: written during prefill, appended one position per decode step, and "
+             "read by later attention. Its size scales with the number of KV heads (not query heads) and with "
+             "the tokens cached."),
+    Exercise("recall-4", "Serving lesson, recall 4",
+             "What does paging the KV cache buy, and what remains?",
+             "kv",
+             "A logical-to-physical block table cuts allocation waste and lets sequences share blocks; the last "
+             "block of a sequence is still partly empty and the pool is still finite."),
+    Exercise("recall-5", "Serving lesson, recall 5",
+             "When does speculative decoding slow things down?",
+             "speculative",
+             "When drafting and verification cost more than the accepted tokens save — low acceptance, or a "
+             "target already saturated — there is no universal threshold; compute the break-even for the case."),
+    Exercise("recall-6", "Serving lesson, recall 6",
+             "Will a GPU with more memory bandwidth (H100 over A100) speed up serving?",
+             "roofline?rf_gpu=H100-SXM",
+             "It can help a bandwidth-limited workload, but the product variant, cache traffic, compute, "
+             "precision and kernel support decide what is actually measured."),
+    Exercise("recall-7", "Serving lesson, recall 7",
+             "After quantising, aggregate benchmarks hold steady but code generation regresses. What now?",
+             "",
+             "An aggregate score is not enough: rerun the product's own slices, study the errors, and roll back "
+             "or keep separate configurations where the evidence says so."),
+    Exercise("recall-8", "Serving lesson, recall 8",
+             "When does prefix reuse save prefill, and what limits the gain?",
+             "schedules?sc=Shared+prefix",
+             "Identical token prefixes under an identical execution identity skip their repeated prefill. "
+             "Isolation between tenants, whether the cache is warm, and the prefix's length bound the gain."),
+    Exercise("recall-9", "Serving lesson, recall 9",
+             "What causes head-of-line delays, and which controls help?",
+             "pathologies",
+             "Long prefills, or long generations holding cache, delay everyone behind them. Scheduling and "
+             "admission limits, chunked prefill, cancellation and workload isolation help."),
+    Exercise("recall-10", "Serving lesson, recall 10 (stretch)",
+             "With 2 TB/s of memory bandwidth and 14 GB of weights read every decode step, about how many steps "
+             "per second are possible at most? What changes with batching?",
+             "roofline",
+             "2 × 10¹² / 14 × 10⁹ ≈ 143 steps/s, before any other cost. Batching shares one weight read among "
+             "sequences but adds compute and KV traffic, until another limit is reached.",
+             (Numeric("steps per second", lambda: 2e12 / 14e9, 1.0, "steps/s"),)),
+]

@@ -1,0 +1,328 @@
+"""Independent simulations in worker processes (a sweep's points, a page's policies).
+
+The simulator is Python and holds the interpreter lock, so threads do not overlap it;
+processes do. Two kinds of workers:
+
+- a single-threaded caller (the CLI) forks its workers for the call: cheap, nothing to
+  re-import;
+- a caller running other threads (a Streamlit server) must not fork itself (a lock another
+  thread holds at the fork stays held in the child forever), and multiprocessing's other
+  start methods import the caller's main module in each worker (under Streamlit, the page
+  script that happens to be running), so it uses a pool of `python -m core.sim.worker`
+  processes, one per CPU, started once and shared by all its threads (`warm()` starts them
+  ahead of the first use).
+
+Results come back through a file in shared memory (/dev/shm) rather than a pipe:
+the result is pickled with its arrays out of band (pickle protocol 5), the arrays written to
+the file once and mapped by the caller, so a 150 MB trace costs one copy instead of four
+(measured for two 10k-request policies: 1.06–1.27 s in two workers this way, 1.45–1.81 s
+through the pipe, 1.73–1.97 s in one process; see docs/benchmarks.md). Without a usable
+/dev/shm (missing, full) a result comes back through the pipe.
+
+SERVING_EXPLORER_WORKERS=N caps the workers (1: everything in the calling process).
+"""
+from __future__ import annotations
+
+import atexit
+import glob
+import io
+import mmap
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "serving-explorer-"
+ALIGN = 64
+
+
+def cpus() -> int:
+    """CPUs this process may use: its affinity, within a cgroup v2 CPU quota (containers), capped
+    by SERVING_EXPLORER_WORKERS."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, int(-(-int(quota) // int(period)))))
+    except (OSError, ValueError):
+        pass
+    cap = os.environ.get("SERVING_EXPLORER_WORKERS", "")
+    return max(1, min(n, int(cap))) if cap.isdigit() else n
+
+
+# ---- results through shared memory --------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Parcel:
+    """A pickled result: `data` (pickle protocol 5) and, when its buffers were written to a
+    shared-memory file, that file's path and each buffer's (offset, length) in it."""
+    data: bytes
+    path: str | None = None
+    spans: tuple = ()
+
+
+def ship(obj, owner: int) -> Parcel:
+    """Pickle `obj` for the process `owner` (its pid names the file, so files of a caller that
+    died can be found and removed); its buffers go to a shared-memory file when possible."""
+    bufs: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+    raws = [b.raw() for b in bufs]
+    size = sum(r.nbytes + ALIGN for r in raws)
+    if size < 1 << 20 or not os.access(SHM_DIR, os.W_OK):
+        return Parcel(pickle.dumps(obj, protocol=5))
+    path = None
+    try:
+        fd, path = tempfile.mkstemp(dir=SHM_DIR, prefix=f"{SHM_PREFIX}{owner}-{os.getpid()}-")
+        with os.fdopen(fd, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, size)     # ENOSPC here, not a SIGBUS later
+            spans, at = [], 0
+            for r in raws:
+                pad = -at % ALIGN     # each array starts aligned (numpy's fast loops need it)
+                f.write(bytes(pad))
+                at += pad
+                f.write(r)
+                spans.append((at, r.nbytes))
+                at += r.nbytes
+        return Parcel(data, path, tuple(spans))
+    except OSError:
+        if path:
+            _remove(path)
+        return Parcel(pickle.dumps(obj, protocol=5))
+
+
+def unship(p: Parcel):
+    """The object of a Parcel. Its arrays stay in the mapped file (copy-on-write; the file is
+    removed at once and its memory freed with the last array)."""
+    if p.path is None:
+        return pickle.loads(p.data)
+    try:
+        fd = os.open(p.path, os.O_RDONLY)
+        try:
+            mm = mmap.mmap(fd, p.spans[-1][0] + p.spans[-1][1], access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
+    finally:
+        _remove(p.path)
+    view = memoryview(mm)
+    return _Unpickler(io.BytesIO(p.data), buffers=[view[o:o + n] for o, n in p.spans]).load()
+
+
+class _Unpickler(pickle.Unpickler):
+    """Arrays come back with numpy's own dtype objects. Unpickled as numpy does it, each array
+    gets a private copy of its dtype, and numpy then misses fast paths that compare dtypes by
+    identity: np.minimum.at over 2.56 M rows took 100 ms instead of 3.3 ms (numpy 2.4)."""
+
+    def find_class(self, module, name):
+        found = super().find_class(module, name)
+        if module.startswith("numpy") and name == "_frombuffer":
+            def frombuffer(buf, dtype, *rest):
+                if dtype.fields is None and dtype.subdtype is None and dtype.isnative:
+                    dtype = np.dtype(dtype.str)
+                return found(buf, dtype, *rest)
+            return frombuffer
+        return found
+
+
+def _remove(path: str):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def remove_orphans():
+    """Remove shared-memory result files whose owner process is gone."""
+    for path in glob.glob(os.path.join(SHM_DIR, SHM_PREFIX + "*")):
+        pid = os.path.basename(path)[len(SHM_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+# ---- workers ------------------------------------------------------------------------------------
+
+class WorkerDied(RuntimeError):
+    def __init__(self, message: str, killed: bool = False):
+        super().__init__(message)
+        self.killed = killed        # by SIGKILL: most likely the out-of-memory killer
+
+
+class _Worker:
+    """`python -m core.sim.worker`: reads (fn, job, owner) pickles on stdin, answers with a pickled
+    ("ok", Parcel) or ("error", exception) on stdout. A fresh interpreter, not a fork or a
+    multiprocessing child: it neither inherits the caller's threads and locks nor imports the
+    caller's main module (under Streamlit, the running page's script). Any failure while talking
+    to it stops it (a half-written job or answer would leave the pipe out of step)."""
+
+    def __init__(self):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "core.sim.worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, cwd=root, env=env)
+        except OSError as e:
+            raise WorkerDied(f"could not start a worker process ({e})") from None
+
+    def call(self, fn, job: dict, owner: int):
+        message = pickle.dumps((fn, job, owner), protocol=5)     # a job that does not pickle fails here, whole
+        try:
+            self.proc.stdin.write(message)
+            self.proc.stdin.flush()
+            status, value = pickle.load(self.proc.stdout)
+        except BaseException as e:
+            self.stop()
+            killed = self.proc.returncode == -9
+            raise WorkerDied(f"worker process {self.proc.pid} died ({e.__class__.__name__}"
+                             f"{', killed: out of memory?' if killed else ''})", killed) from None
+        if status == "error":
+            raise value
+        return unship(value)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self):
+        if self.alive():
+            self.proc.kill()
+        self.proc.wait()
+        # result files it may have left half-written (named after the caller and this worker)
+        for path in glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}{os.getpid()}-{self.proc.pid}-*")):
+            _remove(path)
+
+
+class _Pool:
+    """Worker processes that live as long as this process, shared by its threads (every
+    session of a Streamlit server): a job waits for an idle worker."""
+
+    def __init__(self, size: int):
+        self.idle: queue.Queue = queue.Queue()
+        for _ in range(size):
+            self.idle.put(None)          # a worker started on first use
+        atexit.register(self.close)
+
+    def run(self, fn, job: dict):
+        w = self.idle.get()
+        try:
+            if w is None or not w.alive():
+                w = None
+                w = _Worker()
+            return w.call(fn, job, os.getpid())
+        except WorkerDied:
+            w = None
+            raise
+        finally:
+            self.idle.put(w)
+
+    def map(self, fn, jobs: list[dict]) -> list:
+        """[fn(**job) for job in jobs] over the pool's workers (each job in a thread waiting for
+        a worker). A job whose worker died runs in this process instead, unless the worker was
+        killed (likely for memory: the server must not try the same here)."""
+        out: list = [None] * len(jobs)
+        errors: list = []
+
+        def one(i):
+            try:
+                try:
+                    out[i] = self.run(fn, jobs[i])
+                except WorkerDied as e:
+                    if e.killed:
+                        raise MemoryError(f"a simulation's worker process was killed ({e}); not retried "
+                                          "here") from None
+                    out[i] = fn(**jobs[i])
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return out
+
+    def close(self):
+        while True:
+            try:
+                w = self.idle.get_nowait()
+            except queue.Empty:
+                return
+            if w is not None:
+                w.stop()
+
+
+_POOL: _Pool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> _Pool:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            remove_orphans()
+            _POOL = _Pool(cpus())
+        return _POOL
+
+
+def warm() -> None:
+    """Start the worker processes now, in the background (each imports core, ~0.5 s), so that
+    the first parallel run does not wait for them. Nothing with one CPU."""
+    if cpus() > 1:
+        threading.Thread(target=lambda: _pool().map(os.getpid, [{}] * cpus()), name="serving-explorer-warm",
+                         daemon=True).start()
+
+
+def run_all(fn, jobs: list[dict], workers: int | None = None) -> list:
+    """[fn(**job) for job in jobs], in order: forked for this call into up to `workers`
+    processes (default: one per CPU) when the caller runs one thread, else on the process's
+    worker pool (core.sim.worker processes, one per CPU; `workers` does not apply); here, one after
+    another, with one worker or job. A job whose worker dies runs here (see _Pool.map). `fn`
+    must be a module-level function. A job's exception is raised here."""
+    workers = min(workers or cpus(), cpus(), len(jobs))
+    if workers <= 1:
+        return [fn(**j) for j in jobs]
+    if threading.active_count() == 1 and "fork" in mp.get_all_start_methods():
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+            return [f.result() for f in [pool.submit(fn, **j) for j in jobs]]
+    return _pool().map(fn, jobs)
+
+
+def serve(stdin, stdout):
+    """The worker's loop (core.sim.worker): one job at a time until stdin closes."""
+    while True:
+        try:
+            fn, job, owner = pickle.load(stdin)
+        except EOFError:
+            return
+        try:
+            answer = ("ok", ship(fn(**job), owner))
+        except BaseException as e:
+            try:
+                pickle.loads(pickle.dumps(e))
+            except Exception:
+                e = RuntimeError(f"{e.__class__.__name__}: {e}")
+            answer = ("error", e)
+        pickle.dump(answer, stdout, protocol=5)
+        stdout.flush()

@@ -1,0 +1,146 @@
+"""The simulator: the core step loop with a step-time model as its executor.
+
+Clock: starts at the first arrival. Each step starts when the previous one ends (or at
+the next arrival when idle); the tokens a step emits are stamped at the step's end.
+Step-time models are in core.sim.stepmodel.
+"""
+from __future__ import annotations
+
+import gc
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from core.config import SchedulerConfig
+from core.engine import loop
+from core.engine.scheduler import Batch, Scheduler
+from core.engine.steplog import StepLog, StepOutput
+from core.errors import ConfigError
+from core.sim.stepmodel import StepModel, fit_affine  # noqa: F401  (StepModel, fit_affine: re-exported)
+from core.workload import Workload
+
+if TYPE_CHECKING:
+    from core.trace import Trace
+
+
+class StepTimeExecutor:
+    """Prices each batch with a step-time model; emits one (unknown) token per completing entry."""
+
+    def __init__(self, step_model: StepModel):
+        self.step_model = step_model
+
+    def execute(self, sched: Scheduler, batch: Batch) -> StepOutput:
+        dur = self.step_model.duration_ms(batch)
+        if not dur > 0:
+            raise ConfigError(f"step model gave a non-positive step duration ({dur} ms)")
+        return StepOutput(batch.t_ms + dur, dur)
+
+    def run_durations(self, batch: Batch, k: int) -> np.ndarray:
+        return self.step_model.decode_run_ms(batch, k)
+
+
+def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel | None = None,
+             label: str | None = None, created: str | None = None, record_kv: bool = True,
+             fast_forward: bool = True) -> Trace:
+    """`fast_forward` applies runs of identical decode-only steps in one go (same trace as
+    stepping one by one, which tests check); turn it off to step strictly."""
+    with _no_cyclic_gc():   # building the trace allocates as many acyclic objects as the run
+        sched, log, meta = _run(workload, config, step_model, label, created, record_kv, fast_forward)
+        return loop.to_trace(sched, log, workload, meta)
+
+
+@contextmanager
+def _no_cyclic_gc():
+    """Cyclic GC off for a block that allocates many small acyclic records (a run's log):
+    each collection pass would walk every live object of the process (in a Streamlit server,
+    its whole heap) and free nothing."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def reuse_freed_memory():
+    """Long runs allocate and free many large arrays; glibc returns each to the OS and the
+    next one page-faults fresh memory (a third of a 40k-request run's time went to system
+    time). Raise glibc's mmap and trim thresholds so freed memory is reused. Process-wide,
+    so only the command line calls it; a no-op where glibc is absent."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 1 << 30)   # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 1 << 30)   # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+# Streaming: hand the log to the writer every this many executed steps. Small enough that the
+# writer thread starts early and runs beside the scheduler (at 2,048 the first row groups came
+# late and the scheduler then waited on the writer: 10k requests took 1.33 s end to end, 1.05 s
+# at 512; bench.scale, docs/benchmarks.md); large enough that per-drain costs stay small.
+FLUSH_STEPS = 512
+
+
+def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_model: StepModel | None = None,
+                        label: str | None = None, created: str | None = None, record_kv: bool = True,
+                        fast_forward: bool = True, flush_steps: int = FLUSH_STEPS,
+                        row_group_rows: int | None = None) -> tuple[dict, dict]:
+    """The trace `simulate` would return, written into one Parquet file (`sink`: a path or a
+    pyarrow output stream) while the simulation runs: the log is handed to a
+    core.trace.parquet.TraceWriter every `flush_steps` steps and forgotten, so memory stays
+    bounded by the run's live state, not its length. Reading the file back gives exactly
+    the trace `simulate` returns (tests check). Returns (meta, rows per record type). Needs
+    neither pandas nor Request objects for a plain workload."""
+    from core.engine.steplog import log_records
+    from core.trace.writer import ROW_GROUP_ROWS, TraceWriter, _dumps, workload_request_rows
+    if row_group_rows is None:
+        # Rows still buffered when the run ends are written after its last step: a run of a
+        # few million tokens ends sooner with smaller row groups; a long one writes faster
+        # with large ones (each row group writes every column chunk, most of them null).
+        small = int(workload.max_output_tokens.sum()) < 4 * ROW_GROUP_ROWS
+        row_group_rows = ROW_GROUP_ROWS // 4 if small else ROW_GROUP_ROWS
+    writer = TraceWriter(sink, row_group_rows)
+    try:
+        writer.add("request", workload_request_rows(workload))
+
+        def drain(log: StepLog):
+            for rtype, cols in log_records(log).items():
+                writer.add(rtype, {k: v for k, v in cols.items() if v is not None})
+            if log.other:
+                writer.add("other", {"t_ms": np.array([float(e.get("t_ms", 0.0)) for e in log.other]),
+                                     "json": [_dumps(e) for e in log.other]})
+            log.clear()
+
+        def on_step(sched, batch, out):
+            if len(sched.log.batch_parts) >= flush_steps:
+                drain(sched.log)
+
+        sched, log, meta = _run(workload, config, step_model, label, created, record_kv, fast_forward, on_step)
+        drain(log)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.close(meta)
+    return meta, writer.counts
+
+
+def _run(workload, config, step_model, label, created, record_kv, fast_forward, on_step=None):
+    step_model = step_model or StepModel()
+    if config.spec_gamma:
+        raise ConfigError("spec_gamma: the simulator does not model speculative acceptance; "
+                          "capture speculative runs with gpu_runner")
+    with _no_cyclic_gc():
+        log = StepLog()
+        sched = Scheduler(workload, config, log)
+        if not record_kv:
+            sched.bm.log = None
+        clock = loop.VirtualClock(float(workload.arrival_ms[0]))
+        loop.run(sched, StepTimeExecutor(step_model), clock, on_step=on_step, fast_forward=fast_forward)
+        meta = loop.trace_meta(sched, workload, "simulated", label or f"{config.policy} (simulated)",
+                               {"name": "core.sim.simulate"}, created, step_model=step_model.to_dict())
+        return sched, log, meta

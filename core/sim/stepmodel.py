@@ -1,0 +1,191 @@
+"""Step-time models: how long one forward step takes in the simulator.
+
+- constant:  every step takes `step_ms` (the unit-step model of the scheduling examples);
+- affine:    base_ms + prefill_ms_per_token x prefill tokens + decode_ms_per_seq x decode
+             sequences (fit it to a measured trace with `fit_affine` or core.fit.stepfit);
+- features:  the affine terms plus attention's reads and the number of prefill pieces:
+             + prefill_ms_per_kpos x attended positions of prefill tokens / 1,000
+             + decode_ms_per_kpos x attended positions of decoding sequences / 1,000
+             + prefill_ms_per_chunk x prefill pieces (requests with prompt tokens in the step),
+             where a request computing n tokens after s cached ones attends n*s + n(n+1)/2
+             positions (core.fit.stepfit fits it to step events by non-negative least squares);
+- roofline:  max(bytes moved / bandwidth, FLOPs / peak) for a model and GPU preset, where
+             bytes = weights once per step + KV read by attention (every cached position of
+             every sequence in the batch) and FLOPs = 2 x params x tokens; plus base_ms of
+             fixed overhead. An optimistic bound, not a prediction of a real engine.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from core.config import opt
+from core.engine.scheduler import Batch
+from core.errors import ConfigError
+from core.formulas.kv import GPUS, MODELS
+
+if TYPE_CHECKING:
+    from core.trace import Trace
+
+STEP_MODELS = ("constant", "affine", "roofline", "features")
+
+
+# features of a step (batch_features) and the coefficient of each, in order
+FEATURES = ("step", "prefill_tokens", "decode_seqs", "prefill_kpos", "decode_kpos", "prefill_chunks")
+FEATURE_COEFFICIENTS = ("base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "prefill_ms_per_kpos",
+                        "decode_ms_per_kpos", "prefill_ms_per_chunk")
+
+
+def step_features(num_tokens: np.ndarray, start_pos: np.ndarray, is_prefill: np.ndarray) -> np.ndarray:
+    """The FEATURES of one step from its entries: 1, prefill tokens, decoding sequences,
+    attended positions / 1,000 of prefill and of decode entries, prefill pieces."""
+    n = num_tokens.astype(float)
+    pos = n * start_pos + n * (n + 1) / 2
+    pre = is_prefill.astype(bool)
+    return np.array([1.0, n[pre].sum(), float((~pre).sum()), pos[pre].sum() / 1000.0, pos[~pre].sum() / 1000.0,
+                     float(pre.sum())])
+
+
+def _combine(coef, feats):
+    """sum of coef[i] * feats[i], added in FEATURES order: a step priced alone and the same step
+    in a fast-forwarded run (arrays) get bit-identical durations."""
+    total = coef[0] * feats[0]
+    for c, f in zip(coef[1:], feats[1:]):
+        total = total + c * f
+    return total
+
+
+def batch_features(batch: Batch) -> np.ndarray:
+    return step_features(batch.num_tokens, batch.start_pos, batch.is_prefill)
+
+
+@dataclass(slots=True)
+class StepModel:
+    kind: str = opt("constant", "how a step's duration is computed", flag="--step-model", choices=STEP_MODELS)
+    step_ms: float = opt(1.0, "constant: ms per step", minimum=0)
+    base_ms: float = opt(0.0, "affine/roofline: fixed ms per step", minimum=0)
+    prefill_ms_per_token: float = opt(0.0, "affine: ms per prefill token", minimum=0)
+    decode_ms_per_seq: float = opt(0.0, "affine: ms per decoding sequence", minimum=0)
+    prefill_ms_per_kpos: float = opt(0.0, "features: ms per 1,000 attended positions of prefill tokens", minimum=0)
+    decode_ms_per_kpos: float = opt(0.0, "features: ms per 1,000 attended positions of decoding sequences",
+                                    minimum=0)
+    prefill_ms_per_chunk: float = opt(0.0, "features: ms per prefill piece (a request's prompt tokens in a step)",
+                                      minimum=0)
+    model: str = opt("Llama-2-7B", "roofline: model preset (core.formulas.kv.MODELS)")
+    gpu: str = opt("A100-80GB", "roofline: GPU preset (core.formulas.kv.GPUS)")
+    dtype_bytes: float = opt(2.0, "roofline: bytes per weight and KV element", minimum=0)
+
+    def __post_init__(self):
+        if self.kind not in STEP_MODELS:
+            raise ConfigError(f"step model: expected one of {', '.join(STEP_MODELS)}, got {self.kind!r}")
+        for name in ("step_ms", "base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "dtype_bytes",
+                     "prefill_ms_per_kpos", "decode_ms_per_kpos", "prefill_ms_per_chunk"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{name}: expected a finite number >= 0, got {v!r}")
+        if self.kind == "constant" and self.step_ms <= 0:
+            raise ConfigError(f"step_ms: expected a positive number, got {self.step_ms!r}")
+        if self.kind == "affine" and self.base_ms <= 0 and self.prefill_ms_per_token <= 0 \
+                and self.decode_ms_per_seq <= 0:
+            raise ConfigError("affine step model: at least one of base_ms, prefill_ms_per_token, "
+                              "decode_ms_per_seq must be positive")
+        if self.kind == "features" and self.base_ms <= 0 and self.decode_ms_per_seq <= 0 \
+                and self.decode_ms_per_kpos <= 0:
+            # a decode-only step must take time, or a run of them would never advance the clock
+            raise ConfigError("features step model: at least one of base_ms, decode_ms_per_seq, "
+                              "decode_ms_per_kpos must be positive")
+        if self.kind == "roofline":
+            if self.model not in MODELS:
+                raise ConfigError(f"model: unknown preset {self.model!r} (known: {', '.join(MODELS)})")
+            if self.gpu not in GPUS:
+                raise ConfigError(f"gpu: unknown preset {self.gpu!r} (known: {', '.join(GPUS)})")
+            if self.dtype_bytes <= 0:
+                raise ConfigError("dtype_bytes: expected a positive number")
+
+    def coefficients(self) -> np.ndarray:
+        """The features model's coefficients in FEATURES order (unused ones are 0)."""
+        return np.array([getattr(self, name) for name in FEATURE_COEFFICIENTS], dtype=float)
+
+    def duration_ms(self, batch: Batch) -> float:
+        if self.kind == "constant":
+            return self.step_ms
+        if self.kind == "affine":
+            return (self.base_ms + self.prefill_ms_per_token * batch.prefill_tokens
+                    + self.decode_ms_per_seq * batch.decode_seqs)
+        if self.kind == "features":
+            return float(_combine(self.coefficients(), batch_features(batch)))
+        # Attention reads the K/V of every position each new token attends to.
+        kv_positions = int((batch.start_pos * batch.num_tokens + batch.num_tokens * (batch.num_tokens + 1) // 2).sum())
+        return self._roofline_ms(kv_positions, batch.total_tokens)
+
+    def _roofline_ms(self, kv_positions: int, tokens: int) -> float:
+        m, g = MODELS[self.model], GPUS[self.gpu]
+        bytes_moved = m.params * self.dtype_bytes + float(kv_positions) * m.kv_bytes_per_token(self.dtype_bytes)
+        flops = 2.0 * m.params * tokens
+        return self.base_ms + 1000.0 * max(bytes_moved / g.bandwidth_Bps, flops / g.flops)
+
+    def decode_run_ms(self, batch: Batch, k: int) -> np.ndarray:
+        """Durations of `batch` (all one-token decodes) repeated k times, positions advancing
+        by one each step; equal to duration_ms of each of those steps."""
+        if self.kind == "features":   # each step every sequence attends one more position
+            n = len(batch.reqs)
+            s0 = float((batch.start_pos + 1).sum())
+            zero = np.zeros(k)
+            return _combine(self.coefficients(), (np.ones(k), zero, np.full(k, float(n)), zero,
+                                                  (s0 + n * np.arange(k, dtype=float)) / 1000.0, zero))
+        if self.kind != "roofline":
+            return np.full(k, self.duration_ms(batch))
+        s0 = int((batch.start_pos + 1).sum())
+        n = len(batch.reqs)
+        return np.array([self._roofline_ms(s0 + n * j, n) for j in range(k)])
+
+    def describe(self) -> str:
+        if self.kind == "constant":
+            return f"constant: every step {self.step_ms:g} ms"
+        if self.kind == "affine":
+            return (f"affine: {self.base_ms:g} ms + {self.prefill_ms_per_token:g} ms x prefill tokens "
+                    f"+ {self.decode_ms_per_seq:g} ms x decode sequences")
+        if self.kind == "features":
+            return (f"features: {self.base_ms:.4g} ms + {self.prefill_ms_per_token:.4g} ms x prefill tokens "
+                    f"+ {self.decode_ms_per_seq:.4g} ms x decode sequences + {self.prefill_ms_per_kpos:.4g} ms "
+                    f"x prefill attended kpos + {self.decode_ms_per_kpos:.4g} ms x decode attended kpos "
+                    f"+ {self.prefill_ms_per_chunk:.4g} ms x prefill pieces")
+        return (f"roofline: {self.model} ({self.dtype_bytes:g}-byte weights/KV) on {self.gpu} peaks, "
+                f"max(bytes/bandwidth, FLOPs/peak) + {self.base_ms:g} ms")
+
+    def to_dict(self) -> dict:
+        d = {"kind": self.kind, "description": self.describe()}
+        if self.kind == "constant":
+            d["step_ms"] = self.step_ms
+        elif self.kind == "affine":
+            d.update(base_ms=self.base_ms, prefill_ms_per_token=self.prefill_ms_per_token,
+                     decode_ms_per_seq=self.decode_ms_per_seq)
+        elif self.kind == "features":
+            d.update(zip(FEATURE_COEFFICIENTS, self.coefficients().tolist()))
+        else:
+            d.update(model=self.model, gpu=self.gpu, dtype_bytes=self.dtype_bytes, base_ms=self.base_ms)
+        return d
+
+
+def fit_affine(trace: Trace) -> StepModel:
+    """Least-squares fit of the affine step model to a trace's step events:
+    dur = base + a x prefill tokens + c x decode sequences (coefficients clipped at 0)."""
+    st, b = trace.steps, trace.batch
+    if len(st) < 3 or not len(b):
+        raise ConfigError("fit: the trace needs step events with batch composition (at least 3 steps)")
+    pre = b[b["kind"] == "prefill"].groupby("step")["tokens"].sum()
+    dec = b[b["kind"] == "decode"].groupby("step")["req"].count()
+    steps = st["step"].to_numpy()
+    x_pre = pre.reindex(steps, fill_value=0).to_numpy(dtype=float)
+    x_dec = dec.reindex(steps, fill_value=0).to_numpy(dtype=float)
+    y = st["dur_ms"].to_numpy(dtype=float)
+    A = np.column_stack([np.ones_like(y), x_pre, x_dec])
+    coef = np.linalg.lstsq(A, y, rcond=None)[0]
+    coef = np.maximum(coef, 0.0)
+    if coef.sum() <= 0:
+        coef[0] = float(np.mean(y)) or 1e-3
+    return StepModel("affine", base_ms=float(coef[0]), prefill_ms_per_token=float(coef[1]),
+                     decode_ms_per_seq=float(coef[2]))

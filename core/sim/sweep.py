@@ -1,0 +1,212 @@
+"""Load sweeps: the same requests at several offered loads, simulated, summarised per point.
+
+Two kinds of load, which answer different questions:
+- open loop (`rates`): the workload's requests, same lengths and order, re-timed as a Poisson
+  arrival process at each rate (seeded: every rate scales the same exponential draws).
+  Arrivals do not wait for the server, so past capacity the queue and TTFT grow without bound.
+- closed loop (`concurrency`): C clients, each sending its next request the moment its last
+  one finishes (no think time): at most C requests are ever in the system. A burst of C is
+  the start of a closed loop, not an arrival process; latency stays bounded and throughput
+  saturates instead.
+
+Each point is one simulation (core.sim.simulate) summarised with core.analysis.metrics.summarize;
+points run in parallel processes. `capacity`: the highest swept load whose SLO attainment
+is at least the target.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import deque
+
+import numpy as np
+
+from core.analysis.metrics import COMPLETED, DEFAULT_PERCENTILES, SLO, request_metrics, summarize
+from core.config import SchedulerConfig
+from core.engine import loop
+from core.engine.scheduler import Scheduler
+from core.engine.steplog import StepLog
+from core.errors import ConfigError
+from core.sim.parallel import run_all
+from core.sim.simulate import StepModel, StepTimeExecutor
+from core.workload import Request, Workload
+
+PERCENTILES = DEFAULT_PERCENTILES   # what summarize computes: p50, p90, p95, p99
+MAX_POINTS = 200
+
+
+def poisson_arrivals(n: int, rate_per_s: float, seed: int) -> np.ndarray:
+    """n arrival times (ms) from 0: exponential gaps of mean 1000 / rate, seeded."""
+    if not (math.isfinite(rate_per_s) and rate_per_s > 0):
+        raise ConfigError(f"rate: expected requests per second > 0, got {rate_per_s!r}")
+    gaps = np.random.default_rng(seed).exponential(1.0, n - 1) * (1000.0 / rate_per_s)
+    return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+def retimed(workload: Workload, rate_per_s: float, seed: int) -> Workload:
+    """The same requests (lengths, ids, order) arriving as a Poisson process at `rate_per_s`."""
+    t = poisson_arrivals(len(workload), rate_per_s, seed)
+    reqs = [dataclasses.replace(r, arrival_ms=float(a), abort_at_ms=None) for r, a in zip(workload.requests, t)]
+    return Workload(reqs, name=f"{workload.name} @ {rate_per_s:g} req/s")
+
+
+class ClosedLoop:
+    """Inbox for core.engine.loop.run: keeps `concurrency` requests in the system, sending the next
+    one (in workload order) at the time one finishes."""
+
+    def __init__(self, requests: list[Request], concurrency: int, delay_ms=0.0):
+        self.pending = deque(requests)
+        self.concurrency = concurrency
+        # from a finish to its replacement reaching the engine: one for all, or the k-th replacement's
+        self.delays = [float(delay_ms)] * len(requests) if np.ndim(delay_ms) == 0 else [float(d) for d in delay_ms]
+        self.replaced = 0
+        self.last_arrival = 0.0
+        self.sent: list[Request] = []
+        self.max_in_flight = 0
+
+    def drain(self, sched: Scheduler, now_ms: float) -> bool:
+        while self.pending and len(self.sent) - sched.num_done < self.concurrency:
+            at = now_ms
+            if sched.num_done:      # a replacement; the front end hands requests on in order
+                at = max(now_ms + self.delays[min(self.replaced, len(self.delays) - 1)], self.last_arrival)
+                self.replaced += 1
+            self.last_arrival = at
+            r = dataclasses.replace(self.pending.popleft(), abort_at_ms=None, arrival_ms=at)
+            sched.add_request(r)
+            self.sent.append(r)
+        self.max_in_flight = max(self.max_in_flight, len(self.sent) - sched.num_done)
+        return bool(self.pending) or not sched.done()
+
+    def wait(self):  # never idle: a finish sends the next request at once
+        raise RuntimeError("closed loop: the scheduler went idle with requests in flight")
+
+
+def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: StepModel, concurrency: int,
+                    created: str | None = None, delay_ms=0.0):
+    """The workload's requests in order as a closed loop of `concurrency` clients; returns
+    (trace, most requests ever in flight). `delay_ms`: from a request's finish until the one
+    that replaces it reaches the engine (the client's and the server front-end's round trip),
+    one number or one per replacement in order (the last repeats); a replacement never reaches
+    the engine before the one sent before it.
+    A pool left unsized (kv_blocks None) gets the blocks every request would need at once, as an
+    open-loop simulation does."""
+    if concurrency < 1:
+        raise ConfigError(f"concurrency: expected an integer >= 1, got {concurrency!r}")
+    d = np.atleast_1d(np.asarray(delay_ms, dtype=float))
+    if not (len(d) and np.isfinite(d).all() and (d >= 0).all()):
+        raise ConfigError(f"delay_ms: expected numbers >= 0, got {delay_ms!r}")
+    if config.kv_blocks is None:
+        need = -(-(workload.prompt_tokens + workload.max_output_tokens - 1) // config.block_size)
+        config = dataclasses.replace(config, kv_blocks=int(need.sum()))
+    log = StepLog()
+    sched = Scheduler(None, config, log)
+    inbox = ClosedLoop(workload.requests, concurrency, delay_ms)
+    loop.run(sched, StepTimeExecutor(step_model), loop.VirtualClock(0.0), inbox=inbox)
+    sent = Workload(inbox.sent, name=f"{workload.name}, closed loop of {concurrency}")
+    meta = loop.trace_meta(sched, sent, "simulated", f"{config.policy}, {concurrency} in flight (simulated)",
+                           {"name": "core.sim.sweep"}, created, step_model=step_model.to_dict(),
+                           load={"kind": "closed", "concurrency": concurrency})
+    return loop.to_trace(sched, log, sent, meta), inbox.max_in_flight
+
+
+def point_summary(trace, slo: SLO | None) -> dict:
+    """One sweep point's numbers (see core.analysis.metrics for each definition)."""
+    s = summarize(trace, slo=slo, per_request=False)["summary"]
+    m = request_metrics(trace)
+    a = m["arrival_ms"].to_numpy()
+    span = (a.max() - a.min()) / 1000.0
+    done = m["finish_reason"].isin(COMPLETED).to_numpy()
+    w0, w1 = s["window_ms"]
+    out = {"requests": len(m),
+           "offered_req_per_s": (len(a) - 1) / span if span > 0 else None,   # arrivals over their span
+           "achieved_req_per_s": int(done.sum()) / ((w1 - w0) / 1000.0) if w1 > w0 else None,
+           "output_tok_per_s": s["output_tok_per_s"],
+           **{k: {f"p{q}": s[k][f"p{q}"] for q in PERCENTILES} | {"mean": s[k]["mean"]}   # summarize's own
+              for k in ("ttft_ms", "tpot_ms", "e2e_ms")},
+           "failed": int((~done).sum()),
+           "littles_law": s["littles_law"], "utilisation": s["utilisation"]}
+    if "slo" in s:
+        out["slo"] = s["slo"]
+    return out
+
+
+def run_point(workload: Workload, config: SchedulerConfig, step_model: StepModel, slo: SLO | None,
+              rate: float | None = None, concurrency: int | None = None, seed: int = 0) -> dict:
+    """Simulate and summarise one point (a module-level function: it runs in worker processes)."""
+    if rate is not None:
+        from core.sim.simulate import simulate
+        tr = simulate(retimed(workload, rate, seed), config, step_model, created="(sweep)", record_kv=False)
+        return {"rate": rate} | point_summary(tr, slo)
+    tr, most = simulate_closed(workload, config, step_model, concurrency, created="(sweep)")
+    return {"concurrency": concurrency, "max_in_flight": most} | point_summary(tr, slo)
+
+
+SPREAD = {"output_tok_per_s": lambda p: p["output_tok_per_s"], "achieved_req_per_s": lambda p: p["achieved_req_per_s"],
+          "ttft_p99_ms": lambda p: p["ttft_ms"]["p99"], "tpot_p99_ms": lambda p: p["tpot_ms"]["p99"],
+          "e2e_p99_ms": lambda p: p["e2e_ms"]["p99"], "failed": lambda p: p["failed"],
+          "attainment": lambda p: p["slo"]["attainment"] if "slo" in p else None,
+          "goodput_req_per_s": lambda p: p["slo"]["goodput_req_per_s"] if "slo" in p else None}
+
+
+def with_repeats(runs: list[dict], seeds: list[int]) -> dict:
+    """One open-loop point from runs of the same rate with different arrival seeds: the first
+    run's numbers, and "repeats" = {seeds, metric: {min, mean, max}} over all of them."""
+    spread = {}
+    for name, get in SPREAD.items():
+        v = [get(r) for r in runs]
+        if all(x is not None for x in v):
+            spread[name] = {"min": min(v), "mean": sum(v) / len(v), "max": max(v)}
+    return runs[0] | {"seed": seeds[0], "repeats": {"seeds": seeds, **spread}}
+
+
+def attainment_of(p: dict) -> float | None:
+    """A point's SLO attainment; with repeats the worst one (a gate holds in every run)."""
+    if "repeats" in p and "attainment" in p["repeats"]:
+        return p["repeats"]["attainment"]["min"]
+    return p["slo"]["attainment"] if p.get("slo") else None
+
+
+def capacity(points: list[dict], target: float) -> dict | None:
+    """The highest swept load (rate or concurrency) whose SLO attainment is >= target (in every
+    repeat, when a point has repeats)."""
+    ok = [p for p in points if attainment_of(p) is not None and attainment_of(p) >= target]
+    if not ok:
+        return None
+    key = "rate" if "rate" in ok[0] else "concurrency"
+    best = max(ok, key=lambda p: p[key])
+    return {key: best[key], "attainment": attainment_of(best), "target": target}
+
+
+def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, rates=None, concurrency=None,
+          seed: int = 0, slo: SLO | None = None, attainment: float = 0.9, workers: int | None = None,
+          repeats: int = 1) -> dict:
+    """{"kind", "points": [...] (in the order given), "capacity"} over `rates` (req/s, open
+    loop) or `concurrency` levels (closed loop). Open-loop points can be repeated with arrival
+    seeds seed, seed+1, ... (`repeats`; see with_repeats). Runs go to up to `workers`
+    processes (default: one per CPU); 1 runs them here."""
+    if (rates is None) == (concurrency is None):
+        raise ConfigError("sweep: give either rates or concurrency levels")
+    loads = list(rates if rates is not None else concurrency)
+    if not 1 <= len(loads) <= MAX_POINTS:
+        raise ConfigError(f"sweep: expected 1 to {MAX_POINTS} points, got {len(loads)}")
+    if not 0 < attainment <= 1:
+        raise ConfigError(f"attainment: expected a fraction in (0, 1], got {attainment!r}")
+    kind = "rate" if rates is not None else "concurrency"
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= 100:
+        raise ConfigError(f"repeats: expected an integer in 1..100, got {repeats!r}")
+    if repeats > 1 and kind == "concurrency":
+        raise ConfigError("repeats: a simulated closed loop is deterministic (every repeat would be the same run); "
+                          "repeat open-loop rates, whose arrivals change with the seed")
+    seeds = list(range(seed, seed + repeats))
+    jobs = ([dict(rate=x, seed=s) for x in loads for s in seeds] if kind == "rate"
+            else [dict(concurrency=int(x)) for x in loads])
+    runs = run_all(run_point, [dict(workload=workload, config=config, step_model=step_model, slo=slo, **j)
+                               for j in jobs], workers)
+    points = ([with_repeats(runs[i:i + repeats], seeds) for i in range(0, len(runs), repeats)] if repeats > 1
+              else runs)
+    out = {"kind": "open" if kind == "rate" else "closed", "workload": workload.name, "requests": len(workload),
+           "seed": seed if kind == "rate" else None, "scheduler": config.to_dict(), "step_model": step_model.to_dict(),
+           "points": points, "capacity": None}
+    if slo is not None and slo.given():
+        out["capacity"] = capacity(points, attainment)
+    return out
