@@ -25,14 +25,6 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.analysis.compare import (
-    per_request_table,
-    run_policies,
-    steps_taken,
-    summary_table,
-    thin_sample_notes,
-    tradeoff,
-)
 from core.analysis.cursor import in_flight_series, row_index, time_range
 from core.analysis.metrics import request_metrics, summarize
 from core.analysis.occupancy import block_states
@@ -50,6 +42,14 @@ from core.lessons.scenarios import (
     given_schedules,
     load_scenario,
     trace_files,
+)
+from core.lessons.schedules import (
+    per_request_table,
+    run_policies,
+    steps_taken,
+    summary_table,
+    thin_sample_notes,
+    tradeoff,
 )
 from core.sim.stepmodel import STEP_MODELS, StepModel
 from core.trace import Trace, load_trace
@@ -98,7 +98,7 @@ URL_KEYS: dict[str, UrlKey] = {
     **_keys("*", present="presentation mode: projector-sized fonts in figures, sidebar collapsed on opening"),
     **_keys("schedules",
             sc="scenario (a label of SCENARIO_LABELS)",
-            pol=("policies to simulate (core.analysis.compare.POLICY_LABELS)", "policies"),
+            pol=("policies to simulate (core.lessons.schedules.POLICY_LABELS)", "policies"),
             ms=("running sequences at most, 0 = no limit", "SchedulerConfig.max_seqs", True),
             tb=("tokens per step at most, 0 = no limit", "SchedulerConfig.token_budget", True),
             ch=("chunk size of the 'chunked' policy (prompt tokens per request per step)", "SchedulerConfig.chunk"),
@@ -156,7 +156,7 @@ URL_KEYS: dict[str, UrlKey] = {
             ld_kind="load: open (Poisson rates) or closed (clients in a loop)",
             ld_loads="the loads to sweep: rates (req/s) or client counts, comma-separated",
             ld_seed="seed of the Poisson arrivals",
-            ld_pol=("policies to sweep (core.analysis.compare.POLICY_LABELS)", "policies"),
+            ld_pol=("policies to sweep (core.lessons.schedules.POLICY_LABELS)", "policies"),
             ld_ms=("running sequences at most, 0 = no limit", "SchedulerConfig.max_seqs", True),
             ld_tb=("tokens per step at most, 0 = no limit", "SchedulerConfig.token_budget", True),
             ld_ch=("chunk size of the 'chunked' policy", "SchedulerConfig.chunk"),

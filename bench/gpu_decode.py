@@ -15,9 +15,9 @@ import time
 import torch
 
 from core.formulas.kv import GPUS
-from gpu_runner.__main__ import load_model
 from gpu_runner.engine import PagedKVCache, device_name
 from gpu_runner.kernels.reference import Chunk, paged_attention
+from gpu_runner.launch import load_model
 
 
 def sync(dev):

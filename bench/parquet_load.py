@@ -4,7 +4,7 @@
 
 Simulates the bench.simulate distribution (prompt 1-2,048, output 1-512, Poisson 50/s,
 continuous, 256 seats, 8,192-token budget) with KV events, writes the trace twice (one mixed
-table, as earlier writers did; per-type row groups, as `Trace.save` does now), then loads
+table, as earlier writers did; per-type row groups, as `save_trace` does now), then loads
 each in a fresh process (load + validate, then summarize), alternating, and prints the time
 and the child's peak RSS. Printed, never asserted.
 """
@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from core.trace import save_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = ("import time; t=time.perf_counter(); from core.trace import load_trace; "
@@ -42,7 +44,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         files = {"one mixed table": Path(d) / "old.parquet", "per-type row groups": Path(d) / "new.parquet"}
         pq.write_table(_to_table(tr), files["one mixed table"], compression="zstd")
-        tr.save(files["per-type row groups"])
+        save_trace(tr, files["per-type row groups"])
         print(f"{a.requests:,} requests, {events:,} events; files "
               + ", ".join(f"{k} {p.stat().st_size / 2**20:.1f} MiB" for k, p in files.items()))
         del tr

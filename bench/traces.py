@@ -17,7 +17,7 @@ from core.analysis.metrics import summarize
 from core.engine.scheduler import SchedulerConfig
 from core.lessons.scenarios import poisson_workload
 from core.sim.simulate import StepModel, simulate
-from core.trace import load_trace
+from core.trace import load_trace, save_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +51,7 @@ def main():
     d = tempfile.mkdtemp()
     paths = {k: os.path.join(d, f"bench.{k}") for k in ("json", "json.gz", "parquet")}
     for p in paths.values():
-        tr.save(p)
+        save_trace(tr, p)
     for kind, p in paths.items():
         size = os.path.getsize(p) / 2**20
         t, _ = timed(lambda: summarize(load_trace(p)))

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from core.cli import Parser as _Parser
-from core.cli import add_slo_flags, check_writable, slo_from_args, write_output
+from core.cli import add_slo_flags, check_writable, write_output
 from core.cli import finite_float as _finite_float
 from core.cli import list_of as _list_of
 from core.cli import nonneg_float as _nonneg_float
@@ -20,6 +20,12 @@ from core.cli import positive_int as _positive_int
 from core.config import SchedulerConfig, add_flags, from_args
 from core.errors import MAX_DECOMPRESSED_BYTES, InputError
 from core.sim.stepmodel import StepModel
+from core.trace import save_trace
+
+
+def slo_from_args(a):
+    from core.analysis.metrics import SLO
+    return SLO(a.slo_ttft_ms, a.slo_tpot_ms, a.slo_e2e_ms)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,7 +202,7 @@ def cmd_simulate(a) -> int:
             _warn_outside(load_trace(a.out), fit_report)
     else:
         tr = simulate(w, cfg, sm, label=a.label)
-        write_output(a.out, tr.save, "--out")
+        write_output(a.out, lambda p: save_trace(tr, p), "--out")
         st, n_tokens = tr.meta["stats"], len(tr.tokens)
         _warn_outside(tr, fit_report)
     print(f"wrote {a.out}: {len(w)} requests, {n_tokens} tokens, {st['steps']} steps, "
@@ -340,7 +346,7 @@ def cmd_export(a) -> int:
         raise InputError(f"{a.trace}: only summary fields; nothing per request to export")
     for path, write in ((a.chrome, lambda p: Path(p).write_text(chrome_trace_json(tr))),
                         (a.csv, lambda p: Path(p).write_text(metrics_csv(tr))),
-                        (a.trace_out, lambda p: tr.save(p))):
+                        (a.trace_out, lambda p: save_trace(tr, p))):
         if path:
             write_output(path, write)
             print(f"wrote {path}")

@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -92,11 +93,6 @@ def add_slo_flags(p):
         g.add_argument(f"--slo-{name}-ms", type=positive_float, metavar="MS", help=f"bound on {what}")
 
 
-def slo_from_args(a):
-    from core.analysis.metrics import SLO
-    return SLO(a.slo_ttft_ms, a.slo_tpot_ms, a.slo_e2e_ms)
-
-
 def _where(path, flag: str) -> str:
     return f"{flag + ' ' if flag else ''}{path}"
 
@@ -158,3 +154,25 @@ def write_output(path, write, flag: str = ""):
         raise InputError(f"{_where(path, flag)}: cannot write ({e.strerror})") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class Progress:
+    """A one-line progress bar on stderr: progress(done, total), redrawn at most every 0.2 s."""
+
+    def __init__(self, total_label="tokens"):
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+        self.label = total_label
+
+    def __call__(self, done, total):
+        now = time.perf_counter()
+        if now - self.last < 0.2 and done < total:
+            return
+        self.last = now
+        width = 30
+        fill = int(width * done / max(total, 1))
+        rate = done / max(now - self.t0, 1e-9)
+        print(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {self.label} ({rate:,.0f}/s)",
+              end="", file=sys.stderr, flush=True)
+        if done >= total:
+            print(file=sys.stderr)

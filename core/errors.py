@@ -90,3 +90,22 @@ def read_input_file(path, what: str, error=InputError, limit: int | None = None)
     if limit is not None and len(data) > limit:
         raise error(f"{path}: larger than {limit:,} bytes; not a {what} file")
     return data
+
+
+def json_from_bytes(data: bytes, where: str, error=InputError):
+    """JSON from untrusted bytes; every failure (encoding, syntax, nesting, huge numbers) is a
+    one-line `error` naming `where`."""
+    import json
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{where}: not UTF-8 text (bad byte at offset {e.start})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise error(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # e.g. an integer with thousands of digits
+        raise error(f"{where}: not valid JSON ({str(e).split(';')[0]})") from None
+

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from core.trace import given_trace
+from core.trace import given_trace, save_trace
 from core.workload import Request, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,7 +133,7 @@ def main():
     for name, em in (("serial", CHAPTER31_SERIAL), ("continuous", CHAPTER31_CONTINUOUS)):
         tr = given_trace(CHAPTER31, em, {"label": f"Chapter 31 {name} schedule (given)", "created": CREATED,
                                          "notes": note, "workload": "chapter31"})
-        tr.save(DATA / "traces" / f"chapter31_{name}.json", pretty=True)
+        save_trace(tr, DATA / "traces" / f"chapter31_{name}.json", pretty=True)
     # Simulated traces of the shared-prefix workload, prefix caching on vs off (compare them).
     from core.scheduler import SchedulerConfig
     from core.simulate import StepModel, simulate
@@ -145,7 +145,7 @@ def main():
                               prefix_caching=on)
         tr = simulate(sp, cfg, model, label=f"shared prefix, prefix caching {'on' if on else 'off'} (simulated)",
                       created=CREATED)
-        tr.save(DATA / "traces" / f"shared_prefix_caching_{'on' if on else 'off'}.json.gz")
+        save_trace(tr, DATA / "traces" / f"shared_prefix_caching_{'on' if on else 'off'}.json.gz")
     # A vLLM-format result file (synthesized) with one failed request.
     base = simulate(Workload(sp.requests[:40], name="vllm_example"),
                     SchedulerConfig("continuous", max_seqs=8), model, created=CREATED)

@@ -8,26 +8,13 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
 
 from core.cli import Parser as _Parser
-from core.cli import check_writable, write_output
+from core.cli import Progress, check_writable, write_output
 from core.cli import positive_int as _pos_int
-from core.config import SamplingParams, SchedulerConfig, add_flags, opt
-
-
-@dataclass(slots=True)
-class ModelOptions:
-    """Which model runs where (not part of a trace's engine options: the trace records the
-    resolved model, device and dtype)."""
-    model: str = opt("tiny", "tiny | tiny-draft | random-0.5b (random weights, for timing) | "
-                     "a local HF checkpoint dir")
-    device: str = opt("auto", "auto: cuda if available, else cpu", choices=("auto", "cpu", "cuda"))
-    dtype: str = opt("auto", "auto: float32 on CPU, bfloat16 on CUDA",
-                     choices=("auto", "float32", "float64", "bfloat16", "float16"))
-    threads: int | None = opt(None, "CPU threads for torch", minimum=1)
-    speculative: bool = opt(False, "speculative decoding with a draft model")
-    draft: str = opt("tiny-draft", "draft model: tiny-draft | a local HF checkpoint dir")
+from core.config import SamplingParams, SchedulerConfig, add_flags, from_args
+from core.trace import save_trace
+from gpu_runner.launch import ModelOptions, ServeOptions, build_engine, load_model, serving_engine
 
 
 def _common(p, scheduler: bool):
@@ -91,85 +78,17 @@ def build_parser():
 
 def engine_config(a, **overrides):
     """EngineConfig from parsed flags: every option group from its own declaration."""
-    from core.config import from_args
     from gpu_runner.options import EngineConfig
     sched = from_args(SchedulerConfig, a) if hasattr(a, "policy") else SchedulerConfig()
     return from_args(EngineConfig, a, scheduler=sched, sampling=from_args(SamplingParams, a), **overrides)
 
 
-def load_model(name: str, device: str, dtype_name: str):
-    import torch
-
-    from core.errors import ConfigError
-    from gpu_runner import checkpoint
-    from gpu_runner.tokenizer import ByteTokenizer
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available")
-    dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32, "float32": torch.float32,
-             "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype_name]
-    if name == "random-0.5b":  # Llama/Qwen2-shaped, ~0.5B parameters, random weights: realistic step times
-        from gpu_runner.model import ModelConfig, Transformer, init_weights
-        cfg = ModelConfig(vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, hidden_dim=4864,
-                          max_seq_len=4096, rope_theta=1e6, tie_embeddings=True, qkv_bias=True)
-        model = Transformer(cfg)
-        init_weights(model, seed=0)
-        return model.to(device=device, dtype=dtype).eval(), ByteTokenizer(), device, name
-    if name in checkpoint.BUNDLED:
-        path = checkpoint.BUNDLED[name]
-        if not (path / "model.safetensors").exists():
-            raise ConfigError(f"--model {name}: bundled weights missing at {path} (run python -m gpu_runner.train)")
-        return checkpoint.load_bundled(path, device, dtype), ByteTokenizer(), device, name
-    from gpu_runner.hf import load_hf
-    model, tok = load_hf(name, device, dtype)
-    return model, tok, device, name
-
-
-def load_draft(a, device, target):
-    if not a.speculative:
-        return None, None
-    dtype_name = str(next(target.parameters()).dtype).removeprefix("torch.")  # the draft runs in the target's dtype
-    model, _, _, name = load_model(a.draft, device, dtype_name)
-    return model, name
-
-
-class Progress:
-    def __init__(self, total_label="tokens"):
-        self.t0 = time.perf_counter()
-        self.last = 0.0
-        self.label = total_label
-
-    def __call__(self, done, total):
-        now = time.perf_counter()
-        if now - self.last < 0.2 and done < total:
-            return
-        self.last = now
-        width = 30
-        fill = int(width * done / max(total, 1))
-        rate = done / max(now - self.t0, 1e-9)
-        print(f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {self.label} ({rate:,.0f}/s)",
-              end="", file=sys.stderr, flush=True)
-        if done >= total:
-            print(file=sys.stderr)
-
-
 def cmd_capture(a) -> int:
-    import torch
-
     from core.workload import load_workload
-    from gpu_runner.engine import Engine
-    if a.threads:
-        torch.set_num_threads(a.threads)
     check_writable(a.out, "--out")  # before minutes of work, not after
-    t_load = time.perf_counter()
-    model, tok, device, name = load_model(a.model, a.device, a.dtype)
-    load_ms = (time.perf_counter() - t_load) * 1000.0
+    engine = build_engine(from_args(ModelOptions, a), engine_config(a))
+    tok = engine.tok
     w = load_workload(a.workload, tokenize=tok.encode if tok is not None else None)
-    cfg = engine_config(a)
-    draft, draft_name = load_draft(a, device, model)
-    engine = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name)
-    engine.startup["model_load_ms"] = load_ms
     t0 = time.perf_counter()
     tr, outputs = engine.run(w, progress=Progress())
     secs = time.perf_counter() - t0
@@ -179,7 +98,7 @@ def cmd_capture(a) -> int:
         return 130 if engine.interrupted else 0
     if a.label:
         tr.meta["label"] = a.label
-    write_output(a.out, tr.save, "--out")
+    write_output(a.out, lambda p: save_trace(tr, p), "--out")
     if engine.interrupted:
         done = len(tr.finishes)
         print(f"interrupted: wrote the partial trace to {a.out} ({done} of {len(w)} requests finished, "
@@ -191,16 +110,12 @@ def cmd_capture(a) -> int:
 
 
 def cmd_generate(a) -> int:
-    import torch
-
     from core.errors import ConfigError
     from core.workload import Request, Workload
     from core.workload.files import parse_token_ids
-    from gpu_runner.engine import Engine
-    if a.threads:
-        torch.set_num_threads(a.threads)
     ids = parse_token_ids(a.prompt_ids, "--prompt-ids") if a.prompt_ids is not None else None
-    model, tok, device, name = load_model(a.model, a.device, a.dtype)
+    engine = build_engine(from_args(ModelOptions, a), engine_config(a, record=False))
+    model, tok = engine.model, engine.tok
     if a.prompt is not None:
         if tok is None:
             raise ConfigError(f"--prompt: the model at {a.model} has no tokenizer.json; use --prompt-ids")
@@ -211,10 +126,8 @@ def cmd_generate(a) -> int:
         bad = [i for i in ids if i >= model.cfg.vocab_size]
         if bad:
             raise ConfigError(f"--prompt-ids: id {bad[0]} is outside the vocabulary (size {model.cfg.vocab_size})")
-    cfg = engine_config(a, record=False)
     w = Workload([Request("prompt", 0.0, len(ids), a.max_tokens, prompt_ids=tuple(ids))], name="generate")
-    draft, draft_name = load_draft(a, device, model)
-    _, out = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name).run(w)
+    _, out = engine.run(w)
     gen = out["prompt"]
     text = tok.decode(gen) if tok is not None else None
     if a.json:
@@ -239,31 +152,8 @@ def cmd_export_hf(a) -> int:
     return 0
 
 
-def serving_engine(a, max_waiting: int, metrics=None):
-    """The ServingEngine `serve` runs, from its flags: model, engine, KV pool (default: every
-    seat, max_seqs or 32, can hold a full-context sequence), trace file."""
-    import dataclasses
-    from pathlib import Path
-
-    import torch
-
-    from gpu_runner.engine import Engine
-    from gpu_runner.serving import ServingEngine
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    t_load = time.perf_counter()
-    model, tok, device, name = load_model(a.model, a.device, a.dtype)
-    load_ms = (time.perf_counter() - t_load) * 1000.0
-    cfg = engine_config(a)
-    sc = cfg.scheduler
-    if sc.kv_blocks is None and cfg.kv_memory_mb is None:
-        per_seq = -(-model.cfg.max_seq_len // sc.block_size)
-        cfg = dataclasses.replace(cfg, scheduler=dataclasses.replace(sc, kv_blocks=per_seq * (sc.max_seqs or 32)))
-    draft, draft_name = load_draft(a, device, model)
-    engine = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name)
-    engine.startup["model_load_ms"] = load_ms
-    return ServingEngine(engine, max_waiting=max_waiting, metrics=metrics,
-                         trace_out=Path(a.trace_out) if a.trace_out else None)
+def serve_options(a) -> ServeOptions:
+    return ServeOptions(from_args(ModelOptions, a), engine_config(a), a.trace_out)
 
 
 def cmd_serve(a) -> int:
@@ -275,11 +165,12 @@ def cmd_serve(a) -> int:
         check_writable(a.trace_out, "--trace-out")
     served = a.served_model_name or a.model
     metrics = ServerMetrics(served)
+    options = serve_options(a)
     if a.engine_process:
         from gpu_runner.engine_process import ProcessServingEngine
-        se = ProcessServingEngine(a, metrics=metrics, max_waiting=a.max_waiting)
+        se = ProcessServingEngine(options, metrics=metrics, max_waiting=a.max_waiting)
     else:
-        se = serving_engine(a, a.max_waiting, metrics)
+        se = serving_engine(options, a.max_waiting, metrics)
     info = se.model_info
     app = App(se, served, info["tokenizer"], metrics, info["max_seq_len"], info["vocab_size"])
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -2,7 +2,9 @@
 
 `Engine.run` hands `core.engine.loop.run` a `ModelExecutor` and the wall clock; the scheduler
 (admission, chunking, KV blocks, prefix hits, preemption, stop conditions) is exactly the
-simulator's. The executor turns a batch into one packed forward over the paged KV cache
+simulator's. The executor sees only SchedulerOutputs (core.engine.outputs): it keeps its own
+copy of each request's token ids and block table, updated from the ids and block ids each
+output carries, turns a batch into one packed forward over the paged KV cache
 (gpu_runner.batching), samples or verifies draft tokens (gpu_runner.sampling,
 gpu_runner.speculative), and reads the clock once the tokens are on the host.
 """
@@ -18,8 +20,9 @@ import torch
 
 from core.config import SamplingParams, SchedulerConfig, to_dict
 from core.engine import loop
-from core.engine.scheduler import Batch, Scheduler
-from core.engine.steplog import StepLog, StepOutput
+from core.engine.outputs import EngineOutputs, ExecutorOutput, SchedulerOutput
+from core.engine.scheduler import Scheduler
+from core.engine.steplog import StepLog
 from core.errors import ConfigError
 from core.trace import Trace
 from core.workload import Request, Workload
@@ -144,7 +147,8 @@ class Engine:
             return ()
         return tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
 
-    def _pool_blocks(self, sc: SchedulerConfig) -> int | None:
+    def pool_blocks(self, sc: SchedulerConfig) -> int | None:
+        """KV blocks of the pool: kv_blocks, or what kv_memory_mb holds, or None (unsized)."""
         if sc.kv_blocks is not None or self.cfg.kv_memory_mb is None:
             return sc.kv_blocks
         per = PagedKVCache.bytes_per_block(self.model.cfg, sc.block_size, self.dtype)
@@ -153,11 +157,17 @@ class Engine:
             raise ConfigError(f"kv memory: {budget} bytes is less than one block ({per} bytes)")
         return budget // per
 
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduler options this engine runs with: its pool, model id and draft length."""
+        sc = self.cfg.scheduler
+        return dataclasses.replace(sc, kv_blocks=self.pool_blocks(sc), model_id=self.model_name,
+                                   spec_gamma=self.cfg.gamma if self.draft is not None else 0)
+
     @torch.inference_mode()
-    def run(self, workload: Workload, progress=None, on_step=None) -> tuple[Trace | None, dict[str, list[int]]]:
+    def run(self, workload: Workload, progress=None, on_output=None) -> tuple[Trace | None, dict[str, list[int]]]:
         """Serve the workload; returns (measured trace or None when recording is off,
         generated token ids per request id). progress(done, total) after each step;
-        on_step(scheduler, batch, step output) too."""
+        on_output(EngineOutputs) too."""
         m = self.model
         # Checked first: it needs only the counts (filling a huge prompt from the corpus would fail first).
         too_long = [r for r in workload.requests if r.prompt_tokens + r.max_output_tokens > m.cfg.max_seq_len]
@@ -166,52 +176,57 @@ class Engine:
             raise ConfigError(f"request {r.id!r}: prompt + output = {r.prompt_tokens + r.max_output_tokens:,} "
                               f"tokens exceeds the model's {m.cfg.max_seq_len:,} positions")
         wl, notes = prepare_workload(workload, self.tok, m.cfg.vocab_size)
-        sc = self.cfg.scheduler
-        sched_cfg = dataclasses.replace(sc, kv_blocks=self._pool_blocks(sc), model_id=self.model_name,
-                                        spec_gamma=self.cfg.gamma if self.draft is not None else 0)
+        sched_cfg = self.scheduler_config()
         log = StepLog() if self.cfg.record else None
-        sched = Scheduler(wl, sched_cfg, log, stop_token_ids=self.stop_token_ids)
+        sched = Scheduler(wl, sched_cfg, log, stop_token_ids=self.stop_token_ids, request_data=True)
         # Requests arrive on the wall clock: the capture starts at the first arrival and an idle
         # engine sleeps until the next one.
         clock = loop.WallClock(wl.requests[0].arrival_ms)
-        executor = ModelExecutor(self, sched, clock, [r.id for r in wl.requests])
+        executor = ModelExecutor(self, sched.kv.num_blocks, sched_cfg.block_size, clock)
+        for i, r in enumerate(wl.requests):
+            executor.add_request(i, r.id, self.cfg.sampling)
         total_out = sum(r.max_output_tokens for r in wl.requests)
+        done = 0
 
-        def after_step(sched, batch, out):
-            self.note_first_step(batch, out)
+        def after(out: EngineOutputs):
+            nonlocal done
+            if out.step is None:
+                return
+            self.note_first_step(out)
+            done += len(out.token_reqs)
             if progress is not None:
-                progress(int(sched.emitted.sum()), total_out)
-            if on_step is not None:
-                on_step(sched, batch, out)
+                progress(done, total_out)
+            if on_output is not None:
+                on_output(out)
 
         self.interrupted = False
         try:
-            loop.run(sched, executor, clock, on_step=after_step)
+            loop.run(sched, executor, clock, on_output=after)
         except KeyboardInterrupt:  # Ctrl-C: keep what was served; the trace says it is partial
             self.interrupted = True
             notes.append(f"interrupted after {sched.step} steps: {sched.num_done} of {sched.n} requests finished; "
                          "unfinished requests have no finish event")
-        outputs = {r.id: list(sched.token_ids[i][r.prompt_tokens:]) for i, r in enumerate(wl.requests)}
+        outputs = {r.id: list(sched.requests.outputs(i)) for i, r in enumerate(wl.requests)}
         self.last_scheduler = sched
         if log is None:
             return None, outputs
         meta = loop.trace_meta(sched, wl, "measured", f"{wl.name} on {self.model_name} ({sched_cfg.policy})",
-                               self._engine_meta(), device=device_name(self.device), **self._model_meta(),
+                               self.engine_meta(), device=device_name(self.device), **self.model_meta(),
                                notes="; ".join(notes))
-        return loop.to_trace(sched, log, wl, meta), outputs
+        return loop.to_trace(log, wl, meta), outputs
 
-    def note_first_step(self, batch, out):
+    def note_first_step(self, out: EngineOutputs):
         """Cold start: the first step's duration (lazy initialisation, allocator and kernel
         warm-up land in it), kept in the trace's meta.startup beside model_load_ms."""
-        if "first_step_ms" not in self.startup:
-            self.startup["first_step_ms"] = out.dur_ms if out.dur_ms is not None else out.t_end_ms - batch.t_ms
+        if "first_step_ms" not in self.startup and out.step is not None:
+            self.startup["first_step_ms"] = out.dur_ms
 
-    def _engine_meta(self) -> dict:
+    def engine_meta(self) -> dict:
         c = to_dict(self.cfg)
         del c["scheduler"]
         return {"name": "gpu_runner", **c, "attention": self.attention_name, "matmul": self.matmul_name}
 
-    def _model_meta(self) -> dict:
+    def model_meta(self) -> dict:
         from importlib.metadata import PackageNotFoundError, version
         try:   # the installed version, without importing triton (which fixes its interpreter mode)
             triton_version = version("triton")
@@ -229,31 +244,49 @@ class Engine:
 
 class ModelExecutor:
     """One scheduled batch on the model: draft proposals (speculative), one packed target
-    forward, sampling or exact verification; the step ends when the tokens are on the host."""
+    forward, sampling or exact verification; the step ends when the tokens are on the host.
+    Per request (by its row in the scheduler's table) it keeps the known token ids and the
+    block table the SchedulerOutputs send, and its sampling settings and generator."""
 
-    def __init__(self, engine: Engine, sched: Scheduler, clock, ids: list[str]):
+    def __init__(self, engine: Engine, num_blocks: int, block_size: int, clock):
         self.e = engine
         self.clock = clock
-        self.ids = ids
-        m, bs, n = engine.model.cfg, sched.cfg.block_size, sched.bm.num_blocks
-        self.cache = PagedKVCache(m.n_layers, n, bs, m.n_kv_heads, m.head_dim, engine.device, engine.dtype)
-        sp = engine.cfg.sampling
-        self.gens = [request_generator(sp.seed, rid, engine.device) for rid in ids]
-        self.sp_of = [sp] * len(ids)     # per-request sampling (a server's requests differ)
+        self.block_size = block_size
+        m = engine.model.cfg
+        self.cache = PagedKVCache(m.n_layers, num_blocks, block_size, m.n_kv_heads, m.head_dim, engine.device,
+                                  engine.dtype)
+        self.ids: dict[int, str] = {}            # request row -> request id (trace events)
+        self.gens: dict[int, torch.Generator] = {}
+        self.sp_of: dict[int, SamplingParams] = {}   # per-request sampling (a server's requests differ)
+        self.tokens: dict[int, list[int]] = {}   # known ids: prompt, then outputs
+        self.tables: dict[int, list[int]] = {}   # KV block table
         self.drafter = None
         if engine.draft is not None:
             from gpu_runner.speculative import DraftRunner
             d = engine.draft.cfg
-            self.drafter = DraftRunner(engine.draft, PagedKVCache(d.n_layers, n, bs, d.n_kv_heads, d.head_dim,
-                                                                  engine.device, engine.dtype), engine.attention,
-                                       lambda: engine.draft_weights)
+            self.drafter = DraftRunner(engine.draft, PagedKVCache(d.n_layers, num_blocks, block_size, d.n_kv_heads,
+                                                                  d.head_dim, engine.device, engine.dtype),
+                                       engine.attention, lambda: engine.draft_weights)
         self.tile_buf: list = []
 
-    def add_request(self, rid: str, sp: SamplingParams) -> None:
-        """A request the scheduler just appended (a server): its generator and sampling."""
-        self.ids.append(rid)
-        self.gens.append(request_generator(sp.seed, rid, self.e.device))
-        self.sp_of.append(sp)
+    def add_request(self, i: int, rid: str, sp: SamplingParams) -> None:
+        """Request row i (its id and sampling) before it is first scheduled."""
+        self.ids[i] = rid
+        self.gens[i] = request_generator(sp.seed, rid, self.e.device)
+        self.sp_of[i] = sp
+
+    def _receive(self, batch: SchedulerOutput):
+        """Apply what the output carries: new token ids, block table changes, requests gone."""
+        for i in batch.finished:
+            for d in (self.ids, self.gens, self.sp_of, self.tokens, self.tables):
+                d.pop(i, None)
+            if self.drafter is not None:
+                self.drafter.valid.pop(i, None)
+        for i, ids, (keep, new) in zip(batch.reqs.tolist(), batch.new_token_ids, batch.block_updates):
+            self.tokens.setdefault(i, []).extend(ids)
+            table = self.tables.setdefault(i, [])
+            del table[keep:]
+            table.extend(new)
 
     def attend(self, q, li, chunks):
         cap, c = self.e.cfg.capture_tiles, self.cache
@@ -261,17 +294,17 @@ class ModelExecutor:
             return self.e.attention(q, c.k[li], c.v[li], chunks, capture_head=cap[1], stats_out=self.tile_buf)
         return self.e.attention(q, c.k[li], c.v[li], chunks)
 
-    def execute(self, sched: Scheduler, batch: Batch) -> StepOutput:
+    def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         from gpu_runner.speculative import SAMPLED, verify
         e, dev, sp = self.e, self.e.device, self.e.cfg.sampling
-        bs = sched.cfg.block_size
+        self._receive(batch)
+        bs = self.block_size
         reqs, starts, ns = batch.reqs.tolist(), batch.start_pos.tolist(), batch.num_tokens.tolist()
-        known = [sched.token_ids[r] for r in reqs]
-        slots = [slots_of(sched.bm.tables[r], s + n, bs) for r, s, n in zip(reqs, starts, ns)]
+        known = [self.tokens[r] for r in reqs]
+        slots = [slots_of(self.tables[r], s + n, bs) for r, s, n in zip(reqs, starts, ns)]
         # Plain entries that complete emit one sampled token; a decode entry of more than one
         # token verifies draft proposals.
-        known_len = sched.prompt_len[batch.reqs] + sched.emitted[batch.reqs]
-        emits = (batch.start_pos + batch.num_tokens == known_len).tolist()
+        emits = batch.emits.tolist()
         spec = [j for j in range(len(reqs)) if not batch.is_prefill[j] and ns[j] > 1] if self.drafter else []
         props, qdist = {}, {}
         if spec:
@@ -320,7 +353,7 @@ class ModelExecutor:
             ev["t_ms"] = t_end
         if e.cfg.capture_tiles is not None:
             events += self._tile_events(batch)
-        return StepOutput(t_end, tokens=tokens, sources=sources, events=events or None)
+        return ExecutorOutput(t_end, tokens=tokens, sources=sources, events=events or None)
 
     def _tile_events(self, batch) -> list[dict]:
         """Captured (m, l) per query row after each KV tile, as `tiles` events."""

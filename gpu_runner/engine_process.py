@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -30,20 +31,28 @@ from types import SimpleNamespace
 
 from core.config import SamplingParams
 from core.errors import ConfigError
+from gpu_runner.launch import ServeOptions
 from gpu_runner.serving import LocalEvents, Overloaded, ServerStopping, Stream
 
 READY_TIMEOUT_S = 600.0
 
 
 class _RemoteEvents:
-    """The engine process's events: buffered, sent as one message per step. The engine thread
-    adds most of them, the request thread a refusal now and then: one lock for the buffer.
-    A request's last event (finish, error) also forgets its stream here."""
+    """The engine process's events: buffered, sent as one message per flush (after each of the
+    engine's outputs and each drain of its inbox). The engine thread adds most of them, the
+    request thread a refusal now and then: one lock for the buffer. A request's last event
+    (finish, error) also forgets its stream here."""
 
-    def __init__(self, streams: dict):
+    def __init__(self, streams: dict, conn):
         self.buf: list = []
         self.lock = threading.Lock()
         self.streams = streams
+        self.conn = conn
+
+    def flush(self):
+        out = self.take()
+        if out:
+            self.conn.send(out)
 
     def _add(self, event):
         with self.lock:
@@ -57,10 +66,10 @@ class _RemoteEvents:
     def accepted(self, s):
         self._add(("accepted", s.rid))
 
-    def error(self, s, message):
+    def error(self, s, message, status=400):
         s.done = True
         self.streams.pop(s.rid, None)
-        self._add(("error", s.rid, message))
+        self._add(("error", s.rid, message, status))
 
     def scheduled(self, s, prompt_tokens, t_ms):
         s.scheduled_ms = t_ms
@@ -69,22 +78,25 @@ class _RemoteEvents:
     def tokens(self, s, ids, t_ms):
         self._add(("tokens", s.rid, list(ids), t_ms))
 
-    def finish(self, s, reason, t_ms):
+    def finish(self, s, reason, t_ms, detail=None):
         s.done = True
         self.streams.pop(s.rid, None)
-        self._add(("finish", s.rid, reason, t_ms))
+        self._add(("finish", s.rid, reason, t_ms, detail))
 
     def step(self, running, waiting, kv_usage, preemptions, hit_tokens):
         self._add(("step", None, running, waiting, kv_usage, preemptions, hit_tokens))
 
 
-def _engine_main(conn_in, conn_out, args, origin_ns: int) -> None:
-    """The engine process: build the engine from the server's flags, report ready, then run
+def _engine_main(conn_in, conn_out, options: ServeOptions, origin_ns: int) -> None:
+    """The engine process: build the engine from the server's options, report ready, then run
     the step loop with requests arriving over `conn_in`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the server decides when to stop
+    _die_with_parent()
+    streams: dict[str, Stream] = {}     # unfinished requests by id
+    events = _RemoteEvents(streams, conn_out)
     try:
-        from gpu_runner.__main__ import serving_engine
-        se = serving_engine(args, max_waiting=10**9)
+        from gpu_runner.launch import serving_engine
+        se = serving_engine(options, max_waiting=10**9, events=events)
     except BaseException as e:   # a bad flag or checkpoint: the server reports it and exits
         conn_out.send(("fatal", f"{type(e).__name__}: {e}" if not isinstance(e, ConfigError) else str(e)))
         return
@@ -92,27 +104,7 @@ def _engine_main(conn_in, conn_out, args, origin_ns: int) -> None:
     # SIGTERM to the whole process group (a supervisor, a benchmark's cleanup): stop as the
     # server would, so unfinished requests end "abort" and the trace is written
     signal.signal(signal.SIGTERM, lambda *_: se.request_stop())
-    streams: dict[str, Stream] = {}     # unfinished requests by id
-    events = se.events = _RemoteEvents(streams)
     e = se.engine
-
-    def flush():
-        out = events.take()
-        if out:
-            conn_out.send(out)
-
-    drain, after = se.drain, se._after_step
-
-    def drain_and_flush(sched, now_ms):
-        go = drain(sched, now_ms)
-        flush()
-        return go
-
-    def after_and_flush(sched, batch, out):
-        after(sched, batch, out)
-        flush()
-
-    se.drain, se._after_step = drain_and_flush, after_and_flush
 
     def receive():
         while True:
@@ -127,7 +119,8 @@ def _engine_main(conn_in, conn_out, args, origin_ns: int) -> None:
                 try:
                     se.submit(s, arrival_ms)
                 except (Overloaded, ServerStopping) as err:
-                    events.error(s, str(err))
+                    events.error(s, str(err), 503)
+                    events.flush()
             elif msg[0] == "abort":
                 s = streams.get(msg[1])
                 if s is not None:
@@ -140,21 +133,43 @@ def _engine_main(conn_in, conn_out, args, origin_ns: int) -> None:
                              "stop_token_ids": e.stop_token_ids, "draft": e.draft is not None,
                              "sampling": dataclasses.asdict(e.cfg.sampling), "model_info": se.model_info}))
     threading.Thread(target=receive, name="requests", daemon=True).start()
-    se._run()          # until stopped; writes the trace
-    flush()
+    se.run()          # until stopped; writes the trace
+    events.flush()
     conn_out.send(("stopped", se.served()))
+
+
+def _die_with_parent():
+    """The engine process ends with the server, however the server ends (SIGKILL, SIGTERM to its
+    pid alone while it was still loading): the kernel sends SIGTERM when the parent dies (Linux);
+    elsewhere a watcher thread notices the parent is gone."""
+    parent = os.getppid()
+    try:
+        import ctypes
+        import ctypes.util
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:   # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class ProcessServingEngine:
     """The server's side of an engine process: what server.App needs of a ServingEngine
     (submit, cancel, stop, load, alive, engine.stop_token_ids / draft / cfg.sampling)."""
 
-    def __init__(self, args, metrics=None, max_waiting: int = 256):
+    def __init__(self, options: ServeOptions, metrics=None, max_waiting: int = 256):
         ctx = multiprocessing.get_context("spawn")    # a fresh interpreter: no threads or locks inherited
         child_in, self._to_engine = ctx.Pipe(duplex=False)          # (receiving end, sending end)
         self._from_engine, child_out_w = ctx.Pipe(duplex=False)
         self.origin_ns = time.perf_counter_ns()
-        self.proc = ctx.Process(target=_engine_main, args=(child_in, child_out_w, args, self.origin_ns),
+        self.proc = ctx.Process(target=_engine_main, args=(child_in, child_out_w, options, self.origin_ns),
                                 name="gpu_runner-engine", daemon=True)
         self.proc.start()
         child_in.close()
@@ -274,5 +289,5 @@ class ProcessServingEngine:
         if not self._stopping and self.error is None:
             self.error = f"the engine process ended (exit code {self.proc.exitcode})"
         for s in list(self.streams.values()):     # nobody waits forever on a dead engine
-            ev.error(s, self.error or "the server stopped")
+            ev.error(s, self.error or "the server stopped", 503)
         self.streams.clear()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from core.errors import ConfigError, read_input_file, short
+from core.errors import ConfigError, json_from_bytes, read_input_file, short
 from gpu_runner.model import ModelConfig, Transformer
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -31,20 +31,7 @@ def read_limited(path: Path, what: str, limit: int) -> bytes:
 
 
 def parse_json(data: bytes, where: str):
-    """JSON from untrusted bytes; every failure (encoding, syntax, nesting, huge numbers) is a
-    one-line ConfigError naming `where`."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{where}: not UTF-8 text (bad byte at offset {e.start})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    except RecursionError:
-        raise ConfigError(f"{where}: not valid JSON (nested too deeply)") from None
-    except ValueError as e:  # e.g. an integer with thousands of digits
-        raise ConfigError(f"{where}: not valid JSON ({str(e).split(';')[0]})") from None
+    return json_from_bytes(data, where, ConfigError)
 
 
 def read_json(path: Path, what: str, limit: int):
@@ -220,7 +207,6 @@ def load_hf(path: str | Path, device="cpu", dtype=torch.float32) -> tuple[Transf
     """(model, tokenizer or None) from a checkpoint directory. Everything is checked (config
     fields, the model's size, every safetensors header, names, dtypes and shapes) before the
     model is allocated; tensors are then read one at a time."""
-    from safetensors import SafetensorError, safe_open
     d = Path(path)
     if not d.is_dir():
         raise ConfigError(f"--model {path}: not a directory (expected config.json + *.safetensors)")
@@ -230,9 +216,33 @@ def load_hf(path: str | Path, device="cpu", dtype=torch.float32) -> tuple[Transf
     raw = read_json(cfg_path, "config.json", MAX_CONFIG_BYTES)
     cfg = config_from_hf(raw, str(cfg_path))
     check_model_size(cfg, str(cfg_path))
+    source = _weight_sources(d, cfg, cfg_path)
+    # End of sequence: config.json's eos_token_id (an id or a list of ids) stops generation
+    # whether or not a tokenizer is present.
+    eos = raw.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = tuple(i for i in eos if isinstance(i, int) and not isinstance(i, bool)) or None
+    elif isinstance(eos, bool) or not isinstance(eos, int):
+        eos = None
+    tok = None
+    if (d / "tokenizer.json").exists():
+        from gpu_runner.tokenizer import HFTokenizer
+        tok = HFTokenizer(d / "tokenizer.json", eos)
+        if tok.vocab_size > cfg.vocab_size:
+            raise ConfigError(f"{d / 'tokenizer.json'}: {tok.vocab_size} tokens, more than {cfg_path.name}'s "
+                              f"vocab_size {cfg.vocab_size}")
+    model = Transformer(cfg)
+    _read_weights(model, source, cfg)
+    model.eos_token_id = eos
+    return model.to(device=device, dtype=dtype).eval(), tok
+
+
+def _weight_sources(d: Path, cfg: ModelConfig, cfg_path: Path) -> dict:
+    """Where each parameter's values are: {name: (file, stored name, dtype, shape)}, every name,
+    dtype and shape checked against the model the config describes (nothing is allocated)."""
     files = sorted(d.glob("*.safetensors"))
     if not files:
-        raise ConfigError(f"--model {path}: no *.safetensors weights (pickled .bin files are not read)")
+        raise ConfigError(f"--model {d}: no *.safetensors weights (pickled .bin files are not read)")
     found: dict[str, tuple[Path, str, str, tuple[int, ...]]] = {}  # our name -> (file, stored name, dtype, shape)
     for f in files:
         for k, (dt, shape) in read_safetensors_header(f).items():
@@ -250,7 +260,7 @@ def load_hf(path: str | Path, device="cpu", dtype=torch.float32) -> tuple[Transf
             source[k] = found[k]
     missing = [k for k in expected if k not in source and k != "lm_head.weight"]
     if missing:
-        raise ConfigError(f"--model {path}: weights missing for {', '.join(missing[:3])}"
+        raise ConfigError(f"--model {d}: weights missing for {', '.join(missing[:3])}"
                           + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
     for k, (f, stored, dt, shape) in source.items():
         if dt not in FLOAT_DTYPES:
@@ -258,21 +268,12 @@ def load_hf(path: str | Path, device="cpu", dtype=torch.float32) -> tuple[Transf
                               f"({', '.join(FLOAT_DTYPES)}; quantized checkpoints are not read)")
         if shape != expected[k]:
             raise ConfigError(f"{f}: tensor {stored} has shape {shape}, expected {expected[k]} from {cfg_path.name}")
-    # End of sequence: config.json's eos_token_id (an id or a list of ids) stops generation
-    # whether or not a tokenizer is present.
-    eos = raw.get("eos_token_id")
-    if isinstance(eos, list):
-        eos = tuple(i for i in eos if isinstance(i, int) and not isinstance(i, bool)) or None
-    elif isinstance(eos, bool) or not isinstance(eos, int):
-        eos = None
-    tok = None
-    if (d / "tokenizer.json").exists():
-        from gpu_runner.tokenizer import HFTokenizer
-        tok = HFTokenizer(d / "tokenizer.json", eos)
-        if tok.vocab_size > cfg.vocab_size:
-            raise ConfigError(f"{d / 'tokenizer.json'}: {tok.vocab_size} tokens, more than {cfg_path.name}'s "
-                              f"vocab_size {cfg.vocab_size}")
-    model = Transformer(cfg)
+    return source
+
+
+def _read_weights(model: Transformer, source: dict, cfg: ModelConfig):
+    """Copy the checked tensors into the model, one at a time; NaN or infinite values refused."""
+    from safetensors import SafetensorError, safe_open
     state = model.state_dict()
     by_file: dict[Path, list[str]] = {}
     for k, (f, *_rest) in source.items():
@@ -292,8 +293,6 @@ def load_hf(path: str | Path, device="cpu", dtype=torch.float32) -> tuple[Transf
                 raise ConfigError(f"{f}: corrupt safetensors file ({_first_line(e)})") from None
         if "lm_head.weight" not in source and not cfg.tie_embeddings:
             state["lm_head.weight"].copy_(state["embed_tokens.weight"])
-    model.eos_token_id = eos
-    return model.to(device=device, dtype=dtype).eval(), tok
 
 
 def export_hf(model: Transformer, path, eos_token_id: int | None = None, bos_token_id: int | None = None):

@@ -29,6 +29,7 @@ import numpy as np
 import orjson
 
 from core.errors import InputError
+from core.trace import save_trace
 from core.workload import Workload
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus" / "pydoc_topics.txt"
@@ -218,10 +219,9 @@ class Capture:
 
 
 def main_loadgen(a) -> int:
-    from core.cli import check_writable, write_output
+    from core.cli import Progress, check_writable, write_output
     from core.trace import trace_from_doc
     from core.workload import load_workload
-    from gpu_runner.__main__ import Progress
     if (a.rate is not None) and (a.concurrency is not None):
         raise InputError("--rate and --concurrency: choose one (or neither: the workload's arrival times)")
     if a.rate is not None and not a.rate > 0:
@@ -240,7 +240,7 @@ def main_loadgen(a) -> int:
         print("\ninterrupted: writing what was captured (unsent requests are left out)", file=sys.stderr)
     secs = time.perf_counter() - t0
     tr = trace_from_doc(cap.doc(w, how))
-    write_output(a.out, tr.save, "--out")
+    write_output(a.out, lambda p: save_trace(tr, p), "--out")
     print(f"wrote {a.out}: {len(tr.requests)} requests, {len(tr.tokens)} tokens, {len(cap.failures)} failed, "
           f"{len(cap.gauges)} /metrics samples, in {secs:.1f} s against {cap.engine.get('name')} at {cap.url}")
     return 0

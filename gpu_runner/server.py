@@ -44,10 +44,21 @@ class BadRequest(Exception):
         self.headers = headers
 
 
-def error(message: str, status: int = 400, headers: dict | None = None) -> JSONResponse:
+class EngineError(Exception):
+    """The engine ended a request without a result (rejected after it was accepted, or failed)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def error_body(message: str, status: int) -> dict:
     kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, "Error")
-    return JSONResponse({"object": "error", "message": message, "type": kind, "code": status}, status,
-                        headers=headers)
+    return {"object": "error", "message": message, "type": kind, "code": status}
+
+
+def error(message: str, status: int = 400, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, status), status, headers=headers)
 
 
 def _int(body, key, default, lo=None, hi=None):
@@ -221,8 +232,9 @@ class App:
             except ServerStopping as e:
                 raise BadRequest(str(e), 503, {"Retry-After": "5"}) from None
             first = await s.queue.get()
-            if first[0] == "error":
-                raise BadRequest(first[1])
+            if first[0] == "error":   # refused, or rejected on arrival: the reason is the answer
+                status = first[2]
+                raise BadRequest(first[1], status, {"Retry-After": "1"} if status == 503 else None)
         except BadRequest as e:
             return error(str(e), e.status, e.headers)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -269,6 +281,9 @@ class _Generation:
                 self.text += out
                 if out:
                     yield out
+            elif item[0] == "finish" and item[1] == "rejected":   # by the queue limit, after it was accepted
+                self.finish = "rejected"
+                raise EngineError(f"rejected: {item[2] or 'over a limit of the engine'}", 503)
             elif item[0] == "finish":
                 self.finish = item[1]
                 rest = self._decode()[len(self.text):] if item[1] != "stop" or not self.stop else ""
@@ -281,7 +296,7 @@ class _Generation:
                     yield rest
             elif item[0] == "error":
                 self.finish = "error"
-                raise RuntimeError(item[1])
+                raise EngineError(item[1], item[2])
 
     def usage(self) -> dict:
         n_p, n_c = len(self.s.prompt_ids), len(self.ids)
@@ -320,8 +335,9 @@ class _Generation:
                 u["choices"], u["usage"] = [], self.usage()
                 yield f"data: {json.dumps(u)}\n\n"
             yield "data: [DONE]\n\n"
-        except RuntimeError as e:
-            yield f"data: {json.dumps({'object': 'error', 'message': str(e), 'code': 500})}\n\n"
+        except EngineError as e:   # the stream ends with the reason, then [DONE]
+            yield f"data: {json.dumps(error_body(str(e), e.status))}\n\n"
+            yield "data: [DONE]\n\n"
         finally:
             watcher.cancel()
             if not self.s.done:
@@ -332,8 +348,8 @@ class _Generation:
         try:
             async for _ in self.events():
                 pass
-        except RuntimeError as e:
-            return error(str(e), 500)
+        except EngineError as e:
+            return error(str(e), e.status, {"Retry-After": "1"} if e.status == 503 else None)
         finally:
             watcher.cancel()
             if not self.s.done:

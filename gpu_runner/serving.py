@@ -2,18 +2,21 @@
 thread, fed by HTTP handlers through an inbox.
 
     handler --submit()--> inbox --(between steps)--> Scheduler.add_request / abort
-    engine thread: core.engine.loop.run(scheduler, ModelExecutor, WallClock, inbox=...)
-    after each step: new tokens and finishes --call_soon_threadsafe--> the handler's queue
+    engine thread: core.engine.loop.run(scheduler, ModelExecutor, WallClock, inbox=...,
+                                        on_output=...)
+    each EngineOutputs: queued, tokens, finishes --call_soon_threadsafe--> the handler's queue
 
-Handlers never touch the scheduler; the engine thread never blocks on a client. A request
-the scheduler refuses (it could never fit the KV pool or the token budget) is answered with
-its message; a full waiting queue refuses at once (the server answers 503). Stop: every
+Handlers never touch the scheduler; the engine thread never blocks on a client; this layer
+reads only the engine's outputs. Every request is answered: one the scheduler refuses at once
+(it could never fit the KV pool or the token budget) with its message (400); one rejected on
+arrival (over max_model_len: 400) or by a full queue (queue_limit: 503) before it was accepted
+with that reason; one rejected after it was accepted (queue_limit) with a finish "rejected"
+that names the limit; a full waiting queue of the server refuses at once (503). Stop: every
 unfinished request is aborted, the thread ends, and the trace (if recorded) is written.
 """
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import threading
 import time
@@ -23,9 +26,11 @@ from pathlib import Path
 
 from core.config import SamplingParams
 from core.engine import loop
-from core.engine.scheduler import DONE, Scheduler
+from core.engine.outputs import EngineOutputs
+from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog
 from core.errors import ConfigError
+from core.trace import save_trace
 from core.workload import Request, Workload
 
 FLUSH_EVERY_S = 1.0
@@ -43,7 +48,7 @@ class ServerStopping(Exception):
 @dataclass(eq=False)
 class Stream:
     """One client request as the engine sees it; events go to `queue` on the client's loop:
-    ("accepted",), ("error", message), ("tokens", [ids]), ("finish", reason)."""
+    ("accepted",), ("error", message, HTTP status), ("tokens", [ids]), ("finish", reason, detail)."""
     rid: str
     prompt_ids: list[int]
     max_tokens: int
@@ -57,6 +62,7 @@ class Stream:
     first_token_ms: float | None = None
     last_token_ms: float | None = None
     scheduled_ms: float | None = None
+    accepted: bool = False
     done: bool = False
 
     def push(self, item):
@@ -75,9 +81,9 @@ class LocalEvents:
     def accepted(self, s: Stream):
         s.push(("accepted",))
 
-    def error(self, s: Stream, message: str):
+    def error(self, s: Stream, message: str, status: int = 400):
         s.done = True
-        s.push(("error", message))
+        s.push(("error", message, status))
 
     def scheduled(self, s: Stream, prompt_tokens: int, t_ms: float):
         s.scheduled_ms = t_ms
@@ -92,9 +98,9 @@ class LocalEvents:
         s.last_token_ms = t_ms
         s.push(("tokens", ids))
 
-    def finish(self, s: Stream, reason: str, t_ms: float):
+    def finish(self, s: Stream, reason: str, t_ms: float, detail: str | None = None):
         s.done = True
-        s.push(("finish", reason))
+        s.push(("finish", reason, detail))
         if self.metrics is not None:
             self.metrics.finished(s, reason, t_ms)
 
@@ -102,29 +108,31 @@ class LocalEvents:
         if self.metrics is not None:
             self.metrics.step(running, waiting, kv_usage, preemptions, hit_tokens)
 
+    def flush(self):
+        """Events are applied as they come (an engine process sends its buffer here)."""
+
 
 class ServingEngine:
     """`engine` is a gpu_runner.engine.Engine; its scheduler options must give a KV pool
-    (kv_blocks or kv_memory_mb). `metrics` (gpu_runner.metrics.ServerMetrics) is updated
-    from the engine thread; `trace_out` is rewritten atomically about once a second."""
+    (kv_blocks or kv_memory_mb). `events` receives what the engine tells clients and metrics
+    (default: LocalEvents(metrics), applied in this process); `trace_out` is rewritten
+    atomically about once a second."""
 
-    def __init__(self, engine, max_waiting: int = 256, metrics=None, trace_out: Path | None = None):
+    def __init__(self, engine, max_waiting: int = 256, metrics=None, trace_out: Path | None = None, events=None):
         from gpu_runner.engine import ModelExecutor
         self.engine = engine
-        sc = engine.cfg.scheduler
-        pool = engine._pool_blocks(sc)
-        if pool is None:
+        self.cfg = engine.scheduler_config()
+        if self.cfg.kv_blocks is None:
             raise ConfigError("serve needs a KV pool size: --kv-blocks N or --kv-memory-mb M")
-        self.cfg = dataclasses.replace(sc, kv_blocks=pool, model_id=engine.model_name,
-                                       spec_gamma=engine.cfg.gamma if engine.draft is not None else 0)
         self.log = StepLog() if (engine.cfg.record or trace_out is not None) else None
-        self.sched = Scheduler(None, self.cfg, self.log, stop_token_ids=engine.stop_token_ids)
+        self.sched = Scheduler(None, self.cfg, self.log, stop_token_ids=engine.stop_token_ids, request_data=True)
         self.clock = loop.WallClock(0.0)
-        self.executor = ModelExecutor(engine, self.sched, self.clock, [])
+        self.executor = ModelExecutor(engine, self.cfg.kv_blocks, self.cfg.block_size, self.clock)
         self.max_waiting = max_waiting
-        self.events = LocalEvents(metrics)
+        self.events = events if events is not None else LocalEvents(metrics)
         self.trace_out = trace_out
-        self.streams: dict[int, Stream] = {}
+        self.streams: dict[int, Stream] = {}     # unanswered requests by scheduler row
+        self.stats = self.sched.stats()           # the engine's gauges after its last output
         self._pending: deque = deque()
         self._cv = threading.Condition()
         self._stopping = False
@@ -133,7 +141,7 @@ class ServingEngine:
         self._last_flush = time.monotonic()
         self._flush_every = FLUSH_EVERY_S
         self._flushed_step = -1
-        self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.thread = threading.Thread(target=self.run, name="engine", daemon=True)
         self.error: BaseException | None = None
 
     # ---- called from HTTP handlers ----------------------------------------------------------
@@ -156,7 +164,7 @@ class ServingEngine:
         with self._cv:
             if self._stopping:
                 raise ServerStopping("the server is shutting down")
-            waiting = len(self._pending) + len(self.sched.waiting)
+            waiting = len(self._pending) + self.stats.waiting
             if waiting >= self.max_waiting:
                 raise Overloaded(f"{waiting} requests are waiting (limit {self.max_waiting})")
             s.rid = s.rid or f"req-{next(self._ids)}"
@@ -188,10 +196,9 @@ class ServingEngine:
         return {"requests": self.sched.n, "steps": self.sched.step}
 
     def load(self) -> dict:
-        """Running / waiting / KV usage now (read without locking: gauges, not accounting)."""
-        s = self.sched
-        return {"running": len(s.run), "waiting": len(s.waiting) + len(self._pending),
-                "kv_usage": s.bm.num_used / max(1, s.bm.num_blocks)}
+        """Running / waiting / KV usage after the engine's last output."""
+        st = self.stats
+        return {"running": st.running, "waiting": st.waiting + len(self._pending), "kv_usage": st.kv_usage}
 
     # ---- the inbox the step loop drains (engine thread) ---------------------------------------
     def drain(self, sched: Scheduler, now_ms: float) -> bool:
@@ -202,15 +209,15 @@ class ServingEngine:
         for item in items:
             if item[0] == "add":
                 self._add(item[1])
-            else:
+            else:   # the finish comes back in the next EngineOutputs
                 s, reason = item[1], item[2]
                 if s.index is not None and not s.done:
                     sched.abort(s.index, now_ms, reason)
-                    self._finish(s, reason, now_ms)
         if stopping:
             for s in list(self.streams.values()):
                 sched.abort(s.index, now_ms, "abort")
-                self._finish(s, "abort", now_ms)
+        self.events.flush()
+        if stopping:
             return False
         self._maybe_flush()
         return True
@@ -232,63 +239,65 @@ class ServingEngine:
         except (ConfigError, ValueError) as e:
             self.events.error(s, str(e))
             return
-        self.executor.add_request(s.rid, s.sampling)
+        self.executor.add_request(s.index, s.rid, s.sampling)
         self.streams[s.index] = s
-        self.events.accepted(s)
 
-    def _finish(self, s: Stream, reason: str, now_ms: float):
-        if s.done:
-            return
-        s.done = True
-        self.streams.pop(s.index, None)
-        self.events.finish(s, reason, now_ms)
-
-    def _after_step(self, sched: Scheduler, batch, out):
-        self.engine.note_first_step(batch, out)
-        t = out.t_end_ms
-        bs = sched.cfg.block_size
-        for i in set(batch.reqs.tolist()):
+    def on_output(self, out: EngineOutputs):
+        """Answer clients from what the engine says happened: accepted, first scheduled,
+        tokens, finished (with its reason) or rejected before it was accepted."""
+        ev = self.events
+        if out.step is not None:
+            self.engine.note_first_step(out)
+        gone = {f.req for f in out.finished}
+        for i in out.queued:
             s = self.streams.get(i)
-            if s is None:
+            if s is not None and i not in gone:
+                s.accepted = True
+                ev.accepted(s)
+        for i in out.started:
+            s = self.streams.get(i)
+            if s is not None:
+                ev.scheduled(s, len(s.prompt_ids), out.step.t_ms)
+        for i, ids in out.new_tokens().items():
+            s = self.streams.get(i)
+            if s is not None:
+                ev.tokens(s, ids, out.t_ms)
+                s.sent += len(ids)
+        for f in out.finished:
+            s = self.streams.pop(f.req, None)
+            if s is None or s.done:
                 continue
-            if s.scheduled_ms is None:
-                self.events.scheduled(s, len(s.prompt_ids), batch.t_ms)
-            n = int(sched.emitted[i])
-            if n > s.sent:
-                p = int(sched.prompt_len[i])
-                self.events.tokens(s, sched.token_ids[i][p + s.sent:p + n], t)
-                s.sent = n
-            if sched.state[i] == DONE:
-                self._finish(s, "length" if n >= int(sched.out_len[i]) else "stop", t)
-        hits = sched.bm.counts["hit"]
-        self.events.step(len(sched.run), len(sched.waiting) + len(self._pending),
-                         sched.bm.num_used / max(1, sched.bm.num_blocks), sched.num_preemptions,
-                         (hits - self._hits_seen) * bs)
-        self._hits_seen = hits
+            if not s.accepted:   # rejected on arrival: the client gets the reason as its answer
+                ev.error(s, f"rejected: {f.detail or f.reason}", 503 if f.limit == "queue_limit" else 400)
+            else:
+                ev.finish(s, f.reason, f.t_ms, f.detail)
+        st = self.stats = out.stats
+        bs = self.cfg.block_size
+        ev.step(st.running, st.waiting + len(self._pending), st.kv_usage, st.preemptions,
+                (st.prefix_hit_blocks - self._hits_seen) * bs)
+        self._hits_seen = st.prefix_hit_blocks
+        ev.flush()
 
-    def _run(self):
+    def run(self):
+        """The engine thread (or an engine process's main thread): the step loop until stopped."""
         import torch
         try:
             with torch.inference_mode():
-                loop.run(self.sched, self.executor, self.clock, on_step=self._after_step, inbox=self)
+                loop.run(self.sched, self.executor, self.clock, on_output=self.on_output, inbox=self)
         except BaseException as e:  # a model error must not leave clients waiting forever
             self.error = e
             with self._cv:
                 self._stopping = True
             for s in list(self.streams.values()):
-                self.events.error(s, f"engine failed: {type(e).__name__}: {e}")
+                self.events.error(s, f"engine failed: {type(e).__name__}: {e}", 500)
             self.streams.clear()
+            self.events.flush()
         finally:
             self._flush(final=True)
 
     # ---- the trace --------------------------------------------------------------------------
     def workload(self) -> Workload | None:
-        s = self.sched
-        if s.n == 0:
-            return None
-        reqs = [Request(s.ids[i], float(s.arrival[i]), int(s.prompt_len[i]), int(s.out_len[i]),
-                        tuple(s.token_ids[i][:int(s.prompt_len[i])])) for i in range(s.n)]
-        return Workload(reqs, name="served")
+        return self.sched.requests.workload("served") if self.sched.n else None
 
     def trace(self):
         """The measured trace of everything served so far (unfinished requests have no finish)."""
@@ -298,9 +307,9 @@ class ServingEngine:
             return None
         e = self.engine
         meta = loop.trace_meta(self.sched, wl, "measured", f"served by gpu_runner on {e.model_name}",
-                               e._engine_meta(), device=device_name(e.device), **e._model_meta(),
+                               e.engine_meta(), device=device_name(e.device), **e.model_meta(),
                                notes="gpu_runner serve: arrival = when the HTTP request was accepted")
-        return loop.to_trace(self.sched, self.log, wl, meta)
+        return loop.to_trace(self.log, wl, meta)
 
     def _maybe_flush(self):
         if self.trace_out is not None and time.monotonic() - self._last_flush >= self._flush_every:
@@ -320,7 +329,7 @@ class ServingEngine:
             return
         from core.cli import write_output
         try:
-            write_output(self.trace_out, tr.save, "--trace-out")
+            write_output(self.trace_out, lambda p: save_trace(tr, p), "--trace-out")
             self._flushed_step = self.sched.step
             self._flush_every = max(FLUSH_EVERY_S, (time.monotonic() - started) / FLUSH_SHARE)
             if final:

@@ -27,10 +27,9 @@ class HFTokenizer:
     def __init__(self, path: Path, eos_id: int | None = None):
         from tokenizers import Tokenizer
 
-        from core.errors import ConfigError
-        from gpu_runner.hf import parse_json, read_limited
-        data = read_limited(path, "tokenizer.json", MAX_TOKENIZER_BYTES)
-        doc = parse_json(data, str(path))
+        from core.errors import ConfigError, json_from_bytes, read_input_file
+        data = read_input_file(path, "tokenizer.json", ConfigError, MAX_TOKENIZER_BYTES)
+        doc = json_from_bytes(data, str(path), ConfigError)
         if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
             raise ConfigError(f"{path}: not a Hugging Face tokenizer.json (expected an object with a \"model\" "
                               "object)")

@@ -3,13 +3,13 @@ law, and Exercise 6 of chapter 31 with numbers."""
 import pandas as pd
 import streamlit as st
 
-from core.analysis.compare import POLICY_LABELS
 from core.analysis.metrics import SLO
 from core.config import SchedulerConfig
 from core.errors import InputError
 from core.figures.load import load_curves
 from core.lessons.load import exercise6, exercise6_preset, measured_point, parse_loads, sweep_policies
 from core.lessons.scenarios import DATA
+from core.lessons.schedules import POLICY_LABELS
 from core.sim.stepmodel import StepModel
 from core.workload import load_workload
 from ui import (

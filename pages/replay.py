@@ -20,7 +20,7 @@ from core.figures.spec import acceptance_by_position_figure
 from core.figures.timeline import schedule_timeline
 from core.fit.stepfit import MIN_STEPS, describe_outside
 from core.formulas.speculative import acceptance_by_position
-from core.trace import file_summary_comparison, file_window_comparison
+from core.trace import file_summary_comparison, file_window_comparison, trace_json
 from ui import (
     UPLOAD_LIMIT_MB,
     bound,
@@ -272,7 +272,7 @@ if choice == UPLOAD:
             st.error(str(e))
             described = tr
         st.download_button("Trace with these details (JSON, gzip)",
-                           data=lambda: gzip.compress(described.dumps().encode()),
+                           data=lambda: gzip.compress(trace_json(described).encode()),
                            file_name=f"{label}.described.json.gz", mime="application/gzip", key="rp_dl_described")
 c1, c2 = st.columns(2)
 c1.download_button("Chrome / Perfetto trace (JSON)", data=lambda: chrome_trace_json(tr),

@@ -2,7 +2,6 @@
 import pandas as pd
 import streamlit as st
 
-from core.analysis.compare import GENERIC_POLICIES, POLICY_LABELS, fixed_window
 from core.config import SchedulerConfig
 from core.errors import InputError
 from core.lessons.scenarios import (
@@ -15,6 +14,7 @@ from core.lessons.scenarios import (
     max_output_tokens,
     workload_from_rows,
 )
+from core.lessons.schedules import GENERIC_POLICIES, POLICY_LABELS, fixed_window
 from ui import (
     SCENARIO_LABELS,
     apply_presets_on_change,

@@ -11,7 +11,7 @@ from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog
 from core.errors import ConfigError, WorkloadError
 from core.sim.simulate import StepModel, StepTimeExecutor, simulate
-from core.trace import parse_trace
+from core.trace import parse_trace, trace_json
 from core.trace.parquet import to_parquet_bytes
 from core.workload import Request, Workload, request_from_dict
 
@@ -112,7 +112,7 @@ def test_options_are_checked_and_fields_survive_a_round_trip():
         request_from_dict({"id": "x", "arrival_ms": 0, "prompt_tokens": 1, "output_tokens": 1, "priority": 1.5}, "r")
     w = Workload([Request("a", 0.0, 1, 2, deadline_ms=50.0, priority=-3), Request("b", 1.0, 1, 2)])
     tr = simulate(w, SchedulerConfig(scheduling_policy="priority"), STEP10)
-    for name, data in (("t.json", tr.dumps().encode()), ("t.parquet", to_parquet_bytes(tr))):
+    for name, data in (("t.json", trace_json(tr).encode()), ("t.parquet", to_parquet_bytes(tr))):
         back = parse_trace(data, name).workload()
         assert [(r.deadline_ms, r.priority) for r in back.requests] == [(50.0, -3), (None, 0)]
 
@@ -131,15 +131,15 @@ def test_block_manager_invariants_with_every_control_on(rows, limit, wm, sp, chu
     sched = Scheduler(w, cfg, StepLog())
     loop.run(sched, StepTimeExecutor(StepModel("affine", base_ms=1.0, prefill_ms_per_token=0.1,
                                                decode_ms_per_seq=0.5)),
-             loop.VirtualClock(w.requests[0].arrival_ms), on_step=lambda s, b, out: s.bm.check())
-    assert sched.bm.num_free == sched.bm.num_blocks and sched.done()
-    sched.bm.check()
+             loop.VirtualClock(w.requests[0].arrival_ms), on_output=lambda out: sched.kv.check())
+    assert sched.kv.num_free == sched.kv.num_blocks and sched.done()
+    sched.kv.check()
     fin = sched.log.finishes
     assert sorted(f.req for f in fin) == list(range(len(reqs)))           # every request ends once
     for f in fin:
         r = w.requests[f.req]
         assert f.reason in ("length", "rejected", "deadline")
         if f.reason == "rejected":
-            assert r.prompt_tokens + r.max_output_tokens > 40 or f.req not in sched._ran
+            assert r.prompt_tokens + r.max_output_tokens > 40 or f.req not in sched.ran
         if f.reason == "deadline":
             assert f.t_ms >= r.arrival_ms + r.deadline_ms

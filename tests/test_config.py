@@ -14,8 +14,8 @@ BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
 
 
 def option_groups():
-    from gpu_runner.__main__ import ModelOptions
     from gpu_runner.engine import EngineConfig
+    from gpu_runner.launch import ModelOptions
     return {"Scheduler": SchedulerConfig, "Step-time model (simulator)": StepModel, "Sampling": SamplingParams,
             "Runner engine": EngineConfig, "Runner model": ModelOptions}
 

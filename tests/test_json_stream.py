@@ -14,7 +14,7 @@ from core import errors
 from core.engine.scheduler import SchedulerConfig
 from core.errors import TraceError
 from core.sim.simulate import StepModel, simulate
-from core.trace import jsoncodec, jsonstream, parse_trace, trace_from_doc
+from core.trace import jsoncodec, jsonstream, parse_trace, to_doc, trace_from_doc, trace_json
 from core.trace.jsoncodec import gunzip, parse_json_bytes
 from core.trace.jsonstream import decode_fast
 from core.workload import Request, Workload
@@ -119,8 +119,8 @@ def with_everything(tr):
                                       (3, {"policy": "static"}), (4, {"policy": "serial"})])
 def test_simulated_traces_stream_identically(seed, cfg, streamed_only):
     tr = random_trace(seed, **cfg)
-    for raw in (tr.dumps().encode(), tr.dumps(pretty=True).encode(),
-                gzip.compress(tr.dumps().encode())):
+    for raw in (trace_json(tr).encode(), trace_json(tr, pretty=True).encode(),
+                gzip.compress(trace_json(tr).encode())):
         want = WHOLE(gunzip(raw, "t"), "t")
         assert want is not None
         for chunk in (13, 500, 1 << 16, jsonstream.STREAM_CHUNK):
@@ -130,7 +130,7 @@ def test_simulated_traces_stream_identically(seed, cfg, streamed_only):
 def test_rich_simulated_trace_streams_identically(streamed_only):
     tr = sim_trace(kv_blocks=70)                           # steps, batch, kv with hashes, preemptions
     assert len(tr.preempts) and tr.kv["hash"].notna().any()
-    raw = tr.dumps().encode()
+    raw = trace_json(tr).encode()
     want = WHOLE(raw, "t")
     for chunk in (29, 100, 1000, 1 << 20):
         assert_identical(decode_fast(raw, "t", chunk), want)
@@ -149,14 +149,14 @@ def test_bundled_traces_stream_identically(path, streamed_only):
 
 def test_verbatim_events_and_tricky_strings_at_every_boundary(streamed_only):
     tr = with_everything(random_trace(5, n_max=4, kv_blocks=50))
-    raw = tr.dumps().encode()
+    raw = trace_json(tr).encode()
     want = WHOLE(raw, "t")
     assert want is not None and {"spec", "tiles", "my_probe"} <= want.event_types()
     for chunk in [*range(1, 41), 61, 127, 128, 1000, 4093]:
         got = decode_fast(raw, "t", chunk)
         assert_identical(got, want)
     assert_identical(want, trace_from_doc(json.loads(raw), "t"))     # and the precise path agrees
-    pretty = tr.dumps(pretty=True).encode()
+    pretty = trace_json(tr, pretty=True).encode()
     for chunk in (1, 9, 333):
         assert_identical(decode_fast(pretty, "t", chunk), want)
 
@@ -240,7 +240,7 @@ def test_malformed_input_same_message(name):
 
 
 def test_truncated_and_mutated_documents_same_outcome():
-    text = with_everything(random_trace(7, n_max=3)).dumps().encode()
+    text = trace_json(with_everything(random_trace(7, n_max=3))).encode()
     rng = random.Random(0)
     for k in sorted(rng.sample(range(len(text)), 40)):
         assert_same(text[:k], chunks=(11, 512))
@@ -335,7 +335,7 @@ def test_top_level_commas_matches_a_reference_parser():
 
 def test_events_decoded_a_slice_at_a_time(monkeypatch, streamed_only):
     tr = random_trace(8, kv_blocks=60)
-    raw = tr.dumps().encode()
+    raw = trace_json(tr).encode()
     assert len(raw) > 100_000
     want = WHOLE(raw, "t")
     sizes = []
@@ -345,7 +345,7 @@ def test_events_decoded_a_slice_at_a_time(monkeypatch, streamed_only):
         sizes.append(len(r))
         return events(r)
     monkeypatch.setattr(jsonstream, "_events", spy)
-    biggest = max(len(json.dumps(e, separators=(",", ":"))) for e in tr.to_doc()["events"])
+    biggest = max(len(json.dumps(e, separators=(",", ":"))) for e in to_doc(tr)["events"])
     for chunk in (4096, 20_000):
         sizes.clear()
         got = decode_fast(gzip.compress(raw), "t.json.gz", chunk)

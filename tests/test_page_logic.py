@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-from core.analysis.compare import fixed_window, per_request_table, policy_config, run_policies
 from core.analysis.cursor import advance
 from core.analysis.occupancy import Occupancy, evictions_and_preemptions, kv_op_counts, prefill_tokens, slots_held_at
 from core.config import SchedulerConfig
@@ -27,6 +26,7 @@ from core.lessons.scenarios import (
     without_tenants,
     word_prefix_match,
 )
+from core.lessons.schedules import fixed_window, per_request_table, policy_config, run_policies
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel
 from core.trace import load_trace, parse_trace

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core.analysis.compare import PARALLEL_MIN_REQUESTS, run_policies
 from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.lessons.scenarios import poisson_workload
+from core.lessons.schedules import PARALLEL_MIN_REQUESTS, run_policies
 from core.sim import parallel
 from core.sim.stepmodel import StepModel
 

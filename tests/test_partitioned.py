@@ -5,7 +5,7 @@ import pytest
 
 from core.cli import check_writable, write_output
 from core.errors import InputError, TraceError
-from core.trace import load_trace
+from core.trace import load_trace, save_trace
 from core.trace.parquet import to_parquet_bytes, trace_from_parquet, trace_from_parquet_dir, write_parquet_parts
 from tests.conftest import DATA
 
@@ -49,8 +49,8 @@ def test_directory_outputs_replace_whole_and_refuse_foreign_directories(tmp_path
     b = load_trace(DATA / "traces" / "shared_prefix_caching_on.json.gz")
     out = f"{tmp_path / 'run'}/"
     check_writable(out, "--out")
-    write_output(out, b.save, "--out")
-    write_output(out, a.save, "--out")       # fewer parts than before: none of b's may remain
+    write_output(out, lambda p: save_trace(b, p), "--out")
+    write_output(out, lambda p: save_trace(a, p), "--out")       # fewer parts than before: none of b's may remain
     same(load_trace(tmp_path / "run"), trace_from_parquet(to_parquet_bytes(a)))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]      # no temporaries left
     (tmp_path / "notes").mkdir()

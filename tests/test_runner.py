@@ -11,7 +11,7 @@ import torch
 from core.analysis.metrics import conservation
 from core.engine.scheduler import SchedulerConfig
 from core.errors import ConfigError
-from core.trace import trace_from_doc
+from core.trace import to_doc, trace_from_doc
 from core.workload import Request, Workload
 from gpu_runner.engine import Engine, EngineConfig, PagedKVCache, SamplingParams
 from gpu_runner.kernels.reference import Chunk, contiguous_causal_attention, paged_attention
@@ -40,7 +40,7 @@ def model():
 def run(model, workload, **sched):
     eng = Engine(model, ByteTokenizer(), EngineConfig(scheduler=SchedulerConfig(**sched)))
     tr, out = eng.run(workload)
-    bm = eng.last_scheduler.bm
+    bm = eng.last_scheduler.kv
     assert bm.num_free == bm.num_blocks, "blocks leaked"
     bm.check()
     return tr, out
@@ -193,7 +193,7 @@ def test_abort_returns_blocks(model):
 def test_measured_trace_is_valid_and_monotone(model):
     import jsonschema
     tr, _ = run(model, text_workload(), policy="continuous", chunk=8, token_budget=24, block_size=4)
-    doc = tr.to_doc()
+    doc = to_doc(tr)
     jsonschema.validate(doc, SCHEMA)
     back = trace_from_doc(doc)
     assert back.meta["source"] == "measured" and back.meta["device"].startswith("CPU")

@@ -14,7 +14,7 @@ from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog
 from core.errors import ConfigError
 from core.sim.simulate import StepModel, StepTimeExecutor, fit_affine, simulate, simulate_to_parquet
-from core.trace import parse_trace
+from core.trace import parse_trace, to_doc
 from core.workload import Request, Workload, make_workload
 
 
@@ -222,20 +222,20 @@ def test_simulation_invariants(rows, cfg, model):
     sched = Scheduler(w, config, StepLog())
 
     class Checked(StepTimeExecutor):  # the simulator's executor, checking limits before each step
-        def execute(self, sched, b):
-            assert len(sched.run) <= config.seats
+        def execute(self, b):
+            assert len(sched.running) <= config.seats
             if config.token_budget:
                 assert b.total_tokens <= config.token_budget
             if config.chunk:
                 assert (b.num_tokens <= config.chunk).all()
-            assert sched.bm.num_used <= sched.bm.num_blocks
+            assert sched.kv.num_used <= sched.kv.num_blocks
             assert len(b.reqs) >= 1 and (b.num_tokens >= 1).all()
-            return super().execute(sched, b)
+            return super().execute(b)
 
     loop.run(sched, Checked(model), loop.VirtualClock(w.requests[0].arrival_ms),
-             on_step=lambda sched, b, out: sched.bm.check())
-    assert sched.bm.num_free == sched.bm.num_blocks  # every block returned
-    sched.bm.check()
+             on_output=lambda out: sched.kv.check())
+    assert sched.kv.num_free == sched.kv.num_blocks  # every block returned
+    sched.kv.check()
     tr = simulate(w, config, model)
     assert conservation(tr) == []                    # each request emits its output count
     m = tr.tokens.sort_values(["req", "index"])
@@ -251,13 +251,13 @@ def test_simulation_invariants(rows, cfg, model):
         assert all(w.requests[j].tenant == w.requests[r].tenant
                    for j in tr.kv[(tr.kv["op"] == "cache") & tr.kv["hash"].isin(hits[hits["req"] == r]["hash"])]["req"])
     again = simulate(w, config, model, created=tr.meta["created"])
-    assert again.to_doc() == tr.to_doc()              # deterministic given its inputs
+    assert to_doc(again) == to_doc(tr)              # deterministic given its inputs
     stepwise = simulate(w, config, model, created=tr.meta["created"], fast_forward=False)
-    assert stepwise.to_doc() == tr.to_doc()           # the fast-forward shortcut changes nothing
-    assert fully_planned(w, config, model, tr.meta["created"]).to_doc() == tr.to_doc()  # nor the decode fast path
+    assert to_doc(stepwise) == to_doc(tr)           # the fast-forward shortcut changes nothing
+    assert to_doc(fully_planned(w, config, model, tr.meta["created"])) == to_doc(tr)  # nor the decode fast path
     buf = io.BytesIO()                                # written while simulated, in tiny pieces
     simulate_to_parquet(w, config, buf, model, created=tr.meta["created"], flush_steps=2, row_group_rows=7)
-    assert parse_trace(buf.getvalue(), "streamed.parquet").to_doc() == tr.to_doc()
+    assert to_doc(parse_trace(buf.getvalue(), "streamed.parquet")) == to_doc(tr)
 
 
 def fully_planned(w, config, model, created):
@@ -284,7 +284,7 @@ def test_shortcuts_change_nothing_under_load(policy, kv_blocks):
     model = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.01, decode_ms_per_seq=0.05)
     tr = simulate(w, config, model)
     assert (tr.meta["stats"]["preemptions"] > 0) == (kv_blocks is not None)
-    assert fully_planned(w, config, model, tr.meta["created"]).to_doc() == tr.to_doc()
+    assert to_doc(fully_planned(w, config, model, tr.meta["created"])) == to_doc(tr)
 
 
 class _ArrivalInbox:
@@ -321,7 +321,7 @@ def test_requests_added_while_running_schedule_like_a_known_workload(cfg):
     sched = Scheduler(None, cfg, log)
     clock = loop.VirtualClock(wl.requests[0].arrival_ms)
     loop.run(sched, StepTimeExecutor(model), clock, inbox=_ArrivalInbox(wl.requests, clock))
-    online = loop.to_trace(sched, log, wl, known.meta)
+    online = loop.to_trace(log, wl, known.meta)
     assert sched.n == 60 and sched.num_done == 60
     for part in ("tokens", "steps", "finishes"):
         a, b = getattr(known, part), getattr(online, part)
@@ -337,5 +337,5 @@ def test_add_request_refuses_what_could_never_run():
     assert sched.n == 0
     for k in range(40):   # growth past the initial capacity keeps every value
         assert sched.add_request(Request(f"r{k}", float(k), 1 + k % 5, 1 + k % 3)) == k
-    assert sched.prompt_len.tolist() == [1 + k % 5 for k in range(40)]
-    assert sched.arrival.tolist() == [float(k) for k in range(40)] and len(sched.state) == 40
+    assert sched.requests.prompt_len.tolist() == [1 + k % 5 for k in range(40)]
+    assert sched.requests.arrival.tolist() == [float(k) for k in range(40)] and len(sched.requests.state) == 40

@@ -45,11 +45,11 @@ class Running:
         import uvicorn
         self.metrics = ServerMetrics("tiny")
         if engine_process:
-            from gpu_runner.__main__ import build_parser
+            from gpu_runner.__main__ import build_parser, serve_options
             from gpu_runner.engine_process import ProcessServingEngine
             assert draft is None and not sched
             args = build_parser().parse_args(["serve", "--model", "tiny", "--threads", "1", "--kv-blocks", "256"])
-            self.se = ProcessServingEngine(args, metrics=self.metrics, max_waiting=max_waiting)
+            self.se = ProcessServingEngine(serve_options(args), metrics=self.metrics, max_waiting=max_waiting)
         else:
             cfg = EngineConfig(scheduler=SchedulerConfig(**{"kv_blocks": 256, **sched}), gamma=3)
             self.engine = Engine(model, ByteTokenizer(), cfg, "cpu", "tiny", draft=draft, draft_name="tiny-draft")
@@ -206,7 +206,7 @@ def test_cancelled_streams_return_their_kv_blocks(tiny):
             time.sleep(0.05)
         assert srv.metric("vllm:kv_cache_usage_perc") == 0.0
         assert srv.metric("vllm:request_success_total", finished_reason="abort") == 20
-        bm = srv.se.sched.bm
+        bm = srv.se.sched.kv
         assert bm.num_free == bm.num_blocks
         bm.check()
         # and it keeps serving

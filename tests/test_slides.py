@@ -6,13 +6,13 @@ import zipfile
 import pandas as pd
 import pytest
 
-from core.analysis.compare import run_policies
 from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.figures.animate import slot_animation
 from core.figures.slides import chromium, figures_zip, for_presentation, still_figure, tables_zip
 from core.figures.timeline import schedule_timeline
 from core.lessons.scenarios import load_scenario
+from core.lessons.schedules import run_policies
 from core.lessons.slots import slot_grid
 from core.sim.stepmodel import StepModel
 

@@ -3,10 +3,10 @@ grid against the batch events it is drawn from, and hand-worked static vs contin
 import numpy as np
 import pytest
 
-from core.analysis.compare import run_policies
 from core.config import SchedulerConfig
 from core.figures.animate import SPEEDS, slot_animation
 from core.lessons.scenarios import load_scenario
+from core.lessons.schedules import run_policies
 from core.lessons.slots import DECODE, EMPTY, HELD, PREFILL, slot_grid, step_story
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from core.config import SchedulerConfig
+from core.engine.outputs import ExecutorOutput
 from core.engine.scheduler import Scheduler
-from core.engine.steplog import StepLog, StepOutput
+from core.engine.steplog import StepLog
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
 from gpu_runner.engine import Engine, EngineConfig
@@ -35,15 +36,16 @@ def test_update_cuts_at_the_first_stop_id_and_returns_its_blocks():
     sched.admit_arrivals(0.0)
     b = sched.schedule(0.0)
     assert b.num_tokens.tolist() == [4]
-    sched.update(b, StepOutput(1.0, tokens=[[7]]))
+    sched.update(b, ExecutorOutput(1.0, tokens=[[7]]))
     b = sched.schedule(1.0)
     assert b.num_tokens.tolist() == [4] and not b.is_prefill[0]     # last token + 3 draft tokens
-    er = sched.update(b, StepOutput(2.0, tokens=[[5, 9, 4, 4]], sources=[[1, 2, 2, 3]]))
-    assert er.tolist() == [0, 0]
-    assert sched.token_ids[0][4:] == [7, 5, 9]
-    assert sched.done() and sched.bm.num_free == sched.bm.num_blocks
+    happened = sched.update(b, ExecutorOutput(2.0, tokens=[[5, 9, 4, 4]], sources=[[1, 2, 2, 3]]))
+    assert happened.token_reqs.tolist() == [0, 0] and happened.token_ids.tolist() == [5, 9]
+    assert [(f.req, f.reason) for f in happened.finished] == [(0, "stop")]
+    assert sched.requests.token_ids[0][4:] == [7, 5, 9]
+    assert sched.done() and sched.kv.num_free == sched.kv.num_blocks
     assert sched.log.finishes[-1].reason == "stop"
-    sched.bm.check()
+    sched.kv.check()
 
 
 def test_update_cuts_at_max_tokens_and_rolls_back_rejected_positions():
@@ -51,19 +53,19 @@ def test_update_cuts_at_max_tokens_and_rolls_back_rejected_positions():
     # for 1 draft (+ the bonus); an executor returning 3 tokens emits only the 2 allowed.
     sched = Scheduler(one_request(out=3), SchedulerConfig(block_size=2, spec_gamma=3), StepLog())
     sched.admit_arrivals(0.0)
-    sched.update(sched.schedule(0.0), StepOutput(1.0, tokens=[[7]]))
+    sched.update(sched.schedule(0.0), ExecutorOutput(1.0, tokens=[[7]]))
     b = sched.schedule(1.0)
     assert b.num_tokens.tolist() == [2]                  # last token + 1 draft
-    sched.update(b, StepOutput(2.0, tokens=[[5, 6, 8]]))
-    assert sched.token_ids[0][4:] == [7, 5, 6] and sched.log.finishes[-1].reason == "length"
+    sched.update(b, ExecutorOutput(2.0, tokens=[[5, 6, 8]]))
+    assert sched.requests.token_ids[0][4:] == [7, 5, 6] and sched.log.finishes[-1].reason == "length"
     # A rejection keeps KV only for the accepted prefix: prompt + emitted - 1 positions.
     sched = Scheduler(one_request(out=10), SchedulerConfig(block_size=2, spec_gamma=3), StepLog())
     sched.admit_arrivals(0.0)
-    sched.update(sched.schedule(0.0), StepOutput(1.0, tokens=[[7]]))
-    sched.update(sched.schedule(1.0), StepOutput(2.0, tokens=[[5, 6]]))   # 1 accepted + 1 recovered
-    assert int(sched.computed[0]) == 4 + 3 - 1
-    assert len(sched.bm.tables[0]) == 3                  # 6 positions in blocks of 2
-    sched.bm.check()
+    sched.update(sched.schedule(0.0), ExecutorOutput(1.0, tokens=[[7]]))
+    sched.update(sched.schedule(1.0), ExecutorOutput(2.0, tokens=[[5, 6]]))   # 1 accepted + 1 recovered
+    assert int(sched.requests.computed[0]) == 4 + 3 - 1
+    assert len(sched.kv.tables[0]) == 3                  # 6 positions in blocks of 2
+    sched.kv.check()
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +98,7 @@ def serve(target, draft, gamma, **sched):
     eng = Engine(target, None, EngineConfig(scheduler=SchedulerConfig(**sched), gamma=gamma or 1), "cpu",
                  "tiny-eos-space", draft=draft if gamma else None, draft_name="tiny-draft" if gamma else None)
     tr, out = eng.run(Workload(reqs))
-    bm = eng.last_scheduler.bm
+    bm = eng.last_scheduler.kv
     assert bm.num_free == bm.num_blocks
     bm.check()
     reasons = dict(zip((tr.ids[r] for r in tr.finishes["req"]), tr.finishes["reason"]))

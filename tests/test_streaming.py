@@ -13,7 +13,7 @@ import pytest
 from core.config import SchedulerConfig
 from core.engine.kv_cache import BlockManager
 from core.sim.simulate import StepModel, simulate, simulate_to_parquet
-from core.trace import load_trace, parse_trace
+from core.trace import load_trace, parse_trace, to_doc
 from core.trace.parquet import TraceWriter, to_parquet_bytes
 from core.workload import Request, Workload
 from tests.conftest import DATA
@@ -41,14 +41,14 @@ def test_streamed_parquet_equals_the_in_memory_trace(cfg, flush_steps, row_group
     meta, counts = simulate_to_parquet(w, cfg, buf, MODEL, created=mem.meta["created"], flush_steps=flush_steps,
                                        row_group_rows=row_group_rows)
     back = parse_trace(buf.getvalue(), "s.parquet")
-    assert back.to_doc() == mem.to_doc()
+    assert to_doc(back) == to_doc(mem)
     assert meta == mem.meta
     assert counts["token"] == len(mem.tokens) == int(w.max_output_tokens.sum())
     assert counts["kv"] == len(mem.kv) and counts["batch"] == len(mem.batch)
     if cfg.kv_blocks:
         assert len(mem.preempts) > 0  # the case exercises preemption
     # the same trace written whole is the same file content, row group by row group
-    assert parse_trace(to_parquet_bytes(mem), "m.parquet").to_doc() == back.to_doc()
+    assert to_doc(parse_trace(to_parquet_bytes(mem), "m.parquet")) == to_doc(back)
 
 
 def test_every_row_group_holds_one_record_type():
@@ -74,7 +74,7 @@ def test_every_row_group_holds_one_record_type():
 def test_writer_round_trips_bundled_traces():
     for name in ("shared_prefix_caching_on.json.gz", "spec_measured_cpu.json", "runner_served_tiny_loadgen.json.gz"):
         tr = load_trace(DATA / "traces" / name)
-        assert parse_trace(to_parquet_bytes(tr), name + ".parquet").to_doc() == tr.to_doc()
+        assert to_doc(parse_trace(to_parquet_bytes(tr), name + ".parquet")) == to_doc(tr)
 
 
 def test_writer_error_leaves_no_usable_file(tmp_path):
@@ -127,4 +127,4 @@ def test_columnar_workload_simulates_like_request_objects():
     cfg = SchedulerConfig(max_seqs=8, token_budget=128, chunk=32)
     a = simulate(w, cfg, MODEL, created="t")
     b = simulate(objs, cfg, MODEL, created="t")
-    assert a.to_doc() == b.to_doc()
+    assert to_doc(a) == to_doc(b)

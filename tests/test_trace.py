@@ -10,7 +10,7 @@ from core.analysis.metrics import summarize
 from core.engine.scheduler import SchedulerConfig
 from core.errors import TraceError
 from core.sim.simulate import StepModel, simulate
-from core.trace import load_trace, parse_trace, trace_from_doc
+from core.trace import load_trace, parse_trace, save_trace, to_doc, trace_from_doc
 from core.workload import load_workload
 from tests.conftest import DATA
 
@@ -45,12 +45,12 @@ def test_bundled_traces_match_schema_and_load(path):
 def test_simulated_trace_matches_schema_and_round_trips(tmp_path):
     tr = sim_trace(kv_blocks=70)
     assert {"token", "finish", "step", "kv", "preempt"} <= tr.event_types()
-    doc = tr.to_doc()
+    doc = to_doc(tr)
     jsonschema.validate(doc, SCHEMA)
     for name in ("t.json", "t.json.gz"):
-        tr.save(tmp_path / name)
+        save_trace(tr, tmp_path / name)
         back = load_trace(tmp_path / name)
-        assert back.to_doc() == doc
+        assert to_doc(back) == doc
         assert summarize(back) == summarize(tr)
     assert (tmp_path / "t.json.gz").read_bytes()[:2] == b"\x1f\x8b"
 
@@ -67,7 +67,7 @@ def test_unknown_fields_and_event_types_are_kept():
     doc["requests"][0]["note"] = "x"
     doc["events"].append({"t_ms": 5, "type": "my_marker", "payload": [1, 2]})
     doc["extra_top"] = {"k": 1}
-    back = trace_from_doc(doc).to_doc()
+    back = to_doc(trace_from_doc(doc))
     assert back["meta"]["custom"] == 1 and back["requests"][0]["note"] == "x"
     assert {"t_ms": 5, "type": "my_marker", "payload": [1, 2]} in back["events"]
     assert back["extra_top"] == {"k": 1}
@@ -151,7 +151,7 @@ def test_workload_of_a_trace_roundtrips_prompt_ids():
 
 def test_steps_batch_and_kv_survive_json():
     tr = sim_trace()
-    back = trace_from_doc(copy.deepcopy(tr.to_doc()))
+    back = trace_from_doc(copy.deepcopy(to_doc(tr)))
     assert back.batch.groupby("step")["tokens"].sum().tolist() == tr.batch.groupby("step")["tokens"].sum().tolist()
     assert sorted(back.kv["op"].tolist()) == sorted(tr.kv["op"].tolist())
     counts = {k: v for k, v in back.kv["op"].value_counts().to_dict().items() if v}
@@ -177,7 +177,7 @@ def test_written_fields_are_declared():
     from core.trace.schema import BATCH, EVENTS
     declared = {r.type: {"t_ms", "type"} | {f.name for f in r.json_fields} for r in EVENTS}
     tr = sim_trace(kv_blocks=70)
-    for e in tr.to_doc()["events"]:
+    for e in to_doc(tr)["events"]:
         assert set(e) <= declared[e["type"]], e
         for item in e.get("batch", []):
             assert set(item) == {f.name for f in BATCH.json_fields}

@@ -12,7 +12,18 @@ from hypothesis import strategies as st
 from core.analysis.export import chrome_trace, metrics_csv
 from core.analysis.metrics import summarize
 from core.errors import TraceError
-from core.trace import Imported, import_vllm, load_trace, open_trace, parse_trace, to_parquet_bytes, trace_from_doc
+from core.trace import (
+    Imported,
+    import_vllm,
+    load_trace,
+    open_trace,
+    parse_trace,
+    save_trace,
+    to_doc,
+    to_parquet_bytes,
+    trace_from_doc,
+    trace_json,
+)
 from tests import fuzz_corpus
 from tests.conftest import DATA, ROOT
 from tests.test_trace import minimal, sim_trace
@@ -25,10 +36,10 @@ VLLM_FILE = DATA / "imports" / "vllm_example_result.json"
 @pytest.mark.parametrize("path", sorted((DATA / "traces").glob("*.json*")), ids=lambda p: p.name)
 def test_every_bundled_trace_round_trips_through_every_format(path, tmp_path):
     tr = load_trace(path)
-    doc = tr.to_doc()
+    doc = to_doc(tr)
     for name in ("t.json", "t.json.gz", "t.parquet"):
-        tr.save(tmp_path / name)
-        assert load_trace(tmp_path / name).to_doc() == doc, name
+        save_trace(tr, tmp_path / name)
+        assert to_doc(load_trace(tmp_path / name)) == doc, name
 
 
 def test_parquet_is_lossless_for_a_rich_trace(tmp_path):
@@ -39,16 +50,16 @@ def test_parquet_is_lossless_for_a_rich_trace(tmp_path):
     data = to_parquet_bytes(tr)
     assert data[:4] == b"PAR1"
     back = parse_trace(data, "t.parquet")
-    assert back.to_doc() == tr.to_doc()
+    assert to_doc(back) == to_doc(tr)
     assert summarize(back) == summarize(tr)
 
 
 def test_typed_fast_path_and_generic_path_agree():
     tr = sim_trace()
-    raw = tr.dumps().encode()
+    raw = trace_json(tr).encode()
     fast = parse_trace(raw, "t.json")
     generic = trace_from_doc(json.loads(raw), "t.json")
-    assert fast.to_doc() == generic.to_doc() == tr.to_doc()
+    assert to_doc(fast) == to_doc(generic) == to_doc(tr)
 
 
 @pytest.mark.parametrize("name", ["spec_measured_cpu.json", "tiles_measured_cpu_triton.json"])
@@ -56,7 +67,7 @@ def test_fast_path_keeps_verbatim_events(name):
     from core.trace.jsonstream import decode_fast
     raw = (DATA / "traces" / name).read_bytes()
     fast = decode_fast(raw, name)                       # None would mean: refused, left to the precise path
-    assert fast is not None and fast.to_doc() == trace_from_doc(json.loads(raw), name).to_doc()
+    assert fast is not None and to_doc(fast) == to_doc(trace_from_doc(json.loads(raw), name))
     kind = name.split("_")[0]
     assert fast.events_of(kind) == [e for e in json.loads(raw)["events"] if e["type"] == kind]
 
@@ -64,11 +75,11 @@ def test_fast_path_keeps_verbatim_events(name):
 def test_open_trace_sniffs_the_content_not_the_name(tmp_path):
     tr = sim_trace()
     for name in ("a.json", "b.json.gz", "c.parquet"):
-        tr.save(tmp_path / name)
+        save_trace(tr, tmp_path / name)
         data = (tmp_path / name).read_bytes()
         (tmp_path / "misnamed.txt").write_bytes(data)
         for got in (open_trace(tmp_path / name), open_trace(str(tmp_path / "misnamed.txt")), open_trace(data, name)):
-            assert isinstance(got, type(tr)) and got.to_doc() == tr.to_doc(), name
+            assert isinstance(got, type(tr)) and to_doc(got) == to_doc(tr), name
     imp = open_trace(VLLM_FILE)
     assert isinstance(imp, Imported) and imp.trace is not None and imp.failed and imp.file_summary
     with pytest.raises(TraceError, match="schema: missing"):
@@ -214,8 +225,8 @@ def test_cli_export(tmp_path):
     assert rc == 0, err
     assert json.loads((tmp_path / "c.json").read_text())["traceEvents"]
     assert len((tmp_path / "m.csv").read_text().splitlines()) == 61
-    assert load_trace(tmp_path / "t.parquet").to_doc() == load_trace(
-        DATA / "traces" / "shared_prefix_caching_on.json.gz").to_doc()
+    assert to_doc(load_trace(tmp_path / "t.parquet")) == to_doc(load_trace(
+        DATA / "traces" / "shared_prefix_caching_on.json.gz"))
     rc, _, err = run_cli("export", DATA / "traces" / "chapter31_serial.json")
     assert rc == 2 and "at least one of" in err
 
@@ -268,7 +279,7 @@ def test_fuzz_mutated_valid_traces(data):
     # records) is one choice in six.
     base = data.draw(st.sampled_from(["minimal", "sim", *fuzz_corpus.BASES, "chapter31_measured_cpu.json",
                                       "tiles_measured_cpu_triton.json"]))
-    doc = (minimal() if base == "minimal" else sim_trace().to_doc() if base == "sim"
+    doc = (minimal() if base == "minimal" else to_doc(sim_trace()) if base == "sim"
            else fuzz_corpus.base_doc(base))
     doc = json.loads(json.dumps(doc))
     for _ in range(data.draw(st.integers(1, 4))):
@@ -298,7 +309,7 @@ def test_fuzz_mutated_valid_traces(data):
     except TraceError:
         return
     summarize(tr)                                   # whatever loads is usable
-    assert parse_trace(raw, "m.json").to_doc() == trace_from_doc(json.loads(raw), "m.json").to_doc()
+    assert to_doc(parse_trace(raw, "m.json")) == to_doc(trace_from_doc(json.loads(raw), "m.json"))
 
 
 # Hostile values in real traces (tests/fuzz_corpus.py): integers 2**63..2**70 and -2**63-1,
@@ -328,7 +339,7 @@ def test_fuzz_hostile_values_json_and_parquet(case):
         return
     pq_bytes = to_parquet_bytes(tr)                 # what loads from JSON also writes and reads as Parquet
     fuzz_corpus.check(pq_bytes, "m.parquet")
-    assert parse_trace(pq_bytes, "m.parquet").to_doc() == tr.to_doc(), what
+    assert to_doc(parse_trace(pq_bytes, "m.parquet")) == to_doc(tr), what
 
 
 @pytest.mark.slow
@@ -412,7 +423,7 @@ def test_user_run_details_go_into_a_copy_of_the_trace():
     assert got.meta["device"] == "1x H100-SXM" and got.meta["notes"] == "warm server, 3 repeats"
     assert got.meta["engine"] == {**engine_before, "described_by_user": "vLLM 0.11.0"}
     assert tr.meta["engine"] == engine_before and tr.meta["device"] != "1x H100-SXM"   # the shared trace untouched
-    back = parse_trace(got.dumps().encode(), "t.json")           # valid, and the details survive the file
+    back = parse_trace(trace_json(got).encode(), "t.json")           # valid, and the details survive the file
     assert back.meta["device"] == "1x H100-SXM" and back.meta["engine"]["described_by_user"] == "vLLM 0.11.0"
     assert with_run_metadata(tr).meta == tr.meta                 # nothing entered: the file's own
     with pytest.raises(InputError, match="notes: at most 2000"):

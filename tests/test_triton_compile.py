@@ -66,7 +66,7 @@ def model_shapes() -> list[tuple[int, int]]:
     for path in checkpoint.BUNDLED.values():
         c = json.loads((path / "config.json").read_text())
         shapes.add((c.get("head_dim") or c["dim"] // c["n_heads"], c["n_heads"] // c["n_kv_heads"]))
-    shapes.add((896 // 14, 14 // 2))     # random-0.5b (gpu_runner.__main__.load_model)
+    shapes.add((896 // 14, 14 // 2))     # random-0.5b (gpu_runner.launch.load_model)
     return sorted(shapes)
 
 

@@ -16,9 +16,8 @@ import json
 
 import numpy as np
 
-from core.analysis.metrics import request_metrics
+from core.analysis.metrics import request_metrics, request_spans
 from core.errors import InputError
-from core.figures.timeline import request_spans
 
 SCHED_PID, REQ_PID = 1, 2
 

@@ -394,3 +394,12 @@ def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENT
     rows = [dict(zip(names, r)) for r in zip(*cols)]
     return {"source": trace.meta.get("source"), "label": trace.meta.get("label"),
             "requests": rows, "summary": summary}
+
+
+def request_spans(trace) -> dict[str, np.ndarray]:
+    """Per request: arrival, first scheduled step start (NaN without step events), first and
+    last token times, tokens emitted."""
+    arrival = trace.requests["arrival_ms"].to_numpy(dtype=float)
+    first, last, num_emitted = token_spans(trace)
+    return {"arrival": arrival, "scheduled": first_scheduled_ms(trace), "first": first, "last": last,
+            "num_emitted": num_emitted}

@@ -1,4 +1,4 @@
-"""Admission control for core.engine.scheduler: the waiting queue's order, rejections, deadlines.
+"""Admission control: the waiting queue's order, the pool a workload needs, rejections.
 
 Rules (each off by default; SchedulerConfig holds the switches):
 - scheduling_policy "fcfs": the queue is arrival order; a preempted request goes back to its
@@ -20,25 +20,36 @@ Rejected and aborted requests count as failed in core.analysis.metrics.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 from collections import deque
 
 import numpy as np
 
+from core.config import SchedulerConfig
+from core.engine.requests import RequestTable
 from core.errors import ConfigError
 
 REJECTED, DEADLINE = "rejected", "deadline"
 
 
+def blocks_for(num_tokens, block_size: int):
+    """KV blocks that hold `num_tokens` positions (ceiling division; numbers or arrays)."""
+    return -(-num_tokens // block_size)
+
+
+def blocks_needed(prompt_tokens, output_tokens, block_size: int):
+    """KV blocks a request ever holds: the last output token is never fed back."""
+    return blocks_for(prompt_tokens + output_tokens - 1, block_size)
+
+
 class PriorityWaiting:
     """The waiting queue ordered by (priority, arrival, index), with deque's interface."""
 
-    def __init__(self, sched):
-        self.sched = sched    # its priority list and arrival array grow with add_request
+    def __init__(self, table: RequestTable):
+        self.table = table    # its priority list and arrival array grow with add_request
         self._keys: list[tuple] = []
 
     def _key(self, i: int) -> tuple:
-        return (self.sched.priority[i], float(self.sched.arrival[i]), i)
+        return (self.table.priority[i], float(self.table.arrival[i]), i)
 
     def append(self, i: int):
         bisect.insort(self._keys, self._key(i))
@@ -61,47 +72,75 @@ class PriorityWaiting:
         return (k[2] for k in self._keys)
 
 
-def make_waiting(sched):
-    return PriorityWaiting(sched) if sched.cfg.scheduling_policy == "priority" else deque()
+def make_waiting(cfg: SchedulerConfig, table: RequestTable):
+    return PriorityWaiting(table) if cfg.scheduling_policy == "priority" else deque()
 
 
-def abort_entry(r, i: int) -> tuple | None:
-    """(time, request index, finish reason) of a request's earliest cancellation: the client's
-    abort_at_ms ("abort") or its deadline ("deadline"); None if it has neither."""
-    cands = []
-    if r is not None and r.abort_at_ms is not None:
-        cands.append((float(r.abort_at_ms), i, "abort"))
-    if r is not None and r.deadline_ms is not None:
-        cands.append((float(r.arrival_ms) + float(r.deadline_ms), i, DEADLINE))
-    return min(cands) if cands else None
-
-
-def watermark_blocks(cfg, num_blocks: int) -> int:
+def watermark_blocks(cfg: SchedulerConfig, num_blocks: int) -> int:
     return int(cfg.kv_watermark * num_blocks)   # rounded down, as vLLM and Vidur do
 
 
-def too_big(cfg, prompt: int, output: int, num_blocks: int) -> str | None:
+def pool_blocks(cfg: SchedulerConfig, table: RequestTable) -> int:
+    """The KV pool: kv_blocks, or (unset) enough for every request at once. Refuses a workload
+    with a request that could never run (more blocks than the pool without a context budget
+    to reject it; a whole prompt over the token budget without chunked prefill)."""
+    need = blocks_needed(table.prompt_len, table.out_len, cfg.block_size)
+    if cfg.kv_blocks is None:
+        num_blocks = int(need.sum())
+    else:
+        num_blocks = cfg.kv_blocks
+        worst = int(need.argmax()) if table.n else 0
+        if table.n and need[worst] > num_blocks and cfg.max_model_len is None:
+            raise ConfigError(
+                f"kv_blocks: request {table.ids[worst]!r} needs {int(need[worst])} blocks "
+                f"of {cfg.block_size} tokens (prompt + output - 1 = "
+                f"{int(table.prompt_len[worst] + table.out_len[worst] - 1)} tokens) "
+                f"but the pool has {num_blocks}")
+    if cfg.chunk is None and cfg.token_budget is not None and table.n:
+        worst = int(table.prompt_len.argmax())
+        if table.prompt_len[worst] > cfg.token_budget:
+            raise ConfigError(
+                f"token_budget: request {table.ids[worst]!r} has a {int(table.prompt_len[worst])}-token "
+                f"prompt, more than the per-step budget of {cfg.token_budget}; "
+                f"enable chunked prefill (chunk) or raise the budget")
+    return num_blocks
+
+
+def refusal(cfg: SchedulerConfig, prompt: int, output: int, num_blocks: int) -> str | None:
+    """Why a request added while the engine runs could never run (so add_request refuses it
+    at once), or None."""
+    need = blocks_needed(prompt, output, cfg.block_size)
+    if need > num_blocks and cfg.max_model_len is None:
+        return (f"prompt + output = {prompt + output:,} tokens need {need:,} KV blocks of {cfg.block_size}; "
+                f"the pool has {num_blocks:,}")
+    if cfg.chunk is None and cfg.token_budget is not None and prompt > cfg.token_budget:
+        return (f"a {prompt:,}-token prompt is over the per-step token budget of {cfg.token_budget:,} "
+                f"(serve with chunked prefill to split it)")
+    return None
+
+
+def too_big(cfg: SchedulerConfig, prompt: int, output: int, num_blocks: int) -> str | None:
     """Why a request is rejected on arrival under max_model_len, or None."""
     if cfg.max_model_len is None:
         return None
     if prompt + output > cfg.max_model_len:
         return f"prompt + output = {prompt + output} tokens, over max_model_len {cfg.max_model_len}"
-    need = -(-(prompt + output - 1) // cfg.block_size)
+    need = blocks_needed(prompt, output, cfg.block_size)
     if need > num_blocks:
         return f"needs {need} KV blocks, the pool has {num_blocks}"
     return None
 
 
-def victim_position(cfg, run: np.ndarray, priority: list[int], arrival: np.ndarray) -> int:
+def victim_position(cfg: SchedulerConfig, run: np.ndarray, table: RequestTable) -> int:
     """Position in `run` of the request to preempt: the newest (fcfs), or the one with the
     highest (priority, arrival), the later admitted among equals (priority)."""
     if cfg.scheduling_policy != "priority":
         return len(run) - 1
-    keys = [(priority[i], float(arrival[i]), k) for k, i in enumerate(run.tolist())]
+    keys = [(table.priority[i], float(table.arrival[i]), k) for k, i in enumerate(run.tolist())]
     return max(keys)[2]
 
 
-def over_bound(cfg, waiting, ran: set) -> list[int]:
+def over_bound(cfg: SchedulerConfig, waiting, ran: set) -> list[int]:
     """Requests to reject after admissions: beyond queue_limit, newest never-run ones first."""
     if cfg.queue_limit is None or len(waiting) <= cfg.queue_limit:
         return []
@@ -113,42 +152,3 @@ def over_bound(cfg, waiting, ran: set) -> list[int]:
         if i not in ran:
             out.append(i)
     return out
-
-
-_PER_REQUEST = ("prompt_len", "out_len", "arrival", "abort_at", "computed", "emitted", "nblocks", "state")
-
-
-def add_request(sched, r, stop_ids=None) -> int:
-    """Scheduler.add_request: per-request arrays grow by doubling; the request's deadline
-    (not its abort_at_ms: a server cancels by itself) joins the cancellations."""
-    bs, cfg, i = sched.cfg.block_size, sched.cfg, sched.n
-    need = -(-(r.prompt_tokens + r.max_output_tokens - 1) // bs)
-    if need > sched.bm.num_blocks:
-        raise ConfigError(f"prompt + output = {r.prompt_tokens + r.max_output_tokens:,} tokens need {need:,} "
-                          f"KV blocks of {bs}; the pool has {sched.bm.num_blocks:,}")
-    if cfg.chunk is None and cfg.token_budget is not None and r.prompt_tokens > cfg.token_budget:
-        raise ConfigError(f"a {r.prompt_tokens:,}-token prompt is over the per-step token budget of "
-                          f"{cfg.token_budget:,} (serve with chunked prefill to split it)")
-    if i and r.arrival_ms < sched.arrival[i - 1]:
-        raise ValueError(f"arrival {r.arrival_ms} ms is before the previous request's")
-    cap = getattr(sched, "_capacity", {})
-    if not cap or len(cap["state"]) <= i:
-        cap = {k: np.resize(getattr(sched, k), max(16, 2 * i)) for k in _PER_REQUEST}
-        sched._capacity = cap
-    for k, v in zip(_PER_REQUEST, (r.prompt_tokens, r.max_output_tokens, r.arrival_ms, np.inf, 0, 0, 0, 0)):
-        # (state 0: not arrived)
-        cap[k][i] = v
-        setattr(sched, k, cap[k][:i + 1])
-    sched.ids.append(r.id)
-    sched.salt.append(r.tenant)
-    sched.priority.append(r.priority)
-    e = abort_entry(dataclasses.replace(r, abort_at_ms=None), i)
-    if e is not None:
-        bisect.insort(sched.aborts, e)
-        sched.abort_at[i], sched.abort_reason[i] = e[0], e[2]
-        sched.aborts_pending = True
-    sched.token_ids.append(list(r.prompt_ids) if r.prompt_ids is not None else None)
-    if stop_ids is not None:
-        sched.stop_of[i] = frozenset(stop_ids)
-    sched.n += 1
-    return i

@@ -408,3 +408,6 @@ class BlockManager:
             assert self.tokens[b] is not None and len(self.tokens[b]) == self.block_size
         for h, b in self.cache.items():
             assert self.hash[b] == h, f"cache entry for block {b} is stale"
+
+
+KVCacheManager = BlockManager

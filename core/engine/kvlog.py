@@ -7,7 +7,7 @@ from itertools import chain
 
 import numpy as np
 
-KV_OPS = ("alloc", "free", "hit", "cache", "evict", "cow")
+from core.trace.schema import KV_OPS
 
 
 class KVLog:

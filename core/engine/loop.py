@@ -1,17 +1,19 @@
 """The step loop, the same for simulating and serving: schedule -> execute -> update.
 
-    batch = scheduler.schedule(now)          # who runs this step, and how many tokens each
-    out = executor.execute(scheduler, batch) # a StepOutput: when it ended, what it emitted
-    scheduler.update(batch, out)             # emissions, stops, KV rollback, finishes, log
+    batch = scheduler.schedule(now)           # SchedulerOutput: who runs, how many tokens each
+    res = executor.execute(batch)             # ExecutorOutput: when it ended, what it emitted
+    happened = scheduler.update(batch, res)   # EngineOutputs: tokens, finishes + reasons, ...
 
-The scheduler never knows who executed the step (vLLM v1's schedule/update_from_output
-split). Executors:
+The executor sees only the SchedulerOutput, never the scheduler (vLLM v1's schedule /
+update_from_output split); `on_output` (a server) sees every EngineOutputs, including what
+happens between steps (an arrival queued or rejected, a cancellation), so every request that
+entered is answered. Executors:
 - the simulator's `core.sim.simulate.StepTimeExecutor`: prices the batch with a step-time
   model on a virtual clock (and can price a run of identical decode steps at once);
 - the runner's `gpu_runner.engine.ModelExecutor`: runs the model, samples, and reads the
   wall clock when the tokens reach the host.
 Everything else happens here once: arrivals, aborts, idle time (a virtual clock jumps to
-the next arrival, the wall clock sleeps until it), fast-forward, per-step callbacks, and
+the next arrival, the wall clock sleeps until it), fast-forward, the output callback, and
 the trace metadata both sides write.
 """
 from __future__ import annotations
@@ -21,13 +23,14 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from core.engine.scheduler import Batch, Scheduler
-from core.engine.steplog import StepLog, StepOutput
+from core.engine.outputs import EngineOutputs, ExecutorOutput, SchedulerOutput
+from core.engine.scheduler import Scheduler
+from core.engine.steplog import StepLog, log_records
 from core.workload import Workload
 
 
 class Executor(Protocol):
-    def execute(self, sched: Scheduler, batch: Batch) -> StepOutput: ...
+    def execute(self, batch: SchedulerOutput) -> ExecutorOutput: ...
 
 
 class VirtualClock:
@@ -63,7 +66,7 @@ class WallClock:
         pass
 
 
-StepCallback = Callable[[Scheduler, Batch, StepOutput], None]
+OutputCallback = Callable[[EngineOutputs], None]
 
 
 class Inbox(Protocol):
@@ -76,12 +79,14 @@ class Inbox(Protocol):
         """Block until something arrives (the loop is idle)."""
 
 
-def run(sched: Scheduler, executor: Executor, clock, on_step: StepCallback | None = None,
+def run(sched: Scheduler, executor: Executor, clock, on_output: OutputCallback | None = None,
         fast_forward: bool = False, inbox: Inbox | None = None) -> None:
     """Drive `sched` until every request has finished, or with an `inbox` (a server) until the
-    inbox says stop. `fast_forward` (simulator only: the executor must have
-    `run_durations(batch, k)`) applies runs of identical decode steps at once, with the same
-    trace as stepping them one by one."""
+    inbox says stop. `on_output` gets every step's EngineOutputs, and, before a step is run,
+    what happened since the last one (arrivals queued or rejected, cancellations).
+    `fast_forward` (simulator only: the executor must have `run_durations(batch, k)`) applies
+    runs of identical decode steps at once, with the same trace as stepping them one by one;
+    such a run reports no outputs (its tokens are in the step log)."""
     while True:
         if inbox is not None:
             if not inbox.drain(sched, clock.now()):
@@ -91,6 +96,8 @@ def run(sched: Scheduler, executor: Executor, clock, on_step: StepCallback | Non
         t = clock.now()
         sched.admit_arrivals(t)
         batch = sched.schedule(t)
+        if on_output is not None and sched.has_outputs():
+            on_output(sched.take_outputs(t))
         if batch is None:
             nxt = sched.next_event_ms()
             if nxt is not None and nxt > t:
@@ -99,18 +106,20 @@ def run(sched: Scheduler, executor: Executor, clock, on_step: StepCallback | Non
                 inbox.wait()
             elif not sched.done():
                 raise RuntimeError(f"scheduler made no progress at t={t} ms "
-                                   f"({len(sched.waiting)} waiting, {len(sched.run)} running)")
+                                   f"({len(sched.waiting)} waiting, {len(sched.running)} running)")
             continue
         if fast_forward:
             t_end = sched.fast_forward(batch, lambda k: executor.run_durations(batch, k))
             if t_end is not None:
                 clock.step_done(t_end)
                 continue
-        out = executor.execute(sched, batch)
-        sched.update(batch, out)
-        clock.step_done(out.t_end_ms)
-        if on_step is not None:
-            on_step(sched, batch, out)
+        res = executor.execute(batch)
+        happened = sched.update(batch, res)
+        clock.step_done(res.t_end_ms)
+        if on_output is not None:
+            on_output(happened)
+    if on_output is not None and sched.has_outputs():   # the inbox's last cancellations
+        on_output(sched.take_outputs(clock.now()))
 
 
 def now_iso() -> str:
@@ -127,11 +136,11 @@ def trace_meta(sched: Scheduler, workload: Workload, source: str, label: str, en
     where = {"device": device} if device is not None else {}
     return {"source": source, "label": label, "created": created or now_iso(), **where, "engine": engine, **fields,
             "workload": workload.name,
-            "stats": {"steps": sched.step, "preemptions": sched.num_preemptions, "kv_blocks": sched.bm.num_blocks,
-                      **{f"kv_{k}": v for k, v in sched.bm.counts.items()},
+            "stats": {"steps": sched.step, "preemptions": sched.num_preemptions, "kv_blocks": sched.kv.num_blocks,
+                      **{f"kv_{k}": v for k, v in sched.kv.counts.items()},
                       **{k: v for k, v in sched.failed.items() if v}}}   # rejected, deadline (when any)
 
 
-def to_trace(sched: Scheduler, log: StepLog, workload: Workload, meta: dict):
-    from core.trace import trace_from_log
-    return trace_from_log(workload, log, meta)
+def to_trace(log: StepLog, workload: Workload, meta: dict):
+    from core.trace.build import trace_from_records
+    return trace_from_records(workload, log_records(log), meta, log.other)

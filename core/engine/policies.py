@@ -1,10 +1,10 @@
 """Batching policies: which requests run in the next step, and how many tokens each.
 
-All of them share core.engine.scheduler's step (running requests keep their KV blocks; when the
-running requests need more blocks than are free, the newest is preempted and recomputed
-later; no request is admitted in a step that preempted) and its limits (`max_seqs` seats,
-`token_budget` tokens per step, KV blocks, admission control from core.engine.admission). They
-differ in who may join and what a step may mix:
+All of them share the scheduler's step (core.engine.scheduler: running requests keep their KV
+blocks; when the running requests need more blocks than are free, the newest is preempted and
+recomputed later; no request is admitted in a step that preempted) and its limits (`max_seqs`
+seats, `token_budget` tokens per step, KV blocks, admission control from core.engine.admission).
+They differ in who may join and what a step may mix:
 
 - serial: one request at a time, start to finish.
 - static: fixed cohorts: waiting requests join only when the running set is empty, and a
@@ -27,17 +27,46 @@ differ in who may join and what a step may mix:
   (`chunk`, default 512); every decode is scheduled first, then running prompts continue,
   oldest first, then new prompts join, each piece taking what the budget has left, so a
   long prompt never stalls a decode.
+
+Each policy is a `Rules` record; the functions here read the scheduler's state (a
+`SchedulerView`) and return plans, and the scheduler applies them (core.engine.scheduler).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import numpy as np
 
-from core.engine.outputs import RUNNING, Batch
+from core.config import SchedulerConfig
+from core.engine.admission import blocks_for
+from core.engine.requests import RequestTable
 
 if TYPE_CHECKING:
-    from core.engine.scheduler import Scheduler
+    from core.engine.kv_cache import KVCacheManager
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    cohorts: bool = False        # waiting requests join only an empty batch (static)
+    prefill_steps: bool = False  # a step of new whole prompts whenever any can join, else decodes (vllm-v0)
+    decodes_first: bool = False  # over the budget, decodes take their tokens before prompt pieces (sarathi)
+
+
+RULES = {"serial": Rules(), "static": Rules(cohorts=True), "continuous": Rules(), "vllm-v1": Rules(),
+         "vllm-v0": Rules(prefill_steps=True), "orca": Rules(), "sarathi": Rules(decodes_first=True)}
+# serial is continuous with one seat (SchedulerConfig.seats); vllm-v1, orca and sarathi differ from
+# continuous in their chunking defaults and budget (SchedulerConfig.__post_init__).
+
+
+class SchedulerView(Protocol):
+    """What the policies read of the scheduler (and never write)."""
+    cfg: SchedulerConfig
+    requests: RequestTable
+    kv: KVCacheManager
+    running: np.ndarray
+    waiting: object
+    watermark_blocks: int
 
 
 def budget_shares(want: np.ndarray, budget: int, is_decode: np.ndarray, decodes_first: bool) -> np.ndarray:
@@ -54,53 +83,98 @@ def budget_shares(want: np.ndarray, budget: int, is_decode: np.ndarray, decodes_
     return n
 
 
-def admit_waiting(sched: Scheduler, budget: int, used: int, running: int):
-    """Admit waiting requests, head of the queue first, while a seat, the budget left and KV
-    blocks (with the watermark) allow, `running` seats being taken; never skips past a head
-    that does not fit. Returns
-    (requests, tokens each computes, tokens each has to compute, cached tokens each starts
-    from, budget used)."""
-    cfg, bm, bs = sched.cfg, sched.bm, sched.cfg.block_size
-    new_reqs, new_n, new_pending, new_start = [], [], [], []
-    seats = cfg.seats - running
-    while sched.waiting and seats > 0 and budget - used > 0:
-        r = sched.waiting[0]
-        total = int(sched.prompt_len[r] + sched.emitted[r])  # tokens to (re)compute
-        known = sched.token_ids[r]
-        hits = bm.match_prefix(known, sched.salt[r], max_tokens=total - 1) if known else []
-        cached = len(hits) * bs
-        todo = total - cached
-        take = min(todo, cfg.chunk or todo, budget - used)
-        if cfg.chunk is None and take < todo:
-            break  # the whole prompt must fit in this step's budget
-        cost = bm.admission_cost(hits, cached + take) if hits else -(-(cached + take) // bs)
-        if cost > bm.num_free - sched._wm:
-            break
-        sched.waiting.popleft()
-        bm.admit(r, hits, sched.salt[r])
-        bm.grow(r, cached + take)
-        sched.computed[r] = cached
-        sched.nblocks[r] = len(bm.tables[r])
-        sched.state[r] = RUNNING
-        sched._ran.add(r)
-        new_reqs.append(r)
-        new_n.append(take)
-        new_pending.append(todo)
-        new_start.append(cached)
-        used += take
-        seats -= 1
-    return new_reqs, new_n, new_pending, new_start, used
+class RunningPlan(NamedTuple):
+    """The running requests' share of the next step."""
+    num_tokens: np.ndarray       # per running request (0: idle this step)
+    need: np.ndarray             # new KV blocks each needs for it
+    start: np.ndarray            # its first position (tokens cached)
+    is_decode: np.ndarray | None  # a one-token decode (None: every one decodes)
+    pending: np.ndarray | None   # tokens it has left to compute before a token is due (None: 1 each)
+    steady: bool                 # planned by the steady-state shortcut (every entry takes part)
 
 
-def prefill_only_batch(sched: Scheduler, now_ms: float, budget: int):
-    """vllm-v0: admit what can join and return a batch of just their prompts, or None when
-    nobody can join (then the step decodes the running requests)."""
-    new_reqs, new_n, new_pending, new_start, _ = admit_waiting(sched, budget, 0, len(sched.run))
-    sched.reject_over_bound(now_ms)
-    if not new_reqs:
+def plan_running(view: SchedulerView, run: np.ndarray, budget: int, prefilling: np.ndarray | None = None,
+                 steady: bool = False) -> RunningPlan:
+    """Tokens and new KV blocks of each running request this step. `steady` (the last step ran
+    every one of them and each either emitted, so now decodes, or is mid-prefill: `prefilling`,
+    a mask over `run`, None for nobody): the same plan without the per-request work, when it
+    fits the budget and the free blocks; otherwise (or not steady) the full plan, which may
+    need more blocks than are free (then the scheduler preempts and plans again)."""
+    if steady:
+        plan = _steady_plan(view, run, budget, prefilling)
+        if plan is not None:
+            return plan
+    cfg, t = view.cfg, view.requests
+    computed, emitted = t.computed[run], t.emitted[run]
+    pending = t.prompt_len[run] + emitted - computed
+    want = np.minimum(pending, cfg.chunk) if cfg.chunk else pending
+    # A decode computes the one token emitted last; anything else is (re)prefill.
+    is_decode = (pending == 1) & (emitted > 0)   # (with spec: decode + draft tokens)
+    if cfg.spec_gamma:
+        # A speculative decode verifies the last token plus up to gamma draft tokens, never
+        # proposing past the request's output length.
+        room = t.out_len[run] - emitted - 1
+        want = want + np.where(is_decode, np.minimum(cfg.spec_gamma, room), 0)
+    n = want if int(want.sum()) <= budget else budget_shares(want, budget, is_decode,
+                                                              RULES[cfg.policy].decodes_first)
+    need = blocks_for(computed + n, cfg.block_size) - t.nblocks[run]
+    return RunningPlan(n, need, computed, is_decode, pending, False)
+
+
+def _steady_plan(view: SchedulerView, run: np.ndarray, budget: int, prefilling) -> RunningPlan | None:
+    t, bs = view.requests, view.cfg.block_size
+    start = t.computed[run]
+    free = view.kv.num_free
+    if prefilling is None:   # decodes only: a block each where a position starts one
+        if len(run) > budget:
+            return None
+        need = ((start & (bs - 1) if bs & (bs - 1) == 0 else start % bs) == 0).view(np.int8)
+        if int(np.count_nonzero(need)) > free:
+            return None
+        return RunningPlan(None, need, start, None, None, True)
+    pos = np.flatnonzero(prefilling)
+    emitted = t.emitted[run[pos]]
+    pending = t.prompt_len[run[pos]] + emitted - start[pos]
+    want = np.minimum(pending, view.cfg.chunk) if view.cfg.chunk else pending
+    if len(run) - len(pos) + int(want.sum()) > budget:
         return None
-    reqs = np.array(new_reqs, dtype=np.int64)
-    n = np.array(new_n, dtype=np.int64)
-    sched.run = np.concatenate([sched.run, reqs])
-    return Batch(sched.step, now_ms, reqs, n, np.array(new_start, dtype=np.int64), np.ones(len(reqs), dtype=bool),
-                 n >= np.array(new_pending, dtype=np.int64))
+    n = np.ones(len(run), dtype=np.int64)
+    n[pos] = want
+    need = blocks_for(start + n, bs) - t.nblocks[run]
+    if int(need.sum()) > free:
+        return None
+    # (a recomputed request whose last missing position is its last token counts as a decode)
+    is_decode = np.ones(len(run), dtype=bool)
+    is_decode[pos] = (pending == 1) & (emitted > 0)
+    full_pending = np.ones(len(run), dtype=np.int64)
+    full_pending[pos] = pending
+    return RunningPlan(n, need, start, is_decode, full_pending, True)
+
+
+class Join(NamedTuple):
+    """A waiting request joining this step."""
+    req: int
+    hits: list[int]              # cached blocks of its prefix
+    cached: int                  # tokens they hold
+    take: int                    # tokens it computes this step
+    todo: int                    # tokens it has to compute before its next token is due
+
+
+def next_join(view: SchedulerView, budget_left: int) -> Join | None:
+    """Whether the head of the waiting queue can join now (a seat is the caller's to check):
+    the budget left, chunking (a whole prompt must fit without it) and free KV blocks above
+    the watermark. None: it cannot, and nobody behind it may pass it."""
+    cfg, t, kv = view.cfg, view.requests, view.kv
+    r = view.waiting[0]
+    total = int(t.prompt_len[r] + t.emitted[r])  # tokens to (re)compute
+    known = t.token_ids[r]
+    hits = kv.match_prefix(known, t.salt[r], max_tokens=total - 1) if known else []
+    cached = len(hits) * cfg.block_size
+    todo = total - cached
+    take = min(todo, cfg.chunk or todo, budget_left)
+    if cfg.chunk is None and take < todo:
+        return None  # the whole prompt must fit in this step's budget
+    cost = kv.admission_cost(hits, cached + take) if hits else blocks_for(cached + take, cfg.block_size)
+    if cost > kv.num_free - view.watermark_blocks:
+        return None
+    return Join(r, hits, cached, take, todo)

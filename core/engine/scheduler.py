@@ -7,35 +7,39 @@ prompt + emitted the step's last logits yield the next token (emitted += 1).
 So a fresh request emits its first token in the step that finishes its prefill, and a
 request with n output tokens needs n steps when its prefill fits in one step.
 
-Policies (who joins a step and what it mixes: serial, static, continuous, vllm-v1,
-vllm-v0, orca, sarathi): core.engine.policies, which also holds the admission loop.
+    out = sched.schedule(now)            # SchedulerOutput (core.engine.outputs)
+    res = executor.execute(out)          # ExecutorOutput
+    happened = sched.update(out, res)    # EngineOutputs: tokens, finishes with reasons, ...
+
+Policies (who joins a step and what it mixes: serial, static, continuous, vllm-v1, vllm-v0,
+orca, sarathi): core.engine.policies plans, this class applies the plans.
 
 Limits: `max_seqs` running requests; `token_budget` tokens per step (prefill + decode);
 `chunk` = chunked prefill (at most `chunk` prompt tokens per request per step; without
-it a prompt is computed in a single step); KV blocks from `core.engine.kv_cache.BlockManager`.
+it a prompt is computed in a single step); KV blocks from core.engine.kv_cache.
 When the running requests need more KV blocks than are free, the newest running
 request is preempted (its blocks freed, to be recomputed) and re-queued at the front;
 no new request is admitted in a step that preempted.
 
 Admission control (queue order by priority, KV watermark, a bounded queue, a context
-budget, per-request deadlines): core.engine.admission.
-
-Per-step work is vectorised over the running set (numpy); only block allocation,
-admission and finishing touch Python per request."""
+budget, per-request deadlines): core.engine.admission. Per-request state: the request table
+(core.engine.requests). Per-step work is vectorised over the running set (numpy); only block
+allocation, admission and finishing touch Python per request.
+"""
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 
 import numpy as np
 
-from core.config import BIG, POLICIES, SchedulerConfig  # noqa: F401  (re-exported)
+from core.config import BIG, SchedulerConfig
 from core.engine import admission as adm
-from core.engine import policies
-from core.engine.fastforward import fast_forward as _fast_forward
-from core.engine.fastforward import plan_steady
-from core.engine.kv_cache import BlockManager
-from core.engine.outputs import DONE, NOT_ARRIVED, RUNNING, WAITING, Batch, RequestState  # noqa: F401  (re-exported)
-from core.engine.steplog import BatchPart, FinishRecord, PreemptRecord, StepLog, StepOutput, StepRecord, TokenPart
+from core.engine import fastforward, policies
+from core.engine.kv_cache import KVCacheManager
+from core.engine.outputs import EngineOutputs, ExecutorOutput, Finish, SchedulerOutput, SchedulerStats
+from core.engine.requests import DONE, NOT_ARRIVED, RUNNING, WAITING, RequestTable
+from core.engine.steplog import BatchPart, FinishRecord, PreemptRecord, StepLog, StepRecord, TokenPart
 from core.errors import ConfigError
 from core.workload import Request, Workload
 
@@ -44,244 +48,327 @@ class Scheduler:
     decode_fast_path = True   # False: plan every step in full (tests compare the two)
 
     def __init__(self, workload: Workload | None, config: SchedulerConfig, log: StepLog | None = None,
-                 stop_token_ids: Iterable[int] = ()):
-        """`workload` None: no requests yet (a server adds them with add_request)."""
+                 stop_token_ids: Iterable[int] = (), request_data: bool = False):
+        """`workload` None: no requests yet (a server adds them with add_request).
+        `request_data`: each SchedulerOutput carries the token ids and block ids the executor
+        has not been sent yet (an executor that runs a model keeps its own copy)."""
         self.cfg = config
         self.stop_token_ids = frozenset(stop_token_ids)  # a request emitting one of these stops (EOS)
-        w = workload
-        self.ids = list(w.ids) if w is not None else []
-        self.n = n = len(self.ids)
-        self.prompt_len = w.prompt_tokens.astype(np.int64) if n else np.empty(0, np.int64)
-        self.out_len = w.max_output_tokens.astype(np.int64) if n else np.empty(0, np.int64)
-        self.arrival = w.arrival_ms.astype(np.float64) if n else np.empty(0)
-        reqs = w.requests if n and not w.plain else [None] * n   # per-request fields beyond the columns
-        self.salt = [r and r.tenant for r in reqs]
-        # Known token ids per request (prompt, then outputs when the caller supplies them).
-        self.token_ids = [list(r.prompt_ids) if r and r.prompt_ids is not None else None for r in reqs]
-        self.priority = [r.priority if r else 0 for r in reqs]
+        self.requests = t = RequestTable(workload)
         # cancellations, earliest first: (time, request, finish reason "abort" or "deadline")
-        self.aborts = sorted(e for e in (adm.abort_entry(r, i) for i, r in enumerate(reqs)) if e is not None)
-        self.abort_at = np.full(n, np.inf)
-        self.abort_reason = {}
-        for t, i, why in self.aborts:
-            self.abort_at[i], self.abort_reason[i] = t, why
-        self.aborts_pending = bool(self.aborts)
-        bs = config.block_size
-        # KV slots a request ever needs: the last output token is never fed back.
-        need_blocks = -(-(self.prompt_len + self.out_len - 1) // bs)
-        if config.kv_blocks is None:
-            num_blocks = int(need_blocks.sum())
-        else:
-            num_blocks = config.kv_blocks
-            worst = int(need_blocks.argmax()) if self.n else 0
-            if self.n and need_blocks[worst] > num_blocks and config.max_model_len is None:
-                raise ConfigError(
-                    f"kv_blocks: request {self.ids[worst]!r} needs {int(need_blocks[worst])} blocks "
-                    f"of {bs} tokens (prompt + output - 1 = "
-                    f"{int(self.prompt_len[worst] + self.out_len[worst] - 1)} tokens) "
-                    f"but the pool has {num_blocks}")
-        if config.chunk is None and config.token_budget is not None and self.n:
-            worst = int(self.prompt_len.argmax())
-            if self.prompt_len[worst] > config.token_budget:
-                raise ConfigError(
-                    f"token_budget: request {self.ids[worst]!r} has a {int(self.prompt_len[worst])}-token "
-                    f"prompt, more than the per-step budget of {config.token_budget}; "
-                    f"enable chunked prefill (chunk) or raise the budget")
+        self.aborts = sorted((float(t.abort_at[i]), i, why) for i, why in t.abort_reason.items())
+        num_blocks = adm.pool_blocks(config, t)
         self.log = log
-        self.bm = BlockManager(num_blocks, bs, config.prefix_caching, config.model_id,
-                               log.kv if log is not None else None)
-        self.computed = np.zeros(self.n, dtype=np.int64)
-        self.emitted = np.zeros(self.n, dtype=np.int64)
-        self.nblocks = np.zeros(self.n, dtype=np.int64)
-        self.state = np.zeros(self.n, dtype=np.int8)  # RequestState per request
-        self.run = np.empty(0, dtype=np.int64)        # running request indices, admission order
-        self.waiting = adm.make_waiting(self)   # request indices, in admission order
-        self._ran: set[int] = set()         # requests ever admitted (never rejected by queue_limit)
-        self._wm = adm.watermark_blocks(config, num_blocks)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.prefix_caching, config.model_id,
+                                 log.kv if log is not None else None)
+        self.rules = policies.RULES[config.policy]
+        self.running = np.empty(0, dtype=np.int64)   # running request rows, admission order
+        self.waiting = adm.make_waiting(config, t)   # request rows, in admission order
+        self.ran: set[int] = set()         # requests ever admitted (never rejected by queue_limit)
+        self.watermark_blocks = adm.watermark_blocks(config, num_blocks)
         self.failed = {"rejected": 0, "deadline": 0}
         self.next_arrival = 0
         self.num_done = 0
         self.step = 0
         self.num_preemptions = 0
-        self._pending_step = None
-        self._decoding = False  # the last step ran every running request (set by update)
-        self._prefilling = None  # ... and these of them (mask over run) are mid-prefill
+        self.quiet = False       # the last planned step: nobody joined or left the running set
+        self._step_gauges = None  # (running, waiting, kv used, kv free) when the pending step was planned
+        self._steady = False     # the last step ran every running request (set by update)
+        self._prefilling = None  # ... and these of them (mask over running) are mid-prefill
         self._consts: dict = {}
-        self.stop_of: dict[int, frozenset] = {}   # per-request stop ids replacing stop_token_ids
+        # what happened since the last EngineOutputs (outside a step's own results)
+        self._finished: list[Finish] = []
+        self._queued: list[int] = []
+        self._started: list[int] = []
+        self._preempted: list[int] = []
+        # request_data: how much of each request's token ids and block table the executor has
+        self.request_data = request_data
+        self._sent_tokens: dict[int, int] = {}
+        self._sent_blocks: dict[int, int] = {}
+        self._gone: list[int] = []
 
     # ---- requests arriving while the loop runs (a server) -----------------------------------
     def add_request(self, r: Request, stop_ids: Iterable[int] | None = None) -> int:
-        """Append request `r` (arrival times must not decrease) and return its index. `stop_ids`
+        """Append request `r` (arrival times must not decrease) and return its row. `stop_ids`
         replace the scheduler's stop ids for it (() ignores EOS). Refused with ConfigError: a
-        request that could never run (prompt + output over the KV pool; a prompt over the
-        token budget without chunked prefill)."""
-        return adm.add_request(self, r, stop_ids)
+        request that could never run (prompt + output over the KV pool without a context
+        budget to reject it; a prompt over the token budget without chunked prefill)."""
+        t = self.requests
+        why = adm.refusal(self.cfg, r.prompt_tokens, r.max_output_tokens, self.kv.num_blocks)
+        if why is not None:
+            raise ConfigError(why)
+        if t.n and r.arrival_ms < t.arrival[t.n - 1]:
+            raise ValueError(f"arrival {r.arrival_ms} ms is before the previous request's")
+        i = t.add(r, stop_ids)   # (its deadline joins the cancellations, not abort_at_ms: a client cancels itself)
+        if i in t.abort_reason:
+            bisect.insort(self.aborts, (float(t.abort_at[i]), i, t.abort_reason[i]))
+        return i
+
+    @property
+    def n(self) -> int:
+        return self.requests.n
 
     # ---- clock-driven inputs ---------------------------------------------------------
     def done(self) -> bool:
-        return self.num_done == self.n
+        return self.num_done == self.requests.n
 
     def admit_arrivals(self, now_ms: float):
-        while self.next_arrival < self.n and self.arrival[self.next_arrival] <= now_ms:
+        t = self.requests
+        while self.next_arrival < t.n and t.arrival[self.next_arrival] <= now_ms:
             i = self.next_arrival
-            if self.state[i] == NOT_ARRIVED:
-                if adm.too_big(self.cfg, int(self.prompt_len[i]), int(self.out_len[i]), self.bm.num_blocks):
-                    self._finish_failed(i, float(self.arrival[i]), adm.REJECTED)
+            if t.state[i] == NOT_ARRIVED:
+                why = adm.too_big(self.cfg, int(t.prompt_len[i]), int(t.out_len[i]), self.kv.num_blocks)
+                if why is not None:
+                    self._finish_failed(i, Finish(i, float(t.arrival[i]), adm.REJECTED, why,
+                                                                       "max_model_len"))
                 else:
                     self.waiting.append(i)
-                    self.state[i] = WAITING
+                    t.state[i] = WAITING
+                    self._queued.append(i)
             self.next_arrival += 1
 
     def next_event_ms(self) -> float | None:
         """When something can next happen while idle: an arrival or an abort."""
+        t = self.requests
         times = []
         nxt = self.next_arrival
-        while nxt < self.n and self.state[nxt] == DONE:
+        while nxt < t.n and t.state[nxt] == DONE:
             nxt += 1
-        if nxt < self.n:
-            times.append(float(self.arrival[nxt]))
-        for t, i, _ in self.aborts:
-            if self.state[i] != DONE:
-                times.append(t)
+        if nxt < t.n:
+            times.append(float(t.arrival[nxt]))
+        for when, i, _ in self.aborts:
+            if t.state[i] != DONE:
+                times.append(when)
                 break
         return min(times) if times else None
 
     def abort(self, i: int, now_ms: float, reason: str = "abort", t_finish: float | None = None):
         """Cancel request i wherever it is; its blocks return to the pool at `now_ms`; the
-        finish event is stamped `t_finish` (when the client cancelled) if given."""
-        if self.state[i] == DONE:
+        finish is stamped `t_finish` (when the client cancelled) if given."""
+        t = self.requests
+        if t.state[i] == DONE:
             return
         if reason == adm.DEADLINE:
             self.failed[adm.DEADLINE] += 1
-        if self.state[i] == RUNNING:
-            self.bm.now_ms = now_ms
-            self.bm.free_seq(i)
-            self.nblocks[i] = 0
-            self.run = self.run[self.run != i]
-            self._decoding = False
-        elif self.state[i] == WAITING:
+        if t.state[i] == RUNNING:
+            self.leave_running(i, now_ms)
+        elif t.state[i] == WAITING:
             self.waiting.remove(i)
-        self.state[i] = DONE  # a request not yet arrived is skipped when it would arrive
-        self.num_done += 1
-        if self.log is not None:
-            self.log.finishes.append(FinishRecord(i, now_ms if t_finish is None else t_finish, reason))
+        self._done(i, Finish(i, now_ms if t_finish is None else t_finish, reason))
+
+    def leave_running(self, i: int, now_ms: float, free_blocks: bool = True):
+        """Take request i out of the running set (its KV blocks freed unless `free_blocks` is
+        False: the deliberately broken variant in core.lessons.pathologies)."""
+        if free_blocks:
+            self.kv.now_ms = now_ms
+            self._free(i)
+        self.running = self.running[self.running != i]
+        self._steady = False
 
     def _abort_due(self, now_ms):
         while self.aborts and self.aborts[0][0] <= now_ms:
-            t, i, why = self.aborts.pop(0)
+            _, i, why = self.aborts.pop(0)
             self.abort(i, now_ms, why)
 
-    def _finish_failed(self, i: int, t: float, why: str):
-        """A request that never ran and never will (rejected)."""
-        self.state[i] = DONE
+    def _done(self, i: int, f: Finish):
+        self.requests.state[i] = DONE  # a request not yet arrived is skipped when it would arrive
         self.num_done += 1
-        self.failed[why] += 1
+        self._finished.append(f)
         if self.log is not None:
-            self.log.finishes.append(FinishRecord(i, t, why))
+            self.log.finishes.append(FinishRecord(i, f.t_ms, f.reason))
+
+    def _finish_failed(self, i: int, f: Finish):
+        """A request that never ran and never will (rejected)."""
+        self.failed[f.reason] += 1
+        self._done(i, f)
+
+    def _free(self, i: int) -> int:
+        freed = self.kv.free_seq(i)
+        self.requests.nblocks[i] = 0
+        if self.request_data:
+            self._sent_blocks[i] = 0
+        return freed
 
     # ---- one step ----------------------------------------------------------------------
-    def _plan_running(self, run, budget):
-        computed, emitted = self.computed[run], self.emitted[run]
-        pending = self.prompt_len[run] + emitted - computed
-        want = np.minimum(pending, self.cfg.chunk) if self.cfg.chunk else pending
-        # A decode computes the one token emitted last; anything else is (re)prefill.
-        is_decode = (pending == 1) & (emitted > 0)   # (with spec: decode + draft tokens)
-        if self.cfg.spec_gamma:
-            # A speculative decode verifies the last token plus up to gamma draft tokens, never
-            # proposing past the request's output length.
-            room = self.out_len[run] - emitted - 1
-            want = want + np.where(is_decode, np.minimum(self.cfg.spec_gamma, room), 0)
-        n = want if int(want.sum()) <= budget else policies.budget_shares(
-            want, budget, is_decode, self.cfg.policy == "sarathi")
-        bs = self.cfg.block_size
-        need = (computed + n + (bs - 1)) // bs - self.nblocks[run]
-        return n, need, is_decode, pending
-
-    def schedule(self, now_ms: float) -> Batch | None:
+    def schedule(self, now_ms: float) -> SchedulerOutput | None:
         """Choose the next step's batch (None if there is nothing to run now)."""
-        cfg, bm = self.cfg, self.bm
-        bm.now_ms = now_ms
+        cfg, kv = self.cfg, self.kv
+        kv.now_ms = now_ms
         self._abort_due(now_ms)
         budget = cfg.token_budget if cfg.token_budget is not None else BIG
-        if cfg.policy == "vllm-v0" and self.waiting:   # a step of new prompts when any can join
-            batch = policies.prefill_only_batch(self, now_ms, budget)
-            if batch is not None:
-                return self._planned(batch, joined=True)
-        run = self.run
+        if self.rules.prefill_steps and self.waiting:   # vllm-v0: a step of new prompts when any can join
+            joins, _ = self._admit_waiting(budget, 0, len(self.running))
+            self.reject_over_bound(now_ms)
+            if joins:
+                return self._planned(self._joined_batch(joins, now_ms), joined=True)
+        run = self.running
         # who may join in this step: static, only into an empty batch; vllm-v0, only in a step of
         # prompts alone (above)
-        cohort_open = cfg.policy != "vllm-v0" and (cfg.policy != "static" or len(run) == 0)
+        cohort_open = not self.rules.prefill_steps and (not self.rules.cohorts or len(run) == 0)
         preempted = False
-        # The steady state (every running request decodes, a few may be mid-prefill): planned
-        # without the general path's per-request work; None: plan in full
-        steady = plan_steady(self, run, budget) if self._decoding and len(run) else None
-        if steady is not None:
-            n, start, pre = steady
-        elif len(run):
-            n, need, is_decode, pending = self._plan_running(run, budget)
-            while int(need.sum()) > bm.num_free:
-                pos = adm.victim_position(cfg, run, self.priority, self.arrival)   # fcfs: the newest
-                victim = int(run[pos])
-                freed = bm.free_seq(victim)
-                self.computed[victim] = 0
-                self.nblocks[victim] = 0
-                self.state[victim] = WAITING
-                self.waiting.appendleft(victim)
+        if len(run):
+            steady = self._steady and self.decode_fast_path
+            plan = policies.plan_running(self, run, budget, self._prefilling, steady)
+            while int(plan.need.sum()) > kv.num_free:
+                pos = adm.victim_position(cfg, run, self.requests)   # fcfs: the newest
+                self._preempt(int(run[pos]), now_ms)
                 run = np.delete(run, pos)
                 preempted = True
-                self.num_preemptions += 1
-                if self.log is not None:
-                    self.log.preempts.append(PreemptRecord(victim, now_ms, "kv_full", freed))
-                n, need, is_decode, pending = self._plan_running(run, budget)
-            grow = np.flatnonzero(need > 0)
-            if len(grow):
-                who, more = run[grow], need[grow]
-                if int(more.sum()) == len(grow):   # one block each
-                    bm.grow_one_each(who, self.nblocks[who])
-                else:
-                    bm.grow_many(who.tolist(), more.tolist())
-                self.nblocks[who] += more
+                plan = policies.plan_running(self, run, budget)
+            self._grow(run, plan.need, ones=plan.steady and plan.is_decode is None)
+            used = len(run) if plan.num_tokens is None else int(plan.num_tokens.sum())
         else:
+            plan = None
+            used = 0
+        joins = []
+        if cohort_open and not preempted:
+            joins, used = self._admit_waiting(budget, used, len(run))
+        self.reject_over_bound(now_ms)
+        batch = self._batch(run, plan, joins, used, now_ms)
+        if batch is None:
+            return None
+        return self._planned(batch, joined=bool(joins) or preempted)
+
+    def _preempt(self, victim: int, now_ms: float):
+        t = self.requests
+        freed = self._free(victim)
+        t.computed[victim] = 0
+        t.state[victim] = WAITING
+        self.waiting.appendleft(victim)
+        self.num_preemptions += 1
+        self._preempted.append(victim)
+        if self.log is not None:
+            self.log.preempts.append(PreemptRecord(victim, now_ms, "kv_full", freed))
+
+    def _grow(self, run: np.ndarray, need: np.ndarray, ones: bool = False):
+        """Append `need` fresh KV blocks to each running request's table (`ones`: each need is 0 or 1)."""
+        grow = np.flatnonzero(need > 0)
+        if not len(grow):
+            return
+        who, more = run[grow], need[grow]
+        nblocks = self.requests.nblocks
+        if ones or int(more.sum()) == len(grow):   # one block each
+            self.kv.grow_one_each(who, nblocks[who])
+        else:
+            self.kv.grow_many(who.tolist(), more.tolist())
+        nblocks[who] += more
+
+    def _admit_waiting(self, budget: int, used: int, running: int) -> tuple[list[policies.Join], int]:
+        """Admit waiting requests, head of the queue first, while a seat, the budget left and KV
+        blocks (with the watermark) allow, `running` seats being taken; never skips past a head
+        that does not fit. Returns (the joins, budget used)."""
+        joins = []
+        seats = self.cfg.seats - running
+        while self.waiting and seats > 0 and budget - used > 0:
+            j = policies.next_join(self, budget - used)
+            if j is None:
+                break
+            self._join(j)
+            joins.append(j)
+            used += j.take
+            seats -= 1
+        return joins, used
+
+    def _join(self, j: policies.Join):
+        t, r = self.requests, j.req
+        self.waiting.popleft()
+        self.kv.admit(r, j.hits, t.salt[r])
+        self.kv.grow(r, j.cached + j.take)
+        t.computed[r] = j.cached
+        t.nblocks[r] = len(self.kv.tables[r])
+        t.state[r] = RUNNING
+        if r not in self.ran:
+            self.ran.add(r)
+            self._started.append(r)
+
+    def _joined_batch(self, joins, now_ms) -> SchedulerOutput:
+        """vllm-v0: a step of just the prompts that joined."""
+        reqs = np.array([j.req for j in joins], dtype=np.int64)
+        n = np.array([j.take for j in joins], dtype=np.int64)
+        self.running = np.concatenate([self.running, reqs])
+        return SchedulerOutput(self.step, now_ms, reqs, n, np.array([j.cached for j in joins], dtype=np.int64),
+                               np.ones(len(reqs), dtype=bool), n >= np.array([j.todo for j in joins], dtype=np.int64))
+
+    def _batch(self, run, plan, joins, used, now_ms) -> SchedulerOutput | None:
+        """The step's batch: the running requests that take part, then the ones that joined."""
+        if joins:
+            new = np.array([j.req for j in joins], dtype=np.int64)
+            new_n = np.array([j.take for j in joins], dtype=np.int64)
+            run = np.concatenate([run, new])
+        self.running = run
+        m0 = len(run) - len(joins)
+        if plan is not None and plan.steady:   # every running request takes part
+            if plan.is_decode is None:
+                if not joins:   # decodes only
+                    return SchedulerOutput(self.step, now_ms, run, self._const("ones", m0), plan.start,
+                                           self._const("false", m0), self._const("true", m0), (0, m0))
+                n = np.concatenate([np.ones(m0, dtype=np.int64), new_n])
+                is_prefill, emits = np.zeros(len(run), dtype=bool), np.ones(len(run), dtype=bool)
+                counts = (used - m0, m0)
+            else:
+                n = np.concatenate([plan.num_tokens, new_n]) if joins else plan.num_tokens
+                is_prefill, emits = np.ones(len(run), dtype=bool), np.ones(len(run), dtype=bool)
+                is_prefill[:m0] = ~plan.is_decode
+                emits[:m0] = plan.num_tokens >= plan.pending
+                counts = None
+            if joins:
+                is_prefill[m0:] = True
+                emits[m0:] = [j.take >= j.todo for j in joins]
+            start = np.concatenate([plan.start, np.array([j.cached for j in joins], dtype=np.int64)]) \
+                if joins else plan.start
+            return SchedulerOutput(self.step, now_ms, run, n, start, is_prefill, emits, counts)
+        if plan is None:
             n = pending = np.empty(0, dtype=np.int64)
             is_decode = np.empty(0, dtype=bool)
-        used = int(n.sum())
-        new_reqs = new_n = new_pending = new_start = ()
-        if cohort_open and not preempted:
-            new_reqs, new_n, new_pending, new_start, used = policies.admit_waiting(self, budget, used, len(run))
-        self.reject_over_bound(now_ms)
-        if steady is not None:  # the running requests, then the admitted prefills: no entry is idle
-            m0 = len(start)
-            if new_reqs:
-                self.run = run = np.concatenate([run, new_reqs])
-                n = np.concatenate([n, new_n])
-                start = np.concatenate([start, new_start])
-            if pre is None and not new_reqs:   # decodes only
-                is_prefill, emits, counts = self._const("false", m0), self._const("true", m0), (0, m0)
-            else:
-                is_prefill, emits = np.zeros(len(run), dtype=bool), np.ones(len(run), dtype=bool)
-                is_prefill[m0:] = True
-                emits[m0:] = [a >= b for a, b in zip(new_n, new_pending)]
-                counts = (used - m0, m0)
-                if pre is not None:   # (positions, is prefill, emits) of the running prefills
-                    is_prefill[pre[0]], emits[pre[0]] = pre[1], pre[2]
-                    counts = None
-            batch = Batch(self.step, now_ms, run, n, start, is_prefill, emits, counts)
         else:
-            batch = self._general_batch(run, n, pending, is_decode, new_reqs, new_n, new_pending, now_ms)
-            if batch is None:
-                return None
-        return self._planned(batch, joined=bool(new_reqs) or preempted)
+            n, pending, is_decode = plan.num_tokens, plan.pending, plan.is_decode
+        if joins:
+            n = np.concatenate([n, new_n])
+            pending = np.concatenate([pending, np.array([j.todo for j in joins], dtype=np.int64)])
+            is_decode = np.concatenate([is_decode, np.zeros(len(joins), dtype=bool)])
+        k = np.count_nonzero(n)
+        if not k:
+            return None
+        if k == len(n):
+            reqs, num = run, n
+        else:
+            active = n > 0
+            reqs, num, is_decode, pending = run[active], n[active], is_decode[active], pending[active]
+        return SchedulerOutput(self.step, now_ms, reqs, num, self.requests.computed[reqs], ~is_decode, num >= pending)
 
-    def _planned(self, batch: Batch, joined: bool) -> Batch:
-        free = self.bm.num_free
-        self._pending_step = (len(self.run), len(self.waiting), self.bm.num_blocks - free, free)
-        self._quiet = not joined  # nothing joined or left the running set
+    def _planned(self, batch: SchedulerOutput, joined: bool) -> SchedulerOutput:
+        kv = self.kv
+        free = kv.num_free
+        self._step_gauges = (len(self.running), len(self.waiting), kv.num_blocks - free, free)
+        self.quiet = not joined  # nothing joined or left the running set
+        if self.request_data:
+            self._attach_data(batch)
         return batch
 
+    def _attach_data(self, batch: SchedulerOutput):
+        """What the executor has not been sent: each entry's new token ids and block table
+        changes (a table only grows, or loses its tail: the kept length says which), and the
+        requests that left."""
+        t, tables = self.requests, self.kv.tables
+        toks, blocks = [], []
+        for i in batch.reqs.tolist():
+            ids = t.token_ids[i] or []
+            s = self._sent_tokens.get(i, 0)
+            toks.append(ids[s:])
+            self._sent_tokens[i] = len(ids)
+            table = tables[i]
+            k = self._sent_blocks.get(i, 0)
+            blocks.append((k, table[k:]))
+            self._sent_blocks[i] = len(table)
+        batch.new_token_ids, batch.block_updates = toks, blocks
+        batch.finished, self._gone = self._gone, []
+
     def reject_over_bound(self, now_ms: float):
-        for i in adm.over_bound(self.cfg, self.waiting, self._ran):   # queue_limit
+        for i in adm.over_bound(self.cfg, self.waiting, self.ran):   # queue_limit
             self.waiting.remove(i)
-            self._finish_failed(i, now_ms, adm.REJECTED)
+            self._finish_failed(i, Finish(
+                i, now_ms, adm.REJECTED, f"{len(self.waiting) + 1} requests waiting, over the queue limit of "
+                f"{self.cfg.queue_limit}", "queue_limit"))
 
     def _const(self, kind: str, k: int) -> np.ndarray:
         """k ones (int64), True or False: read-only views of one array per kind."""
@@ -292,32 +379,36 @@ class Scheduler:
             self._consts[kind] = a
         return a[:k]
 
-    def _general_batch(self, run, n, pending, is_decode, new_reqs, new_n, new_pending, now_ms):
-        if new_reqs:
-            run = np.concatenate([run, np.array(new_reqs, dtype=np.int64)])
-            n = np.concatenate([n, np.array(new_n, dtype=np.int64)])
-            pending = np.concatenate([pending, np.array(new_pending, dtype=np.int64)])
-            is_decode = np.concatenate([is_decode, np.zeros(len(new_reqs), dtype=bool)])
-        self.run = run
-        k = np.count_nonzero(n)
-        if not k:
-            return None
-        if k == len(n):
-            reqs, num = run, n
-        else:
-            active = n > 0
-            reqs, num, is_decode, pending = run[active], n[active], is_decode[active], pending[active]
-        return Batch(self.step, now_ms, reqs, num, self.computed[reqs], ~is_decode, num >= pending)
-
-    def fast_forward(self, batch: Batch, durations, min_steps: int = 3) -> float | None:
+    def fast_forward(self, batch: SchedulerOutput, durations, min_steps: int = 3) -> float | None:
         """Simulator shortcut (core.engine.fastforward): apply a run of identical decode-only steps
         starting with `batch` at once, with the events stepping them would record; returns
         when the last one ends, or None (then complete the step as usual)."""
-        return _fast_forward(self, batch, durations, min_steps)
+        if (self.aborts or not self.quiet or len(batch.reqs) != len(self.running)
+                or self.cfg.queue_limit is not None or batch.prefill_tokens or self.cfg.spec_gamma):
+            return None
+        run = fastforward.plan(self, batch, durations, min_steps)
+        if run is None:
+            return None
+        t, kv = self.requests, self.kv
+        if run.owners and not kv.append_blocks(run.owners, run.times):
+            for k in run.alloc_steps:  # some block must be evicted: replay step by step, exactly
+                kv.now_ms = float(run.starts[k])
+                owners = run.members[k % self.cfg.block_size]
+                kv.grow_many(owners, [1] * len(owners))
+        K, members = run.steps, self.running
+        if self.log is not None:
+            fastforward.record(self.log, run, self.step, members, batch, t.emitted[members],
+                               self._step_gauges[2], len(self.waiting), kv.num_blocks)
+        t.computed[members] += K
+        t.emitted[members] += K
+        t.nblocks[members] = adm.blocks_for(t.computed[members], self.cfg.block_size)
+        self.step += K
+        self._step_gauges = None
+        return run.t_end_ms
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
-    def update(self, batch: Batch, out: StepOutput) -> np.ndarray:
-        """Apply a finished step and return the indices of requests that emitted tokens.
+    def update(self, batch: SchedulerOutput, out: ExecutorOutput) -> EngineOutputs:
+        """Apply a finished step and return what happened (EngineOutputs).
 
         An entry emits when its computed tokens reach everything known (prompt + emitted):
         one token, or (speculative verification: 1 + gamma tokens computed) the accepted
@@ -325,16 +416,16 @@ class Scheduler:
         the first stop id (EOS); the KV cache keeps only what the emitted tokens justify
         (prompt + emitted - 1 positions), so rejected draft positions return to the pool.
         A request cancelled while the step ran never receives its tokens."""
-        bm = self.bm
+        t, kv = self.requests, self.kv
         t_end = out.t_end_ms
-        bm.now_ms = t_end
+        kv.now_ms = t_end
         r = batch.reqs
-        whole = len(r) == len(self.run)   # every running request took part
-        self.computed[r] = batch.start_pos + batch.num_tokens
-        emit = batch.emits if batch.emits is not None else self.computed[r] >= self.prompt_len[r] + self.emitted[r]
+        whole = len(r) == len(self.running)   # every running request took part
+        t.computed[r] = batch.start_pos + batch.num_tokens
+        emit = batch.emits if batch.emits is not None else t.computed[r] >= t.prompt_len[r] + t.emitted[r]
         cancelled = None
-        if self.aborts_pending:
-            cancelled = self.abort_at[r] <= t_end
+        if self.aborts:
+            cancelled = t.abort_at[r] <= t_end
             if cancelled.any():
                 emit = emit & ~cancelled
             else:
@@ -342,83 +433,96 @@ class Scheduler:
         stopped = []
         if out.tokens is None:  # simulated: one token (id unknown) per emitting entry
             er = r[emit]
-            idx = self.emitted[er]
-            self.emitted[er] = idx + 1
+            idx = t.emitted[er]
+            t.emitted[er] = idx + 1
             ids = src = None
             # Every running request took part: next step those that emitted decode, the others
-            # continue their prefill (schedule's steady-state plan).
-            self._decoding = self.decode_fast_path and whole and not self.cfg.spec_gamma
+            # continue their prefill (the steady-state plan of core.engine.policies).
+            self._steady = whole and not self.cfg.spec_gamma
             self._prefilling = None if len(er) == len(r) else ~emit
         else:
-            self._decoding = False
+            self._steady = False
             er, idx, ids, src, stopped = self._take_tokens(batch, out, emit)
+        dur = t_end - batch.t_ms if out.dur_ms is None else out.dur_ms
         if self.log is not None:
-            log = self.log
-            running, waiting, used, free = self._pending_step
-            dur = t_end - batch.t_ms if out.dur_ms is None else out.dur_ms
-            log.steps.append(StepRecord(batch.step, batch.t_ms, dur, running, waiting, used, free))
-            log.batch_parts.append(BatchPart(batch.step, r, batch.num_tokens, batch.is_prefill))
-            log.token_parts.append(TokenPart(er, idx, t_end, ids))
-            log.token_sources.append(src)
-            if out.events:
-                log.other.extend(out.events)
-        if out.tokens is not None:  # keep KV only for positions the emitted tokens justify
-            keep = self.prompt_len[r] + self.emitted[r] - 1
-            for j in np.flatnonzero(self.computed[r] > np.maximum(keep, 0)).tolist():
-                i = int(r[j])
-                if self.emitted[i] == 0:
-                    continue  # a prefill chunk: nothing emitted yet, nothing to roll back
-                self.computed[i] = int(keep[j])
-                bm.truncate(i, int(keep[j]))
-                self.nblocks[i] = len(bm.tables[i])
-        if bm.prefix_caching:
+            self._log_step(batch, out, dur, er, idx, ids, src)
+        if out.tokens is not None:
+            self._roll_back(r)
+        if kv.prefix_caching:
             bs = self.cfg.block_size
-            crossed = (self.computed[r] // bs) > (batch.start_pos // bs)
+            crossed = (t.computed[r] // bs) > (batch.start_pos // bs)
             for i in r[crossed].tolist():
-                ids_i = self.token_ids[i]
-                if ids_i is not None and i in bm.tables:
-                    bm.commit(i, ids_i, int(self.computed[i]))
-        if out.tokens is None:   # one token each: emitted is now idx + 1
-            fin = er[idx >= self.out_len[er] - 1]
+                ids_i = t.token_ids[i]
+                if ids_i is not None and i in kv.tables:
+                    kv.commit(i, ids_i, int(t.computed[i]))
+        self._finish_emitted(er, idx, out.tokens is None, stopped, t_end)
+        if cancelled is not None:
+            for i in r[cancelled].tolist():
+                self.abort(i, t_end, t.abort_reason.get(i, "abort"), max(float(t.abort_at[i]), batch.t_ms))
+        self.step += 1
+        self._step_gauges = None
+        return self.take_outputs(t_end, batch, dur, er, idx, ids)
+
+    def _log_step(self, batch, out, dur, er, idx, ids, src):
+        log = self.log
+        running, waiting, used, free = self._step_gauges
+        log.steps.append(StepRecord(batch.step, batch.t_ms, dur, running, waiting, used, free))
+        log.batch_parts.append(BatchPart(batch.step, batch.reqs, batch.num_tokens, batch.is_prefill))
+        log.token_parts.append(TokenPart(er, idx, out.t_end_ms, ids))
+        log.token_sources.append(src)
+        if out.events:
+            log.other.extend(out.events)
+
+    def _roll_back(self, r: np.ndarray):
+        """Keep KV only for the positions the emitted tokens justify (speculative rejections)."""
+        t, kv = self.requests, self.kv
+        keep = t.prompt_len[r] + t.emitted[r] - 1
+        for j in np.flatnonzero(t.computed[r] > np.maximum(keep, 0)).tolist():
+            i = int(r[j])
+            if t.emitted[i] == 0:
+                continue  # a prefill chunk: nothing emitted yet, nothing to roll back
+            t.computed[i] = int(keep[j])
+            kv.truncate(i, int(keep[j]))
+            t.nblocks[i] = len(kv.tables[i])
+            if self.request_data:
+                self._sent_blocks[i] = min(self._sent_blocks.get(i, 0), int(t.nblocks[i]))
+
+    def _finish_emitted(self, er, idx, simulated: bool, stopped: list[int], t_end: float):
+        """Requests that reached their max tokens or a stop id leave, their blocks freed."""
+        t = self.requests
+        if simulated:   # one token each: emitted is now idx + 1
+            fin = er[idx >= t.out_len[er] - 1]
         else:  # one row per token; a request's tokens are adjacent
             emitters = er[np.r_[True, er[1:] != er[:-1]]] if len(er) > 1 else er
-            fin = emitters[self.emitted[emitters] >= self.out_len[emitters]]
+            fin = emitters[t.emitted[emitters] >= t.out_len[emitters]]
         reasons = {}
         if stopped:
-            extra = [i for i in stopped if self.emitted[i] < self.out_len[i]]
+            extra = [i for i in stopped if t.emitted[i] < t.out_len[i]]
             if extra:
                 fin = np.concatenate([fin, np.array(extra, dtype=np.int64)])
                 reasons = {i: "stop" for i in extra}
-        if len(fin):
-            for i in fin.tolist():
-                bm.free_seq(i)
-                self.nblocks[i] = 0
-                self.state[i] = DONE
-                if self.log is not None:
-                    self.log.finishes.append(FinishRecord(i, t_end, reasons.get(i, "length")))
-            self.num_done += len(fin)
-            keep = self.state[self.run] == RUNNING
-            self.run = self.run[keep]
-            if self._prefilling is not None and len(keep) == len(self._prefilling):
-                self._prefilling = self._prefilling[keep]
-        if cancelled is not None:
-            for i in r[cancelled].tolist():
-                self.abort(i, t_end, self.abort_reason.get(i, "abort"), max(float(self.abort_at[i]), batch.t_ms))
-        self.step += 1
-        self._pending_step = None
-        return er
+        if not len(fin):
+            return
+        for i in fin.tolist():
+            self._free(i)
+            self._done(i, Finish(i, t_end, reasons.get(i, "length")))
+        keep = t.state[self.running] == RUNNING
+        self.running = self.running[keep]
+        if self._prefilling is not None and len(keep) == len(self._prefilling):
+            self._prefilling = self._prefilling[keep]
 
     def _take_tokens(self, batch, out, emit):
         """Emitted tokens of a step whose executor returned ids: cut at max tokens and at the
         first stop id. Returns (reqs, output index, ids, source codes or None, stopped reqs)."""
+        t = self.requests
         emit_r, emit_idx, emit_ids, emit_src, stopped = [], [], [], [], []
         for j, i in enumerate(batch.reqs.tolist()):
-            stop = self.stop_of.get(i, self.stop_token_ids)
+            stop = t.stop_of.get(i, self.stop_token_ids)
             toks = out.tokens[j]
             if not emit[j] or not toks:
                 continue
-            first = int(self.emitted[i])
-            k = min(len(toks), int(self.out_len[i]) - first)
+            first = int(t.emitted[i])
+            k = min(len(toks), int(t.out_len[i]) - first)
             if stop:
                 for m in range(k):
                     if toks[m] in stop:
@@ -430,9 +534,38 @@ class Scheduler:
             emit_ids += toks[:k]
             if out.sources is not None:
                 emit_src += out.sources[j][:k]
-            if self.token_ids[i] is not None:
-                self.token_ids[i].extend(toks[:k])
-            self.emitted[i] = first + k
+            if t.token_ids[i] is not None:
+                t.token_ids[i].extend(toks[:k])
+            t.emitted[i] = first + k
         src = np.array(emit_src, dtype=np.int8) if out.sources is not None else None
         return (np.array(emit_r, dtype=np.int64), np.array(emit_idx, dtype=np.int64),
                 np.array(emit_ids, dtype=np.int64), src, stopped)
+
+    # ---- what happened ----------------------------------------------------------------------
+    def stats(self) -> SchedulerStats:
+        kv = self.kv
+        return SchedulerStats(len(self.running), len(self.waiting), kv.num_used, kv.num_blocks,
+                              self.num_preemptions, kv.counts["hit"])
+
+    def has_outputs(self) -> bool:
+        """Something happened outside a step (arrivals queued or rejected, cancellations)."""
+        return bool(self._finished or self._queued or self._preempted)
+
+    def take_outputs(self, t_ms: float, batch: SchedulerOutput | None = None, dur_ms: float | None = None,
+                     token_reqs=None, token_index=None, token_ids=None) -> EngineOutputs:
+        """Everything that happened since the last EngineOutputs (with a step's tokens, when
+        given), and forget it."""
+        fin = self._finished
+        if fin and self.request_data:
+            self._gone += [f.req for f in fin]
+            for f in fin:
+                self._sent_tokens.pop(f.req, None)
+                self._sent_blocks.pop(f.req, None)
+        out = EngineOutputs(t_ms, self.stats(), batch, dur_ms, finished=fin, queued=self._queued,
+                            preempted=self._preempted)
+        if batch is not None:   # first scheduled in this step (they stay for the step's outputs until then)
+            out.started, self._started = self._started, []
+        if token_reqs is not None:
+            out.token_reqs, out.token_index, out.token_ids = token_reqs, token_index, token_ids
+        self._finished, self._queued, self._preempted = [], [], []
+        return out

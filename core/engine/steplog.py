@@ -1,18 +1,14 @@
-"""What one step produced and what the scheduler recorded.
-
-`StepOutput` is the executor's answer for one batch (core.engine.loop). `StepLog` is the
-scheduler's columnar record of a run: typed rows (or, for a fast-forwarded run of steps,
-rows whose fields are arrays) that core.trace turns into a trace.
+"""What the scheduler recorded: `StepLog`, the columnar record of a run: typed rows (or, for a
+fast-forwarded run of steps, rows whose fields are arrays), turned into columns per record type
+by `log_records` (core.trace makes the trace's tables of them, or a TraceWriter streams them).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from core.engine.kv_cache import KVLog
-from core.engine.kvlog import spread
+from core.engine.kvlog import KVLog, spread
 
 
 # Step-log records. Each is a row, or (StepRun and parts built from arrays) a run of rows.
@@ -56,27 +52,16 @@ class PreemptRecord(NamedTuple):
     freed_blocks: int
 
 
-@dataclass(slots=True)
-class StepOutput:
-    """What an executor returns for one batch (the scheduler never knows who made it)."""
-    t_end_ms: float                              # when the step's tokens are on the host
-    dur_ms: float | None = None                  # step duration (default t_end_ms - batch.t_ms)
-    tokens: list[list[int]] | None = None        # per batch entry: token ids it emits ([] for none);
-    #                                              None: one unknown token per entry that completes
-    sources: list[list[int]] | None = None       # per entry: codes into TOKEN_SOURCES (None: sampled)
-    events: list[dict] | None = None             # verbatim trace events (spec, tiles)
-
-
 class StepLog:
     """Columnar record of what the scheduler did (turned into a trace by core.trace)."""
 
-    def __init__(self):
+    def __init__(self, record_kv: bool = True):
         self.steps: list[StepRecord] = []
         self.batch_parts: list[BatchPart] = []
         self.token_parts: list[TokenPart] = []
         self.finishes: list[FinishRecord] = []
         self.preempts: list[PreemptRecord] = []
-        self.kv = KVLog()
+        self.kv = KVLog() if record_kv else None   # None: KV block events are not recorded
         self.token_sources: list = []            # per token part: codes into TOKEN_SOURCES, or None (sampled)
         self.other: list[dict] = []              # verbatim events (spec, tiles)
 
@@ -84,7 +69,8 @@ class StepLog:
         """Forget every record (a streaming writer has taken them); the run continues."""
         self.steps, self.batch_parts, self.token_parts = [], [], []
         self.finishes, self.preempts, self.token_sources, self.other = [], [], [], []
-        self.kv.clear()
+        if self.kv is not None:
+            self.kv.clear()
 
 
 LOG_STEP_FIELDS = ("step", "t_ms", "dur_ms", "running", "waiting", "kv_used_blocks", "kv_free_blocks")
@@ -146,7 +132,7 @@ def log_records(log) -> dict:
         out["batch"] = {"step": spread(list(steps), lens, np.int64), "req": np.concatenate(reqs),
                         "tokens": np.concatenate(tokens),
                         "kind": np.concatenate(prefill).astype(np.int8)}
-    if len(log.kv):
+    if log.kv is not None and len(log.kv):
         out["kv"] = log.kv.columns()
     if log.preempts:
         req, t, reason, freed = (list(c) for c in zip(*log.preempts))

@@ -5,22 +5,13 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from core.analysis.metrics import first_scheduled_ms, token_spans
+from core.analysis.metrics import request_spans
 from core.figures import ORIGIN_COLORS, base_layout
 
 QUEUE_COLOR = "#D9D9D9"
 PREFILL_COLOR = "#F2B701"
 DECODE_COLOR = "#80B1D3"
 PREEMPT_COLOR = "#D55E00"   # Okabe-Ito vermillion
-
-
-def request_spans(trace) -> dict[str, np.ndarray]:
-    """Per request: arrival, first scheduled step start (NaN without step events), first and
-    last token times, tokens emitted."""
-    arrival = trace.requests["arrival_ms"].to_numpy(dtype=float)
-    first, last, num_emitted = token_spans(trace)
-    return {"arrival": arrival, "scheduled": first_scheduled_ms(trace), "first": first, "last": last,
-            "num_emitted": num_emitted}
 
 
 MAX_LANES = 300        # requests drawn one row each (all schedules together); more: the aggregate view

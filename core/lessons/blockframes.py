@@ -63,63 +63,8 @@ def paging_frames(trace, block_size: int, max_frames: int = MAX_FRAMES, max_rows
     F = len(times)
     ids = trace.ids
 
-    # block tables, one pass over the kv events in order
-    t_kv = kv["t_ms"].to_numpy(dtype=float)
-    op = kv["op"].astype(str).to_numpy()
-    req, logical, blk = (kv[c].to_numpy() for c in ("req", "logical", "block"))
-    tables: list[dict[tuple[int, int], int]] = []
-    stories: list[Counter] = []
-    cur: dict[tuple[int, int], int] = {}
-    i = 0
-    for T in times:
-        said = Counter()
-        while i < len(t_kv) and t_kv[i] <= T:
-            o, r, lg = op[i], int(req[i]), int(logical[i])
-            if r >= 0 and lg >= 0:
-                if o in _TABLE_OPS:   # (block, whether it came from the prefix cache)
-                    hit = o == "hit" or (o == "cache" and cur.get((r, lg), (0, False))[1])
-                    cur[(r, lg)] = (int(blk[i]), hit)
-                elif o == "free":
-                    cur.pop((r, lg), None)
-            if o != "cache":
-                said[(o, r)] += 1
-            i += 1
-        tables.append(dict(cur))
-        stories.append(said)
-
-    # tokens in the cache: steps ended by each frame time, after the request's last preemption
-    order = st.sort_values("step", kind="stable")
-    ends = (order["t_ms"] + order["dur_ms"]).to_numpy(dtype=float)
-    step_ids = order["step"].to_numpy()
-    b = trace.batch
-    by_step: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    if len(b):
-        bs_step, bs_req, bs_tok = b["step"].to_numpy(), b["req"].to_numpy(), b["tokens"].to_numpy()
-        srt = np.argsort(bs_step, kind="stable")
-        cuts = np.flatnonzero(np.diff(bs_step[srt])) + 1
-        bs_pre = np.asarray(b["kind"]) == "prefill"
-        for part in np.split(srt, cuts):
-            if len(part):
-                by_step[int(bs_step[part[0]])] = (bs_req[part], bs_tok[part], bs_pre[part])
-    pre = trace.preempts.sort_values("t_ms", kind="stable")
-    pre_t, pre_r = pre["t_ms"].to_numpy(dtype=float), pre["req"].to_numpy()
-    # a preemption at time p drops what the steps ended by p computed; later steps count again
-    tok = np.zeros(len(ids), dtype=np.int64)
-    # at a tie the step ends first: a preemption at p drops the step that ended at p too
-    events = sorted([(float(e), 0, int(s)) for e, s in zip(ends, step_ids)]
-                    + [(float(p), 1, int(r)) for p, r in zip(pre_t, pre_r)])
-    held = []
-    j = 0
-    for T in times:
-        while j < len(events) and events[j][0] <= T:
-            _, kind, x = events[j]
-            if kind == 1:
-                tok[x] = 0
-            elif x in by_step:
-                r, n, _ = by_step[x]
-                np.add.at(tok, r, n)
-            j += 1
-        held.append(tok.copy())
+    tables, stories = _tables_at(kv, times)
+    held, by_step = _tokens_held(trace, times, len(ids))
 
     # rows: requests in order of first holding a block; columns: logical blocks
     first_seen: dict[int, int] = {}
@@ -148,6 +93,76 @@ def paging_frames(trace, block_size: int, max_frames: int = MAX_FRAMES, max_rows
     texts = [_story(steps[f], times[f], stories[f], ids, by_step.get(steps[f])) for f in range(F)]
     return PagingFrames(times, steps, rows, block, fill, occ, texts, block_size, total,
                         len(rows_all) - len(rows))
+
+
+def _tables_at(kv, times):
+    """Block tables ({(request, logical block): (physical block, from the prefix cache)}) at
+    each frame time, and what happened since the previous frame: one pass over the kv events."""
+    t_kv = kv["t_ms"].to_numpy(dtype=float)
+    op = kv["op"].astype(str).to_numpy()
+    req, logical, blk = (kv[c].to_numpy() for c in ("req", "logical", "block"))
+    tables: list[dict[tuple[int, int], int]] = []
+    stories: list[Counter] = []
+    cur: dict[tuple[int, int], int] = {}
+    i = 0
+    for T in times:
+        said = Counter()
+        while i < len(t_kv) and t_kv[i] <= T:
+            o, r, lg = op[i], int(req[i]), int(logical[i])
+            if r >= 0 and lg >= 0:
+                if o in _TABLE_OPS:   # (block, whether it came from the prefix cache)
+                    hit = o == "hit" or (o == "cache" and cur.get((r, lg), (0, False))[1])
+                    cur[(r, lg)] = (int(blk[i]), hit)
+                elif o == "free":
+                    cur.pop((r, lg), None)
+            if o != "cache":
+                said[(o, r)] += 1
+            i += 1
+        tables.append(dict(cur))
+        stories.append(said)
+
+    return tables, stories
+
+
+def _tokens_held(trace, times, n_requests: int):
+    """Tokens in the cache per request at each frame time (steps ended by then, after the
+    request's last preemption), and each step's batch (requests, tokens, is prefill)."""
+    st = trace.steps
+    # tokens in the cache: steps ended by each frame time, after the request's last preemption
+    order = st.sort_values("step", kind="stable")
+    ends = (order["t_ms"] + order["dur_ms"]).to_numpy(dtype=float)
+    step_ids = order["step"].to_numpy()
+    b = trace.batch
+    by_step: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    if len(b):
+        bs_step, bs_req, bs_tok = b["step"].to_numpy(), b["req"].to_numpy(), b["tokens"].to_numpy()
+        srt = np.argsort(bs_step, kind="stable")
+        cuts = np.flatnonzero(np.diff(bs_step[srt])) + 1
+        bs_pre = np.asarray(b["kind"]) == "prefill"
+        for part in np.split(srt, cuts):
+            if len(part):
+                by_step[int(bs_step[part[0]])] = (bs_req[part], bs_tok[part], bs_pre[part])
+    pre = trace.preempts.sort_values("t_ms", kind="stable")
+    pre_t, pre_r = pre["t_ms"].to_numpy(dtype=float), pre["req"].to_numpy()
+    # a preemption at time p drops what the steps ended by p computed; later steps count again
+    tok = np.zeros(n_requests, dtype=np.int64)
+    # at a tie the step ends first: a preemption at p drops the step that ended at p too
+    events = sorted([(float(e), 0, int(s)) for e, s in zip(ends, step_ids)]
+                    + [(float(p), 1, int(r)) for p, r in zip(pre_t, pre_r)])
+    held = []
+    j = 0
+    for T in times:
+        while j < len(events) and events[j][0] <= T:
+            _, kind, x = events[j]
+            if kind == 1:
+                tok[x] = 0
+            elif x in by_step:
+                r, n, _ = by_step[x]
+                np.add.at(tok, r, n)
+            j += 1
+        held.append(tok.copy())
+
+    return held, by_step
 
 
 def _story(step, t, said: Counter, ids, batch) -> str:

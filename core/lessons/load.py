@@ -14,10 +14,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from core.analysis.compare import POLICY_LABELS, policy_config
 from core.analysis.metrics import SLO, summarize
 from core.config import SchedulerConfig
 from core.errors import InputError
+from core.lessons.schedules import POLICY_LABELS, policy_config
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel
 from core.sim.sweep import point_summary, sweep

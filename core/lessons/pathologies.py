@@ -24,8 +24,8 @@ import numpy as np
 from core.analysis.metrics import COMPLETED, itl_gaps_of, request_metrics, summarize
 from core.config import SchedulerConfig
 from core.engine import loop
-from core.engine.scheduler import DONE, RUNNING, Scheduler
-from core.engine.steplog import FinishRecord, StepLog
+from core.engine.scheduler import Scheduler
+from core.engine.steplog import StepLog
 from core.sim.simulate import StepModel, StepTimeExecutor, simulate
 from core.workload import Request, Workload
 
@@ -128,16 +128,8 @@ class LeakyScheduler(Scheduler):
     """DELIBERATELY BROKEN (pathology 4): an aborted request leaves the running set but its
     KV blocks are never freed."""
 
-    def abort(self, i, now_ms, reason="abort", t_finish=None):
-        if self.state[i] == RUNNING:
-            self.run = self.run[self.run != i]
-            self.state[i] = DONE   # its blocks stay allocated
-            self.num_done += 1
-            self._decoding = False
-            if self.log is not None:
-                self.log.finishes.append(FinishRecord(i, now_ms if t_finish is None else t_finish, reason))
-            return
-        super().abort(i, now_ms, reason, t_finish)
+    def leave_running(self, i, now_ms, free_blocks=True):
+        super().leave_running(i, now_ms, free_blocks=False)   # its blocks stay allocated
 
 
 def run_leak() -> list[dict]:
@@ -151,10 +143,10 @@ def run_leak() -> list[dict]:
         log = StepLog()
         sched = cls(w, cfg, log)
         loop.run(sched, StepTimeExecutor(AFFINE), loop.VirtualClock(0.0), fast_forward=True)
-        meta = loop.trace_meta(sched, w, "simulated", label, {"name": "core.lessons.pathologies"},
+        meta = loop.trace_meta(sched, w, "simulated", label, {"name": "core.pathologies"},
                                step_model=AFFINE.to_dict())
-        tr = loop.to_trace(sched, log, w, meta)
-        rows.append(_row(label, tr, **{"KV blocks in use at the end": sched.bm.num_used,
+        tr = loop.to_trace(log, w, meta)
+        rows.append(_row(label, tr, **{"KV blocks in use at the end": sched.kv.num_used,
                                        "KV blocks in use, peak": int(tr.steps["kv_used_blocks"].max())}))
     return rows
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from core.analysis.compare import GENERIC_POLICIES, POLICY_LABELS
 from core.config import SchedulerConfig, from_dict
 from core.engine.kv_cache import BlockManager
 from core.errors import ConfigError, InputError, WorkloadError
+from core.lessons.schedules import GENERIC_POLICIES, POLICY_LABELS
 from core.sim.stepmodel import StepModel
 from core.trace import Trace, load_trace
 from core.workload import Request, Workload, load_workload, request_from_dict

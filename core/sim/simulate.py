@@ -14,8 +14,9 @@ import numpy as np
 
 from core.config import SchedulerConfig
 from core.engine import loop
-from core.engine.scheduler import Batch, Scheduler
-from core.engine.steplog import StepLog, StepOutput
+from core.engine.outputs import ExecutorOutput, SchedulerOutput
+from core.engine.scheduler import Scheduler
+from core.engine.steplog import StepLog
 from core.errors import ConfigError
 from core.sim.stepmodel import StepModel, fit_affine  # noqa: F401  (StepModel, fit_affine: re-exported)
 from core.workload import Workload
@@ -30,13 +31,13 @@ class StepTimeExecutor:
     def __init__(self, step_model: StepModel):
         self.step_model = step_model
 
-    def execute(self, sched: Scheduler, batch: Batch) -> StepOutput:
+    def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         dur = self.step_model.duration_ms(batch)
         if not dur > 0:
             raise ConfigError(f"step model gave a non-positive step duration ({dur} ms)")
-        return StepOutput(batch.t_ms + dur, dur)
+        return ExecutorOutput(batch.t_ms + dur, dur)
 
-    def run_durations(self, batch: Batch, k: int) -> np.ndarray:
+    def run_durations(self, batch: SchedulerOutput, k: int) -> np.ndarray:
         return self.step_model.decode_run_ms(batch, k)
 
 
@@ -47,7 +48,7 @@ def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel 
     stepping one by one, which tests check); turn it off to step strictly."""
     with _no_cyclic_gc():   # building the trace allocates as many acyclic objects as the run
         sched, log, meta = _run(workload, config, step_model, label, created, record_kv, fast_forward)
-        return loop.to_trace(sched, log, workload, meta)
+        return loop.to_trace(log, workload, meta)
 
 
 @contextmanager
@@ -116,11 +117,13 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
                                      "json": [_dumps(e) for e in log.other]})
             log.clear()
 
-        def on_step(sched, batch, out):
-            if len(sched.log.batch_parts) >= flush_steps:
-                drain(sched.log)
+        log = StepLog(record_kv)
 
-        sched, log, meta = _run(workload, config, step_model, label, created, record_kv, fast_forward, on_step)
+        def on_output(_):
+            if len(log.batch_parts) >= flush_steps:
+                drain(log)
+
+        sched, log, meta = _run(workload, config, step_model, label, created, record_kv, fast_forward, on_output, log)
         drain(log)
     except BaseException:
         writer.abort()
@@ -129,18 +132,16 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
     return meta, writer.counts
 
 
-def _run(workload, config, step_model, label, created, record_kv, fast_forward, on_step=None):
+def _run(workload, config, step_model, label, created, record_kv, fast_forward, on_output=None, log=None):
     step_model = step_model or StepModel()
     if config.spec_gamma:
         raise ConfigError("spec_gamma: the simulator does not model speculative acceptance; "
                           "capture speculative runs with gpu_runner")
     with _no_cyclic_gc():
-        log = StepLog()
+        log = log if log is not None else StepLog(record_kv)
         sched = Scheduler(workload, config, log)
-        if not record_kv:
-            sched.bm.log = None
         clock = loop.VirtualClock(float(workload.arrival_ms[0]))
-        loop.run(sched, StepTimeExecutor(step_model), clock, on_step=on_step, fast_forward=fast_forward)
+        loop.run(sched, StepTimeExecutor(step_model), clock, on_output=on_output, fast_forward=fast_forward)
         meta = loop.trace_meta(sched, workload, "simulated", label or f"{config.policy} (simulated)",
-                               {"name": "core.sim.simulate"}, created, step_model=step_model.to_dict())
+                               {"name": "core.simulate"}, created, step_model=step_model.to_dict())
         return sched, log, meta

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.config import opt
-from core.engine.scheduler import Batch
+from core.engine.outputs import SchedulerOutput as Batch
 from core.errors import ConfigError
 from core.formulas.kv import GPUS, MODELS
 

@@ -24,6 +24,7 @@ import numpy as np
 from core.analysis.metrics import COMPLETED, DEFAULT_PERCENTILES, SLO, request_metrics, summarize
 from core.config import SchedulerConfig
 from core.engine import loop
+from core.engine.admission import blocks_needed
 from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog
 from core.errors import ConfigError
@@ -96,7 +97,7 @@ def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: Ste
     if not (len(d) and np.isfinite(d).all() and (d >= 0).all()):
         raise ConfigError(f"delay_ms: expected numbers >= 0, got {delay_ms!r}")
     if config.kv_blocks is None:
-        need = -(-(workload.prompt_tokens + workload.max_output_tokens - 1) // config.block_size)
+        need = blocks_needed(workload.prompt_tokens, workload.max_output_tokens, config.block_size)
         config = dataclasses.replace(config, kv_blocks=int(need.sum()))
     log = StepLog()
     sched = Scheduler(None, config, log)
@@ -104,9 +105,9 @@ def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: Ste
     loop.run(sched, StepTimeExecutor(step_model), loop.VirtualClock(0.0), inbox=inbox)
     sent = Workload(inbox.sent, name=f"{workload.name}, closed loop of {concurrency}")
     meta = loop.trace_meta(sched, sent, "simulated", f"{config.policy}, {concurrency} in flight (simulated)",
-                           {"name": "core.sim.sweep"}, created, step_model=step_model.to_dict(),
+                           {"name": "core.sweep"}, created, step_model=step_model.to_dict(),
                            load={"kind": "closed", "concurrency": concurrency})
-    return loop.to_trace(sched, log, sent, meta), inbox.max_in_flight
+    return loop.to_trace(log, sent, meta), inbox.max_in_flight
 
 
 def point_summary(trace, slo: SLO | None) -> dict:

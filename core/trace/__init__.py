@@ -11,6 +11,7 @@ Modules, by job:
   build.py      traces from the scheduler log, from given emission times
   engines.py    vLLM / SGLang benchmark result files
   open.py       open_trace: any input, sniffed from its content
+  save.py       save_trace: a file (JSON, gzip, Parquet, Parquet parts) chosen by its name
 """
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ import importlib
 # Submodules load on first use (PEP 562), so a streamed simulation, which needs only the
 # schema and the Parquet writer, never imports pandas.
 _WHERE = {
-    "given_trace": "build", "new_trace": "build", "trace_from_log": "build",
+    "given_trace": "build", "new_trace": "build", "trace_from_records": "build",
     "Imported": "engines", "file_summary_comparison": "engines", "file_window_comparison": "engines",
     "import_vllm": "engines", "looks_like_vllm": "engines",
-    "no_gc": "jsoncodec", "parse_json_bytes": "jsoncodec",
+    "no_gc": "jsoncodec", "parse_json_bytes": "jsoncodec", "to_doc": "jsoncodec", "trace_json": "jsoncodec",
+    "save_trace": "save",
     "Trace": "model",
     "load_trace": "open", "open_trace": "open", "parse_trace": "open",
     "PARQUET_KEY": "parquet", "is_parquet": "parquet", "to_parquet_bytes": "parquet", "trace_from_parquet": "parquet",
@@ -48,6 +50,6 @@ def __dir__():
 __all__ = ["BATCH_COLS", "FINISH_COLS", "Imported", "KINDS", "KV_COLS", "PARQUET_KEY", "PREEMPT_COLS",
            "REQUEST_FIELDS", "SCHEMA", "SOURCES", "STEP_COLS", "TOKEN_COLS", "TOKEN_SOURCES", "Trace",
            "file_summary_comparison", "file_window_comparison", "given_trace", "import_vllm", "is_parquet",
-           "load_trace", "looks_like_vllm",
-           "new_trace", "no_gc", "open_trace", "parse_json_bytes", "parse_trace", "to_parquet_bytes",
-           "trace_from_doc", "trace_from_log", "trace_from_parquet"]
+           "load_trace", "looks_like_vllm", "new_trace", "no_gc", "open_trace", "parse_json_bytes", "parse_trace",
+           "save_trace", "to_doc", "to_parquet_bytes", "trace_from_doc", "trace_from_parquet",
+           "trace_from_records", "trace_json"]

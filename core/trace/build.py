@@ -1,21 +1,11 @@
-"""Traces made in this process: from the scheduler's StepLog (simulator and runner), from
-emission times given per request (teaching scenarios), or empty for a workload.
-
-The StepLog interface (core/engine/scheduler.py), read by position so that plain tuples and
-NamedTuples both work:
-  steps        (step, t_ms, dur_ms, running, waiting, kv_used_blocks, kv_free_blocks): scalars
-               for one step, or arrays for a fast-forwarded run of steps
-  batch_parts  (step or array of steps, reqs, num_tokens, is_prefill)
-  token_parts  (reqs, index, t_ms scalar or per token, token_ids or None); token_sources:
-               per part, codes into TOKEN_SOURCES or None (all sampled)
-  finishes     (req, t_ms, reason);  preempts (req, t_ms, reason, freed_blocks)
-  kv           core.engine.kv_cache.KVLog;     other: verbatim events (spec, tiles)
-"""
+"""Traces made in this process: from a run's records (the engine's step log as columns per
+record type: core.engine.steplog.log_records), from emission times given per request (teaching
+scenarios), or empty for a workload."""
 from __future__ import annotations
 
 import pandas as pd
 
-from core.engine.steplog import log_records
+from core.trace.jsoncodec import to_doc
 from core.trace.model import Trace, frame
 from core.trace.schema import BATCH, FINISH, KV, PREEMPT, REQUEST, STEP, TOKEN
 from core.trace.validate import trace_from_doc
@@ -37,16 +27,17 @@ def new_trace(meta: dict, workload: Workload) -> Trace:
 _RECORDS = {r.type: r for r in (TOKEN, FINISH, STEP, BATCH, KV, PREEMPT)}
 
 
-def trace_from_log(workload: Workload, log, meta: dict) -> Trace:
-    """Turn a scheduler StepLog (simulator or runner) into a Trace."""
+def trace_from_records(workload: Workload, records: dict, meta: dict, other: list | None = None) -> Trace:
+    """A Trace of a run: `records` {record type: {field: column}} (enum fields as int8 codes
+    into the field's values), `other` verbatim events (spec, tiles)."""
     tr = new_trace(meta, workload)
-    for rtype, cols in log_records(log).items():
+    for rtype, cols in records.items():
         rec = _RECORDS[rtype]
         for f in rec.columns:   # enum columns come as codes into the field's values
             if f.type == "enum":
                 cols[f.name] = pd.Categorical.from_codes(cols[f.name], list(f.values))
         setattr(tr, rec.table, frame(rec, cols))
-    tr.other = list(getattr(log, "other", []) or [])
+    tr.other = list(other or [])
     return tr
 
 
@@ -59,4 +50,4 @@ def given_trace(workload: Workload, emissions: dict[str, list[float]], meta: dic
     tr.tokens = frame(TOKEN, {"t_ms": t, "req": req, "index": idx})
     last = {rid: max(ts) for rid, ts in emissions.items()}
     tr.finishes = frame(FINISH, {"t_ms": list(last.values()), "req": [pos[r] for r in last]})
-    return trace_from_doc(tr.to_doc(), meta.get("label", "given"))  # validate on the way out
+    return trace_from_doc(to_doc(tr), meta.get("label", "given"))  # validate on the way out

@@ -92,62 +92,87 @@ def _import_vllm(doc: dict, name: str) -> Imported:
         return Imported(None, "vllm", summary, notes=[
             "This file has only summary fields; per-request views need the detailed arrays "
             "(ttfts, itls, input_lens, output_lens, errors: vLLM writes them with --save-detailed)."])
+    cols = _vllm_columns(doc, name)
+    arrival_ms, aligned, notes = _vllm_arrivals(doc, len(cols["ttfts"]), name)
+    rows = _VllmRows(name, arrival_ms)
+    for i in range(len(arrival_ms)):
+        rows.add(i, *(cols[k][i] for k in ("ttfts", "itls", "output_lens", "input_lens", "errors")))
+    if rows.merged:
+        notes.append(f"{rows.merged} request(s) streamed more chunks than output tokens; their extra chunk times "
+                     "were merged, so their ITL gaps differ from the file's.")
+    if rows.failed:
+        notes.append(f"{len(rows.failed)} failed request(s) (non-empty errors) are kept with no tokens and a "
+                     "finish reason 'error'; they are excluded from latency statistics, as vLLM does.")
+    meta["notes"] = " ".join(notes)
+    if not rows.reqs:
+        raise TraceError(f"{name}: the file lists no requests")
+    return Imported(rows.trace(meta), "vllm", summary, rows.failed, notes, aligned)
+
+
+def _vllm_columns(doc: dict, name: str) -> dict:
+    """The per-request arrays, of one length, lengths checked (before anything is allocated)."""
     ttfts = _num_list(doc, "ttfts", name)
-    itls = _num_list(doc, "itls", name)
-    out_lens = _num_list(doc, "output_lens", name)
     n = len(ttfts)
-    in_lens = doc.get("input_lens") if isinstance(doc.get("input_lens"), list) else [0] * n
-    errors = doc.get("errors") if isinstance(doc.get("errors"), list) else [""] * n
-    for key, arr in (("itls", itls), ("output_lens", out_lens), ("input_lens", in_lens), ("errors", errors)):
-        if len(arr) != n:
-            raise TraceError(f"{name}: {key} has {len(arr)} entries but ttfts has {n}")
-    # Lengths first, all of them, so that nothing is allocated for a file that is refused.
-    out_lens = [_count(v, f"{name}: request {i}", "output_lens") for i, v in enumerate(out_lens)]
-    in_lens = [_count(v, f"{name}: request {i}", "input_lens") for i, v in enumerate(in_lens)]
-    if sum(out_lens) > MAX_IMPORT_TOKENS:
-        raise TraceError(f"{name}: output_lens: {sum(out_lens)} output tokens in all, more than the "
+    cols = {"ttfts": ttfts, "itls": _num_list(doc, "itls", name), "output_lens": _num_list(doc, "output_lens", name),
+            "input_lens": doc.get("input_lens") if isinstance(doc.get("input_lens"), list) else [0] * n,
+            "errors": doc.get("errors") if isinstance(doc.get("errors"), list) else [""] * n}
+    for key in ("itls", "output_lens", "input_lens", "errors"):
+        if len(cols[key]) != n:
+            raise TraceError(f"{name}: {key} has {len(cols[key])} entries but ttfts has {n}")
+    for key in ("output_lens", "input_lens"):
+        cols[key] = [_count(v, f"{name}: request {i}", key) for i, v in enumerate(cols[key])]
+    if sum(cols["output_lens"]) > MAX_IMPORT_TOKENS:
+        raise TraceError(f"{name}: output_lens: {sum(cols['output_lens'])} output tokens in all, more than the "
                          f"{MAX_IMPORT_TOKENS} an import holds")
-    starts = None
+    return cols
+
+
+def _vllm_arrivals(doc: dict, n: int, name: str) -> tuple[np.ndarray, bool, list[str]]:
+    """Arrival times (ms from the first send), whether every request starts at 0 (no send times
+    in the file), and notes on how they were read."""
     for key in ("start_times", "request_submit_times"):
         if isinstance(doc.get(key), list) and len(doc[key]) == n and all(_finite(x) for x in doc[key]):
             starts = np.asarray(doc[key], dtype=float)
             break
-    aligned = starts is None
-    notes = []
-    if aligned:
-        notes.append("No send times in the file: every request is drawn from its own send time 0 "
-                     "(timelines overlap; throughput over a shared window is not meaningful).")
-        arrival_ms = np.zeros(n)
     else:
-        arrival_ms = (starts - starts.min()) * 1000.0
-        if not arrival_ms.max() <= MAX_TIME_MS:
-            raise TraceError(f"{name}: {key}: send times span more than the latest time {MAX_TIME_MS:g} ms")
-        qt = doc.get("queue_times")
-        if isinstance(qt, list) and len(qt) == n and all(_finite(x) and x >= 0 for x in qt):
-            q = np.asarray(qt, dtype=float) * 1000.0
-            notes.append(f"Arrival = the benchmark's send time ({key}). Before sending, requests waited in the "
-                         f"client for a concurrency slot (queue_times): mean {q.mean():.3f} ms, max "
-                         f"{q.max():.3f} ms; as in vLLM's own statistics that wait is not part of TTFT or E2E.")
-    reqs, tok_req, tok_idx, tok_t, failed, finishes = [], [], [], [], [], []
-    merged = 0
-    for i in range(n):
-        err = errors[i]
-        rid = f"req{i}"
-        ok = not (isinstance(err, str) and err) and not (err not in (None, "") and not isinstance(err, str))
+        return np.zeros(n), True, ["No send times in the file: every request is drawn from its own send time 0 "
+                                   "(timelines overlap; throughput over a shared window is not meaningful)."]
+    notes = []
+    arrival_ms = (starts - starts.min()) * 1000.0
+    if not arrival_ms.max() <= MAX_TIME_MS:
+        raise TraceError(f"{name}: {key}: send times span more than the latest time {MAX_TIME_MS:g} ms")
+    qt = doc.get("queue_times")
+    if isinstance(qt, list) and len(qt) == n and all(_finite(x) and x >= 0 for x in qt):
+        q = np.asarray(qt, dtype=float) * 1000.0
+        notes.append(f"Arrival = the benchmark's send time ({key}). Before sending, requests waited in the "
+                     f"client for a concurrency slot (queue_times): mean {q.mean():.3f} ms, max "
+                     f"{q.max():.3f} ms; as in vLLM's own statistics that wait is not part of TTFT or E2E.")
+    return arrival_ms, False, notes
+
+
+class _VllmRows:
+    """Requests, token times and finishes of an imported vLLM result, one request at a time."""
+
+    def __init__(self, name: str, arrival_ms: np.ndarray):
+        self.name, self.arrival_ms = name, arrival_ms
+        self.reqs, self.tok_req, self.tok_idx, self.tok_t, self.failed, self.finishes = [], [], [], [], [], []
+        self.merged = 0
+
+    def add(self, i, ttft, gaps, nout, nin, err):
+        rid, where, at = f"req{i}", f"{self.name}: request {i}", float(self.arrival_ms[i])
+        ok = err is None or err == ""    # vLLM writes "" for a request that succeeded
         if not ok:
-            failed.append({"index": i, "id": rid, "error": str(err)})
-        ttft, gaps, nout, nin = ttfts[i], itls[i], out_lens[i], in_lens[i]
-        where = f"{name}: request {i}"
+            self.failed.append({"index": i, "id": rid, "error": str(err)})
         if not isinstance(gaps, list) or not all(_finite(g) and g >= 0 for g in gaps):
             raise TraceError(f"{where}: itls: expected a list of gaps >= 0 (seconds)")
         if not ok or nout == 0:
-            reqs.append(Request(rid, float(arrival_ms[i]), max(nin, 1), 1, extra={"error": str(err)} if not ok else {}))
-            finishes.append((len(reqs) - 1, float(arrival_ms[i]), "error" if not ok else "stop"))
-            continue
+            self.reqs.append(Request(rid, at, max(nin, 1), 1, extra={"error": str(err)} if not ok else {}))
+            self.finishes.append((len(self.reqs) - 1, at, "error" if not ok else "stop"))
+            return
         if not (_finite(ttft) and ttft >= 0):
             raise TraceError(f"{where}: ttfts: expected a number of seconds >= 0, got {short(ttft)}")
         with np.errstate(over="ignore"):  # an overflow to inf is refused just below
-            chunk_t = arrival_ms[i] + (ttft + np.concatenate([[0.0], np.cumsum(gaps)])) * 1000.0
+            chunk_t = at + (ttft + np.concatenate([[0.0], np.cumsum(gaps)])) * 1000.0
         if not chunk_t[-1] <= MAX_TIME_MS:  # times grow along the request (gaps >= 0); inf fails too
             raise TraceError(f"{where}: ttfts + itls: the last token at {chunk_t[-1]:g} ms is beyond the "
                              f"latest time {MAX_TIME_MS:g} ms")
@@ -155,38 +180,31 @@ def _import_vllm(doc: dict, name: str) -> Imported:
             counts = np.ones(len(chunk_t), dtype=np.int64)
             counts[-1] += nout - len(chunk_t)
         else:  # more stream chunks than tokens: keep the first n-1 chunk times and the last
-            merged += 1
+            self.merged += 1
             chunk_t = np.concatenate([chunk_t[: nout - 1], chunk_t[-1:]])
             counts = np.ones(nout, dtype=np.int64)
         times = np.repeat(chunk_t, counts)
-        j = len(reqs)
-        reqs.append(Request(rid, float(arrival_ms[i]), max(nin, 1), nout))
-        tok_req.append(np.full(nout, j)); tok_idx.append(np.arange(nout)); tok_t.append(times)
-        finishes.append((j, float(times[-1]), "length"))
-    if merged:
-        notes.append(f"{merged} request(s) streamed more chunks than output tokens; their extra chunk times "
-                     "were merged, so their ITL gaps differ from the file's.")
-    if failed:
-        notes.append(f"{len(failed)} failed request(s) (non-empty errors) are kept with no tokens and a "
-                     "finish reason 'error'; they are excluded from latency statistics, as vLLM does.")
-    meta["notes"] = " ".join(notes)
-    if not reqs:
-        raise TraceError(f"{name}: the file lists no requests")
-    tr = new_trace(meta, Workload(reqs, name=name))
-    # Workload() sorted by arrival (stable); map our request index -> position in trace.
-    pos = {rid: k for k, rid in enumerate(tr.ids)}
-    order = np.array([pos[r.id] for r in reqs])
-    if tok_req:
-        tr.tokens = frame(TOKEN, {"t_ms": np.concatenate(tok_t), "req": order[np.concatenate(tok_req)],
-                                  "index": np.concatenate(tok_idx)})
-    tr.finishes = frame(FINISH, {"t_ms": [f[1] for f in finishes], "req": order[[f[0] for f in finishes]],
-                                 "reason": [f[2] for f in finishes]})
-    err_of = {f["id"]: f["error"] for f in failed}
-    if err_of:
+        j = len(self.reqs)
+        self.reqs.append(Request(rid, at, max(nin, 1), nout))
+        self.tok_req.append(np.full(nout, j)); self.tok_idx.append(np.arange(nout)); self.tok_t.append(times)
+        self.finishes.append((j, float(times[-1]), "length"))
+
+    def trace(self, meta: dict) -> Trace:
+        tr = new_trace(meta, Workload(self.reqs, name=self.name))
+        # Workload() sorted by arrival (stable); map our request index -> position in trace.
+        pos = {rid: k for k, rid in enumerate(tr.ids)}
+        order = np.array([pos[r.id] for r in self.reqs])
+        if self.tok_req:
+            tr.tokens = frame(TOKEN, {"t_ms": np.concatenate(self.tok_t), "req": order[np.concatenate(self.tok_req)],
+                                      "index": np.concatenate(self.tok_idx)})
+        fin = self.finishes
+        tr.finishes = frame(FINISH, {"t_ms": [f[1] for f in fin], "req": order[[f[0] for f in fin]],
+                                     "reason": [f[2] for f in fin]})
+        err_of = {f["id"]: f["error"] for f in self.failed}
         for k, rid in enumerate(tr.ids):
             if rid in err_of:
                 tr.request_extra[k]["error"] = err_of[rid]
-    return Imported(tr, "vllm", summary, failed, notes, aligned)
+        return tr
 
 
 def file_window_comparison(imp: Imported, ours: dict) -> pd.DataFrame:

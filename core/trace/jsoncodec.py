@@ -105,7 +105,7 @@ def to_doc(trace: Trace) -> dict:
     return doc
 
 
-def dumps(trace: Trace, pretty: bool = False) -> str:
+def trace_json(trace: Trace, pretty: bool = False) -> str:
     doc = to_doc(trace)
     if not pretty:
         return json.dumps(doc, separators=(",", ":"), allow_nan=False)
@@ -125,7 +125,7 @@ def dumps(trace: Trace, pretty: bool = False) -> str:
 
 
 def json_bytes(trace: Trace, pretty: bool = False, gz: bool = False) -> bytes:
-    data = dumps(trace, pretty and not gz).encode()
+    data = trace_json(trace, pretty and not gz).encode()
     return gzip.compress(data, compresslevel=6, mtime=0) if gz else data  # mtime=0: reproducible bytes
 
 

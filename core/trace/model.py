@@ -10,7 +10,6 @@ builder goes through it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -135,23 +134,4 @@ class Trace:
                 priority=extra.get("priority") or 0))
         return Workload(reqs, name=self.meta.get("label") or "trace workload")
 
-    def to_doc(self) -> dict:
-        from core.trace.jsoncodec import to_doc
-        return to_doc(self)
-
-    def dumps(self, pretty: bool = False) -> str:
-        from core.trace.jsoncodec import dumps
-        return dumps(self, pretty)
-
-    def save(self, path: str | Path, pretty: bool = False):
-        """.json, .json.gz, or .parquet (the columnar form), by the file name; a name ending in
-        "/": a directory of Parquet parts (a partitioned trace)."""
-        from core.trace.jsoncodec import json_bytes
-        from core.trace.parquet import to_parquet_bytes, write_parquet_parts
-        p = Path(path)
-        if str(path).endswith("/"):
-            write_parquet_parts(self, p)
-            return
-        p.write_bytes(to_parquet_bytes(self) if p.name.endswith(".parquet")
-                      else json_bytes(self, pretty, gz=p.name.endswith(".gz")))
 

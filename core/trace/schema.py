@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.engine.kv_cache import KV_OPS
 from core.workload import MAX_TIME_MS
+
+KV_OPS = ("alloc", "free", "hit", "cache", "evict", "cow")   # KV block operations (core.engine.kv_cache)
 
 INT_MAX = 2**63 - 1            # int fields are int64 columns
 MAX_KV_BLOCKS = 1 << 22        # 4,194,304 blocks (67M tokens at 16 per block): beyond any real pool,

@@ -153,21 +153,25 @@ class Workload:
                     raise WorkloadError(f"{name}: duplicate request id {r!r}")
                 seen.add(r)
         w = cls.__new__(cls)
-        w.name = name
-        w._requests = None
+        w._set_columns(name, ids, a, p, o, tenants)
+        return w
+
+    def _set_columns(self, name, ids, a, p, o, tenants):
+        n = len(a)
+        self.name = name
+        self._requests = None
         if bool((a[1:] >= a[:-1]).all()):  # already in arrival order: the stable sort keeps it
-            w._arrival, w._prompt, w._output = a, p, o
-            w._auto_ids = None if ids is not None else np.arange(n)
-            w._ids = ids
-            w._tenant = tenants
+            self._arrival, self._prompt, self._output = a, p, o
+            self._auto_ids = None if ids is not None else np.arange(n)
+            self._ids = ids
+            self._tenant = tenants
         else:
             order = np.argsort(a, kind="stable")
-            w._arrival, w._prompt, w._output = a[order], p[order], o[order]
-            w._auto_ids = None if ids is not None else order
-            w._ids = None if ids is None else [ids[i] for i in order.tolist()]
-            w._tenant = None if tenants is None else [tenants[i] for i in order.tolist()]
-        w._plain = tenants is None
-        return w
+            self._arrival, self._prompt, self._output = a[order], p[order], o[order]
+            self._auto_ids = None if ids is not None else order
+            self._ids = None if ids is None else [ids[i] for i in order.tolist()]
+            self._tenant = None if tenants is None else [tenants[i] for i in order.tolist()]
+        self._plain = tenants is None
 
     def _drop_columns(self):
         self._ids = self._auto_ids = self._arrival = self._prompt = self._output = self._tenant = self._plain = None

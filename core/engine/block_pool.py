@@ -1,0 +1,141 @@
+"""The block pool: the physical KV blocks, their reference counts, and the one allocator.
+
+Free blocks: released uncached ones on a stack (the most recently released is reused first),
+then never-used ones from `fresh` upwards (lowest ids first), then cached-free ones (the
+prefix cache's, oldest release first), evicted from the cache when taken. Per-block state is
+sized by use, not by the pool: a pool "big enough for every request" of a million-request
+workload has ~10^8 blocks, of which a few thousand are ever in use at once; `ref` is
+calloc'ed (untouched pages cost nothing).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from core.engine.prefix_cache import PrefixCache
+from core.errors import ConfigError
+
+
+class OutOfBlocks(RuntimeError):
+    """Asked for more blocks than are free; callers check `num_free` first."""
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, prefix: PrefixCache | None = None):
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ConfigError(f"kv_blocks: expected a positive integer, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self.prefix = prefix
+        self.refcount = np.zeros(num_blocks, dtype=np.int64)   # per block; kept only while `live` (refs_from)
+        self.free_plain: list[int] = []
+        self.fresh = 0                         # blocks fresh..num_blocks-1 have never been used
+        self.ever_shared = False               # no block has had two owners (no hit, no fork) yet
+
+    @property
+    def live(self) -> bool:
+        # Reference counts matter once a block can have two owners (prefix caching, forks);
+        # until then every block in a table has exactly one and counting costs per step.
+        return self.prefix is not None or self.ever_shared
+
+    def refs_from(self, tables) -> np.ndarray:
+        """References per block: the counts (live), or counted from the block tables."""
+        if self.live:
+            return self.refcount
+        ref = np.zeros(self.num_blocks, dtype=np.int64)
+        for table in tables:
+            ref[table] += 1
+        return ref
+
+    @property
+    def num_uncached_free(self) -> int:
+        return len(self.free_plain) + (self.num_blocks - self.fresh)
+
+    @property
+    def num_free(self) -> int:
+        return self.num_uncached_free + (len(self.prefix.free_cached) if self.prefix is not None else 0)
+
+    def take(self, n: int) -> tuple[list[int], list[tuple[int, bytes]]]:
+        """n free blocks, owned once each: uncached first, then the least recently released
+        cached ones (evicting the prefix they held). Returns (blocks, [(evicted block, hash)])."""
+        if n > self.num_free:
+            raise OutOfBlocks(f"need {n} blocks, {self.num_free} free")
+        new = self.take_uncached(n)
+        evicted = []
+        for _ in range(n - len(new)):
+            b, h = self.prefix.evict_oldest()
+            evicted.append((b, h))
+            new.append(b)
+        if self.live:
+            self.refcount[new] = 1
+        return new, evicted
+
+    def take_uncached(self, n: int) -> list[int]:
+        """Up to n uncached free blocks (released ones, most recent first, then fresh ones),
+        owned once each."""
+        plain = self.free_plain
+        k = min(n, len(plain))
+        if k:
+            new = plain[len(plain) - k:][::-1]
+            del plain[len(plain) - k:]
+        else:
+            new = []
+        m = min(n - k, self.num_blocks - self.fresh)
+        if m:
+            new += range(self.fresh, self.fresh + m)
+            self.fresh += m
+        if self.live and new:
+            self.refcount[new] = 1
+        return new
+
+    def share(self, blocks: list[int]):
+        """Another owner for each of `blocks` (prefix hits; a cached-free one is revived)."""
+        for b in blocks:
+            if self.refcount[b] == 0:
+                self.prefix.revive(b)
+            self.refcount[b] += 1
+        self.ever_shared |= bool(blocks)
+
+    def start_sharing(self, tables):
+        """From now on a block can have two owners (a fork): keep reference counts."""
+        if not self.live:
+            self.refcount = self.refs_from(tables)
+        self.ever_shared = True
+
+    def release(self, blocks: list[int]):
+        """One owner fewer for each of `blocks`; those left without one become free (a cached
+        one waits in the prefix cache's LRU). Returns (the blocks, references left per block or
+        0 when none was shared, their hashes or None without a prefix cache)."""
+        if not self.live:   # every block had one owner: all are free now
+            self.free_plain.extend(blocks)
+            return blocks, 0, None
+        arr = np.array(blocks, dtype=np.int64)
+        ref = self.refcount
+        ref[arr] -= 1
+        refs = ref[arr]
+        if self.prefix is None:
+            self.free_plain.extend(blocks if not refs.any() else arr[refs == 0].tolist())
+            return arr, refs, None
+        hashes = [self.prefix.hash[b] for b in blocks]
+        for b, h, r in zip(blocks, hashes, refs.tolist()):
+            if r == 0:
+                if h is None:
+                    self.free_plain.append(b)
+                else:
+                    self.prefix.park(b)
+        return arr, refs, hashes
+
+    def decref(self, block: int):
+        """One owner fewer for a block that keeps others (copy-on-write)."""
+        self.refcount[block] -= 1
+
+    def check(self, ref: np.ndarray):
+        free = self.free_plain + list(range(self.fresh, self.num_blocks)) + \
+            (list(self.prefix.free_cached) if self.prefix is not None else [])
+        assert len(set(free)) == len(free), "a block is listed free twice"
+        assert all(b < self.fresh for b in self.free_plain), "a never-used block is on the released stack"
+        is_free = np.zeros(self.num_blocks, dtype=bool)
+        is_free[free] = True
+        broken = np.flatnonzero(is_free == (ref > 0))
+        assert not len(broken), f"block {broken[0]}: free xor referenced broken (ref {ref[broken[0]]})"
+        if self.prefix is not None:
+            for b in self.free_plain:
+                assert self.prefix.hash[b] is None, f"block {b}: cached but on the uncached free stack"

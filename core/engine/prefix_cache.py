@@ -1,0 +1,110 @@
+"""The prefix cache: which physical blocks hold which full blocks of tokens.
+
+Once a block is full, it gets a chained hash
+    h_i = sha256(h_{i-1} || extra keys || token ids of block i)
+where the extra keys are the model/adapter id and the tenant's cache salt, so the same
+tokens under another model or tenant never match. A lookup also compares the stored
+token ids (a hash is a hint, the tokens are the proof).
+
+A cached block whose last owner released it is "cached-free": it waits in LRU order and can
+be revived by a later hit until the block pool needs a fresh block and evicts the least
+recently released one (core.engine.block_pool).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from array import array
+from collections import OrderedDict
+
+
+def block_hash(parent: bytes | None, tokens, extra: bytes) -> bytes:
+    h = hashlib.sha256(parent or b"\x00" * 32)
+    h.update(extra)
+    h.update(array("q", tokens).tobytes())
+    return h.digest()
+
+
+@functools.lru_cache(maxsize=4096)
+def extra_key(model_id: str | None, salt: str | None) -> bytes:
+    # Length-prefixed so ("ab", "c") and ("a", "bc") differ.
+    parts = [(model_id or "").encode(), (salt or "").encode()]
+    return b"".join(len(p).to_bytes(4, "little") + p for p in parts)
+
+
+class _Sparse(dict):
+    """Per-block values kept only where set; absent blocks read as None."""
+
+    def __missing__(self, key):
+        return None
+
+
+class PrefixCache:
+    def __init__(self, block_size: int, model_id: str | None = None):
+        self.block_size = block_size
+        self.model_id = model_id
+        # hashes and token ids exist only for cached blocks
+        self.hash: dict[int, bytes] = _Sparse()        # block -> hash of its cached prefix (None: uncached)
+        self.tokens: dict[int, tuple] = _Sparse()      # block -> token ids of a cached block
+        self.cache: dict[bytes, int] = {}              # full-block hash -> physical block
+        self.free_cached: OrderedDict[int, None] = OrderedDict()   # cached-free blocks, oldest release first
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def extra(self, salt: str | None) -> bytes:
+        return extra_key(self.model_id, salt)
+
+    def match(self, token_ids, salt: str | None = None, max_tokens: int | None = None) -> list[int]:
+        """Physical blocks holding the longest cached exact prefix of `token_ids` (full
+        blocks only, at most `max_tokens` tokens). Pure: changes nothing."""
+        if token_ids is None or not self.cache:
+            return []
+        bs = self.block_size
+        limit = len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
+        extra = self.extra(salt)
+        hits, parent = [], None
+        for i in range(limit // bs):
+            chunk = tuple(token_ids[i * bs:(i + 1) * bs])
+            parent = block_hash(parent, chunk, extra)
+            b = self.cache.get(parent)
+            if b is None or self.tokens[b] != chunk:
+                break
+            hits.append(b)
+        return hits
+
+    def insert(self, block: int, h: bytes, chunk: tuple) -> bool:
+        """Cache `block` as holding `chunk` under hash `h`; False (nothing changes) when an
+        identical block is already cached or the block already holds a prefix."""
+        if h in self.cache or self.hash[block] is not None:
+            return False
+        self.hash[block] = h
+        self.tokens[block] = chunk
+        self.cache[h] = block
+        return True
+
+    def park(self, block: int):
+        """A cached block lost its last owner: it waits, revivable, in LRU order."""
+        self.free_cached[block] = None
+
+    def revive(self, block: int):
+        """A hit on a cached-free block: it has an owner again."""
+        del self.free_cached[block]
+
+    def evict_oldest(self) -> tuple[int, bytes]:
+        """Forget the least recently released cached-free block; returns (block, its hash)."""
+        b, _ = self.free_cached.popitem(last=False)
+        h = self.hash.pop(b)
+        del self.cache[h]
+        del self.tokens[b]
+        return b, h
+
+    def check(self, block_size: int):
+        for b in self.free_cached:
+            assert self.hash[b] is not None, f"block {b}: uncached but in the cached free list"
+        for b, h in self.hash.items():
+            assert h is not None, f"block {b}: a None hash stored"
+            assert self.cache.get(h) == b, f"block {b}: hash not mapped back to it"
+            assert self.tokens[b] is not None and len(self.tokens[b]) == block_size
+        for h, b in self.cache.items():
+            assert self.hash[b] == h, f"cache entry for block {b} is stale"
