@@ -1,5 +1,5 @@
 """Serving Explorer: the router and frame. Pages live in pages/, the Streamlit helpers they share
-in ui.py, and all logic in core/."""
+in ui/, and all logic in core/."""
 import streamlit as st
 
 from ui import (

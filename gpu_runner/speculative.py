@@ -11,7 +11,7 @@ target's argmax at the first mismatch (or as the bonus), so it equals plain gree
 p and q are the target's and draft's distributions after the same temperature/top-k/top-p.
 
 The draft keeps its own paged KV cache with the SAME block tables and slots as the target,
-so the scheduler's allocation and rollback (BlockManager.truncate) serve both.
+so the scheduler's allocation and rollback (KVCacheManager.truncate) serve both.
 """
 from __future__ import annotations
 

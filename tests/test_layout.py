@@ -1,7 +1,8 @@
 """The structure holds, measured by rules about design rather than size:
 - layering: each package of core/ imports only packages at its own level or below (the order
-  below), gpu_runner only core and itself, core never streamlit, torch or gpu_runner;
-- no import cycles among core/ and gpu_runner/ modules, function-level imports included
+  below), gpu_runner only core and itself, core never streamlit, torch or gpu_runner, the app
+  (app.py, ui/, pages/) never torch or gpu_runner;
+- no import cycles among core/, gpu_runner/ and ui/ modules, function-level imports included
   (only `if TYPE_CHECKING:` blocks are left out: they never run);
 - no module writes another object's private fields (`x._f = ...`, `x._f[k] = ...`,
   `setattr(x, "_f", ...)`): a needed mutation is a method of the field's owner;
@@ -11,7 +12,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LIBS = ("core", "gpu_runner")
+LIBS = ("core", "gpu_runner", "ui")
 FORBIDDEN_IN_CORE = ("streamlit", "torch", "triton", "gpu_runner")
 
 # Bottom to top: a module may import modules of its own level and of the levels below it.
@@ -32,6 +33,7 @@ LEVELS = [
     ("core.figures",),
     ("core.__main__",),
     ("gpu_runner",),
+    ("ui",),          # the app's glue: core only (test_the_app_never_imports_gpu_runner_or_torch)
 ]
 
 
@@ -121,6 +123,13 @@ def test_core_never_imports_streamlit_or_torch():
             assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 
+def test_the_app_never_imports_gpu_runner_or_torch():
+    files = [ROOT / "app.py", *(ROOT / "ui").rglob("*.py"), *(ROOT / "pages").glob("*.py")]
+    for path in files:
+        bad = {d for d in imports_of(path) if d.split(".")[0] in ("torch", "triton", "gpu_runner")}
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
 def _private(attr: str) -> bool:
     return attr.startswith("_") and not attr.startswith("__")
 
@@ -160,7 +169,7 @@ def private_writes(path: Path) -> list[str]:
 
 def test_no_module_writes_another_objects_private_fields():
     files = [p for lib in (*LIBS, "pages") for p in (ROOT / lib).rglob("*.py")] + \
-        [ROOT / "app.py", *(ROOT / "ui").rglob("*.py")] + ([ROOT / "ui.py"] if (ROOT / "ui.py").exists() else [])
+        [ROOT / "app.py", *(ROOT / "ui").rglob("*.py")]
     assert [w for p in files for w in private_writes(p)] == []
 
 
@@ -213,3 +222,38 @@ def test_pages_run_through_app_py():
         body = ast.parse((ROOT / path).read_text()).body
         first_call = next(n for n in body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call))
         assert ast.unparse(first_call) == "ensure_app_frame()", f"{path}: first call is {ast.unparse(first_call)}"
+
+
+def readme_map() -> dict[str, str]:
+    """README's Architecture block: folder path ("core/engine") -> the text of its entries."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("## Architecture"):readme.index("## Command line")]
+    block = block[block.index("```") + 3:block.rindex("```")]
+    out, stack = {}, []   # (indent, folder path)
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        first = line.split()[0]
+        if stack:
+            out[stack[-1][1]] += " " + line
+        if first.endswith("/"):
+            path = (stack[-1][1] + "/" if stack else "") + first.rstrip("/")
+            out[path] = line.split(None, 1)[1] if len(line.split(None, 1)) > 1 else ""
+            stack.append((indent, path))
+    return out
+
+
+def test_the_readme_map_names_every_module():
+    """README's Architecture block names every module of core/, gpu_runner/ and ui/ by its file
+    name, under its own folder, so a newcomer finds each one."""
+    entries = readme_map()
+    missing = []
+    for lib in LIBS:
+        for p in (ROOT / lib).rglob("*.py"):
+            folder = str(p.parent.relative_to(ROOT))
+            if p.name != "__init__.py" and p.name not in entries.get(folder, "").split():
+                missing.append(str(p.relative_to(ROOT)))
+    assert missing == []

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from core.engine.kv_cache import BlockManager, KVLog, OutOfBlocks
+from core.engine.kv_cache import KVCacheManager, KVLog, OutOfBlocks
 from core.errors import ConfigError
 
 
@@ -17,7 +17,7 @@ def fill(bm, seq, ids, salt=None):
 
 
 def test_alloc_and_free_roundtrip():
-    bm = BlockManager(8, 4)
+    bm = KVCacheManager(8, 4)
     bm.admit("a")
     assert bm.grow("a", 9) == [0, 1, 2]  # ceil(9/4) = 3 blocks, lowest ids first
     assert bm.num_free == 5
@@ -28,7 +28,7 @@ def test_alloc_and_free_roundtrip():
 
 
 def test_out_of_blocks():
-    bm = BlockManager(2, 4)
+    bm = KVCacheManager(2, 4)
     bm.admit("a")
     with pytest.raises(OutOfBlocks):
         bm.grow("a", 9)
@@ -37,13 +37,13 @@ def test_out_of_blocks():
 
 def test_bad_config():
     with pytest.raises(ConfigError, match="kv_blocks"):
-        BlockManager(0, 4)
+        KVCacheManager(0, 4)
     with pytest.raises(ConfigError, match="block_size"):
-        BlockManager(4, 0)
+        KVCacheManager(4, 0)
 
 
 def test_prefix_hit_only_full_blocks_and_exact_tokens():
-    bm = BlockManager(16, 4, prefix_caching=True)
+    bm = KVCacheManager(16, 4, prefix_caching=True)
     a = list(range(10))            # blocks [0-3] [4-7] full, [8,9] partial
     fill(bm, "a", a)
     assert bm.counts["cache"] == 2   # only full blocks are cached
@@ -54,20 +54,20 @@ def test_prefix_hit_only_full_blocks_and_exact_tokens():
 
 
 def test_tenant_salt_and_model_id_isolate():
-    bm = BlockManager(16, 4, prefix_caching=True, model_id="m1")
+    bm = KVCacheManager(16, 4, prefix_caching=True, model_id="m1")
     ids = list(range(8))
     fill(bm, "a", ids, salt="acme")
     assert len(bm.match_prefix(ids + [0], "acme")) == 2
     assert bm.match_prefix(ids + [0], "globex") == []
     assert bm.match_prefix(ids + [0], None) == []
-    other = BlockManager(16, 4, prefix_caching=True, model_id="m2")
+    other = KVCacheManager(16, 4, prefix_caching=True, model_id="m2")
     fill(other, "a", ids, salt="acme")
     # Same tokens and tenant under another model id hash differently.
     assert bm.tables["a"] and other.chain["a"][0] != bm.chain["a"][0]
 
 
 def test_hit_revives_cached_free_block_and_lru_eviction():
-    bm = BlockManager(4, 2, prefix_caching=True)
+    bm = KVCacheManager(4, 2, prefix_caching=True)
     fill(bm, "a", [1, 2, 3, 4])        # 2 blocks cached
     bm.free_seq("a")
     assert bm.num_free == 4 and bm.num_cached_free() == 2
@@ -85,7 +85,7 @@ def test_hit_revives_cached_free_block_and_lru_eviction():
 
 def test_fork_then_copy_on_write():
     log = KVLog()
-    bm = BlockManager(8, 4, log=log)
+    bm = KVCacheManager(8, 4, log=log)
     bm.admit("p")
     bm.grow("p", 6)                    # blocks 0 (full), 1 (2 of 4 used)
     bm.fork("p", "c")
@@ -107,7 +107,7 @@ def test_fork_then_copy_on_write():
 
 
 def test_truncate_returns_blocks():
-    bm = BlockManager(8, 4)
+    bm = KVCacheManager(8, 4)
     bm.admit("a")
     bm.grow("a", 13)                   # 4 blocks
     bm.truncate("a", 5)                # keep 2
@@ -117,7 +117,7 @@ def test_truncate_returns_blocks():
 
 def test_log_columns_expand_per_block():
     log = KVLog()
-    bm = BlockManager(8, 2, log=log)
+    bm = KVCacheManager(8, 2, log=log)
     bm.now_ms = 5.0
     bm.admit(7)
     bm.grow(7, 5)
@@ -138,7 +138,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.bm = BlockManager(24, 4, prefix_caching=True)
+        self.bm = KVCacheManager(24, 4, prefix_caching=True)
         self.tokens = {}       # seq -> its token ids
         self.salt = {}
         self.content = {}      # block -> (salt, token prefix through this block)
@@ -212,7 +212,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         bm.admit(seq)
         bm.grow(seq, n * 4)
         assert bm.num_free == 0 and bm.num_cached_free() == 0
-        assert all(bm.ref[b] > 0 for b in bm.cache.values())  # cached-free blocks were evicted
+        assert all(bm.ref[b] > 0 for b in bm.prefix.cache.values())  # cached-free blocks were evicted
         bm.free_seq(seq)
         for b in list(self.content):
             if bm.hash[b] is None:
@@ -239,8 +239,8 @@ TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_coun
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=20), st.integers(1, 8))
 @settings(max_examples=100, deadline=None)
 def test_grow_many_equals_individual_grows(lengths, bs):
-    a = BlockManager(800, bs)   # room for the largest draw: 20 sequences x 40 one-token blocks
-    b = BlockManager(800, bs)
+    a = KVCacheManager(800, bs)   # room for the largest draw: 20 sequences x 40 one-token blocks
+    b = KVCacheManager(800, bs)
     for i in range(len(lengths)):
         a.admit(i); b.admit(i)
     a.grow_many(list(range(len(lengths))), [-(-n // bs) for n in lengths])

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from core.analysis.metrics import cost_usd, request_metrics, throughput
-from core.engine.kv_cache import BlockManager
+from core.engine.kv_cache import KVCacheManager
 from core.engine.scheduler import SchedulerConfig
 from core.formulas import kv, roofline, speculative, tiles
 from core.sim.simulate import simulate
@@ -103,7 +103,7 @@ def shared_prefix_len(a, b):
 @pytest.mark.parametrize("other,expected", [([10, 11, 12, 14], 3), ([20, 21], 0)])
 def test_prefix_identity_block_size_1(other, expected):
     # With one-token blocks the cache reuses exactly the longest shared token prefix.
-    bm = BlockManager(16, 1, prefix_caching=True)
+    bm = KVCacheManager(16, 1, prefix_caching=True)
     a = [10, 11, 12, 13]
     bm.admit("A")
     bm.grow("A", len(a))
@@ -113,7 +113,7 @@ def test_prefix_identity_block_size_1(other, expected):
 
 
 def test_same_words_different_order_is_a_miss():
-    bm = BlockManager(16, 1, prefix_caching=True)
+    bm = KVCacheManager(16, 1, prefix_caching=True)
     a = [10, 11, 12, 13]
     bm.admit("A"); bm.grow("A", 4); bm.commit("A", a, 4)
     assert bm.match_prefix([11, 10, 12, 13]) == []

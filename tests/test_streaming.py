@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.config import SchedulerConfig
-from core.engine.kv_cache import BlockManager
+from core.engine.kv_cache import KVCacheManager
 from core.sim.simulate import StepModel, simulate, simulate_to_parquet
 from core.trace import load_trace, parse_trace, to_doc
 from core.trace.parquet import TraceWriter, to_parquet_bytes
@@ -90,7 +90,7 @@ def test_block_pool_order_equals_a_plain_free_stack():
     # release pushes the table back tail first (free_seq releases tail blocks first).
     rng = np.random.default_rng(3)
     n = 200
-    bm = BlockManager(n, 4)
+    bm = KVCacheManager(n, 4)
     stack = list(range(n - 1, -1, -1))
     tables = {}
     for step in range(2000):
@@ -111,10 +111,10 @@ def test_block_pool_order_equals_a_plain_free_stack():
 
 
 def test_a_huge_pool_costs_nothing_until_used():
-    bm = BlockManager(10 ** 9, 16)   # a pool "big enough for every request" of a huge workload
+    bm = KVCacheManager(10 ** 9, 16)   # a pool "big enough for every request" of a huge workload
     bm.admit("a")
     assert bm.grow("a", 16 * 3) == [0, 1, 2]
-    assert bm.num_free == 10 ** 9 - 3 and bm.free_plain == [] and len(bm.hash) == 0
+    assert bm.num_free == 10 ** 9 - 3 and bm.pool.free_plain == [] and len(bm.hash) == 0
     bm.free_seq("a")
     bm.admit("b")
     assert bm.grow("b", 16 * 4) == [0, 1, 2, 3]    # released blocks first (most recent first), then fresh

@@ -1,4 +1,4 @@
-"""Record of KV block events (core.engine.kv_cache's BlockManager writes it): one row per block
+"""Record of KV block events (core.engine.kv_cache's KVCacheManager writes it): one row per block
 touched, kept as one tuple per call and turned into typed columns, vectorised, when read.
 """
 from __future__ import annotations

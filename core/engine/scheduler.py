@@ -248,7 +248,7 @@ class Scheduler:
         who, more = run[grow], need[grow]
         nblocks = self.requests.nblocks
         if ones or int(more.sum()) == len(grow):   # one block each
-            self.kv.grow_one_each(who, nblocks[who])
+            self.kv.grow_many(who, nblocks[who], one_each=True)
         else:
             self.kv.grow_many(who.tolist(), more.tolist())
         nblocks[who] += more

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from core.config import SchedulerConfig, from_dict
 from core.sim.simulate import simulate
 from core.sim.stepmodel import fit_affine
@@ -46,3 +48,32 @@ def replayed_run(trace: Trace, config: SchedulerConfig, step_model, closed_loop:
         pred.meta["label"] = label
         return pred, clients
     return simulate(trace.workload(), config, step_model, label=label, created=created, record_kv=False), None
+
+
+MAX_PAGE_FIT_TOKENS = 2_000_000   # inferring steps walks every token in Python (~1.6 s per million)
+
+
+def predict_without_steps(trace: Trace, config: SchedulerConfig, send_times_known: bool, method: str = "requests",
+                          max_requests: int | None = None, max_tokens: int = MAX_PAGE_FIT_TOKENS,
+                          created: str | None = None) -> tuple[Trace, dict]:
+    """A prediction for a trace without step events: a step model fitted to the steps inferred
+    from its streamed token times (method "token times", core.fit.stepinfer) or to its requests'
+    TTFT and E2E ("requests", core.fit.reqfit, on at most `max_requests` of them), then the run
+    replayed as its clients sent it (a closed loop when the send times are known). Returns
+    (predicted trace, fit report with the prediction's median errors per metric)."""
+    from core.errors import InputError
+    from core.fit.reqfit import errors, fit_from_requests
+    from core.fit.stepinfer import fit_inferred
+    if method == "token times":
+        if len(trace.tokens) > max_tokens:
+            raise InputError(f"{len(trace.tokens):,} tokens: the page fits up to {max_tokens:,}; use "
+                             "python -m core fit FILE --from-token-times --out MODEL.json")
+        sm, report = fit_inferred(trace, config, "affine")
+    else:   # (~0.1 s per simulation at 2,000 requests; larger files: python -m core fit)
+        cap = {} if max_requests is None else {"max_requests": max_requests}
+        sm, report = fit_from_requests(trace, config, send_times_known=send_times_known, **cap)
+    pred, clients = replayed_run(trace, config, sm, closed_loop=send_times_known, created=created)
+    e = errors(pred, trace)
+    report = {**report, "method": method, "clients": clients,
+              "prediction_error": {k: float(np.median(v)) if len(v) else None for k, v in e.items()}}
+    return pred, report

@@ -2,7 +2,7 @@
 configured trace files, and the small worked examples of the KV and attention pages.
 
 A preset states option values (`SchedulerConfig` and `StepModel` fields, the policies to
-run); the app maps them onto its widgets through its URL-key table (ui.py).
+run); the app maps them onto its widgets through its URL-key table (ui/urls.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from core.config import SchedulerConfig, from_dict
-from core.engine.kv_cache import BlockManager
+from core.engine.kv_cache import KVCacheManager
 from core.errors import ConfigError, InputError, WorkloadError
 from core.lessons.schedules import GENERIC_POLICIES, POLICY_LABELS
 from core.sim.stepmodel import StepModel
@@ -237,7 +237,7 @@ def shared_prefix_demo(n: int = 24, tenants: int = 2, system_tokens: int = 64, b
 def prefix_match(a: list[int], b: list[int], block_size: int = 1, salt_a: str | None = None,
                  salt_b: str | None = None) -> int:
     """Tokens of b served from a's cached blocks (exact ids, same tenant, full blocks)."""
-    bm = BlockManager(max(4, len(a) // block_size + 2), block_size, prefix_caching=True)
+    bm = KVCacheManager(max(4, len(a) // block_size + 2), block_size, prefix_caching=True)
     bm.admit("a", (), salt_a)
     bm.grow("a", len(a))
     bm.commit("a", a, len(a))
@@ -250,7 +250,7 @@ def fork_demo(prompt_tokens: int, samples: int, block_size: int, append_tokens: 
     if samples < 1 or prompt_tokens < 1 or block_size < 1:
         raise ConfigError("prompt_tokens, samples and block_size must be positive")
     need = -(-prompt_tokens // block_size) + samples * (1 + -(-append_tokens // block_size))
-    bm = BlockManager(need + 2, block_size)
+    bm = KVCacheManager(need + 2, block_size)
     bm.admit("prompt")
     bm.grow("prompt", prompt_tokens)
     for s in range(samples):

@@ -1,0 +1,300 @@
+"""Caches around core, shared by every session of the app process (and per-session state for
+uploads). Arguments are hashed through HASH_FUNCS. A trace is keyed by identity: every trace
+the pages pass comes out of another cache and is never mutated, and each cached value here
+also holds the trace it was computed from, so the trace outlives its entry and its id
+cannot be reused by another trace while the entry exists."""
+import os
+import threading
+import weakref
+from pathlib import Path
+
+import streamlit as st
+
+from core.analysis.cursor import in_flight_series, row_index, time_range
+from core.analysis.metrics import request_metrics, summarize
+from core.analysis.occupancy import block_states
+from core.config import SchedulerConfig
+from core.errors import InputError
+from core.figures.latency import metric_comparison_bars
+from core.figures.timeline import schedule_timeline
+from core.fit.predict import predicted_trace
+from core.formulas.speculative import acceptance_by_position
+from core.lessons.scenarios import (
+    DATA,
+    bundled_trace_files,
+    given_schedules,
+    load_scenario,
+    trace_files,
+)
+from core.lessons.schedules import (
+    per_request_table,
+    run_policies,
+    steps_taken,
+    summary_table,
+    thin_sample_notes,
+    tradeoff,
+)
+from core.sim.stepmodel import StepModel
+from core.trace import Trace, load_trace
+from core.workload import Workload, parse_workload
+
+UPLOAD_LIMIT_MB = 200
+
+
+def _workload_key(w: Workload) -> str:
+    return repr([(r.id, r.arrival_ms, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant, r.abort_at_ms,
+                  r.deadline_ms, r.priority) for r in w.requests])
+
+
+HASH_FUNCS = {Workload: _workload_key, SchedulerConfig: repr, StepModel: repr, Trace: id}
+
+
+@st.cache_resource
+def chapter_traces() -> dict[str, Trace]:
+    return {name: load_trace(DATA / "traces" / f"chapter31_{name}.json") for name in ("serial", "continuous")}
+
+
+@st.cache_resource(show_spinner=False)
+def cached_given(name: str) -> list[tuple[str, Trace]]:
+    """core.lessons.scenarios.given_schedules, read from disk once per process."""
+    return given_schedules(name)
+
+
+def _summaries(schedules):
+    return [derived(tr, "summary") for _, tr in schedules]
+
+
+def _slots(schedules, theme="light"):
+    from core.figures.animate import slot_animation
+    from core.lessons.slots import slot_grid
+    grids = [(label, slot_grid(tr), tr.ids) for label, tr in schedules if len(tr.steps)]
+    grids = [x for x in grids if x[1] is not None]
+    return slot_animation(grids, theme) if grids else None
+
+
+def theme() -> str:
+    """The app's colour scheme as the browser reports it ("light" or "dark")."""
+    t = getattr(getattr(st.context, "theme", None), "type", None)
+    return t if t in ("light", "dark") else "light"
+
+
+_SCHEDULE_VIEWS = {"timeline": schedule_timeline, "slots": _slots,
+                   "summary": lambda s, window, usd: summary_table(s, window, usd, _summaries(s)),
+                   "requests": per_request_table,
+                   "tradeoff": lambda s, a, b: tradeoff(s, a, b, schedule_view("requests", s)),
+                   "steps": steps_taken, "thin": lambda s: thin_sample_notes(s, _summaries(s)),
+                   "e2e_bars": lambda s: metric_comparison_bars(per_request_table(s), "e2e_ms")}
+
+
+@st.cache_resource(show_spinner=False, max_entries=64, hash_funcs=HASH_FUNCS)
+def _schedule_view(what: str, schedules: tuple, args: tuple):
+    return schedules, _SCHEDULE_VIEWS[what](list(schedules), *args)
+
+
+def schedule_view(what: str, schedules: list[tuple[str, Trace]], *args):
+    """A view over (label, trace) schedules ("timeline", "slots", "summary", "requests", "tradeoff",
+    "steps", "thin", "e2e_bars"), computed once per process for the same traces and arguments and shared by
+    every session: a class opening the same scenario builds it once. The result (a figure, a
+    data frame, a list) is shared: never mutate it."""
+    return _schedule_view(what, tuple(schedules), args)[1]
+
+
+@st.cache_resource(show_spinner=False)
+def cached_scenario(name: str) -> Workload:
+    return load_scenario(name)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _parse_upload(data: bytes, name: str):
+    try:
+        return parse_workload(data, name), None
+    except InputError as e:
+        return None, str(e)
+
+
+def parse_upload(data: bytes, name: str):
+    """(workload, None) or (None, message). Parsed once per distinct file (cached)."""
+    if len(data) > UPLOAD_LIMIT_MB * 2**20:
+        return None, f"{name}: {len(data) / 2**20:.1f} MiB is over the {UPLOAD_LIMIT_MB} MiB limit"
+    return _parse_upload(data, name)
+
+
+# The traces returned are shared between reruns and sessions: never mutate them.
+@st.cache_resource(show_spinner="Simulating…", max_entries=32, hash_funcs=HASH_FUNCS)
+def cached_policies(workload: Workload, policies: tuple, config: SchedulerConfig, step_model: StepModel,
+                    chunk: int | None = None, record_kv: bool = True) -> list[tuple[str, Trace]]:
+    """record_kv False (the schedules page, which shows no block-level paging): no KV events,
+    which are most of a large run's rows."""
+    runs = run_policies(workload, list(policies), config, step_model, chunk, created="(app)", record_kv=record_kv,
+                        summaries=True)
+    with _PREMADE_LOCK:     # sessions run in threads of one process
+        for key in [k for k, (ref, _) in list(_PREMADE_SUMMARIES.items()) if ref() is None]:
+            _PREMADE_SUMMARIES.pop(key, None)
+        for _, tr, summary in runs:    # computed beside the trace (in its worker process on a large workload)
+            _PREMADE_SUMMARIES[id(tr)] = (weakref.ref(tr), summary)
+    return [(label, tr) for label, tr, _ in runs]
+
+
+_PREMADE_SUMMARIES: dict[int, tuple] = {}   # id(trace) -> (weak reference to it, its summary)
+_PREMADE_LOCK = threading.Lock()
+
+
+def _summary(tr: Trace) -> dict:
+    with _PREMADE_LOCK:
+        ref, summary = _PREMADE_SUMMARIES.pop(id(tr), (None, None))
+    return summary if ref is not None and ref() is tr else summarize(tr, per_request=False)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
+def _paging_animation(trace: Trace, block_size: int):
+    from core.figures.animate import paging_animation
+    from core.lessons.blockframes import paging_frames
+    pf = paging_frames(trace, block_size)
+    return trace, (None if pf is None else (pf, paging_animation(pf, trace.ids)))
+
+
+def paging_animation_view(trace: Trace, block_size: int):
+    """(core.lessons.blockframes.PagingFrames, figure) of a trace's paging animation, once per trace;
+    None without kv or step events. Shared: never mutate."""
+    return _paging_animation(trace, block_size)[1]
+
+
+@st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
+def _block_states(trace: Trace, max_snapshots: int):
+    return trace, block_states(trace, max_snapshots=max_snapshots)
+
+
+def cached_block_states(trace: Trace, max_snapshots: int = 160):
+    return _block_states(trace, max_snapshots)[1]
+
+
+_DERIVED = {"summary": _summary,   # pages read the summary only
+            "requests": request_metrics, "in_flight": in_flight_series, "rows": row_index,
+            "span": time_range}
+
+
+@st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
+def _derived(trace: Trace, what: str):
+    return trace, _DERIVED[what](trace)
+
+
+def derived(trace: Trace, what: str):
+    """Per-trace results that do not depend on the cursor ("summary", "requests", "in_flight",
+    "span": the cursor's range, "rows": where each request's rows and each step's batch
+    entries are, for `subset`/`step_at`)."""
+    return _derived(trace, what)[1]
+
+
+@st.cache_resource(show_spinner="Simulating the same workload…", max_entries=8, hash_funcs=HASH_FUNCS)
+def _predicted(trace: Trace):
+    return trace, predicted_trace(trace, created="(app)")
+
+
+def cached_prediction(trace: Trace) -> Trace:
+    """core.fit.predict.predicted_trace, once per trace."""
+    return _predicted(trace)[1]
+
+
+@st.cache_resource(show_spinner="Fitting a step model and predicting…", max_entries=8, hash_funcs=HASH_FUNCS)
+def _request_predicted(trace: Trace, config: SchedulerConfig, send_times_known: bool, method: str):
+    from core.fit.predict import predict_without_steps
+    return (trace, *predict_without_steps(trace, config, send_times_known, method, max_requests=2000,
+                                          created="(app)"))
+
+
+def cached_request_prediction(trace: Trace, config: SchedulerConfig, send_times_known: bool,
+                              method: str = "requests") -> tuple[Trace, dict]:
+    """A prediction for a trace without step events, once per trace, settings and method:
+    "token times" (core.fit.stepinfer: steps inferred from the streamed tokens) or "requests"
+    (core.fit.reqfit: the requests' TTFT and E2E). A closed-loop benchmark run is predicted as that
+    closed loop. Returns (predicted trace, fit report with the prediction's median errors)."""
+    return _request_predicted(trace, config, send_times_known, method)[1:]
+
+
+@st.cache_resource(show_spinner="Fitting and predicting…", max_entries=8, hash_funcs=HASH_FUNCS)
+def _fidelity(trace: Trace, model: str, fit_on: Trace | None):
+    from core.fit.fidelity import how_good
+    return trace, fit_on, how_good(trace, model, fit_on)
+
+
+def cached_fidelity(trace: Trace, model: str, fit_on: Trace | None):
+    """core.fit.fidelity.how_good, once per (trace, model, fit-on trace)."""
+    return _fidelity(trace, model, fit_on)[2]
+
+
+@st.cache_resource(show_spinner=False)
+def _bundled_traces() -> dict[str, Trace]:
+    out = {}
+    for p in bundled_trace_files():
+        try:
+            out[p.name] = load_trace(p)
+        except InputError:
+            continue
+    return out
+
+
+def tile_traces() -> dict[str, tuple[Trace, list[dict]]]:
+    """Bundled traces with `tiles` events: name -> (trace, tile events)."""
+    return {n: (tr, tr.events_of("tiles")) for n, tr in _bundled_traces().items() if tr.events_of("tiles")}
+
+
+def spec_traces() -> dict[str, tuple[list[int], list[float], list[int]]]:
+    """Bundled traces with `spec` events: name -> (positions, acceptance rates, counts)."""
+    return {n: acceptance_by_position(tr.events_of("spec")) for n, tr in _bundled_traces().items()
+            if tr.events_of("spec")}
+
+
+def replay_trace_files() -> dict[str, Path]:
+    """Trace files for the replay page: bundled, imported, and SERVING_EXPLORER_TRACES."""
+    return trace_files(os.environ.get("SERVING_EXPLORER_TRACES", ""))
+
+
+@st.cache_resource(show_spinner="Loading trace…", max_entries=8)
+def _load_file(path: str, mtime: float):
+    from core.trace import Imported, open_trace
+    try:
+        got = open_trace(path)
+    except InputError as e:
+        return None, None, str(e)
+    if isinstance(got, Imported):
+        return got.trace, got, None
+    return got, None, None
+
+
+def load_trace_file(path: Path):
+    """(trace or None, Imported or None, error or None), parsed once per file version.
+    Only a regular file is opened (it may have changed since it was listed)."""
+    import stat
+    try:
+        st_ = path.stat()
+        if stat.S_ISDIR(st_.st_mode):   # a partitioned trace: keyed by its parts' names, sizes and times
+            parts = sorted(path.glob("*.parquet"))
+            return _load_file(str(path), hash(tuple((q.name, q.stat().st_size, q.stat().st_mtime) for q in parts)))
+    except OSError as e:
+        return None, None, f"{path.name}: cannot open ({e.strerror})"
+    if not stat.S_ISREG(st_.st_mode):
+        return None, None, f"{path.name}: not a regular file"
+    return _load_file(str(path), st_.st_mtime)
+
+
+def parse_uploaded_trace(up, slot: str):
+    """Parse an uploaded trace once per upload. The result is kept in this session only (one per
+    page slot, replaced by the next upload, freed when the session ends): an upload is one
+    user's data, and a cache shared by every session would keep the largest files of a whole
+    class alive at once."""
+    if up.size > UPLOAD_LIMIT_MB * 2**20:
+        return None, None, f"{up.name}: {up.size / 2**20:.1f} MiB is over the {UPLOAD_LIMIT_MB} MiB limit"
+    key = f"_{slot}_parsed"
+    held = st.session_state.get(key)
+    if held is not None and held[0] == up.file_id:
+        return held[1]
+    from core.trace import Imported, open_trace
+    st.session_state.pop(key, None)   # the previous upload's trace can go before this one is parsed
+    with st.spinner("Parsing upload…"):
+        try:
+            got = open_trace(up.getvalue(), up.name)
+            result = (got.trace, got, None) if isinstance(got, Imported) else (got, None, None)
+        except InputError as e:
+            result = (None, None, str(e))
+    st.session_state[key] = (up.file_id, result)
+    return result

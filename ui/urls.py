@@ -1,0 +1,223 @@
+"""Shareable views: every widget bound to the URL (`bind="query-params"`) takes its key from
+`bound(key)`, which accepts only keys declared in URL_KEYS. A key that sets an option names
+it ("SchedulerConfig.max_seqs", "StepModel.step_ms"), so a scenario preset, which states
+option values, reaches the widgets through this one table. Also: the link box, links with
+over-long or unknown values (dropped with a notice), presets applied when their selector changes."""
+from dataclasses import dataclass
+
+import streamlit as st
+
+from core.lessons.scenarios import (
+    SchedulePreset,
+)
+from ui.fmt import md
+
+
+@dataclass(frozen=True, slots=True)
+class UrlKey:
+    page: str                   # url_path of the page with the widget ("" = home, "*" = every page)
+    meaning: str
+    option: str = ""            # the option it sets: "SchedulerConfig.<field>", "StepModel.<field>", "policies"
+    zero_is_none: bool = False  # the widget's 0 stands for the option's None ("no limit")
+
+
+def _keys(page: str, **keys) -> dict[str, UrlKey]:
+    return {k: UrlKey(page, *v) if isinstance(v, tuple) else UrlKey(page, v) for k, v in keys.items()}
+
+
+URL_KEYS: dict[str, UrlKey] = {
+    **_keys("*", present="presentation mode: projector-sized fonts in figures, sidebar collapsed on opening"),
+    **_keys("schedules",
+            sc="scenario (a label of SCENARIO_LABELS)",
+            pol=("policies to simulate (core.lessons.schedules.POLICY_LABELS)", "policies"),
+            ms=("running sequences at most, 0 = no limit", "SchedulerConfig.max_seqs", True),
+            tb=("tokens per step at most, 0 = no limit", "SchedulerConfig.token_budget", True),
+            ch=("chunk size of the 'chunked' policy (prompt tokens per request per step)", "SchedulerConfig.chunk"),
+            kb=("KV pool in blocks, 0 = enough for all", "SchedulerConfig.kv_blocks", True),
+            bs=("tokens per KV block", "SchedulerConfig.block_size"),
+            s_kind=("step-time model", "StepModel.kind"),
+            s_step=("constant model: ms per step", "StepModel.step_ms"),
+            s_base=("affine/roofline model: base ms per step", "StepModel.base_ms"),
+            s_pp=("affine model: ms per prefill token", "StepModel.prefill_ms_per_token"),
+            s_pd=("affine model: ms per decoding sequence", "StepModel.decode_ms_per_seq"),
+            s_ppk=("features model: ms per 1,000 attended prefill positions", "StepModel.prefill_ms_per_kpos"),
+            s_pdk=("features model: ms per 1,000 attended decode positions", "StepModel.decode_ms_per_kpos"),
+            s_pch=("features model: ms per prefill piece", "StepModel.prefill_ms_per_chunk"),
+            s_model=("roofline model: model preset", "StepModel.model"),
+            s_gpu=("roofline model: GPU preset", "StepModel.gpu"),
+            usd="tariff, USD per hour",
+            sched_pick="the schedule whose requests the per-request table lists",
+            sched_from="who wins and who loses: the schedule compared from",
+            sched_to="who wins and who loses: the schedule compared to",
+            w0="fixed throughput window start, ms",
+            w1="fixed throughput window end, ms (0 = latest emission)"),
+    **_keys("kv",
+            kv_model="calculator: model preset or Custom", kv_dtype="calculator: KV dtype",
+            kv_gpu="calculator: GPU preset", kv_layers="calculator: layers (Custom)",
+            kv_heads="calculator: KV heads (Custom)", kv_hd="calculator: head dim (Custom)",
+            kv_tokens="calculator: tokens per sequence", kv_seqs="calculator: sequences",
+            pg_wl="paging: workload",
+            pg_bs=("paging: tokens per KV block", "SchedulerConfig.block_size"),
+            pg_pool=("paging: KV pool in blocks", "SchedulerConfig.kv_blocks"),
+            pg_ms=("paging: running sequences at most", "SchedulerConfig.max_seqs"),
+            pg_pc=("paging: prefix caching", "SchedulerConfig.prefix_caching"),
+            pg_salt="paging: a cache salt per tenant",
+            pg_cursor="paging: the time cursor (snapshot index)",
+            px_a="prefix identity: cached request's token ids", px_b="prefix identity: new request's token ids",
+            fk_prompt="fork demo: prompt tokens", fk_samples="fork demo: samples", fk_bs="fork demo: block size"),
+    **_keys("tiles",
+            at_preset="example: chapter or random", at_tile="chapter example: tile size (keys)",
+            at_n="random example: keys", at_tile_r="random example: tile size (keys)",
+            at_seed="random example: seed", at_scale="random example: logit scale",
+            at_upto="tiles visited so far",
+            at_T="tile grid: sequence length", at_bq="tile grid: query tile", at_bk="tile grid: key tile",
+            at_causal="causal mask", at_hd="HBM traffic: head dim", at_dt="HBM traffic: bytes per element",
+            at_bq2="HBM traffic: query tile"),
+    **_keys("speculative",
+            sp_preset="p/q preset", sp_draws="Monte Carlo draws", sp_seed="Monte Carlo seed",
+            sp_gamma="draft tokens γ", sp_verify="verify cost in decode steps"),
+    **_keys("roofline",
+            rf_gpu="GPU preset", rf_model="model preset", rf_dtype="bytes per weight",
+            rf_batch="decode batch (sequences)", rf_prompt="prefill length (tokens)"),
+    **_keys("replay", tr="trace file name (or the upload choice)", rp_cmp="trace to compare with",
+            rp_cursor="the time cursor, ms", rp_play="play: the cursor advances by itself",
+            rp_speed="play speed (½×, 1×, 2×, 4×)"),
+    **_keys("load",
+            ld_wl="workload (a label of LOAD_WORKLOADS)",
+            ld_kind="load: open (Poisson rates) or closed (clients in a loop)",
+            ld_loads="the loads to sweep: rates (req/s) or client counts, comma-separated",
+            ld_seed="seed of the Poisson arrivals",
+            ld_pol=("policies to sweep (core.lessons.schedules.POLICY_LABELS)", "policies"),
+            ld_ms=("running sequences at most, 0 = no limit", "SchedulerConfig.max_seqs", True),
+            ld_tb=("tokens per step at most, 0 = no limit", "SchedulerConfig.token_budget", True),
+            ld_ch=("chunk size of the 'chunked' policy", "SchedulerConfig.chunk"),
+            ld_kb=("KV pool in blocks, 0 = enough for all", "SchedulerConfig.kv_blocks", True),
+            ld_base=("affine step model: base ms per step", "StepModel.base_ms"),
+            ld_pp=("affine step model: ms per prefill token", "StepModel.prefill_ms_per_token"),
+            ld_pd=("affine step model: ms per decoding sequence", "StepModel.decode_ms_per_seq"),
+            ld_ttft="SLO: TTFT bound in ms, 0 = none", ld_tpot="SLO: TPOT bound in ms, 0 = none",
+            ld_e2e="SLO: E2E bound in ms, 0 = none", ld_att="SLO attainment the capacity point must reach",
+            ld_pt="inspected point: policy", ld_px="inspected point: load"),
+}
+
+# Values of `sc`: label (as it appears in links) -> built-in scenario name.
+SCENARIO_LABELS = {"Chapter 31": "chapter31", "Burst 5": "burst5", "Shared prefix": "shared_prefix",
+                   "Poisson 2000": "poisson2000",
+                   "Poisson 10000": "poisson10000", "Custom": "custom", "Upload": "upload"}
+
+
+def bound(key: str) -> dict:
+    """Widget arguments that bind it to the URL under `key` (declared in URL_KEYS)."""
+    if key not in URL_KEYS:
+        raise KeyError(f"URL key {key!r} is not declared in ui.URL_KEYS")
+    return {"key": key, "bind": "query-params"}
+
+
+def ensure_app_frame() -> None:
+    """Every page calls this first. With a pages/ directory next to app.py, Streamlit runs a
+    deep-linked page file on its own (its pre-st.navigation multipage mode) until some session
+    of the process has called st.navigation: on a fresh server the first link to /schedules
+    ran without app.py (no page config, link checks or navigation), and AppTest does the same
+    after switch_page. Leave that mode and rerun, now through app.py."""
+    from streamlit.runtime.pages_manager import PagesManager
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        st.rerun()
+
+
+def view_link() -> str | None:
+    """The address of this view with every bound widget's value (what a shared link restores)."""
+    from urllib.parse import urlencode
+    base = st.context.url
+    if not base:
+        return None
+    base = base.split("?", 1)[0]
+    query = urlencode([(k, v) for k in st.query_params for v in st.query_params.get_all(k)])
+    return base + ("?" + query if query else "")
+
+
+def link_box() -> None:
+    """The sidebar's "link to this view": a code box with a copy button."""
+    url = view_link()
+    if url:
+        with st.sidebar.expander(":material/link: Link to this view"):
+            st.code(url, language=None, wrap_lines=True)
+            st.caption("Opens this page with the same scenario, settings and cursor.")
+
+
+MAX_PARAM_CHARS = 4096    # one query parameter's name or value; URL_KEYS values are far shorter
+
+
+def drop_overlong_params() -> list[str]:
+    """Remove query parameters whose name or value is over MAX_PARAM_CHARS, before any widget
+    reads them, and say so on the page. A link that long is a mistake or an attack, and left in
+    the address bar it breaks the next navigation: the browser sends the address twice (the
+    request line and the Referer header) and the HTTP server refuses the request (400), so the
+    page never finishes loading. Returns the notices shown."""
+    notes = []
+    for key in list(st.query_params):
+        longest = max((len(v) for v in st.query_params.get_all(key)), default=0)
+        if len(key) > MAX_PARAM_CHARS or longest > MAX_PARAM_CHARS:
+            shown = key if len(key) <= 40 else key[:40] + "…"
+            notes.append(f"Ignored the link's parameter **{md(shown)}**: "
+                         f"{max(len(key), longest):,} characters, at most {MAX_PARAM_CHARS:,}.")
+            del st.query_params[key]
+    for n in notes:
+        st.warning(n, icon=":material/link_off:")
+    return notes
+
+
+def choice_param(key: str, choices: dict[str, str], what: str) -> str | None:
+    """Call before the widget bound to `key`: a link may name a choice by its label or by its
+    short name, in any case ("sc=burst5" = "sc=Burst 5"); a short name is rewritten to the
+    label. A value that is neither is dropped with a visible notice (the widget then shows its
+    default) instead of being ignored silently. Returns the notice shown, if any."""
+    if key not in st.query_params:
+        return None
+    value = st.query_params[key]
+    if value in choices:
+        return None
+    known = {label.lower(): label for label in choices} | {short.lower(): label for label, short in choices.items()}
+    label = known.get(value.strip().lower())
+    if label is not None:
+        st.query_params[key] = label
+        st.session_state[key] = label   # the bound widget reads its value from here on this run
+        return None
+    del st.query_params[key]
+    note = (f"The link's {md(what)} **{md(value[:60])}** is not one of: "
+            f"{', '.join(md(f'{lab} ({short})') for lab, short in choices.items())}; showing the default.")
+    st.warning(note, icon=":material/link_off:")
+    return note
+
+
+def preset_widget_values(page: str, preset: SchedulePreset) -> dict[str, object]:
+    """Widget key -> value for the options a preset sets, on one page."""
+    options = preset.options()
+    out = {}
+    for key, u in URL_KEYS.items():
+        if u.page == page and u.option in options:
+            v = options[u.option]
+            out[key] = 0 if v is None and u.zero_is_none else v
+    return out
+
+
+def apply_presets_on_change(selector_key: str, page: str, presets: dict[str, SchedulePreset]):
+    """When the user changes the selector, set the widgets from its preset. Not on the first run:
+    a link's own query parameters must win. (Writes widget keys, never st.query_params.)"""
+    prev_key = f"_prev_{selector_key}"
+    cur = st.session_state.get(selector_key)
+    prev = st.session_state.get(prev_key)
+    if prev is not None and cur != prev and cur in presets:
+        values = preset_widget_values(page, presets[cur])
+        st.session_state.update(values)
+        # A widget not on the page before this run (e.g. the constant model's ms per step
+        # after switching from affine) takes the value but never writes it to the URL: write
+        # the preset's values there too, so the link reproduces the view.
+        from streamlit.errors import StreamlitAPIException
+        for k, v in values.items():
+            if k not in st.query_params and not isinstance(v, (list, tuple)):
+                try:
+                    st.query_params[k] = str(v).lower() if isinstance(v, bool) else str(v)
+                except StreamlitAPIException:   # bound to a widget on the page: it writes its own value
+                    pass
+    st.session_state[prev_key] = cur
