@@ -35,7 +35,7 @@ def main() -> int:
     import pyarrow.parquet as pq
 
     from bench.simulate import poisson_workload
-    from core.engine.scheduler import SchedulerConfig
+    from core.config import SchedulerConfig
     from core.sim.simulate import StepModel, simulate
     from core.trace.parquet import _to_table
     tr = simulate(poisson_workload(a.requests, 50.0), SchedulerConfig(max_seqs=256, token_budget=8192, chunk=8192),

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from core.analysis.metrics import request_metrics, throughput
-from core.engine.scheduler import SchedulerConfig
+from core.config import SchedulerConfig
 from core.sim.simulate import fit_affine, simulate
 from core.workload import Request, Workload
 from gpu_runner import checkpoint

@@ -29,7 +29,10 @@ WORKER = r"""
 import hashlib, json, sys, time
 import numpy as np, torch
 from core.config import SchedulerConfig
-from core.analysis.metrics import request_metrics
+try:
+    from core.analysis.metrics import request_metrics
+except ImportError:   # a revision before core's packages (issue 25)
+    from core.metrics import request_metrics
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
 from gpu_runner.engine import Engine, EngineConfig

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from core.analysis.metrics import summarize
-from core.engine.scheduler import SchedulerConfig
+from core.config import SchedulerConfig
 from core.sim.simulate import StepModel, simulate
 from core.workload import Request, Workload
 

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from core.engine.scheduler import SchedulerConfig
+from core.config import SchedulerConfig
 from core.formulas.speculative import acceptance_by_position, expected_tokens
 from core.workload import Request, Workload
 from gpu_runner import checkpoint

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from core.analysis.metrics import summarize
-from core.engine.scheduler import SchedulerConfig
+from core.config import SchedulerConfig
 from core.lessons.scenarios import poisson_workload
 from core.sim.simulate import StepModel, simulate
 from core.trace import load_trace, save_trace

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from core.analysis.occupancy import CACHED, FREE, OWNED, SHARED, block_states, block_tables_at
-from core.engine.scheduler import SchedulerConfig
+from core.config import SchedulerConfig
 from core.figures.attention import hbm_traffic_chart, online_softmax_figure, tile_grid
 from core.figures.memory import block_table_figure, kv_growth_chart, occupancy_heatmap, waste_chart
 from core.figures.roof import roofline_chart

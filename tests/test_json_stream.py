@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from core import errors
-from core.engine.scheduler import SchedulerConfig
+from core.config import SchedulerConfig
 from core.errors import TraceError
 from core.sim.simulate import StepModel, simulate
 from core.trace import jsoncodec, jsonstream, parse_trace, to_doc, trace_from_doc, trace_json

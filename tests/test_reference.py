@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from core.analysis.metrics import cost_usd, request_metrics, throughput
+from core.config import SchedulerConfig
 from core.engine.kv_cache import KVCacheManager
-from core.engine.scheduler import SchedulerConfig
 from core.formulas import kv, roofline, speculative, tiles
 from core.sim.simulate import simulate
 from core.trace import load_trace

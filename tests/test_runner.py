@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core.analysis.metrics import conservation
-from core.engine.scheduler import SchedulerConfig
+from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.trace import to_doc, trace_from_doc
 from core.workload import Request, Workload

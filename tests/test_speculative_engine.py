@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.engine.scheduler import SchedulerConfig
+from core.config import SchedulerConfig
 from core.formulas import speculative as spec_math
 from core.workload import Request, Workload
 from gpu_runner import checkpoint

@@ -7,7 +7,7 @@ import jsonschema
 import pytest
 
 from core.analysis.metrics import summarize
-from core.engine.scheduler import SchedulerConfig
+from core.config import SchedulerConfig
 from core.errors import TraceError
 from core.sim.simulate import StepModel, simulate
 from core.trace import load_trace, parse_trace, save_trace, to_doc, trace_from_doc

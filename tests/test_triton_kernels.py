@@ -92,7 +92,7 @@ def test_captured_statistics_reconstruct_logsumexp():
 
 
 def test_engine_with_triton_attention_matches_torch(tmp_path):
-    from core.engine.scheduler import SchedulerConfig
+    from core.config import SchedulerConfig
     from core.workload import load_workload
     from gpu_runner import checkpoint
     from gpu_runner.engine import Engine, EngineConfig
