@@ -5,8 +5,10 @@ From that one declaration come
 - `to_dict(cfg)` and `from_dict(Cls, d)`: trace metadata, page presets, JSON files;
 - `add_flags(parser, Cls)` and `from_args(Cls, args)`: both command lines;
 - `options_markdown(...)`: the option tables in docs/configuration.md (a test keeps them current).
-Validation lives in each class's `__post_init__` and names the option, so a value is
-checked the same way whether it came from a flag, a URL, a preset or a trace.
+- `check_options(cfg)`: every value against its declaration (type, `choices`, `minimum`,
+  `maximum`, `above`, `below`), with one message naming the option; each class's
+  `__post_init__` calls it and adds only the rules that join several options. So a value is
+  checked the same way whether it came from a flag, a URL, a preset or a trace.
 
 Groups: `SchedulerConfig` (core.engine.scheduler), `SamplingParams` (token sampling),
 `core.sim.stepmodel.StepModel` (simulated step times), `gpu_runner.engine.EngineConfig`.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -32,36 +35,79 @@ BIG = 1 << 62  # "no limit" for budgets and seats
 
 
 def opt(default=MISSING, help: str = "", *, flag: str | None = None, cli: bool = True,
-        choices: tuple | None = None, minimum: float | None = None, parse=None, factory=None):
-    """A declared option. `minimum` drives the flag's argument check (1: positive integer,
-    0: number >= 0); `parse` turns a flag's text into the value (e.g. "0,1" -> (0, 1));
-    `cli=False` keeps an option out of the command lines (set by the program itself)."""
-    meta = {"help": help, "flag": flag, "cli": cli, "choices": choices, "minimum": minimum, "parse": parse}
+        choices: tuple | None = None, minimum: float | None = None, maximum: float | None = None,
+        above: float | None = None, below: float | None = None, parse=None, factory=None):
+    """A declared option. Bounds: `minimum`/`maximum` inclusive, `above`/`below` exclusive
+    (`minimum` also drives the flag's argument check: 1 a positive integer, 0 a number >= 0);
+    `parse` turns a flag's text into the value (e.g. "0,1" -> (0, 1)); `cli=False` keeps an
+    option out of the command lines (set by the program itself)."""
+    meta = {"help": help, "flag": flag, "cli": cli, "choices": choices, "minimum": minimum, "maximum": maximum,
+            "above": above, "below": below, "parse": parse}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
 
 
-def _positive_int(v) -> bool:
-    return not isinstance(v, bool) and isinstance(v, int) and v >= 1
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
-def check_positive_int(obj, *names, optional=True):
-    for name in names:
-        v = getattr(obj, name)
-        if v is None and optional:
+def _is_number(v) -> bool:
+    return _is_int(v) or (isinstance(v, float) and math.isfinite(v))
+
+
+def _range_text(meta: dict, integer: bool) -> str:
+    lo, hi = meta.get("minimum"), meta.get("maximum")
+    above, below = meta.get("above"), meta.get("below")
+    if integer:
+        if lo == 1 and hi is None:
+            return "a positive integer"
+        if lo is not None and hi is not None:
+            return f"an integer in {lo}..{hi}"
+        return f"an integer >= {lo}" if lo is not None else "an integer"
+    left = f"[{lo:g}" if lo is not None else f"({above:g}" if above is not None else None
+    right = f"{hi:g}]" if hi is not None else f"{below:g})" if below is not None else None
+    if left and right:
+        return f"a {'fraction' if (lo, below) == (0, 1) else 'number'} in {left}, {right}"
+    if left:
+        return f"a finite number {'>=' if lo is not None else '>'} {left[1:]}"
+    if right:
+        return f"a finite number {'<=' if hi is not None else '<'} {right[:-1]}"
+    return "a finite number"
+
+
+def _in_range(v, meta: dict) -> bool:
+    lo, hi, above, below = (meta.get(k) for k in ("minimum", "maximum", "above", "below"))
+    return ((lo is None or v >= lo) and (hi is None or v <= hi) and (above is None or v > above)
+            and (below is None or v < below))
+
+
+def check_options(cfg) -> None:
+    """Check every option of `cfg` against its declaration (type hint and `opt` metadata);
+    the first value that does not fit raises ConfigError naming the option and what it expects.
+    Nested option groups check themselves; tuples are left to the class."""
+    hints = _hints(type(cfg))
+    for f in options(type(cfg)):
+        v = getattr(cfg, f.name)
+        tp, nullable = _base_type(hints[f.name])
+        if v is None and nullable:
             continue
-        if not _positive_int(v):
-            raise ConfigError(f"{name}: expected a positive integer{' or none' if optional else ''}, got {v!r}")
-
-
-def check_number(obj, *names, minimum=0.0, positive=False):
-    for name in names:
-        v = getattr(obj, name)
-        ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v >= minimum
-        if not ok or (positive and v <= 0):
-            raise ConfigError(f"{name}: expected a finite number {'> 0' if positive else f'>= {minimum:g}'}, "
-                              f"got {v!r}")
+        meta = f.metadata
+        none = " or none" if nullable else ""
+        if meta.get("choices"):
+            if v not in meta["choices"]:
+                raise ConfigError(f"{f.name}: expected one of {', '.join(map(str, meta['choices']))}, got {v!r}")
+        elif tp is bool:
+            if not isinstance(v, bool):
+                raise ConfigError(f"{f.name}: expected true or false, got {v!r}")
+        elif tp is int:
+            if not (_is_int(v) and _in_range(v, meta)):
+                raise ConfigError(f"{f.name}: expected {_range_text(meta, True)}{none}, got {v!r}")
+        elif tp is float:
+            if not (_is_number(v) and _in_range(v, meta)):
+                raise ConfigError(f"{f.name}: expected {_range_text(meta, False)}{none}, got {v!r}")
+        elif tp is str and not isinstance(v, str):
+            raise ConfigError(f"{f.name}: expected a string{none}, got {v!r}")
 
 
 # ---- the option groups the core owns ---------------------------------------------------------
@@ -85,19 +131,18 @@ class SchedulerConfig:
                                  choices=SCHEDULING_POLICIES)
     kv_watermark: float | None = opt(None, "admit a request only if this fraction of the KV pool stays free "
                                      "(vLLM's watermark; running requests may still use it; default: 0, "
-                                     "vllm-v0: 0.01)", minimum=0)
+                                     "vllm-v0: 0.01)", minimum=0, below=1)
     queue_limit: int | None = opt(None, "waiting-queue bound: after each step's admissions, requests beyond it "
                                   "that never ran are rejected, newest first (default: no bound)", minimum=0)
     max_model_len: int | None = opt(None, "context budget: a request whose prompt + output tokens exceed it, or "
                                     "that could never fit the KV pool, is rejected on arrival instead of run",
                                     minimum=1)
     model_id: str | None = opt(None, "part of the prefix-cache key (model/adapter identity)", cli=False)
-    spec_gamma: int = opt(0, "speculative decoding: draft tokens verified per decode step (0: off)", cli=False)
+    spec_gamma: int = opt(0, "speculative decoding: draft tokens verified per decode step (0: off)", cli=False,
+                          minimum=0)
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise ConfigError(f"policy: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
-        check_positive_int(self, "max_seqs", "token_budget", "chunk", "kv_blocks")
+        check_options(self)
         # the named policies' settings, made explicit here so a trace records what ran
         if self.policy in ("vllm-v0", "orca") and self.chunk is not None:
             raise ConfigError(f"chunk: the {self.policy} policy computes each prompt in one step (no chunked "
@@ -109,21 +154,6 @@ class SchedulerConfig:
             self.token_budget = self.chunk if self.token_budget is None else min(self.token_budget, self.chunk)
         if self.kv_watermark is None:
             self.kv_watermark = VLLM_V0_WATERMARK if self.policy == "vllm-v0" else 0.0
-        check_positive_int(self, "block_size", optional=False)
-        if isinstance(self.spec_gamma, bool) or not isinstance(self.spec_gamma, int) or self.spec_gamma < 0:
-            raise ConfigError(f"spec_gamma: expected an integer >= 0, got {self.spec_gamma!r}")
-        if not isinstance(self.prefix_caching, bool):
-            raise ConfigError(f"prefix_caching: expected true or false, got {self.prefix_caching!r}")
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
-            raise ConfigError(f"scheduling_policy: expected one of {', '.join(SCHEDULING_POLICIES)}, "
-                              f"got {self.scheduling_policy!r}")
-        check_number(self, "kv_watermark")
-        if self.kv_watermark >= 1:
-            raise ConfigError(f"kv_watermark: expected a fraction in [0, 1), got {self.kv_watermark!r}")
-        check_positive_int(self, "max_model_len")
-        if self.queue_limit is not None and (isinstance(self.queue_limit, bool) or not isinstance(self.queue_limit, int)
-                                             or self.queue_limit < 0):
-            raise ConfigError(f"queue_limit: expected an integer >= 0 or none, got {self.queue_limit!r}")
 
     @property
     def seats(self) -> int:
@@ -140,17 +170,11 @@ class SchedulerConfig:
 class SamplingParams:
     temperature: float = opt(0.0, "softmax temperature; 0 = greedy", minimum=0)
     top_k: int = opt(0, "keep the k most likely tokens (0 = off)", minimum=0)
-    top_p: float = opt(1.0, "keep the smallest set with this much probability (1 = off)")
+    top_p: float = opt(1.0, "keep the smallest set with this much probability (1 = off)", above=0, maximum=1)
     seed: int = opt(0, "per-request random generators derive from it")
 
     def __post_init__(self):
-        check_number(self, "temperature")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ConfigError(f"top_k: expected an integer >= 0, got {self.top_k!r}")
-        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p: expected a number in (0, 1], got {self.top_p!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise ConfigError(f"seed: expected an integer, got {self.seed!r}")
+        check_options(self)
 
     def to_dict(self) -> dict:
         return to_dict(self)
@@ -158,6 +182,7 @@ class SamplingParams:
 
 # ---- derived codecs ----------------------------------------------------------------------
 
+@functools.cache
 def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from core.config import SamplingParams, SchedulerConfig, opt
-from core.errors import ConfigError
+from core.config import SamplingParams, SchedulerConfig, check_options, opt
 
 ATTENTION = ("auto", "torch", "triton")
 MATMUL = ("auto", "torch", "onednn")
@@ -37,9 +36,4 @@ class EngineConfig:
                                                 "attention kernel for one layer and head", parse=parse_layer_head)
 
     def __post_init__(self):
-        if self.attention not in ATTENTION:
-            raise ConfigError(f"attention: expected one of {', '.join(ATTENTION)}, got {self.attention!r}")
-        if self.matmul not in MATMUL:
-            raise ConfigError(f"matmul: expected one of {', '.join(MATMUL)}, got {self.matmul!r}")
-        if isinstance(self.gamma, bool) or not isinstance(self.gamma, int) or self.gamma < 1:
-            raise ConfigError(f"gamma: expected an integer >= 1, got {self.gamma!r}")
+        check_options(self)

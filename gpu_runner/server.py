@@ -7,10 +7,10 @@ what it sends back; they never touch the scheduler.
                                have no chat template), then "assistant: "
     GET  /v1/models, /health, /metrics (Prometheus, vLLM's names: gpu_runner.metrics)
 
-Fields: max_tokens (default 16), temperature (default 1.0, as OpenAI), top_p, top_k (0 or
--1 = off), seed, stop (strings), stop_token_ids, ignore_eos, n (1 only), stream,
-stream_options.include_usage. Unknown fields are ignored with one logged warning per name
-(as vLLM does: benchmark clients send extras). Errors: 400 (bad JSON, wrong types, too
+Fields (declared in gpu_runner.api): max_tokens (default 16), temperature (default 1.0, as
+OpenAI), top_p, top_k (0 or -1 = off), seed, stop (strings), stop_token_ids, ignore_eos, n (1
+only), stream, stream_options.include_usage. Unknown fields are ignored with one logged warning
+per name (as vLLM does: benchmark clients send extras). Errors: 400 (bad JSON, wrong types, too
 long for the model or the KV pool), 404 (unknown model), 503 + Retry-After (waiting queue
 full, or shutting down).
 """
@@ -28,14 +28,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from core.config import SamplingParams
-from core.errors import ConfigError
+from gpu_runner.api import BodyError, CompletionBody, decode_body
 from gpu_runner.serving import Overloaded, ServerStopping, ServingEngine, Stream
 
 log = logging.getLogger("gpu_runner.serve")
 MAX_BODY = 4 * 2**20
-KNOWN = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-         "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "user"}
-
 
 class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400, headers: dict | None = None):
@@ -59,26 +56,6 @@ def error_body(message: str, status: int) -> dict:
 
 def error(message: str, status: int = 400, headers: dict | None = None) -> JSONResponse:
     return JSONResponse(error_body(message, status), status, headers=headers)
-
-
-def _int(body, key, default, lo=None, hi=None):
-    v = body.get(key, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise BadRequest(f"{key}: expected an integer, got {json.dumps(v)[:40]}")
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise BadRequest(f"{key}: {v} is out of range" + (f" (at least {lo})" if lo is not None else ""))
-    return v
-
-
-def _num(body, key, default, lo, hi):
-    v = body.get(key, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-        raise BadRequest(f"{key}: expected a number in [{lo}, {hi}], got {json.dumps(v)[:40]}")
-    return float(v)
 
 
 class App:
@@ -116,28 +93,25 @@ class App:
         return Response(self.metrics.render(), 200, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # ---- parsing ------------------------------------------------------------------------------
-    async def _body(self, request: Request) -> dict:
+    async def _body(self, request: Request) -> CompletionBody:
         size = request.headers.get("content-length")
         if size is not None and size.isdigit() and int(size) > MAX_BODY:
             raise BadRequest(f"request body of {int(size):,} bytes is over the {MAX_BODY:,}-byte limit", 413)
-        raw = b""
+        raw = bytearray()
         async for chunk in request.stream():
             raw += chunk
             if len(raw) > MAX_BODY:
                 raise BadRequest(f"request body is over the {MAX_BODY:,}-byte limit", 413)
         try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            raise BadRequest(f"body is not valid JSON: {str(e)[:120]}") from None
-        if not isinstance(body, dict):
-            raise BadRequest("body: expected a JSON object")
-        unknown = sorted(set(body) - KNOWN - self.warned)
+            body, unknown = decode_body(bytes(raw))
+        except BodyError as e:
+            raise BadRequest(str(e)) from None
+        unknown = [k for k in unknown if k not in self.warned]
         if unknown:
             log.warning("ignoring unknown request field(s): %s", ", ".join(unknown))
             self.warned.update(unknown)
-        model = body.get("model")
-        if model is not None and model != self.name:
-            raise BadRequest(f"The model `{model}` does not exist (this server serves `{self.name}`)", 404)
+        if body.model is not None and body.model != self.name:
+            raise BadRequest(f"The model `{body.model}` does not exist (this server serves `{self.name}`)", 404)
         return body
 
     def _prompt_ids(self, prompt) -> list[int]:
@@ -158,39 +132,27 @@ class App:
             raise BadRequest("prompt: empty")
         return ids
 
-    def _stream(self, body: dict, ids: list[int]) -> tuple[Stream, list[str]]:
-        if _int(body, "n", 1, 1) != 1:
+    def _stream(self, body: CompletionBody, ids: list[int]) -> tuple[Stream, list[str]]:
+        if (body.n or 1) != 1:
             raise BadRequest("n: only 1 is supported")
-        max_tokens = _int(body, "max_tokens", None, 1)
-        if max_tokens is None:
-            max_tokens = _int(body, "max_completion_tokens", 16, 1)
+        max_tokens = body.max_tokens or body.max_completion_tokens or 16
         if len(ids) + max_tokens > self.max_seq_len:
             raise BadRequest(f"This model's maximum context length is {self.max_seq_len} tokens. However, you "
                              f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} "
                              f"for the completion).")
-        top_k = _int(body, "top_k", 0, -1)
-        try:
-            sp = SamplingParams(temperature=_num(body, "temperature", 1.0, 0.0, 100.0),
-                                top_p=_num(body, "top_p", 1.0, 1e-9, 1.0), top_k=max(0, top_k),
-                                seed=_int(body, "seed", 0))
-        except ConfigError as e:
-            raise BadRequest(str(e)) from None
-        stop = body.get("stop") or []
-        if isinstance(stop, str):
-            stop = [stop]
-        if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)) or len(stop) > 16:
+        sp = SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
+                            top_p=1.0 if body.top_p is None else body.top_p, top_k=max(0, body.top_k or 0),
+                            seed=body.seed or 0)
+        stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+        if "" in stop:
             raise BadRequest("stop: expected a string or a list of up to 16 non-empty strings")
-        stop_ids = body.get("stop_token_ids") or []
-        if not (isinstance(stop_ids, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids)):
-            raise BadRequest("stop_token_ids: expected a list of integers")
-        ignore_eos = body.get("ignore_eos", False)
-        if not isinstance(ignore_eos, bool):
-            raise BadRequest("ignore_eos: expected true or false")
+        stop_ids = body.stop_token_ids or []
+        ignore_eos = body.ignore_eos
         eos = () if ignore_eos else self.se.engine.stop_token_ids
         stops = tuple(dict.fromkeys([*eos, *stop_ids])) if (stop_ids or ignore_eos) else None
         if self.se.engine.draft is not None:   # one sampling setting for the whole speculative batch
             server_sp = self.se.engine.cfg.sampling
-            given = {k for k in ("temperature", "top_p", "top_k", "seed") if body.get(k) is not None}
+            given = {k for k in ("temperature", "top_p", "top_k", "seed") if getattr(body, k) is not None}
             if any(getattr(sp, k) != getattr(server_sp, k) for k in given):
                 raise BadRequest("speculative serving samples with the server's settings "
                                  f"(temperature {server_sp.temperature:g}, top_k {server_sp.top_k}, top_p "
@@ -209,22 +171,16 @@ class App:
         try:
             body = await self._body(request)
             if chat:
-                msgs = body.get("messages")
-                if not (isinstance(msgs, list) and msgs and all(
-                        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                        for m in msgs)):
+                if not body.messages:
                     raise BadRequest("messages: expected a non-empty list of {role, content} with string values")
-                ids = self._prompt_ids("".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant: ")
+                ids = self._prompt_ids("".join(f"{m.role}: {m.content}\n" for m in body.messages) + "assistant: ")
             else:
-                if "prompt" not in body:
+                if body.prompt is None:
                     raise BadRequest("prompt: required")
-                ids = self._prompt_ids(body["prompt"])
+                ids = self._prompt_ids(body.prompt)
             s, stop = self._stream(body, ids)
-            so = body.get("stream_options") or {}
-            usage_in_stream = isinstance(so, dict) and so.get("include_usage") is True
-            stream = body.get("stream", False)
-            if not isinstance(stream, bool):
-                raise BadRequest("stream: expected true or false")
+            usage_in_stream = body.stream_options is not None and body.stream_options.include_usage
+            stream = body.stream
             try:
                 self.se.submit(s)
             except Overloaded as e:

@@ -28,6 +28,7 @@ class BlockPool:
         self.refcount = np.zeros(num_blocks, dtype=np.int64)   # per block; kept only while `live` (refs_from)
         self.free_plain: list[int] = []
         self.fresh = 0                         # blocks fresh..num_blocks-1 have never been used
+        self.free_cached = prefix.free_cached if prefix is not None else ()   # the prefix cache's cached-free
         self.ever_shared = False               # no block has had two owners (no hit, no fork) yet
 
     @property
@@ -51,26 +52,36 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return self.num_uncached_free + (len(self.prefix.free_cached) if self.prefix is not None else 0)
+        return len(self.free_plain) + (self.num_blocks - self.fresh) + len(self.free_cached)
 
     def take(self, n: int) -> tuple[list[int], list[tuple[int, bytes]]]:
         """n free blocks, owned once each: uncached first, then the least recently released
         cached ones (evicting the prefix they held). Returns (blocks, [(evicted block, hash)])."""
-        if n > self.num_free:
-            raise OutOfBlocks(f"need {n} blocks, {self.num_free} free")
-        new = self.take_uncached(n)
         evicted = []
-        for _ in range(n - len(new)):
-            b, h = self.prefix.evict_oldest()
-            evicted.append((b, h))
-            new.append(b)
-        if self.live:
+        plain = len(self.free_plain) + (self.num_blocks - self.fresh)
+        if n > plain:
+            if n > plain + len(self.free_cached):
+                raise OutOfBlocks(f"need {n} blocks, {self.num_free} free")
+            new = self._uncached(plain)
+            for _ in range(n - plain):
+                b, h = self.prefix.evict_oldest()
+                evicted.append((b, h))
+                new.append(b)
+        else:
+            new = self._uncached(n)
+        if self.prefix is not None or self.ever_shared:   # (live)
             self.refcount[new] = 1
         return new, evicted
 
     def take_uncached(self, n: int) -> list[int]:
         """Up to n uncached free blocks (released ones, most recent first, then fresh ones),
         owned once each."""
+        new = self._uncached(n)
+        if self.live and new:
+            self.refcount[new] = 1
+        return new
+
+    def _uncached(self, n: int) -> list[int]:
         plain = self.free_plain
         k = min(n, len(plain))
         if k:
@@ -82,8 +93,6 @@ class BlockPool:
         if m:
             new += range(self.fresh, self.fresh + m)
             self.fresh += m
-        if self.live and new:
-            self.refcount[new] = 1
         return new
 
     def share(self, blocks: list[int]):

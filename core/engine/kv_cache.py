@@ -46,11 +46,12 @@ class KVCacheManager:
     # ---- queries -------------------------------------------------------------------
     @property
     def num_free(self) -> int:
-        return self.pool.num_free
+        p = self.pool   # (inlined: asked several times per step)
+        return len(p.free_plain) + (p.num_blocks - p.fresh) + len(p.free_cached)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - self.pool.num_free
+        return self.num_blocks - self.num_free
 
     @property
     def ref(self) -> np.ndarray:
@@ -95,21 +96,24 @@ class KVCacheManager:
     def _take(self, n: int) -> list[int]:
         """n free blocks from the pool (evictions from the prefix cache logged)."""
         new, evicted = self.pool.take(n)
-        for b, h in evicted:
-            self._rec("evict", None, [b], -1, 0, 0, [h])
+        if evicted:
+            for b, h in evicted:
+                self._rec("evict", None, [b], -1, 0, 0, [h])
         return new
 
     def admit(self, seq, hits: list[int] = (), salt: str | None = None) -> int:
         """Start a sequence's table with cache hits; returns the number of cached tokens."""
         if seq in self.tables:
             raise ValueError(f"sequence {seq!r} already has a block table")
+        self.extra[seq] = extra_key(self.model_id, salt)
+        if not hits:
+            self.tables[seq], self.chain[seq] = [], []
+            return 0
         hits = list(hits)
         self.pool.share(hits)
         self.tables[seq] = list(hits)  # the table grows; the logged hit list must not
         self.chain[seq] = [self.prefix.hash[b] for b in hits]
-        self.extra[seq] = extra_key(self.model_id, salt)
-        if hits:
-            self._rec("hit", seq, hits, 0, 1, self.pool.refcount[hits].tolist(), list(self.chain[seq]))
+        self._rec("hit", seq, hits, 0, 1, self.pool.refcount[hits].tolist(), list(self.chain[seq]))
         return len(hits) * self.block_size
 
     def grow(self, seq, num_tokens: int) -> list[int]:

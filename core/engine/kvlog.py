@@ -100,20 +100,30 @@ class KVLog:
         return out
 
 
+_SEQUENCES = {np.ndarray, list, tuple}
+
+
 def spread(values, lens: np.ndarray, dtype) -> np.ndarray:
     """One column from per-part values (the step log's parts, the KV log's calls), each a
     scalar (repeated over its part's `lens` rows) or an array or list of exactly that many
-    rows. Arrays are concatenated; lists of Python numbers are read in one pass."""
-    seq = [isinstance(v, (np.ndarray, list, tuple)) for v in values]
-    if not any(seq):
+    rows. Arrays are concatenated; lists of Python numbers are read in one pass. (One Python
+    pass over the values finds the sequences; the scalars go to numpy as they are.)"""
+    seq = [i for i, v in enumerate(values) if type(v) in _SEQUENCES]
+    if not seq:
         return np.repeat(np.array(values, dtype=dtype), lens)
-    parts = [v for v, a in zip(values, seq) if a]
-    if all(isinstance(v, np.ndarray) for v in parts):
+    parts = values if len(seq) == len(values) else [values[i] for i in seq]
+    if all(type(v) is np.ndarray for v in parts):
         flat = np.concatenate(parts).astype(dtype, copy=False)
     else:
-        flat = np.fromiter(chain.from_iterable(parts), dtype, int(lens[np.array(seq)].sum()))
-    if all(seq):
+        n = int(lens.sum()) if parts is values else int(lens[seq].sum())
+        flat = np.fromiter(chain.from_iterable(parts), dtype, n)
+    if parts is values:
         return flat
-    out = np.repeat(np.array([0 if a else v for v, a in zip(values, seq)], dtype=dtype), lens)
-    out[np.repeat(np.array(seq), lens)] = flat
+    scalars = list(values)
+    for i in seq:
+        scalars[i] = 0
+    out = np.repeat(np.array(scalars, dtype=dtype), lens)
+    mask = np.zeros(len(values), dtype=bool)
+    mask[seq] = True
+    out[np.repeat(mask, lens)] = flat
     return out

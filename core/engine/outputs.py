@@ -88,21 +88,33 @@ EMPTY = np.empty(0, dtype=np.int64)
 EMPTY.flags.writeable = False
 
 
-@dataclass(slots=True)
 class EngineOutputs:
     """What happened since the last EngineOutputs: one step's result (`step` set) or what
-    happened between steps (arrivals queued or rejected, cancellations, deadlines)."""
-    t_ms: float                                  # when (a step's end)
-    stats: SchedulerStats
-    step: SchedulerOutput | None = None          # the step these outputs complete
-    dur_ms: float | None = None                  # its duration
-    token_reqs: np.ndarray = field(default_factory=lambda: EMPTY)    # one entry per emitted token: its row
-    token_index: np.ndarray = field(default_factory=lambda: EMPTY)   # ... its output position
-    token_ids: np.ndarray | None = None          # ... its id (None: unknown, simulated)
-    finished: list[Finish] = field(default_factory=list)   # every request that left, with its reason
-    queued: list[int] = field(default_factory=list)        # entered the waiting queue (passed arrival checks)
-    started: list[int] = field(default_factory=list)       # scheduled for the first time in this step
-    preempted: list[int] = field(default_factory=list)     # sent back to the waiting queue (recompute)
+    happened between steps (arrivals queued or rejected, cancellations, deadlines).
+    (A plain slotted class: the scheduler makes one per step, so it is built cheaply.)"""
+    __slots__ = ("t_ms", "_gauges", "step", "dur_ms", "token_reqs", "token_index", "token_ids", "finished",
+                 "queued", "started", "preempted")
+
+    def __init__(self, t_ms: float, gauges: tuple, step: SchedulerOutput | None = None, dur_ms: float | None = None,
+                 finished: list[Finish] | None = None, queued: list[int] | None = None,
+                 started: list[int] | None = None, preempted: list[int] | None = None,
+                 token_reqs: np.ndarray = EMPTY, token_index: np.ndarray = EMPTY, token_ids: np.ndarray | None = None):
+        self.t_ms = t_ms                      # when (a step's end)
+        self._gauges = gauges                 # SchedulerStats' fields, in order
+        self.step = step                      # the step these outputs complete
+        self.dur_ms = dur_ms                  # its duration
+        self.finished = finished if finished is not None else []    # every request that left, with its reason
+        self.queued = queued if queued is not None else []          # entered the waiting queue (arrival checks passed)
+        self.started = started if started is not None else []       # scheduled for the first time in this step
+        self.preempted = preempted if preempted is not None else []  # sent back to the waiting queue (recompute)
+        self.token_reqs = token_reqs          # one entry per emitted token: its request row
+        self.token_index = token_index        # ... its output position
+        self.token_ids = token_ids            # ... its id (None: unknown, simulated)
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """The engine's gauges when these outputs were taken."""
+        return SchedulerStats(*self._gauges)
 
     def new_tokens(self) -> dict[int, list[int]]:
         """Emitted token ids per request, in order (ids known: a real engine)."""

@@ -85,12 +85,13 @@ def budget_shares(want: np.ndarray, budget: int, is_decode: np.ndarray, decodes_
 
 class RunningPlan(NamedTuple):
     """The running requests' share of the next step."""
-    num_tokens: np.ndarray       # per running request (0: idle this step)
-    need: np.ndarray             # new KV blocks each needs for it
+    num_tokens: np.ndarray | None  # per running request (0: idle this step; None: one each, all decode)
+    need: np.ndarray | None      # new KV blocks each needs for it (None: one each at `grow`)
     start: np.ndarray            # its first position (tokens cached)
     is_decode: np.ndarray | None  # a one-token decode (None: every one decodes)
     pending: np.ndarray | None   # tokens it has left to compute before a token is due (None: 1 each)
-    steady: bool                 # planned by the steady-state shortcut (every entry takes part)
+    steady: bool                 # planned by the steady-state shortcut (every entry takes part; blocks suffice)
+    grow: np.ndarray | None = None  # decodes only: positions in `run` that start a new block
 
 
 def plan_running(view: SchedulerView, run: np.ndarray, budget: int, prefilling: np.ndarray | None = None,
@@ -100,11 +101,17 @@ def plan_running(view: SchedulerView, run: np.ndarray, budget: int, prefilling: 
     a mask over `run`, None for nobody): the same plan without the per-request work, when it
     fits the budget and the free blocks; otherwise (or not steady) the full plan, which may
     need more blocks than are free (then the scheduler preempts and plans again)."""
-    if steady:
-        plan = _steady_plan(view, run, budget, prefilling)
-        if plan is not None:
-            return plan
     cfg, t = view.cfg, view.requests
+    if steady:
+        if prefilling is None:   # decodes only: a block each where a position starts one
+            start, bs = t.computed[run], cfg.block_size
+            grow = np.flatnonzero((start & (bs - 1) if bs & (bs - 1) == 0 else start % bs) == 0)
+            if len(run) <= budget and len(grow) <= view.kv.num_free:
+                return RunningPlan(None, None, start, None, None, True, grow)
+        else:
+            plan = _steady_prefill_plan(view, run, budget, prefilling)
+            if plan is not None:
+                return plan
     computed, emitted = t.computed[run], t.emitted[run]
     pending = t.prompt_len[run] + emitted - computed
     want = np.minimum(pending, cfg.chunk) if cfg.chunk else pending
@@ -121,17 +128,11 @@ def plan_running(view: SchedulerView, run: np.ndarray, budget: int, prefilling: 
     return RunningPlan(n, need, computed, is_decode, pending, False)
 
 
-def _steady_plan(view: SchedulerView, run: np.ndarray, budget: int, prefilling) -> RunningPlan | None:
+def _steady_prefill_plan(view: SchedulerView, run: np.ndarray, budget: int, prefilling) -> RunningPlan | None:
+    """The steady plan when some running requests are mid-prefill (a mask over `run`)."""
     t, bs = view.requests, view.cfg.block_size
     start = t.computed[run]
     free = view.kv.num_free
-    if prefilling is None:   # decodes only: a block each where a position starts one
-        if len(run) > budget:
-            return None
-        need = ((start & (bs - 1) if bs & (bs - 1) == 0 else start % bs) == 0).view(np.int8)
-        if int(np.count_nonzero(need)) > free:
-            return None
-        return RunningPlan(None, need, start, None, None, True)
     pos = np.flatnonzero(prefilling)
     emitted = t.emitted[run[pos]]
     pending = t.prompt_len[run[pos]] + emitted - start[pos]
@@ -174,7 +175,7 @@ def next_join(view: SchedulerView, budget_left: int) -> Join | None:
     take = min(todo, cfg.chunk or todo, budget_left)
     if cfg.chunk is None and take < todo:
         return None  # the whole prompt must fit in this step's budget
-    cost = kv.admission_cost(hits, cached + take) if hits else blocks_for(cached + take, cfg.block_size)
+    cost = kv.admission_cost(hits, cached + take) if hits else -(-(cached + take) // cfg.block_size)
     if cost > kv.num_free - view.watermark_blocks:
         return None
     return Join(r, hits, cached, take, todo)

@@ -37,9 +37,9 @@ from core.config import BIG, SchedulerConfig
 from core.engine import admission as adm
 from core.engine import fastforward, policies
 from core.engine.kv_cache import KVCacheManager
-from core.engine.outputs import EngineOutputs, ExecutorOutput, Finish, SchedulerOutput, SchedulerStats
+from core.engine.outputs import EMPTY, EngineOutputs, ExecutorOutput, Finish, SchedulerOutput, SchedulerStats
 from core.engine.requests import DONE, NOT_ARRIVED, RUNNING, WAITING, RequestTable
-from core.engine.steplog import BatchPart, FinishRecord, PreemptRecord, StepLog, StepRecord, TokenPart
+from core.engine.steplog import BatchPart, PreemptRecord, StepLog, StepRecord, TokenPart
 from core.errors import ConfigError
 from core.workload import Request, Workload
 
@@ -62,6 +62,7 @@ class Scheduler:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.prefix_caching, config.model_id,
                                  log.kv if log is not None else None)
         self.rules = policies.RULES[config.policy]
+        self.seats = config.seats
         self.running = np.empty(0, dtype=np.int64)   # running request rows, admission order
         self.waiting = adm.make_waiting(config, t)   # request rows, in admission order
         self.ran: set[int] = set()         # requests ever admitted (never rejected by queue_limit)
@@ -175,7 +176,7 @@ class Scheduler:
         self.num_done += 1
         self._finished.append(f)
         if self.log is not None:
-            self.log.finishes.append(FinishRecord(i, f.t_ms, f.reason))
+            self.log.finishes.append(f)
 
     def _finish_failed(self, i: int, f: Finish):
         """A request that never ran and never will (rejected)."""
@@ -209,13 +210,19 @@ class Scheduler:
         if len(run):
             steady = self._steady and self.decode_fast_path
             plan = policies.plan_running(self, run, budget, self._prefilling, steady)
-            while int(plan.need.sum()) > kv.num_free:
+            while not plan.steady and int(plan.need.sum()) > kv.num_free:
                 pos = adm.victim_position(cfg, run, self.requests)   # fcfs: the newest
                 self._preempt(int(run[pos]), now_ms)
                 run = np.delete(run, pos)
                 preempted = True
                 plan = policies.plan_running(self, run, budget)
-            self._grow(run, plan.need, ones=plan.steady and plan.is_decode is None)
+            if plan.grow is not None:   # decodes only: one block each where a position starts one
+                if len(plan.grow):
+                    who = run[plan.grow]
+                    kv.grow_many(who, self.requests.nblocks[who], one_each=True)
+                    self.requests.nblocks[who] += 1
+            else:
+                self._grow(run, plan.need)
             used = len(run) if plan.num_tokens is None else int(plan.num_tokens.sum())
         else:
             plan = None
@@ -240,14 +247,14 @@ class Scheduler:
         if self.log is not None:
             self.log.preempts.append(PreemptRecord(victim, now_ms, "kv_full", freed))
 
-    def _grow(self, run: np.ndarray, need: np.ndarray, ones: bool = False):
-        """Append `need` fresh KV blocks to each running request's table (`ones`: each need is 0 or 1)."""
+    def _grow(self, run: np.ndarray, need: np.ndarray):
+        """Append `need` fresh KV blocks to each running request's table."""
         grow = np.flatnonzero(need > 0)
         if not len(grow):
             return
         who, more = run[grow], need[grow]
         nblocks = self.requests.nblocks
-        if ones or int(more.sum()) == len(grow):   # one block each
+        if int(more.sum()) == len(grow):   # one block each
             self.kv.grow_many(who, nblocks[who], one_each=True)
         else:
             self.kv.grow_many(who.tolist(), more.tolist())
@@ -258,7 +265,7 @@ class Scheduler:
         blocks (with the watermark) allow, `running` seats being taken; never skips past a head
         that does not fit. Returns (the joins, budget used)."""
         joins = []
-        seats = self.cfg.seats - running
+        seats = self.seats - running
         while self.waiting and seats > 0 and budget - used > 0:
             j = policies.next_join(self, budget - used)
             if j is None:
@@ -291,9 +298,8 @@ class Scheduler:
 
     def _batch(self, run, plan, joins, used, now_ms) -> SchedulerOutput | None:
         """The step's batch: the running requests that take part, then the ones that joined."""
-        if joins:
-            new = np.array([j.req for j in joins], dtype=np.int64)
-            new_n = np.array([j.take for j in joins], dtype=np.int64)
+        if joins:   # (columns of the joins, as tuples: numpy takes them as they are)
+            new, _, new_start, new_n, new_todo = zip(*joins)
             run = np.concatenate([run, new])
         self.running = run
         m0 = len(run) - len(joins)
@@ -302,7 +308,7 @@ class Scheduler:
                 if not joins:   # decodes only
                     return SchedulerOutput(self.step, now_ms, run, self._const("ones", m0), plan.start,
                                            self._const("false", m0), self._const("true", m0), (0, m0))
-                n = np.concatenate([np.ones(m0, dtype=np.int64), new_n])
+                n = np.concatenate([self._const("ones", m0), new_n])
                 is_prefill, emits = np.zeros(len(run), dtype=bool), np.ones(len(run), dtype=bool)
                 counts = (used - m0, m0)
             else:
@@ -313,9 +319,10 @@ class Scheduler:
                 counts = None
             if joins:
                 is_prefill[m0:] = True
-                emits[m0:] = [j.take >= j.todo for j in joins]
-            start = np.concatenate([plan.start, np.array([j.cached for j in joins], dtype=np.int64)]) \
-                if joins else plan.start
+                emits[m0:] = [a >= b for a, b in zip(new_n, new_todo)]
+                start = np.concatenate([plan.start, new_start])
+            else:
+                start = plan.start
             return SchedulerOutput(self.step, now_ms, run, n, start, is_prefill, emits, counts)
         if plan is None:
             n = pending = np.empty(0, dtype=np.int64)
@@ -324,7 +331,7 @@ class Scheduler:
             n, pending, is_decode = plan.num_tokens, plan.pending, plan.is_decode
         if joins:
             n = np.concatenate([n, new_n])
-            pending = np.concatenate([pending, np.array([j.todo for j in joins], dtype=np.int64)])
+            pending = np.concatenate([pending, new_todo])
             is_decode = np.concatenate([is_decode, np.zeros(len(joins), dtype=bool)])
         k = np.count_nonzero(n)
         if not k:
@@ -444,8 +451,15 @@ class Scheduler:
             self._steady = False
             er, idx, ids, src, stopped = self._take_tokens(batch, out, emit)
         dur = t_end - batch.t_ms if out.dur_ms is None else out.dur_ms
-        if self.log is not None:
-            self._log_step(batch, out, dur, er, idx, ids, src)
+        log = self.log
+        if log is not None:
+            running, waiting, used, free = self._step_gauges
+            log.steps.append(StepRecord(batch.step, batch.t_ms, dur, running, waiting, used, free))
+            log.batch_parts.append(BatchPart(batch.step, r, batch.num_tokens, batch.is_prefill))
+            log.token_parts.append(TokenPart(er, idx, t_end, ids))
+            log.token_sources.append(src)
+            if out.events:
+                log.other.extend(out.events)
         if out.tokens is not None:
             self._roll_back(r)
         if kv.prefix_caching:
@@ -455,23 +469,20 @@ class Scheduler:
                 ids_i = t.token_ids[i]
                 if ids_i is not None and i in kv.tables:
                     kv.commit(i, ids_i, int(t.computed[i]))
-        self._finish_emitted(er, idx, out.tokens is None, stopped, t_end)
+        # requests that reached their max tokens or a stop id leave, their blocks freed
+        if out.tokens is None:   # one token each: emitted is now idx + 1
+            fin = er[idx >= t.out_len[er] - 1]
+        else:  # one row per token; a request's tokens are adjacent
+            emitters = er[np.r_[True, er[1:] != er[:-1]]] if len(er) > 1 else er
+            fin = emitters[t.emitted[emitters] >= t.out_len[emitters]]
+        if len(fin) or stopped:
+            self._finish_emitted(fin, stopped, t_end)
         if cancelled is not None:
             for i in r[cancelled].tolist():
                 self.abort(i, t_end, t.abort_reason.get(i, "abort"), max(float(t.abort_at[i]), batch.t_ms))
         self.step += 1
         self._step_gauges = None
         return self.take_outputs(t_end, batch, dur, er, idx, ids)
-
-    def _log_step(self, batch, out, dur, er, idx, ids, src):
-        log = self.log
-        running, waiting, used, free = self._step_gauges
-        log.steps.append(StepRecord(batch.step, batch.t_ms, dur, running, waiting, used, free))
-        log.batch_parts.append(BatchPart(batch.step, batch.reqs, batch.num_tokens, batch.is_prefill))
-        log.token_parts.append(TokenPart(er, idx, out.t_end_ms, ids))
-        log.token_sources.append(src)
-        if out.events:
-            log.other.extend(out.events)
 
     def _roll_back(self, r: np.ndarray):
         """Keep KV only for the positions the emitted tokens justify (speculative rejections)."""
@@ -487,14 +498,9 @@ class Scheduler:
             if self.request_data:
                 self._sent_blocks[i] = min(self._sent_blocks.get(i, 0), int(t.nblocks[i]))
 
-    def _finish_emitted(self, er, idx, simulated: bool, stopped: list[int], t_end: float):
-        """Requests that reached their max tokens or a stop id leave, their blocks freed."""
+    def _finish_emitted(self, fin: np.ndarray, stopped: list[int], t_end: float):
+        """Requests that reached their max tokens (`fin`) or a stop id leave, their blocks freed."""
         t = self.requests
-        if simulated:   # one token each: emitted is now idx + 1
-            fin = er[idx >= t.out_len[er] - 1]
-        else:  # one row per token; a request's tokens are adjacent
-            emitters = er[np.r_[True, er[1:] != er[:-1]]] if len(er) > 1 else er
-            fin = emitters[t.emitted[emitters] >= t.out_len[emitters]]
         reasons = {}
         if stopped:
             extra = [i for i in stopped if t.emitted[i] < t.out_len[i]]
@@ -543,29 +549,36 @@ class Scheduler:
 
     # ---- what happened ----------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
+        return SchedulerStats(*self._gauges())
+
+    def _gauges(self) -> tuple:
         kv = self.kv
-        return SchedulerStats(len(self.running), len(self.waiting), kv.num_used, kv.num_blocks,
-                              self.num_preemptions, kv.counts["hit"])
+        p = kv.pool
+        free = len(p.free_plain) + (p.num_blocks - p.fresh) + len(p.free_cached)
+        return (len(self.running), len(self.waiting), kv.num_blocks - free, kv.num_blocks, self.num_preemptions,
+                kv.counts["hit"])
 
     def has_outputs(self) -> bool:
         """Something happened outside a step (arrivals queued or rejected, cancellations)."""
         return bool(self._finished or self._queued or self._preempted)
 
     def take_outputs(self, t_ms: float, batch: SchedulerOutput | None = None, dur_ms: float | None = None,
-                     token_reqs=None, token_index=None, token_ids=None) -> EngineOutputs:
+                     token_reqs=EMPTY, token_index=EMPTY, token_ids=None) -> EngineOutputs:
         """Everything that happened since the last EngineOutputs (with a step's tokens, when
         given), and forget it."""
-        fin = self._finished
-        if fin and self.request_data:
-            self._gone += [f.req for f in fin]
-            for f in fin:
-                self._sent_tokens.pop(f.req, None)
-                self._sent_blocks.pop(f.req, None)
-        out = EngineOutputs(t_ms, self.stats(), batch, dur_ms, finished=fin, queued=self._queued,
-                            preempted=self._preempted)
-        if batch is not None:   # first scheduled in this step (they stay for the step's outputs until then)
-            out.started, self._started = self._started, []
-        if token_reqs is not None:
-            out.token_reqs, out.token_index, out.token_ids = token_reqs, token_index, token_ids
-        self._finished, self._queued, self._preempted = [], [], []
-        return out
+        fin, queued, preempted, started = self._finished, self._queued, self._preempted, None
+        if fin:
+            self._finished = []
+            if self.request_data:
+                self._gone += [f.req for f in fin]
+                for f in fin:
+                    self._sent_tokens.pop(f.req, None)
+                    self._sent_blocks.pop(f.req, None)
+        if queued:
+            self._queued = []
+        if preempted:
+            self._preempted = []
+        if batch is not None and self._started:   # first scheduled in this step (kept for the step's outputs)
+            started, self._started = self._started, []
+        return EngineOutputs(t_ms, self._gauges(), batch, dur_ms, fin, queued, started, preempted,
+                             token_reqs, token_index, token_ids)

@@ -39,10 +39,10 @@ class TokenPart(NamedTuple):
     token_ids: np.ndarray | None    # None: ids unknown (simulated)
 
 
-class FinishRecord(NamedTuple):
+class FinishRecord(NamedTuple):   # (core.engine.outputs.Finish is one too: the same first fields)
     req: int
     t_ms: float
-    reason: str                     # length | stop | abort
+    reason: str                     # length | stop | abort | deadline | rejected
 
 
 class PreemptRecord(NamedTuple):
@@ -116,7 +116,7 @@ def log_records(log) -> dict:
                         "index": np.concatenate(index), "source": codes,
                         "token_id": tid}
     if log.finishes:
-        req, t, reason = (list(c) for c in zip(*log.finishes))
+        req, t, reason = (list(c) for c in list(zip(*log.finishes))[:3])   # (req, t_ms, reason, ...)
         out["finish"] = {"t_ms": np.array(t, dtype=float), "req": np.array(req, dtype=np.int64), "reason": reason}
     if log.steps:
         out["step"] = _steps(log.steps)

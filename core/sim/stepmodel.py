@@ -16,13 +16,12 @@
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.config import opt
+from core.config import check_options, opt
 from core.engine.outputs import SchedulerOutput as Batch
 from core.errors import ConfigError
 from core.formulas.kv import GPUS, MODELS
@@ -79,13 +78,7 @@ class StepModel:
     dtype_bytes: float = opt(2.0, "roofline: bytes per weight and KV element", minimum=0)
 
     def __post_init__(self):
-        if self.kind not in STEP_MODELS:
-            raise ConfigError(f"step model: expected one of {', '.join(STEP_MODELS)}, got {self.kind!r}")
-        for name in ("step_ms", "base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "dtype_bytes",
-                     "prefill_ms_per_kpos", "decode_ms_per_kpos", "prefill_ms_per_chunk"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ConfigError(f"{name}: expected a finite number >= 0, got {v!r}")
+        check_options(self)
         if self.kind == "constant" and self.step_ms <= 0:
             raise ConfigError(f"step_ms: expected a positive number, got {self.step_ms!r}")
         if self.kind == "affine" and self.base_ms <= 0 and self.prefill_ms_per_token <= 0 \

@@ -1,0 +1,46 @@
+"""The server's request body, declared once (gpu_runner.api): every field checked on decoding,
+and every refusal one line that names the field, for hostile bodies too."""
+import pytest
+
+from gpu_runner.api import KNOWN, BodyError, decode_body
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b'{"prompt": "x", "max_tokens": "ten"}', "max_tokens: expected an integer, got a string"),
+    (b'{"max_tokens": 0}', "max_tokens: expected an integer >= 1"),
+    (b'{"max_tokens": 4.0}', "max_tokens: expected an integer, got a number"),
+    (b'{"temperature": -1}', "temperature: expected a number >= 0"),
+    (b'{"temperature": 101}', "temperature: expected a number <= 100"),
+    (b'{"temperature": 1e400}', "temperature: number out of range"),
+    (b'{"top_p": 0}', "top_p: expected a number > 0"),
+    (b'{"seed": 99999999999999999999999}', "seed: expected an integer <= 9223372036854775807"),
+    (b'{"ignore_eos": 1}', "ignore_eos: expected true or false, got an integer"),
+    (b'{"stop": ["a", 3]}', "stop[1]: expected a string, got an integer"),
+    (b'{"stop": [""]}', "stop[0]: expected a string of length >= 1"),
+    (b'{"stop": ' + b'["a"]'[:-1] + b', "b"' * 16 + b']}', "stop: expected a list of length <= 16"),
+    (b'{"messages": [{"role": "user"}]}', "messages[0]: missing required field 'content'"),
+    (b'{"messages": []}', "messages: expected a list of length >= 1"),
+    (b'{"stream_options": "yes"}', "stream_options: expected an object, got a string"),
+    (b'[1, 2]', "body: expected an object, got a list"),
+    (b'"hello"', "body: expected an object, got a string"),
+    (b'{not json', "body is not valid JSON"),
+    (b'{"temperature": NaN}', "body is not valid JSON"),
+    (b'[' * 100_000, "body"),
+    (b'{"prompt": ' + b'[' * 100_000 + b'}', "body is not valid JSON"),
+    (b'\xff\xfe', "body is not valid JSON"),
+])
+def test_a_bad_body_is_refused_in_one_line_naming_the_field(raw, message):
+    with pytest.raises(BodyError) as e:
+        decode_body(raw)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_good_body_decodes_and_unknown_fields_are_named_not_refused():
+    body, unknown = decode_body(b'{"prompt": [1, 2], "max_tokens": 3, "temperature": 0, "stop": "x", "seed": -5, '
+                                b'"stream": true, "stream_options": {"include_usage": true, "continuous": 1}, '
+                                b'"best_of": 2, "logprobs": null}')
+    assert (body.prompt, body.max_tokens, body.temperature, body.stop, body.seed) == ([1, 2], 3, 0.0, "x", -5)
+    assert body.stream and body.stream_options.include_usage
+    assert unknown == ["best_of", "logprobs"] and "best_of" not in KNOWN
+    empty, none = decode_body(b"{}")
+    assert empty.max_tokens is None and empty.temperature is None and not empty.stream and none == []
