@@ -36,7 +36,8 @@ def main() -> int:
 
     from bench.simulate import poisson_workload
     from core.config import SchedulerConfig
-    from core.sim.simulate import StepModel, simulate
+    from core.sim.simulate import simulate
+    from core.sim.stepmodel import StepModel
     from core.trace.parquet import _to_table
     tr = simulate(poisson_workload(a.requests, 50.0), SchedulerConfig(max_seqs=256, token_budget=8192, chunk=8192),
                   StepModel("affine", base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.05))

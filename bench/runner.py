@@ -21,10 +21,12 @@ import torch
 
 from core.analysis.metrics import request_metrics, throughput
 from core.config import SchedulerConfig
-from core.sim.simulate import fit_affine, simulate
+from core.sim.simulate import simulate
+from core.sim.stepmodel import fit_affine
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
-from gpu_runner.engine import Engine, EngineConfig
+from gpu_runner.engine import Engine
+from gpu_runner.options import EngineConfig
 from gpu_runner.tokenizer import ByteTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -35,7 +35,8 @@ except ImportError:   # a revision before core's packages (issue 25)
     from core.metrics import request_metrics
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
-from gpu_runner.engine import Engine, EngineConfig
+from gpu_runner.engine import Engine
+from gpu_runner.options import EngineConfig
 from gpu_runner.tokenizer import ByteTokenizer
 a = json.loads(sys.argv[1])
 torch.set_num_threads(a["threads"])

@@ -14,7 +14,8 @@ import numpy as np
 
 from core.analysis.metrics import summarize
 from core.config import SchedulerConfig
-from core.sim.simulate import StepModel, simulate
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
 from core.workload import Request, Workload
 
 

@@ -12,11 +12,12 @@ import time
 
 import torch
 
-from core.config import SchedulerConfig
+from core.config import SamplingParams, SchedulerConfig
 from core.formulas.speculative import acceptance_by_position, expected_tokens
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
-from gpu_runner.engine import Engine, EngineConfig, SamplingParams
+from gpu_runner.engine import Engine
+from gpu_runner.options import EngineConfig
 from gpu_runner.tokenizer import ByteTokenizer
 
 PROMPTS = ['The "while" statement is used', "A list comprehension", "Exceptions are raised", "The import system",

@@ -28,8 +28,9 @@ from core.config import SchedulerConfig
 from core.workload import Request, Workload
 from gpu_runner import checkpoint
 from gpu_runner.batching import attend_with, forward, pack, slots_of
-from gpu_runner.engine import Engine, EngineConfig, PagedKVCache
+from gpu_runner.engine import Engine, PagedKVCache
 from gpu_runner.kernels.reference import paged_attention
+from gpu_runner.options import EngineConfig
 from gpu_runner.tokenizer import ByteTokenizer
 
 

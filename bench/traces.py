@@ -16,7 +16,8 @@ import time
 from core.analysis.metrics import summarize
 from core.config import SchedulerConfig
 from core.lessons.scenarios import poisson_workload
-from core.sim.simulate import StepModel, simulate
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
 from core.trace import load_trace, save_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

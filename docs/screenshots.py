@@ -1,5 +1,5 @@
 """Regenerate the README screenshots with the project's own browser tooling
-(Streamlit server + headless Chromium via Playwright, as in tests/browser.py).
+(Streamlit server + headless Chromium via Playwright, as in tests/helpers.py).
 
     python -m docs.screenshots        (from the repository root)
     python -m docs.screenshots replay_10000_requests     (only the shots named)
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.browser import CHROMIUM, CHROMIUM_ARGS, streamlit_server, wait_idle
+from tests.helpers import CHROMIUM, CHROMIUM_ARGS, streamlit_server, wait_idle
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "screenshots"

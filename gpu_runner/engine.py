@@ -29,7 +29,7 @@ from core.workload import Request, Workload
 from gpu_runner.batching import forward, pack, slots_of
 from gpu_runner.kernels.reference import paged_attention
 from gpu_runner.model import Transformer
-from gpu_runner.options import ATTENTION, EngineConfig, parse_layer_head  # noqa: F401  (re-exported)
+from gpu_runner.options import EngineConfig
 from gpu_runner.sampling import filtered_probs, request_generator, sample
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus" / "pydoc_topics.txt"

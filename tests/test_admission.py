@@ -10,7 +10,8 @@ from core.engine import loop
 from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog
 from core.errors import ConfigError, WorkloadError
-from core.sim.simulate import StepModel, StepTimeExecutor, simulate
+from core.sim.simulate import StepTimeExecutor, simulate
+from core.sim.stepmodel import StepModel
 from core.trace import parse_trace, trace_json
 from core.trace.parquet import to_parquet_bytes
 from core.workload import Request, Workload, request_from_dict

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.browser import SHOTS, browser_page, require_browser, streamlit_server, wait_idle
+from tests.helpers import SHOTS, streamlit_server, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -13,13 +13,6 @@ PAGES = [("", "home", "Serving Explorer"), ("schedules", "schedules", "Schedules
          ("speculative", "speculative", "Speculative decoding"), ("roofline", "roofline", "Roofline"),
          ("replay?tr=shared_prefix_caching_on.json.gz", "replay", "Trace replay"),
          ("load", "load", "Load & SLOs"), ("pathologies", "pathologies", "Serving pathologies")]
-
-
-@pytest.fixture(scope="module")
-def page():
-    require_browser()
-    with browser_page() as p:
-        yield p
 
 
 def test_home_renders_without_exception(server, page):
@@ -127,7 +120,7 @@ def test_live_replay_advances_without_a_click(tmp_path, page):
     `loadgen --out` do) shows up in the page by itself within a few seconds."""
     from playwright.sync_api import expect
 
-    from tests.test_replay_page import growing
+    from tests.helpers import growing
     path = tmp_path / "growing.json"
     growing(path, 1)
     with streamlit_server({"SERVING_EXPLORER_TRACES": str(tmp_path)}) as url:

@@ -14,8 +14,8 @@ BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
 
 
 def option_groups():
-    from gpu_runner.engine import EngineConfig
     from gpu_runner.launch import ModelOptions
+    from gpu_runner.options import EngineConfig
     return {"Scheduler": SchedulerConfig, "Step-time model (simulator)": StepModel, "Sampling": SamplingParams,
             "Runner engine": EngineConfig, "Runner model": ModelOptions}
 
@@ -29,7 +29,7 @@ def test_dict_round_trip(cfg):
 
 
 def test_nested_groups_round_trip():
-    from gpu_runner.engine import EngineConfig
+    from gpu_runner.options import EngineConfig
     cfg = EngineConfig(scheduler=SchedulerConfig(block_size=4), sampling=SamplingParams(top_k=3), gamma=2,
                        capture_tiles=(0, 1))
     d = to_dict(cfg)

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from deploy.serve import DeployError, cluster, haproxy_config
-from tests.browser import CHROMIUM_ARGS, require_browser, wait_idle
 from tests.conftest import DATA
+from tests.helpers import wait_idle
 
 
 def require_haproxy():
@@ -61,23 +61,21 @@ def test_missing_haproxy_is_a_clear_error(monkeypatch):
 
 
 @pytest.mark.browser
-def test_browsers_spread_over_processes_and_uploads_reach_their_session():
+def test_browsers_spread_over_processes_and_uploads_reach_their_session(browser):
     """Four browsers (separate cookie jars) through the proxy: they land on both processes, and
     each one's upload, an HTTP request apart from its websocket, reaches the process that holds
     its session: the trace renders, no error. Without stickiness about half the uploads would
     reach the other process and fail."""
     require_haproxy()
-    require_browser()
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
     trace = DATA / "traces" / "chapter31_serial.json"
-    with cluster(2, free_run(2)) as (url, pids), sync_playwright() as p:
+    with cluster(2, free_run(2)) as (url, pids):
         assert len(pids) == 3   # two Streamlit processes and the proxy
-        browser = p.chromium.launch(executable_path=os.environ.get("CHROMIUM", "/usr/bin/chromium"),
-                                    args=CHROMIUM_ARGS)
-        landed = []
+        landed, contexts = [], []
         try:
             for _ in range(4):
                 ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+                contexts.append(ctx)
                 page = ctx.new_page()
                 page.set_default_timeout(60_000)
                 page.goto(f"{url}/replay?tr=Upload+a+file%E2%80%A6")
@@ -90,5 +88,6 @@ def test_browsers_spread_over_processes_and_uploads_reach_their_session():
                 landed += [c["value"] for c in ctx.cookies() if c["name"] == "SE_BACKEND"]
                 # stay connected (an open tab), so the next browser sees this one's websocket
         finally:
-            browser.close()
+            for ctx in contexts:
+                ctx.close()
     assert len(landed) == 4 and set(landed) == {"st1", "st2"}, landed

@@ -5,8 +5,8 @@ import pytest
 
 import ui
 from core.lessons.exercises import EXERCISES
-from tests.apptest import open_page
 from tests.conftest import ROOT
+from tests.helpers import open_page
 
 # Reference answers as the sources state them (chapter 31 section 31.10; the lesson's recall 10)
 STATED = {"ch31-1": [180, 280, 200, 180], "ch31-2": [12, 12], "ch31-3": [0.5, 0.3, 0.7], "recall-10": [143]}

@@ -33,6 +33,7 @@ def poisson(n, gap_ms, seed, prompt=(16, 400), output=(2, 60)):
                      for i in range(n)])
 
 
+@pytest.mark.slow   # seconds: out of the fast loop
 def test_a_request_level_fit_predicts_another_workload_of_the_same_engine():
     # The "engine" is the simulator with a known step time; only the requests' TTFT and E2E are
     # given to the fit. The fitted model must reproduce them and predict a different workload.
@@ -83,6 +84,7 @@ def test_how_good_needs_step_events():
         how_good(imp.trace)
 
 
+@pytest.mark.slow   # seconds: out of the fast loop
 def test_the_command_line_fits_an_engines_result_file_from_its_requests(tmp_path, capsys):
     out = tmp_path / "m.json"
     assert main(["fit", str(VLLM_FILE)]) != 0

@@ -189,7 +189,8 @@ def test_draft_position_ticks_are_whole_positions():
 def test_preemptions_are_marked_on_the_timeline():
     from core.config import SchedulerConfig
     from core.figures.timeline import schedule_timeline
-    from core.sim.simulate import StepModel, simulate
+    from core.sim.simulate import simulate
+    from core.sim.stepmodel import StepModel
     from core.workload import Request, Workload
     w = Workload([Request("L", 0.0, 2, 6), Request("H", 5.0, 2, 6)])
     tr = simulate(w, SchedulerConfig("continuous", block_size=2, kv_blocks=5), StepModel("constant", step_ms=10.0))

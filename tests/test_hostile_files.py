@@ -49,7 +49,7 @@ def test_user_text_is_rendered_inert(tmp_path, monkeypatch):
     # the page shows the characters, never an <img> that fetches an outside URL.
     import json
 
-    from tests.apptest import open_page
+    from tests.helpers import open_page
     doc = json.loads((DATA / "traces" / "chapter31_serial.json").read_text())
     evil = "![x](http://198.51.100.1/x.png) <img src=x onerror=alert(1)> :red[boo] [link](http://198.51.100.1)"
     doc["meta"].update(label=evil, notes=evil, source="measured", device=evil)

@@ -15,9 +15,9 @@ from gpu_runner.model import ModelConfig, Transformer
 
 
 @pytest.fixture(scope="module")
-def good(tmp_path_factory):
+def good(tmp_path_factory, bundled):
     d = tmp_path_factory.mktemp("good")
-    export_hf(checkpoint.load_bundled(checkpoint.BUNDLED["tiny"]), d, eos_token_id=257, bos_token_id=256)
+    export_hf(bundled("tiny"), d, eos_token_id=257, bos_token_id=256)
     return d
 
 
@@ -48,11 +48,11 @@ def cli_error(capsys, d, *args):
     return err
 
 
-def test_good_checkpoint_loads(ckpt):
+def test_good_checkpoint_loads(ckpt, bundled):
     model, tok = load_hf(ckpt)
     assert model.eos_token_id == 257
     assert tok is not None and tok.encode("Hi") == [72, 105]     # the exported byte tokenizer
-    ref = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
+    ref = bundled("tiny")
     ids = torch.tensor([[256, 72, 105]])
     with torch.no_grad():
         torch.testing.assert_close(model(ids), ref(ids))

@@ -13,13 +13,14 @@ import pytest
 from core import errors
 from core.config import SchedulerConfig
 from core.errors import TraceError
-from core.sim.simulate import StepModel, simulate
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
 from core.trace import jsoncodec, jsonstream, parse_trace, to_doc, trace_from_doc, trace_json
 from core.trace.jsoncodec import gunzip, parse_json_bytes
 from core.trace.jsonstream import decode_fast
 from core.workload import Request, Workload
 from tests.conftest import DATA
-from tests.test_trace import minimal, sim_trace
+from tests.helpers import minimal, sim_trace
 
 WHOLE = jsoncodec._decode_whole        # today's decoder: the reference
 TABLES = ("requests", "tokens", "finishes", "steps", "batch", "kv", "preempts")
@@ -136,6 +137,7 @@ def test_rich_simulated_trace_streams_identically(streamed_only):
         assert_identical(decode_fast(raw, "t", chunk), want)
 
 
+@pytest.mark.slow   # seconds: out of the fast loop
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
 def test_bundled_traces_stream_identically(path, streamed_only):
     raw = path.read_bytes()
@@ -147,6 +149,7 @@ def test_bundled_traces_stream_identically(path, streamed_only):
     assert_identical(parse_trace(raw, path.name), want)
 
 
+@pytest.mark.slow   # seconds: out of the fast loop
 def test_verbatim_events_and_tricky_strings_at_every_boundary(streamed_only):
     tr = with_everything(random_trace(5, n_max=4, kv_blocks=50))
     raw = trace_json(tr).encode()
@@ -239,6 +242,7 @@ def test_malformed_input_same_message(name):
     assert_same(gzip.compress(raw), "t.json.gz", chunks=(3, 4096))
 
 
+@pytest.mark.slow   # seconds: out of the fast loop
 def test_truncated_and_mutated_documents_same_outcome():
     text = trace_json(with_everything(random_trace(7, n_max=3))).encode()
     rng = random.Random(0)

@@ -14,8 +14,6 @@ import pytest
 from google.protobuf.message import DecodeError
 from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
 
-from tests.browser import launched_browser, require_browser
-
 pytestmark = pytest.mark.browser
 
 VIEWPORT = {"width": 1400, "height": 1000}
@@ -343,13 +341,6 @@ def roundtrip(browser, user, server, case: Case):
         return link, wrong, page_problems(page)
     finally:
         fresh.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    require_browser()
-    with launched_browser() as b:
-        yield b
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@ import pytest
 
 from core.errors import InputError
 from core.lessons.load import exercise6, parse_loads
-from tests.apptest import arr, charts, open_page
 from tests.conftest import DATA
+from tests.helpers import arr, charts, open_page
 
 
 def test_exercise6_by_hand():
@@ -74,6 +74,7 @@ def test_measured_runs_state_their_load():
     assert run_load(lg)["rate"] == 7.5
 
 
+@pytest.mark.slow   # seconds: out of the fast loop
 def test_load_page_draws_measured_runs_of_the_same_kind():
     at = open_page("load", {"ld_kind": "closed", "ld_loads": "1,16"})
     (fig,) = charts(at)

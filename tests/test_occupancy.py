@@ -6,7 +6,8 @@ import pytest
 
 from core.analysis.occupancy import CACHED, FREE, OWNED, SHARED, block_states
 from core.config import SchedulerConfig
-from core.sim.simulate import StepModel, simulate
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
 from core.workload import Request, Workload
 
 

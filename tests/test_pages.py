@@ -2,7 +2,7 @@
 numbers, reacts correctly to widgets and to URL query parameters."""
 import pytest
 
-from tests.apptest import arr, charts, open_page
+from tests.helpers import arr, charts, open_page
 
 
 def all_text(at):

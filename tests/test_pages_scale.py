@@ -11,8 +11,8 @@ from core.analysis.occupancy import SHARED, block_states
 from core.figures.memory import occupancy_heatmap
 from core.lessons.scenarios import SCHEDULE_PRESETS, load_scenario
 from core.trace import load_trace
-from tests.apptest import charts, open_page
 from tests.conftest import DATA
+from tests.helpers import charts, open_page
 
 TABLES = ("requests", "tokens", "finishes", "batch", "preempts", "steps")
 

@@ -89,7 +89,7 @@ def test_files_keep_one_record_type_per_row_group_and_old_layouts_still_read():
 
 
 def test_the_replay_page_opens_a_directory_of_parts(tmp_path, monkeypatch):
-    from tests.apptest import open_page
+    from tests.helpers import open_page
     tr = load_trace(DATA / "traces" / "chapter31_continuous.json")
     write_parquet_parts(tr, tmp_path / "big", rows_per_part=4)
     monkeypatch.setenv("SERVING_EXPLORER_TRACES", str(tmp_path))

@@ -7,8 +7,8 @@ import pytest
 
 from core.lessons.pathologies import PATHOLOGIES, RUNS, cold_start
 from core.trace import load_trace
-from tests.apptest import charts, open_page
 from tests.conftest import DATA
+from tests.helpers import charts, open_page
 
 
 def rows(key):

@@ -2,7 +2,7 @@
 Chromium: nothing wider than the screen, and no figure legend over a figure or subplot title."""
 import pytest
 
-from tests.browser import SHOTS, browser_page, require_browser, wait_idle
+from tests.helpers import SHOTS, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -77,13 +77,6 @@ LEGEND_JS = r"""
   return {charts, hits};
 }
 """
-
-
-@pytest.fixture(scope="module")
-def page():
-    require_browser()
-    with browser_page() as p:
-        yield p
 
 
 def open_at(page, url: str, viewport: dict):

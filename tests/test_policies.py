@@ -10,7 +10,8 @@ from core.config import POLICIES, SchedulerConfig
 from core.engine.admission import watermark_blocks
 from core.engine.policies import budget_shares
 from core.errors import ConfigError
-from core.sim.simulate import StepModel, simulate
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
 from core.workload import Request, Workload
 
 STEP10 = StepModel("constant", step_ms=10.0)

@@ -14,6 +14,7 @@ from core.sim.simulate import simulate
 from core.trace import load_trace
 from core.workload import load_workload, make_workload
 from tests.conftest import DATA
+from tests.helpers import emissions
 
 # ---- Three-request scenario (Table 31.1) ------------------------------------------------
 
@@ -33,12 +34,6 @@ def by_id(trace):
 
 
 def test_given_emissions(serial, continuous):
-    def emissions(tr):
-        ids = tr.ids
-        out = {}
-        for r, t in zip(tr.tokens["req"], tr.tokens["t_ms"]):
-            out.setdefault(ids[r], []).append(t)
-        return {k: sorted(v) for k, v in out.items()}
     assert emissions(serial) == {"A": [100, 140, 180], "B": [260, 300], "C": [360]}
     assert emissions(continuous) == {"A": [100, 150, 200], "B": [150, 200], "C": [180]}
     assert serial.meta["source"] == continuous.meta["source"] == "given"

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from tests.apptest import charts, open_page
 from tests.conftest import DATA
+from tests.helpers import charts, growing, open_page
 
 
 def replay(params=None):
@@ -146,6 +146,7 @@ def test_how_good_is_the_simulator_on_a_measured_run():
     assert not at.exception and any("affine:" in c.value for c in at.caption if "Fitted on" in c.value)
 
 
+@pytest.mark.slow   # seconds: out of the fast loop
 def test_an_engines_result_file_is_predicted_from_its_requests():
     at = replay({"tr": "vllm_cpu_tiny_burst64.json"})
     assert "How good is the simulator?" not in [h.value for h in at.header]    # no step events
@@ -166,18 +167,6 @@ def test_an_engines_result_file_is_predicted_from_its_requests():
     at.segmented_control(key="rp_rf_method").set_value("requests").run()
     cap = [c.value for c in at.caption if c.value.startswith("Prediction: core simulator (vllm-v1)")]
     assert not at.exception and cap and "fitted to 64 requests" in cap[0]
-
-
-def growing(path, n):
-    """Write the chapter's continuous trace cut to its first n requests (as a server would,
-    atomically, while it grows)."""
-    doc = json.loads((DATA / "traces" / "chapter31_continuous.json").read_text())
-    keep = {r["id"] for r in doc["requests"][:n]}
-    doc["requests"] = doc["requests"][:n]
-    doc["events"] = [e for e in doc["events"] if e.get("req") in keep]
-    tmp = path.with_name(".tmp-" + path.name)
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(path)
 
 
 def test_live_mode_follows_a_growing_file(tmp_path, monkeypatch):

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from core.analysis.metrics import conservation
-from core.config import SchedulerConfig
+from core.config import SamplingParams, SchedulerConfig
 from core.errors import ConfigError
 from core.trace import to_doc, trace_from_doc
 from core.workload import Request, Workload
-from gpu_runner.engine import Engine, EngineConfig, PagedKVCache, SamplingParams
+from gpu_runner.engine import Engine, PagedKVCache
 from gpu_runner.kernels.reference import Chunk, contiguous_causal_attention, paged_attention
 from gpu_runner.model import ModelConfig, Transformer, init_weights
+from gpu_runner.options import EngineConfig
 from gpu_runner.tokenizer import ByteTokenizer
 from tests.conftest import DATA, ROOT
 
@@ -302,11 +303,10 @@ def test_hf_checkpoint_matches_transformers(arch, tmp_path):
     assert out["x"] == want
 
 
-def test_exported_tiny_model_loads_in_transformers_with_its_tokenizer(tmp_path):
+def test_exported_tiny_model_loads_in_transformers_with_its_tokenizer(tmp_path, bundled):
     """`export-hf` (issue 11): transformers reads the directory, its logits and greedy tokens
     equal ours, and its tokenizer encodes text to the same byte ids as ours."""
     transformers = pytest.importorskip("transformers")
-    from gpu_runner import checkpoint
     from gpu_runner.__main__ import main
     assert main(["export-hf", "--model", "tiny", "--out", str(tmp_path / "hf")]) == 0
     d = tmp_path / "hf"
@@ -317,7 +317,7 @@ def test_exported_tiny_model_loads_in_transformers_with_its_tokenizer(tmp_path):
     assert tok(text, add_special_tokens=False)["input_ids"] == list(text.encode()) == ByteTokenizer().encode(text)
     assert tok.decode(list(text.encode())) == text and (tok.bos_token_id, tok.eos_token_id) == (256, 257)
     hf = transformers.LlamaForCausalLM.from_pretrained(str(d)).eval()
-    ours = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
+    ours = bundled("tiny")
     ids = torch.tensor([list(text.encode())])
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf(ids).logits, rtol=1e-4, atol=1e-4)

@@ -13,18 +13,11 @@ from core.engine import loop
 from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog
 from core.errors import ConfigError
-from core.sim.simulate import StepModel, StepTimeExecutor, fit_affine, simulate, simulate_to_parquet
+from core.sim.simulate import StepTimeExecutor, simulate, simulate_to_parquet
+from core.sim.stepmodel import StepModel, fit_affine
 from core.trace import parse_trace, to_doc
 from core.workload import Request, Workload, make_workload
-
-
-def emissions(tr):
-    out = {rid: [] for rid in tr.ids}
-    tk = tr.tokens.sort_values(["req", "index"])
-    for r, t in zip(tk["req"], tk["t_ms"]):
-        out[tr.ids[r]].append(float(t))
-    return out
-
+from tests.helpers import emissions
 
 # ---- hand-worked schedules -------------------------------------------------------------
 

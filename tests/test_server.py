@@ -16,14 +16,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.config import SchedulerConfig
 from core.workload import Request, Workload
-from gpu_runner import checkpoint
-from gpu_runner.engine import Engine, EngineConfig
+from gpu_runner.engine import Engine
 from gpu_runner.metrics import ServerMetrics
+from gpu_runner.options import EngineConfig
 from gpu_runner.server import App
 from gpu_runner.serving import ServingEngine
 from gpu_runner.tokenizer import ByteTokenizer
-from tests.browser import free_port
 from tests.conftest import ROOT
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow   # runs the bundled model
 
@@ -31,9 +31,9 @@ PROMPTS = ["The ", "def f(x):\n    return ", "A list is", "import "]
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def tiny(bundled):
     torch.set_num_threads(1)
-    return checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
+    return bundled("tiny")
 
 
 class Running:
@@ -147,10 +147,10 @@ def test_a_dead_engine_process_fails_requests_clearly(tiny):
         assert r.status_code == 503 and "engine process" in r.text
 
 
-def test_speculative_serving_is_greedy_exact(tiny):
+def test_speculative_serving_is_greedy_exact(tiny, bundled):
     """With a draft model the server verifies draft tokens; greedy output is unchanged, and the
     recorded trace has spec events."""
-    draft = checkpoint.load_bundled(checkpoint.BUNDLED["tiny-draft"])
+    draft = bundled("tiny-draft")
     ref = reference(tiny, PROMPTS[:2], 20)
     with Running(tiny, draft=draft) as srv, httpx.Client(timeout=60) as c:
         for p, want in zip(PROMPTS[:2], ref):

@@ -19,8 +19,8 @@ from core.config import SchedulerConfig
 from core.engine.outputs import ExecutorOutput
 from core.engine.scheduler import Scheduler
 from core.workload import Request
-from tests.browser import free_port
 from tests.conftest import ROOT
+from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow   # runs the bundled model in subprocesses
 

@@ -7,7 +7,8 @@ from core.__main__ import main
 from core.analysis.metrics import SLO, summarize
 from core.config import SchedulerConfig
 from core.errors import InputError
-from core.sim.simulate import StepModel, simulate
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
 from core.trace import trace_from_doc
 from core.workload import Request, Workload
 

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from core.config import SchedulerConfig
+from core.config import SamplingParams, SchedulerConfig
 from core.formulas import speculative as spec_math
 from core.workload import Request, Workload
-from gpu_runner import checkpoint
-from gpu_runner.engine import Engine, EngineConfig, SamplingParams, filtered_probs
+from gpu_runner.engine import Engine
+from gpu_runner.options import EngineConfig
+from gpu_runner.sampling import filtered_probs
 from gpu_runner.speculative import verify
 from gpu_runner.tokenizer import ByteTokenizer
 
@@ -20,9 +21,9 @@ PROMPTS = ['The "while" statement is used', "A list comprehension", "Exceptions 
 
 
 @pytest.fixture(scope="module")
-def models():
-    t = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"]).double()
-    d = checkpoint.load_bundled(checkpoint.BUNDLED["tiny-draft"]).double()
+def models(bundled):
+    t = bundled("tiny").double()
+    d = bundled("tiny-draft").double()
     return t, d
 
 

@@ -14,9 +14,9 @@ from core.engine.outputs import ExecutorOutput
 from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog
 from core.workload import Request, Workload
-from gpu_runner import checkpoint
-from gpu_runner.engine import Engine, EngineConfig
+from gpu_runner.engine import Engine
 from gpu_runner.hf import export_hf, load_hf
+from gpu_runner.options import EngineConfig
 from gpu_runner.tokenizer import ByteTokenizer
 
 SPACE = 32
@@ -69,21 +69,21 @@ def test_update_cuts_at_max_tokens_and_rolls_back_rejected_positions():
 
 
 @pytest.fixture(scope="module")
-def eos_space_models(tmp_path_factory):
+def eos_space_models(tmp_path_factory, bundled):
     d = tmp_path_factory.mktemp("tiny-eos-space")
-    export_hf(checkpoint.load_bundled(checkpoint.BUNDLED["tiny"]), d, eos_token_id=SPACE, bos_token_id=256)
+    export_hf(bundled("tiny"), d, eos_token_id=SPACE, bos_token_id=256)
     for name in ("tokenizer.json", "tokenizer_config.json"):   # EOS from config.json alone
         (d / name).unlink()
     target, tok = load_hf(d, dtype=torch.float64)
     assert tok is None and target.eos_token_id == SPACE
-    draft = checkpoint.load_bundled(checkpoint.BUNDLED["tiny-draft"]).double()
+    draft = bundled("tiny-draft").double()
     return target, draft
 
 
-def test_cli_export_hf_round_trips(tmp_path):
+def test_cli_export_hf_round_trips(tmp_path, bundled):
     from gpu_runner.__main__ import main
     assert main(["export-hf", "--model", "tiny", "--out", str(tmp_path / "x"), "--eos-token-id", "32"]) == 0
-    ours = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
+    ours = bundled("tiny")
     back, _ = load_hf(tmp_path / "x")
     x = torch.randint(0, 256, (1, 12))
     with torch.no_grad():

@@ -12,7 +12,8 @@ import pytest
 
 from core.config import SchedulerConfig
 from core.engine.kv_cache import KVCacheManager
-from core.sim.simulate import StepModel, simulate, simulate_to_parquet
+from core.sim.simulate import simulate, simulate_to_parquet
+from core.sim.stepmodel import StepModel
 from core.trace import load_trace, parse_trace, to_doc
 from core.trace.parquet import TraceWriter, to_parquet_bytes
 from core.workload import Request, Workload
@@ -33,6 +34,7 @@ def poisson(n, seed, rate_per_s=50.0):
     SchedulerConfig(max_seqs=16, token_budget=256, chunk=64, kv_blocks=160),   # preemptions
     SchedulerConfig(policy="static", max_seqs=8),
 ])
+@pytest.mark.slow   # seconds: out of the fast loop
 @pytest.mark.parametrize("flush_steps,row_group_rows", [(1, 5), (7, 1000), (2048, 1 << 20)])
 def test_streamed_parquet_equals_the_in_memory_trace(cfg, flush_steps, row_group_rows):
     w = poisson(300, 1)

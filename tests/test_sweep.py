@@ -8,7 +8,7 @@ from core.__main__ import main
 from core.analysis.metrics import SLO
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.sim.simulate import StepModel
+from core.sim.stepmodel import StepModel
 from core.sim.sweep import retimed, simulate_closed, sweep
 from core.workload import Request, Workload
 

@@ -7,30 +7,12 @@ import jsonschema
 import pytest
 
 from core.analysis.metrics import summarize
-from core.config import SchedulerConfig
 from core.errors import TraceError
-from core.sim.simulate import StepModel, simulate
 from core.trace import load_trace, parse_trace, save_trace, to_doc, trace_from_doc
-from core.workload import load_workload
 from tests.conftest import DATA
+from tests.helpers import minimal, sim_trace
 
 SCHEMA = json.loads((DATA / "schema" / "serving-trace-1.json").read_text())
-
-
-def minimal():
-    return {"schema": "serving-trace/1", "meta": {"source": "given"},
-            "requests": [{"id": "A", "arrival_ms": 0, "prompt_tokens": 4, "max_output_tokens": 2}],
-            "events": [{"t_ms": 10, "type": "token", "req": "A", "index": 0},
-                       {"t_ms": 20, "type": "token", "req": "A", "index": 1},
-                       {"t_ms": 20, "type": "finish", "req": "A", "reason": "length"}]}
-
-
-def sim_trace(**cfg):
-    w = load_workload(DATA / "workloads" / "shared_prefix_200.json")
-    w.requests = w.requests[:30]
-    return simulate(w, SchedulerConfig(**{"max_seqs": 8, "token_budget": 512, "chunk": 256, "kv_blocks": 160,
-                                          "prefix_caching": True, **cfg}),
-                    StepModel("affine", base_ms=3, prefill_ms_per_token=0.02, decode_ms_per_seq=0.1))
 
 
 @pytest.mark.slow

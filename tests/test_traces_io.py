@@ -26,7 +26,7 @@ from core.trace import (
 )
 from tests import fuzz_corpus
 from tests.conftest import DATA, ROOT
-from tests.test_trace import minimal, sim_trace
+from tests.helpers import minimal, sim_trace
 
 VLLM_FILE = DATA / "imports" / "vllm_example_result.json"
 

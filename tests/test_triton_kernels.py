@@ -91,13 +91,13 @@ def test_captured_statistics_reconstruct_logsumexp():
             assert (np.diff(seen) >= 0).all()
 
 
-def test_engine_with_triton_attention_matches_torch(tmp_path):
+def test_engine_with_triton_attention_matches_torch(tmp_path, bundled):
     from core.config import SchedulerConfig
     from core.workload import load_workload
-    from gpu_runner import checkpoint
-    from gpu_runner.engine import Engine, EngineConfig
+    from gpu_runner.engine import Engine
+    from gpu_runner.options import EngineConfig
     from gpu_runner.tokenizer import ByteTokenizer
-    model = checkpoint.load_bundled(checkpoint.BUNDLED["tiny"])
+    model = bundled("tiny")
     w = load_workload(__import__("tests.conftest", fromlist=["DATA"]).DATA / "workloads" / "chapter31.json")
     outs = {}
     for att in ("torch", "triton"):

@@ -231,6 +231,7 @@ def test_bundled_files_columnar():
     assert w._requests is None and len(w) == 64
 
 
+@pytest.mark.slow   # seconds: out of the fast loop
 def test_million_row_csv():
     n = 1_000_000
     rng = np.random.default_rng(3)

@@ -26,7 +26,8 @@ from core.config import SchedulerConfig
 from core.engine import loop
 from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog
-from core.sim.simulate import StepModel, StepTimeExecutor, simulate
+from core.sim.simulate import StepTimeExecutor, simulate
+from core.sim.stepmodel import StepModel
 from core.workload import Request, Workload
 
 

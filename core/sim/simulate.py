@@ -18,7 +18,7 @@ from core.engine.outputs import ExecutorOutput, SchedulerOutput
 from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog
 from core.errors import ConfigError
-from core.sim.stepmodel import StepModel, fit_affine  # noqa: F401  (StepModel, fit_affine: re-exported)
+from core.sim.stepmodel import StepModel
 from core.workload import Workload
 
 if TYPE_CHECKING:

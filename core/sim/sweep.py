@@ -29,7 +29,8 @@ from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog
 from core.errors import ConfigError
 from core.sim.parallel import run_all
-from core.sim.simulate import StepModel, StepTimeExecutor
+from core.sim.simulate import StepTimeExecutor
+from core.sim.stepmodel import StepModel
 from core.workload import Request, Workload
 
 PERCENTILES = DEFAULT_PERCENTILES   # what summarize computes: p50, p90, p95, p99

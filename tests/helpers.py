@@ -1,0 +1,172 @@
+"""Helpers the tests share (one module; test modules import from here, never from each other):
+AppTest pages and their charts, a real Streamlit server and headless Chromium (Playwright),
+and small traces and schedules the checks are written against."""
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from tests.conftest import DATA, ROOT
+
+# ---- AppTest -------------------------------------------------------------------------------------
+
+def open_page(page, params=None):
+    """The page as the server runs it: through app.py (page config, link checks, navigation);
+    pages rerun themselves through app.py when started on their own (ui.ensure_app_frame)."""
+    from streamlit.testing.v1 import AppTest
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
+    at.switch_page(f"pages/{page}.py")
+    for k, v in (params or {}).items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def charts(at):
+    """Plotly figures on the page as dicts (st.plotly_chart appears as an unknown element)."""
+    return [json.loads(el.proto.spec) for el in at.get("plotly_chart")]
+
+
+def arr(v):
+    """Plotly 7 may store arrays as base64 'bdata'."""
+    if isinstance(v, dict) and "bdata" in v:
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"])).tolist()
+    return v
+
+
+def run_app(timeout_s: int = 60):
+    """The home page through app.py."""
+    from streamlit.testing.v1 import AppTest
+    return AppTest.from_file(str(ROOT / "app.py"), default_timeout=timeout_s).run()
+
+
+# ---- a real server and browser -------------------------------------------------------------------
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+SHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+
+
+def require_browser():
+    if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs Chromium at {CHROMIUM} (apt-get install -y chromium)")
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    pytest.importorskip("playwright")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def streamlit_server(env_extra: dict | None = None):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
+         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+                raise RuntimeError(f"streamlit did not become healthy:\n{out[-3000:]}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextmanager
+def launched_browser():
+    """The system Chromium under Playwright (tests share one: conftest's `browser`; a second sync
+    Playwright inside a first one fails)."""
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextmanager
+def browser_page():
+    with launched_browser() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.set_default_timeout(60_000)
+        yield page
+
+
+def wait_idle(page):
+    page.wait_for_selector("[data-testid='stApp'][data-test-script-state='notRunning']", timeout=60_000)
+
+
+# ---- traces and schedules ------------------------------------------------------------------------
+
+def minimal():
+    return {"schema": "serving-trace/1", "meta": {"source": "given"},
+            "requests": [{"id": "A", "arrival_ms": 0, "prompt_tokens": 4, "max_output_tokens": 2}],
+            "events": [{"t_ms": 10, "type": "token", "req": "A", "index": 0},
+                       {"t_ms": 20, "type": "token", "req": "A", "index": 1},
+                       {"t_ms": 20, "type": "finish", "req": "A", "reason": "length"}]}
+
+
+def sim_trace(**cfg):
+    """30 requests of the shared-prefix workload, simulated with prefix caching (options: cfg)."""
+    from core.config import SchedulerConfig
+    from core.sim.simulate import simulate
+    from core.sim.stepmodel import StepModel
+    from core.workload import load_workload
+    w = load_workload(DATA / "workloads" / "shared_prefix_200.json")
+    w.requests = w.requests[:30]
+    return simulate(w, SchedulerConfig(**{"max_seqs": 8, "token_budget": 512, "chunk": 256, "kv_blocks": 160,
+                                          "prefix_caching": True, **cfg}),
+                    StepModel("affine", base_ms=3, prefill_ms_per_token=0.02, decode_ms_per_seq=0.1))
+
+
+def growing(path, n):
+    """Write the chapter's continuous trace cut to its first n requests (as a server would,
+    atomically, while it grows)."""
+    doc = json.loads((DATA / "traces" / "chapter31_continuous.json").read_text())
+    keep = {r["id"] for r in doc["requests"][:n]}
+    doc["requests"] = doc["requests"][:n]
+    doc["events"] = [e for e in doc["events"] if e.get("req") in keep]
+    tmp = path.with_name(".tmp-" + path.name)
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)
+
+
+def emissions(tr):
+    out = {rid: [] for rid in tr.ids}
+    tk = tr.tokens.sort_values(["req", "index"])
+    for r, t in zip(tk["req"], tk["t_ms"]):
+        out[tr.ids[r]].append(float(t))
+    return out
