@@ -132,7 +132,7 @@ def test_log_columns_expand_per_block():
 
 # ---- property tests -----------------------------------------------------------------
 
-class BlockManagerMachine(RuleBasedStateMachine):
+class KVCacheMachine(RuleBasedStateMachine):
     """Random allocate / append / fork / commit / free sequences. A shadow model records
     what each cached block holds, to check that hits are exact and tenant-isolated."""
 
@@ -232,8 +232,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.bm.check()
 
 
-TestBlockManagerMachine = BlockManagerMachine.TestCase
-TestBlockManagerMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestKVCacheMachine = KVCacheMachine.TestCase
+TestKVCacheMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 
 
 @given(st.lists(st.integers(1, 40), min_size=1, max_size=20), st.integers(1, 8))

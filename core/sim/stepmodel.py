@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.config import check_options, opt
-from core.engine.outputs import SchedulerOutput as Batch
+from core.engine.outputs import SchedulerOutput
 from core.errors import ConfigError
 from core.formulas.kv import GPUS, MODELS
 
@@ -57,7 +57,7 @@ def _combine(coef, feats):
     return total
 
 
-def batch_features(batch: Batch) -> np.ndarray:
+def batch_features(batch: SchedulerOutput) -> np.ndarray:
     return step_features(batch.num_tokens, batch.start_pos, batch.is_prefill)
 
 
@@ -102,7 +102,7 @@ class StepModel:
         """The features model's coefficients in FEATURES order (unused ones are 0)."""
         return np.array([getattr(self, name) for name in FEATURE_COEFFICIENTS], dtype=float)
 
-    def duration_ms(self, batch: Batch) -> float:
+    def duration_ms(self, batch: SchedulerOutput) -> float:
         if self.kind == "constant":
             return self.step_ms
         if self.kind == "affine":
@@ -120,7 +120,7 @@ class StepModel:
         flops = 2.0 * m.params * tokens
         return self.base_ms + 1000.0 * max(bytes_moved / g.bandwidth_Bps, flops / g.flops)
 
-    def decode_run_ms(self, batch: Batch, k: int) -> np.ndarray:
+    def decode_run_ms(self, batch: SchedulerOutput, k: int) -> np.ndarray:
         """Durations of `batch` (all one-token decodes) repeated k times, positions advancing
         by one each step; equal to duration_ms of each of those steps."""
         if self.kind == "features":   # each step every sequence attends one more position
