@@ -159,8 +159,8 @@ def serve_options(a) -> ServeOptions:
 def cmd_serve(a) -> int:
     import logging
 
-    from gpu_runner.metrics import ServerMetrics
     from gpu_runner.server import App, serve
+    from gpu_runner.server_metrics import ServerMetrics
     if a.trace_out:
         check_writable(a.trace_out, "--trace-out")
     served = a.served_model_name or a.model

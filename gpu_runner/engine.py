@@ -6,7 +6,7 @@ simulator's. The executor sees only SchedulerOutputs (core.engine.outputs): it k
 copy of each request's token ids and block table, updated from the ids and block ids each
 output carries, turns a batch into one packed forward over the paged KV cache
 (gpu_runner.batching), samples or verifies draft tokens (gpu_runner.sampling,
-gpu_runner.speculative), and reads the clock once the tokens are on the host.
+gpu_runner.spec_decode), and reads the clock once the tokens are on the host.
 """
 from __future__ import annotations
 
@@ -262,7 +262,7 @@ class ModelExecutor:
         self.tables: dict[int, list[int]] = {}   # KV block table
         self.drafter = None
         if engine.draft is not None:
-            from gpu_runner.speculative import DraftRunner
+            from gpu_runner.spec_decode import DraftRunner
             d = engine.draft.cfg
             self.drafter = DraftRunner(engine.draft, PagedKVCache(d.n_layers, num_blocks, block_size, d.n_kv_heads,
                                                                   d.head_dim, engine.device, engine.dtype),
@@ -295,7 +295,7 @@ class ModelExecutor:
         return self.e.attention(q, c.k[li], c.v[li], chunks)
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
-        from gpu_runner.speculative import SAMPLED, verify
+        from gpu_runner.spec_decode import SAMPLED, verify
         e, dev, sp = self.e, self.e.device, self.e.cfg.sampling
         self._receive(batch)
         bs = self.block_size

@@ -5,7 +5,7 @@ what it sends back; they never touch the scheduler.
     POST /v1/completions       prompt: text or token ids; stream (SSE) or not
     POST /v1/chat/completions  messages joined as "role: content" lines (the bundled models
                                have no chat template), then "assistant: "
-    GET  /v1/models, /health, /metrics (Prometheus, vLLM's names: gpu_runner.metrics)
+    GET  /v1/models, /health, /metrics (Prometheus, vLLM's names: gpu_runner.server_metrics)
 
 Fields (declared in gpu_runner.api): max_tokens (default 16), temperature (default 1.0, as
 OpenAI), top_p, top_k (0 or -1 = off), seed, stop (strings), stop_token_ids, ignore_eos, n (1

@@ -71,7 +71,7 @@ class Stream:
 
 class LocalEvents:
     """What the engine tells a request's client and the metrics, applied in this process: to
-    the Stream (its queue, its times) and to `metrics` (gpu_runner.metrics.ServerMetrics or
+    the Stream (its queue, its times) and to `metrics` (gpu_runner.server_metrics.ServerMetrics or
     None). An engine in another process (gpu_runner.engine_process) sends the same calls over
     a pipe and the server applies them here, in the same order."""
 

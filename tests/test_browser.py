@@ -271,19 +271,32 @@ def test_the_paging_animation_plays_on_the_kv_page(server, page):
     chart.screenshot(path=str(SHOTS / "paging_animation.png"))
 
 
+def export(page, fmt: str, download: str, tries: int = 3):
+    """Ask for an export until its download button shows (under load a click can land while the
+    page is still settling; asking again builds the same zip)."""
+    from playwright.sync_api import expect
+    for k in range(tries):
+        page.get_by_role("button", name=fmt, exact=True).click()
+        wait_idle(page)
+        try:
+            expect(page.get_by_role("button", name=download)).to_be_visible(timeout=30_000)
+            return
+        except AssertionError:
+            if k == tries - 1:
+                raise
+
+
 def test_a_view_exports_its_tables_and_figures_for_slides(server, page):
     import zipfile
     page.set_viewport_size({"width": 1280, "height": 800})
     page.goto(f"{server}/schedules?sc=Burst+5&ms=3&s_kind=constant&s_step=1")
     wait_idle(page)
     page.get_by_text("Slides and handouts").click()
-    page.get_by_role("button", name="CSV", exact=True).click()
-    wait_idle(page)
+    export(page, "CSV", "Download tables as CSV")
     with page.expect_download() as d:
         page.get_by_role("button", name="Download tables as CSV").click()
     assert "sched_summary.csv" in zipfile.ZipFile(d.value.path()).namelist()
-    page.get_by_role("button", name="SVG", exact=True).click()
-    wait_idle(page)
+    export(page, "SVG", "Download figures as SVG")
     with page.expect_download() as d:
         page.get_by_role("button", name="Download figures as SVG").click()
     names = zipfile.ZipFile(d.value.path()).namelist()

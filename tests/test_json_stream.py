@@ -1,7 +1,9 @@
-"""The streaming JSON decoder (jsonstream.decode_fast) against the whole-document decoder it
-replaces (jsoncodec._decode_whole, then the precise path): the same traces (tables, dtypes,
-order, meta, verbatim events), the same refusals and error messages, whatever the chunk size
-and wherever its boundaries fall; gzip stays capped; memory stays a slice at a time."""
+"""The streaming JSON decoder (jsonstream.decode_fast, the fast path of core.trace.open) against an
+independent reading of the same bytes: a JSON parser that is not msgspec (orjson, the standard
+library for errors) and the precise path (validate.py), which share no structs with the fast
+decoders: the same traces (tables, dtypes, order, meta, verbatim events), the same refusals and
+error messages, whatever the chunk size and wherever its boundaries fall; gzip stays capped;
+memory stays a slice at a time."""
 import gzip
 import json
 import random
@@ -15,14 +17,19 @@ from core.config import SchedulerConfig
 from core.errors import TraceError
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel
-from core.trace import jsoncodec, jsonstream, parse_trace, to_doc, trace_from_doc, trace_json
+from core.trace import jsonstream, parse_trace, to_doc, trace_from_doc, trace_json
 from core.trace.jsoncodec import gunzip, parse_json_bytes
 from core.trace.jsonstream import decode_fast
 from core.workload import Request, Workload
 from tests.conftest import DATA
 from tests.helpers import minimal, sim_trace
 
-WHOLE = jsoncodec._decode_whole        # today's decoder: the reference
+
+def REFERENCE(data: bytes, name: str):
+    """The independent reading: parse_json_bytes (orjson / the standard library) + validate.py."""
+    return trace_from_doc(parse_json_bytes(gunzip(data, name), name), name)
+
+
 TABLES = ("requests", "tokens", "finishes", "steps", "batch", "kv", "preempts")
 TRACES = sorted((DATA / "traces").glob("*.json*"))
 
@@ -37,10 +44,8 @@ def assert_identical(a, b):
 
 
 def old_flow(raw: bytes, name: str):
-    """What open.py did before streaming: inflate, whole-document decode, else the precise path."""
-    data = gunzip(raw, name)
-    tr = WHOLE(data, name)
-    return tr if tr is not None else trace_from_doc(parse_json_bytes(data, name), name)
+    """The reference flow: inflate, parse, the precise path (every problem worded there)."""
+    return REFERENCE(raw, name)
 
 
 def new_flow(raw: bytes, name: str, chunk: int = jsonstream.STREAM_CHUNK):
@@ -122,7 +127,7 @@ def test_simulated_traces_stream_identically(seed, cfg, streamed_only):
     tr = random_trace(seed, **cfg)
     for raw in (trace_json(tr).encode(), trace_json(tr, pretty=True).encode(),
                 gzip.compress(trace_json(tr).encode())):
-        want = WHOLE(gunzip(raw, "t"), "t")
+        want = REFERENCE(raw, "t")
         assert want is not None
         for chunk in (13, 500, 1 << 16, jsonstream.STREAM_CHUNK):
             assert_identical(decode_fast(raw, "t", chunk), want)
@@ -132,7 +137,7 @@ def test_rich_simulated_trace_streams_identically(streamed_only):
     tr = sim_trace(kv_blocks=70)                           # steps, batch, kv with hashes, preemptions
     assert len(tr.preempts) and tr.kv["hash"].notna().any()
     raw = trace_json(tr).encode()
-    want = WHOLE(raw, "t")
+    want = REFERENCE(raw, "t")
     for chunk in (29, 100, 1000, 1 << 20):
         assert_identical(decode_fast(raw, "t", chunk), want)
 
@@ -141,7 +146,7 @@ def test_rich_simulated_trace_streams_identically(streamed_only):
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
 def test_bundled_traces_stream_identically(path, streamed_only):
     raw = path.read_bytes()
-    want = WHOLE(gunzip(raw, path.name), path.name)
+    want = REFERENCE(raw, path.name)
     assert want is not None
     for chunk in (1, 97, 4096, jsonstream.STREAM_CHUNK) if len(raw) < 10_000 else (97, 4096, jsonstream.STREAM_CHUNK):
         assert_identical(decode_fast(raw, path.name, chunk), want)
@@ -153,7 +158,7 @@ def test_bundled_traces_stream_identically(path, streamed_only):
 def test_verbatim_events_and_tricky_strings_at_every_boundary(streamed_only):
     tr = with_everything(random_trace(5, n_max=4, kv_blocks=50))
     raw = trace_json(tr).encode()
-    want = WHOLE(raw, "t")
+    want = REFERENCE(raw, "t")
     assert want is not None and {"spec", "tiles", "my_probe"} <= want.event_types()
     for chunk in [*range(1, 41), 61, 127, 128, 1000, 4093]:
         got = decode_fast(raw, "t", chunk)
@@ -341,7 +346,7 @@ def test_events_decoded_a_slice_at_a_time(monkeypatch, streamed_only):
     tr = random_trace(8, kv_blocks=60)
     raw = trace_json(tr).encode()
     assert len(raw) > 100_000
-    want = WHOLE(raw, "t")
+    want = REFERENCE(raw, "t")
     sizes = []
     events = jsonstream._events
 

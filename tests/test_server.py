@@ -17,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.config import SchedulerConfig
 from core.workload import Request, Workload
 from gpu_runner.engine import Engine
-from gpu_runner.metrics import ServerMetrics
 from gpu_runner.options import EngineConfig
 from gpu_runner.server import App
+from gpu_runner.server_metrics import ServerMetrics
 from gpu_runner.serving import ServingEngine
 from gpu_runner.tokenizer import ByteTokenizer
 from tests.conftest import ROOT

@@ -10,7 +10,7 @@ from core.workload import Request, Workload
 from gpu_runner.engine import Engine
 from gpu_runner.options import EngineConfig
 from gpu_runner.sampling import filtered_probs
-from gpu_runner.speculative import verify
+from gpu_runner.spec_decode import verify
 from gpu_runner.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.slow  # loads the bundled target and draft models

@@ -94,6 +94,7 @@ class EngineOutputs:
     (A plain slotted class: the scheduler makes one per step, so it is built cheaply.)"""
     __slots__ = ("t_ms", "_gauges", "step", "dur_ms", "token_reqs", "token_index", "token_ids", "finished",
                  "queued", "started", "preempted")
+    # (the four lists are empty tuples when nothing of the kind happened: read them, never append)
 
     def __init__(self, t_ms: float, gauges: tuple, step: SchedulerOutput | None = None, dur_ms: float | None = None,
                  finished: list[Finish] | None = None, queued: list[int] | None = None,
@@ -103,10 +104,10 @@ class EngineOutputs:
         self._gauges = gauges                 # SchedulerStats' fields, in order
         self.step = step                      # the step these outputs complete
         self.dur_ms = dur_ms                  # its duration
-        self.finished = finished if finished is not None else []    # every request that left, with its reason
-        self.queued = queued if queued is not None else []          # entered the waiting queue (arrival checks passed)
-        self.started = started if started is not None else []       # scheduled for the first time in this step
-        self.preempted = preempted if preempted is not None else []  # sent back to the waiting queue (recompute)
+        self.finished = finished or ()        # every request that left, with its reason
+        self.queued = queued or ()            # entered the waiting queue (arrival checks passed)
+        self.started = started or ()          # scheduled for the first time in this step
+        self.preempted = preempted or ()      # sent back to the waiting queue (recompute)
         self.token_reqs = token_reqs          # one entry per emitted token: its request row
         self.token_index = token_index        # ... its output position
         self.token_ids = token_ids            # ... its id (None: unknown, simulated)

@@ -88,8 +88,8 @@ class RunningPlan(NamedTuple):
     num_tokens: np.ndarray | None  # per running request (0: idle this step; None: one each, all decode)
     need: np.ndarray | None      # new KV blocks each needs for it (None: one each at `grow`)
     start: np.ndarray            # its first position (tokens cached)
-    is_decode: np.ndarray | None  # a one-token decode (None: every one decodes)
-    pending: np.ndarray | None   # tokens it has left to compute before a token is due (None: 1 each)
+    is_prefill: np.ndarray | None  # it (re)computes its prompt (None: every one decodes)
+    emits: np.ndarray | None     # its computed tokens reach everything known: a token is due (None: all)
     steady: bool                 # planned by the steady-state shortcut (every entry takes part; blocks suffice)
     grow: np.ndarray | None = None  # decodes only: positions in `run` that start a new block
 
@@ -125,7 +125,7 @@ def plan_running(view: SchedulerView, run: np.ndarray, budget: int, prefilling: 
     n = want if int(want.sum()) <= budget else budget_shares(want, budget, is_decode,
                                                               RULES[cfg.policy].decodes_first)
     need = blocks_for(computed + n, cfg.block_size) - t.nblocks[run]
-    return RunningPlan(n, need, computed, is_decode, pending, False)
+    return RunningPlan(n, need, computed, ~is_decode, n >= pending, False)
 
 
 def _steady_prefill_plan(view: SchedulerView, run: np.ndarray, budget: int, prefilling) -> RunningPlan | None:
@@ -145,11 +145,11 @@ def _steady_prefill_plan(view: SchedulerView, run: np.ndarray, budget: int, pref
     if int(need.sum()) > free:
         return None
     # (a recomputed request whose last missing position is its last token counts as a decode)
-    is_decode = np.ones(len(run), dtype=bool)
-    is_decode[pos] = (pending == 1) & (emitted > 0)
-    full_pending = np.ones(len(run), dtype=np.int64)
-    full_pending[pos] = pending
-    return RunningPlan(n, need, start, is_decode, full_pending, True)
+    is_prefill = np.zeros(len(run), dtype=bool)
+    is_prefill[pos] = ~((pending == 1) & (emitted > 0))
+    emits = np.ones(len(run), dtype=bool)
+    emits[pos] = want >= pending
+    return RunningPlan(n, need, start, is_prefill, emits, True)
 
 
 class Join(NamedTuple):

@@ -290,58 +290,44 @@ class Scheduler:
 
     def _joined_batch(self, joins, now_ms) -> SchedulerOutput:
         """vllm-v0: a step of just the prompts that joined."""
-        reqs = np.array([j.req for j in joins], dtype=np.int64)
-        n = np.array([j.take for j in joins], dtype=np.int64)
+        reqs, _, cached, take, todo = (np.array(c, dtype=np.int64) if k != 1 else None
+                                       for k, c in enumerate(zip(*joins)))
         self.running = np.concatenate([self.running, reqs])
-        return SchedulerOutput(self.step, now_ms, reqs, n, np.array([j.cached for j in joins], dtype=np.int64),
-                               np.ones(len(reqs), dtype=bool), n >= np.array([j.todo for j in joins], dtype=np.int64))
+        return SchedulerOutput(self.step, now_ms, reqs, take, cached, np.ones(len(reqs), dtype=bool), take >= todo)
 
     def _batch(self, run, plan, joins, used, now_ms) -> SchedulerOutput | None:
         """The step's batch: the running requests that take part, then the ones that joined."""
-        if joins:   # (columns of the joins, as tuples: numpy takes them as they are)
+        m0 = len(run)
+        if plan is not None and plan.grow is not None and not joins:   # decodes only (the common step)
+            self.running = run
+            return SchedulerOutput(self.step, now_ms, run, self._const("ones", m0), plan.start,
+                                   self._const("false", m0), self._const("true", m0), (0, m0))
+        if plan is None:
+            n = start = np.empty(0, dtype=np.int64)
+            is_prefill = emits = np.empty(0, dtype=bool)
+        else:
+            n = plan.num_tokens if plan.num_tokens is not None else self._const("ones", m0)
+            is_prefill = plan.is_prefill if plan.is_prefill is not None else self._const("false", m0)
+            emits = plan.emits if plan.emits is not None else self._const("true", m0)
+            start = plan.start
+        counts = (used - m0, m0) if plan is not None and plan.grow is not None else None
+        if joins:   # (the joins' columns as tuples: numpy takes them as they are)
             new, _, new_start, new_n, new_todo = zip(*joins)
             run = np.concatenate([run, new])
-        self.running = run
-        m0 = len(run) - len(joins)
-        if plan is not None and plan.steady:   # every running request takes part
-            if plan.is_decode is None:
-                if not joins:   # decodes only
-                    return SchedulerOutput(self.step, now_ms, run, self._const("ones", m0), plan.start,
-                                           self._const("false", m0), self._const("true", m0), (0, m0))
-                n = np.concatenate([self._const("ones", m0), new_n])
-                is_prefill, emits = np.zeros(len(run), dtype=bool), np.ones(len(run), dtype=bool)
-                counts = (used - m0, m0)
-            else:
-                n = np.concatenate([plan.num_tokens, new_n]) if joins else plan.num_tokens
-                is_prefill, emits = np.ones(len(run), dtype=bool), np.ones(len(run), dtype=bool)
-                is_prefill[:m0] = ~plan.is_decode
-                emits[:m0] = plan.num_tokens >= plan.pending
-                counts = None
-            if joins:
-                is_prefill[m0:] = True
-                emits[m0:] = [a >= b for a, b in zip(new_n, new_todo)]
-                start = np.concatenate([plan.start, new_start])
-            else:
-                start = plan.start
-            return SchedulerOutput(self.step, now_ms, run, n, start, is_prefill, emits, counts)
-        if plan is None:
-            n = pending = np.empty(0, dtype=np.int64)
-            is_decode = np.empty(0, dtype=bool)
-        else:
-            n, pending, is_decode = plan.num_tokens, plan.pending, plan.is_decode
-        if joins:
             n = np.concatenate([n, new_n])
-            pending = np.concatenate([pending, new_todo])
-            is_decode = np.concatenate([is_decode, np.zeros(len(joins), dtype=bool)])
-        k = np.count_nonzero(n)
-        if not k:
-            return None
-        if k == len(n):
-            reqs, num = run, n
-        else:
-            active = n > 0
-            reqs, num, is_decode, pending = run[active], n[active], is_decode[active], pending[active]
-        return SchedulerOutput(self.step, now_ms, reqs, num, self.requests.computed[reqs], ~is_decode, num >= pending)
+            start = np.concatenate([start, new_start])
+            is_prefill = np.concatenate([is_prefill, np.ones(len(joins), dtype=bool)])
+            emits = np.concatenate([emits, [a >= b for a, b in zip(new_n, new_todo)]])
+        self.running = run
+        if plan is None or not plan.steady:   # entries left without tokens (over the budget) sit out
+            k = np.count_nonzero(n)
+            if not k:
+                return None
+            if k < len(n):
+                active = n > 0
+                return SchedulerOutput(self.step, now_ms, run[active], n[active], start[active],
+                                       is_prefill[active], emits[active])
+        return SchedulerOutput(self.step, now_ms, run, n, start, is_prefill, emits, counts)
 
     def _planned(self, batch: SchedulerOutput, joined: bool) -> SchedulerOutput:
         kv = self.kv
@@ -549,14 +535,9 @@ class Scheduler:
 
     # ---- what happened ----------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(*self._gauges())
-
-    def _gauges(self) -> tuple:
         kv = self.kv
-        p = kv.pool
-        free = len(p.free_plain) + (p.num_blocks - p.fresh) + len(p.free_cached)
-        return (len(self.running), len(self.waiting), kv.num_blocks - free, kv.num_blocks, self.num_preemptions,
-                kv.counts["hit"])
+        return SchedulerStats(len(self.running), len(self.waiting), kv.num_used, kv.num_blocks, self.num_preemptions,
+                              kv.counts["hit"])
 
     def has_outputs(self) -> bool:
         """Something happened outside a step (arrivals queued or rejected, cancellations)."""
@@ -566,6 +547,11 @@ class Scheduler:
                      token_reqs=EMPTY, token_index=EMPTY, token_ids=None) -> EngineOutputs:
         """Everything that happened since the last EngineOutputs (with a step's tokens, when
         given), and forget it."""
+        kv = self.kv
+        p = kv.pool
+        gauges = (len(self.running), len(self.waiting),
+                  kv.num_blocks - (len(p.free_plain) + (p.num_blocks - p.fresh) + len(p.free_cached)),
+                  kv.num_blocks, self.num_preemptions, kv.counts["hit"])
         fin, queued, preempted, started = self._finished, self._queued, self._preempted, None
         if fin:
             self._finished = []
@@ -580,5 +566,5 @@ class Scheduler:
             self._preempted = []
         if batch is not None and self._started:   # first scheduled in this step (kept for the step's outputs)
             started, self._started = self._started, []
-        return EngineOutputs(t_ms, self._gauges(), batch, dur_ms, fin, queued, started, preempted,
-                             token_reqs, token_index, token_ids)
+        return EngineOutputs(t_ms, gauges, batch, dur_ms, fin, queued, started, preempted, token_reqs, token_index,
+                             token_ids)
