@@ -46,17 +46,22 @@ def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int 
     if min_steps > K:
         return None
     t0 = batch.t_ms
+    nxt = view.next_arrival
+    may_join = nxt < t.n and cfg.policy != "static" and len(run) < cfg.seats and not view.waiting
+    if may_join:   # the usual refusal, found cheaply: an arrival that could join within min_steps steps
+        probe = np.cumsum(np.r_[t0, np.asarray(durations(min_steps), dtype=np.float64)])
+        if t.arrival[nxt] <= probe[min_steps - 1]:
+            return None
     d = np.asarray(durations(K), dtype=np.float64)
     ends = np.cumsum(np.r_[t0, d])[1:]          # sequential sums: bit-identical to t += d
     starts = np.r_[t0, ends[:-1]]
-    nxt = view.next_arrival
     arrivals_by_step = np.zeros(K, dtype=np.int64)
     if nxt < t.n:
         # Arrivals join the queue at each step start; they can only be admitted if the
         # queue was empty and a seat is free (any policy but static), so the run must stop there.
         pending = t.arrival[nxt:]
         arrivals_by_step = np.searchsorted(pending, starts, side="right")
-        if cfg.policy != "static" and len(run) < cfg.seats and not view.waiting:
+        if may_join:
             K = min(K, int(np.searchsorted(starts, pending[0], side="left")))
     # KV: a request needs a new block at step j >= 1 when its position c + j starts a block.
     bs = cfg.block_size
