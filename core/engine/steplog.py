@@ -78,21 +78,31 @@ STEP_DTYPES = {name: (float if name in ("t_ms", "dur_ms") else np.int64) for nam
 
 
 def _steps(entries: list) -> dict:
-    # Entries are single steps (scalars) or runs (arrays), in order; consecutive singles are
-    # gathered into one part.
-    parts, singles = [], []
-    for e in entries:
-        if not isinstance(e[0], np.ndarray):
-            singles.append(e)
-            continue
-        if singles:
-            parts.append(list(zip(*singles)))
-            singles = []
-        parts.append(e)
-    if singles:
-        parts.append(list(zip(*singles)))
-    return {name: np.concatenate([np.asarray(p[i], dtype=STEP_DTYPES[name]) for p in parts])
-            for i, name in enumerate(LOG_STEP_FIELDS)}
+    # Entries are single steps (scalars) or runs (arrays), in order: each field is spread once.
+    lens = np.fromiter((len(e[0]) if type(e[0]) is np.ndarray else 1 for e in entries), np.int64, len(entries))
+    return {name: spread([e[i] for e in entries], lens, STEP_DTYPES[name]) for i, name in enumerate(LOG_STEP_FIELDS)}
+
+
+def _batch_rows(parts) -> dict:
+    """The batch columns of the step log's parts: a part is one step's batch, or (a fast-forwarded
+    run) the same batch over an array of steps, repeated once per step; done with whole-column
+    gathers, not per part."""
+    steps, reqs, tokens, prefill = zip(*parts)
+    m = np.fromiter(map(len, reqs), np.int64, len(parts))             # rows of each part's batch
+    k = np.fromiter((len(s) if type(s) is np.ndarray else 1 for s in steps), np.int64, len(parts))
+    req, tok, pre = np.concatenate(reqs), np.concatenate(tokens), np.concatenate(prefill)
+    if (k == 1).all():
+        return {"step": np.repeat(np.array(steps, dtype=np.int64), m), "req": req, "tokens": tok,
+                "kind": pre.astype(np.int8)}
+    rows = m * k
+    total = int(rows.sum())
+    pid = np.repeat(np.arange(len(parts)), rows)                      # each output row's part
+    pos = np.arange(total) - np.repeat(np.cumsum(rows) - rows, rows)   # its place within the part's rows
+    m_of = m[pid]
+    idx = (np.cumsum(m) - m)[pid] + pos % m_of                        # the batch entry it repeats
+    all_steps = np.concatenate([s if type(s) is np.ndarray else np.array([s]) for s in steps]).astype(np.int64)
+    step = all_steps[(np.cumsum(k) - k)[pid] + pos // m_of]
+    return {"step": step, "req": req[idx], "tokens": tok[idx], "kind": pre[idx].astype(np.int8)}
 
 
 def log_records(log) -> dict:
@@ -120,18 +130,7 @@ def log_records(log) -> dict:
         out["finish"] = {"t_ms": np.array(t, dtype=float), "req": np.array(req, dtype=np.int64), "reason": reason}
     if log.steps:
         out["step"] = _steps(log.steps)
-        # A part's step is one index, or an array of steps that all ran the same batch.
-        steps, reqs, tokens, prefill = zip(*log.batch_parts)
-        runs = [isinstance(x, np.ndarray) for x in steps]
-        if any(runs):  # a fast-forwarded run: its batch repeats once per step
-            k = [len(x) if r else 1 for x, r in zip(steps, runs)]
-            reqs, tokens, prefill = ([np.tile(v, j) if j > 1 or r else v for v, j, r in zip(col, k, runs)]
-                                     for col in (reqs, tokens, prefill))
-            steps = [np.repeat(x, len(v) // len(x)) if r else x for x, v, r in zip(steps, reqs, runs)]
-        lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
-        out["batch"] = {"step": spread(list(steps), lens, np.int64), "req": np.concatenate(reqs),
-                        "tokens": np.concatenate(tokens),
-                        "kind": np.concatenate(prefill).astype(np.int8)}
+        out["batch"] = _batch_rows(log.batch_parts)
     if log.kv is not None and len(log.kv):
         out["kv"] = log.kv.columns()
     if log.preempts:
