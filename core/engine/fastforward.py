@@ -37,21 +37,23 @@ class DecodeRun(NamedTuple):
         return float(self.ends[self.steps - 1])
 
 
-def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int = 3) -> DecodeRun | None:
+def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int = 3) -> tuple[DecodeRun | None, int]:
     """If `batch` (every running request decoding, nobody joined) starts a run of at least
     `min_steps` identical decode-only steps (nobody can be admitted, nobody finishes, KV
-    suffices), how many and what they allocate; `durations(k)` gives the k step durations."""
+    suffices), how many and what they allocate; `durations(k)` gives the k step durations.
+    Returns (the run or None, steps before another try can succeed: a request that finishes
+    sooner than min_steps blocks every run until it is gone; 0 when unknown)."""
     cfg, t, run = view.cfg, view.requests, view.running
     K = int((t.out_len[run] - t.emitted[run]).min()) - 1  # the finishing step runs normally
     if min_steps > K:
-        return None
+        return None, max(K, 0) + 1
     t0 = batch.t_ms
     nxt = view.next_arrival
     may_join = nxt < t.n and cfg.policy != "static" and len(run) < cfg.seats and not view.waiting
     if may_join:   # the usual refusal, found cheaply: an arrival that could join within min_steps steps
         probe = np.cumsum(np.r_[t0, np.asarray(durations(min_steps), dtype=np.float64)])
         if t.arrival[nxt] <= probe[min_steps - 1]:
-            return None
+            return None, 0
     d = np.asarray(durations(K), dtype=np.float64)
     ends = np.cumsum(np.r_[t0, d])[1:]          # sequential sums: bit-identical to t += d
     starts = np.r_[t0, ends[:-1]]
@@ -72,7 +74,7 @@ def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int 
     if len(over):
         K = min(K, int(over[0]) + 1)
     if min_steps > K:
-        return None
+        return None, 0
     members = {res: run[residue == res].tolist() for res in np.flatnonzero(by_residue)}
     alloc_steps = (np.flatnonzero(need[:K - 1]) + 1).tolist()
     owners, times = [], []
@@ -80,7 +82,7 @@ def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int 
         m = members[k % bs]
         owners += m
         times += [float(starts[k])] * len(m)
-    return DecodeRun(K, starts, ends, d, need, arrivals_by_step, members, alloc_steps, owners, times)
+    return DecodeRun(K, starts, ends, d, need, arrivals_by_step, members, alloc_steps, owners, times), 0
 
 
 def record(log: StepLog, run: DecodeRun, step0: int, members: np.ndarray, batch: SchedulerOutput,

@@ -88,34 +88,26 @@ EMPTY = np.empty(0, dtype=np.int64)
 EMPTY.flags.writeable = False
 
 
-class EngineOutputs:
+class EngineOutputs(NamedTuple):
     """What happened since the last EngineOutputs: one step's result (`step` set) or what
-    happened between steps (arrivals queued or rejected, cancellations, deadlines).
-    (A plain slotted class: the scheduler makes one per step, so it is built cheaply.)"""
-    __slots__ = ("t_ms", "_gauges", "step", "dur_ms", "token_reqs", "token_index", "token_ids", "finished",
-                 "queued", "started", "preempted")
-    # (the four lists are empty tuples when nothing of the kind happened: read them, never append)
-
-    def __init__(self, t_ms: float, gauges: tuple, step: SchedulerOutput | None = None, dur_ms: float | None = None,
-                 finished: list[Finish] | None = None, queued: list[int] | None = None,
-                 started: list[int] | None = None, preempted: list[int] | None = None,
-                 token_reqs: np.ndarray = EMPTY, token_index: np.ndarray = EMPTY, token_ids: np.ndarray | None = None):
-        self.t_ms = t_ms                      # when (a step's end)
-        self._gauges = gauges                 # SchedulerStats' fields, in order
-        self.step = step                      # the step these outputs complete
-        self.dur_ms = dur_ms                  # its duration
-        self.finished = finished or ()        # every request that left, with its reason
-        self.queued = queued or ()            # entered the waiting queue (arrival checks passed)
-        self.started = started or ()          # scheduled for the first time in this step
-        self.preempted = preempted or ()      # sent back to the waiting queue (recompute)
-        self.token_reqs = token_reqs          # one entry per emitted token: its request row
-        self.token_index = token_index        # ... its output position
-        self.token_ids = token_ids            # ... its id (None: unknown, simulated)
+    happened between steps (arrivals queued or rejected, cancellations, deadlines). A tuple:
+    read-only, and made by the scheduler once per step at the cost of a tuple."""
+    t_ms: float                               # when (a step's end)
+    gauges: tuple                             # SchedulerStats' fields, in order (see `stats`)
+    step: SchedulerOutput | None = None       # the step these outputs complete
+    dur_ms: float | None = None               # its duration
+    finished: list[Finish] | tuple = ()       # every request that left, with its reason
+    queued: list[int] | tuple = ()            # entered the waiting queue (arrival checks passed)
+    started: list[int] | tuple = ()           # scheduled for the first time in this step
+    preempted: list[int] | tuple = ()         # sent back to the waiting queue (recompute)
+    token_reqs: np.ndarray = EMPTY            # one entry per emitted token: its request row
+    token_index: np.ndarray = EMPTY           # ... its output position
+    token_ids: np.ndarray | None = None       # ... its id (None: unknown, simulated)
 
     @property
     def stats(self) -> SchedulerStats:
         """The engine's gauges when these outputs were taken."""
-        return SchedulerStats(*self._gauges)
+        return SchedulerStats(*self.gauges)
 
     def new_tokens(self) -> dict[int, list[int]]:
         """Emitted token ids per request, in order (ids known: a real engine)."""

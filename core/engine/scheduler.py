@@ -43,6 +43,8 @@ from core.engine.steplog import BatchPart, PreemptRecord, StepLog, StepRecord, T
 from core.errors import ConfigError
 from core.workload import Request, Workload
 
+_tuple = tuple.__new__   # makes a NamedTuple without its Python-level __new__ (once per step)
+
 
 class Scheduler:
     decode_fast_path = True   # False: plan every step in full (tests compare the two)
@@ -77,6 +79,7 @@ class Scheduler:
         self._steady = False     # the last step ran every running request (set by update)
         self._prefilling = None  # ... and these of them (mask over running) are mid-prefill
         self._consts: dict = {}
+        self._ff_after = 0       # no fast-forward can succeed before this step (a request finishes first)
         # what happened since the last EngineOutputs (outside a step's own results)
         self._finished: list[Finish] = []
         self._queued: list[int] = []
@@ -376,11 +379,12 @@ class Scheduler:
         """Simulator shortcut (core.engine.fastforward): apply a run of identical decode-only steps
         starting with `batch` at once, with the events stepping them would record; returns
         when the last one ends, or None (then complete the step as usual)."""
-        if (self.aborts or not self.quiet or len(batch.reqs) != len(self.running)
+        if (self.step < self._ff_after or self.aborts or not self.quiet or len(batch.reqs) != len(self.running)
                 or self.cfg.queue_limit is not None or batch.prefill_tokens or self.cfg.spec_gamma):
             return None
-        run = fastforward.plan(self, batch, durations, min_steps)
-        if run is None:
+        run, wait = fastforward.plan(self, batch, durations, min_steps)
+        if run is None:   # (a request about to finish blocks every run until it is gone: skip the tries)
+            self._ff_after = self.step + wait
             return None
         t, kv = self.requests, self.kv
         if run.owners and not kv.append_blocks(run.owners, run.times):
@@ -495,9 +499,18 @@ class Scheduler:
                 reasons = {i: "stop" for i in extra}
         if not len(fin):
             return
-        for i in fin.tolist():
-            self._free(i)
-            self._done(i, Finish(i, t_end, reasons.get(i, "length")))
+        kv, state, nblocks, finished, log = self.kv, t.state, t.nblocks, self._finished, self.log
+        for i in fin.tolist():   # (what _free and _done do, inline: one of these per request of a run)
+            kv.free_seq(i)
+            nblocks[i] = 0
+            state[i] = DONE
+            f = Finish(i, t_end, reasons.get(i, "length") if reasons else "length")
+            finished.append(f)
+            if log is not None:
+                log.finishes.append(f)
+            if self.request_data:
+                self._sent_blocks[i] = 0
+        self.num_done += len(fin)
         keep = t.state[self.running] == RUNNING
         self.running = self.running[keep]
         if self._prefilling is not None and len(keep) == len(self._prefilling):
@@ -566,5 +579,5 @@ class Scheduler:
             self._preempted = []
         if batch is not None and self._started:   # first scheduled in this step (kept for the step's outputs)
             started, self._started = self._started, []
-        return EngineOutputs(t_ms, gauges, batch, dur_ms, fin, queued, started, preempted, token_reqs, token_index,
-                             token_ids)
+        return _tuple(EngineOutputs, (t_ms, gauges, batch, dur_ms, fin or (), queued or (), started or (),
+                                      preempted or (), token_reqs, token_index, token_ids))

@@ -77,32 +77,59 @@ LOG_STEP_FIELDS = ("step", "t_ms", "dur_ms", "running", "waiting", "kv_used_bloc
 STEP_DTYPES = {name: (float if name in ("t_ms", "dur_ms") else np.int64) for name in LOG_STEP_FIELDS}
 
 
+# Fast-forwarded runs are expanded one by one (numpy calls per run) when a log has few of them
+# for its size, all together with whole-column gathers (work per row) when it has many: a serial
+# or static policy has thousands, and one np.tile each cost a third of building its trace. The
+# ratios are the measured costs of the two ways (bench.engine_core).
+ROWS_PER_RUN = 1000       # batch rows that cost as much to gather as one run's np.tile calls
+ENTRIES_PER_RUN = 10      # step entries that cost as much to spread as one run's own part
+
+
 def _steps(entries: list) -> dict:
-    # Entries are single steps (scalars) or runs (arrays), in order: each field is spread once.
-    lens = np.fromiter((len(e[0]) if type(e[0]) is np.ndarray else 1 for e in entries), np.int64, len(entries))
-    return {name: spread([e[i] for e in entries], lens, STEP_DTYPES[name]) for i, name in enumerate(LOG_STEP_FIELDS)}
+    # Entries are single steps (scalars) or runs (arrays), in order.
+    lens = [len(e[0]) if type(e[0]) is np.ndarray else 1 for e in entries]
+    if (len(entries) - lens.count(1)) * ENTRIES_PER_RUN > len(entries):   # many runs: each field spread once
+        lens = np.array(lens, dtype=np.int64)
+        return {name: spread([e[i] for e in entries], lens, STEP_DTYPES[name])
+                for i, name in enumerate(LOG_STEP_FIELDS)}
+    parts, singles = [], []   # few: consecutive singles gathered into one part
+    for e in entries:
+        if type(e[0]) is not np.ndarray:
+            singles.append(e)
+            continue
+        if singles:
+            parts.append(list(zip(*singles)))
+            singles = []
+        parts.append(e)
+    if singles:
+        parts.append(list(zip(*singles)))
+    return {name: np.concatenate([np.asarray(p[i], dtype=STEP_DTYPES[name]) for p in parts])
+            for i, name in enumerate(LOG_STEP_FIELDS)}
 
 
 def _batch_rows(parts) -> dict:
     """The batch columns of the step log's parts: a part is one step's batch, or (a fast-forwarded
-    run) the same batch over an array of steps, repeated once per step; done with whole-column
-    gathers, not per part."""
+    run) the same batch over an array of steps, repeated once per step."""
     steps, reqs, tokens, prefill = zip(*parts)
+    is_run = [type(s) is np.ndarray for s in steps]
+    k = np.fromiter((len(s) if r else 1 for s, r in zip(steps, is_run)), np.int64, len(parts))
     m = np.fromiter(map(len, reqs), np.int64, len(parts))             # rows of each part's batch
-    k = np.fromiter((len(s) if type(s) is np.ndarray else 1 for s in steps), np.int64, len(parts))
-    req, tok, pre = np.concatenate(reqs), np.concatenate(tokens), np.concatenate(prefill)
-    if (k == 1).all():
-        return {"step": np.repeat(np.array(steps, dtype=np.int64), m), "req": req, "tokens": tok,
-                "kind": pre.astype(np.int8)}
     rows = m * k
-    total = int(rows.sum())
+    if sum(is_run) * ROWS_PER_RUN < int(rows.sum()):
+        if any(is_run):
+            reqs, tokens, prefill = ([np.tile(v, j) if r else v for v, j, r in zip(col, k.tolist(), is_run)]
+                                     for col in (reqs, tokens, prefill))
+            steps = [np.repeat(x, len(v) // len(x)) if r else x for x, v, r in zip(steps, reqs, is_run)]
+        lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
+        return {"step": spread(list(steps), lens, np.int64), "req": np.concatenate(reqs),
+                "tokens": np.concatenate(tokens), "kind": np.concatenate(prefill).astype(np.int8)}
     pid = np.repeat(np.arange(len(parts)), rows)                      # each output row's part
-    pos = np.arange(total) - np.repeat(np.cumsum(rows) - rows, rows)   # its place within the part's rows
+    pos = np.arange(int(rows.sum())) - np.repeat(np.cumsum(rows) - rows, rows)   # its place in the part
     m_of = m[pid]
     idx = (np.cumsum(m) - m)[pid] + pos % m_of                        # the batch entry it repeats
     all_steps = np.concatenate([s if type(s) is np.ndarray else np.array([s]) for s in steps]).astype(np.int64)
-    step = all_steps[(np.cumsum(k) - k)[pid] + pos // m_of]
-    return {"step": step, "req": req[idx], "tokens": tok[idx], "kind": pre[idx].astype(np.int8)}
+    return {"step": all_steps[(np.cumsum(k) - k)[pid] + pos // m_of], "req": np.concatenate(reqs)[idx],
+            "tokens": np.concatenate(tokens)[idx], "kind": np.concatenate(prefill)[idx].astype(np.int8)}
 
 
 def log_records(log) -> dict:
