@@ -15,14 +15,14 @@ their ratio. Fast paths: `Scheduler.decode_fast_path` (the steady-state plan) an
 Not a test: nothing is asserted.
 """
 import argparse
-import json
+import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.revisions import REPO, run_worker, worktree
+
 OLD_REV = "72f5486"
 
 WORKER = r"""
@@ -68,12 +68,7 @@ print(json.dumps(out))
 
 
 def run(tree: Path, args: dict) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    p = subprocess.run([sys.executable, "-c", WORKER, json.dumps(args)], cwd=tree, env=env,
-                       capture_output=True, text=True, timeout=3600)
-    if p.returncode:
-        raise SystemExit(f"worker failed in {tree}:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_worker(tree, WORKER, args, 3600)
 
 
 def main():
@@ -84,10 +79,9 @@ def main():
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         trees = [("new", REPO)]
+        stack = contextlib.ExitStack()
         if a.old_rev != "none":
-            old = Path(tmp) / "old"
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), a.old_rev],
-                           check=True, capture_output=True)
+            old = stack.enter_context(worktree(a.old_rev, Path(tmp) / "old"))
             trees.insert(0, (f"old {a.old_rev}", old))
         try:
             results = {name: [] for name, _ in trees}
@@ -97,9 +91,7 @@ def main():
                     print(f"round {r + 1}: {name} done", file=sys.stderr, flush=True)
             fast = run(REPO, {"repeat": a.repeat, "fast_paths": True})
         finally:
-            if a.old_rev != "none":
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)],
-                               capture_output=True)
+            stack.close()
     print(f"\nbest of {a.repeat} per process, mean over {a.rounds} alternating rounds; load average now "
           f"{os.getloadavg()[0]:.2f}\n")
     names = [n for n, _ in trees]

@@ -15,14 +15,14 @@ The old revision runs from a git worktree (default 17aa769, before issue 16's ch
 Not a test: nothing is asserted.
 """
 import argparse
-import json
+import contextlib
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.revisions import REPO, run_worker, worktree
+
 OLD_REV = "17aa769"
 
 WORKER = r"""
@@ -68,12 +68,7 @@ print(json.dumps({"tok_s": n / secs, "secs": secs, "ttft_ms": ttft,
 
 
 def run(tree: Path, args: dict) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    p = subprocess.run([sys.executable, "-c", WORKER, json.dumps(args)], cwd=tree, env=env,
-                       capture_output=True, text=True, timeout=1800)
-    if p.returncode:
-        raise SystemExit(f"worker failed in {tree}:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_worker(tree, WORKER, args, 1800)
 
 
 def main():
@@ -91,10 +86,9 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         variants = [("this checkout, --matmul torch", REPO, "torch"),
                     ("this checkout, --matmul onednn", REPO, "onednn")]
+        stack = contextlib.ExitStack()
         if a.old_rev != "none":
-            old = Path(tmp) / "old"
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(old), a.old_rev],
-                           check=True, capture_output=True)
+            old = stack.enter_context(worktree(a.old_rev, Path(tmp) / "old"))
             variants.insert(0, (f"old {a.old_rev}", old, None))
         try:
             results = {name: [] for name, _, _ in variants}
@@ -104,9 +98,7 @@ def main():
                     results[name].append(res)
                     print(f"round {r + 1}: {name:50s} {res['tok_s']:7.0f} tok/s", file=sys.stderr, flush=True)
         finally:
-            if a.old_rev != "none":
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(old)],
-                               capture_output=True)
+            stack.close()
     print(f"\nburst: {a.n} x ({a.prompt} prompt + {a.output} output) tokens, {a.seats} seats, "
           f"{a.budget}-token budget, {a.threads} thread(s), in-process, best of {a.repeat} by tok/s; "
           f"load average before: {os.getloadavg()[0]:.2f}\n")

@@ -112,14 +112,18 @@ def test_rejections_are_answered_with_the_limit_and_sigterm_stops_the_engine_pro
         for _, err, _ in rejected:
             assert "queue limit of 1" in err["message"], err
         assert httpx.get(f"{url}/health", timeout=10).status_code == 200
-        # SIGTERM to the server's pid alone: the server and its engine process both end
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-        for pid in engine:
-            assert wait_gone(pid, 30), f"engine process {pid} outlived the server"
+        sigterm_stops_both(proc, engine)   # SIGTERM to the server's pid alone, after rejections
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def sigterm_stops_both(proc, engine: list[int]):
+    """SIGTERM to the server's pid alone: the server ends, and so does every engine process."""
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+    for pid in engine:
+        assert wait_gone(pid, 30), f"engine process {pid} outlived the server"
 
 
 def test_sigterm_while_the_engine_is_loading_stops_it_too():
@@ -131,10 +135,7 @@ def test_sigterm_while_the_engine_is_loading_stops_it_too():
             engine = [p for p in children(proc.pid) if alive(p)]
             time.sleep(0.02)
         assert engine, "no engine process started"
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-        for pid in engine:
-            assert wait_gone(pid, 30), f"engine process {pid} outlived the server"
+        sigterm_stops_both(proc, engine)
     finally:
         if proc.poll() is None:
             proc.kill()
