@@ -109,3 +109,30 @@ def json_from_bytes(data: bytes, where: str, error=InputError):
     except ValueError as e:  # e.g. an integer with thousands of digits
         raise error(f"{where}: not valid JSON ({str(e).split(';')[0]})") from None
 
+
+_TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+               "array": "a list", "object": "an object", "null": "null"}
+
+
+def validation_message(e, where: str = "", top: str = "document") -> str:
+    """A msgspec ValidationError in this project's words, one line naming the field: "Expected
+    `int` >= 1, got `float` - at `$.max_tokens`" -> "max_tokens: expected an integer >= 1, got a
+    number"; a missing field -> "field: missing". `where` goes before the field's path (a dot
+    between them; none before an index), `top` names an error at the top of the document."""
+    import re
+    m = re.match(r"(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", str(e), re.S)
+    what, path = m.group("what"), m.group("path") or ""
+    missing = re.match(r"Object missing required field `(\w+)`", what)
+    if missing:
+        path, what = f"{path}.{missing.group(1)}", "missing"
+    else:
+        def name(t):
+            return " or ".join(_TYPE_WORDS.get(x.strip(), x.strip()) for x in t.group(1).split("|"))
+        what = re.sub(r"`([^`]+)`", name, what)
+        what = what[:1].lower() + what[1:]
+    if path.startswith("."):
+        path = path[1:]
+    if not path:
+        return f"{where or top}: {what}"
+    return f"{where}{'.' if where and not path.startswith('[') else ''}{path}: {what}"
+

@@ -10,11 +10,12 @@ messages ([{role, content}]).
 """
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 import msgspec
 from msgspec import Meta
+
+from core.errors import validation_message
 
 
 class Message(msgspec.Struct):
@@ -47,29 +48,9 @@ class CompletionBody(msgspec.Struct):
 
 KNOWN = frozenset(CompletionBody.__struct_fields__)
 _ANY_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
-          "array": "a list", "object": "an object", "null": "null"}
-
 
 class BodyError(ValueError):
     """The body is not valid JSON, or a field does not fit its declaration (one line)."""
-
-
-def _words(text: str) -> str:
-    def name(m):
-        parts = [_WORDS.get(x.strip(), x.strip()) for x in m.group(1).split("|") if x.strip() != "null"]
-        return " or ".join(parts) or "null"
-    return re.sub(r"`([^`]+)`", name, text)
-
-
-def validation_message(e: msgspec.ValidationError) -> str:
-    """msgspec's "Expected `int` >= 1, got `float` - at `$.max_tokens`" as
-    "max_tokens: expected an integer >= 1, got a number"."""
-    m = re.match(r"(?P<what>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", str(e), re.S)
-    what, path = m.group("what"), (m.group("path") or "").lstrip(".")
-    what = re.sub(r"Object missing required field `(\w+)`", r"missing required field '\1'", what)
-    what = _words(what)
-    return f"{path or 'body'}: {what[:1].lower()}{what[1:]}"
 
 
 _DECODE = msgspec.json.Decoder(CompletionBody)
@@ -81,7 +62,7 @@ def decode_body(raw: bytes) -> tuple[CompletionBody, list[str]]:
         body = _DECODE.decode(raw)
         unknown = sorted(set(_ANY_OBJECT.decode(raw)) - KNOWN)
     except msgspec.ValidationError as e:
-        raise BodyError(validation_message(e)) from None
+        raise BodyError(validation_message(e, top='body')) from None
     except msgspec.DecodeError as e:
         raise BodyError(f"body is not valid JSON: {str(e)[:120]}") from None
     except RecursionError:

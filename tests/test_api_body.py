@@ -6,9 +6,9 @@ from gpu_runner.api import KNOWN, BodyError, decode_body
 
 
 @pytest.mark.parametrize("raw, message", [
-    (b'{"prompt": "x", "max_tokens": "ten"}', "max_tokens: expected an integer, got a string"),
+    (b'{"prompt": "x", "max_tokens": "ten"}', "max_tokens: expected an integer or null, got a string"),
     (b'{"max_tokens": 0}', "max_tokens: expected an integer >= 1"),
-    (b'{"max_tokens": 4.0}', "max_tokens: expected an integer, got a number"),
+    (b'{"max_tokens": 4.0}', "max_tokens: expected an integer or null, got a number"),
     (b'{"temperature": -1}', "temperature: expected a number >= 0"),
     (b'{"temperature": 101}', "temperature: expected a number <= 100"),
     (b'{"temperature": 1e400}', "temperature: number out of range"),
@@ -18,9 +18,9 @@ from gpu_runner.api import KNOWN, BodyError, decode_body
     (b'{"stop": ["a", 3]}', "stop[1]: expected a string, got an integer"),
     (b'{"stop": [""]}', "stop[0]: expected a string of length >= 1"),
     (b'{"stop": ' + b'["a"]'[:-1] + b', "b"' * 16 + b']}', "stop: expected a list of length <= 16"),
-    (b'{"messages": [{"role": "user"}]}', "messages[0]: missing required field 'content'"),
+    (b'{"messages": [{"role": "user"}]}', "messages[0].content: missing"),
     (b'{"messages": []}', "messages: expected a list of length >= 1"),
-    (b'{"stream_options": "yes"}', "stream_options: expected an object, got a string"),
+    (b'{"stream_options": "yes"}', "stream_options: expected an object or null, got a string"),
     (b'[1, 2]', "body: expected an object, got a list"),
     (b'"hello"', "body: expected an object, got a string"),
     (b'{not json', "body is not valid JSON"),

@@ -3,60 +3,71 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
-from core.errors import WorkloadError, short
+import msgspec
+from msgspec import Meta
+
+from core.errors import WorkloadError, validation_message
 from core.workload.model import Request, Workload, as_int, located
 
 Tokenize = Callable[[str], list[int]]
 
 
+class RequestDoc(msgspec.Struct):
+    """One request as our JSON workload writes it. Its shape is declared here (msgspec checks
+    it, and words a refusal naming the field); the values' ranges are Request's own checks
+    (core.workload.model), shared by every workload format. Counts are read as other tools
+    write them (4, 4.0, "4"): Request refuses 4.5."""
+    id: str | int
+    arrival_ms: Any
+    prompt_tokens: Any = None
+    prompt_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    prompt: Any = None                         # text: tokenized by gpu_runner, kept verbatim here
+    output_tokens: Any = None
+    max_output_tokens: Any = None              # (another name for output_tokens)
+    tenant: str | None = None
+    abort_at_ms: Any = None
+    deadline_ms: Any = None
+    priority: Any = 0
+
+
+KNOWN = frozenset(RequestDoc.__struct_fields__)
+
+
 def request_from_dict(d: Any, where: str, tokenize: Tokenize | None = None) -> Request:
-    if not isinstance(d, dict):
-        raise WorkloadError(f"{where}: expected an object, got {type(d).__name__}")
-    known = {"id", "arrival_ms", "prompt_tokens", "prompt_ids", "prompt", "output_tokens",
-             "max_output_tokens", "tenant", "abort_at_ms", "deadline_ms", "priority"}
-    rid = d.get("id")
-    if rid is None:
-        raise WorkloadError(f"{where}.id: missing")
-    if isinstance(rid, int) and not isinstance(rid, bool):
-        rid = str(rid)
-    if not isinstance(rid, str):
-        raise WorkloadError(f"{where}.id: expected a string, got {short(rid)}")
-    if "arrival_ms" not in d:
-        raise WorkloadError(f"{where}.arrival_ms: missing")
-    ids = d.get("prompt_ids")
-    if ids is not None:
-        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                and t >= 0 for t in ids):
-            raise WorkloadError(f"{where}.prompt_ids: expected a list of non-negative integers")
-    elif isinstance(d.get("prompt"), str) and tokenize is not None:
-        ids = tokenize(d["prompt"])
+    try:
+        doc = msgspec.convert(d, RequestDoc)
+    except msgspec.ValidationError as e:
+        raise WorkloadError(validation_message(e, where, top=where)) from None
+    return _request(doc, d, where, tokenize)
+
+
+def _request(doc: RequestDoc, d: dict, where: str, tokenize: Tokenize | None) -> Request:
+    ids = doc.prompt_ids
+    if ids is None and isinstance(doc.prompt, str) and tokenize is not None:
+        ids = tokenize(doc.prompt)
     # Text tokenized here decides the length; otherwise prompt_tokens (e.g. a count for the
     # bundled byte tokenizer, so the simulator can use the same file).
-    n_prompt = len(ids) if ids is not None and (tokenize is not None or "prompt_tokens" not in d) \
-        else d.get("prompt_tokens")
+    n_prompt = len(ids) if ids is not None and (tokenize is not None or doc.prompt_tokens is None) \
+        else doc.prompt_tokens
     if n_prompt is None:
         hint = (" (prompt text is only tokenized by gpu_runner)" if "prompt" in d else "")
         raise WorkloadError(f"{where}: give prompt_tokens or prompt_ids{hint}")
-    n_out = d.get("output_tokens", d.get("max_output_tokens"))
+    n_out = doc.output_tokens if doc.output_tokens is not None else doc.max_output_tokens
     if n_out is None:
         raise WorkloadError(f"{where}.output_tokens: missing")
-    tenant = d.get("tenant")
-    if tenant is not None and not isinstance(tenant, str):
-        raise WorkloadError(f"{where}.tenant: expected a string or null, got {short(tenant)}")
     return Request(
-        id=rid,
-        arrival_ms=d["arrival_ms"],
+        id=str(doc.id),
+        arrival_ms=doc.arrival_ms,
         prompt_tokens=as_int(n_prompt, f"{where}.prompt_tokens"),
         max_output_tokens=as_int(n_out, f"{where}.output_tokens"),
         prompt_ids=tuple(ids) if ids is not None else None,
-        tenant=tenant,
-        abort_at_ms=d.get("abort_at_ms"),
-        deadline_ms=d.get("deadline_ms"),
-        priority=d.get("priority", 0),
-        extra={k: v for k, v in d.items() if k not in known} | (
-            {"prompt": d["prompt"]} if "prompt" in d else {}),
+        tenant=doc.tenant,
+        abort_at_ms=doc.abort_at_ms,
+        deadline_ms=doc.deadline_ms,
+        priority=doc.priority if doc.priority is not None else 0,
+        extra={k: v for k, v in d.items() if k not in KNOWN} | ({"prompt": d["prompt"]} if "prompt" in d else {}),
     )
 
 
@@ -68,10 +79,14 @@ def from_json_doc(doc: Any, name: str, tokenize: Tokenize | None) -> Workload:
     reqs = doc.get("requests")
     if not isinstance(reqs, list):
         raise WorkloadError(f"{name}: expected a 'requests' list at the top level")
+    try:   # every request's shape at once (msgspec), then each one's values
+        docs = msgspec.convert(reqs, list[RequestDoc])
+    except msgspec.ValidationError as e:
+        raise WorkloadError(validation_message(e, f"{name}: requests")) from None
     out = []
-    for i, d in enumerate(reqs):
+    for i, (shape, d) in enumerate(zip(docs, reqs)):
         try:
-            out.append(request_from_dict(d, f"{name}: requests[{i}]", tokenize))
+            out.append(_request(shape, d, f"{name}: requests[{i}]", tokenize))
         except WorkloadError as e:
             raise located(f"{name}: requests[{i}]", e) from None
     try:
