@@ -7,10 +7,13 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Annotated, Any
 
+import msgspec
 import torch
+from msgspec import Meta
 
-from core.errors import ConfigError, json_from_bytes, read_input_file, short
+from core.errors import ConfigError, json_from_bytes, read_input_file, short, validation_message
 from gpu_runner.model import ModelConfig, Transformer
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -45,57 +48,60 @@ def _type_name(v) -> str:
         type(v), type(v).__name__)
 
 
+Positive = Annotated[int, Meta(ge=1)]
+
+
+class RopeParameters(msgspec.Struct):
+    rope_type: str | None = "default"
+    rope_theta: Annotated[float, Meta(gt=0)] | None = None
+
+
+class HFConfig(msgspec.Struct):
+    """The fields of a Hugging Face config.json this runner reads, declared (msgspec checks them
+    and words a refusal naming the field); null or absent optional fields take their defaults."""
+    model_type: str | None = None
+    vocab_size: Positive | None = None        # required: None is refused below ("missing"/null)
+    hidden_size: Positive | None = None
+    num_hidden_layers: Positive | None = None
+    num_attention_heads: Positive | None = None
+    intermediate_size: Positive | None = None
+    num_key_value_heads: Positive | None = None   # default: num_attention_heads
+    head_dim: Positive | None = None               # default: hidden_size // num_attention_heads
+    max_position_embeddings: Positive | None = None   # default 2048
+    rope_theta: Annotated[float, Meta(gt=0)] | None = None   # default 10000 (or rope_parameters')
+    rope_parameters: RopeParameters | None = None
+    rope_scaling: Any = None
+    rms_norm_eps: Annotated[float, Meta(ge=0)] | None = None   # default 1e-6
+    tie_word_embeddings: bool | None = None
+    attention_bias: bool | None = None             # default: Qwen2's q/k/v biases
+
+
+REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
 def config_from_hf(cfg: dict, where: str = "config.json") -> ModelConfig:
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: expected a JSON object, got {_type_name(cfg)}")
-    mt = cfg.get("model_type")
-    if mt not in SUPPORTED:
-        raise ConfigError(f"{where}: model_type {short(mt)} is not supported (expected one of {', '.join(SUPPORTED)})")
-    if cfg.get("rope_scaling"):
-        raise ConfigError(f"{where}: rope_scaling {short(cfg['rope_scaling'])} is not supported by this runner")
-    rope_params = cfg.get("rope_parameters")
-    if rope_params is not None and not isinstance(rope_params, dict):
-        raise ConfigError(f"{where}: rope_parameters must be an object, got {_type_name(rope_params)}")
-    rope_params = rope_params or {}
-    if rope_params.get("rope_type", "default") not in ("default", None):
-        raise ConfigError(f"{where}: rope_parameters.rope_type {short(rope_params['rope_type'])} is not supported "
+    try:
+        c = msgspec.convert(cfg, HFConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{where}: {validation_message(e)}") from None
+    if c.model_type not in SUPPORTED:
+        raise ConfigError(f"{where}: model_type {short(c.model_type)} is not supported (expected one of "
+                          f"{', '.join(SUPPORTED)})")
+    if c.rope_scaling:
+        raise ConfigError(f"{where}: rope_scaling {short(c.rope_scaling)} is not supported by this runner")
+    rope = c.rope_parameters or RopeParameters()
+    if rope.rope_type not in ("default", None):
+        raise ConfigError(f"{where}: rope_parameters.rope_type {short(rope.rope_type)} is not supported "
                           "by this runner")
-
-    def integer(key, default=_REQUIRED):
-        v = cfg.get(key)
-        if v is None:  # absent or null: optional fields take their default
-            if default is _REQUIRED:
-                raise ConfigError(f"{where}: missing field {key!r}" if key not in cfg
-                                  else f"{where}: {key} must be an integer >= 1, got null")
-            return default
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{where}: {key} must be an integer >= 1, got {short(v)}")
-        return v
-
-    def number(key, v, default, low):
-        if v is None:
-            return default
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 \
-                or (v == 0 and low == "> 0"):
-            raise ConfigError(f"{where}: {key} must be a finite number {low}, got {short(v)}")
-        return float(v)
-
-    def flag(key, default):
-        v = cfg.get(key)
-        if v is None:
-            return default
-        if not isinstance(v, bool):
-            raise ConfigError(f"{where}: {key} must be true or false, got {short(v)}")
-        return v
-
-    vocab, dim, layers = integer("vocab_size"), integer("hidden_size"), integer("num_hidden_layers")
-    heads, hidden = integer("num_attention_heads"), integer("intermediate_size")
-    kv_heads = integer("num_key_value_heads", heads)
-    head_dim = integer("head_dim", None)
-    max_pos = integer("max_position_embeddings", 2048)
-    theta_key = "rope_theta" if cfg.get("rope_theta") is not None else "rope_parameters.rope_theta"
-    theta = number(theta_key, cfg.get("rope_theta", rope_params.get("rope_theta")), 10000.0, "> 0")
-    eps = number("rms_norm_eps", cfg.get("rms_norm_eps"), 1e-6, ">= 0")
+    for key in REQUIRED:
+        if getattr(c, key) is None:
+            raise ConfigError(f"{where}: {key}: missing" if key not in cfg else f"{where}: {key}: expected an "
+                              "integer >= 1, got null")
+    heads, dim = c.num_attention_heads, c.hidden_size
+    kv_heads = c.num_key_value_heads or heads
+    head_dim = c.head_dim
     if heads % kv_heads:
         raise ConfigError(f"{where}: num_attention_heads ({heads}) must be a multiple of "
                           f"num_key_value_heads ({kv_heads})")
@@ -104,11 +110,15 @@ def config_from_hf(cfg: dict, where: str = "config.json") -> ModelConfig:
                           "when head_dim is not given")
     if (head_dim or dim // heads) % 2:
         raise ConfigError(f"{where}: head_dim ({head_dim or dim // heads}) must be even (rotary positions)")
+    theta = c.rope_theta if c.rope_theta is not None else rope.rope_theta
     try:
-        return ModelConfig(vocab_size=vocab, dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
-                           head_dim=head_dim, hidden_dim=hidden, max_seq_len=max_pos, rope_theta=theta, norm_eps=eps,
-                           tie_embeddings=flag("tie_word_embeddings", False),
-                           qkv_bias=flag("attention_bias", mt == "qwen2"))
+        return ModelConfig(vocab_size=c.vocab_size, dim=dim, n_layers=c.num_hidden_layers, n_heads=heads,
+                           n_kv_heads=kv_heads, head_dim=head_dim, hidden_dim=c.intermediate_size,
+                           max_seq_len=c.max_position_embeddings or 2048,
+                           rope_theta=10000.0 if theta is None else float(theta),
+                           norm_eps=1e-6 if c.rms_norm_eps is None else float(c.rms_norm_eps),
+                           tie_embeddings=bool(c.tie_word_embeddings),
+                           qkv_bias=c.model_type == "qwen2" if c.attention_bias is None else c.attention_bias)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
 

@@ -14,36 +14,32 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from core.errors import ConfigError, short
+from core.config import check_options, opt
+from core.errors import ConfigError
 
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 258          # bytes 0-255, BOS 256, EOS 257
-    dim: int = 256                 # model width
-    n_layers: int = 4
-    n_heads: int = 8               # query heads
-    n_kv_heads: int = 2            # key/value heads (GQA: n_heads % n_kv_heads == 0)
-    head_dim: int | None = None    # default dim // n_heads
-    hidden_dim: int = 704          # SwiGLU inner width
-    max_seq_len: int = 2048        # rotary table length
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = True    # output head shares the input embedding
-    qkv_bias: bool = False         # Qwen2 puts biases on q/k/v
+    vocab_size: int = opt(258, "bytes 0-255, BOS 256, EOS 257", minimum=1)
+    dim: int = opt(256, "model width", minimum=1)
+    n_layers: int = opt(4, "decoder layers", minimum=1)
+    n_heads: int = opt(8, "query heads", minimum=1)
+    n_kv_heads: int = opt(2, "key/value heads (GQA: n_heads % n_kv_heads == 0)", minimum=1)
+    head_dim: int | None = opt(None, "default dim // n_heads", minimum=1)
+    hidden_dim: int = opt(704, "SwiGLU inner width", minimum=1)
+    max_seq_len: int = opt(2048, "rotary table length", minimum=1)
+    rope_theta: float = opt(10000.0, "rotary base", above=0)
+    norm_eps: float = opt(1e-5, "RMSNorm epsilon", minimum=0)
+    tie_embeddings: bool = opt(True, "output head shares the input embedding")
+    qkv_bias: bool = opt(False, "Qwen2 puts biases on q/k/v")
 
     def __post_init__(self):
         # Bad shapes are input errors (a checkpoint's config), reported with the field names
         # before any tensor is allocated.
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "hidden_dim", "max_seq_len"):
-            _check_positive_int(name, getattr(self, name))
-        if self.head_dim is not None:
-            _check_positive_int("head_dim", self.head_dim)
-        for name, low in (("rope_theta", "> 0"), ("norm_eps", ">= 0")):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                    or v < 0 or (v == 0 and low == "> 0"):
-                raise ConfigError(f"model config: {name} must be a finite number {low}, got {short(v)}")
+        try:
+            check_options(self)
+        except ConfigError as e:
+            raise ConfigError(f"model config: {e}") from None
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model config: n_heads ({self.n_heads}) must be a multiple of "
                               f"n_kv_heads ({self.n_kv_heads})")
@@ -57,11 +53,6 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def _check_positive_int(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError(f"model config: {name} must be an integer >= 1, got {short(v)}")
 
 
 class RMSNorm(nn.Module):
