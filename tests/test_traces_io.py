@@ -195,6 +195,31 @@ def test_chrome_trace_structure():
     assert sum(1 for e in ev if e["ph"] == "i" and e["name"].startswith("preempted")) == len(tr.preempts)
 
 
+@pytest.mark.parametrize("name", ["vllm_cpu_tiny_loadgen.json.gz", "runner_served_tiny_loadgen.json.gz"])
+def test_chrome_trace_draws_the_servers_sampled_metrics_as_counter_tracks(name):
+    """A capture client's /metrics samples (gauge events) become counter tracks of their own
+    process: one value per sample and series, equal to the file's (read here with the standard
+    library), KV usage in percent."""
+    import gzip
+    path = DATA / "traces" / name
+    samples = [e for e in json.loads(gzip.decompress(path.read_bytes()))["events"] if e["type"] == "gauge"]
+    assert samples
+    ev = chrome_trace(load_trace(path))["traceEvents"]
+    json.dumps(ev, allow_nan=False)
+    assert {"ph": "M", "pid": 3, "name": "process_name", "args": {"name": "server (sampled /metrics)"}} in ev
+    counters = [e for e in ev if e["ph"] == "C" and e["pid"] == 3]
+    by = {(e["name"], e["ts"]): e["args"] for e in counters}
+    for s in samples:
+        ts = s["t_ms"] * 1000.0
+        assert by[("requests", ts)] == {"running": s["running"], "waiting": s["waiting"]}
+        assert by[("kv_cache_usage_%", ts)]["kv_cache_usage_%"] == pytest.approx(100.0 * s["kv_usage"])
+        assert by[("prefix_cache_tokens_total", ts)] == {"queries": s["prefix_cache_queries"],
+                                                         "hits": s["prefix_cache_hits"]}
+    assert len(counters) == 4 * len(samples)
+    # a trace without samples gets no such process
+    assert not [e for e in chrome_trace(sim_trace())["traceEvents"] if e.get("pid") == 3]
+
+
 def test_csv_export_leaves_missing_tpot_empty():
     tr = load_trace(DATA / "traces" / "chapter31_continuous.json")
     lines = metrics_csv(tr).strip().splitlines()

@@ -3,6 +3,9 @@
 Chrome trace layout:
 - process 1 "scheduler": one complete slice ("X") per step on thread 1, named by its batch
   composition; counter tracks ("C") running, waiting, kv_used_blocks;
+- process 3 "server (sampled /metrics)": counter tracks of the trace's `gauge` events (a capture
+  client's scrapes of the server's /metrics: running and waiting requests, KV-cache usage in %,
+  preemptions and prefix-cache queries and hits so far), each a value where it was sampled;
 - process 2 "requests": one thread per request with slices "queued" (arrival -> first
   scheduled step, or -> first token without step events), "prefill" (first step -> first
   token), "decode" (first -> last token), and an instant ("i") per token;
@@ -19,7 +22,31 @@ import numpy as np
 from core.analysis.metrics import request_metrics, request_spans
 from core.errors import InputError
 
-SCHED_PID, REQ_PID = 1, 2
+SCHED_PID, REQ_PID, GAUGE_PID = 1, 2, 3
+# gauge fields -> (counter track, series, scale): fields sampled together share a track
+GAUGE_TRACKS = {"running": ("requests", "running", 1.0), "waiting": ("requests", "waiting", 1.0),
+                "kv_usage": ("kv_cache_usage_%", "kv_cache_usage_%", 100.0),
+                "preemptions": ("preemptions_total", "preemptions_total", 1.0),
+                "prefix_cache_queries": ("prefix_cache_tokens_total", "queries", 1.0),
+                "prefix_cache_hits": ("prefix_cache_tokens_total", "hits", 1.0)}
+
+
+def gauge_counters(trace) -> list[dict]:
+    """Counter events ("C") of the trace's gauge samples, one per sample and track (a field a
+    sample lacks is left out of its event, not drawn as 0)."""
+    us, out = 1000.0, []
+    gauges = trace.events_of("gauge")
+    if gauges:
+        out.append({"ph": "M", "pid": GAUGE_PID, "name": "process_name", "args": {"name": "server (sampled /metrics)"}})
+    for g in gauges:
+        tracks: dict[str, dict] = {}
+        for field, (track, series, scale) in GAUGE_TRACKS.items():
+            v = g.get(field)
+            if v is not None:
+                tracks.setdefault(track, {})[series] = float(v) * scale
+        out += [{"ph": "C", "pid": GAUGE_PID, "name": track, "ts": float(g["t_ms"]) * us, "args": args}
+                for track, args in tracks.items()]
+    return out
 
 
 def chrome_trace(trace) -> dict:
@@ -67,6 +94,7 @@ def chrome_trace(trace) -> dict:
     for r, t, reason in zip(trace.preempts["req"].tolist(), trace.preempts["t_ms"].tolist(),
                             trace.preempts["reason"].tolist()):
         ev.append({"ph": "i", "s": "t", "pid": REQ_PID, "tid": r + 1, "name": f"preempted ({reason})", "ts": t * us})
+    ev += gauge_counters(trace)
     return {"traceEvents": ev, "displayTimeUnit": "ms",
             "otherData": {"source": trace.source, "label": trace.label, "created": str(trace.meta.get("created", ""))}}
 
