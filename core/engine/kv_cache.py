@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.engine.admission import blocks_for
 from core.engine.block_pool import BlockPool, OutOfBlocks
 from core.engine.kvlog import KVLog
 from core.engine.prefix_cache import PrefixCache, block_hash, extra_key
@@ -71,7 +72,7 @@ class KVCacheManager:
         return self.ref[b] == 0
 
     def blocks_for(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return blocks_for(num_tokens, self.block_size)
 
     def match_prefix(self, token_ids, salt: str | None = None, max_tokens: int | None = None) -> list[int]:
         """Physical blocks holding the longest cached exact prefix of `token_ids` (full

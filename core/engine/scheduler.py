@@ -548,9 +548,13 @@ class Scheduler:
 
     # ---- what happened ----------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
+        return SchedulerStats(*self._gauges())
+
+    def _gauges(self) -> tuple:
+        """SchedulerStats' fields now, as a plain tuple (made once per step)."""
         kv = self.kv
-        return SchedulerStats(len(self.running), len(self.waiting), kv.num_used, kv.num_blocks, self.num_preemptions,
-                              kv.counts["hit"])
+        return (len(self.running), len(self.waiting), kv.num_used, kv.num_blocks, self.num_preemptions,
+                kv.counts["hit"])
 
     def has_outputs(self) -> bool:
         """Something happened outside a step (arrivals queued or rejected, cancellations)."""
@@ -560,11 +564,7 @@ class Scheduler:
                      token_reqs=EMPTY, token_index=EMPTY, token_ids=None) -> EngineOutputs:
         """Everything that happened since the last EngineOutputs (with a step's tokens, when
         given), and forget it."""
-        kv = self.kv
-        p = kv.pool
-        gauges = (len(self.running), len(self.waiting),
-                  kv.num_blocks - (len(p.free_plain) + (p.num_blocks - p.fresh) + len(p.free_cached)),
-                  kv.num_blocks, self.num_preemptions, kv.counts["hit"])
+        gauges = self._gauges()
         fin, queued, preempted, started = self._finished, self._queued, self._preempted, None
         if fin:
             self._finished = []
