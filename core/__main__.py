@@ -42,9 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trace to write: .json, .json.gz, .parquet (written while it is simulated), "
                         "or a name ending in / (a directory of Parquet parts)")
 
-    m = sub.add_parser("metrics", help="per-request and summary metrics of a trace or a vLLM result file")
+    m = sub.add_parser("metrics", help="per-request and summary metrics of a trace or another tool's file")
     gz = f"gzip input may inflate to at most {MAX_DECOMPRESSED_BYTES / 2**30:g} GiB, compressed once"
-    m.add_argument("trace", help=f"serving-trace/1 (.json, .json.gz, .parquet) or a vLLM/SGLang result JSON; {gz}")
+    m.add_argument("trace", help=f"serving-trace/1 (.json, .json.gz, .parquet), a benchmark client's file or "
+                                 f"directory (vllm bench serve, SGLang, AIPerf, guidellm, inference-perf), vLLM's "
+                                 f"iteration log, OTLP/JSON spans or recorded KV events (docs/imports.md); {gz}")
+    m.add_argument("--run", type=_nonneg_int, help="a file with several runs (guidellm benchmarks): which one "
+                                                   "(default 0)")
     m.add_argument("--window", nargs=2, type=_finite_float, metavar=("START_MS", "END_MS"),
                    help="fixed throughput window (default: drain window [first arrival, last emission])")
     m.add_argument("--usd-per-hour", type=_nonneg_float, help="flat resource tariff for cost figures")
@@ -73,11 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fit", help="fit a step model to a trace's step events (or, --from-requests, to its "
                                    "per-request TTFT and E2E); write it as a model file")
-    f.add_argument("trace", help="a trace with step and batch events (simulated or measured); with --from-requests "
-                                 "also a trace without them or a vLLM/SGLang result JSON with send times")
+    f.add_argument("trace", help="a trace with step and batch events (simulated or measured), or an engine's "
+                                 "iteration log (vLLM --enable-logging-iteration-details: counts per step, affine "
+                                 "model); with --from-requests also a trace without steps or a client's result file "
+                                 "with send times")
     f.add_argument("--model", choices=("affine", "features"),
                    help="affine: base + prefill tokens + decoding sequences; features: also attended positions of "
-                        "prefill and decode, and prefill pieces (default features; with --from-requests affine)")
+                        "prefill and decode, and prefill pieces (default features; with --from-requests and for "
+                        "iteration logs affine)")
     f.add_argument("--out", metavar="MODEL.json", help="write the model file (for --step-model-file)")
     f.add_argument("--json", action="store_true", help="print one JSON object")
     f.add_argument("--from-requests", action="store_true",
@@ -153,12 +160,15 @@ def cmd_fit(a) -> int:
         sm, report = fit_from_requests(tr.trace if isinstance(tr, Imported) else tr, from_args(SchedulerConfig, a),
                                        a.model or "affine", search_rounds=a.search_rounds,
                                        send_times_known=not (isinstance(tr, Imported) and tr.aligned_at_zero))
-    elif isinstance(tr, Imported):
-        raise InputError(f"{a.trace}: an engine's result file has no step events to fit a step model to; "
+    elif isinstance(tr, Imported) and (tr.trace is None or not len(tr.trace.steps)):
+        raise InputError(f"{a.trace}: {tr.label} has no step events to fit a step model to; "
                          f"--from-token-times fits one to the steps inferred from its streamed tokens, "
-                         f"--from-requests to its per-request TTFT and E2E")
+                         f"--from-requests to its per-request TTFT and E2E; an engine's iteration log "
+                         f"(vLLM --enable-logging-iteration-details) has its steps")
     else:
-        sm, report = fit(tr, a.model or "features")
+        from core.fit.stepfit import counted_steps
+        steps_of = tr.trace if isinstance(tr, Imported) else tr
+        sm, report = fit(steps_of, a.model or ("affine" if counted_steps(steps_of) else "features"))
     if a.out:
         write_output(a.out, lambda p: save(p, sm, report), "--out")
     if a.json:
@@ -225,34 +235,95 @@ def cmd_metrics(a) -> int:
     from core.trace import Imported
     got = _read(a.trace)
     imp = got if isinstance(got, Imported) else None
+    if imp and imp.runs and a.run is not None:
+        if not 0 <= a.run < len(imp.runs):
+            raise InputError(f"--run: the file holds runs 0..{len(imp.runs) - 1}, got {a.run}")
+        imp = imp.runs[a.run]
+    elif a.run not in (None, 0):
+        raise InputError(f"--run: {a.trace} holds one run (0), got {a.run}")
     tr = imp.trace if imp else got
     if imp and tr is None:
-        out = {"source": "imported", "requests": [], "summary": {"failed": None}, "file_summary": imp.file_summary,
-               "notes": imp.notes}
+        out = {"source": "imported", "tool": imp.tool, "what": imp.what, "requests": [], "summary": {"failed": None},
+               "file_summary": imp.file_summary, "notes": imp.notes}
         if a.json:
             print(json.dumps(out, allow_nan=False))
-        else:
-            print(f"{a.trace}: {imp.notes[0]}")
-            for k, v in imp.file_summary.items():
-                print(f"  {k}: {v}")
+            return 0
+        print(f"{a.trace}: {imp.notes[0]}")
+        for k, v in imp.file_summary.items():
+            print(f"  {k}: {v}")
         return 0
     out = summarize(tr, window=a.window, usd_per_hour=a.usd_per_hour, slo=slo_from_args(a))
     if imp:
+        out.update(_imported_fields(imp))
         out["summary"]["failed"] = len(imp.failed)
-        out["failed"] = imp.failed
-        out["file_summary"] = imp.file_summary
         out["summary"]["notes"] = imp.notes + out["summary"]["notes"]
     if a.json:
         print(json.dumps(out, allow_nan=False))
         return 0
-    s = out["summary"]
-    print(f"{a.trace}: source={out['source']} label={out['label']!r}")
+    _print_metrics(a, out)
+    return 0
+
+
+def _imported_fields(imp) -> dict:
+    """What metrics --json adds for another tool's file: the tool, its own numbers beside ours
+    (computed its way), where each value was measured, and the runs the file holds."""
+    from core.analysis.tools import tool_comparison
+    cmp = tool_comparison(imp)
+    out = {"tool": imp.tool, "what": imp.what, "failed": imp.failed, "file_summary": imp.file_summary,
+           "provenance": imp.origin,
+           "tool_comparison": [{k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+                               for row in cmp.to_dict("records")]}
+    if imp.runs:
+        out["runs"] = [r.run_label for r in imp.runs]
+        out["run"] = imp.runs.index(imp)
+    return out
+
+
+def _print_requests(out):
     print(f"{'id':>10} {'arrival':>10} {'TTFT ms':>10} {'TPOT ms':>10} {'E2E ms':>10} {'tokens':>7}")
     for r in out["requests"][:50]:
-        print(f"{r['id']:>10} {r['arrival_ms']:>10.3f} {_fmt(r['ttft_ms']):>10} {_fmt(r['tpot_ms']):>10} "
+        print(f"{r['id'][-10:]:>10} {r['arrival_ms']:>10.3f} {_fmt(r['ttft_ms']):>10} {_fmt(r['tpot_ms']):>10} "
               f"{_fmt(r['e2e_ms']):>10} {r['output_tokens']:>7}")
     if len(out["requests"]) > 50:
         print(f"... {len(out['requests']) - 50} more requests (use --json for all)")
+
+
+def _print_metrics(a, out):
+    s = out["summary"]
+    print(f"{a.trace}: source={out['source']} label={out['label']!r}" + (f" tool={out['tool']!r}" if "tool" in out
+                                                                          else ""))
+    if "runs" in out:
+        print("runs in the file: " + ", ".join(f"{k}: {r}" for k, r in enumerate(out["runs"]))
+              + f" (showing {out['run']}; --run K for another)")
+    if s["requests"]:
+        _print_requests(out)
+        _print_request_summary(s)
+    else:
+        print("no requests: the file holds engine-side records only (steps, KV events)")
+    st = s.get("steps")
+    if st:
+        d = st["dur_ms"]
+        tokens = "".join(f", {st[k]:,} {k.replace('_', ' ')}" for k in ("prefill_tokens", "decode_tokens") if k in st)
+        print(f"steps: {st['steps']:,} over {(st['span_ms'][1] - st['span_ms'][0]) / 1000:,.3f} s, busy "
+              f"{st['busy_ms']:,.3f} ms ({_fmt(st['busy_fraction'])}); duration mean {_fmt(d['mean'])} ms, p50 "
+              f"{_fmt(d['median'])}, p99 {_fmt(d['p99'])}{tokens}")
+    kv = s.get("kv_events")
+    if kv:
+        print(f"engine prefix cache (KV events): {kv['stored_blocks']:,} blocks stored, {kv['removed_blocks']:,} "
+              f"removed, {kv['cleared']} clear(s), at most {kv['peak_cached_blocks']:,} cached at once")
+    for row in out.get("tool_comparison", []):
+        rel = row["relative_difference"]
+        print(f"{out['tool']} {row['metric']} {row['stat']}: file {_fmt(row['file'])}, ours {_fmt(row['ours'])}"
+              + ("" if rel is None else f" ({rel:+.3%})"))
+    for n in s["notes"] + s["conservation_problems"]:
+        print(f"note: {n}")
+    for f in out.get("failed", []):
+        print(f"failed: request {f['id']} (#{f['index']}): {f['error']}")
+    if "failed" in s:
+        print(f"failed requests: {s['failed']}")
+
+
+def _print_request_summary(s):
     w0, w1 = s["window_ms"]
     print(f"output throughput: {s['output_tokens']} tokens / {(w1 - w0) / 1000:g} s = "
           f"{_fmt(s['output_tok_per_s'])} tok/s over the {s['window_kind']} window [{w0:g}, {w1:g}] ms")
@@ -277,17 +348,10 @@ def cmd_metrics(a) -> int:
     print(f"Little's law: L = {_fmt(ll['L'])} requests in system, lambda W = {_fmt(ll['lambda_W'])} "
           f"(lambda = {_fmt(ll['arrival_rate_per_s'])} req/s, W = {_fmt(ll['W_ms'])} ms)")
     u = s["utilisation"]
-    if u is not None:
+    if u is not None and u["running_peak"] is not None:
         kv = (f"; KV blocks in use: mean {_fmt(u['kv_used_blocks_mean'])}, peak {u['kv_used_blocks_peak']}"
               + (f" of {u['kv_blocks']}" if "kv_blocks" in u else ""))
         print(f"running sequences: mean {_fmt(u['running_mean'])}, peak {u['running_peak']}{kv}")
-    for n in s["notes"] + s["conservation_problems"]:
-        print(f"note: {n}")
-    for f in out.get("failed", []):
-        print(f"failed: request {f['id']} (#{f['index']}): {f['error']}")
-    if "failed" in s:
-        print(f"failed requests: {s['failed']}")
-    return 0
 
 
 def cmd_sweep(a) -> int:

@@ -30,13 +30,10 @@ import orjson
 
 from core.errors import InputError
 from core.trace import save_trace
+from core.trace.gauges import gauge_event
 from core.workload import Workload
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus" / "pydoc_topics.txt"
-GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-          "vllm:kv_cache_usage_perc": "kv_usage", "vllm:gpu_cache_usage_perc": "kv_usage",
-          "vllm:num_preemptions_total": "preemptions", "vllm:prefix_cache_queries_total": "prefix_cache_queries",
-          "vllm:prefix_cache_hits_total": "prefix_cache_hits"}
 
 
 def prompt_ids(workload: Workload) -> list[list[int]]:
@@ -136,13 +133,9 @@ class Capture:
         while not stop.is_set():
             try:
                 r = await client.get(f"{self.url}/metrics", timeout=5)
-                g = {"t_ms": self.now_ms(), "type": "gauge"}
-                for fam in text_string_to_metric_families(r.text):
-                    for s in fam.samples:
-                        key = GAUGES.get(s.name)
-                        if key is not None:
-                            g[key] = g.get(key, 0.0) + float(s.value)   # summed over label sets (engines)
-                if len(g) > 2:
+                g = gauge_event(self.now_ms(), ((s.name, s.value) for fam in text_string_to_metric_families(r.text)
+                                                for s in fam.samples))
+                if g is not None:
                     self.gauges.append(g)
             except (httpx.HTTPError, ValueError):
                 pass

@@ -154,8 +154,8 @@ def test_vllm_output_lens_bounded_before_allocating(tmp_path, capsys, n):
 
 
 def test_vllm_total_output_tokens_bounded(tmp_path, monkeypatch):
-    from core.trace import engines
-    monkeypatch.setattr(engines, "MAX_IMPORT_TOKENS", 4)
+    from core.trace.imports import vllm_bench
+    monkeypatch.setattr(vllm_bench, "MAX_IMPORT_TOKENS", 4)
     res = {"ttfts": [0.1, 0.1], "itls": [[0.1], [0.1]], "output_lens": [3, 2], "input_lens": [1, 1]}
     with pytest.raises(TraceError, match="v.json: output_lens: 5 output tokens in all"):
         open_trace(write(tmp_path, "v.json", res))

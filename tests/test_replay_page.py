@@ -74,7 +74,7 @@ def test_uploads_with_same_name_and_tokens_never_share_cached_results():
 
 @pytest.mark.parametrize("blob,msg", [
     (b"\x1f\x8b\x08\x00\x00", "gzip"),
-    (b"not json at all", "not valid JSON"),
+    (b"not json at all", "not a format we read"),
     (json.dumps({"schema": "serving-trace/1", "meta": {"source": "given"},
                  "requests": [{"id": "A", "arrival_ms": 10, "prompt_tokens": 1, "max_output_tokens": 1}],
                  "events": [{"t_ms": 5, "type": "token", "req": "A", "index": 0}]}).encode(), "before its arrival"),

@@ -3,6 +3,9 @@ numbers computed on imported results agree with the file's own summary):
 
 - TTFT  = first token time - arrival
 - E2E   = last token time - arrival
+- request latency = finish time - arrival, for requests with output: the end of the response,
+  which a client may see after its last token (inference-perf's request_latency); equal to
+  E2E when the finish is recorded at the last token
 - TPOT  = (E2E - TTFT) / (n - 1) for n >= 2 output tokens; missing (None/NaN), never 0,
           for one-token outputs
 - ITL   = gaps between successive emission times of a request; tokens released together
@@ -78,8 +81,9 @@ def first_scheduled_ms(trace) -> np.ndarray:
 
 def request_metrics(trace) -> pd.DataFrame:
     """One row per request (in trace order): id, arrival_ms, first_token_ms, last_token_ms,
-    output_tokens (emitted), ttft_ms, tpot_ms (NaN when n < 2), e2e_ms, finish_reason (None:
-    no finish event, e.g. an interrupted capture)."""
+    output_tokens (emitted), ttft_ms, tpot_ms (NaN when n < 2), e2e_ms, latency_ms (finish -
+    arrival; NaN without output or without a finish event), finish_reason (None: no finish
+    event, e.g. an interrupted capture)."""
     req = trace.requests
     n = len(req)
     first, last, count = token_spans(trace)
@@ -89,12 +93,15 @@ def request_metrics(trace) -> pd.DataFrame:
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(count >= 2, (last - first) / np.maximum(count - 1, 1), np.nan)
     reason = np.full(n, None, dtype=object)
+    finish = np.full(n, np.nan)
     if len(trace.finishes):
         f = trace.finishes
         reason[f["req"].to_numpy()] = f["reason"].to_numpy()
+        finish[f["req"].to_numpy()] = f["t_ms"].to_numpy(dtype=float)
+    latency = np.where(count > 0, finish - arrival, np.nan)
     return pd.DataFrame({"id": req["id"].to_numpy(), "arrival_ms": arrival, "first_token_ms": first,
                          "last_token_ms": last, "output_tokens": count, "ttft_ms": ttft,
-                         "tpot_ms": tpot, "e2e_ms": e2e,
+                         "tpot_ms": tpot, "e2e_ms": e2e, "latency_ms": latency,
                          "finish_reason": pd.Series(reason, dtype=object)})  # object: None stays None
 
 
@@ -315,16 +322,45 @@ def utilisation(trace, window: tuple[float, float] | None = None) -> dict | None
     overlap = np.clip(np.minimum(t1, end) - np.maximum(t0, start), 0.0, None)
     span = end - start
     out = {"window_ms": [start, end]}
+    recorded = False
     for key, col in (("running", "running"), ("kv_used_blocks", "kv_used_blocks")):
         v = st[col].to_numpy(dtype=float)
+        if (v < 0).all():          # -1: not recorded (an engine's iteration log)
+            out[f"{key}_mean"] = out[f"{key}_peak"] = None
+            continue
+        recorded = True
         out[f"{key}_mean"] = float((v * overlap).sum() / span) if span > 0 else None
         out[f"{key}_peak"] = int(v.max())
+    if not recorded:
+        return None
     total = trace.meta.get("stats", {}).get("kv_blocks")
     if total:
         out["kv_blocks"] = int(total)
         mean = out["kv_used_blocks_mean"]
         out["kv_used_fraction_mean"] = None if mean is None else mean / total
         out["kv_used_fraction_peak"] = out["kv_used_blocks_peak"] / total
+    return out
+
+
+def step_summary(trace) -> dict | None:
+    """The step events on their own (None without them): how many, their span [first start,
+    last end], busy time (the sum of durations) and its share of the span, the duration
+    distribution, and, for steps that carry counts (an engine's iteration log), the prefill and
+    decode tokens they computed."""
+    st = trace.steps
+    if not len(st):
+        return None
+    t0 = st["t_ms"].to_numpy(dtype=float)
+    dur = st["dur_ms"].to_numpy(dtype=float)
+    lo, hi = float(t0.min()), float((t0 + dur).max())
+    d = distribution(dur, "step duration")
+    d.pop("notes")
+    out = {"steps": int(len(st)), "span_ms": [lo, hi], "busy_ms": float(dur.sum()),
+           "busy_fraction": float(dur.sum() / (hi - lo)) if hi > lo else None, "dur_ms": d}
+    for col in ("prefill_tokens", "decode_tokens"):
+        v = st[col].to_numpy() if col in st else np.empty(0)
+        if len(v) and (v >= 0).all():
+            out[col] = int(v.sum())
     return out
 
 
@@ -347,8 +383,10 @@ def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENT
         "tpot_ms": distribution(m["tpot_ms"], "TPOT", percentiles),
         "itl_ms": distribution(itl_gaps(trace), "ITL", percentiles),
         "e2e_ms": distribution(m["e2e_ms"], "E2E", percentiles),
+        "latency_ms": distribution(m["latency_ms"], "request latency", percentiles),
     }
-    notes = [n for d in dists.values() for n in d.pop("notes")]
+    dists["latency_ms"].pop("notes")    # the same samples as E2E's notes (or none: no finish events)
+    notes = [n for d in dists.values() for n in d.pop("notes", ())] if len(m) else []   # no requests: no notes
     single = int((m["output_tokens"] == 1).sum())
     if single:
         notes.append(f"{single} request(s) with one output token have no TPOT (missing, not 0)")
@@ -374,6 +412,11 @@ def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENT
         "littles_law": littles_law(trace, None if window is None else (tp.start_ms, tp.end_ms), m),
         "utilisation": utilisation(trace, None if window is None else (tp.start_ms, tp.end_ms)),
     }
+    if len(trace.steps):
+        summary["steps"] = step_summary(trace)
+    if len(getattr(trace, "kv_events", ())):
+        from core.analysis.kv_events import kv_event_summary
+        summary["kv_events"] = kv_event_summary(trace.kv_events)
     met = None
     if slo is not None and slo.given():
         summary["slo"], met = slo_summary(trace, slo, m, tp)

@@ -76,10 +76,32 @@ def entry_start_positions(trace) -> np.ndarray:
     return out
 
 
+def counted_steps(trace) -> bool:
+    """Steps that carry counts instead of batch entries (an engine's iteration log): prefill
+    tokens, prefill and decode requests are known, attended positions are not."""
+    st = trace.steps
+    return bool(len(st)) and not len(trace.batch) and "prefill_tokens" in st and bool((st["prefill_tokens"] >= 0).all())
+
+
+def counted_features(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """trace_features of counted steps: 1, prefill tokens, decoding requests, -, -, prefill
+    requests (positions unknown: 0). Steps that did no work are left out."""
+    st = trace.steps
+    X = np.zeros((len(st), len(FEATURES)))
+    X[:, 0] = 1.0
+    X[:, 1] = st["prefill_tokens"].to_numpy(dtype=float)
+    X[:, 2] = st["decode_reqs"].to_numpy(dtype=float)
+    X[:, 5] = st["prefill_reqs"].to_numpy(dtype=float)
+    has = (X[:, 1] + X[:, 2]) > 0
+    return st["step"].to_numpy()[has], X[has], st["dur_ms"].to_numpy(dtype=float)[has]
+
+
 def trace_features(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(step numbers, features [steps x FEATURES], durations ms) of the trace's steps that
-    have batch events."""
+    have batch events (or counts: counted_steps)."""
     st, b = trace.steps, trace.batch
+    if counted_steps(trace):
+        return counted_features(trace)
     if not len(st) or not len(b):
         return np.zeros(0, dtype=np.int64), np.zeros((0, len(FEATURES))), np.zeros(0)
     start = entry_start_positions(trace).astype(float)
@@ -105,6 +127,9 @@ def fit(trace, model: str = "features", until_ms: float | None = None) -> tuple[
     start before it) and its fit report."""
     if model not in MODELS:
         raise ConfigError(f"model: expected one of {', '.join(MODELS)}, got {model!r}")
+    if model == "features" and counted_steps(trace):
+        raise ConfigError("fit: the trace's steps carry counts, not batch entries (an engine's iteration log): the "
+                          "attended positions the 'features' model needs are unknown; fit --model affine")
     steps, X, y = trace_features(trace)
     if until_ms is not None:
         keep = step_starts(trace, steps) < until_ms

@@ -9,7 +9,8 @@ Modules, by job:
   validate.py   the precise path: field-by-field checks and one clear error
   parquet.py    the columnar Parquet form
   build.py      traces from the scheduler log, from given emission times
-  engines.py    vLLM / SGLang benchmark result files
+  imports/      other tools' files: benchmark clients (vLLM, SGLang, AIPerf, guidellm, inference-perf),
+                vLLM's iteration log, OpenTelemetry spans and KV events (imports/__init__.py)
   open.py       open_trace: any input, sniffed from its content
   save.py       save_trace: a file (JSON, gzip, Parquet, Parquet parts) chosen by its name
 """
@@ -21,8 +22,9 @@ import importlib
 # schema and the Parquet writer, never imports pandas.
 _WHERE = {
     "given_trace": "build", "new_trace": "build", "trace_from_records": "build",
-    "Imported": "engines", "file_summary_comparison": "engines", "file_window_comparison": "engines",
-    "import_vllm": "engines", "looks_like_vllm": "engines",
+    "Imported": "imports.imported", "stats_comparison": "imports.imported",
+    "file_summary_comparison": "imports.vllm_bench", "file_window_comparison": "imports.vllm_bench",
+    "import_vllm": "imports.vllm_bench", "looks_like_vllm": "imports.vllm_bench",
     "no_gc": "jsoncodec", "parse_json_bytes": "jsoncodec", "to_doc": "jsoncodec", "trace_json": "jsoncodec",
     "save_trace": "save",
     "Trace": "model",
@@ -47,9 +49,4 @@ def __dir__():
     return sorted(set(globals()) | set(_WHERE))
 
 
-__all__ = ["BATCH_COLS", "FINISH_COLS", "Imported", "KINDS", "KV_COLS", "PARQUET_KEY", "PREEMPT_COLS",
-           "REQUEST_FIELDS", "SCHEMA", "SOURCES", "STEP_COLS", "TOKEN_COLS", "TOKEN_SOURCES", "Trace",
-           "file_summary_comparison", "file_window_comparison", "given_trace", "import_vllm", "is_parquet",
-           "load_trace", "looks_like_vllm", "new_trace", "no_gc", "open_trace", "parse_json_bytes", "parse_trace",
-           "save_trace", "to_doc", "to_parquet_bytes", "trace_from_doc", "trace_from_parquet",
-           "trace_from_records", "trace_json"]
+__all__ = sorted(_WHERE)

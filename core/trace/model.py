@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from core.trace.schema import BATCH, FINISH, KV, PREEMPT, STEP, TABLE_EVENTS, TOKEN, Field, Record, dtype
+from core.trace.schema import BATCH, FINISH, KV, KV_EVENT, PREEMPT, STEP, TABLE_EVENTS, TOKEN, Field, Record, dtype
 from core.workload import MAX_TIME_MS, Request, Workload
 
 
@@ -95,6 +95,7 @@ class Trace:
     steps: pd.DataFrame = field(default_factory=lambda: empty(STEP))
     batch: pd.DataFrame = field(default_factory=lambda: empty(BATCH))  # one row per (step, req)
     kv: pd.DataFrame = field(default_factory=lambda: empty(KV))
+    kv_events: pd.DataFrame = field(default_factory=lambda: empty(KV_EVENT))  # the engine's prefix cache
     preempts: pd.DataFrame = field(default_factory=lambda: empty(PREEMPT))
     other: list = field(default_factory=list)          # spec, tiles, unknown events, verbatim
     request_extra: list = field(default_factory=list)  # per request: other fields, verbatim

@@ -1,15 +1,19 @@
 """One way in for every trace input. The content decides, never the file name:
 - Parquet magic `PAR1`: the columnar form (parquet.py);
-- otherwise JSON, gzip-compressed or not (detected from the bytes): a document with a
-  `schema` key is a serving trace (jsoncodec.py, validate.py); a vLLM / SGLang serving
-  benchmark result (engines.py) becomes an `Imported` carrying its trace.
+- JSON, gzip-compressed or not (detected from the bytes): a document with a `schema` key is a
+  serving trace (jsoncodec.py, validate.py);
+- anything else another tool wrote (imports/sniff.py): benchmark clients' files, vLLM's
+  iteration log, spans and KV events become an `Imported` carrying its trace; a file of a
+  known tool that we do not read gets one line saying what it is and what we read instead;
+- a directory: Parquet parts of one trace, or a tool's output directory (imports/sniff.py).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from core.errors import TraceError, read_input_file
-from core.trace.engines import Imported, import_vllm, looks_like_vllm
+from core.trace.imports.imported import Imported
+from core.trace.imports.sniff import import_directory, import_doc, import_text
 from core.trace.jsoncodec import no_gc, parse_json_bytes
 from core.trace.jsonstream import decode_fast
 from core.trace.model import Trace
@@ -17,7 +21,7 @@ from core.trace.parquet import is_parquet, trace_from_parquet
 from core.trace.validate import trace_from_doc
 
 
-def _read(data: bytes | str, name: str, engines: bool) -> Trace | Imported:
+def _read(data: bytes | str, name: str, engines: bool, path: Path | None = None) -> Trace | Imported:
     with no_gc():
         if isinstance(data, str):  # JSON text
             doc = parse_json_bytes(data, name)
@@ -27,9 +31,15 @@ def _read(data: bytes | str, name: str, engines: bool) -> Trace | Imported:
             tr = decode_fast(data, name)   # inflates gzip as it decodes (bounded)
             if tr is not None:
                 return tr
+            if engines:
+                imp = import_text(data, name, path)   # not one JSON document: JSON lines, logs, YAML, CSV
+                if imp is not None:
+                    return imp
             doc = parse_json_bytes(data, name)
-        if engines and looks_like_vllm(doc):
-            return import_vllm(doc, name)
+        if engines:
+            imp = import_doc(doc, name, path)
+            if imp is not None:
+                return imp
         return trace_from_doc(doc, name)
 
 
@@ -37,10 +47,9 @@ def open_trace(src: str | Path | bytes, name: str | None = None) -> Trace | Impo
     """A Trace, or an engine's benchmark result as an Imported (its `.trace`, `.failed`,
     `.file_summary`, `.notes`), from a path or the file's bytes; `name` labels errors."""
     if isinstance(src, (str, Path)):
-        if Path(src).is_dir():   # a partitioned trace: a directory of Parquet parts
-            from core.trace.parquet import trace_from_parquet_dir
-            return trace_from_parquet_dir(src)
-        return _read(read_input_file(src, "trace", TraceError), name or Path(src).name, engines=True)
+        if Path(src).is_dir():   # Parquet parts of one trace, or a tool's output directory
+            return import_directory(Path(src))
+        return _read(read_input_file(src, "trace", TraceError), name or Path(src).name, engines=True, path=Path(src))
     return _read(bytes(src), name or "trace", engines=True)
 
 

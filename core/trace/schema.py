@@ -187,6 +187,13 @@ STEP = Record("step", "steps", "one forward pass starting at t_ms", (
     Field("waiting", "int", "waiting requests (-1: not recorded)", default=-1, lo=0),
     Field("kv_used_blocks", "int", "KV blocks in use (-1: not recorded)", default=-1, lo=0),
     Field("kv_free_blocks", "int", "KV blocks free (-1: not recorded)", default=-1, lo=0),
+    Field("prefill_reqs", "int", "engines that log counts, not requests (vLLM's iteration log): requests in "
+          "prefill (its 'context requests'; -1 or absent: not recorded)", default=-1, lo=0, write="present"),
+    Field("prefill_tokens", "int", "those requests' prompt tokens computed in the step (uncached only)",
+          default=-1, lo=0, write="present"),
+    Field("decode_reqs", "int", "requests decoding (its 'generation requests')", default=-1, lo=0,
+          write="present"),
+    Field("decode_tokens", "int", "tokens they generated in the step", default=-1, lo=0, write="present"),
 ), order=1)
 
 KV = Record("kv", "kv", "a physical KV block changed", (
@@ -199,6 +206,23 @@ KV = Record("kv", "kv", "a physical KV block changed", (
     Field("ref", "int", "the block's reference count after the op", default=0),
     Field("hash", "str?", "prefix-cache hash of a full block", default=None, write="present"),
     Field("src", "int", "cow: the block copied from (-1 or absent: none)", default=-1, write="present"),
+), order=0)
+
+KV_EVENT_OPS = ("stored", "removed", "cleared")
+
+KV_EVENT = Record("kv_event", "kv_events", "the engine's prefix cache changed, as it published it (vLLM's KV "
+                  "events): one row per block; no request ids, no physical block ids", (
+    _t_ms("when the engine published the event batch"),
+    Field("op", "enum", "stored (a full block entered the prefix cache), removed (it left it), cleared "
+          "(every block left at once; no hash)", values=KV_EVENT_OPS, pq="kv_event_op"),
+    Field("hash", "str?", "the block's content hash: an unsigned 64-bit integer as a decimal string (it "
+          "exceeds 2**53, so JSON numbers would lose digits)", default=None),
+    Field("parent", "str?", "stored: the hash of the block before it in its prefix chain (null: the chain's "
+          "first block)", default=None),
+    Field("tokens", "int", "stored: tokens in the block (0: not recorded)", default=0, lo=0),
+    Field("seq", "int", "the publisher's batch sequence number (-1: not recorded)", default=-1, lo=0),
+    Field("medium", "str?", "where the block lives as the engine names it (e.g. GPU)", default=None,
+          write="present"),
 ), order=0)
 
 PREEMPT = Record("preempt", "preempts", "a running request lost its KV blocks (to be recomputed)", (
@@ -257,12 +281,17 @@ META = Record("meta", None, "where the trace comes from", (
     Field("stats", "object", "what the scheduler did (steps, preemptions, KV block ops)", default=None),
     Field("versions", "object", "software versions", default=None),
     Field("notes", "str", "free text", default=None),
+    Field("clock", "object", "what t_ms 0 is: {kind: epoch | perf_counter | wall-clock, t0_s: that instant "
+          "on that clock in seconds, resolution_ms, how} (imported and observed traces; merge aligns by it)",
+          default=None),
+    Field("provenance", "object", "imported traces: where and how each quantity was measured "
+          "({quantity: text}, e.g. ttft_ms: 'client: AIPerf time_to_first_token')", default=None),
 ))
 
-EVENTS = (TOKEN, FINISH, STEP, KV, PREEMPT, SPEC, TILES, GAUGE)    # in the order tables are written
+EVENTS = (TOKEN, FINISH, STEP, KV, KV_EVENT, PREEMPT, SPEC, TILES, GAUGE)    # in the order tables are written
 TABLE_EVENTS = tuple(r for r in EVENTS if r.table)
 VERBATIM_EVENTS = {r.type: r for r in EVENTS if not r.table}
-TABLES = (REQUEST, TOKEN, FINISH, STEP, BATCH, KV, PREEMPT)  # in-memory tables (and Parquet rtypes)
+TABLES = (REQUEST, TOKEN, FINISH, STEP, BATCH, KV, KV_EVENT, PREEMPT)  # in-memory tables (and Parquet rtypes)
 
 
 def dtype(f: Field):
@@ -274,7 +303,7 @@ def dtype(f: Field):
 
 REQUEST_FIELDS = tuple(f.name for f in REQUEST.columns)
 _COLS = {"TOKEN_COLS": "tokens", "FINISH_COLS": "finishes", "STEP_COLS": "steps", "BATCH_COLS": "batch",
-         "KV_COLS": "kv", "PREEMPT_COLS": "preempts"}
+         "KV_COLS": "kv", "KV_EVENT_COLS": "kv_events", "PREEMPT_COLS": "preempts"}
 
 
 def __getattr__(name: str):

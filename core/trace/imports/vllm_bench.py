@@ -14,34 +14,22 @@ gives vLLM's own TTFT, TPOT = (E2E - TTFT)/(n - 1), ITL and E2E = TTFT + sum(ITL
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from core.errors import TraceError, WorkloadError, short
-from core.trace.build import new_trace
-from core.trace.model import Trace, frame
-from core.trace.schema import FINISH, TOKEN
-from core.workload import MAX_TIME_MS, MAX_TOKENS, Request, Workload
+from core.trace.imports.imported import Imported
+from core.trace.imports.rows import MAX_IMPORT_TOKENS, RequestRows, count, finite
+from core.workload import MAX_TIME_MS
 
 VLLM_ARRAY_KEYS = ("ttfts", "itls", "input_lens", "output_lens")
 VLLM_SUMMARY_KEYS = ("duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
                      "output_throughput", "total_token_throughput")
 METRIC_NAMES = ("ttft", "tpot", "itl", "e2el")
-MAX_IMPORT_TOKENS = 100_000_000  # output tokens in one file (~2.5 GB of token rows): checked before allocating
-
-
-@dataclass
-class Imported:
-    trace: Trace | None                # None when the file has only summary fields
-    engine: str                        # "vllm" (also SGLang's compatible format)
-    file_summary: dict                 # the file's own summary numbers, verbatim
-    failed: list[dict] = field(default_factory=list)   # [{"index", "error"}]
-    notes: list[str] = field(default_factory=list)
-    aligned_at_zero: bool = False      # no send times: every request starts at its own t = 0
+_OURS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
+_STATS = {"mean": "mean", "median": "p50", "std": "std", "p90": "p90", "p95": "p95", "p99": "p99"}
 
 
 def looks_like_vllm(doc: Any) -> bool:
@@ -55,19 +43,6 @@ def _num_list(doc, key, name) -> list:
     if not isinstance(v, list):
         raise TraceError(f"{name}: {key}: expected a list")
     return v
-
-
-def _finite(x) -> bool:
-    try:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-    except OverflowError:
-        return False
-
-
-def _count(v, where: str, key: str) -> int:
-    if not (_finite(v) and float(v).is_integer() and 0 <= v <= MAX_TOKENS):
-        raise TraceError(f"{where}: {key}: expected an integer in 0..{MAX_TOKENS}, got {short(v)}")
-    return int(v)
 
 
 def import_vllm(doc: dict, name: str = "vllm result") -> Imported:
@@ -94,9 +69,10 @@ def _import_vllm(doc: dict, name: str) -> Imported:
             "(ttfts, itls, input_lens, output_lens, errors: vLLM writes them with --save-detailed)."])
     cols = _vllm_columns(doc, name)
     arrival_ms, aligned, notes = _vllm_arrivals(doc, len(cols["ttfts"]), name)
-    rows = _VllmRows(name, arrival_ms)
+    rows = RequestRows(name)
     for i in range(len(arrival_ms)):
-        rows.add(i, *(cols[k][i] for k in ("ttfts", "itls", "output_lens", "input_lens", "errors")))
+        _add_row(rows, name, arrival_ms, i, *(cols[k][i] for k in ("ttfts", "itls", "output_lens", "input_lens",
+                                                                   "errors")))
     if rows.merged:
         notes.append(f"{rows.merged} request(s) streamed more chunks than output tokens; their extra chunk times "
                      "were merged, so their ITL gaps differ from the file's.")
@@ -104,9 +80,30 @@ def _import_vllm(doc: dict, name: str) -> Imported:
         notes.append(f"{len(rows.failed)} failed request(s) (non-empty errors) are kept with no tokens and a "
                      "finish reason 'error'; they are excluded from latency statistics, as vLLM does.")
     meta["notes"] = " ".join(notes)
-    if not rows.reqs:
-        raise TraceError(f"{name}: the file lists no requests")
-    return Imported(rows.trace(meta), "vllm", summary, rows.failed, notes, aligned)
+    tr = rows.trace(meta)
+    return Imported(tr, "vllm", summary, rows.failed, notes, aligned, tool="vllm bench serve",
+                    what="result (--save-detailed)", stats=_stats(doc), origin=ORIGIN)
+
+
+ORIGIN = {"clock": "the client's perf_counter (start_times, seconds); not wall-clock time",
+          "ttft_ms": "client: send to the first streamed chunk with text (ttfts)",
+          "tpot_ms": "client: (latency - ttft) / (output tokens - 1) per request (tpot)",
+          "itl_ms": "client: gaps between streamed chunks (itls), one per chunk, not per token",
+          "e2e_ms": "client: send to the last chunk (latencies)",
+          "output_tok_per_s": "client: total output tokens / the benchmark's duration (output_throughput)",
+          "token_times": "per streamed chunk: ttft then the itls gaps; a chunk's extra tokens with the last one"}
+
+
+def _stats(doc: dict) -> dict:
+    out = {}
+    for m, ours in _OURS.items():
+        for stat, our_stat in _STATS.items():
+            v = doc.get(f"{stat}_{m}_ms")
+            if finite(v):
+                out[(ours, our_stat)] = float(v)
+    if finite(doc.get("output_throughput")):
+        out[("output_tok_per_s", "value")] = float(doc["output_throughput"])
+    return out
 
 
 def _vllm_columns(doc: dict, name: str) -> dict:
@@ -120,7 +117,7 @@ def _vllm_columns(doc: dict, name: str) -> dict:
         if len(cols[key]) != n:
             raise TraceError(f"{name}: {key} has {len(cols[key])} entries but ttfts has {n}")
     for key in ("output_lens", "input_lens"):
-        cols[key] = [_count(v, f"{name}: request {i}", key) for i, v in enumerate(cols[key])]
+        cols[key] = [count(v, f"{name}: request {i}", key) for i, v in enumerate(cols[key])]
     if sum(cols["output_lens"]) > MAX_IMPORT_TOKENS:
         raise TraceError(f"{name}: output_lens: {sum(cols['output_lens'])} output tokens in all, more than the "
                          f"{MAX_IMPORT_TOKENS} an import holds")
@@ -131,7 +128,7 @@ def _vllm_arrivals(doc: dict, n: int, name: str) -> tuple[np.ndarray, bool, list
     """Arrival times (ms from the first send), whether every request starts at 0 (no send times
     in the file), and notes on how they were read."""
     for key in ("start_times", "request_submit_times"):
-        if isinstance(doc.get(key), list) and len(doc[key]) == n and all(_finite(x) for x in doc[key]):
+        if isinstance(doc.get(key), list) and len(doc[key]) == n and all(finite(x) for x in doc[key]):
             starts = np.asarray(doc[key], dtype=float)
             break
     else:
@@ -142,7 +139,7 @@ def _vllm_arrivals(doc: dict, n: int, name: str) -> tuple[np.ndarray, bool, list
     if not arrival_ms.max() <= MAX_TIME_MS:
         raise TraceError(f"{name}: {key}: send times span more than the latest time {MAX_TIME_MS:g} ms")
     qt = doc.get("queue_times")
-    if isinstance(qt, list) and len(qt) == n and all(_finite(x) and x >= 0 for x in qt):
+    if isinstance(qt, list) and len(qt) == n and all(finite(x) and x >= 0 for x in qt):
         q = np.asarray(qt, dtype=float) * 1000.0
         notes.append(f"Arrival = the benchmark's send time ({key}). Before sending, requests waited in the "
                      f"client for a concurrency slot (queue_times): mean {q.mean():.3f} ms, max "
@@ -150,61 +147,25 @@ def _vllm_arrivals(doc: dict, n: int, name: str) -> tuple[np.ndarray, bool, list
     return arrival_ms, False, notes
 
 
-class _VllmRows:
-    """Requests, token times and finishes of an imported vLLM result, one request at a time."""
-
-    def __init__(self, name: str, arrival_ms: np.ndarray):
-        self.name, self.arrival_ms = name, arrival_ms
-        self.reqs, self.tok_req, self.tok_idx, self.tok_t, self.failed, self.finishes = [], [], [], [], [], []
-        self.merged = 0
-
-    def add(self, i, ttft, gaps, nout, nin, err):
-        rid, where, at = f"req{i}", f"{self.name}: request {i}", float(self.arrival_ms[i])
-        ok = err is None or err == ""    # vLLM writes "" for a request that succeeded
-        if not ok:
-            self.failed.append({"index": i, "id": rid, "error": str(err)})
-        if not isinstance(gaps, list) or not all(_finite(g) and g >= 0 for g in gaps):
-            raise TraceError(f"{where}: itls: expected a list of gaps >= 0 (seconds)")
-        if not ok or nout == 0:
-            self.reqs.append(Request(rid, at, max(nin, 1), 1, extra={"error": str(err)} if not ok else {}))
-            self.finishes.append((len(self.reqs) - 1, at, "error" if not ok else "stop"))
-            return
-        if not (_finite(ttft) and ttft >= 0):
-            raise TraceError(f"{where}: ttfts: expected a number of seconds >= 0, got {short(ttft)}")
-        with np.errstate(over="ignore"):  # an overflow to inf is refused just below
-            chunk_t = at + (ttft + np.concatenate([[0.0], np.cumsum(gaps)])) * 1000.0
-        if not chunk_t[-1] <= MAX_TIME_MS:  # times grow along the request (gaps >= 0); inf fails too
-            raise TraceError(f"{where}: ttfts + itls: the last token at {chunk_t[-1]:g} ms is beyond the "
-                             f"latest time {MAX_TIME_MS:g} ms")
-        if nout >= len(chunk_t):
-            counts = np.ones(len(chunk_t), dtype=np.int64)
-            counts[-1] += nout - len(chunk_t)
-        else:  # more stream chunks than tokens: keep the first n-1 chunk times and the last
-            self.merged += 1
-            chunk_t = np.concatenate([chunk_t[: nout - 1], chunk_t[-1:]])
-            counts = np.ones(nout, dtype=np.int64)
-        times = np.repeat(chunk_t, counts)
-        j = len(self.reqs)
-        self.reqs.append(Request(rid, at, max(nin, 1), nout))
-        self.tok_req.append(np.full(nout, j)); self.tok_idx.append(np.arange(nout)); self.tok_t.append(times)
-        self.finishes.append((j, float(times[-1]), "length"))
-
-    def trace(self, meta: dict) -> Trace:
-        tr = new_trace(meta, Workload(self.reqs, name=self.name))
-        # Workload() sorted by arrival (stable); map our request index -> position in trace.
-        pos = {rid: k for k, rid in enumerate(tr.ids)}
-        order = np.array([pos[r.id] for r in self.reqs])
-        if self.tok_req:
-            tr.tokens = frame(TOKEN, {"t_ms": np.concatenate(self.tok_t), "req": order[np.concatenate(self.tok_req)],
-                                      "index": np.concatenate(self.tok_idx)})
-        fin = self.finishes
-        tr.finishes = frame(FINISH, {"t_ms": [f[1] for f in fin], "req": order[[f[0] for f in fin]],
-                                     "reason": [f[2] for f in fin]})
-        err_of = {f["id"]: f["error"] for f in self.failed}
-        for k, rid in enumerate(tr.ids):
-            if rid in err_of:
-                tr.request_extra[k]["error"] = err_of[rid]
-        return tr
+def _add_row(rows: RequestRows, name: str, arrival_ms: np.ndarray, i, ttft, gaps, nout, nin, err):
+    rid, where, at = f"req{i}", f"{name}: request {i}", float(arrival_ms[i])
+    ok = err is None or err == ""    # vLLM writes "" for a request that succeeded
+    if not isinstance(gaps, list) or not all(finite(g) and g >= 0 for g in gaps):
+        raise TraceError(f"{where}: itls: expected a list of gaps >= 0 (seconds)")
+    if not ok:
+        rows.fail(rid, at, nin, str(err), index=i)
+        return
+    if nout == 0:
+        rows.empty(rid, at, nin)
+        return
+    if not (finite(ttft) and ttft >= 0):
+        raise TraceError(f"{where}: ttfts: expected a number of seconds >= 0, got {short(ttft)}")
+    with np.errstate(over="ignore"):  # an overflow to inf is refused by rows.add
+        chunk_t = at + (ttft + np.concatenate([[0.0], np.cumsum(gaps)])) * 1000.0
+    if not chunk_t[-1] <= MAX_TIME_MS:  # times grow along the request (gaps >= 0); inf fails too
+        raise TraceError(f"{where}: ttfts + itls: the last token at {chunk_t[-1]:g} ms is beyond the "
+                         f"latest time {MAX_TIME_MS:g} ms")
+    rows.add(rid, at, nin, chunk_t, nout, where)
 
 
 def file_window_comparison(imp: Imported, ours: dict) -> pd.DataFrame:

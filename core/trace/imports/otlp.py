@@ -1,0 +1,218 @@
+"""OpenTelemetry request spans from vLLM (`--otlp-traces-endpoint`): one `llm_request` span per
+request, from its arrival at the engine's front-end to its finish, with the latencies vLLM
+measured itself (gen_ai.latency.*, seconds) and its token counts (gen_ai.usage.*).
+
+Read in the OTLP/JSON form that the OpenTelemetry Collector's file exporter writes (one
+`ExportTraceServiceRequest` per line: resourceSpans[].scopeSpans[].spans[], hex trace and span
+ids, int64 values as strings), in the OTLP/HTTP protobuf form as received (`otlp_json` converts
+one body with opentelemetry-proto), and in the one-span-per-line form of
+bench/vllm_cpu/otlp_collector.py ({name, start_ns, end_ns, attributes}).
+
+Each span becomes a request: arrival = span start; first token at arrival + time_to_first_token;
+last token at arrival + e2e; the completion tokens evenly between them (spans carry no per-token
+times: "token times interpolated"), so the request's TTFT and E2E are the span's own. Its
+engine-side phases (queue, prefill, decode, in model) are kept per request (`engine_queue_ms`,
+`engine_prefill_ms`, `engine_decode_ms`, `engine_inference_ms`) for the timeline's phase view.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Iterator
+
+from core.errors import TraceError, short
+from core.trace.imports.imported import Imported
+from core.trace.imports.rows import RequestRows, count, finite
+
+REQUEST_SPAN = "llm_request"
+LATENCY = "gen_ai.latency."
+PHASES = {"engine_queue_ms": "time_in_queue", "engine_prefill_ms": "time_in_model_prefill",
+          "engine_decode_ms": "time_in_model_decode", "engine_inference_ms": "time_in_model_inference"}
+MAX_SPANS = 10_000_000
+
+
+def _value(v) -> object:
+    """An OTLP/JSON AnyValue as a Python value (int64 strings as int)."""
+    if not isinstance(v, dict) or len(v) != 1:
+        return None
+    (kind, x), = v.items()
+    if kind == "intValue":
+        try:
+            return int(x)
+        except (TypeError, ValueError):
+            return None
+    if kind == "doubleValue":
+        return float(x) if isinstance(x, (int, float, str)) else None
+    if kind in ("stringValue", "boolValue"):
+        return x
+    if kind == "arrayValue" and isinstance(x, dict):
+        return [_value(e) for e in x.get("values", [])]
+    return None
+
+
+def _attrs(lst) -> dict:
+    if not isinstance(lst, list):
+        return {}
+    return {a["key"]: _value(a.get("value")) for a in lst if isinstance(a, dict) and isinstance(a.get("key"), str)}
+
+
+def looks_like_otlp_json(doc) -> bool:
+    return isinstance(doc, dict) and isinstance(doc.get("resourceSpans"), list)
+
+
+def looks_like_bodies(doc) -> bool:
+    """A recorded OTLP/HTTP export: {recv_ns, content_type, body_b64} (bench/vllm_cpu/record_telemetry.py)."""
+    return isinstance(doc, dict) and "body_b64" in doc and "content_type" in doc
+
+
+def body_docs(lines: Iterable[dict], name: str) -> Iterator[dict]:
+    """OTLP/JSON documents of recorded export bodies (base64, gzip or not)."""
+    import binascii
+
+    from core.errors import gunzip
+    for k, ln in enumerate(lines):
+        try:
+            body = base64.b64decode(ln["body_b64"], validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            raise TraceError(f"{name}: line {k + 1}: body_b64: expected base64") from None
+        if str(ln.get("content_encoding") or "").lower() == "gzip" or body[:2] == b"\x1f\x8b":
+            body = gunzip(body, f"{name}: line {k + 1}", TraceError)
+        yield otlp_json(body, str(ln.get("content_type") or "application/x-protobuf"))
+
+
+def looks_like_collector_lines(doc) -> bool:
+    return isinstance(doc, dict) and {"name", "start_ns", "end_ns", "attributes"} <= doc.keys()
+
+
+def spans_of(doc: dict) -> Iterator[dict]:
+    """The spans of one ExportTraceServiceRequest (OTLP/JSON) as {name, start_ns, end_ns,
+    attributes, trace_id, span_id}."""
+    for rs in doc.get("resourceSpans") or ():
+        for ss in (rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()) if isinstance(rs, dict) else ():
+            for sp in (ss.get("spans") or ()) if isinstance(ss, dict) else ():
+                if isinstance(sp, dict):
+                    yield {"name": sp.get("name"), "start_ns": sp.get("startTimeUnixNano"),
+                           "end_ns": sp.get("endTimeUnixNano"), "attributes": _attrs(sp.get("attributes")),
+                           "trace_id": sp.get("traceId"), "span_id": sp.get("spanId")}
+
+
+def otlp_json(body: bytes, content_type: str = "application/x-protobuf") -> dict:
+    """One OTLP/HTTP export body (protobuf, or JSON) as OTLP/JSON: camelCase fields, int64 as
+    strings, enums as integers, trace and span ids as lowercase hex (OTLP/JSON's rule, where
+    protobuf's own JSON mapping would write base64)."""
+    if "json" in content_type:
+        doc = json.loads(body)
+        if not looks_like_otlp_json(doc):
+            raise TraceError("OTLP/JSON body: expected an object with resourceSpans")
+        return doc
+    from google.protobuf import json_format
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    msg = ExportTraceServiceRequest()
+    try:
+        msg.ParseFromString(body)
+    except DecodeError as e:
+        raise TraceError(f"OTLP protobuf body: {e}") from None
+    doc = json_format.MessageToDict(msg, use_integers_for_enums=True)
+    for rs in doc.get("resourceSpans", ()):
+        for ss in rs.get("scopeSpans", ()):
+            for sp in ss.get("spans", ()):
+                for key in ("traceId", "spanId", "parentSpanId"):
+                    if sp.get(key):
+                        sp[key] = base64.b64decode(sp[key]).hex()
+                for link in sp.get("links", ()):
+                    for key in ("traceId", "spanId"):
+                        if link.get(key):
+                            link[key] = base64.b64decode(link[key]).hex()
+    return doc
+
+
+def _ns(v, where: str, key: str) -> int:
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        raise TraceError(f"{where}: {key}: expected nanoseconds since the epoch, got {short(v)}") from None
+    if not 0 < n < 1 << 63:
+        raise TraceError(f"{where}: {key}: expected nanoseconds since the epoch, got {short(v)}")
+    return n
+
+
+def import_spans(spans: Iterable[dict], name: str, form: str) -> Imported:
+    reqs, other = [], 0
+    for sp in spans:
+        if sp.get("name") != REQUEST_SPAN:
+            other += 1
+            continue
+        reqs.append(sp)
+        if len(reqs) > MAX_SPANS:
+            raise TraceError(f"{name}: more than {MAX_SPANS:,} request spans")
+    if not reqs:
+        raise TraceError(f"{name}: no '{REQUEST_SPAN}' spans ({other} other span(s)): vLLM sends one per request "
+                         "with --otlp-traces-endpoint")
+    starts = [_ns(sp["start_ns"], f"{name}: span {k}", "startTimeUnixNano") for k, sp in enumerate(reqs)]
+    t0 = min(starts)
+    rows, seen = RequestRows(name), {}
+    phases = {}
+    for k, (sp, s_ns) in enumerate(zip(reqs, starts)):
+        a, where = sp["attributes"], f"{name}: span {k}"
+        rid = str(a.get("gen_ai.request.id") or sp.get("span_id") or f"span{k}")
+        if rid in seen:
+            seen[rid] += 1
+            rid = f"{rid}#{seen[rid]}"
+        else:
+            seen[rid] = 0
+        at = (s_ns - t0) / 1e6
+        lat = {key: a.get(LATENCY + key) for key in ("time_to_first_token", "e2e", *PHASES.values())}
+        n_out = count(a.get("gen_ai.usage.completion_tokens", 0), where, "gen_ai.usage.completion_tokens")
+        n_in = count(a.get("gen_ai.usage.prompt_tokens", 0), where, "gen_ai.usage.prompt_tokens")
+        phases[rid] = {ours: float(lat[theirs]) * 1000.0 for ours, theirs in PHASES.items() if finite(lat[theirs])}
+        if n_out == 0 or not finite(lat["time_to_first_token"]):
+            end = _ns(sp["end_ns"], where, "endTimeUnixNano")
+            rows.empty(rid, at, n_in, t_ms=(end - t0) / 1e6, reason="stop")
+            continue
+        e2e = lat["e2e"] if finite(lat["e2e"]) else (_ns(sp["end_ns"], where, "endTimeUnixNano") - s_ns) / 1e9
+        ttft = float(lat["time_to_first_token"])
+        if not 0 <= ttft <= e2e:
+            raise TraceError(f"{where}: expected 0 <= time_to_first_token <= e2e, got {ttft!r} and {e2e!r}")
+        rows.add_interpolated(rid, at, n_in, at + ttft * 1000.0, at + float(e2e) * 1000.0, n_out, where)
+    meta = {"source": "imported", "label": f"{name} (vLLM OpenTelemetry spans)", "created": "unknown",
+            "engine": {"name": "vllm"}, "device": "not recorded in the spans",
+            "clock": {"kind": "epoch", "t0_s": t0 / 1e9, "resolution_ms": 1e-6,
+                      "how": "span start times (startTimeUnixNano, the engine's wall clock)"},
+            "provenance": PROVENANCE}
+    notes = [f"{len(reqs):,} request spans ({form}); arrival = span start (the engine front-end's arrival), TTFT "
+             "and E2E = the span's gen_ai.latency.time_to_first_token and e2e; token times interpolated between "
+             "the first and the last (spans carry no per-token times), so ITL and TPOT are averages."]
+    if other:
+        notes.append(f"{other} other span(s) (startup, ...) left out.")
+    notes += rows.notes()
+    meta["notes"] = " ".join(notes)
+    tr = rows.trace(meta)
+    for k, rid in enumerate(tr.ids):
+        tr.request_extra[k].update(phases.get(rid, {}))
+    return Imported(tr, "vllm", {"spans": len(reqs), "other_spans": other}, rows.failed, notes,
+                    tool="vLLM", what="OpenTelemetry request spans", origin=PROVENANCE)
+
+
+PROVENANCE = {"arrival_ms": "engine: span start (arrival at vLLM's front-end)",
+              "ttft_ms": "engine: gen_ai.latency.time_to_first_token",
+              "e2e_ms": "engine: gen_ai.latency.e2e",
+              "token_times": "interpolated evenly between the first and the last token (spans have no token times)",
+              "phases": "engine: gen_ai.latency.time_in_queue, time_in_model_prefill, time_in_model_decode, "
+                        "time_in_model_inference"}
+
+
+def import_otlp_lines(lines: list[dict], name: str) -> Imported:
+    """OTLP/JSON lines (collector file exporter), recorded export bodies, or the bench
+    collector's span lines."""
+    if lines and looks_like_bodies(lines[0]):
+        return import_spans((sp for doc in body_docs(lines, name) for sp in spans_of(doc)), name,
+                            "OTLP/HTTP export bodies as received")
+
+    def spans():
+        for doc in lines:
+            if looks_like_otlp_json(doc):
+                yield from spans_of(doc)
+            elif looks_like_collector_lines(doc):
+                yield doc
+    return import_spans(spans(), name, "OTLP/JSON")

@@ -1,0 +1,279 @@
+"""Which tool wrote a file, from its content (never its name), and the importer that reads it.
+
+Read: vLLM / SGLang bench results (vllm_bench.py); AIPerf's profile_export.jsonl and summary
+(aiperf.py); guidellm's benchmarks.json / .yaml (guidellm.py); inference-perf's per-request and
+summary reports (inference_perf.py); vLLM's server log with iteration details (vllm_log.py);
+OpenTelemetry spans as OTLP/JSON lines (otlp.py); vLLM KV-cache events as recorded by
+`gpu_runner observe` or bench/vllm_cpu/record_telemetry.py (kv_events.py); and directories:
+AIPerf artifact directories, inference-perf report directories, Parquet parts of one trace.
+
+A file of a known tool that we do not read (a CSV export, a config, AIPerf's inputs.json, ...)
+gets one line naming what it looks like and what we read instead, never a schema complaint.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import orjson
+
+from core.errors import TraceError, gunzip, read_input_file, short
+from core.trace.imports import aiperf, guidellm, inference_perf, kv_events, otlp, scrapes, vllm_log
+from core.trace.imports.imported import Imported
+from core.trace.imports.vllm_bench import import_vllm, looks_like_vllm
+
+WE_READ = ("we read: our serving-trace/1 (JSON, gzip, Parquet), vllm bench serve / SGLang results, AIPerf "
+           "profile_export.jsonl, guidellm benchmarks.json/.yaml, inference-perf per_request_lifecycle_metrics.json, "
+           "vLLM's iteration log, OTLP/JSON spans, recorded KV events")
+MAX_YAML_ALIASES = 100
+
+
+def _keys(doc) -> str:
+    return ", ".join(list(doc)[:8]) + (", ..." if len(doc) > 8 else "")
+
+
+def import_doc(doc, name: str, path: Path | None = None) -> Imported | None:
+    """An Imported for a JSON document another tool wrote; None for one of ours (a `schema`
+    key: the caller validates it); one line (TraceError) for anything else."""
+    if isinstance(doc, dict) and "schema" in doc:
+        return None
+    if looks_like_vllm(doc):
+        return import_vllm(doc, name)
+    if guidellm.looks_like_report(doc):
+        return guidellm.import_report(doc, name)
+    if aiperf.looks_like_summary(doc):
+        beside = path.parent / "profile_export.jsonl" if path is not None else None
+        if beside is not None and beside.is_file():
+            return _aiperf_records(beside, doc)
+        return aiperf.import_summary(doc, name)
+    if inference_perf.looks_like_per_request(doc):
+        return inference_perf.import_per_request(doc, name, _beside_summary(path))
+    if inference_perf.looks_like_summary(doc):
+        return inference_perf.import_summary(doc, name)
+    if otlp.looks_like_otlp_json(doc):
+        return otlp.import_otlp_lines([doc], name)
+    if aiperf.looks_like_record(doc):
+        return aiperf.import_records([doc], name)
+    raise TraceError(f"{name}: {foreign(doc)}")
+
+
+def foreign(doc) -> str:
+    """What a JSON document we do not read looks like, in one line."""
+    if isinstance(doc, dict):
+        if "aiperf_version" in doc and isinstance(doc.get("metrics"), dict) and "summary" in doc:
+            return ("looks like AIPerf's server-metrics aggregate (server_metrics_export.json): statistics per "
+                    "metric, no time series; per-request data is in profile_export.jsonl beside it")
+        data = doc.get("data")
+        if isinstance(data, list) and data and isinstance(data[0], dict) \
+                and {"session_id", "payloads"} <= data[0].keys():
+            return ("looks like AIPerf's inputs.json (the request bodies it sent, no results); per-request data is "
+                    "in profile_export.jsonl beside it")
+        if "aiperf_version" in doc:
+            return "looks like an AIPerf file that holds no per-request results; per-request data is in " \
+                   "profile_export.jsonl"
+        if "reports" in doc and "global" in doc:
+            return ("looks like inference-perf's validation.json; per-request data is in "
+                    "per_request_lifecycle_metrics.json beside it")
+        if "load_summary" in doc:
+            return "looks like an inference-perf stage report without successes; " + WE_READ
+        return f"not a format we read (an object with keys {_keys(doc)}); {WE_READ}"
+    if isinstance(doc, list):
+        first = doc[0] if doc else None
+        inner = f" of objects with keys {_keys(first)}" if isinstance(first, dict) else ""
+        return f"not a format we read (a list of {len(doc)} items{inner}); {WE_READ}"
+    return f"not a format we read (a {type(doc).__name__}: {short(doc)}); {WE_READ}"
+
+
+def _beside(path: Path | None, file: str, looks_like) -> dict | None:
+    """The JSON document `file` in the same directory as `path`, when it is what `looks_like`
+    accepts (a companion file: a tool's summary beside its per-request records); else None."""
+    f = None if path is None else path.parent / file
+    if f is None or not f.is_file():
+        return None
+    try:
+        doc = orjson.loads(read_input_file(f, file, TraceError))
+    except orjson.JSONDecodeError:
+        return None
+    return doc if looks_like(doc) else None
+
+
+def _beside_summary(path: Path | None) -> dict | None:
+    return _beside(path, "summary_lifecycle_metrics.json", inference_perf.looks_like_summary)
+
+
+def _aiperf_summary(path: Path | None) -> dict | None:
+    return _beside(path, "profile_export_aiperf.json", aiperf.looks_like_summary)
+
+
+def _aiperf_export(path: Path | None) -> dict | None:
+    """server_metrics_export.json beside an AIPerf file (its phase time range), if any."""
+    return _beside(path, "server_metrics_export.json", lambda d: isinstance(d, dict))
+
+
+def _aiperf_scrapes(path: Path | None) -> list | None:
+    if path is None:
+        return None
+    f = path.parent / "server_metrics_export.jsonl"
+    if not f.is_file():
+        return None
+    lines = json_lines(gunzip(read_input_file(f, "AIPerf server metrics", TraceError), f.name, TraceError), f.name)
+    return [x for x in lines if aiperf.looks_like_scrape(x)] or None
+
+
+def _aiperf_records(path: Path, summary: dict | None) -> Imported:
+    lines = json_lines(gunzip(read_input_file(path, "AIPerf export", TraceError), path.name, TraceError), path.name)
+    if lines and aiperf.looks_like_raw(lines[0]):
+        return import_lines(lines, path.name, path)
+    return aiperf.import_records(lines, path.name, summary, _aiperf_scrapes(path), _aiperf_export(path))
+
+
+def json_doc(raw: bytes, name: str):
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise TraceError(f"{name}: not valid JSON ({e})") from None
+
+
+def json_lines(raw: bytes, name: str) -> list:
+    out = []
+    for k, ln in enumerate(raw.splitlines()):
+        if not ln.strip():
+            continue
+        try:
+            out.append(orjson.loads(ln))
+        except orjson.JSONDecodeError as e:
+            raise TraceError(f"{name}: line {k + 1}: not valid JSON ({e})") from None
+    return out
+
+
+def import_lines(lines: list, name: str, path: Path | None = None) -> Imported:
+    first = next((x for x in lines if isinstance(x, dict)), None)
+    if first is None:
+        raise TraceError(f"{name}: JSON lines, but no line is an object; {WE_READ}")
+    if aiperf.looks_like_record(first):
+        return aiperf.import_records(lines, name, _aiperf_summary(path), _aiperf_scrapes(path), _aiperf_export(path))
+    if aiperf.looks_like_raw(first):
+        imp = aiperf.import_records(aiperf.raw_to_records(lines, name), name, _aiperf_summary(path),
+                                    _aiperf_scrapes(path), _aiperf_export(path))
+        imp.what = "raw records (profile_export_raw.jsonl)"
+        imp.notes.append("Read from the raw export: token times are the content responses' perf_ns, output tokens "
+                         "the stream's usage.completion_tokens.")
+        return imp
+    if aiperf.looks_like_scrape(first):
+        return aiperf.import_scrapes(lines, name)
+    if otlp.looks_like_otlp_json(first) or otlp.looks_like_collector_lines(first) or otlp.looks_like_bodies(first):
+        return otlp.import_otlp_lines(lines, name)
+    if kv_events.looks_like_capture(first):
+        return kv_events.import_capture(lines, name)
+    if scrapes.looks_like_scrape(first):
+        return scrapes.import_scrapes(lines, name)
+    raise TraceError(f"{name}: JSON lines, but not a format we read (first record's keys: {_keys(first)}); {WE_READ}")
+
+
+_CSV_HEAD = re.compile(rb"^[^\n,]+(,[^\n,]*){3,}\r?\n")
+
+
+def import_text(data: bytes, name: str, path: Path | None = None) -> Imported | None:
+    """An Imported for text another tool wrote that is not one JSON document (JSON lines, a
+    server log, YAML); None when it is one JSON document (the caller parses it)."""
+    raw = gunzip(data, name, TraceError)
+    head = raw[:65536].lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not head:
+        return None
+    if head[:1] in (b"{", b"["):
+        try:
+            orjson.loads(raw)
+            return None          # one JSON document: the caller parses it
+        except orjson.JSONDecodeError:
+            pass
+        if head[:1] == b"{" and b"\n" in raw.strip():
+            try:
+                first = orjson.loads(raw.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0])
+            except orjson.JSONDecodeError:
+                return None      # not JSON lines either: the caller words the JSON error
+            if isinstance(first, dict):
+                return import_lines(json_lines(raw, name), name, path)
+        return None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{name}: not UTF-8 text (byte {e.start}) and not Parquet; {WE_READ}") from None
+    if vllm_log.MARK in text and vllm_log.looks_like_iteration_log(text):
+        return vllm_log.import_iteration_log(text, name)
+    if _looks_like_yaml(text):
+        return import_doc(_yaml(text, name), name, path)
+    if text.startswith("# AIPerf"):
+        kind = "server-metrics CSV (aggregates)" if "Server Metrics" in text[:200] else "CSV export"
+        raise TraceError(f"{name}: looks like AIPerf's {kind}; per-request data is in profile_export.jsonl beside it")
+    if _CSV_HEAD.match(raw[:4096]):
+        return _foreign_csv(text, name)
+    if "vllm" in text[:200000].lower() or "INFO" in text[:2000]:
+        raise TraceError(f"{name}: looks like a server log without iteration lines (vLLM writes one per step "
+                         "with --enable-logging-iteration-details); " + WE_READ)
+    raise TraceError(f"{name}: not a format we read (text starting {short(text.strip()[:40])}); {WE_READ}")
+
+
+def _looks_like_yaml(text: str) -> bool:
+    for ln in text.splitlines()[:50]:
+        s = ln.strip()
+        if not s or s.startswith("#") or s == "---":
+            continue
+        return bool(re.match(r"^[A-Za-z_][\w.-]*:(\s|$)", s))
+    return False
+
+
+def _yaml(text: str, name: str):
+    import yaml
+    try:   # aliases would let a small file expand into a huge structure: count them first
+        aliases = sum(isinstance(ev, yaml.AliasEvent) for ev in yaml.parse(text, Loader=yaml.SafeLoader))
+        if aliases > MAX_YAML_ALIASES:
+            raise TraceError(f"{name}: YAML with {aliases} aliases; at most {MAX_YAML_ALIASES} are read")
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise TraceError(f"{name}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+
+
+def _foreign_csv(text: str, name: str) -> Imported:
+    head = text.split("\n", 3)
+    first = ",".join(head[:3])
+    if "Run Info" in first and "Benchmark" in first:
+        what = ("guidellm's CSV summary (one row per benchmark, no requests); its benchmarks.json or .yaml holds "
+                "the per-request records")
+    elif "AIPerf" in text[:500] and "Server Metrics" in text[:500]:
+        what = "AIPerf's server-metrics CSV (aggregates); per-request data is in profile_export.jsonl"
+    elif "Metric" in head[0] and ("avg" in head[0] or "p99" in head[0]):
+        what = "AIPerf's CSV summary (profile_export_aiperf.csv); per-request data is in profile_export.jsonl"
+    elif "arrived_at" in head[0]:
+        what = "a Vidur-style workload (a workload, not a trace): open it on the Schedules page or simulate it"
+    else:
+        raise TraceError(f"{name}: not a format we read (a CSV file with header {short(head[0], 60)}); {WE_READ}")
+    raise TraceError(f"{name}: looks like {what}")
+
+
+def import_directory(d: Path) -> object:
+    """A directory: Parquet parts of one trace, an AIPerf artifact directory, an inference-perf
+    report directory."""
+    if (d / "profile_export.jsonl").is_file():
+        f = d / "profile_export.jsonl"
+        return _aiperf_records(f, _aiperf_summary(f))
+    if (d / "per_request_lifecycle_metrics.json").is_file():
+        f = d / "per_request_lifecycle_metrics.json"
+        doc = json_doc(gunzip(read_input_file(f, "inference-perf report", TraceError), f.name, TraceError), f.name)
+        if not inference_perf.looks_like_per_request(doc):
+            raise TraceError(f"{f}: expected inference-perf's per-request list")
+        return inference_perf.import_per_request(doc, f.name, _beside_summary(f))
+    for name in ("benchmarks.json", "benchmarks.yaml"):
+        f = d / name
+        if f.is_file():
+            raw = gunzip(read_input_file(f, "guidellm report", TraceError), f.name, TraceError)
+            doc = _yaml(raw.decode("utf-8", "replace"), f.name) if name.endswith(".yaml") else json_doc(raw, f.name)
+            return import_doc(doc, f.name, f)
+    if any(d.glob("*.parquet")) or (d / "_meta.json").exists():
+        from core.trace.parquet import trace_from_parquet_dir
+        return trace_from_parquet_dir(d)
+    names = sorted(p.name for p in d.iterdir())[:8]
+    raise TraceError(f"{d}: a directory we do not read (it holds {', '.join(names) or 'nothing'}); we read "
+                     "directories of Parquet parts of one trace, AIPerf artifact directories (profile_export.jsonl) "
+                     "and inference-perf report directories (per_request_lifecycle_metrics.json)")

@@ -1,0 +1,128 @@
+"""vLLM's server log with `--enable-logging-iteration-details`: one line per engine step that
+did work,
+
+    (EngineCore pid=7) INFO 12-01 20:06:51 [core.py:427] Engine 000: Iteration(118): 1 context requests,
+    128 context tokens, 3 generation requests, 3 generation tokens, iteration elapsed time: 21.07 ms,
+    CPU KV cache usage: 1.2%
+
+becomes one `step` event (its counts in prefill_reqs / prefill_tokens / decode_reqs /
+decode_tokens, its logged duration in dur_ms) and one `gauge` event (the KV-cache usage at the
+step's end). The log has no request ids, so there are no requests and no batch entries.
+
+Time. A line's timestamp has no year and one-second resolution, and is written when the step
+has ended. Steps are placed as early as their timestamps allow, back to back: a step ends at
+max(the previous step's end + its own duration, the start of its logged second). Durations are
+exact (the logged ones); start times are within the logged second's resolution (up to 1 s off
+in absolute time, and gaps shorter than a second between busy periods are not seen).
+"""
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+import numpy as np
+import pandas as pd
+
+from core.errors import TraceError
+from core.trace.imports.imported import Imported
+from core.trace.model import Trace, frame
+from core.trace.schema import REQUEST, STEP
+
+ITERATION = re.compile(
+    r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d+))?\b.*?"
+    r"(?:Engine (?P<engine>\d+): )?Iteration\((?P<it>\d+)\): (?P<creq>\d+) context requests?, "
+    r"(?P<ctok>\d+) context tokens?, (?P<greq>\d+) generation requests?, (?P<gtok>\d+) generation tokens?, "
+    r"iteration elapsed time: (?P<ms>[0-9.]+(?:[eE][-+]?\d+)?) ms"
+    r"(?:.*?KV cache usage: (?P<kv>[0-9.]+)%)?")
+MARK = "Iteration("
+MAX_LINES = 20_000_000
+
+
+def looks_like_iteration_log(text: str) -> bool:
+    return MARK in text and bool(ITERATION.search(text[: 1 << 20]) or any(
+        ITERATION.search(ln) for ln in text.splitlines() if MARK in ln))
+
+
+def _second(mon: str, day: str, h: str, m: str, s: str) -> float:
+    """Seconds since 2000-01-01 of a log timestamp (the log has no year; 2000 is a leap year, so
+    every month-day parses)."""
+    return (datetime(2000, int(mon), int(day), int(h), int(m), int(s)) - datetime(2000, 1, 1)).total_seconds()
+
+
+def import_iteration_log(text: str, name: str) -> Imported:
+    rows, bad = [], 0
+    for ln in text.splitlines():
+        if MARK not in ln:
+            continue
+        g = ITERATION.search(ln)
+        if g is None:
+            bad += 1
+            continue
+        rows.append(g.groupdict())
+        if len(rows) > MAX_LINES:
+            raise TraceError(f"{name}: more than {MAX_LINES:,} iteration lines")
+    if not rows:
+        raise TraceError(f"{name}: no 'Iteration(i): ... iteration elapsed time: X ms' lines (vLLM writes them "
+                         "with --enable-logging-iteration-details)")
+    engines = sorted({r["engine"] or "000" for r in rows})
+    notes = []
+    if len(engines) > 1:
+        notes.append(f"{len(engines)} engines log iterations ({', '.join(engines)}); only engine {engines[0]}'s "
+                     "steps are kept (one step sequence per trace).")
+        rows = [r for r in rows if (r["engine"] or "000") == engines[0]]
+    df = pd.DataFrame(rows)
+    dur = df["ms"].astype(float).to_numpy()
+    frac = df["frac"].fillna("").map(lambda f: float("0." + f) if f else 0.0).to_numpy()
+    sec = np.array([_second(*r) for r in df[["mon", "day", "h", "m", "s"]].itertuples(index=False)]) + frac
+    year = 366 * 86400.0
+    sec = sec + year * np.concatenate([[0], np.cumsum(np.diff(sec) < -300 * 86400)])  # past new year's eve
+    resolution = 1.0 if not frac.any() else 0.001
+    base = float(sec[0])
+    sec_ms = (sec - base) * 1000.0        # in ms from the first line's timestamp (exact integers for whole seconds)
+    end = np.empty(len(dur))
+    late, prev = 0, -np.inf
+    for i in range(len(dur)):       # earliest feasible end: back to back, not before the logged second
+        e = max(prev + dur[i], sec_ms[i])
+        if e > sec_ms[i] + resolution * 1000.0:
+            late += 1
+        end[i] = prev = e
+    start = end - dur
+    t0_ms = float(start.min())
+    t0 = base + t0_ms / 1000.0
+    it = df["it"].astype(np.int64).to_numpy()
+    step_no = it if np.all(np.diff(it) > 0) else np.arange(len(it))
+    if step_no is not it:
+        notes.append("Iteration numbers do not increase along the log (a restart?); steps are numbered in log "
+                     "order.")
+    steps = frame(STEP, {"t_ms": start - t0_ms, "step": step_no, "dur_ms": dur,
+                         "prefill_reqs": df["creq"].astype(np.int64), "prefill_tokens": df["ctok"].astype(np.int64),
+                         "decode_reqs": df["greq"].astype(np.int64), "decode_tokens": df["gtok"].astype(np.int64)})
+    gauges = [{"t_ms": float(e - t0_ms), "type": "gauge", "kv_usage": float(k) / 100.0}
+              for e, k in zip(end, df["kv"]) if isinstance(k, str)]
+    notes.append(f"{len(steps):,} steps from the log's Iteration lines: durations as logged (iteration elapsed "
+                 f"time); start times placed back to back within each line's {resolution:g} s timestamp "
+                 "(absolute times within that resolution).")
+    if late:
+        notes.append(f"{late} step(s) could not end within their logged second when placed back to back (their "
+                     "logged durations overlap); they are kept after the previous step.")
+    if bad:
+        notes.append(f"{bad} line(s) mention Iteration( but do not parse; they were skipped.")
+    first = df.iloc[int(np.argmin(start))]
+    clock = {"kind": "wall-clock", "t0_s": t0, "resolution_ms": resolution * 1000.0,
+             "t0": f"{first['mon']}-{first['day']} (no year) {first['h']}:{first['m']}:{first['s']}",
+             "how": "t0_s is seconds since 00:00 on January 1 of the log's (unknown) year, in the server's local "
+                    "time zone; each step's end is the later of its logged second and the previous step's end "
+                    "plus its duration"}
+    meta = {"source": "imported", "label": f"{name} (vLLM iteration log)", "created": "unknown",
+            "engine": {"name": "vllm"}, "device": "not recorded in the log", "clock": clock,
+            "provenance": {"steps": "engine: vLLM's iteration log (--enable-logging-iteration-details)",
+                           "dur_ms": "engine: 'iteration elapsed time' of each logged step",
+                           "kv_usage": "engine: 'KV cache usage' at the step's log line",
+                           "t_ms": f"engine log timestamps, {resolution:g} s resolution (see clock)"},
+            "notes": " ".join(notes)}
+    tr = Trace(meta=meta, requests=frame(REQUEST, {f.name: [] for f in REQUEST.columns}), steps=steps,
+               other=gauges)
+    summary = {"steps": len(steps), "prefill_tokens": int(steps["prefill_tokens"].sum()),
+               "decode_tokens": int(steps["decode_tokens"].sum()), "busy_ms": float(dur.sum()),
+               "engines": engines}
+    return Imported(tr, "vllm", summary, notes=notes, tool="vLLM", what="iteration log", origin=meta["provenance"])
