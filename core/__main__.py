@@ -18,7 +18,7 @@ from core.cli import nonneg_int as _nonneg_int
 from core.cli import positive_float as _positive_float
 from core.cli import positive_int as _positive_int
 from core.config import SchedulerConfig, add_flags, from_args
-from core.errors import MAX_DECOMPRESSED_BYTES, InputError
+from core.errors import MAX_DECOMPRESSED_BYTES, InputError, TraceError
 from core.sim.stepmodel import StepModel
 from core.trace import save_trace
 
@@ -100,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(f.add_argument_group("the engine's scheduler settings (with --from-requests / --from-token-times)"),
               SchedulerConfig,
               defaults={"policy": "vllm-v1"})
+
+    g = sub.add_parser("merge", help="one run from several files: a client's file, the server's iteration log, "
+                                     "spans, KV events, /metrics samples, joined by request and time")
+    g.add_argument("files", nargs="+", help="files of one run (any format `metrics` reads, with a recorded clock)")
+    g.add_argument("--out", required=True, help="the merged trace (.json, .json.gz, .parquet)")
+    g.add_argument("--json", action="store_true", help="print how each file was aligned as one JSON object")
 
     e = sub.add_parser("export", help="convert a trace: Chrome/Perfetto JSON, per-request CSV, JSON, Parquet")
     e.add_argument("trace", help=f"serving-trace/1 or a vLLM/SGLang result JSON; {gz}")
@@ -417,10 +423,35 @@ def cmd_export(a) -> int:
     return 0
 
 
+def cmd_merge(a) -> int:
+    from core.trace.imports.merge import merge
+    if len(a.files) < 2:
+        raise InputError("merge: give at least two files of one run (a client's file, the server log, spans, "
+                         "KV events)")
+    check_writable(a.out, "--out")
+    parts = [_read(f) for f in a.files]
+    try:
+        tr, report = merge(parts, [str(f) for f in a.files])
+    except TraceError as e:
+        raise InputError(f"merge: {e}") from None
+    write_output(a.out, lambda p: save_trace(tr, p), "--out")
+    if a.json:
+        print(json.dumps({"out": a.out, "files": report}, allow_nan=False))
+        return 0
+    for r in report:
+        extra = (f"; matched {r['matched']}" if r["matched"] else "") + (
+            f"; {r['dropped']} event(s) before the base's origin dropped" if r["dropped"] else "")
+        print(f"{r['file']}: {r['role']}; offset {r['offset_ms']:+.3f} ms ± {r['uncertainty_ms']:.3f} ms ({r['how']})"
+              + extra)
+    print(f"wrote {a.out}: {len(tr.requests)} requests, {len(tr.steps)} steps, {len(tr.kv_events)} KV event rows, "
+          f"{len(tr.events_of('gauge'))} gauge samples")
+    return 0
+
+
 def main(argv=None) -> int:
     from core.cli import run
     return run(build_parser(), {"simulate": cmd_simulate, "metrics": cmd_metrics, "sweep": cmd_sweep,
-                                       "fit": cmd_fit, "export": cmd_export}, argv)
+                                       "fit": cmd_fit, "export": cmd_export, "merge": cmd_merge}, argv)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""python -m gpu_runner capture|generate|serve|loadgen|export-hf ...  (run with -h for each command).
+"""python -m gpu_runner capture|generate|serve|loadgen|observe|export-hf ...  (run with -h for each command).
 
 Bad arguments or files exit with code 2 and one line on stderr.
 """
@@ -56,6 +56,7 @@ def build_parser():
                    help="run the engine in its own process, as vLLM does (default); --no-engine-process keeps "
                    "it in a thread of the HTTP server, which then shares the interpreter lock with it")
     _common(v, scheduler=True)
+    from gpu_runner.observe import add_telemetry_flags
     lg = sub.add_parser("loadgen", help="load an OpenAI-compatible server (ours, vLLM, SGLang) and write a "
                         "measured trace of what the client saw")
     lg.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
@@ -68,6 +69,13 @@ def build_parser():
     lg.add_argument("--temperature", type=float, default=0.0)
     lg.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
     lg.add_argument("--metrics-interval", type=float, default=0.2, help="seconds between /metrics samples")
+    add_telemetry_flags(lg, metrics_default=False)   # the server's own side, recorded into the same trace
+    o = sub.add_parser("observe", help="record what a running server emits (KV events, OTLP spans, /metrics) "
+                       "without sending it load")
+    add_telemetry_flags(o)
+    o.add_argument("--out", required=True, help="trace to write (.json, .json.gz, .parquet), rewritten as it runs")
+    o.add_argument("--duration", type=float, help="stop after this many seconds (default: at Ctrl-C / SIGTERM)")
+    o.add_argument("--flush-interval", type=float, default=2.0, help="seconds between rewrites of --out")
     x = sub.add_parser("export-hf", help="write a model as a Hugging Face Llama checkpoint (for vLLM, transformers)")
     x.add_argument("--model", default="tiny", help="tiny | tiny-draft | a local HF checkpoint dir")
     x.add_argument("--out", required=True, help="directory to write config.json + model.safetensors into")
@@ -186,6 +194,11 @@ def cmd_serve(a) -> int:
     return 0
 
 
+def cmd_observe(a) -> int:
+    from gpu_runner.observe import main_observe
+    return main_observe(a)
+
+
 def cmd_loadgen(a) -> int:
     from gpu_runner.loadgen import main_loadgen
     return main_loadgen(a)
@@ -194,7 +207,7 @@ def cmd_loadgen(a) -> int:
 def main(argv=None) -> int:
     from core.cli import run
     return run(build_parser(), {"capture": cmd_capture, "generate": cmd_generate, "export-hf": cmd_export_hf,
-                                "serve": cmd_serve, "loadgen": cmd_loadgen}, argv)
+                                "serve": cmd_serve, "loadgen": cmd_loadgen, "observe": cmd_observe}, argv)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,9 @@ class Capture:
         self.failures: dict[str, str] = {}
         self.engine: dict = {}
         self.done = 0
+        self.telemetry = None          # gpu_runner.observe.Telemetry: the server's own KV events and spans
+        self.span_wait = 1.0
+        self.t0_ns = 0
 
     def now_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000
@@ -112,6 +115,8 @@ class Capture:
                         continue
                     t = self.now_ms()
                     chunk = orjson.loads(line[6:])
+                    if rec.get("response_id") is None and isinstance(chunk.get("id"), str):
+                        rec["response_id"] = chunk["id"][:200]     # the server's id (pairs it with its span)
                     if chunk.get("usage"):
                         rec["tokens"] = chunk["usage"].get("completion_tokens")
                     for ch in chunk.get("choices") or []:
@@ -151,8 +156,9 @@ class Capture:
         async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0), limits=limits) as client:
             await self.identify(client)
             stop = asyncio.Event()
-            self.t0 = time.perf_counter()
+            self.t0, self.t0_ns = time.perf_counter(), time.time_ns()
             sampler = asyncio.create_task(self.sample_metrics(client, stop))
+            engine_side = asyncio.create_task(self.telemetry.run(stop)) if self.telemetry else None
             tasks = []
 
             async def report():
@@ -176,9 +182,13 @@ class Capture:
                         await asyncio.sleep(delay)
                     tasks.append(asyncio.create_task(self.one(client, reqs[k].id, ids[k], reqs[k].max_output_tokens)))
                 await asyncio.gather(*tasks)
+            if self.telemetry and self.telemetry.otlp_port:
+                await asyncio.sleep(self.span_wait)   # the server exports spans in batches after a request ends
             stop.set()
             await sampler
             await reporter
+            if engine_side is not None:
+                await engine_side
             if progress is not None:
                 progress(self.done, len(reqs))
 
@@ -188,7 +198,8 @@ class Capture:
         requests, events = [], []
         for rec in sorted(self.records, key=lambda r: r["arrival_ms"]):
             requests.append({"id": rec["id"], "arrival_ms": rec["arrival_ms"], "prompt_tokens": rec["prompt_tokens"],
-                             "max_output_tokens": rec["max_output_tokens"]})
+                             "max_output_tokens": rec["max_output_tokens"]}
+                            | ({"response_id": rec["response_id"]} if rec.get("response_id") else {}))
             chunks = rec["chunks"]
             n = rec["tokens"] if rec["tokens"] is not None else len(chunks)
             times = chunks[:n] + [chunks[-1]] * (n - len(chunks)) if chunks else []
@@ -211,6 +222,30 @@ class Capture:
         return {"schema": "serving-trace/1", "meta": meta, "requests": requests, "events": events}
 
 
+def with_engine_side(tr, cap: Capture):
+    """The client's trace with what the server emitted meanwhile, on the client's clock (both
+    start at t0: perf_counter and epoch read together): each request's span as its engine-side
+    view (paired by the server's response id), the KV events."""
+    from core.trace.imports.merge import attach_spans, pair_requests
+    from core.trace.imports.telemetry import telemetry_trace
+    tel = cap.telemetry
+    eng = telemetry_trace(cap.t0_ns, list(tel.spans), list(tel.kv_rows), [], {"source": "measured"}, [])
+    tr.meta["clock"] = {"kind": "epoch", "t0_s": cap.t0_ns / 1e9, "resolution_ms": 1e-3,
+                        "how": "loadgen's start: perf_counter (client times) and time.time_ns (the server's spans "
+                               "and KV events) read together"}
+    notes = [f"engine side: {tel.summary()}"]
+    if len(eng.requests):
+        pairs = pair_requests(tr, eng)
+        attach_spans(tr, eng, pairs, 0.0)
+        notes.append(f"{len(pairs)} of {len(tr.requests)} requests paired with their server span by response id.")
+    if len(eng.kv_events):
+        tr.kv_events = eng.kv_events
+    tr.meta["notes"] = f"{tr.meta.get('notes', '')}; " + " ".join(notes)
+    tr.meta["provenance"] = {"client": "loadgen: arrival = sent, tokens = SSE chunks received",
+                             "engine": "the server's spans (engine_* per request) and KV events"}
+    return tr
+
+
 def main_loadgen(a) -> int:
     from core.cli import Progress, check_writable, write_output
     from core.trace import trace_from_doc
@@ -226,6 +261,10 @@ def main_loadgen(a) -> int:
     cap = Capture(a.url, a.model, a.temperature, a.metrics_interval)
     cap.load = ({"kind": "open", "rate": a.rate, "seed": a.seed} if a.rate is not None else
                 {"kind": "closed", "concurrency": a.concurrency} if a.concurrency is not None else None)
+    from gpu_runner.observe import Telemetry, check_flags
+    check_flags(a)
+    if a.kv_events or a.otlp_port:
+        cap.telemetry = Telemetry(a.kv_events, a.kv_topic, a.otlp_port)
     t0 = time.perf_counter()
     try:
         asyncio.run(cap.run(w, a.rate, a.concurrency, a.seed, Progress("requests")))
@@ -233,6 +272,8 @@ def main_loadgen(a) -> int:
         print("\ninterrupted: writing what was captured (unsent requests are left out)", file=sys.stderr)
     secs = time.perf_counter() - t0
     tr = trace_from_doc(cap.doc(w, how))
+    if cap.telemetry is not None:
+        tr = with_engine_side(tr, cap)
     write_output(a.out, lambda p: save_trace(tr, p), "--out")
     print(f"wrote {a.out}: {len(tr.requests)} requests, {len(tr.tokens)} tokens, {len(cap.failures)} failed, "
           f"{len(cap.gauges)} /metrics samples, in {secs:.1f} s against {cap.engine.get('name')} at {cap.url}")

@@ -243,3 +243,35 @@ def test_a_directory_we_do_not_read_gets_one_line(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(TraceError, match="a directory we do not read"):
         open_trace(tmp_path)
+
+
+def test_merge_joins_a_client_file_the_log_spans_kv_events_and_metrics(tmp_path, capsys):
+    run = TELEMETRY / RUNS[1]
+    files = [run / f for f in ("vllm_bench_run2.json", "spans.otlp.jsonl", "server.log", "kv_events.jsonl",
+                               "metrics_scrapes.jsonl")]
+    out = tmp_path / "merged.json.gz"
+    assert main(["merge", *map(str, files), "--out", str(out), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["files"]
+    assert [r["clock"] for r in report] == ["perf_counter", "epoch", "wall-clock", "epoch", "epoch"]
+    assert all(r["how"] and r["uncertainty_ms"] is not None for r in report)
+    assert report[1]["matched"] == "48 of 48"
+    assert report[2]["uncertainty_ms"] < 100            # the log's 1 s timestamps, refined against the spans
+    tr = load_trace(out)
+    # the client's requests, each with the engine's own view of it (its span)
+    spans = request_metrics(open_trace(run / "spans.otlp.jsonl").trace).set_index("id")
+    views = {e["engine_request_id"]: e for e in tr.request_extra}
+    assert sorted(views) == sorted(spans.index)
+    for rid, e in views.items():
+        assert e["engine_ttft_ms"] == pytest.approx(spans.loc[rid, "ttft_ms"], abs=1e-6)
+        assert e["engine_e2e_ms"] == pytest.approx(spans.loc[rid, "e2e_ms"], abs=1e-6)
+    # the client's own numbers are untouched
+    client = request_metrics(open_trace(run / "vllm_bench_run2.json").trace)
+    assert np.allclose(request_metrics(tr)["ttft_ms"], client["ttft_ms"])
+    log_steps = len(open_trace(run / "server.log").trace.steps)
+    assert len(tr.steps) == log_steps - report[2]["dropped"] > 1000
+    assert summarize(tr)["summary"]["kv_events"]["stored_blocks"] == 177
+    assert tr.events_of("gauge")
+    # files of a run that cannot be aligned: one line
+    bad = ["merge", str(run / "server.log"), str(run / "kv_events.jsonl"), "--out", str(tmp_path / "x.json")]
+    assert main(bad) == 2
+    assert "iteration log" in capsys.readouterr().err and not (tmp_path / "x.json").exists()

@@ -95,8 +95,11 @@ def _benchmark(b: dict, k: int, name: str, version: str) -> Imported:
         parsed.append((kind, r, tm, float(start), where))
     t0 = min(p[3] for p in parsed)
     rows = RequestRows(f"{name} [{label}]")
+    response_ids = {}
     for kind, r, tm, start, where in parsed:
         rid = str(r.get("request_id") or f"req{len(rows.reqs)}")
+        if isinstance(r.get("response_id"), str):
+            response_ids[rid] = r["response_id"]
         at = (start - t0) * 1000.0
         n_in = count(r.get("prompt_tokens") or 0, where, "prompt_tokens")
         end = _t(tm, "request_end", where)
@@ -124,10 +127,14 @@ def _benchmark(b: dict, k: int, name: str, version: str) -> Imported:
             "clock": {"kind": "epoch", "t0_s": t0, "resolution_ms": 1e-3,
                       "how": "guidellm's info.timings.request_start of the benchmark's first request"},
             "provenance": PROVENANCE}
+    tr = rows.trace(meta)
+    for k, rid in enumerate(tr.ids):       # the server's id for it (merge pairs requests with spans by it)
+        if rid in response_ids:
+            tr.request_extra[k]["response_id"] = response_ids[rid]
     window = None
     if finite(b.get("start_time")) and finite(b.get("end_time")) and b["end_time"] > b["start_time"]:
         window = ((b["start_time"] - t0) * 1000.0, (b["end_time"] - t0) * 1000.0)   # its measured window
-    return Imported(rows.trace(meta), "guidellm", fs, rows.failed, notes, tool=f"guidellm {version}".strip(),
+    return Imported(tr, "guidellm", fs, rows.failed, notes, tool=f"guidellm {version}".strip(),
                     what="benchmark report", stats=stats, origin=PROVENANCE, run_label=label,
                     estimator="inverted_cdf", weights={"tpot_ms": "tokens-1"}, window_ms=window)
 

@@ -137,7 +137,8 @@ def _ns(v, where: str, key: str) -> int:
     return n
 
 
-def import_spans(spans: Iterable[dict], name: str, form: str) -> Imported:
+def request_spans(spans: Iterable[dict], name: str) -> tuple[list[dict], int]:
+    """(the llm_request spans, how many other spans there were)."""
     reqs, other = [], 0
     for sp in spans:
         if sp.get("name") != REQUEST_SPAN:
@@ -146,15 +147,20 @@ def import_spans(spans: Iterable[dict], name: str, form: str) -> Imported:
         reqs.append(sp)
         if len(reqs) > MAX_SPANS:
             raise TraceError(f"{name}: more than {MAX_SPANS:,} request spans")
-    if not reqs:
-        raise TraceError(f"{name}: no '{REQUEST_SPAN}' spans ({other} other span(s)): vLLM sends one per request "
-                         "with --otlp-traces-endpoint")
-    starts = [_ns(sp["start_ns"], f"{name}: span {k}", "startTimeUnixNano") for k, sp in enumerate(reqs)]
-    t0 = min(starts)
-    rows, seen = RequestRows(name), {}
-    phases = {}
-    for k, (sp, s_ns) in enumerate(zip(reqs, starts)):
+    return reqs, other
+
+
+def first_start_ns(reqs: list[dict], name: str) -> int:
+    return min(_ns(sp["start_ns"], f"{name}: span {k}", "startTimeUnixNano") for k, sp in enumerate(reqs))
+
+
+def add_span_requests(rows: RequestRows, reqs: list[dict], t0: int, name: str) -> dict:
+    """Each request span as a request of `rows`, times in ms from t0 (epoch ns); returns
+    {request id: its engine-side phases in ms}."""
+    seen, phases = {}, {}
+    for k, sp in enumerate(reqs):
         a, where = sp["attributes"], f"{name}: span {k}"
+        s_ns = _ns(sp["start_ns"], where, "startTimeUnixNano")
         rid = str(a.get("gen_ai.request.id") or sp.get("span_id") or f"span{k}")
         if rid in seen:
             seen[rid] += 1
@@ -162,6 +168,8 @@ def import_spans(spans: Iterable[dict], name: str, form: str) -> Imported:
         else:
             seen[rid] = 0
         at = (s_ns - t0) / 1e6
+        if at < 0:
+            raise TraceError(f"{where}: starts before the trace's origin")
         lat = {key: a.get(LATENCY + key) for key in ("time_to_first_token", "e2e", *PHASES.values())}
         n_out = count(a.get("gen_ai.usage.completion_tokens", 0), where, "gen_ai.usage.completion_tokens")
         n_in = count(a.get("gen_ai.usage.prompt_tokens", 0), where, "gen_ai.usage.prompt_tokens")
@@ -175,17 +183,32 @@ def import_spans(spans: Iterable[dict], name: str, form: str) -> Imported:
         if not 0 <= ttft <= e2e:
             raise TraceError(f"{where}: expected 0 <= time_to_first_token <= e2e, got {ttft!r} and {e2e!r}")
         rows.add_interpolated(rid, at, n_in, at + ttft * 1000.0, at + float(e2e) * 1000.0, n_out, where)
+    return phases
+
+
+def span_notes(n: int, other: int, form: str) -> list[str]:
+    notes = [f"{n:,} request spans ({form}); arrival = span start (the engine front-end's arrival), TTFT "
+             "and E2E = the span's gen_ai.latency.time_to_first_token and e2e; token times interpolated between "
+             "the first and the last (spans carry no per-token times), so ITL and TPOT are averages."]
+    if other:
+        notes.append(f"{other} other span(s) (startup, ...) left out.")
+    return notes
+
+
+def import_spans(spans: Iterable[dict], name: str, form: str) -> Imported:
+    reqs, other = request_spans(spans, name)
+    if not reqs:
+        raise TraceError(f"{name}: no '{REQUEST_SPAN}' spans ({other} other span(s)): vLLM sends one per request "
+                         "with --otlp-traces-endpoint")
+    t0 = first_start_ns(reqs, name)
+    rows = RequestRows(name)
+    phases = add_span_requests(rows, reqs, t0, name)
     meta = {"source": "imported", "label": f"{name} (vLLM OpenTelemetry spans)", "created": "unknown",
             "engine": {"name": "vllm"}, "device": "not recorded in the spans",
             "clock": {"kind": "epoch", "t0_s": t0 / 1e9, "resolution_ms": 1e-6,
                       "how": "span start times (startTimeUnixNano, the engine's wall clock)"},
             "provenance": PROVENANCE}
-    notes = [f"{len(reqs):,} request spans ({form}); arrival = span start (the engine front-end's arrival), TTFT "
-             "and E2E = the span's gen_ai.latency.time_to_first_token and e2e; token times interpolated between "
-             "the first and the last (spans carry no per-token times), so ITL and TPOT are averages."]
-    if other:
-        notes.append(f"{other} other span(s) (startup, ...) left out.")
-    notes += rows.notes()
+    notes = span_notes(len(reqs), other, form) + rows.notes()
     meta["notes"] = " ".join(notes)
     tr = rows.trace(meta)
     for k, rid in enumerate(tr.ids):

@@ -69,6 +69,11 @@ def _import_vllm(doc: dict, name: str) -> Imported:
             "(ttfts, itls, input_lens, output_lens, errors: vLLM writes them with --save-detailed)."])
     cols = _vllm_columns(doc, name)
     arrival_ms, aligned, notes = _vllm_arrivals(doc, len(cols["ttfts"]), name)
+    if not aligned:
+        key = "start_times" if isinstance(doc.get("start_times"), list) else "request_submit_times"
+        meta["clock"] = {"kind": "perf_counter", "t0_s": float(min(doc[key])), "resolution_ms": 1e-6,
+                         "how": f"the benchmark's {key} (time.perf_counter of the client, seconds)"}
+    meta["provenance"] = ORIGIN
     rows = RequestRows(name)
     for i in range(len(arrival_ms)):
         _add_row(rows, name, arrival_ms, i, *(cols[k][i] for k in ("ttfts", "itls", "output_lens", "input_lens",

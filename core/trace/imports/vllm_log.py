@@ -108,11 +108,13 @@ def import_iteration_log(text: str, name: str) -> Imported:
     if bad:
         notes.append(f"{bad} line(s) mention Iteration( but do not parse; they were skipped.")
     first = df.iloc[int(np.argmin(start))]
+    day0 = _second(first["mon"], first["day"], "00", "00", "00")
     clock = {"kind": "wall-clock", "t0_s": t0, "resolution_ms": resolution * 1000.0,
              "t0": f"{first['mon']}-{first['day']} (no year) {first['h']}:{first['m']}:{first['s']}",
-             "how": "t0_s is seconds since 00:00 on January 1 of the log's (unknown) year, in the server's local "
-                    "time zone; each step's end is the later of its logged second and the previous step's end "
-                    "plus its duration"}
+             "month": int(first["mon"]), "day": int(first["day"]), "seconds_of_day": t0 - day0,
+             "how": "t0_s is seconds since 2000-01-01 00:00 (the log has no year; month, day and seconds_of_day "
+                    "say when in the year, in the server's time zone); each step's end is the later of its "
+                    "logged second and the previous step's end plus its duration"}
     meta = {"source": "imported", "label": f"{name} (vLLM iteration log)", "created": "unknown",
             "engine": {"name": "vllm"}, "device": "not recorded in the log", "clock": clock,
             "provenance": {"steps": "engine: vLLM's iteration log (--enable-logging-iteration-details)",
