@@ -135,8 +135,9 @@ def main():
                                          "notes": note, "workload": "chapter31"})
         save_trace(tr, DATA / "traces" / f"chapter31_{name}.json", pretty=True)
     # Simulated traces of the shared-prefix workload, prefix caching on vs off (compare them).
-    from core.scheduler import SchedulerConfig
-    from core.simulate import StepModel, simulate
+    from core.config import SchedulerConfig
+    from core.sim.simulate import simulate
+    from core.sim.stepmodel import StepModel
     sp = shared_prefix()
     sp = Workload(sp.requests[:60], name="shared_prefix_60")
     model = StepModel("affine", base_ms=4.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.2)
@@ -152,6 +153,14 @@ def main():
     (DATA / "imports").mkdir(exist_ok=True)
     (DATA / "imports" / "vllm_example_result.json").write_text(
         json.dumps(vllm_style_result(base, fail_ids=("q007",), name="vllm_example_result.json")) + "\n")
+    # One real vLLM run from its files (client result, iteration log, spans, KV events, /metrics), merged.
+    from core.trace import open_trace
+    from core.trace.imports.merge import merge
+    run = DATA / "imports" / "vllm_telemetry" / "run2_poisson4_p192_o48"
+    names = ["vllm_bench_run2.json", "spans.otlp.jsonl", "server.log", "kv_events.jsonl", "metrics_scrapes.jsonl"]
+    merged, _ = merge([open_trace(run / n) for n in names],
+                      [f"data/imports/vllm_telemetry/{run.name}/{n}" for n in names])
+    save_trace(merged, DATA / "traces" / "vllm_cpu_run2_merged.json.gz")
     print("wrote", *sorted(str(p.relative_to(ROOT)) for p in (DATA / "workloads").iterdir()),
           *sorted(str(p.relative_to(ROOT)) for p in (DATA / "traces").iterdir()), sep="\n  ")
 

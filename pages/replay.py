@@ -9,16 +9,19 @@ import streamlit as st
 from core.analysis.compare import compare_table, workload_differences
 from core.analysis.cursor import advance, requests_near, step_at, step_cursor, subset, time_range
 from core.analysis.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, with_run_metadata
+from core.analysis.kv_events import cache_at
+from core.analysis.tools import tool_comparison
 from core.config import POLICIES, SchedulerConfig
 from core.errors import InputError
 from core.figures import CURSOR
 from core.figures.attention import captured_tiles_figure
 from core.figures.batch import batch_figure, gauges_figure, in_flight_figure
+from core.figures.engine import counted_steps_figure, engine_phases_figure, prefix_cache_figure
 from core.figures.latency import cdf_figure
 from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
 from core.figures.timeline import schedule_timeline
-from core.fit.stepfit import MIN_STEPS, describe_outside
+from core.fit.stepfit import MIN_STEPS, counted_steps, describe_outside
 from core.formulas.speculative import acceptance_by_position
 from core.trace import file_summary_comparison, file_window_comparison, trace_json
 from ui import (
@@ -44,8 +47,9 @@ from ui import (
 ensure_app_frame()
 
 st.title("Trace replay")
-st.caption("Open a trace — bundled, captured by the runner, written by hand, or a vLLM/SGLang benchmark result — "
-           "and move the time cursor: every view below follows it.")
+st.caption("Open a trace — bundled, captured by the runner, written by hand, another tool's file (vLLM/SGLang, "
+           "AIPerf, guidellm, inference-perf results; vLLM's iteration log, spans, KV events) — and move the time "
+           "cursor: every view below follows it.")
 
 files = replay_trace_files()
 UPLOAD = "Upload a file…"
@@ -57,8 +61,11 @@ choice = st.selectbox("Trace", list(files) + [UPLOAD], **bound("tr"))
 def get_trace(choice, slot):
     """(trace, imported, label) for a choice, keeping the last good upload on errors."""
     if choice == UPLOAD:
-        up = st.file_uploader(f"serving-trace/1 (.json, .json.gz, .parquet) or a vLLM/SGLang result JSON, "
-                              f"up to {UPLOAD_LIMIT_MB} MB", type=["json", "gz", "parquet"], key=f"{slot}_upload")
+        up = st.file_uploader(f"serving-trace/1 (.json, .json.gz, .parquet) or another tool's file (vLLM/SGLang, "
+                              f"AIPerf .jsonl, guidellm .json/.yaml, inference-perf, vLLM's log, OTLP spans, KV "
+                              f"events; docs/imports.md), up to {UPLOAD_LIMIT_MB} MB",
+                              type=["json", "gz", "parquet", "jsonl", "yaml", "yml", "log", "txt"],
+                              key=f"{slot}_upload")
         if up is not None:
             tr, imp, err = parse_uploaded_trace(up, slot)
             if err:
@@ -211,8 +218,15 @@ def cursor_views():
     show_chart(fig, key="rp_timeline")
     left, right = st.columns(2)
     row, batch = step_at(tr, cursor, derived(tr, "rows") if big else None)
+    counted = counted_steps(tr)     # an engine's iteration log: counts per step, no batch entries
     with left:
-        if row is None:
+        if row is not None and counted:
+            show_chart(counted_steps_figure(tr.steps, cursor).update_layout(height=280), key="rp_counted_steps")
+            st.caption(f"Step {int(row['step'])} at the cursor ({row['dur_ms']:.2f} ms): {int(row['prefill_reqs'])} "
+                       f"prefill request(s), {int(row['prefill_tokens'])} uncached prompt tokens, "
+                       f"{int(row['decode_reqs'])} decoding. Measured by the engine (its iteration log: counts, no "
+                       "requests; start times within each line's one-second timestamp, see the trace's clock).")
+        elif row is None:
             show_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
             st.caption("Batch composition needs `step` events (with their `batch` lists).")
         else:
@@ -235,9 +249,51 @@ def cursor_views():
         show_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
     if len(tr.kv) and tr.events_of("gauge"):
         show_chart(gauges_figure(tr.events_of("gauge"), cursor), key="rp_gauges")
+    engine_views(cursor)
+
+
+def engine_views(cursor: float):
+    """What the engine said about itself, when the trace has it: its prefix cache (KV events), each
+    request's phases inside it (spans), the steps of its iteration log."""
+    if len(tr.kv_events):
+        over = derived(tr, "prefix_cache")
+        show_chart(prefix_cache_figure(over, cursor), key="rp_prefix_cache")
+        at = cache_at(over, cursor)
+        st.caption(f"At the cursor: {at['cached']} blocks cached; {at['stored']} stored, {at['removed']} removed, "
+                   f"{at['cleared']} clear(s) so far. Measured by the engine (its KV events: content hashes of full "
+                   "blocks, no request ids; a cache hit publishes nothing).")
+    ex = tr.request_extra
+    if any("engine_prefill_ms" in e or "engine_queue_ms" in e for e in ex[:200]):
+        idx = sorted(requests_near(tr, cursor, limit=16, metrics=derived(tr, "requests")))
+        show_chart(engine_phases_figure([tr.ids[i] for i in idx], tr.requests["arrival_ms"].to_numpy()[idx],
+                                        [ex[i] for i in idx], cursor), key="rp_phases")
+        st.caption("Measured by the engine: each request's span (gen_ai.latency.time_in_queue, "
+                   "time_in_model_prefill, time_in_model_decode), from its arrival at the engine's front-end.")
+
+
+def provenance_panel():
+    """Where every number on this page comes from: the trace's origin, its clock and, per quantity,
+    who measured it and how (imported and merged files)."""
+    prov, clock, merged = tr.meta.get("provenance"), tr.meta.get("clock"), tr.meta.get("merged_from")
+    if not (prov or clock or merged):
+        return
+    with st.expander("Where these numbers come from"):
+        if clock:
+            st.markdown(f"**Clock**: {md(clock.get('kind', '?'))}; {md(clock.get('how', ''))} "
+                        f"(resolution {clock.get('resolution_ms', 0):g} ms).")
+        if prov:
+            show_table(pd.DataFrame([{"quantity": k, "measured by, and how": v} for k, v in prov.items()]),
+                       hide_index=True, key="rp_provenance")
+        if merged:
+            show_table(pd.DataFrame(merged), hide_index=True, key="rp_merged")
+        if imp is not None and imp.stats:
+            st.markdown(f"**{md(imp.tool)}'s own statistics beside ours**, computed its way (its percentile "
+                        f"estimator: {md(imp.estimator)}):")
+            show_table(tool_comparison(imp), hide_index=True, key="rp_tool_cmp")
 
 
 cursor_views()
+provenance_panel()
 metrics_panel()
 spec = tr.events_of("spec")
 if spec:
@@ -282,6 +338,11 @@ c2.download_button("Per-request metrics (CSV)", data=lambda: metrics_csv(tr), fi
                    mime="text/csv", key="rp_dl_csv")
 
 # ---- compare -----------------------------------------------------------------------------
+if not len(tr.requests):
+    st.caption("This file holds engine-side records only (steps, KV events, gauges), no requests: to compare and "
+               "predict, merge it with the run's client file and spans (`python -m core merge FILE... --out T`, "
+               "docs/imports.md).")
+    st.stop()
 st.header("Compare")
 PREDICT = "Predicted by the simulator"
 
@@ -371,8 +432,12 @@ if len(tr.steps) >= MIN_STEPS:
     f1, f2 = st.columns(2)
     fit_choice = f1.selectbox("Fit on", [FIRST_HALF] + others, key="rp_fid_on",
                               help="another run needs step events (a runner capture or a simulation)")
-    fid_model = f2.segmented_control("Step model", ["affine", "features"], default="features", required=True,
-                                     key="rp_fid_model")
+    counted_only = counted_steps(tr)    # an engine's iteration log: counts, no attended positions
+    fid_model = f2.segmented_control("Step model", ["affine"] if counted_only else ["affine", "features"],
+                                     default="affine" if counted_only else "features", required=True,
+                                     key="rp_fid_model",
+                                     help="an iteration log has counts per step, not attended positions: affine"
+                                     if counted_only else None)
     fit_tr = None
     if fit_choice != FIRST_HALF:
         fit_tr, _, _ = get_trace(fit_choice, "rp_fid")

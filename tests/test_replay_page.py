@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.conftest import DATA
-from tests.helpers import charts, growing, open_page
+from tests.helpers import arr, charts, growing, open_page
 
 
 def replay(params=None):
@@ -201,3 +201,33 @@ def test_step_cursor_moves_to_neighbouring_steps():
     assert step_cursor(55.0, +1, starts, 0.0, 60.0, 1.0) == 60.0       # past the last step: the end
     assert step_cursor(0.0, -1, starts, 0.0, 60.0, 1.0) == 0.0
     assert step_cursor(10.0, +1, np.empty(0), 0.0, 60.0, 2.5) == 12.5  # no steps: a fixed stride
+
+
+def _titles(at):
+    return [(f["layout"].get("title") or {}).get("text", "") for f in charts(at)]
+
+
+def test_a_real_vllm_run_shows_the_engine_from_inside():
+    """The bundled merged vLLM run: its own prefix cache (KV events), each request's phases (spans),
+    its logged steps (counts), and where every number comes from."""
+    at = replay({"tr": "vLLM 0.32 (CPU) run 2: client + iteration log + spans + KV events, merged"})
+    assert not at.exception
+    titles = " | ".join(_titles(at))
+    assert "The engine's prefix cache (its KV events)" in titles and "6 prefix chains" in titles
+    assert "Inside the engine, per request" in titles and "The engine's steps, from its iteration log" in titles
+    cache = next(f for f in charts(at) if "prefix cache" in (f["layout"].get("title") or {}).get("text", ""))
+    stacked = [t for t in cache["data"] if t.get("stackgroup") == "cached"]
+    assert len(stacked) == 6 and max(sum(v) for v in zip(*(arr(t["y"]) for t in stacked))) <= 64   # a pool of 64
+    said = " ".join(c.value for c in at.caption)
+    assert "blocks cached" in said and "Measured by the engine" in said
+    assert not any(t.startswith("Step ") and "0 tokens, 0 requests" in t for t in _titles(at))
+    assert any(e.label == "Where these numbers come from" for e in at.expander)
+
+
+@pytest.mark.parametrize("name", ["vLLM 0.32 (CPU) run 2: its prefix cache (KV events)",
+                                  "vLLM 0.32 (CPU) run 2: its iteration log",
+                                  "AIPerf 0.13 against our server (profile_export.jsonl)",
+                                  "guidellm 0.8.1 against our server: concurrency 1, 2, 4"])
+def test_every_bundled_tool_file_opens_on_the_replay_page(name):
+    at = replay({"tr": name})
+    assert not at.exception and not at.error

@@ -168,9 +168,14 @@ def cached_block_states(trace: Trace, max_snapshots: int = 160):
     return _block_states(trace, max_snapshots)[1]
 
 
+def _prefix_cache(trace: Trace):
+    from core.analysis.kv_events import cache_over_time
+    return cache_over_time(trace.kv_events)
+
+
 _DERIVED = {"summary": _summary,   # pages read the summary only
             "requests": request_metrics, "in_flight": in_flight_series, "rows": row_index,
-            "span": time_range}
+            "span": time_range, "prefix_cache": _prefix_cache}
 
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
@@ -181,7 +186,8 @@ def _derived(trace: Trace, what: str):
 def derived(trace: Trace, what: str):
     """Per-trace results that do not depend on the cursor ("summary", "requests", "in_flight",
     "span": the cursor's range, "rows": where each request's rows and each step's batch
-    entries are, for `subset`/`step_at`)."""
+    entries are, for `subset`/`step_at`; "prefix_cache": the engine's own prefix cache over time
+    from its KV events)."""
     return _derived(trace, what)[1]
 
 

@@ -94,10 +94,10 @@ def requests_near(trace: Trace, t_ms: float, limit: int = 150, metrics: pd.DataF
 
 
 def in_flight_series(trace: Trace, max_points: int = 4000) -> pd.DataFrame:
-    """Running and waiting counts over time: from step events when present; otherwise
+    """Running and waiting counts over time: from step events when they record them; otherwise
     requests in flight (arrival <= t < last token) from the token events."""
     st = trace.steps
-    if len(st):
+    if len(st) and (st["running"].to_numpy() >= 0).any():
         df = pd.DataFrame({"t_ms": st["t_ms"].to_numpy(), "running": st["running"].to_numpy(),
                            "waiting": st["waiting"].to_numpy()})
         source = "step events"

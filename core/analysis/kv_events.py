@@ -30,3 +30,83 @@ def kv_event_summary(table: pd.DataFrame) -> dict:
     _, n = cached_blocks(table)
     return {"stored_blocks": int((ops == "stored").sum()), "removed_blocks": int((ops == "removed").sum()),
             "cleared": int((ops == "cleared").sum()), "peak_cached_blocks": int(n.max()) if len(n) else 0}
+
+
+def chain_roots(table: pd.DataFrame) -> dict:
+    """Each stored block's prefix chain, named by the chain's first block: a block stored after
+    its parent belongs to the parent's chain (vLLM hashes each block with its parent's, so blocks
+    that share a first block share the prompt prefix up to it)."""
+    root: dict = {}
+    for op, h, parent in zip(table["op"].tolist(), table["hash"].tolist(), table["parent"].tolist()):
+        if op == "stored" and h not in root:
+            root[h] = root.get(parent, parent) if parent is not None else h
+    return root
+
+
+def cache_over_time(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
+    """One row per kv_event row: t_ms, op, cached (distinct blocks in the cache after it), and
+    cached blocks per prefix chain for the `top` chains with the most blocks at their peak (named
+    chain 1.. by first appearance), the rest summed in `other chains`."""
+    root = chain_roots(table)
+    cached: set = set()
+    per: dict = {}
+    rows = []
+    for t, op, h in zip(table["t_ms"].tolist(), table["op"].astype(str).tolist(), table["hash"].tolist()):
+        if op == "stored" and h not in cached:
+            cached.add(h)
+            r = root.get(h, h)
+            per[r] = per.get(r, 0) + 1
+        elif op == "removed" and h in cached:
+            cached.discard(h)
+            r = root.get(h, h)
+            per[r] -= 1
+        elif op == "cleared":
+            cached.clear()
+            per = {}
+        rows.append((t, op, len(cached), dict(per)))
+    peak: dict = {}
+    order: list = []
+    for *_, p in rows:
+        for r, n in p.items():
+            if r not in peak:
+                order.append(r)
+            peak[r] = max(peak.get(r, 0), n)
+    best = sorted(order, key=lambda r: (-peak[r], order.index(r)))[:top]
+    names = {r: f"chain {order.index(r) + 1}" for r in sorted(best, key=order.index)}
+    out = pd.DataFrame({"t_ms": [r[0] for r in rows], "op": [r[1] for r in rows], "cached": [r[2] for r in rows]})
+    for r, name in names.items():
+        out[name] = [p.get(r, 0) for *_, p in rows]
+    out["other chains"] = out["cached"] - (out[list(names.values())].sum(axis=1) if names else 0)
+    out.attrs["chains"] = list(names.values())
+    out.attrs["chain_count"] = len(order)
+    return out
+
+
+def cache_at(over_time: pd.DataFrame, t_ms: float) -> dict:
+    """The prefix cache at a time: cached blocks, blocks per chain, and the stores, removals and
+    clears up to then."""
+    upto = over_time[over_time["t_ms"] <= t_ms]
+    if not len(upto):
+        return {"cached": 0, "stored": 0, "removed": 0, "cleared": 0}
+    last = upto.iloc[-1]
+    ops = upto["op"].value_counts()
+    return {"cached": int(last["cached"]), "stored": int(ops.get("stored", 0)), "removed": int(ops.get("removed", 0)),
+            "cleared": int(ops.get("cleared", 0)),
+            "chains": {c: int(last[c]) for c in over_time.attrs.get("chains", []) + ["other chains"] if last[c]}}
+
+
+def simulated_cache_over_time(kv: pd.DataFrame) -> pd.DataFrame:
+    """The simulator's own prefix cache from its `kv` block events, in the same terms: a block
+    enters the cache when it gets its hash ("cache"), leaves it when its cached copy is reused
+    for other data ("evict"); t_ms and cached (blocks holding a hash)."""
+    ev = kv[kv["op"].isin(["cache", "evict"])]
+    cached: set = set()
+    n = []
+    for op, b in zip(ev["op"].astype(str).tolist(), ev["block"].tolist()):
+        if op == "cache":
+            cached.add(b)
+        else:
+            cached.discard(b)
+        n.append(len(cached))
+    return pd.DataFrame({"t_ms": ev["t_ms"].to_numpy(dtype=float), "op": ev["op"].astype(str).to_numpy(),
+                         "cached": np.asarray(n, dtype=np.int64)})

@@ -136,6 +136,25 @@ def bundled_trace_files() -> list[Path]:
     return sorted(p for p in (DATA / "traces").glob("*") if p.name.endswith(TRACE_SUFFIXES))
 
 
+# Real files of other tools, bundled with how they were made (data/imports/*/MADE.md), listed on
+# the replay page by what they are.
+TOOL_FILES = {
+    "vLLM 0.32 (CPU) run 2: client + iteration log + spans + KV events, merged":
+        "traces/vllm_cpu_run2_merged.json.gz",
+    "vLLM 0.32 (CPU) run 2: its prefix cache (KV events)":
+        "imports/vllm_telemetry/run2_poisson4_p192_o48/kv_events.jsonl",
+    "vLLM 0.32 (CPU) run 2: its request spans (OTLP/JSON)":
+        "imports/vllm_telemetry/run2_poisson4_p192_o48/spans.otlp.jsonl",
+    "vLLM 0.32 (CPU) run 2: its iteration log": "imports/vllm_telemetry/run2_poisson4_p192_o48/server.log",
+    "AIPerf 0.13 against our server (profile_export.jsonl)":
+        "imports/aiperf/aiperf_n24_c2_p128_o16/profile_export.jsonl",
+    "guidellm 0.8.1 against our server: concurrency 1, 2, 4":
+        "imports/guidellm/concurrent1-2-4_p64_o32_n12/benchmarks.json",
+    "inference-perf 0.7 against our server (per request)":
+        "imports/inference_perf/ip_rate4_p64_o32/per_request_lifecycle_metrics.json",
+}
+
+
 def trace_files(extra: str = "") -> dict[str, Path]:
     """File name -> path for the bundled traces (data/traces), engine result files
     (data/imports), and the files or directories in `extra`, an os.pathsep-separated list
@@ -144,7 +163,7 @@ def trace_files(extra: str = "") -> dict[str, Path]:
     Only regular files are listed: FIFOs, devices, directories named *.json and broken or
     looping symlinks are skipped (reading a FIFO would block the page forever)."""
     roots = [DATA / "traces", DATA / "imports"] + [Path(p) for p in extra.split(os.pathsep) if p]
-    out: dict[str, Path] = {}
+    out: dict[str, Path] = {name: DATA / rel for name, rel in TOOL_FILES.items() if (DATA / rel).is_file()}
     for root in roots:
         files = [root] if root.is_file() else sorted(root.glob("*")) if root.is_dir() else []
         for f in files:

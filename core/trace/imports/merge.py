@@ -249,6 +249,9 @@ def merge(parts: list, names: list[str]) -> tuple[Trace, list[dict]]:
             steps = tr.steps.copy()
             steps["t_ms"] = starts
             out.steps, row["dropped"] = _shift_table(steps, 0.0)
+            engine = tr.meta.get("engine") or {}
+            if "policy" in engine:      # the log's own scheduler options, for re-simulating the run
+                out.meta["engine"] = {**(out.meta.get("engine") or {}), **engine}
             how = (f"the log's 1 s timestamps{tz}; each busy period then moved within its second to put its prefill "
                    f"steps at the spans' scheduled times (arrival + time in queue): median distance {unc:.2f} ms")
             row["role"] = "engine steps (iteration log)"

@@ -35,6 +35,13 @@ ITERATION = re.compile(
     r"iteration elapsed time: (?P<ms>[0-9.]+(?:[eE][-+]?\d+)?) ms"
     r"(?:.*?KV cache usage: (?P<kv>[0-9.]+)%)?")
 MARK = "Iteration("
+# vLLM's startup line `non-default args: {...}` (a Python repr, never evaluated: only these
+# plain values are read) -> our scheduler options
+ARGS = {"max_num_seqs": ("max_seqs", int), "max_num_batched_tokens": ("token_budget", int),
+        "block_size": ("block_size", int), "num_gpu_blocks_override": ("kv_blocks", int),
+        "enable_prefix_caching": ("prefix_caching", lambda v: v == "True"), "max_model_len": ("max_model_len", int)}
+ARG = re.compile(r"'(" + "|".join(ARGS) + r")': (\d+|True|False)\b")
+CACHE_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
 MAX_LINES = 20_000_000
 
 
@@ -47,6 +54,25 @@ def _second(mon: str, day: str, h: str, m: str, s: str) -> float:
     """Seconds since 2000-01-01 of a log timestamp (the log has no year; 2000 is a leap year, so
     every month-day parses)."""
     return (datetime(2000, int(mon), int(day), int(h), int(m), int(s)) - datetime(2000, 1, 1)).total_seconds()
+
+
+def engine_options(text: str) -> dict:
+    """The scheduler options the log's startup lines state (vLLM's non-default args and its KV
+    cache size), as our SchedulerConfig fields; {"name": "vllm"} alone when the log starts later."""
+    out: dict = {"name": "vllm"}
+    head = text[: 1 << 20]
+    line = next((ln for ln in head.splitlines() if "non-default args:" in ln), "")
+    for key, value in ARG.findall(line):
+        field, conv = ARGS[key]
+        out[field] = conv(value)
+    if "kv_blocks" not in out and "block_size" in out:
+        m = CACHE_TOKENS.search(head)
+        if m:
+            out["kv_blocks"] = int(m.group(1).replace(",", "")) // out["block_size"]
+    if len(out) > 1:
+        out["policy"] = "vllm-v1"
+        out["options_from"] = "the log's startup lines (non-default args, KV cache size); vLLM's defaults for the rest"
+    return out
 
 
 def import_iteration_log(text: str, name: str) -> Imported:
@@ -116,7 +142,7 @@ def import_iteration_log(text: str, name: str) -> Imported:
                     "say when in the year, in the server's time zone); each step's end is the later of its "
                     "logged second and the previous step's end plus its duration"}
     meta = {"source": "imported", "label": f"{name} (vLLM iteration log)", "created": "unknown",
-            "engine": {"name": "vllm"}, "device": "not recorded in the log", "clock": clock,
+            "engine": engine_options(text), "device": "not recorded in the log", "clock": clock,
             "provenance": {"steps": "engine: vLLM's iteration log (--enable-logging-iteration-details)",
                            "dur_ms": "engine: 'iteration elapsed time' of each logged step",
                            "kv_usage": "engine: 'KV cache usage' at the step's log line",
