@@ -75,8 +75,10 @@ class Capture:
         self.engine: dict = {}
         self.done = 0
         self.telemetry = None          # gpu_runner.observe.Telemetry: the server's own KV events and spans
-        self.span_wait = 1.0
+        self.span_wait = 15.0          # at most this long for the spans after the last request: an exporter
+        #                                backing off (its startup export failed) sends them seconds late
         self.t0_ns = 0
+        self.engine_side = ""
 
     def now_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000
@@ -149,6 +151,16 @@ class Capture:
             except TimeoutError:
                 pass
 
+    async def wait_for_spans(self):
+        """Until a span has arrived for every request sent (the server exports them in batches
+        after a request ends), at most span_wait seconds."""
+        deadline = time.monotonic() + self.span_wait
+        while time.monotonic() < deadline:
+            n = sum(1 for sp in self.telemetry.spans if sp.get("name") == "llm_request")
+            if n >= len(self.records):
+                return
+            await asyncio.sleep(0.1)
+
     async def run(self, workload: Workload, rate: float | None, concurrency: int | None, seed: int, progress=None):
         ids = prompt_ids(workload)
         reqs = workload.requests
@@ -183,7 +195,7 @@ class Capture:
                     tasks.append(asyncio.create_task(self.one(client, reqs[k].id, ids[k], reqs[k].max_output_tokens)))
                 await asyncio.gather(*tasks)
             if self.telemetry and self.telemetry.otlp_port:
-                await asyncio.sleep(self.span_wait)   # the server exports spans in batches after a request ends
+                await self.wait_for_spans()
             stop.set()
             await sampler
             await reporter
@@ -234,10 +246,16 @@ def with_engine_side(tr, cap: Capture):
                         "how": "loadgen's start: perf_counter (client times) and time.time_ns (the server's spans "
                                "and KV events) read together"}
     notes = [f"engine side: {tel.summary()}"]
-    if len(eng.requests):
-        pairs = pair_requests(tr, eng)
+    pairs = pair_requests(tr, eng) if len(eng.requests) else []
+    if pairs:
         attach_spans(tr, eng, pairs, 0.0)
-        notes.append(f"{len(pairs)} of {len(tr.requests)} requests paired with their server span by response id.")
+    cap.engine_side = (f"{len(pairs)} of {len(tr.requests)} requests paired with their server span"
+                       if tel.otlp_port else "") + (f"; {len(eng.kv_events)} KV event rows" if tel.kv_endpoint else "")
+    notes.append(cap.engine_side.lstrip("; ") + ".")
+    if tel.otlp_port and len(pairs) < len(tr.requests):
+        cap.engine_side += (f" — {len(tr.requests) - len(pairs)} without one after {cap.span_wait:g} s: start the "
+                            "receiver before the server (its exporter backs off after failed exports), e.g. with "
+                            "`gpu_runner observe`, or check --otlp-traces-endpoint")
     if len(eng.kv_events):
         tr.kv_events = eng.kv_events
     tr.meta["notes"] = f"{tr.meta.get('notes', '')}; " + " ".join(notes)
@@ -276,5 +294,6 @@ def main_loadgen(a) -> int:
         tr = with_engine_side(tr, cap)
     write_output(a.out, lambda p: save_trace(tr, p), "--out")
     print(f"wrote {a.out}: {len(tr.requests)} requests, {len(tr.tokens)} tokens, {len(cap.failures)} failed, "
-          f"{len(cap.gauges)} /metrics samples, in {secs:.1f} s against {cap.engine.get('name')} at {cap.url}")
+          f"{len(cap.gauges)} /metrics samples, in {secs:.1f} s against {cap.engine.get('name')} at {cap.url}"
+          + (f"; engine side: {cap.engine_side.lstrip('; ')}" if cap.telemetry is not None else ""))
     return 0

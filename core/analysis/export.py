@@ -9,6 +9,11 @@ Chrome trace layout:
 - process 2 "requests": one thread per request with slices "queued" (arrival -> first
   scheduled step, or -> first token without step events), "prefill" (first step -> first
   token), "decode" (first -> last token), and an instant ("i") per token;
+- process 4 "engine prefix cache (KV events)": a counter track of the blocks in the engine's own
+  prefix cache after each KV event (core.analysis.kv_events), an instant per clear;
+- process 5 "engine (spans)": per request with an engine-side view (its span), slices "queued",
+  "prefill", "decode" from its arrival at the engine;
+- steps that carry counts instead of batch entries (an engine's iteration log) are named by them;
 - names through metadata events ("M": process_name, thread_name, thread_sort_index).
 Timestamps are microseconds on the trace's clock.
 """
@@ -22,7 +27,7 @@ import numpy as np
 from core.analysis.metrics import request_metrics, request_spans
 from core.errors import InputError
 
-SCHED_PID, REQ_PID, GAUGE_PID = 1, 2, 3
+SCHED_PID, REQ_PID, GAUGE_PID, CACHE_PID, ENGINE_PID = 1, 2, 3, 4, 5
 # gauge fields -> (counter track, series, scale): fields sampled together share a track
 GAUGE_TRACKS = {"running": ("requests", "running", 1.0), "waiting": ("requests", "waiting", 1.0),
                 "kv_usage": ("kv_cache_usage_%", "kv_cache_usage_%", 100.0),
@@ -49,6 +54,47 @@ def gauge_counters(trace) -> list[dict]:
     return out
 
 
+def prefix_cache_counters(trace) -> list[dict]:
+    """The engine's prefix cache (kv_event rows): cached blocks after each row, clears as instants."""
+    if not len(trace.kv_events):
+        return []
+    from core.analysis.kv_events import cached_blocks
+    t, n = cached_blocks(trace.kv_events)
+    us = 1000.0
+    out = [{"ph": "M", "pid": CACHE_PID, "name": "process_name", "args": {"name": "engine prefix cache (KV events)"}}]
+    ops = trace.kv_events["op"].astype(str).tolist()
+    for k, (x, c) in enumerate(zip(t.tolist(), n.tolist())):
+        if k + 1 < len(t) and t[k + 1] == x:
+            continue                       # one value per time: the state after the batch
+        out.append({"ph": "C", "pid": CACHE_PID, "name": "cached_blocks", "ts": x * us, "args": {"cached_blocks": c}})
+    out += [{"ph": "i", "s": "p", "pid": CACHE_PID, "name": "all blocks cleared", "ts": x * us}
+            for x, op in zip(t.tolist(), ops) if op == "cleared"]
+    return out
+
+
+ENGINE_PHASES = (("engine_queue_ms", "queued"), ("engine_prefill_ms", "prefill"), ("engine_decode_ms", "decode"))
+
+
+def engine_phase_slices(trace) -> list[dict]:
+    """Each request's phases inside the engine (its span), on a thread of its own."""
+    us, out = 1000.0, []
+    arr = trace.requests["arrival_ms"].to_numpy()
+    for i, (rid, ex) in enumerate(zip(trace.ids, trace.request_extra)):
+        if not any(k in ex for k, _ in ENGINE_PHASES):
+            continue
+        if not out:
+            out.append({"ph": "M", "pid": ENGINE_PID, "name": "process_name", "args": {"name": "engine (spans)"}})
+        out.append({"ph": "M", "pid": ENGINE_PID, "tid": i + 1, "name": "thread_name",
+                    "args": {"name": f"request {rid}"}})
+        t = float(ex.get("engine_arrival_ms", arr[i]))
+        for key, name in ENGINE_PHASES:
+            d = ex.get(key)
+            if isinstance(d, (int, float)) and d > 0:
+                out.append({"ph": "X", "pid": ENGINE_PID, "tid": i + 1, "name": name, "ts": t * us, "dur": d * us})
+                t += d
+    return out
+
+
 def chrome_trace(trace) -> dict:
     us = 1000.0
     ev: list[dict] = [
@@ -63,13 +109,16 @@ def chrome_trace(trace) -> dict:
         steps = st["step"].to_numpy()
         n_pre = pre.reindex(steps, fill_value=0).to_numpy()
         n_dec = dec.reindex(steps, fill_value=0).to_numpy()
+        if not len(b) and (st["prefill_tokens"].to_numpy() >= 0).all():   # counted steps (an iteration log)
+            n_pre, n_dec = st["prefill_tokens"].to_numpy(), st["decode_reqs"].to_numpy()
         for s, t, d, ru, wa, used, p, dcount in zip(steps.tolist(), st["t_ms"].tolist(), st["dur_ms"].tolist(),
                                                      st["running"].tolist(), st["waiting"].tolist(),
                                                      st["kv_used_blocks"].tolist(), n_pre.tolist(), n_dec.tolist()):
             ev.append({"ph": "X", "pid": SCHED_PID, "tid": 1, "name": f"step {s}: {p} prefill tok, {dcount} decode",
                        "ts": t * us, "dur": d * us, "args": {"step": s, "prefill_tokens": p, "decode_seqs": dcount}})
-            ev.append({"ph": "C", "pid": SCHED_PID, "name": "sequences", "ts": t * us,
-                       "args": {"running": ru, "waiting": wa}})
+            if ru >= 0:
+                ev.append({"ph": "C", "pid": SCHED_PID, "name": "sequences", "ts": t * us,
+                           "args": {"running": ru, "waiting": wa}})
             if used >= 0:
                 ev.append({"ph": "C", "pid": SCHED_PID, "name": "kv_used_blocks", "ts": t * us,
                            "args": {"kv_used_blocks": used}})
@@ -94,7 +143,7 @@ def chrome_trace(trace) -> dict:
     for r, t, reason in zip(trace.preempts["req"].tolist(), trace.preempts["t_ms"].tolist(),
                             trace.preempts["reason"].tolist()):
         ev.append({"ph": "i", "s": "t", "pid": REQ_PID, "tid": r + 1, "name": f"preempted ({reason})", "ts": t * us})
-    ev += gauge_counters(trace)
+    ev += gauge_counters(trace) + prefix_cache_counters(trace) + engine_phase_slices(trace)
     return {"traceEvents": ev, "displayTimeUnit": "ms",
             "otherData": {"source": trace.source, "label": trace.label, "created": str(trace.meta.get("created", ""))}}
 
