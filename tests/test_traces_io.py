@@ -220,6 +220,40 @@ def test_chrome_trace_draws_the_servers_sampled_metrics_as_counter_tracks(name):
     assert not [e for e in chrome_trace(sim_trace())["traceEvents"] if e.get("pid") == 3]
 
 
+def test_chrome_trace_draws_a_real_vllm_run_from_inside():
+    """The merged vLLM run: its prefix cache as a counter track (cached blocks, counted here from
+    the raw KV events with a set), clears as instants, each request's engine-side phases, and the
+    iteration log's steps named by their counts."""
+    import base64
+
+    import msgspec
+    tr = load_trace(DATA / "traces" / "vllm_cpu_run2_merged.json.gz")
+    ev = chrome_trace(tr)["traceEvents"]
+    json.dumps(ev, allow_nan=False)
+    cache = [e["args"]["cached_blocks"] for e in ev if e["ph"] == "C" and e["pid"] == 4]
+    cached, peak = set(), 0
+    raw = DATA / "imports" / "vllm_telemetry" / "run2_poisson4_p192_o48" / "kv_events.jsonl"
+    for ln in raw.read_text().splitlines():
+        payload = base64.b64decode(json.loads(ln)["frames"][2])
+        for e in msgspec.msgpack.decode(payload)[1]:
+            if e["type"] == "BlockStored":
+                cached.update(e["block_hashes"])
+            elif e["type"] == "BlockRemoved":
+                cached.difference_update(e["block_hashes"])
+            else:
+                cached.clear()
+        peak = max(peak, len(cached))
+    assert max(cache) == peak and cache[-1] == len(cached)
+    assert sum(1 for e in ev if e["ph"] == "i" and e["pid"] == 4 and e["name"] == "all blocks cleared") == 1
+    phases = [e for e in ev if e["ph"] == "X" and e["pid"] == 5]
+    assert {e["name"] for e in phases} == {"queued", "prefill", "decode"}
+    assert len({e["tid"] for e in phases}) == len(tr.requests) == 48
+    steps = [e for e in ev if e["ph"] == "X" and e["pid"] == 1]
+    assert len(steps) == len(tr.steps) and all("prefill tok" in e["name"] for e in steps)
+    assert sum(e["args"]["prefill_tokens"] for e in steps) == int(tr.steps["prefill_tokens"].sum())
+    assert not [e for e in ev if e["ph"] == "C" and e["name"] == "sequences"]   # not recorded: not drawn
+
+
 def test_csv_export_leaves_missing_tpot_empty():
     tr = load_trace(DATA / "traces" / "chapter31_continuous.json")
     lines = metrics_csv(tr).strip().splitlines()
