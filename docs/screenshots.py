@@ -9,7 +9,9 @@ the Schedules page on the built-in "Poisson 10000" scenario (its preset in the l
 Trace replay page on a 10,000-request trace simulated here, into a temporary directory, with
 `python -m core simulate` from the same workload. For the classroom: the three animations
 paused mid-play (seats of static vs continuous batching on Burst 5, PagedAttention blocks
-filling, the tile walk), a page in the dark theme, and one in presentation mode.
+filling, the tile walk), a page in the dark theme, and one in presentation mode. And a real vLLM
+from inside: its prefix cache over time beside the simulator's (KV page), and the merged vLLM
+run on the replay page (its prefix cache, each request's phases, its logged steps).
 """
 import csv
 import subprocess
@@ -31,6 +33,7 @@ PROJECTOR = {"width": 1280, "height": 800}
 SCHEDULES_10K = ("schedules?sc=Poisson+10000&pol=continuous&pol=chunked&ms=256&tb=8192&ch=512"
                  "&s_kind=affine&s_base=5&s_pp=0.02&s_pd=0.05")
 TRACE_10K = "poisson10000.parquet"
+VLLM_MERGED = "vLLM+0.32+(CPU)+run+2:+client+%2B+iteration+log+%2B+spans+%2B+KV+events,+merged"
 SIMULATE_10K = ["--max-seqs", "256", "--token-budget", "8192", "--chunk", "8192", "--step-model", "affine",
                 "--base-ms", "5", "--prefill-ms-per-token", "0.02", "--decode-ms-per-seq", "0.05"]
 
@@ -118,6 +121,16 @@ def main(only: set[str] = frozenset()):
                 settle(page, SCHEDULES_10K, url)
                 scroll_to(page, ".js-plotly-plot")          # the aggregated timeline heatmap
                 shoot(page, "schedules_10000_requests")
+            if wanted("vllm_prefix_cache"):
+                # a real vLLM's prefix cache over time (its KV events) beside the simulator's, KV page
+                settle(page, "kv", url)
+                page.get_by_text("A real engine's prefix cache").first.wait_for()
+                scroll_to(page, "h2:has-text(\"A real engine's prefix cache\")", below_px=-20)
+                shoot(page, "vllm_prefix_cache")
+            if wanted("replay_vllm_inside"):
+                settle(page, "replay?tr=" + VLLM_MERGED, url)
+                scroll_to(page, "text=The engine's prefix cache", below_px=-80)
+                shoot(page, "replay_vllm_inside")
             if wanted("replay_10000_requests"):
                 # the cursor starts mid-run; its value, the timeline, batch and KV charts in one screen
                 settle(page, f"replay?tr={TRACE_10K}", url)

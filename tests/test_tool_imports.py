@@ -275,3 +275,17 @@ def test_merge_joins_a_client_file_the_log_spans_kv_events_and_metrics(tmp_path,
     bad = ["merge", str(run / "server.log"), str(run / "kv_events.jsonl"), "--out", str(tmp_path / "x.json")]
     assert main(bad) == 2
     assert "iteration log" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+
+
+def test_the_kv_page_shows_vllms_own_prefix_cache_beside_the_simulators():
+    from tests.helpers import charts, open_page
+    at = open_page("kv")
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    counts = _decoded_counts(RUNS[1])
+    vllm_stored, sim_stored = metrics["blocks stored (vLLM · simulator)"].split(" · ")
+    assert int(vllm_stored) == counts["stored_blocks"] and int(sim_stored) > 0
+    assert int(metrics["blocks evicted (vLLM · simulator)"].split(" · ")[0]) == counts["removed_blocks"]
+    assert int(metrics["most cached at once (vLLM · simulator)"].split(" · ")[1]) <= 64
+    fig = next(f for f in charts(at) if "vLLM's own prefix cache" in (f["layout"].get("title") or {}).get("text", ""))
+    assert any(t.get("name", "").startswith("simulator") for t in fig["data"])

@@ -223,6 +223,13 @@ def _fidelity(trace: Trace, model: str, fit_on: Trace | None):
     return trace, fit_on, how_good(trace, model, fit_on)
 
 
+@st.cache_resource(show_spinner="Reading vLLM's KV events and simulating the same workload…", max_entries=1)
+def cached_vllm_cache():
+    """core.lessons.vllm_runs.real_and_simulated_cache, once per process."""
+    from core.lessons.vllm_runs import real_and_simulated_cache
+    return real_and_simulated_cache()
+
+
 def cached_fidelity(trace: Trace, model: str, fit_on: Trace | None):
     """core.fit.fidelity.how_good, once per (trace, model, fit-on trace)."""
     return _fidelity(trace, model, fit_on)[2]

@@ -65,3 +65,55 @@ def engine_view(run: str):
     from core.analysis.metrics import request_metrics
     m = request_metrics(open_trace(run_dir(run) / "spans.otlp.jsonl").trace).set_index("id")
     return m.loc[[r.id for r in run_workload(run).requests]]
+
+
+def calibrated_step_model(run: str):
+    """An affine step model fitted to the run's own iteration log, plus the time per step the
+    log leaves out: its "iteration elapsed time" covers the forward pass; the engine's cycle
+    (scheduling, sampling, output processing) is longer. The missing part is the median decode
+    time per output token in the run's spans minus the median logged decode-only step."""
+    import dataclasses
+
+    import numpy as np
+
+    from core.analysis.metrics import request_metrics
+    from core.fit.stepfit import fit
+    d = run_dir(run)
+    log = open_trace(d / "server.log").trace
+    sm, report = fit(log, "affine")
+    spans = open_trace(d / "spans.otlp.jsonl").trace
+    ids = {r.id for r in run_workload(run).requests}
+    n = request_metrics(spans)["output_tokens"].to_numpy()
+    per = [e["engine_decode_ms"] / (k - 1) for rid, e, k in zip(spans.ids, spans.request_extra, n)
+           if rid in ids and k > 1 and "engine_decode_ms" in e]
+    st = log.steps
+    logged = float(st[(st["prefill_reqs"] == 0) & (st["decode_reqs"] > 0)]["dur_ms"].median())
+    extra = max(float(np.median(per)) - logged, 0.0)
+    return dataclasses.replace(sm, base_ms=sm.base_ms + extra), {**report, "overhead_ms": extra,
+                                                                 "logged_decode_step_ms": logged}
+
+
+@lru_cache(maxsize=2)
+def real_and_simulated_cache(run: str = "run2_poisson4_p192_o48", fit_run: str = "run1_c4_p128_o32"):
+    """The engine's own prefix cache over the run (its KV events) and the simulator's block cache
+    of the same workload under the same flags (VLLM_CONFIG; step model: calibrated_step_model of
+    `fit_run`), both on the workload's clock (ms from the first request's arrival at the engine).
+    Returns (real, simulated, notes)."""
+    from core.analysis.kv_events import cache_over_time, simulated_cache_over_time
+    from core.sim.simulate import simulate
+    d = run_dir(run)
+    kv = open_trace(d / "kv_events.jsonl").trace
+    spans = open_trace(d / "spans.otlp.jsonl").trace
+    w = run_workload(run)
+    first = min(r.id for r in w.requests[:1])
+    k = spans.ids.index(first)
+    t0_epoch = spans.meta["clock"]["t0_s"] + float(spans.requests["arrival_ms"].iloc[k]) / 1000.0
+    real = cache_over_time(kv.kv_events)
+    real["t_ms"] = real["t_ms"] + (kv.meta["clock"]["t0_s"] - t0_epoch) * 1000.0
+    sm, report = calibrated_step_model(fit_run)
+    sim = simulate(w, VLLM_CONFIG, sm, label=f"{RUNS[run]} (simulated)")
+    notes = [f"simulated with vLLM's flags ({VLLM_CONFIG.max_seqs} sequences, {VLLM_CONFIG.token_budget}-token "
+             f"steps, {VLLM_CONFIG.block_size}-token blocks, a pool of {VLLM_CONFIG.kv_blocks}, prefix caching) and a "
+             f"step model fitted to {fit_run}'s own iteration log ({sm.describe()}; {report['overhead_ms']:.3f} ms per "
+             "step added for what the log's elapsed time leaves out, from that run's spans)"]
+    return real, simulated_cache_over_time(sim.kv), sim, notes
