@@ -105,7 +105,8 @@ except InputError as e:   # ConfigError and WorkloadError too
 
 key = "rate" if kind == "open" else "concurrency"
 files = replay_trace_files()
-picked = st.multiselect("Measured runs on the same axes (traces or vLLM/SGLang results that state their load)",
+picked = st.multiselect("Measured runs on the same axes (traces, or other tools' results that state their load: "
+                        "a vllm bench sweep or a guidellm file brings every run it holds)",
                         list(files), key="ld_meas", default=[f for f in ("vllm_cpu_tiny_loadgen.json.gz",
                                                                           "runner_served_tiny_loadgen.json.gz")
                                                               if f in files and kind == "closed"])
@@ -114,10 +115,16 @@ measured, skipped = [], []
 sources = [(name, *load_trace_file(files[name])) for name in picked]
 if up is not None:
     sources.append((up.name, *parse_uploaded_trace(up, "load")))
+runs = []
 for name, tr, imp, err in sources:
     if err:
         st.error(err)
         continue
+    if imp is not None and imp.runs:       # a sweep in one file or directory: every run is a point
+        runs += [(f"{name} [{r.run_label}]", r.trace, r) for r in imp.runs]
+    else:
+        runs.append((name, tr, imp))
+for name, tr, imp in runs:
     p = measured_point(name, tr, slo if slo.given() else None, imp.file_summary if imp else None)
     if p is None:
         skipped.append(f"{md(name)} (no load stated)")

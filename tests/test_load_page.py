@@ -84,3 +84,23 @@ def test_load_page_draws_measured_runs_of_the_same_kind():
     assert all(arr(t["x"]) == [16] for t in diamonds)
     at = open_page("load", {})   # open loop: the closed-loop captures are not drawn
     assert not any(str(t.get("name", "")).startswith("measured") for t in charts(at)[0]["data"])
+
+
+@pytest.mark.slow   # seconds: out of the fast loop
+def test_a_sweep_directory_or_a_guidellm_file_brings_every_run_as_a_point():
+    """vllm bench sweep's output directory (12 runs: max_seqs 2 and 16 x concurrency 1, 2, 4, two
+    runs each) and guidellm's file of three benchmarks: each run a diamond at the load it ran."""
+    sweep = "vllm bench sweep against our server: max_seqs 2 and 16 x concurrency 1, 2, 4 (12 runs)"
+    gl = "guidellm 0.8.1 against our server: concurrency 1, 2, 4"
+    at = open_page("load", {"ld_kind": "closed", "ld_loads": "1,2,4"})
+    at.multiselect(key="ld_meas").set_value([sweep, gl]).run()
+    assert not at.exception
+    (fig,) = charts(at)
+    measured = [t for t in fig["data"] if str(t.get("name", "")).startswith("imported: ")]   # by origin
+    names = {t["name"] for t in measured}
+    assert len([n for n in names if n.startswith(f"imported: {sweep} [")]) == 12
+    assert {f"imported: {gl} [concurrent@{c}]" for c in (1, 2, 4)} <= names
+    for t in measured:
+        label = t["name"]
+        want = 4 if "concurrency=4" in label or "@4" in label else 2 if "concurrency=2" in label or "@2" in label else 1
+        assert arr(t["x"]) == [want]

@@ -26,6 +26,7 @@ PER_REQUEST = [
     "inference_perf/ip_rate4_p64_o32/per_request_lifecycle_metrics.json",
     "guidellm/concurrent4_p64_o32_n48/benchmarks.json", "guidellm/concurrent4_p64_o32_n48/benchmarks.yaml",
     "guidellm/concurrent1-2-4_p64_o32_n12/benchmarks.json",
+    "vllm_sweep/maxseqs_x_concurrency", "vllm_sweep/named_poisson",
 ]
 # The must-hold statistics: TTFT, TPOT, E2E (or the tool's request latency) mean / p50 / p99, output tok/s
 MUST = {(m, s) for m in ("ttft_ms", "tpot_ms", "e2e_ms", "latency_ms") for s in ("mean", "p50", "p99")} | {

@@ -280,8 +280,8 @@ def load_trace_file(path: Path):
     import stat
     try:
         st_ = path.stat()
-        if stat.S_ISDIR(st_.st_mode):   # a partitioned trace: keyed by its parts' names, sizes and times
-            parts = sorted(path.glob("*.parquet"))
+        if stat.S_ISDIR(st_.st_mode):   # Parquet parts, or a tool's output directory: keyed by its files
+            parts = sorted(path.glob("*.parquet")) or sorted(path.glob("*/run=*.json"))[:2000] or sorted(path.glob("*"))
             return _load_file(str(path), hash(tuple((q.name, q.stat().st_size, q.stat().st_mtime) for q in parts)))
     except OSError as e:
         return None, None, f"{path.name}: cannot open ({e.strerror})"

@@ -150,6 +150,8 @@ TOOL_FILES = {
         "imports/aiperf/aiperf_n24_c2_p128_o16/profile_export.jsonl",
     "guidellm 0.8.1 against our server: concurrency 1, 2, 4":
         "imports/guidellm/concurrent1-2-4_p64_o32_n12/benchmarks.json",
+    "vllm bench sweep against our server: max_seqs 2 and 16 x concurrency 1, 2, 4 (12 runs)":
+        "imports/vllm_sweep/maxseqs_x_concurrency",
     "inference-perf 0.7 against our server (per request)":
         "imports/inference_perf/ip_rate4_p64_o32/per_request_lifecycle_metrics.json",
 }
@@ -163,7 +165,7 @@ def trace_files(extra: str = "") -> dict[str, Path]:
     Only regular files are listed: FIFOs, devices, directories named *.json and broken or
     looping symlinks are skipped (reading a FIFO would block the page forever)."""
     roots = [DATA / "traces", DATA / "imports"] + [Path(p) for p in extra.split(os.pathsep) if p]
-    out: dict[str, Path] = {name: DATA / rel for name, rel in TOOL_FILES.items() if (DATA / rel).is_file()}
+    out: dict[str, Path] = {name: DATA / rel for name, rel in TOOL_FILES.items() if (DATA / rel).exists()}
     for root in roots:
         files = [root] if root.is_file() else sorted(root.glob("*")) if root.is_dir() else []
         for f in files:

@@ -127,6 +127,9 @@ def _benchmark(b: dict, k: int, name: str, version: str) -> Imported:
             "clock": {"kind": "epoch", "t0_s": t0, "resolution_ms": 1e-3,
                       "how": "guidellm's info.timings.request_start of the benchmark's first request"},
             "provenance": PROVENANCE}
+    load = _load(b)
+    if load:
+        meta["load"] = load
     tr = rows.trace(meta)
     for k, rid in enumerate(tr.ids):       # the server's id for it (merge pairs requests with spans by it)
         if rid in response_ids:
@@ -137,6 +140,20 @@ def _benchmark(b: dict, k: int, name: str, version: str) -> Imported:
     return Imported(tr, "guidellm", fs, rows.failed, notes, tool=f"guidellm {version}".strip(),
                     what="benchmark report", stats=stats, origin=PROVENANCE, run_label=label,
                     estimator="inverted_cdf", weights={"tpot_ms": "tokens-1"}, window_ms=window)
+
+
+def _load(b: dict) -> dict | None:
+    """Where the benchmark sits on a load sweep's axis (core.lessons.load.run_load): concurrent
+    and synchronous strategies are closed loops, constant and poisson open ones."""
+    st = ((b.get("config") or {}).get("strategy") or {}) if isinstance(b.get("config"), dict) else {}
+    kind = st.get("type_")
+    if kind == "synchronous":
+        return {"kind": "closed", "concurrency": 1}
+    if kind == "concurrent" and finite(st.get("streams")) and st["streams"] >= 1:
+        return {"kind": "closed", "concurrency": int(st["streams"])}
+    if kind in ("constant", "poisson") and finite(st.get("rate")) and st["rate"] > 0:
+        return {"kind": "open", "rate": float(st["rate"])}
+    return None
 
 
 def _stats(b: dict) -> tuple[dict, dict]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 
 from core.errors import TraceError, gunzip, read_input_file, short
-from core.trace.imports import aiperf, guidellm, inference_perf, kv_events, otlp, scrapes, vllm_log
+from core.trace.imports import aiperf, guidellm, inference_perf, kv_events, otlp, scrapes, vllm_bench, vllm_log
 from core.trace.imports.imported import Imported
 from core.trace.imports.vllm_bench import import_vllm, looks_like_vllm
 
@@ -46,6 +46,9 @@ def import_doc(doc, name: str, path: Path | None = None) -> Imported | None:
         if beside is not None and beside.is_file():
             return _aiperf_records(beside, doc)
         return aiperf.import_summary(doc, name)
+    if isinstance(doc, list) and doc and all(looks_like_vllm(x) for x in doc[:50]):
+        raise TraceError(f"{name}: looks like a vllm bench sweep point's summary.json (that point's runs); open the "
+                         "sweep's directory (every point and run) or one of its run=N.json files")
     if inference_perf.looks_like_per_request(doc):
         return inference_perf.import_per_request(doc, name, _beside_summary(path))
     if inference_perf.looks_like_summary(doc):
@@ -205,6 +208,10 @@ def import_text(data: bytes, name: str, path: Path | None = None) -> Imported | 
     if text.startswith("# AIPerf"):
         kind = "server-metrics CSV (aggregates)" if "Server Metrics" in text[:200] else "CSV export"
         raise TraceError(f"{name}: looks like AIPerf's {kind}; per-request data is in profile_export.jsonl beside it")
+    first_line = text.split("\n", 1)[0]
+    if "mean_ttft_ms" in first_line or ("ttfts" in first_line and "date" in first_line):
+        raise TraceError(f"{name}: looks like vllm bench sweep's summary.csv (every run's result, lists as Python "
+                         "text); open the sweep's directory instead")
     if _CSV_HEAD.match(raw[:4096]):
         return _foreign_csv(text, name)
     if "vllm" in text[:200000].lower() or "INFO" in text[:2000]:
@@ -270,10 +277,17 @@ def import_directory(d: Path) -> object:
             raw = gunzip(read_input_file(f, "guidellm report", TraceError), f.name, TraceError)
             doc = _yaml(raw.decode("utf-8", "replace"), f.name) if name.endswith(".yaml") else json_doc(raw, f.name)
             return import_doc(doc, f.name, f)
+    runs = vllm_bench.sweep_runs(d)
+    if runs:
+        def read(f):
+            raw = gunzip(read_input_file(f, "sweep run", TraceError), f.name, TraceError)
+            return json_doc(raw, f"{d.name}/{f.parent.name}/{f.name}")
+        return vllm_bench.import_sweep(d, runs, read)
     if any(d.glob("*.parquet")) or (d / "_meta.json").exists():
         from core.trace.parquet import trace_from_parquet_dir
         return trace_from_parquet_dir(d)
     names = sorted(p.name for p in d.iterdir())[:8]
     raise TraceError(f"{d}: a directory we do not read (it holds {', '.join(names) or 'nothing'}); we read "
-                     "directories of Parquet parts of one trace, AIPerf artifact directories (profile_export.jsonl) "
-                     "and inference-perf report directories (per_request_lifecycle_metrics.json)")
+                     "directories of Parquet parts of one trace, AIPerf artifact directories (profile_export.jsonl), "
+                     "inference-perf report directories (per_request_lifecycle_metrics.json), guidellm output "
+                     "directories (benchmarks.json) and vllm bench sweep directories (<point>/run=N.json)")

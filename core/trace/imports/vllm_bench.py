@@ -86,8 +86,11 @@ def _import_vllm(doc: dict, name: str) -> Imported:
                      "finish reason 'error'; they are excluded from latency statistics, as vLLM does.")
     meta["notes"] = " ".join(notes)
     tr = rows.trace(meta)
+    window = None     # its duration runs from just before the first send: the window's length is exact
+    if not aligned and finite(doc.get("duration")) and doc["duration"] > 0:
+        window = (0.0, float(doc["duration"]) * 1000.0)
     return Imported(tr, "vllm", summary, rows.failed, notes, aligned, tool="vllm bench serve",
-                    what="result (--save-detailed)", stats=_stats(doc), origin=ORIGIN)
+                    what="result (--save-detailed)", stats=_stats(doc), origin=ORIGIN, window_ms=window)
 
 
 ORIGIN = {"clock": "the client's perf_counter (start_times, seconds); not wall-clock time",
@@ -95,7 +98,8 @@ ORIGIN = {"clock": "the client's perf_counter (start_times, seconds); not wall-c
           "tpot_ms": "client: (latency - ttft) / (output tokens - 1) per request (tpot)",
           "itl_ms": "client: gaps between streamed chunks (itls), one per chunk, not per token",
           "e2e_ms": "client: send to the last chunk (latencies)",
-          "output_tok_per_s": "client: total output tokens / the benchmark's duration (output_throughput)",
+          "output_tok_per_s": "client: total output tokens / the benchmark's duration (output_throughput; ours over "
+                              "[first send, first send + duration])",
           "token_times": "per streamed chunk: ttft then the itls gaps; a chunk's extra tokens with the last one"}
 
 
@@ -207,3 +211,48 @@ def file_summary_comparison(imp: Imported, ours: dict) -> pd.DataFrame:
                 ours_stat = ours["summary"][ours_key[m]].get("median" if stat == "p50" else stat)
                 rows.append({"metric": k, "file": imp.file_summary[k], "ours": ours_stat})
     return pd.DataFrame(rows)
+
+
+def sweep_runs(d) -> list:
+    """The run files of a `vllm bench sweep serve` output directory (<point>/run=N.json), in
+    point and run order; [] when `d` is not one."""
+    from pathlib import Path
+    d = Path(d)
+    files = sorted(d.glob("*/run=*.json"), key=lambda p: (p.parent.name, int(p.stem.split("=")[1])
+                                                         if p.stem.split("=")[1].isdigit() else 0))
+    return files[:2000]
+
+
+def _point_label(point: str, doc: dict) -> str:
+    """'SERVE--max_seqs=2-BENCH--max_concurrency=1' -> 'max_seqs=2, max_concurrency=1'."""
+    parts = [p for p in point.replace("SERVE-", "").replace("BENCH-", "").split("-") if p]
+    return ", ".join(parts) or point
+
+
+def import_sweep(d, files: list, read) -> Imported:
+    """A `vllm bench sweep serve` directory: every point's every run (vllm bench results with the
+    sweep's parameters added) as one run of the Imported. Each run's load: its request_rate when
+    finite (an open loop, max_concurrency a cap), else its max_concurrency (a closed loop)."""
+    runs = []
+    for f in files:
+        doc = read(f)
+        if not looks_like_vllm(doc):
+            raise TraceError(f"{f}: expected a vllm bench serve result in the sweep directory")
+        imp = import_vllm(doc, f"{f.parent.name}/{f.name}")
+        imp.run_label = f"{_point_label(f.parent.name, doc)}, run {doc.get('run_number', f.stem.split('=')[1])}"
+        rate, conc = doc.get("request_rate"), doc.get("max_concurrency")
+        if imp.trace is not None:
+            if finite(rate) and rate > 0:
+                imp.trace.meta["load"] = {"kind": "open", "rate": float(rate)}
+            elif finite(conc) and conc > 0:
+                imp.trace.meta["load"] = {"kind": "closed", "concurrency": int(conc)}
+            imp.trace.meta["label"] = f"{d.name}: {imp.run_label} (vllm bench sweep)"
+        runs.append(imp)
+    if not runs:
+        raise TraceError(f"{d}: no run=N.json files")
+    for r in runs:
+        r.runs = runs
+        r.tool, r.what = "vllm bench sweep", "sweep directory"
+        r.notes.insert(0, f"{d.name} holds {len(runs)} runs of a vllm bench sweep ({len({f.parent for f in files})} "
+                          f"points); this is {r.run_label}.")
+    return runs[0]
