@@ -217,8 +217,9 @@ class _Generation:
         """Yields text deltas; sets self.finish. A stop string ends the request (reason "stop")
         and is not delivered; text that could still grow into a stop string is held back."""
         hold = max((len(x) for x in self.stop), default=1) - 1
+        pending = None
         while self.finish is None:
-            item = await self.s.queue.get()
+            item, pending = (pending or await self.s.queue.get()), None
             if item[0] == "tokens":
                 self.ids += item[1]
                 full = self._decode()
@@ -234,6 +235,16 @@ class _Generation:
                     if full.endswith("\ufffd"):
                         safe = min(safe, len(full) - 1)
                     out = full[len(self.text):max(safe, len(self.text))]
+                if cut < 0 and not self.stop:
+                    # the request's last tokens and its finish come from one engine output: deliver
+                    # the finish with them (as vLLM does), so that clients count no empty last chunk
+                    try:
+                        pending = self.s.queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        pending = None
+                    if pending is not None and pending[0] == "finish" and pending[1] in ("length", "stop") \
+                            and self._decode() == self.text + out:
+                        self.finish, pending = pending[1], None
                 self.text += out
                 if out:
                     yield out
@@ -280,12 +291,14 @@ class _Generation:
     async def sse(self, request: Request, include_usage: bool):
         watcher = asyncio.create_task(self._watch(request))
         try:
-            first = True
+            first, told = True, False
             async for delta in self.events():
-                yield f"data: {json.dumps(self._chunk(delta, None, first))}\n\n"
+                told = self.finish in ("length", "stop")    # the last delta carries the finish (events())
+                yield f"data: {json.dumps(self._chunk(delta, self.finish if told else None, first))}\n\n"
                 first = False
-            reason = "length" if self.finish == "length" else "stop" if self.finish == "stop" else "abort"
-            yield f"data: {json.dumps(self._chunk(None, reason, first))}\n\n"
+            if not told:
+                reason = "length" if self.finish == "length" else "stop" if self.finish == "stop" else "abort"
+                yield f"data: {json.dumps(self._chunk(None, reason, first))}\n\n"
             if include_usage:
                 u = self._chunk(None, None)
                 u["choices"], u["usage"] = [], self.usage()
