@@ -32,7 +32,7 @@ from types import SimpleNamespace
 from core.config import SamplingParams
 from core.errors import ConfigError
 from gpu_runner.launch import ServeOptions
-from gpu_runner.serving import LocalEvents, Overloaded, ServerStopping, Stream
+from gpu_runner.serving import LocalEvents, Overloaded, ServerStopping, Stream, one_delivery
 
 READY_TIMEOUT_S = 600.0
 
@@ -263,6 +263,22 @@ class ProcessServingEngine:
             self.reader.join(5)
 
     # ---- events from the engine (reader thread) -------------------------------------------------
+    def _apply(self, msg):
+        ev = self.events
+        for kind, rid, *args in msg:
+            if kind == "step":
+                ev.step(*args)
+                self._load = {"running": args[0], "waiting": args[1], "kv_usage": args[2]}
+                continue
+            s = self.streams.get(rid)
+            if s is None:
+                continue
+            if kind in ("scheduled", "error", "finish"):
+                self._unscheduled.discard(rid)
+            if kind in ("error", "finish"):
+                self.streams.pop(rid, None)
+            getattr(ev, kind)(s, *args)
+
     def _read(self):
         ev = self.events
         while True:
@@ -273,19 +289,8 @@ class ProcessServingEngine:
             if isinstance(msg, tuple):          # ("stopped", summary)
                 self.summary = msg[1]
                 continue
-            for kind, rid, *args in msg:
-                if kind == "step":
-                    ev.step(*args)
-                    self._load = {"running": args[0], "waiting": args[1], "kv_usage": args[2]}
-                    continue
-                s = self.streams.get(rid)
-                if s is None:
-                    continue
-                if kind in ("scheduled", "error", "finish"):
-                    self._unscheduled.discard(rid)
-                if kind in ("error", "finish"):
-                    self.streams.pop(rid, None)
-                getattr(ev, kind)(s, *args)
+            with one_delivery():                # one message: one engine output (or a few)
+                self._apply(msg)
         if not self._stopping and self.error is None:
             self.error = f"the engine process ended (exit code {self.proc.exitcode})"
         for s in list(self.streams.values()):     # nobody waits forever on a dead engine

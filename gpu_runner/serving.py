@@ -66,7 +66,36 @@ class Stream:
     done: bool = False
 
     def push(self, item):
-        self.aloop.call_soon_threadsafe(self.queue.put_nowait, item)
+        batch = getattr(_PUSHES, "items", None)
+        if batch is not None:        # inside one_delivery(): delivered together at its end
+            batch.append((self, item))
+        else:
+            self.aloop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+_PUSHES = threading.local()
+
+
+class one_delivery:
+    """What one engine output tells the clients reaches their queues in one callback of their
+    event loop: a request's last tokens and its finish arrive together, so its stream can send
+    the finish reason with those tokens (server.Completion.events)."""
+
+    def __enter__(self):
+        _PUSHES.items = []
+
+    def __exit__(self, *exc):
+        items, _PUSHES.items = _PUSHES.items, None
+        by_loop: dict = {}
+        for st, item in items:
+            by_loop.setdefault(st.aloop, []).append((st, item))
+        for aloop, pairs in by_loop.items():
+            aloop.call_soon_threadsafe(_deliver, pairs)
+
+
+def _deliver(pairs):
+    for st, item in pairs:
+        st.queue.put_nowait(item)
 
 
 class LocalEvents:
@@ -245,6 +274,10 @@ class ServingEngine:
     def on_output(self, out: EngineOutputs):
         """Answer clients from what the engine says happened: accepted, first scheduled,
         tokens, finished (with its reason) or rejected before it was accepted."""
+        with one_delivery():
+            self._answer(out)
+
+    def _answer(self, out: EngineOutputs):
         ev = self.events
         if out.step is not None:
             self.engine.note_first_step(out)
