@@ -28,10 +28,29 @@ WE_READ = ("we read: our serving-trace/1 (JSON, gzip, Parquet), vllm bench serve
 MAX_YAML_ALIASES = 100
 
 
+def guarded(fn):
+    """An importer's unexpected failure on a malformed file (a field of the wrong shape that no
+    check named) becomes one line naming the file, never a traceback."""
+    import functools
+
+    @functools.wraps(fn)
+    def call(*args, **kw):
+        try:
+            return fn(*args, **kw)
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError, OverflowError) as e:
+            if isinstance(e, TraceError):
+                raise
+            name = args[1] if len(args) > 1 and isinstance(args[1], str) else str(args[0]) if args else "input"
+            raise TraceError(f"{name}: a field has an unexpected shape for the format it looks like "
+                             f"({type(e).__name__}: {short(str(e), 80)})") from None
+    return call
+
+
 def _keys(doc) -> str:
     return ", ".join(list(doc)[:8]) + (", ..." if len(doc) > 8 else "")
 
 
+@guarded
 def import_doc(doc, name: str, path: Path | None = None) -> Imported | None:
     """An Imported for a JSON document another tool wrote; None for one of ours (a `schema`
     key: the caller validates it); one line (TraceError) for anything else."""
@@ -55,8 +74,10 @@ def import_doc(doc, name: str, path: Path | None = None) -> Imported | None:
         return inference_perf.import_summary(doc, name)
     if otlp.looks_like_otlp_json(doc):
         return otlp.import_otlp_lines([doc], name)
-    if aiperf.looks_like_record(doc):
-        return aiperf.import_records([doc], name)
+    one_line = (aiperf.looks_like_record, aiperf.looks_like_raw, aiperf.looks_like_scrape, otlp.looks_like_bodies,
+                otlp.looks_like_collector_lines, kv_events.looks_like_capture, scrapes.looks_like_scrape)
+    if any(f(doc) for f in one_line):
+        return import_lines([doc], name, path)      # a file of JSON lines with one line
     raise TraceError(f"{name}: {foreign(doc)}")
 
 
@@ -149,6 +170,7 @@ def json_lines(raw: bytes, name: str) -> list:
     return out
 
 
+@guarded
 def import_lines(lines: list, name: str, path: Path | None = None) -> Imported:
     first = next((x for x in lines if isinstance(x, dict)), None)
     if first is None:
@@ -176,6 +198,7 @@ def import_lines(lines: list, name: str, path: Path | None = None) -> Imported:
 _CSV_HEAD = re.compile(rb"^[^\n,]+(,[^\n,]*){3,}\r?\n")
 
 
+@guarded
 def import_text(data: bytes, name: str, path: Path | None = None) -> Imported | None:
     """An Imported for text another tool wrote that is not one JSON document (JSON lines, a
     server log, YAML); None when it is one JSON document (the caller parses it)."""
@@ -259,6 +282,7 @@ def _foreign_csv(text: str, name: str) -> Imported:
     raise TraceError(f"{name}: looks like {what}")
 
 
+@guarded
 def import_directory(d: Path) -> object:
     """A directory: Parquet parts of one trace, an AIPerf artifact directory, an inference-perf
     report directory."""
