@@ -37,6 +37,7 @@ from ui import (
     load_trace_file,
     md,
     origin_badge,
+    parse_uploaded_run,
     parse_uploaded_trace,
     replay_trace_files,
     show_chart,
@@ -53,13 +54,29 @@ st.caption("Open a trace — bundled, captured by the runner, written by hand, a
 
 files = replay_trace_files()
 UPLOAD = "Upload a file…"
+MERGE = "Upload several files of one run (merge)…"
 FIRST_HALF = "this run's first half (forward in time)"
 FIDELITY_AUTO_REQUESTS = 2000   # above: "How good is the simulator?" runs when asked
-choice = st.selectbox("Trace", list(files) + [UPLOAD], **bound("tr"))
+choice = st.selectbox("Trace", list(files) + [UPLOAD, MERGE], **bound("tr"))
 
 
 def get_trace(choice, slot):
     """(trace, imported, label) for a choice, keeping the last good upload on errors."""
+    if choice == MERGE:
+        ups = st.file_uploader("Several files of one run: a client's result, the server's iteration log, its spans, "
+                               "KV events, /metrics scrapes (joined on one clock: docs/imports.md)",
+                               accept_multiple_files=True, key=f"{slot}_merge_upload",
+                               type=["json", "gz", "jsonl", "yaml", "yml", "log", "txt"])
+        if len(ups or []) == 1:
+            st.info("Add at least one more file of the same run to merge.")
+        if len(ups or []) >= 2:
+            tr, _, err = parse_uploaded_run(ups, slot)
+            if err:
+                st.error(f"Could not merge: {md(err)}")
+            else:
+                st.session_state[f"{slot}_last"] = (tr, None, f"{len(ups)} files merged")
+        last = st.session_state.get(f"{slot}_last")
+        return last if last is not None else (None, None, None)
     if choice == UPLOAD:
         up = st.file_uploader(f"serving-trace/1 (.json, .json.gz, .parquet) or another tool's file (vLLM/SGLang, "
                               f"AIPerf .jsonl, guidellm .json/.yaml, inference-perf, vLLM's log, OTLP spans, KV "
@@ -161,7 +178,7 @@ def show_live(now_tr, name):
 
 
 toggles = st.columns(4)
-live = choice != UPLOAD and toggles[1].toggle("Live: follow the file", False, key="rp_live",
+live = choice not in (UPLOAD, MERGE) and toggles[1].toggle("Live: follow the file", False, key="rp_live",
                                               help="for a trace being written by `gpu_runner serve --trace-out` or "
                                                    "`gpu_runner loadgen --out`: re-read about once a second")
 if live:

@@ -231,3 +231,17 @@ def test_a_real_vllm_run_shows_the_engine_from_inside():
 def test_every_bundled_tool_file_opens_on_the_replay_page(name):
     at = replay({"tr": name})
     assert not at.exception and not at.error
+
+
+def test_several_files_of_one_run_are_merged_on_upload():
+    run = DATA / "imports" / "vllm_telemetry" / "run2_poisson4_p192_o48"
+    at = replay({"tr": "Upload several files of one run (merge)…"})
+    files = [(n, (run / n).read_bytes(), "application/octet-stream")
+             for n in ("vllm_bench_run2.json", "spans.otlp.jsonl", "server.log", "kv_events.jsonl")]
+    at.file_uploader(key="rp_merge_upload").set_value(files).run()
+    assert not at.exception and not at.error
+    assert {m.label: m.value for m in at.metric}["requests"] == "48"
+    titles = " | ".join(_titles(at))
+    assert "prefix cache" in titles and "Inside the engine" in titles
+    at.file_uploader(key="rp_merge_upload").set_value(files[2:3]).run()      # one file: nothing to merge
+    assert any("at least one more file" in i.value for i in at.info)

@@ -311,3 +311,30 @@ def parse_uploaded_trace(up, slot: str):
             result = (None, None, str(e))
     st.session_state[key] = (up.file_id, result)
     return result
+
+
+def parse_uploaded_run(ups: list, slot: str):
+    """Several uploaded files of one run (a client's file, the server's log, spans, KV events)
+    merged into one trace (core.trace.imports.merge), once per set of uploads, kept in this
+    session only. Returns (trace, None, error); the merge's report is in the trace's
+    meta.merged_from."""
+    total = sum(u.size for u in ups)
+    if total > UPLOAD_LIMIT_MB * 2**20:
+        return None, None, f"{total / 2**20:.1f} MiB in all is over the {UPLOAD_LIMIT_MB} MiB limit"
+    key = f"_{slot}_merged"
+    ids = tuple(u.file_id for u in ups)
+    held = st.session_state.get(key)
+    if held is not None and held[0] == ids:
+        return held[1]
+    from core.trace import open_trace
+    from core.trace.imports.merge import merge
+    st.session_state.pop(key, None)
+    with st.spinner(f"Reading and merging {len(ups)} files…"):
+        try:
+            parts = [open_trace(u.getvalue(), u.name) for u in ups]
+            tr, _ = merge(parts, [u.name for u in ups])
+            result = (tr, None, None)
+        except InputError as e:
+            result = (None, None, str(e))
+    st.session_state[key] = (ids, result)
+    return result
