@@ -171,6 +171,22 @@ def json_lines(raw: bytes, name: str) -> list:
 
 
 @guarded
+def _results_with_infinity(raw: bytes) -> list | None:
+    """Benchmark results written with Python's json, one per line, which spells an unbounded
+    request rate `Infinity`: read with the non-finite constants allowed, only when every line
+    is such a result (our own traces never take this path: they refuse non-finite numbers)."""
+    import json
+    out = []
+    try:
+        for ln in raw.decode("utf-8").splitlines():
+            if ln.strip():
+                out.append(json.loads(ln, parse_constant=float))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return out if out and all(looks_like_vllm(d) for d in out) else None
+
+
+@guarded
 def import_lines(lines: list, name: str, path: Path | None = None) -> Imported:
     first = next((x for x in lines if isinstance(x, dict)), None)
     if first is None:
@@ -192,6 +208,15 @@ def import_lines(lines: list, name: str, path: Path | None = None) -> Imported:
         return kv_events.import_capture(lines, name)
     if scrapes.looks_like_scrape(first):
         return scrapes.import_scrapes(lines, name)
+    if looks_like_vllm(first):      # a file of results, one per run (SGLang bench_serving appends one per run)
+        docs = [d for d in lines if looks_like_vllm(d)]
+        if len(docs) == 1:
+            return import_vllm(docs[0], name)
+        runs = [import_vllm(d, f"{name} line {k + 1}") for k, d in enumerate(docs)]
+        for k, r in enumerate(runs):
+            r.run_label, r.runs = f"line {k + 1}", runs
+            r.notes.insert(0, f"{name} holds {len(runs)} benchmark results (one per line); this is line {k + 1}.")
+        return runs[0]
     raise TraceError(f"{name}: JSON lines, but not a format we read (first record's keys: {_keys(first)}); {WE_READ}")
 
 
@@ -216,9 +241,13 @@ def import_text(data: bytes, name: str, path: Path | None = None) -> Imported | 
             try:
                 first = orjson.loads(raw.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0])
             except orjson.JSONDecodeError:
-                return None      # not JSON lines either: the caller words the JSON error
+                first = None
             if isinstance(first, dict):
                 return import_lines(json_lines(raw, name), name, path)
+        if head[:1] == b"{":
+            lines = _results_with_infinity(raw)
+            if lines:    # SGLang bench_serving: one result per run, Python's json (Infinity for an unbounded rate)
+                return import_lines(lines, name, path)
         return None
     try:
         text = raw.decode("utf-8-sig")

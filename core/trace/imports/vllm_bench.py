@@ -27,8 +27,13 @@ from core.workload import MAX_TIME_MS
 VLLM_ARRAY_KEYS = ("ttfts", "itls", "input_lens", "output_lens")
 VLLM_SUMMARY_KEYS = ("duration", "completed", "total_input_tokens", "total_output_tokens", "request_throughput",
                      "output_throughput", "total_token_throughput")
-METRIC_NAMES = ("ttft", "tpot", "itl", "e2el")
-_OURS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
+METRIC_NAMES = ("ttft", "tpot", "itl", "e2el", "e2e_latency")      # e2e_latency: SGLang's name for E2E
+_OURS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms", "e2e_latency": "e2e_ms"}
+SGLANG_KEYS = ("server_info", "mean_e2e_latency_ms", "total_output_tokens_retokenized", "accept_length")
+
+
+def is_sglang(doc: dict) -> bool:
+    return any(k in doc for k in SGLANG_KEYS)
 _STATS = {"mean": "mean", "median": "p50", "std": "std", "p90": "p90", "p95": "p95", "p99": "p99"}
 
 
@@ -58,7 +63,8 @@ def _import_vllm(doc: dict, name: str) -> Imported:
                                                     "model_id", "backend", "date", "burstiness")
                or any(k.startswith(f"{s}_{m}_ms") for s in ("mean", "median", "std") for m in METRIC_NAMES)
                or any(k.startswith("p") and k.endswith(f"_{m}_ms") for m in METRIC_NAMES)}
-    meta = {"source": "imported", "label": f"{name} (vLLM benchmark result)",
+    sglang = is_sglang(doc)
+    meta = {"source": "imported", "label": f"{name} ({'SGLang' if sglang else 'vLLM'} benchmark result)",
             "created": str(doc.get("date", "")) or "unknown",
             "engine": {"name": str(doc.get("backend") or "vllm"), "model": doc.get("model_id"),
                        "request_rate": doc.get("request_rate"), "max_concurrency": doc.get("max_concurrency")},
@@ -89,8 +95,13 @@ def _import_vllm(doc: dict, name: str) -> Imported:
     window = None     # its duration runs from just before the first send: the window's length is exact
     if not aligned and finite(doc.get("duration")) and doc["duration"] > 0:
         window = (0.0, float(doc["duration"]) * 1000.0)
-    return Imported(tr, "vllm", summary, rows.failed, notes, aligned, tool="vllm bench serve",
-                    what="result (--save-detailed)", stats=_stats(doc), origin=ORIGIN, window_ms=window)
+    stats = _stats(doc)
+    if aligned:      # no send times: no shared window to compare throughput over
+        stats.pop(("output_tok_per_s", "value"), None)
+    return Imported(tr, "sglang" if sglang else "vllm", summary, rows.failed, notes, aligned,
+                    tool="SGLang bench_serving" if sglang else "vllm bench serve",
+                    what="result (--output-details)" if sglang else "result (--save-detailed)", stats=stats,
+                    origin=SGLANG_ORIGIN if sglang else ORIGIN, window_ms=window)
 
 
 ORIGIN = {"clock": "the client's perf_counter (start_times, seconds); not wall-clock time",
@@ -101,6 +112,12 @@ ORIGIN = {"clock": "the client's perf_counter (start_times, seconds); not wall-c
           "output_tok_per_s": "client: total output tokens / the benchmark's duration (output_throughput; ours over "
                               "[first send, first send + duration])",
           "token_times": "per streamed chunk: ttft then the itls gaps; a chunk's extra tokens with the last one"}
+
+
+SGLANG_ORIGIN = {**ORIGIN, "clock": "none in the file (SGLang bench_serving writes no send times): each request from "
+                                     "its own send",
+                 "e2e_ms": "client: send to the end of the stream, [DONE] (e2e_latency; ours: the last chunk)",
+                 "tpot_ms": "client: (e2e_latency - ttft) / (output tokens - 1)"}
 
 
 def _stats(doc: dict) -> dict:
@@ -203,7 +220,7 @@ def file_window_comparison(imp: Imported, ours: dict) -> pd.DataFrame:
 def file_summary_comparison(imp: Imported, ours: dict) -> pd.DataFrame:
     """The file's own mean/median/p99 of TTFT, TPOT, ITL, E2E next to ours (ms)."""
     rows = []
-    ours_key = {"ttft": "ttft_ms", "tpot": "tpot_ms", "itl": "itl_ms", "e2el": "e2e_ms"}
+    ours_key = _OURS
     for m in METRIC_NAMES:
         for stat in ("mean", "median", "p50", "p90", "p95", "p99", "std"):
             k = f"{stat}_{m}_ms"
