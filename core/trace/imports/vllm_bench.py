@@ -84,12 +84,7 @@ def _import_vllm(doc: dict, name: str) -> Imported:
     for i in range(len(arrival_ms)):
         _add_row(rows, name, arrival_ms, i, *(cols[k][i] for k in ("ttfts", "itls", "output_lens", "input_lens",
                                                                    "errors")))
-    if rows.merged:
-        notes.append(f"{rows.merged} request(s) streamed more chunks than output tokens; their extra chunk times "
-                     "were merged, so their ITL gaps differ from the file's.")
-    if rows.failed:
-        notes.append(f"{len(rows.failed)} failed request(s) (non-empty errors) are kept with no tokens and a "
-                     "finish reason 'error'; they are excluded from latency statistics, as vLLM does.")
+    notes += rows.notes()      # merged chunks, failed requests (excluded from latency statistics, as vLLM does)
     meta["notes"] = " ".join(notes)
     tr = rows.trace(meta)
     window = None     # its duration runs from just before the first send: the window's length is exact
