@@ -166,15 +166,20 @@ class SchedulerConfig:
         return {**to_dict(self), "max_seqs": self.seats if self.seats != BIG else None}
 
 
+SAMPLING_EPS = 1e-5   # a temperature below it samples greedily (as vLLM does): logits / 1e-40 overflow
+
+
 @dataclass(slots=True)
 class SamplingParams:
-    temperature: float = opt(0.0, "softmax temperature; 0 = greedy", minimum=0)
+    temperature: float = opt(0.0, f"softmax temperature; 0 = greedy (below {SAMPLING_EPS:g}: greedy too)", minimum=0)
     top_k: int = opt(0, "keep the k most likely tokens (0 = off)", minimum=0)
     top_p: float = opt(1.0, "keep the smallest set with this much probability (1 = off)", above=0, maximum=1)
     seed: int = opt(0, "per-request random generators derive from it")
 
     def __post_init__(self):
         check_options(self)
+        if self.temperature < SAMPLING_EPS:
+            self.temperature = 0.0      # greedy: one spelling, so every sampler takes the argmax path
 
     def to_dict(self) -> dict:
         return to_dict(self)

@@ -187,10 +187,13 @@ def cmd_serve(a) -> int:
     def ready(_):
         print(f"gpu_runner serve: {served} on http://{a.host}:{a.port} ({se.cfg.policy}, {se.cfg.kv_blocks} KV blocks "
               f"of {se.cfg.block_size}, max_seqs {se.cfg.max_seqs}; engine in {where}); Ctrl-C stops", flush=True)
-    serve(se, app, a.host, a.port, ready)
+    died = serve(se, app, a.host, a.port, ready)
     done = se.served()
     if a.trace_out and done and done["requests"]:
         print(f"wrote {a.trace_out}: {done['requests']} requests, {done['steps']} steps", flush=True)
+    if died:
+        print(f"error: the engine stopped ({died}); exiting with status 1", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

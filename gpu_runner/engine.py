@@ -317,6 +317,7 @@ class ModelExecutor:
         hidden = forward(e.model, packed, self.cache, self.attend, weights)
         tokens = [[] for _ in reqs]
         sources = [[] for _ in reqs] if self.drafter else None
+        failed: dict[int, str] = {}
         plain = [j for j in range(len(reqs)) if emits[j] and j not in props]
         if plain:
             logits = e.model.logits(hidden[packed.last_rows(plain)], weights)
@@ -324,9 +325,20 @@ class ModelExecutor:
             for k, j in enumerate(plain):
                 p = self.sp_of[reqs[j]]
                 groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(k)
+            finite = torch.isfinite(logits).all(-1).tolist()
+            for k in [k for k, ok in enumerate(finite) if not ok]:
+                failed[plain[k]] = "the model's logits are not finite (inf or NaN) for this request"
             for ks in groups.values():   # one draw per distinct sampling setting
-                picked, _ = sample(logits[ks] if len(groups) > 1 else logits,
-                                   [self.gens[reqs[plain[k]]] for k in ks], self.sp_of[reqs[plain[ks[0]]]])
+                ks = [k for k in ks if finite[k]]
+                if not ks:
+                    continue
+                try:
+                    picked, _ = sample(logits[ks] if len(ks) < len(plain) else logits,
+                                       [self.gens[reqs[plain[k]]] for k in ks], self.sp_of[reqs[plain[ks[0]]]])
+                except (RuntimeError, ValueError) as err:    # one setting's draw fails: its requests only
+                    for k in ks:
+                        failed[plain[k]] = f"sampling failed: {type(err).__name__}: {str(err)[:200]}"
+                    continue
                 for k, tok in zip(ks, picked):
                     tokens[plain[k]] = [tok]
                     if sources is not None:
@@ -336,13 +348,21 @@ class ModelExecutor:
         for j in spec:
             c = packed.chunks[j]
             logits = e.model.logits(hidden[c.row:c.row + c.n], weights)  # [gamma + 1, V]
-            if greedy:
-                p = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
-                q = torch.nn.functional.one_hot(torch.tensor(props[j], device=dev), logits.shape[-1]).to(logits.dtype)
-            else:
-                p = filtered_probs(logits, sp)
-                q = torch.stack(qdist[j])
-            tokens[j], sources[j], positions = verify(p, q, props[j], self.gens[reqs[j]], greedy)
+            try:
+                if not torch.isfinite(logits).all():
+                    raise ValueError("the model's logits are not finite (inf or NaN)")
+                if greedy:
+                    p = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+                    q = torch.nn.functional.one_hot(torch.tensor(props[j], device=dev),
+                                                    logits.shape[-1]).to(logits.dtype)
+                else:
+                    p = filtered_probs(logits, sp)
+                    q = torch.stack(qdist[j])
+                tokens[j], sources[j], positions = verify(p, q, props[j], self.gens[reqs[j]], greedy)
+            except (RuntimeError, ValueError) as err:      # this request's verification only
+                failed[j] = f"speculative verification failed: {type(err).__name__}: {str(err)[:200]}"
+                tokens[j], sources[j] = [], []
+                continue
             accepted = sum(1 for x in positions if x["accepted"])
             self.drafter.rejected_after(reqs[j], starts[j], accepted)
             events.append({"type": "spec", "req": self.ids[reqs[j]], "step": int(batch.step),
@@ -353,7 +373,7 @@ class ModelExecutor:
             ev["t_ms"] = t_end
         if e.cfg.capture_tiles is not None:
             events += self._tile_events(batch)
-        return ExecutorOutput(t_end, tokens=tokens, sources=sources, events=events or None)
+        return ExecutorOutput(t_end, tokens=tokens, sources=sources, events=events or None, failed=failed or None)
 
     def _tile_events(self, batch) -> list[dict]:
         """Captured (m, l) per query row after each KV tile, as `tiles` events."""

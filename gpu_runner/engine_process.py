@@ -213,6 +213,17 @@ class ProcessServingEngine:
     def alive(self) -> bool:
         return self.error is None and self.proc.is_alive()
 
+    def failure(self) -> str | None:
+        """Why the engine process stopped when the server did not ask it to (None otherwise)."""
+        if self._stopping:
+            return None
+        if self.error is not None or not self.proc.is_alive():
+            self.proc.join(0.5)
+            code = self.proc.exitcode
+            return self.error if self.error and "exit code None" not in self.error else \
+                f"the engine process ended (exit code {code})"
+        return None
+
     def submit(self, s: Stream) -> None:
         with self._lock:
             if self._stopping:

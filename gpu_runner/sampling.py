@@ -12,8 +12,10 @@ from core.config import SamplingParams
 
 
 def filtered_probs(logits, sp: SamplingParams):
-    """Softmax after temperature, top-k and top-p: [..., V]."""
-    logits = logits.float() / sp.temperature
+    """Softmax after temperature, top-k and top-p: [..., V]. The largest logit is subtracted
+    first, so a small temperature sends the others to -inf, never the maximum to inf."""
+    logits = logits.float()
+    logits = (logits - logits.max(-1, keepdim=True).values) / sp.temperature
     if sp.top_k and sp.top_k < logits.shape[-1]:
         kth = torch.topk(logits, sp.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

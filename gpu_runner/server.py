@@ -85,7 +85,7 @@ class App:
 
     async def health(self, request: Request):
         if not self.se.alive():
-            return Response("engine stopped", 503)
+            return Response(f"engine stopped: {self.se.failure() or 'shutting down'}", 503)
         return Response(b"", 200)
 
     async def prom(self, request: Request):
@@ -336,9 +336,13 @@ class _Generation:
                              "choices": [choice], "usage": self.usage()})
 
 
-def serve(se: ServingEngine, app: App, host: str, port: int, ready=None) -> None:
+def serve(se: ServingEngine, app: App, host: str, port: int, ready=None) -> str | None:
     """Run uvicorn until SIGINT/SIGTERM; on the signal the engine stops first (unfinished
-    requests end with finish_reason "abort", the trace is written), then the HTTP server."""
+    requests end with finish_reason "abort", the trace is written), then the HTTP server.
+    An engine that stops by itself (a crash, a killed engine process) is logged and stops the
+    server too, so that a supervisor restarts it: returns why (None after a signal)."""
+    import threading
+
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -349,10 +353,23 @@ def serve(se: ServingEngine, app: App, host: str, port: int, ready=None) -> None
     config = uvicorn.Config(app.app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, lifespan="off")
     server = _Server(config)
+    died: list[str] = []
+
+    def watch():      # /health says 503 as soon as the engine is gone; the server then exits
+        while not server.should_exit:
+            time.sleep(0.2)
+            why = se.failure()
+            if why:
+                log.error("the engine stopped: %s; the server exits (status 1)", why)
+                died.append(why)
+                server.should_exit = True
+                return
     se.start()
+    threading.Thread(target=watch, name="engine-watch", daemon=True).start()
     try:
         if ready is not None:
             ready(server)
         server.run()
     finally:
         se.stop()
+    return died[0] if died else None

@@ -187,6 +187,14 @@ class ServingEngine:
     def alive(self) -> bool:
         return self.error is None and self.thread.is_alive()
 
+    def failure(self) -> str | None:
+        """Why the engine stopped when nobody asked it to (None: running, or stopped on request)."""
+        if self.error is not None:
+            return f"{type(self.error).__name__}: {self.error}"
+        if self.thread.ident is not None and not self.thread.is_alive() and not self._stopping:
+            return "the engine thread ended"
+        return None
+
     def submit(self, s: Stream, arrival_ms: float | None = None) -> None:
         """Queue a request (its arrival is now, or `arrival_ms` on this engine's clock);
         raises Overloaded / ServerStopping."""
@@ -302,6 +310,8 @@ class ServingEngine:
                 continue
             if not s.accepted:   # rejected on arrival: the client gets the reason as its answer
                 ev.error(s, f"rejected: {f.detail or f.reason}", 503 if f.limit == "queue_limit" else 400)
+            elif f.reason == "error":   # this request failed in the engine; the others go on
+                ev.error(s, f"the engine failed on this request: {f.detail or 'error'}", 500)
             else:
                 ev.finish(s, f.reason, f.t_ms, f.detail)
         st = self.stats = out.stats

@@ -60,12 +60,14 @@ class ExecutorOutput:
     #                                              None: one unknown token per entry that completes
     sources: list[list[int]] | None = None       # per entry: codes into TOKEN_SOURCES (None: sampled)
     events: list[dict] | None = None             # verbatim trace events (spec, tiles)
+    failed: dict[int, str] | None = None         # batch entry -> why it failed (its request ends with
+    #                                              reason "error"; the rest of the batch goes on)
 
 
 class Finish(NamedTuple):
     req: int
     t_ms: float
-    reason: str                  # length | stop | abort | deadline | rejected
+    reason: str                  # length | stop | abort | deadline | rejected | error
     detail: str | None = None    # why, in words (a rejection's rule and numbers)
     limit: str | None = None     # the option that rejected it: max_model_len | queue_limit
 

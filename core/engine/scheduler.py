@@ -146,7 +146,8 @@ class Scheduler:
                 break
         return min(times) if times else None
 
-    def abort(self, i: int, now_ms: float, reason: str = "abort", t_finish: float | None = None):
+    def abort(self, i: int, now_ms: float, reason: str = "abort", t_finish: float | None = None,
+              detail: str | None = None):
         """Cancel request i wherever it is; its blocks return to the pool at `now_ms`; the
         finish is stamped `t_finish` (when the client cancelled) if given."""
         t = self.requests
@@ -158,7 +159,7 @@ class Scheduler:
             self.leave_running(i, now_ms)
         elif t.state[i] == WAITING:
             self.waiting.remove(i)
-        self._done(i, Finish(i, now_ms if t_finish is None else t_finish, reason))
+        self._done(i, Finish(i, now_ms if t_finish is None else t_finish, reason, detail))
 
     def leave_running(self, i: int, now_ms: float, free_blocks: bool = True):
         """Take request i out of the running set (its KV blocks freed unless `free_blocks` is
@@ -470,6 +471,8 @@ class Scheduler:
         if cancelled is not None:
             for i in r[cancelled].tolist():
                 self.abort(i, t_end, t.abort_reason.get(i, "abort"), max(float(t.abort_at[i]), batch.t_ms))
+        for j, why in (out.failed or {}).items():     # one request's failure ends that request only
+            self.abort(int(r[j]), t_end, "error", detail=why)
         self.step += 1
         self._step_gauges = None
         return self.take_outputs(t_end, batch, dur, er, idx, ids)

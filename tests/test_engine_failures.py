@@ -1,0 +1,111 @@
+"""One request can never take down the engine, and an engine that does stop takes the server
+down with it, loudly (issue 27, items 1 and 8). The server runs as `python -m gpu_runner serve`
+subprocesses on loopback; every wait is bounded."""
+import signal
+import time
+
+import httpx
+import pytest
+
+from core.config import SamplingParams, SchedulerConfig
+from core.engine.outputs import ExecutorOutput
+from core.engine.scheduler import Scheduler
+from core.workload import Request
+from tests.test_serving_answers import children, start_server, wait_gone
+
+
+def test_a_tiny_temperature_samples_greedily():
+    assert SamplingParams(temperature=1e-40).temperature == 0.0
+    assert SamplingParams(temperature=2e-5).temperature == 2e-5
+
+
+def test_filtered_probs_stay_finite_at_small_temperatures():
+    import torch
+
+    from gpu_runner.sampling import filtered_probs
+    logits = torch.randn(3, 258) * 30
+    for t in (1e-5, 1e-4, 0.01, 1.0, 100.0):
+        p = filtered_probs(logits, SamplingParams(temperature=t, top_k=5, top_p=0.9))
+        assert torch.isfinite(p).all() and torch.allclose(p.sum(-1), torch.ones(3))
+
+
+def test_an_entry_that_failed_ends_its_request_only():
+    """The executor says one entry failed: that request finishes 'error' with the reason, its
+    blocks go back to the pool, the other request goes on to its length."""
+    sched = Scheduler(None, SchedulerConfig(max_seqs=2, kv_blocks=32, block_size=4))
+    for rid in ("a", "b"):
+        sched.add_request(Request(rid, 0.0, 8, 6))
+    happened, t = [], 0.0
+    while not sched.done() and t < 100:
+        sched.admit_arrivals(t)
+        b = sched.schedule(t)
+        if sched.has_outputs():
+            happened += sched.take_outputs(t).finished
+        if b is None:
+            t += 1.0
+            continue
+        t += 1.0
+        failed = {j: "boom" for j, r in enumerate(b.reqs.tolist()) if r == 0 and sched.step == 2}
+        happened += sched.update(b, ExecutorOutput(t, tokens=[[7]] * len(b.reqs), failed=failed or None)).finished
+    by = {f.req: f for f in happened}
+    assert by[0].reason == "error" and by[0].detail == "boom"
+    assert by[1].reason == "length" and int(sched.requests.emitted[1]) == 6
+    sched.kv.check()
+    assert sched.kv.num_free == 32
+
+
+def wait_health(url: str, proc, timeout_s: float = 120):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the server exited during startup"
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server was not healthy in time")
+
+
+PER_REQUEST = ({"prompt": "hi", "max_tokens": 5, "temperature": 1e-40},
+               {"prompt": "hi", "max_tokens": 5, "temperature": 1e-40, "stream": True},
+               {"prompt": "hi", "max_tokens": 5, "temperature": 0.8, "top_k": 3})
+SERVER_WIDE = ({"prompt": "hi", "max_tokens": 5}, {"prompt": "hi", "max_tokens": 5, "stream": True})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags,bodies", [([], PER_REQUEST), (["--no-engine-process"], PER_REQUEST),
+                                          (["--speculative", "--temperature", "1e-40"], SERVER_WIDE)],
+                         ids=["engine-process", "engine-thread", "speculative"])
+def test_temperature_1e40_is_answered_and_the_engine_goes_on(flags, bodies):
+    proc, url = start_server(*flags)
+    try:
+        wait_health(url, proc)
+        for body in bodies:
+            r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+@pytest.mark.slow
+def test_a_killed_engine_process_stops_the_server_with_status_1():
+    proc, url = start_server()
+    try:
+        wait_health(url, proc)
+        engine = children(proc.pid)
+        assert engine
+        for pid in engine:
+            import os
+            os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        code = proc.wait(30)
+        assert code == 1, code
+        assert time.monotonic() - t0 < 30
+        for pid in engine:
+            assert wait_gone(pid, 10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
