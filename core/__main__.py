@@ -148,7 +148,7 @@ def cmd_fit(a) -> int:
     from core.fit.stepfit import fit, save
     from core.trace import Imported
     if a.out:
-        check_writable(a.out, "--out")
+        check_writable(a.out, "--out", directory_ok=False)
     tr = _read(a.trace)
     if a.from_requests and a.from_token_times:
         raise InputError("fit: choose one of --from-requests and --from-token-times")
@@ -409,7 +409,7 @@ def cmd_export(a) -> int:
         raise InputError("export: give at least one of --chrome, --csv, --trace-out")
     for flag, path in (("--chrome", a.chrome), ("--csv", a.csv), ("--trace-out", a.trace_out)):
         if path:
-            check_writable(path, flag)
+            check_writable(path, flag, directory_ok=flag == "--trace-out")   # only a trace can be parts
     got = _read(a.trace)
     tr = got.trace if isinstance(got, Imported) else got
     if tr is None:

@@ -97,11 +97,27 @@ def _where(path, flag: str) -> str:
     return f"{flag + ' ' if flag else ''}{path}"
 
 
-def check_writable(path, flag: str = ""):
+def check_writable(path, flag: str = "", directory_ok: bool = True):
     """Refuse an output path before any work is done: its directory must exist and be
-    writable, and the path must not be a directory."""
+    writable, and the path must not be a directory (nor end with / when `directory_ok` is
+    False: the output is one file) nor a socket; a device or FIFO must be writable itself."""
+    import stat
+
     from core.errors import InputError
     p = Path(path)
+    if str(path).endswith("/") and not directory_ok:
+        raise InputError(f"{_where(path, flag)}: ends with / (a directory); this output is one file: name it")
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode)):
+        if not os.access(p, os.W_OK):
+            raise InputError(f"{_where(path, flag)}: is not writable")
+        return
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise InputError(f"{_where(path, flag)}: is neither a regular file nor a device or FIFO (a socket?); "
+                         "name a file")
     parent = p.parent if str(p.parent) else Path(".")
     if str(path).endswith("/"):   # a partitioned trace: a directory of Parquet parts
         if p.is_dir() and any(not q.name.endswith(".parquet") for q in p.iterdir()):
@@ -138,22 +154,90 @@ def _write_directory(p: Path, write, flag: str):
 
 
 def write_output(path, write, flag: str = ""):
-    """write(tmp) to a temporary file beside `path`, then rename it over `path`: an existing
-    file is replaced whole or not at all (a full disk or a kill mid-write leaves it intact).
+    """write(tmp) to a temporary file, then put it at `path` without damaging what is there:
+    - a regular file (or a new path) is replaced whole or not at all (a full disk or a kill
+      mid-write leaves it intact), keeping the file's mode and, when allowed, its owner;
+    - a symlink is written through: its target is replaced that way, the link stays;
+    - a character or block device or a FIFO is written through (its node stays), a FIFO only
+      when a process is reading it;
+    - anything else (a socket) is refused.
     The temporary name ends like `path`, so writers that choose the format by suffix agree.
     An OSError becomes one line naming the flag and path."""
+    import stat
+    import tempfile
+
     from core.errors import InputError
     p = Path(path)
     if str(path).endswith("/"):
         return _write_directory(p, write, flag)
-    tmp = p.with_name(f".partial-{os.getpid()}-{p.name}")
+    target = Path(os.path.realpath(p)) if p.is_symlink() else p
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise InputError(f"{_where(path, flag)}: cannot write ({e.strerror})") from None
+    mode = st.st_mode if st is not None else None
+    special = mode is not None and (stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode))
+    if mode is not None and not (special or stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise InputError(f"{_where(path, flag)}: is neither a regular file nor a device or FIFO (a socket?); "
+                         "name a file")
+    if special:
+        with tempfile.TemporaryDirectory() as d:
+            tmp = Path(d) / f".partial-{os.getpid()}-{p.name}"
+            try:
+                write(tmp)
+                _copy_into(tmp, target, stat.S_ISFIFO(mode))
+            except OSError as e:
+                raise InputError(f"{_where(path, flag)}: cannot write ({e.strerror})") from None
+        return None
+    tmp = target.with_name(f".partial-{os.getpid()}-{target.name}")
     try:
         write(tmp)
-        os.replace(tmp, p)
+        if st is not None and stat.S_ISREG(mode) and tmp.is_file():
+            os.chmod(tmp, stat.S_IMODE(mode))
+            try:
+                os.chown(tmp, st.st_uid, st.st_gid)
+            except PermissionError:
+                pass          # another owner's file in a writable directory: ours now, as any editor does
+        os.replace(tmp, target)
     except OSError as e:
         raise InputError(f"{_where(path, flag)}: cannot write ({e.strerror})") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp.is_dir():
+            import shutil
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+    return None
+
+
+def _copy_into(src: Path, node: Path, fifo: bool):
+    """src's bytes written into a device or FIFO node (never replacing it). A FIFO is opened
+    without blocking first: with no reader that fails at once (ENXIO) instead of hanging."""
+    flags = os.O_WRONLY | (os.O_NONBLOCK if fifo else 0)
+    try:
+        fd = os.open(node, flags)
+    except OSError as e:
+        if fifo and e.errno == 6:     # ENXIO
+            raise OSError(e.errno, "no process is reading the FIFO") from None
+        raise
+    try:
+        if fifo:
+            os.set_blocking(fd, True)
+        with open(src, "rb") as f:
+            while chunk := f.read(1 << 20):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view):]
+        if not fifo:
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                if e.errno not in (22, 25):     # EINVAL / ENOTTY: a node that does not sync
+                    raise
+    finally:
+        os.close(fd)
 
 
 class Progress:
