@@ -33,24 +33,56 @@ def _size(n: int) -> str:
 
 
 def gunzip(data: bytes, name: str, error=InputError) -> bytes:
-    """`data` decompressed when it is gzip (else as is), streaming up to MAX_DECOMPRESSED_BYTES;
-    a larger output or gzip inside gzip is refused as `error` naming the file."""
-    import gzip
-    import io
+    """`data` decompressed when it is gzip (else as is), refused as `error` naming the file when
+    it would inflate past MAX_DECOMPRESSED_BYTES: a first pass counts the inflated bytes piece
+    by piece and keeps none (a bomb is refused holding nothing, in about a second per 2 GiB),
+    the second keeps them; gzip inside gzip is refused too. (The gzip trailer's size field is
+    not trusted: it is the size mod 2**32, and any bytes in a truncated file.)"""
     import zlib
     if data[:2] != GZIP_MAGIC:
         return data
     limit = MAX_DECOMPRESSED_BYTES
+    too_big = f"{name}: gzip data inflates to more than {_size(limit)} (the limit for compressed input)"
     try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
-            out = f.read(limit + 1)  # stops after limit + 1 bytes: never inflates a bomb whole
-    except (OSError, EOFError, zlib.error) as e:
+        _members(data, name, error, limit, too_big, keep=False)      # count first, keeping nothing
+        pieces = _members(data, name, error, limit, too_big, keep=True)
+    except zlib.error as e:
         raise error(f"{name}: broken gzip data ({e})") from None
-    if len(out) > limit:
-        raise error(f"{name}: gzip data inflates to more than {_size(limit)} (the limit for compressed input)")
+    out = b"".join(pieces)
     if out[:2] == GZIP_MAGIC:
         raise error(f"{name}: gzip data inside gzip data (compressed twice?); decompress it once first")
     return out
+
+
+def _members(data: bytes, name: str, error, limit: int, too_big: str, keep: bool) -> list:
+    """Inflate every gzip member of `data` in pieces of at most 4 MiB, refusing past `limit`;
+    the pieces when `keep` (else only counted: a refusal then holds nothing)."""
+    import zlib
+    pieces, total, rest = [], 0, memoryview(data)
+    while rest.nbytes:       # members one after another (concatenated gzip files)
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        buf = rest
+        while not d.eof:
+            piece = d.decompress(buf, 1 << 22)
+            total += len(piece)
+            if total > limit:
+                raise error(too_big)
+            if keep:
+                pieces.append(piece)
+            if d.unconsumed_tail:
+                buf = memoryview(d.unconsumed_tail)
+            elif not piece:
+                break        # input used up before the end of the stream
+            else:
+                buf = memoryview(b"")
+        if not d.eof:
+            raise error(f"{name}: broken gzip data (it ends before the end of its compressed stream)")
+        rest = memoryview(d.unused_data)
+        if rest.nbytes and bytes(rest[:2]) != GZIP_MAGIC:
+            if any(bytes(rest)):      # zero padding after the last member is read as gzip reads it
+                raise error(f"{name}: broken gzip data (bytes after the end of its last member)")
+            break
+    return pieces
 
 
 def loads_json(text: str | bytes, name: str, error=InputError, **kw):

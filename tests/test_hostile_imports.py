@@ -145,3 +145,24 @@ def test_an_iteration_log_that_only_mentions_iterations(tmp_path, capsys):
     p = tmp_path / "server.log"
     p.write_text("INFO 12-01 10:00:00 [x.py:1] vllm started\nIteration(3) of nothing\n")
     refused(capsys, p, "server.log", "without iteration lines", "--enable-logging-iteration-details")
+
+
+@pytest.mark.slow    # seconds: inflating 2 GiB to refuse it
+def test_a_gzip_bomb_is_refused_holding_nothing(tmp_path):
+    """2.5 GiB of zeros in 2.4 MB of gzip (its size field, mod 2**32, says 512 MiB): refused in one
+    line while the process may hold at most 1.5 GiB of address space beyond Python's own."""
+    import subprocess
+    import sys
+    import zlib
+    c = zlib.compressobj(1, zlib.DEFLATED, 31)
+    zero = b"\0" * (1 << 26)
+    with open(tmp_path / "bomb.json.gz", "wb") as f:
+        for _ in range(40):
+            f.write(c.compress(zero))
+        f.write(c.flush())
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+            "from core.__main__ import main; sys.exit(main(['metrics', sys.argv[1]]))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bomb.json.gz")], capture_output=True,
+                       text=True, timeout=120, cwd=str(DATA.parent))
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "inflates to more than 2 GiB" in r.stderr and r.stderr.count("\n") == 1

@@ -56,7 +56,10 @@ def test_a_fifo_is_written_into_when_read_and_refused_without_a_reader(tmp_path,
     rc, _, err = cli(capsys, "export", TRACE, "--csv", fifo)
     assert rc == 2 and "no process is reading the FIFO" in err        # at once, no hang
     got = []
-    reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()))
+    def read():
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+    reader = threading.Thread(target=read)
     reader.start()
     import time
     time.sleep(0.2)

@@ -70,7 +70,7 @@ def first_scheduled_ms(trace) -> np.ndarray:
     step events). Queue wait = this - arrival."""
     out = np.full(len(trace.requests), np.nan)
     if len(trace.batch):
-        step_t = trace.steps.set_index("step")["t_ms"]
+        step_t = trace.steps.groupby("step")["t_ms"].min()   # a step number twice (a hostile file): its first
         req, step = trace.batch["req"].to_numpy(), trace.batch["step"].to_numpy()
         fb = np.full(len(out), np.iinfo(np.int64).max)
         np.minimum.at(fb, req, step)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core.errors import TraceError, read_input_file
+from core.errors import TraceError, gunzip, read_input_file
 from core.trace.imports.imported import Imported
 from core.trace.imports.sniff import import_directory, import_doc, import_text
 from core.trace.jsoncodec import no_gc, parse_json_bytes
@@ -31,6 +31,7 @@ def _read(data: bytes | str, name: str, engines: bool, path: Path | None = None)
             tr = decode_fast(data, name)   # inflates gzip as it decodes (bounded)
             if tr is not None:
                 return tr
+            data = gunzip(data, name, TraceError)    # once, for the paths below (bounded, counted first)
             if engines:
                 imp = import_text(data, name, path)   # not one JSON document: JSON lines, logs, YAML, CSV
                 if imp is not None:
