@@ -6,7 +6,9 @@ send extras) and reported once by the server.
 Fields: max_tokens (default 16), temperature (default 1.0, as OpenAI), top_p, top_k (0 or
 -1 = off), seed, stop (strings), stop_token_ids, ignore_eos, n (1 only), stream,
 stream_options.include_usage; prompt (text, token ids, or a one-element list of either) or
-messages ([{role, content}]).
+messages ([{role, content}]). best_of (1 only), logprobs / top_logprobs (off only) and echo
+(false only) are refused otherwise, as vLLM refuses what it does not support: a client asking for
+log-likelihoods must not get an answer without them.
 """
 from __future__ import annotations
 
@@ -44,6 +46,11 @@ class CompletionBody(msgspec.Struct):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # asked for, answered 400 unless off (nothing is silently ignored that would change the answer)
+    best_of: Annotated[int, Meta(ge=1)] | None = None
+    logprobs: int | bool | None = None
+    top_logprobs: int | None = None
+    echo: bool = False
 
 
 KNOWN = frozenset(CompletionBody.__struct_fields__)
@@ -68,3 +75,40 @@ def decode_body(raw: bytes) -> tuple[CompletionBody, list[str]]:
     except RecursionError:
         raise BodyError("body is not valid JSON: nested too deeply") from None
     return body, unknown
+
+
+def unsupported(body: CompletionBody) -> str | None:
+    """Why the body asks for something this server does not do (None: nothing)."""
+    if body.best_of not in (None, 1):
+        return f"best_of: only 1 is supported, got {body.best_of}"
+    if body.logprobs not in (None, False, 0) or body.top_logprobs not in (None, 0):
+        return "logprobs: not supported (this server returns no log-probabilities); leave logprobs and top_logprobs out"
+    if body.echo:
+        return "echo: not supported (the prompt is not returned); leave it out or set it false"
+    return None
+
+
+def bad_text(body: CompletionBody) -> str | None:
+    """A string field that is not valid Unicode text (a lone surrogate such as "\\ud800", which
+    JSON can spell but no text encoding can encode): its name and position."""
+    def where(name, s):
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"{name}: not valid Unicode text (a lone surrogate at character {e.start})"
+        return None
+    fields = []
+    p = body.prompt
+    if isinstance(p, str):
+        fields.append(("prompt", p))
+    elif isinstance(p, list):
+        fields += [(f"prompt[{k}]", x) for k, x in enumerate(p) if isinstance(x, str)]
+    fields += [(f"messages[{k}].content", m.content) for k, m in enumerate(body.messages or ())]
+    fields += [(f"messages[{k}].role", m.role) for k, m in enumerate(body.messages or ())]
+    stop = body.stop if isinstance(body.stop, list) else [body.stop] if isinstance(body.stop, str) else []
+    fields += [(f"stop[{k}]", x) for k, x in enumerate(stop)]
+    for name, s in fields:
+        why = where(name, s)
+        if why:
+            return why
+    return None

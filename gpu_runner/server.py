@@ -28,11 +28,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from core.config import SamplingParams
-from gpu_runner.api import BodyError, CompletionBody, decode_body
+from gpu_runner.api import BodyError, CompletionBody, bad_text, decode_body, unsupported
 from gpu_runner.serving import Overloaded, ServerStopping, ServingEngine, Stream
 
 log = logging.getLogger("gpu_runner.serve")
 MAX_BODY = 4 * 2**20
+BODY_TIMEOUT_S = 30.0      # the whole body must arrive within this (then 408)
 
 class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400, headers: dict | None = None):
@@ -98,14 +99,23 @@ class App:
         if size is not None and size.isdigit() and int(size) > MAX_BODY:
             raise BadRequest(f"request body of {int(size):,} bytes is over the {MAX_BODY:,}-byte limit", 413)
         raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY:
-                raise BadRequest(f"request body is over the {MAX_BODY:,}-byte limit", 413)
+
+        async def read():
+            async for chunk in request.stream():
+                raw.extend(chunk)
+                if len(raw) > MAX_BODY:
+                    raise BadRequest(f"request body is over the {MAX_BODY:,}-byte limit", 413)
+        try:   # a body that never arrives whole (less than its Content-Length) must not hold a slot
+            await asyncio.wait_for(read(), BODY_TIMEOUT_S)
+        except TimeoutError:
+            raise BadRequest(f"the request body did not arrive within {BODY_TIMEOUT_S:g} s", 408) from None
         try:
             body, unknown = decode_body(bytes(raw))
         except BodyError as e:
             raise BadRequest(str(e)) from None
+        why = unsupported(body) or bad_text(body)
+        if why:
+            raise BadRequest(why)
         unknown = [k for k in unknown if k not in self.warned]
         if unknown:
             log.warning("ignoring unknown request field(s): %s", ", ".join(unknown))
