@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("sweep", help="simulate a workload at several offered loads; latency, throughput, SLOs")
     w.add_argument("workload", help="workload file (its requests' lengths and order are kept; arrivals are not)")
     load = w.add_mutually_exclusive_group(required=True)
-    load.add_argument("--rates", type=_list_of(_positive_float, "requests per second > 0"), metavar="R1,R2,...",
+    load.add_argument("--rates", type=_list_of(_rate, "requests per second in (0, 1e6]"), metavar="R1,R2,...",
                       help="open loop: Poisson arrivals at each rate (req/s)")
     load.add_argument("--concurrency", type=_list_of(_positive_int, "integers >= 1"), metavar="C1,C2,...",
                       help="closed loop: C clients, each sending its next request when its last one finishes")
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit to engine steps inferred from the streamed tokens' arrival times (each step's tokens "
                         "reach the client together; core.fit.stepinfer): for files without step events whose "
                         "per-token times are known, e.g. a vLLM result with itls; uses the flags below")
-    f.add_argument("--search-rounds", type=_positive_int, default=15,
+    f.add_argument("--search-rounds", type=_bounded_int(1, 1000), default=15,
                    help="--from-requests: rounds of the global search, 18 simulations each (default 15)")
     add_flags(f.add_argument_group("the engine's scheduler settings (with --from-requests / --from-token-times)"),
               SchedulerConfig,
@@ -113,6 +113,23 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--csv", metavar="OUT.csv", help="per-request metrics")
     e.add_argument("--trace-out", metavar="OUT", help="the trace itself: .json, .json.gz or .parquet")
     return ap
+
+
+def _bounded_int(lo: int, hi: int):
+    def parse(s: str) -> int:
+        v = _positive_int(s)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer in {lo}..{hi}, got {s}")
+        return v
+    return parse
+
+
+def _rate(s: str) -> float:
+    """A request rate: > 0 and at most a million per second (beyond it the offered load overflows)."""
+    v = _positive_float(s)
+    if v > 1e6:
+        raise argparse.ArgumentTypeError(f"expected a rate of at most 1e6 requests per second, got {s}")
+    return v
 
 
 def _model_file_flag(p):

@@ -122,9 +122,9 @@ class SchedulerConfig:
                                    minimum=1)
     chunk: int | None = opt(None, "chunked prefill: prompt tokens per request per step (default: off; vllm-v1: "
                             "the token budget; sarathi: 512, and the step's token budget)", minimum=1)
-    block_size: int = opt(16, "tokens per KV block", minimum=1)
+    block_size: int = opt(16, "tokens per KV block", minimum=1, maximum=1 << 20)
     kv_blocks: int | None = opt(None, "KV pool size in blocks (default: enough for every request at once)",
-                                minimum=1)
+                                minimum=1, maximum=1 << 22)
     prefix_caching: bool = opt(False, "reuse cached full blocks whose token-id prefix matches exactly")
     scheduling_policy: str = opt("fcfs", "order of the waiting queue: fcfs (arrival order) or priority (lower "
                                  "`priority` first, then arrival; preemption takes the lowest priority)",

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.config import opt
+from core.config import check_options, opt
 from gpu_runner.options import EngineConfig
 
 
@@ -22,9 +22,12 @@ class ModelOptions:
     device: str = opt("auto", "auto: cuda if available, else cpu", choices=("auto", "cpu", "cuda"))
     dtype: str = opt("auto", "auto: float32 on CPU, bfloat16 on CUDA",
                      choices=("auto", "float32", "float64", "bfloat16", "float16"))
-    threads: int | None = opt(None, "CPU threads for torch", minimum=1)
+    threads: int | None = opt(None, "CPU threads for torch", minimum=1, maximum=1024)
     speculative: bool = opt(False, "speculative decoding with a draft model")
     draft: str = opt("tiny-draft", "draft model: tiny-draft | a local HF checkpoint dir")
+
+    def __post_init__(self):
+        check_options(self)
 
 
 @dataclass(slots=True)

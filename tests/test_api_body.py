@@ -38,9 +38,10 @@ def test_a_bad_body_is_refused_in_one_line_naming_the_field(raw, message):
 def test_a_good_body_decodes_and_unknown_fields_are_named_not_refused():
     body, unknown = decode_body(b'{"prompt": [1, 2], "max_tokens": 3, "temperature": 0, "stop": "x", "seed": -5, '
                                 b'"stream": true, "stream_options": {"include_usage": true, "continuous": 1}, '
-                                b'"best_of": 2, "logprobs": null}')
+                                b'"best_of": 2, "logprobs": null, "ignored_extra": 1, "chat_template": "x"}')
     assert (body.prompt, body.max_tokens, body.temperature, body.stop, body.seed) == ([1, 2], 3, 0.0, "x", -5)
     assert body.stream and body.stream_options.include_usage
-    assert unknown == ["best_of", "logprobs"] and "best_of" not in KNOWN
+    assert unknown == ["chat_template", "ignored_extra"] and "ignored_extra" not in KNOWN
+    assert (body.best_of, body.logprobs) == (2, None)      # declared: the server refuses best_of 2 (unsupported)
     empty, none = decode_body(b"{}")
     assert empty.max_tokens is None and empty.temperature is None and not empty.stream and none == []

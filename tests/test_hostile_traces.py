@@ -302,5 +302,5 @@ def test_predict_with_a_bad_recorded_option_names_it():
     from core.fit.predict import predicted_trace
     tr = load_trace(DATA / "traces" / "shared_prefix_caching_on.json.gz")
     tr.meta["engine"]["block_size"] = "abc"
-    with pytest.raises(ConfigError, match=r"meta\.engine: block_size: expected a positive integer, got 'abc'"):
+    with pytest.raises(ConfigError, match=r"meta\.engine: block_size: expected an integer in 1\.\.1048576, got 'abc'"):
         predicted_trace(tr)

@@ -154,6 +154,7 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
     def affine_loss(x):
         return evaluate(np.r_[np.exp(x), np.zeros(len(FEATURES) - 3)])[1]
     x0 = np.log(np.maximum(coef[:3], FLOOR_MS))
+    evaluate(coef)    # settings the workload cannot run under (a pool too small) say so here, not inside scipy
     found = differential_evolution(affine_loss, [(v - np.log(30.0), v + np.log(30.0)) for v in x0],
                                    popsize=search_size, maxiter=search_rounds, tol=1e-10, seed=0, polish=False,
                                    init="sobol")

@@ -61,18 +61,22 @@ def batch_features(batch: SchedulerOutput) -> np.ndarray:
     return step_features(batch.num_tokens, batch.start_pos, batch.is_prefill)
 
 
+MAX_COEF_MS = 1e6   # a step-time coefficient of at most 1,000 s: beyond it times overflow what a trace holds
+
+
 @dataclass(slots=True)
 class StepModel:
     kind: str = opt("constant", "how a step's duration is computed", flag="--step-model", choices=STEP_MODELS)
-    step_ms: float = opt(1.0, "constant: ms per step", minimum=0)
-    base_ms: float = opt(0.0, "affine/roofline: fixed ms per step", minimum=0)
-    prefill_ms_per_token: float = opt(0.0, "affine: ms per prefill token", minimum=0)
-    decode_ms_per_seq: float = opt(0.0, "affine: ms per decoding sequence", minimum=0)
-    prefill_ms_per_kpos: float = opt(0.0, "features: ms per 1,000 attended positions of prefill tokens", minimum=0)
+    step_ms: float = opt(1.0, "constant: ms per step", minimum=0, maximum=MAX_COEF_MS)
+    base_ms: float = opt(0.0, "affine/roofline: fixed ms per step", minimum=0, maximum=MAX_COEF_MS)
+    prefill_ms_per_token: float = opt(0.0, "affine: ms per prefill token", minimum=0, maximum=MAX_COEF_MS)
+    decode_ms_per_seq: float = opt(0.0, "affine: ms per decoding sequence", minimum=0, maximum=MAX_COEF_MS)
+    prefill_ms_per_kpos: float = opt(0.0, "features: ms per 1,000 attended positions of prefill tokens", minimum=0,
+                                     maximum=MAX_COEF_MS)
     decode_ms_per_kpos: float = opt(0.0, "features: ms per 1,000 attended positions of decoding sequences",
-                                    minimum=0)
+                                    minimum=0, maximum=MAX_COEF_MS)
     prefill_ms_per_chunk: float = opt(0.0, "features: ms per prefill piece (a request's prompt tokens in a step)",
-                                      minimum=0)
+                                      minimum=0, maximum=MAX_COEF_MS)
     model: str = opt("Llama-2-7B", "roofline: model preset (core.formulas.kv.MODELS)")
     gpu: str = opt("A100-80GB", "roofline: GPU preset (core.formulas.kv.GPUS)")
     dtype_bytes: float = opt(2.0, "roofline: bytes per weight and KV element", minimum=0)

@@ -375,7 +375,7 @@ def decode_fast(data: bytes, name: str, chunk: int = STREAM_CHUNK) -> Trace | No
         doc, start = _header(rd)
         doc["events"] = []
         return trace_from_doc(doc, name, fast_events=lambda index_of: _stream_events(rd, start, chunk, index_of, doc))
-    except (_Refused, TraceError, BadColumn, OverflowError):
+    except (_Refused, TraceError, BadColumn, OverflowError, msgspec.ValidationError, msgspec.DecodeError):
         return None  # the precise path words the problem (it sees the original events)
     except _TooBig as e:
         raise TraceError(str(e)) from None

@@ -1,0 +1,50 @@
+"""Values past what the tools can hold are refused in one line naming the flag (issue 27, item
+10): never a traceback, a spin or a crash at save."""
+import json
+
+import pytest
+
+from core.__main__ import main
+from tests.conftest import DATA
+
+W = str(DATA / "workloads" / "burst5.json")
+TRACE = str(DATA / "traces" / "shared_prefix_caching_on.json.gz")
+
+
+@pytest.mark.parametrize("args,names", [
+    (["sweep", W, "--rates", "1e308", "--json"], ("--rates", "1e6")),
+    (["simulate", W, "--block-size", "100000000000000000000", "--out", "{out}"], ("block_size", "1048576")),
+    (["simulate", W, "--block-size", "1000000000", "--out", "{out}"], ("block_size",)),
+    (["simulate", W, "--step-ms", "1e308", "--out", "{out}"], ("step_ms",)),
+    (["simulate", W, "--kv-blocks", "100000000000", "--out", "{out}"], ("kv_blocks",)),
+    (["fit", TRACE, "--from-requests", "--kv-blocks", "1"], ("kv_blocks", "the pool has 1")),
+    (["fit", TRACE, "--from-requests", "--search-rounds", "100000000"], ("--search-rounds", "1..1000")),
+])
+def test_out_of_range_values_get_one_line(tmp_path, capsys, args, names):
+    out = tmp_path / "o.json"
+    rc = main([a.replace("{out}", str(out)) for a in args])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    for n in names:
+        assert n in err, err
+    assert not out.exists()
+
+
+def test_files_that_are_not_text_or_json_numbers(tmp_path, capsys):
+    for name, data in (("n.json", b"1e309"), ("l.json", "\xe9t\xe9".encode("latin-1")),
+                       ("deep.json", json.dumps({"schema": "serving-trace/1", "meta": {"source": "given"},
+                                                 "requests": [{"id": "a", "arrival_ms": 1e309, "prompt_tokens": 1,
+                                                               "max_output_tokens": 1}],
+                                                 "events": []}).replace("Infinity", "1e309").encode())):
+        p = tmp_path / name
+        p.write_bytes(data)
+        rc = main(["metrics", str(p)])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.count("\n") == 1 and name in err, err
+
+
+def test_serve_threads_bounded(capsys):
+    from gpu_runner.__main__ import main as gmain
+    assert gmain(["serve", "--threads", "100000", "--port", "1"]) == 2
+    assert "threads: expected an integer in 1..1024" in capsys.readouterr().err
