@@ -4,6 +4,7 @@ import streamlit as st
 
 from ui import (
     compact_header,
+    drop_nonfinite_params,
     drop_overlong_params,
     export_tools,
     freeze_startup_heap,
@@ -18,6 +19,7 @@ st.set_page_config(page_title="Serving Explorer", page_icon=":material/speed:", 
 freeze_startup_heap()
 compact_header()
 drop_overlong_params()
+drop_nonfinite_params()
 
 pg = st.navigation({
     "": [st.Page("pages/home.py", title="Home", icon=":material/home:", default=True)],

@@ -26,6 +26,7 @@ PRESETS = {
     "three": ("Three candidates", ["A", "B", "C"], [0.2, 0.5, 0.3], [0.6, 0.3, 0.1]),
 }
 preset = st.segmented_control("Preset", list(PRESETS), default="paris", required=True, **bound("sp_preset"))
+preset = preset if preset in PRESETS else "paris"      # "?sp_preset=" in a link selects none
 desc, names, p0, q0 = PRESETS[preset]
 seed = (names, p0, q0)
 if "sp_pq" in st.query_params:   # a shared link carries its edited table

@@ -162,6 +162,41 @@ def drop_overlong_params() -> list[str]:
             notes.append(f"Ignored the link's parameter **{md(shown)}**: "
                          f"{max(len(key), longest):,} characters, at most {MAX_PARAM_CHARS:,}.")
             del st.query_params[key]
+    if notes:
+        _forget_dropped_params()
+    for n in notes:
+        st.warning(n, icon=":material/link_off:")
+    return notes
+
+
+def _forget_dropped_params():
+    """Widgets bound to the URL seed themselves from the address the session opened with, not from
+    st.query_params: make that address the current parameters, so a parameter just dropped seeds
+    nothing (Streamlit's own MPA hook for the same, QueryParams.set_initial_query_params_from_current)."""
+    try:
+        from streamlit.runtime.state.session_state_proxy import get_session_state
+        with get_session_state().query_params() as qp:
+            qp.set_initial_query_params_from_current()
+    except (ImportError, AttributeError, RuntimeError):
+        pass     # another Streamlit: the drop still keeps the address bar clean
+
+
+_NONFINITE = ("inf", "+inf", "-inf", "infinity", "+infinity", "-infinity", "nan", "+nan", "-nan")
+
+
+def drop_nonfinite_params() -> list[str]:
+    """Remove query parameters that spell a number no widget can hold (inf, -Infinity, nan),
+    before any widget reads them, and say so on the page: a number input would turn them into
+    int(float('inf')) and the page would end in an error. Returns the notices shown."""
+    notes = []
+    for key in list(st.query_params):
+        bad = [v for v in st.query_params.get_all(key) if v.strip().lower() in _NONFINITE]
+        if bad:
+            notes.append(f"Ignored the link's parameter **{md(key[:40])}={md(bad[0][:20])}**: not a finite number; "
+                         "showing the default.")
+            del st.query_params[key]
+    if notes:
+        _forget_dropped_params()
     for n in notes:
         st.warning(n, icon=":material/link_off:")
     return notes

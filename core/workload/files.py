@@ -210,7 +210,7 @@ def parse_token_ids(text: str, what: str = "token ids") -> list[int]:
             v = int(x)
         except ValueError:
             raise WorkloadError(f"{what}: {x!r} is not an integer token id") from None
-        if v < 0:
-            raise WorkloadError(f"{what}: token ids must be >= 0, got {v}")
+        if not 0 <= v < 2**31:
+            raise WorkloadError(f"{what}: token ids must be in 0..{2**31 - 1:,}, got {short(x)}")
         out.append(v)
     return out
