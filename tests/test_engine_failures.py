@@ -109,3 +109,14 @@ def test_a_killed_engine_process_stops_the_server_with_status_1():
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_rejected_request_is_accounted_for_not_a_conservation_problem():
+    from core.analysis.metrics import summarize
+    from core.sim.simulate import simulate
+    from core.workload import Workload
+    w = Workload([Request("ok", 0.0, 8, 4), Request("long", 0.0, 100, 4)])
+    tr = simulate(w, SchedulerConfig(max_model_len=64))
+    reasons = dict(zip([tr.ids[i] for i in tr.finishes["req"]], tr.finishes["reason"].astype(str)))
+    assert reasons == {"ok": "length", "long": "rejected"}
+    assert summarize(tr)["summary"]["conservation_problems"] == []

@@ -210,19 +210,23 @@ def distribution(values, name: str, percentiles=DEFAULT_PERCENTILES) -> dict:
     return out
 
 
+EARLY_REASONS = ("abort", "stop", "error", "eos", "rejected", "deadline")   # finishes that end a request early
+
+
 def conservation(trace, m: pd.DataFrame | None = None) -> list[str]:
     """Token conservation: each request emits exactly max_output_tokens tokens unless it
-    finished early for a stated reason (abort, stop, error, eos). Returns problems found
-    (`m`: request_metrics(trace), when the caller has it)."""
+    finished early for a stated reason (EARLY_REASONS: abort, stop, error, eos, rejected,
+    deadline). Returns problems found (`m`: request_metrics(trace), when the caller has it)."""
     m = request_metrics(trace) if m is None else m
     maxo = trace.requests["max_output_tokens"].to_numpy()
     n = m["output_tokens"].to_numpy()
-    early_ok = m["finish_reason"].isin(("abort", "stop", "error", "eos")).to_numpy()
+    early_ok = m["finish_reason"].isin(EARLY_REASONS).to_numpy()
     problems = []
     for i in np.flatnonzero((n > maxo) | ((n < maxo) & ~early_ok)):   # only the requests with a problem
         rid, k, mx = m["id"].iat[i], int(n[i]), int(maxo[i])
         problems.append(f"request {rid!r}: {k} tokens emitted, more than max_output_tokens {mx}" if k > mx
-                        else f"request {rid!r}: {k} of {mx} tokens emitted and no abort/stop finish")
+                        else f"request {rid!r}: {k} of {mx} tokens emitted and no finish that ends a request early "
+                             f"({', '.join(EARLY_REASONS)})")
     return problems
 
 
