@@ -69,6 +69,9 @@ def build_parser():
     lg.add_argument("--temperature", type=float, default=0.0)
     lg.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals")
     lg.add_argument("--metrics-interval", type=float, default=0.2, help="seconds between /metrics samples")
+    lg.add_argument("--request-timeout", type=float, default=600.0,
+                    help="seconds from a request's send to its finish; past it the request is recorded as failed "
+                         "(a server that sends headers, keep-alives or tokens but never finishes)")
     add_telemetry_flags(lg, metrics_default=False)   # the server's own side, recorded into the same trace
     o = sub.add_parser("observe", help="record what a running server emits (KV events, OTLP spans, /metrics) "
                        "without sending it load")

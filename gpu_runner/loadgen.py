@@ -30,7 +30,6 @@ import orjson
 
 from core.errors import InputError
 from core.trace import save_trace
-from core.trace.gauges import gauge_event
 from core.workload import Workload
 
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "corpus" / "pydoc_topics.txt"
@@ -62,6 +61,29 @@ def send_times(workload: Workload, rate: float | None, seed: int) -> list[float]
     return [(r.arrival_ms - t0) / 1000 for r in workload.requests]
 
 
+MAX_SSE_LINE = 1 << 20     # one SSE line (a token's event is ~200 bytes): longer is refused, never buffered
+MAX_CHUNKS = 1_000_000     # streamed chunks of one request
+
+
+async def sse_lines(resp):
+    """The response's lines, each at most MAX_SSE_LINE bytes (httpx's own line reader would
+    buffer a line without a newline without bound)."""
+    buf = bytearray()
+    async for piece in resp.aiter_bytes():
+        buf += piece
+        while True:
+            k = buf.find(b"\n")
+            if k < 0:
+                break
+            line = bytes(buf[:k]).rstrip(b"\r")
+            del buf[:k + 1]
+            yield line
+        if len(buf) > MAX_SSE_LINE:
+            raise RuntimeError(f"an SSE line over {MAX_SSE_LINE >> 20} MiB without a newline")
+    if buf:
+        yield bytes(buf).rstrip(b"\r")
+
+
 class Capture:
     def __init__(self, url: str, model: str | None, temperature: float, metrics_interval: float):
         self.url = url.rstrip("/")
@@ -74,6 +96,7 @@ class Capture:
         self.failures: dict[str, str] = {}
         self.engine: dict = {}
         self.done = 0
+        self.request_timeout = 600.0   # one request, from send to its finish (s)
         self.telemetry = None          # gpu_runner.observe.Telemetry: the server's own KV events and spans
         self.span_wait = 15.0          # at most this long for the spans after the last request: an exporter
         #                                backing off (its startup export failed) sends them seconds late
@@ -88,16 +111,18 @@ class Capture:
             r = await client.get(f"{self.url}/v1/models", timeout=30)
             r.raise_for_status()
             data = r.json()["data"][0]
+            if not isinstance(data, dict) or not isinstance(data.get("id"), str):
+                raise TypeError(f"data[0] is {str(data)[:60]}, expected an object with a string id")
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
             raise InputError(f"--url {self.url}: GET /v1/models failed ({type(e).__name__}: {str(e)[:120]}); "
                              "is an OpenAI-compatible server running there?") from None
         self.model = self.model or data.get("id")
-        self.engine = {"name": data.get("owned_by") or "?", "url": self.url, "model": self.model,
+        self.engine = {"name": str(data.get("owned_by") or "?"), "url": self.url, "model": self.model,
                        "server_header": r.headers.get("server")}
         try:
             v = await client.get(f"{self.url}/version", timeout=5)
-            if v.status_code == 200:
-                self.engine["version"] = v.json().get("version")
+            if v.status_code == 200 and isinstance(v.json(), dict):
+                self.engine["version"] = str(v.json().get("version"))[:200]
         except (httpx.HTTPError, ValueError, AttributeError):
             pass
 
@@ -108,40 +133,80 @@ class Capture:
         body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "temperature": self.temperature,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         try:
-            async with client.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode("utf-8", "replace")
-                    raise RuntimeError(f"HTTP {resp.status_code}: {text[:200]}")
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    t = self.now_ms()
-                    chunk = orjson.loads(line[6:])
-                    if rec.get("response_id") is None and isinstance(chunk.get("id"), str):
-                        rec["response_id"] = chunk["id"][:200]     # the server's id (pairs it with its span)
-                    if chunk.get("usage"):
-                        rec["tokens"] = chunk["usage"].get("completion_tokens")
-                    for ch in chunk.get("choices") or []:
-                        if ch.get("text") or ch.get("delta", {}).get("content"):
-                            rec["chunks"].append(t)
-                        if ch.get("finish_reason"):
-                            rec["reason"] = ch["finish_reason"]
-                            rec["end_ms"] = t
+            await asyncio.wait_for(self._stream(client, body, rec), self.request_timeout)
             if rec["reason"] is None:
                 raise RuntimeError("the stream ended without a finish reason")
-        except (httpx.HTTPError, RuntimeError, ValueError) as e:
-            rec["reason"] = "error"
-            rec["end_ms"] = self.now_ms()
-            self.failures[rid] = f"{type(e).__name__}: {e}"[:300]
+        except TimeoutError:
+            self._failed(rec, f"no finish within {self.request_timeout:g} s (--request-timeout)")
+        except (httpx.HTTPError, RuntimeError, ValueError, TypeError) as e:
+            self._failed(rec, f"{type(e).__name__}: {e}")
         self.done += 1
 
+    def _failed(self, rec: dict, why: str):
+        rec["reason"] = "error"
+        rec["end_ms"] = self.now_ms()
+        self.failures[rec["id"]] = why[:300]
+
+    async def _stream(self, client: httpx.AsyncClient, body: dict, rec: dict):
+        async with client.stream("POST", f"{self.url}/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                head = bytearray()
+                async for piece in resp.aiter_bytes():     # an error body is read up to 4 KiB, never whole
+                    head += piece
+                    if len(head) >= 4096:
+                        break
+                raise RuntimeError(f"HTTP {resp.status_code}: {bytes(head[:200]).decode('utf-8', 'replace')}")
+            async for line in sse_lines(resp):
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue           # comments (keep-alives), other fields, the end
+                self._chunk(rec, orjson.loads(line[6:]), self.now_ms())
+
+    @staticmethod
+    def _chunk(rec: dict, chunk, t: float):
+        """One SSE event's JSON: an object with choices [{text | delta.content, finish_reason}] and
+        maybe usage {completion_tokens}; anything else is the server's error, said once."""
+        if not isinstance(chunk, dict):
+            raise TypeError(f"an SSE event is {type(chunk).__name__}, not a JSON object")
+        if rec.get("response_id") is None and isinstance(chunk.get("id"), str):
+            rec["response_id"] = chunk["id"][:200]     # the server's id (pairs it with its span)
+        usage = chunk.get("usage")
+        if usage is not None:
+            n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+            if not (isinstance(n, int) and not isinstance(n, bool) and n >= 0):
+                raise TypeError(f"usage is {str(usage)[:60]}, expected an object with completion_tokens")
+            rec["tokens"] = n
+        choices = chunk.get("choices") or []
+        if not isinstance(choices, list):
+            raise TypeError(f"choices is {type(choices).__name__}, expected a list")
+        for ch in choices:
+            if not isinstance(ch, dict):
+                raise TypeError(f"a choice is {type(ch).__name__}, expected an object")
+            delta = ch.get("delta") or {}
+            if not isinstance(delta, dict):
+                raise TypeError(f"delta is {type(delta).__name__}, expected an object")
+            if ch.get("text") or delta.get("content"):
+                rec["chunks"].append(t)
+                if len(rec["chunks"]) > MAX_CHUNKS:
+                    raise RuntimeError(f"more than {MAX_CHUNKS:,} streamed chunks for one request")
+            if ch.get("finish_reason"):
+                rec["reason"] = str(ch["finish_reason"])[:40]
+                rec["end_ms"] = t
+
     async def sample_metrics(self, client: httpx.AsyncClient, stop: asyncio.Event):
-        from prometheus_client.parser import text_string_to_metric_families
+        """/metrics every metrics_interval s: read at most 16 MiB, parsed off the event loop (a
+        page of 100,000 series must not delay the streams' timestamps)."""
+        from core.trace.gauges import gauge_from_text
+        limit = 16 << 20
         while not stop.is_set():
+            t = self.now_ms()
             try:
-                r = await client.get(f"{self.url}/metrics", timeout=5)
-                g = gauge_event(self.now_ms(), ((s.name, s.value) for fam in text_string_to_metric_families(r.text)
-                                                for s in fam.samples))
+                async with client.stream("GET", f"{self.url}/metrics", timeout=5) as r:
+                    body = bytearray()
+                    async for piece in r.aiter_bytes():
+                        body += piece
+                        if len(body) > limit:
+                            break
+                g = await asyncio.to_thread(gauge_from_text, t, bytes(body[:limit]).decode("utf-8", "replace"))
                 if g is not None:
                     self.gauges.append(g)
             except (httpx.HTTPError, ValueError):
@@ -186,7 +251,7 @@ class Capture:
                     while queue:
                         k = queue.pop()
                         await self.one(client, reqs[k].id, ids[k], reqs[k].max_output_tokens)
-                await asyncio.gather(*(worker() for _ in range(concurrency)))
+                await asyncio.gather(*(worker() for _ in range(min(concurrency, len(reqs)))))   # no idle workers
             else:
                 for k, at in enumerate(send_times(workload, rate, seed)):
                     delay = at - (time.perf_counter() - self.t0)
@@ -207,18 +272,25 @@ class Capture:
     def doc(self, workload: Workload, how: str) -> dict:
         """The serving-trace/1 document of what was captured."""
         from core.engine.loop import now_iso
-        requests, events = [], []
+        requests, events, odd = [], [], []
         for rec in sorted(self.records, key=lambda r: r["arrival_ms"]):
-            requests.append({"id": rec["id"], "arrival_ms": rec["arrival_ms"], "prompt_tokens": rec["prompt_tokens"],
-                             "max_output_tokens": rec["max_output_tokens"]}
-                            | ({"response_id": rec["response_id"]} if rec.get("response_id") else {}))
             chunks = rec["chunks"]
             n = rec["tokens"] if rec["tokens"] is not None else len(chunks)
+            maxo = rec["max_output_tokens"]
+            if n > maxo:        # the server sent more than asked: the trace records what it sent, and says so
+                odd.append(f"{rec['id']}: {n} tokens streamed for max_tokens {maxo}")
+                maxo = n
+            requests.append({"id": rec["id"], "arrival_ms": rec["arrival_ms"], "prompt_tokens": rec["prompt_tokens"],
+                             "max_output_tokens": maxo}
+                            | ({"response_id": rec["response_id"]} if rec.get("response_id") else {}))
             times = chunks[:n] + [chunks[-1]] * (n - len(chunks)) if chunks else []
             for i, t in enumerate(times):
                 events.append({"t_ms": t, "type": "token", "req": rec["id"], "index": i})
+            if rec["reason"] is None:
+                continue        # still streaming when the capture stopped: no finish event (unfinished)
             end = max([rec.get("end_ms", rec["arrival_ms"])] + times[-1:])
-            events.append({"t_ms": end, "type": "finish", "req": rec["id"], "reason": rec["reason"] or "error"})
+            events.append({"t_ms": end, "type": "finish", "req": rec["id"], "reason": rec["reason"]})
+        unfinished = sum(1 for r in self.records if r["reason"] is None)
         events += self.gauges
         meta = {"source": "measured", "label": f"{workload.name} against {self.engine.get('name')} ({how})",
                 "created": now_iso(),
@@ -229,6 +301,12 @@ class Capture:
                 "versions": {"python": platform.python_version(), "httpx": httpx.__version__}}
         if getattr(self, "load", None):
             meta["load"] = self.load   # where this run sits on a load sweep's axis (core.lessons.load)
+        if odd:
+            meta["odd"] = odd[:100]
+            meta["notes"] += f"; the server streamed more tokens than asked for {len(odd)} request(s) (meta.odd)"
+        if unfinished:
+            meta["notes"] += (f"; {unfinished} request(s) were still streaming when the capture stopped (no finish "
+                              "event: unfinished)")
         if self.failures:
             meta["failures"] = self.failures
         return {"schema": "serving-trace/1", "meta": meta, "requests": requests, "events": events}
@@ -270,13 +348,20 @@ def main_loadgen(a) -> int:
     from core.workload import load_workload
     if (a.rate is not None) and (a.concurrency is not None):
         raise InputError("--rate and --concurrency: choose one (or neither: the workload's arrival times)")
-    if a.rate is not None and not a.rate > 0:
-        raise InputError(f"--rate: expected a positive number of requests per second, got {a.rate}")
+    if a.rate is not None and not 0 < a.rate <= 1e6:
+        raise InputError(f"--rate: expected requests per second in (0, 1e6], got {a.rate}")
+    if a.concurrency is not None and a.concurrency > 100_000:
+        raise InputError(f"--concurrency: at most 100,000 requests in flight, got {a.concurrency}")
+    if not (a.metrics_interval > 0 and a.metrics_interval == a.metrics_interval):
+        raise InputError(f"--metrics-interval: expected seconds > 0, got {a.metrics_interval}")
+    if not (a.request_timeout > 0 and a.request_timeout == a.request_timeout):
+        raise InputError(f"--request-timeout: expected seconds > 0, got {a.request_timeout}")
     check_writable(a.out, "--out")
     w = load_workload(a.workload, tokenize=lambda text: list(text.encode("utf-8")))
     how = (f"Poisson {a.rate:g} req/s, seed {a.seed}" if a.rate is not None else
            f"closed loop, concurrency {a.concurrency}" if a.concurrency is not None else "the workload's arrival times")
     cap = Capture(a.url, a.model, a.temperature, a.metrics_interval)
+    cap.request_timeout = a.request_timeout
     cap.load = ({"kind": "open", "rate": a.rate, "seed": a.seed} if a.rate is not None else
                 {"kind": "closed", "concurrency": a.concurrency} if a.concurrency is not None else None)
     from gpu_runner.observe import Telemetry, check_flags
