@@ -124,6 +124,9 @@ def _bounded_int(lo: int, hi: int):
     return parse
 
 
+MAX_JSON_EVENTS = 5_000_000    # a JSON trace written in about 15 s; beyond it Parquet (streamed) is the way
+
+
 def _rate(s: str) -> float:
     """A request rate: > 0 and at most a million per second (beyond it the offered load overflows)."""
     v = _positive_float(s)
@@ -235,6 +238,11 @@ def cmd_simulate(a) -> int:
             _warn_outside(load_trace(a.out), fit_report)
     else:
         tr = simulate(w, cfg, sm, label=a.label)
+        events = len(tr.tokens) + len(tr.steps) + len(tr.batch) + len(tr.kv) + len(tr.finishes)
+        if events > MAX_JSON_EVENTS:
+            raise InputError(f"--out {a.out}: {events:,} events would take about {events / 300_000:,.0f} s to write as "
+                             f"JSON (at most {MAX_JSON_EVENTS:,} here); write .parquet (streamed while simulated: "
+                             "seconds) or a directory of Parquet parts (--out DIR/)")
         write_output(a.out, lambda p: save_trace(tr, p), "--out")
         st, n_tokens = tr.meta["stats"], len(tr.tokens)
         _warn_outside(tr, fit_report)

@@ -48,3 +48,33 @@ def test_serve_threads_bounded(capsys):
     from gpu_runner.__main__ import main as gmain
     assert gmain(["serve", "--threads", "100000", "--port", "1"]) == 2
     assert "threads: expected an integer in 1..1024" in capsys.readouterr().err
+
+
+def test_a_json_trace_too_large_to_write_in_seconds_is_refused_naming_parquet(tmp_path, capsys):
+    w = tmp_path / "long.json"
+    w.write_text(json.dumps({"requests": [{"id": "a", "arrival_ms": 0, "prompt_tokens": 4,
+                                           "max_output_tokens": 10_000_000}]}))
+    rc = main(["simulate", str(w), "--out", str(tmp_path / "t.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and ".parquet" in err and "5,000,000" in err and not (tmp_path / "t.json").exists()
+    assert main(["simulate", str(w), "--out", str(tmp_path / "t.parquet")]) == 0       # streamed: seconds
+    capsys.readouterr()
+
+
+@pytest.mark.slow    # builds 1 GiB of padding
+def test_a_trace_padded_with_a_gigabyte_opens_without_rescanning(tmp_path, capsys):
+    """1 GiB of whitespace after the events (gzip: 4 MB) used to be rescanned per piece (40 s):
+    the streaming reader hands such a document to the whole-document path."""
+    import zlib
+
+    from tests.helpers import minimal
+    doc = json.dumps(minimal()).encode()
+    c = zlib.compressobj(1, zlib.DEFLATED, 31)
+    path = tmp_path / "pad.json.gz"
+    with open(path, "wb") as f:
+        f.write(c.compress(doc[:-1]))
+        for _ in range(16):
+            f.write(c.compress(b" " * (1 << 26)))
+        f.write(c.compress(b"}") + c.flush())
+    assert main(["metrics", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["requests"] == len(minimal()["requests"])

@@ -306,6 +306,9 @@ def _slice(raw) -> tuple[list, list]:
         raise _Refused from None
 
 
+NO_COMMA_LIMIT = 64 << 20    # bytes of the events list without a top-level comma before the streaming path gives up
+
+
 def _stream_events(rd: _Reader, start: int, chunk: int, index_of: dict, doc: dict) -> tuple[dict, list]:
     """The tables and verbatim events of the events list starting at rd.buf[start:]; the
     top-level keys after the list are added to `doc`."""
@@ -343,6 +346,8 @@ def _stream_events(rd: _Reader, start: int, chunk: int, index_of: dict, doc: dic
         if cut > 0:
             del buf[:cut + 1]
             cuts += 1
+        elif len(buf) > NO_COMMA_LIMIT:   # megabytes with no event boundary (padding, one huge event): each
+            raise _Refused                 # further read would rescan them all; the whole-document path reads it
         elif not rd.more():  # no top-level comma yet: read on
             break
     # the rest: the last events, the end of the list, the top-level keys after it
