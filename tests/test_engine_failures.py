@@ -120,3 +120,42 @@ def test_a_rejected_request_is_accounted_for_not_a_conservation_problem():
     reasons = dict(zip([tr.ids[i] for i in tr.finishes["req"]], tr.finishes["reason"].astype(str)))
     assert reasons == {"ok": "length", "long": "rejected"}
     assert summarize(tr)["summary"]["conservation_problems"] == []
+
+
+@pytest.mark.slow
+def test_gauges_return_to_zero_after_hangups_in_engine_process_mode():
+    """20 streams that hang up mid-stream: /metrics says running 0, waiting 0, KV 0 once idle
+    (issue 27, items 7 and 11), the engine in its own process as `serve` runs it by default."""
+    import threading
+
+    from prometheus_client.parser import text_string_to_metric_families
+    proc, url = start_server("--max-seqs", "2")
+    try:
+        wait_health(url, proc)
+
+        def hang():
+            try:
+                with httpx.stream("POST", f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 500,
+                                  "ignore_eos": True, "stream": True}, timeout=60) as r:
+                    for k, _ in enumerate(r.iter_lines()):
+                        if k > 3:
+                            return
+            except httpx.HTTPError:
+                pass
+        threads = [threading.Thread(target=hang) for _ in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        names = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}
+        deadline, g = time.monotonic() + 15, None
+        while time.monotonic() < deadline:
+            text = httpx.get(f"{url}/metrics", timeout=10).text
+            g = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name in names}
+            if not any(g.values()):
+                break
+            time.sleep(0.3)
+        assert g and not any(g.values()), g
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
