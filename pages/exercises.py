@@ -29,10 +29,17 @@ for group, prefix in (("Chapter 31", "ch31"), ("Serving lesson: recall and stret
             entered = [r for r in results if r[2] is not None]
             if entered:
                 ok = sum(1 for r in entered if r[2])
-                text = ", ".join(f"{md(n.label)}: {'✓' if good else '✗'}" for n, _, good in entered)
+                wrong = [(n, v) for n, v, good in entered if not good]
                 asked = "" if len(entered) == len(results) else f" ({len(results)} asked)"
-                show = st.success if ok == len(results) else st.info
-                show(f"{ok} of {len(entered)} entered correct{asked} — {text}")
+                if wrong:     # a wrong answer must not look like a right one: red, named, with a direction
+                    hints = "; ".join(f"**{md(n.label)}**: {v:.6g} is too {'high' if v > n.value() else 'low'} "
+                                      f"(within ± {n.tolerance:g} counts)" for n, v in wrong)
+                    st.error(f"✗ {len(wrong)} of {len(entered)} entered not right{asked} — {hints}",
+                             icon=":material/close:")
+                elif ok == len(results):
+                    st.success(f"✓ all {ok} correct", icon=":material/check:")
+                else:
+                    st.info(f"✓ {ok} of {len(entered)} entered correct so far{asked}")
         with st.expander("Reference answer"):
             st.markdown(md(ex.answer))
             for n in ex.numeric:

@@ -40,6 +40,10 @@ dtype = c2.selectbox("KV dtype", ["bf16", "fp16", "fp8", "fp32"], **bound("kv_dt
 gpu_name = c3.selectbox("GPU", list(kv.GPUS), index=list(kv.GPUS).index("A100-80GB"), **bound("kv_gpu"))
 spec = kv.MODELS.get(preset, kv.MODELS["Llama-2-7B"])
 custom = preset == "Custom"
+if not custom:   # the greyed fields show the selected model's numbers (a widget keeps its last value otherwise)
+    for key, value in (("kv_layers", spec.layers), ("kv_heads", spec.kv_heads), ("kv_hd", spec.head_dim)):
+        if st.session_state.get(key) != value:
+            st.session_state[key] = value
 c1, c2, c3 = st.columns(3)
 layers = c1.number_input("Layers", 1, 1000, spec.layers, disabled=not custom, **bound("kv_layers"))
 kv_heads = c2.number_input("KV heads", 1, 1024, spec.kv_heads, disabled=not custom, **bound("kv_heads"))

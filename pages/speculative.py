@@ -85,7 +85,7 @@ st.caption(f":orange-badge[simulated] {int(draws):,} seeded draws through the ex
 
 st.header("How many tokens per verification, and when it pays")
 c1, c2, c3 = st.columns(3)
-a_sel = c1.slider("α", 0.0, 1.0, float(round(alpha, 2)), 0.01, key="sp_alpha")
+a_sel = c1.slider("α", 0.0, 1.0, float(round(alpha, 2)), 0.01, **bound("sp_alpha"))
 gamma = c2.slider("γ (draft tokens)", 1, 16, 4, **bound("sp_gamma"))
 verify = c3.number_input("Verify cost (× one decode step)", 0.1, 10.0, 1.0, 0.1, **bound("sp_verify"))
 show_chart(expected_tokens_chart([0.5, 0.7, 0.8, 0.9, a_sel], 12, (a_sel, gamma)), key="sp_expected")

@@ -68,9 +68,11 @@ show_table(table, hide_index=True, key="at_table",
 final = float(steps[-1].output)
 c1, c2, c3 = st.columns(3)
 c1.metric("Online softmax (all tiles)", f"{final:.6g}")
-c2.metric("Full softmax", f"{full:.6g}", delta=f"{final - full:+.2e} difference", delta_color="off")
+diff = final - full
+c2.metric("Full softmax", f"{full:.6g}", delta=f"{diff:+.2e} difference" if diff else "no difference",
+          delta_color="off", delta_arrow="off")       # a difference of either sign is neither good nor bad news
 c3.metric("Average of tile averages (wrong)", f"{wrong:.6g}", delta=f"{wrong - full:+.4g} error",
-          delta_color="inverse")
+          delta_color="red" if wrong != full else "off", delta_arrow="off")   # an error is bad in either direction
 st.caption(":blue-badge[given] chapter numbers, or :orange-badge[computed] from seeded random logits in "
            "float64. Tiles carry unequal probability mass, so an equal-weight average of their outputs is "
            "biased; merging (m, l, acc) is exact.")

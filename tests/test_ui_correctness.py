@@ -1,0 +1,40 @@
+"""What a student sees is right (issue 28, items 1, 3, 4): the greyed model fields follow the
+model, a wrong answer looks wrong, an error is never styled as good news, the speculative α is
+in the link."""
+from tests.helpers import open_page
+
+
+def test_the_greyed_fields_follow_a_model_switch():
+    at = open_page("kv")
+    at.selectbox(key="kv_model").set_value("Llama-2-7B").run()
+    at.selectbox(key="kv_model").set_value("Qwen2.5-7B").run()
+    shown = {n.key: n.value for n in at.number_input if n.key in ("kv_layers", "kv_heads", "kv_hd")}
+    assert shown == {"kv_layers": 28, "kv_heads": 4, "kv_hd": 128}
+    # 2 (K and V) x 28 layers x 4 KV heads x 128 dims x 2 bytes = 57,344 B per token
+    assert {m.label: m.value for m in at.metric}["KV per token"] == "57,344 B"
+
+
+def test_a_wrong_answer_is_red_and_says_which_way():
+    at = open_page("exercises")
+    at.number_input(key="ex_ch31-1_0").set_value(123456.0).run()
+    assert not at.success and len(at.error) == 1
+    assert "too high" in at.error[0].value and "A, serial (ms)" in at.error[0].value
+
+
+def test_the_wrong_merge_error_is_not_green_and_no_difference_has_no_arrow():
+    at = open_page("tiles")
+    m = {x.label: x for x in at.metric}
+    assert m["Full softmax"].delta == "no difference"
+    wrong = m["Average of tile averages (wrong)"]
+    assert wrong.delta.endswith("error")
+    from streamlit.proto.Metric_pb2 import Metric
+    assert wrong.proto.color == Metric.MetricColor.Value("RED")
+    assert wrong.proto.direction == Metric.MetricDirection.Value("NONE")      # no arrow: either sign is an error
+
+
+def test_the_acceptance_rate_is_in_the_link():
+    at = open_page("speculative", {"sp_alpha": "0.75"})
+    assert [s.value for s in at.slider if s.key == "sp_alpha"] == [0.75]
+    said = " ".join(c.value for c in at.caption)
+    # (1 - 0.75^5) / (1 - 0.75) = 3.05078125 tokens per verification at the default gamma 4
+    assert "= 3.051" in said
