@@ -118,7 +118,7 @@ def test_compare_different_workloads_warns():
 def test_measured_trace_shows_device_and_predicts():
     at = replay({"tr": "shared_prefix_measured_cpu.json.gz"})
     text = " ".join(m.value for m in at.markdown).replace("\\", "")  # (user text is shown escaped)
-    assert "measured CPU" in text and "gpu_runner" in text           # origin with device and engine
+    assert "measured · CPU" in text and "gpu_runner" in text         # origin with device and engine
     at.button(key="rp_predict").click().run()
     assert not at.exception
     table = [d.value for d in at.dataframe if "difference" in d.value.columns][0]

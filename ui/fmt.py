@@ -24,7 +24,9 @@ def origin_badge(trace: Trace) -> str:
     if src in ("measured", "imported"):
         engine = trace.meta.get("engine", {})
         name = engine.get("name", "?") if isinstance(engine, dict) else str(engine)
-        extra = f" {trace.meta.get('device', '?')}, {name}, {trace.meta.get('created', '?')}"
+        parts = [str(x) for x in (trace.meta.get("device"), name, trace.meta.get("created"))
+                 if x and not str(x).startswith(("not recorded", "unknown")) and x != "?"]
+        extra = (" · " + ", ".join(parts)) if parts else ""
     color = ORIGIN_COLORS.get(src, "gray")
     return f":{color}-badge[{md(src + extra)}]"
 

@@ -7,8 +7,9 @@ Chrome trace layout:
   client's scrapes of the server's /metrics: running and waiting requests, KV-cache usage in %,
   preemptions and prefix-cache queries and hits so far), each a value where it was sampled;
 - process 2 "requests": one thread per request with slices "queued" (arrival -> first
-  scheduled step, or -> first token without step events), "prefill" (first step -> first
-  token), "decode" (first -> last token), and an instant ("i") per token;
+  scheduled step), or "waiting for first token" without step events (arrival -> first
+  token), "prefill" (first step -> first token), "decode" (first -> last token), and an
+  instant ("i") per token;
 - process 4 "engine prefix cache (KV events)": a counter track of the blocks in the engine's own
   prefix cache after each KV event (core.analysis.kv_events), an instant per clear;
 - process 5 "engine (spans)": per request with an engine-side view (its span), slices "queued",
@@ -131,8 +132,9 @@ def chrome_trace(trace) -> dict:
         ev.append({"ph": "M", "pid": REQ_PID, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
         a, s0, f, last = sp["arrival"][i], sp["scheduled"][i], sp["first"][i], sp["last"][i]
         q_end = s0 if has_steps and not np.isnan(s0) else f
-        if not np.isnan(q_end) and q_end > a:
-            ev.append({"ph": "X", "pid": REQ_PID, "tid": tid, "name": "queued", "ts": a * us, "dur": (q_end - a) * us})
+        if not np.isnan(q_end) and q_end > a:    # named as the replay page's timeline names it
+            ev.append({"ph": "X", "pid": REQ_PID, "tid": tid, "name": "queued" if has_steps and not np.isnan(s0)
+                       else "waiting for first token", "ts": a * us, "dur": (q_end - a) * us})
         if has_steps and not np.isnan(s0) and not np.isnan(f) and f > s0:
             ev.append({"ph": "X", "pid": REQ_PID, "tid": tid, "name": "prefill", "ts": s0 * us, "dur": (f - s0) * us})
         if not np.isnan(f) and last > f:
