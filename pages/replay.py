@@ -213,10 +213,16 @@ def cursor_views():
     here = st.session_state.get("rp_cursor", float(t0 + (t1 - t0) / 2))
     c_back, c_fwd, c_speed = st.columns([1, 1, 3])
     starts = tr.steps["t_ms"].to_numpy() if len(tr.steps) else np.empty(0)
-    if c_back.button("◀ step", key="rp_back", help="to the previous scheduler step (or 1/400 of the trace)"):
-        here = st.session_state["rp_cursor"] = step_cursor(here, -1, starts, t0, t1, step)
-    if c_fwd.button("step ▶", key="rp_fwd", help="to the next scheduler step (or 1/400 of the trace)"):
-        here = st.session_state["rp_cursor"] = step_cursor(here, +1, starts, t0, t1, step)
+
+    def move(direction: int):
+        # a callback runs before the fragment reruns: the slider is drawn at the new time with the views
+        now = st.session_state.get("rp_cursor", here)
+        st.session_state["rp_cursor"] = step_cursor(now, direction, starts, t0, t1, step)
+    c_back.button("◀ step", key="rp_back", help="to the previous scheduler step (or 1/400 of the trace)",
+                  on_click=move, args=(-1,))
+    c_fwd.button("step ▶", key="rp_fwd", help="to the next scheduler step (or 1/400 of the trace)",
+                 on_click=move, args=(+1,))
+    here = st.session_state.get("rp_cursor", here)
     speed = c_speed.segmented_control("Play speed", list(SPEEDS), default="1×", label_visibility="collapsed",
                                       **bound("rp_speed")) or "1×"
     if playing:
@@ -393,6 +399,10 @@ else:   # no step events: fit to the requests' TTFT and E2E under the engine's s
             block_size=e4.number_input("block_size", 1, 4096, 16, key="rp_rf_bs"),
             kv_blocks=e5.number_input("KV blocks (0 = enough)", 0, 100_000_000, 0, key="rp_rf_kb") or None)
         st.button("Fit and predict", on_click=predict, key="rp_predict_requests")
+prev_main = st.session_state.get("_rp_main")     # a new main trace: the comparison picked for the old one goes
+if prev_main is not None and prev_main != choice and st.session_state.get("rp_cmp") not in (None, "(none)", PREDICT):
+    st.session_state["rp_cmp"] = "(none)"
+st.session_state["_rp_main"] = choice
 other_choice = st.selectbox("Compare with", ["(none)", PREDICT] + list(files) + [UPLOAD], **bound("rp_cmp"))
 if other_choice != "(none)":
     if other_choice == PREDICT:

@@ -178,6 +178,10 @@ def test_replay_step_buttons_move_the_cursor(server, page):
     expect(value).not_to_have_text(before)
     after = value.inner_text()
     assert float(after.replace(",", "")) > float(before.replace(",", ""))   # the next scheduler step
+    # the slider and the batch view show the same step (issue 28: the view moved, the slider did not)
+    title = next(x for x in page.locator(".gtitle").all_text_contents() if x.startswith("Step "))
+    shown_at = float(title.split(" at ")[1].split(" ms")[0].replace(",", ""))
+    assert abs(shown_at - float(after.replace(",", ""))) < 1e-3, (title, after)
     page.get_by_role("button", name="◀ step").click()
     wait_idle(page)
     expect(value).not_to_have_text(after)

@@ -38,3 +38,10 @@ def test_the_acceptance_rate_is_in_the_link():
     said = " ".join(c.value for c in at.caption)
     # (1 - 0.75^5) / (1 - 0.75) = 3.05078125 tokens per verification at the default gamma 4
     assert "= 3.051" in said
+
+
+def test_compare_with_resets_when_the_main_trace_changes():
+    at = open_page("replay", {"tr": "shared_prefix_caching_on.json.gz", "rp_cmp": "shared_prefix_caching_off.json.gz"})
+    assert at.selectbox(key="rp_cmp").value == "shared_prefix_caching_off.json.gz"   # a link's pair is kept
+    at.selectbox(key="tr").set_value("chapter31_continuous.json").run()
+    assert at.selectbox(key="rp_cmp").value == "(none)"
