@@ -45,3 +45,15 @@ def test_compare_with_resets_when_the_main_trace_changes():
     assert at.selectbox(key="rp_cmp").value == "shared_prefix_caching_off.json.gz"   # a link's pair is kept
     at.selectbox(key="tr").set_value("chapter31_continuous.json").run()
     assert at.selectbox(key="rp_cmp").value == "(none)"
+
+
+def test_table_exports_carry_no_binary_round_off():
+    import io
+    import zipfile
+
+    import pandas as pd
+
+    from core.figures.slides import tables_zip
+    z = zipfile.ZipFile(io.BytesIO(tables_zip({"t": pd.DataFrame({"x": [0.1 + 0.2, 0.75 - 1e-16, 1 / 3]})})))
+    text = z.read(z.namelist()[0]).decode()
+    assert text.splitlines() == ["x", "0.3", "0.75", "0.333333333333333"]

@@ -108,11 +108,12 @@ def figures_zip(figures: dict[str, go.Figure], fmt: str, width: int = 1280, scal
 
 
 def tables_zip(tables: dict[str, object]) -> bytes:
-    """One CSV per table (pandas data frames, named by key) in a zip."""
+    """One CSV per table (pandas data frames, named by key) in a zip; numbers to 15 significant
+    digits, so binary round-off (0.7499999999999999) is written as the decimal it stands for."""
     if not tables:
         raise ConfigError("this view has no tables to export")
     buf, used = io.BytesIO(), set()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         for key, df in tables.items():
-            z.writestr(f"{_name(key, used)}.csv", df.to_csv(index=False))
+            z.writestr(f"{_name(key, used)}.csv", df.to_csv(index=False, float_format="%.15g"))
     return buf.getvalue()
