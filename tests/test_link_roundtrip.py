@@ -109,7 +109,8 @@ CASES = [
          Set("at_upto", "slider", ["ArrowLeft"]), PRESENT))),
     Case("speculative", "speculative", (
         (num("sp_verify", 1.5), Set("sp_gamma", "slider", ["ArrowRight"]), num("sp_seed", 5),
-         num("sp_draws", 20_000), Set("sp_preset", "segmented", "three"), PRESENT),)),
+         num("sp_draws", 20_000), Set("sp_preset", "segmented", "three"), Set("sp_alpha", "slider", ["ArrowRight"]),
+         PRESENT),)),
     Case("roofline", "roofline", (
         (num("rf_prompt", 512), num("rf_batch", 64), sel("rf_dtype", "1.0"), sel("rf_model", "Mistral-7B"),
          sel("rf_gpu", "H100-SXM"), PRESENT),)),
