@@ -57,3 +57,43 @@ def test_table_exports_carry_no_binary_round_off():
     z = zipfile.ZipFile(io.BytesIO(tables_zip({"t": pd.DataFrame({"x": [0.1 + 0.2, 0.75 - 1e-16, 1 / 3]})})))
     text = z.read(z.namelist()[0]).decode()
     assert text.splitlines() == ["x", "0.3", "0.75", "0.333333333333333"]
+
+
+def _luminance(hex_color: str) -> float:
+    """WCAG 2.1 relative luminance of #rrggbb."""
+    c = [int(hex_color.lstrip("#")[k:k + 2], 16) / 255 for k in (0, 2, 4)]
+    lin = [x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4 for x in c]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def _contrast(a: str, b: str) -> float:
+    la, lb = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+def test_the_tile_walk_table_is_readable_in_every_theme():
+    """Issue 28 item 6: the table brings its own text and fill colours, at least 4.5:1 (WCAG AA),
+    instead of the theme's light text on plotly's light fills."""
+    import numpy as np
+
+    from core.figures.animate import tile_walk_animation
+    from core.formulas.tiles import online_softmax_steps
+    logits, values = np.array([1.0, 2.0, 3.0, 0.5]), np.array([1.0, 2.0, 3.0, 4.0])
+    steps = online_softmax_steps(logits, values, 2)
+    fig = tile_walk_animation(steps, logits, values, float(steps[-1].output))
+    table = next(t for t in fig.data if t.type == "table")
+    for part in (table.header, table.cells):
+        assert _contrast(part.font.color, part.fill.color) >= 4.5
+
+
+def test_free_kv_blocks_take_the_page_background_in_every_theme():
+    """Issue 28 item 6: free cells were #F2F2F2 (glaring in the dark theme): now a translucent grey
+    over the page, in the heatmap and in the paging animation."""
+    import re
+
+    from core.analysis.occupancy import FREE
+    from core.figures.animate import STATE_COLORS as ANIM
+    from core.figures.memory import STATE_COLORS
+    for color in (STATE_COLORS[FREE], ANIM[0]):
+        alpha = float(re.fullmatch(r"rgba\(\d+,\d+,\d+,([0-9.]+)\)", color).group(1))
+        assert alpha <= 0.2

@@ -20,6 +20,9 @@ BASE_FPS = 5.0          # frames per second at 1×
 CURTAIN = {"light": "rgba(250,250,250,0.93)", "dark": "rgba(14,17,23,0.9)"}   # over the steps to come
 
 
+TABLE_TEXT, TABLE_HEAD, TABLE_CELL = "#1f2937", "#c8d4e3", "#ebf0f8"   # 9.8:1 and 12.8:1 contrast (WCAG AA: 4.5)
+
+
 def play_controls(fig: go.Figure, frame_names: list[str], label: str = "step ", base_fps: float = BASE_FPS,
                   y: float = -0.02) -> go.Figure:
     """Play buttons (one per speed), pause, and a slider with one step per frame."""
@@ -120,7 +123,8 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "l
     return play_controls(fig, [str(k) for k in range(longest)], y=-0.06 if rows > 1 else -0.12)
 
 
-STATE_COLORS = ("#EEEEEE", SKY, BLUE, ORANGE)      # free, cached-free, owned, shared (core.analysis.occupancy order)
+STATE_COLORS = ("rgba(128,128,128,0.14)", SKY, BLUE, ORANGE)   # free (translucent: both themes), cached-free,
+#                                                                 owned, shared (core.analysis.occupancy order)
 
 
 def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
@@ -251,8 +255,12 @@ def tile_walk_animation(steps: list[TileStep], logits, values, full_value: float
                              cliponaxis=False, hoverinfo="skip", showlegend=False, textfont=dict(size=13)),
                   row=1, col=1)
     header = ["", "stored (× e^−m, stable)", "chapter (sums of e^logit)"]
-    fig.add_trace(go.Table(header=dict(values=header, align="left", font=dict(size=14)),
-                           cells=dict(values=rows(0), align="left", font=dict(size=14), height=26)), row=2, col=1)
+    # the table's own colours in every theme: plotly's light fills under a dark theme's light text
+    # were unreadable (rgb(230,234,241) on rgb(235,240,248))
+    fig.add_trace(go.Table(header=dict(values=header, align="left", font=dict(size=14, color=TABLE_TEXT),
+                                       fill_color=TABLE_HEAD),
+                           cells=dict(values=rows(0), align="left", font=dict(size=14, color=TABLE_TEXT),
+                                      fill_color=TABLE_CELL, height=26)), row=2, col=1)
     fig.update_yaxes(range=[0, top], row=1, col=1)
     fig.update_xaxes(range=[-0.5, len(x) - 0.5], dtick=1 if len(x) <= 32 else None, row=1, col=1)
     fig.frames = [go.Frame(name=str(k), traces=[0, 1, 3, 4], data=[

@@ -8,7 +8,9 @@ from core.analysis.occupancy import CACHED, FREE, OWNED, SHARED, STATE_NAMES, Oc
 from core.figures import CURSOR, PALETTE, base_layout
 from core.formulas.kv import GIB, ModelSpec
 
-STATE_COLORS = {FREE: "#F2F2F2", CACHED: "#BFE3F5", OWNED: "#0072B2", SHARED: "#E69F00"}   # Okabe-Ito
+# free: a translucent grey over the page (light grey on white, dark grey in the dark theme: never glaring)
+FREE_COLOR = "rgba(128,128,128,0.14)"
+STATE_COLORS = {FREE: FREE_COLOR, CACHED: "#BFE3F5", OWNED: "#0072B2", SHARED: "#E69F00"}   # Okabe-Ito
 
 
 def kv_growth_chart(models: list[ModelSpec], dtype_bytes: float, max_tokens: int = 32768,
