@@ -14,23 +14,35 @@ st.markdown(
 
 st.page_link("pages/schedules.py", label="Open the chapter's three-request scenario in Schedules",
              icon=":material/play_arrow:", query_params={"sc": "chapter31"})
-c1, c2 = st.columns(2)
-with c1:
-    st.page_link("pages/schedules.py", label="**Schedules** — serial, static, continuous and chunked prefill on "
-                 "one time axis; TTFT, TPOT, throughput windows and cost.", icon=":material/view_timeline:")
-    st.page_link("pages/kv.py", label="**KV memory & paging** — cache sizing with GQA, paged blocks over "
-                 "time, prefix sharing with tenant salts, copy-on-write, eviction and preemption.",
-                 icon=":material/memory:")
-    st.page_link("pages/tiles.py", label="**Attention tiles** — online softmax tile by tile, exact "
-                 "merging vs the wrong average, tile visit order, HBM traffic.", icon=":material/grid_on:")
-with c2:
-    st.page_link("pages/speculative.py", label="**Speculative decoding** — acceptance and residual as mass "
-                 "flows, Monte Carlo check, expected tokens and break-even.", icon=":material/call_split:")
-    st.page_link("pages/roofline.py", label="**Roofline** — arithmetic intensity of prefill vs decode, "
-                 "bandwidth-bound step rate, batch size.", icon=":material/show_chart:")
-    st.page_link("pages/replay.py", label="**Trace replay** — your runs: measured traces from the runner, "
-                 "vLLM/SGLang results, uploads; a time cursor, comparisons, predictions.",
-                 icon=":material/slow_motion_video:")
+# Every page, a short link and its description below it (a long link label is cut mid-word in one line)
+PAGES = [
+    ("pages/schedules.py", "Schedules", ":material/view_timeline:",
+     "serial, static, continuous and chunked prefill on one time axis; TTFT, TPOT, throughput windows and cost."),
+    ("pages/kv.py", "KV memory & paging", ":material/memory:",
+     "cache sizing with GQA, paged blocks over time, prefix sharing with tenant salts, copy-on-write, eviction, "
+     "and a real vLLM's prefix cache."),
+    ("pages/tiles.py", "Attention tiles", ":material/grid_on:",
+     "online softmax tile by tile, exact merging vs the wrong average, tile visit order, HBM traffic."),
+    ("pages/speculative.py", "Speculative decoding", ":material/call_split:",
+     "acceptance and residual as mass flows, Monte Carlo check, expected tokens and break-even."),
+    ("pages/roofline.py", "Roofline", ":material/show_chart:",
+     "arithmetic intensity of prefill vs decode, bandwidth-bound step rate, batch size."),
+    ("pages/load.py", "Load & SLOs", ":material/speed:",
+     "throughput-latency curves from load sweeps, SLOs as gates, goodput, the capacity point, measured runs."),
+    ("pages/pathologies.py", "Serving pathologies", ":material/healing:",
+     "out-of-memory, head-of-line blocking, recompute thrash, a cancellation leak and cold start, each beside "
+     "its control."),
+    ("pages/exercises.py", "Exercises", ":material/school:",
+     "the chapter's exercises with checked numeric answers and reference solutions."),
+    ("pages/replay.py", "Trace replay", ":material/slow_motion_video:",
+     "your runs: measured traces, other tools' files (vLLM, SGLang, AIPerf, guidellm, inference-perf, vLLM's own "
+     "telemetry); a time cursor, comparisons, predictions."),
+]
+cols = st.columns(2)
+for k, (path, label, icon, desc) in enumerate(PAGES):
+    with cols[k % 2]:
+        st.page_link(path, label=f"**{label}**", icon=icon)
+        st.caption(desc)
 
 st.subheader("Three users arrive before the first answer finishes")
 st.markdown(

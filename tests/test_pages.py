@@ -205,6 +205,11 @@ def test_roofline_chapter_numbers():
 def test_home_links_every_page():
     at = open_page("home")
     assert [m.value for m in at.metric] == ["16.667 tok/s", "30.000 tok/s"]
+    # issue 28 item 8: every page has a link on Home (Load & SLOs, Serving pathologies and Exercises had none)
+    from tests.conftest import ROOT
+    linked = {el.proto.page for el in at.get("page_link")}          # url paths: schedules, kv, ...
+    pages = {p.stem for p in (ROOT / "pages").glob("*.py") if p.name != "home.py"}
+    assert pages <= linked, pages - linked
 
 
 def test_tiles_page_shows_captured_kernel_statistics():
