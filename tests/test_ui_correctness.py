@@ -97,3 +97,13 @@ def test_free_kv_blocks_take_the_page_background_in_every_theme():
     for color in (STATE_COLORS[FREE], ANIM[0]):
         alpha = float(re.fullmatch(r"rgba\(\d+,\d+,\d+,([0-9.]+)\)", color).group(1))
         assert alpha <= 0.2
+
+
+def test_the_expected_tokens_chart_draws_each_alpha_once():
+    """Issue 28 item 10: α = 0.8 selected drew a second 'α = 0.8' curve over the reference one."""
+    from tests.helpers import charts
+    at = open_page("speculative", {"sp_alpha": "0.8"})
+    fig = next(f for f in charts(at) if "Expected tokens per target verification" in
+               (f["layout"].get("title") or {}).get("text", ""))
+    names = [t["name"] for t in fig["data"] if t.get("name", "").startswith("α = ")]
+    assert names == ["α = 0.5", "α = 0.7", "α = 0.8", "α = 0.9"]

@@ -70,7 +70,13 @@ def monte_carlo_figure(mc: dict, target, names: list[str], wrong_mc: dict | None
 def expected_tokens_chart(alphas, max_gamma: int = 10, mark: tuple[float, int] | None = None) -> go.Figure:
     g = np.arange(0, max_gamma + 1)
     fig = go.Figure()
-    for i, a in enumerate(alphas):
+    seen, unique = set(), []
+    for a in alphas:              # one curve per α: the selected α may equal a reference one (0.8 twice)
+        key = round(float(a), 9)
+        if key not in seen:
+            seen.add(key)
+            unique.append(a)
+    for i, a in enumerate(unique):
         fig.add_trace(go.Scatter(x=g, y=[spec.expected_tokens(float(a), int(k)) for k in g], mode="lines+markers",
                                  name=f"α = {a:g}", line_color=PALETTE[i % len(PALETTE)],
                                  hovertemplate="γ=%{x}: %{y:.3f} tokens<extra>α=" + f"{a:g}" + "</extra>"))
