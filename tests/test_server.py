@@ -39,7 +39,7 @@ def tiny(bundled):
 class Running:
     """A server in this process: uvicorn in a thread, the engine in its own."""
 
-    def __init__(self, model, max_waiting=256, draft=None, engine_process=False, **sched):
+    def __init__(self, model, max_waiting=256, draft=None, engine_process=False, trace_out=None, **sched):
         """engine_process: the engine in its own process, as `serve` runs it by default (the
         bundled tiny model, loaded there from the same flags; scheduler options default)."""
         import uvicorn
@@ -53,7 +53,7 @@ class Running:
         else:
             cfg = EngineConfig(scheduler=SchedulerConfig(**{"kv_blocks": 256, **sched}), gamma=3)
             self.engine = Engine(model, ByteTokenizer(), cfg, "cpu", "tiny", draft=draft, draft_name="tiny-draft")
-            self.se = ServingEngine(self.engine, max_waiting=max_waiting, metrics=self.metrics)
+            self.se = ServingEngine(self.engine, max_waiting=max_waiting, metrics=self.metrics, trace_out=trace_out)
         app = App(self.se, "tiny", ByteTokenizer(), self.metrics, model.cfg.max_seq_len, model.cfg.vocab_size)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

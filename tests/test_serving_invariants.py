@@ -19,12 +19,9 @@ from collections import Counter
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from core.config import SchedulerConfig
 from core.trace import trace_from_doc
 from core.trace.jsoncodec import to_doc
-from tests.helpers import free_port
 
 pytestmark = pytest.mark.slow       # a model in a server thread, a few seconds per episode
 
@@ -34,51 +31,18 @@ KINDS = ("stream",) * 4 + ("whole",) * 2 + ("hangup",) * 2 + ("slow",) * 2 + (
     "bad_json", "bad_field", "too_long", "unsupported")
 
 
-class Server:
-    """The tiny model behind the real HTTP app in this process (the engine in a thread, so that
-    its scheduler and KV cache can be checked), recording its trace."""
+def server(model, tmp_path):
+    """The tiny model behind the real HTTP app in this process (tests.test_server.Running: the
+    engine in a thread, so that its scheduler and KV cache can be checked), small limits, its
+    trace recorded."""
+    from tests.test_server import Running
+    return Running(model, max_waiting=6, trace_out=tmp_path / "t.json", max_seqs=3, kv_blocks=48, block_size=16,
+                   queue_limit=3, max_model_len=192)
 
-    def __init__(self, model, tmp_path):
-        import uvicorn
 
-        from gpu_runner.engine import Engine
-        from gpu_runner.options import EngineConfig
-        from gpu_runner.server import App
-        from gpu_runner.server_metrics import ServerMetrics
-        from gpu_runner.serving import ServingEngine
-        from gpu_runner.tokenizer import ByteTokenizer
-        cfg = EngineConfig(scheduler=SchedulerConfig(max_seqs=3, kv_blocks=48, block_size=16, queue_limit=3,
-                                                     max_model_len=192), record=True)
-        self.engine = Engine(model, ByteTokenizer(), cfg, "cpu", "tiny")
-        self.metrics = ServerMetrics("tiny")
-        self.se = ServingEngine(self.engine, max_waiting=6, metrics=self.metrics, trace_out=tmp_path / "t.json")
-        app = App(self.se, "tiny", ByteTokenizer(), self.metrics, model.cfg.max_seq_len, model.cfg.vocab_size)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app.app, host="127.0.0.1", port=self.port, log_level="critical",
-                                                    lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.se.start()
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(15)
-        self.se.stop()
-
-    def gauges(self) -> dict:
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        want = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
-                "vllm:kv_cache_usage_perc": "kv"}
-        return {want[s.name]: s.value for f in text_string_to_metric_families(text) for s in f.samples
-                if s.name in want}
+def gauges(srv) -> dict:
+    return {"running": srv.metric("vllm:num_requests_running"), "waiting": srv.metric("vllm:num_requests_waiting"),
+            "kv": srv.metric("vllm:kv_cache_usage_perc")}
 
 
 def one(url: str, kind: str, rng: random.Random, out: list, k: int):
@@ -137,10 +101,10 @@ def one(url: str, kind: str, rng: random.Random, out: list, k: int):
 
 def wait_idle(srv, timeout_s=20.0) -> dict:
     deadline = time.monotonic() + timeout_s
-    g = srv.gauges()
+    g = gauges(srv)
     while time.monotonic() < deadline and (g["running"] or g["waiting"] or g["kv"]):
         time.sleep(0.2)
-        g = srv.gauges()
+        g = gauges(srv)
     return g
 
 
@@ -155,7 +119,7 @@ def model(bundled):
 def test_serving_invariants_hold_after_a_random_episode(model, tmp_path, episode):
     rng = random.Random(SEED + episode)
     kinds = [rng.choice(KINDS) for _ in range(rng.randint(12, 20))]
-    with Server(model, tmp_path) as srv:
+    with server(model, tmp_path) as srv:
         out = [None] * len(kinds)
         threads = []
         for k, kind in enumerate(kinds):
