@@ -37,6 +37,7 @@ import numpy as np
 from core.analysis.metrics import request_metrics
 from core.config import SchedulerConfig
 from core.fit.predict import replayed_run
+from core.fit.predict import round_trips_ms as core_round_trips
 from core.fit.reqfit import errors, fit_from_requests
 from core.fit.stepinfer import closed_loop_clients, fit_inferred
 from core.sim.simulate import simulate
@@ -97,11 +98,9 @@ def engine_side(path: Path, trace):
 
 
 def round_trips_ms(workload, e2e: dict, clients: int) -> np.ndarray:
-    """A closed loop's round trips (vLLM's clock): from the k-th finish to the arrival of the
-    request it let a client send (the (clients + k)-th): the client's and the API server's part."""
-    arrival = np.array([r.arrival_ms for r in workload.requests])
-    finish = np.sort(np.array([r.arrival_ms + e2e[r.id] for r in workload.requests]))
-    return np.maximum(arrival[clients:] - finish[:len(arrival) - clients], 0.0)
+    """A closed loop's round trips on vLLM's clock (core.fit.predict.round_trips_ms)."""
+    return core_round_trips([r.arrival_ms for r in workload.requests], [e2e[r.id] for r in workload.requests],
+                            clients)
 
 
 def run_name(path: Path) -> str:

@@ -165,7 +165,7 @@ def _warn_outside(tr, fit_report: dict):
 
 
 def cmd_fit(a) -> int:
-    from core.fit.stepfit import fit, save
+    from core.fit.stepfit import describe_identifiability, fit, save
     from core.trace import Imported
     if a.out:
         check_writable(a.out, "--out", directory_ok=False)
@@ -214,6 +214,9 @@ def cmd_fit(a) -> int:
               f"{report['residual_ms']['p90']:.4g} ms, p99 {report['residual_ms']['p99']:.4g} ms; relative error "
               f"p50 {report['relative_error']['p50']:.2%}, p90 {report['relative_error']['p90']:.2%}")
         print("fitted range: " + ", ".join(f"{k} {lo:g}–{hi:g}" for k, (lo, hi) in report["range"].items()))
+    for line in describe_identifiability(report.get("identifiability") or {},
+                                         "requests" if a.from_requests else "steps"):
+        print(f"note: {line}")
     if a.out:
         print(f"wrote {a.out}")
     return 0

@@ -21,7 +21,7 @@ from core.figures.latency import cdf_figure
 from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
 from core.figures.timeline import schedule_timeline
-from core.fit.stepfit import MIN_STEPS, counted_steps, describe_outside
+from core.fit.stepfit import MIN_STEPS, counted_steps, describe_identifiability, describe_outside
 from core.formulas.speculative import acceptance_by_position
 from core.trace import file_summary_comparison, file_window_comparison, trace_json
 from ui import (
@@ -56,6 +56,7 @@ files = replay_trace_files()
 UPLOAD = "Upload a file…"
 MERGE = "Upload several files of one run (merge)…"
 FIRST_HALF = "this run's first half (forward in time)"
+NO_PEER = "(choose another run)"
 FIDELITY_AUTO_REQUESTS = 2000   # above: "How good is the simulator?" runs when asked
 choice = st.selectbox("Trace", list(files) + [UPLOAD, MERGE], **bound("tr"))
 
@@ -418,11 +419,20 @@ if other_choice != "(none)":
                 how = (f"fitted to {rep['steps']} steps inferred from the streamed token times"
                        if rep["method"] == "token times" else
                        f"fitted to {rep['requests']} requests' TTFT and E2E in {rep['simulations']} simulations")
-                arrivals = f"a closed loop of {rep['clients']} clients" if rep["clients"] else "the send times"
+                trip = (other.meta.get("load") or {}).get("round_trip_ms_median")
+                arrivals = (f"a closed loop of {rep['clients']} clients, the first sends as measured and each "
+                            f"later one a measured round trip (median {trip:.3g} ms) after a finish"
+                            if rep["clients"] else "the send times")
                 st.caption(f"Prediction: core simulator ({cfg.policy}), {other.meta['step_model']['description']}, "
                            f"{how}; arrivals: {arrivals}. Per-request error (median, in sample) "
                            + ", ".join(f"{k} {'—' if e[c] is None else f'{e[c]:.1%}'}"
                                        for k, c in (("TTFT", "ttft_ms"), ("E2E", "e2e_ms"))) + ".")
+                for line in describe_identifiability(rep.get("identifiability") or {},
+                                                     "inferred steps" if rep["method"] == "token times" else
+                                                     "requests"):
+                    st.info(md(line))
+                for line in rep.get("degenerate") or []:
+                    st.warning(md(line[0].upper() + line[1:] + "."))
             other_label = "predicted (simulated)"
         except InputError as e:
             st.error(f"Cannot predict: {md(e)}")
@@ -449,38 +459,62 @@ if other_choice != "(none)":
         show_chart(schedule_timeline([(this_label, tr), (other_label, other)]), key="rp_both")
 
 # ---- how good is the simulator? ------------------------------------------------------------------
-if len(tr.steps) >= MIN_STEPS:
+fid_config = fid_method = None
+if len(tr.steps) < MIN_STEPS and engine_settings is not None and not (imp is not None and imp.aligned_at_zero):
+    # an engine's result file: held out against a model fitted on another run of the same engine
     st.header("How good is the simulator?")
-    st.caption("Fit a step model on part of this run (or on another run), predict the whole run with the core "
-               "scheduler under this trace's own settings, and compare request by request: error = |predicted − "
-               "measured| / measured (core/fit/fidelity.py).")
-    # engines' result files (data/imports) never have step events to fit
-    others = [f for f, path in files.items() if f != choice and path.parent.name != "imports"]
-    f1, f2 = st.columns(2)
-    fit_choice = f1.selectbox("Fit on", [FIRST_HALF] + others, key="rp_fid_on",
-                              help="another run needs step events (a runner capture or a simulation)")
-    counted_only = counted_steps(tr)    # an engine's iteration log: counts, no attended positions
-    fid_model = f2.segmented_control("Step model", ["affine"] if counted_only else ["affine", "features"],
-                                     default="affine" if counted_only else "features", required=True,
-                                     key="rp_fid_model",
-                                     help="an iteration log has counts per step, not attended positions: affine"
-                                     if counted_only else None)
-    fit_tr = None
-    if fit_choice != FIRST_HALF:
-        fit_tr, _, _ = get_trace(fit_choice, "rp_fid")
+    st.caption("Fit a step model on another run of this engine (a result file of another workload or load), "
+               "replay this run with the core scheduler under the settings above as its clients sent it, and "
+               "compare request by request: error = |predicted − measured| / measured (core/fit/fidelity.py). "
+               "Every request is held out.")
+    peers = [f for f, path in files.items() if f != choice and "imports" in path.parts]
+    fit_choice = st.selectbox("Fit on", [NO_PEER] + peers + [UPLOAD], key="rp_fid_peer",
+                              help="a result file of the same engine with send times (and per-token times to fit "
+                                   "by token times)")
+    if fit_choice == NO_PEER:
+        st.stop()
+    fit_tr, _, _ = get_trace(fit_choice, "rp_fid")
+    if fit_tr is None:
+        st.stop()
+    fid_config, fid_method = SchedulerConfig(**engine_settings), method
+if len(tr.steps) >= MIN_STEPS or fid_config is not None:
+    if fid_config is None:
+        st.header("How good is the simulator?")
+        st.caption("Fit a step model on part of this run (or on another run), predict the whole run with the core "
+                   "scheduler under this trace's own settings, and compare request by request: error = |predicted "
+                   "− measured| / measured (core/fit/fidelity.py).")
+        # engines' result files (data/imports) never have step events to fit
+        others = [f for f, path in files.items() if f != choice and path.parent.name != "imports"]
+        f1, f2 = st.columns(2)
+        fit_choice = f1.selectbox("Fit on", [FIRST_HALF] + others, key="rp_fid_on",
+                                  help="another run needs step events (a runner capture or a simulation)")
+        counted_only = counted_steps(tr)    # an engine's iteration log: counts, no attended positions
+        fid_model = f2.segmented_control("Step model", ["affine"] if counted_only else ["affine", "features"],
+                                         default="affine" if counted_only else "features", required=True,
+                                         key="rp_fid_model",
+                                         help="an iteration log has counts per step, not attended positions: "
+                                              "affine" if counted_only else None)
+        fit_tr = None
+        if fit_choice != FIRST_HALF:
+            fit_tr, _, _ = get_trace(fit_choice, "rp_fid")
+    else:
+        fid_model = "affine"
     big = len(tr.requests) > FIDELITY_AUTO_REQUESTS
     if big and not st.toggle("Fit and predict", value=False, key="rp_fid_run"):
         st.caption(f"{len(tr.requests):,} requests: the check fits the run's steps and simulates the whole run "
                    f"(seconds at this size), so it runs when you switch it on.")
         st.stop()
     try:
-        fid = cached_fidelity(tr, fid_model, fit_tr)
+        fid = cached_fidelity(tr, fid_model, fit_tr, fid_config, fid_method or "token times")
     except InputError as e:
         st.error(f"Cannot test the simulator on this: {md(e)}")
         st.stop()
     r2 = fid.fit_report.get("r2")
     st.caption(f"Fitted on {md(fid.fit_on)}: {fid.step_model.describe()}"
                + ("" if r2 is None else f" (R² {r2:.3f} on the fitted steps)") + ". Predicted numbers: simulated.")
+    for line in describe_identifiability(fid.fit_report.get("identifiability") or {},
+                                         "requests" if fid.fit_report.get("fitted_on") == "requests" else "steps"):
+        st.info(md(line))
     summ = fid.summary()
     show_table(summ, hide_index=True, key="rp_fid_summary",
                column_config={c: st.column_config.NumberColumn(format="percent")

@@ -123,9 +123,12 @@ def test_the_steps_outside_the_fitted_range_are_listed():
     from core.fit.stepfit import trace_features
     from core.sim.stepmodel import FEATURES
     steps, X, _ = trace_features(pred)
+    affine = ("prefill_tokens", "decode_seqs")      # what an affine model reads; attended positions it does not
     for s, x in zip(steps, X):
         if s not in set(listed["step"]):
-            assert all(report["range"][f][0] <= x[i] <= report["range"][f][1] for i, f in enumerate(FEATURES) if i)
+            assert all(report["range"][f][0] <= x[i] <= report["range"][f][1] for i, f in enumerate(FEATURES)
+                       if f in affine)
+    assert not any(f in row for row in listed["outside"] for f in ("prefill_kpos", "decode_kpos", "prefill_chunks"))
 
 
 def test_vllms_own_request_spans_match_the_benchmark_files_requests():
@@ -151,3 +154,41 @@ def test_vllms_own_request_spans_match_the_benchmark_files_requests():
             rt = round_trips_ms(w, e2e, clients)
             assert len(rt) == n - clients and (rt >= 0).all()
     assert engine_side(ROOT / "data" / "imports" / "vllm_cpu_tiny_burst64.json", tr) is None   # no spans beside it
+
+
+def test_a_closed_loop_run_is_replayed_with_its_measured_first_sends_and_round_trips():
+    """Issue 28 item 2: a closed-loop benchmark run replayed with every client starting at time 0
+    ran in lockstep (every request the same TTFT, a vertical CDF). Its first sends are replayed
+    as measured, and each later send follows the k-th simulated finish by the k-th measured round
+    trip (send of request 16 + k minus the k-th finish, from the file's own numbers)."""
+    from core.fit.predict import replayed_run
+    raw = json.loads(VLLM_FILE.read_text())
+    start = np.array(raw["start_times"], dtype=float)
+    send = np.sort(1000 * (start - start.min()))
+    finish = np.sort(1000 * (start - start.min() + np.array(raw["latencies"], dtype=float)))
+    clients = raw["max_concurrency"]
+    trips = np.maximum(send[clients:] - finish[:-clients], 0.0)
+    pred, got_clients = replayed_run(open_trace(VLLM_FILE).trace, CFG, TRUE_AFFINE)
+    assert got_clients == clients == 16
+    m = request_metrics(pred)
+    arrival = np.sort(m["arrival_ms"].to_numpy(dtype=float))
+    assert arrival[:clients] == pytest.approx(send[:clients], abs=1e-9)
+    sim_finish = np.sort((m["arrival_ms"] + m["e2e_ms"]).to_numpy(dtype=float))
+    expect = np.maximum.accumulate(sim_finish[:-clients] + trips)   # the front end hands them on in order
+    assert arrival[clients:] == pytest.approx(expect, abs=1e-6)
+    assert pred.meta["load"]["round_trip_ms_median"] == pytest.approx(float(np.median(trips)))
+    # not in lockstep: the first request of the first wave is prefilled alone, before the others arrive
+    ttft = m["ttft_ms"].to_numpy(dtype=float)
+    assert np.ptp(ttft) > 10.0
+
+
+def test_a_prediction_in_lockstep_says_so():
+    from core.fit.predict import degenerate
+    same = Workload([Request(f"r{i}", 0.0, 64, 8) for i in range(8)])
+    varied = Workload([Request(f"r{i}", 0.0, 64 * (i + 1), 4 * (i + 2)) for i in range(8)])
+    cfg = SchedulerConfig("vllm-v1", max_seqs=16, token_budget=512, block_size=16)
+    lockstep, spread = simulate(same, cfg, TRUE_AFFINE), simulate(varied, cfg, TRUE_AFFINE)
+    said = degenerate(lockstep, spread)
+    assert [s.split(" (")[0] for s in said] == [f"the prediction gives every request the same {k}"
+                                                for k in ("TTFT", "TPOT", "E2E")]
+    assert degenerate(spread, spread) == []

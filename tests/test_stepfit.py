@@ -119,3 +119,33 @@ def test_the_command_line_fits_and_simulates_from_a_model_file(tmp_path, capsys)
     assert main(["simulate", str(w), "--step-model", "affine", "--step-model-file", str(tmp_path / "m.json"),
                  "--out", str(tmp_path / "x.json")]) == 2
     assert "drop --step-model" in capsys.readouterr().err
+
+
+def test_what_the_data_cannot_say_about_a_term_is_said():
+    """Issue 28 item 2: a fit names the terms its data could not determine (instead of drawing a
+    prediction from an arbitrary split) and the ones the non-negativity bound held at 0."""
+    from core.fit.stepfit import describe_identifiability, identifiability, nnls_coefficients
+    rng = np.random.default_rng(0)
+    n = 50
+    prefill = rng.integers(0, 500, n).astype(float)
+    X = np.zeros((n, len(FEATURES)))
+    X[:, 0] = 1.0
+    X[:, 1] = prefill
+    # every step decodes 4 sequences: base and per-sequence cost move together
+    X[:, 2] = 4.0
+    y = 5.0 + 0.1 * prefill + 0.3 * 4
+    d = identifiability(X, y, "affine", nnls_coefficients(X, y, "affine"))
+    assert set(d["inseparable"]) == {"base_ms", "decode_ms_per_seq"} and d["unseen"] == []
+    assert any("cannot separate" in s for s in describe_identifiability(d))
+    # the batch varies but the time falls with it: the bound holds the cost at 0; exact data, so
+    # unconstrained least squares gives the slope the data was made with
+    X[:, 2] = rng.integers(1, 16, n)
+    y = 5.0 + 0.1 * prefill - 0.05 * X[:, 2]
+    coef = nnls_coefficients(X, y, "affine")
+    d = identifiability(X, y, "affine", coef)
+    assert coef[2] == 0.0 and d["inseparable"] == []
+    assert d["held_at_zero"]["decode_ms_per_seq"] == pytest.approx(-0.05, rel=1e-9)
+    # no step prefilled anything: the per-token cost is unseen
+    X[:, 1] = 0.0
+    d = identifiability(X, 5.0 + 0.3 * X[:, 2], "affine", nnls_coefficients(X, 5.0 + 0.3 * X[:, 2], "affine"))
+    assert d["unseen"] == ["prefill_ms_per_token"] and d["held_at_zero"] == {}

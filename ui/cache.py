@@ -218,9 +218,9 @@ def cached_request_prediction(trace: Trace, config: SchedulerConfig, send_times_
 
 
 @st.cache_resource(show_spinner="Fitting and predicting…", max_entries=8, hash_funcs=HASH_FUNCS)
-def _fidelity(trace: Trace, model: str, fit_on: Trace | None):
+def _fidelity(trace: Trace, model: str, fit_on: Trace | None, config: SchedulerConfig | None, method: str):
     from core.fit.fidelity import how_good
-    return trace, fit_on, how_good(trace, model, fit_on)
+    return trace, fit_on, how_good(trace, model, fit_on, config=config, method=method)
 
 
 @st.cache_resource(show_spinner="Reading vLLM's KV events and simulating the same workload…", max_entries=1)
@@ -230,9 +230,11 @@ def cached_vllm_cache():
     return real_and_simulated_cache()
 
 
-def cached_fidelity(trace: Trace, model: str, fit_on: Trace | None):
-    """core.fit.fidelity.how_good, once per (trace, model, fit-on trace)."""
-    return _fidelity(trace, model, fit_on)[2]
+def cached_fidelity(trace: Trace, model: str, fit_on: Trace | None, config: SchedulerConfig | None = None,
+                    method: str = "token times"):
+    """core.fit.fidelity.how_good, once per (trace, model, fit-on trace, settings for a trace
+    without steps, fit method)."""
+    return _fidelity(trace, model, fit_on, config, method)[2]
 
 
 @st.cache_resource(show_spinner=False)

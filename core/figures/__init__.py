@@ -80,8 +80,27 @@ def log_ticks(values=()) -> dict:
     return dict(tickvals=[float(f"{m}e{k}") for k in range(lo - 1, hi + 1) for m in digits], minorloglabels="none")
 
 
+NO_AXES = {"sankey", "table", "pie", "sunburst", "treemap", "indicator", "parcats", "parcoords"}
+TITLE_LINE_PX = 22      # one line of the title font (17 px) with its leading
+
+
 def base_layout(fig: go.Figure, title: str | None = None, height: int | None = None) -> go.Figure:
-    """Margins, the title (wrapped to a phone's width) and the legend's place (see LEGEND)."""
+    """Margins, the title (wrapped to a phone's width) and the legend's place (see LEGEND). A
+    figure without axes (a Sankey diagram, a table) gets its top margin set for the title's lines
+    instead: plotly's automargin lays a Sankey's links out before the margin grows, so in a
+    static export the title was drawn over the diagram and the links came apart from their nodes."""
+    if title and fig.data and all(t.type in NO_AXES for t in fig.data):
+        text = wrap_title(title)
+        lines = text.count("<br>") + 1
+        # plotly anchors a title of several lines at the middle of its block less half a line: the
+        # padding that puts its first line 8 px below the top grows by half a line per extra line
+        fig.update_layout(margin=dict(l=10, r=10, t=14 + TITLE_LINE_PX * lines, b=10),
+                          title=dict(text=text, x=0, xanchor="left", xref="container", y=1, yanchor="top",
+                                     yref="container", pad=dict(t=8 + TITLE_LINE_PX * (lines - 1) // 2, l=10),
+                                     automargin=False), legend=LEGEND)
+        if height:
+            fig.update_layout(height=height)
+        return fig
     gap = 28 if has_subplot_titles(fig) else 0   # room for subplot titles above the plot area
     fig.update_layout(margin=dict(l=10, r=10, t=10 if title else 10 + gap, b=10),
                       title=dict(text=wrap_title(title), x=0, xanchor="left", xref="container", y=1,

@@ -9,6 +9,7 @@ import re
 import shutil
 import threading
 import zipfile
+from pathlib import Path
 
 import plotly.graph_objects as go
 
@@ -18,6 +19,7 @@ PRESENTATION_FONT = 18      # px: body text, titles and axis titles in figures
 PRESENTATION_TICKS = 16     # px: tick labels, legends, hover labels
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 _RENDER_LOCK = threading.Lock()     # one kaleido browser at a time per process
+MARGINS_JS = Path(__file__).resolve().parent / "js" / "onscreen_margins.js"
 
 
 def for_presentation(fig: go.Figure) -> go.Figure:
@@ -44,8 +46,12 @@ def for_presentation(fig: go.Figure) -> go.Figure:
 
 def still_figure(fig: go.Figure) -> go.Figure:
     """A copy of `fig` for a static image: an animation shows its last frame, without the play
-    buttons and slider."""
+    buttons and slider; in this app's own template (plotly_white with its palette: a figure made
+    where Streamlit's template was the default carries its colour placeholders, which only
+    Streamlit's page resolves, and exported black)."""
+    import plotly.io as pio
     out = go.Figure(fig)
+    out.layout.template = pio.templates["serving_explorer"]
     if out.frames:
         last = out.frames[-1]
         for i, d in zip(last.traces or range(len(last.data)), last.data):
@@ -93,8 +99,11 @@ def figures_zip(figures: dict[str, go.Figure], fmt: str, width: int = 1280, scal
     os.environ.setdefault("BROWSER_PATH", path)
     import kaleido
     buf, used = io.BytesIO(), set()
+    # the page: plotly.py's own plotly.js, no MathJax (kaleido's default fetches it from a CDN:
+    # an export never touches the network), and the on-screen margins shim (its file says why)
+    page = kaleido.PageGenerator(mathjax=False, others=[MARGINS_JS.as_uri()])
     with _RENDER_LOCK, zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
-        kaleido.start_sync_server(silence_warnings=True)
+        kaleido.start_sync_server(silence_warnings=True, page_generator=page)
         try:
             for key, fig in figures.items():
                 still = still_figure(fig)

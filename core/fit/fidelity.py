@@ -8,6 +8,10 @@ compare request by request.
   test within one run, not an independent one). Errors are reported for held-out and in-sample requests
   separately.
 - Fit on another run (another workload or another day): every request is held out.
+- A run without step events (an engine's benchmark result file): fit on another such run of
+  the same engine, to its steps read off the streamed token times (core.fit.stepinfer) or to its
+  requests' TTFT and E2E (core.fit.reqfit), under the scheduler settings given, and replay this
+  run as its clients sent it (core.fit.predict.replayed_run); every request is held out.
 
 A request's error is |predicted - measured| / measured, of TTFT and of E2E (core.analysis.metrics
 definitions). The predicted schedule's batches are checked against the range the model was
@@ -22,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from core.analysis.metrics import first_scheduled_ms, request_metrics
+from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.fit.predict import scheduler_options
 from core.fit.stepfit import MIN_STEPS, fit, outside_range, outside_steps
@@ -66,9 +71,13 @@ class Fidelity:
 
 
 def how_good(target: Trace, model: str = "features", fit_on: Trace | None = None,
-             split: float = 0.5) -> Fidelity:
+             split: float = 0.5, config: SchedulerConfig | None = None, method: str = "token times") -> Fidelity:
     """Fit on `fit_on` (or on `target`'s steps before `split` of its step span) and predict
-    `target`. Raises ConfigError when either has too few steps to fit."""
+    `target`. A target without step events needs `fit_on` (a run of the same engine) and the
+    engine's scheduler `config`; it is fitted by `method` ("token times" or "requests").
+    Raises ConfigError when either has too few steps to fit."""
+    if len(target.steps) < MIN_STEPS and config is not None:
+        return _without_steps(target, fit_on, config, method)
     if len(target.steps) < MIN_STEPS:
         raise ConfigError(f"the trace needs step events to predict (at least {MIN_STEPS} steps, has "
                           f"{len(target.steps)})")
@@ -89,6 +98,33 @@ def how_good(target: Trace, model: str = "features", fit_on: Trace | None = None
         desc = f"{fit_on.label} ({report['steps']:,} steps); held out: every request of this run"
     pred = simulate(target.workload(), scheduler_options(target), sm, label=f"predicted for {target.label}",
                     record_kv=False)
+    return _compared(target, measured, held, sm, report, desc, pred)
+
+
+def _without_steps(target: Trace, fit_on: Trace | None, config: SchedulerConfig, method: str) -> Fidelity:
+    from core.fit.predict import replayed_run
+    from core.fit.reqfit import fit_from_requests
+    from core.fit.stepinfer import fit_inferred
+    if fit_on is None:
+        raise ConfigError("the trace has no step events: fit on another run of the same engine (a result file with "
+                          "per-token times or send times)")
+    if method == "token times":
+        sm, report = fit_inferred(fit_on, config, "affine")
+        how = f"{report['steps']:,} steps inferred from its token times"
+    elif method == "requests":
+        sm, report = fit_from_requests(fit_on, config)
+        how = f"its {report['requests']:,} requests' TTFT and E2E"
+    else:
+        raise ConfigError(f"method: expected 'token times' or 'requests', got {method!r}")
+    pred, clients = replayed_run(target, config, sm)
+    measured = request_metrics(target)
+    desc = (f"{fit_on.label} ({how}); replayed "
+            + (f"as a closed loop of {clients} clients" if clients else "at its send times")
+            + "; held out: every request of this run")
+    return _compared(target, measured, np.ones(len(measured), dtype=bool), sm, report, desc, pred)
+
+
+def _compared(target, measured, held, sm, report, desc, pred) -> Fidelity:
     p = request_metrics(pred).set_index("id")
     out = pd.DataFrame({"id": measured["id"], "prompt_tokens": target.requests["prompt_tokens"].to_numpy(),
                         "output_tokens": measured["output_tokens"], "held_out": held})

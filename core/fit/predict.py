@@ -33,18 +33,37 @@ def predicted_trace(trace: Trace, created: str | None = None) -> Trace:
                     label=f"predicted for {trace.label}", created=created)
 
 
+def round_trips_ms(arrival_ms, e2e_ms, clients: int) -> np.ndarray:
+    """A closed loop's measured round trips: from the k-th finish (arrival + E2E, in time order)
+    to the send of the request it let a client send (the (clients + k)-th send): the client's and
+    the server front-end's part, which no step model carries (clipped at 0)."""
+    arrival = np.sort(np.asarray(arrival_ms, dtype=float))
+    finish = np.sort(np.asarray(arrival_ms, dtype=float) + np.asarray(e2e_ms, dtype=float))
+    return np.maximum(arrival[clients:] - finish[:len(arrival) - clients], 0.0)
+
+
 def replayed_run(trace: Trace, config: SchedulerConfig, step_model, closed_loop: bool = True,
                  created: str | None = None) -> tuple[Trace, int | None]:
     """A measured run's workload simulated as its clients sent it: a closed-loop benchmark run
-    (core.fit.stepinfer.closed_loop_clients) as that closed loop (each request sent when one
-    finishes in the simulation), any other run (or with `closed_loop` False) at its send times.
-    Returns (predicted trace, the closed loop's clients or None)."""
+    (core.fit.stepinfer.closed_loop_clients) as that closed loop, its first requests sent when
+    they were measured to be (a client's sends are staggered by a few ms, and that decides who
+    is batched with whom) and each later one when one finishes in the simulation plus that
+    replacement's measured round trip (round_trips_ms); any other run (or with `closed_loop`
+    False) at its send times. Returns (predicted trace, the closed loop's clients or None)."""
+    from core.analysis.metrics import request_metrics
     from core.fit.stepinfer import closed_loop_clients
     from core.sim.sweep import simulate_closed
     clients = closed_loop_clients(trace) if closed_loop else None
     label = f"predicted for {trace.label}"
     if clients:
-        pred = simulate_closed(trace.workload(), config, step_model, clients, created=created)[0]
+        m = request_metrics(trace)
+        ok = np.isfinite(m["e2e_ms"].to_numpy(dtype=float))
+        delays = round_trips_ms(m["arrival_ms"].to_numpy(dtype=float)[ok], m["e2e_ms"].to_numpy(dtype=float)[ok],
+                                clients)
+        pred = simulate_closed(trace.workload(), config, step_model, clients, created=created,
+                               delay_ms=delays if len(delays) else 0.0, first_as_given=True)[0]
+        pred.meta["load"] = {**pred.meta.get("load", {}), "first_sends": "as measured",
+                             "round_trip_ms_median": float(np.median(delays)) if len(delays) else 0.0}
         pred.meta["label"] = label
         return pred, clients
     return simulate(trace.workload(), config, step_model, label=label, created=created, record_kv=False), None
@@ -75,5 +94,24 @@ def predict_without_steps(trace: Trace, config: SchedulerConfig, send_times_know
     pred, clients = replayed_run(trace, config, sm, closed_loop=send_times_known, created=created)
     e = errors(pred, trace)
     report = {**report, "method": method, "clients": clients,
-              "prediction_error": {k: float(np.median(v)) if len(v) else None for k, v in e.items()}}
+              "prediction_error": {k: float(np.median(v)) if len(v) else None for k, v in e.items()},
+              "degenerate": degenerate(pred, trace)}
     return pred, report
+
+
+def degenerate(predicted: Trace, measured: Trace) -> list[str]:
+    """Metrics that the prediction gives every request the same value of while the measured
+    requests differ (a prediction drawn as vertical CDF lines is no prediction of the spread):
+    one sentence each, [] when none."""
+    from core.analysis.metrics import request_metrics
+    p, m = request_metrics(predicted), request_metrics(measured)
+    out = []
+    for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E")):
+        a, b = p[key].to_numpy(dtype=float), m[key].to_numpy(dtype=float)
+        a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+        if len(a) > 1 and len(b) > 1 and np.ptp(a) <= 1e-9 * max(abs(float(a[0])), 1.0) \
+                and np.ptp(b) > 0.01 * abs(float(np.median(b))):
+            out.append(f"the prediction gives every request the same {name} ({float(a[0]):.6g} ms) while the "
+                       f"measured ones range {float(b.min()):.6g}–{float(b.max()):.6g} ms: the simulated schedule "
+                       "runs in lockstep, so only the mean is predicted, not the spread")
+    return out

@@ -28,7 +28,7 @@ import numpy as np
 from core.analysis.metrics import request_metrics
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.fit.stepfit import MODELS, feature_range, model_of, nnls_coefficients, trace_features
+from core.fit.stepfit import MODELS, feature_range, identifiability, model_of, nnls_coefficients, trace_features
 from core.sim.simulate import simulate
 from core.sim.stepmodel import FEATURES, StepModel
 
@@ -140,12 +140,14 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
             return sims, np.inf
         return sims, float(np.mean(np.log(pt / ttft) ** 2) + np.mean(np.log(pe / e2e) ** 2))
 
-    def linear_fit(sims):
+    def linearised(sims):
         parts = [_linearised(sim, r.ids, r.arrival) for sim, r in zip(sims, runs)]
         a_t, d_t, a_e, d_e = (np.concatenate([p[i] for p in parts]) for i in range(4))
-        A = np.vstack([a_t / ttft[:, None], a_e / e2e[:, None]])
-        b = np.r_[(ttft - d_t) / ttft, (e2e - d_e) / e2e]
-        return nnls_coefficients(A, b, model)
+        return (np.vstack([a_t / ttft[:, None], a_e / e2e[:, None]]),
+                np.r_[(ttft - d_t) / ttft, (e2e - d_e) / e2e])
+
+    def linear_fit(sims):
+        return nnls_coefficients(*linearised(sims), model)
 
     # 1. a global search over the three affine coefficients (log scale, a factor of 30 either way
     # of the start): the loss is rough, since a small change of step time reorders who is batched
@@ -191,5 +193,7 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
               "simulations": evaluations * len(runs), "loss": loss, "scheduler": config.to_dict(),
               "error": {k: {f"p{q}": float(np.percentile(v, q)) for q in (50, 90)} for k, v in e.items() if len(v)},
               # the batches of the best fit's simulated schedules: what the coefficients were fitted on
-              "range": feature_range(X) if len(X) else {}}
+              "range": feature_range(X) if len(X) else {},
+              # what the requests could say about each term, on the best fit's schedule
+              "identifiability": identifiability(*linearised(sims), model, coef)}
     return sm, report

@@ -151,7 +151,7 @@ def solve(X: np.ndarray, y: np.ndarray, model: str) -> tuple[np.ndarray, dict]:
     res = y - X @ full
     ss_tot = float(((y - y.mean()) ** 2).sum())
     rel = np.abs(res) / np.maximum(y, 1e-9)
-    return full, {"steps": int(len(y)),
+    return full, {"steps": int(len(y)), "identifiability": identifiability(X, y, model, full),
                   "r2": 1.0 - float((res ** 2).sum()) / ss_tot if ss_tot > 0 else None,
                   "residual_ms": {f"p{q}": float(np.percentile(np.abs(res), q)) for q in (50, 90, 99)},
                   "relative_error": {f"p{q}": float(np.percentile(rel, q)) for q in (50, 90)},
@@ -172,6 +172,58 @@ def nnls_coefficients(X: np.ndarray, y: np.ndarray, model: str) -> np.ndarray:
     full = np.zeros(len(FEATURES))
     full[cols] = coef
     return full
+
+
+def identifiability(X: np.ndarray, y: np.ndarray, model: str, coef: np.ndarray) -> dict:
+    """What the data could and could not say about each of the model's terms, for a fit
+    `coef` (over FEATURES) of y on X: "unseen": terms whose feature is zero in every row (no
+    step had any: the fit sets them to 0, the data says nothing); "inseparable": terms whose
+    columns are linearly dependent (e.g. every step decodes the same number of sequences, so
+    the base cost and the per-sequence cost trade off freely: only their sum at that batch is
+    known); "held_at_zero": {term: the unconstrained least-squares value} for terms the
+    non-negativity bound set to 0 that unconstrained least squares would make negative (the
+    data shows no such cost, within its noise)."""
+    cols = [FEATURES.index(f) for f in MODELS[model]]
+    A = X[:, cols]
+    scale = np.linalg.norm(A, axis=0)
+    seen = scale > 0
+    names = [FEATURE_COEFFICIENTS[c] for c in cols]
+    out = {"unseen": [n for n, ok in zip(names, seen) if not ok], "inseparable": [], "held_at_zero": {}}
+    if not seen.any() or len(y) < 2:
+        return out
+    As = A[:, seen] / scale[seen]
+    u, sv, vt = np.linalg.svd(As, full_matrices=False)
+    seen_names = [n for n, ok in zip(names, seen) if ok]
+    weak = sv < 1e-8 * sv[0]
+    for v in vt[weak]:
+        out["inseparable"] += [n for n, x in zip(seen_names, v) if abs(x) > 0.1 and n not in out["inseparable"]]
+    if not weak.any():
+        free = np.linalg.lstsq(As, y, rcond=None)[0] / scale[seen]
+        for n, c, ok in zip(seen_names, free, [coef[FEATURE_COEFFICIENTS.index(n)] == 0 for n in seen_names]):
+            if ok and c < 0:
+                out["held_at_zero"][n] = float(c)
+    return out
+
+
+def describe_identifiability(d: dict, what: str = "steps") -> list[str]:
+    """One sentence per finding of identifiability(), for a page or the CLI."""
+    word = {"base_ms": "the base cost per step", "prefill_ms_per_token": "the cost per prefill token",
+            "decode_ms_per_seq": "the cost per decoding sequence", "prefill_ms_per_kpos": "the cost per attended "
+            "prefill position", "decode_ms_per_kpos": "the cost per attended decode position",
+            "prefill_ms_per_chunk": "the cost per prefill piece"}
+    out = []
+    if d.get("unseen"):
+        names = ", ".join(word.get(n, n).removeprefix("the cost per ") for n in d["unseen"])
+        out.append(f"No {what} had any of {names}: the fit sets that cost to 0 and a prediction that has some "
+                   "extrapolates.")
+    if d.get("inseparable"):
+        out.append(f"The {what} cannot separate {' from '.join(word.get(n, n) for n in d['inseparable'])} (they "
+                   "vary together in every row): the split between them is arbitrary and predictions at other "
+                   "batches are not determined by this run; fit several runs of different loads together.")
+    for n, v in (d.get("held_at_zero") or {}).items():
+        out.append(f"{word.get(n, n).capitalize()} is held at 0: unconstrained least squares gives {v:.3g} ms "
+                   f"(the {what} show no such cost within their noise).")
+    return out
 
 
 def model_of(model: str, coef: np.ndarray) -> StepModel:
@@ -201,7 +253,7 @@ def outside_range(trace, report: dict) -> dict | None:
     _, X, _ = trace_features(trace)
     if not len(X) or not rng:
         return None
-    bad = _out_of_range(X, rng)
+    bad = _out_of_range(X, rng, report.get("model"))
     if not bad.any():
         return None
     feats = {f: [float(X[:, i].min()), float(X[:, i].max()), *rng[f]] for i, f in enumerate(FEATURES)
@@ -209,11 +261,13 @@ def outside_range(trace, report: dict) -> dict | None:
     return {"steps": int(bad.any(axis=1).sum()), "of": int(len(X)), "features": feats}
 
 
-def _out_of_range(X: np.ndarray, rng: dict) -> np.ndarray:
-    """[steps x FEATURES]: where a step's feature lies outside the fitted [min, max]."""
+def _out_of_range(X: np.ndarray, rng: dict, model: str | None = None) -> np.ndarray:
+    """[steps x FEATURES]: where a step's feature lies outside the fitted [min, max] (only the
+    features the `model` uses: an affine model does not read attended positions)."""
     bad = np.zeros(X.shape, dtype=bool)
+    used = MODELS.get(model, FEATURES)
     for i, f in enumerate(FEATURES):
-        if f in rng:
+        if f in rng and f in used:
             lo, hi = rng[f]
             bad[:, i] = (X[:, i] < lo - 1e-9) | (X[:, i] > hi + 1e-9)
     return bad
@@ -226,7 +280,7 @@ def outside_steps(trace, report: dict) -> pd.DataFrame:
     steps, X, _ = trace_features(trace)
     if not len(X) or not rng:
         return pd.DataFrame()
-    bad = _out_of_range(X, rng)
+    bad = _out_of_range(X, rng, report.get("model"))
     rows = bad.any(axis=1)
     out = pd.DataFrame({"step": steps[rows], "t_ms": step_starts(trace, steps[rows])})
     for i, f in enumerate(FEATURES):

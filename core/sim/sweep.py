@@ -54,10 +54,13 @@ def retimed(workload: Workload, rate_per_s: float, seed: int) -> Workload:
 
 class ClosedLoop:
     """Inbox for core.engine.loop.run: keeps `concurrency` requests in the system, sending the next
-    one (in workload order) at the time one finishes."""
+    one (in workload order) at the time one finishes. `first_as_given`: the first `concurrency`
+    requests arrive at their own arrival times (a measured run's first sends, staggered by the
+    client), not all at the start."""
 
-    def __init__(self, requests: list[Request], concurrency: int, delay_ms=0.0):
+    def __init__(self, requests: list[Request], concurrency: int, delay_ms=0.0, first_as_given: bool = False):
         self.pending = deque(requests)
+        self.first_as_given = first_as_given
         self.concurrency = concurrency
         # from a finish to its replacement reaching the engine: one for all, or the k-th replacement's
         self.delays = [float(delay_ms)] * len(requests) if np.ndim(delay_ms) == 0 else [float(d) for d in delay_ms]
@@ -68,7 +71,8 @@ class ClosedLoop:
 
     def drain(self, sched: Scheduler, now_ms: float) -> bool:
         while self.pending and len(self.sent) - sched.num_done < self.concurrency:
-            at = now_ms
+            first = len(self.sent) < self.concurrency and not sched.num_done
+            at = max(now_ms, self.pending[0].arrival_ms) if self.first_as_given and first else now_ms
             if sched.num_done:      # a replacement; the front end hands requests on in order
                 at = max(now_ms + self.delays[min(self.replaced, len(self.delays) - 1)], self.last_arrival)
                 self.replaced += 1
@@ -84,12 +88,14 @@ class ClosedLoop:
 
 
 def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: StepModel, concurrency: int,
-                    created: str | None = None, delay_ms=0.0):
+                    created: str | None = None, delay_ms=0.0, first_as_given: bool = False):
     """The workload's requests in order as a closed loop of `concurrency` clients; returns
     (trace, most requests ever in flight). `delay_ms`: from a request's finish until the one
     that replaces it reaches the engine (the client's and the server front-end's round trip),
     one number or one per replacement in order (the last repeats); a replacement never reaches
-    the engine before the one sent before it.
+    the engine before the one sent before it. `first_as_given`: the first `concurrency` requests
+    arrive at their workload arrival times (a measured run's staggered first sends) instead of
+    all at time 0.
     A pool left unsized (kv_blocks None) gets the blocks every request would need at once, as an
     open-loop simulation does."""
     if concurrency < 1:
@@ -102,7 +108,7 @@ def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: Ste
         config = dataclasses.replace(config, kv_blocks=int(need.sum()))
     log = StepLog()
     sched = Scheduler(None, config, log)
-    inbox = ClosedLoop(workload.requests, concurrency, delay_ms)
+    inbox = ClosedLoop(workload.requests, concurrency, delay_ms, first_as_given)
     loop.run(sched, StepTimeExecutor(step_model), loop.VirtualClock(0.0), inbox=inbox)
     sent = Workload(inbox.sent, name=f"{workload.name}, closed loop of {concurrency}")
     meta = loop.trace_meta(sched, sent, "simulated", f"{config.policy}, {concurrency} in flight (simulated)",
