@@ -12,7 +12,7 @@ st.markdown(
     "tiles and speculative decoding, all computed by one shared library (`core/`) from "
     "given scenarios, the core simulator, or traces captured from real runs.")
 
-st.page_link("pages/schedules.py", label="Open the chapter's three-request scenario in Schedules",
+st.page_link("pages/schedules.py", label="Chapter 31's three requests in Schedules",
              icon=":material/play_arrow:", query_params={"sc": "chapter31"})
 # Every page, a short link and its description below it (a long link label is cut mid-word in one line)
 PAGES = [

@@ -163,9 +163,7 @@ for label, r in results.items():
                          "goodput tok/s": p["slo"]["goodput_tok_per_s"]} if "slo" in p else {})})
 table = pd.DataFrame(rows)
 with st.expander("Every point (simulated; latencies in ms)"):
-    show_table(table, hide_index=True, key="ld_table",
-                 column_config={c: st.column_config.NumberColumn(format="%.6g") for c in table.columns
-                                if c not in ("policy",)})
+    show_table(table, hide_index=True, key="ld_table")
 
 st.subheader("One point: Little's law and utilisation")
 c1, c2 = st.columns(2)
@@ -181,9 +179,11 @@ m[0].metric("L: mean requests in system", fmt_ms(ll["L"]), help="time-average of
 m[1].metric("λ·W", fmt_ms(ll["lambda_W"]), help=f"λ = {fmt_ms(ll['arrival_rate_per_s'])} req/s, "
             f"W = mean E2E {fmt_ms(ll['W_ms'])} ms; equal to L over the drain window of a finished workload")
 if u is not None:
-    m[2].metric("Running sequences: mean / peak", f"{fmt_ms(u['running_mean'])} / {u['running_peak']}")
-    kv = f"{fmt_ms(u['kv_used_blocks_mean'])} / {u['kv_used_blocks_peak']:,}"
-    m[3].metric("KV blocks in use: mean / peak", kv + (f" of {u['kv_blocks']:,}" if "kv_blocks" in u else ""))
+    m[2].metric("Running sequences: mean / peak", f"{u['running_mean']:,.1f} / {u['running_peak']}")
+    pool = f" of a pool of {u['kv_blocks']:,}" if "kv_blocks" in u else ""
+    m[3].metric("KV blocks: mean / peak", f"{u['kv_used_blocks_mean']:,.0f} / {u['kv_used_blocks_peak']:,}",
+                help=f"blocks in use over the drain window: mean {fmt_ms(u['kv_used_blocks_mean'])}, peak "
+                     f"{u['kv_used_blocks_peak']:,}{pool}")
 st.caption("Open loop: arrivals do not wait for the server, so past capacity the queue, TTFT and E2E grow "
            "without bound while throughput flattens. Closed loop: at most N requests are in the system, so "
            "latency stays bounded and throughput saturates; a burst of N requests is the start of a closed "

@@ -28,9 +28,11 @@ def cached_cold():
 
 def table(rows: list[dict], key: str):
     df = pd.DataFrame([{k: v for k, v in r.items() if k != "trace"} for r in rows])
-    show_table(df, hide_index=True, key=key,
-                 column_config={c: st.column_config.NumberColumn(format="%.6g") for c in df.columns
-                                if c != "schedule"})
+    shown = df
+    if {"completed", "requests"} <= set(df.columns):     # one narrow column on screen; both in the CSV
+        shown = df.drop(columns=["completed", "requests"])
+        shown.insert(1, "completed", [f"{c:,} of {n:,}" for c, n in zip(df["completed"], df["requests"])])
+    show_table(shown, hide_index=True, key=key, export=df)
 
 
 def over_time(rows: list[dict], column: str, title: str, ytitle: str) -> go.Figure:
@@ -67,7 +69,7 @@ for p in PATHOLOGIES:
                 f"**Control:** {md(p.control)}.")
     if p.key == "cold":
         tr, c = cached_cold()
-        st.markdown(f":green-badge[measured {md(c['device'])}, gpu_runner, {md(c['created'])}] "
+        st.markdown(f":green-badge[measured] {md(c['device'])}, gpu_runner, {md(c['created'])}, "
                     f"`{COLD_TRACE.name}`")
         m = st.columns(4)
         m[0].metric("Model load", f"{fmt_ms(c['model_load_ms'])} ms")

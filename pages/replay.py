@@ -134,8 +134,9 @@ def metrics_panel():
         cols[0].metric("requests", f"{s['requests']:,}")
         cols[1].metric("output tokens", f"{s['output_tokens']:,}")   # emitted (the summary's output_tokens)
         tok_s = s["output_tok_per_s"]
-        cols[2].metric("tok/s (drain window)", "—" if tok_s is None else f"{tok_s:,.1f}",
-                       help=f"window {s['window_ms'][0]:g}–{s['window_ms'][1]:g} ms")
+        cols[2].metric("output tok/s", "—" if tok_s is None else f"{tok_s:,.1f}",
+                       help=f"output tokens over the drain window, {s['window_ms'][0]:g}–{s['window_ms'][1]:g} ms "
+                            "(first arrival to last finish; core/analysis/metrics.py)")
         cols[3].metric("TTFT p50 ms", fmt_ms(s["ttft_ms"]["median"]))
         cols[4].metric("TTFT p99 ms", fmt_ms(s["ttft_ms"]["p99"]))
         cols[5].metric("TPOT mean ms", fmt_ms(s["tpot_ms"]["mean"]))
@@ -333,7 +334,10 @@ if missing:
 
 with st.expander("Per-request metrics"):
     m = derived(tr, "requests")
-    show_table(m.head(2000), hide_index=True, key="rp_requests")
+    shown = m.head(2000)
+    if "latency_ms" in shown and np.allclose(shown["latency_ms"], shown["e2e_ms"], equal_nan=True):
+        shown = shown.drop(columns="latency_ms")     # equal to E2E for every request: one column on screen
+    show_table(shown, hide_index=True, key="rp_requests", export=m.head(2000))
     if len(m) > 2000:
         st.caption(f"First 2,000 of {len(m):,} requests; the CSV export has all.")
 

@@ -162,9 +162,7 @@ st.subheader("Throughput, cost and latency summary")
 summ = schedule_view("summary", schedules, window, usd)
 if "steps" in summ and summ["steps"].isna().all():   # given schedules only: they have no steps
     summ = summ.drop(columns="steps")
-show_table(summ, hide_index=True, key="sched_summary",
-             column_config={c: st.column_config.NumberColumn(format="%.6g") for c in summ.columns
-                            if c not in ("schedule", "origin", "drain window ms")})
+show_table(summ, hide_index=True, key="sched_summary")
 st.caption("Drain window = [first arrival, last emission] of each schedule; the fixed window is the same "
            f"for all. Cost = USD {usd:g}/h × drain-window hours. Percentiles: numpy 'linear' estimator.")
 taken = schedule_view("steps", schedules)

@@ -13,7 +13,7 @@ from core.figures.attention import (
 )
 from core.formulas import tiles
 from core.lessons.scenarios import chapter_tile_example, random_tile_example
-from ui import bound, ensure_app_frame, show_chart, show_table, tile_traces
+from ui import bound, ensure_app_frame, md, origin_badge, show_chart, show_table, tile_traces
 
 ensure_app_frame()
 
@@ -119,8 +119,7 @@ if not found:
 else:
     name = st.selectbox("Trace", list(found), key="at_trace")
     tr, rows = found[name]
-    st.markdown(f"{tr.meta.get('label', name)} — :green-badge[measured {tr.meta.get('device', '?')}, "
-                f"{tr.meta.get('created', '?')}]")
+    st.markdown(f"{md(tr.meta.get('label', name))} — {origin_badge(tr)}")
     groups = tile_event_groups(rows)
     pick = st.selectbox("layer, head, query tile", list(groups), key="at_pick")
     show_chart(captured_tiles_figure(groups[pick]), key="at_captured")

@@ -23,7 +23,7 @@ def batch_title(at):
 def test_given_trace_metrics_and_missing_views_named():
     at = replay({"tr": "chapter31_continuous.json"})
     metrics = {m.label: m.value for m in at.metric}
-    assert metrics["tok/s (drain window)"] == "30.0"
+    assert metrics["output tok/s"] == "30.0"
     assert (metrics["TTFT p50 ms"], metrics["TTFT p99 ms"]) == ("130", "139.8")   # linear: 130 + .98*10
     said = " ".join(i.value for i in [*at.info, *at.caption])
     for needed in ("`step` events", "`kv` events", "`spec` events", "`tiles` events"):
@@ -47,13 +47,13 @@ def test_upload_good_then_garbage_keeps_the_previous_trace():
     good = (DATA / "traces" / "chapter31_serial.json").read_bytes()
     at.file_uploader(key="rp_upload").set_value(("mine.json", good, "application/json")).run()
     assert not at.exception
-    assert {m.label: m.value for m in at.metric}["tok/s (drain window)"] == "16.7"
+    assert {m.label: m.value for m in at.metric}["output tok/s"] == "16.7"
     bad = ("bad.json", b'{"schema": "serving-trace/7"}', "application/json")
     at.file_uploader(key="rp_upload").set_value(bad).run()
     assert not at.exception
     errors = " ".join(e.value for e in at.error)
     assert "bad.json" in errors and "unknown version 'serving-trace/7'" in errors
-    assert {m.label: m.value for m in at.metric}["tok/s (drain window)"] == "16.7"   # still the good one
+    assert {m.label: m.value for m in at.metric}["output tok/s"] == "16.7"   # still the good one
     assert any("last file that loaded: mine.json" in c.value for c in at.caption)
 
 
@@ -68,7 +68,7 @@ def test_uploads_with_same_name_and_tokens_never_share_cached_results():
     for expected in ["16.7", "30.0", "16.7", "30.0"]:
         at.file_uploader(key="rp_upload").set_value(("mine.json", files[expected], "application/json")).run()
         assert not at.exception
-        assert {m.label: m.value for m in at.metric}["tok/s (drain window)"] == expected
+        assert {m.label: m.value for m in at.metric}["output tok/s"] == expected
         gc.collect()
 
 
@@ -118,7 +118,7 @@ def test_compare_different_workloads_warns():
 def test_measured_trace_shows_device_and_predicts():
     at = replay({"tr": "shared_prefix_measured_cpu.json.gz"})
     text = " ".join(m.value for m in at.markdown).replace("\\", "")  # (user text is shown escaped)
-    assert "measured · CPU" in text and "gpu_runner" in text         # origin with device and engine
+    assert ":green-badge[measured] CPU" in text and "gpu_runner" in text    # origin, then device and engine
     at.button(key="rp_predict").click().run()
     assert not at.exception
     table = [d.value for d in at.dataframe if "difference" in d.value.columns][0]

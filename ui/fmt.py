@@ -26,9 +26,11 @@ def origin_badge(trace: Trace) -> str:
         name = engine.get("name", "?") if isinstance(engine, dict) else str(engine)
         parts = [str(x) for x in (trace.meta.get("device"), name, trace.meta.get("created"))
                  if x and not str(x).startswith(("not recorded", "unknown")) and x != "?"]
-        extra = (" · " + ", ".join(parts)) if parts else ""
+        extra = ", ".join(parts)
     color = ORIGIN_COLORS.get(src, "gray")
-    return f":{color}-badge[{md(src + extra)}]"
+    # the origin in the badge, its details as text beside it: a badge does not wrap, and a device,
+    # engine and date in one ran past a phone's width
+    return f":{color}-badge[{md(src)}]" + (f" {md(extra)}" if extra else "")
 
 
 def trace_details(trace: Trace) -> str:
