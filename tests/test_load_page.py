@@ -34,13 +34,22 @@ def test_load_page_default_sweep():
     at = open_page("load")
     (fig,) = charts(at)
     titles = [a["text"] for a in fig["layout"]["annotations"]]
-    assert titles[:4] == ["TTFT (ms)", "TPOT (ms)", "E2E (ms)", "tokens / s"]
+    # each panel says what its dashes mean (p50 in three, goodput in the fourth: issue 28 item 10)
+    assert titles[:4] == ["TTFT (ms)<br>solid p99 · dashed p50", "TPOT (ms)<br>solid p99 · dashed p50",
+                          "E2E (ms)<br>solid p99 · dashed p50", "tokens / s<br>solid output · dashed goodput"]
+    dashes = {(t["xaxis"], t["line"]["dash"]) for t in fig["data"] if t.get("legendgroup") == "continuous"
+              and t.get("mode") == "lines+markers"}
+    assert dashes == {(x, d) for x in ("x", "x2", "x3", "x4") for d in ("solid", "dash")}
+    # the legend: one entry per policy, at the top of the figure (above the fold at 1280x800)
+    shown = [t["name"] for t in fig["data"] if t.get("showlegend", True) and t.get("legendgroup")]
+    assert shown == ["continuous", "continuous + chunked prefill"]
+    assert fig["layout"]["legend"]["yref"] == "container" and fig["layout"]["legend"]["y"] == 1
     slo_lines = {t["name"]: arr(t["y"]) for t in fig["data"] if str(t.get("name", "")).startswith("SLO")}
     assert slo_lines == {"SLO TTFT <= 500 ms": [500, 500], "SLO TPOT <= 50 ms": [50, 50]}   # the default bounds
     assert fig["layout"]["height"] <= 900
     policies = {t["legendgroup"] for t in fig["data"] if t.get("legendgroup")}
     assert policies == {"continuous", "continuous + chunked prefill"}
-    xs = arr(next(t for t in fig["data"] if t.get("name") == "continuous p99")["x"])
+    xs = arr(next(t for t in fig["data"] if t.get("name") == "continuous")["x"])
     assert xs == [5, 10, 15, 20, 25, 30]
     text = " ".join(m.value for m in at.markdown)
     assert "capacity" in text and ":orange-badge[simulated]" in text

@@ -107,3 +107,17 @@ def test_the_expected_tokens_chart_draws_each_alpha_once():
                (f["layout"].get("title") or {}).get("text", ""))
     names = [t["name"] for t in fig["data"] if t.get("name", "").startswith("α = ")]
     assert names == ["α = 0.5", "α = 0.7", "α = 0.8", "α = 0.9"]
+
+
+def test_the_captured_kernel_chart_colours_each_row_alike_in_both_panels():
+    """Issue 28 item 10: a row's two lines and its legend entry share one colour, distinct per row
+    (the default cycle coloured a row's two traces differently and repeated every 5 rows)."""
+    from core.figures.attention import captured_tiles_figure
+    rows = [{"req": 0, "step": 0, "layer": 0, "head": 0, "q_tile": 0, "kv_tile": t,
+             "m": [float(i + t) for i in range(12)], "l": [1.0 + i for i in range(12)]} for t in range(3)]
+    fig = captured_tiles_figure(rows)
+    by_row = {}
+    for tr in fig.data:
+        by_row.setdefault(tr.legendgroup, set()).add(tr.line.color)
+    assert len(by_row) == 12 and all(len(c) == 1 for c in by_row.values())
+    assert len({next(iter(c)) for c in by_row.values()}) == 12

@@ -74,14 +74,29 @@ def snapshot_times(trace, max_snapshots: int = 200) -> np.ndarray:
 MAX_CELLS = 2 * MAX_KV_BLOCKS
 
 
+MAX_POOL_DRAWN = 512     # a pool this small is drawn whole, its never-used blocks free
+
+
+def drawn_blocks(trace, limit: int = MAX_POOL_DRAWN) -> int:
+    """How many physical blocks a view of the trace's pool draws: the whole pool when the trace
+    records its size (`meta.engine.kv_blocks`) and it is at most `limit` blocks, so a pool of 64
+    is drawn as 64 even when a run touched 33; otherwise only the blocks ever touched (with a huge
+    or unsized pool the rest stay free forever, and the allocator hands out the lowest ids first)."""
+    kv = trace.kv
+    touched = int(kv["block"].max() + 1) if len(kv) else 0
+    engine = trace.meta.get("engine") if isinstance(trace.meta, dict) else None
+    pool = engine.get("kv_blocks") if isinstance(engine, dict) else None
+    if isinstance(pool, int) and not isinstance(pool, bool) and touched <= pool <= limit:
+        return pool
+    return touched
+
+
 def block_states(trace, times_ms=None, num_blocks: int | None = None, max_snapshots: int = 200) -> Occupancy:
     """Each block's state, ref count and owner at each snapshot time (default: `snapshot_times`)."""
     kv = trace.kv
     times = snapshot_times(trace, max_snapshots) if times_ms is None else np.asarray(times_ms, dtype=float)
     if num_blocks is None:
-        # Only blocks that were ever touched: with a huge (or unlimited) pool the rest stay
-        # free forever, and the allocator hands out the lowest ids first.
-        num_blocks = int(kv["block"].max() + 1) if len(kv) else 0
+        num_blocks = drawn_blocks(trace)
     if num_blocks * len(times) > MAX_CELLS and len(times) > 2:
         # Bounded memory (~13 bytes a cell): fewer snapshots, evenly spread, first and last kept.
         keep = np.unique(np.linspace(0, len(times) - 1, max(2, MAX_CELLS // max(num_blocks, 1))).round().astype(int))

@@ -23,9 +23,22 @@ CURTAIN = {"light": "rgba(250,250,250,0.93)", "dark": "rgba(14,17,23,0.9)"}   # 
 TABLE_TEXT, TABLE_HEAD, TABLE_CELL = "#1f2937", "#c8d4e3", "#ebf0f8"   # 9.8:1 and 12.8:1 contrast (WCAG AA: 4.5)
 
 
+CONTROLS_PX = 118      # below the plot: the buttons' row (34 px), then the slider with its ticks
+
+
 def play_controls(fig: go.Figure, frame_names: list[str], label: str = "step ", base_fps: float = BASE_FPS,
-                  y: float = -0.02) -> go.Figure:
-    """Play buttons (one per speed), pause, and a slider with one step per frame."""
+                  below_px: float = 50) -> go.Figure:
+    """Play buttons (one per speed) and pause on one row, and under them a slider with one step
+    per frame across the figure's width (side by side, the slider ran over the buttons on a
+    phone), `below_px` under the plot area (room for the x axis's labels). Grows the bottom margin
+    to hold them."""
+    height = fig.layout.height or 450
+    m = fig.layout.margin
+    bottom = max(m.b or 0, below_px + CONTROLS_PX + 24)
+    plot_px = max(height - (m.t or 0) - bottom, 50)
+    y_buttons = -below_px / plot_px
+    y_slider = -(below_px + 34) / plot_px
+    fig.update_layout(margin=dict(b=bottom))
     def play(speed):
         ms = 1000.0 / (base_fps * speed)
         return dict(method="animate", args=[None, {"frame": {"duration": ms, "redraw": True}, "fromcurrent": True,
@@ -38,9 +51,11 @@ def play_controls(fig: go.Figure, frame_names: list[str], label: str = "step ", 
                   args=[[name], {"frame": {"duration": 0, "redraw": True}, "mode": "immediate",
                                  "transition": {"duration": 0}}]) for name in frame_names]
     fig.update_layout(
-        updatemenus=[dict(type="buttons", direction="right", showactive=False, x=0, xanchor="left", y=y,
-                          yanchor="top", pad=dict(t=4, r=4), buttons=buttons)],
-        sliders=[dict(active=0, steps=steps, x=0.42, len=0.58, y=y, yanchor="top", pad=dict(t=4, b=4),
+        # anchored at the right edge: on a phone the row reaches left into the y axis's margin instead
+        # of past the canvas's right edge
+        updatemenus=[dict(type="buttons", direction="right", showactive=False, x=1, xanchor="right", y=y_buttons,
+                          yanchor="top", pad=dict(t=4, r=2), font=dict(size=11), buttons=buttons)],
+        sliders=[dict(active=0, steps=steps, x=0, len=1.0, y=y_slider, yanchor="top", pad=dict(t=4, b=4),
                       currentvalue=dict(prefix=label, visible=True, xanchor="right"),
                       transition=dict(duration=0))])
     return fig
@@ -59,12 +74,16 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "l
     rows = len(grids)
     longest = max(len(g.steps) for _, g, _ in grids)
     heights = [g.seats + 1.6 for _, g, _ in grids]
-    fig = make_subplots(rows=rows, cols=1, vertical_spacing=0.1 if rows > 1 else 0.0,
-                        row_heights=[h / sum(heights) for h in heights],
-                        subplot_titles=[wrap_title(f"{label}: {g.total_steps} steps, "
-                                                   f"{g.idle_fraction():.0%} of seat-steps idle"
-                                                   + (f" (first {len(g.steps)} shown)" if g.truncated else ""), 40)
-                                        for label, g, _ in grids])
+    titles = [wrap_title(f"{label}: {g.total_steps} steps, {g.idle_fraction():.0%} of seat-steps idle"
+                         + (f" (first {len(g.steps)} shown)" if g.truncated else ""), 32) for label, g, _ in grids]
+    lines = max(t.count("<br>") + 1 for t in titles)
+    height = int(min(1100, 250 + sum(34 * g.seats + 40 for _, g, _ in grids) + (rows - 1) * (40 + 18 * lines)))
+    plot_px = height - 52 - (50 + CONTROLS_PX + 24)
+    # between panels: the panel above's tick labels (~22 px) and this panel's title lines, in pixels
+    gap = (26 + 18 * lines) / plot_px if rows > 1 else 0.0
+    fig = make_subplots(rows=rows, cols=1, vertical_spacing=min(gap, 0.8 / max(rows - 1, 1)),
+                        row_heights=[h / sum(heights) for h in heights], subplot_titles=titles)
+    labelled = longest <= 60            # the same for every panel: cells narrower than a label go without
     ncol = len(PALETTE) - 2          # no gray or black: those mean idle
     scale = [x for i in range(ncol) for x in ([i / ncol, PALETTE[i]], [(i + 1) / ncol, PALETTE[i]])]
     dynamic = []        # (trace index, kind, grid, row) of the traces the frames update
@@ -78,7 +97,8 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "l
                             np.broadcast_to(g.t_ms, g.req.shape).astype(object)])
         fig.add_trace(go.Heatmap(
             z=z, x=x, y=np.arange(g.seats), zmin=0, zmax=ncol, colorscale=scale, showscale=False, xgap=1, ygap=2,
-            text=name if S <= 30 else None, texttemplate="%{text}" if S <= 30 else None,
+            text=name if labelled else None, texttemplate="%{text}" if labelled else None,
+            textfont=dict(size=9),
             customdata=custom, name=label,
             hovertemplate="seat %{y}, step %{x}<br>%{customdata[0]} %{customdata[1]}<br>"
                           "tokens %{customdata[2]}, t %{customdata[3]} ms<extra></extra>"), row=row, col=1)
@@ -87,8 +107,9 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "l
                                  marker=dict(symbol="square", size=9, color="rgba(255,255,255,0.6)"),
                                  showlegend=False), row=row, col=1)
         pre = np.argwhere(g.kind == PREFILL)
-        fig.add_trace(go.Scatter(x=pre[:, 1], y=pre[:, 0], mode="markers", hoverinfo="skip",
-                                 marker=dict(symbol="triangle-right", size=8, color="black"),
+        # at the cell's left edge, clear of the request's label in its middle
+        fig.add_trace(go.Scatter(x=pre[:, 1] - 0.36, y=pre[:, 0], mode="markers", hoverinfo="skip",
+                                 marker=dict(symbol="triangle-right", size=6, color="black"),
                                  name="prefill step", legendgroup="prefill", showlegend=row == 1), row=row, col=1)
         fig.add_trace(go.Scatter(**_curtain(0.5, longest - 0.5, -0.5, g.seats - 0.5), fill="toself", mode="lines",
                                  line=dict(width=0), fillcolor=CURTAIN.get(theme, CURTAIN["light"]), hoverinfo="skip",
@@ -117,10 +138,9 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "l
                                              else step_story(g, ids, j)]))
         frames.append(go.Frame(name=str(k), data=data, traces=[i for i, *_ in dynamic]))
     fig.frames = frames
-    height = int(min(900, 170 + sum(34 * g.seats + 70 for _, g, _ in grids)))
     base_layout(fig, height=height)
-    fig.update_layout(margin=dict(l=10, r=10, t=40, b=90), plot_bgcolor=GRAY + "22")
-    return play_controls(fig, [str(k) for k in range(longest)], y=-0.06 if rows > 1 else -0.12)
+    fig.update_layout(margin=dict(l=10, r=10, t=52, b=50 + CONTROLS_PX + 24), plot_bgcolor=GRAY + "22")
+    return play_controls(fig, [str(k) for k in range(longest)])
 
 
 STATE_COLORS = ("rgba(128,128,128,0.14)", SKY, BLUE, ORANGE)   # free (translucent: both themes), cached-free,
@@ -136,11 +156,13 @@ def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
     width = 8 if nb <= 64 else 16
     prow = -(-nb // width)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.56, 0.44], horizontal_spacing=0.08,
-                        subplot_titles=["Logical blocks per request<br>(shade: tokens stored)",
+                        # three short lines each: side by side they must fit half a phone's width
+                        subplot_titles=["Logical blocks<br>per request (shade:<br>tokens stored)",
                                         "Pool: " + "<br>".join(" ".join(
                                             f'<span style="color:{c}">■</span> {n}' for n, c in pair) for pair in
-                                            (tuple(zip(("free", "cached"), STATE_COLORS[:2])),
-                                             tuple(zip(("owned", "shared"), STATE_COLORS[2:]))))])
+                                            ((("free", STATE_COLORS[0]),), (("cached", STATE_COLORS[1]),
+                                                                            ("owned", STATE_COLORS[2])),
+                                             (("shared", STATE_COLORS[3]),)))])
 
     def logical(f):
         b, n = pf.block[f], pf.fill[f]
@@ -168,26 +190,27 @@ def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
     fig.add_trace(go.Heatmap(z=pz, text=ptx, texttemplate="%{text}", zmin=0, zmax=4, colorscale=scale,
                              showscale=False, xgap=2, ygap=2, hovertemplate="block %{text}<extra></extra>"),
                   row=1, col=2)
-    fig.add_trace(go.Scatter(x=[-0.5], y=[rows - 0.35], mode="text", text=[pf.stories[0]], textposition="top right",
+    stories = [wrap_title(t, 34) for t in pf.stories]     # within the left panel, not under the pool
+    fig.add_trace(go.Scatter(x=[-0.5], y=[rows - 0.45], mode="text", text=[stories[0]], textposition="bottom right",
                              hoverinfo="skip", showlegend=False, textfont=dict(size=13), cliponaxis=False),
                   row=1, col=1)
     fig.update_yaxes(tickmode="array", tickvals=list(range(rows)), ticktext=[ids[r] for r in pf.reqs],
-                     autorange=False, range=[rows - 0.5 + 1.0, -0.5], row=1, col=1)
+                     autorange=False, range=[rows - 0.5 + 2.8, -0.5], row=1, col=1)
     fig.update_xaxes(title_text="logical block", range=[-0.5, cols - 0.5], dtick=1, row=1, col=1)
-    fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=2)
-    fig.update_xaxes(showticklabels=False, row=1, col=2)
+    fig.update_yaxes(autorange="reversed", showticklabels=False, showgrid=False, row=1, col=2)
+    fig.update_xaxes(showticklabels=False, showgrid=False, row=1, col=2)
     frames = []
     for f in range(F):
         lz, lt = logical(f)
         pz, ptx = physical(f)
         frames.append(go.Frame(name=str(f), traces=[0, 1, 2], data=[
-            go.Heatmap(z=lz, text=lt), go.Heatmap(z=pz, text=ptx), go.Scatter(text=[pf.stories[f]])]))
+            go.Heatmap(z=lz, text=lt), go.Heatmap(z=pz, text=ptx), go.Scatter(text=[stories[f]])]))
     fig.frames = frames
-    height = int(min(900, 200 + 30 * max(rows + 1, prow)))
+    height = int(min(1000, 220 + CONTROLS_PX + 30 * max(rows + 3, prow)))
     base_layout(fig, height=height)
-    fig.update_layout(margin=dict(l=10, r=10, t=90, b=90))
-    fig.update_annotations(yshift=8)          # subplot titles (two lines) clear of the top row
-    return play_controls(fig, [str(f) for f in range(F)], label="frame ", y=-0.12)
+    fig.update_layout(margin=dict(l=10, r=10, t=110, b=60 + CONTROLS_PX + 24))
+    fig.update_annotations(yshift=8)          # subplot titles (three lines) clear of the top row
+    return play_controls(fig, [str(f) for f in range(F)], label="frame ", below_px=60)
 
 
 MAX_KEY_BARS = 64       # keys drawn one bar each; more: one bar per tile
@@ -230,7 +253,7 @@ def tile_walk_animation(steps: list[TileStep], logits, values, full_value: float
         return band(*edges[k - 1]) if k >= 1 else band(-0.5, -0.5)
 
     def rows(k):
-        names = ["m (running max)", "l (running sum)", "acc (running weighted sum)", "output acc / l"]
+        names = ["m, max", "l, sum", "acc", "acc / l"]     # short: each row one line at a phone's width
         if k == 0:
             return [names, ["−∞", "0", "0", "—"], ["−∞", "0", "0", "—"]]
         st = steps[k - 1]
@@ -254,19 +277,19 @@ def tile_walk_animation(steps: list[TileStep], logits, values, full_value: float
     fig.add_trace(go.Scatter(x=[-0.5], y=[top * 0.93], mode="text", text=[story(0)], textposition="middle right",
                              cliponaxis=False, hoverinfo="skip", showlegend=False, textfont=dict(size=13)),
                   row=1, col=1)
-    header = ["", "stored (× e^−m, stable)", "chapter (sums of e^logit)"]
+    header = ["running", "stored (× e^−m)", "chapter (Σ e^logit)"]
     # the table's own colours in every theme: plotly's light fills under a dark theme's light text
     # were unreadable (rgb(230,234,241) on rgb(235,240,248))
     fig.add_trace(go.Table(header=dict(values=header, align="left", font=dict(size=14, color=TABLE_TEXT),
                                        fill_color=TABLE_HEAD),
                            cells=dict(values=rows(0), align="left", font=dict(size=14, color=TABLE_TEXT),
-                                      fill_color=TABLE_CELL, height=26)), row=2, col=1)
+                                      fill_color=TABLE_CELL, height=26), columnwidth=[0.8, 1, 1]), row=2, col=1)
     fig.update_yaxes(range=[0, top], row=1, col=1)
     fig.update_xaxes(range=[-0.5, len(x) - 0.5], dtick=1 if len(x) <= 32 else None, row=1, col=1)
     fig.frames = [go.Frame(name=str(k), traces=[0, 1, 3, 4], data=[
         go.Scatter(**read(k)), go.Scatter(**current(k)), go.Scatter(text=[story(k)]),
         go.Table(cells=dict(values=rows(k)))]) for k in range(len(shown) + 1)]
-    base_layout(fig, height=520)
-    fig.update_layout(margin=dict(l=10, r=10, t=40, b=80))
+    base_layout(fig, height=520 + CONTROLS_PX)
+    fig.update_layout(margin=dict(l=10, r=10, t=40, b=20 + CONTROLS_PX + 24))
     return play_controls(fig, [str(k) for k in range(len(shown) + 1)], label="tiles read: ", base_fps=1.0,
-                         y=-0.04)
+                         below_px=20)

@@ -106,13 +106,18 @@ def captured_tiles_figure(rows: list[dict]) -> go.Figure:
     for r in rows:
         for i, (m, l) in enumerate(zip(r["m"], r["l"])):
             by_row.setdefault(i, []).append((r["kv_tile"], m, m + math.log(l) if l > 0 else float("nan")))
-    for i, pts in sorted(by_row.items())[:16]:
+    drawn = sorted(by_row.items())[:16]
+    # one colour per query row, the same in both panels and the legend (the default colour cycle
+    # gave a row's two traces different colours and repeated every 5 rows), ordered like the rows
+    from plotly.colors import sample_colorscale
+    colors = sample_colorscale("Viridis", [k / max(len(drawn) - 1, 1) * 0.9 for k in range(len(drawn))])
+    for (i, pts), color in zip(drawn, colors):
         pts.sort()
         x = [p[0] for p in pts]
-        fig.add_trace(go.Scatter(x=x, y=[p[1] for p in pts], mode="lines+markers", name=f"row {i}",
-                                 legendgroup=str(i)), row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=[p[2] for p in pts], mode="lines+markers", name=f"row {i}",
-                                 legendgroup=str(i), showlegend=False), row=1, col=2)
+        style = dict(mode="lines+markers", name=f"row {i}", legendgroup=str(i), line=dict(color=color),
+                     marker=dict(color=color))
+        fig.add_trace(go.Scatter(x=x, y=[p[1] for p in pts], **style), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=[p[2] for p in pts], showlegend=False, **style), row=1, col=2)
     fig.update_xaxes(title_text="key tile", dtick=1)
     title = None
     if first is not None:

@@ -6,7 +6,10 @@ from plotly.subplots import make_subplots
 
 from core.figures import PALETTE, base_layout, log_ticks
 
-PANELS = (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)"), ("e2e_ms", "E2E (ms)"), (None, "tokens / s"))
+# each panel's title says what its line styles mean (dashes are p50 in three panels, goodput in the
+# fourth), so the legend needs only the policies' colours
+PANELS = (("ttft_ms", "TTFT (ms)<br>solid p99 · dashed p50"), ("tpot_ms", "TPOT (ms)<br>solid p99 · dashed p50"),
+          ("e2e_ms", "E2E (ms)<br>solid p99 · dashed p50"), (None, "tokens / s<br>solid output · dashed goodput"))
 
 
 MEASURED = ("#222222", "#8C564B", "#17BECF", "#7F7F7F")
@@ -21,7 +24,7 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured
     key = "rate" if first and first["kind"] == "open" else "concurrency"
     # at most ~24 characters a line: the two bottom panels' axis titles side by side fit a phone's width
     xlabel = "offered load<br>(requests / s, Poisson)" if key == "rate" else "clients in a closed loop"
-    fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in PANELS], vertical_spacing=0.16,
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in PANELS], vertical_spacing=0.2,
                         horizontal_spacing=0.08)
     for i, (label, res) in enumerate(results.items()):
         color = PALETTE[i % len(PALETTE)]
@@ -37,8 +40,8 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured
                 series = [("p99", [p[metric]["p99"] for p in pts], "solid"),
                           ("p50", [p[metric]["p50"] for p in pts], "dash")]
             for name, y, dash in series:
-                fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=f"{label} {name}",
-                                         legendgroup=label, showlegend=k in (0, 3),
+                fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=label,
+                                         legendgroup=label, showlegend=k == 0 and name == "p99",
                                          line=dict(color=color, dash=dash), marker=dict(size=5),
                                          hovertemplate=f"{label} {name}<br>{key} %{{x:g}}: %{{y:,.3f}}<extra></extra>"),
                               row=row, col=col)
@@ -80,4 +83,10 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured
             axis = "y" if k == 0 else f"y{k + 1}"
             ys = [v for tr in fig.data if (tr.yaxis or "y") == axis for v in (tr.y if tr.y is not None else ())]
             fig.update_yaxes(type="log", row=row, col=col, **log_ticks(ys))
-    return base_layout(fig, None, height=620)     # the legend below the panels (subplot titles above)
+    base_layout(fig, None, height=620)
+    # one entry per policy (and measured run), at the top: above the fold at 1280x800, beside the
+    # panels' titles that say what solid and dashed mean
+    fig.update_layout(legend=dict(orientation="h", xref="paper", x=0, xanchor="left", yref="container", y=1,
+                                  yanchor="top"), margin=dict(t=100))    # room for a legend of two rows
+    fig.update_annotations(font_size=12)
+    return fig

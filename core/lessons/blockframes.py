@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.analysis.occupancy import Occupancy, block_states
+from core.analysis.occupancy import Occupancy, block_states, drawn_blocks
 
 MAX_FRAMES = 240
 MAX_ROWS = 24            # requests drawn (those that hold blocks first)
@@ -88,7 +88,7 @@ def paging_frames(trace, block_size: int, max_frames: int = MAX_FRAMES, max_rows
                 block[f, row_of[r], lg] = p
                 fill[f, row_of[r], lg] = min(max(int(stored[r]) - lg * block_size, 0), block_size)
 
-    nb = min(MAX_PHYSICAL, int(kv["block"].max()) + 1)
+    nb = min(MAX_PHYSICAL, drawn_blocks(trace))
     occ = block_states(trace, times_ms=times, num_blocks=nb)
     texts = [_story(steps[f], times[f], stories[f], ids, by_step.get(steps[f])) for f in range(F)]
     return PagingFrames(times, steps, rows, block, fill, occ, texts, block_size, total,
