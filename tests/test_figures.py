@@ -215,3 +215,13 @@ def test_the_tile_walk_animation_reads_the_chapters_numbers_in_both_conventions(
     assert list(fig.frames[1].data[1].x)[:2] == [-0.5, 1.5]         # the band over the tile being read: keys 0-1
     assert list(fig.frames[2].data[0].x)[:2] == [-0.5, 1.5]         # ... which is read by the next frame
     assert "m -inf → 1.386" in fig.frames[1].data[2].text[0]
+
+
+def test_timeline_draws_dense_token_ticks_small_instead_of_hiding_them():
+    """Issue 28 item 11: 64 requests x 64 tokens (vLLM's burst run) hid every tick; past 25 a row
+    they are small dots (a density; separate when zoomed), up to the marker limit."""
+    w = make_workload([(i, 0, 4, 64) for i in range(64)])
+    fig = schedule_timeline([("sim", simulate(w, SchedulerConfig("continuous")))])
+    ticks = [t for t in fig.data if t.type == "scatter"]
+    assert ticks and sum(len(t.x) for t in ticks) == 64 * 64
+    assert ticks[0].marker.size < 12 and "zoom in" in fig.layout.title.text

@@ -279,3 +279,54 @@ def test_tile_event_groups():
     groups = tile_event_groups(rows)
     assert list(groups) == [(0, 1, 2), (1, 0, 0)]
     assert [r["kv_tile"] for r in groups[(0, 1, 2)]] == [0, 1]
+
+
+def _fragment_globals_reassigned(source: str) -> list[tuple[str, str]]:
+    """(fragment, name) for each module-level name a @st.fragment function reads that the page
+    assigns again at module level after the fragment's definition: a fragment rerun runs after
+    the whole script, so it sees that later value, not the one above it."""
+    import ast
+    tree = ast.parse(source)
+    stores: list[tuple[int, str]] = []      # (line, name) of module-level assignments to a bare name
+
+    def names(target):
+        if isinstance(target, ast.Name):
+            yield target.id
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for t in target.elts:
+                yield from names(t)
+
+    def visit(body):
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    stores.extend((node.lineno, n) for n in names(t))
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    visit(inner)
+    visit(tree.body)
+    bad = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, ast.FunctionDef) and any("fragment" in ast.unparse(d) for d in fn.decorator_list):
+            local = {a.arg for a in fn.args.args} | {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
+                                                     and isinstance(n.ctx, ast.Store)}
+            reads = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            later = {n for line, n in stores if line > fn.end_lineno}
+            bad += [(fn.name, name) for name in sorted((reads - local) & later)]
+    return bad
+
+
+def test_fragments_read_no_module_name_the_page_reassigns():
+    """Issue 28 item 11: the replay page's cursor fragment read `big` (more than 150 requests:
+    show a subset), which the fidelity section below reassigned (more than 2,000): on every cursor
+    move the fragment drew all 500 requests and re-sent the large charts (0.8 s a move; 0.2 s once
+    fixed). Every page's fragments read only names assigned once."""
+    from tests.conftest import ROOT
+    found = {p.name: _fragment_globals_reassigned(p.read_text()) for p in (ROOT / "pages").glob("*.py")}
+    assert not {k: v for k, v in found.items() if v}, found
+    # and the rule sees what it forbids
+    assert _fragment_globals_reassigned("import streamlit as st\nbig = 1\n@st.fragment\ndef f():\n    return big\n"
+                                        "big = 2\n") == [("f", "big")]

@@ -107,8 +107,10 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=spacing,
                         row_heights=heights, subplot_titles=[f"{label} [{tr.source}]" for label, tr in schedules])
     total_tokens = sum(len(tr.tokens) for _, tr in schedules)
-    # Ticks help while they are sparse; dense ones would only hide the bars.
-    draw_markers = total_tokens <= max_token_markers and total_tokens <= 25 * sum(heights)
+    # Ticks help while they are sparse; dense ones would hide the bars, so past 25 a row they are
+    # drawn as small dots: a density at full view, separate ticks when zoomed in
+    draw_markers = total_tokens <= max_token_markers
+    dense = total_tokens > 25 * sum(heights)
     shown = set()
     for k, (_, tr) in enumerate(schedules, start=1):
         ids = np.array(tr.ids, dtype=object)
@@ -142,7 +144,8 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
             color = ORIGIN_COLORS.get(tr.source, "#333")
             fig.add_trace(go.Scatter(x=t, y=ids[r], mode="markers", name=f"token ({tr.source})",
                                      legendgroup=f"tok-{tr.source}", showlegend=legend(f"tok-{tr.source}"),
-                                     marker=dict(symbol="line-ns-open", size=12, color=color, line_width=2),
+                                     marker=dict(symbol="line-ns-open", size=5 if dense else 12, color=color,
+                                                 line_width=1 if dense else 2, opacity=0.55 if dense else 1.0),
                                      customdata=custom,
                                      hovertemplate="%{y} token %{customdata[0]} at %{x:.3f} ms"
                                                    "<br>gap %{customdata[1]:.3f} ms<extra></extra>"),
@@ -159,8 +162,10 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
         fig.update_yaxes(autorange="reversed", type="category", row=k, col=1)
     fig.update_layout(barmode="overlay", bargap=0.35)
     fig.update_xaxes(title_text="time (ms)", row=rows, col=1)
-    title = "Request timelines" + ("" if draw_markers else
-                                   f" (token ticks hidden: {total_tokens:,} tokens are too dense to show)")
+    title = "Request timelines" + ("" if draw_markers and not dense else
+                                   f" (token ticks drawn small: {total_tokens:,} tokens; zoom in to separate them)"
+                                   if draw_markers else
+                                   f" (token ticks hidden: {total_tokens:,} tokens, more than {max_token_markers:,})")
     if per_row < 12:
         fig.update_yaxes(showticklabels=False)
     return base_layout(fig, title, height=height)
