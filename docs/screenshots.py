@@ -9,7 +9,7 @@ the Schedules page on the built-in "Poisson 10000" scenario (its preset in the l
 Trace replay page on a 10,000-request trace simulated here, into a temporary directory, with
 `python -m core simulate` from the same workload. For the classroom: the three animations
 paused mid-play (seats of static vs continuous batching on Burst 5, PagedAttention blocks
-filling, the tile walk), a page in the dark theme, and one in presentation mode. And a real vLLM
+filling, the tile walk), every page in the dark theme, and one in presentation mode. And a real vLLM
 from inside: its prefix cache over time beside the simulator's (KV page), and the merged vLLM
 run on the replay page (its prefix cache, each request's phases, its logged steps).
 """
@@ -77,8 +77,9 @@ ANIMATIONS = [("anim_slots", "schedules?sc=Burst+5&pol=static&pol=continuous&ms=
                "▶ 4×", 1.6),
               ("anim_paging", "kv", "▶ 4×", 6.0),
               ("anim_tiles", "tiles", "▶ 1×", 1.2)]
-DARK = [("schedules_dark", "schedules?sc=Burst+5&pol=static&pol=continuous&ms=3&s_kind=constant&s_step=1"),
-        ("kv_dark", "kv")]
+# every page in the dark theme too (1280x800, at its first chart); schedules on Burst 5's seats
+DARK = [(f"{name}_dark", "schedules?sc=Burst+5&pol=static&pol=continuous&ms=3&s_kind=constant&s_step=1"
+         if name == "schedules" else path) for name, path in PAGES]
 PRESENTING = [("tiles_presentation", "tiles?present=True")]
 
 
@@ -151,7 +152,8 @@ def main(only: set[str] = frozenset()):
             for name, path in DARK:
                 if wanted(name):
                     settle(dark, path, url)
-                    scroll_to(dark, ".js-plotly-plot", below_px=-60)
+                    if name != "home_dark":           # home has no chart: its top
+                        scroll_to(dark, ".js-plotly-plot", below_px=-60)
                     shoot(dark, name)
             browser.close()
 

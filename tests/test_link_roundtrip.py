@@ -2,7 +2,8 @@
 every page) is set through the real UI in headless Chromium to a value other than its default; the
 address the app then shows (page.url) is opened in a fresh browser context (no cookies, storage,
 cache or session shared) and every one of those widgets must show the value that was set, with no
-exception and no notice that a link value was invalid. Query parameters that are not widgets
+exception and no notice that a link value was invalid, and the view must show the same numbers
+(its text, metrics, and its figures' titles and annotations) as before the reload. Query parameters that are not widgets
 (the speculative page's sp_pq, the custom workload's wl) are not in URL_KEYS and not covered here."""
 import math
 import re
@@ -282,6 +283,19 @@ def same(a, b):
     return a == b
 
 
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def numbers_shown(page) -> list[str]:
+    """Every number the view shows: in the main block's text (metrics, captions, markdown, table
+    headers drawn as HTML) and in its figures' titles and annotations (drawn in SVG), in order."""
+    text = page.evaluate("""() => {
+      const main = document.querySelector("[data-testid='stMainBlockContainer']") || document.body;
+      const svg = [...main.querySelectorAll('.gtitle, .annotation-text')].map(t => t.textContent);
+      return main.innerText + '\\n' + svg.join('\\n'); }""")
+    return NUMBER.findall(text)
+
+
 def page_problems(page) -> list[str]:
     out = [f"exception: {e.inner_text()[:300]}" for e in page.locator("[data-testid='stException']").all()]
     out += [f"link notice: {a.inner_text()[:300]}" for a in page.locator("[data-testid='stAlert']").all()
@@ -328,6 +342,7 @@ def roundtrip(browser, user, server, case: Case):
         assert not changed, f"a later step changed these widgets (wanted, shown): {changed}"
         assert page_problems(page) == [], page_problems(page)
         link = page.url
+        before_numbers = numbers_shown(page)
     finally:
         page.close()
     query = parse_qs(urlsplit(link).query)
@@ -339,6 +354,14 @@ def roundtrip(browser, user, server, case: Case):
         page = open_page(fresh, link, drawn=True)
         after = {s.key: read_widget(page, s) for s in case.steps}
         wrong = {k: (shown[k], after[k]) for k in shown if not same(after[k], shown[k])}
+        # and the view shows the same numbers (issue 28: a widget restored but a number different
+        # would be a link that does not reproduce what was shared)
+        numbers = numbers_shown(page)
+        playing = any(s.key == "rp_play" and s.value for s in case.steps)     # Play moves the view on its own
+        if numbers != before_numbers and not playing:
+            import difflib
+            diff = [d for d in difflib.ndiff(before_numbers, numbers) if d[:1] in "+-"][:20]
+            wrong["displayed numbers"] = (f"{len(before_numbers)} numbers", f"{len(numbers)}; changed: {diff}")
         return link, wrong, page_problems(page)
     finally:
         fresh.close()
