@@ -58,7 +58,8 @@ OVERFLOW_JS = r"""
 """
 
 # Per visible Plotly chart: every legend box against the figure title and every annotation
-# (subplot titles are annotations), as [chart title, legend item texts, overlapped text].
+# (subplot titles are annotations), as [chart title, legend item texts, overlapped text]; subplot
+# titles against tick labels; an animation's play buttons against its slider.
 LEGEND_JS = r"""
 () => {
   const visible = (root, sel) => [...root.querySelectorAll(sel)]
@@ -76,6 +77,14 @@ LEGEND_JS = r"""
       for (const [e, r] of texts)
         if (meet(lr, r)) hits.push([title, [...legend.querySelectorAll(".legendtext")].map(t => t.textContent)
                                               .slice(0, 4).join(", "), e.textContent]);
+    // a subplot title on the tick labels of the panel above it
+    for (const [a, ar] of visible(chart, ".annotation-text"))
+      for (const [t, tr] of visible(chart, ".xtick text, .ytick text"))
+        if (meet(ar, tr)) hits.push([title, "subplot title over tick labels", a.textContent + " / " + t.textContent]);
+    // an animation's play buttons on its slider
+    for (const [b, br] of visible(chart, ".updatemenu-button"))
+      for (const [sl, sr] of visible(chart, ".slider-rail-rect, .slider-grip-rect, .slider-label"))
+        if (meet(br, sr)) hits.push([title, "play controls over the slider", b.textContent]);
   }
   return {charts, hits};
 }

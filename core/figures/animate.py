@@ -77,10 +77,11 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "l
     titles = [wrap_title(f"{label}: {g.total_steps} steps, {g.idle_fraction():.0%} of seat-steps idle"
                          + (f" (first {len(g.steps)} shown)" if g.truncated else ""), 32) for label, g, _ in grids]
     lines = max(t.count("<br>") + 1 for t in titles)
-    height = int(min(1100, 250 + sum(34 * g.seats + 40 for _, g, _ in grids) + (rows - 1) * (40 + 18 * lines)))
+    # a title line is ~21 px (Streamlit draws subplot titles at 16 px); the tick labels above it ~24 px
+    height = int(min(1100, 250 + sum(34 * g.seats + 40 for _, g, _ in grids) + (rows - 1) * (34 + 22 * lines)))
     plot_px = height - 52 - (50 + CONTROLS_PX + 24)
     # between panels: the panel above's tick labels (~22 px) and this panel's title lines, in pixels
-    gap = (26 + 18 * lines) / plot_px if rows > 1 else 0.0
+    gap = (34 + 22 * lines) / plot_px if rows > 1 else 0.0
     fig = make_subplots(rows=rows, cols=1, vertical_spacing=min(gap, 0.8 / max(rows - 1, 1)),
                         row_heights=[h / sum(heights) for h in heights], subplot_titles=titles)
     labelled = longest <= 60            # the same for every panel: cells narrower than a label go without
