@@ -22,6 +22,25 @@ from core.errors import MAX_DECOMPRESSED_BYTES, InputError, TraceError
 from core.sim.stepmodel import StepModel
 from core.trace import save_trace
 
+OUT_OF_CORE_ROWS = 20_000_000  # a Parquet trace larger than this is summarised out of core (DuckDB) by default
+
+
+def _metrics_out_of_core(a, rows) -> int:
+    from core.analysis.outofcore import summarize_parquet
+    if a.run not in (None, 0):
+        raise InputError(f"--run: {a.trace} holds one run (0), got {a.run}")
+    if rows is None:
+        raise InputError(f"{a.trace}: --out-of-core reads Parquet traces (a .parquet file or a directory of parts)")
+    if not a.out_of_core:
+        print(f"note: {rows:,} rows: summarised out of core (DuckDB over the Parquet file, no per-request rows; "
+              "--out-of-core always does this)", file=sys.stderr)
+    out = summarize_parquet(a.trace, window=a.window, usd_per_hour=a.usd_per_hour, slo=slo_from_args(a))
+    if a.json:
+        print(json.dumps(out, allow_nan=False))
+        return 0
+    _print_metrics(a, {**out, "requests": []})
+    return 0
+
 
 def slo_from_args(a):
     from core.analysis.metrics import SLO
@@ -54,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--usd-per-hour", type=_nonneg_float, help="flat resource tariff for cost figures")
     add_slo_flags(m)
     m.add_argument("--json", action="store_true", help="print one JSON object")
+    m.add_argument("--out-of-core", action="store_true",
+                   help="a Parquet trace (file or directory of parts): compute the summary where the data lives "
+                        "(DuckDB, bounded memory; no per-request rows), as a trace of more than "
+                        f"{OUT_OF_CORE_ROWS:,} rows is by default (core/analysis/outofcore.py)")
 
     w = sub.add_parser("sweep", help="simulate a workload at several offered loads; latency, throughput, SLOs")
     w.add_argument("workload", help="workload file (its requests' lengths and order are kept; arrivals are not)")
@@ -264,9 +287,23 @@ def _read(path):
     return open_trace(path)
 
 
+def _parquet_rows(path) -> int | None:
+    """Rows of a Parquet trace (file or directory of parts) from its footers, None for other files."""
+    import pyarrow.parquet as pq
+    p = Path(path)
+    files = sorted(p.glob("*.parquet")) if p.is_dir() else [p] if p.suffix == ".parquet" and p.is_file() else []
+    try:
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in files) if files else None
+    except Exception:       # not Parquet after all: the ordinary reader says what is wrong
+        return None
+
+
 def cmd_metrics(a) -> int:
     from core.analysis.metrics import summarize
     from core.trace import Imported
+    rows = _parquet_rows(a.trace)
+    if a.out_of_core or (rows is not None and rows > OUT_OF_CORE_ROWS):
+        return _metrics_out_of_core(a, rows)
     got = _read(a.trace)
     imp = got if isinstance(got, Imported) else None
     if imp and imp.runs and a.run is not None:
