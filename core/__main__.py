@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -97,6 +98,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SLO attainment the capacity point must reach (default 0.9)")
     w.add_argument("--workers", type=_positive_int, help="processes to run points in (default: one per CPU)")
     w.add_argument("--json", action="store_true", help="print one JSON object")
+
+    q = sub.add_parser("search", help="capacity search: every scheduler configuration of a grid at one offered "
+                                      "load; the cheapest that meets the SLOs (core/sim/search.py)")
+    q.add_argument("workload", help="workload file (its requests' lengths and order are kept; arrivals are not)")
+    q.add_argument("--rate", type=_rate, required=True, help="offered load: Poisson arrivals at this rate (req/s)")
+    q.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the Poisson arrivals (default 0)")
+    q.add_argument("--grid", nargs="+", required=True, metavar="NAME=V1,V2",
+                   help="options to search and their values, e.g. max_seqs=8,16,32 chunk=256,512 kv_blocks=2000,4000 "
+                        "token_budget=2048,8192 (the other options: the flags below)")
+    add_flags(q, SchedulerConfig)
+    add_flags(q, StepModel)
+    _model_file_flag(q)
+    add_slo_flags(q)
+    q.add_argument("--attainment", type=_positive_float, default=0.9,
+                   help="SLO attainment a configuration must reach (default 0.9)")
+    q.add_argument("--usd-per-hour", type=_nonneg_float, help="price of the machine: cost per 1,000 good tokens")
+    q.add_argument("--no-prune", action="store_true",
+                   help="simulate every configuration in full (default: stop one whose first quarter already "
+                        "misses the SLOs too often)")
+    q.add_argument("--workers", type=_positive_int, help="processes to run configurations in (default: one per CPU)")
+    q.add_argument("--json", action="store_true", help="print one JSON object")
 
     f = sub.add_parser("fit", help="fit a step model to a trace's step events (or, --from-requests, to its "
                                    "per-request TTFT and E2E); write it as a model file")
@@ -467,6 +489,45 @@ def cmd_sweep(a) -> int:
     return 0
 
 
+def cmd_search(a) -> int:
+    from core.sim.search import describe, parse_grid, search
+    from core.workload import load_workload
+    grid = parse_grid(a.grid)
+    w = load_workload(a.workload)
+    sm, _ = _step_model(a)
+    out = search(w, from_args(SchedulerConfig, a), sm, grid, a.rate, slo_from_args(a), target=a.attainment,
+                 seed=a.seed, usd_per_hour=a.usd_per_hour, prune=not a.no_prune, workers=a.workers)
+    if a.json:
+        print(json.dumps(out, allow_nan=False))
+        return 0
+    print(f"{a.workload}: {len(w)} requests at {a.rate:g} req/s (Poisson, seed {a.seed}); simulated, step model "
+          f"{sm.describe()}; {len(out['points'])} configurations, {out['simulated']} simulated in full, "
+          f"{out['pruned']} stopped early")
+    cost = a.usd_per_hour is not None
+    print(f"{'configuration':>44} {'SLO met':>8} {'goodput tok/s':>13} {'TTFT p99':>9} {'TPOT p99':>9}"
+          + (f" {'USD/1k good':>11}" if cost else ""))
+    for p in out["points"]:
+        name = describe(p["config"])
+        if "invalid" in p:
+            print(f"{name:>44} invalid: {p['invalid']}")
+        elif p.get("pruned"):
+            print(f"{name:>44} {'<=' + format(p['attainment_at_most'], '.3f'):>8} stopped: {p['prefix_misses']} of "
+                  f"the first {p['prefix_requests']} requests missed")
+        else:
+            print(f"{name:>44} {_fmt(p['slo']['attainment']):>8} {_fmt(p['slo']['goodput_tok_per_s']):>13} "
+                  f"{_fmt(p['ttft_ms']['p99']):>9} {_fmt(p['tpot_ms']['p99']):>9}"
+                  + (f" {p['cost_per_1k_good_tokens_usd'] or math.nan:>11.4g}" if cost else ""))
+    b = out["best"]
+    if b is None:
+        print(f"best: no configuration reaches SLO attainment {a.attainment:g} at {a.rate:g} req/s")
+    else:
+        print(f"best: {describe(b['config'])} (SLO met {b['slo']['attainment']:.3f}, goodput "
+              f"{b['slo']['goodput_tok_per_s']:,.1f} tok/s" + (f", USD {b['cost_per_1k_good_tokens_usd']:.6f} per "
+                                                             "1,000 good tokens" if cost and
+                                                             b['cost_per_1k_good_tokens_usd'] else "") + ")")
+    return 0
+
+
 def cmd_export(a) -> int:
     from core.analysis.export import chrome_trace_json, metrics_csv
     from core.trace import Imported
@@ -516,6 +577,7 @@ def cmd_merge(a) -> int:
 def main(argv=None) -> int:
     from core.cli import run
     return run(build_parser(), {"simulate": cmd_simulate, "metrics": cmd_metrics, "sweep": cmd_sweep,
+                                "search": cmd_search,
                                        "fit": cmd_fit, "export": cmd_export, "merge": cmd_merge}, argv)
 
 

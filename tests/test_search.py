@@ -1,0 +1,114 @@
+"""The capacity search (core.sim.search, issue 29 part 3): its answer and every point against a
+brute-force run of every configuration made here with the simulator and the metric definitions,
+early stopping that never drops a configuration that would have met the target, the grid's
+refusals, and the command line."""
+import json
+
+import numpy as np
+import pytest
+
+from core.__main__ import main
+from core.analysis.metrics import SLO, request_metrics, slo_check
+from core.config import SchedulerConfig
+from core.errors import ConfigError
+from core.sim.search import configurations, parse_grid, search
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
+from core.sim.sweep import point_summary, retimed
+from core.workload import Request, Workload
+
+SM = StepModel("affine", base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.4)
+SLO_ = SLO(ttft_ms=400.0, tpot_ms=12.0)
+
+
+def workload(n=240, seed=3):
+    rng = np.random.default_rng(seed)
+    return Workload([Request(f"r{i}", 0.0, int(rng.integers(32, 1200)), int(rng.integers(8, 120)))
+                     for i in range(n)], name="mixed")
+
+
+def brute_force(w, base, grid, rate, target, usd):
+    """Every configuration in full, the winner chosen by the documented rule, made here."""
+    rows = []
+    for point, cfg in configurations(base, grid):
+        try:
+            tr = simulate(retimed(w, rate, 0), cfg, SM, record_kv=False)
+        except ConfigError as e:
+            rows.append({"config": point, "invalid": str(e), "attainment": -1.0})
+            continue
+        met, _ = slo_check(request_metrics(tr), SLO_)
+        p = point_summary(tr, SLO_)
+        good = p["slo"]["goodput_tok_per_s"]
+        rows.append({"config": point, "attainment": float(met.mean()), "goodput": good,
+                     "cost": usd / 3600 / good * 1000 if good else None})
+    ok = [(i, r) for i, r in enumerate(rows) if r["attainment"] >= target]
+    best = min(ok, key=lambda ir: (ir[1]["cost"], ir[1]["config"].get("kv_blocks") or 0,
+                                   ir[1]["config"].get("max_seqs") or 0, ir[0]))[1] if ok else None
+    return rows, best
+
+
+@pytest.mark.parametrize("rate,target", [(8.0, 0.9), (12.0, 0.8), (40.0, 0.9)])
+def test_the_search_answers_as_a_brute_force_run_of_every_configuration(rate, target):
+    w = workload()
+    base = SchedulerConfig("continuous", block_size=16)
+    # budget 512 without chunking cannot run the 1,000-token prompts: those points are invalid, said why
+    grid = {"max_seqs": [1, 4, 16, 64], "token_budget": [512, 4096], "chunk": [None, 256], "kv_blocks": [600, 6000]}
+    got = search(w, base, SM, grid, rate, SLO_, target=target, usd_per_hour=4.0, workers=1)
+    rows, best = brute_force(w, base, grid, rate, target, 4.0)
+    assert len(got["points"]) == len(rows) == 32
+    assert any("invalid" in p for p in got["points"]) and got["pruned"] > 0    # one seat: hopeless early
+    assert (got["best"] is None) == (rate == 40.0)
+    for p, r in zip(got["points"], rows):
+        assert p["config"] == r["config"]
+        if "invalid" in r:
+            assert p["invalid"] == r["invalid"]
+        elif p.get("pruned"):            # stopped early: it would indeed have missed the target
+            assert r["attainment"] < target and p["attainment_at_most"] >= r["attainment"] - 1e-12, (p, r)
+        else:
+            assert p["slo"]["attainment"] == pytest.approx(r["attainment"], abs=1e-12)
+            assert p["meets"] == (r["attainment"] >= target)
+    assert (got["best"] or {}).get("config") == (best or {}).get("config")
+    # the same answer without early stopping
+    full = search(w, base, SM, grid, rate, SLO_, target=target, usd_per_hour=4.0, prune=False, workers=1)
+    assert full["pruned"] == 0 and (full["best"] or {}).get("config") == (best or {}).get("config")
+
+
+def test_some_configurations_stop_early_and_the_answer_holds():
+    w = workload()
+    got = search(w, SchedulerConfig("continuous"), SM, {"max_seqs": [1, 2, 64]}, 30.0, SLO_, target=0.9,
+                 workers=1)
+    assert got["pruned"] >= 1 and got["simulated"] + got["pruned"] == 3
+
+
+def test_the_grid_is_read_and_refused_with_the_option_named():
+    assert parse_grid(["max_seqs=8,16", "chunk=256", "prefix_caching=true,false", "kv_blocks=none,4000"]) == \
+        {"max_seqs": [8, 16], "chunk": [256], "prefix_caching": [True, False], "kv_blocks": [None, 4000]}
+    for bad, said in ((["max_seq=8"], "unknown option 'max_seq'"), (["max_seqs"], "NAME=V1"),
+                      (["max_seqs=8,x"], "max_seqs: expected an integer"), (["max_seqs=8,8"], "listed twice"),
+                      (["max_seqs=8", "max_seqs=16"], "given twice"), (["max_seqs=8,"], "empty value"),
+                      ([f"max_seqs={','.join(map(str, range(1, 100)))}", f"chunk={','.join(map(str, range(1, 100)))}"],
+                       "at most 4,096")):
+        with pytest.raises(ConfigError, match=said):
+            parse_grid(bad)
+    with pytest.raises(ConfigError, match="at least one SLO"):
+        search(workload(20), SchedulerConfig(), SM, {"max_seqs": [2]}, 5.0, SLO())
+
+
+def test_the_command_line_prints_every_point_and_the_best(tmp_path, capsys):
+    w = tmp_path / "w.json"
+    w.write_text(json.dumps({"requests": [{"id": f"r{i}", "arrival_ms": 0, "prompt_tokens": 64 + i,
+                                           "max_output_tokens": 16} for i in range(60)]}))
+    args = ["search", str(w), "--rate", "8", "--slo-ttft-ms", "400", "--grid", "max_seqs=2,16", "--step-model",
+            "affine", "--base-ms", "5", "--prefill-ms-per-token", "0.02", "--decode-ms-per-seq", "0.4",
+            "--usd-per-hour", "4", "--workers", "1"]
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [p["config"] for p in out["points"]] == [{"max_seqs": 2}, {"max_seqs": 16}]
+    meets = [p for p in out["points"] if p.get("meets")]
+    assert meets and out["best"] == min(meets, key=lambda p: (p["cost_per_1k_good_tokens_usd"],
+                                                              p["config"]["max_seqs"]))
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert f"best: max_seqs {out['best']['config']['max_seqs']}" in text and "USD" in text
+    assert main(["search", str(w), "--rate", "8", "--grid", "bogus=1"]) == 2
+    assert "unknown option 'bogus'" in capsys.readouterr().err
