@@ -6,10 +6,11 @@ import streamlit as st
 from core.analysis.metrics import SLO
 from core.config import SchedulerConfig
 from core.errors import InputError
-from core.figures.load import load_curves
+from core.figures.load import load_curves, search_figure
 from core.lessons.load import exercise6, exercise6_preset, measured_point, parse_loads, sweep_policies
 from core.lessons.scenarios import DATA
-from core.lessons.schedules import POLICY_LABELS
+from core.lessons.schedules import POLICY_LABELS, policy_config
+from core.sim.search import describe, parse_grid, search
 from core.sim.stepmodel import StepModel
 from core.workload import load_workload
 from ui import (
@@ -38,6 +39,11 @@ def cached_sweeps(workload, policies: tuple, config, step_model, chunk, kind, lo
                           rates=list(loads) if kind == "open" else None,
                           concurrency=[int(x) for x in loads] if kind == "closed" else None,
                           seed=seed, slo=slo, attainment=att)
+
+
+@st.cache_resource(show_spinner="Searching the configurations…", max_entries=8, hash_funcs=HASH_FUNCS)
+def cached_search(workload, base_cfg, step_model, grid, rate, slo, att, seed, usd):
+    return search(workload, base_cfg, step_model, grid, rate, slo, target=att, seed=seed, usd_per_hour=usd)
 
 
 @st.cache_resource(show_spinner=False)
@@ -188,6 +194,60 @@ st.caption("Open loop: arrivals do not wait for the server, so past capacity the
            "without bound while throughput flattens. Closed loop: at most N requests are in the system, so "
            "latency stays bounded and throughput saturates; a burst of N requests is the start of a closed "
            "loop, not an arrival process. Compare sweeps of the same kind.")
+
+st.subheader("Capacity search: the cheapest configuration that meets the SLOs")
+st.caption("Every combination of the values below, on this page's workload arriving as one Poisson process at the "
+           "load given (arrival seed above), under the SLOs and attainment of the sidebar; each point's goodput "
+           "and cost per 1,000 good tokens, and the cheapest configuration that meets the SLOs "
+           "(core/sim/search.py; `python -m core search` runs the same from the command line). A configuration "
+           "whose first quarter of requests already misses the SLOs too often is stopped early.")
+s1, s2, s3 = st.columns(3)
+s_rate = s1.number_input("Offered load (req/s)", 0.1, 100_000.0, 20.0, **bound("ld_s_rate"))
+s_pol = s2.selectbox("Policy", list(POLICY_LABELS), index=list(POLICY_LABELS).index("chunked"), **bound("ld_s_pol"))
+usd = s3.number_input("USD per hour (0 = no price)", 0.0, 1e6, 4.0, **bound("ld_s_usd"))
+g1, g2, g3 = st.columns(3)
+g_ms = g1.text_input("max running sequences", "8,16,32,64", **bound("ld_s_ms"))
+g_tb = g2.text_input("token budgets per step", "2048,8192", **bound("ld_s_tb"))
+g_kb = g3.text_input("KV blocks (none = enough)", "none", **bound("ld_s_kb"))
+if st.toggle("Run the search", False, **bound("ld_s_run"),
+             help="each configuration is one simulation of the workload (seconds for a few dozen)"):
+    try:
+        if not slo.given():
+            raise InputError("the search needs at least one SLO bound (sidebar)")
+        grid = parse_grid([f"max_seqs={g_ms}", f"token_budget={g_tb}", f"kv_blocks={g_kb}"])
+        base_cfg = policy_config(s_pol, SchedulerConfig(block_size=config.block_size), int(chunk))
+        found = cached_search(workload, base_cfg, step_model, grid, float(s_rate), slo, float(att), int(seed),
+                              float(usd) or None)
+    except InputError as e:
+        st.error(f"Capacity search: {md(e)}")
+    else:
+        show_chart(search_figure(found["points"], priced=bool(usd)), key="ld_search")
+        b = found["best"]
+        if b is None:
+            st.warning(f"No configuration reaches SLO attainment {att:g} at {s_rate:g} req/s.")
+        else:
+            cfg = b["config"]
+            link = (f"schedules?pol={s_pol}&ms={cfg.get('max_seqs') or 0}&tb={cfg.get('token_budget') or 0}"
+                    f"&kb={cfg.get('kv_blocks') or 0}&ch={int(chunk)}&s_kind=affine&s_base={base:g}&s_pp={pp:g}"
+                    f"&s_pd={pdec:g}")
+            price = b["cost_per_1k_good_tokens_usd"]
+            st.success(f"Cheapest meeting the SLOs: **{md(describe(cfg))}** — SLO met {b['slo']['attainment']:.3f}, "
+                       f"goodput {b['slo']['goodput_tok_per_s']:,.1f} tok/s"
+                       + (f", USD {price:.4g} per 1,000 good tokens" if price else "") + ".")
+            st.markdown(f"[Open this configuration on the Schedules page](/{link}) (its policy, limits, chunk "
+                        "and step model; the Schedules page runs its own scenarios)")
+        st.caption(f":orange-badge[simulated] {found['simulated']} configurations simulated in full, "
+                   f"{found['pruned']} stopped early, "
+                   f"{sum('invalid' in p for p in found['points'])} invalid (listed with the reason).")
+        rows = [{"configuration": describe(p["config"]),
+                 "SLO met": p["slo"]["attainment"] if "slo" in p else None,
+                 "goodput tok/s": p["slo"]["goodput_tok_per_s"] if "slo" in p else None,
+                 "TTFT p99": p["ttft_ms"]["p99"] if "ttft_ms" in p else None,
+                 "USD per 1k good tokens": p.get("cost_per_1k_good_tokens_usd"),
+                 "note": p.get("invalid") or (f"stopped: {p['prefix_misses']} of the first {p['prefix_requests']} "
+                                              "missed" if p.get("pruned") else "")} for p in found["points"]]
+        with st.expander("Every configuration"):
+            show_table(pd.DataFrame(rows), hide_index=True, key="ld_search_table")
 
 st.subheader("Exercise 6: a hard TTFT bound is a gate")
 ex = exercise6_preset()

@@ -113,3 +113,34 @@ def test_a_sweep_directory_or_a_guidellm_file_brings_every_run_as_a_point():
         label = t["name"]
         want = 4 if "concurrency=4" in label or "@4" in label else 2 if "concurrency=2" in label or "@2" in label else 1
         assert arr(t["x"]) == [want]
+
+
+def test_the_capacity_search_section_answers_as_the_search_does():
+    """Issue 29 part 3: the Load page's search is core.sim.search on the page's workload, SLOs and
+    step model; its chart separates configurations that meet the SLOs from those that miss them,
+    and the winner's link opens the Schedules page with its configuration."""
+    from core.analysis.metrics import SLO
+    from core.config import SchedulerConfig
+    from core.lessons.schedules import policy_config
+    from core.sim.search import search
+    from core.sim.stepmodel import StepModel
+    from core.workload import load_workload
+    from tests.conftest import DATA
+    at = open_page("load", {"ld_s_run": "true", "ld_s_ms": "8,64", "ld_s_tb": "2048,8192", "ld_s_kb": "none",
+                            "ld_s_rate": "20", "ld_s_usd": "4"})
+    assert not at.exception and not at.error
+    want = search(load_workload(DATA / "workloads" / "poisson500_vidur.csv"),
+                  policy_config("chunked", SchedulerConfig(), 512),
+                  StepModel("affine", base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.05),
+                  {"max_seqs": [8, 64], "token_budget": [2048, 8192], "kv_blocks": [None]}, 20.0,
+                  SLO(ttft_ms=500.0, tpot_ms=50.0), target=0.9, seed=0, usd_per_hour=4.0, workers=1)
+    best = want["best"]["config"]
+    said = at.success[0].value
+    assert f"max\\_seqs {best['max_seqs']}, token\\_budget {best['token_budget']}" in said
+    (fig,) = [f for f in charts(at) if (f["layout"].get("title") or {}).get("text", "").startswith("Capacity search")]
+    names = {t["name"] for t in fig["data"]}
+    assert {"meets the SLOs", "misses them"} <= names
+    drawn = sum(len(t["x"]) for t in fig["data"] if t["name"] in ("meets the SLOs", "misses them"))
+    assert drawn == want["simulated"]
+    link = [m.value for m in at.markdown if "Schedules page" in m.value][0]
+    assert f"ms={best['max_seqs']}&tb={best['token_budget']}" in link and "pol=chunked" in link

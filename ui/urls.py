@@ -98,7 +98,13 @@ URL_KEYS: dict[str, UrlKey] = {
             ld_pd=("affine step model: ms per decoding sequence", "StepModel.decode_ms_per_seq"),
             ld_ttft="SLO: TTFT bound in ms, 0 = none", ld_tpot="SLO: TPOT bound in ms, 0 = none",
             ld_e2e="SLO: E2E bound in ms, 0 = none", ld_att="SLO attainment the capacity point must reach",
-            ld_pt="inspected point: policy", ld_px="inspected point: load"),
+            ld_pt="inspected point: policy", ld_px="inspected point: load",
+            ld_s_rate="capacity search: offered load, req/s", ld_s_pol="capacity search: policy",
+            ld_s_usd="capacity search: USD per hour, 0 = no price",
+            ld_s_ms="capacity search: max running sequences to try (comma-separated)",
+            ld_s_tb="capacity search: token budgets to try (comma-separated; none = no limit)",
+            ld_s_kb="capacity search: KV pools to try, in blocks (comma-separated; none = enough for all)",
+            ld_s_run="capacity search: run it"),
 }
 
 # Values of `sc`: label (as it appears in links) -> built-in scenario name.

@@ -1,6 +1,8 @@
 """Throughput-latency curves of load sweeps (core.sim.sweep), one color per policy."""
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -90,3 +92,41 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured
                                   yanchor="top"), margin=dict(t=100))    # room for a legend of two rows
     fig.update_annotations(font_size=12)
     return fig
+
+
+def search_figure(points: list[dict], priced: bool) -> go.Figure:
+    """A capacity search (core.sim.search) as a scatter: goodput (x) against cost per 1,000 good
+    tokens (y; without a price, TTFT p99), SLO met or not by colour and symbol, the Pareto front of
+    the configurations that meet the SLOs (no other one both cheaper and of more goodput) as a line.
+    Configurations stopped early or invalid are not drawn (the table lists them)."""
+    done = [p for p in points if "meets" in p and p["slo"]["goodput_tok_per_s"] is not None]
+    fig = go.Figure()
+
+    def y_of(p):
+        return p["cost_per_1k_good_tokens_usd"] if priced else p["ttft_ms"]["p99"]
+
+    for meets, name, color, symbol in ((True, "meets the SLOs", PALETTE[2], "circle"),
+                                       (False, "misses them", PALETTE[5], "x")):
+        part = [p for p in done if p["meets"] == meets and y_of(p) is not None]
+        fig.add_trace(go.Scatter(
+            x=[p["slo"]["goodput_tok_per_s"] for p in part], y=[y_of(p) for p in part], mode="markers", name=name,
+            marker=dict(color=color, symbol=symbol, size=10, line=dict(width=1)),
+            customdata=[[", ".join(f"{k} {v}" for k, v in p["config"].items()), p["slo"]["attainment"]]
+                        for p in part],
+            hovertemplate="%{customdata[0]}<br>goodput %{x:,.1f} tok/s<br>" +
+                          ("USD %{y:.4g} per 1,000 good tokens" if priced else "TTFT p99 %{y:,.1f} ms") +
+                          "<br>SLO met %{customdata[1]:.3f}<extra></extra>"))
+    ok = sorted((p for p in done if p["meets"] and y_of(p) is not None),
+                key=lambda p: (-p["slo"]["goodput_tok_per_s"], y_of(p)))
+    front, best_y = [], math.inf
+    for p in ok:                          # most goodput first: keep each that is cheaper than all before it
+        if y_of(p) < best_y:
+            front.append(p)
+            best_y = y_of(p)
+    if len(front) > 1:
+        fig.add_trace(go.Scatter(x=[p["slo"]["goodput_tok_per_s"] for p in front], y=[y_of(p) for p in front],
+                                 mode="lines", name="Pareto front", line=dict(color=PALETTE[2], dash="dot"),
+                                 hoverinfo="skip"))
+    fig.update_layout(xaxis_title="goodput (tok/s of requests that met every SLO)",
+                      yaxis_title="USD per 1,000 good tokens" if priced else "TTFT p99 (ms)")
+    return base_layout(fig, "Capacity search: every configuration at this load", height=420)

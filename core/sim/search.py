@@ -195,4 +195,5 @@ def best_of(points: list[dict], usd_per_hour: float | None) -> dict | None:
 
 
 def describe(config: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in config.items())
+    """A grid point in words ("max_seqs 16, kv_blocks none")."""
+    return ", ".join(f"{k} {'none' if v is None else v}" for k, v in config.items())
