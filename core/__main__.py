@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--attainment", type=_positive_float, default=0.9,
                    help="SLO attainment the capacity point must reach (default 0.9)")
     w.add_argument("--workers", type=_positive_int, help="processes to run points in (default: one per CPU)")
+    w.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run as Ray tasks: no address = a local Ray started for the call; auto or ray://HOST:PORT = "
+                        "an existing cluster (Ray is optional: docs/scale.md)")
     w.add_argument("--json", action="store_true", help="print one JSON object")
 
     q = sub.add_parser("search", help="capacity search: every scheduler configuration of a grid at one offered "
@@ -118,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulate every configuration in full (default: stop one whose first quarter already "
                         "misses the SLOs too often)")
     q.add_argument("--workers", type=_positive_int, help="processes to run configurations in (default: one per CPU)")
+    q.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run as Ray tasks: no address = a local Ray started for the call; auto or ray://HOST:PORT = "
+                        "an existing cluster (Ray is optional: docs/scale.md)")
     q.add_argument("--json", action="store_true", help="print one JSON object")
 
     f = sub.add_parser("fit", help="fit a step model to a trace's step events (or, --from-requests, to its "
@@ -453,7 +459,8 @@ def cmd_sweep(a) -> int:
     w = load_workload(a.workload)
     sm, _ = _step_model(a)
     out = sweep(w, from_args(SchedulerConfig, a), sm, rates=a.rates, concurrency=a.concurrency,
-                seed=a.seed, slo=slo_from_args(a), attainment=a.attainment, workers=a.workers, repeats=a.repeats)
+                seed=a.seed, slo=slo_from_args(a), attainment=a.attainment, workers=a.workers, repeats=a.repeats,
+                ray=a.ray)
     if a.json:
         print(json.dumps(out, allow_nan=False))
         return 0
@@ -496,7 +503,7 @@ def cmd_search(a) -> int:
     w = load_workload(a.workload)
     sm, _ = _step_model(a)
     out = search(w, from_args(SchedulerConfig, a), sm, grid, a.rate, slo_from_args(a), target=a.attainment,
-                 seed=a.seed, usd_per_hour=a.usd_per_hour, prune=not a.no_prune, workers=a.workers)
+                 seed=a.seed, usd_per_hour=a.usd_per_hour, prune=not a.no_prune, workers=a.workers, ray=a.ray)
     if a.json:
         print(json.dumps(out, allow_nan=False))
         return 0

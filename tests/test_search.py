@@ -112,3 +112,54 @@ def test_the_command_line_prints_every_point_and_the_best(tmp_path, capsys):
     assert f"best: max_seqs {out['best']['config']['max_seqs']}" in text and "USD" in text
     assert main(["search", str(w), "--rate", "8", "--grid", "bogus=1"]) == 2
     assert "unknown option 'bogus'" in capsys.readouterr().err
+
+
+def small_grid_workload():
+    rng = np.random.default_rng(5)
+    return Workload([Request(f"q{i}", 0.0, int(rng.integers(16, 400)), int(rng.integers(4, 40))) for i in range(60)],
+                    name="small")
+
+
+@pytest.mark.slow       # a local Ray starts in ~3 s
+def test_a_64_configuration_search_on_local_ray_equals_the_local_executor():
+    """Issue 29 part 2: the same search as Ray tasks on a local Ray of 2 workers gives the same
+    points and the same answer as the local executor."""
+    pytest.importorskip("ray")
+    grid = {"max_seqs": [1, 2, 8, 32], "token_budget": [256, 1024, 4096, None], "kv_blocks": [40, 200, 2000, None]}
+    kw = dict(target=0.9, usd_per_hour=2.0)
+    here = search(small_grid_workload(), SchedulerConfig("continuous", chunk=128), SM, grid, 10.0, SLO_, workers=1,
+                  **kw)
+    on_ray = search(small_grid_workload(), SchedulerConfig("continuous", chunk=128), SM, grid, 10.0, SLO_,
+                    workers=2, ray="local", **kw)
+    assert len(here["points"]) == 64
+    assert on_ray["points"] == here["points"] and on_ray["best"] == here["best"] and here["best"] is not None
+
+
+def test_ray_is_imported_only_when_asked_for(tmp_path):
+    """The CLI without --ray and the Load page's search never import Ray; asked for without Ray
+    installed, the search says how to get it."""
+    import subprocess
+    import sys
+    from tests.conftest import ROOT
+    code = ("import sys, json\n"
+            "from core.__main__ import main\n"
+            "w = sys.argv[1]\n"
+            "main(['search', w, '--rate', '8', '--slo-ttft-ms', '400', '--grid', 'max_seqs=2,16', '--json',"
+            " '--workers', '1'])\n"
+            "from tests.helpers import open_page\n"
+            "at = open_page('load', {'ld_s_run': 'true', 'ld_s_ms': '16', 'ld_s_tb': '8192', 'ld_s_kb': 'none'})\n"
+            "assert not at.exception\n"
+            "print('RAY IMPORTED' if 'ray' in sys.modules else 'NO RAY')\n")
+    w = tmp_path / "w.json"
+    w.write_text(json.dumps({"requests": [{"id": f"r{i}", "arrival_ms": 0, "prompt_tokens": 64,
+                                           "max_output_tokens": 8} for i in range(30)]}))
+    out = subprocess.run([sys.executable, "-c", code, str(w)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "NO RAY"
+
+
+def test_asking_for_ray_without_it_says_how_to_install_it(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "ray", None)          # "import ray" fails as if not installed
+    with pytest.raises(ConfigError, match="Ray is not installed.*pip install ray=="):
+        search(small_grid_workload(), SchedulerConfig(), SM, {"max_seqs": [2, 4]}, 5.0, SLO_, ray="local")

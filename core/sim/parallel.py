@@ -294,12 +294,16 @@ def warm() -> None:
                          daemon=True).start()
 
 
-def run_all(fn, jobs: list[dict], workers: int | None = None) -> list:
+def run_all(fn, jobs: list[dict], workers: int | None = None, ray: str | None = None) -> list:
     """[fn(**job) for job in jobs], in order: forked for this call into up to `workers`
     processes (default: one per CPU) when the caller runs one thread, else on the process's
     worker pool (core.sim.worker processes, one per CPU; `workers` does not apply); here, one after
     another, with one worker or job. A job whose worker dies runs here (see _Pool.map). `fn`
-    must be a module-level function. A job's exception is raised here."""
+    must be a module-level function. A job's exception is raised here. `ray`: run them as Ray
+    tasks instead (core.sim.rayrun: "local", "auto" or "ray://HOST:PORT")."""
+    if ray is not None:
+        from core.sim.rayrun import run_on_ray
+        return run_on_ray(fn, jobs, ray, workers)
     workers = min(workers or cpus(), cpus(), len(jobs))
     if workers <= 1:
         return [fn(**j) for j in jobs]
