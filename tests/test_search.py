@@ -140,6 +140,7 @@ def test_ray_is_imported_only_when_asked_for(tmp_path):
     installed, the search says how to get it."""
     import subprocess
     import sys
+
     from tests.conftest import ROOT
     code = ("import sys, json\n"
             "from core.__main__ import main\n"
