@@ -160,6 +160,6 @@ def compact_header() -> None:
     """Start the page content near the top and use the page's width: Streamlit's default leaves
     ~6 rem of empty space above every title (a tenth of a projector screen) and 5 rem either side
     (at 1280 px a fifth of the width beside the sidebar, where tables' columns scrolled out of
-    view). A fixed style sheet, no user input."""
-    st.html("<style>.stMainBlockContainer, .block-container {padding-top: 2.25rem; padding-left: 2rem; "
-            "padding-right: 2rem;}</style>")
+    view; a phone keeps Streamlit's own 1 rem). A fixed style sheet, no user input."""
+    st.html("<style>.stMainBlockContainer, .block-container {padding-top: 2.25rem;} @media (min-width: 640px) "
+            "{.stMainBlockContainer, .block-container {padding-left: 2rem; padding-right: 2rem;}}</style>")
