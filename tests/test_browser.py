@@ -178,9 +178,16 @@ def test_replay_step_buttons_move_the_cursor(server, page):
     expect(value).not_to_have_text(before)
     after = value.inner_text()
     assert float(after.replace(",", "")) > float(before.replace(",", ""))   # the next scheduler step
-    # the slider and the batch view show the same step (issue 28: the view moved, the slider did not)
-    title = next(x for x in page.locator(".gtitle").all_text_contents() if x.startswith("Step "))
-    shown_at = float(title.split(" at ")[1].split(" ms")[0].replace(",", ""))
+    # the slider and the batch view show the same step (issue 28: the view moved, the slider did not);
+    # the chart is redrawn a moment after the slider's label changes: wait for it (up to 15 s)
+    def batch_at():
+        title = next(x for x in page.locator(".gtitle").all_text_contents() if x.startswith("Step "))
+        return title, float(title.split(" at ")[1].split(" ms")[0].replace(",", ""))
+    for _ in range(60):
+        title, shown_at = batch_at()
+        if abs(shown_at - float(after.replace(",", ""))) < 1e-3:
+            break
+        page.wait_for_timeout(250)
     assert abs(shown_at - float(after.replace(",", ""))) < 1e-3, (title, after)
     page.get_by_role("button", name="◀ step").click()
     wait_idle(page)
