@@ -89,17 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--repeats", type=_positive_int, default=1,
                    help="open loop: run each rate with seeds SEED..SEED+K-1; points report the first run and the "
                         "spread (min/mean/max); capacity needs the attainment in every run")
-    add_flags(w, SchedulerConfig)
-    add_flags(w, StepModel)
-    _model_file_flag(w)
-    add_slo_flags(w)
-    w.add_argument("--attainment", type=_positive_float, default=0.9,
-                   help="SLO attainment the capacity point must reach (default 0.9)")
-    w.add_argument("--workers", type=_positive_int, help="processes to run points in (default: one per CPU)")
-    w.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run as Ray tasks: no address = a local Ray started for the call; auto or ray://HOST:PORT = "
-                        "an existing cluster (Ray is optional: docs/scale.md)")
-    w.add_argument("--json", action="store_true", help="print one JSON object")
+    _simulation_flags(w, "SLO attainment the capacity point must reach (default 0.9)")
+    _fanout_flags(w, "points")
 
     q = sub.add_parser("search", help="capacity search: every scheduler configuration of a grid at one offered "
                                       "load; the cheapest that meets the SLOs (core/sim/search.py)")
@@ -109,21 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--grid", nargs="+", required=True, metavar="NAME=V1,V2",
                    help="options to search and their values, e.g. max_seqs=8,16,32 chunk=256,512 kv_blocks=2000,4000 "
                         "token_budget=2048,8192 (the other options: the flags below)")
-    add_flags(q, SchedulerConfig)
-    add_flags(q, StepModel)
-    _model_file_flag(q)
-    add_slo_flags(q)
-    q.add_argument("--attainment", type=_positive_float, default=0.9,
-                   help="SLO attainment a configuration must reach (default 0.9)")
+    _simulation_flags(q, "SLO attainment a configuration must reach (default 0.9)")
     q.add_argument("--usd-per-hour", type=_nonneg_float, help="price of the machine: cost per 1,000 good tokens")
     q.add_argument("--no-prune", action="store_true",
                    help="simulate every configuration in full (default: stop one whose first quarter already "
                         "misses the SLOs too often)")
-    q.add_argument("--workers", type=_positive_int, help="processes to run configurations in (default: one per CPU)")
-    q.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run as Ray tasks: no address = a local Ray started for the call; auto or ray://HOST:PORT = "
-                        "an existing cluster (Ray is optional: docs/scale.md)")
-    q.add_argument("--json", action="store_true", help="print one JSON object")
+    _fanout_flags(q, "configurations")
 
     f = sub.add_parser("fit", help="fit a step model to a trace's step events (or, --from-requests, to its "
                                    "per-request TTFT and E2E); write it as a model file")
@@ -189,6 +171,25 @@ def _model_file_flag(p):
     p.add_argument("--step-model-file", metavar="MODEL.json",
                    help="the step model from a file written by `python -m core fit` (instead of the step model "
                         "flags); steps outside the range it was fitted on are reported")
+
+
+def _simulation_flags(p, attainment_help: str):
+    """The scheduler options, the step model (flags or a model file), the SLOs and the attainment
+    target of a command that simulates many runs (sweep, search)."""
+    add_flags(p, SchedulerConfig)
+    add_flags(p, StepModel)
+    _model_file_flag(p)
+    add_slo_flags(p)
+    p.add_argument("--attainment", type=_positive_float, default=0.9, help=attainment_help)
+
+
+def _fanout_flags(p, runs: str):
+    """Where the runs go (local processes or Ray) and --json."""
+    p.add_argument("--workers", type=_positive_int, help=f"processes to run {runs} in (default: one per CPU)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="run as Ray tasks: no address = a local Ray started for the call; auto or ray://HOST:PORT = "
+                        "an existing cluster (Ray is optional: docs/scale.md)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def save_trace(tr, path):

@@ -188,24 +188,33 @@ def distribution(values, name: str, percentiles=DEFAULT_PERCENTILES) -> dict:
     note for each percentile that has too few samples to be a tail estimate."""
     v = np.asarray(values, dtype=float)
     v = v[~np.isnan(v)]
-    out = {"n": int(len(v)), "estimator": ESTIMATOR}
     if len(v) == 0:
+        return distribution_of(0, name, percentiles)
+    qs = np.percentile(v, list(percentiles), method=ESTIMATOR)
+    return distribution_of(len(v), name, percentiles, float(v.mean()), float(np.median(v)), float(v.std()),
+                           float(v.min()), float(v.max()), [float(x) for x in qs])
+
+
+def distribution_of(n: int, name: str, percentiles, mean=None, median=None, std=None, lo=None, hi=None,
+                    quantiles=()) -> dict:
+    """distribution's fields from statistics computed elsewhere (numpy here, DuckDB out of core):
+    `quantiles` in the order of `percentiles`; n = 0: no samples."""
+    out = {"n": int(n), "estimator": ESTIMATOR}
+    if n == 0:
         out.update({"mean": None, "median": None, "std": None, "min": None, "max": None})
         out.update({f"p{q:g}": None for q in percentiles})
         out["notes"] = [f"{name}: no samples"]
         return out
-    out.update({"mean": float(v.mean()), "median": float(np.median(v)), "std": float(v.std()),
-                "min": float(v.min()), "max": float(v.max())})
-    qs = np.percentile(v, list(percentiles), method=ESTIMATOR)
+    out.update({"mean": mean, "median": median, "std": std, "min": lo, "max": hi})
     thin = []
-    for q, x in zip(percentiles, qs):
+    for q, x in zip(percentiles, quantiles):
         out[f"p{q:g}"] = float(x)
-        if q > 50 and len(v) < min_samples_for(q):
+        if q > 50 and n < min_samples_for(q):
             thin.append(q)
     out["notes"] = []
     if thin:
         needs = ", ".join(f"p{q:g} >= {min_samples_for(q)}" for q in thin)
-        out["notes"].append(f"{name}: {', '.join(f'p{q:g}' for q in thin)} from only {len(v)} samples "
+        out["notes"].append(f"{name}: {', '.join(f'p{q:g}' for q in thin)} from only {n} samples "
                             f"(a tail estimate needs {needs}); treat them as a choice among the observations")
     return out
 

@@ -26,10 +26,9 @@ from core.analysis.metrics import (
     COMPLETED,
     DEFAULT_PERCENTILES,
     EARLY_REASONS,
-    ESTIMATOR,
     ESTIMATOR_LABEL,
     SLO,
-    min_samples_for,
+    distribution_of,
 )
 from core.errors import InputError
 
@@ -89,27 +88,10 @@ def _dist(con, table: str, col: str, name: str, percentiles) -> dict:
                        + ("" if big else f", quantile_cont({col}, {qs})") + f" FROM {table} WHERE {where}").fetchone()
     q = (_narrowed_quantiles(con, table, col, where, n, float(head[3]), float(head[4]), fractions) if big and n
          else head[5]) or [None] * (len(percentiles) + 1)
-    row = (head[0], head[1], q[0], head[2], head[3], head[4], *q[1:])
-    n = int(row[0])
-    out = {"n": n, "estimator": ESTIMATOR}
-    if n == 0:
-        out.update({"mean": None, "median": None, "std": None, "min": None, "max": None})
-        out.update({f"p{q:g}": None for q in percentiles})
-        out["notes"] = [f"{name}: no samples"]
-        return out
-    out.update({"mean": float(row[1]), "median": float(row[2]), "std": float(row[3] or 0.0), "min": float(row[4]),
-                "max": float(row[5])})
-    thin = []
-    for q, x in zip(percentiles, row[6:]):
-        out[f"p{q:g}"] = float(x)
-        if q > 50 and n < min_samples_for(q):
-            thin.append(q)
-    out["notes"] = []
-    if thin:
-        needs = ", ".join(f"p{q:g} >= {min_samples_for(q)}" for q in thin)
-        out["notes"].append(f"{name}: {', '.join(f'p{q:g}' for q in thin)} from only {n} samples "
-                            f"(a tail estimate needs {needs}); treat them as a choice among the observations")
-    return out
+    if not n:
+        return distribution_of(0, name, percentiles)
+    return distribution_of(n, name, percentiles, float(head[1]), float(q[0]), float(head[2] or 0.0),
+                           float(head[3]), float(head[4]), q[1:])
 
 
 def _narrowed_quantiles(con, table, col, where, n, lo, hi, fractions, buckets=4096) -> list[float]:

@@ -43,7 +43,6 @@ def parse_grid(items: list[str]) -> dict[str, list]:
     option (ints, floats, booleans, names; "none" for an option that may be unset). Refused with
     the option named: an unknown option, one given twice, an empty or malformed list."""
     grid: dict[str, list] = {}
-    base = SchedulerConfig()
     for item in items:
         name, sep, values = item.partition("=")
         name = name.strip().replace("-", "_")
@@ -58,7 +57,7 @@ def parse_grid(items: list[str]) -> dict[str, list]:
             v = v.strip()
             if not v:
                 raise ConfigError(f"grid: {name}: an empty value in {values!r}")
-            typed.append(_typed(name, v, getattr(base, name)))
+            typed.append(_typed(name, v))
         if len(set(map(repr, typed))) != len(typed):
             raise ConfigError(f"grid: {name}: a value listed twice in {values!r}")
         grid[name] = typed
@@ -70,7 +69,7 @@ def parse_grid(items: list[str]) -> dict[str, list]:
     return grid
 
 
-def _typed(name: str, v: str, default):
+def _typed(name: str, v: str):
     if v.lower() == "none":
         return None
     if name in ("policy", "scheduling_policy"):
