@@ -29,8 +29,9 @@ def _metrics_out_of_core(a, rows) -> int:
     from core.analysis.outofcore import summarize_parquet
     if a.run not in (None, 0):
         raise InputError(f"--run: {a.trace} holds one run (0), got {a.run}")
-    if rows is None:
+    if rows is None and not (Path(a.trace).suffix == ".parquet" or Path(a.trace).is_dir()):
         raise InputError(f"{a.trace}: --out-of-core reads Parquet traces (a .parquet file or a directory of parts)")
+    # (a damaged .parquet file goes on to the reader, which names what is wrong with it)
     if not a.out_of_core:
         print(f"note: {rows:,} rows: summarised out of core (DuckDB over the Parquet file, no per-request rows; "
               "--out-of-core always does this)", file=sys.stderr)

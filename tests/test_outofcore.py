@@ -123,3 +123,12 @@ def test_percentiles_of_a_column_too_large_for_one_quantile_state_are_exact():
     got = _narrowed_quantiles(con, "t", "g", "g IS NOT NULL", len(v), float(v.min()), float(v.max()), qs)
     want = np.percentile(v, [100 * q for q in qs], method="linear")
     assert got == pytest.approx(want.tolist(), rel=1e-12, abs=0)
+
+
+def test_a_damaged_parquet_file_is_named_as_such_by_the_cli(parquet_traces, tmp_path, capsys):
+    _, file, _ = parquet_traces["chapter31_continuous.json"]
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(file.read_bytes()[: len(file.read_bytes()) // 2])
+    assert main(["metrics", str(cut), "--out-of-core"]) == 2
+    assert "cut.parquet: not a readable Parquet file" in capsys.readouterr().err
+
