@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "iteration logs affine)")
     f.add_argument("--out", metavar="MODEL.json", help="write the model file (for --step-model-file)")
     f.add_argument("--json", action="store_true", help="print one JSON object")
+    f.add_argument("--out-of-core", action="store_true",
+                   help="a Parquet trace: aggregate each step's features where the data lives (DuckDB), as a trace "
+                        f"of more than {OUT_OF_CORE_ROWS:,} rows is by default (core/fit/outofcore.py)")
     f.add_argument("--from-requests", action="store_true",
                    help="fit an affine model to the requests' measured TTFT and E2E by simulating the workload under "
                         "the engine's scheduler settings (the flags below; default policy vllm-v1) instead of to "
@@ -140,11 +143,29 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", required=True, help="the merged trace (.json, .json.gz, .parquet)")
     g.add_argument("--json", action="store_true", help="print how each file was aligned as one JSON object")
 
+    c = sub.add_parser("compare", help="two traces side by side: key metrics with difference and ratio, and where "
+                                       "their workloads differ (out of core for large Parquet traces)")
+    c.add_argument("first", help="a trace or an engine's result file")
+    c.add_argument("second", help="another trace of the same workload")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
+    c.add_argument("--out-of-core", action="store_true",
+                   help="summarise Parquet traces where the data lives (DuckDB), as one of more than "
+                        f"{OUT_OF_CORE_ROWS:,} rows is by default")
+
+    o = sub.add_parser("overview", help="build the overview the trace replay page opens a trace larger than memory "
+                                        "from (written beside it: T.parquet.overview/; core/analysis/overview.py)")
+    o.add_argument("trace", help="a Parquet trace (a .parquet file or a directory of parts)")
+    o.add_argument("--out", metavar="DIR", help="write the overview here instead (the page looks beside the trace, "
+                                                "then in the user cache)")
+
     e = sub.add_parser("export", help="convert a trace: Chrome/Perfetto JSON, per-request CSV, JSON, Parquet")
     e.add_argument("trace", help=f"serving-trace/1 or a vLLM/SGLang result JSON; {gz}")
     e.add_argument("--chrome", metavar="OUT.json", help="Chrome Trace Event JSON (open in ui.perfetto.dev)")
     e.add_argument("--csv", metavar="OUT.csv", help="per-request metrics")
     e.add_argument("--trace-out", metavar="OUT", help="the trace itself: .json, .json.gz or .parquet")
+    e.add_argument("--out-of-core", action="store_true",
+                   help="a Parquet trace: --csv computed where the data lives (DuckDB), as for a trace of more than "
+                        f"{OUT_OF_CORE_ROWS:,} rows by default")
     return ap
 
 
@@ -224,13 +245,23 @@ def _warn_outside(tr, fit_report: dict):
 
 
 def cmd_fit(a) -> int:
-    from core.fit.stepfit import describe_identifiability, fit, save
+    from core.fit.stepfit import fit
     from core.trace import Imported
     if a.out:
         check_writable(a.out, "--out", directory_ok=False)
-    tr = _read(a.trace)
     if a.from_requests and a.from_token_times:
         raise InputError("fit: choose one of --from-requests and --from-token-times")
+    rows = _parquet_rows(a.trace)
+    if a.out_of_core or (rows is not None and rows > OUT_OF_CORE_ROWS and not (a.from_requests or a.from_token_times)):
+        if a.from_requests or a.from_token_times:
+            raise InputError("fit: --out-of-core fits to step events; --from-requests and --from-token-times read the "
+                             "trace in memory")
+        if rows is None:
+            raise InputError(f"{a.trace}: --out-of-core reads Parquet traces (a .parquet file or a directory of parts)")
+        from core.fit.outofcore import fit_parquet
+        sm, report = fit_parquet(a.trace, a.model or "features")
+        return _fit_report(a, sm, report)
+    tr = _read(a.trace)
     if a.from_token_times:
         from core.fit.stepinfer import fit_inferred
         if isinstance(tr, Imported) and (tr.trace is None or tr.aligned_at_zero):
@@ -254,6 +285,11 @@ def cmd_fit(a) -> int:
         from core.fit.stepfit import counted_steps
         steps_of = tr.trace if isinstance(tr, Imported) else tr
         sm, report = fit(steps_of, a.model or ("affine" if counted_steps(steps_of) else "features"))
+    return _fit_report(a, sm, report)
+
+
+def _fit_report(a, sm, report) -> int:
+    from core.fit.stepfit import describe_identifiability, save
     if a.out:
         write_output(a.out, lambda p: save(p, sm, report), "--out")
     if a.json:
@@ -332,6 +368,52 @@ def _parquet_rows(path) -> int | None:
         return sum(pq.ParquetFile(f).metadata.num_rows for f in files) if files else None
     except Exception:       # not Parquet after all: the ordinary reader says what is wrong
         return None
+
+
+def cmd_compare(a) -> int:
+    from core.analysis.compare import summary_table, workload_differences_of
+    sides = [_summary_and_requests(path, a.out_of_core) for path in (a.first, a.second)]
+    diffs = workload_differences_of(sides[0][1], sides[1][1])
+    table = summary_table(sides[0][0], sides[1][0], "first", "second")
+    if a.json:
+        rows = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in r.items()}
+                for r in table.to_dict("records")]
+        print(json.dumps({"first": a.first, "second": a.second, "workload_differences": diffs, "metrics": rows,
+                          "computed": [c for _, _, c in sides]}, allow_nan=False))
+        return 0
+    print(f"first:  {a.first}\nsecond: {a.second}")
+    for d in diffs:
+        print(f"workloads differ: {d} (differences in metrics mix scheduling with workload)")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.6g}"))
+    return 0
+
+
+def _summary_and_requests(path, out_of_core: bool):
+    """(summary, request table, how it was computed) of one side of `compare`."""
+    from core.analysis.metrics import summarize
+    from core.trace import Imported
+    rows = _parquet_rows(path)
+    if out_of_core or (rows is not None and rows > OUT_OF_CORE_ROWS):
+        if rows is None and not (Path(path).suffix == ".parquet" or Path(path).is_dir()):
+            raise InputError(f"{path}: --out-of-core reads Parquet traces (a .parquet file or a directory of parts)")
+        from core.analysis.outofcore import request_table_parquet, summarize_parquet
+        out = summarize_parquet(path)
+        return out["summary"], request_table_parquet(path), out["computed"]
+    got = _read(path)
+    tr = got.trace if isinstance(got, Imported) else got
+    if tr is None:
+        raise InputError(f"{path}: only summary fields; nothing per request to compare")
+    return summarize(tr, per_request=False)["summary"], tr.requests, {"out_of_core": False}
+
+
+def cmd_overview(a) -> int:
+    import time
+
+    from core.analysis.overview import build
+    t = time.perf_counter()
+    out = build(a.trace, Path(a.out) if a.out else None, progress=lambda m: print(f"  {m}…", file=sys.stderr))
+    print(f"wrote {out} in {time.perf_counter() - t:.1f} s (the trace replay page opens {a.trace} from it)")
+    return 0
 
 
 def cmd_metrics(a) -> int:
@@ -551,6 +633,9 @@ def cmd_export(a) -> int:
     for flag, path in (("--chrome", a.chrome), ("--csv", a.csv), ("--trace-out", a.trace_out)):
         if path:
             check_writable(path, flag, directory_ok=flag == "--trace-out")   # only a trace can be parts
+    rows = _parquet_rows(a.trace)
+    if a.out_of_core or (rows is not None and rows > OUT_OF_CORE_ROWS):
+        return _export_out_of_core(a, rows)
     got = _read(a.trace)
     tr = got.trace if isinstance(got, Imported) else got
     if tr is None:
@@ -561,6 +646,22 @@ def cmd_export(a) -> int:
         if path:
             write_output(path, write)
             print(f"wrote {path}")
+    return 0
+
+
+def _export_out_of_core(a, rows) -> int:
+    from core.analysis.export import metrics_frame_csv
+    from core.analysis.outofcore import request_metrics_parquet
+    if rows is None and not (Path(a.trace).suffix == ".parquet" or Path(a.trace).is_dir()):
+        raise InputError(f"{a.trace}: --out-of-core reads Parquet traces (a .parquet file or a directory of parts)")
+    if a.chrome or a.trace_out:
+        size = "" if rows is None else f" of {rows:,} rows"
+        raise InputError(f"export: a trace{size} is exported out of core as per-request metrics (--csv) only: a "
+                         "Chrome trace this large opens in no viewer, and the Parquet file is already the trace "
+                         "(`python -m core overview` prepares it for the replay page)")
+    m = request_metrics_parquet(a.trace)
+    write_output(a.csv, lambda p: Path(p).write_text(metrics_frame_csv(m)))
+    print(f"wrote {a.csv} ({len(m):,} requests, computed out of core)")
     return 0
 
 
@@ -592,8 +693,8 @@ def cmd_merge(a) -> int:
 def main(argv=None) -> int:
     from core.cli import run
     return run(build_parser(), {"simulate": cmd_simulate, "metrics": cmd_metrics, "sweep": cmd_sweep,
-                                "search": cmd_search,
-                                       "fit": cmd_fit, "export": cmd_export, "merge": cmd_merge}, argv)
+                                "search": cmd_search, "compare": cmd_compare, "overview": cmd_overview,
+                                "fit": cmd_fit, "export": cmd_export, "merge": cmd_merge}, argv)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ import pandas as pd
 import streamlit as st
 
 from core.analysis.compare import compare_table, workload_differences
-from core.analysis.cursor import advance, requests_near, step_at, step_cursor, subset, time_range
-from core.analysis.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, with_run_metadata
+from core.analysis.cursor import advance, requests_near, step_cursor, subset, time_range
+from core.analysis.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, metrics_frame_csv, with_run_metadata
 from core.analysis.kv_events import cache_at
 from core.analysis.tools import tool_comparison
 from core.config import POLICIES, SchedulerConfig
@@ -21,11 +21,12 @@ from core.figures.latency import cdf_figure
 from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
 from core.figures.timeline import schedule_timeline
-from core.fit.stepfit import MIN_STEPS, counted_steps, describe_identifiability, describe_outside
+from core.fit.stepfit import MIN_STEPS, describe_identifiability, describe_outside
 from core.formulas.speculative import acceptance_by_position
 from core.trace import file_summary_comparison, file_window_comparison, trace_json
 from ui import (
     UPLOAD_LIMIT_MB,
+    TraceViews,
     bound,
     cached_block_states,
     cached_fidelity,
@@ -34,8 +35,10 @@ from ui import (
     derived,
     ensure_app_frame,
     fmt_ms,
+    large_trace,
     load_trace_file,
     md,
+    open_large_trace,
     origin_badge,
     parse_uploaded_run,
     parse_uploaded_trace,
@@ -103,7 +106,23 @@ def get_trace(choice, slot):
     return tr, imp, choice
 
 
-tr, imp, label = get_trace(choice, "rp")
+large = choice in files and large_trace(files[choice])
+if large:   # too large to load: opened from its overview (core/analysis/overview.py)
+    ov, built_s, err = open_large_trace(files[choice])
+    if err:
+        st.error(f"Could not open {md(choice)}: {md(err)}")
+        st.stop()
+    tr, imp, label = ov.skeleton, None, choice
+    rows = ov.rows()
+    st.info(f"{rows['requests']:,} requests, {rows['tokens']:,} tokens, {rows['batch entries']:,} batch entries: too "
+            "large to load, so this page reads the trace's overview — its summary computed out of core (DuckDB), "
+            "each request's spans, the steps and KV block states, and the token and batch rows sorted by request, so "
+            "a cursor move reads only the rows it draws. "
+            + (f"Built on this first open in {built_s:.1f} s (`python -m core overview {md(choice)}` builds it ahead)."
+               if built_s is not None else f"Overview built in {ov.doc['built']['seconds']:.1f} s, read from "
+                                           f"{md(ov.folder.name)}."))
+else:
+    tr, imp, label = get_trace(choice, "rp")
 if imp is not None:
     for note in imp.notes:
         st.info(md(note))
@@ -118,6 +137,9 @@ if tr is None:
         st.info("Pick a trace or upload one.")
     st.stop()
 
+BIG_TRACE = len(tr.requests) > 150     # the cursor views show a subset and draw large charts once
+views = ov if large else TraceViews(tr, BIG_TRACE)   # what the cursor views read (the same calls either way)
+
 # ---- metrics panel ---------------------------------------------------------------------
 # Its place is here, at the top; it is filled after the cursor views, so that on a large trace
 # the first charts do not wait for the whole-trace summary (~0.4 s at 10,000 requests, ~5 s at 100,000).
@@ -128,7 +150,7 @@ def metrics_panel():
     with panel:
         st.markdown(f"**{md(tr.label)}** {origin_badge(tr)}")
         st.caption(trace_details(tr))
-        summary = derived(tr, "summary")
+        summary = views.summary()
         s = summary["summary"]
         cols = st.columns(6)
         cols[0].metric("requests", f"{s['requests']:,}")
@@ -180,7 +202,7 @@ def show_live(now_tr, name):
 
 
 toggles = st.columns(4)
-live = choice not in (UPLOAD, MERGE) and toggles[1].toggle("Live: follow the file", False, key="rp_live",
+live = choice not in (UPLOAD, MERGE) and not large and toggles[1].toggle("Live: follow the file", False, key="rp_live",
                                               help="for a trace being written by `gpu_runner serve --trace-out` or "
                                                    "`gpu_runner loadgen --out`: re-read about once a second")
 if live:
@@ -199,13 +221,10 @@ if live:
     st.stop()
 
 # ---- the time cursor ---------------------------------------------------------------------
-t0, t1 = derived(tr, "span")
+t0, t1 = views.span()
 if t1 <= t0:
     t1 = t0 + 1.0
 playing = toggles[0].toggle("Play", False, help="advance the cursor automatically", **bound("rp_play"))
-BIG_TRACE = len(tr.requests) > 150     # the cursor views show a subset and draw large charts once
-
-
 SPEEDS = {"½×": 0.5, "1×": 1.0, "2×": 2.0, "4×": 4.0}
 
 
@@ -233,8 +252,8 @@ def cursor_views():
                        format="%.3f", **bound("rp_cursor"))
     shown = tr
     if BIG_TRACE:
-        idx = requests_near(tr, cursor, limit=150, metrics=derived(tr, "requests"))
-        shown = subset(tr, idx, derived(tr, "rows"))
+        idx = requests_near(tr, cursor, limit=150, metrics=views.request_metrics())
+        shown = views.window(idx)
         st.caption(f"Timeline: the {len(idx)} of {len(tr.requests):,} requests nearest the cursor "
                    "(in flight first).")
     # one 1280x800 screen: the cursor, a compact timeline, then batch and KV side by side
@@ -242,8 +261,8 @@ def cursor_views():
     fig.add_vline(x=cursor, line_color=CURSOR, line_width=2)
     show_chart(fig, key="rp_timeline")
     left, right = st.columns(2)
-    row, batch = step_at(tr, cursor, derived(tr, "rows") if BIG_TRACE else None)
-    counted = counted_steps(tr)     # an engine's iteration log: counts per step, no batch entries
+    row, batch = views.step_at(cursor)
+    counted = views.counted_steps()     # an engine's iteration log: counts per step, no batch entries
     with left:
         if row is not None and counted:
             show_chart(counted_steps_figure(tr.steps, cursor).update_layout(height=280), key="rp_counted_steps")
@@ -252,13 +271,13 @@ def cursor_views():
                        f"{int(row['decode_reqs'])} decoding. Measured by the engine (its iteration log: counts, no "
                        "requests; start times within each line's one-second timestamp, see the trace's clock).")
         elif row is None:
-            show_chart(in_flight_figure(derived(tr, "in_flight"), cursor), key="rp_inflight")
+            show_chart(in_flight_figure(views.in_flight(), cursor), key="rp_inflight")
             st.caption("Batch composition needs `step` events (with their `batch` lists).")
         else:
             show_chart(batch_figure(batch, row).update_layout(height=280), key="rp_batch")
     with right:
-        if len(tr.kv):
-            occ = cached_block_states(tr)
+        if views.has_kv:
+            occ = views.occupancy()
             j = occ.index_at(cursor)
             counts = occ.at(j)
             ids = tr.requests["id"].to_numpy()      # names for the hover of a small grid only
@@ -274,7 +293,7 @@ def cursor_views():
             else:
                 st.caption("KV block occupancy needs `kv` events (alloc/free/hit/...).")
     if row is not None:
-        flight = derived(tr, "in_flight")
+        flight = views.in_flight()
         show_chart(in_flight_figure(flight, None if BIG_TRACE else cursor), key="rp_inflight")
         if BIG_TRACE and len(flight):
             k = max(int(np.searchsorted(flight["t_ms"].to_numpy(), cursor, side="right")) - 1, 0)
@@ -282,7 +301,7 @@ def cursor_views():
             st.caption(f"At the cursor: {int(flight['running'].iloc[k]):,} running"
                        + (f", {waiting:,} waiting" if waiting >= 0 else "") + " (the chart is drawn once for a trace "
                        "this large: the timeline above carries the cursor).")
-    if len(tr.kv) and tr.events_of("gauge"):
+    if views.has_kv and tr.events_of("gauge"):
         show_chart(gauges_figure(tr.events_of("gauge"), cursor), key="rp_gauges")
     engine_views(cursor)
 
@@ -299,7 +318,7 @@ def engine_views(cursor: float):
                    "blocks, no request ids; a cache hit publishes nothing).")
     ex = tr.request_extra
     if any("engine_prefill_ms" in e or "engine_queue_ms" in e for e in ex[:200]):
-        idx = sorted(requests_near(tr, cursor, limit=16, metrics=derived(tr, "requests")))
+        idx = sorted(requests_near(tr, cursor, limit=16, metrics=views.request_metrics()))
         show_chart(engine_phases_figure([tr.ids[i] for i in idx], tr.requests["arrival_ms"].to_numpy()[idx],
                                         [ex[i] for i in idx], cursor), key="rp_phases")
         st.caption("Measured by the engine: each request's span (gen_ai.latency.time_in_queue, "
@@ -343,7 +362,7 @@ if missing:
     st.caption("Not in this trace: " + "; ".join(missing) + ".")
 
 with st.expander("Per-request metrics"):
-    m = derived(tr, "requests")
+    m = views.request_metrics()
     shown = m.head(2000)
     if "latency_ms" in shown and np.allclose(shown["latency_ms"], shown["e2e_ms"], equal_nan=True):
         shown = shown.drop(columns="latency_ms")     # equal to E2E for every request: one column on screen
@@ -352,6 +371,13 @@ with st.expander("Per-request metrics"):
         st.caption(f"First 2,000 of {len(m):,} requests; the CSV export has all.")
 
 # ---- export ----------------------------------------------------------------------------
+if large:
+    st.download_button("Per-request metrics (CSV)", data=lambda: metrics_frame_csv(views.request_metrics()),
+                       file_name=f"{label}.metrics.csv", mime="text/csv", key="rp_dl_csv")
+    st.caption("Compare, predict and the Chrome trace need the whole trace in memory. For a trace this size, "
+               "from the command line, out of core: `python -m core compare A.parquet B.parquet`, "
+               "`python -m core fit T.parquet`, `python -m core export T.parquet --csv OUT.csv` (docs/scale.md).")
+    st.stop()
 if choice == UPLOAD:
     with st.expander("Run details for this upload (kept in the trace you download)"):
         device = st.text_input("Device", tr.meta.get("device") or "", max_chars=USER_META_LIMITS["device"],
@@ -502,7 +528,7 @@ if len(tr.steps) >= MIN_STEPS or fid_config is not None:
         f1, f2 = st.columns(2)
         fit_choice = f1.selectbox("Fit on", [FIRST_HALF] + others, key="rp_fid_on",
                                   help="another run needs step events (a runner capture or a simulation)")
-        counted_only = counted_steps(tr)    # an engine's iteration log: counts, no attended positions
+        counted_only = views.counted_steps()    # an engine's iteration log: counts, no attended positions
         fid_model = f2.segmented_control("Step model", ["affine"] if counted_only else ["affine", "features"],
                                          default="affine" if counted_only else "features", required=True,
                                          key="rp_fid_model",

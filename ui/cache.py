@@ -340,3 +340,83 @@ def parse_uploaded_run(ups: list, slot: str):
             result = (None, None, str(e))
     st.session_state[key] = (ids, result)
     return result
+
+
+class TraceViews:
+    """What the replay page's cursor views read of a trace held in memory. A trace too large to
+    load is opened as a core.analysis.overview.Overview, which answers the same calls from its
+    overview files (equal results: tests/test_overview.py)."""
+
+    def __init__(self, trace: Trace, big: bool):
+        self.skeleton, self.big = trace, big
+
+    def summary(self) -> dict:
+        return derived(self.skeleton, "summary")
+
+    def request_metrics(self):
+        return derived(self.skeleton, "requests")
+
+    def span(self) -> tuple[float, float]:
+        return derived(self.skeleton, "span")
+
+    def in_flight(self):
+        return derived(self.skeleton, "in_flight")
+
+    def window(self, req_idx) -> Trace:
+        from core.analysis.cursor import subset
+        return subset(self.skeleton, req_idx, derived(self.skeleton, "rows"))
+
+    def step_at(self, t_ms: float):
+        from core.analysis.cursor import step_at
+        return step_at(self.skeleton, t_ms, derived(self.skeleton, "rows") if self.big else None)
+
+    @property
+    def has_kv(self) -> bool:
+        return bool(len(self.skeleton.kv))
+
+    def occupancy(self):
+        return cached_block_states(self.skeleton) if self.has_kv else None
+
+    def counted_steps(self) -> bool:
+        from core.fit.stepfit import counted_steps
+        return counted_steps(self.skeleton)
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _overview(path: str, identity: tuple):
+    from core.analysis.overview import open_overview
+    try:
+        with st.spinner("A trace too large to load: building its overview once (summary, per-request spans, steps, "
+                        "KV block states, rows re-sorted by request; ~30 s at 100,000 requests)…"):
+            ov, built = open_overview(path)
+    except InputError as e:
+        return None, None, str(e)
+    return ov, built, None
+
+
+def large_trace(path: Path) -> bool:
+    """A Parquet trace too large to load (core.analysis.overview.LARGE_TRACE_ROWS): the replay page
+    opens it from its overview."""
+    from core.analysis import overview
+    try:
+        key = (str(path), path.stat().st_mtime_ns, path.stat().st_size, overview.LARGE_TRACE_ROWS)
+    except OSError:
+        return False
+    return _large(key)
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _large(key: tuple) -> bool:
+    from core.analysis.overview import is_large
+    return is_large(key[0])
+
+
+def open_large_trace(path: Path):
+    """(Overview or None, seconds its overview took to build in this process (None: it was there), error or
+    None): once per file version."""
+    try:
+        files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+        identity = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    except OSError as e:
+        return None, None, f"{path.name}: cannot open ({e.strerror})"
+    return _overview(str(path), identity)

@@ -5,23 +5,29 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from core.analysis.metrics import summarize, throughput
+from core.analysis.metrics import summarize
 from core.trace import Trace
 
 
 def workload_differences(a: Trace, b: Trace, limit: int = 5, arrivals: bool = True) -> list[str]:
     """Differences between two traces' workloads (ids, arrivals unless `arrivals` is False,
-    prompt/output lengths).
+    prompt/output lengths); `workload_differences_of` for their request tables alone."""
+    return workload_differences_of(a.requests, b.requests, limit, arrivals)
+
+
+def workload_differences_of(a_requests: pd.DataFrame, b_requests: pd.DataFrame, limit: int = 5,
+                            arrivals: bool = True) -> list[str]:
+    """workload_differences from the two request tables (id, arrival_ms, prompt_tokens, max_output_tokens).
     Requests are matched by id; when no id is shared and both have the same number of requests
     (an engine's result file names its requests req0, req1, ... by position), they are matched
     by position in arrival order instead, and the first line says so."""
     out = []
-    ra, rb = a.requests.set_index("id"), b.requests.set_index("id")
+    ra, rb = a_requests.set_index("id"), b_requests.set_index("id")
     common = ra.index.intersection(rb.index)
     if len(common) == 0 and len(ra) == len(rb) and len(ra):
         out.append(f"no request id is shared: the {len(ra)} requests are matched by position (arrival order)")
-        ra = a.requests.sort_values("arrival_ms", kind="stable").reset_index(drop=True)
-        rb = b.requests.sort_values("arrival_ms", kind="stable").reset_index(drop=True)
+        ra = a_requests.sort_values("arrival_ms", kind="stable").reset_index(drop=True)
+        rb = b_requests.sort_values("arrival_ms", kind="stable").reset_index(drop=True)
         names = [f"#{i} ({x} / {y})" for i, (x, y) in enumerate(zip(ra["id"], rb["id"]))]
         common = ra.index
     else:
@@ -46,15 +52,23 @@ METRIC_ROWS = [("TTFT mean", "ttft_ms", "mean"), ("TTFT p50", "ttft_ms", "median
 
 def compare_table(a: Trace, b: Trace, label_a: str, label_b: str) -> pd.DataFrame:
     """Key metrics side by side with the difference (second - first) and the ratio."""
-    sa, sb = summarize(a, per_request=False)["summary"], summarize(b, per_request=False)["summary"]
+    return summary_table(summarize(a, per_request=False)["summary"], summarize(b, per_request=False)["summary"],
+                         label_a, label_b)
+
+
+def summary_table(sa: dict, sb: dict, label_a: str, label_b: str) -> pd.DataFrame:
+    """compare_table from two summaries (metrics.summarize's "summary", over their own drain windows; or
+    core.analysis.outofcore's for traces larger than memory)."""
+    for s, label in ((sa, label_a), (sb, label_b)):
+        if s.get("window_kind", "drain") != "drain":
+            raise ValueError(f"{label}: a summary over a fixed window; the table compares drain windows")
     rows = []
     for name, key, stat in METRIC_ROWS:
-        x, y = sa[key][stat], sb[key][stat]
-        rows.append((f"{name} (ms)", x, y))
-    ta, tb = throughput(a), throughput(b)
-    rows.append(("output tok/s (own drain window)", ta.tok_per_s, tb.tok_per_s))
-    rows.append(("drain window (ms)", ta.window_ms, tb.window_ms))
-    rows.append(("emitted tokens", ta.emitted_tokens, tb.emitted_tokens))
+        rows.append((f"{name} (ms)", sa[key][stat], sb[key][stat]))
+    span = lambda s: s["window_ms"][1] - s["window_ms"][0]
+    rows.append(("output tok/s (own drain window)", sa["output_tok_per_s"], sb["output_tok_per_s"]))
+    rows.append(("drain window (ms)", span(sa), span(sb)))
+    rows.append(("emitted tokens", sa["output_tokens"], sb["output_tokens"]))
     df = pd.DataFrame(rows, columns=["metric", label_a, label_b])
     x = pd.to_numeric(df[label_a], errors="coerce")
     y = pd.to_numeric(df[label_b], errors="coerce")

@@ -93,16 +93,17 @@ def requests_near(trace: Trace, t_ms: float, limit: int = 150, metrics: pd.DataF
     return np.sort(order[:limit])
 
 
-def in_flight_series(trace: Trace, max_points: int = 4000) -> pd.DataFrame:
+def in_flight_series(trace: Trace, max_points: int = 4000, metrics: pd.DataFrame | None = None) -> pd.DataFrame:
     """Running and waiting counts over time: from step events when they record them; otherwise
-    requests in flight (arrival <= t < last token) from the token events."""
+    requests in flight (arrival <= t < last token) from the token events (or the trace's
+    `request_metrics`, given)."""
     st = trace.steps
     if len(st) and (st["running"].to_numpy() >= 0).any():
         df = pd.DataFrame({"t_ms": st["t_ms"].to_numpy(), "running": st["running"].to_numpy(),
                            "waiting": st["waiting"].to_numpy()})
         source = "step events"
     else:
-        m = request_metrics(trace)
+        m = request_metrics(trace) if metrics is None else metrics
         a = m["arrival_ms"].to_numpy()
         e = m["last_token_ms"].to_numpy()
         e = np.where(np.isnan(e), a, e)

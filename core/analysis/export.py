@@ -156,7 +156,11 @@ def chrome_trace_json(trace) -> str:
 
 def metrics_csv(trace) -> str:
     """Per-request metrics as CSV; a missing TPOT is an empty cell, never 0."""
-    m = request_metrics(trace)
+    return metrics_frame_csv(request_metrics(trace))
+
+
+def metrics_frame_csv(m) -> str:
+    """metrics.request_metrics' table as CSV (metrics_csv's format)."""
     buf = io.StringIO()
     m.to_csv(buf, index=False, float_format="%.6f")
     return buf.getvalue()

@@ -79,14 +79,15 @@ def first_scheduled_ms(trace) -> np.ndarray:
     return out
 
 
-def request_metrics(trace) -> pd.DataFrame:
+def request_metrics(trace, spans=None) -> pd.DataFrame:
     """One row per request (in trace order): id, arrival_ms, first_token_ms, last_token_ms,
     output_tokens (emitted), ttft_ms, tpot_ms (NaN when n < 2), e2e_ms, latency_ms (finish -
     arrival; NaN without output or without a finish event), finish_reason (None: no finish
-    event, e.g. an interrupted capture)."""
+    event, e.g. an interrupted capture). `spans`: `token_spans(trace)` computed elsewhere (a
+    trace whose token rows are not in memory: core/analysis/overview.py)."""
     req = trace.requests
     n = len(req)
-    first, last, count = token_spans(trace)
+    first, last, count = token_spans(trace) if spans is None else spans
     arrival = req["arrival_ms"].to_numpy(dtype=float)
     ttft = first - arrival
     e2e = last - arrival

@@ -95,62 +95,87 @@ def block_states(trace, times_ms=None, num_blocks: int | None = None, max_snapsh
     """Each block's state, ref count and owner at each snapshot time (default: `snapshot_times`)."""
     kv = trace.kv
     times = snapshot_times(trace, max_snapshots) if times_ms is None else np.asarray(times_ms, dtype=float)
-    if num_blocks is None:
-        num_blocks = drawn_blocks(trace)
-    if num_blocks * len(times) > MAX_CELLS and len(times) > 2:
-        # Bounded memory (~13 bytes a cell): fewer snapshots, evenly spread, first and last kept.
-        keep = np.unique(np.linspace(0, len(times) - 1, max(2, MAX_CELLS // max(num_blocks, 1))).round().astype(int))
-        times = times[keep]
-    B, S = num_blocks, len(times)
-    state = np.zeros((B, S), dtype=np.int8)
-    ref = np.zeros((B, S), dtype=np.int32)
-    owner = np.full((B, S), -1, dtype=np.int64)
-    if not len(kv) or not S:
-        return Occupancy(times, state, ref, owner, B)
-    # op as category codes: comparing 3 M Python strings cost more than the rest together
-    op_cat = kv["op"].astype("category")
-    code = {c: i for i, c in enumerate(op_cat.cat.categories)}
-    op = op_cat.cat.codes.to_numpy()
-    is_op = lambda *names: np.isin(op, [code[n] for n in names if n in code])
-    blk = kv["block"].to_numpy()
-    r = kv["ref"].to_numpy()
-    req = kv["req"].to_numpy()
-    t = kv["t_ms"].to_numpy()
-    has_hash = kv["hash"].notna().to_numpy()
-    # Owner carried forward: the last alloc/hit/cow/cache sequence of each block.
-    takes = is_op("alloc", "hit", "cow", "cache")
-    ev_state = np.where(r > 1, SHARED, np.where(r == 1, OWNED, np.where(has_hash & is_op("free"), CACHED, FREE)))
-    ev_state[is_op("evict")] = FREE
-    order = stable_order(blk)    # by block, then recorded order
-    blk_s = blk[order]
-    # One search for every (block, snapshot): events keyed by (block, the first snapshot at or
-    # after the event); the last event at or before snapshot s is the last whose key is <= the
-    # key (block, s).
-    by_time = np.argsort(times, kind="stable")      # times as given may be in any order
-    rank = np.empty(S, dtype=np.int64)
-    rank[by_time] = np.arange(S)
-    span = S + 1
-    key = blk_s.astype(np.int64) * span + np.searchsorted(times[by_time], t[order], side="left")
-    bb = np.arange(B, dtype=np.int64)
-    q = bb[:, None] * span + rank[None, :]
-    last = np.searchsorted(key, q.ravel(), side="right") - 1
-    # the cell has an event when that last event is its own block's (not an earlier block's)
-    ok = last >= np.repeat(np.searchsorted(blk_s, bb, side="left"), S)
-    cells = np.flatnonzero(ok)                        # row-major (block, snapshot) cells with an event
-    lo = last[cells]                                  # events in block order: gathers stay local
-    st = ev_state[order].astype(np.int8)[lo]
-    state.reshape(-1)[cells] = st
-    ref.reshape(-1)[cells] = r[order].astype(np.int32)[lo]
-    # owner: the last taking event (alloc/hit/cow/cache) of the same block up to each event;
-    # a block's first event is a mark too, so a take is found only within its block
-    takes_s = takes[order]
-    n = len(order)
-    first = np.r_[True, blk_s[1:] != blk_s[:-1]] if n else np.zeros(0, dtype=bool)
-    mark = np.maximum.accumulate(np.where(takes_s | first, np.arange(n), -1))
-    took = np.where(takes_s[np.maximum(mark, 0)] & (mark >= 0), mark, -1)
-    o = took[lo]
-    owner.reshape(-1)[cells] = np.where((o >= 0) & (st >= OWNED), req[order][np.maximum(o, 0)], -1)
-    return Occupancy(times, state, ref, owner, B)
+    grid = OccupancyGrid(times, drawn_blocks(trace) if num_blocks is None else num_blocks)
+    if len(kv):
+        # op as category codes: comparing 3 M Python strings cost more than the rest together
+        op_cat = kv["op"].astype("category")
+        grid.add(kv["block"].to_numpy(), kv["ref"].to_numpy(), kv["req"].to_numpy(), kv["t_ms"].to_numpy(),
+                 op_cat.cat.codes.to_numpy(), list(op_cat.cat.categories), kv["hash"].notna().to_numpy())
+    return grid.occupancy()
+
+
+class OccupancyGrid:
+    """Block states at snapshot times, filled from kv events given in recorded order, all at
+    once or in consecutive chunks (a trace larger than memory: core/analysis/overview.py): the
+    cell (block, snapshot) takes its block's last event at or before the snapshot, so a later
+    chunk's event overwrites an earlier chunk's, and a block's owner (the last sequence to take
+    it) carries from one chunk to the next."""
+
+    def __init__(self, times_ms, num_blocks: int):
+        times = np.asarray(times_ms, dtype=float)
+        if num_blocks * len(times) > MAX_CELLS and len(times) > 2:
+            # Bounded memory (~13 bytes a cell): fewer snapshots, evenly spread, first and last kept.
+            keep = np.unique(np.linspace(0, len(times) - 1, max(2, MAX_CELLS // max(num_blocks, 1)))
+                             .round().astype(int))
+            times = times[keep]
+        self.times, self.B = times, num_blocks
+        B, S = num_blocks, len(times)
+        self.state = np.zeros((B, S), dtype=np.int8)
+        self.ref = np.zeros((B, S), dtype=np.int32)
+        self.owner = np.full((B, S), -1, dtype=np.int64)
+        self.taker = np.full(B, -1, dtype=np.int64)      # request of each block's last take so far (-1 none)
+        by_time = np.argsort(times, kind="stable")       # times as given may be in any order
+        self._sorted = times[by_time]
+        self._rank = np.empty(S, dtype=np.int64)
+        self._rank[by_time] = np.arange(S)
+
+    def add(self, blk, r, req, t, op, op_names: list, has_hash):
+        """Events in recorded order (after every event added before): block, ref count, request,
+        time, op as codes into `op_names`, whether the event names a hash."""
+        B, S = self.B, len(self.times)
+        if not len(blk) or not S or not B:
+            return
+        code = {c: i for i, c in enumerate(op_names)}
+        is_op = lambda *names: np.isin(op, [code[n] for n in names if n in code])
+        takes = is_op("alloc", "hit", "cow", "cache")
+        ev_state = np.where(r > 1, SHARED, np.where(r == 1, OWNED, np.where(has_hash & is_op("free"), CACHED, FREE)))
+        ev_state[is_op("evict")] = FREE
+        order = stable_order(blk)    # by block, then recorded order
+        blk_s = blk[order]
+        # One search for every (block, snapshot): events keyed by (block, the first snapshot at or
+        # after the event); the last event at or before snapshot s is the last whose key is <= the
+        # key (block, s).
+        span = S + 1
+        key = blk_s.astype(np.int64) * span + np.searchsorted(self._sorted, t[order], side="left")
+        bb = np.arange(B, dtype=np.int64)
+        q = bb[:, None] * span + self._rank[None, :]
+        last = np.searchsorted(key, q.ravel(), side="right") - 1
+        # the cell has an event when that last event is its own block's (not an earlier block's)
+        ok = last >= np.repeat(np.searchsorted(blk_s, bb, side="left"), S)
+        cells = np.flatnonzero(ok)                        # row-major (block, snapshot) cells with an event
+        lo = last[cells]                                  # events in block order: gathers stay local
+        st = ev_state[order].astype(np.int8)[lo]
+        self.state.reshape(-1)[cells] = st
+        self.ref.reshape(-1)[cells] = r[order].astype(np.int32)[lo]
+        # owner: the last taking event (alloc/hit/cow/cache) of the same block up to each event;
+        # a block's first event here is a mark too, so a take is found only within its block, and
+        # before its first take here the block's owner is the one carried from earlier events
+        takes_s = takes[order]
+        req_s = req[order]
+        n = len(order)
+        first = np.r_[True, blk_s[1:] != blk_s[:-1]]
+        mark = np.maximum.accumulate(np.where(takes_s | first, np.arange(n), -1))
+        took = np.where(takes_s[np.maximum(mark, 0)] & (mark >= 0), mark, -1)
+        carried = self.taker[np.minimum(blk_s, B - 1)]   # (events of blocks past B fill no cell)
+        who = np.where(took >= 0, req_s[np.maximum(took, 0)], carried)
+        o = who[lo]
+        self.owner.reshape(-1)[cells] = np.where(st >= OWNED, o, -1)
+        ends = np.r_[np.flatnonzero(blk_s[1:] != blk_s[:-1]), n - 1]     # each block's last event here
+        inside = blk_s[ends] < B
+        self.taker[blk_s[ends][inside]] = who[ends][inside]
+
+    def occupancy(self) -> Occupancy:
+        return Occupancy(self.times, self.state, self.ref, self.owner, self.B)
 
 
 def block_tables_at(trace, t_ms: float) -> dict[int, list[int]]:

@@ -71,8 +71,25 @@ def trace_head(files: list[Path]) -> dict:
 
 def _connect(tmp: str):
     import duckdb
-    return duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "temp_directory": tmp,
-                                  "threads": max(1, os.cpu_count() or 1)})
+    con = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "temp_directory": tmp,
+                                 "threads": max(1, os.cpu_count() or 1)})
+    con.execute("SET enable_progress_bar = false")    # a long query would draw a bar on the terminal
+    return con
+
+
+def _source_view(con, files: list[Path]) -> set:
+    """The view `src`: every row of the parts with its place in the trace (rowkey: part, row in part),
+    and `scan`: the rows in file order unsorted (a plain scan keeps it). Returns src's columns."""
+    names = [str(f) for f in files]
+    con.execute("CREATE TEMP TABLE parts (filename VARCHAR, part BIGINT)")
+    con.executemany("INSERT INTO parts VALUES (?, ?)", [(f, k) for k, f in enumerate(names)])
+    listed = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in names) + "]"   # a view takes no parameters
+    # every row with its place in the trace: (part, row in part)
+    con.execute("CREATE TEMP VIEW src AS SELECT s.*, p.part * 4294967296 + s.file_row_number AS rowkey "
+                f"FROM read_parquet({listed}, filename=true, file_row_number=true) s JOIN parts p USING (filename)")
+    # the rows in file order without sorting: a plain scan keeps it (DuckDB's preserve_insertion_order)
+    con.execute(f"CREATE TEMP VIEW scan AS SELECT * FROM read_parquet({listed})")
+    return {r[0] for r in con.execute("DESCRIBE src").fetchall()}
 
 
 def _dist(con, table: str, col: str, name: str, percentiles) -> dict:
@@ -84,7 +101,8 @@ def _dist(con, table: str, col: str, name: str, percentiles) -> dict:
     n = int(con.execute(f"SELECT count({col}) FROM {table} WHERE {where}").fetchone()[0])
     big = n > EXACT_IN_MEMORY
     qs = "[" + ", ".join(repr(q) for q in fractions) + "]"
-    head = con.execute(f"SELECT count({col}), avg({col}), stddev_pop({col}), min({col}), max({col})"
+    # fsum: a compensated sum, so the mean does not depend on how the threads split the column
+    head = con.execute(f"SELECT count({col}), fsum({col}) / count({col}), stddev_pop({col}), min({col}), max({col})"
                        + ("" if big else f", quantile_cont({col}, {qs})") + f" FROM {table} WHERE {where}").fetchone()
     q = (_narrowed_quantiles(con, table, col, where, n, float(head[3]), float(head[4]), fractions) if big and n
          else head[5]) or [None] * (len(percentiles) + 1)
@@ -158,28 +176,8 @@ def _summarize(files, window, usd_per_hour, percentiles, slo) -> dict:
     meta = head.get("meta") or {}
     with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as tmp:
         con = _connect(tmp)
-        names = [str(f) for f in files]
-        con.execute("CREATE TEMP TABLE parts (filename VARCHAR, part BIGINT)")
-        con.executemany("INSERT INTO parts VALUES (?, ?)", [(f, k) for k, f in enumerate(names)])
-        listed = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in names) + "]"   # a view takes no parameters
-        # every row with its place in the trace: (part, row in part)
-        con.execute("CREATE TEMP VIEW src AS SELECT s.*, p.part * 4294967296 + s.file_row_number AS rowkey "
-                    f"FROM read_parquet({listed}, filename=true, file_row_number=true) s JOIN parts p USING (filename)")
-        cols = {r[0] for r in con.execute("DESCRIBE src").fetchall()}
-        # requests in trace order (a token's `req` is that position)
-        con.execute("CREATE TEMP TABLE r AS SELECT row_number() OVER (ORDER BY rowkey) - 1 AS i, id, t_ms AS arrival, "
-                    "max_output_tokens AS maxo FROM src WHERE rtype = 'request'")
-        con.execute("CREATE TEMP TABLE tk AS SELECT req AS i, min(t_ms) AS first, max(t_ms) AS last, count(*) AS n "
-                    "FROM src WHERE rtype = 'token' GROUP BY req")
-        # a request finished twice (a hostile file): its last finish row, as the in-memory path keeps
-        con.execute("CREATE TEMP TABLE fin AS SELECT req AS i, arg_max(reason, rowkey) AS reason, "
-                    "arg_max(t_ms, rowkey) AS t FROM src WHERE rtype = 'finish' GROUP BY req")
-        con.execute("""CREATE TEMP TABLE m AS SELECT r.i, r.id, r.arrival, r.maxo, tk.first, tk.last,
-                         coalesce(tk.n, 0) AS n, tk.first - r.arrival AS ttft,
-                         CASE WHEN tk.n >= 2 THEN (tk.last - tk.first) / (tk.n - 1) END AS tpot,
-                         tk.last - r.arrival AS e2e,
-                         CASE WHEN coalesce(tk.n, 0) > 0 THEN fin.t - r.arrival END AS latency, fin.reason
-                       FROM r LEFT JOIN tk USING (i) LEFT JOIN fin USING (i)""")
+        cols = _source_view(con, files)
+        _request_table(con)
         n_req, completed, unfinished, single = con.execute(
             "SELECT count(*), count(*) FILTER (n > 0), count(*) FILTER (reason IS NULL), count(*) FILTER (n = 1) "
             "FROM m").fetchone()
@@ -263,6 +261,65 @@ def _summarize(files, window, usd_per_hour, percentiles, slo) -> dict:
             "computed": {"engine": f"duckdb {_duckdb_version()}", "out_of_core": True, "percentiles": "exact",
                          "parts": len(files)}}
 
+
+def _request_table(con):
+    """Tables r (requests in trace order), tk (token spans), fin (finishes) and m (one row per
+    request: metrics.request_metrics' quantities) over the view `src`."""
+    # requests in trace order (a token's `req` is that position)
+    con.execute("CREATE TEMP TABLE r AS SELECT row_number() OVER (ORDER BY rowkey) - 1 AS i, id, t_ms AS arrival, "
+                "max_output_tokens AS maxo FROM src WHERE rtype = 'request'")
+    con.execute("CREATE TEMP TABLE tk AS SELECT req AS i, min(t_ms) AS first, max(t_ms) AS last, count(*) AS n "
+                "FROM src WHERE rtype = 'token' GROUP BY req")
+    # a request finished twice (a hostile file): its last finish row, as the in-memory path keeps
+    con.execute("CREATE TEMP TABLE fin AS SELECT req AS i, arg_max(reason, rowkey) AS reason, "
+                "arg_max(t_ms, rowkey) AS t FROM src WHERE rtype = 'finish' GROUP BY req")
+    con.execute("""CREATE TEMP TABLE m AS SELECT r.i, r.id, r.arrival, r.maxo, tk.first, tk.last,
+                     coalesce(tk.n, 0) AS n, tk.first - r.arrival AS ttft,
+                     CASE WHEN tk.n >= 2 THEN (tk.last - tk.first) / (tk.n - 1) END AS tpot,
+                     tk.last - r.arrival AS e2e,
+                     CASE WHEN coalesce(tk.n, 0) > 0 THEN fin.t - r.arrival END AS latency, fin.reason
+                   FROM r LEFT JOIN tk USING (i) LEFT JOIN fin USING (i)""")
+
+
+def request_metrics_parquet(path):
+    """metrics.request_metrics of a Parquet trace (file or directory of parts), computed out of core:
+    one row per request in trace order (a million requests is ~100 MB here; the trace's token rows
+    never come into memory)."""
+    import numpy as np
+    import pandas as pd
+    files = parquet_files(path)
+    trace_head(files)
+    with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as tmp:
+        con = _connect(tmp)
+        _source_view(con, files)
+        _request_table(con)
+        t = con.sql("SELECT id, arrival, first, last, n, ttft, tpot, e2e, latency, reason FROM m ORDER BY i"
+                    ).to_arrow_table()
+        con.close()
+    num = lambda c: t.column(c).to_numpy(zero_copy_only=False).astype(float)   # NULL -> NaN
+    reason = t.column("reason").to_pylist()
+    return pd.DataFrame({"id": np.array(t.column("id").to_pylist(), dtype=object), "arrival_ms": num("arrival"),
+                         "first_token_ms": num("first"), "last_token_ms": num("last"),
+                         "output_tokens": t.column("n").to_numpy().astype(np.int64), "ttft_ms": num("ttft"),
+                         "tpot_ms": num("tpot"), "e2e_ms": num("e2e"), "latency_ms": num("latency"),
+                         "finish_reason": pd.Series(reason, dtype=object)})
+
+
+def request_table_parquet(path):
+    """The trace's requests (id, arrival_ms, prompt_tokens, max_output_tokens) in trace order, read out of
+    core (core.analysis.compare.workload_differences reads only these)."""
+    import pandas as pd
+    files = parquet_files(path)
+    trace_head(files)
+    with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as tmp:
+        con = _connect(tmp)
+        _source_view(con, files)
+        df = con.execute("SELECT id, t_ms AS arrival_ms, prompt_tokens, max_output_tokens FROM src "
+                         "WHERE rtype = 'request' ORDER BY rowkey").fetchdf()
+        con.close()
+    return pd.DataFrame({"id": df["id"].astype(object), "arrival_ms": df["arrival_ms"].astype(float),
+                         "prompt_tokens": df["prompt_tokens"].astype("int64"),
+                         "max_output_tokens": df["max_output_tokens"].astype("int64")})
 
 def _duckdb_version() -> str:
     import duckdb
