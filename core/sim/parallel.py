@@ -1,16 +1,16 @@
 """Independent simulations in worker processes (a sweep's points, a page's policies).
 
 The simulator is Python and holds the interpreter lock, so threads do not overlap it;
-processes do. Two kinds of workers:
+processes do. Two kinds of workers, both maintained executors:
 
-- a single-threaded caller (the CLI) forks its workers for the call: cheap, nothing to
-  re-import;
+- a single-threaded caller (the CLI) forks its workers for the call (concurrent.futures'
+  ProcessPoolExecutor): cheap, nothing to re-import;
 - a caller running other threads (a Streamlit server) must not fork itself (a lock another
   thread holds at the fork stays held in the child forever), and multiprocessing's other
   start methods import the caller's main module in each worker (under Streamlit, the page
-  script that happens to be running), so it uses a pool of `python -m core.sim.worker`
-  processes, one per CPU, started once and shared by all its threads (`warm()` starts them
-  ahead of the first use).
+  script that happens to be running), so it uses loky's reusable executor: fresh interpreters,
+  one per CPU, started once and shared by all its threads, restarted when one dies (`warm()`
+  starts them ahead of the first use).
 
 Results come back through a file in shared memory (/dev/shm) rather than a pipe:
 the result is pickled with its arrays out of band (pickle protocol 5), the arrays written to
@@ -30,9 +30,6 @@ import mmap
 import multiprocessing as mp
 import os
 import pickle
-import queue
-import subprocess
-import sys
 import tempfile
 import threading
 from concurrent.futures import ProcessPoolExecutor
@@ -46,19 +43,10 @@ ALIGN = 64
 
 
 def cpus() -> int:
-    """CPUs this process may use: its affinity, within a cgroup v2 CPU quota (containers), capped
-    by SERVING_EXPLORER_WORKERS."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-        if quota != "max":
-            n = min(n, max(1, int(-(-int(quota) // int(period)))))
-    except (OSError, ValueError):
-        pass
+    """CPUs this process may use (loky.cpu_count: its affinity, within a cgroup CPU quota, as in a
+    container), capped by SERVING_EXPLORER_WORKERS."""
+    import loky
+    n = loky.cpu_count()
     cap = os.environ.get("SERVING_EXPLORER_WORKERS", "")
     return max(1, min(n, int(cap))) if cap.isdigit() else n
 
@@ -163,126 +151,68 @@ def _alive(pid: int) -> bool:
 
 # ---- workers ------------------------------------------------------------------------------------
 
-class WorkerDied(RuntimeError):
-    def __init__(self, message: str, killed: bool = False):
-        super().__init__(message)
-        self.killed = killed        # by SIGKILL: most likely the out-of-memory killer
-
-
-class _Worker:
-    """`python -m core.sim.worker`: reads (fn, job, owner) pickles on stdin, answers with a pickled
-    ("ok", Parcel) or ("error", exception) on stdout. A fresh interpreter, not a fork or a
-    multiprocessing child: it neither inherits the caller's threads and locks nor imports the
-    caller's main module (under Streamlit, the running page's script). Any failure while talking
-    to it stops it (a half-written job or answer would leave the pipe out of step)."""
-
-    def __init__(self):
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-        try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "core.sim.worker"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, cwd=root, env=env)
-        except OSError as e:
-            raise WorkerDied(f"could not start a worker process ({e})") from None
-
-    def call(self, fn, job: dict, owner: int):
-        message = pickle.dumps((fn, job, owner), protocol=5)     # a job that does not pickle fails here, whole
-        try:
-            self.proc.stdin.write(message)
-            self.proc.stdin.flush()
-            status, value = pickle.load(self.proc.stdout)
-        except BaseException as e:
-            self.stop()
-            killed = self.proc.returncode == -9
-            raise WorkerDied(f"worker process {self.proc.pid} died ({e.__class__.__name__}"
-                             f"{', killed: out of memory?' if killed else ''})", killed) from None
-        if status == "error":
-            raise value
-        return unship(value)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self):
-        if self.alive():
-            self.proc.kill()
-        self.proc.wait()
-        # result files it may have left half-written (named after the caller and this worker)
-        for path in glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}{os.getpid()}-{self.proc.pid}-*")):
-            _remove(path)
-
-
-class _Pool:
-    """Worker processes that live as long as this process, shared by its threads (every
-    session of a Streamlit server): a job waits for an idle worker."""
+class _Shared:
+    """loky's reusable executor: worker processes started once for this process and shared by its
+    threads (every session of a Streamlit server), restarted when one dies. Its workers are fresh
+    interpreters (loky's own start method: no fork of a threaded caller, and the caller's main module
+    is not imported in them). Results come back through shared memory (`ship`)."""
 
     def __init__(self, size: int):
-        self.idle: queue.Queue = queue.Queue()
-        for _ in range(size):
-            self.idle.put(None)          # a worker started on first use
-        atexit.register(self.close)
+        self.size = size
+        atexit.register(_remove_own_files)
 
-    def run(self, fn, job: dict):
-        w = self.idle.get()
-        try:
-            if w is None or not w.alive():
-                w = None
-                w = _Worker()
-            return w.call(fn, job, os.getpid())
-        except WorkerDied:
-            w = None
-            raise
-        finally:
-            self.idle.put(w)
+    def _executor(self):
+        import loky
+        # timeout None: idle workers stay (a later page run would otherwise wait ~0.5 s for each to start)
+        return loky.get_reusable_executor(max_workers=self.size, timeout=None, reuse=True, initializer=_worker_start)
 
     def map(self, fn, jobs: list[dict]) -> list:
-        """[fn(**job) for job in jobs] over the pool's workers (each job in a thread waiting for
-        a worker). A job whose worker died runs in this process instead, unless the worker was
-        killed (likely for memory: the server must not try the same here)."""
+        """[fn(**job) for job in jobs] over the workers. When a worker dies every job of the call not
+        yet answered runs in this process instead, unless the worker was killed (SIGKILL: likely the
+        out-of-memory killer; the server must not try the same here)."""
+        from loky.process_executor import BrokenProcessPool, TerminatedWorkerError
+        futures = [self._executor().submit(_shipped, fn, job, os.getpid()) for job in jobs]
         out: list = [None] * len(jobs)
-        errors: list = []
-
-        def one(i):
+        for i, f in enumerate(futures):
             try:
-                try:
-                    out[i] = self.run(fn, jobs[i])
-                except WorkerDied as e:
-                    if e.killed:
-                        raise MemoryError(f"a simulation's worker process was killed ({e}); not retried "
-                                          "here") from None
-                    out[i] = fn(**jobs[i])
-            except BaseException as e:
-                errors.append(e)
-
-        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(jobs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+                out[i] = unship(f.result())
+            except (TerminatedWorkerError, BrokenProcessPool) as e:
+                if "SIGKILL" in str(e):
+                    raise MemoryError(f"a simulation's worker process was killed ({str(e).splitlines()[0]}); not "
+                                      "retried here") from None
+                out[i] = fn(**jobs[i])
         return out
 
-    def close(self):
-        while True:
-            try:
-                w = self.idle.get_nowait()
-            except queue.Empty:
-                return
-            if w is not None:
-                w.stop()
+
+def _worker_start():
+    """In each worker, once: numpy's huge-page advice off (core.cli.no_hugepage_advice), and what
+    every job imports, imported before the first one arrives."""
+    import core.analysis.compare
+    import core.sim.sweep  # noqa: F401
+    from core.cli import no_hugepage_advice
+    no_hugepage_advice()
 
 
-_POOL: _Pool | None = None
+def _shipped(fn, job: dict, owner: int) -> Parcel:
+    return ship(fn(**job), owner)
+
+
+def _remove_own_files():
+    """At exit: result files still named after this process (a call cut short by a dead worker)."""
+    for path in glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}{os.getpid()}-*")):
+        _remove(path)
+
+
+_POOL: _Shared | None = None
 _POOL_LOCK = threading.Lock()
 
 
-def _pool() -> _Pool:
+def _pool() -> _Shared:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
             remove_orphans()
-            _POOL = _Pool(cpus())
+            _POOL = _Shared(cpus())
         return _POOL
 
 
@@ -296,8 +226,8 @@ def warm() -> None:
 
 def run_all(fn, jobs: list[dict], workers: int | None = None, ray: str | None = None) -> list:
     """[fn(**job) for job in jobs], in order: forked for this call into up to `workers`
-    processes (default: one per CPU) when the caller runs one thread, else on the process's
-    worker pool (core.sim.worker processes, one per CPU; `workers` does not apply); here, one after
+    processes (default: one per CPU; concurrent.futures) when the caller runs one thread, else on the
+    process's shared workers (loky's reusable executor, one per CPU; `workers` does not apply); here, one after
     another, with one worker or job. A job whose worker dies runs here (see _Pool.map). `fn`
     must be a module-level function. A job's exception is raised here. `ray`: run them as Ray
     tasks instead (core.sim.rayrun: "local", "auto" or "ray://HOST:PORT")."""
@@ -312,21 +242,3 @@ def run_all(fn, jobs: list[dict], workers: int | None = None, ray: str | None = 
             return [f.result() for f in [pool.submit(fn, **j) for j in jobs]]
     return _pool().map(fn, jobs)
 
-
-def serve(stdin, stdout):
-    """The worker's loop (core.sim.worker): one job at a time until stdin closes."""
-    while True:
-        try:
-            fn, job, owner = pickle.load(stdin)
-        except EOFError:
-            return
-        try:
-            answer = ("ok", ship(fn(**job), owner))
-        except BaseException as e:
-            try:
-                pickle.loads(pickle.dumps(e))
-            except Exception:
-                e = RuntimeError(f"{e.__class__.__name__}: {e}")
-            answer = ("error", e)
-        pickle.dump(answer, stdout, protocol=5)
-        stdout.flush()
