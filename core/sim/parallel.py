@@ -152,19 +152,32 @@ def _alive(pid: int) -> bool:
 # ---- workers ------------------------------------------------------------------------------------
 
 class _Shared:
-    """loky's reusable executor: worker processes started once for this process and shared by its
-    threads (every session of a Streamlit server), restarted when one dies. Its workers are fresh
-    interpreters (loky's own start method: no fork of a threaded caller, and the caller's main module
-    is not imported in them). Results come back through shared memory (`ship`)."""
+    """A loky ProcessPoolExecutor: worker processes started once for this process and shared by its
+    threads (every session of a Streamlit server), replaced by a fresh one when a worker died. Its
+    workers are fresh interpreters (loky's own start method: no fork of a threaded caller, and the
+    caller's main module is not imported in them). Results come back through shared memory
+    (`ship`). (Not loky's get_reusable_executor: it keeps one executor per thread, and every
+    Streamlit script run is a thread of its own, so each would start its own workers.)"""
 
     def __init__(self, size: int):
-        self.size = size
-        atexit.register(_remove_own_files)
+        self.size, self._ex, self._lock = size, None, threading.Lock()
+        atexit.register(self.close)
 
     def _executor(self):
         import loky
-        # timeout None: idle workers stay (a later page run would otherwise wait ~0.5 s for each to start)
-        return loky.get_reusable_executor(max_workers=self.size, timeout=None, reuse=True, initializer=_worker_start)
+        with self._lock:
+            ex = self._ex
+            if ex is None or ex._flags.broken or ex._flags.shutdown:
+                if ex is not None:
+                    ex.shutdown(wait=False)
+                # timeout None: idle workers stay (a later page run would otherwise wait ~0.5 s for each)
+                self._ex = ex = loky.ProcessPoolExecutor(self.size, timeout=None, initializer=_worker_start)
+            return ex
+
+    def close(self):
+        if self._ex is not None:
+            self._ex.shutdown(wait=False, kill_workers=True)
+        _remove_own_files()
 
     def map(self, fn, jobs: list[dict]) -> list:
         """[fn(**job) for job in jobs] over the workers. When a worker dies every job of the call not
