@@ -1,4 +1,4 @@
-"""The app's simulation workers, home-made pool vs loky's reusable executor, side by side (issue 29):
+"""The app's simulation workers, home-made pool vs a loky ProcessPoolExecutor, side by side (issue 29):
 the Schedules page's first run on the Poisson 10,000 scenario (its two policies simulated in the
 workers, their traces shipped back through /dev/shm), in AppTest, each run in a fresh process,
 alternating an older revision (a git worktree; default f78e7de, the last with core.sim.worker's
@@ -55,7 +55,7 @@ def main():
                 print(f"run {k + 1} {side}: first {r['first']:.2f} s, rerun {r['rerun'] * 1000:.0f} ms", flush=True)
     print(f"\nSchedules page, Poisson 10,000 (two policies in the workers), {a.repeat} runs each, alternating:")
     print(f"{'workers':34} {'first run s (min–max, median)':>32} {'rerun ms (median)':>18}")
-    for side, name in (("old", f"home-made pool ({a.old_rev})"), ("new", "loky reusable executor (this)")):
+    for side, name in (("old", f"home-made pool ({a.old_rev})"), ("new", "loky ProcessPoolExecutor (this)")):
         f = [r["first"] for r in got[side]]
         print(f"{name:34} {min(f):9.2f}–{max(f):.2f}, {statistics.median(f):.2f}"
               f" {statistics.median(r['rerun'] for r in got[side]) * 1000:18.0f}")

@@ -211,6 +211,10 @@ def _fanout_flags(p, runs: str):
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run as Ray tasks: no address = a local Ray started for the call; auto or ray://HOST:PORT = "
                         "an existing cluster (Ray is optional: docs/scale.md)")
+    p.add_argument("--results", metavar="DIR_OR_URI",
+                   help=f"each of the {runs} writes its result row as a Parquet part here (a new local directory or "
+                        "a pyarrow filesystem URI such as s3://bucket/prefix, shared by a cluster's nodes), read back "
+                        "as one dataset and kept (core/sim/shared.py)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -550,7 +554,7 @@ def cmd_sweep(a) -> int:
     sm, _ = _step_model(a)
     out = sweep(w, from_args(SchedulerConfig, a), sm, rates=a.rates, concurrency=a.concurrency,
                 seed=a.seed, slo=slo_from_args(a), attainment=a.attainment, workers=a.workers, repeats=a.repeats,
-                ray=a.ray)
+                ray=a.ray, results=a.results)
     if a.json:
         print(json.dumps(out, allow_nan=False))
         return 0
@@ -593,7 +597,8 @@ def cmd_search(a) -> int:
     w = load_workload(a.workload)
     sm, _ = _step_model(a)
     out = search(w, from_args(SchedulerConfig, a), sm, grid, a.rate, slo_from_args(a), target=a.attainment,
-                 seed=a.seed, usd_per_hour=a.usd_per_hour, prune=not a.no_prune, workers=a.workers, ray=a.ray)
+                 seed=a.seed, usd_per_hour=a.usd_per_hour, prune=not a.no_prune, workers=a.workers, ray=a.ray,
+                 results=a.results)
     if a.json:
         print(json.dumps(out, allow_nan=False))
         return 0

@@ -148,3 +148,12 @@ def test_a_job_that_does_not_pickle_fails_whole_and_the_workers_stay_usable():
     with pytest.raises(Exception, match="pickle"):
         in_thread(parallel.run_all, die_in_worker, [dict(caller=os.getpid(), x=threading.Lock())] * 2)
     assert in_thread(parallel.run_all, os.getpid, [{}, {}]) != [os.getpid()] * 2
+
+
+def test_threads_share_one_set_of_workers():
+    """Every Streamlit script run is a thread of its own: they must reuse the same workers (loky's
+    get_reusable_executor would keep one executor, and its processes, per thread)."""
+    pids = set()
+    for _ in range(4):
+        pids |= set(in_thread(parallel.run_all, os.getpid, [{}] * 4))
+    assert os.getpid() not in pids and len(pids) <= parallel.cpus()

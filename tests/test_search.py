@@ -164,3 +164,53 @@ def test_asking_for_ray_without_it_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)          # "import ray" fails as if not installed
     with pytest.raises(ConfigError, match="Ray is not installed.*pip install ray=="):
         search(small_grid_workload(), SchedulerConfig(), SM, {"max_seqs": [2, 4]}, 5.0, SLO_, ray="local")
+
+
+def test_results_written_to_a_shared_location_are_gathered_as_a_dataset(tmp_path):
+    """Issue 29 part 2: each configuration writes its result row as a Parquet part (a directory, or a
+    pyarrow filesystem URI); the search read back from the dataset equals the in-memory one; the parts
+    stay, queryable (DuckDB), and a location that holds an earlier run's parts is refused."""
+    import duckdb
+    grid = {"max_seqs": [1, 8], "token_budget": [256, None]}
+    kw = dict(target=0.9, usd_per_hour=2.0, workers=2)
+    args = (small_grid_workload(), SchedulerConfig("continuous", chunk=128), SM, grid, 10.0, SLO_)
+    here = search(*args, **kw)
+    for where in (str(tmp_path / "runs" / "a"), (tmp_path / "b").as_uri()):
+        shared = search(*args, results=where, **kw)
+        assert shared["points"] == here["points"] and shared["best"] == here["best"]
+        d = tmp_path / "runs" / "a" if "://" not in where else tmp_path / "b"
+        assert sorted(p.name for p in d.iterdir()) == [f"part-{k:05d}.parquet" for k in range(4)]
+        n, pruned = duckdb.connect().execute(f"SELECT count(*), count(*) FILTER (pruned) FROM "
+                                             f"read_parquet('{d}/*.parquet', union_by_name=true)").fetchone()
+        assert n == 4 and pruned == sum(1 for p in here["points"] if p.get("pruned"))
+        with pytest.raises(ConfigError, match="already holds 4 result part"):
+            search(*args, results=where, **kw)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="a file, expected a directory"):
+        search(*args, results=str(tmp_path / "file"), **kw)
+    with pytest.raises(ConfigError, match="not a usable location"):
+        search(*args, results="nosuchscheme://x/y", **kw)
+
+
+def test_sweep_results_to_a_location_from_the_command_line(tmp_path, capsys):
+    w = tmp_path / "w.csv"
+    w.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" +
+                 "".join(f"{i * 0.05},{100 + i},{20}\n" for i in range(40)))
+    out = []
+    for extra in ([], ["--results", str(tmp_path / "sweep")]):
+        assert main(["sweep", str(w), "--rates", "5,10,20", "--slo-ttft-ms", "400", "--json", "--workers", "2",
+                     *extra]) == 0
+        out.append(json.loads(capsys.readouterr().out))
+    assert out[0] == out[1]
+    assert len(list((tmp_path / "sweep").glob("part-*.parquet"))) == 3
+
+
+@pytest.mark.slow       # a local Ray starts in ~3 s
+def test_ray_tasks_write_their_rows_to_the_shared_location(tmp_path):
+    pytest.importorskip("ray")
+    grid = {"max_seqs": [1, 8], "token_budget": [256, None]}
+    args = (small_grid_workload(), SchedulerConfig("continuous", chunk=128), SM, grid, 10.0, SLO_)
+    here = search(*args, workers=1)
+    on_ray = search(*args, workers=2, ray="local", results=str(tmp_path / "r"))
+    assert on_ray["points"] == here["points"] and on_ray["best"] == here["best"]
+    assert len(list((tmp_path / "r").glob("part-*.parquet"))) == 4

@@ -237,13 +237,21 @@ def warm() -> None:
                          daemon=True).start()
 
 
-def run_all(fn, jobs: list[dict], workers: int | None = None, ray: str | None = None) -> list:
+def run_all(fn, jobs: list[dict], workers: int | None = None, ray: str | None = None,
+            results: str | None = None) -> list:
     """[fn(**job) for job in jobs], in order: forked for this call into up to `workers`
     processes (default: one per CPU; concurrent.futures) when the caller runs one thread, else on the
     process's shared workers (loky's reusable executor, one per CPU; `workers` does not apply); here, one after
     another, with one worker or job. A job whose worker dies runs here (see _Pool.map). `fn`
     must be a module-level function. A job's exception is raised here. `ray`: run them as Ray
-    tasks instead (core.sim.rayrun: "local", "auto" or "ray://HOST:PORT")."""
+    tasks instead (core.sim.rayrun: "local", "auto" or "ray://HOST:PORT"). `results`: each job writes
+    its result row to this directory or pyarrow filesystem URI, read back as a dataset (core.sim.shared)."""
+    if results is not None:
+        from core.sim import shared
+        shared.prepare(results)
+        run_all(shared.write_result, [dict(fn=fn, job=j, index=k, location=results) for k, j in enumerate(jobs)],
+                workers, ray)
+        return shared.gather(results, len(jobs))
     if ray is not None:
         from core.sim.rayrun import run_on_ray
         return run_on_ray(fn, jobs, ray, workers)

@@ -144,7 +144,8 @@ def _search_point(workload, config, step_model, slo, target, usd_per_hour, prune
 
 def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, grid: dict[str, list], rate: float,
            slo: SLO, target: float = 0.9, seed: int = 0, usd_per_hour: float | None = None,
-           prune: bool = True, workers: int | None = None, ray: str | None = None) -> dict:
+           prune: bool = True, workers: int | None = None, ray: str | None = None,
+           results: str | None = None) -> dict:
     """Every configuration of `grid` (on `base`) at `rate` req/s; the cheapest that meets the
     SLOs (module docstring). Runs go to up to `workers` processes (default one per CPU), or to
     Ray tasks (`ray`: "local", "auto" or "ray://HOST:PORT"; core.sim.rayrun)."""
@@ -159,7 +160,8 @@ def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, gri
     timed = retimed(workload, rate, seed)
     valid = [(pt, c) for pt, c in configs if isinstance(c, SchedulerConfig)]
     results = run_all(search_point, [dict(workload=timed, config=c, step_model=step_model, slo=slo, target=target,
-                                          usd_per_hour=usd_per_hour, prune=prune) for _, c in valid], workers, ray)
+                                          usd_per_hour=usd_per_hour, prune=prune) for _, c in valid], workers, ray,
+                      results)
     by_point = {repr(pt): r for (pt, _), r in zip(valid, results)}
     points = []
     for pt, c in configs:

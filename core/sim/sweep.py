@@ -187,11 +187,12 @@ def capacity(points: list[dict], target: float) -> dict | None:
 
 def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, rates=None, concurrency=None,
           seed: int = 0, slo: SLO | None = None, attainment: float = 0.9, workers: int | None = None,
-          repeats: int = 1, ray: str | None = None) -> dict:
+          repeats: int = 1, ray: str | None = None, results: str | None = None) -> dict:
     """{"kind", "points": [...] (in the order given), "capacity"} over `rates` (req/s, open
     loop) or `concurrency` levels (closed loop). Open-loop points can be repeated with arrival
     seeds seed, seed+1, ... (`repeats`; see with_repeats). Runs go to up to `workers`
-    processes (default: one per CPU); 1 runs them here."""
+    processes (default: one per CPU); 1 runs them here; `ray`: Ray tasks; `results`: each point's row
+    written to that directory or URI and read back as a dataset (core.sim.shared)."""
     if (rates is None) == (concurrency is None):
         raise ConfigError("sweep: give either rates or concurrency levels")
     loads = list(rates if rates is not None else concurrency)
@@ -209,7 +210,7 @@ def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, ra
     jobs = ([dict(rate=x, seed=s) for x in loads for s in seeds] if kind == "rate"
             else [dict(concurrency=int(x)) for x in loads])
     runs = run_all(run_point, [dict(workload=workload, config=config, step_model=step_model, slo=slo, **j)
-                               for j in jobs], workers, ray)
+                               for j in jobs], workers, ray, results)
     points = ([with_repeats(runs[i:i + repeats], seeds) for i in range(0, len(runs), repeats)] if repeats > 1
               else runs)
     out = {"kind": "open" if kind == "rate" else "closed", "workload": workload.name, "requests": len(workload),
