@@ -200,8 +200,8 @@ class _Shared:
 def _worker_start():
     """In each worker, once: numpy's huge-page advice off (core.cli.no_hugepage_advice), and what
     every job imports, imported before the first one arrives."""
-    import core.analysis.compare
-    import core.sim.sweep  # noqa: F401
+    import core.analysis.metrics
+    import core.sim.simulate  # noqa: F401  (pandas and the simulator: what a job spends its import time on)
     from core.cli import no_hugepage_advice
     no_hugepage_advice()
 
