@@ -10,17 +10,28 @@ import pandas as pd
 def cached_blocks(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(t_ms, cached blocks after each row): a stored hash already cached and a removed hash not
     cached change nothing; a clear empties the cache."""
-    cached: set = set()
-    n = np.empty(len(table), dtype=np.int64)
-    for k, (op, h) in enumerate(zip(table["op"].tolist(), table["hash"].tolist())):
-        if op == "stored":
-            cached.add(h)
-        elif op == "removed":
-            cached.discard(h)
-        else:
-            cached.clear()
-        n[k] = len(cached)
-    return table["t_ms"].to_numpy(dtype=float), n
+    return table["t_ms"].to_numpy(dtype=float), CacheCount().feed(table["op"].tolist(), table["hash"].tolist())
+
+
+class CacheCount:
+    """The distinct blocks cached after each kv_event row, fed in recorded order all at once or in
+    consecutive chunks (a trace larger than memory: core/analysis/outofcore.py)."""
+
+    def __init__(self):
+        self.cached: set = set()
+
+    def feed(self, ops: list, hashes: list) -> np.ndarray:
+        cached = self.cached
+        n = np.empty(len(ops), dtype=np.int64)
+        for k, (op, h) in enumerate(zip(ops, hashes)):
+            if op == "stored":
+                cached.add(h)
+            elif op == "removed":
+                cached.discard(h)
+            else:
+                cached.clear()
+            n[k] = len(cached)
+        return n
 
 
 def kv_event_summary(table: pd.DataFrame) -> dict:

@@ -6,10 +6,10 @@ same definitions (that module defines every metric; this one only computes them 
 per-request TTFT, TPOT, E2E and request latency from the token and finish rows grouped by
 request; ITL from consecutive emissions of each request; throughput over the drain window
 [first arrival, last emission] or a fixed one; cost; Little's law; utilisation and the step
-summary from step rows; SLO attainment and goodput; token conservation. Percentiles are exact:
+summary from step rows; SLO attainment and goodput; token conservation; the engine's own KV-event
+summary (`kv_event` rows: counts by op, the peak of distinct cached blocks). Percentiles are exact:
 DuckDB's `quantile_cont` interpolates between order statistics at (n - 1) q, numpy's 'linear'
-(Hyndman-Fan type 7) estimator. Not computed out of core (named in `summary.notes`): the
-engine's own KV-event summary (`kv_event` rows).
+(Hyndman-Fan type 7) estimator.
 
 Memory is bounded by DuckDB's `memory_limit` (it spills sorts and aggregates to a temporary
 directory beside the system's); a million-request trace is read in passes over its columns.
@@ -251,9 +251,8 @@ def _summarize(files, window, usd_per_hour, percentiles, slo) -> dict:
         steps = _step_summary(con, cols)
         if steps is not None:
             summary["steps"] = steps
-        if con.execute("SELECT count(*) FROM src WHERE rtype = 'kv_event'").fetchone()[0]:
-            summary["notes"].append("the engine's KV events (kv_event rows) are not summarised out of core: "
-                                    "python -m core metrics without --out-of-core on a trace that fits in memory")
+        if con.execute("SELECT count(*) FROM src WHERE rtype = 'kv_event'").fetchall()[0][0]:
+            summary["kv_events"] = _kv_event_summary(con)
         if slo is not None and slo.given():
             summary["slo"] = _slo(con, slo, start, end, span_ms)
         con.close()
@@ -320,6 +319,21 @@ def request_table_parquet(path):
     return pd.DataFrame({"id": df["id"].astype(object), "arrival_ms": df["arrival_ms"].astype(float),
                          "prompt_tokens": df["prompt_tokens"].astype("int64"),
                          "max_output_tokens": df["max_output_tokens"].astype("int64")})
+
+def _kv_event_summary(con) -> dict:
+    """kv_events.kv_event_summary from the kv_event rows: counts by op in SQL; the peak of distinct cached
+    blocks by replaying the rows in recorded order, a million at a time (memory: the cache's hashes)."""
+    from core.analysis.kv_events import CacheCount
+    stored, removed, cleared = con.execute(
+        "SELECT count(*) FILTER (kv_event_op = 'stored'), count(*) FILTER (kv_event_op = 'removed'), "
+        "count(*) FILTER (kv_event_op = 'cleared') FROM src WHERE rtype = 'kv_event'").fetchall()[0]
+    count, peak = CacheCount(), 0
+    for b in con.sql("SELECT kv_event_op, hash FROM scan WHERE rtype = 'kv_event'").to_arrow_reader(1 << 20):
+        n = count.feed(b.column("kv_event_op").to_pylist(), b.column("hash").to_pylist())
+        peak = max(peak, int(n.max()) if len(n) else 0)
+    return {"stored_blocks": int(stored), "removed_blocks": int(removed), "cleared": int(cleared),
+            "peak_cached_blocks": peak}
+
 
 def _duckdb_version() -> str:
     import duckdb
