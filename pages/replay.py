@@ -32,12 +32,13 @@ from ui import (
     cached_fidelity,
     cached_prediction,
     cached_request_prediction,
+    count_metric,
     derived,
     ensure_app_frame,
-    fmt_ms,
     large_trace,
     load_trace_file,
     md,
+    ms_metric,
     open_large_trace,
     origin_badge,
     parse_uploaded_run,
@@ -153,15 +154,16 @@ def metrics_panel():
         summary = views.summary()
         s = summary["summary"]
         cols = st.columns(6)
-        cols[0].metric("requests", f"{s['requests']:,}")
-        cols[1].metric("output tokens", f"{s['output_tokens']:,}")   # emitted (the summary's output_tokens)
+        cols[0].metric("requests", count_metric(s["requests"]), help=f"{s['requests']:,}")
+        cols[1].metric("output tokens", count_metric(s["output_tokens"]),   # emitted (the summary's output_tokens)
+                       help=f"{s['output_tokens']:,} emitted")
         tok_s = s["output_tok_per_s"]
         cols[2].metric("output tok/s", "—" if tok_s is None else f"{tok_s:,.1f}",
                        help=f"output tokens over the drain window, {s['window_ms'][0]:g}–{s['window_ms'][1]:g} ms "
                             "(first arrival to last finish; core/analysis/metrics.py)")
-        cols[3].metric("TTFT p50 ms", fmt_ms(s["ttft_ms"]["median"]))
-        cols[4].metric("TTFT p99 ms", fmt_ms(s["ttft_ms"]["p99"]))
-        cols[5].metric("TPOT mean ms", fmt_ms(s["tpot_ms"]["mean"]))
+        cols[3].metric(*ms_metric("TTFT p50", s["ttft_ms"]["median"]))
+        cols[4].metric(*ms_metric("TTFT p99", s["ttft_ms"]["p99"]))
+        cols[5].metric(*ms_metric("TPOT mean", s["tpot_ms"]["mean"]))
         st.caption(f"Percentiles: {s['percentile_estimator']}. " + md(" ".join(s["notes"][:2])))
         if isinstance(tr.meta.get("engine"), dict):
             with st.expander("Engine configuration"):

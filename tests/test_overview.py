@@ -252,3 +252,14 @@ def test_the_overview_command(pair, tmp_path, capsys):
     doc = json.loads((tmp_path / "ov" / "overview.json").read_text())
     assert doc["version"] == overview.VERSION and doc["summary"]["computed"]["out_of_core"]
     assert Path(tmp_path / "ov" / "occupancy.parquet").exists()
+
+
+def test_large_values_fit_their_metric():
+    """A 100k-request trace's TTFT (913,196 ms) and token count (25,668,865) were cut with an ellipsis
+    in their metric columns: past 100 s a time is shown in seconds, past 10 M a count in millions."""
+    from ui.fmt import count_metric, ms_metric
+    assert ms_metric("TTFT p50", 88.125) == ("TTFT p50 ms", "88.125")
+    assert ms_metric("TTFT p50", 99_999.5) == ("TTFT p50 ms", "99,999.5")
+    assert ms_metric("TTFT p50", 913_196.0) == ("TTFT p50 s", "913.2")
+    assert ms_metric("TPOT mean", None) == ("TPOT mean ms", "—")
+    assert count_metric(100_000) == "100,000" and count_metric(25_668_865) == "25.67 M"

@@ -47,6 +47,19 @@ def fmt_ms(x) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.3f}".rstrip("0").rstrip(".")
 
 
+def ms_metric(name: str, x) -> tuple[str, str]:
+    """(label, value) of a time for st.metric: in ms ("TTFT p50 ms", "88.125"), or past 100 s in
+    seconds ("TTFT p50 s", "913.2"), so that the value fits its column (a 7-digit ms value was cut)."""
+    if x is not None and not (isinstance(x, float) and math.isnan(x)) and abs(x) >= 100_000:
+        return f"{name} s", f"{x / 1000:,.1f}"
+    return f"{name} ms", fmt_ms(x)
+
+
+def count_metric(n: int) -> str:
+    """A count for st.metric: exact up to 9,999,999, else in millions ("25.67 M")."""
+    return f"{n:,}" if abs(n) < 10_000_000 else f"{n / 1e6:,.2f} M"
+
+
 def request_table(summary: dict) -> pd.DataFrame:
     """Per-request metrics for display; a missing TPOT shows as an em dash, never 0.
     `output_tokens` in a summary is the count emitted."""
