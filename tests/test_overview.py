@@ -263,3 +263,21 @@ def test_large_values_fit_their_metric():
     assert ms_metric("TTFT p50", 913_196.0) == ("TTFT p50 s", "913.2")
     assert ms_metric("TPOT mean", None) == ("TPOT mean ms", "—")
     assert count_metric(100_000) == "100,000" and count_metric(25_668_865) == "25.67 M"
+
+
+def test_a_damaged_overview_is_rebuilt_and_a_foreign_folder_is_left_alone(tmp_path):
+    tr = load_trace(DATA / "traces" / "chapter31_measured_cpu.json")
+    path = tmp_path / "t.parquet"
+    path.write_bytes(to_parquet_bytes(tr))
+    ov, _ = overview.open_overview(path)
+    (ov.folder / "tokens.parquet").write_bytes(b"PAR1 damaged PAR1")
+    ov2, took = overview.open_overview(path)
+    assert took is not None and len(ov2.window([0, 1]).tokens) == len(cursor.subset(tr, [0, 1]).tokens)
+    other = tmp_path / "u.parquet"
+    other.write_bytes(to_parquet_bytes(tr))
+    mine = tmp_path / "u.parquet.overview"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(InputError, match="not an overview this tool wrote"):
+        overview.open_overview(other)
+    assert (mine / "notes.txt").read_text() == "mine"

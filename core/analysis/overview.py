@@ -95,6 +95,9 @@ def build(path, out: Path | None = None, progress=None) -> Path:
     files = parquet_files(path)
     head = trace_head(files)
     out = overview_dir(path) if out is None else Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "overview.json").exists())):
+        raise InputError(f"{out}: exists and is not an overview this tool wrote; left as it is (move it, or give "
+                         "python -m core overview --out DIR)")
     out.parent.mkdir(parents=True, exist_ok=True)
     say = progress or (lambda msg: None)
     t_start = time.perf_counter()
@@ -386,5 +389,12 @@ def open_overview(path, build_missing: bool = True, progress=None) -> tuple[Over
         t = time.perf_counter()
         folder = build(path, progress=progress)
         built = time.perf_counter() - t
-    return Overview(folder, Path(path).name), built
+    try:
+        return Overview(folder, Path(path).name), built
+    except Exception:     # a damaged overview (its JSON or Parquet files): built again, once
+        if built is not None:
+            raise
+        t = time.perf_counter()
+        folder = build(path, progress=progress)
+        return Overview(folder, Path(path).name), time.perf_counter() - t
 
