@@ -365,13 +365,8 @@ def _read(path):
 
 def _parquet_rows(path) -> int | None:
     """Rows of a Parquet trace (file or directory of parts) from its footers, None for other files."""
-    import pyarrow.parquet as pq
-    p = Path(path)
-    files = sorted(p.glob("*.parquet")) if p.is_dir() else [p] if p.suffix == ".parquet" and p.is_file() else []
-    try:
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in files) if files else None
-    except Exception:       # not Parquet after all: the ordinary reader says what is wrong
-        return None
+    from core.analysis.outofcore import parquet_rows
+    return parquet_rows(path)
 
 
 def cmd_compare(a) -> int:

@@ -14,14 +14,21 @@ from core.trace import Trace
 
 
 def time_range(trace: Trace) -> tuple[float, float]:
-    t0 = float(trace.requests["arrival_ms"].min()) if len(trace.requests) else 0.0
+    return time_range_of(trace.requests, float(trace.tokens["t_ms"].max()) if len(trace.tokens) else None,
+                         trace.steps, trace.finishes)
+
+
+def time_range_of(requests: pd.DataFrame, last_token_ms: float | None, steps: pd.DataFrame,
+                  finishes: pd.DataFrame) -> tuple[float, float]:
+    """time_range from the request, step and finish tables and the last token's time (None: no tokens)."""
+    t0 = float(requests["arrival_ms"].min()) if len(requests) else 0.0
     ends = [t0]
-    if len(trace.tokens):
-        ends.append(float(trace.tokens["t_ms"].max()))
-    if len(trace.steps):
-        ends.append(float((trace.steps["t_ms"] + trace.steps["dur_ms"]).max()))
-    if len(trace.finishes):
-        ends.append(float(trace.finishes["t_ms"].max()))
+    if last_token_ms is not None:
+        ends.append(last_token_ms)
+    if len(steps):
+        ends.append(float((steps["t_ms"] + steps["dur_ms"]).max()))
+    if len(finishes):
+        ends.append(float(finishes["t_ms"].max()))
     return t0, max(ends)
 
 

@@ -154,16 +154,20 @@ def drain_window(trace) -> tuple[float, float]:
     return start, end
 
 
+def measurement_window(window: tuple[float, float] | None, drain: tuple[float, float]) -> tuple[float, float, str]:
+    """(start, end, kind) of a throughput window: the drain window given (kind "drain") when `window` is
+    None, else the fixed [start, end] checked (kind "fixed")."""
+    if window is None:
+        return drain[0], drain[1], "drain"
+    start, end = float(window[0]), float(window[1])
+    if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
+        raise InputError(f"window: expected START_MS < END_MS, got [{start}, {end}]")
+    return start, end, "fixed"
+
+
 def throughput(trace, window: tuple[float, float] | None = None) -> Throughput:
     """Output tokens per second over the drain window (default) or a fixed [start, end]."""
-    if window is None:
-        start, end = drain_window(trace)
-        kind = "drain"
-    else:
-        start, end = float(window[0]), float(window[1])
-        if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
-            raise InputError(f"window: expected START_MS < END_MS, got [{start}, {end}]")
-        kind = "fixed"
+    start, end, kind = measurement_window(window, drain_window(trace))
     t = trace.tokens["t_ms"].to_numpy()
     inside = int(np.count_nonzero((t >= start) & (t <= end)))
     return Throughput(inside, start, end, kind)

@@ -61,8 +61,13 @@ def snapshot_times(trace, max_snapshots: int = 200) -> np.ndarray:
         t = trace.steps["t_ms"].to_numpy()
     else:
         t = np.unique(trace.kv["t_ms"].to_numpy())
-    if len(trace.tokens):
-        t = np.append(t, trace.tokens["t_ms"].max())
+    return thinned_snapshots(t, trace.tokens["t_ms"].max() if len(trace.tokens) else None, max_snapshots)
+
+
+def thinned_snapshots(t: np.ndarray, last_token_ms: float | None, max_snapshots: int) -> np.ndarray:
+    """snapshot_times from the candidate times (step starts, or kv event times) and the last token's."""
+    if last_token_ms is not None:
+        t = np.append(t, last_token_ms)
     t = np.unique(t)
     if len(t) > max_snapshots:
         t = t[np.linspace(0, len(t) - 1, max_snapshots).round().astype(int)]
@@ -83,8 +88,12 @@ def drawn_blocks(trace, limit: int = MAX_POOL_DRAWN) -> int:
     is drawn as 64 even when a run touched 33; otherwise only the blocks ever touched (with a huge
     or unsized pool the rest stay free forever, and the allocator hands out the lowest ids first)."""
     kv = trace.kv
-    touched = int(kv["block"].max() + 1) if len(kv) else 0
-    engine = trace.meta.get("engine") if isinstance(trace.meta, dict) else None
+    return blocks_drawn(int(kv["block"].max() + 1) if len(kv) else 0, trace.meta, limit)
+
+
+def blocks_drawn(touched: int, meta, limit: int = MAX_POOL_DRAWN) -> int:
+    """drawn_blocks from the number of blocks touched and the trace's meta."""
+    engine = meta.get("engine") if isinstance(meta, dict) else None
     pool = engine.get("kv_blocks") if isinstance(engine, dict) else None
     if isinstance(pool, int) and not isinstance(pool, bool) and touched <= pool <= limit:
         return pool

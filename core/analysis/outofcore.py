@@ -29,6 +29,7 @@ from core.analysis.metrics import (
     ESTIMATOR_LABEL,
     SLO,
     distribution_of,
+    measurement_window,
 )
 from core.errors import InputError
 
@@ -51,6 +52,18 @@ def parquet_files(path) -> list[Path]:
     if not p.exists():
         raise InputError(f"{p}: no such file")
     return [p]
+
+
+def parquet_rows(path) -> int | None:
+    """Rows of a Parquet trace (a .parquet file or a directory of parts) from its footers; None for other
+    files, or one that is not Parquet after all (the ordinary reader then says what is wrong)."""
+    import pyarrow.parquet as pq
+    p = Path(path)
+    files = sorted(p.glob("*.parquet")) if p.is_dir() else [p] if p.suffix == ".parquet" and p.is_file() else []
+    try:
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in files) if files else None
+    except Exception:       # pyarrow raises many types for a damaged file
+        return None
 
 
 def trace_head(files: list[Path]) -> dict:
@@ -183,15 +196,9 @@ def _summarize(files, window, usd_per_hour, percentiles, slo) -> dict:
             "FROM m").fetchone()
         first_arrival, last_token = con.execute(
             "SELECT (SELECT min(arrival) FROM r), (SELECT max(t_ms) FROM src WHERE rtype = 'token')").fetchone()
-        if window is None:
-            start = float(first_arrival) if first_arrival is not None else 0.0
-            end = float(last_token) if last_token is not None else start
-            kind = "drain"
-        else:
-            start, end = float(window[0]), float(window[1])
-            if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
-                raise InputError(f"window: expected START_MS < END_MS, got [{start}, {end}]")
-            kind = "fixed"
+        drain_start = float(first_arrival) if first_arrival is not None else 0.0    # metrics.drain_window
+        start, end, kind = measurement_window(
+            window, (drain_start, float(last_token) if last_token is not None else drain_start))
         emitted = int(con.execute("SELECT count(*) FROM src WHERE rtype = 'token' AND t_ms >= ? AND t_ms <= ?",
                                   [start, end]).fetchone()[0])
         span_ms = end - start

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from core.analysis.occupancy import MAX_POOL_DRAWN, Occupancy, OccupancyGrid
-from core.analysis.outofcore import _connect, _source_view, parquet_files, summarize_parquet, trace_head
+from core.analysis.occupancy import Occupancy, OccupancyGrid, blocks_drawn, thinned_snapshots
+from core.analysis.outofcore import _connect, _source_view, parquet_files, parquet_rows, summarize_parquet, trace_head
 from core.errors import InputError
 from core.trace.model import Trace
 from core.trace.schema import BATCH, TABLES, TOKEN
@@ -43,19 +43,6 @@ LARGE_TRACE_ROWS = 20_000_000   # a Parquet trace past this many rows is opened 
 KV_CHUNK_ROWS = 1 << 20     # kv rows held at once while the block states are filled
 SUFFIX = ".overview"
 _SMALL = ("request", "finish", "step", "preempt")   # record types read whole at open (one row per request/step)
-
-
-def _rows_of(files: list[Path]) -> int:
-    import pyarrow.parquet as pq
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-
-
-def parquet_rows(path) -> int | None:
-    """Rows of a Parquet trace (a file or a directory of parts), None when it is not one."""
-    try:
-        return _rows_of(parquet_files(path))
-    except Exception:   # InputError, OSError, or any of pyarrow's for a damaged file
-        return None
 
 
 def is_large(path) -> bool:
@@ -157,15 +144,8 @@ def _occupancy(con, meta: dict, tmp: Path) -> dict | None:
         "SELECT DISTINCT t_ms FROM src WHERE rtype = ? ORDER BY t_ms", ["step" if has_steps else "kv"]).fetchall()],
         dtype=float)
     last_token = con.execute("SELECT max(t_ms) FROM src WHERE rtype = 'token'").fetchone()[0]
-    if last_token is not None:
-        t = np.unique(np.append(t, float(last_token)))
-    if len(t) > SNAPSHOTS:
-        t = t[np.linspace(0, len(t) - 1, SNAPSHOTS).round().astype(int)]
-    touched = int(max_block) + 1
-    engine = meta.get("engine") if isinstance(meta, dict) else None
-    pool = engine.get("kv_blocks") if isinstance(engine, dict) else None
-    blocks = pool if isinstance(pool, int) and not isinstance(pool, bool) and touched <= pool <= MAX_POOL_DRAWN \
-        else touched
+    t = thinned_snapshots(t, None if last_token is None else float(last_token), SNAPSHOTS)
+    blocks = blocks_drawn(int(max_block) + 1, meta)
     grid = OccupancyGrid(t, blocks)
     ops = ["alloc", "free", "hit", "cow", "evict", "cache"]
     ops += [o for (o,) in con.execute("SELECT DISTINCT op FROM src WHERE rtype = 'kv'").fetchall() if o not in ops]
@@ -278,16 +258,10 @@ class Overview:
 
     def span(self) -> tuple[float, float]:
         """cursor.time_range of the whole trace."""
+        from core.analysis.cursor import time_range_of
         sk = self.skeleton
-        t0 = float(sk.requests["arrival_ms"].min()) if len(sk.requests) else 0.0
-        ends = [t0]
-        if self.count.any():
-            ends.append(float(np.nanmax(self.last)))
-        if len(sk.steps):
-            ends.append(float((sk.steps["t_ms"] + sk.steps["dur_ms"]).max()))
-        if len(sk.finishes):
-            ends.append(float(sk.finishes["t_ms"].max()))
-        return t0, max(ends)
+        return time_range_of(sk.requests, float(np.nanmax(self.last)) if self.count.any() else None, sk.steps,
+                             sk.finishes)
 
     def in_flight(self) -> pd.DataFrame:
         from core.analysis.cursor import in_flight_series
@@ -357,9 +331,8 @@ class Overview:
 
     def counted_steps(self) -> bool:
         """stepfit.counted_steps: steps with counts and no batch entries (an engine's iteration log)."""
-        st = self.skeleton.steps
-        return (bool(len(st)) and not self._batch.pf.metadata.num_rows and "prefill_tokens" in st
-                and bool((st["prefill_tokens"] >= 0).all()))
+        from core.fit.stepfit import counted_steps_of
+        return counted_steps_of(self.skeleton.steps, self._batch.pf.metadata.num_rows > 0)
 
     def rows(self) -> dict:
         """Rows of each record type in the trace."""

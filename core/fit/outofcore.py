@@ -15,7 +15,7 @@ import numpy as np
 
 from core.analysis.outofcore import _connect, _source_view, parquet_files, trace_head
 from core.errors import ConfigError
-from core.fit.stepfit import FEATURES, MIN_STEPS, MODELS, model_of, solve
+from core.fit.stepfit import FEATURES, MIN_STEPS, MODELS, counted_features_of, model_of, solve
 
 
 def features_parquet(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, bool]:
@@ -35,7 +35,10 @@ def features_parquet(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, bo
         if S and not n_batch:
             con.close()
             counted = "prefill_tokens" in steps and bool((np.asarray(steps["prefill_tokens"]) >= 0).all())
-            return _counted(steps) + (meta, counted)
+            if not counted:
+                return np.zeros(0, dtype=np.int64), np.zeros((0, len(FEATURES))), np.zeros(0), meta, False
+            import pandas as pd
+            return counted_features_of(pd.DataFrame(steps)) + (meta, True)
         if not S or not n_batch:
             con.close()
             return np.zeros(0, dtype=np.int64), np.zeros((0, len(FEATURES))), np.zeros(0), meta, False
@@ -81,20 +84,6 @@ def features_parquet(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, bo
         X[rows[ok], col] = np.asarray(agg[name], dtype=float)[ok]
     has[rows[ok]] = True
     return numbers[has], X[has], np.asarray(steps["dur_ms"], dtype=float)[has], meta, False
-
-
-def _counted(steps: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """stepfit.counted_features from the step columns (an engine's iteration log: counts, no entries)."""
-    if "prefill_tokens" not in steps or (np.asarray(steps["prefill_tokens"]) < 0).any():
-        return np.zeros(0, dtype=np.int64), np.zeros((0, len(FEATURES))), np.zeros(0)
-    S = len(steps["step"])
-    X = np.zeros((S, len(FEATURES)))
-    X[:, 0] = 1.0
-    X[:, 1] = np.asarray(steps["prefill_tokens"], dtype=float)
-    X[:, 2] = np.asarray(steps["decode_reqs"], dtype=float)
-    X[:, 5] = np.asarray(steps["prefill_reqs"], dtype=float)
-    has = (X[:, 1] + X[:, 2]) > 0
-    return np.asarray(steps["step"], dtype=np.int64)[has], X[has], np.asarray(steps["dur_ms"], dtype=float)[has]
 
 
 def fit_parquet(path, model: str = "features"):

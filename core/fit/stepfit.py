@@ -79,14 +79,22 @@ def entry_start_positions(trace) -> np.ndarray:
 def counted_steps(trace) -> bool:
     """Steps that carry counts instead of batch entries (an engine's iteration log): prefill
     tokens, prefill and decode requests are known, attended positions are not."""
-    st = trace.steps
-    return bool(len(st)) and not len(trace.batch) and "prefill_tokens" in st and bool((st["prefill_tokens"] >= 0).all())
+    return counted_steps_of(trace.steps, bool(len(trace.batch)))
+
+
+def counted_steps_of(st, has_batch: bool) -> bool:
+    """counted_steps from the step table and whether the trace has batch entries."""
+    return bool(len(st)) and not has_batch and "prefill_tokens" in st and bool((st["prefill_tokens"] >= 0).all())
 
 
 def counted_features(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """trace_features of counted steps: 1, prefill tokens, decoding requests, -, -, prefill
     requests (positions unknown: 0). Steps that did no work are left out."""
-    st = trace.steps
+    return counted_features_of(trace.steps)
+
+
+def counted_features_of(st) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """counted_features from the step table alone."""
     X = np.zeros((len(st), len(FEATURES)))
     X[:, 0] = 1.0
     X[:, 1] = st["prefill_tokens"].to_numpy(dtype=float)
