@@ -260,8 +260,9 @@ def cmd_fit(a) -> int:
         if a.from_requests or a.from_token_times:
             raise InputError("fit: --out-of-core fits to step events; --from-requests and --from-token-times read the "
                              "trace in memory")
-        if rows is None:
+        if rows is None and not (Path(a.trace).suffix == ".parquet" or Path(a.trace).is_dir()):
             raise InputError(f"{a.trace}: --out-of-core reads Parquet traces (a .parquet file or a directory of parts)")
+        # (a damaged .parquet file goes on to the reader, which names what is wrong with it)
         from core.fit.outofcore import fit_parquet
         sm, report = fit_parquet(a.trace, a.model or "features")
         return _fit_report(a, sm, report)

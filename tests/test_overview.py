@@ -281,3 +281,14 @@ def test_a_damaged_overview_is_rebuilt_and_a_foreign_folder_is_left_alone(tmp_pa
     with pytest.raises(InputError, match="not an overview this tool wrote"):
         overview.open_overview(other)
     assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_out_of_core_commands_name_a_damaged_parquet_file(tmp_path, capsys):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not parquet PAR1")
+    for argv in (["fit", str(bad), "--out-of-core"], ["overview", str(bad)],
+                 ["export", str(bad), "--out-of-core", "--csv", str(tmp_path / "o.csv")],
+                 ["compare", str(bad), str(bad), "--out-of-core"]):
+        assert main(argv) == 2
+        assert "not a readable Parquet file" in capsys.readouterr().err, argv
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.parquet"]

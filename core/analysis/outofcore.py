@@ -48,7 +48,8 @@ def parquet_files(path) -> list[Path]:
             raise InputError(f"{p}: a directory without .parquet parts")
         return parts
     if p.suffix != ".parquet":
-        raise InputError(f"{p}: out-of-core metrics read Parquet traces (a .parquet file or a directory of parts)")
+        raise InputError(f"{p}: out-of-core analysis (metrics, overview, compare, fit, export) can only read Parquet "
+                         "traces (a .parquet file or a directory of parts)")
     if not p.exists():
         raise InputError(f"{p}: no such file")
     return [p]
