@@ -331,7 +331,7 @@ class Overview:
 
     def counted_steps(self) -> bool:
         """stepfit.counted_steps: steps with counts and no batch entries (an engine's iteration log)."""
-        from core.fit.stepfit import counted_steps_of
+        from core.trace.model import counted_steps_of
         return counted_steps_of(self.skeleton.steps, self._batch.pf.metadata.num_rows > 0)
 
     def rows(self) -> dict:

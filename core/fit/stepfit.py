@@ -25,6 +25,7 @@ import pandas as pd
 from core.config import from_dict
 from core.errors import ConfigError
 from core.sim.stepmodel import FEATURE_COEFFICIENTS, FEATURES, StepModel
+from core.trace.model import counted_steps_of
 
 FORMAT = "serving-explorer/step-model/1"
 MODELS = {"affine": FEATURES[:3], "features": FEATURES}
@@ -81,10 +82,6 @@ def counted_steps(trace) -> bool:
     tokens, prefill and decode requests are known, attended positions are not."""
     return counted_steps_of(trace.steps, bool(len(trace.batch)))
 
-
-def counted_steps_of(st, has_batch: bool) -> bool:
-    """counted_steps from the step table and whether the trace has batch entries."""
-    return bool(len(st)) and not has_batch and "prefill_tokens" in st and bool((st["prefill_tokens"] >= 0).all())
 
 
 def counted_features(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

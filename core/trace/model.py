@@ -136,3 +136,8 @@ class Trace:
         return Workload(reqs, name=self.meta.get("label") or "trace workload")
 
 
+def counted_steps_of(steps: pd.DataFrame, has_batch: bool) -> bool:
+    """Steps that carry counts instead of batch entries (an engine's iteration log), from the step
+    table and whether the trace has batch entries (core.fit.stepfit.counted_steps)."""
+    return (bool(len(steps)) and not has_batch and "prefill_tokens" in steps
+            and bool((steps["prefill_tokens"] >= 0).all()))
