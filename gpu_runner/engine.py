@@ -1,6 +1,7 @@
 """The runner: the core step loop with a real model as its executor.
 
-`Engine.run` hands `core.engine.loop.run` a `ModelExecutor` and the wall clock; the scheduler
+`Engine.run` builds an engine core (core.engine.core.EngineCore) with a `ModelExecutor` and
+steps it on the wall clock (core.engine.loop.run); the scheduler
 (admission, chunking, KV blocks, prefix hits, preemption, stop conditions) is exactly the
 simulator's. The executor sees only SchedulerOutputs (core.engine.outputs): it keeps its own
 copy of each request's token ids and block table, updated from the ids and block ids each
@@ -20,9 +21,8 @@ import torch
 
 from core.config import SamplingParams, SchedulerConfig, to_dict
 from core.engine import loop
+from core.engine.core import EngineCore
 from core.engine.outputs import EngineOutputs, ExecutorOutput, SchedulerOutput
-from core.engine.scheduler import Scheduler
-from core.engine.steplog import StepLog
 from core.errors import ConfigError
 from core.trace import Trace
 from core.workload import Request, Workload
@@ -177,12 +177,12 @@ class Engine:
                               f"tokens exceeds the model's {m.cfg.max_seq_len:,} positions")
         wl, notes = prepare_workload(workload, self.tok, m.cfg.vocab_size)
         sched_cfg = self.scheduler_config()
-        log = StepLog() if self.cfg.record else None
-        sched = Scheduler(wl, sched_cfg, log, stop_token_ids=self.stop_token_ids, request_data=True)
+        core = EngineCore(sched_cfg, None, wl, record=self.cfg.record, stop_token_ids=self.stop_token_ids,
+                          request_data=True)
         # Requests arrive on the wall clock: the capture starts at the first arrival and an idle
         # engine sleeps until the next one.
         clock = loop.WallClock(wl.requests[0].arrival_ms)
-        executor = ModelExecutor(self, sched.kv.num_blocks, sched_cfg.block_size, clock)
+        core.executor = executor = ModelExecutor(self, core.num_kv_blocks, sched_cfg.block_size, clock)
         for i, r in enumerate(wl.requests):
             executor.add_request(i, r.id, self.cfg.sampling)
         total_out = sum(r.max_output_tokens for r in wl.requests)
@@ -201,19 +201,19 @@ class Engine:
 
         self.interrupted = False
         try:
-            loop.run(sched, executor, clock, on_output=after)
+            loop.run(core, clock, on_output=after)
         except KeyboardInterrupt:  # Ctrl-C: keep what was served; the trace says it is partial
             self.interrupted = True
-            notes.append(f"interrupted after {sched.step} steps: {sched.num_done} of {sched.n} requests finished; "
-                         "unfinished requests have no finish event")
-        outputs = {r.id: list(sched.requests.outputs(i)) for i, r in enumerate(wl.requests)}
-        self.last_scheduler = sched
-        if log is None:
+            notes.append(f"interrupted after {core.num_steps} steps: {core.num_done} of {core.num_requests} requests "
+                         "finished; unfinished requests have no finish event")
+        outputs = {r.id: list(core.scheduler.requests.outputs(i)) for i, r in enumerate(wl.requests)}
+        self.last_core = core
+        if core.log is None:
             return None, outputs
-        meta = loop.trace_meta(sched, wl, "measured", f"{wl.name} on {self.model_name} ({sched_cfg.policy})",
+        meta = core.trace_meta(wl, "measured", f"{wl.name} on {self.model_name} ({sched_cfg.policy})",
                                self.engine_meta(), device=device_name(self.device), **self.model_meta(),
                                notes="; ".join(notes))
-        return loop.to_trace(log, wl, meta), outputs
+        return core.trace(wl, meta), outputs
 
     def note_first_step(self, out: EngineOutputs):
         """Cold start: the first step's duration (lazy initialisation, allocator and kernel

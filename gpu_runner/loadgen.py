@@ -271,7 +271,7 @@ class Capture:
 
     def doc(self, workload: Workload, how: str) -> dict:
         """The serving-trace/1 document of what was captured."""
-        from core.engine.loop import now_iso
+        from core.engine.core import now_iso
         requests, events, odd = [], [], []
         for rec in sorted(self.records, key=lambda r: r["arrival_ms"]):
             chunks = rec["chunks"]

@@ -191,7 +191,7 @@ class Telemetry:
         return "; ".join(parts)
 
     def trace(self, t0_ns: int, label: str):
-        from core.engine.loop import now_iso
+        from core.engine.core import now_iso
         from core.trace.imports.telemetry import telemetry_trace
         notes = [f"observed by gpu_runner observe: {self.summary()}."]
         if self.counts["kv_seq_gaps"]:

@@ -1,8 +1,8 @@
 """The engine behind `python -m gpu_runner serve`: the core step loop in one background
 thread, fed by HTTP handlers through an inbox.
 
-    handler --submit()--> inbox --(between steps)--> Scheduler.add_request / abort
-    engine thread: core.engine.loop.run(scheduler, ModelExecutor, WallClock, inbox=...,
+    handler --submit()--> inbox --(between steps)--> EngineCore.add_request / abort
+    engine thread: core.engine.loop.run(EngineCore(ModelExecutor), WallClock, inbox=...,
                                         on_output=...)
     each EngineOutputs: queued, tokens, finishes --call_soon_threadsafe--> the handler's queue
 
@@ -26,9 +26,8 @@ from pathlib import Path
 
 from core.config import SamplingParams
 from core.engine import loop
+from core.engine.core import EngineCore
 from core.engine.outputs import EngineOutputs
-from core.engine.scheduler import Scheduler
-from core.engine.steplog import StepLog
 from core.errors import ConfigError
 from core.trace import save_trace
 from core.workload import Request, Workload
@@ -153,15 +152,16 @@ class ServingEngine:
         self.cfg = engine.scheduler_config()
         if self.cfg.kv_blocks is None:
             raise ConfigError("serve needs a KV pool size: --kv-blocks N or --kv-memory-mb M")
-        self.log = StepLog() if (engine.cfg.record or trace_out is not None) else None
-        self.sched = Scheduler(None, self.cfg, self.log, stop_token_ids=engine.stop_token_ids, request_data=True)
+        self.core = EngineCore(self.cfg, None, record=engine.cfg.record or trace_out is not None,
+                               stop_token_ids=engine.stop_token_ids, request_data=True)
         self.clock = loop.WallClock(0.0)
-        self.executor = ModelExecutor(engine, self.cfg.kv_blocks, self.cfg.block_size, self.clock)
+        self.core.executor = self.executor = ModelExecutor(engine, self.cfg.kv_blocks, self.cfg.block_size,
+                                                           self.clock)
         self.max_waiting = max_waiting
         self.events = events if events is not None else LocalEvents(metrics)
         self.trace_out = trace_out
         self.streams: dict[int, Stream] = {}     # unanswered requests by scheduler row
-        self.stats = self.sched.stats()           # the engine's gauges after its last output
+        self.stats = self.core.stats()            # the engine's gauges after its last output
         self._pending: deque = deque()
         self._cv = threading.Condition()
         self._stopping = False
@@ -230,7 +230,7 @@ class ServingEngine:
             self.thread.join(timeout_s)
 
     def served(self) -> dict:
-        return {"requests": self.sched.n, "steps": self.sched.step}
+        return {"requests": self.core.num_requests, "steps": self.core.num_steps}
 
     def load(self) -> dict:
         """Running / waiting / KV usage after the engine's last output."""
@@ -238,7 +238,7 @@ class ServingEngine:
         return {"running": st.running, "waiting": st.waiting + len(self._pending), "kv_usage": st.kv_usage}
 
     # ---- the inbox the step loop drains (engine thread) ---------------------------------------
-    def drain(self, sched: Scheduler, now_ms: float) -> bool:
+    def drain(self, core: EngineCore, now_ms: float) -> bool:
         with self._cv:
             items = list(self._pending)
             self._pending.clear()
@@ -249,10 +249,10 @@ class ServingEngine:
             else:   # the finish comes back in the next EngineOutputs
                 s, reason = item[1], item[2]
                 if s.index is not None and not s.done:
-                    sched.abort(s.index, now_ms, reason)
+                    core.abort(s.index, now_ms, reason)
         if stopping:
             for s in list(self.streams.values()):
-                sched.abort(s.index, now_ms, "abort")
+                core.abort(s.index, now_ms, "abort")
         self.events.flush()
         if stopping:
             return False
@@ -272,7 +272,7 @@ class ServingEngine:
     def _add(self, s: Stream):
         r = Request(s.rid, s.arrival_ms, len(s.prompt_ids), s.max_tokens, tuple(s.prompt_ids))
         try:
-            s.index = self.sched.add_request(r, s.stop_ids)
+            s.index = self.core.add_request(r, s.stop_ids)
         except (ConfigError, ValueError) as e:
             self.events.error(s, str(e))
             return
@@ -326,7 +326,7 @@ class ServingEngine:
         import torch
         try:
             with torch.inference_mode():
-                loop.run(self.sched, self.executor, self.clock, on_output=self.on_output, inbox=self)
+                loop.run(self.core, self.clock, on_output=self.on_output, inbox=self)
         except BaseException as e:  # a model error must not leave clients waiting forever
             self.error = e
             with self._cv:
@@ -340,19 +340,19 @@ class ServingEngine:
 
     # ---- the trace --------------------------------------------------------------------------
     def workload(self) -> Workload | None:
-        return self.sched.requests.workload("served") if self.sched.n else None
+        return self.core.scheduler.requests.workload("served") if self.core.num_requests else None
 
     def trace(self):
         """The measured trace of everything served so far (unfinished requests have no finish)."""
         from gpu_runner.engine import device_name
         wl = self.workload()
-        if wl is None or self.log is None:
+        if wl is None or self.core.log is None:
             return None
         e = self.engine
-        meta = loop.trace_meta(self.sched, wl, "measured", f"served by gpu_runner on {e.model_name}",
-                               e.engine_meta(), device=device_name(e.device), **e.model_meta(),
-                               notes="gpu_runner serve: arrival = when the HTTP request was accepted")
-        return loop.to_trace(self.log, wl, meta)
+        meta = self.core.trace_meta(wl, "measured", f"served by gpu_runner on {e.model_name}",
+                                    e.engine_meta(), device=device_name(e.device), **e.model_meta(),
+                                    notes="gpu_runner serve: arrival = when the HTTP request was accepted")
+        return self.core.trace(wl, meta)
 
     def _maybe_flush(self):
         if self.trace_out is not None and time.monotonic() - self._last_flush >= self._flush_every:
@@ -363,7 +363,7 @@ class ServingEngine:
         killed server loses at most the last interval. The interval is one second while a
         rewrite is cheap; as the trace grows it stretches so that rewriting takes at most
         FLUSH_SHARE of the engine thread (a 50 ms rewrite: every second; 200 ms: every 4 s)."""
-        if self.trace_out is None or (self.sched.step == self._flushed_step and not final):
+        if self.trace_out is None or (self.core.num_steps == self._flushed_step and not final):
             return
         started = time.monotonic()
         self._last_flush = started
@@ -373,10 +373,10 @@ class ServingEngine:
         from core.cli import write_output
         try:
             write_output(self.trace_out, lambda p: save_trace(tr, p), "--trace-out")
-            self._flushed_step = self.sched.step
+            self._flushed_step = self.core.num_steps
             self._flush_every = max(FLUSH_EVERY_S, (time.monotonic() - started) / FLUSH_SHARE)
             if final:
-                print(f"gpu_runner serve: wrote {self.trace_out} ({self.sched.n} requests, {self.sched.step} steps)",
-                      flush=True)
+                print(f"gpu_runner serve: wrote {self.trace_out} ({self.core.num_requests} requests, "
+                      f"{self.core.num_steps} steps)", flush=True)
         except Exception as e:  # a full disk must not stop serving; say it once per flush
             print(f"gpu_runner serve: could not write {self.trace_out}: {e}", flush=True)

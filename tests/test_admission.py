@@ -7,8 +7,7 @@ from hypothesis import strategies as st
 from core.analysis.metrics import SLO, summarize
 from core.config import SchedulerConfig
 from core.engine import loop
-from core.engine.scheduler import Scheduler
-from core.engine.steplog import StepLog
+from core.engine.core import EngineCore
 from core.errors import ConfigError, WorkloadError
 from core.sim.simulate import StepTimeExecutor, simulate
 from core.sim.stepmodel import StepModel
@@ -129,13 +128,13 @@ def test_block_manager_invariants_with_every_control_on(rows, limit, wm, sp, chu
     w = Workload(reqs)
     cfg = SchedulerConfig("continuous", max_seqs=3, token_budget=32, chunk=8 if chunked else None, block_size=4,
                           kv_blocks=12, kv_watermark=wm, queue_limit=limit, scheduling_policy=sp, max_model_len=40)
-    sched = Scheduler(w, cfg, StepLog())
-    loop.run(sched, StepTimeExecutor(StepModel("affine", base_ms=1.0, prefill_ms_per_token=0.1,
-                                               decode_ms_per_seq=0.5)),
-             loop.VirtualClock(w.requests[0].arrival_ms), on_output=lambda out: sched.kv.check())
+    core = EngineCore(cfg, StepTimeExecutor(StepModel("affine", base_ms=1.0, prefill_ms_per_token=0.1,
+                                                      decode_ms_per_seq=0.5)), w, record=True)
+    sched = core.scheduler
+    loop.run(core, loop.VirtualClock(w.requests[0].arrival_ms), on_output=lambda out: sched.kv.check())
     assert sched.kv.num_free == sched.kv.num_blocks and sched.done()
     sched.kv.check()
-    fin = sched.log.finishes
+    fin = core.log.finishes
     assert sorted(f.req for f in fin) == list(range(len(reqs)))           # every request ends once
     for f in fin:
         r = w.requests[f.req]

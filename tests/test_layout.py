@@ -257,3 +257,32 @@ def test_the_readme_map_names_every_module():
             if p.name != "__init__.py" and p.name not in entries.get(folder, "").split():
                 missing.append(str(p.relative_to(ROOT)))
     assert missing == []
+
+
+ENGINE_PARTS = ("core/engine/scheduler.py", "core/engine/kv_cache.py", "core/engine/block_pool.py",
+                "core/engine/prefix_cache.py", "core/engine/policies.py", "core/engine/admission.py",
+                "core/engine/fastforward.py", "core/engine/requests.py")
+RECORDERS = ("core.engine.steplog", "core.engine.kvlog", "core.trace.writer", "core.trace.build", "core.trace.save")
+
+
+def test_the_scheduler_holds_no_trace_writer():
+    """Recording a run observes the engine core's outputs: the scheduler and its parts import no
+    recorder, and after a recorded run neither the scheduler nor its KV cache holds one (their
+    attributes are checked, not their names)."""
+    bad = [f"{m} imports {d}" for m in ENGINE_PARTS for d in sorted(imports_of(ROOT / m))
+           if d.startswith(RECORDERS)]
+    assert bad == []
+    from core.config import SchedulerConfig
+    from core.engine import loop
+    from core.engine.kvlog import KVLog
+    from core.engine.steplog import StepLog
+    from core.sim.simulate import simulator
+    from core.workload import Request, Workload
+    core = simulator(SchedulerConfig(max_seqs=2, kv_blocks=16, block_size=4, prefix_caching=True),
+                     workload=Workload([Request(f"r{i}", float(i), 9, 5, prompt_ids=(1,) * 9) for i in range(4)]))
+    loop.run(core, loop.VirtualClock(0.0))
+    assert len(core.log.steps) > 0 and len(core.log.kv) > 0           # it recorded, through the outputs
+    sched = core.scheduler
+    held = [f"{type(o).__name__}.{k}" for o in (sched, sched.kv, sched.kv.pool) for k, v in vars(o).items()
+            if isinstance(v, (StepLog, KVLog))]
+    assert held == []

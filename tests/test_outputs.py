@@ -53,13 +53,13 @@ def test_interrupted_capture_writes_a_valid_partial_trace(tmp_path, monkeypatch,
     from gpu_runner.__main__ import main as runner_main
     real_run = loop.run
 
-    def ctrl_c_after_4_steps(sched, executor, clock, on_output=None, fast_forward=False):
+    def ctrl_c_after_4_steps(core, clock, on_output=None, inbox=None):
         def step(o):
             if on_output is not None:
                 on_output(o)
-            if sched.step >= 4:
+            if core.num_steps >= 4:
                 raise KeyboardInterrupt
-        real_run(sched, executor, clock, on_output=step, fast_forward=fast_forward)
+        real_run(core, clock, on_output=step, inbox=inbox)
     monkeypatch.setattr(loop, "run", ctrl_c_after_4_steps)
     out = tmp_path / "partial.json"
     rc = runner_main(["capture", "--workload", str(DATA / "workloads" / "burst5.json"), "--out", str(out)])

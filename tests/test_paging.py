@@ -4,7 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from core.engine.kv_cache import KVCacheManager, KVLog, OutOfBlocks
+from core.engine.kv_cache import KVCacheManager, OutOfBlocks
+from core.engine.kvlog import KVLog
 from core.errors import ConfigError
 
 
@@ -84,8 +85,7 @@ def test_hit_revives_cached_free_block_and_lru_eviction():
 
 
 def test_fork_then_copy_on_write():
-    log = KVLog()
-    bm = KVCacheManager(8, 4, log=log)
+    bm = KVCacheManager(8, 4, record_events=True)
     bm.admit("p")
     bm.grow("p", 6)                    # blocks 0 (full), 1 (2 of 4 used)
     bm.fork("p", "c")
@@ -102,6 +102,8 @@ def test_fork_then_copy_on_write():
     bm.free_seq("p"); bm.free_seq("c")
     assert bm.num_free == 8
     bm.check()
+    log = KVLog()
+    log.extend(bm.take_events())
     cols = log.columns()
     assert "cow" in [("alloc", "free", "hit", "cache", "evict", "cow")[o] for o in cols["op"]]
 
@@ -116,12 +118,14 @@ def test_truncate_returns_blocks():
 
 
 def test_log_columns_expand_per_block():
-    log = KVLog()
-    bm = KVCacheManager(8, 2, log=log)
+    bm = KVCacheManager(8, 2, record_events=True)
     bm.now_ms = 5.0
     bm.admit(7)
     bm.grow(7, 5)
     bm.free_seq(7)
+    log = KVLog()
+    log.extend(bm.take_events())
+    assert bm.take_events() == []          # taken once
     c = log.columns()
     assert c["block"].tolist() == [0, 1, 2, 2, 1, 0]
     assert c["logical"].tolist() == [0, 1, 2, 2, 1, 0]

@@ -41,7 +41,7 @@ def model():
 def run(model, workload, **sched):
     eng = Engine(model, ByteTokenizer(), EngineConfig(scheduler=SchedulerConfig(**sched)))
     tr, out = eng.run(workload)
-    bm = eng.last_scheduler.kv
+    bm = eng.last_core.scheduler.kv
     assert bm.num_free == bm.num_blocks, "blocks leaked"
     bm.check()
     return tr, out

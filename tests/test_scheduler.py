@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from core.analysis.metrics import conservation
 from core.config import POLICIES, SchedulerConfig
 from core.engine import loop
+from core.engine.core import EngineCore
 from core.engine.scheduler import Scheduler
-from core.engine.steplog import StepLog
 from core.errors import ConfigError
 from core.sim.simulate import StepTimeExecutor, simulate, simulate_to_parquet
 from core.sim.stepmodel import StepModel, fit_affine
@@ -212,7 +212,8 @@ def test_simulation_invariants(rows, cfg, model):
             for i, (a, p, o, fam, ten) in enumerate(rows)]
     w = Workload(reqs)
     config = SchedulerConfig(**cfg)
-    sched = Scheduler(w, config, StepLog())
+    core = EngineCore(config, None, w, record=True)
+    sched = core.scheduler
 
     class Checked(StepTimeExecutor):  # the simulator's executor, checking limits before each step
         def execute(self, b):
@@ -225,8 +226,8 @@ def test_simulation_invariants(rows, cfg, model):
             assert len(b.reqs) >= 1 and (b.num_tokens >= 1).all()
             return super().execute(b)
 
-    loop.run(sched, Checked(model), loop.VirtualClock(w.requests[0].arrival_ms),
-             on_output=lambda out: sched.kv.check())
+    core.executor = Checked(model)
+    loop.run(core, loop.VirtualClock(w.requests[0].arrival_ms), on_output=lambda out: sched.kv.check())
     assert sched.kv.num_free == sched.kv.num_blocks  # every block returned
     sched.kv.check()
     tr = simulate(w, config, model)
@@ -287,10 +288,10 @@ class _ArrivalInbox:
     def __init__(self, requests, clock):
         self.pending, self.clock = list(requests), clock
 
-    def drain(self, sched, now_ms):
+    def drain(self, core, now_ms):
         while self.pending and self.pending[0].arrival_ms <= now_ms:
-            sched.add_request(self.pending.pop(0))
-        return bool(self.pending) or not sched.done()
+            core.add_request(self.pending.pop(0))
+        return bool(self.pending) or core.has_unfinished()
 
     def wait(self):
         self.clock.wait_until(self.pending[0].arrival_ms)
@@ -310,12 +311,11 @@ def test_requests_added_while_running_schedule_like_a_known_workload(cfg):
                    for k, (a, o) in enumerate(zip(arrivals, rng.integers(1, 30, 60)))], name="online")
     model = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.3)
     known = simulate(wl, cfg, model, fast_forward=False)
-    log = StepLog()
-    sched = Scheduler(None, cfg, log)
+    core = EngineCore(cfg, StepTimeExecutor(model), record=True)
     clock = loop.VirtualClock(wl.requests[0].arrival_ms)
-    loop.run(sched, StepTimeExecutor(model), clock, inbox=_ArrivalInbox(wl.requests, clock))
-    online = loop.to_trace(log, wl, known.meta)
-    assert sched.n == 60 and sched.num_done == 60
+    loop.run(core, clock, inbox=_ArrivalInbox(wl.requests, clock))
+    online = core.trace(wl, known.meta)
+    assert core.num_requests == 60 and core.num_done == 60
     for part in ("tokens", "steps", "finishes"):
         a, b = getattr(known, part), getattr(online, part)
         assert a.equals(b), part

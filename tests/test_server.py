@@ -182,7 +182,7 @@ def test_concurrent_streams_all_complete_and_batch_together(tiny):
         texts = asyncio.run(main(srv.url))
         assert texts == [ref[k % 4] for k in range(32)]     # batching does not change greedy outputs
         assert srv.metric("vllm:request_success_total", finished_reason="length") == 32
-        assert max(r.running for r in srv.se.log.steps) > 1       # continuous batching across clients
+        assert max(r.running for r in srv.se.core.log.steps) > 1       # continuous batching across clients
 
 
 def test_cancelled_streams_return_their_kv_blocks(tiny):
@@ -203,12 +203,12 @@ def test_cancelled_streams_return_their_kv_blocks(tiny):
     with Running(tiny) as srv:
         asyncio.run(main(srv.url))
         deadline = time.monotonic() + 30
-        while srv.se.streams or srv.se.sched.num_done < 20:
+        while srv.se.streams or srv.se.core.num_done < 20:
             assert time.monotonic() < deadline, "cancelled requests were not aborted"
             time.sleep(0.05)
         assert srv.metric("vllm:kv_cache_usage_perc") == 0.0
         assert srv.metric("vllm:request_success_total", finished_reason="abort") == 20
-        bm = srv.se.sched.kv
+        bm = srv.se.core.scheduler.kv
         assert bm.num_free == bm.num_blocks
         bm.check()
         # and it keeps serving

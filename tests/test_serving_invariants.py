@@ -159,7 +159,7 @@ def test_serving_invariants_hold_after_a_random_episode(model, tmp_path, episode
         g = wait_idle(srv)
         assert g == {"running": 0.0, "waiting": 0.0, "kv": 0.0}, g
         # 3. the engine's KV cache is consistent and whole again
-        kv = srv.se.sched.kv
+        kv = srv.se.core.scheduler.kv
         kv.check()
         assert kv.num_free == 48
         # 4. the trace is valid and accounts for every request

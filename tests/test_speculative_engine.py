@@ -42,7 +42,7 @@ def serve(models, w, gamma=None, sampling=None, **sched):
                        gamma=gamma or 1)
     eng = Engine(t, TOK, cfg, draft=d if gamma else None, draft_name="tiny-draft" if gamma else None)
     tr, out = eng.run(w)
-    bm = eng.last_scheduler.kv
+    bm = eng.last_core.scheduler.kv
     assert bm.num_free == bm.num_blocks, "KV blocks leaked"
     bm.check()
     return tr, out

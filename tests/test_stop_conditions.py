@@ -12,7 +12,6 @@ import torch
 from core.config import SchedulerConfig
 from core.engine.outputs import ExecutorOutput
 from core.engine.scheduler import Scheduler
-from core.engine.steplog import StepLog
 from core.workload import Request, Workload
 from gpu_runner.engine import Engine
 from gpu_runner.hf import export_hf, load_hf
@@ -32,7 +31,7 @@ def test_update_cuts_at_the_first_stop_id_and_returns_its_blocks():
     # Prefill of 4 tokens (block size 2) emits token 7; a speculative-style step then
     # computes 1 + 3 tokens and returns 4 ids with the stop id (9) second: the request emits
     # [7, 5, 9], finishes with reason "stop", and its blocks go back to the pool.
-    sched = Scheduler(one_request(), SchedulerConfig(block_size=2, spec_gamma=3), StepLog(), stop_token_ids=[9])
+    sched = Scheduler(one_request(), SchedulerConfig(block_size=2, spec_gamma=3), stop_token_ids=[9])
     sched.admit_arrivals(0.0)
     b = sched.schedule(0.0)
     assert b.num_tokens.tolist() == [4]
@@ -44,22 +43,21 @@ def test_update_cuts_at_the_first_stop_id_and_returns_its_blocks():
     assert [(f.req, f.reason) for f in happened.finished] == [(0, "stop")]
     assert sched.requests.token_ids[0][4:] == [7, 5, 9]
     assert sched.done() and sched.kv.num_free == sched.kv.num_blocks
-    assert sched.log.finishes[-1].reason == "stop"
     sched.kv.check()
 
 
 def test_update_cuts_at_max_tokens_and_rolls_back_rejected_positions():
     # Output limit 3: after the first token there is room for 2 more, so the scheduler asks
     # for 1 draft (+ the bonus); an executor returning 3 tokens emits only the 2 allowed.
-    sched = Scheduler(one_request(out=3), SchedulerConfig(block_size=2, spec_gamma=3), StepLog())
+    sched = Scheduler(one_request(out=3), SchedulerConfig(block_size=2, spec_gamma=3))
     sched.admit_arrivals(0.0)
     sched.update(sched.schedule(0.0), ExecutorOutput(1.0, tokens=[[7]]))
     b = sched.schedule(1.0)
     assert b.num_tokens.tolist() == [2]                  # last token + 1 draft
-    sched.update(b, ExecutorOutput(2.0, tokens=[[5, 6, 8]]))
-    assert sched.requests.token_ids[0][4:] == [7, 5, 6] and sched.log.finishes[-1].reason == "length"
+    happened = sched.update(b, ExecutorOutput(2.0, tokens=[[5, 6, 8]]))
+    assert sched.requests.token_ids[0][4:] == [7, 5, 6] and [f.reason for f in happened.finished] == ["length"]
     # A rejection keeps KV only for the accepted prefix: prompt + emitted - 1 positions.
-    sched = Scheduler(one_request(out=10), SchedulerConfig(block_size=2, spec_gamma=3), StepLog())
+    sched = Scheduler(one_request(out=10), SchedulerConfig(block_size=2, spec_gamma=3))
     sched.admit_arrivals(0.0)
     sched.update(sched.schedule(0.0), ExecutorOutput(1.0, tokens=[[7]]))
     sched.update(sched.schedule(1.0), ExecutorOutput(2.0, tokens=[[5, 6]]))   # 1 accepted + 1 recovered
@@ -98,7 +96,7 @@ def serve(target, draft, gamma, **sched):
     eng = Engine(target, None, EngineConfig(scheduler=SchedulerConfig(**sched), gamma=gamma or 1), "cpu",
                  "tiny-eos-space", draft=draft if gamma else None, draft_name="tiny-draft" if gamma else None)
     tr, out = eng.run(Workload(reqs))
-    bm = eng.last_scheduler.kv
+    bm = eng.last_core.scheduler.kv
     assert bm.num_free == bm.num_blocks
     bm.check()
     reasons = dict(zip((tr.ids[r] for r in tr.finishes["req"]), tr.finishes["reason"]))

@@ -5,7 +5,7 @@ steps (no admission possible, nobody finishes, KV blocks suffice), those k steps
 only in positions and times, so they are applied as arrays, with exactly the events
 stepping them one by one records (tests compare the two). `plan` decides how many steps
 and which of them take new blocks (reading the scheduler); Scheduler.fast_forward applies
-it; `record` writes its step-log rows.
+it; `outputs` gives what it reports (its EngineOutputs' record and tokens).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from core.engine.steplog import BatchPart, StepLog, StepRun, TokenPart
+from core.engine.outputs import StepRecord
 
 if TYPE_CHECKING:
     from core.engine.outputs import SchedulerOutput
@@ -85,16 +85,13 @@ def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int 
     return DecodeRun(K, starts, ends, d, need, arrivals_by_step, members, alloc_steps, owners, times), 0
 
 
-def record(log: StepLog, run: DecodeRun, step0: int, members: np.ndarray, batch: SchedulerOutput,
-           emitted: np.ndarray, used0: int, waiting0: int, num_blocks: int):
-    """The step-log rows of the run: one step record per step (as arrays), the batch once for
-    all its steps, one token per member per step."""
+def outputs(run: DecodeRun, step0: int, members: np.ndarray, emitted: np.ndarray, used0: int, waiting0: int,
+            num_blocks: int) -> tuple[StepRecord, np.ndarray, np.ndarray, np.ndarray]:
+    """What the run reports: its step record (one array per field: K steps), and one token per
+    member per step (request rows, output positions, times)."""
     K, n = run.steps, len(members)
-    steps = np.arange(step0, step0 + K)
     used = used0 + np.r_[0, np.cumsum(run.need[:K - 1])]
-    log.steps.append(StepRun(steps, run.starts[:K], run.durations[:K], np.full(K, n),
-                             waiting0 + run.arrivals_by_step[:K], used, num_blocks - used))
-    log.batch_parts.append(BatchPart(steps, members, batch.num_tokens, batch.is_prefill))
-    log.token_parts.append(TokenPart(np.tile(members, K), (emitted[None, :] + np.arange(K)[:, None]).ravel(),
-                                     np.repeat(run.ends[:K], n), None))
-    log.token_sources.append(None)
+    rec = StepRecord(np.arange(step0, step0 + K), run.starts[:K], run.durations[:K], np.full(K, n),
+                     waiting0 + run.arrivals_by_step[:K], used, num_blocks - used)
+    return (rec, np.tile(members, K), (emitted[None, :] + np.arange(K)[:, None]).ravel(),
+            np.repeat(run.ends[:K], n))

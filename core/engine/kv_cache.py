@@ -10,7 +10,10 @@ so several sequences can share one (prefix caching, forks).
 Copy-on-write: writing into a block that another sequence also references (a fork
 sharing a partially filled tail block) first copies it to a private block.
 
-Every block touched is recorded in the KV log (core.engine.kvlog), when one is given.
+With `record_events`, every block touched is kept as an event (t, op, owner, blocks, logical
+index, step, refs, hashes, src) until `take_events` hands them on (as vLLM's block pool queues
+its KV events): the engine core puts them in its EngineOutputs, and a recorder's KVLog
+(core.engine.kvlog) turns them into columns. The manager writes no log itself.
 """
 from __future__ import annotations
 
@@ -18,17 +21,16 @@ import numpy as np
 
 from core.engine.admission import blocks_for
 from core.engine.block_pool import BlockPool, OutOfBlocks
-from core.engine.kvlog import KVLog
 from core.engine.prefix_cache import PrefixCache, block_hash, extra_key
 from core.errors import ConfigError
 from core.trace.schema import KV_OPS
 
-__all__ = ["KVCacheManager", "KVLog", "OutOfBlocks", "block_hash", "extra_key"]
+__all__ = ["KVCacheManager", "OutOfBlocks", "block_hash", "extra_key"]
 
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False,
-                 model_id: str | None = None, log: KVLog | None = None):
+                 model_id: str | None = None, record_events: bool = False):
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ConfigError(f"block_size: expected a positive integer, got {block_size!r}")
         self.block_size = block_size
@@ -37,8 +39,8 @@ class KVCacheManager:
         self.num_blocks = num_blocks
         self.prefix_caching = prefix_caching
         self.model_id = model_id
-        self.log = log
-        self.now_ms = 0.0                      # set by the caller; stamps log rows
+        self.events: list | None = [] if record_events else None   # block events not yet taken
+        self.now_ms = 0.0                      # set by the caller; stamps events
         self.tables: dict = {}                 # seq id -> [physical block per logical block]
         self.chain: dict = {}                  # seq id -> hashes of its full blocks so far
         self.extra: dict = {}                  # seq id -> extra-key bytes (model + salt)
@@ -89,10 +91,19 @@ class KVCacheManager:
         return revived + max(0, self.blocks_for(num_tokens) - len(hits))
 
     # ---- mutations -----------------------------------------------------------------
+    def take_events(self) -> list:
+        """The block events recorded since the last call (KVLog.extend reads them), forgotten
+        here; [] when events are not recorded."""
+        ev = self.events
+        if not ev:
+            return []
+        self.events = []
+        return ev
+
     def _rec(self, op, seq, blocks, logical0, step, refs, hashes=None, src=-1):
         self.counts[op] += len(blocks)
-        if self.log is not None:
-            self.log.add(self.now_ms, op, seq, blocks, logical0, step, refs, hashes, src)
+        if self.events is not None:
+            self.events.append((self.now_ms, op, seq, blocks, logical0, step, refs, hashes, src))
 
     def _take(self, n: int) -> list[int]:
         """n free blocks from the pool (evictions from the prefix cache logged)."""
@@ -139,14 +150,14 @@ class KVCacheManager:
             owners = seqs.tolist()
             for seq, b in zip(owners, new):
                 tables[seq].append(b)
-            if self.log is not None:   # lists: the log reads Python ints fastest
+            if self.events is not None:   # lists: the log reads Python ints fastest
                 self._rec("alloc", owners, new, np.asarray(needs).tolist(), 0, 1)
             else:
                 self.counts["alloc"] += len(new)
             return
         new = self._take(sum(needs))
         pos = 0
-        if self.log is None:          # no per-block owners and logical indices to record
+        if self.events is None:       # no per-block owners and logical indices to record
             for seq, k in zip(seqs, needs):
                 tables[seq] += new[pos:pos + k]
                 pos += k
@@ -177,8 +188,8 @@ class KVCacheManager:
             logical.append(len(t))
             t.append(b)
         self.counts["alloc"] += n
-        if self.log is not None:
-            self.log.add(list(times_ms), "alloc", list(owners), new, logical, 0, 1)
+        if self.events is not None:
+            self.events.append((list(times_ms), "alloc", list(owners), new, logical, 0, 1, None, -1))
         return True
 
     def prepare_write(self, seq, start_pos: int, num_tokens: int) -> tuple[list[int], list[tuple[int, int]]]:

@@ -1,5 +1,6 @@
-"""Record of KV block events (core.engine.kv_cache's KVCacheManager writes it): one row per block
-touched, kept as one tuple per call and turned into typed columns, vectorised, when read.
+"""Record of KV block events (the KVCacheManager's events, taken from the engine's outputs):
+one row per block touched, kept as one tuple per call and turned into typed columns, vectorised,
+when read.
 """
 from __future__ import annotations
 
@@ -46,6 +47,13 @@ class KVLog:
         if hashes is not None:
             self._hashes.append((self.rows, hashes))
         self.rows += k
+
+    def extend(self, calls):
+        """Add the events a KVCacheManager handed on (take_events): (t, op, seq, blocks,
+        logical0, step, refs, hashes, src) each, as `add` takes them."""
+        add = self.add
+        for c in calls:
+            add(*c)
 
     def _parts(self) -> list[dict]:
         if self._calls:

@@ -1,32 +1,28 @@
-"""The step loop, the same for simulating and serving: schedule -> execute -> update.
+"""The step loop: a thin driver over one engine core (core.engine.core.EngineCore) on a clock.
 
-    batch = scheduler.schedule(now)           # SchedulerOutput: who runs, how many tokens each
-    res = executor.execute(batch)             # ExecutorOutput: when it ended, what it emitted
-    happened = scheduler.update(batch, res)   # EngineOutputs: tokens, finishes + reasons, ...
+    out = core.step(clock.now())     # schedule -> execute -> update: EngineOutputs
+    clock.step_done(out.t_ms)        # a virtual clock moves to the step's end; a wall clock is there
 
-The executor sees only the SchedulerOutput, never the scheduler (vLLM v1's schedule /
-update_from_output split); `on_output` (a server) sees every EngineOutputs, including what
-happens between steps (an arrival queued or rejected, a cancellation), so every request that
-entered is answered. Executors:
-- the simulator's `core.sim.simulate.StepTimeExecutor`: prices the batch with a step-time
-  model on a virtual clock (and can price a run of identical decode steps at once);
-- the runner's `gpu_runner.engine.ModelExecutor`: runs the model, samples, and reads the
-  wall clock when the tokens reach the host.
-Everything else happens here once: arrivals, aborts, idle time (a virtual clock jumps to
-the next arrival, the wall clock sleeps until it), fast-forward, the output callback, and
-the trace metadata both sides write.
+The core never reads a clock: this loop says when each step starts, waits while nothing can
+run (a virtual clock jumps to the next arrival, the wall clock sleeps until it, a server's
+inbox blocks until a client sends something) and hands every EngineOutputs to `on_output`
+(a server answers its clients from them). Clocks:
+- `VirtualClock`: the simulator (the executor prices each batch with a step-time model);
+- `WallClock`: the runner and the server (the executor runs the model and reads the clock
+  when the tokens reach the host).
+Several cores on one virtual clock are driven by a loop of their own (a fleet: whichever core
+is due steps next); this one drives one.
 """
 from __future__ import annotations
 
-import datetime as _dt
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from core.engine.outputs import EngineOutputs, ExecutorOutput, SchedulerOutput
-from core.engine.scheduler import Scheduler
-from core.engine.steplog import StepLog, log_records
-from core.workload import Workload
+
+if TYPE_CHECKING:
+    from core.engine.core import EngineCore
 
 
 class Executor(Protocol):
@@ -70,77 +66,43 @@ OutputCallback = Callable[[EngineOutputs], None]
 
 
 class Inbox(Protocol):
-    """Requests from outside the loop (a server's clients): applied between steps."""
+    """Requests from outside the loop (a server's clients, a closed loop): applied between steps."""
 
-    def drain(self, sched: Scheduler, now_ms: float) -> bool:
-        """Add new requests and apply cancellations; False: stop the loop now."""
+    def drain(self, core: EngineCore, now_ms: float) -> bool:
+        """Add new requests and apply cancellations (core.add_request, core.abort); False: stop
+        the loop now."""
 
     def wait(self) -> None:
         """Block until something arrives (the loop is idle)."""
 
 
-def run(sched: Scheduler, executor: Executor, clock, on_output: OutputCallback | None = None,
-        fast_forward: bool = False, inbox: Inbox | None = None) -> None:
-    """Drive `sched` until every request has finished, or with an `inbox` (a server) until the
-    inbox says stop. `on_output` gets every step's EngineOutputs, and, before a step is run,
-    what happened since the last one (arrivals queued or rejected, cancellations).
-    `fast_forward` (simulator only: the executor must have `run_durations(batch, k)`) applies
-    runs of identical decode steps at once, with the same trace as stepping them one by one;
-    such a run reports no outputs (its tokens are in the step log)."""
+def run(core: EngineCore, clock, on_output: OutputCallback | None = None, inbox: Inbox | None = None) -> None:
+    """Step `core` until every request has finished, or with an `inbox` (a server) until the
+    inbox says stop. `on_output` gets every EngineOutputs (a step's, with what happened since
+    the last one; or, while idle, arrivals queued or rejected and cancellations)."""
     while True:
         if inbox is not None:
-            if not inbox.drain(sched, clock.now()):
+            if not inbox.drain(core, clock.now()):
                 break
-        elif sched.done():
+        elif not core.has_unfinished():
             break
         t = clock.now()
-        sched.admit_arrivals(t)
-        batch = sched.schedule(t)
-        if on_output is not None and sched.has_outputs():
-            on_output(sched.take_outputs(t))
-        if batch is None:
-            nxt = sched.next_event_ms()
-            if nxt is not None and nxt > t:
-                clock.wait_until(nxt)
-            elif inbox is not None:
-                inbox.wait()
-            elif not sched.done():
-                raise RuntimeError(f"scheduler made no progress at t={t} ms "
-                                   f"({len(sched.waiting)} waiting, {len(sched.running)} running)")
-            continue
-        if fast_forward:
-            t_end = sched.fast_forward(batch, lambda k: executor.run_durations(batch, k))
-            if t_end is not None:
-                clock.step_done(t_end)
+        out = core.step(t)
+        if out is not None:
+            if on_output is not None:
+                on_output(out)
+            if out.step is not None:
+                clock.step_done(out.t_ms)
                 continue
-        res = executor.execute(batch)
-        happened = sched.update(batch, res)
-        clock.step_done(res.t_end_ms)
-        if on_output is not None:
-            on_output(happened)
-    if on_output is not None and sched.has_outputs():   # the inbox's last cancellations
-        on_output(sched.take_outputs(clock.now()))
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-
-
-def trace_meta(sched: Scheduler, workload: Workload, source: str, label: str, engine: dict,
-               created: str | None = None, device: str | None = None, **fields) -> dict:
-    """The metadata every trace of a run carries: origin, label, when, where (measured runs),
-    the engine (its `name`, the scheduler options, then the rest of `engine`), `fields`
-    (step_model, model, versions, ...), the workload, and what the scheduler did."""
-    engine = {"name": engine.get("name"), **sched.cfg.to_dict(),
-              **{k: v for k, v in engine.items() if k != "name"}}
-    where = {"device": device} if device is not None else {}
-    return {"source": source, "label": label, "created": created or now_iso(), **where, "engine": engine, **fields,
-            "workload": workload.name,
-            "stats": {"steps": sched.step, "preemptions": sched.num_preemptions, "kv_blocks": sched.kv.num_blocks,
-                      **{f"kv_{k}": v for k, v in sched.kv.counts.items()},
-                      **{k: v for k, v in sched.failed.items() if v}}}   # rejected, deadline (when any)
-
-
-def to_trace(log: StepLog, workload: Workload, meta: dict):
-    from core.trace.build import trace_from_records
-    return trace_from_records(workload, log_records(log), meta, log.other)
+        nxt = core.next_event_ms()
+        if nxt is not None and nxt > t:
+            clock.wait_until(nxt)
+        elif inbox is not None:
+            inbox.wait()
+        elif core.has_unfinished():
+            sched = core.scheduler
+            raise RuntimeError(f"scheduler made no progress at t={t} ms "
+                               f"({len(sched.waiting)} waiting, {len(sched.running)} running)")
+    out = core.flush(clock.now())   # the inbox's last cancellations
+    if out is not None and on_output is not None:
+        on_output(out)

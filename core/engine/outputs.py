@@ -64,6 +64,25 @@ class ExecutorOutput:
     #                                              reason "error"; the rest of the batch goes on)
 
 
+class StepRecord(NamedTuple):
+    """A step as the trace records it: when it started, how long it took, and the engine's
+    gauges when it was planned. One row, or (a fast-forwarded run of steps) one array each."""
+    step: int | np.ndarray
+    t_ms: float | np.ndarray        # step start
+    dur_ms: float | np.ndarray
+    running: int | np.ndarray
+    waiting: int | np.ndarray
+    kv_used_blocks: int | np.ndarray
+    kv_free_blocks: int | np.ndarray
+
+
+class Preemption(NamedTuple):
+    req: int
+    t_ms: float
+    reason: str                  # kv_full
+    freed_blocks: int
+
+
 class Finish(NamedTuple):
     req: int
     t_ms: float
@@ -73,17 +92,23 @@ class Finish(NamedTuple):
 
 
 class SchedulerStats(NamedTuple):
-    """The engine's gauges after a step (or between steps)."""
+    """The engine's gauges after a step (or between steps): what a server's /metrics and a
+    router read."""
     running: int
     waiting: int
     kv_used_blocks: int
     kv_blocks: int
     preemptions: int             # since the start
     prefix_hit_blocks: int       # since the start
+    queued_prompt_tokens: int = 0   # tokens the waiting requests must (re)compute before they emit
 
     @property
     def kv_usage(self) -> float:
         return self.kv_used_blocks / max(1, self.kv_blocks)
+
+    @property
+    def kv_free_blocks(self) -> int:
+        return self.kv_blocks - self.kv_used_blocks
 
 
 EMPTY = np.empty(0, dtype=np.int64)
@@ -91,20 +116,29 @@ EMPTY.flags.writeable = False
 
 
 class EngineOutputs(NamedTuple):
-    """What happened since the last EngineOutputs: one step's result (`step` set) or what
-    happened between steps (arrivals queued or rejected, cancellations, deadlines). A tuple:
-    read-only, and made by the scheduler once per step at the cost of a tuple."""
-    t_ms: float                               # when (a step's end)
+    """What happened since the last EngineOutputs: a step's result (`step` set; with a
+    fast-forwarded run, K identical steps at once: `record` holds arrays and `token_t_ms` each
+    token's time) together with what happened before it since the last outputs (arrivals queued
+    or rejected, cancellations, deadlines), or, between steps, only the latter. Everything a
+    server answers clients from and everything a trace records is here: whoever records a run
+    observes these, the scheduler writes nothing else. A tuple: read-only, and made once per
+    step at the cost of a tuple."""
+    t_ms: float                               # when (a step's end; a run's last end)
     gauges: tuple                             # SchedulerStats' fields, in order (see `stats`)
-    step: SchedulerOutput | None = None       # the step these outputs complete
+    step: SchedulerOutput | None = None       # the step these outputs complete (a run: its first)
     dur_ms: float | None = None               # its duration
     finished: list[Finish] | tuple = ()       # every request that left, with its reason
     queued: list[int] | tuple = ()            # entered the waiting queue (arrival checks passed)
     started: list[int] | tuple = ()           # scheduled for the first time in this step
-    preempted: list[int] | tuple = ()         # sent back to the waiting queue (recompute)
+    preempted: list[Preemption] | tuple = ()  # sent back to the waiting queue (recompute)
     token_reqs: np.ndarray = EMPTY            # one entry per emitted token: its request row
     token_index: np.ndarray = EMPTY           # ... its output position
     token_ids: np.ndarray | None = None       # ... its id (None: unknown, simulated)
+    record: StepRecord | None = None          # the step (or run) as a trace records it
+    token_t_ms: np.ndarray | None = None      # ... each token's time (a run); None: all at t_ms
+    token_sources: np.ndarray | None = None   # ... codes into TOKEN_SOURCES (None: sampled)
+    kv_events: list | tuple = ()              # KV block events since the last outputs (KVLog calls)
+    events: list[dict] | None = None          # the executor's verbatim trace events (spec, tiles)
 
     @property
     def stats(self) -> SchedulerStats:

@@ -37,9 +37,17 @@ from core.config import BIG, SchedulerConfig
 from core.engine import admission as adm
 from core.engine import fastforward, policies
 from core.engine.kv_cache import KVCacheManager
-from core.engine.outputs import EMPTY, EngineOutputs, ExecutorOutput, Finish, SchedulerOutput, SchedulerStats
+from core.engine.outputs import (
+    EMPTY,
+    EngineOutputs,
+    ExecutorOutput,
+    Finish,
+    Preemption,
+    SchedulerOutput,
+    SchedulerStats,
+    StepRecord,
+)
 from core.engine.requests import DONE, NOT_ARRIVED, RUNNING, WAITING, RequestTable
-from core.engine.steplog import BatchPart, PreemptRecord, StepLog, StepRecord, TokenPart
 from core.errors import ConfigError
 from core.workload import Request, Workload
 
@@ -49,20 +57,20 @@ _tuple = tuple.__new__   # makes a NamedTuple without its Python-level __new__ (
 class Scheduler:
     decode_fast_path = True   # False: plan every step in full (tests compare the two)
 
-    def __init__(self, workload: Workload | None, config: SchedulerConfig, log: StepLog | None = None,
-                 stop_token_ids: Iterable[int] = (), request_data: bool = False):
+    def __init__(self, workload: Workload | None, config: SchedulerConfig, stop_token_ids: Iterable[int] = (),
+                 request_data: bool = False, kv_events: bool = False):
         """`workload` None: no requests yet (a server adds them with add_request).
         `request_data`: each SchedulerOutput carries the token ids and block ids the executor
-        has not been sent yet (an executor that runs a model keeps its own copy)."""
+        has not been sent yet (an executor that runs a model keeps its own copy).
+        `kv_events`: the KV block events go out with the EngineOutputs (a recorder wants them).
+        The scheduler records nothing itself: everything it did is in its EngineOutputs."""
         self.cfg = config
         self.stop_token_ids = frozenset(stop_token_ids)  # a request emitting one of these stops (EOS)
         self.requests = t = RequestTable(workload)
         # cancellations, earliest first: (time, request, finish reason "abort" or "deadline")
         self.aborts = sorted((float(t.abort_at[i]), i, why) for i, why in t.abort_reason.items())
         num_blocks = adm.pool_blocks(config, t)
-        self.log = log
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.prefix_caching, config.model_id,
-                                 log.kv if log is not None else None)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.prefix_caching, config.model_id, kv_events)
         self.rules = policies.RULES[config.policy]
         self.seats = config.seats
         self.running = np.empty(0, dtype=np.int64)   # running request rows, admission order
@@ -84,7 +92,7 @@ class Scheduler:
         self._finished: list[Finish] = []
         self._queued: list[int] = []
         self._started: list[int] = []
-        self._preempted: list[int] = []
+        self._preempted: list[Preemption] = []
         # request_data: how much of each request's token ids and block table the executor has
         self.request_data = request_data
         self._sent_tokens: dict[int, int] = {}
@@ -179,8 +187,6 @@ class Scheduler:
         self.requests.state[i] = DONE  # a request not yet arrived is skipped when it would arrive
         self.num_done += 1
         self._finished.append(f)
-        if self.log is not None:
-            self.log.finishes.append(f)
 
     def _finish_failed(self, i: int, f: Finish):
         """A request that never ran and never will (rejected)."""
@@ -247,9 +253,7 @@ class Scheduler:
         t.state[victim] = WAITING
         self.waiting.appendleft(victim)
         self.num_preemptions += 1
-        self._preempted.append(victim)
-        if self.log is not None:
-            self.log.preempts.append(PreemptRecord(victim, now_ms, "kv_full", freed))
+        self._preempted.append(Preemption(victim, now_ms, "kv_full", freed))
 
     def _grow(self, run: np.ndarray, need: np.ndarray):
         """Append `need` fresh KV blocks to each running request's table."""
@@ -376,10 +380,10 @@ class Scheduler:
             self._consts[kind] = a
         return a[:k]
 
-    def fast_forward(self, batch: SchedulerOutput, durations, min_steps: int = 3) -> float | None:
+    def fast_forward(self, batch: SchedulerOutput, durations, min_steps: int = 3) -> EngineOutputs | None:
         """Simulator shortcut (core.engine.fastforward): apply a run of identical decode-only steps
-        starting with `batch` at once, with the events stepping them would record; returns
-        when the last one ends, or None (then complete the step as usual)."""
+        starting with `batch` at once; returns the run's EngineOutputs (what stepping them one by
+        one would report, as arrays: the same trace), or None (then complete the step as usual)."""
         if (self.step < self._ff_after or self.aborts or not self.quiet or len(batch.reqs) != len(self.running)
                 or self.cfg.queue_limit is not None or batch.prefill_tokens or self.cfg.spec_gamma):
             return None
@@ -394,15 +398,17 @@ class Scheduler:
                 owners = run.members[k % self.cfg.block_size]
                 kv.grow_many(owners, [1] * len(owners))
         K, members = run.steps, self.running
-        if self.log is not None:
-            fastforward.record(self.log, run, self.step, members, batch, t.emitted[members],
-                               self._step_gauges[2], len(self.waiting), kv.num_blocks)
+        rec, token_reqs, token_index, token_t = fastforward.outputs(run, self.step, members, t.emitted[members],
+                                                                    self._step_gauges[2], len(self.waiting),
+                                                                    kv.num_blocks)
         t.computed[members] += K
         t.emitted[members] += K
         t.nblocks[members] = adm.blocks_for(t.computed[members], self.cfg.block_size)
         self.step += K
         self._step_gauges = None
-        return run.t_end_ms
+        t_end = run.t_end_ms
+        return self.take_outputs(t_end, batch, float(run.durations[0]), token_reqs, token_index, None, rec,
+                                 token_t)
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
     def update(self, batch: SchedulerOutput, out: ExecutorOutput) -> EngineOutputs:
@@ -442,15 +448,7 @@ class Scheduler:
             self._steady = False
             er, idx, ids, src, stopped = self._take_tokens(batch, out, emit)
         dur = t_end - batch.t_ms if out.dur_ms is None else out.dur_ms
-        log = self.log
-        if log is not None:
-            running, waiting, used, free = self._step_gauges
-            log.steps.append(StepRecord(batch.step, batch.t_ms, dur, running, waiting, used, free))
-            log.batch_parts.append(BatchPart(batch.step, r, batch.num_tokens, batch.is_prefill))
-            log.token_parts.append(TokenPart(er, idx, t_end, ids))
-            log.token_sources.append(src)
-            if out.events:
-                log.other.extend(out.events)
+        rec = _tuple(StepRecord, (batch.step, batch.t_ms, dur, *self._step_gauges))
         if out.tokens is not None:
             self._roll_back(r)
         if kv.prefix_caching:
@@ -475,7 +473,7 @@ class Scheduler:
             self.abort(int(r[j]), t_end, "error", detail=why)
         self.step += 1
         self._step_gauges = None
-        return self.take_outputs(t_end, batch, dur, er, idx, ids)
+        return self.take_outputs(t_end, batch, dur, er, idx, ids, rec, None, src, out.events)
 
     def _roll_back(self, r: np.ndarray):
         """Keep KV only for the positions the emitted tokens justify (speculative rejections)."""
@@ -502,15 +500,13 @@ class Scheduler:
                 reasons = {i: "stop" for i in extra}
         if not len(fin):
             return
-        kv, state, nblocks, finished, log = self.kv, t.state, t.nblocks, self._finished, self.log
+        kv, state, nblocks, finished = self.kv, t.state, t.nblocks, self._finished
         for i in fin.tolist():   # (what _free and _done do, inline: one of these per request of a run)
             kv.free_seq(i)
             nblocks[i] = 0
             state[i] = DONE
             f = Finish(i, t_end, reasons.get(i, "length") if reasons else "length")
             finished.append(f)
-            if log is not None:
-                log.finishes.append(f)
             if self.request_data:
                 self._sent_blocks[i] = 0
         self.num_done += len(fin)
@@ -551,7 +547,12 @@ class Scheduler:
 
     # ---- what happened ----------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(*self._gauges())
+        """The gauges now, with the prompt tokens the waiting requests must still compute
+        (a preempted request recomputes its emitted tokens too): a router's load signals."""
+        t = self.requests
+        w = np.fromiter(self.waiting, np.int64, len(self.waiting))
+        queued = int((t.prompt_len[w] + t.emitted[w] - t.computed[w]).sum()) if len(w) else 0
+        return SchedulerStats(*self._gauges(), queued)
 
     def _gauges(self) -> tuple:
         """SchedulerStats' fields now, as a plain tuple (made once per step)."""
@@ -561,12 +562,13 @@ class Scheduler:
 
     def has_outputs(self) -> bool:
         """Something happened outside a step (arrivals queued or rejected, cancellations)."""
-        return bool(self._finished or self._queued or self._preempted)
+        return bool(self._finished or self._queued or self._preempted or self.kv.events)
 
     def take_outputs(self, t_ms: float, batch: SchedulerOutput | None = None, dur_ms: float | None = None,
-                     token_reqs=EMPTY, token_index=EMPTY, token_ids=None) -> EngineOutputs:
-        """Everything that happened since the last EngineOutputs (with a step's tokens, when
-        given), and forget it."""
+                     token_reqs=EMPTY, token_index=EMPTY, token_ids=None, record: StepRecord | None = None,
+                     token_t_ms=None, token_sources=None, events=None) -> EngineOutputs:
+        """Everything that happened since the last EngineOutputs (with a step's tokens and
+        record, when given), and forget it."""
         gauges = self._gauges()
         fin, queued, preempted, started = self._finished, self._queued, self._preempted, None
         if fin:
@@ -582,5 +584,7 @@ class Scheduler:
             self._preempted = []
         if batch is not None and self._started:   # first scheduled in this step (kept for the step's outputs)
             started, self._started = self._started, []
+        kv_events = self.kv.take_events() if self.kv.events else ()
         return _tuple(EngineOutputs, (t_ms, gauges, batch, dur_ms, fin or (), queued or (), started or (),
-                                      preempted or (), token_reqs, token_index, token_ids))
+                                      preempted or (), token_reqs, token_index, token_ids, record, token_t_ms,
+                                      token_sources, kv_events, events))

@@ -1,6 +1,8 @@
-"""What the scheduler recorded: `StepLog`, the columnar record of a run: typed rows (or, for a
-fast-forwarded run of steps, rows whose fields are arrays), turned into columns per record type
-by `log_records` (core.trace makes the trace's tables of them, or a TraceWriter streams them).
+"""The record of a run: `StepLog` observes an engine core's EngineOutputs (`record`) and keeps
+them as typed rows (or, for a fast-forwarded run of steps, rows whose fields are arrays), turned
+into columns per record type by `log_records` (core.trace makes the trace's tables of them, or a
+TraceWriter streams them). The scheduler writes nothing here: what is recorded is exactly what
+the engine reported.
 """
 from __future__ import annotations
 
@@ -9,18 +11,8 @@ from typing import NamedTuple
 import numpy as np
 
 from core.engine.kvlog import KVLog, spread
-
-
-# Step-log records. Each is a row, or (StepRun and parts built from arrays) a run of rows.
-class StepRecord(NamedTuple):
-    step: int | np.ndarray
-    t_ms: float | np.ndarray        # step start
-    dur_ms: float | np.ndarray
-    running: int | np.ndarray
-    waiting: int | np.ndarray
-    kv_used_blocks: int | np.ndarray
-    kv_free_blocks: int | np.ndarray
-
+from core.engine.outputs import EngineOutputs, StepRecord
+from core.engine.outputs import Preemption as PreemptRecord
 
 StepRun = StepRecord  # a fast-forwarded run: the same fields, one array each
 
@@ -45,13 +37,6 @@ class FinishRecord(NamedTuple):   # (core.engine.outputs.Finish is one too: the 
     reason: str                     # length | stop | abort | deadline | rejected
 
 
-class PreemptRecord(NamedTuple):
-    req: int
-    t_ms: float
-    reason: str
-    freed_blocks: int
-
-
 class StepLog:
     """Columnar record of what the scheduler did (turned into a trace by core.trace)."""
 
@@ -64,6 +49,27 @@ class StepLog:
         self.kv = KVLog() if record_kv else None   # None: KV block events are not recorded
         self.token_sources: list = []            # per token part: codes into TOKEN_SOURCES, or None (sampled)
         self.other: list[dict] = []              # verbatim events (spec, tiles)
+
+    def record(self, out: EngineOutputs):
+        """Observe one EngineOutputs (an engine core calls this for each): its step or run of
+        steps, batch, tokens, finishes, preemptions, KV block events and verbatim events."""
+        if out.finished:
+            self.finishes += out.finished
+        if out.preempted:
+            self.preempts += out.preempted
+        if out.kv_events and self.kv is not None:
+            self.kv.extend(out.kv_events)
+        rec = out.record
+        if rec is None:
+            return
+        b = out.step
+        self.steps.append(rec)
+        self.batch_parts.append(BatchPart(rec.step, b.reqs, b.num_tokens, b.is_prefill))
+        self.token_parts.append(TokenPart(out.token_reqs, out.token_index,
+                                          out.t_ms if out.token_t_ms is None else out.token_t_ms, out.token_ids))
+        self.token_sources.append(out.token_sources)
+        if out.events:
+            self.other.extend(out.events)
 
     def clear(self):
         """Forget every record (a streaming writer has taken them); the run continues."""

@@ -25,8 +25,7 @@ from core.analysis.metrics import COMPLETED, itl_gaps_of, request_metrics, summa
 from core.config import SchedulerConfig
 from core.engine import loop
 from core.engine.scheduler import Scheduler
-from core.engine.steplog import StepLog
-from core.sim.simulate import StepTimeExecutor, simulate
+from core.sim.simulate import simulate, simulator
 from core.sim.stepmodel import StepModel
 from core.workload import Request, Workload
 
@@ -141,13 +140,11 @@ def run_leak() -> list[dict]:
     rows = []
     for label, cls in (("frees aborted requests' blocks", Scheduler),
                        ("BROKEN variant: never frees them", LeakyScheduler)):
-        log = StepLog()
-        sched = cls(w, cfg, log)
-        loop.run(sched, StepTimeExecutor(AFFINE), loop.VirtualClock(0.0), fast_forward=True)
-        meta = loop.trace_meta(sched, w, "simulated", label, {"name": "core.pathologies"},
-                               step_model=AFFINE.to_dict())
-        tr = loop.to_trace(log, w, meta)
-        rows.append(_row(label, tr, **{"KV blocks in use at the end": sched.kv.num_used,
+        core = simulator(cfg, AFFINE, w, fast_forward=True, scheduler=cls)
+        loop.run(core, loop.VirtualClock(0.0))
+        tr = core.trace(w, core.trace_meta(w, "simulated", label, {"name": "core.pathologies"},
+                                           step_model=AFFINE.to_dict()))
+        rows.append(_row(label, tr, **{"KV blocks in use at the end": core.stats().kv_used_blocks,
                                        "KV blocks in use, peak": int(tr.steps["kv_used_blocks"].max())}))
     return rows
 

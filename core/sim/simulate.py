@@ -14,8 +14,8 @@ import numpy as np
 
 from core.config import SchedulerConfig
 from core.engine import loop
+from core.engine.core import EngineCore
 from core.engine.outputs import ExecutorOutput, SchedulerOutput
-from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog
 from core.errors import ConfigError
 from core.sim.stepmodel import StepModel
@@ -47,8 +47,8 @@ def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel 
     """`fast_forward` applies runs of identical decode-only steps in one go (same trace as
     stepping one by one, which tests check); turn it off to step strictly."""
     with _no_cyclic_gc():   # building the trace allocates as many acyclic objects as the run
-        sched, log, meta = _run(workload, config, step_model, label, created, record_kv, fast_forward)
-        return loop.to_trace(log, workload, meta)
+        core = simulator(config, step_model, workload, record_kv, fast_forward)
+        return core.trace(workload, _run(core, workload, label, created))
 
 
 @contextmanager
@@ -117,13 +117,15 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
                                      "json": [_dumps(e) for e in log.other]})
             log.clear()
 
-        log = StepLog(record_kv)
+        core = simulator(config, step_model, workload, record_kv, fast_forward)
+        log = core.log
 
         def on_output(_):
             if len(log.batch_parts) >= flush_steps:
                 drain(log)
 
-        sched, log, meta = _run(workload, config, step_model, label, created, record_kv, fast_forward, on_output, log)
+        core.observe(on_output)
+        meta = _run(core, workload, label, created)
         drain(log)
     except BaseException:
         writer.abort()
@@ -132,16 +134,23 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
     return meta, writer.counts
 
 
-def _run(workload, config, step_model, label, created, record_kv, fast_forward, on_output=None, log=None):
-    step_model = step_model or StepModel()
+def simulator(config: SchedulerConfig, step_model: StepModel | None = None, workload: Workload | None = None,
+              record_kv: bool = True, fast_forward: bool = False, scheduler=None) -> EngineCore:
+    """An engine core that simulates: the step-time model as its executor, recording its
+    trace. Drive it with core.engine.loop.run on a VirtualClock, or step it yourself (several
+    cores on one clock)."""
     if config.spec_gamma:
         raise ConfigError("spec_gamma: the simulator does not model speculative acceptance; "
                           "capture speculative runs with gpu_runner")
+    extra = {"scheduler": scheduler} if scheduler is not None else {}
+    return EngineCore(config, StepTimeExecutor(step_model or StepModel()), workload, record=True,
+                      kv_events=record_kv, fast_forward=fast_forward, **extra)
+
+
+def _run(core: EngineCore, workload: Workload, label, created) -> dict:
+    """Run a simulator core over its workload; returns the trace's metadata."""
     with _no_cyclic_gc():
-        log = log if log is not None else StepLog(record_kv)
-        sched = Scheduler(workload, config, log)
-        clock = loop.VirtualClock(float(workload.arrival_ms[0]))
-        loop.run(sched, StepTimeExecutor(step_model), clock, on_output=on_output, fast_forward=fast_forward)
-        meta = loop.trace_meta(sched, workload, "simulated", label or f"{config.policy} (simulated)",
-                               {"name": "core.simulate"}, created, step_model=step_model.to_dict())
-        return sched, log, meta
+        loop.run(core, loop.VirtualClock(float(workload.arrival_ms[0])))
+        return core.trace_meta(workload, "simulated", label or f"{core.config.policy} (simulated)",
+                               {"name": "core.simulate"}, created,
+                               step_model=core.executor.step_model.to_dict())

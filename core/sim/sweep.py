@@ -25,11 +25,10 @@ from core.analysis.metrics import COMPLETED, DEFAULT_PERCENTILES, SLO, request_m
 from core.config import SchedulerConfig
 from core.engine import loop
 from core.engine.admission import blocks_needed
-from core.engine.scheduler import Scheduler
-from core.engine.steplog import StepLog
+from core.engine.core import EngineCore
 from core.errors import ConfigError
 from core.sim.parallel import run_all
-from core.sim.simulate import StepTimeExecutor
+from core.sim.simulate import simulator
 from core.sim.stepmodel import StepModel
 from core.workload import Request, Workload
 
@@ -69,19 +68,19 @@ class ClosedLoop:
         self.sent: list[Request] = []
         self.max_in_flight = 0
 
-    def drain(self, sched: Scheduler, now_ms: float) -> bool:
-        while self.pending and len(self.sent) - sched.num_done < self.concurrency:
-            first = len(self.sent) < self.concurrency and not sched.num_done
+    def drain(self, core: EngineCore, now_ms: float) -> bool:
+        while self.pending and len(self.sent) - core.num_done < self.concurrency:
+            first = len(self.sent) < self.concurrency and not core.num_done
             at = max(now_ms, self.pending[0].arrival_ms) if self.first_as_given and first else now_ms
-            if sched.num_done:      # a replacement; the front end hands requests on in order
+            if core.num_done:      # a replacement; the front end hands requests on in order
                 at = max(now_ms + self.delays[min(self.replaced, len(self.delays) - 1)], self.last_arrival)
                 self.replaced += 1
             self.last_arrival = at
             r = dataclasses.replace(self.pending.popleft(), abort_at_ms=None, arrival_ms=at)
-            sched.add_request(r)
+            core.add_request(r)
             self.sent.append(r)
-        self.max_in_flight = max(self.max_in_flight, len(self.sent) - sched.num_done)
-        return bool(self.pending) or not sched.done()
+        self.max_in_flight = max(self.max_in_flight, len(self.sent) - core.num_done)
+        return bool(self.pending) or core.has_unfinished()
 
     def wait(self):  # never idle: a finish sends the next request at once
         raise RuntimeError("closed loop: the scheduler went idle with requests in flight")
@@ -106,15 +105,14 @@ def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: Ste
     if config.kv_blocks is None:
         need = blocks_needed(workload.prompt_tokens, workload.max_output_tokens, config.block_size)
         config = dataclasses.replace(config, kv_blocks=int(need.sum()))
-    log = StepLog()
-    sched = Scheduler(None, config, log)
+    core = simulator(config, step_model)
     inbox = ClosedLoop(workload.requests, concurrency, delay_ms, first_as_given)
-    loop.run(sched, StepTimeExecutor(step_model), loop.VirtualClock(0.0), inbox=inbox)
+    loop.run(core, loop.VirtualClock(0.0), inbox=inbox)
     sent = Workload(inbox.sent, name=f"{workload.name}, closed loop of {concurrency}")
-    meta = loop.trace_meta(sched, sent, "simulated", f"{config.policy}, {concurrency} in flight (simulated)",
+    meta = core.trace_meta(sent, "simulated", f"{config.policy}, {concurrency} in flight (simulated)",
                            {"name": "core.sweep"}, created, step_model=step_model.to_dict(),
                            load={"kind": "closed", "concurrency": concurrency})
-    return loop.to_trace(log, sent, meta), inbox.max_in_flight
+    return core.trace(sent, meta), inbox.max_in_flight
 
 
 def point_summary(trace, slo: SLO | None) -> dict:
