@@ -8,13 +8,14 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from core.cli import Parser as _Parser
 from core.cli import Progress, check_writable, write_output
 from core.cli import positive_int as _pos_int
 from core.config import SamplingParams, SchedulerConfig, add_flags, from_args
 from core.trace import save_trace
-from gpu_runner.launch import ModelOptions, ServeOptions, build_engine, load_model, serving_engine
+from gpu_runner.launch import ModelOptions, ServeOptions, build_engine, load_model, serve_engine
 
 
 def _common(p, scheduler: bool):
@@ -178,18 +179,20 @@ def cmd_serve(a) -> int:
     metrics = ServerMetrics(served)
     options = serve_options(a)
     if a.engine_process:
-        from gpu_runner.engine_process import ProcessServingEngine
-        se = ProcessServingEngine(options, metrics=metrics, max_waiting=a.max_waiting)
+        from gpu_runner.engine_process import ProcessClient
+        se = ProcessClient(options, metrics, a.max_waiting)
     else:
-        se = serving_engine(options, a.max_waiting, metrics)
-    info = se.model_info
-    app = App(se, served, info["tokenizer"], metrics, info["max_seq_len"], info["vocab_size"])
+        from gpu_runner.client import InProcessClient
+        se = InProcessClient(serve_engine(options), metrics, a.max_waiting,
+                             Path(a.trace_out) if a.trace_out else None)
+    app = App(se, served, metrics)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     where = "its own process" if a.engine_process else "a thread of the server"
+    info = se.info
 
     def ready(_):
-        print(f"gpu_runner serve: {served} on http://{a.host}:{a.port} ({se.cfg.policy}, {se.cfg.kv_blocks} KV blocks "
-              f"of {se.cfg.block_size}, max_seqs {se.cfg.max_seqs}; engine in {where}); Ctrl-C stops", flush=True)
+        print(f"gpu_runner serve: {served} on http://{a.host}:{a.port} ({info.policy}, {info.kv_blocks} KV blocks "
+              f"of {info.block_size}, max_seqs {info.max_seqs}; engine in {where}); Ctrl-C stops", flush=True)
     died = serve(se, app, a.host, a.port, ready)
     done = se.served()
     if a.trace_out and done and done["requests"]:

@@ -1,7 +1,7 @@
 """Building the runner from its options: the model (bundled, random, or a local Hugging Face
-checkpoint), the draft, the Engine, and the ServingEngine that `serve` runs (in the server's
-process, or in an engine process of its own: gpu_runner.engine_process, which gets the same
-ServeOptions)."""
+checkpoint), the draft, the Engine, and the engine `serve` runs behind its client (in a thread
+of the server, or in an engine process of its own: gpu_runner.engine_process, which gets the
+same ServeOptions)."""
 from __future__ import annotations
 
 import dataclasses
@@ -94,10 +94,9 @@ def build_engine(mo: ModelOptions, cfg: EngineConfig, adjust=None):
     return engine
 
 
-def serving_engine(options: ServeOptions, max_waiting: int, metrics=None, events=None):
-    """The ServingEngine `serve` runs: model, engine, KV pool (default: every seat, max_seqs or
-    32, can hold a full-context sequence), trace file."""
-    from gpu_runner.serving import ServingEngine
+def serve_engine(options: ServeOptions):
+    """The Engine `serve` runs: model, draft, KV pool (default: every seat, max_seqs or 32, can
+    hold a full-context sequence)."""
 
     def default_pool(model, cfg):
         sc = cfg.scheduler
@@ -105,6 +104,11 @@ def serving_engine(options: ServeOptions, max_waiting: int, metrics=None, events
             return cfg
         per_seq = -(-model.cfg.max_seq_len // sc.block_size)
         return dataclasses.replace(cfg, scheduler=dataclasses.replace(sc, kv_blocks=per_seq * (sc.max_seqs or 32)))
-    engine = build_engine(options.model, options.engine, default_pool)
-    return ServingEngine(engine, max_waiting=max_waiting, metrics=metrics,
-                         trace_out=Path(options.trace_out) if options.trace_out else None, events=events)
+    return build_engine(options.model, options.engine, default_pool)
+
+
+def engine_service(options: ServeOptions, emit):
+    """The engine side of `serve` (gpu_runner.serving.EngineService), telling `emit` its outputs."""
+    from gpu_runner.serving import EngineService
+    return EngineService(serve_engine(options), emit, Path(options.trace_out) if options.trace_out else None)
+

@@ -1,6 +1,7 @@
 """`python -m gpu_runner serve`: an OpenAI-compatible HTTP API over the runner (Starlette +
-uvicorn). Handlers validate, submit to the ServingEngine (gpu_runner.serving) and stream
-what it sends back; they never touch the scheduler.
+uvicorn). Handlers validate, submit to the engine's client (gpu_runner.client.EngineClient: the
+engine in this process or in its own) and stream the text it sends back, already detokenised
+and cut at stop strings by the engine; they never touch the engine.
 
     POST /v1/completions       prompt: text or token ids; stream (SSE) or not
     POST /v1/chat/completions  messages joined as "role: content" lines (the bundled models
@@ -29,7 +30,9 @@ from starlette.routing import Route
 
 from core.config import SamplingParams
 from gpu_runner.api import BodyError, CompletionBody, bad_text, decode_body, unsupported
-from gpu_runner.serving import Overloaded, ServerStopping, ServingEngine, Stream
+from gpu_runner.client import EngineClient, Overloaded, ServerStopping, Stream
+from gpu_runner.messages import Failed, RequestOutput
+from gpu_runner.tokenizer import tokenizer_from_spec
 
 log = logging.getLogger("gpu_runner.serve")
 MAX_BODY = 4 * 2**20
@@ -60,10 +63,11 @@ def error(message: str, status: int = 400, headers: dict | None = None) -> JSONR
 
 
 class App:
-    def __init__(self, se: ServingEngine, model_name: str, tokenizer, metrics, max_seq_len: int,
-                 vocab_size: int):
-        self.se, self.name, self.tok, self.metrics = se, model_name, tokenizer, metrics
-        self.max_seq_len, self.vocab = max_seq_len, vocab_size
+    def __init__(self, se: EngineClient, model_name: str, metrics):
+        info = se.info
+        self.se, self.name, self.metrics = se, model_name, metrics
+        self.tok = tokenizer_from_spec(info.tokenizer)     # prompts are encoded here, outputs decoded there
+        self.max_seq_len, self.vocab = info.max_seq_len, info.vocab_size
         self.created = int(time.time())
         self.warned: set[str] = set()
         self.app = Starlette(routes=[
@@ -158,17 +162,18 @@ class App:
             raise BadRequest("stop: expected a string or a list of up to 16 non-empty strings")
         stop_ids = body.stop_token_ids or []
         ignore_eos = body.ignore_eos
-        eos = () if ignore_eos else self.se.engine.stop_token_ids
+        info = self.se.info
+        eos = () if ignore_eos else tuple(info.stop_token_ids)
         stops = tuple(dict.fromkeys([*eos, *stop_ids])) if (stop_ids or ignore_eos) else None
-        if self.se.engine.draft is not None:   # one sampling setting for the whole speculative batch
-            server_sp = self.se.engine.cfg.sampling
+        if info.speculative:   # one sampling setting for the whole speculative batch
+            server_sp = info.sampling
             given = {k for k in ("temperature", "top_p", "top_k", "seed") if getattr(body, k) is not None}
             if any(getattr(sp, k) != getattr(server_sp, k) for k in given):
                 raise BadRequest("speculative serving samples with the server's settings "
                                  f"(temperature {server_sp.temperature:g}, top_k {server_sp.top_k}, top_p "
                                  f"{server_sp.top_p:g}, seed {server_sp.seed}); leave them out of the request")
             sp = server_sp
-        return Stream("", ids, max_tokens, sp, stops, asyncio.get_running_loop()), stop
+        return Stream("", ids, max_tokens, sp, stops, asyncio.get_running_loop(), stop)
 
     # ---- completions --------------------------------------------------------------------------
     async def completions(self, request: Request):
@@ -188,7 +193,7 @@ class App:
                 if body.prompt is None:
                     raise BadRequest("prompt: required")
                 ids = self._prompt_ids(body.prompt)
-            s, stop = self._stream(body, ids)
+            s = self._stream(body, ids)
             usage_in_stream = body.stream_options is not None and body.stream_options.include_usage
             stream = body.stream
             try:
@@ -198,13 +203,12 @@ class App:
             except ServerStopping as e:
                 raise BadRequest(str(e), 503, {"Retry-After": "5"}) from None
             first = await s.queue.get()
-            if first[0] == "error":   # refused, or rejected on arrival: the reason is the answer
-                status = first[2]
-                raise BadRequest(first[1], status, {"Retry-After": "1"} if status == 503 else None)
+            if isinstance(first, Failed):   # refused, or rejected on arrival: the reason is the answer
+                raise BadRequest(first.message, first.status, {"Retry-After": "1"} if first.status == 503 else None)
         except BadRequest as e:
             return error(str(e), e.status, e.headers)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        gen = _Generation(self, s, stop, rid, chat)
+        gen = _Generation(self, s, rid, chat)
         if stream:
             return StreamingResponse(gen.sse(request, usage_in_stream), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -212,68 +216,28 @@ class App:
 
 
 class _Generation:
-    """Tokens of one accepted request -> text, stop strings, OpenAI-shaped responses."""
+    """The engine's outputs for one accepted request -> OpenAI-shaped responses."""
 
-    def __init__(self, app: App, s: Stream, stop: list[str], rid: str, chat: bool):
-        self.app, self.s, self.stop, self.rid, self.chat = app, s, stop, rid, chat
+    def __init__(self, app: App, s: Stream, rid: str, chat: bool):
+        self.app, self.s, self.rid, self.chat = app, s, rid, chat
         self.ids: list[int] = []
         self.text = ""          # text delivered so far
         self.finish = None
 
-    def _decode(self) -> str:
-        return self.app.tok.decode(self.ids) if self.app.tok is not None else " ".join(map(str, self.ids))
-
     async def events(self):
-        """Yields text deltas; sets self.finish. A stop string ends the request (reason "stop")
-        and is not delivered; text that could still grow into a stop string is held back."""
-        hold = max((len(x) for x in self.stop), default=1) - 1
-        pending = None
+        """Yields text as the engine sends it (final: held back there while it could still grow
+        into a stop string); sets self.finish from the last output, or raises EngineError."""
         while self.finish is None:
-            item, pending = (pending or await self.s.queue.get()), None
-            if item[0] == "tokens":
-                self.ids += item[1]
-                full = self._decode()
-                cut = min((i for i in (full.find(x) for x in self.stop) if i >= 0), default=-1)
-                if cut >= 0:
-                    self.app.se.cancel(self.s, "stop")
-                    self.finish = "stop"
-                    full = full[:cut]
-                    out = full[len(self.text):]
-                else:
-                    # hold back a possible partial stop string, and an incomplete UTF-8 character
-                    safe = len(full) - hold if self.stop else len(full)
-                    if full.endswith("\ufffd"):
-                        safe = min(safe, len(full) - 1)
-                    out = full[len(self.text):max(safe, len(self.text))]
-                if cut < 0 and not self.stop:
-                    # the request's last tokens and its finish come from one engine output: deliver
-                    # the finish with them (as vLLM does), so that clients count no empty last chunk
-                    try:
-                        pending = self.s.queue.get_nowait()
-                    except asyncio.QueueEmpty:
-                        pending = None
-                    if pending is not None and pending[0] == "finish" and pending[1] in ("length", "stop") \
-                            and self._decode() == self.text + out:
-                        self.finish, pending = pending[1], None
-                self.text += out
-                if out:
-                    yield out
-            elif item[0] == "finish" and item[1] == "rejected":   # by the queue limit, after it was accepted
-                self.finish = "rejected"
-                raise EngineError(f"rejected: {item[2] or 'over a limit of the engine'}", 503)
-            elif item[0] == "finish":
-                self.finish = item[1]
-                rest = self._decode()[len(self.text):] if item[1] != "stop" or not self.stop else ""
-                if self.stop:   # the held-back tail, unless it contains a stop string
-                    full = self._decode()
-                    cut = min((i for i in (full.find(x) for x in self.stop) if i >= 0), default=-1)
-                    rest = (full[:cut] if cut >= 0 else full)[len(self.text):]
-                self.text += rest
-                if rest:
-                    yield rest
-            elif item[0] == "error":
+            item = await self.s.queue.get()
+            if isinstance(item, RequestOutput):
+                self.ids += item.token_ids
+                self.text += item.text
+                self.finish = item.finish_reason
+                if item.text:
+                    yield item.text
+            elif isinstance(item, Failed):   # rejected after it was accepted (queue limit), or failed
                 self.finish = "error"
-                raise EngineError(item[1], item[2])
+                raise EngineError(item.message, item.status)
 
     def usage(self) -> dict:
         n_p, n_c = len(self.s.prompt_ids), len(self.ids)
@@ -346,7 +310,7 @@ class _Generation:
                              "choices": [choice], "usage": self.usage()})
 
 
-def serve(se: ServingEngine, app: App, host: str, port: int, ready=None) -> str | None:
+def serve(se: EngineClient, app: App, host: str, port: int, ready=None) -> str | None:
     """Run uvicorn until SIGINT/SIGTERM; on the signal the engine stops first (unfinished
     requests end with finish_reason "abort", the trace is written), then the HTTP server.
     An engine that stops by itself (a crash, a killed engine process) is logged and stops the

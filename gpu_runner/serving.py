@@ -1,152 +1,64 @@
-"""The engine behind `python -m gpu_runner serve`: the core step loop in one background
-thread, fed by HTTP handlers through an inbox.
+"""The engine behind `python -m gpu_runner serve`: an engine core stepped in one thread, fed by
+messages (gpu_runner.messages) through an inbox, answering through one sink.
 
-    handler --submit()--> inbox --(between steps)--> EngineCore.add_request / abort
-    engine thread: core.engine.loop.run(EngineCore(ModelExecutor), WallClock, inbox=...,
+    client --put(AddRequest | AbortRequest)--> inbox --(between steps)--> EngineCore.add_request / abort
+    engine thread: core.engine.loop.run(EngineCore(ModelExecutor), WallClock, inbox=self,
                                         on_output=...)
-    each EngineOutputs: queued, tokens, finishes --call_soon_threadsafe--> the handler's queue
+    each EngineOutputs --OutputProcessor--> one Outputs message --emit--> the client
+                                            (gpu_runner.client: in this process, or over a pipe)
 
-Handlers never touch the scheduler; the engine thread never blocks on a client; this layer
-reads only the engine's outputs. Every request is answered: one the scheduler refuses at once
-(it could never fit the KV pool or the token budget) with its message (400); one rejected on
-arrival (over max_model_len: 400) or by a full queue (queue_limit: 503) before it was accepted
-with that reason; one rejected after it was accepted (queue_limit) with a finish "rejected"
-that names the limit; a full waiting queue of the server refuses at once (503). Stop: every
-unfinished request is aborted, the thread ends, and the trace (if recorded) is written.
+The engine thread never blocks on a client; clients never touch the engine core. Detokenising
+and stop strings happen here (gpu_runner.output_processor): a stop string ends its request in
+the engine at once. Every request is answered: one the engine refuses at once (it could never
+fit the KV pool or the token budget) with Failed 400; one rejected on arrival (max_model_len:
+400) or by the queue limit (503) with Failed naming the rule; the rest with a RequestOutput
+carrying its finish reason. Stop: every unfinished request is aborted, the thread ends, and
+the trace (if recorded) is written; a crash fails every unfinished request with its reason.
 """
 from __future__ import annotations
 
-import asyncio
-import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.config import SamplingParams
 from core.engine import loop
 from core.engine.core import EngineCore
 from core.engine.outputs import EngineOutputs
 from core.errors import ConfigError
 from core.trace import save_trace
 from core.workload import Request, Workload
+from gpu_runner.messages import (
+    AbortRequest,
+    AddRequest,
+    EngineInfo,
+    Failed,
+    Outputs,
+    StepStats,
+    TokenizerSpec,
+)
+from gpu_runner.output_processor import OutputProcessor
 
 FLUSH_EVERY_S = 1.0
 FLUSH_SHARE = 0.05   # a flush rebuilds the whole trace: at most this share of the engine thread's time
 
 
-class Overloaded(Exception):
-    """The waiting queue is full (HTTP 503 with Retry-After)."""
+def tokenizer_spec(tok) -> TokenizerSpec:
+    if tok is None:
+        return TokenizerSpec("none")
+    path = getattr(tok, "path", None)
+    if path is not None:
+        eos = tok.eos_id
+        return TokenizerSpec("hf", str(path), list(eos) if isinstance(eos, tuple) else eos)
+    return TokenizerSpec("byte")
 
 
-class ServerStopping(Exception):
-    """The server is shutting down and admits nothing new (HTTP 503)."""
-
-
-@dataclass(eq=False)
-class Stream:
-    """One client request as the engine sees it; events go to `queue` on the client's loop:
-    ("accepted",), ("error", message, HTTP status), ("tokens", [ids]), ("finish", reason, detail)."""
-    rid: str
-    prompt_ids: list[int]
-    max_tokens: int
-    sampling: SamplingParams
-    stop_ids: tuple[int, ...] | None           # None: the model's EOS; () ignores it
-    aloop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    index: int | None = None                   # the scheduler's request index once added
-    arrival_ms: float = 0.0
-    sent: int = 0
-    first_token_ms: float | None = None
-    last_token_ms: float | None = None
-    scheduled_ms: float | None = None
-    accepted: bool = False
-    done: bool = False
-
-    def push(self, item):
-        batch = getattr(_PUSHES, "items", None)
-        if batch is not None:        # inside one_delivery(): delivered together at its end
-            batch.append((self, item))
-        else:
-            self.aloop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-
-_PUSHES = threading.local()
-
-
-class one_delivery:
-    """What one engine output tells the clients reaches their queues in one callback of their
-    event loop: a request's last tokens and its finish arrive together, so its stream can send
-    the finish reason with those tokens (server.Completion.events)."""
-
-    def __enter__(self):
-        _PUSHES.items = []
-
-    def __exit__(self, *exc):
-        items, _PUSHES.items = _PUSHES.items, None
-        by_loop: dict = {}
-        for st, item in items:
-            by_loop.setdefault(st.aloop, []).append((st, item))
-        for aloop, pairs in by_loop.items():
-            aloop.call_soon_threadsafe(_deliver, pairs)
-
-
-def _deliver(pairs):
-    for st, item in pairs:
-        st.queue.put_nowait(item)
-
-
-class LocalEvents:
-    """What the engine tells a request's client and the metrics, applied in this process: to
-    the Stream (its queue, its times) and to `metrics` (gpu_runner.server_metrics.ServerMetrics or
-    None). An engine in another process (gpu_runner.engine_process) sends the same calls over
-    a pipe and the server applies them here, in the same order."""
-
-    def __init__(self, metrics=None):
-        self.metrics = metrics
-
-    def accepted(self, s: Stream):
-        s.push(("accepted",))
-
-    def error(self, s: Stream, message: str, status: int = 400):
-        s.done = True
-        s.push(("error", message, status))
-
-    def scheduled(self, s: Stream, prompt_tokens: int, t_ms: float):
-        s.scheduled_ms = t_ms
-        if self.metrics is not None:
-            self.metrics.scheduled(s, prompt_tokens)
-
-    def tokens(self, s: Stream, ids: list[int], t_ms: float):
-        if self.metrics is not None:
-            self.metrics.tokens(s, len(ids), t_ms)
-        if s.first_token_ms is None:
-            s.first_token_ms = t_ms
-        s.last_token_ms = t_ms
-        s.push(("tokens", ids))
-
-    def finish(self, s: Stream, reason: str, t_ms: float, detail: str | None = None):
-        s.done = True
-        s.push(("finish", reason, detail))
-        if self.metrics is not None:
-            self.metrics.finished(s, reason, t_ms)
-
-    def step(self, running: int, waiting: int, kv_usage: float, preemptions: int, hit_tokens: int):
-        if self.metrics is not None:
-            self.metrics.step(running, waiting, kv_usage, preemptions, hit_tokens)
-
-    def flush(self):
-        """Events are applied as they come (an engine process sends its buffer here)."""
-
-
-class ServingEngine:
+class EngineService:
     """`engine` is a gpu_runner.engine.Engine; its scheduler options must give a KV pool
-    (kv_blocks or kv_memory_mb). `events` receives what the engine tells clients and metrics
-    (default: LocalEvents(metrics), applied in this process); `trace_out` is rewritten
-    atomically about once a second."""
+    (kv_blocks or kv_memory_mb). `emit(Outputs)` receives what the engine tells its clients
+    (called from the engine thread); `trace_out` is rewritten atomically about once a second."""
 
-    def __init__(self, engine, max_waiting: int = 256, metrics=None, trace_out: Path | None = None, events=None):
+    def __init__(self, engine, emit, trace_out: Path | None = None):
         from gpu_runner.engine import ModelExecutor
         self.engine = engine
         self.cfg = engine.scheduler_config()
@@ -157,15 +69,14 @@ class ServingEngine:
         self.clock = loop.WallClock(0.0)
         self.core.executor = self.executor = ModelExecutor(engine, self.cfg.kv_blocks, self.cfg.block_size,
                                                            self.clock)
-        self.max_waiting = max_waiting
-        self.events = events if events is not None else LocalEvents(metrics)
+        self.emit = emit
+        tok = engine.tok
+        self.outputs = OutputProcessor(tok.decode if tok is not None else lambda ids: " ".join(map(str, ids)))
+        self.rows: dict[str, int] = {}             # request id -> engine row, while unfinished
         self.trace_out = trace_out
-        self.streams: dict[int, Stream] = {}     # unanswered requests by scheduler row
-        self.stats = self.core.stats()            # the engine's gauges after its last output
         self._pending: deque = deque()
         self._cv = threading.Condition()
         self._stopping = False
-        self._ids = itertools.count()
         self._hits_seen = 0
         self._last_flush = time.monotonic()
         self._flush_every = FLUSH_EVERY_S
@@ -173,16 +84,22 @@ class ServingEngine:
         self.thread = threading.Thread(target=self.run, name="engine", daemon=True)
         self.error: BaseException | None = None
 
-    # ---- called from HTTP handlers ----------------------------------------------------------
+    @property
+    def info(self) -> EngineInfo:
+        e, c = self.engine, self.cfg
+        return EngineInfo(e.model_name, e.model.cfg.max_seq_len, e.model.cfg.vocab_size, tokenizer_spec(e.tok),
+                          list(e.stop_token_ids), e.draft is not None, e.cfg.sampling, c.policy, c.kv_blocks,
+                          c.block_size, c.max_seqs)
+
+    # ---- control (any thread) ---------------------------------------------------------------------
     def start(self):
         self.thread.start()
 
-    @property
-    def model_info(self) -> dict:
-        """What the HTTP side needs of the model: its tokenizer, name and limits."""
-        e = self.engine
-        return {"tokenizer": e.tok, "name": e.model_name, "max_seq_len": e.model.cfg.max_seq_len,
-                "vocab_size": e.model.cfg.vocab_size}
+    def put(self, msg: AddRequest | AbortRequest):
+        """A message for the engine: applied between steps."""
+        with self._cv:
+            self._pending.append(msg)
+            self._cv.notify()
 
     def alive(self) -> bool:
         return self.error is None and self.thread.is_alive()
@@ -194,27 +111,6 @@ class ServingEngine:
         if self.thread.ident is not None and not self.thread.is_alive() and not self._stopping:
             return "the engine thread ended"
         return None
-
-    def submit(self, s: Stream, arrival_ms: float | None = None) -> None:
-        """Queue a request (its arrival is now, or `arrival_ms` on this engine's clock);
-        raises Overloaded / ServerStopping."""
-        with self._cv:
-            if self._stopping:
-                raise ServerStopping("the server is shutting down")
-            waiting = len(self._pending) + self.stats.waiting
-            if waiting >= self.max_waiting:
-                raise Overloaded(f"{waiting} requests are waiting (limit {self.max_waiting})")
-            s.rid = s.rid or f"req-{next(self._ids)}"
-            s.arrival_ms = self.clock.now() if arrival_ms is None else arrival_ms
-            self._pending.append(("add", s))
-            self._cv.notify()
-
-    def cancel(self, s: Stream, reason: str = "abort") -> None:
-        """The client went away (or a stop string matched): abort it between steps."""
-        with self._cv:
-            if not s.done:
-                self._pending.append(("abort", s, reason))
-                self._cv.notify()
 
     def request_stop(self) -> None:
         """Admit nothing new; the step loop aborts what is unfinished at its next drain, ends
@@ -232,28 +128,27 @@ class ServingEngine:
     def served(self) -> dict:
         return {"requests": self.core.num_requests, "steps": self.core.num_steps}
 
-    def load(self) -> dict:
-        """Running / waiting / KV usage after the engine's last output."""
-        st = self.stats
-        return {"running": st.running, "waiting": st.waiting + len(self._pending), "kv_usage": st.kv_usage}
-
     # ---- the inbox the step loop drains (engine thread) ---------------------------------------
     def drain(self, core: EngineCore, now_ms: float) -> bool:
         with self._cv:
             items = list(self._pending)
             self._pending.clear()
             stopping = self._stopping
-        for item in items:
-            if item[0] == "add":
-                self._add(item[1])
+        refused = []
+        for msg in items:
+            if isinstance(msg, AddRequest):
+                why = self._add(msg)
+                if why is not None:
+                    refused.append(Failed(msg.rid, why, 400))
             else:   # the finish comes back in the next EngineOutputs
-                s, reason = item[1], item[2]
-                if s.index is not None and not s.done:
-                    core.abort(s.index, now_ms, reason)
+                i = self.rows.get(msg.rid)
+                if i is not None:
+                    core.abort(i, now_ms, msg.reason)
         if stopping:
-            for s in list(self.streams.values()):
-                core.abort(s.index, now_ms, "abort")
-        self.events.flush()
+            for i in self.outputs.unfinished():
+                core.abort(i, now_ms, "abort")
+        if refused:
+            self.emit(Outputs(refused))
         if stopping:
             return False
         self._maybe_flush()
@@ -267,59 +162,35 @@ class ServingEngine:
                 self._cv.wait(FLUSH_EVERY_S)
                 if self._pending or self._stopping:
                     return
-            self._maybe_flush()   # outside the lock: handlers keep submitting while the trace is written
+            self._maybe_flush()   # outside the lock: clients keep sending while the trace is written
 
-    def _add(self, s: Stream):
-        r = Request(s.rid, s.arrival_ms, len(s.prompt_ids), s.max_tokens, tuple(s.prompt_ids))
+    def _add(self, m: AddRequest) -> str | None:
+        r = Request(m.rid, m.arrival_ms, len(m.prompt_ids), m.max_tokens, tuple(m.prompt_ids))
         try:
-            s.index = self.core.add_request(r, s.stop_ids)
+            i = self.core.add_request(r, None if m.stop_token_ids is None else tuple(m.stop_token_ids))
         except (ConfigError, ValueError) as e:
-            self.events.error(s, str(e))
-            return
-        self.executor.add_request(s.index, s.rid, s.sampling)
-        self.streams[s.index] = s
+            return str(e)
+        self.executor.add_request(i, m.rid, m.sampling)
+        self.outputs.add(i, m)
+        self.rows[m.rid] = i
+        return None
 
     def on_output(self, out: EngineOutputs):
-        """Answer clients from what the engine says happened: accepted, first scheduled,
-        tokens, finished (with its reason) or rejected before it was accepted."""
-        with one_delivery():
-            self._answer(out)
-
-    def _answer(self, out: EngineOutputs):
-        ev = self.events
+        """Tell clients what the engine says happened: accepted, first scheduled, text and
+        tokens, finished (with its reason) or failed; a stop string ends its request here."""
         if out.step is not None:
             self.engine.note_first_step(out)
-        gone = {f.req for f in out.finished}
-        for i in out.queued:
-            s = self.streams.get(i)
-            if s is not None and i not in gone:
-                s.accepted = True
-                ev.accepted(s)
-        for i in out.started:
-            s = self.streams.get(i)
-            if s is not None:
-                ev.scheduled(s, len(s.prompt_ids), out.step.t_ms)
-        for i, ids in out.new_tokens().items():
-            s = self.streams.get(i)
-            if s is not None:
-                ev.tokens(s, ids, out.t_ms)
-                s.sent += len(ids)
         for f in out.finished:
-            s = self.streams.pop(f.req, None)
-            if s is None or s.done:
-                continue
-            if not s.accepted:   # rejected on arrival: the client gets the reason as its answer
-                ev.error(s, f"rejected: {f.detail or f.reason}", 503 if f.limit == "queue_limit" else 400)
-            elif f.reason == "error":   # this request failed in the engine; the others go on
-                ev.error(s, f"the engine failed on this request: {f.detail or 'error'}", 500)
-            else:
-                ev.finish(s, f.reason, f.t_ms, f.detail)
-        st = self.stats = out.stats
-        bs = self.cfg.block_size
-        ev.step(st.running, st.waiting + len(self._pending), st.kv_usage, st.preemptions,
-                (st.prefix_hit_blocks - self._hits_seen) * bs)
+            self.rows.pop(self.outputs.rid_of(f.req), None)
+        events, stopped = self.outputs.process(out)
+        for i in stopped:
+            self.core.abort(i, out.t_ms, "stop")
+        st = out.stats
+        with self._cv:
+            pending = len(self._pending)
+        hits = (st.prefix_hit_blocks - self._hits_seen) * self.cfg.block_size
         self._hits_seen = st.prefix_hit_blocks
-        ev.flush()
+        self.emit(Outputs(events, StepStats(st.running, st.waiting + pending, st.kv_usage, st.preemptions, hits)))
 
     def run(self):
         """The engine thread (or an engine process's main thread): the step loop until stopped."""
@@ -331,10 +202,9 @@ class ServingEngine:
             self.error = e
             with self._cv:
                 self._stopping = True
-            for s in list(self.streams.values()):
-                self.events.error(s, f"engine failed: {type(e).__name__}: {e}", 500)
-            self.streams.clear()
-            self.events.flush()
+            why = f"engine failed: {type(e).__name__}: {e}"
+            self.emit(Outputs([Failed(rid, why, 500) for i in self.outputs.unfinished()
+                               if (rid := self.outputs.rid_of(i)) is not None]))
         finally:
             self._flush(final=True)
 

@@ -39,6 +39,7 @@ class HFTokenizer:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ConfigError(f"{path}: not a tokenizer.json the tokenizers library can read ({msg})") from None
         self.vocab_size = self.tok.get_vocab_size()
+        self.path = Path(path)
         self.eos_id = eos_id
         self.bos_id = None
 
@@ -47,3 +48,14 @@ class HFTokenizer:
 
     def decode(self, ids) -> str:
         return self.tok.decode(list(ids))
+
+
+def tokenizer_from_spec(spec):
+    """The tokenizer a gpu_runner.messages.TokenizerSpec describes (the server encodes prompts with
+    the engine's own tokenizer: the same file, read again), or None."""
+    if spec.kind == "byte":
+        return ByteTokenizer()
+    if spec.kind == "hf" and spec.path is not None:
+        eos = tuple(spec.eos_id) if isinstance(spec.eos_id, list) else spec.eos_id
+        return HFTokenizer(Path(spec.path), eos)
+    return None

@@ -286,3 +286,54 @@ def test_the_scheduler_holds_no_trace_writer():
     held = [f"{type(o).__name__}.{k}" for o in (sched, sched.kv, sched.kv.pool) for k, v in vars(o).items()
             if isinstance(v, (StepLog, KVLog))]
     assert held == []
+
+
+def test_messages_between_processes_are_declared_structs():
+    """Between the server and its engine process only gpu_runner.messages Structs travel,
+    msgpack-encoded: every send_bytes sends encode(msg), every recv_bytes is decoded against the
+    declared union; nothing is pickled (.send / .recv of a pipe) and nothing is faked
+    (SimpleNamespace). Every class in gpu_runner/messages.py is a msgspec Struct."""
+    import msgspec
+    bad = []
+    for p in (ROOT / "gpu_runner").rglob("*.py"):
+        tree = ast.parse(p.read_text())
+        where = str(p.relative_to(ROOT))
+        parents = {id(c): n for n in ast.walk(tree) for c in ast.iter_child_nodes(n)}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Name, ast.Attribute)) and (getattr(node, "id", None) or node.attr) == \
+                    "SimpleNamespace":
+                bad.append(f"{where}:{node.lineno}: SimpleNamespace")
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            attr = node.func.attr
+            if attr in ("send", "recv", "send_multipart") and "engine" in where:
+                bad.append(f"{where}:{node.lineno}: .{attr}() (pickled or untyped)")
+            if attr == "send_bytes" and not (node.args and isinstance(node.args[0], ast.Call)
+                                             and ast.unparse(node.args[0].func) == "encode"):
+                bad.append(f"{where}:{node.lineno}: send_bytes of something not encode(msg)")
+            if attr == "recv_bytes":
+                up = parents.get(id(node))
+                if not (isinstance(up, ast.Call) and ast.unparse(up.func).startswith("decode_")):
+                    bad.append(f"{where}:{node.lineno}: recv_bytes not decoded against the declared messages")
+    assert bad == []
+    from gpu_runner import messages
+    classes = [v for v in vars(messages).values() if isinstance(v, type) and v.__module__ == messages.__name__]
+    assert classes and all(issubclass(c, msgspec.Struct) for c in classes)
+
+
+def test_one_waiting_queue_limit():
+    """The server's waiting-queue limit (--max-waiting) is implemented once, in the engine client
+    both the engine thread and the engine process sit behind."""
+    raisers = [str(p.relative_to(ROOT)) for p in (ROOT / "gpu_runner").rglob("*.py")
+               if "raise Overloaded(" in p.read_text()]
+    assert raisers == ["gpu_runner/client.py"]
+    users = [str(p.relative_to(ROOT)) for p in (ROOT / "gpu_runner").rglob("*.py")
+             if "max_waiting" in p.read_text() and p.name not in ("client.py", "__main__.py", "engine_process.py")]
+    assert users == []
+
+
+def test_the_http_layer_only_streams_what_the_engine_gives_it():
+    """Detokenising and stop strings live in the engine's output processor: the HTTP handlers
+    decode no token ids and search no text for stop strings."""
+    src = (ROOT / "gpu_runner" / "server.py").read_text()
+    assert ".decode(self.ids" not in src and "tok.decode" not in src and ".find(x)" not in src

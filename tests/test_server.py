@@ -16,11 +16,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.config import SchedulerConfig
 from core.workload import Request, Workload
+from gpu_runner.client import InProcessClient
 from gpu_runner.engine import Engine
 from gpu_runner.options import EngineConfig
 from gpu_runner.server import App
 from gpu_runner.server_metrics import ServerMetrics
-from gpu_runner.serving import ServingEngine
 from gpu_runner.tokenizer import ByteTokenizer
 from tests.conftest import ROOT
 from tests.helpers import free_port
@@ -46,15 +46,15 @@ class Running:
         self.metrics = ServerMetrics("tiny")
         if engine_process:
             from gpu_runner.__main__ import build_parser, serve_options
-            from gpu_runner.engine_process import ProcessServingEngine
+            from gpu_runner.engine_process import ProcessClient
             assert draft is None and not sched
             args = build_parser().parse_args(["serve", "--model", "tiny", "--threads", "1", "--kv-blocks", "256"])
-            self.se = ProcessServingEngine(serve_options(args), metrics=self.metrics, max_waiting=max_waiting)
+            self.se = ProcessClient(serve_options(args), metrics=self.metrics, max_waiting=max_waiting)
         else:
             cfg = EngineConfig(scheduler=SchedulerConfig(**{"kv_blocks": 256, **sched}), gamma=3)
             self.engine = Engine(model, ByteTokenizer(), cfg, "cpu", "tiny", draft=draft, draft_name="tiny-draft")
-            self.se = ServingEngine(self.engine, max_waiting=max_waiting, metrics=self.metrics, trace_out=trace_out)
-        app = App(self.se, "tiny", ByteTokenizer(), self.metrics, model.cfg.max_seq_len, model.cfg.vocab_size)
+            self.se = InProcessClient(self.engine, metrics=self.metrics, max_waiting=max_waiting, trace_out=trace_out)
+        app = App(self.se, "tiny", self.metrics)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app.app, host="127.0.0.1", port=self.port, log_level="error",
@@ -162,7 +162,7 @@ def test_speculative_serving_is_greedy_exact(tiny, bundled):
         assert r.status_code == 400 and "speculative serving samples with the server's settings" in r.text
         r = c.post(f"{srv.url}/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 20})   # no sampling fields
         assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == ref[0]   # server: greedy
-        assert srv.se.trace().events_of("spec")
+        assert srv.se.service.trace().events_of("spec")
 
 
 def test_concurrent_streams_all_complete_and_batch_together(tiny):
@@ -182,7 +182,7 @@ def test_concurrent_streams_all_complete_and_batch_together(tiny):
         texts = asyncio.run(main(srv.url))
         assert texts == [ref[k % 4] for k in range(32)]     # batching does not change greedy outputs
         assert srv.metric("vllm:request_success_total", finished_reason="length") == 32
-        assert max(r.running for r in srv.se.core.log.steps) > 1       # continuous batching across clients
+        assert max(r.running for r in srv.se.service.core.log.steps) > 1       # continuous batching across clients
 
 
 def test_cancelled_streams_return_their_kv_blocks(tiny):
@@ -203,12 +203,12 @@ def test_cancelled_streams_return_their_kv_blocks(tiny):
     with Running(tiny) as srv:
         asyncio.run(main(srv.url))
         deadline = time.monotonic() + 30
-        while srv.se.streams or srv.se.core.num_done < 20:
+        while srv.se.streams or srv.se.service.core.num_done < 20:
             assert time.monotonic() < deadline, "cancelled requests were not aborted"
             time.sleep(0.05)
         assert srv.metric("vllm:kv_cache_usage_perc") == 0.0
         assert srv.metric("vllm:request_success_total", finished_reason="abort") == 20
-        bm = srv.se.core.scheduler.kv
+        bm = srv.se.service.core.scheduler.kv
         assert bm.num_free == bm.num_blocks
         bm.check()
         # and it keeps serving
@@ -321,7 +321,7 @@ def test_loadgen_against_our_server_matches_the_servers_own_trace(tiny, tmp_path
             out = tmp_path / "captured.json"
             assert main(["loadgen", "--url", srv.url, "--workload", str(wl), "--out", str(out),
                          "--metrics-interval", "0.05", *mode]) == 0
-            server_tr = srv.se.trace()
+            server_tr = srv.se.service.trace()
         tr = load_trace(out)
         assert tr.meta["source"] == "measured" and tr.meta["engine"]["name"] == "gpu_runner"
         from core.analysis.metrics import request_metrics

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.config import SchedulerConfig
+from core.config import SamplingParams, SchedulerConfig
 from core.engine.outputs import ExecutorOutput
 from core.engine.scheduler import Scheduler
 from core.workload import Request
@@ -172,11 +172,21 @@ def test_a_request_rejected_after_it_was_accepted_ends_its_stream_with_the_reaso
     assert late and late[0].reason == "rejected" and late[0].limit == "queue_limit" and 2 in accepted
     assert "queue limit of 1" in late[0].detail
 
+    # Engine side: its output processor answers the late request with Failed 503 naming the limit
+    # (after what it had emitted), the others with their finish reason.
+    from core.engine.outputs import EngineOutputs
+    from gpu_runner.messages import AddRequest, Failed, RequestOutput
+    from gpu_runner.output_processor import OutputProcessor
+    proc = OutputProcessor(lambda ids: "".join(map(str, ids)))
+    for i, rid in enumerate(("r0", "r1", "late")):
+        proc.add(i, AddRequest(rid, [1, 2, 3, 4], 9, SamplingParams(), None, [], 0.0))
+    told, _ = proc.process(EngineOutputs(3.0, (), finished=late))
+    assert told == [Failed("late", f"rejected: {late[0].detail}", 503)]
+
+    from gpu_runner.client import Stream
     from gpu_runner.server import _Generation
-    from gpu_runner.serving import Stream
 
     class App:
-        tok = None
         name = "tiny"
 
         class se:
@@ -187,13 +197,13 @@ def test_a_request_rejected_after_it_was_accepted_ends_its_stream_with_the_reaso
     async def run():
         st = Stream("r", [1, 2], 5, None, None, asyncio.get_running_loop())
         st.done = True
-        for item in (("tokens", [5]), ("finish", "rejected", late[0].detail)):
+        for item in (RequestOutput("r", [5], "5", 1.0), Failed("r", f"rejected: {late[0].detail}", 503)):
             st.queue.put_nowait(item)
 
         class Req:
             async def receive(self):
                 await asyncio.sleep(3600)
-        return [x async for x in _Generation(App, st, [], "cmpl-x", False).sse(Req(), False)]
+        return [x async for x in _Generation(App, st, "cmpl-x", False).sse(Req(), False)]
     lines = asyncio.run(run())
     assert lines[-1] == "data: [DONE]\n\n"
     err = json.loads(lines[-2][6:])

@@ -159,11 +159,11 @@ def test_serving_invariants_hold_after_a_random_episode(model, tmp_path, episode
         g = wait_idle(srv)
         assert g == {"running": 0.0, "waiting": 0.0, "kv": 0.0}, g
         # 3. the engine's KV cache is consistent and whole again
-        kv = srv.se.core.scheduler.kv
+        kv = srv.se.service.core.scheduler.kv
         kv.check()
         assert kv.num_free == 48
         # 4. the trace is valid and accounts for every request
-        tr = srv.se.trace()
+        tr = srv.se.service.trace()
         trace_from_doc(to_doc(tr), "served")
         reasons = Counter(tr.finishes["reason"].astype(str))
         assert len(tr.finishes) == len(tr.requests)
