@@ -316,7 +316,7 @@ def with_engine_side(tr, cap: Capture):
     """The client's trace with what the server emitted meanwhile, on the client's clock (both
     start at t0: perf_counter and epoch read together): each request's span as its engine-side
     view (paired by the server's response id), the KV events."""
-    from core.trace.imports.merge import attach_spans, pair_requests
+    from core.trace.imports.otlp import attach_spans, pair_requests
     from core.trace.imports.telemetry import telemetry_trace
     tel = cap.telemetry
     eng = telemetry_trace(cap.t0_ns, list(tel.spans), list(tel.kv_rows), [], {"source": "measured"}, [])

@@ -337,3 +337,16 @@ def test_the_http_layer_only_streams_what_the_engine_gives_it():
     decode no token ids and search no text for stop strings."""
     src = (ROOT / "gpu_runner" / "server.py").read_text()
     assert ".decode(self.ids" not in src and "tok.decode" not in src and ".find(x)" not in src
+
+
+def test_importers_are_registered_in_one_table():
+    """Importers are one declared table (core.trace.imports.sniff.IMPORTERS): import_doc,
+    import_lines, import_text and import_directory name no recogniser: they ask the table (a new
+    importer is one entry, not an if in four places)."""
+    tree = ast.parse((ROOT / "core" / "trace" / "imports" / "sniff.py").read_text())
+    entry = {"import_doc", "import_lines", "import_text", "import_directory"}
+    bad = [f"{f.name}: {ast.unparse(n)}" for f in tree.body if isinstance(f, ast.FunctionDef) and f.name in entry
+           for n in ast.walk(f) if isinstance(n, (ast.Name, ast.Attribute))
+           and "looks_like" in (n.id if isinstance(n, ast.Name) else n.attr)]
+    assert bad == []
+    assert len({f.name for f in tree.body if isinstance(f, ast.FunctionDef)} & entry) == 4

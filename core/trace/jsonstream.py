@@ -255,6 +255,8 @@ def _header(rd: _Reader) -> tuple[dict, int]:
             k = rd.buf.rfind(b'"events"', pos)
             pos = k if k >= 0 and not rd.buf[k + 8:].strip(_WS + b":") else max(pos, len(rd.buf) - 8)
             if not rd.more():
+                if b'"schema"' not in rd.buf:
+                    raise _Refused    # not a serving trace: left unparsed for the other readers
                 raise _Whole(rd.buf)  # no (plain) top-level "events" list
             continue
         i = m.start() - 1  # the byte before the key
@@ -270,6 +272,8 @@ def _header(rd: _Reader) -> tuple[dict, int]:
             if top is not None:
                 if not top and sep == b",":
                     raise _Refused  # `{ ,`: not JSON
+                if "schema" not in top:
+                    raise _Refused    # not a serving trace (another tool's document with an "events" key)
                 if "events" in top or not {"schema", "meta", "requests"} <= top.keys():
                     raise _Whole(rd.rest())  # another layout: the whole-document decoder
                 return {k: msgspec.json.decode(v) for k, v in top.items()}, m.end()

@@ -2,14 +2,18 @@
 - Parquet magic `PAR1`: the columnar form (parquet.py);
 - JSON, gzip-compressed or not (detected from the bytes): a document with a `schema` key is a
   serving trace (jsoncodec.py, validate.py);
-- anything else another tool wrote (imports/sniff.py): benchmark clients' files, vLLM's
-  iteration log, spans and KV events become an `Imported` carrying its trace; a file of a
-  known tool that we do not read gets one line saying what it is and what we read instead;
+- anything else another tool wrote (imports/sniff.py's importer table): benchmark clients'
+  files, vLLM's iteration log, spans and KV events become an `Imported` carrying its trace and
+  its kind; a file of a known tool that we do not read gets one line saying what it is and what
+  we read instead. A JSON document is parsed once (the fast trace decoder refuses a document
+  without our `schema` key before parsing it);
 - a directory: Parquet parts of one trace, or a tool's output directory (imports/sniff.py).
 """
 from __future__ import annotations
 
 from pathlib import Path
+
+import orjson
 
 from core.errors import TraceError, gunzip, read_input_file
 from core.trace.imports.imported import Imported
@@ -20,6 +24,8 @@ from core.trace.model import Trace
 from core.trace.parquet import is_parquet, trace_from_parquet
 from core.trace.validate import trace_from_doc
 
+_NOT_ONE_DOCUMENT = object()
+
 
 def _read(data: bytes | str, name: str, engines: bool, path: Path | None = None) -> Trace | Imported:
     with no_gc():
@@ -28,15 +34,20 @@ def _read(data: bytes | str, name: str, engines: bool, path: Path | None = None)
         elif is_parquet(data):
             return trace_from_parquet(data, name)
         else:
-            tr = decode_fast(data, name)   # inflates gzip as it decodes (bounded)
+            tr = decode_fast(data, name)   # inflates gzip as it decodes (bounded); refuses others unparsed
             if tr is not None:
                 return tr
             data = gunzip(data, name, TraceError)    # once, for the paths below (bounded, counted first)
-            if engines:
-                imp = import_text(data, name, path)   # not one JSON document: JSON lines, logs, YAML, CSV
-                if imp is not None:
-                    return imp
-            doc = parse_json_bytes(data, name)
+            try:
+                doc = orjson.loads(data)             # the one parse of a JSON document
+            except orjson.JSONDecodeError:
+                doc = _NOT_ONE_DOCUMENT
+            if doc is _NOT_ONE_DOCUMENT:
+                if engines:
+                    imp = import_text(data, name, path)   # JSON lines, logs, YAML, CSV
+                    if imp is not None:
+                        return imp
+                doc = parse_json_bytes(data, name)   # not JSON after all: words what is wrong
         if engines:
             imp = import_doc(doc, name, path)
             if imp is not None:

@@ -34,7 +34,15 @@ class Imported:
     estimator: str = "linear"          # the tool's percentile estimator (numpy's method name)
     weights: dict = field(default_factory=dict)       # metric -> "tokens-1": the tool weights its samples
     window_ms: tuple[float, float] | None = None      # the tool's throughput window on the trace's clock
+    kind: str = ""                     # which importer read it (core.trace.imports.sniff.IMPORTERS)
 
     @property
     def label(self) -> str:
         return f"{self.tool or self.engine} {self.what}".strip()
+
+
+def epoch_offset(base_clock: dict, part_clock: dict) -> tuple[float, float, str]:
+    """(offset ms, uncertainty ms, how) that moves a part on an epoch clock onto a base on one."""
+    off = (part_clock["t0_s"] - base_clock["t0_s"]) * 1000.0
+    unc = max(float(base_clock.get("resolution_ms") or 0), float(part_clock.get("resolution_ms") or 0))
+    return off, unc, "both epoch clocks: the difference of their origins (one host, or hosts in clock sync)"

@@ -20,9 +20,13 @@ import base64
 import json
 from collections.abc import Iterable, Iterator
 
+import numpy as np
+import pandas as pd
+
 from core.errors import TraceError, short
-from core.trace.imports.imported import Imported
+from core.trace.imports.imported import Imported, epoch_offset
 from core.trace.imports.rows import RequestRows, count, finite
+from core.trace.model import Trace
 
 REQUEST_SPAN = "llm_request"
 LATENCY = "gen_ai.latency."
@@ -239,3 +243,70 @@ def import_otlp_lines(lines: list[dict], name: str) -> Imported:
             elif looks_like_collector_lines(doc):
                 yield doc
     return import_spans(spans(), name, "OTLP/JSON")
+
+
+# ---- merging spans with a client's requests (core.trace.imports.merge) --------------------------
+
+def pair_requests(base: Trace, spans: Trace) -> list[tuple[int, int]]:
+    """(base row, span row) pairs: by id (the span's request id contains the client's request or
+    response id, as vLLM builds it from X-Request-Id), else in order of arrival when the counts
+    agree."""
+    sid = spans.ids
+    by_id = []
+    keys = []
+    for i, rid in enumerate(base.ids):
+        ex = base.request_extra[i] if i < len(base.request_extra) else {}
+        keys.append([k for k in (ex.get("response_id"), rid) if isinstance(k, str) and len(k) >= 8])
+    index = {}
+    for j, s in enumerate(sid):
+        index.setdefault(s, j)
+    for i, ks in enumerate(keys):
+        j = next((index[s] for k in ks for s in (k, f"{k}-0", f"cmpl-{k}", f"cmpl-{k}-0") if s in index), None)
+        if j is None:
+            j = next((jj for jj, s in enumerate(sid) for k in ks if k in s), None)
+        if j is not None:
+            by_id.append((i, j))
+    if len(by_id) >= max(1, len(base.ids) // 2):
+        return by_id
+    if len(base.ids) == len(sid):
+        bi = np.argsort(base.requests["arrival_ms"].to_numpy(), kind="stable")
+        sj = np.argsort(spans.requests["arrival_ms"].to_numpy(), kind="stable")
+        return list(zip(bi.tolist(), sj.tolist()))
+    return []
+
+
+def align_spans(base: Trace, base_clock: dict, spans: Trace, spans_clock: dict):
+    """(offset ms, uncertainty ms, how, request pairs) that put the spans on the base's clock:
+    the epoch clocks' difference when both are epoch clocks, else from the paired requests."""
+    pairs = pair_requests(base, spans)
+    if spans_clock["kind"] == "epoch" and base_clock["kind"] == "epoch":
+        return (*epoch_offset(base_clock, spans_clock), pairs)
+    return (*offset_by_pairs(base, spans, pairs), pairs)
+
+
+def offset_by_pairs(base: Trace, spans: Trace, pairs) -> tuple[float, float, str]:
+    """offset that moves span times onto the base: base send ~ span start - network delay."""
+    if not pairs:
+        raise TraceError("cannot pair the client's requests with the spans (no shared ids, and the counts differ)")
+    a = base.requests["arrival_ms"].to_numpy()
+    s = spans.requests["arrival_ms"].to_numpy()
+    d = np.array([a[i] - s[j] for i, j in pairs])
+    return float(np.median(d)), float((d.max() - d.min()) / 2), \
+        f"paired {len(pairs)} requests; offset = median(client send - span start)"
+
+
+def attach_spans(out: Trace, spans: Trace, pairs, off: float):
+    """Each paired client request gets the engine's view of it: arrival at the engine, its TTFT
+    and E2E from the engine's arrival, and the phases, on the base's clock."""
+    tk = spans.tokens
+    first = tk.groupby("req")["t_ms"].min() if len(tk) else pd.Series(dtype=float)
+    last = tk.groupby("req")["t_ms"].max() if len(tk) else pd.Series(dtype=float)
+    arr = spans.requests["arrival_ms"].to_numpy()
+    for i, j in pairs:
+        ex = spans.request_extra[j] if j < len(spans.request_extra) else {}
+        view = {"engine_request_id": spans.ids[j], "engine_arrival_ms": float(arr[j] + off)}
+        if j in first.index:
+            view["engine_ttft_ms"] = float(first[j] - arr[j])
+            view["engine_e2e_ms"] = float(last[j] - arr[j])
+        view.update({k: ex[k] for k in PHASES if k in ex})
+        out.request_extra[i].update(view)

@@ -1,4 +1,8 @@
-"""Which tool wrote a file, from its content (never its name), and the importer that reads it.
+"""Which tool wrote a file, from its content (never its name), and the importer that reads it:
+one declared table (`IMPORTERS`: kind, the shape it comes in, its recogniser, its reader, its
+role in a merge), iterated in order by every entry point (one JSON document, JSON lines, other
+text, a directory). Every import result says its kind (`Imported.kind`); merge dispatches on
+kinds, and each kind's clock alignment lives beside its importer.
 
 Read: vLLM / SGLang bench results (vllm_bench.py); AIPerf's profile_export.jsonl and summary
 (aiperf.py); guidellm's benchmarks.json / .yaml (guidellm.py); inference-perf's per-request and
@@ -13,7 +17,10 @@ gets one line naming what it looks like and what we read instead, never a schema
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -50,34 +57,205 @@ def _keys(doc) -> str:
     return ", ".join(list(doc)[:8]) + (", ..." if len(doc) > 8 else "")
 
 
+@dataclass(frozen=True)
+class Importer:
+    """One kind of file another tool writes. `shape`: what `recognise` and `read` take: "doc" (one
+    JSON document), "lines" (JSON lines: recognised by their first object), "text" (other text),
+    "dir" (a directory). `read(x, name, path)` returns an Imported (or, for a file we know but do
+    not read, raises TraceError with one line saying what it is). `role`: what the file adds to a
+    merged run (core.trace.imports.merge): requests (a client's), spans (the engine's view of each
+    request), steps (the engine's iteration log), telemetry (KV events, /metrics samples), or
+    none (nothing: refused)."""
+    kind: str
+    shape: str
+    recognise: Callable[[Any], bool]
+    read: Callable[..., Any]
+    role: str
+
+
+def _is_sweep_summary(doc) -> bool:
+    return isinstance(doc, list) and bool(doc) and all(looks_like_vllm(x) for x in doc[:50])
+
+
+def _sweep_summary(doc, name, path):
+    raise TraceError(f"{name}: looks like a vllm bench sweep point's summary.json (that point's runs); open the "
+                     "sweep's directory (every point and run) or one of its run=N.json files")
+
+
+def _aiperf_summary_doc(doc, name, path):
+    beside = path.parent / "profile_export.jsonl" if path is not None else None
+    if beside is not None and beside.is_file():
+        return _aiperf_records(beside, doc)
+    return aiperf.import_summary(doc, name)
+
+
+def _is_otlp_lines(first) -> bool:
+    return otlp.looks_like_otlp_json(first) or otlp.looks_like_collector_lines(first) or otlp.looks_like_bodies(first)
+
+
+def _aiperf_record_lines(lines, name, path):
+    return aiperf.import_records(lines, name, _aiperf_summary(path), _aiperf_scrapes(path), _aiperf_export(path))
+
+
+def _aiperf_raw_lines(lines, name, path):
+    imp = aiperf.import_records(aiperf.raw_to_records(lines, name), name, _aiperf_summary(path),
+                                _aiperf_scrapes(path), _aiperf_export(path))
+    imp.what = "raw records (profile_export_raw.jsonl)"
+    imp.notes.append("Read from the raw export: token times are the content responses' perf_ns, output tokens "
+                     "the stream's usage.completion_tokens.")
+    return imp
+
+
+def _vllm_result_lines(lines, name, path):
+    """A file of results, one per run (SGLang bench_serving appends one per run)."""
+    docs = [d for d in lines if looks_like_vllm(d)]
+    if len(docs) == 1:
+        return import_vllm(docs[0], name)
+    runs = [import_vllm(d, f"{name} line {k + 1}") for k, d in enumerate(docs)]
+    for k, r in enumerate(runs):
+        r.run_label, r.runs = f"line {k + 1}", runs
+        r.notes.insert(0, f"{name} holds {len(runs)} benchmark results (one per line); this is line {k + 1}.")
+    return runs[0]
+
+
+def _aiperf_csv(text, name, path):
+    kind = "server-metrics CSV (aggregates)" if "Server Metrics" in text[:200] else "CSV export"
+    raise TraceError(f"{name}: looks like AIPerf's {kind}; per-request data is in profile_export.jsonl beside it")
+
+
+def _is_sweep_csv(text) -> bool:
+    first = text.split("\n", 1)[0]
+    return "mean_ttft_ms" in first or ("ttfts" in first and "date" in first)
+
+
+def _sweep_csv(text, name, path):
+    raise TraceError(f"{name}: looks like vllm bench sweep's summary.csv (every run's result, lists as Python "
+                     "text); open the sweep's directory instead")
+
+
+def _vllm_log_without_steps(text, name, path):
+    raise TraceError(f"{name}: looks like a vLLM server log without iteration lines (vLLM writes one per step "
+                     "with --enable-logging-iteration-details); " + WE_READ)
+
+
+def _aiperf_dir(d, name, path):
+    f = d / "profile_export.jsonl"
+    return _aiperf_records(f, _aiperf_summary(f))
+
+
+def _inference_perf_dir(d, name, path):
+    f = d / "per_request_lifecycle_metrics.json"
+    doc = json_doc(gunzip(read_input_file(f, "inference-perf report", TraceError), f.name, TraceError), f.name)
+    if not inference_perf.looks_like_per_request(doc):
+        raise TraceError(f"{f}: expected inference-perf's per-request list")
+    return _read_as("inference-perf-requests", doc, f.name, f)
+
+
+def _guidellm_dir(d, name, path):
+    for file in ("benchmarks.json", "benchmarks.yaml"):
+        f = d / file
+        if f.is_file():
+            raw = gunzip(read_input_file(f, "guidellm report", TraceError), f.name, TraceError)
+            doc = _yaml(raw.decode("utf-8", "replace"), f.name) if file.endswith(".yaml") else json_doc(raw, f.name)
+            return import_doc(doc, f.name, f)
+
+
+def _sweep_dir(d, name, path):
+    runs = vllm_bench.sweep_runs(d)
+
+    def read(f):
+        raw = gunzip(read_input_file(f, "sweep run", TraceError), f.name, TraceError)
+        return json_doc(raw, f"{d.name}/{f.parent.name}/{f.name}")
+    return vllm_bench.import_sweep(d, runs, read)
+
+
+def _parquet_dir(d, name, path):
+    from core.trace.parquet import trace_from_parquet_dir
+    return trace_from_parquet_dir(d)
+
+
+# Every kind of file we recognise, in the order each entry point tries them (first match reads).
+IMPORTERS: tuple[Importer, ...] = (
+    # one JSON document
+    Importer("vllm-bench", "doc", looks_like_vllm, lambda d, n, p: import_vllm(d, n), "requests"),
+    Importer("guidellm", "doc", guidellm.looks_like_report, lambda d, n, p: guidellm.import_report(d, n),
+             "requests"),
+    Importer("aiperf-summary", "doc", aiperf.looks_like_summary, _aiperf_summary_doc, "requests"),
+    Importer("vllm-bench-sweep-point", "doc", _is_sweep_summary, _sweep_summary, "none"),
+    Importer("inference-perf-requests", "doc", inference_perf.looks_like_per_request,
+             lambda d, n, p: inference_perf.import_per_request(d, n, _beside_summary(p)), "requests"),
+    Importer("inference-perf-summary", "doc", inference_perf.looks_like_summary,
+             lambda d, n, p: inference_perf.import_summary(d, n), "requests"),
+    Importer("otlp-spans", "doc", otlp.looks_like_otlp_json, lambda d, n, p: otlp.import_otlp_lines([d], n), "spans"),
+    # JSON lines (recognised by the first object; one JSON document that is such a line reads as one line)
+    Importer("aiperf-records", "lines", aiperf.looks_like_record, _aiperf_record_lines, "requests"),
+    Importer("aiperf-raw", "lines", aiperf.looks_like_raw, _aiperf_raw_lines, "requests"),
+    Importer("aiperf-scrapes", "lines", aiperf.looks_like_scrape, lambda x, n, p: aiperf.import_scrapes(x, n),
+             "telemetry"),
+    Importer("otlp-spans", "lines", _is_otlp_lines, lambda x, n, p: otlp.import_otlp_lines(x, n), "spans"),
+    Importer("kv-events", "lines", kv_events.looks_like_capture, lambda x, n, p: kv_events.import_capture(x, n),
+             "telemetry"),
+    Importer("metrics-scrapes", "lines", scrapes.looks_like_scrape, lambda x, n, p: scrapes.import_scrapes(x, n),
+             "telemetry"),
+    Importer("vllm-bench", "lines", looks_like_vllm, _vllm_result_lines, "requests"),
+    # other text
+    Importer("vllm-log", "text", vllm_log.looks_like_iteration_log,
+             lambda t, n, p: vllm_log.import_iteration_log(t, n), "steps"),
+    Importer("aiperf-csv", "text", lambda t: t.startswith("# AIPerf"), _aiperf_csv, "none"),
+    Importer("vllm-bench-sweep-csv", "text", _is_sweep_csv, _sweep_csv, "none"),
+    Importer("vllm-log-without-steps", "text", vllm_log.looks_like_vllm_log, _vllm_log_without_steps, "none"),
+    Importer("yaml", "text", lambda t: _looks_like_yaml(t), lambda t, n, p: import_doc(_yaml(t, n), n, p),
+             "requests"),     # (a YAML report: read as the JSON document it holds, which names its kind)
+    Importer("csv", "text", lambda t: bool(_CSV_HEAD.match(t[:4096])), lambda t, n, p: _foreign_csv(t, n), "none"),
+    # directories
+    Importer("aiperf-records", "dir", lambda d: (d / "profile_export.jsonl").is_file(), _aiperf_dir, "requests"),
+    Importer("inference-perf-requests", "dir", lambda d: (d / "per_request_lifecycle_metrics.json").is_file(),
+             _inference_perf_dir, "requests"),
+    Importer("guidellm", "dir", lambda d: any((d / f).is_file() for f in ("benchmarks.json", "benchmarks.yaml")),
+             _guidellm_dir, "requests"),
+    Importer("vllm-bench-sweep", "dir", lambda d: bool(vllm_bench.sweep_runs(d)), _sweep_dir, "requests"),
+    Importer("serving-trace-parts", "dir", lambda d: any(d.glob("*.parquet")) or (d / "_meta.json").exists(),
+             _parquet_dir, "requests"),
+)
+KINDS = {imp.kind: imp for imp in IMPORTERS}       # (a kind that comes in several shapes: one role)
+
+
+def role_of(kind: str) -> str:
+    """What a file of this kind adds to a merged run (our own serving traces: requests)."""
+    imp = KINDS.get(kind)
+    return imp.role if imp is not None else "requests"
+
+
+def _match(shape: str, x) -> Importer | None:
+    return next((imp for imp in IMPORTERS if imp.shape == shape and imp.recognise(x)), None)
+
+
+def _read_with(imp: Importer, x, name: str, path: Path | None):
+    out = imp.read(x, name, path)
+    if isinstance(out, Imported) and not out.kind:
+        out.kind = imp.kind
+        for r in out.runs:
+            r.kind = r.kind or imp.kind
+    return out
+
+
+def _read_as(kind: str, x, name: str, path: Path | None):
+    imp = next(i for i in IMPORTERS if i.kind == kind and i.shape in ("doc", "lines"))
+    return _read_with(imp, x, name, path)
+
+
 @guarded
 def import_doc(doc, name: str, path: Path | None = None) -> Imported | None:
     """An Imported for a JSON document another tool wrote; None for one of ours (a `schema`
     key: the caller validates it); one line (TraceError) for anything else."""
     if isinstance(doc, dict) and "schema" in doc:
         return None
-    if looks_like_vllm(doc):
-        return import_vllm(doc, name)
-    if guidellm.looks_like_report(doc):
-        return guidellm.import_report(doc, name)
-    if aiperf.looks_like_summary(doc):
-        beside = path.parent / "profile_export.jsonl" if path is not None else None
-        if beside is not None and beside.is_file():
-            return _aiperf_records(beside, doc)
-        return aiperf.import_summary(doc, name)
-    if isinstance(doc, list) and doc and all(looks_like_vllm(x) for x in doc[:50]):
-        raise TraceError(f"{name}: looks like a vllm bench sweep point's summary.json (that point's runs); open the "
-                         "sweep's directory (every point and run) or one of its run=N.json files")
-    if inference_perf.looks_like_per_request(doc):
-        return inference_perf.import_per_request(doc, name, _beside_summary(path))
-    if inference_perf.looks_like_summary(doc):
-        return inference_perf.import_summary(doc, name)
-    if otlp.looks_like_otlp_json(doc):
-        return otlp.import_otlp_lines([doc], name)
-    one_line = (aiperf.looks_like_record, aiperf.looks_like_raw, aiperf.looks_like_scrape, otlp.looks_like_bodies,
-                otlp.looks_like_collector_lines, kv_events.looks_like_capture, scrapes.looks_like_scrape)
-    if any(f(doc) for f in one_line):
-        return import_lines([doc], name, path)      # a file of JSON lines with one line
+    imp = _match("doc", doc)
+    if imp is not None:
+        return _read_with(imp, doc, name, path)
+    imp = _match("lines", doc)
+    if imp is not None:               # a file of JSON lines with one line
+        return _read_with(imp, [doc], name, path)
     raise TraceError(f"{name}: {foreign(doc)}")
 
 
@@ -191,52 +369,26 @@ def import_lines(lines: list, name: str, path: Path | None = None) -> Imported:
     first = next((x for x in lines if isinstance(x, dict)), None)
     if first is None:
         raise TraceError(f"{name}: JSON lines, but no line is an object; {WE_READ}")
-    if aiperf.looks_like_record(first):
-        return aiperf.import_records(lines, name, _aiperf_summary(path), _aiperf_scrapes(path), _aiperf_export(path))
-    if aiperf.looks_like_raw(first):
-        imp = aiperf.import_records(aiperf.raw_to_records(lines, name), name, _aiperf_summary(path),
-                                    _aiperf_scrapes(path), _aiperf_export(path))
-        imp.what = "raw records (profile_export_raw.jsonl)"
-        imp.notes.append("Read from the raw export: token times are the content responses' perf_ns, output tokens "
-                         "the stream's usage.completion_tokens.")
-        return imp
-    if aiperf.looks_like_scrape(first):
-        return aiperf.import_scrapes(lines, name)
-    if otlp.looks_like_otlp_json(first) or otlp.looks_like_collector_lines(first) or otlp.looks_like_bodies(first):
-        return otlp.import_otlp_lines(lines, name)
-    if kv_events.looks_like_capture(first):
-        return kv_events.import_capture(lines, name)
-    if scrapes.looks_like_scrape(first):
-        return scrapes.import_scrapes(lines, name)
-    if looks_like_vllm(first):      # a file of results, one per run (SGLang bench_serving appends one per run)
-        docs = [d for d in lines if looks_like_vllm(d)]
-        if len(docs) == 1:
-            return import_vllm(docs[0], name)
-        runs = [import_vllm(d, f"{name} line {k + 1}") for k, d in enumerate(docs)]
-        for k, r in enumerate(runs):
-            r.run_label, r.runs = f"line {k + 1}", runs
-            r.notes.insert(0, f"{name} holds {len(runs)} benchmark results (one per line); this is line {k + 1}.")
-        return runs[0]
-    raise TraceError(f"{name}: JSON lines, but not a format we read (first record's keys: {_keys(first)}); {WE_READ}")
+    imp = _match("lines", first)
+    if imp is None:
+        raise TraceError(f"{name}: JSON lines, but not a format we read (first record's keys: {_keys(first)}); "
+                         f"{WE_READ}")
+    return _read_with(imp, lines, name, path)
 
 
-_CSV_HEAD = re.compile(rb"^[^\n,]+(,[^\n,]*){3,}\r?\n")
+_CSV_HEAD = re.compile(r"^[^\n,]+(,[^\n,]*){3,}\r?\n")
 
 
 @guarded
 def import_text(data: bytes, name: str, path: Path | None = None) -> Imported | None:
-    """An Imported for text another tool wrote that is not one JSON document (JSON lines, a
-    server log, YAML); None when it is one JSON document (the caller parses it)."""
+    """An Imported for text another tool wrote that is not one JSON document (the caller has
+    parsed it once and found it is not): JSON lines, a server log, YAML, a CSV we know; None when
+    it looks like JSON after all (the caller words what is wrong with it)."""
     raw = gunzip(data, name, TraceError)
     head = raw[:65536].lstrip(b"\xef\xbb\xbf \t\r\n")
     if not head:
         return None
     if head[:1] in (b"{", b"["):
-        try:
-            orjson.loads(raw)
-            return None          # one JSON document: the caller parses it
-        except orjson.JSONDecodeError:
-            pass
         if head[:1] == b"{" and b"\n" in raw.strip():
             try:
                 first = orjson.loads(raw.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0])
@@ -253,22 +405,9 @@ def import_text(data: bytes, name: str, path: Path | None = None) -> Imported | 
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise TraceError(f"{name}: not UTF-8 text (byte {e.start}) and not Parquet; {WE_READ}") from None
-    if vllm_log.MARK in text and vllm_log.looks_like_iteration_log(text):
-        return vllm_log.import_iteration_log(text, name)
-    if _looks_like_yaml(text):
-        return import_doc(_yaml(text, name), name, path)
-    if text.startswith("# AIPerf"):
-        kind = "server-metrics CSV (aggregates)" if "Server Metrics" in text[:200] else "CSV export"
-        raise TraceError(f"{name}: looks like AIPerf's {kind}; per-request data is in profile_export.jsonl beside it")
-    first_line = text.split("\n", 1)[0]
-    if "mean_ttft_ms" in first_line or ("ttfts" in first_line and "date" in first_line):
-        raise TraceError(f"{name}: looks like vllm bench sweep's summary.csv (every run's result, lists as Python "
-                         "text); open the sweep's directory instead")
-    if _CSV_HEAD.match(raw[:4096]):
-        return _foreign_csv(text, name)
-    if "vllm" in text[:200000].lower() or "INFO" in text[:2000]:
-        raise TraceError(f"{name}: looks like a server log without iteration lines (vLLM writes one per step "
-                         "with --enable-logging-iteration-details); " + WE_READ)
+    imp = _match("text", text)
+    if imp is not None:
+        return _read_with(imp, text, name, path)
     raise TraceError(f"{name}: not a format we read (text starting {short(text.strip()[:40])}); {WE_READ}")
 
 
@@ -314,31 +453,10 @@ def _foreign_csv(text: str, name: str) -> Imported:
 @guarded
 def import_directory(d: Path) -> object:
     """A directory: Parquet parts of one trace, an AIPerf artifact directory, an inference-perf
-    report directory."""
-    if (d / "profile_export.jsonl").is_file():
-        f = d / "profile_export.jsonl"
-        return _aiperf_records(f, _aiperf_summary(f))
-    if (d / "per_request_lifecycle_metrics.json").is_file():
-        f = d / "per_request_lifecycle_metrics.json"
-        doc = json_doc(gunzip(read_input_file(f, "inference-perf report", TraceError), f.name, TraceError), f.name)
-        if not inference_perf.looks_like_per_request(doc):
-            raise TraceError(f"{f}: expected inference-perf's per-request list")
-        return inference_perf.import_per_request(doc, f.name, _beside_summary(f))
-    for name in ("benchmarks.json", "benchmarks.yaml"):
-        f = d / name
-        if f.is_file():
-            raw = gunzip(read_input_file(f, "guidellm report", TraceError), f.name, TraceError)
-            doc = _yaml(raw.decode("utf-8", "replace"), f.name) if name.endswith(".yaml") else json_doc(raw, f.name)
-            return import_doc(doc, f.name, f)
-    runs = vllm_bench.sweep_runs(d)
-    if runs:
-        def read(f):
-            raw = gunzip(read_input_file(f, "sweep run", TraceError), f.name, TraceError)
-            return json_doc(raw, f"{d.name}/{f.parent.name}/{f.name}")
-        return vllm_bench.import_sweep(d, runs, read)
-    if any(d.glob("*.parquet")) or (d / "_meta.json").exists():
-        from core.trace.parquet import trace_from_parquet_dir
-        return trace_from_parquet_dir(d)
+    report directory, a guidellm output directory, a vllm bench sweep."""
+    imp = _match("dir", d)
+    if imp is not None:
+        return _read_with(imp, d, d.name, d)
     names = sorted(p.name for p in d.iterdir())[:8]
     raise TraceError(f"{d}: a directory we do not read (it holds {', '.join(names) or 'nothing'}); we read "
                      "directories of Parquet parts of one trace, AIPerf artifact directories (profile_export.jsonl), "

@@ -18,7 +18,7 @@ in absolute time, and gaps shorter than a second between busy periods are not se
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
@@ -43,6 +43,16 @@ ARGS = {"max_num_seqs": ("max_seqs", int), "max_num_batched_tokens": ("token_bud
 ARG = re.compile(r"'(" + "|".join(ARGS) + r")': (\d+|True|False)\b")
 CACHE_TOKENS = re.compile(r"KV cache size: ([\d,]+) tokens")
 MAX_LINES = 20_000_000
+
+
+# vLLM's logger: "(EngineCore pid=7) INFO 12-01 20:06:51 [core.py:427] ..." (the process prefix optional)
+LOGGER_LINE = re.compile(r"^(?:\([\w ]+pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d "
+                         r"\d\d:\d\d:\d\d(?:\.\d+)? \[[\w./-]+\.py:\d+\]", re.M)
+
+
+def looks_like_vllm_log(text: str) -> bool:
+    """A log written by vLLM's logger (with or without iteration lines)."""
+    return bool(LOGGER_LINE.search(text[: 1 << 20]))
 
 
 def looks_like_iteration_log(text: str) -> bool:
@@ -154,3 +164,105 @@ def import_iteration_log(text: str, name: str) -> Imported:
                "decode_tokens": int(steps["decode_tokens"].sum()), "busy_ms": float(dur.sum()),
                "engines": engines}
     return Imported(tr, "vllm", summary, notes=notes, tool="vLLM", what="iteration log", origin=meta["provenance"])
+
+
+# ---- putting the log on a merged run's clock (core.trace.imports.merge) ---------------------------
+
+def _log_calendar_epoch(clock: dict, near: float) -> float:
+    """Epoch seconds of the log's t0 read as UTC, in the year that puts it nearest `near`."""
+    best = None
+    year0 = datetime.fromtimestamp(near, tz=UTC).year
+    for year in (year0 - 1, year0, year0 + 1):
+        try:
+            t = datetime(year, clock["month"], clock["day"], tzinfo=UTC).timestamp()
+        except ValueError:          # February 29 in a year without it
+            continue
+        t += float(clock["seconds_of_day"])
+        if best is None or abs(t - near) < abs(best - near):
+            best = t
+    return best
+
+
+def _scheduled(ref: Trace, ref_offset: float) -> np.ndarray:
+    """The spans' requests' first scheduled times (arrival + time in queue) on the base clock, sorted."""
+    arr = ref.requests["arrival_ms"].to_numpy() + ref_offset
+    q = np.array([e.get("engine_queue_ms", np.nan) for e in ref.request_extra], dtype=float)
+    return np.sort(arr + np.nan_to_num(q))
+
+
+def _offset_log(log: Trace, ref: Trace, ref_offset: float, base_epoch: float) -> tuple[float, int, str]:
+    """The iteration log's offset to the base clock from its calendar time (in the time zone, a
+    whole number of hours from UTC, that best fits) and the spans' scheduled times: (offset ms,
+    hours, a note on the time zone)."""
+    sched = _scheduled(ref, ref_offset)
+    pre = np.sort(log.steps[log.steps["prefill_reqs"] > 0]["t_ms"].to_numpy())
+    if not len(sched) or not len(pre):
+        raise TraceError("the log has no prefill steps or the spans no requests to align by")
+    if not {"month", "day", "seconds_of_day"} <= log.meta["clock"].keys():
+        raise TraceError("the log's clock has no calendar date (meta.clock month, day, seconds_of_day)")
+    cal = (_log_calendar_epoch(log.meta["clock"], base_epoch) - base_epoch) * 1000.0
+
+    def score(off):
+        return float(np.median(_nearest(pre + off, sched)))
+    by_hour = []
+    for hours in range(-14, 15):           # the log's time zone: whole hours from UTC
+        center = cal - hours * 3_600_000.0
+        grid = np.arange(center - 1500.0, center + 1500.0 + 1e-9, 20.0)
+        sc = [score(o) for o in grid]
+        k = int(np.argmin(sc))
+        by_hour.append((sc[k], float(grid[k]), hours))
+    _, coarse, hours = min(by_hour)
+    fine = np.arange(coarse - 25.0, coarse + 25.0 + 1e-9, 0.5)
+    sc = [score(o) for o in fine]
+    off = float(fine[int(np.argmin(sc))])
+    tz = "" if hours == 0 else f" (the log's clock {hours:+d} h from UTC)"
+    return off, hours, tz
+
+
+def refine_busy_periods(steps: pd.DataFrame, off: float, sched: np.ndarray) -> tuple[np.ndarray, float]:
+    """Step start times on the base clock: each busy period (steps back to back, as the log's
+    placement puts them) moved later by 0..1000 ms (a line's second says only that the step ended
+    within it) to put its prefill steps nearest the spans' scheduled times, periods kept in order
+    without overlap. Returns (starts, median distance of prefill steps to their nearest scheduled
+    time)."""
+    t = steps["t_ms"].to_numpy(dtype=float) + off
+    d = steps["dur_ms"].to_numpy(dtype=float)
+    pre = steps["prefill_reqs"].to_numpy() > 0
+    cut = np.flatnonzero(t[1:] > t[:-1] + d[:-1] + 1e-6) + 1
+    bounds = np.concatenate([[0], cut, [len(t)]])
+    out = t.copy()
+    prev_end, prev_shift = -np.inf, 0.0
+    grid = np.arange(0.0, 1000.0, 1.0)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        lo = max(0.0, prev_end - t[a])
+        cand = grid[grid >= lo] if lo < 1000.0 else np.array([lo])
+        p = t[a:b][pre[a:b]]
+        if len(p) and len(sched):
+            cost = np.array([np.minimum(_nearest(sched, p + c), 200.0).sum() for c in cand])
+            shift = float(cand[int(np.argmin(cost))])
+        else:
+            shift = max(lo, prev_shift)
+        out[a:b] = t[a:b] + shift
+        prev_end, prev_shift = out[b - 1] + d[b - 1], shift
+    dist = _nearest(sched, out[pre]) if pre.any() and len(sched) else np.array([np.nan])
+    return out, float(np.median(dist))
+
+
+def _nearest(xs: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """For each of ref, the distance to the nearest of xs (sorted)."""
+    if len(xs) == 1:
+        return np.abs(ref - xs[0])
+    k = np.clip(np.searchsorted(xs, ref), 1, len(xs) - 1)
+    return np.minimum(np.abs(ref - xs[k - 1]), np.abs(ref - xs[k]))
+
+
+def align_steps(log: Trace, spans: Trace, spans_offset: float, base_epoch: float):
+    """The log's steps on a merged run's clock, by the spans' first scheduled times: (steps with
+    their t_ms moved, offset ms, uncertainty ms, how)."""
+    off, hours, tz = _offset_log(log, spans, spans_offset, base_epoch)
+    starts, unc = refine_busy_periods(log.steps, off, _scheduled(spans, spans_offset))
+    steps = log.steps.copy()
+    steps["t_ms"] = starts
+    how = (f"the log's 1 s timestamps{tz}; each busy period then moved within its second to put its prefill "
+           f"steps at the spans' scheduled times (arrival + time in queue): median distance {unc:.2f} ms")
+    return steps, off, unc, how
