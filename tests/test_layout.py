@@ -9,6 +9,7 @@
 - pages hold only pages, each run through app.py.
 Complexity (McCabe <= 20 per function) is ruff's C901 (pyproject.toml), checked in CI."""
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -350,3 +351,40 @@ def test_importers_are_registered_in_one_table():
            and "looks_like" in (n.id if isinstance(n, ast.Name) else n.attr)]
     assert bad == []
     assert len({f.name for f in tree.body if isinstance(f, ast.FunctionDef)} & entry) == 4
+
+
+def _code_files():
+    for lib in ("core", "gpu_runner", "ui", "pages"):
+        yield from (ROOT / lib).rglob("*.py")
+
+
+def test_every_meta_and_request_key_the_code_reads_is_declared_in_the_schema():
+    """A trace's meta keys (`x.meta["k"]`, `x.meta.get("k")`, and `meta[...]` / `meta.get(...)` of a
+    variable named meta) and the per-request engine_* keys that code reads are declared in
+    core/trace/schema.py (META, REQUEST), and so in the JSON Schema and docs/trace-format.md."""
+    from core.trace.schema import META, REQUEST
+    meta_keys = {f.name for f in META.fields}
+    request_keys = {f.name for f in REQUEST.fields}
+    undeclared = set()
+    for p in _code_files():
+        if p.name == "config.py" or "figures" in p.parts and p.name == "slides.py":
+            continue      # (option metadata named `meta`, not a trace's)
+        tree = ast.parse(p.read_text())
+        for node in ast.walk(tree):
+            recv = key = None
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                recv, key = node.value, node.slice.value
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                  and node.args and isinstance(node.args[0], ast.Constant)):
+                recv, key = node.func.value, node.args[0].value
+            if not isinstance(key, str):
+                continue
+            is_meta = (isinstance(recv, ast.Attribute) and recv.attr == "meta") or \
+                (isinstance(recv, ast.Name) and recv.id == "meta")
+            if is_meta and key not in meta_keys:
+                undeclared.add(f"meta.{key} ({p.relative_to(ROOT)}:{node.lineno})")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                    re.fullmatch(r"engine_[a-z]+_(ms|id)", node.value) and node.value not in request_keys:
+                undeclared.add(f"request.{node.value} ({p.relative_to(ROOT)}:{node.lineno})")
+    assert sorted(undeclared) == []

@@ -21,7 +21,8 @@ Field types. Column types become one column of the record's table:
   batch  (step events) the step's batch entries                   rows of the `batch` table
 Verbatim types are kept as given (request extras, meta, spec/tiles events) and only
 described to the JSON Schema: number, object, object?, objects, ints, numbers, bool,
-str|object.
+str|object, text (a string). Every meta key and every per-request key that code reads is
+declared here (tests/test_layout.py checks the code against these declarations).
 
 Records with a table are decoded into columns (unknown fields of table events are
 dropped); records without one are kept verbatim, and the loader checks only their
@@ -49,7 +50,7 @@ KINDS = ("decode", "prefill")  # batch entry kinds; category order matters (code
 REQUIRED = object()            # Field.default of a required field
 
 COLUMN_TYPES = ("time", "int", "str", "str?", "enum", "req", "id")
-VERBATIM_TYPES = ("number", "object", "object?", "objects", "ints", "numbers", "bool", "str|object")
+VERBATIM_TYPES = ("number", "object", "object?", "objects", "ints", "numbers", "bool", "str|object", "text")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +155,20 @@ REQUEST = Record("request", "requests", "one request of the workload", (
     Field("deadline_ms", "number", "it must finish within this many ms of its arrival, or is aborted (finish "
           "reason deadline)", default=None, lo=0),
     Field("priority", "number", "an integer; with scheduling_policy priority, lower runs first", default=None),
+    Field("prompt", "text", "the prompt as text (gpu_runner tokenizes it)", default=None),
+    Field("error", "text", "imported traces: why the request failed, as the tool recorded it", default=None),
+    Field("response_id", "text", "imported traces: the server's response id (pairs the request with its span)",
+          default=None),
+    Field("engine_request_id", "text", "merged traces: the engine's id of this request (its span)", default=None),
+    Field("engine_arrival_ms", "number", "merged traces: when the engine received it, on this trace's clock",
+          default=None),
+    Field("engine_ttft_ms", "number", "merged traces: TTFT measured by the engine, from its own arrival",
+          default=None),
+    Field("engine_e2e_ms", "number", "merged traces: E2E measured by the engine, from its own arrival", default=None),
+    Field("engine_queue_ms", "number", "engine spans: time in the waiting queue", default=None, lo=0),
+    Field("engine_prefill_ms", "number", "engine spans: time in prefill", default=None, lo=0),
+    Field("engine_decode_ms", "number", "engine spans: time in decode", default=None, lo=0),
+    Field("engine_inference_ms", "number", "engine spans: prefill + decode", default=None, lo=0),
 ))
 
 TOKEN = Record("token", "tokens", "a token reached the client at t_ms", (
@@ -286,6 +301,13 @@ META = Record("meta", None, "where the trace comes from", (
           default=None),
     Field("provenance", "object", "imported traces: where and how each quantity was measured "
           "({quantity: text}, e.g. ttft_ms: 'client: AIPerf time_to_first_token')", default=None),
+    Field("load", "object", "where the run sits on a load axis: {kind: open | closed, rate (req/s) | concurrency}",
+          default=None),
+    Field("startup", "object", "measured runs: cold start ({model_load_ms, first_step_ms})", default=None),
+    Field("merged_from", "objects", "merged traces: one row per file ({file, role, clock, offset_ms, "
+          "uncertainty_ms, how, matched, dropped})", default=None),
+    Field("failures", "objects", "captures: the requests that failed ({index, id, error})", default=None),
+    Field("odd", "objects", "captures: what the server did that was odd (more tokens than asked)", default=None),
 ))
 
 EVENTS = (TOKEN, FINISH, STEP, KV, KV_EVENT, PREEMPT, SPEC, TILES, GAUGE)    # in the order tables are written
@@ -338,7 +360,8 @@ def _json_type(f: Field) -> dict:
         return {"type": "array", "items": {"type": "integer"} | ({"minimum": f.lo} if f.lo is not None else {})}
     if t == "batch":
         return {"type": "array", "items": _object(BATCH)}
-    return {"id": {"type": ["string", "integer"]}, "str": {"type": "string"}, "str?": {"type": ["string", "null"]},
+    return {"id": {"type": ["string", "integer"]}, "str": {"type": "string"}, "text": {"type": "string"},
+            "str?": {"type": ["string", "null"]},
             "object": {"type": "object"}, "object?": {"type": ["object", "null"]},
             "objects": {"type": "array", "items": {"type": "object"}},
             "numbers": {"type": "array", "items": {"type": "number"}}, "bool": {"type": "boolean"},
@@ -416,7 +439,7 @@ def _doc_type(f: Field) -> str:
     if f.type == "int" and f.lo is not None:
         return f"integer ≥ {f.lo}"
     return {"time": "ms ≥ 0", "int": "integer", "number": "number" + (" ≥ 0" if f.lo == 0 else ""),
-            "str?": "string or null", "str": "string", "id": "string",
+            "str?": "string or null", "str": "string", "text": "string", "id": "string",
             "batch": "list", "ints": "list of integers", "numbers": "list of numbers", "objects": "list of objects",
             "object?": "object or null", "str|object": "string or object"}.get(f.type, f.type)
 
