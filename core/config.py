@@ -36,13 +36,16 @@ BIG = 1 << 62  # "no limit" for budgets and seats
 
 def opt(default=MISSING, help: str = "", *, flag: str | None = None, cli: bool = True,
         choices: tuple | None = None, minimum: float | None = None, maximum: float | None = None,
-        above: float | None = None, below: float | None = None, parse=None, factory=None):
+        above: float | None = None, below: float | None = None, parse=None, factory=None,
+        label: str | None = None, none: str = "no limit"):
     """A declared option. Bounds: `minimum`/`maximum` inclusive, `above`/`below` exclusive
     (`minimum` also drives the flag's argument check: 1 a positive integer, 0 a number >= 0);
     `parse` turns a flag's text into the value (e.g. "0,1" -> (0, 1)); `cli=False` keeps an
-    option out of the command lines (set by the program itself)."""
+    option out of the command lines (set by the program itself). `label`: the option's name on
+    a page (its widget is generated from this declaration: ui.widgets.option_input); `none`: what
+    an unset (None) value means there, shown as "0 = ...". """
     meta = {"help": help, "flag": flag, "cli": cli, "choices": choices, "minimum": minimum, "maximum": maximum,
-            "above": above, "below": below, "parse": parse}
+            "above": above, "below": below, "parse": parse, "label": label, "none": none}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -117,15 +120,18 @@ class SchedulerConfig:
     policy: str = opt("continuous", "serial: one request at a time; static: fixed cohorts; continuous: "
                       "iteration-level refill; vllm-v1, vllm-v0, orca, sarathi: those systems' batching "
                       "rules (see Batching policies)", choices=POLICIES)
-    max_seqs: int | None = opt(None, "running sequences at most (default: no limit; serial: 1)", minimum=1)
+    max_seqs: int | None = opt(None, "running sequences at most (default: no limit; serial: 1)", minimum=1,
+                               label="Max running sequences")
     token_budget: int | None = opt(None, "tokens computed per step, prefill + decode (default: no limit)",
-                                   minimum=1)
+                                   minimum=1, label="Token budget per step")
     chunk: int | None = opt(None, "chunked prefill: prompt tokens per request per step (default: off; vllm-v1: "
-                            "the token budget; sarathi: 512, and the step's token budget)", minimum=1)
-    block_size: int = opt(16, "tokens per KV block", minimum=1, maximum=1 << 20)
+                            "the token budget; sarathi: 512, and the step's token budget)", minimum=1,
+                            label="Chunk size (chunked prefill)")
+    block_size: int = opt(16, "tokens per KV block", minimum=1, maximum=1 << 20, label="Block size (tokens)")
     kv_blocks: int | None = opt(None, "KV pool size in blocks (default: enough for every request at once)",
-                                minimum=1, maximum=1 << 22)
-    prefix_caching: bool = opt(False, "reuse cached full blocks whose token-id prefix matches exactly")
+                                minimum=1, maximum=1 << 22, label="KV blocks", none="enough for all")
+    prefix_caching: bool = opt(False, "reuse cached full blocks whose token-id prefix matches exactly",
+                               label="Prefix caching")
     scheduling_policy: str = opt("fcfs", "order of the waiting queue: fcfs (arrival order) or priority (lower "
                                  "`priority` first, then arrival; preemption takes the lowest priority)",
                                  choices=SCHEDULING_POLICIES)

@@ -18,6 +18,7 @@ from ui import (
     cached_vllm_cache,
     ensure_app_frame,
     md,
+    option_input,
     origin_badge,
     paging_animation_view,
     show_chart,
@@ -81,11 +82,11 @@ st.markdown("A workload runs through the core scheduler and block manager; each 
 c1, c2, c3, c4 = st.columns(4)
 pworkload = c1.selectbox("Workload", ["shared system prompt", "chapter31", "burst5", "poisson2000"],
                          **bound("pg_wl"))
-block_size = c2.number_input("Block size", 1, 256, 16, **bound("pg_bs"))
-pool = c3.number_input("Pool (blocks)", 1, 100_000, 64, **bound("pg_pool"))
-max_seqs = c4.number_input("Max sequences", 1, 4096, 8, **bound("pg_ms"))
+block_size = option_input("pg_bs", 16, c2, label="Block size", max_value=256)
+pool = option_input("pg_pool", 64, c3, label="Pool (blocks)", max_value=100_000)
+max_seqs = option_input("pg_ms", 8, c4, label="Max sequences", max_value=4096)
 c1, c2 = st.columns(2)
-caching = c1.toggle("Prefix caching", True, **bound("pg_pc"))
+caching = option_input("pg_pc", True, c1)
 salt = c2.toggle("Tenant salt (no sharing across tenants)", True, **bound("pg_salt"))
 
 if pworkload == "shared system prompt":

@@ -11,7 +11,6 @@ from core.lessons.load import exercise6, exercise6_preset, measured_point, parse
 from core.lessons.scenarios import DATA
 from core.lessons.schedules import POLICY_LABELS, policy_config
 from core.sim.search import describe, parse_grid, search
-from core.sim.stepmodel import StepModel
 from core.workload import load_workload
 from ui import (
     HASH_FUNCS,
@@ -23,8 +22,10 @@ from ui import (
     parse_upload,
     parse_uploaded_trace,
     replay_trace_files,
+    scheduler_inputs,
     show_chart,
     show_table,
+    step_model_controls,
 )
 
 ensure_app_frame()
@@ -67,15 +68,12 @@ with st.sidebar:
     st.subheader("Scheduler")
     policies = st.pills("Policies (simulated)", list(POLICY_LABELS), selection_mode="multi",
                         default=["continuous", "chunked"], **bound("ld_pol"))
-    max_seqs = st.number_input("Max running sequences (0 = no limit)", 0, 4096, 32, **bound("ld_ms"))
-    budget = st.number_input("Token budget per step (0 = no limit)", 0, 1_000_000, 8192, **bound("ld_tb"))
-    chunk = st.number_input("Chunk size (chunked prefill)", 1, 1_000_000, 512, **bound("ld_ch"),
-                            help="prompt tokens per request per step of 'chunked'; the step budget of 'sarathi'")
-    kv_blocks = st.number_input("KV blocks (0 = enough for all)", 0, 1_000_000, 0, **bound("ld_kb"))
+    opts = scheduler_inputs({"max_seqs": ("ld_ms", 32), "token_budget": ("ld_tb", 8192), "chunk": ("ld_ch", 512),
+                             "kv_blocks": ("ld_kb", 0)})
+    chunk = opts.pop("chunk")
     st.subheader("Step model (affine)")
-    base = st.number_input("base ms per step", 0.0, 1e6, 5.0, **bound("ld_base"))
-    pp = st.number_input("ms per prefill token", 0.0, 1e6, 0.02, format="%.4f", **bound("ld_pp"))
-    pdec = st.number_input("ms per decoding sequence", 0.0, 1e6, 0.05, format="%.4f", **bound("ld_pd"))
+    step_model = step_model_controls("ld_", kinds=["affine"],
+                                     defaults={"base_ms": 5.0, "prefill_ms_per_token": 0.02, "decode_ms_per_seq": 0.05})
     st.subheader("SLOs (0 = no bound)")
     ttft = st.number_input("TTFT ≤ ms", 0.0, 1e9, 500.0, **bound("ld_ttft"))
     tpot = st.number_input("TPOT ≤ ms", 0.0, 1e9, 50.0, **bound("ld_tpot"))
@@ -99,8 +97,7 @@ else:
 try:
     loads = parse_loads(loads_text, kind)
     slo = SLO(ttft or None, tpot or None, e2e or None)
-    config = SchedulerConfig(max_seqs=max_seqs or None, token_budget=budget or None, kv_blocks=kv_blocks or None)
-    step_model = StepModel("affine", base_ms=base, prefill_ms_per_token=pp, decode_ms_per_seq=pdec)
+    config = SchedulerConfig(**opts)
     if not policies:
         raise InputError("policies: pick at least one")
     results = cached_sweeps(workload, tuple(policies), config, step_model, int(chunk), kind, tuple(loads), int(seed),
@@ -228,8 +225,9 @@ if st.toggle("Run the search", False, **bound("ld_s_run"),
         else:
             cfg = b["config"]
             link = (f"schedules?pol={s_pol}&ms={cfg.get('max_seqs') or 0}&tb={cfg.get('token_budget') or 0}"
-                    f"&kb={cfg.get('kv_blocks') or 0}&ch={int(chunk)}&s_kind=affine&s_base={base:g}&s_pp={pp:g}"
-                    f"&s_pd={pdec:g}")
+                    f"&kb={cfg.get('kv_blocks') or 0}&ch={int(chunk)}&s_kind=affine&s_base={step_model.base_ms:g}"
+                    f"&s_pp={step_model.prefill_ms_per_token:g}"
+                    f"&s_pd={step_model.decode_ms_per_seq:g}")
             price = b["cost_per_1k_good_tokens_usd"]
             st.success(f"Cheapest meeting the SLOs: **{md(describe(cfg))}** — SLO met {b['slo']['attainment']:.3f}, "
                        f"goodput {b['slo']['goodput_tok_per_s']:,.1f} tok/s"

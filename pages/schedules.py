@@ -29,6 +29,7 @@ from ui import (
     origin_badge,
     parse_upload,
     schedule_view,
+    scheduler_inputs,
     show_chart,
     show_table,
     step_model_controls,
@@ -94,19 +95,15 @@ with st.sidebar:
                         default=[] if scenario == "chapter31" else list(GENERIC_POLICIES),
                         help="chunked = continuous batching with chunked prefill; vllm-v1, vllm-v0, orca, "
                              "sarathi follow those systems' batching rules (docs/configuration.md)", **bound("pol"))
-    max_seqs = st.number_input("Max running sequences (0 = no limit)", 0, 4096, 0, **bound("ms"))
-    budget = st.number_input("Token budget per step (0 = no limit)", 0, 1_000_000, 0, **bound("tb"))
-    chunk = st.number_input("Chunk size (chunked prefill)", 1, 1_000_000, 2, **bound("ch"),
-                            help="prompt tokens per request per step of 'chunked'; the step budget of 'sarathi'")
-    kv_blocks = st.number_input("KV blocks (0 = enough for all)", 0, 1_000_000, 0, **bound("kb"))
-    block_size = st.number_input("Block size (tokens)", 1, 1024, 16, **bound("bs"))
+    opts = scheduler_inputs({"max_seqs": ("ms", 0), "token_budget": ("tb", 0), "chunk": ("ch", 2),
+                             "kv_blocks": ("kb", 0), "block_size": ("bs", 16)})
+    chunk = opts.pop("chunk")
     step_model = step_model_controls()
     st.subheader("Throughput and cost")
     usd = st.number_input("Tariff (USD per hour)", 0.0, 1e6, 2.0, step=0.5, **bound("usd"))
 
 try:
-    config = SchedulerConfig(max_seqs=max_seqs or None, token_budget=budget or None, kv_blocks=kv_blocks or None,
-                             block_size=int(block_size))
+    config = SchedulerConfig(**opts)
     schedules = cached_given(scenario) + cached_policies(workload, tuple(policies or ()), config, step_model,
                                                             int(chunk), record_kv=False)
 except InputError as e:

@@ -388,3 +388,21 @@ def test_every_meta_and_request_key_the_code_reads_is_declared_in_the_schema():
                     re.fullmatch(r"engine_[a-z]+_(ms|id)", node.value) and node.value not in request_keys:
                 undeclared.add(f"request.{node.value} ({p.relative_to(ROOT)}:{node.lineno})")
     assert sorted(undeclared) == []
+
+
+def test_request_fields_are_declared_once():
+    """A request's optional fields are one tuple (core.workload.model.OPTIONAL) that to_dict, the
+    trace writer's request extras and Trace.workload iterate; the trace schema's REQUEST record and
+    our JSON workload's RequestDoc declare the same names."""
+    from dataclasses import fields
+
+    from core.trace.schema import REQUEST
+    from core.workload.model import OPTIONAL, Request
+    from core.workload.native import RequestDoc
+    assert set(OPTIONAL) <= {f.name for f in REQUEST.fields}
+    assert set(OPTIONAL) <= set(RequestDoc.__struct_fields__)
+    assert {f.name for f in fields(Request)} == set(OPTIONAL) | {"id", "arrival_ms", "prompt_tokens",
+                                                                 "max_output_tokens", "extra"}
+    for mod in ("core/trace/writer.py", "core/trace/model.py"):
+        src = (ROOT / mod).read_text()
+        assert not any(f'"{name}"' in src for name in OPTIONAL if name != "tenant"), mod

@@ -18,6 +18,12 @@ def test_every_bound_widget_goes_through_the_table():
     for path in SOURCES:
         text = path.read_text()
         used |= set(re.findall(r'bound\("([A-Za-z0-9_]+)"\)', text))
+        used |= set(re.findall(r'option_input\("([A-Za-z0-9_]+)"', text))        # widgets made from declarations
+        for group in re.findall(r"scheduler_inputs\(\{([^}]*)\}", text):
+            used |= set(re.findall(r'\("([A-Za-z0-9_]+)",', group))
+        for prefix in re.findall(r'step_model_controls\(("[A-Za-z0-9_]+")?', text):
+            p = prefix.strip('"') or "s_"
+            used |= {p + k for k in ui.STEP_MODEL_KEYS} & set(ui.URL_KEYS)
         if path.parent.name != "ui":
             assert 'bind="query-params"' not in text, f"{path.name}: bind a widget with **bound(key)"
     assert used == set(ui.URL_KEYS), "declared but unused / used but undeclared URL keys"
@@ -71,3 +77,19 @@ def test_pages_hold_only_pages():
             elif isinstance(node, ast.Attribute):
                 assert not node.attr.startswith("_") or node.attr.startswith("__"), f"{path.name}: .{node.attr}"
     assert not (ROOT / "pages" / "common.py").exists()
+
+
+def test_option_widgets_are_generated_from_the_declarations():
+    """A widget that sets a scheduler or step-model option is made by ui.widgets.option_input from
+    the option's declaration (label, help, bounds): no page writes one by hand."""
+    hand_made = []
+    for path in PAGES:
+        for call in re.findall(r"\.(?:number_input|toggle|slider)\((.*?bound\(\"([A-Za-z0-9_]+)\"\))", path.read_text(),
+                               re.S):
+            key = call[1]
+            if ui.URL_KEYS[key].option.startswith(("SchedulerConfig.", "StepModel.")):
+                hand_made.append(f"{path.name}: {key}")
+    assert hand_made == []
+    from core.config import SchedulerConfig, options
+    labels = {f.name: f.metadata.get("label") for f in options(SchedulerConfig)}
+    assert labels["max_seqs"] == "Max running sequences" and labels["kv_blocks"] == "KV blocks"

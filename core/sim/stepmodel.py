@@ -67,18 +67,21 @@ MAX_COEF_MS = 1e6   # a step-time coefficient of at most 1,000 s: beyond it time
 @dataclass(slots=True)
 class StepModel:
     kind: str = opt("constant", "how a step's duration is computed", flag="--step-model", choices=STEP_MODELS)
-    step_ms: float = opt(1.0, "constant: ms per step", minimum=0, maximum=MAX_COEF_MS)
-    base_ms: float = opt(0.0, "affine/roofline: fixed ms per step", minimum=0, maximum=MAX_COEF_MS)
-    prefill_ms_per_token: float = opt(0.0, "affine: ms per prefill token", minimum=0, maximum=MAX_COEF_MS)
-    decode_ms_per_seq: float = opt(0.0, "affine: ms per decoding sequence", minimum=0, maximum=MAX_COEF_MS)
+    step_ms: float = opt(1.0, "constant: ms per step", minimum=0, maximum=MAX_COEF_MS, label="ms per step")
+    base_ms: float = opt(0.0, "affine/roofline: fixed ms per step", minimum=0, maximum=MAX_COEF_MS,
+                         label="base ms per step")
+    prefill_ms_per_token: float = opt(0.0, "affine: ms per prefill token", minimum=0, maximum=MAX_COEF_MS,
+                                      label="ms per prefill token")
+    decode_ms_per_seq: float = opt(0.0, "affine: ms per decoding sequence", minimum=0, maximum=MAX_COEF_MS,
+                                   label="ms per decoding sequence")
     prefill_ms_per_kpos: float = opt(0.0, "features: ms per 1,000 attended positions of prefill tokens", minimum=0,
-                                     maximum=MAX_COEF_MS)
+                                     maximum=MAX_COEF_MS, label="ms per 1,000 attended prefill positions")
     decode_ms_per_kpos: float = opt(0.0, "features: ms per 1,000 attended positions of decoding sequences",
-                                    minimum=0, maximum=MAX_COEF_MS)
+                                    minimum=0, maximum=MAX_COEF_MS, label="ms per 1,000 attended decode positions")
     prefill_ms_per_chunk: float = opt(0.0, "features: ms per prefill piece (a request's prompt tokens in a step)",
-                                      minimum=0, maximum=MAX_COEF_MS)
-    model: str = opt("Llama-2-7B", "roofline: model preset (core.formulas.kv.MODELS)")
-    gpu: str = opt("A100-80GB", "roofline: GPU preset (core.formulas.kv.GPUS)")
+                                      minimum=0, maximum=MAX_COEF_MS, label="ms per prefill piece")
+    model: str = opt("Llama-2-7B", "roofline: model preset (core.formulas.kv.MODELS)", label="Model preset")
+    gpu: str = opt("A100-80GB", "roofline: GPU preset (core.formulas.kv.GPUS)", label="GPU preset")
     dtype_bytes: float = opt(2.0, "roofline: bytes per weight and KV element", minimum=0)
 
     def __post_init__(self):

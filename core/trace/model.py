@@ -125,14 +125,9 @@ class Trace:
         reqs = []
         for i, row in enumerate(self.requests.itertuples(index=False)):
             extra = self.request_extra[i] if i < len(self.request_extra) else {}
-            ids = extra.get("prompt_ids")
-            reqs.append(Request(
-                id=row.id, arrival_ms=float(row.arrival_ms), prompt_tokens=int(row.prompt_tokens),
-                max_output_tokens=int(row.max_output_tokens),
-                prompt_ids=tuple(ids) if isinstance(ids, list) and len(ids) == row.prompt_tokens else None,
-                tenant=row.tenant if isinstance(row.tenant, str) else None,
-                abort_at_ms=extra.get("abort_at_ms"), deadline_ms=extra.get("deadline_ms"),
-                priority=extra.get("priority") or 0))
+            tenant = {"tenant": row.tenant} if isinstance(row.tenant, str) else {}
+            reqs.append(Request.from_record(row.id, float(row.arrival_ms), int(row.prompt_tokens),
+                                            int(row.max_output_tokens), {**extra, **tenant}))
         return Workload(reqs, name=self.meta.get("label") or "trace workload")
 
 

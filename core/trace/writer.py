@@ -200,19 +200,12 @@ class TraceWriter:
 
 
 def request_extras(workload) -> list[dict]:
-    """Per request, the fields a trace keeps beside its columns: prompt_ids, abort_at_ms and
-    unknown fields (verbatim)."""
+    """Per request, the fields a trace keeps beside its columns: unknown fields (verbatim), then
+    the optional fields that are set (Request.options; the tenant is a column)."""
     extras = []
     for r in workload.requests:
         e = dict(r.extra) if r.extra else {}
-        if r.prompt_ids is not None:
-            e["prompt_ids"] = list(r.prompt_ids)
-        if r.abort_at_ms is not None:
-            e["abort_at_ms"] = r.abort_at_ms
-        if r.deadline_ms is not None:
-            e["deadline_ms"] = r.deadline_ms
-        if r.priority:
-            e["priority"] = r.priority
+        e.update(r.options(skip=("tenant",)))
         extras.append(e)
     return extras
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -52,21 +52,38 @@ class Request:
         if isinstance(p, bool) or not isinstance(p, int) or not -2**31 <= p < 2**31:
             raise WorkloadError(f"{where}: priority: expected an integer (lower runs first), got {short(p)}")
 
+    def options(self, skip: tuple = ()) -> dict:
+        """The optional fields (OPTIONAL) that are set, JSON-ready, in declaration order: what a
+        workload file and a trace's request record carry beside the four columns."""
+        out = {}
+        for name in OPTIONAL:
+            v = getattr(self, name)
+            if name not in skip and v != _DEFAULTS[name]:
+                out[name] = list(v) if name == "prompt_ids" else v
+        return out
+
+    @classmethod
+    def from_record(cls, rid: str, arrival_ms: float, prompt_tokens: int, max_output_tokens: int,
+                    fields: dict) -> Request:
+        """A request from its four columns and its optional fields as a trace records them (a
+        prompt_ids list of the wrong length, or absent fields, give the defaults)."""
+        ids = fields.get("prompt_ids")
+        opts = {k: fields.get(k) for k in OPTIONAL if k != "prompt_ids" and fields.get(k) is not None}
+        return cls(rid, arrival_ms, prompt_tokens, max_output_tokens,
+                   prompt_ids=tuple(ids) if isinstance(ids, list) and len(ids) == prompt_tokens else None, **opts)
+
     def to_dict(self) -> dict:
         d = {"id": self.id, "arrival_ms": self.arrival_ms, "prompt_tokens": self.prompt_tokens,
-             "output_tokens": self.max_output_tokens}
-        if self.prompt_ids is not None:
-            d["prompt_ids"] = list(self.prompt_ids)
-        if self.tenant is not None:
-            d["tenant"] = self.tenant
-        if self.abort_at_ms is not None:
-            d["abort_at_ms"] = self.abort_at_ms
-        if self.deadline_ms is not None:
-            d["deadline_ms"] = self.deadline_ms
-        if self.priority:
-            d["priority"] = self.priority
+             "output_tokens": self.max_output_tokens, **self.options()}
         d.update(self.extra)
         return d
+
+
+# A request's optional fields, declared once (the dataclass above: name, type, default; the trace
+# schema's REQUEST record declares the same names with their meanings): every reader and writer
+# of requests iterates these.
+OPTIONAL = ("prompt_ids", "tenant", "abort_at_ms", "deadline_ms", "priority")
+_DEFAULTS = {f.name: f.default for f in fields(Request) if f.name in OPTIONAL}
 
 
 class Workload:
