@@ -9,8 +9,8 @@ import streamlit as st
 from core.analysis.compare import compare_table, workload_differences
 from core.analysis.cursor import advance, requests_near, step_cursor, subset, time_range
 from core.analysis.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, metrics_frame_csv, with_run_metadata
-from core.analysis.kv_events import cache_at
 from core.analysis.tools import tool_comparison
+from core.analysis.views import cursor_panels
 from core.config import POLICIES, SchedulerConfig
 from core.errors import InputError
 from core.figures import CURSOR
@@ -26,7 +26,6 @@ from core.formulas.speculative import acceptance_by_position
 from core.trace import file_summary_comparison, file_window_comparison, trace_json
 from ui import (
     UPLOAD_LIMIT_MB,
-    TraceViews,
     bound,
     cached_block_states,
     cached_fidelity,
@@ -47,6 +46,7 @@ from ui import (
     show_chart,
     show_table,
     trace_details,
+    trace_view,
 )
 
 ensure_app_frame()
@@ -139,7 +139,7 @@ if tr is None:
     st.stop()
 
 BIG_TRACE = len(tr.requests) > 150     # the cursor views show a subset and draw large charts once
-views = ov if large else TraceViews(tr, BIG_TRACE)   # what the cursor views read (the same calls either way)
+views = ov if large else trace_view(tr, BIG_TRACE)   # a core.analysis.views.TraceView: the same calls either way
 
 # ---- metrics panel ---------------------------------------------------------------------
 # Its place is here, at the top; it is filled after the cursor views, so that on a large trace
@@ -252,75 +252,63 @@ def cursor_views():
         st.session_state["rp_cursor"] = advance(here, t0, t1, 10 * step * SPEEDS[speed])
     cursor = st.slider("Time cursor (ms)", float(t0), float(t1), float(t0 + (t1 - t0) / 2), step=step,
                        format="%.3f", **bound("rp_cursor"))
-    shown = tr
-    if BIG_TRACE:
-        idx = requests_near(tr, cursor, limit=150, metrics=views.request_metrics())
-        shown = views.window(idx)
-        st.caption(f"Timeline: the {len(idx)} of {len(tr.requests):,} requests nearest the cursor "
-                   "(in flight first).")
+    p = cursor_panels(views, cursor, BIG_TRACE)     # which panels, for which requests (core.analysis.views)
+    if p.shown_note:
+        st.caption(f"Timeline: {p.shown_note}.")
     # one 1280x800 screen: the cursor, a compact timeline, then batch and KV side by side
-    fig = schedule_timeline([(label, shown)], max_token_markers=15_000, max_height=300)
+    fig = schedule_timeline([(label, p.shown)], max_token_markers=15_000, max_height=300)
     fig.add_vline(x=cursor, line_color=CURSOR, line_width=2)
     show_chart(fig, key="rp_timeline")
     left, right = st.columns(2)
-    row, batch = views.step_at(cursor)
-    counted = views.counted_steps()     # an engine's iteration log: counts per step, no batch entries
+    row = p.step
     with left:
-        if row is not None and counted:
+        if p.left == "counted_steps":
             show_chart(counted_steps_figure(tr.steps, cursor).update_layout(height=280), key="rp_counted_steps")
             st.caption(f"Step {int(row['step'])} at the cursor ({row['dur_ms']:.2f} ms): {int(row['prefill_reqs'])} "
                        f"prefill request(s), {int(row['prefill_tokens'])} uncached prompt tokens, "
                        f"{int(row['decode_reqs'])} decoding. Measured by the engine (its iteration log: counts, no "
                        "requests; start times within each line's one-second timestamp, see the trace's clock).")
-        elif row is None:
+        elif p.left == "in_flight":
             show_chart(in_flight_figure(views.in_flight(), cursor), key="rp_inflight")
             st.caption("Batch composition needs `step` events (with their `batch` lists).")
         else:
-            show_chart(batch_figure(batch, row).update_layout(height=280), key="rp_batch")
+            show_chart(batch_figure(p.batch, row).update_layout(height=280), key="rp_batch")
     with right:
-        if views.has_kv:
-            occ = views.occupancy()
-            j = occ.index_at(cursor)
-            counts = occ.at(j)
+        if p.right == "kv":
             ids = tr.requests["id"].to_numpy()      # names for the hover of a small grid only
             # a large trace's heatmap is drawn without the cursor line: unchanged, it is not sent again at
             # each move (re-sending and redrawing the two large charts was 0.6 s of a 0.8 s move on a
             # 500-request, 49,560-step run); the state at the cursor is in the caption
-            show_chart(occupancy_heatmap(occ, ids, None if BIG_TRACE else j).update_layout(height=280), key="rp_kv")
-            st.caption("At the cursor: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " blocks.")
+            show_chart(occupancy_heatmap(p.occupancy, ids, None if BIG_TRACE else p.kv_index)
+                       .update_layout(height=280), key="rp_kv")
+            st.caption("At the cursor: " + ", ".join(f"{v} {k}" for k, v in p.kv_counts.items()) + " blocks.")
+        elif p.right == "gauges":
+            show_chart(gauges_figure(p.gauges, cursor), key="rp_gauges")
         else:
-            gauges = tr.events_of("gauge")
-            if gauges:
-                show_chart(gauges_figure(gauges, cursor), key="rp_gauges")
-            else:
-                st.caption("KV block occupancy needs `kv` events (alloc/free/hit/...).")
-    if row is not None:
-        flight = views.in_flight()
-        show_chart(in_flight_figure(flight, None if BIG_TRACE else cursor), key="rp_inflight")
-        if BIG_TRACE and len(flight):
-            k = max(int(np.searchsorted(flight["t_ms"].to_numpy(), cursor, side="right")) - 1, 0)
-            waiting = int(flight["waiting"].iloc[k])
-            st.caption(f"At the cursor: {int(flight['running'].iloc[k]):,} running"
-                       + (f", {waiting:,} waiting" if waiting >= 0 else "") + " (the chart is drawn once for a trace "
-                       "this large: the timeline above carries the cursor).")
-    if views.has_kv and tr.events_of("gauge"):
-        show_chart(gauges_figure(tr.events_of("gauge"), cursor), key="rp_gauges")
-    engine_views(cursor)
+            st.caption("KV block occupancy needs `kv` events (alloc/free/hit/...).")
+    if p.in_flight_below:
+        show_chart(in_flight_figure(views.in_flight(), None if BIG_TRACE else cursor), key="rp_inflight")
+        if p.flight_at is not None:
+            running, waiting = p.flight_at
+            st.caption(f"At the cursor: {running:,} running" + (f", {waiting:,} waiting" if waiting >= 0 else "")
+                       + " (the chart is drawn once for a trace this large: the timeline above carries the cursor).")
+    if p.gauges_below:
+        show_chart(gauges_figure(p.gauges, cursor), key="rp_gauges")
+    engine_views(p)
 
 
-def engine_views(cursor: float):
+def engine_views(p):
     """What the engine said about itself, when the trace has it: its prefix cache (KV events), each
-    request's phases inside it (spans), the steps of its iteration log."""
-    if len(tr.kv_events):
-        over = derived(tr, "prefix_cache")
-        show_chart(prefix_cache_figure(over, cursor), key="rp_prefix_cache")
-        at = cache_at(over, cursor)
+    request's phases inside it (spans)."""
+    cursor = p.cursor_ms
+    if p.prefix_cache is not None:
+        show_chart(prefix_cache_figure(p.prefix_cache, cursor), key="rp_prefix_cache")
+        at = p.prefix_at
         st.caption(f"At the cursor: {at['cached']} blocks cached; {at['stored']} stored, {at['removed']} removed, "
                    f"{at['cleared']} clear(s) so far. Measured by the engine (its KV events: content hashes of full "
                    "blocks, no request ids; a cache hit publishes nothing).")
-    ex = tr.request_extra
-    if any("engine_prefill_ms" in e or "engine_queue_ms" in e for e in ex[:200]):
-        idx = sorted(requests_near(tr, cursor, limit=16, metrics=views.request_metrics()))
+    if p.phase_requests:
+        idx, ex = p.phase_requests, tr.request_extra
         show_chart(engine_phases_figure([tr.ids[i] for i in idx], tr.requests["arrival_ms"].to_numpy()[idx],
                                         [ex[i] for i in idx], cursor), key="rp_phases")
         st.caption("Measured by the engine: each request's span (gen_ai.latency.time_in_queue, "

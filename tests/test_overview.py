@@ -292,3 +292,13 @@ def test_out_of_core_commands_name_a_damaged_parquet_file(tmp_path, capsys):
         assert main(argv) == 2
         assert "not a readable Parquet file" in capsys.readouterr().err, argv
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.parquet"]
+
+
+def test_the_trace_in_memory_and_its_overview_implement_one_interface():
+    """core.analysis.views.TraceView: every call the replay page makes exists on both."""
+    from core.analysis.overview import Overview
+    from core.analysis.views import InMemoryView, TraceView
+    calls = [n for n in vars(TraceView) if not n.startswith("_")]
+    assert {"summary", "request_metrics", "span", "window", "step_at", "occupancy", "has_kv"} <= set(calls)
+    for cls in (InMemoryView, Overview):
+        assert [n for n in calls if not hasattr(cls, n)] == [], cls.__name__

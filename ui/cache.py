@@ -10,8 +10,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from core.analysis.cursor import in_flight_series, row_index, time_range
-from core.analysis.metrics import request_metrics, summarize
+from core.analysis import views
+from core.analysis.metrics import summarize
 from core.analysis.occupancy import block_states
 from core.config import SchedulerConfig
 from core.errors import InputError
@@ -168,14 +168,8 @@ def cached_block_states(trace: Trace, max_snapshots: int = 160):
     return _block_states(trace, max_snapshots)[1]
 
 
-def _prefix_cache(trace: Trace):
-    from core.analysis.kv_events import cache_over_time
-    return cache_over_time(trace.kv_events)
-
-
-_DERIVED = {"summary": _summary,   # pages read the summary only
-            "requests": request_metrics, "in_flight": in_flight_series, "rows": row_index,
-            "span": time_range, "prefix_cache": _prefix_cache}
+_DERIVED = {**views.DERIVED, "summary": _summary,   # a summary made in a worker process is taken as it is
+            "occupancy": lambda tr: cached_block_states(tr)}
 
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
@@ -342,44 +336,11 @@ def parse_uploaded_run(ups: list, slot: str):
     return result
 
 
-class TraceViews:
-    """What the replay page's cursor views read of a trace held in memory. A trace too large to
-    load is opened as a core.analysis.overview.Overview, which answers the same calls from its
-    overview files (equal results: tests/test_overview.py)."""
-
-    def __init__(self, trace: Trace, big: bool):
-        self.skeleton, self.big = trace, big
-
-    def summary(self) -> dict:
-        return derived(self.skeleton, "summary")
-
-    def request_metrics(self):
-        return derived(self.skeleton, "requests")
-
-    def span(self) -> tuple[float, float]:
-        return derived(self.skeleton, "span")
-
-    def in_flight(self):
-        return derived(self.skeleton, "in_flight")
-
-    def window(self, req_idx) -> Trace:
-        from core.analysis.cursor import subset
-        return subset(self.skeleton, req_idx, derived(self.skeleton, "rows"))
-
-    def step_at(self, t_ms: float):
-        from core.analysis.cursor import step_at
-        return step_at(self.skeleton, t_ms, derived(self.skeleton, "rows") if self.big else None)
-
-    @property
-    def has_kv(self) -> bool:
-        return bool(len(self.skeleton.kv))
-
-    def occupancy(self):
-        return cached_block_states(self.skeleton) if self.has_kv else None
-
-    def counted_steps(self) -> bool:
-        from core.fit.stepfit import counted_steps
-        return counted_steps(self.skeleton)
+def trace_view(trace: Trace, big: bool):
+    """The replay page's core.analysis.views.InMemoryView of a trace in memory, its per-trace results
+    cached across sessions (`derived`)."""
+    from core.analysis.views import InMemoryView
+    return InMemoryView(trace, big, cache=derived)
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)

@@ -31,14 +31,14 @@ def option_input(key: str, default, container=None, **kw):
     returned for it. `kw` overrides (a page's own help, format, min_value, max_value; a short label
     for a narrow column)."""
     uk = URL_KEYS[key]
-    meta, tp = _declaration(uk.option)
+    decl, tp = _declaration(uk.option)
     w = container if container is not None else st
-    label = kw.pop("label", None) or meta["label"] + (f" (0 = {meta['none']})" if uk.zero_is_none else "")
-    kw.setdefault("help", meta["help"])
+    label = kw.pop("label", None) or decl["label"] + (f" (0 = {decl['none']})" if uk.zero_is_none else "")
+    kw.setdefault("help", decl["help"])
     if tp is bool:
         return w.toggle(label, default, **bound(key), **kw)
-    lo = 0 if uk.zero_is_none else meta.get("minimum") or 0
-    hi = meta.get("maximum") or UI_MAX
+    lo = 0 if uk.zero_is_none else decl.get("minimum") or 0
+    hi = decl.get("maximum") or UI_MAX
     if tp is int:
         lo, hi, default = int(lo), int(hi), int(default)
     else:

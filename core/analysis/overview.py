@@ -195,7 +195,7 @@ class _Sorted:
         return t.filter(pc.is_in(t.column(key), value_set=pa.array(values, type=t.schema.field(key).type)))
 
 
-class Overview:
+class Overview:        # a core.analysis.views.TraceView
     """An opened overview (`open_overview`): the trace's head, summary, requests, finishes, steps and
     preemptions in memory (one row per request or step), the rest read per cursor move."""
 
@@ -333,6 +333,13 @@ class Overview:
         """stepfit.counted_steps: steps with counts and no batch entries (an engine's iteration log)."""
         from core.trace.model import counted_steps_of
         return counted_steps_of(self.skeleton.steps, self._batch.pf.metadata.num_rows > 0)
+
+    def prefix_cache(self):
+        """The engine's own prefix cache over time (its KV events), None without them."""
+        if not len(self.skeleton.kv_events):
+            return None
+        from core.analysis.kv_events import cache_over_time
+        return cache_over_time(self.skeleton.kv_events)
 
     def rows(self) -> dict:
         """Rows of each record type in the trace."""
