@@ -132,3 +132,33 @@ def test_a_damaged_parquet_file_is_named_as_such_by_the_cli(parquet_traces, tmp_
     assert main(["metrics", str(cut), "--out-of-core"]) == 2
     assert "cut.parquet: not a readable Parquet file" in capsys.readouterr().err
 
+
+
+def test_a_metric_is_defined_once_for_both_paths(parquet_traces, monkeypatch):
+    """Change one definition (core/analysis/definitions.py) and both paths follow: TTFT + 1000 ms,
+    Little's L from a doubled sum, the fit's decoding sequences counted twice. Neither path has
+    a copy of its own to keep computing the old numbers."""
+    from core.analysis import definitions as d
+    from core.analysis.expr import Agg, Col, If
+    from core.fit.outofcore import features_parquet
+    from core.fit.stepfit import trace_features
+    tr, file, _ = parquet_traces["shared_prefix_caching_on.json.gz"]
+    before_mem = summarize(tr, per_request=False)["summary"]
+    before_ooc = summarize_parquet(file)["summary"]
+    steps, X, _ = trace_features(tr)
+    _, Xo, _, _, _ = features_parquet(file)
+    monkeypatch.setitem(d.REQUEST, "ttft_ms", Col("first_token_ms") - Col("arrival_ms") + 1000.0)
+    monkeypatch.setitem(d.LITTLE, "inside", Agg("fsum", 2.0 * (d.Clip(Col("last_token_ms"), d.START, d.END)
+                                                              - d.Clip(Col("arrival_ms"), d.START, d.END)),
+                                                where=d._DONE))
+    monkeypatch.setitem(d.STEP_FEATURES, "decode_seqs", If(d.PREFILL_ENTRY, 0.0, 2.0))
+    for after, before in ((summarize(tr, per_request=False)["summary"], before_mem),
+                          (summarize_parquet(file)["summary"], before_ooc)):
+        assert after["ttft_ms"]["mean"] == pytest.approx(before["ttft_ms"]["mean"] + 1000.0, rel=1e-12)
+        assert after["ttft_ms"]["p99"] == pytest.approx(before["ttft_ms"]["p99"] + 1000.0, rel=1e-12)
+        assert after["littles_law"]["L"] == pytest.approx(2 * before["littles_law"]["L"], rel=1e-12)
+        assert after["tpot_ms"] == before["tpot_ms"]
+    _, X2, _ = trace_features(tr)
+    _, Xo2, _, _, _ = features_parquet(file)
+    assert X[:, 2].sum() > 0
+    assert list(X2[:, 2]) == list(2 * X[:, 2]) and list(Xo2[:, 2]) == pytest.approx(list(2 * Xo[:, 2]))

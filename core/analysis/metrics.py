@@ -29,6 +29,11 @@ numbers computed on imported results agree with the file's own summary):
   over the drain window of a finished workload
 - utilisation: running sequences and KV blocks in use, time-averaged over the window (idle
   time counts as 0) and peak, from the step events
+
+Each of these is written once, in the expression layer (core/analysis/definitions.py), and
+evaluated here with numpy over a trace in memory (`InMemory`) and in core/analysis/outofcore.py
+with DuckDB over Parquet files larger than memory; `summarize` builds its summary with
+definitions.summary, as the out-of-core summary does.
 """
 from __future__ import annotations
 
@@ -38,31 +43,128 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from core.analysis import definitions as d
+from core.analysis.definitions import (  # noqa: F401  (the metrics' names, defined once there)
+    COMPLETED,
+    DEFAULT_PERCENTILES,
+    EARLY_REASONS,
+    ESTIMATOR,
+    ESTIMATOR_LABEL,
+    distribution_of,
+    measurement_window,
+    min_samples_for,
+)
+from core.analysis.expr import request_columns_np
 from core.errors import InputError
 from core.order import stable_order
 
-ESTIMATOR = "linear"
-ESTIMATOR_LABEL = "numpy 'linear' (Hyndman-Fan type 7)"
-DEFAULT_PERCENTILES = (50, 90, 95, 99)
+distribution = d.numpy_distribution
+
+
+class InMemory:
+    """A trace in memory as a definitions evaluator (numpy). `m`: its request_metrics, when the
+    caller has them; `spans`: (first, last, count) per request computed elsewhere (an overview)."""
+
+    def __init__(self, trace, m: pd.DataFrame | None = None, spans=None):
+        self.trace, self._m, self._spans = trace, m, spans
+        self._req: dict | None = None
+
+    def _request_env(self) -> dict:
+        if self._req is None:
+            tr = self.trace
+            req = tr.requests
+            n = len(req)
+            base = {"i": np.arange(n), "id": req["id"].to_numpy(),
+                    "arrival_ms": req["arrival_ms"].to_numpy(dtype=float),
+                    "max_output_tokens": req["max_output_tokens"].to_numpy()}
+            given = {}
+            if self._m is not None:
+                given = {c: self._m[c].to_numpy() for c in d.REQUEST if c in self._m}
+            elif self._spans is not None:
+                given = dict(zip(("first_token_ms", "last_token_ms", "output_tokens"), self._spans))
+            f = tr.finishes
+            rows = {"token": {"req": tr.tokens["req"].to_numpy(), "t_ms": tr.tokens["t_ms"].to_numpy(dtype=float)},
+                    "finish": {"req": f["req"].to_numpy(), "t_ms": f["t_ms"].to_numpy(dtype=float),
+                               "reason": f["reason"].to_numpy(dtype=object)}}
+            self._req = request_columns_np(d.REQUEST, base, rows, n, given)
+        return self._req
+
+    def relation(self, name: str) -> tuple[dict, int]:
+        tr = self.trace
+        if name == "request":
+            return self._request_env(), len(tr.requests)
+        if name == "token":
+            tk = tr.tokens
+            return {"t_ms": tk["t_ms"].to_numpy(dtype=float), "req": tk["req"].to_numpy()}, len(tk)
+        if name == "token_request":
+            env, _ = self.relation("token")
+            return _Lookup(env, self._request_env()), len(tr.tokens)
+        if name == "step":
+            st = tr.steps
+            return {c: (st[c].to_numpy(dtype=float) if c in ("t_ms", "dur_ms") else st[c].to_numpy())
+                    for c in st.columns}, len(st)
+        if name == "kv_event":
+            kv = tr.kv_events
+            return {"op": kv["op"].astype(str).to_numpy(dtype=object), "hash": kv["hash"].to_numpy()}, len(kv)
+        raise KeyError(name)
+
+    def columns(self, name: str) -> set:
+        return set(self.trace.steps.columns) if name == "step" else set(self.relation(name)[0])
+
+    def agg(self, name: str, aggs: dict, params: dict | None = None) -> dict:
+        env, n = self.relation(name)
+        if params:
+            env = _Lookup(env, env.request, params) if isinstance(env, _Lookup) else {**env, **params}
+        return {k: a.np(env, n) for k, a in aggs.items()}
+
+    def request_column(self, expr, params: dict | None = None) -> np.ndarray:
+        env = self._request_env()
+        return np.asarray(expr.np({**env, **(params or {})}))
+
+    def rows(self, name: str, cols: tuple, where) -> list[tuple]:
+        env, _ = self.relation(name)
+        idx = np.flatnonzero(np.asarray(where.np(env), dtype=bool))
+        return list(zip(*(env[c][idx].tolist() for c in cols))) if len(idx) else []
+
+    def distribution(self, what: str, name: str, percentiles) -> dict:
+        if what == "itl":
+            return distribution(itl_gaps(self.trace), name, percentiles)
+        if what == "step_dur":
+            return distribution(self.trace.steps["dur_ms"].to_numpy(dtype=float), name, percentiles)
+        return distribution(self._request_env()[what], name, percentiles)
+
+    def kv_event_peak(self) -> int:
+        from core.analysis.kv_events import cached_blocks
+        _, n = cached_blocks(self.trace.kv_events)
+        return int(n.max()) if len(n) else 0
+
+    def request_frame(self) -> pd.DataFrame:
+        env = self._request_env()
+        return pd.DataFrame({"id": env["id"], "arrival_ms": env["arrival_ms"],
+                             **{c: env[c] for c in d.REQUEST_METRICS[2:-1]},
+                             "finish_reason": pd.Series(env["finish_reason"], dtype=object)})  # object: None stays None
+
+
+class _Lookup(dict):
+    """A token's columns, and its request's (by `req`) on demand (the token_request relation)."""
+
+    def __init__(self, own: dict, request: dict, params: dict | None = None):
+        super().__init__(own)
+        self.request = request
+        if params:
+            self.update(params)
+
+    def __missing__(self, key):
+        v = np.asarray(self.request[key])[self["req"]]
+        self[key] = v
+        return v
 
 
 def token_spans(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per request (trace order): first and last token time (NaN: none) and tokens emitted."""
     n = len(trace.requests)
-    tk = trace.tokens
-    first = np.full(n, np.nan)
-    last = np.full(n, np.nan)
-    count = np.zeros(n, dtype=np.int64)
-    if len(tk):
-        req, t = tk["req"].to_numpy(), tk["t_ms"].to_numpy(dtype=float)
-        count = np.bincount(req, minlength=n).astype(np.int64)
-        first = np.full(n, np.inf)
-        last = np.full(n, -np.inf)
-        np.minimum.at(first, req, t)
-        np.maximum.at(last, req, t)
-        first[count == 0] = np.nan
-        last[count == 0] = np.nan
-    return first, last, count
+    req, t = trace.tokens["req"].to_numpy(), trace.tokens["t_ms"].to_numpy(dtype=float)
+    return tuple(d.REQUEST[c].per_request(req, t, n) for c in ("first_token_ms", "last_token_ms", "output_tokens"))
 
 
 def first_scheduled_ms(trace) -> np.ndarray:
@@ -85,25 +187,7 @@ def request_metrics(trace, spans=None) -> pd.DataFrame:
     arrival; NaN without output or without a finish event), finish_reason (None: no finish
     event, e.g. an interrupted capture). `spans`: `token_spans(trace)` computed elsewhere (a
     trace whose token rows are not in memory: core/analysis/overview.py)."""
-    req = trace.requests
-    n = len(req)
-    first, last, count = token_spans(trace) if spans is None else spans
-    arrival = req["arrival_ms"].to_numpy(dtype=float)
-    ttft = first - arrival
-    e2e = last - arrival
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(count >= 2, (last - first) / np.maximum(count - 1, 1), np.nan)
-    reason = np.full(n, None, dtype=object)
-    finish = np.full(n, np.nan)
-    if len(trace.finishes):
-        f = trace.finishes
-        reason[f["req"].to_numpy()] = f["reason"].to_numpy()
-        finish[f["req"].to_numpy()] = f["t_ms"].to_numpy(dtype=float)
-    latency = np.where(count > 0, finish - arrival, np.nan)
-    return pd.DataFrame({"id": req["id"].to_numpy(), "arrival_ms": arrival, "first_token_ms": first,
-                         "last_token_ms": last, "output_tokens": count, "ttft_ms": ttft,
-                         "tpot_ms": tpot, "e2e_ms": e2e, "latency_ms": latency,
-                         "finish_reason": pd.Series(reason, dtype=object)})  # object: None stays None
+    return InMemory(trace, spans=spans).request_frame()
 
 
 def itl_gaps(trace) -> np.ndarray:
@@ -115,7 +199,8 @@ def itl_gaps(trace) -> np.ndarray:
 
 
 def itl_gaps_of(req: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """itl_gaps over token rows given as (request, time) arrays."""
+    """itl_gaps over token rows given as (request, time) arrays: consecutive emissions of each
+    request by time (then trace order), gaps > 0 (core/analysis/outofcore.py: the same in SQL)."""
     if len(t) < 2:
         return np.empty(0)
     # by request, then time: rows already in time order (every recorded trace) need only a
@@ -149,123 +234,33 @@ class Throughput:
 
 
 def drain_window(trace) -> tuple[float, float]:
-    start = float(trace.requests["arrival_ms"].min()) if len(trace.requests) else 0.0
-    end = float(trace.tokens["t_ms"].max()) if len(trace.tokens) else start
-    return start, end
-
-
-def measurement_window(window: tuple[float, float] | None, drain: tuple[float, float]) -> tuple[float, float, str]:
-    """(start, end, kind) of a throughput window: the drain window given (kind "drain") when `window` is
-    None, else the fixed [start, end] checked (kind "fixed")."""
-    if window is None:
-        return drain[0], drain[1], "drain"
-    start, end = float(window[0]), float(window[1])
-    if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
-        raise InputError(f"window: expected START_MS < END_MS, got [{start}, {end}]")
-    return start, end, "fixed"
+    return d.drain_window(InMemory(trace))
 
 
 def throughput(trace, window: tuple[float, float] | None = None) -> Throughput:
     """Output tokens per second over the drain window (default) or a fixed [start, end]."""
-    start, end, kind = measurement_window(window, drain_window(trace))
-    t = trace.tokens["t_ms"].to_numpy()
-    inside = int(np.count_nonzero((t >= start) & (t <= end)))
-    return Throughput(inside, start, end, kind)
+    ev = InMemory(trace)
+    start, end, kind = measurement_window(window, d.drain_window(ev))
+    return Throughput(d.emitted(ev, start, end), start, end, kind)
 
 
 def cost_usd(tp: Throughput, usd_per_hour: float) -> tuple[float, float]:
     """(cost of the window, cost per 1,000 output tokens in it) under a flat tariff."""
-    if not (math.isfinite(usd_per_hour) and usd_per_hour >= 0):
-        raise InputError(f"usd_per_hour: expected a number >= 0, got {usd_per_hour}")
-    cost = usd_per_hour * tp.window_ms / 3_600_000.0
-    per_1k = cost / tp.emitted_tokens * 1000.0 if tp.emitted_tokens else math.nan
-    return cost, per_1k
-
-
-def min_samples_for(q: float) -> int:
-    """Smallest sample size for which the q-th percentile is not simply the max: a tail
-    estimate needs at least 1/(1 - q/100) observations (p99 -> 100)."""
-    return math.ceil(100.0 / (100.0 - q) - 1e-9) if q < 100 else math.inf
-
-
-def distribution(values, name: str, percentiles=DEFAULT_PERCENTILES) -> dict:
-    """mean/median/std/percentiles with the estimator named, ignoring missing values, and a
-    note for each percentile that has too few samples to be a tail estimate."""
-    v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
-    if len(v) == 0:
-        return distribution_of(0, name, percentiles)
-    qs = np.percentile(v, list(percentiles), method=ESTIMATOR)
-    return distribution_of(len(v), name, percentiles, float(v.mean()), float(np.median(v)), float(v.std()),
-                           float(v.min()), float(v.max()), [float(x) for x in qs])
-
-
-def distribution_of(n: int, name: str, percentiles, mean=None, median=None, std=None, lo=None, hi=None,
-                    quantiles=()) -> dict:
-    """distribution's fields from statistics computed elsewhere (numpy here, DuckDB out of core):
-    `quantiles` in the order of `percentiles`; n = 0: no samples."""
-    out = {"n": int(n), "estimator": ESTIMATOR}
-    if n == 0:
-        out.update({"mean": None, "median": None, "std": None, "min": None, "max": None})
-        out.update({f"p{q:g}": None for q in percentiles})
-        out["notes"] = [f"{name}: no samples"]
-        return out
-    out.update({"mean": mean, "median": median, "std": std, "min": lo, "max": hi})
-    thin = []
-    for q, x in zip(percentiles, quantiles):
-        out[f"p{q:g}"] = float(x)
-        if q > 50 and n < min_samples_for(q):
-            thin.append(q)
-    out["notes"] = []
-    if thin:
-        needs = ", ".join(f"p{q:g} >= {min_samples_for(q)}" for q in thin)
-        out["notes"].append(f"{name}: {', '.join(f'p{q:g}' for q in thin)} from only {n} samples "
-                            f"(a tail estimate needs {needs}); treat them as a choice among the observations")
-    return out
-
-
-EARLY_REASONS = ("abort", "stop", "error", "eos", "rejected", "deadline")   # finishes that end a request early
+    return d.cost_usd(tp.window_ms, tp.emitted_tokens, usd_per_hour)
 
 
 def conservation(trace, m: pd.DataFrame | None = None) -> list[str]:
-    """Token conservation: each request emits exactly max_output_tokens tokens unless it
-    finished early for a stated reason (EARLY_REASONS: abort, stop, error, eos, rejected,
-    deadline). Returns problems found (`m`: request_metrics(trace), when the caller has it)."""
-    m = request_metrics(trace) if m is None else m
-    maxo = trace.requests["max_output_tokens"].to_numpy()
-    n = m["output_tokens"].to_numpy()
-    early_ok = m["finish_reason"].isin(EARLY_REASONS).to_numpy()
-    problems = []
-    for i in np.flatnonzero((n > maxo) | ((n < maxo) & ~early_ok)):   # only the requests with a problem
-        rid, k, mx = m["id"].iat[i], int(n[i]), int(maxo[i])
-        problems.append(f"request {rid!r}: {k} tokens emitted, more than max_output_tokens {mx}" if k > mx
-                        else f"request {rid!r}: {k} of {mx} tokens emitted and no finish that ends a request early "
-                             f"({', '.join(EARLY_REASONS)})")
-    return problems
+    """Token conservation (definitions.conservation). `m`: request_metrics(trace), when the caller has it."""
+    return d.conservation(InMemory(trace, m))
 
 
 def littles_law(trace, window: tuple[float, float] | None = None, m: pd.DataFrame | None = None) -> dict:
-    """L = lambda * W over a window: L = time-average requests in system (arrival to last
-    token), lambda = arrivals per ms in the window, W = mean E2E of those arrivals. Over the
-    drain window of a finite workload the two sides agree exactly; a gap elsewhere says the
-    window is not in steady state."""
-    m = request_metrics(trace) if m is None else m
-    start, end = drain_window(trace) if window is None else window
-    T = end - start
-    a = m["arrival_ms"].to_numpy()
-    e = m["last_token_ms"].to_numpy()
-    done = ~np.isnan(e)
-    inside = (np.clip(e[done], start, end) - np.clip(a[done], start, end)).sum()
-    L = inside / T if T > 0 else math.nan
-    arr = done & (a >= start) & (a <= end)
-    lam = arr.sum() / T if T > 0 else math.nan
-    W = float(np.mean(e[arr] - a[arr])) if arr.any() else math.nan
-    return {"L": _none_if_nan(float(L)), "lambda_per_ms": _none_if_nan(float(lam)),
-            "arrival_rate_per_s": _none_if_nan(float(lam) * 1000.0), "W_ms": _none_if_nan(W),
-            "lambda_W": _none_if_nan(float(lam * W)), "window_ms": [start, end]}
-
-
-COMPLETED = ("length", "stop", "eos")   # finish reasons of a request that ran to its end
+    """L = lambda * W over a window (definitions.littles_law); default: the drain window. Over the
+    drain window of a finite workload the two sides agree exactly; a gap elsewhere says the window
+    is not in steady state."""
+    ev = InMemory(trace, m)
+    start, end = d.drain_window(ev) if window is None else window
+    return d.littles_law(ev, start, end)
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,102 +283,35 @@ class SLO:
 def slo_check(m: pd.DataFrame, slo: SLO) -> tuple[np.ndarray, dict]:
     """Per request of request_metrics `m`: (met mask, violation counts). Counts: completed
     requests over each given bound (None for a bound not given), and requests that did not
-    complete ("failed": error, abort, rejection, or no finish event)."""
-    done = m["finish_reason"].isin(COMPLETED).to_numpy()
-    met = done.copy()
-    counts = {}
-    for key, name in (("ttft", "ttft_ms"), ("tpot", "tpot_ms"), ("e2e", "e2e_ms")):
-        bound = getattr(slo, name)
-        if bound is None:
-            counts[key] = None
-            continue
-        v = m[name].to_numpy(dtype=float)
-        ok = np.isnan(v) if key == "tpot" else np.zeros(len(v), dtype=bool)   # no TPOT: nothing to violate
-        with np.errstate(invalid="ignore"):
-            ok |= v <= bound
-        counts[key] = int(np.count_nonzero(done & ~ok))
-        met &= ok
-    counts["failed"] = int(np.count_nonzero(~done))
-    return met, counts
+    complete ("failed": error, abort, rejection, or no finish event). (definitions.slo_conditions)"""
+    env = {c: m[c].to_numpy() for c in m.columns}
+    env["finish_reason"] = m["finish_reason"].to_numpy(dtype=object)
+    done, conds = d.slo_conditions(slo)
+    done_v = np.asarray(done.np(env), dtype=bool)
+    counts = {k: (int(np.count_nonzero(done_v & ~np.asarray(conds[k].np(env), dtype=bool))) if k in conds else None)
+              for k in ("ttft", "tpot", "e2e")}
+    counts["failed"] = int(np.count_nonzero(~done_v))
+    return np.asarray(d.slo_met(slo).np(env), dtype=bool), counts
 
 
 def slo_summary(trace, slo: SLO, m: pd.DataFrame | None = None,
                 tp: Throughput | None = None) -> tuple[dict, np.ndarray]:
     """summary.slo (bounds, requests, met, attainment, goodput, violations) and the met mask."""
-    m = request_metrics(trace) if m is None else m
+    ev = InMemory(trace, m)
     tp = throughput(trace) if tp is None else tp
-    met, violations = slo_check(m, slo)
-    n = len(m)
-    last = m["last_token_ms"].to_numpy(dtype=float)
-    with np.errstate(invalid="ignore"):
-        good = met & (last >= tp.start_ms) & (last <= tp.end_ms)
-    tk = trace.tokens
-    t = tk["t_ms"].to_numpy()
-    good_tokens = int(np.count_nonzero(met[tk["req"].to_numpy()] & (t >= tp.start_ms) & (t <= tp.end_ms))) if n else 0
-    secs = tp.window_ms / 1000.0
-    per_s = (lambda x: x / secs) if secs > 0 else (lambda x: None)
-    return {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms, "requests": n,
-            "met": int(met.sum()), "attainment": float(met.sum() / n) if n else None,
-            "goodput_req_per_s": per_s(int(good.sum())), "goodput_tok_per_s": per_s(good_tokens),
-            "violations": violations}, met
+    return d.slo_summary(ev, slo, tp.start_ms, tp.end_ms), ev.request_column(d.slo_met(slo)).astype(bool)
 
 
 def utilisation(trace, window: tuple[float, float] | None = None) -> dict | None:
-    """Running sequences and KV blocks in use: time-average over the window (idle time
-    counts as 0) and peak, from step events (None without them)."""
-    st = trace.steps
-    if not len(st):
-        return None
-    start, end = drain_window(trace) if window is None else (float(window[0]), float(window[1]))
-    t0 = st["t_ms"].to_numpy(dtype=float)
-    t1 = t0 + st["dur_ms"].to_numpy(dtype=float)
-    overlap = np.clip(np.minimum(t1, end) - np.maximum(t0, start), 0.0, None)
-    span = end - start
-    out = {"window_ms": [start, end]}
-    recorded = False
-    for key, col in (("running", "running"), ("kv_used_blocks", "kv_used_blocks")):
-        v = st[col].to_numpy(dtype=float)
-        if (v < 0).all():          # -1: not recorded (an engine's iteration log)
-            out[f"{key}_mean"] = out[f"{key}_peak"] = None
-            continue
-        recorded = True
-        out[f"{key}_mean"] = float((v * overlap).sum() / span) if span > 0 else None
-        out[f"{key}_peak"] = int(v.max())
-    if not recorded:
-        return None
-    total = trace.meta.get("stats", {}).get("kv_blocks")
-    if total:
-        out["kv_blocks"] = int(total)
-        mean = out["kv_used_blocks_mean"]
-        out["kv_used_fraction_mean"] = None if mean is None else mean / total
-        out["kv_used_fraction_peak"] = out["kv_used_blocks_peak"] / total
-    return out
+    """Running sequences and KV blocks in use (definitions.utilisation); default: the drain window."""
+    ev = InMemory(trace)
+    start, end = d.drain_window(ev) if window is None else (float(window[0]), float(window[1]))
+    return d.utilisation(ev, start, end, trace.meta)
 
 
 def step_summary(trace) -> dict | None:
-    """The step events on their own (None without them): how many, their span [first start,
-    last end], busy time (the sum of durations) and its share of the span, the duration
-    distribution, and, for steps that carry counts (an engine's iteration log), the prefill and
-    decode tokens they computed."""
-    st = trace.steps
-    if not len(st):
-        return None
-    t0 = st["t_ms"].to_numpy(dtype=float)
-    dur = st["dur_ms"].to_numpy(dtype=float)
-    lo, hi = float(t0.min()), float((t0 + dur).max())
-    d = distribution(dur, "step duration")
-    d.pop("notes")
-    out = {"steps": int(len(st)), "span_ms": [lo, hi], "busy_ms": float(dur.sum()),
-           "busy_fraction": float(dur.sum() / (hi - lo)) if hi > lo else None, "dur_ms": d}
-    for col in ("prefill_tokens", "decode_tokens"):
-        v = st[col].to_numpy() if col in st else np.empty(0)
-        if len(v) and (v >= 0).all():
-            out[col] = int(v.sum())
-    return out
-
-
-def _none_if_nan(x):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+    """The step events on their own (definitions.step_summary)."""
+    return d.step_summary(InMemory(trace))
 
 
 def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENTILES, slo: SLO | None = None,
@@ -391,55 +319,13 @@ def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENT
     """The metrics of one trace as plain JSON-ready data (used by the CLI and pages). With
     SLO bounds given: summary.slo and a per-request slo_met. `per_request` False: no
     "requests" rows (callers that read only the summary; 10,000 rows cost ~0.1 s)."""
-    m = request_metrics(trace)
-    tp = throughput(trace, window)
-    cost = per_1k = None
-    if usd_per_hour is not None:
-        cost, per_1k = cost_usd(tp, usd_per_hour)
-    dists = {
-        "ttft_ms": distribution(m["ttft_ms"], "TTFT", percentiles),
-        "tpot_ms": distribution(m["tpot_ms"], "TPOT", percentiles),
-        "itl_ms": distribution(itl_gaps(trace), "ITL", percentiles),
-        "e2e_ms": distribution(m["e2e_ms"], "E2E", percentiles),
-        "latency_ms": distribution(m["latency_ms"], "request latency", percentiles),
-    }
-    dists["latency_ms"].pop("notes")    # the same samples as E2E's notes (or none: no finish events)
-    notes = [n for d in dists.values() for n in d.pop("notes", ())] if len(m) else []   # no requests: no notes
-    single = int((m["output_tokens"] == 1).sum())
-    if single:
-        notes.append(f"{single} request(s) with one output token have no TPOT (missing, not 0)")
-    unfinished = int(m["finish_reason"].isna().sum())
-    if unfinished:
-        notes.append(f"{unfinished} request(s) have no finish event (finish_reason null): "
-                     "the capture ended before they finished")
-    summary = {
-        "requests": int(len(m)),
-        "completed": int((m["output_tokens"] > 0).sum()),
-        "unfinished": unfinished,                     # requests without a finish event
-        "output_tokens": tp.emitted_tokens,
-        "window_ms": [tp.start_ms, tp.end_ms],
-        "window_kind": tp.kind,
-        "output_tok_per_s": _none_if_nan(tp.tok_per_s),
-        "usd_per_hour": usd_per_hour,
-        "cost_usd": _none_if_nan(cost),
-        "cost_per_1k_output_usd": _none_if_nan(per_1k),
-        "percentile_estimator": ESTIMATOR_LABEL,
-        **dists,
-        "conservation_problems": conservation(trace, m),
-        "notes": notes,
-        "littles_law": littles_law(trace, None if window is None else (tp.start_ms, tp.end_ms), m),
-        "utilisation": utilisation(trace, None if window is None else (tp.start_ms, tp.end_ms)),
-    }
-    if len(trace.steps):
-        summary["steps"] = step_summary(trace)
-    if len(getattr(trace, "kv_events", ())):
-        from core.analysis.kv_events import kv_event_summary
-        summary["kv_events"] = kv_event_summary(trace.kv_events)
-    met = None
-    if slo is not None and slo.given():
-        summary["slo"], met = slo_summary(trace, slo, m, tp)
+    ev = InMemory(trace)
+    summary = d.summary(ev, window, usd_per_hour, percentiles, slo, trace.meta,
+                        has_kv_events=bool(len(getattr(trace, "kv_events", ()))))
     if not per_request:
         return {"source": trace.meta.get("source"), "label": trace.meta.get("label"), "summary": summary}
+    m = ev.request_frame()
+    met = ev.request_column(d.slo_met(slo)).astype(bool) if slo is not None and slo.given() else None
 
     def col(name):   # plain Python values, NaN as None
         return [None if x != x else x for x in m[name].to_numpy(dtype=float).tolist()]

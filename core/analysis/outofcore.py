@@ -1,15 +1,15 @@
 """The metrics of a Parquet trace larger than memory, computed where the data lives: DuckDB over
 the file (or a directory of parts), column by column, never loading the trace (issue 29).
 
-The result has the shape of `core.analysis.metrics.summarize(trace, per_request=False)` and the
-same definitions (that module defines every metric; this one only computes them in SQL):
-per-request TTFT, TPOT, E2E and request latency from the token and finish rows grouped by
-request; ITL from consecutive emissions of each request; throughput over the drain window
-[first arrival, last emission] or a fixed one; cost; Little's law; utilisation and the step
-summary from step rows; SLO attainment and goodput; token conservation; the engine's own KV-event
-summary (`kv_event` rows: counts by op, the peak of distinct cached blocks). Percentiles are exact:
-DuckDB's `quantile_cont` interpolates between order statistics at (n - 1) q, numpy's 'linear'
-(Hyndman-Fan type 7) estimator.
+The result is `core.analysis.metrics.summarize(trace, per_request=False)`'s summary built by the
+same function (core.analysis.definitions.summary) from the same definitions, each compiled to SQL
+here (`DuckDBTrace`, the definitions' evaluator over the files): per-request TTFT, TPOT, E2E and
+request latency from the token and finish rows grouped by request; throughput over the drain
+window or a fixed one; cost; Little's law; utilisation and the step summary; SLO attainment and
+goodput; token conservation; the engine's own KV-event summary. What the evaluator implements
+itself: the ITL gaps (consecutive emissions of each request, a window in SQL), exact percentiles
+(DuckDB's `quantile_cont` interpolates between order statistics at (n - 1) q, numpy's 'linear'
+(Hyndman-Fan type 7) estimator) and the replay of KV events for their peak.
 
 Memory is bounded by DuckDB's `memory_limit` (it spills sorts and aggregates to a temporary
 directory beside the system's); a million-request trace is read in passes over its columns.
@@ -22,15 +22,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from core.analysis.metrics import (
-    COMPLETED,
-    DEFAULT_PERCENTILES,
-    EARLY_REASONS,
-    ESTIMATOR_LABEL,
-    SLO,
-    distribution_of,
-    measurement_window,
-)
+from core.analysis import definitions as d
+from core.analysis.definitions import distribution_of
+from core.analysis.expr import request_columns_sql
 from core.errors import InputError
 
 MEMORY_LIMIT = "1GB"          # DuckDB's working set; the rest spills to disk
@@ -163,12 +157,7 @@ def _narrowed_quantiles(con, table, col, where, n, lo, hi, fractions, buckets=40
     return out
 
 
-def _nn(x):
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
-
-
-def summarize_parquet(path, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENTILES,
-                      slo: SLO | None = None) -> dict:
+def summarize_parquet(path, window=None, usd_per_hour=None, percentiles=d.DEFAULT_PERCENTILES, slo=None) -> dict:
     """core.analysis.metrics.summarize(trace, per_request=False) of the Parquet trace at `path`
     without loading it (module docstring)."""
     import duckdb
@@ -190,102 +179,98 @@ def _summarize(files, window, usd_per_hour, percentiles, slo) -> dict:
     meta = head.get("meta") or {}
     with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as tmp:
         con = _connect(tmp)
-        cols = _source_view(con, files)
-        _request_table(con)
-        n_req, completed, unfinished, single = con.execute(
-            "SELECT count(*), count(*) FILTER (n > 0), count(*) FILTER (reason IS NULL), count(*) FILTER (n = 1) "
-            "FROM m").fetchone()
-        first_arrival, last_token = con.execute(
-            "SELECT (SELECT min(arrival) FROM r), (SELECT max(t_ms) FROM src WHERE rtype = 'token')").fetchone()
-        drain_start = float(first_arrival) if first_arrival is not None else 0.0    # metrics.drain_window
-        start, end, kind = measurement_window(
-            window, (drain_start, float(last_token) if last_token is not None else drain_start))
-        emitted = int(con.execute("SELECT count(*) FROM src WHERE rtype = 'token' AND t_ms >= ? AND t_ms <= ?",
-                                  [start, end]).fetchone()[0])
-        span_ms = end - start
-        tok_s = emitted / (span_ms / 1000.0) if span_ms > 0 else math.nan
-        cost = per_1k = None
-        if usd_per_hour is not None:
-            if not (math.isfinite(usd_per_hour) and usd_per_hour >= 0):
-                raise InputError(f"usd_per_hour: expected a number >= 0, got {usd_per_hour}")
-            cost = usd_per_hour * span_ms / 3_600_000.0
-            per_1k = cost / emitted * 1000.0 if emitted else math.nan
-        # ITL: consecutive emissions of each request, by time (then trace order), gaps > 0; the window
-        # runs over slices of requests so that its sort stays within the working memory
-        n_tokens = int(con.execute("SELECT count(*) FROM src WHERE rtype = 'token'").fetchone()[0])
-        slices = max(1, -(-n_tokens // ITL_SLICE_TOKENS))
-        step = -(-max(int(n_req), 1) // slices)
-        con.execute("CREATE TEMP TABLE itl (g DOUBLE)")
-        for lo in range(0, max(int(n_req), 1), step):
-            con.execute("INSERT INTO itl SELECT g FROM (SELECT t_ms - lag(t_ms) OVER (PARTITION BY req ORDER BY t_ms, "
-                        "rowkey) AS g FROM src WHERE rtype = 'token' AND req >= ? AND req < ?) WHERE g > 0",
-                        [lo, lo + step])
-        dists = {"ttft_ms": _dist(con, "m", "ttft", "TTFT", percentiles),
-                 "tpot_ms": _dist(con, "m", "tpot", "TPOT", percentiles),
-                 "itl_ms": _dist(con, "itl", "g", "ITL", percentiles),
-                 "e2e_ms": _dist(con, "m", "e2e", "E2E", percentiles),
-                 "latency_ms": _dist(con, "m", "latency", "request latency", percentiles)}
-        dists["latency_ms"].pop("notes")
-        notes = [x for d in dists.values() for x in d.pop("notes", ())] if n_req else []
-        if single:
-            notes.append(f"{single} request(s) with one output token have no TPOT (missing, not 0)")
-        if unfinished:
-            notes.append(f"{unfinished} request(s) have no finish event (finish_reason null): "
-                         "the capture ended before they finished")
-        early = ", ".join(f"'{r}'" for r in EARLY_REASONS)
-        problems = [f"request {rid!r}: {k} tokens emitted, more than max_output_tokens {mx}" if k > mx
-                    else f"request {rid!r}: {k} of {mx} tokens emitted and no finish that ends a request early "
-                         f"({', '.join(EARLY_REASONS)})"
-                    for rid, k, mx in con.execute(
-                        f"SELECT id, n, maxo FROM m WHERE n > maxo OR (n < maxo AND (reason IS NULL OR reason NOT IN "
-                        f"({early}))) ORDER BY i").fetchall()]
-        # Little's law over the window (metrics.littles_law)
-        inside, arrivals, w_mean = con.execute(
-            "SELECT sum(least(greatest(last, ?), ?) - least(greatest(arrival, ?), ?)) FILTER (last IS NOT NULL), "
-            "count(*) FILTER (last IS NOT NULL AND arrival >= ? AND arrival <= ?), "
-            "avg(last - arrival) FILTER (last IS NOT NULL AND arrival >= ? AND arrival <= ?) FROM m",
-            [start, end, start, end, start, end, start, end]).fetchone()
-        L = (inside or 0.0) / span_ms if span_ms > 0 else math.nan
-        lam = arrivals / span_ms if span_ms > 0 else math.nan
-        W = float(w_mean) if w_mean is not None else math.nan
-        littles = {"L": _nn(float(L)), "lambda_per_ms": _nn(float(lam)), "arrival_rate_per_s": _nn(float(lam) * 1000.0),
-                   "W_ms": _nn(W), "lambda_W": _nn(float(lam * W)), "window_ms": [start, end]}
-        summary = {"requests": int(n_req), "completed": int(completed), "unfinished": int(unfinished),
-                   "output_tokens": emitted, "window_ms": [start, end], "window_kind": kind,
-                   "output_tok_per_s": _nn(tok_s), "usd_per_hour": usd_per_hour, "cost_usd": _nn(cost),
-                   "cost_per_1k_output_usd": _nn(per_1k), "percentile_estimator": ESTIMATOR_LABEL, **dists,
-                   "conservation_problems": problems, "notes": notes, "littles_law": littles,
-                   "utilisation": _utilisation(con, cols, meta, start, end)}
-        steps = _step_summary(con, cols)
-        if steps is not None:
-            summary["steps"] = steps
-        if con.execute("SELECT count(*) FROM src WHERE rtype = 'kv_event'").fetchall()[0][0]:
-            summary["kv_events"] = _kv_event_summary(con)
-        if slo is not None and slo.given():
-            summary["slo"] = _slo(con, slo, start, end, span_ms)
+        ev = DuckDBTrace(con, _source_view(con, files))
+        kv = bool(ev.agg("kv_event", {"n": d.Agg("count")})["n"])
+        summary = d.summary(ev, window, usd_per_hour, percentiles, slo, meta, has_kv_events=kv)
         con.close()
     return {"source": meta.get("source"), "label": meta.get("label"), "summary": summary,
             "computed": {"engine": f"duckdb {_duckdb_version()}", "out_of_core": True, "percentiles": "exact",
                          "parts": len(files)}}
 
 
-def _request_table(con):
-    """Tables r (requests in trace order), tk (token spans), fin (finishes) and m (one row per
-    request: metrics.request_metrics' quantities) over the view `src`."""
-    # requests in trace order (a token's `req` is that position)
-    con.execute("CREATE TEMP TABLE r AS SELECT row_number() OVER (ORDER BY rowkey) - 1 AS i, id, t_ms AS arrival, "
-                "max_output_tokens AS maxo FROM src WHERE rtype = 'request'")
-    con.execute("CREATE TEMP TABLE tk AS SELECT req AS i, min(t_ms) AS first, max(t_ms) AS last, count(*) AS n "
-                "FROM src WHERE rtype = 'token' GROUP BY req")
-    # a request finished twice (a hostile file): its last finish row, as the in-memory path keeps
-    con.execute("CREATE TEMP TABLE fin AS SELECT req AS i, arg_max(reason, rowkey) AS reason, "
-                "arg_max(t_ms, rowkey) AS t FROM src WHERE rtype = 'finish' GROUP BY req")
-    con.execute("""CREATE TEMP TABLE m AS SELECT r.i, r.id, r.arrival, r.maxo, tk.first, tk.last,
-                     coalesce(tk.n, 0) AS n, tk.first - r.arrival AS ttft,
-                     CASE WHEN tk.n >= 2 THEN (tk.last - tk.first) / (tk.n - 1) END AS tpot,
-                     tk.last - r.arrival AS e2e,
-                     CASE WHEN coalesce(tk.n, 0) > 0 THEN fin.t - r.arrival END AS latency, fin.reason
-                   FROM r LEFT JOIN tk USING (i) LEFT JOIN fin USING (i)""")
+# the definitions' relations over the view `src` (every row of the parts, `rtype` naming its record type)
+RELATIONS = {"token": "(SELECT t_ms, req, rowkey FROM src WHERE rtype = 'token')",
+             "finish": "(SELECT t_ms, req, reason, rowkey FROM src WHERE rtype = 'finish')",
+             "step": "(SELECT * FROM src WHERE rtype = 'step')",
+             "kv_event": "(SELECT kv_event_op AS op, hash FROM src WHERE rtype = 'kv_event')",
+             "request": "m",
+             "token_request": "(SELECT t.t_ms, t.req, m.* FROM (SELECT t_ms, req FROM src WHERE rtype = 'token') t "
+                              "JOIN m ON t.req = m.i)"}
+
+
+class DuckDBTrace:
+    """A Parquet trace (the view `src`) as a core.analysis.definitions evaluator: each definition
+    compiled to SQL and run where the data lives. Builds the request table `m` (definitions.REQUEST
+    over the token and finish rows) on creation."""
+
+    def __init__(self, con, cols: set):
+        self.con, self.cols = con, cols
+        # requests in trace order (a token's `req` is that position)
+        con.execute("CREATE TEMP TABLE r AS SELECT row_number() OVER (ORDER BY rowkey) - 1 AS i, id, "
+                    "t_ms AS arrival_ms, max_output_tokens FROM src WHERE rtype = 'request'")
+        con.execute("CREATE TEMP TABLE m AS " + request_columns_sql(d.REQUEST, "r", RELATIONS))
+        self._itl = self._steps = False
+
+    def agg(self, name: str, aggs: dict, params: dict | None = None) -> dict:
+        sel = ", ".join(a.sql(params or {}) for a in aggs.values())
+        # fetchall: a result left unfinished blocks the connection's next streamed query
+        row = self.con.execute(f"SELECT {sel} FROM {RELATIONS[name]}").fetchall()[0]
+        return {k: _plain(v) for k, v in zip(aggs, row)}
+
+    def columns(self, name: str) -> set:
+        return self.cols
+
+    def rows(self, name: str, cols: tuple, where) -> list[tuple]:
+        return self.con.execute(f"SELECT {', '.join(cols)} FROM {RELATIONS[name]} WHERE {where.sql({})} "
+                                "ORDER BY i").fetchall()
+
+    def distribution(self, what: str, name: str, percentiles) -> dict:
+        if what == "itl":
+            self._itl_table()
+            return _dist(self.con, "itl", "g", name, percentiles)
+        if what == "step_dur":
+            if not self._steps:
+                self.con.execute("CREATE TEMP TABLE st AS SELECT dur_ms FROM src WHERE rtype = 'step'")
+                self._steps = True
+            return _dist(self.con, "st", "dur_ms", name, percentiles)
+        return _dist(self.con, "m", what, name, percentiles)
+
+    def _itl_table(self):
+        """ITL: consecutive emissions of each request, by time (then trace order), gaps > 0
+        (metrics.itl_gaps_of); the window runs over slices of requests so that its sort stays
+        within the working memory."""
+        if self._itl:
+            return
+        con = self.con
+        n_req = int(con.execute("SELECT count(*) FROM r").fetchone()[0])
+        n_tokens = int(con.execute("SELECT count(*) FROM src WHERE rtype = 'token'").fetchone()[0])
+        slices = max(1, -(-n_tokens // ITL_SLICE_TOKENS))
+        step = -(-max(n_req, 1) // slices)
+        con.execute("CREATE TEMP TABLE itl (g DOUBLE)")
+        for lo in range(0, max(n_req, 1), step):
+            con.execute("INSERT INTO itl SELECT g FROM (SELECT t_ms - lag(t_ms) OVER (PARTITION BY req ORDER BY t_ms, "
+                        "rowkey) AS g FROM src WHERE rtype = 'token' AND req >= ? AND req < ?) WHERE g > 0",
+                        [lo, lo + step])
+        self._itl = True
+
+    def kv_event_peak(self) -> int:
+        """The most distinct blocks cached at once: the kv_event rows replayed in recorded order, a
+        million at a time (memory: the cache's hashes; kv_events.CacheCount, as in memory)."""
+        from core.analysis.kv_events import CacheCount
+        count, peak = CacheCount(), 0
+        for b in self.con.sql("SELECT kv_event_op, hash FROM scan WHERE rtype = 'kv_event'").to_arrow_reader(1 << 20):
+            n = count.feed(b.column("kv_event_op").to_pylist(), b.column("hash").to_pylist())
+            peak = max(peak, int(n.max()) if len(n) else 0)
+        return peak
+
+
+def _plain(v):
+    """A DuckDB value as the numpy path gives it: NaN / NULL as None, decimals (sums) as numbers."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    if type(v).__name__ == "Decimal":
+        return float(v) if v % 1 else int(v)
+    return v
 
 
 def request_metrics_parquet(path):
@@ -298,18 +283,15 @@ def request_metrics_parquet(path):
     trace_head(files)
     with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as tmp:
         con = _connect(tmp)
-        _source_view(con, files)
-        _request_table(con)
-        t = con.sql("SELECT id, arrival, first, last, n, ttft, tpot, e2e, latency, reason FROM m ORDER BY i"
-                    ).to_arrow_table()
+        DuckDBTrace(con, _source_view(con, files))
+        t = con.sql(f"SELECT {', '.join(d.REQUEST_METRICS)} FROM m ORDER BY i").to_arrow_table()
         con.close()
     num = lambda c: t.column(c).to_numpy(zero_copy_only=False).astype(float)   # NULL -> NaN
-    reason = t.column("reason").to_pylist()
-    return pd.DataFrame({"id": np.array(t.column("id").to_pylist(), dtype=object), "arrival_ms": num("arrival"),
-                         "first_token_ms": num("first"), "last_token_ms": num("last"),
-                         "output_tokens": t.column("n").to_numpy().astype(np.int64), "ttft_ms": num("ttft"),
-                         "tpot_ms": num("tpot"), "e2e_ms": num("e2e"), "latency_ms": num("latency"),
-                         "finish_reason": pd.Series(reason, dtype=object)})
+    return pd.DataFrame({"id": np.array(t.column("id").to_pylist(), dtype=object),
+                         **{c: num(c) for c in d.REQUEST_METRICS[1:-1] if c != "output_tokens"},
+                         "output_tokens": t.column("output_tokens").to_numpy().astype(np.int64),
+                         "finish_reason": pd.Series(t.column("finish_reason").to_pylist(), dtype=object)}
+                        )[list(d.REQUEST_METRICS)]
 
 
 def request_table_parquet(path):
@@ -328,100 +310,8 @@ def request_table_parquet(path):
                          "prompt_tokens": df["prompt_tokens"].astype("int64"),
                          "max_output_tokens": df["max_output_tokens"].astype("int64")})
 
-def _kv_event_summary(con) -> dict:
-    """kv_events.kv_event_summary from the kv_event rows: counts by op in SQL; the peak of distinct cached
-    blocks by replaying the rows in recorded order, a million at a time (memory: the cache's hashes)."""
-    from core.analysis.kv_events import CacheCount
-    stored, removed, cleared = con.execute(
-        "SELECT count(*) FILTER (kv_event_op = 'stored'), count(*) FILTER (kv_event_op = 'removed'), "
-        "count(*) FILTER (kv_event_op = 'cleared') FROM src WHERE rtype = 'kv_event'").fetchall()[0]
-    count, peak = CacheCount(), 0
-    for b in con.sql("SELECT kv_event_op, hash FROM scan WHERE rtype = 'kv_event'").to_arrow_reader(1 << 20):
-        n = count.feed(b.column("kv_event_op").to_pylist(), b.column("hash").to_pylist())
-        peak = max(peak, int(n.max()) if len(n) else 0)
-    return {"stored_blocks": int(stored), "removed_blocks": int(removed), "cleared": int(cleared),
-            "peak_cached_blocks": peak}
-
-
 def _duckdb_version() -> str:
     import duckdb
     return duckdb.__version__
 
 
-def _utilisation(con, cols, meta, start, end) -> dict | None:
-    """metrics.utilisation from the step rows."""
-    if not {"running", "kv_used_blocks", "dur_ms"} <= cols:
-        return None
-    if not con.execute("SELECT count(*) FROM src WHERE rtype = 'step'").fetchone()[0]:
-        return None
-    span = end - start
-    out = {"window_ms": [start, end]}
-    recorded = False
-    for key in ("running", "kv_used_blocks"):
-        neg_all, weighted, peak = con.execute(
-            f"SELECT bool_and({key} < 0), sum({key} * greatest(least(t_ms + dur_ms, ?) - greatest(t_ms, ?), 0)), "
-            f"max({key}) FROM src WHERE rtype = 'step'", [end, start]).fetchone()
-        if neg_all:
-            out[f"{key}_mean"] = out[f"{key}_peak"] = None
-            continue
-        recorded = True
-        out[f"{key}_mean"] = float(weighted) / span if span > 0 else None
-        out[f"{key}_peak"] = int(peak)
-    if not recorded:
-        return None
-    total = (meta.get("stats") or {}).get("kv_blocks")
-    if total:
-        out["kv_blocks"] = int(total)
-        mean = out["kv_used_blocks_mean"]
-        out["kv_used_fraction_mean"] = None if mean is None else mean / total
-        out["kv_used_fraction_peak"] = out["kv_used_blocks_peak"] / total
-    return out
-
-
-def _step_summary(con, cols) -> dict | None:
-    """metrics.step_summary from the step rows."""
-    n = con.execute("SELECT count(*) FROM src WHERE rtype = 'step'").fetchone()[0]
-    if not n:
-        return None
-    con.execute("CREATE TEMP TABLE st AS SELECT t_ms, dur_ms" +
-                "".join(f", {c}" for c in ("prefill_tokens", "decode_tokens") if c in cols) +
-                " FROM src WHERE rtype = 'step'")
-    lo, hi, busy = con.execute("SELECT min(t_ms), max(t_ms + dur_ms), sum(dur_ms) FROM st").fetchone()
-    d = _dist(con, "st", "dur_ms", "step duration", DEFAULT_PERCENTILES)   # as metrics.step_summary: the defaults
-    d.pop("notes")
-    out = {"steps": int(n), "span_ms": [float(lo), float(hi)], "busy_ms": float(busy),
-           "busy_fraction": float(busy / (hi - lo)) if hi > lo else None, "dur_ms": d}
-    for c in ("prefill_tokens", "decode_tokens"):
-        if c in cols:
-            neg, total = con.execute(f"SELECT bool_or({c} < 0 OR {c} IS NULL), sum({c}) FROM st").fetchone()
-            if not neg:
-                out[c] = int(total)
-    return out
-
-
-def _slo(con, slo: SLO, start, end, span_ms) -> dict:
-    """metrics.slo_summary's fields: completed requests within every given bound (a missing TPOT
-    violates nothing), goodput of those whose last token is in the window."""
-    done = "reason IN (" + ", ".join(f"'{r}'" for r in COMPLETED) + ")"
-    conds, counts = [], {}
-    for key, col, bound in (("ttft", "ttft", slo.ttft_ms), ("tpot", "tpot", slo.tpot_ms), ("e2e", "e2e", slo.e2e_ms)):
-        if bound is None:
-            counts[key] = None
-            continue
-        ok = f"({col} <= {float(bound)!r}" + (f" OR {col} IS NULL OR isnan({col}))" if key == "tpot" else ")")
-        conds.append(ok)
-        counts[key] = int(con.execute(f"SELECT count(*) FROM m WHERE {done} AND NOT coalesce({ok}, false)")
-                          .fetchone()[0])
-    met_expr = " AND ".join([done] + [f"coalesce({c}, false)" for c in conds])
-    con.execute(f"CREATE TEMP TABLE met AS SELECT i, last FROM m WHERE {met_expr}")
-    n, met, fails = con.execute(f"SELECT count(*), (SELECT count(*) FROM met), count(*) FILTER (NOT coalesce({done}, "
-                                "false)) FROM m").fetchone()
-    counts["failed"] = int(fails)
-    good = con.execute("SELECT count(*) FROM met WHERE last >= ? AND last <= ?", [start, end]).fetchone()[0]
-    good_tokens = con.execute("SELECT count(*) FROM src JOIN met ON src.req = met.i WHERE src.rtype = 'token' "
-                              "AND src.t_ms >= ? AND src.t_ms <= ?", [start, end]).fetchone()[0] if n else 0
-    secs = span_ms / 1000.0
-    return {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms, "requests": int(n),
-            "met": int(met), "attainment": float(met / n) if n else None,
-            "goodput_req_per_s": good / secs if secs > 0 else None,
-            "goodput_tok_per_s": good_tokens / secs if secs > 0 else None, "violations": counts}

@@ -13,6 +13,7 @@ import tempfile
 
 import numpy as np
 
+from core.analysis.definitions import STEP_FEATURES
 from core.analysis.outofcore import _connect, _source_view, parquet_files, trace_head
 from core.errors import ConfigError
 from core.fit.stepfit import FEATURES, MIN_STEPS, MODELS, counted_features_of, model_of, solve
@@ -59,18 +60,14 @@ def features_parquet(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, bo
                 SELECT k.req, (SELECT count(*) FROM pre WHERE pre.req = k.req AND pre.t_ms <= k.t_ms) AS stay
                 FROM src k WHERE k.rtype = 'kv' AND k.op = 'hit') GROUP BY req, stay""")
             hits = f"coalesce((SELECT hits FROM h WHERE h.req = b.req AND h.stay = b.stay), 0) * {bs}"
+        # each feature defined once (definitions.STEP_FEATURES), summed per step here
+        sums = ", ".join(f"sum({e.sql({})})::DOUBLE AS {name}" for name, e in STEP_FEATURES.items())
         agg = con.execute(f"""
-            SELECT step,
-                   sum(CASE WHEN kind = 'prefill' THEN tokens ELSE 0 END)::DOUBLE AS prefill_tokens,
-                   sum(CASE WHEN kind = 'prefill' THEN 0 ELSE 1 END)::DOUBLE AS decode_seqs,
-                   sum(CASE WHEN kind = 'prefill' THEN pos ELSE 0 END) / 1000.0 AS prefill_pos,
-                   sum(CASE WHEN kind = 'prefill' THEN 0 ELSE pos END) / 1000.0 AS decode_pos,
-                   sum(CASE WHEN kind = 'prefill' THEN 1 ELSE 0 END)::DOUBLE AS pieces
-            FROM (SELECT step, kind, tokens::DOUBLE * start + tokens::DOUBLE * (tokens + 1) / 2 AS pos, tokens
-                  FROM (SELECT step, kind, tokens,
-                               (coalesce(sum(tokens) OVER (PARTITION BY req, stay ORDER BY step, rowkey
-                                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) + {hits})::DOUBLE AS start
-                        FROM b))
+            SELECT step, {sums}
+            FROM (SELECT step, kind, tokens,
+                         (coalesce(sum(tokens) OVER (PARTITION BY req, stay ORDER BY step, rowkey
+                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) + {hits})::DOUBLE AS start
+                  FROM b)
             GROUP BY step""").fetchnumpy()
         con.close()
     numbers = steps["step"].astype(np.int64)
@@ -80,7 +77,7 @@ def features_parquet(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, bo
     has = np.zeros(S, dtype=bool)
     rows = np.array([last_row.get(int(s), -1) for s in agg["step"]], dtype=np.int64)
     ok = rows >= 0
-    for col, name in ((1, "prefill_tokens"), (2, "decode_seqs"), (3, "prefill_pos"), (4, "decode_pos"), (5, "pieces")):
+    for col, name in enumerate(FEATURES[1:], 1):
         X[rows[ok], col] = np.asarray(agg[name], dtype=float)[ok]
     has[rows[ok]] = True
     return numbers[has], X[has], np.asarray(steps["dur_ms"], dtype=float)[has], meta, False

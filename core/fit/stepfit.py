@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from core.analysis.definitions import STEP_FEATURES
 from core.config import from_dict
 from core.errors import ConfigError
 from core.sim.stepmodel import FEATURE_COEFFICIENTS, FEATURES, StepModel
@@ -109,10 +110,8 @@ def trace_features(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return counted_features(trace)
     if not len(st) or not len(b):
         return np.zeros(0, dtype=np.int64), np.zeros((0, len(FEATURES))), np.zeros(0)
-    start = entry_start_positions(trace).astype(float)
-    n = b["tokens"].to_numpy().astype(float)
-    pre = (np.asarray(b["kind"]) == "prefill")
-    pos = n * start + n * (n + 1) / 2
+    entries = {"tokens": b["tokens"].to_numpy(), "start": entry_start_positions(trace).astype(float),
+               "kind": np.asarray(b["kind"], dtype=object)}
     steps = st["step"].to_numpy()
     index = {int(s): i for i, s in enumerate(steps)}
     row = np.array([index.get(int(s), -1) for s in b["step"].to_numpy()])
@@ -120,8 +119,8 @@ def trace_features(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     S = len(steps)
     X = np.zeros((S, len(FEATURES)))
     X[:, 0] = 1.0
-    for col, w in ((1, np.where(pre, n, 0.0)), (2, (~pre).astype(float)), (3, np.where(pre, pos, 0.0) / 1000.0),
-                   (4, np.where(pre, 0.0, pos) / 1000.0), (5, pre.astype(float))):
+    for col, name in enumerate(FEATURES[1:], 1):    # each feature defined once: definitions.STEP_FEATURES
+        w = np.asarray(STEP_FEATURES[name].np(entries), dtype=float)
         X[:, col] = np.bincount(row[keep], weights=w[keep], minlength=S)
     has = np.bincount(row[keep], minlength=S) > 0
     return steps[has], X[has], st["dur_ms"].to_numpy(dtype=float)[has]
