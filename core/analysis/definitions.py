@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from core.analysis.expr import Agg, ByRequest, Clip, Col, Greatest, If, In, IsNull, Least, Param, Where
+from core.analysis.expr import Agg, ByRequest, Clip, Col, Greatest, If, In, IsNull, Least, OfRequest, Param, Where
 from core.errors import InputError
 
 ESTIMATOR = "linear"
@@ -180,7 +180,7 @@ def slo_summary(ev, slo, start: float, end: float) -> dict:
     r = ev.agg("request", aggs, {"start": start, "end": end})
     n = r["n"]
     in_window = (Col("t_ms") >= START) & (Col("t_ms") <= END)
-    good_tokens = ev.agg("token_request", {"g": Agg("count", where=met & in_window)},
+    good_tokens = ev.agg("token_request", {"g": Agg("count", where=OfRequest(met) & in_window)},
                          {"start": start, "end": end})["g"] if n else 0
     violations = {k: (int(r[f"v_{k}"]) if k in conds else None) for k in ("ttft", "tpot", "e2e")}
     violations["failed"] = int(r["failed"])

@@ -147,7 +147,8 @@ class IsNull(Expr):
     def np(self, env):
         v = self.a.np(env)
         if self.text:
-            return np.array([x is None for x in v], dtype=bool) if len(v) else np.zeros(0, dtype=bool)
+            import pandas as pd
+            return np.asarray(pd.isna(np.asarray(v, dtype=object)), dtype=bool)
         return np.isnan(np.asarray(v, dtype=float))
 
     def sql(self, params, defs=None):
@@ -162,13 +163,28 @@ class In(Expr):
         self.a, self.values = a, tuple(values)
 
     def np(self, env):
-        v = self.a.np(env)
-        return np.isin(np.asarray(v, dtype=object), np.array(self.values, dtype=object)) if len(v) else \
-            np.zeros(0, dtype=bool)
+        import pandas as pd  # (a hash table: numpy's isin sorts object arrays, ~10x slower)
+        v = pd.Series(np.asarray(self.a.np(env), dtype=object), dtype=object, copy=False)
+        return v.isin(self.values).to_numpy()
 
     def sql(self, params, defs=None):
         vals = ", ".join(Lit(x).sql(params) for x in self.values)
         return f"coalesce({self.a.sql(params, defs)} IN ({vals}), false)"
+
+
+class OfRequest(Expr):
+    """`a`, an expression over the request relation's columns, for each row of a relation joined to
+    its request (token_request): numpy evaluates it once per request and takes each row's; SQL reads
+    the joined columns."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def np(self, env):
+        return np.asarray(self.a.np(env["__request__"]))[env["req"]]
+
+    def sql(self, params, defs=None):
+        return self.a.sql(params, defs)
 
 
 class Where(Expr):
@@ -290,10 +306,13 @@ class ByRequest(Expr):
         assert fn in ("min", "max", "count", "last"), fn
         self.fn, self.rel, self.col = fn, rel, col
 
-    def per_request(self, req: np.ndarray, values, n: int):
-        """numpy: the per-request column from a relation's `req` and `values` arrays."""
+    def per_request(self, req: np.ndarray, values, n: int, count: np.ndarray | None = None):
+        """numpy: the per-request column from a relation's `req` and `values` arrays (`count`: the
+        relation's rows per request, when the caller has them)."""
+        if count is None:
+            count = np.bincount(req, minlength=n).astype(np.int64) if len(req) else np.zeros(n, dtype=np.int64)
         if self.fn == "count":
-            return np.bincount(req, minlength=n).astype(np.int64) if len(req) else np.zeros(n, dtype=np.int64)
+            return count
         if self.fn == "last":
             kind = getattr(values, "dtype", np.dtype(object)).kind
             out = np.full(n, np.nan) if kind == "f" else np.full(n, None, dtype=object)
@@ -301,8 +320,7 @@ class ByRequest(Expr):
             return out
         out = np.full(n, np.inf if self.fn == "min" else -np.inf)
         (np.minimum if self.fn == "min" else np.maximum).at(out, req, values)
-        seen = np.bincount(req, minlength=n) > 0 if len(req) else np.zeros(n, dtype=bool)
-        out[~seen] = np.nan
+        out[count == 0] = np.nan
         return out
 
     def sql_agg(self) -> str:
@@ -319,12 +337,15 @@ def request_columns_np(defs: dict, base: dict, rows: dict, n: int, given: dict |
     `defs` in order (ByRequest from `rows[rel]` = {"req", column...}; expressions over the columns
     before them). `given`: columns computed elsewhere (taken as they are)."""
     env = dict(base)
+    counts: dict[str, np.ndarray] = {}
     for name, e in defs.items():
         if given and name in given:
             env[name] = given[name]
         elif isinstance(e, ByRequest):
             r = rows[e.rel]
-            env[name] = e.per_request(r["req"], None if e.col is None else r[e.col], n)
+            if e.rel not in counts:
+                counts[e.rel] = ByRequest("count", e.rel).per_request(r["req"], None, n)
+            env[name] = e.per_request(r["req"], None if e.col is None else r[e.col], n, counts[e.rel])
         else:
             env[name] = e.np(env)
     return env

@@ -98,7 +98,7 @@ class InMemory:
             return {"t_ms": tk["t_ms"].to_numpy(dtype=float), "req": tk["req"].to_numpy()}, len(tk)
         if name == "token_request":
             env, _ = self.relation("token")
-            return _Lookup(env, self._request_env()), len(tr.tokens)
+            return {**env, "__request__": self._request_env()}, len(tr.tokens)
         if name == "step":
             st = tr.steps
             return {c: (st[c].to_numpy(dtype=float) if c in ("t_ms", "dur_ms") else st[c].to_numpy())
@@ -114,7 +114,9 @@ class InMemory:
     def agg(self, name: str, aggs: dict, params: dict | None = None) -> dict:
         env, n = self.relation(name)
         if params:
-            env = _Lookup(env, env.request, params) if isinstance(env, _Lookup) else {**env, **params}
+            env = {**env, **params}
+            if "__request__" in env:
+                env["__request__"] = {**env["__request__"], **params}
         return {k: a.np(env, n) for k, a in aggs.items()}
 
     def request_column(self, expr, params: dict | None = None) -> np.ndarray:
@@ -145,26 +147,12 @@ class InMemory:
                              "finish_reason": pd.Series(env["finish_reason"], dtype=object)})  # object: None stays None
 
 
-class _Lookup(dict):
-    """A token's columns, and its request's (by `req`) on demand (the token_request relation)."""
-
-    def __init__(self, own: dict, request: dict, params: dict | None = None):
-        super().__init__(own)
-        self.request = request
-        if params:
-            self.update(params)
-
-    def __missing__(self, key):
-        v = np.asarray(self.request[key])[self["req"]]
-        self[key] = v
-        return v
-
-
 def token_spans(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per request (trace order): first and last token time (NaN: none) and tokens emitted."""
     n = len(trace.requests)
     req, t = trace.tokens["req"].to_numpy(), trace.tokens["t_ms"].to_numpy(dtype=float)
-    return tuple(d.REQUEST[c].per_request(req, t, n) for c in ("first_token_ms", "last_token_ms", "output_tokens"))
+    count = d.REQUEST["output_tokens"].per_request(req, t, n)
+    return tuple(d.REQUEST[c].per_request(req, t, n, count) for c in ("first_token_ms", "last_token_ms")) + (count,)
 
 
 def first_scheduled_ms(trace) -> np.ndarray:
