@@ -10,7 +10,7 @@ from core.analysis.compare import compare_table, workload_differences
 from core.analysis.cursor import advance, requests_near, step_cursor, subset, time_range
 from core.analysis.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, metrics_frame_csv, with_run_metadata
 from core.analysis.tools import tool_comparison
-from core.analysis.views import cursor_panels
+from core.analysis.views import cursor_panels, missing_views
 from core.config import POLICIES, SchedulerConfig
 from core.errors import InputError
 from core.figures import CURSOR
@@ -21,6 +21,7 @@ from core.figures.latency import cdf_figure
 from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
 from core.figures.timeline import schedule_timeline
+from core.fit.predict import describe_request_prediction, prediction_methods
 from core.fit.stepfit import MIN_STEPS, describe_identifiability, describe_outside
 from core.formulas.speculative import acceptance_by_position
 from core.trace import file_summary_comparison, file_window_comparison, trace_json
@@ -346,8 +347,7 @@ if spec:
 tiles = tr.events_of("tiles")
 if tiles:
     show_chart(captured_tiles_figure(tiles[:64]), key="rp_tiles")
-missing = [what for what, have in (("speculative acceptance per position (`spec` events)", spec),
-                                   ("per-tile attention statistics (`tiles` events)", tiles)) if not have]
+missing = missing_views(tr)
 if missing:
     st.caption("Not in this trace: " + "; ".join(missing) + ".")
 
@@ -405,15 +405,13 @@ def predict():
     st.session_state["rp_cmp"] = PREDICT
 
 
-if len(tr.steps) >= 3:
+methods = prediction_methods(tr, not (imp is not None and imp.aligned_at_zero))
+if not methods:
     st.button("Predict this trace with the simulator (step model fitted to its step durations)",
               on_click=predict, key="rp_predict")
     engine_settings = None
 else:   # no step events: fit to the requests' TTFT and E2E under the engine's settings as stated
     with st.expander("Predict with the simulator (no step events): the engine's scheduler settings"):
-        send_times = not (imp is not None and imp.aligned_at_zero)     # token times pool across requests only then
-        per_token = send_times and bool(len(tr.tokens)) and tr.tokens.groupby("req").size().max() > 1
-        methods = ["token times", "requests"] if per_token else ["requests"]
         method = st.segmented_control(
             "Fit the step time to", methods, default=methods[0], key="rp_rf_method",
             help="token times: the engine's steps read off the streamed tokens (a step's tokens reach the "
@@ -445,18 +443,7 @@ if other_choice != "(none)":
                 cfg = SchedulerConfig(**engine_settings)
                 other, rep = cached_request_prediction(tr, cfg, not (imp is not None and imp.aligned_at_zero),
                                                        method)
-                e = rep["prediction_error"]
-                how = (f"fitted to {rep['steps']} steps inferred from the streamed token times"
-                       if rep["method"] == "token times" else
-                       f"fitted to {rep['requests']} requests' TTFT and E2E in {rep['simulations']} simulations")
-                trip = (other.meta.get("load") or {}).get("round_trip_ms_median")
-                arrivals = (f"a closed loop of {rep['clients']} clients, the first sends as measured and each "
-                            f"later one a measured round trip (median {trip:.3g} ms) after a finish"
-                            if rep["clients"] else "the send times")
-                st.caption(f"Prediction: core simulator ({cfg.policy}), {other.meta['step_model']['description']}, "
-                           f"{how}; arrivals: {arrivals}. Per-request error (median, in sample) "
-                           + ", ".join(f"{k} {'—' if e[c] is None else f'{e[c]:.1%}'}"
-                                       for k, c in (("TTFT", "ttft_ms"), ("E2E", "e2e_ms"))) + ".")
+                st.caption(describe_request_prediction(rep, cfg.policy, other))
                 for line in describe_identifiability(rep.get("identifiability") or {},
                                                      "inferred steps" if rep["method"] == "token times" else
                                                      "requests"):

@@ -163,9 +163,14 @@ class In(Expr):
         self.a, self.values = a, tuple(values)
 
     def np(self, env):
+        v = np.asarray(self.a.np(env), dtype=object)
+        if len(v) < 4096:       # a few values: compared one by one (cheaper than building a hash table)
+            out = np.zeros(len(v), dtype=bool)
+            for x in self.values:
+                out |= v == x
+            return out
         import pandas as pd  # (a hash table: numpy's isin sorts object arrays, ~10x slower)
-        v = pd.Series(np.asarray(self.a.np(env), dtype=object), dtype=object, copy=False)
-        return v.isin(self.values).to_numpy()
+        return pd.Series(v, dtype=object, copy=False).isin(self.values).to_numpy()
 
     def sql(self, params, defs=None):
         vals = ", ".join(Lit(x).sql(params) for x in self.values)

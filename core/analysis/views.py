@@ -168,3 +168,12 @@ def cursor_panels(view: TraceView, t_ms: float, big: bool) -> CursorPanels:
         p.phase_requests = sorted(cur.requests_near(tr, t_ms, limit=PHASE_REQUESTS,
                                                     metrics=view.request_metrics()).tolist())
     return p
+
+
+OPTIONAL_VIEWS = (("spec", "speculative acceptance per position (`spec` events)"),
+                  ("tiles", "per-tile attention statistics (`tiles` events)"))
+
+
+def missing_views(trace: Trace) -> list[str]:
+    """The optional views this trace has no events for (said on the page, not left blank)."""
+    return [what for typ, what in OPTIONAL_VIEWS if not trace.events_of(typ)]

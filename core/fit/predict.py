@@ -115,3 +115,33 @@ def degenerate(predicted: Trace, measured: Trace) -> list[str]:
                        f"measured ones range {float(b.min()):.6g}–{float(b.max()):.6g} ms: the simulated schedule "
                        "runs in lockstep, so only the mean is predicted, not the spread")
     return out
+
+
+PREDICT_FROM_STEPS = 3     # a trace with at least this many steps is predicted by fitting its step durations
+
+
+def prediction_methods(trace: Trace, send_times_known: bool) -> list[str]:
+    """How a trace without step events can be predicted: "token times" (steps read off the streamed
+    tokens: needs send times and a request with more than one token), then "requests" (its
+    requests' TTFT and E2E). A trace with steps: [] (its steps are fitted)."""
+    if len(trace.steps) >= PREDICT_FROM_STEPS:
+        return []
+    tk = trace.tokens
+    per_token = send_times_known and bool(len(tk)) and int(tk.groupby("req").size().max()) > 1
+    return ["token times", "requests"] if per_token else ["requests"]
+
+
+def describe_request_prediction(rep: dict, policy: str, predicted: Trace) -> str:
+    """One line on a prediction of a trace without steps (predict_without_steps' report): the step
+    model, what it was fitted to, the arrivals replayed, the per-request errors in sample."""
+    e = rep["prediction_error"]
+    how = (f"fitted to {rep['steps']} steps inferred from the streamed token times"
+           if rep["method"] == "token times" else
+           f"fitted to {rep['requests']} requests' TTFT and E2E in {rep['simulations']} simulations")
+    trip = (predicted.meta.get("load") or {}).get("round_trip_ms_median")
+    arrivals = (f"a closed loop of {rep['clients']} clients, the first sends as measured and each later one a "
+                f"measured round trip (median {trip:.3g} ms) after a finish" if rep["clients"] else "the send times")
+    errors = ", ".join(f"{k} {'—' if e[c] is None else f'{e[c]:.1%}'}" for k, c in (("TTFT", "ttft_ms"),
+                                                                                     ("E2E", "e2e_ms")))
+    return (f"Prediction: core simulator ({policy}), {predicted.meta['step_model']['description']}, {how}; "
+            f"arrivals: {arrivals}. Per-request error (median, in sample) {errors}.")
