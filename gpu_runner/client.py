@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 from core.config import SamplingParams
@@ -92,7 +93,7 @@ def _deliver(pairs):
         st.queue.put_nowait(item)
 
 
-class EngineClient:
+class EngineClient(ABC):
     """What the HTTP server needs of an engine, wherever it runs: `info` (EngineInfo), `submit`,
     `cancel`, `start`, `stop`, `alive`, `failure`, `load`, `served`. Subclasses send messages
     (`_send`) and hand every Outputs the engine sends to `apply`."""
@@ -111,26 +112,30 @@ class EngineClient:
         self._stats = StepStats(0, 0, 0.0, 0, 0)
 
     # ---- the transport (subclasses) -----------------------------------------------------------
+    @abstractmethod
     def _send(self, msg) -> None:
-        raise NotImplementedError
+        """Deliver one message to the engine (OSError: it is gone)."""
 
+    @abstractmethod
     def alive(self) -> bool:
-        raise NotImplementedError
+        """The engine is running."""
 
+    @abstractmethod
     def failure(self) -> str | None:
         """Why the engine stopped when the server did not ask it to (None: running, or stopped
         on request)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        """Start taking the engine's outputs (and the engine, in a thread)."""
 
+    @abstractmethod
     def stop(self, timeout_s: float = 30.0) -> None:
-        raise NotImplementedError
+        """Stop the engine: unfinished requests end, the trace is written."""
 
+    @abstractmethod
     def served(self) -> dict | None:
         """Requests and steps the engine served (None while unknown)."""
-        raise NotImplementedError
 
     # ---- requests (HTTP handlers) -------------------------------------------------------------
     def now_ms(self) -> float:

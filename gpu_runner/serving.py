@@ -203,8 +203,12 @@ class EngineService:
             with self._cv:
                 self._stopping = True
             why = f"engine failed: {type(e).__name__}: {e}"
+            with self._cv:     # (requests still in the inbox were never added: answered too)
+                waiting = [m.rid for m in self._pending if isinstance(m, AddRequest)]
+                self._pending.clear()
             self.emit(Outputs([Failed(rid, why, 500) for i in self.outputs.unfinished()
-                               if (rid := self.outputs.rid_of(i)) is not None]))
+                               if (rid := self.outputs.rid_of(i)) is not None]
+                              + [Failed(rid, why, 500) for rid in waiting]))
         finally:
             self._flush(final=True)
 

@@ -159,3 +159,32 @@ def test_gauges_return_to_zero_after_hangups_in_engine_process_mode():
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+def test_an_engine_that_fails_answers_every_request_it_holds_even_those_still_in_its_inbox(bundled):
+    """The model raises in a step: the request in the step and one that arrived meanwhile (still in
+    the inbox, never added) are both answered Failed 500 with the reason; the thread ends."""
+    import torch
+
+    from gpu_runner.engine import Engine
+    from gpu_runner.messages import AddRequest, Failed
+    from gpu_runner.options import EngineConfig
+    from gpu_runner.serving import EngineService
+    from gpu_runner.tokenizer import ByteTokenizer
+    torch.set_num_threads(1)
+    told = []
+    svc = EngineService(Engine(bundled("tiny"), ByteTokenizer(), EngineConfig(scheduler=SchedulerConfig(kv_blocks=32))),
+                        lambda m: told.extend(m.events))
+    late = AddRequest("late", [1, 2, 3], 4, SamplingParams(), None, [], 1.0)
+
+    def boom(batch):
+        svc.put(late)                    # arrives while the step runs
+        raise RuntimeError("the device fell over")
+    svc.executor.execute = boom
+    svc.put(AddRequest("first", [1, 2, 3], 4, SamplingParams(), None, [], 0.0))
+    svc.start()
+    svc.thread.join(60)
+    assert not svc.thread.is_alive() and "the device fell over" in svc.failure()
+    failed = {e.rid: e for e in told if isinstance(e, Failed)}
+    assert set(failed) == {"first", "late"}
+    assert all(e.status == 500 and "the device fell over" in e.message for e in failed.values())

@@ -15,6 +15,7 @@ missing value where its condition fails, and an aggregate skips the rows its `wh
 from __future__ import annotations
 
 import operator
+from abc import ABC, abstractmethod
 
 import numpy as np
 
@@ -22,14 +23,16 @@ _NP_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operato
            "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "=": operator.eq}
 
 
-class Expr:
+class Expr(ABC):
     """An expression over one relation's columns (see the module docstring)."""
 
+    @abstractmethod
     def np(self, env: dict):
-        raise NotImplementedError
+        """The values, numpy (env: the relation's columns and the params)."""
 
+    @abstractmethod
     def sql(self, params: dict, defs: dict | None = None) -> str:
-        raise NotImplementedError
+        """The SQL text (defs: columns to inline by their definitions)."""
 
     def __add__(self, o): return Bin("+", self, lift(o))
     def __radd__(self, o): return Bin("+", lift(o), self)
