@@ -305,7 +305,7 @@ class Agg:
         return f"coalesce({out}, 0)" if self.fn in ("sum", "fsum") else out
 
 
-class ByRequest(Expr):
+class ByRequest:
     """One value per request from the rows of relation `rel` (token, finish) with that request:
     min / max of a column, the count of rows, or the column's value in the last row (trace order).
     Missing for a request without rows (count: 0)."""
