@@ -148,10 +148,7 @@ def merge(parts: list, names: list[str]) -> tuple[Trace, list[dict]]:
     row per part: {file, role, clock, offset_ms, uncertainty_ms, how, matched, dropped}."""
     trs = [_trace(p) for p in parts]
     clocks = [_clock(t, n) for t, n in zip(trs, names)]
-    roles = [role(p) for p in parts]
-    bad = [f"{n} ({getattr(p, 'kind', '')})" for p, n, r in zip(parts, names, roles) if r == "none"]
-    if bad:
-        raise TraceError(f"{bad[0]}: this file adds nothing to a merged run")
+    roles = [role(p) for p in parts]     # (a kind with role "none" never reads: its importer refuses the file)
     clients = [k for k, t in enumerate(trs) if roles[k] == "requests" and len(t.requests)]
     spans_k = [k for k, t in enumerate(trs) if roles[k] == "spans" and len(t.requests)]
     b = clients[0] if clients else spans_k[0] if spans_k else 0
