@@ -68,6 +68,7 @@ class InMemory:
     def __init__(self, trace, m: pd.DataFrame | None = None, spans=None):
         self.trace, self._m, self._spans = trace, m, spans
         self._req: dict | None = None
+        self._rels: dict[str, tuple[dict, int]] = {}
 
     def _request_env(self) -> dict:
         if self._req is None:
@@ -90,6 +91,13 @@ class InMemory:
         return self._req
 
     def relation(self, name: str) -> tuple[dict, int]:
+        """A relation's columns (numpy, read from the trace's tables once) and its row count."""
+        got = self._rels.get(name)
+        if got is None:
+            got = self._rels[name] = self._relation(name)
+        return got
+
+    def _relation(self, name: str) -> tuple[dict, int]:
         tr = self.trace
         if name == "request":
             return self._request_env(), len(tr.requests)
@@ -100,9 +108,7 @@ class InMemory:
             env, _ = self.relation("token")
             return {**env, "__request__": self._request_env()}, len(tr.tokens)
         if name == "step":
-            st = tr.steps
-            return {c: (st[c].to_numpy(dtype=float) if c in ("t_ms", "dur_ms") else st[c].to_numpy())
-                    for c in st.columns}, len(st)
+            return _Columns(tr.steps), len(tr.steps)
         if name == "kv_event":
             kv = tr.kv_events
             return {"op": kv["op"].astype(str).to_numpy(dtype=object), "hash": kv["hash"].to_numpy()}, len(kv)
@@ -114,9 +120,7 @@ class InMemory:
     def agg(self, name: str, aggs: dict, params: dict | None = None) -> dict:
         env, n = self.relation(name)
         if params:
-            env = {**env, **params}
-            if "__request__" in env:
-                env["__request__"] = {**env["__request__"], **params}
+            env = _Params(env, params)
         return {k: a.np(env, n) for k, a in aggs.items()}
 
     def request_column(self, expr, params: dict | None = None) -> np.ndarray:
@@ -145,6 +149,31 @@ class InMemory:
         return pd.DataFrame({"id": env["id"], "arrival_ms": env["arrival_ms"],
                              **{c: env[c] for c in d.REQUEST_METRICS[2:-1]},
                              "finish_reason": pd.Series(env["finish_reason"], dtype=object)})  # object: None stays None
+
+
+class _Params(dict):
+    """A relation's columns and the params, without copying the columns (which may be read lazily)."""
+
+    def __init__(self, env: dict, params: dict):
+        super().__init__(params)
+        self.env = env
+        if "__request__" in env:
+            self["__request__"] = {**env["__request__"], **params}
+
+    def __missing__(self, key):
+        return self.env[key]
+
+
+class _Columns(dict):
+    """A table's columns as numpy arrays, each read when first asked for (times as floats)."""
+
+    def __init__(self, df: pd.DataFrame):
+        super().__init__()
+        self.df = df
+
+    def __missing__(self, c):
+        v = self[c] = self.df[c].to_numpy(dtype=float) if c in ("t_ms", "dur_ms") else self.df[c].to_numpy()
+        return v
 
 
 def token_spans(trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
