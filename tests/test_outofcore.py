@@ -157,7 +157,8 @@ def test_a_metric_is_defined_once_for_both_paths(parquet_traces, monkeypatch):
         assert after["ttft_ms"]["mean"] == pytest.approx(before["ttft_ms"]["mean"] + 1000.0, rel=1e-12)
         assert after["ttft_ms"]["p99"] == pytest.approx(before["ttft_ms"]["p99"] + 1000.0, rel=1e-12)
         assert after["littles_law"]["L"] == pytest.approx(2 * before["littles_law"]["L"], rel=1e-12)
-        assert after["tpot_ms"] == before["tpot_ms"]
+        # unchanged (DuckDB's parallel aggregates may differ in the last bit between two queries)
+        assert after["tpot_ms"] == pytest.approx(before["tpot_ms"], rel=1e-12)
     _, X2, _ = trace_features(tr)
     _, Xo2, _, _, _ = features_parquet(file)
     assert X[:, 2].sum() > 0
