@@ -381,6 +381,9 @@ if choice == UPLOAD:
         except InputError as e:
             st.error(str(e))
             described = tr
+        given = [f"{k} “{v}”" for k, v in (("device", device), ("engine", engine)) if v.strip()]
+        st.caption("The download below carries " + (", ".join(given) if given else "no run details yet")
+                   + (" and your notes." if notes.strip() and notes != (tr.meta.get("notes") or "") else "."))
         st.download_button("Trace with these details (JSON, gzip)",
                            data=lambda: gzip.compress(trace_json(described).encode()),
                            file_name=f"{label}.described.json.gz", mime="application/gzip", key="rp_dl_described")

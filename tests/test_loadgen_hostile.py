@@ -33,6 +33,7 @@ class Hostile:
     def __init__(self, mode: str):
         self.mode, self.port, self.loop = mode, None, asyncio.new_event_loop()
         self.ready = threading.Event()
+        self.streams = 0                       # completion streams opened so far (read by the tests)
         threading.Thread(target=self._run, daemon=True).start()
         assert self.ready.wait(10)
 
@@ -90,11 +91,12 @@ class Hostile:
             return
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
         await writer.drain()
+        self.streams += 1
         if m == "silence":
             await asyncio.sleep(30)
             return
-        if m == "keepalive":
-            for _ in range(30):
+        if m in ("keepalive", "keepalive_long"):
+            for _ in range(30 if m == "keepalive" else 600):
                 writer.write(b": keep-alive\n\n")
                 await writer.drain()
                 await asyncio.sleep(0.2)
@@ -191,12 +193,15 @@ def test_absurd_flags_are_refused(tmp_path):
 def test_ctrl_c_on_streams_that_never_finish_keeps_the_capture(tmp_path):
     import signal
     import time
-    srv = Hostile("keepalive")
+    srv = Hostile("keepalive_long")           # streams keep-alives for 120 s: never finishes within the test
     out = tmp_path / "t.json"
     p = subprocess.Popen([sys.executable, "-m", "gpu_runner", "loadgen", "--url", f"http://127.0.0.1:{srv.port}",
-                          "--workload", WORKLOAD, "--out", str(out), "--concurrency", "2", "--request-timeout", "60"],
+                          "--workload", WORKLOAD, "--out", str(out), "--concurrency", "2", "--request-timeout", "600"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
+    deadline = time.monotonic() + 120          # a bound on a broken run, not the thing asserted
+    while srv.streams < 2 and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)                       # wait for the state: both concurrent streams are open
+    assert srv.streams == 2, (srv.streams, p.poll())
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 0 and "Task exception was never retrieved" not in err and "Traceback" not in err, err
