@@ -48,5 +48,5 @@ st.sidebar.caption("Every number is labeled by origin: **given** (teaching scena
 presentation_switch()
 start_view()
 pg.run()
-link_box()   # after the page ran: the query parameters hold its widgets' values
+link_box(pg.url_path)   # after the page ran: every widget it drew has its value
 export_tools(pg.url_path or "home")

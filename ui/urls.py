@@ -132,20 +132,63 @@ def ensure_app_frame() -> None:
         st.rerun()
 
 
-def view_link() -> str | None:
+def bound_values(page: str) -> dict[str, list[str]]:
+    """Every widget bound to the URL that this run drew on `page` (a url_path; "*" keys too), with
+    its value as Streamlit writes it into an address. The address bar holds a widget's value only
+    after a user changed it, and never a default: a value set by code (a preset, a scenario's own
+    default) or a default that depends on another widget (the fixed window's end follows the
+    scenario) reopens as something else. A link built from these reopens as it was."""
+    try:
+        from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+        from streamlit.runtime.state.query_params import _coerce_value_for_query_url
+        from streamlit.runtime.state.session_state_proxy import get_session_state
+        ctx = get_script_run_ctx()
+        state = get_session_state()._state
+        bindings = dict(state.query_params._bindings_by_param)
+        drawn = ctx.shared.widget_ids_this_run.snapshot() if ctx is not None else frozenset()
+        widgets = state._new_widget_state
+    except (ImportError, AttributeError, RuntimeError):
+        return {}                       # another Streamlit: the address bar's parameters only
+    out: dict[str, list[str]] = {}
+    for key, b in bindings.items():
+        u = URL_KEYS.get(key)
+        if u is None or u.page not in (page, "*") or b.widget_id not in drawn or key not in st.session_state:
+            continue
+        meta = widgets.widget_metadata.get(b.widget_id)
+        if meta is None:
+            continue
+        # this run's value (a preset or the code may have set it), serialized as the widget sends it
+        v = meta.serializer(st.session_state[key])
+        if v is None:
+            continue                    # a cleared widget (no value): the default is what it shows
+        coerced = _coerce_value_for_query_url(list(v) if isinstance(v, (list, tuple)) else v, b.value_type)
+        out[key] = coerced if isinstance(coerced, list) else [coerced]
+    return out
+
+
+def view_query(page: str) -> list[tuple[str, str]]:
+    """The query of a link to this view: the address's parameters (those no widget holds, such as a
+    custom workload, stay as they are) with every drawn bound widget's current value."""
+    values = bound_values(page)
+    pairs = [(k, v) for k in st.query_params if k not in values for v in st.query_params.get_all(k)]
+    return pairs + [(k, v) for k, vs in values.items() for v in vs]
+
+
+def view_link(page: str) -> str | None:
     """The address of this view with every bound widget's value (what a shared link restores)."""
     from urllib.parse import urlencode
     base = st.context.url
     if not base:
         return None
-    base = base.split("?", 1)[0]
-    query = urlencode([(k, v) for k in st.query_params for v in st.query_params.get_all(k)])
-    return base + ("?" + query if query else "")
+    query = urlencode(view_query(page))
+    return base.split("?", 1)[0] + ("?" + query if query else "")
 
 
-def link_box() -> None:
-    """The sidebar's "link to this view": a code box with a copy button."""
-    url = view_link()
+def link_box(page: str) -> None:
+    """The sidebar's "link to this view": a code box with a copy button. (The query is also kept in
+    the session state, `_view_query`, where a headless test reads it.)"""
+    st.session_state["_view_query"] = view_query(page)
+    url = view_link(page)
     if url:
         with st.sidebar.expander(":material/link: Link to this view"):
             st.code(url, language=None, wrap_lines=True)
