@@ -192,3 +192,23 @@ def test_a_prediction_in_lockstep_says_so():
     assert [s.split(" (")[0] for s in said] == [f"the prediction gives every request the same {k}"
                                                 for k in ("TTFT", "TPOT", "E2E")]
     assert degenerate(spread, spread) == []
+
+
+def test_a_run_whose_steps_name_no_requests_holds_out_those_arriving_after_the_split():
+    """Issue 36, item 2: vLLM's iteration log names no requests, so no request has a 'first scheduled'
+    step; the split held out nothing. A request arriving after the split cannot be in a fitted step."""
+    from core.fit.fidelity import how_good
+    from core.trace import load_trace
+    from tests.conftest import DATA
+    tr = load_trace(DATA / "traces" / "vllm_cpu_run2_merged.json.gz")
+    t = tr.steps["t_ms"].to_numpy(dtype=float)
+    until = t.min() + 0.5 * (t.max() - t.min())
+    expected = int((tr.requests["arrival_ms"].to_numpy(dtype=float) >= until).sum())
+    f = how_good(tr, "affine", split=0.5)
+    assert 0 < expected < len(tr.requests)
+    assert int(f.requests["held_out"].sum()) == expected
+    assert f"held out: the {expected:,} requests arriving" in f.fit_on
+    # a split after the last arrival holds nothing out, and says so
+    assert t.min() + 0.999 * (t.max() - t.min()) > tr.requests["arrival_ms"].max()
+    late = how_good(tr, "affine", split=0.999)
+    assert not late.requests["held_out"].any() and "holds nothing out" in late.fit_on

@@ -88,10 +88,8 @@ def how_good(target: Trace, model: str = "features", fit_on: Trace | None = None
         t = target.steps["t_ms"].to_numpy(dtype=float)
         until = float(t.min() + split * (t.max() - t.min()))
         sm, report = fit(target, model, until_ms=until)
-        with np.errstate(invalid="ignore"):
-            held = np.asarray(first_scheduled_ms(target), dtype=float) >= until
-        desc = (f"this run's {report['steps']:,} steps before {until:,.0f} ms ({split:.0%} of its span); "
-                f"held out: the {int(held.sum()):,} requests first scheduled after")
+        held, desc = _held_out_after(target, until)
+        desc = f"this run's {report['steps']:,} steps before {until:,.0f} ms ({split:.0%} of its span); " + desc
     else:
         sm, report = fit(fit_on, model)
         held = np.ones(len(measured), dtype=bool)
@@ -99,6 +97,26 @@ def how_good(target: Trace, model: str = "features", fit_on: Trace | None = None
     pred = simulate(target.workload(), scheduler_options(target), sm, label=f"predicted for {target.label}",
                     record_kv=False)
     return _compared(target, measured, held, sm, report, desc, pred)
+
+
+def _held_out_after(target: Trace, until: float) -> tuple[np.ndarray, str]:
+    """Which requests none of the fitted steps (those before `until`) computed: those first scheduled at
+    or after it. Where the trace does not say which steps computed a request (an engine's iteration log
+    names no requests), its arrival stands in: a request that arrives after `until` cannot be in a
+    step before it (one that arrived before and waited is counted in sample, the cautious side)."""
+    first = np.asarray(first_scheduled_ms(target), dtype=float)
+    known = np.isfinite(first)
+    start = np.where(known, first, target.requests["arrival_ms"].to_numpy(dtype=float))
+    held = start >= until
+    n = int(held.sum())
+    by = ("first scheduled" if known.all() else
+          "arriving (the trace does not say which steps computed each request)" if not known.any() else
+          f"first scheduled (arriving, for the {int((~known).sum()):,} whose steps the trace does not name)")
+    desc = f"held out: the {n:,} requests {by} at or after it"
+    if n == 0:
+        desc += (f" — none: every request started before {until:,.0f} ms, so this split holds nothing out; "
+                 "raise the split's fraction of the run or fit on another run (every request held out)")
+    return held, desc
 
 
 def _without_steps(target: Trace, fit_on: Trace | None, config: SchedulerConfig, method: str) -> Fidelity:
