@@ -104,8 +104,10 @@ except InputError as e:
 occ = cached_block_states(tr)
 st.markdown(f"{origin_badge(tr)} continuous policy, constant 1 ms steps, {len(w)} requests, "
             f"pool of {pool} blocks × {block_size} tokens.")
-cursor = st.slider("Time cursor (snapshot)", 0, len(occ.times_ms) - 1, occ.busiest(),
-                   help="opens at the snapshot with the most blocks in use", **bound("pg_cursor"))
+cursor = st.slider("Time cursor: snapshot number (its time in ms is shown below it)", 0, len(occ.times_ms) - 1,
+                   occ.busiest(), help="opens at the snapshot with the most blocks in use; snapshots are taken "
+                   "where the blocks change, so their numbers are not milliseconds", **bound("pg_cursor"))
+st.caption(f"Snapshot {cursor:,} of {len(occ.times_ms) - 1:,}: **{float(occ.times_ms[cursor]):g} ms**.")
 show_chart(occupancy_heatmap(occ, tr.ids, cursor), key="pg_heatmap")
 counts = kv_op_counts(tr)
 for col, (op, n) in zip(st.columns(len(counts)), counts.items()):
@@ -141,11 +143,17 @@ if held.reqs:
     show_chart(block_table_figure(named, occ.refs_at(cursor)), key="pg_tables")
     res = held.totals
     show_chart(waste_chart([ids[r] for r in held.reqs], held.tokens, held.paged_slots,
-                                [held.max_len] * len(held.reqs)), key="pg_waste")
-    st.markdown(f"Paged: **{res.paged_waste:,}** empty slots in last blocks "
-                f"({res.paged_waste_frac:.1%} of {res.paged_slots:,} held). Contiguous max-length "
-                f"reservation ({held.max_len:,} per sequence): **{res.contiguous_waste:,}** unused "
-                f"({res.contiguous_waste_frac:.1%} of {res.contiguous_slots:,}).")
+                           [held.max_len] * len(held.reqs), held.from_cache, held.writing), key="pg_waste")
+    cached, writing = sum(held.from_cache), sum(held.writing)
+    st.markdown(f"Paged: **{res.paged_slots:,}** slots held by {len(held.reqs)} sequences store "
+                f"**{res.tokens:,}** tokens ({cached:,} of them in blocks taken from the prefix cache); "
+                + (f"**{writing:,}** are being written by the step running at {t_cur:g} ms; " if writing else "")
+                + f"**{held.tail_empty:,}** are empty in last blocks; {res.paged_waste_frac:.1%} of the held slots "
+                f"hold no token yet. Contiguous max-length reservation ({held.max_len:,} per sequence): "
+                f"**{res.contiguous_waste:,}** unused ({res.contiguous_waste_frac:.1%} of {res.contiguous_slots:,}).")
+    st.caption("Stored: the blocks a sequence took from the prefix cache, then the tokens of its finished steps "
+               "since its last preemption (core.analysis.occupancy.slots_held_at); a step's blocks are handed out "
+               "when it starts and hold its tokens when it ends.")
 else:
     st.info("No sequence holds blocks at this moment. Move the cursor.")
 preempts, evicts = evictions_and_preemptions(tr)

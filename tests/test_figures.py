@@ -68,7 +68,14 @@ def test_block_table_and_waste_figures():
     assert fig.data[0].text.tolist() == [["0", "1"], ["0", "2"]]
     assert fig.data[0].z.tolist() == [[1.0, 0.0], [1.0, 0.0]]      # block 0 is shared
     w = waste_chart(["a"], [5], [8], [64])
-    assert list(w.data[1].y) == [3] and list(w.data[2].y) == [64]
+    by = {t.name: list(t.y) for t in w.data}
+    assert by["paged: empty slots in the last block"] == [3] and by["contiguous: reserved max length"] == [64]
+    assert by["stored: computed"] == [5] and "being written by the running step" not in by
+    w = waste_chart(["a"], [6], [12], [64], from_cache=[4], writing=[2])
+    by = {t.name: (list(t.y), list(t.base) if t.base is not None else None) for t in w.data}
+    assert by["stored: from the prefix cache"] == ([4], [0]) and by["stored: computed"] == ([2], [4])
+    assert by["being written by the running step"] == ([2], [6])
+    assert by["paged: empty slots in the last block"] == ([4], [8])
 
 
 def test_kv_growth_chart_hits_one_gib_at_2048():

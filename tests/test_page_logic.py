@@ -213,6 +213,22 @@ def test_slots_held_by_hand():
     assert held.totals.paged_waste_frac == pytest.approx(3 / 16)
 
 
+def test_slots_held_count_prefix_hits_and_the_running_steps_slots():
+    """Issue 36, item 3: B's first block comes from A (a prefix hit, 4 tokens it never computes). At 1.5 ms
+    step 1 is running (1.0-2.0): A holds 8 slots, stores the 6 tokens of step 0 and its running decode
+    token is being written into the 7th; B holds 8 slots, stores the 4 cached tokens, step 1 writes its 2
+    prompt tokens, 2 slots stay empty. At 2 ms: A 7 stored, B 4 + 2 = 6, and step 2 (2.0-3.0) writes
+    one token each."""
+    tr = _paging_trace(True)
+    held = slots_held_at(tr, 1.5, block_size=4)
+    assert (held.paged_slots, held.tokens, held.from_cache, held.writing) == ([8, 8], [6, 4], [0, 4], [1, 2])
+    assert held.tail_empty == (8 - 6 - 1) + (8 - 4 - 2)
+    assert (held.totals.tokens, held.totals.paged_slots) == (10, 16)
+    held = slots_held_at(tr, 2.0, block_size=4)
+    assert (held.tokens, held.from_cache, held.writing, held.tail_empty) == ([7, 6], [0, 4], [1, 1], 1)
+    assert held.totals.paged_waste == 16 - 13
+
+
 def test_kv_counts_and_prefill_savings():
     tr = _paging_trace(True)
     assert kv_op_counts(tr) == {"alloc": 3, "hit": 1, "cache": 0, "evict": 1, "cow": 0, "preemptions": 0}

@@ -11,13 +11,12 @@ the same time keep their recorded order).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from core.formulas.kv import Reservation, reservation
+from core.formulas.kv import Reservation
 from core.order import stable_order
 from core.trace.schema import MAX_KV_BLOCKS
 
@@ -228,25 +227,64 @@ KV_OPS = ("alloc", "hit", "cache", "evict", "cow")
 
 @dataclass(slots=True)
 class SlotsHeld:
-    """KV slots (token positions) held at one time by up to `limit` sequences holding blocks."""
+    """KV slots (token positions) held at one time by up to `limit` sequences holding blocks. For each:
+    slots = its blocks x block_size; stored = the tokens whose KV is in them (full blocks taken from the
+    prefix cache, then the tokens its finished steps computed since its last preemption); writing = slots
+    handed out for the tokens of the step running at that time (allocated at the step's start, filled at
+    its end); the rest of the slots are the last block's empty tail."""
     reqs: list[int]                 # request indices, ascending
     tables: dict[int, list[int]]    # request index -> physical blocks
-    tokens: list[int]               # tokens stored per sequence (capped at its blocks' slots)
-    paged_slots: list[int]          # whole blocks x block_size per sequence
+    tokens: list[int]               # tokens stored per sequence (prefix-cache hits + computed; <= its slots)
+    from_cache: list[int]           # of which in blocks taken from the prefix cache
+    writing: list[int]              # empty slots the running step is filling
+    paged_slots: list[int]          # blocks held x block_size per sequence
     max_len: int                    # contiguous reservation per sequence: longest prompt + max output
     totals: Reservation             # over the same sequences
+
+    @property
+    def tail_empty(self) -> int:
+        """Empty slots not being written by a running step (the last blocks' unused tails)."""
+        return sum(p - t - w for p, t, w in zip(self.paged_slots, self.tokens, self.writing))
+
+
+def cached_blocks_at(trace, t_ms: float) -> dict[int, int]:
+    """Per sequence: how many blocks of its table at time t it took from the prefix cache (the last
+    alloc/hit/cow/free event of each of its logical blocks is a hit)."""
+    kv = trace.kv
+    if not len(kv):
+        return {}
+    keep = (kv["t_ms"].to_numpy() <= t_ms) & (kv["req"].to_numpy() >= 0) & (kv["logical"].to_numpy() >= 0)
+    ev = kv.loc[keep, ["op", "req", "logical"]]
+    ev = ev[ev["op"].isin(["alloc", "hit", "cow", "free"])].drop_duplicates(subset=["req", "logical"], keep="last")
+    hits = ev[ev["op"] == "hit"].groupby("req").size()
+    return {int(r): int(n) for r, n in hits.items()}
+
+
+def tokens_in_flight_at(trace, t_ms: float) -> dict[int, int]:
+    """Tokens each sequence has in the step running at time t (started by t, ending after it)."""
+    st, b = trace.steps, trace.batch
+    if not len(st):
+        return {}
+    t0 = st["t_ms"].to_numpy(dtype=float)
+    running = st.loc[(t0 <= t_ms) & (t0 + st["dur_ms"].to_numpy(dtype=float) > t_ms), ["step"]]
+    sums = b.merge(running, on="step", how="inner").groupby("req")["tokens"].sum()
+    return {int(r): int(n) for r, n in sums.items()}
 
 
 def slots_held_at(trace, t_ms: float, block_size: int, limit: int = 24) -> SlotsHeld:
     tables = block_tables_at(trace, t_ms)
-    held = tokens_in_cache_at(trace, t_ms)
+    computed = tokens_in_cache_at(trace, t_ms)
+    hits = cached_blocks_at(trace, t_ms)
+    flying = tokens_in_flight_at(trace, t_ms)
     reqs = sorted(tables)[:limit]
     req = trace.requests
     max_len = int((req["prompt_tokens"] + req["max_output_tokens"]).max()) if len(req) else 0
-    tokens = [min(held.get(r, 0), len(tables[r]) * block_size) for r in reqs]
-    paged = [math.ceil(n / block_size) * block_size for n in tokens]
-    return SlotsHeld(reqs, {r: tables[r] for r in reqs}, tokens, paged, max_len,
-                     reservation(tokens, block_size, max_len))
+    slots = [len(tables[r]) * block_size for r in reqs]
+    cached = [min(hits.get(r, 0) * block_size, s) for r, s in zip(reqs, slots)]
+    tokens = [min(c + computed.get(r, 0), s) for r, c, s in zip(reqs, cached, slots)]
+    writing = [min(flying.get(r, 0), s - n) for r, n, s in zip(reqs, tokens, slots)]
+    total = Reservation(sum(tokens), sum(slots), max_len * len(reqs))
+    return SlotsHeld(reqs, {r: tables[r] for r in reqs}, tokens, cached, writing, slots, max(max_len, 0), total)
 
 
 def kv_op_counts(trace) -> dict[str, int]:

@@ -99,13 +99,24 @@ def block_table_figure(tables: dict[str, list[int]], ref_of_block: dict[int, int
     return base_layout(fig, "Block tables (logical -> physical; orange = shared)", height=120 + 30 * len(names))
 
 
-def waste_chart(labels: list[str], tokens: list[int], paged_slots: list[int], contiguous_slots: list[int]) -> go.Figure:
-    """Slots held per sequence: tokens stored vs paged (whole blocks) vs contiguous reservation."""
+def waste_chart(labels: list[str], tokens: list[int], paged_slots: list[int], contiguous_slots: list[int],
+                from_cache: list[int] | None = None, writing: list[int] | None = None) -> go.Figure:
+    """Slots held per sequence (core.analysis.occupancy.SlotsHeld): tokens stored (those in blocks taken
+    from the prefix cache, then those computed), slots the running step is writing, the last block's
+    empty tail; behind them, a contiguous max-length reservation."""
+    z = [0] * len(labels)
+    from_cache, writing = from_cache or z, writing or z
+    tok, cache, wr, paged = (np.asarray(v, dtype=np.int64) for v in (tokens, from_cache, writing, paged_slots))
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=labels, y=tokens, name="tokens stored", marker_color="#6BAED6"))
-    fig.add_trace(go.Bar(x=labels, y=np.array(paged_slots) - np.array(tokens), base=tokens,
-                         name="paged: empty slots in the last block", marker_color="#FDAE6B"))
     fig.add_trace(go.Bar(x=labels, y=contiguous_slots, name="contiguous: reserved max length",
-                         marker_color="rgba(150,150,150,0.35)"))
+                         marker_color="rgba(150,150,150,0.35)", offsetgroup="c"))
+    parts = (("stored: from the prefix cache", cache, 0 * cache, "#2171B5"),
+             ("stored: computed", tok - cache, cache, "#6BAED6"),
+             ("being written by the running step", wr, tok, "#74C476"),
+             ("paged: empty slots in the last block", paged - tok - wr, tok + wr, "#FDAE6B"))
+    for name, y, base, color in parts:
+        if name.startswith("stored") or y.any():
+            fig.add_trace(go.Bar(x=labels, y=y, base=base, name=name, marker_color=color, offsetgroup="p",
+                                 width=0.5))
     fig.update_layout(barmode="overlay", yaxis_title="KV slots (tokens)")
     return base_layout(fig, "Reserved KV slots per sequence", height=340)
