@@ -9,6 +9,7 @@ import streamlit as st
 from core.analysis.compare import compare_table, workload_differences
 from core.analysis.cursor import advance, requests_near, step_cursor, subset, time_range
 from core.analysis.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, metrics_frame_csv, with_run_metadata
+from core.analysis.metrics import BURST_FRACTION, delivery_bursts, engine_side
 from core.analysis.tools import tool_comparison
 from core.analysis.views import cursor_panels, missing_views
 from core.config import POLICIES, SchedulerConfig
@@ -166,6 +167,8 @@ def metrics_panel():
         cols[4].metric(*ms_metric("TTFT p99", s["ttft_ms"]["p99"]))
         cols[5].metric(*ms_metric("TPOT mean", s["tpot_ms"]["mean"]))
         st.caption(f"Percentiles: {s['percentile_estimator']}. " + md(" ".join(s["notes"][:2])))
+        if not large:
+            two_clocks(s)
         if isinstance(tr.meta.get("engine"), dict):
             with st.expander("Engine configuration"):
                 st.json(tr.meta["engine"])
@@ -177,6 +180,37 @@ def metrics_panel():
                     st.caption("Throughput and duration: the same counts over different windows (see *how*). "
                                "The benchmark's duration starts before the first send and includes client overhead.")
                     show_table(windows, hide_index=True, key="rp_windows")
+
+
+def two_clocks(s):
+    """Where the engine's spans give its own per-request times, its numbers beside the client's, and the
+    requests whose tokens reached the client in a burst (core.analysis.metrics.delivery_bursts)."""
+    eng = engine_side(tr)
+    if eng is None:
+        return
+    cols = st.columns(6)
+    for col, (label, key, stat) in zip(cols, (("engine TTFT p50", "ttft_ms", "median"),
+                                              ("engine TTFT p99", "ttft_ms", "p99"),
+                                              ("engine E2E p50", "e2e_ms", "median"))):
+        if key in eng:
+            col.metric(*ms_metric(label, eng[key][stat]))
+    bursts = delivery_bursts(tr, views.request_metrics())
+    cols[3].metric("delivered in a burst", f"{len(bursts):,} of {len(tr.requests):,}",
+                   help=f"the client saw first to last token in under {BURST_FRACTION:.0%} of the time the engine "
+                        "spent decoding them (its span)")
+    client_ttft = s["ttft_ms"]["median"]
+    st.caption("Two clocks. Above: the **client's** (send → first streamed chunk, → last chunk). This row: the "
+               "**engine's** own spans (arrival at its front-end → first token, → finish; measured, "
+               f"n = {eng.get('ttft_ms', {}).get('n', 0):,}). "
+               + (f"The TTFT medians differ by {client_ttft - eng['ttft_ms']['median']:,.1f} ms: HTTP, "
+                  "detokenisation and streaming between the two. " if client_ttft is not None and "ttft_ms" in eng
+                  else ""))
+    if len(bursts):
+        with st.expander(f"{len(bursts):,} requests received their tokens in a burst"):
+            st.caption("For these, the client's TPOT and inter-token gaps measure how the server delivered the "
+                       "stream (many tokens in one chunk or back to back), not how fast the engine decoded: "
+                       "read the engine's decode time instead.")
+            show_table(bursts, hide_index=True, key="rp_bursts")
 
 
 # ---- live: follow a file that is still being written --------------------------------------

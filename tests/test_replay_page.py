@@ -271,3 +271,29 @@ def test_several_files_of_one_run_are_merged_on_upload():
     assert "prefix cache" in titles and "Inside the engine" in titles
     at.file_uploader(key="rp_merge_upload").set_value(files[2:3]).run()      # one file: nothing to merge
     assert any("at least one more file" in i.value for i in at.info)
+
+
+def test_the_engines_clock_is_shown_beside_the_clients_and_bursts_are_flagged():
+    """Issue 36, item 4: the merged vLLM run's client TTFT p50 (57.7 ms) and the engine's own (7.4 ms)
+    were shown in different places without a word. Both are in the panel now, and the requests whose 48
+    tokens reached the client within a tenth of the engine's decode time are counted and listed."""
+    import gzip
+
+    import numpy as np
+    doc = json.loads(gzip.decompress((DATA / "traces" / "vllm_cpu_run2_merged.json.gz").read_bytes()))
+    reqs = doc["requests"]
+    engine_ttft = np.median([r["engine_ttft_ms"] for r in reqs])
+    tokens = {}
+    for e in doc["events"]:
+        if e.get("type") == "token":
+            tokens.setdefault(e["req"], []).append(e["t_ms"])
+    bursts = [r["id"] for r in reqs if max(tokens[r["id"]]) - min(tokens[r["id"]]) < 0.1 * r["engine_decode_ms"]]
+    assert 0 < len(bursts) < len(reqs)
+    at = replay({"tr": "vLLM 0.32 (CPU) run 2: client + iteration log + spans + KV events, merged"})
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["engine TTFT p50 ms"].replace(",", "")) == pytest.approx(engine_ttft, abs=0.01)
+    assert metrics["delivered in a burst"] == f"{len(bursts)} of {len(reqs)}"
+    table = next(d.value for d in at.dataframe if "engine decode ms" in d.value.columns)
+    assert sorted(table["id"]) == sorted(bursts)
+    assert any("Two clocks" in c.value for c in at.caption)

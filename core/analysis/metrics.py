@@ -367,3 +367,54 @@ def request_spans(trace) -> dict[str, np.ndarray]:
     first, last, num_emitted = token_spans(trace)
     return {"arrival": arrival, "scheduled": first_scheduled_ms(trace), "first": first, "last": last,
             "num_emitted": num_emitted}
+
+
+# ---- the engine's own clock beside the client's ------------------------------------------------
+
+# The engine's per-request times, from its spans (core.trace.imports.otlp puts them in request_extra):
+# summary key -> (request_extra field, name). Each is measured by the engine from the request's arrival
+# at its front-end; the client's TTFT/E2E start at the send and end when a chunk reaches the client.
+ENGINE_SIDE = {"ttft_ms": ("engine_ttft_ms", "engine TTFT"), "e2e_ms": ("engine_e2e_ms", "engine E2E"),
+               "queue_ms": ("engine_queue_ms", "engine queue"), "prefill_ms": ("engine_prefill_ms", "engine prefill"),
+               "decode_ms": ("engine_decode_ms", "engine decode")}
+# A request's tokens reached the client "in a burst" when the client saw its first to last token in less
+# than BURST_FRACTION of the time the engine spent decoding them (and the engine decoded for at least
+# BURST_MIN_DECODE_MS): its client-side TPOT and ITL then measure the delivery, not the decoding.
+BURST_FRACTION = 0.1
+BURST_MIN_DECODE_MS = 5.0
+
+
+def engine_values(trace, field: str) -> np.ndarray:
+    """One request_extra field per request (NaN where a request has none)."""
+    extra = getattr(trace, "request_extra", None) or []
+    out = np.full(len(trace.requests), np.nan)
+    for i, e in enumerate(extra[:len(out)]):
+        v = e.get(field) if isinstance(e, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[i] = float(v)
+    return out
+
+
+def engine_side(trace, percentiles=d.DEFAULT_PERCENTILES) -> dict | None:
+    """Distributions of the engine's own per-request times (ENGINE_SIDE), over the requests that have
+    them; None when no request has any (no spans)."""
+    out = {}
+    for key, (field, name) in ENGINE_SIDE.items():
+        v = engine_values(trace, field)
+        v = v[np.isfinite(v)]
+        if len(v):
+            out[key] = distribution(v, name, percentiles)
+    return out or None
+
+
+def delivery_bursts(trace, metrics: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The requests whose tokens reached the client in a burst (BURST_FRACTION): id, output tokens, the
+    client's first-to-last-token time, the engine's decode time (its span)."""
+    m = request_metrics(trace) if metrics is None else metrics
+    decode = engine_values(trace, "engine_decode_ms")
+    client = (m["last_token_ms"] - m["first_token_ms"]).to_numpy(dtype=float)
+    n = m["output_tokens"].to_numpy()
+    with np.errstate(invalid="ignore"):
+        burst = (n >= 2) & (decode >= BURST_MIN_DECODE_MS) & (client < BURST_FRACTION * decode)
+    return pd.DataFrame({"id": m["id"].to_numpy()[burst], "output_tokens": n[burst],
+                         "client first→last token ms": client[burst], "engine decode ms": decode[burst]})
