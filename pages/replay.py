@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from core.analysis.compare import compare_table, workload_differences
-from core.analysis.cursor import advance, requests_near, step_cursor, subset, time_range
+from core.analysis.cursor import advance, gauge_coverage, requests_near, step_cursor, subset, time_range
 from core.analysis.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, metrics_frame_csv, with_run_metadata
 from core.analysis.metrics import BURST_FRACTION, delivery_bursts, engine_side
 from core.analysis.tools import tool_comparison
@@ -318,7 +318,7 @@ def cursor_views():
                        .update_layout(height=280), key="rp_kv")
             st.caption("At the cursor: " + ", ".join(f"{v} {k}" for k, v in p.kv_counts.items()) + " blocks.")
         elif p.right == "gauges":
-            show_chart(gauges_figure(p.gauges, cursor), key="rp_gauges")
+            gauges_view(p.gauges, cursor)
         else:
             st.caption("KV block occupancy needs `kv` events (alloc/free/hit/...).")
     if p.in_flight_below:
@@ -328,8 +328,25 @@ def cursor_views():
             st.caption(f"At the cursor: {running:,} running" + (f", {waiting:,} waiting" if waiting >= 0 else "")
                        + " (the chart is drawn once for a trace this large: the timeline above carries the cursor).")
     if p.gauges_below:
-        show_chart(gauges_figure(p.gauges, cursor), key="rp_gauges")
+        gauges_view(p.gauges, cursor)
     engine_views(p)
+
+
+def gauges_view(gauges, cursor):
+    """The server's sampled gauges, and whether the samples could see the run at all."""
+    show_chart(gauges_figure(gauges, cursor), key="rp_gauges")
+    cov = gauge_coverage(tr, gauges, views.request_metrics())
+    if cov is None:
+        return
+    said = (f"{cov['samples']:,} scrapes, a median {cov['median_gap_ms']:,.0f} ms apart; "
+            f"{cov['during_requests']:,} fell while a request was in flight (the requests' own times), "
+            f"{cov['reading_running']:,} read running > 0.")
+    if cov["missed"]:
+        st.warning(f"The server's gauges miss this run's activity: {said} A request lasts a median "
+                   f"{cov['median_e2e_ms']:,.0f} ms, so the scrapes mostly land between requests; the "
+                   "in-flight chart, from the requests' own times, shows the load.", icon=":material/visibility_off:")
+    else:
+        st.caption(said)
 
 
 def engine_views(p):

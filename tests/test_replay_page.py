@@ -297,3 +297,24 @@ def test_the_engines_clock_is_shown_beside_the_clients_and_bursts_are_flagged():
     table = next(d.value for d in at.dataframe if "engine decode ms" in d.value.columns)
     assert sorted(table["id"]) == sorted(bursts)
     assert any("Two clocks" in c.value for c in at.caption)
+
+
+def test_sparse_server_gauges_are_drawn_as_samples_and_said_to_miss_the_run():
+    """Issue 36, item 5: 6 scrapes 2.5 s apart, all reading 0, were drawn as continuous lines (axis down to
+    -1) beside an in-flight chart titled "(no step events)" on a trace with steps."""
+    import gzip
+
+    import numpy as np
+    doc = json.loads(gzip.decompress((DATA / "traces" / "vllm_cpu_run2_merged.json.gz").read_bytes()))
+    t = sorted(e["t_ms"] for e in doc["events"] if e.get("type") == "gauge")
+    gap = np.median(np.diff(t))
+    at = replay({"tr": "vLLM 0.32 (CPU) run 2: client + iteration log + spans + KV events, merged"})
+    assert not at.exception
+    fig = next(f for f in charts(at) if "Server gauges" in (f["layout"].get("title") or {}).get("text", ""))
+    assert f"{len(t)} samples" in fig["layout"]["title"]["text"]
+    assert all(tr_["mode"] == "markers" for tr_ in fig["data"])
+    assert fig["layout"]["yaxis"]["rangemode"] == "nonnegative"
+    warning = " ".join(w.value for w in at.warning)
+    assert "miss this run's activity" in warning and f"{len(t)} scrapes, a median {gap:,.0f} ms apart" in warning
+    titles = " | ".join(_titles(at))
+    assert "(no step events)" not in titles

@@ -3,6 +3,7 @@ requests worth drawing around it, and running/waiting counts over time (for the 
 replay page). Times are ms on the trace's own clock."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,7 +118,8 @@ def in_flight_series(trace: Trace, max_points: int = 4000, metrics: pd.DataFrame
         t = np.unique(np.concatenate([a, e]))
         running = np.searchsorted(np.sort(a), t, side="right") - np.searchsorted(np.sort(e), t, side="right")
         df = pd.DataFrame({"t_ms": t, "running": running, "waiting": np.full(len(t), -1)})
-        source = "requests in flight (no step events)"
+        source = ("requests in flight, from their own times (the engine's steps record no running/waiting counts)"
+                  if len(st) else "requests in flight, from their own times (no step events)")
     if len(df) > max_points:
         df = df.iloc[np.linspace(0, len(df) - 1, max_points).round().astype(int)]
     df.attrs["source"] = source
@@ -165,3 +167,28 @@ def step_cursor(cursor_ms: float, direction: int, step_starts: np.ndarray, start
     else:
         t = cursor_ms + direction * fallback_ms
     return min(max(t, start_ms), end_ms)
+
+
+def gauge_coverage(trace: Trace, gauges: list[dict], metrics: pd.DataFrame | None = None) -> dict | None:
+    """How well a server's sampled gauges (`gauge` events, /metrics scrapes) saw the run: the samples,
+    the median gap between them, the requests' median E2E, how many samples fell while the requests' own
+    times say at least one was in flight (arrival <= t < last token), and how many read running > 0.
+    `missed`: the scrapes cannot show the activity (sampled less often than a request lasts, or no
+    sample inside a request). None without gauges or requests."""
+    t = np.sort(np.array([g["t_ms"] for g in gauges if isinstance(g.get("t_ms"), (int, float))], dtype=float))
+    if not len(t) or not len(trace.requests):
+        return None
+    m = request_metrics(trace) if metrics is None else metrics
+    a = m["arrival_ms"].to_numpy(dtype=float)
+    e = m["last_token_ms"].to_numpy(dtype=float)
+    ok = np.isfinite(a) & np.isfinite(e)
+    a, e = np.sort(a[ok]), np.sort(e[ok])
+    inside = np.searchsorted(a, t, side="right") - np.searchsorted(e, t, side="right")
+    during = int((inside > 0).sum())
+    busy = sum(1 for g in gauges if isinstance(g.get("running"), (int, float)) and g["running"] > 0)
+    gap = float(np.median(np.diff(t))) if len(t) > 1 else math.nan
+    e2e = m["e2e_ms"].to_numpy(dtype=float)
+    e2e = float(np.median(e2e[np.isfinite(e2e)])) if np.isfinite(e2e).any() else math.nan
+    missed = during == 0 or (math.isfinite(gap) and math.isfinite(e2e) and gap > e2e)
+    return {"samples": int(len(t)), "median_gap_ms": gap, "median_e2e_ms": e2e, "during_requests": during,
+            "reading_running": busy, "missed": bool(missed)}

@@ -35,21 +35,31 @@ def batch_figure(batch, step: dict) -> go.Figure:
     return base_layout(fig, title, height=300)
 
 
+DENSE_GAUGES = 50     # samples from which a gauge is drawn as a curve
+
+
 def gauges_figure(gauges: list[dict], cursor_ms: float | None = None) -> go.Figure:
     """The server's own load as a capture client sampled it (`gauge` events from /metrics):
-    running and waiting requests (left axis) and KV-cache usage in percent (right axis)."""
+    running and waiting requests (left axis) and KV-cache usage in percent (right axis). Each sample is
+    a marker; they are joined (as steps) only when there are enough of them to stand for a curve
+    (DENSE_GAUGES): a line between two scrapes seconds apart would claim what nobody saw."""
     fig = go.Figure()
     t = [g["t_ms"] for g in gauges]
+    mode = "lines+markers" if len(gauges) >= DENSE_GAUGES else "markers"
     for i, key in enumerate(("running", "waiting")):
         if any(key in g for g in gauges):
-            fig.add_trace(go.Scattergl(x=t, y=[g.get(key) for g in gauges], mode="lines", name=f"{key} (server)",
-                                       line=dict(shape="hv", color=PALETTE[i])))
+            fig.add_trace(go.Scattergl(x=t, y=[g.get(key) for g in gauges], mode=mode, name=f"{key} (server)",
+                                       line=dict(shape="hv", color=PALETTE[i]), marker=dict(size=7, symbol=i)))
     if any("kv_usage" in g for g in gauges):
         fig.add_trace(go.Scattergl(x=t, y=[None if g.get("kv_usage") is None else 100 * g["kv_usage"] for g in gauges],
-                                   mode="lines", name="KV usage % (server)", yaxis="y2",
-                                   line=dict(shape="hv", color=PALETTE[3], dash="dot")))
+                                   mode=mode, name="KV usage % (server)", yaxis="y2",
+                                   line=dict(shape="hv", color=PALETTE[3], dash="dot"),
+                                   marker=dict(size=7, symbol="diamond-open")))
     if cursor_ms is not None:
         fig.add_vline(x=cursor_ms, line_color=CURSOR, line_width=2)
-    fig.update_layout(xaxis_title="time (ms)", yaxis_title="requests",
+    fig.update_layout(xaxis_title="time (ms)", yaxis=dict(title="requests", rangemode="nonnegative"),
                       yaxis2=dict(title="KV usage (%)", overlaying="y", side="right", range=[0, 100], showgrid=False))
+    if len(gauges) < DENSE_GAUGES:
+        return base_layout(fig, f"Server gauges: {len(gauges)} samples of its /metrics (measured by the client)",
+                           height=280)
     return base_layout(fig, "Server gauges, sampled from its /metrics (measured by the client)", height=280)
