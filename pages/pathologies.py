@@ -26,8 +26,10 @@ def cached_cold():
     return tr, cold_start(tr)
 
 
-def table(rows: list[dict], key: str):
+def table(rows: list[dict], key: str, first: tuple[str, ...] = ()):
+    """The rows; `first`: the columns that reveal the pathology, right after the schedule's name."""
     df = pd.DataFrame([{k: v for k, v in r.items() if k != "trace"} for r in rows])
+    df = df[["schedule", *first, *(c for c in df.columns if c != "schedule" and c not in first)]]
     shown = df
     if {"completed", "requests"} <= set(df.columns):     # one narrow column on screen; both in the CSV
         shown = df.drop(columns=["completed", "requests"])
@@ -82,7 +84,7 @@ for p in PATHOLOGIES:
     rows = cached_run(p.key)
     st.markdown(f":orange-badge[simulated] {md(rows[0]['trace'].meta['workload'])}; step model "
                 f"{md(rows[0]['trace'].meta['step_model'].get('description', ''))}")
-    table(rows, f"pt_{p.key}")
+    table(rows, f"pt_{p.key}", p.columns)
     if p.key == "hol":
         show_chart(decode_gaps(rows), key="pt_hol_fig", width="stretch")
     elif p.key in ("leak", "thrash", "oom"):

@@ -37,25 +37,32 @@ class Pathology:
     symptom: str
     reveals: str      # the metric that shows it
     control: str      # what fixes it
+    columns: tuple[str, ...] = ()   # the columns of the run's table that show it (they differ between the rows)
 
 
 PATHOLOGIES = [
     Pathology("oom", "1. Long-context out-of-memory",
               "one request needs most of the KV pool; while it runs the others are preempted and recomputed",
-              "preemptions, recomputed prefill tokens, E2E p99 of everyone else",
-              "a context budget (max_model_len): the request is rejected on arrival, with a reason"),
+              "preemptions, recomputed prefill tokens, E2E p99",
+              "a context budget (max_model_len): the request is rejected on arrival, with a reason",
+              ("preemptions", "recomputed prefill tokens", "E2E p99 ms")),
     Pathology("hol", "2. Head-of-line blocking",
               "a 6,000-token prompt prefilled in one step stalls eight running decodes",
-              "the largest inter-token gap (ITL max) and TPOT p99 of the running requests",
-              "chunked prefill: the prompt is computed 256 tokens per step beside the decodes"),
+              "the largest inter-token gap of the running requests (decode ITL max). Not their TPOT: a mean over "
+              "each request's 200 tokens, it counts the same prefill work whether it arrives as one long stall "
+              "or as many slightly longer steps, so it is the same in both rows",
+              "chunked prefill: the prompt is computed 256 tokens per step beside the decodes",
+              ("decode ITL max ms",)),
     Pathology("thrash", "3. Preemption / recompute thrash",
               "a KV pool too small for the admitted concurrency: requests are admitted, then preempted",
               "preemptions, recomputed prefill tokens, output tokens/s",
-              "a KV watermark (admit only while 30% of the pool stays free) or fewer seats"),
+              "a KV watermark (admit only while 30% of the pool stays free) or fewer seats",
+              ("preemptions", "recomputed prefill tokens", "output tok/s")),
     Pathology("leak", "4. Streaming / cancellation leak",
               "half of the clients abort mid-stream; a broken engine never frees their KV blocks",
               "KV blocks still in use after every request has ended",
-              "free an aborted request's blocks at once (what core.engine.scheduler does)"),
+              "free an aborted request's blocks at once (what core.engine.scheduler does)",
+              ("KV blocks in use at the end",)),
     Pathology("cold", "5. Cold start",
               "a fresh server's first token waits for the model to load and for a slow first step",
               "model load time and the first step's duration against a warm step (measured)",
