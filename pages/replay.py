@@ -10,7 +10,7 @@ from core.analysis.compare import compare_table, workload_differences
 from core.analysis.cursor import advance, gauge_coverage, requests_near, step_cursor, subset, time_range
 from core.analysis.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, metrics_frame_csv, with_run_metadata
 from core.analysis.metrics import BURST_FRACTION, delivery_bursts, engine_side
-from core.analysis.tools import tool_comparison
+from core.analysis.tools import headline, itl_note, tool_comparison
 from core.analysis.views import cursor_panels, missing_views
 from core.config import POLICIES, SchedulerConfig
 from core.errors import InputError
@@ -36,6 +36,7 @@ from ui import (
     count_metric,
     derived,
     ensure_app_frame,
+    fmt_ms,
     large_trace,
     load_trace_file,
     md,
@@ -163,10 +164,21 @@ def metrics_panel():
         cols[2].metric("output tok/s", "—" if tok_s is None else f"{tok_s:,.1f}",
                        help=f"output tokens over the drain window, {s['window_ms'][0]:g}–{s['window_ms'][1]:g} ms "
                             "(first arrival to last finish; core/analysis/metrics.py)")
-        cols[3].metric(*ms_metric("TTFT p50", s["ttft_ms"]["median"]))
-        cols[4].metric(*ms_metric("TTFT p99", s["ttft_ms"]["p99"]))
-        cols[5].metric(*ms_metric("TPOT mean", s["tpot_ms"]["mean"]))
-        st.caption(f"Percentiles: {s['percentile_estimator']}. " + md(" ".join(s["notes"][:2])))
+        heads = headline(s, imp)
+        for col, h in zip(cols[3:], heads):
+            label, value = ms_metric(h["label"], h["value"])
+            col.metric(label + ("" if h["by"] == "ours" else " ·file"), value,
+                       help=(f"{h['by']}'s own figure, from its file ({h['estimator']}); ours, computed from the "
+                             f"requests: {fmt_ms(h['ours'])} ms" if h["by"] != "ours" else None))
+        tools = sorted({h["by"] for h in heads if h["by"] != "ours"})
+        st.caption((f"TTFT and TPOT marked ·file: {md(', '.join(tools))}'s own figures, as its users saw them "
+                    f"(its percentiles: {md(heads[0]['estimator'])}); ours beside them: "
+                    + ", ".join(f"{h['label']} {fmt_ms(h['ours'])} ms" for h in heads if h["by"] != "ours")
+                    + f" ({s['percentile_estimator']}). " if tools else f"Percentiles: {s['percentile_estimator']}. ")
+                   + md(" ".join(s["notes"][:2])))
+        note = itl_note(imp) if imp is not None else None
+        if note:
+            st.caption(md(note))
         if not large:
             two_clocks(s)
         if isinstance(tr.meta.get("engine"), dict):

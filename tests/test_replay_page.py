@@ -318,3 +318,31 @@ def test_sparse_server_gauges_are_drawn_as_samples_and_said_to_miss_the_run():
     assert "miss this run's activity" in warning and f"{len(t)} scrapes, a median {gap:,.0f} ms apart" in warning
     titles = " | ".join(_titles(at))
     assert "(no step events)" not in titles
+
+
+def test_a_tools_own_percentiles_are_the_headline_with_ours_beside():
+    """Issue 36, item 7: guidellm reports nearest-rank percentiles; the headline showed ours (linear),
+    which differ. The file's figure is the headline now, marked and with its estimator named, ours beside."""
+    doc = json.loads((DATA / "imports" / "guidellm" / "concurrent1-2-4_p64_o32_n12" / "benchmarks.json").read_text())
+    ttft = doc["benchmarks"][0]["metrics"]["time_to_first_token_ms"]["successful"]
+    at = replay({"tr": "guidellm 0.8.1 against our server: concurrency 1, 2, 4"})
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["TTFT p50 ms ·file"]) == pytest.approx(ttft["percentiles"]["p50"], abs=0.01)
+    assert float(metrics["TTFT p99 ms ·file"]) == pytest.approx(ttft["percentiles"]["p99"], abs=0.01)
+    said = " ".join(c.value for c in at.caption)
+    assert "guidellm 0.8.1's own figures" in said and "nearest rank" in said and "ours beside them" in said
+
+
+def test_zero_inter_token_gaps_are_explained_for_each_tool():
+    """Issue 36, item 7: tokens that reach the client together are 0 ms gaps in AIPerf's and inference-perf's
+    own ITL, one emission in ours; the page says so for each tool whose file has ITL statistics."""
+    from core.analysis.tools import itl_note
+    from core.trace.imports.sniff import import_directory
+    for d, tool in (("aiperf/aiperf_c4_p64_o32", "AIPerf"), ("inference_perf/ip_rate4_p64_o32", "inference-perf")):
+        imp = import_directory(DATA / "imports" / d)
+        tk = imp.trace.tokens.sort_values(["req", "t_ms"], kind="stable")
+        same = int(((tk["req"].diff() == 0) & (tk["t_ms"].diff() == 0)).sum())
+        assert same > 0
+        note = itl_note(imp)
+        assert note.startswith(f"ITL: {same:,} tokens") and tool in note and "gap of 0 ms" in note

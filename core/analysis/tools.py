@@ -73,3 +73,51 @@ def tool_comparison(imp) -> pd.DataFrame:
         rows.append({"metric": metric, "stat": stat, "file": theirs, "ours": mine, "relative_difference": rel,
                      "file_definition": imp.origin.get(metric, "")})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+# The replay page's headline statistics: (label, metric, the tool's stat key, our summary's key).
+HEADLINE = (("TTFT p50", "ttft_ms", "p50", "median"), ("TTFT p99", "ttft_ms", "p99", "p99"),
+            ("TPOT mean", "tpot_ms", "mean", "mean"))
+ESTIMATOR_NAMES = {"inverted_cdf": "nearest rank", "linear": "linear interpolation"}
+
+
+def headline(summary: dict, imp=None) -> list[dict]:
+    """The headline statistics: where the file carries the tool's own figure, that figure (what its users
+    saw, computed its way), with ours beside it; otherwise ours. One dict per HEADLINE row: label, value,
+    ours, by (who computed `value`), estimator (of `value`)."""
+    stats = getattr(imp, "stats", None) or {}
+    ours_est = ESTIMATOR_NAMES.get(summary.get("percentile_estimator", "linear"), "linear interpolation")
+    out = []
+    for label, metric, stat, key in HEADLINE:
+        ours = (summary.get(metric) or {}).get(key)
+        theirs = stats.get((metric, stat))
+        if theirs is not None:
+            est = ESTIMATOR_NAMES.get(imp.estimator, imp.estimator) if stat.startswith("p") else "—"
+            out.append({"label": label, "value": theirs, "ours": ours, "by": imp.tool, "estimator": est})
+        else:
+            out.append({"label": label, "value": ours, "ours": ours, "by": "ours",
+                        "estimator": ours_est if stat.startswith("p") else "—"})
+    return out
+
+
+def itl_note(imp) -> str | None:
+    """How the file's ITL and ours count tokens that reached the client together (a zero gap): the tool's
+    statistics include them as 0 ms when its minimum ITL is 0; ours (core.analysis.metrics.itl_gaps)
+    has one gap per new emission time. None when the file has no ITL statistics or the trace no such
+    tokens."""
+    stats = getattr(imp, "stats", None) or {}
+    tr = getattr(imp, "trace", None)
+    if ("itl_ms", "mean") not in stats and ("itl_ms", "p50") not in stats or tr is None or not len(tr.tokens):
+        return None
+    tk = tr.tokens
+    order = np.lexsort((tk["t_ms"].to_numpy(dtype=float), tk["req"].to_numpy()))
+    req, t = tk["req"].to_numpy()[order], tk["t_ms"].to_numpy(dtype=float)[order]
+    zero = int(((req[1:] == req[:-1]) & (t[1:] == t[:-1])).sum())
+    if not zero:
+        return None
+    counts = stats.get(("itl_ms", "min")) == 0.0
+    return (f"ITL: {zero:,} tokens reached the client at the same time as the one before (several tokens in one "
+            f"chunk). Ours has one gap per new arrival time, so these are not samples of ours; {imp.tool}'s own "
+            + ("ITL counts each as a gap of 0 ms (its minimum is 0)." if counts else
+               "ITL statistics may count them differently (its file does not say).")
+            + " The two ITL rows of the comparison differ for that reason.")
