@@ -28,6 +28,7 @@ from core.formulas.speculative import acceptance_by_position
 from core.trace import file_summary_comparison, file_window_comparison, trace_json
 from ui import (
     UPLOAD_LIMIT_MB,
+    add_aiperf_summary,
     bound,
     cached_block_states,
     cached_fidelity,
@@ -100,6 +101,16 @@ def get_trace(choice, slot):
         last = st.session_state.get(f"{slot}_last")
         if last is None:
             return None, None, None
+        if up is not None and last[1] is not None and last[1].kind == "aiperf-records" and not last[1].stats:
+            extra = st.file_uploader("Add AIPerf's summary of this run (profile_export_aiperf.json) to see its own "
+                                     "statistics beside ours", type=["json", "gz"], key=f"{slot}_aiperf_summary")
+            if extra is not None:
+                tr, imp, err = add_aiperf_summary(up, extra, slot)
+                if err:
+                    st.error(f"Could not add {md(extra.name)}: {md(err)}")
+                else:
+                    last = (tr, imp, up.name)
+                    st.session_state[f"{slot}_last"] = last
         if up is None or st.session_state.get(f"{slot}_last")[2] != up.name:
             st.caption(f"Showing the last file that loaded: {md(last[2])}")
         return last
@@ -127,6 +138,14 @@ if large:   # too large to load: opened from its overview (core/analysis/overvie
                                            f"{md(ov.folder.name)}."))
 else:
     tr, imp, label = get_trace(choice, "rp")
+if imp is not None and len(imp.runs) > 1:
+    # a file of several runs (a guidellm report of several benchmarks, a vllm bench sweep): pick one
+    labels = [r.run_label or f"run {k + 1}" for k, r in enumerate(imp.runs)]
+    labels = [lab if labels.count(lab) == 1 else f"{lab} (#{k + 1})" for k, lab in enumerate(labels)]
+    pick = st.selectbox(f"Run within this file ({len(labels)} in it)", labels, **bound("rp_run"),
+                        help="each benchmark (or sweep point) of the file is its own run, with its own numbers")
+    imp = imp.runs[labels.index(pick)]
+    tr, label = imp.trace, f"{label} — {pick}"
 if imp is not None:
     for note in imp.notes:
         st.info(md(note))
@@ -184,9 +203,14 @@ def metrics_panel():
         if isinstance(tr.meta.get("engine"), dict):
             with st.expander("Engine configuration"):
                 st.json(tr.meta["engine"])
-        if imp is not None and imp.file_summary:
+        if imp is not None and (imp.file_summary or imp.stats):
             with st.expander("Our metrics vs the file's own summary"):
-                show_table(file_summary_comparison(imp, summary), hide_index=True, key="rp_agree")
+                agree = file_summary_comparison(imp, summary)
+                if not len(agree) and imp.stats:     # another tool than vllm bench: its statistics, computed its way
+                    st.caption(f"{md(imp.tool)}'s own statistics; ours computed its way (its percentile estimator: "
+                               f"{md(imp.estimator)}; *relative_difference* = (ours − file) / file).")
+                    agree = tool_comparison(imp)
+                show_table(agree, hide_index=True, key="rp_agree")
                 windows = file_window_comparison(imp, summary)
                 if len(windows):
                     st.caption("Throughput and duration: the same counts over different windows (see *how*). "

@@ -133,6 +133,9 @@ CASES = [
     Case("replay-cursor", f"replay?tr={TRACE}", (
         (sel("rp_cmp", "chapter31_continuous.json"), Set("rp_speed", "segmented", "2×"),
          Set("rp_cursor", "slider", ["ArrowRight"]), PRESENT),)),
+    # a file of several runs (guidellm's three benchmarks): the run picked
+    Case("replay-run", "replay?tr=guidellm+0.8.1+against+our+server%3A+concurrency+1%2C+2%2C+4", (
+        (sel("rp_run", "concurrent@2"), PRESENT),)),
     # Play moves the cursor by itself, so the cursor is not compared in this case; a three-request
     # trace keeps the play's reruns (every 0.8 s) short, and the switch is set before play starts
     Case("replay-play", "replay", (

@@ -346,3 +346,38 @@ def test_zero_inter_token_gaps_are_explained_for_each_tool():
         assert same > 0
         note = itl_note(imp)
         assert note.startswith(f"ITL: {same:,} tokens") and tool in note and "gap of 0 ms" in note
+
+
+def test_a_file_of_several_benchmarks_lets_you_choose_one_and_compares_with_its_figures():
+    """Issue 36, item 11: a 3-benchmark guidellm file always opened the first, and its comparison table held
+    only the duration."""
+    doc = json.loads((DATA / "imports" / "guidellm" / "concurrent1-2-4_p64_o32_n12" / "benchmarks.json").read_text())
+    at = replay({"tr": "guidellm 0.8.1 against our server: concurrency 1, 2, 4"})
+    assert at.selectbox(key="rp_run").options == ["concurrent@1", "concurrent@2", "concurrent@4"]
+    at.selectbox(key="rp_run").set_value("concurrent@4").run()
+    assert not at.exception
+    ttft = doc["benchmarks"][2]["metrics"]["time_to_first_token_ms"]["successful"]["percentiles"]
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["TTFT p50 ms ·file"]) == pytest.approx(ttft["p50"], abs=0.01)
+    agree = next(d.value for d in at.dataframe if "relative_difference" in d.value.columns)
+    assert {"ttft_ms", "tpot_ms", "latency_ms"} <= set(agree["metric"])
+    row = agree[(agree["metric"] == "ttft_ms") & (agree["stat"] == "p50")].iloc[0]
+    assert row["file"] == pytest.approx(ttft["p50"])
+
+
+def test_an_uploaded_aiperf_export_takes_its_summary_in_a_second_upload():
+    """Issue 36, item 11: profile_export.jsonl alone said its summary was missing with no way to add it."""
+    d = DATA / "imports" / "aiperf" / "aiperf_c4_p64_o32"
+    summary = json.loads((d / "profile_export_aiperf.json").read_text())
+    at = replay({"tr": "Upload a file…"})
+    at.file_uploader(key="rp_upload").set_value(("profile_export.jsonl", (d / "profile_export.jsonl").read_bytes(),
+                                                   "application/json")).run()
+    assert not at.exception
+    assert "TTFT p50 ms ·file" not in {m.label for m in at.metric}
+    at.file_uploader(key="rp_aiperf_summary").set_value(
+        ("profile_export_aiperf.json", (d / "profile_export_aiperf.json").read_bytes(), "application/json")).run()
+    assert not at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert float(metrics["TTFT p50 ms ·file"]) == pytest.approx(summary["time_to_first_token"]["p50"], abs=0.01)
+    at.file_uploader(key="rp_aiperf_summary").set_value(("x.json", b'{"a": 1}', "application/json")).run()
+    assert any("expected AIPerf's summary" in e.value for e in at.error)

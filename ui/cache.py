@@ -309,6 +309,34 @@ def parse_uploaded_trace(up, slot: str):
     return result
 
 
+def add_aiperf_summary(records, summary, slot: str):
+    """An uploaded AIPerf profile_export.jsonl read again with its uploaded profile_export_aiperf.json, so
+    that AIPerf's own statistics sit beside ours. (trace, Imported, error), kept in this session."""
+    total = records.size + summary.size
+    if total > UPLOAD_LIMIT_MB * 2**20:
+        return None, None, f"{total / 2**20:.1f} MiB in all is over the {UPLOAD_LIMIT_MB} MiB limit"
+    key = f"_{slot}_aiperf_summary"
+    ids = (records.file_id, summary.file_id)
+    held = st.session_state.get(key)
+    if held is not None and held[0] == ids:
+        return held[1]
+    from core.errors import TraceError, gunzip
+    from core.trace.imports import aiperf
+    from core.trace.imports.sniff import json_doc, json_lines
+    try:
+        doc = json_doc(gunzip(summary.getvalue(), summary.name, TraceError), summary.name)
+        if not aiperf.looks_like_summary(doc):
+            raise TraceError(f"{summary.name}: expected AIPerf's summary (profile_export_aiperf.json: "
+                             "aiperf_version and its metrics), got something else")
+        lines = json_lines(gunzip(records.getvalue(), records.name, TraceError), records.name)
+        imp = aiperf.import_records(lines, records.name, doc)
+        result = (imp.trace, imp, None)
+    except InputError as e:
+        result = (None, None, str(e))
+    st.session_state[key] = (ids, result)
+    return result
+
+
 def parse_uploaded_run(ups: list, slot: str):
     """Several uploaded files of one run (a client's file, the server's log, spans, KV events)
     merged into one trace (core.trace.imports.merge), once per set of uploads, kept in this

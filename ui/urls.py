@@ -81,6 +81,7 @@ URL_KEYS: dict[str, UrlKey] = {
             rf_gpu="GPU preset", rf_model="model preset", rf_dtype="bytes per weight",
             rf_batch="decode batch (sequences)", rf_prompt="prefill length (tokens)"),
     **_keys("replay", tr="trace file name (or the upload choice)", rp_cmp="trace to compare with",
+            rp_run="the run within a file of several (a guidellm report's benchmark, a sweep's point)",
             rp_cursor="the time cursor, ms", rp_play="play: the cursor advances by itself",
             rp_speed="play speed (½×, 1×, 2×, 4×)"),
     **_keys("load",
