@@ -91,6 +91,10 @@ def test_trace_files_from_the_environment_value(tmp_path):
     assert set(files) - set(bundled) == {"a.json", "b.json.gz", "c.parquet", "one.json"}
     assert files["chapter31_serial.json"] == DATA / "traces" / "chapter31_serial.json"   # bundled wins
     assert files["one.json"] == single
+    # each file once: one listed under its description is not listed again under its name (issue 36, item 27)
+    assert len({p.resolve() for p in bundled.values()}) == len(bundled)
+    assert "vllm_cpu_run2_merged.json.gz" not in bundled
+    assert (DATA / "traces" / "vllm_cpu_run2_merged.json.gz") in bundled.values()
 
 
 # ---- policies side by side --------------------------------------------------------------------

@@ -166,13 +166,16 @@ def trace_files(extra: str = "") -> dict[str, Path]:
     looping symlinks are skipped (reading a FIFO would block the page forever)."""
     roots = [DATA / "traces", DATA / "imports"] + [Path(p) for p in extra.split(os.pathsep) if p]
     out: dict[str, Path] = {name: DATA / rel for name, rel in TOOL_FILES.items() if (DATA / rel).exists()}
+    seen = {p.resolve() for p in out.values()}      # a file listed under its description is not listed again
     for root in roots:
         files = [root] if root.is_file() else sorted(root.glob("*")) if root.is_dir() else []
         for f in files:
-            if f.name.endswith(TRACE_SUFFIXES) and f.is_file():   # is_file: regular, symlinks followed
+            if f.name.endswith(TRACE_SUFFIXES) and f.is_file() and f.resolve() not in seen:   # regular, links followed
                 out.setdefault(f.name, f)
-            elif f.is_dir() and (f / "part-00000.parquet").is_file():   # a partitioned trace
+                seen.add(f.resolve())
+            elif f.is_dir() and (f / "part-00000.parquet").is_file() and f.resolve() not in seen:   # partitioned
                 out.setdefault(f"{f.name}/", f)
+                seen.add(f.resolve())
     return out
 
 
