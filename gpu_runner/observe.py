@@ -159,8 +159,6 @@ class Telemetry:
     # ---- /metrics -------------------------------------------------------------------------
     async def _metrics(self, stop: asyncio.Event):
         import httpx
-
-        from core.trace.gauges import gauge_from_text
         async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
             while not stop.is_set():
                 t_ns = time.time_ns()
@@ -172,17 +170,23 @@ class Telemetry:
                             if len(body) > MAX_METRICS_PAGE:
                                 break
                     text = bytes(body[:MAX_METRICS_PAGE]).decode("utf-8", "replace")
-                    g = await asyncio.to_thread(gauge_from_text, 0.0, text)   # parsing off the event loop
-                    self.counts["metrics_pages"] += 1
-                    values = {k: v for k, v in (g or {}).items() if k not in ("t_ms", "type") and math.isfinite(v)}
-                    if values:     # (sums over label sets can overflow to inf, which no trace can hold)
-                        self.gauges.append({"t_ns": t_ns, "type": "gauge", **values})
+                    await asyncio.to_thread(self.take_metrics_page, t_ns, text)   # parsing off the event loop
                 except (httpx.HTTPError, OSError):
                     self.counts["metrics_failed"] += 1
                 try:
                     await asyncio.wait_for(stop.wait(), self.metrics_interval)
                 except TimeoutError:
                     pass
+
+    def take_metrics_page(self, t_ns: int, text: str):
+        """One /metrics page as a gauge sample at t_ns; values that are not finite are left out
+        (a sum over label sets can overflow to inf, which no trace can hold)."""
+        from core.trace.gauges import gauge_from_text
+        g = gauge_from_text(0.0, text)
+        self.counts["metrics_pages"] += 1
+        values = {k: v for k, v in (g or {}).items() if k not in ("t_ms", "type") and math.isfinite(v)}
+        if values:
+            self.gauges.append({"t_ns": t_ns, "type": "gauge", **values})
 
     # ---- OTLP/HTTP receiver ---------------------------------------------------------------
     def app(self):

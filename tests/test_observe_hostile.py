@@ -204,6 +204,11 @@ def test_the_gzip_bomb_is_refused_before_it_is_decoded(tmp_path):
     assert e.value.status == 413
 
 
+# two label sets whose sum is past the largest float; one gauge that is fine
+HOSTILE_PAGE = (b'vllm:num_requests_running{engine="0"} 1e308\nvllm:num_requests_running{engine="1"} 1e308\n'
+                b"vllm:num_requests_waiting 3\n")
+
+
 def _kv(ts, hashes=(1, 2), seq=0) -> list[bytes]:
     payload = msgspec.msgpack.encode([ts, [["BlockStored", list(hashes), None, [7] * 16 * len(hashes), 16, None,
                                             "GPU"]], 0])
@@ -221,6 +226,15 @@ def test_a_kv_batch_with_a_time_off_the_clock_is_dropped_and_the_flush_still_wri
     tr = flush(tel, t0, tmp_path)
     assert tr.kv_events["hash"].tolist() == ["1", "2", "61", "62"]
     assert tr.kv_events["t_ms"].min() >= 0 and tr.kv_events["t_ms"].max() < 10_000
+
+
+def test_a_metrics_sum_past_the_largest_float_is_left_out_and_the_flush_still_writes(tmp_path):
+    tel = Telemetry(metrics_url="http://127.0.0.1:1/metrics")
+    t0 = time.time_ns()
+    tel.take_metrics_page(time.time_ns(), HOSTILE_PAGE.decode())
+    tr = flush(tel, t0, tmp_path)
+    gauges = tr.events_of("gauge")
+    assert len(gauges) == 1 and gauges[0]["waiting"] == 3 and "running" not in gauges[0]
 
 
 SPAN_FIELDS = st.fixed_dictionaries({}, optional={
@@ -301,9 +315,7 @@ def stop(proc, timeout_s: float = 60.0):
 
 
 class HostileMetrics(BaseHTTPRequestHandler):
-    # two label sets whose sum is past the largest float; one gauge that is fine
-    page = (b'vllm:num_requests_running{engine="0"} 1e308\nvllm:num_requests_running{engine="1"} 1e308\n'
-            b"vllm:num_requests_waiting 3\n")
+    page = HOSTILE_PAGE
 
     def log_message(self, *a):
         pass
