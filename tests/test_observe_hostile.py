@@ -136,6 +136,21 @@ def test_repeated_request_ids_stay_apart_and_the_flush_writes_them_all(receiver,
     assert [round(m.loc[i, "ttft_ms"], 6) for i in ("a", "a#1", "a#1#1")] == [100.0, 200.0, 300.0]
 
 
+@pytest.mark.parametrize("doc", [
+    {"resourceSpans": 5}, {"resourceSpans": [{"scopeSpans": 5}]}, {"resourceSpans": [{"scopeSpans": [{"spans": 5}]}]},
+    {"resourceSpans": [{"scopeSpans": [{"spans": [{**span("x"), "attributes": [
+        {"key": "gen_ai.request.id", "value": {"arrayValue": {"values": 5}}}]}]}]}]},
+    {"resourceSpans": [{"scopeSpans": [{"spans": [{"name": ["llm_request"]}, 7, None]}]}]},
+], ids=["resourceSpans 5", "scopeSpans 5", "spans 5", "array values 5", "odd spans"])
+def test_a_body_of_another_shape_is_answered_never_a_500_and_the_flush_writes(receiver, tmp_path, doc):
+    tel, client = receiver
+    t0 = time.time_ns()
+    r = post(client, json.dumps(doc).encode())
+    assert r.status_code in (200, 400), r.text
+    assert post(client, export(span("good"))).status_code == 200
+    assert "good" in list(flush(tel, t0, tmp_path).ids)
+
+
 def test_a_json_body_nested_100000_deep_is_a_400_naming_the_depth(receiver):
     tel, client = receiver
     r = post(client, b'{"resourceSpans": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")

@@ -49,8 +49,13 @@ def _value(v) -> object:
     if kind in ("stringValue", "boolValue"):
         return x
     if kind == "arrayValue" and isinstance(x, dict):
-        return [_value(e) for e in x.get("values", [])]
+        return [_value(e) for e in _list(x.get("values"))]
     return None
+
+
+def _list(v) -> list:
+    """A JSON value that should be a list: itself, or nothing (a file's value of another type)."""
+    return v if isinstance(v, list) else []
 
 
 def _attrs(lst) -> dict:
@@ -90,9 +95,9 @@ def looks_like_collector_lines(doc) -> bool:
 def spans_of(doc: dict) -> Iterator[dict]:
     """The spans of one ExportTraceServiceRequest (OTLP/JSON) as {name, start_ns, end_ns,
     attributes, trace_id, span_id}."""
-    for rs in doc.get("resourceSpans") or ():
-        for ss in (rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()) if isinstance(rs, dict) else ():
-            for sp in (ss.get("spans") or ()) if isinstance(ss, dict) else ():
+    for rs in _list(doc.get("resourceSpans")):
+        for ss in _list(rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans")) if isinstance(rs, dict) else ():
+            for sp in _list(ss.get("spans")) if isinstance(ss, dict) else ():
                 if isinstance(sp, dict):
                     yield {"name": sp.get("name"), "start_ns": sp.get("startTimeUnixNano"),
                            "end_ns": sp.get("endTimeUnixNano"), "attributes": _attrs(sp.get("attributes")),
