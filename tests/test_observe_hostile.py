@@ -445,3 +445,32 @@ def test_a_half_sent_post_cannot_keep_sigterm_from_writing_the_trace(tmp_path):
             half.close()
     assert proc.returncode == 0, stderr[-3000:]
     assert list(load_trace(out).ids) == ["kept"], "what arrived since the last flush was lost"
+
+
+@pytest.mark.slow
+def test_an_export_body_that_never_arrives_whole_gets_408_and_the_receiver_answers_on(monkeypatch):
+    import uvicorn
+
+    import gpu_runner.observe as observe_mod
+    monkeypatch.setattr(observe_mod, "BODY_TIMEOUT_S", 1.0)
+    tel = Telemetry(otlp_port=1)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(tel.app(), host="127.0.0.1", port=port, log_level="error", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline, "the receiver did not start"
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 1000\r\n\r\n{\"resourceSpans\": [")
+            reply = s.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply, reply[:300]
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/traces", content=export(span("next")), timeout=30,
+                       headers={"Content-Type": "application/json"})
+        assert r.status_code == 200 and [sp["attributes"]["gen_ai.request.id"] for sp in tel.spans] == ["next"]
+    finally:
+        server.should_exit = True
+        thread.join(30)
