@@ -6,7 +6,8 @@ send extras) and reported once by the server.
 Fields: max_tokens (default 16), temperature (default 1.0, as OpenAI), top_p, top_k (0 or
 -1 = off), seed, stop (strings), stop_token_ids, ignore_eos, n (1 only), stream,
 stream_options.include_usage; prompt (text, token ids, or a one-element list of either) or
-messages ([{role, content}]). best_of (1 only), logprobs / top_logprobs (off only) and echo
+messages ([{role, content}]; content a string or a list of text parts, as OpenAI's clients and
+`vllm bench serve --backend openai-chat` send it). best_of (1 only), logprobs / top_logprobs (off only) and echo
 (false only) are refused otherwise, as vLLM refuses what it does not support: a client asking for
 log-likelihoods must not get an answer without them.
 """
@@ -20,9 +21,24 @@ from msgspec import Meta
 from core.errors import validation_message
 
 
+class ContentPart(msgspec.Struct):
+    type: str
+    text: str | None = None      # a text part's text; other part types carry other fields
+
+
 class Message(msgspec.Struct):
     role: str
-    content: str
+    content: str | list[ContentPart]
+
+    def text(self) -> str:
+        """The content as one string: a list of text parts joined with "\n", as vLLM joins them
+        (vllm/entrypoints/chat_utils.py, _parse_chat_message_content_parts: a string content is
+        one text part, and the texts of the parts become `"\n".join(texts)` for a model without
+        a chat template's own handling of parts). Other part types are refused first
+        (`unsupported`)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text or "" for p in self.content)
 
 
 class StreamOptions(msgspec.Struct):
@@ -85,6 +101,20 @@ def unsupported(body: CompletionBody) -> str | None:
         return "logprobs: not supported (this server returns no log-probabilities); leave logprobs and top_logprobs out"
     if body.echo:
         return "echo: not supported (the prompt is not returned); leave it out or set it false"
+    return bad_part(body.messages or ())
+
+
+def bad_part(messages) -> str | None:
+    """A content part that is not text (an image, audio, ...), or a text part without its text:
+    the part's place and type. vLLM takes these types; the bundled models read text only."""
+    for k, m in enumerate(messages):
+        for j, p in enumerate(m.content if isinstance(m.content, list) else ()):
+            where = f"messages[{k}].content[{j}]"
+            if p.type != "text":
+                return (f"{where}.type: {p.type!r} parts are not supported (this server reads text only: "
+                        '{"type": "text", "text": ...})')
+            if p.text is None:
+                return f"{where}.text: missing (a text part needs its text)"
     return None
 
 
@@ -103,7 +133,11 @@ def bad_text(body: CompletionBody) -> str | None:
         fields.append(("prompt", p))
     elif isinstance(p, list):
         fields += [(f"prompt[{k}]", x) for k, x in enumerate(p) if isinstance(x, str)]
-    fields += [(f"messages[{k}].content", m.content) for k, m in enumerate(body.messages or ())]
+    for k, m in enumerate(body.messages or ()):
+        if isinstance(m.content, str):
+            fields.append((f"messages[{k}].content", m.content))
+        else:
+            fields += [(f"messages[{k}].content[{j}].text", p.text or "") for j, p in enumerate(m.content)]
     fields += [(f"messages[{k}].role", m.role) for k, m in enumerate(body.messages or ())]
     stop = body.stop if isinstance(body.stop, list) else [body.stop] if isinstance(body.stop, str) else []
     fields += [(f"stop[{k}]", x) for k, x in enumerate(stop)]

@@ -5,7 +5,8 @@ and cut at stop strings by the engine; they never touch the engine.
 
     POST /v1/completions       prompt: text or token ids; stream (SSE) or not
     POST /v1/chat/completions  messages joined as "role: content" lines (the bundled models
-                               have no chat template), then "assistant: "
+                               have no chat template), then "assistant: "; a content given as
+                               text parts is their texts joined with "\n" (as vLLM joins them)
     GET  /v1/models, /health, /metrics (Prometheus, vLLM's names: gpu_runner.server_metrics)
 
 Fields (declared in gpu_runner.api): max_tokens (default 16), temperature (default 1.0, as
@@ -187,8 +188,9 @@ class App:
             body = await self._body(request)
             if chat:
                 if not body.messages:
-                    raise BadRequest("messages: expected a non-empty list of {role, content} with string values")
-                ids = self._prompt_ids("".join(f"{m.role}: {m.content}\n" for m in body.messages) + "assistant: ")
+                    raise BadRequest("messages: expected a non-empty list of {role, content} (content: a string "
+                                     "or a list of text parts)")
+                ids = self._prompt_ids("".join(f"{m.role}: {m.text()}\n" for m in body.messages) + "assistant: ")
             else:
                 if body.prompt is None:
                     raise BadRequest("prompt: required")

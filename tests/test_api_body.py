@@ -2,7 +2,7 @@
 and every refusal one line that names the field, for hostile bodies too."""
 import pytest
 
-from gpu_runner.api import KNOWN, BodyError, decode_body
+from gpu_runner.api import KNOWN, BodyError, bad_text, decode_body, unsupported
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -45,3 +45,38 @@ def test_a_good_body_decodes_and_unknown_fields_are_named_not_refused():
     assert (body.best_of, body.logprobs) == (2, None)      # declared: the server refuses best_of 2 (unsupported)
     empty, none = decode_body(b"{}")
     assert empty.max_tokens is None and empty.temperature is None and not empty.stream and none == []
+
+
+def test_chat_content_given_as_text_parts_is_their_texts_joined_by_newlines():
+    # what `vllm bench serve --backend openai-chat` sends; vLLM joins text parts with "\n"
+    body, _ = decode_body(b'{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": '
+                          b'[{"type": "text", "text": "one"}, {"type": "text", "text": "two"}]}]}')
+    assert unsupported(body) is None and bad_text(body) is None
+    assert [m.text() for m in body.messages] == ["be brief", "one\ntwo"]
+    empty, _ = decode_body(b'{"messages": [{"role": "user", "content": []}]}')
+    assert empty.messages[0].text() == "" and unsupported(empty) is None
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'[{"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]',
+     "messages[0].content[1].type: 'image_url' parts are not supported"),
+    (b'[{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]',
+     "messages[0].content[0].type: 'input_audio' parts are not supported"),
+    (b'[{"type": "text"}]', "messages[0].content[0].text: missing"),
+])
+def test_a_part_that_is_not_text_is_refused_naming_its_type_and_place(content, message):
+    body, _ = decode_body(b'{"messages": [{"role": "user", "content": ' + content + b'}]}')
+    why = unsupported(body)
+    assert why is not None and why.startswith(message) and "\n" not in why
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'5', "messages[0].content: expected a string or a list, got an integer"),
+    (b'[{"text": "x"}]', "messages[0].content[0].type: missing"),
+    (b'[{"type": "text", "text": 5}]', "messages[0].content[0].text: expected a string or null, got an integer"),
+    (b'["x"]', "messages[0].content[0]: expected an object, got a string"),
+])
+def test_a_badly_shaped_content_is_refused_in_one_line(content, message):
+    with pytest.raises(BodyError) as e:
+        decode_body(b'{"messages": [{"role": "user", "content": ' + content + b'}]}')
+    assert str(e.value) == message

@@ -66,3 +66,28 @@ def test_a_body_shorter_than_its_length_gets_408(srv, monkeypatch):
         s.settimeout(10)
         reply = s.recv(4096)
         assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 8, reply[:200]
+
+
+def test_chat_content_as_text_parts_is_served_as_its_joined_text(srv):
+    # `vllm bench serve --backend openai-chat` sends every prompt as [{"type": "text", ...}]
+    parts = [{"type": "text", "text": "the cat"}, {"type": "text", "text": "sat on"}]
+    ask = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}], **ask},
+                   timeout=30)
+    same = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content":
+                                                                          "the cat\nsat on"}], **ask}, timeout=30)
+    assert r.status_code == 200 and same.status_code == 200, r.text
+    # the same prompt (texts joined with "\n", as vLLM joins them): the same tokens and the same greedy answer
+    assert r.json()["usage"] == same.json()["usage"]
+    assert r.json()["choices"][0]["message"] == same.json()["choices"][0]["message"]
+    stream = httpx.post(f"{srv.url}/v1/chat/completions", timeout=30,
+                        json={"messages": [{"role": "user", "content": parts}], "stream": True, **ask})
+    assert stream.status_code == 200 and stream.text.rstrip().endswith("data: [DONE]")
+
+
+def test_a_part_that_is_not_text_is_a_400_naming_its_type_and_place(srv):
+    parts = [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]
+    r = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}],
+                                                            "max_tokens": 3}, timeout=30)
+    assert r.status_code == 400 and r.json()["message"].startswith(
+        "messages[0].content[1].type: 'image_url' parts are not supported"), r.text

@@ -17,13 +17,12 @@ engine-side phases (queue, prefill, decode, in model) are kept per request (`eng
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pandas as pd
 
-from core.errors import TraceError, short
+from core.errors import TraceError, loads_json, short
 from core.trace.imports.imported import Imported, epoch_offset
 from core.trace.imports.rows import RequestRows, count, finite
 from core.trace.model import Trace
@@ -50,8 +49,13 @@ def _value(v) -> object:
     if kind in ("stringValue", "boolValue"):
         return x
     if kind == "arrayValue" and isinstance(x, dict):
-        return [_value(e) for e in x.get("values", [])]
+        return [_value(e) for e in _list(x.get("values"))]
     return None
+
+
+def _list(v) -> list:
+    """A JSON value that should be a list: itself, or nothing (a file's value of another type)."""
+    return v if isinstance(v, list) else []
 
 
 def _attrs(lst) -> dict:
@@ -81,7 +85,7 @@ def body_docs(lines: Iterable[dict], name: str) -> Iterator[dict]:
             raise TraceError(f"{name}: line {k + 1}: body_b64: expected base64") from None
         if str(ln.get("content_encoding") or "").lower() == "gzip" or body[:2] == b"\x1f\x8b":
             body = gunzip(body, f"{name}: line {k + 1}", TraceError)
-        yield otlp_json(body, str(ln.get("content_type") or "application/x-protobuf"))
+        yield otlp_json(body, str(ln.get("content_type") or "application/x-protobuf"), f"{name}: line {k + 1}")
 
 
 def looks_like_collector_lines(doc) -> bool:
@@ -91,23 +95,29 @@ def looks_like_collector_lines(doc) -> bool:
 def spans_of(doc: dict) -> Iterator[dict]:
     """The spans of one ExportTraceServiceRequest (OTLP/JSON) as {name, start_ns, end_ns,
     attributes, trace_id, span_id}."""
-    for rs in doc.get("resourceSpans") or ():
-        for ss in (rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()) if isinstance(rs, dict) else ():
-            for sp in (ss.get("spans") or ()) if isinstance(ss, dict) else ():
+    for rs in _list(doc.get("resourceSpans")):
+        for ss in _list(rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans")) if isinstance(rs, dict) else ():
+            for sp in _list(ss.get("spans")) if isinstance(ss, dict) else ():
                 if isinstance(sp, dict):
                     yield {"name": sp.get("name"), "start_ns": sp.get("startTimeUnixNano"),
                            "end_ns": sp.get("endTimeUnixNano"), "attributes": _attrs(sp.get("attributes")),
                            "trace_id": sp.get("traceId"), "span_id": sp.get("spanId")}
 
 
-def otlp_json(body: bytes, content_type: str = "application/x-protobuf") -> dict:
+def otlp_json(body: bytes, content_type: str = "application/x-protobuf", where: str = "OTLP/JSON body") -> dict:
     """One OTLP/HTTP export body (protobuf, or JSON) as OTLP/JSON: camelCase fields, int64 as
     strings, enums as integers, trace and span ids as lowercase hex (OTLP/JSON's rule, where
-    protobuf's own JSON mapping would write base64)."""
+    protobuf's own JSON mapping would write base64). JSON is read by the guarded reader
+    (core.errors.loads_json): too deep a nesting is a TraceError naming `where`."""
     if "json" in content_type:
-        doc = json.loads(body)
+        try:
+            doc = loads_json(body, where, TraceError)
+        except TraceError:
+            raise
+        except ValueError as e:      # not JSON, or bytes that are not text
+            raise TraceError(f"{where}: not valid JSON ({str(e)[:100]})") from None
         if not looks_like_otlp_json(doc):
-            raise TraceError("OTLP/JSON body: expected an object with resourceSpans")
+            raise TraceError(f"{where}: expected an object with resourceSpans")
         return doc
     from google.protobuf import json_format
     from google.protobuf.message import DecodeError
