@@ -140,7 +140,8 @@ ids = tr.ids
 st.subheader(f"At {t_cur:g} ms")
 if held.reqs:
     named = {ids[r]: t for r, t in held.tables.items()}
-    show_chart(block_table_figure(named, occ.refs_at(cursor)), key="pg_tables")
+    show_chart(block_table_figure(named, occ.refs_at(cursor), f"Block tables at {t_cur:g} ms (logical -> physical; "
+                                  "orange = shared)"), key="pg_tables")
     res = held.totals
     show_chart(waste_chart([ids[r] for r in held.reqs], held.tokens, held.paged_slots,
                            [held.max_len] * len(held.reqs), held.from_cache, held.writing), key="pg_waste")
@@ -211,8 +212,12 @@ fs = c2.number_input("Samples", 1, 8, 3, **bound("fk_samples"))
 fb = c3.number_input("Block size ", 1, 64, 4, **bound("fk_bs"))
 demo = fork_demo(int(fp), int(fs), int(fb))
 c1, c2 = st.columns(2)
-show_chart(block_table_figure(demo["before"], demo["refs_before"]), key="fk_before", where=c1)
-show_chart(block_table_figure(demo["after"], demo["refs_after"]), key="fk_after", where=c2)
+show_chart(block_table_figure(demo["before"], demo["refs_before"],
+                              f"After the fork: {int(fs)} samples share the prompt's blocks (orange = shared)"),
+           key="fk_before", where=c1)
+show_chart(block_table_figure(demo["after"], demo["refs_after"],
+                              "After each sample's first token: copy on write (orange = still shared)"),
+           key="fk_after", where=c2)
 if demo["copies"]:
     st.markdown("Each sample appended a token into the shared, partly filled last block, so the block manager "
                 "copied it first: " + ", ".join(f"{s}: block {a} → {b_}" for s, a, b_ in demo["copies"]) + ".")

@@ -339,3 +339,12 @@ def test_a_custom_workload_travels_in_the_link():
     assert at.query_params["wl"] == text                       # the link keeps the table
     at = open_page("schedules", {"sc": "Custom", "wl": "garbage"})
     assert any("showing the example table" in w.value for w in at.warning) and not at.exception
+
+
+@pytest.mark.parametrize("page", ["schedules", "kv", "tiles", "speculative", "roofline", "replay"])
+def test_no_two_charts_on_a_page_share_a_title(page):
+    """Issue 36, item 27: the KV page's fork and copy-on-write tables had the same title."""
+    at = open_page(page)
+    titles = [(f["layout"].get("title") or {}).get("text", "") for f in charts(at)]
+    titles = [t for t in titles if t]
+    assert len(titles) == len(set(titles)), sorted(t for t in titles if titles.count(t) > 1)

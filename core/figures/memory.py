@@ -78,7 +78,8 @@ def occupancy_heatmap(occ: Occupancy, ids: list[str], cursor_index: int | None =
     return base_layout(fig, "KV block occupancy over time", height=min(700, 200 + 6 * len(rows)))
 
 
-def block_table_figure(tables: dict[str, list[int]], ref_of_block: dict[int, int] | None = None) -> go.Figure:
+def block_table_figure(tables: dict[str, list[int]], ref_of_block: dict[int, int] | None = None,
+                       title: str | None = None) -> go.Figure:
     """Block tables as a grid: one row per sequence, one cell per logical block, labeled
     with the physical block id; cells of shared blocks (ref > 1) are highlighted."""
     names = list(tables)
@@ -96,7 +97,8 @@ def block_table_figure(tables: dict[str, list[int]], ref_of_block: dict[int, int
                                hovertemplate="%{y} logical %{x} -> physical %{text}<extra></extra>"))
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_xaxes(title_text="logical block", type="category")
-    return base_layout(fig, "Block tables (logical -> physical; orange = shared)", height=120 + 30 * len(names))
+    return base_layout(fig, title or "Block tables (logical -> physical; orange = shared)",
+                       height=120 + 30 * len(names))
 
 
 def waste_chart(labels: list[str], tokens: list[int], paged_slots: list[int], contiguous_slots: list[int],
