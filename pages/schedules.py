@@ -4,6 +4,7 @@ import streamlit as st
 
 from core.config import SchedulerConfig
 from core.errors import InputError
+from core.figures.timeline import bar_legend
 from core.lessons.scenarios import (
     CUSTOM_COLUMNS,
     MAX_LINK_REQUESTS,
@@ -39,8 +40,7 @@ from ui import (
 ensure_app_frame()
 
 st.title("Schedules")
-st.caption("One workload, several schedulers, one time axis. Bars: queue wait (gray), prefill (yellow), "
-           "first-to-last token (blue); ticks: token emissions (hover for time and gap).")
+st.caption("One workload, several schedulers, one time axis.")
 
 choice_param("sc", SCENARIO_LABELS, "scenario")
 label = st.selectbox("Scenario", list(SCENARIO_LABELS), **bound("sc"))
@@ -121,7 +121,10 @@ if scenario == "chapter31":
     st.caption("The given schedules are the chapter's Table 31.1 (its assigned emission times). Pick simulated "
                "policies in the sidebar to run the same three requests through the core scheduler; their times "
                "follow the stated step model, so they need not match the table.")
-show_chart(schedule_view("timeline", schedules), key="sched_timeline", width="stretch")
+timeline = schedule_view("timeline", schedules)
+bars = bar_legend(timeline)
+st.caption((f"Bars: {bars}" if bars else "Each row a request") + "; ticks: token emissions (hover for time and gap).")
+show_chart(timeline, key="sched_timeline", width="stretch")
 
 with st.expander("Seats, step by step (animation)", expanded=scenario in ("chapter31", "burst5")):
     # the simulated schedules shown; on the given-only default, static vs continuous of the same workload

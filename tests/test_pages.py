@@ -1,5 +1,8 @@
 """Every page headless (Streamlit AppTest): runs without exception, shows the reference
 numbers, reacts correctly to widgets and to URL query parameters."""
+
+import re
+
 import pytest
 
 from tests.helpers import arr, charts, open_page
@@ -348,3 +351,19 @@ def test_no_two_charts_on_a_page_share_a_title(page):
     titles = [(f["layout"].get("title") or {}).get("text", "") for f in charts(at)]
     titles = [t for t in titles if t]
     assert len(titles) == len(set(titles)), sorted(t for t in titles if titles.count(t) > 1)
+
+
+@pytest.mark.parametrize("params", [{}, {"sc": "Burst 5"}], ids=["chapter31-given", "burst5-simulated"])
+def test_the_schedules_caption_names_only_the_colours_drawn(params):
+    """Issue 36, item 27: the caption named a yellow prefill bar that the given schedules (no steps) do not
+    draw. It is written from the figure now: each bar it names is drawn, in the colour it names."""
+    from core.figures.timeline import COLOR_WORDS
+    at = open_page("schedules", params)
+    fig = next(f for f in charts(at) if any(t.get("type") == "bar" and t.get("orientation") == "h"
+                                           for t in f["data"]))
+    drawn = {t["name"]: COLOR_WORDS[t["marker"]["color"]] for t in fig["data"] if t.get("type") == "bar"}
+    caption = next(c.value for c in at.caption if c.value.startswith("Bars: "))
+    named = dict(re.findall(r"([\w -]+?) \((gray|yellow|blue)\)", caption.removeprefix("Bars: ")))
+    named = {k.strip().lstrip(", ").replace("first-to-last token", "decode"): v for k, v in named.items()}
+    assert named == drawn
+    assert ("prefill" in drawn) == bool(params)      # the given table has no steps: no prefill bar

@@ -12,6 +12,18 @@ QUEUE_COLOR = "#D9D9D9"
 PREFILL_COLOR = "#F2B701"
 DECODE_COLOR = "#80B1D3"
 PREEMPT_COLOR = "#D55E00"   # Okabe-Ito vermillion
+COLOR_WORDS = {QUEUE_COLOR: "gray", PREFILL_COLOR: "yellow", DECODE_COLOR: "blue"}
+BAR_WORDS = {"decode": "first-to-last token"}
+
+
+def bar_legend(fig) -> str:
+    """What the figure's bars are, in words, for those it draws ("queue wait (gray), decode (blue)"): a
+    caption written from the figure never names a colour that is not on it."""
+    seen = []
+    for t in fig.data:
+        if t.type == "bar" and t.name and t.name not in [n for n, _ in seen]:
+            seen.append((t.name, COLOR_WORDS.get(t.marker.color, "")))
+    return ", ".join(f"{BAR_WORDS.get(n, n)} ({w})" if w else BAR_WORDS.get(n, n) for n, w in seen)
 
 
 MAX_LANES = 300        # requests drawn one row each (all schedules together); more: the aggregate view
