@@ -33,13 +33,14 @@ for group, prefix in (("Chapter 31", "ch31"), ("Serving lesson: recall and stret
                 asked = "" if len(entered) == len(results) else f" ({len(results)} asked)"
                 if wrong:     # a wrong answer must not look like a right one: red, named, with a direction
                     hints = "; ".join(f"**{md(n.label)}**: {v:.6g} is too {'high' if v > n.value() else 'low'} "
-                                      f"(within ± {n.tolerance:g} counts)" for n, v in wrong)
-                    st.error(f"✗ {len(wrong)} of {len(entered)} entered not right{asked} — {hints}",
+                                      f"(right within ± {n.tolerance:g}{' ' + md(n.unit) if n.unit else ''})"
+                                      for n, v in wrong)
+                    st.error(f"{len(wrong)} of {len(entered)} entered not right{asked} — {hints}",
                              icon=":material/close:")
                 elif ok == len(results):
-                    st.success(f"✓ all {ok} correct", icon=":material/check:")
+                    st.success(f"All {ok} correct", icon=":material/check:")
                 else:
-                    st.info(f"✓ {ok} of {len(entered)} entered correct so far{asked}")
+                    st.info(f"{ok} of {len(entered)} entered correct so far{asked}", icon=":material/check:")
         with st.expander("Reference answer"):
             st.markdown(md(ex.answer))
             for n in ex.numeric:

@@ -40,6 +40,28 @@ def test_page_checks_answers_and_hides_the_reference():
     assert len(at.subheader) == 16 and len(at.expander) == 16
     at.number_input(key="ex_ch31-2_0").set_value(12.0).run()
     at.number_input(key="ex_ch31-2_1").set_value(12.0).run()
-    assert [s.value for s in at.success] == ["✓ all 2 correct"]
+    assert [s.value for s in at.success] == ["All 2 correct"]     # the icon is the mark: not a second one
     at.number_input(key="ex_recall-10_0").set_value(100.0).run()
     assert any("1 of 1 entered not right" in e.value for e in at.error)
+    ex = next(e for e in EXERCISES if e.key == "recall-10")
+    wrong = next(e.value for e in at.error if "1 of 1 entered not right" in e.value)
+    assert "counts" not in wrong and "✗" not in wrong                # issue 36, item 27
+    assert f"right within ± {ex.numeric[0].tolerance:g}" in wrong and (not ex.numeric[0].unit or ex.numeric[0].unit
+                                                                         in wrong)
+    at.number_input(key="ex_ch31-1_0").set_value(1.0).run()
+    ms = next(e.value for e in at.error if "A, serial" in e.value)
+    assert "± 0.5 ms)" in ms
+
+
+@pytest.mark.parametrize("ex", [e for e in EXERCISES if e.link], ids=lambda e: e.key)
+def test_every_link_opens_its_view_without_a_notice(ex):
+    """Issue 36, item 27: exercise 3's link opened the chapter's preset, not the exercise's p and q."""
+    parts = urlsplit("/" + ex.link)
+    params = {k: v if len(v) > 1 else v[0] for k, v in parse_qs(parts.query).items()}
+    at = open_page(parts.path.strip("/"), params)
+    assert not at.exception
+    assert not [w.value for w in at.warning if "link" in w.value.lower() or "default" in w.value.lower()]
+    if ex.key == "ch31-3":
+        from core.lessons.exercises import EX3_P, EX3_Q
+        table = next(d.value for d in at.dataframe if "accept min(1, p/q)" in d.value.columns)
+        assert table["p"].tolist() == EX3_P and table["q"].tolist() == EX3_Q

@@ -97,7 +97,7 @@ EXERCISES = [
              "Redo Example 31.3 with target p = [0.3, 0.7] and draft q = [0.6, 0.4]: the acceptance probability "
              "of each draft token, the rejection mass and the residual distribution; check that the final "
              "masses equal p.",
-             "speculative",
+             "speculative?sp_preset=exercise",
              "Acceptance min(1, p/q) = [0.5, 1]. Accepted masses 0.3 and 0.4, so 0.3 is rejected. The positive "
              "residual (p − q)+ normalised is [0, 1]: every rejected draw becomes the second token (Lyon in the "
              "chapter). Final masses: 0.3 and 0.4 + 0.3 = 0.7 — exactly p.",
