@@ -236,3 +236,43 @@ def test_the_checks_see_what_they_forbid(page):
     assert fit["cut"] and "1,136.587" in fit["cut"][0]
     contrast = page.evaluate(CONTRAST_JS)
     assert contrast["checked"] == 2 and len(contrast["low"]) == 1 and "1.05:1" in contrast["low"][0]
+
+
+# Presentation mode (issue 36, item 27): the promise is text of at least 16 px in figures; the play
+# buttons were 11 px, and a legend lay over tick labels.
+PRESENT_JS = r"""
+() => {
+  const visible = (root, sel) => [...root.querySelectorAll(sel)]
+    .map(e => [e, e.getBoundingClientRect()]).filter(([e, r]) => r.width > 0 && r.height > 0);
+  const meet = (a, b) => a.left < b.right - 0.5 && b.left < a.right - 0.5 &&
+                         a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5;
+  const small = [], hits = [];
+  for (const chart of document.querySelectorAll("[data-testid='stPlotlyChart']")) {
+    if (chart.getBoundingClientRect().width === 0) continue;
+    const title = (chart.querySelector(".gtitle") || {}).textContent || "";
+    for (const [t] of visible(chart, ".updatemenu-button text, .slider-label, .legendtext, .xtick text, .ytick text")) {
+      const px = parseFloat(t.style.fontSize || getComputedStyle(t).fontSize);
+      if (px < 15.5) small.push(`${title}: "${t.textContent.slice(0, 20)}" ${px} px`);
+    }
+    for (const [legend, lr] of visible(chart, "g.legend"))
+      for (const [t, tr] of visible(chart, ".xtick text, .ytick text, .g-xtitle text, .g-ytitle text"))
+        if (meet(lr, tr)) hits.push(`${title}: legend over "${t.textContent}"`);
+  }
+  return {small: [...new Set(small)].slice(0, 10), hits: hits.slice(0, 10)};
+}
+"""
+
+
+PRESENT_PAGES = [("schedules?sc=Burst+5", "schedules"), ("kv", "kv"), ("tiles", "tiles"),
+                 ("speculative", "speculative"), ("roofline", "roofline"), ("load", "load"),
+                 ("pathologies", "pathologies"),
+                 ("replay?tr=shared_prefix_caching_on.json.gz", "replay")]
+
+
+@pytest.mark.parametrize("path,name", PRESENT_PAGES, ids=[n for _, n in PRESENT_PAGES])
+def test_presentation_mode_text_of_16_px_and_legends_clear_of_axes(server, page, path, name):
+    sep = "&" if "?" in path else "?"
+    open_at(page, f"{server}/{path}{sep}present=true", PROJECTOR)
+    got = page.evaluate(PRESENT_JS)
+    assert not got["small"], got["small"]
+    assert not got["hits"], got["hits"]

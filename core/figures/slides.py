@@ -31,6 +31,11 @@ def for_presentation(fig: go.Figure) -> go.Figure:
     out.update_xaxes(tickfont=dict(size=PRESENTATION_TICKS), title_font=dict(size=PRESENTATION_FONT))
     out.update_yaxes(tickfont=dict(size=PRESENTATION_TICKS), title_font=dict(size=PRESENTATION_FONT))
     out.update_annotations(font=dict(size=PRESENTATION_TICKS))
+    for menu in out.layout.updatemenus or ():         # an animation's play buttons
+        menu.font.size = max(menu.font.size or 0, PRESENTATION_TICKS)
+    for slider in out.layout.sliders or ():
+        slider.font.size = max(slider.font.size or 0, PRESENTATION_TICKS)
+        slider.currentvalue.font.size = max(slider.currentvalue.font.size or 0, PRESENTATION_TICKS)
     for tr in out.data:
         tf = getattr(tr, "textfont", None)
         if tf is not None and tf.size is not None and tf.size < PRESENTATION_TICKS:
