@@ -56,9 +56,8 @@ from ui import (
 ensure_app_frame()
 
 st.title("Trace replay")
-st.caption("Open a trace — bundled, captured by the runner, written by hand, another tool's file (vLLM/SGLang, "
-           "AIPerf, guidellm, inference-perf results; vLLM's iteration log, spans, KV events) — and move the time "
-           "cursor: every view below follows it.")
+st.caption("Open a trace (bundled, captured, or another tool's file: docs/imports.md) and move the time cursor: "
+           "every view follows it.")
 
 files = replay_trace_files()
 UPLOAD = "Upload a file…"
@@ -171,8 +170,11 @@ panel = st.container()
 
 def metrics_panel():
     with panel:
-        st.markdown(f"**{md(tr.label)}** {origin_badge(tr)}")
-        st.caption(trace_details(tr))
+        details = trace_details(tr, notes=False)
+        st.markdown(f"**{md(tr.label)}** {origin_badge(tr)} "
+                    + (f":small[:gray[{details}]]" if details else "")
+                    + (" :small[:gray[· its notes: under *Where these numbers come from*]]"
+                       if tr.meta.get("notes") else ""))
         summary = views.summary()
         s = summary["summary"]
         cols = st.columns(6)
@@ -224,23 +226,27 @@ def two_clocks(s):
     eng = engine_side(tr)
     if eng is None:
         return
-    cols = st.columns(6)
-    for col, (label, key, stat) in zip(cols, (("engine TTFT p50", "ttft_ms", "median"),
-                                              ("engine TTFT p99", "ttft_ms", "p99"),
-                                              ("engine E2E p50", "e2e_ms", "median"))):
-        if key in eng:
-            col.metric(*ms_metric(label, eng[key][stat]))
     bursts = delivery_bursts(tr, views.request_metrics())
-    cols[3].metric("delivered in a burst", f"{len(bursts):,} of {len(tr.requests):,}",
-                   help=f"the client saw first to last token in under {BURST_FRACTION:.0%} of the time the engine "
-                        "spent decoding them (its span)")
     client_ttft = s["ttft_ms"]["median"]
-    st.caption("Two clocks. Above: the **client's** (send → first streamed chunk, → last chunk). This row: the "
-               "**engine's** own spans (arrival at its front-end → first token, → finish; measured, "
-               f"n = {eng.get('ttft_ms', {}).get('n', 0):,}). "
+    said = ", ".join(f"{name} **{fmt_ms(eng[key][stat])} ms**" for name, key, stat in (
+        ("TTFT p50", "ttft_ms", "median"), ("TTFT p99", "ttft_ms", "p99"), ("E2E p50", "e2e_ms", "median"))
+        if key in eng)
+    st.caption(f"**Two clocks.** The numbers above are the **client's** (send → first streamed chunk, → last "
+               f"chunk). The **engine's** own spans (arrival at its front-end → first token, → finish; measured, "
+               f"n = {eng.get('ttft_ms', {}).get('n', 0):,}): {said}. "
                + (f"The TTFT medians differ by {client_ttft - eng['ttft_ms']['median']:,.1f} ms: HTTP, "
                   "detokenisation and streaming between the two. " if client_ttft is not None and "ttft_ms" in eng
-                  else ""))
+                  else "")
+               + (f"**{len(bursts):,} of {len(tr.requests):,}** requests were delivered in a burst (first to last "
+                  f"token in under {BURST_FRACTION:.0%} of the engine's decode time; listed below the charts)."
+                  if len(bursts) else ""))
+
+
+def bursts_table():
+    """The requests delivered in a burst (two_clocks counts them), below the cursor's views."""
+    if large or engine_side(tr) is None:
+        return
+    bursts = delivery_bursts(tr, views.request_metrics())
     if len(bursts):
         with st.expander(f"{len(bursts):,} requests received their tokens in a burst"):
             st.caption("For these, the client's TPOT and inter-token gaps measure how the server delivered the "
@@ -407,9 +413,12 @@ def provenance_panel():
     """Where every number on this page comes from: the trace's origin, its clock and, per quantity,
     who measured it and how (imported and merged files)."""
     prov, clock, merged = tr.meta.get("provenance"), tr.meta.get("clock"), tr.meta.get("merged_from")
-    if not (prov or clock or merged):
+    notes = tr.meta.get("notes")
+    if not (prov or clock or merged or notes):
         return
     with st.expander("Where these numbers come from"):
+        if notes:
+            st.markdown(f"**The trace's own notes**: {md(str(notes))}")
         if clock:
             st.markdown(f"**Clock**: {md(clock.get('kind', '?'))}; {md(clock.get('how', ''))} "
                         f"(resolution {clock.get('resolution_ms', 0):g} ms).")
@@ -427,6 +436,7 @@ def provenance_panel():
 cursor_views()
 provenance_panel()
 metrics_panel()
+bursts_table()
 spec = tr.events_of("spec")
 if spec:
     pos, rates, counts = acceptance_by_position(spec)

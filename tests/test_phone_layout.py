@@ -276,3 +276,13 @@ def test_presentation_mode_text_of_16_px_and_legends_clear_of_axes(server, page,
     got = page.evaluate(PRESENT_JS)
     assert not got["small"], got["small"]
     assert not got["hits"], got["hits"]
+
+
+def test_the_replay_pages_first_chart_starts_above_the_fold(server, page):
+    """Issue 36, item 27: on the default trace (the merged vLLM run) the first chart started at 970 px,
+    below a 1280x800 screen: the trace's notes, the two clocks' row and the burst list came first."""
+    open_at(page, f"{server}/replay", PROJECTOR)
+    top = page.evaluate("""() => { const m = document.querySelector("[data-testid='stMain']");
+        const c = document.querySelector("[data-testid='stPlotlyChart']");
+        return c.getBoundingClientRect().top + m.scrollTop; }""")
+    assert top < PROJECTOR["height"], top

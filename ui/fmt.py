@@ -33,13 +33,13 @@ def origin_badge(trace: Trace) -> str:
     return f":{color}-badge[{md(src)}]" + (f" {md(extra)}" if extra else "")
 
 
-def trace_details(trace: Trace) -> str:
-    """Created, device, step model and notes from the trace's metadata, those present."""
+def trace_details(trace: Trace, notes: bool = True) -> str:
+    """Created, device, step model and (with `notes`) notes from the trace's metadata, those present."""
     meta = trace.meta
     step_model = meta.get("step_model")
     details = {"created": meta.get("created"), "device": meta.get("device"),
                "step model": step_model.get("description") if isinstance(step_model, dict) else None,
-               "notes": meta.get("notes")}
+               "notes": meta.get("notes") if notes else None}
     return " · ".join(f"{k}: {md(v)}" for k, v in details.items() if v)
 
 
