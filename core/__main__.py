@@ -155,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     o = sub.add_parser("overview", help="build the overview the trace replay page opens a trace larger than memory "
                                         "from (written beside it: T.parquet.overview/; core/analysis/overview.py)")
     o.add_argument("trace", help="a Parquet trace (a .parquet file or a directory of parts)")
-    o.add_argument("--out", metavar="DIR", help="write the overview here instead (the page looks beside the trace, "
-                                                "then in the user cache)")
+    o.add_argument("--out", metavar="DIR", help="write the overview here instead: a new or empty folder, or one this "
+                                                "tool wrote (anything else is refused, left as it is); the page looks "
+                                                "beside the trace, then in the user cache")
 
     e = sub.add_parser("export", help="convert a trace: Chrome/Perfetto JSON, per-request CSV, JSON, Parquet")
     e.add_argument("trace", help=f"serving-trace/1 or a vLLM/SGLang result JSON; {gz}")
