@@ -213,9 +213,10 @@ def _fanout_flags(p, runs: str):
                    help="run as Ray tasks: no address = a local Ray started for the call; auto or ray://HOST:PORT = "
                         "an existing cluster (Ray is optional: docs/scale.md)")
     p.add_argument("--results", metavar="DIR_OR_URI",
-                   help=f"each of the {runs} writes its result row as a Parquet part here (a new local directory or "
-                        "a pyarrow filesystem URI such as s3://bucket/prefix, shared by a cluster's nodes), read back "
-                        "as one dataset and kept (core/sim/shared.py)")
+                   help=f"each of the {runs} writes its result row as a Parquet part here (a new or empty local "
+                        "directory or a pyarrow filesystem URI such as s3://bucket/prefix, shared by a cluster's "
+                        "nodes; claimed for this run before any work), read back as one dataset and kept "
+                        "(core/sim/shared.py)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -179,7 +179,7 @@ def test_results_written_to_a_shared_location_are_gathered_as_a_dataset(tmp_path
         shared = search(*args, results=where, **kw)
         assert shared["points"] == here["points"] and shared["best"] == here["best"]
         d = tmp_path / "runs" / "a" if "://" not in where else tmp_path / "b"
-        assert sorted(p.name for p in d.iterdir()) == [f"part-{k:05d}.parquet" for k in range(4)]
+        assert sorted(p.name for p in d.iterdir()) == ["_claim.json"] + [f"part-{k:05d}.parquet" for k in range(4)]
         n, pruned = duckdb.connect().execute(f"SELECT count(*), count(*) FILTER (pruned) FROM "
                                              f"read_parquet('{d}/*.parquet', union_by_name=true)").fetchone()
         assert n == 4 and pruned == sum(1 for p in here["points"] if p.get("pruned"))
