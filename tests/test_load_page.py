@@ -224,6 +224,7 @@ def test_the_capacity_search_section_answers_as_the_search_does():
     from core.lessons.load import NOTE_CHARS
     assert max(len(n) for n in table.value["note"]) <= NOTE_CHARS
     assert json.loads(table.proto.columns)["note"]["width"] == "large"
+    at.session_state["_prev_sc"] = "Chapter 31"       # Schedules seen before in this session: its preset must not win
     at.button(key="ld_s_open").click().run()
     assert not at.exception
     assert [t.value for t in at.title] == ["Schedules"]
@@ -232,3 +233,6 @@ def test_the_capacity_search_section_answers_as_the_search_does():
     assert at.number_input(key="ms").value == best["max_seqs"] and at.number_input(key="tb").value == \
         best["token_budget"]
     assert at.pills(key="pol").value == ["chunked"]
+    # opened as a link is: the Upload scenario's preset did not add its own values to the address
+    assert set(at.query_params) <= {"sc", "pol", "ms", "tb", "kb", "ch", "bs", "s_kind", "s_base", "s_pp", "s_pd",
+                                    "usd"}
