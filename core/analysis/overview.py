@@ -130,6 +130,8 @@ def build(path, out: Path | None = None, progress=None) -> Path:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
+        if e.filename is not None and str(e.filename) in {str(f) for f in files}:
+            raise InputError(f"{e.filename}: cannot read the trace ({e.strerror or e})") from None
         where = f" ({e.filename})" if e.filename else ""
         raise InputError(f"{out}: cannot write the overview here: {e.strerror or e}{where}; give python -m core "
                          "overview --out a folder you can write") from None
