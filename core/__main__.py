@@ -155,8 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     o = sub.add_parser("overview", help="build the overview the trace replay page opens a trace larger than memory "
                                         "from (written beside it: T.parquet.overview/; core/analysis/overview.py)")
     o.add_argument("trace", help="a Parquet trace (a .parquet file or a directory of parts)")
-    o.add_argument("--out", metavar="DIR", help="write the overview here instead (the page looks beside the trace, "
-                                                "then in the user cache)")
+    o.add_argument("--out", metavar="DIR", help="write the overview here instead: a new or empty folder, or one this "
+                                                "tool wrote (anything else is refused, left as it is); the page looks "
+                                                "beside the trace, then in the user cache")
 
     e = sub.add_parser("export", help="convert a trace: Chrome/Perfetto JSON, per-request CSV, JSON, Parquet")
     e.add_argument("trace", help=f"serving-trace/1 or a vLLM/SGLang result JSON; {gz}")
@@ -212,9 +213,10 @@ def _fanout_flags(p, runs: str):
                    help="run as Ray tasks: no address = a local Ray started for the call; auto or ray://HOST:PORT = "
                         "an existing cluster (Ray is optional: docs/scale.md)")
     p.add_argument("--results", metavar="DIR_OR_URI",
-                   help=f"each of the {runs} writes its result row as a Parquet part here (a new local directory or "
-                        "a pyarrow filesystem URI such as s3://bucket/prefix, shared by a cluster's nodes), read back "
-                        "as one dataset and kept (core/sim/shared.py)")
+                   help=f"each of the {runs} writes its result row as a Parquet part here (a new or empty local "
+                        "directory or a pyarrow filesystem URI such as s3://bucket/prefix, shared by a cluster's "
+                        "nodes; claimed for this run before any work), read back as one dataset and kept "
+                        "(core/sim/shared.py)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 

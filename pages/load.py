@@ -1,5 +1,8 @@
 """Load & SLOs: throughput-latency curves from load sweeps, SLOs as gates, capacity, Little's
 law, and Exercise 6 of chapter 31 with numbers."""
+import math
+import threading
+
 import pandas as pd
 import streamlit as st
 
@@ -7,10 +10,22 @@ from core.analysis.metrics import SLO
 from core.config import SchedulerConfig
 from core.errors import InputError
 from core.figures.load import load_curves, search_figure
-from core.lessons.load import exercise6, exercise6_preset, measured_point, parse_loads, sweep_policies
+from core.lessons.load import (
+    SEARCH_BUDGET_S,
+    SEARCH_MAX_TOKENS,
+    exercise6,
+    exercise6_preset,
+    measured_point,
+    parse_loads,
+    schedules_link,
+    search_signature,
+    search_table,
+    searched_workload,
+    sweep_policies,
+)
 from core.lessons.scenarios import DATA
 from core.lessons.schedules import POLICY_LABELS, policy_config
-from core.sim.search import describe, parse_grid, search
+from core.sim.search import check_work, describe, parse_grid, search
 from core.workload import load_workload
 from ui import (
     HASH_FUNCS,
@@ -30,6 +45,19 @@ from ui import (
 
 ensure_app_frame()
 
+
+def open_in_schedules(timed, params):
+    """The capacity search's "Open this configuration": the Schedules page's scenario "Upload" shows the
+    session's last workload, here the searched one, under the link's parameters (the preset of a changed
+    scenario would override them: forgotten, as on opening a link)."""
+    st.session_state["sched_last_upload"] = timed
+    st.session_state.pop("_prev_sc", None)
+    st.session_state["ld_s_open_to"] = params
+
+
+if (to := st.session_state.pop("ld_s_open_to", None)) is not None:
+    st.switch_page("pages/schedules.py", query_params=to)
+
 LOAD_WORKLOADS = {"Poisson 500 (bundled Vidur CSV)": DATA / "workloads" / "poisson500_vidur.csv",
                   "Shared prefix 200": DATA / "workloads" / "shared_prefix_200.json", "Upload": None}
 
@@ -44,7 +72,8 @@ def cached_sweeps(workload, policies: tuple, config, step_model, chunk, kind, lo
 
 @st.cache_resource(show_spinner="Searching the configurations…", max_entries=8, hash_funcs=HASH_FUNCS)
 def cached_search(workload, base_cfg, step_model, grid, rate, slo, att, seed, usd):
-    return search(workload, base_cfg, step_model, grid, rate, slo, target=att, seed=seed, usd_per_hour=usd)
+    return search(workload, base_cfg, step_model, grid, rate, slo, target=att, seed=seed, usd_per_hour=usd,
+                  budget_s=SEARCH_BUDGET_S)
 
 
 @st.cache_resource(show_spinner=False)
@@ -206,46 +235,68 @@ g1, g2, g3 = st.columns(3)
 g_ms = g1.text_input("max running sequences", "8,16,32,64", **bound("ld_s_ms"))
 g_tb = g2.text_input("token budgets per step", "2048,8192", **bound("ld_s_tb"))
 g_kb = g3.text_input("KV blocks (none = enough)", "none", **bound("ld_s_kb"))
-if st.toggle("Run the search", False, **bound("ld_s_run"),
-             help="each configuration is one simulation of the workload (seconds for a few dozen)"):
-    try:
-        if not slo.given():
-            raise InputError("the search needs at least one SLO bound (sidebar)")
-        grid = parse_grid([f"max_seqs={g_ms}", f"token_budget={g_tb}", f"kv_blocks={g_kb}"])
-        base_cfg = policy_config(s_pol, SchedulerConfig(block_size=config.block_size), int(chunk))
-        found = cached_search(workload, base_cfg, step_model, grid, float(s_rate), slo, float(att), int(seed),
-                              float(usd) or None)
-    except InputError as e:
-        st.error(f"Capacity search: {md(e)}")
-    else:
-        show_chart(search_figure(found["points"], priced=bool(usd)), key="ld_search")
-        b = found["best"]
-        if b is None:
-            st.warning(f"No configuration reaches SLO attainment {att:g} at {s_rate:g} req/s.")
+found = None
+try:
+    if not slo.given():
+        raise InputError("the search needs at least one SLO bound (sidebar)")
+    grid = parse_grid([f"max_seqs={g_ms}", f"token_budget={g_tb}", f"kv_blocks={g_kb}"])
+    base_cfg = policy_config(s_pol, SchedulerConfig(block_size=config.block_size), int(chunk))
+    work = check_work(workload, grid, SEARCH_MAX_TOKENS, " on this page")
+except InputError as e:
+    st.error(f"Capacity search: {md(e)}")
+else:
+    args = (workload, base_cfg, step_model, grid, float(s_rate), slo, float(att), int(seed), float(usd) or None)
+    signature = search_signature(*args)
+    n_configs = math.prod(len(v) for v in grid.values())
+    # a link restores the inputs, never the run: the search starts on this click only, one at a time per session
+    st.button(f"Run the search ({n_configs:,} configurations)", key="ld_s_go", type="primary",
+              on_click=lambda: st.session_state.update(ld_search_asked=signature),
+              help=f"{work / 1e6:,.1f} M simulated tokens (at most {SEARCH_MAX_TOKENS / 1e6:,.0f} M here); no "
+                   f"configuration is started after {SEARCH_BUDGET_S:g} s")
+    if st.session_state.pop("ld_search_asked", None) == signature:
+        lock = st.session_state.setdefault("ld_search_lock", threading.Lock())
+        if not lock.acquire(blocking=False):
+            st.warning("A search of this session is still running; its result shows here when it ends (one search "
+                       "at a time per session).")
         else:
-            cfg = b["config"]
-            link = (f"schedules?pol={s_pol}&ms={cfg.get('max_seqs') or 0}&tb={cfg.get('token_budget') or 0}"
-                    f"&kb={cfg.get('kv_blocks') or 0}&ch={int(chunk)}&s_kind=affine&s_base={step_model.base_ms:g}"
-                    f"&s_pp={step_model.prefill_ms_per_token:g}"
-                    f"&s_pd={step_model.decode_ms_per_seq:g}")
-            price = b["cost_per_1k_good_tokens_usd"]
-            st.success(f"Cheapest meeting the SLOs: **{md(describe(cfg))}** — SLO met {b['slo']['attainment']:.3f}, "
-                       f"goodput {b['slo']['goodput_tok_per_s']:,.1f} tok/s"
-                       + (f", USD {price:.4g} per 1,000 good tokens" if price else "") + ".")
-            st.markdown(f"[Open this configuration on the Schedules page](/{link}) (its policy, limits, chunk "
-                        "and step model; the Schedules page runs its own scenarios)")
-        st.caption(f":orange-badge[simulated] {found['simulated']} configurations simulated in full, "
-                   f"{found['pruned']} stopped early, "
-                   f"{sum('invalid' in p for p in found['points'])} invalid (listed with the reason).")
-        rows = [{"configuration": describe(p["config"]),
-                 "SLO met": p["slo"]["attainment"] if "slo" in p else None,
-                 "goodput tok/s": p["slo"]["goodput_tok_per_s"] if "slo" in p else None,
-                 "TTFT p99": p["ttft_ms"]["p99"] if "ttft_ms" in p else None,
-                 "USD per 1k good tokens": p.get("cost_per_1k_good_tokens_usd"),
-                 "note": p.get("invalid") or (f"stopped: {p['prefix_misses']} of the first {p['prefix_requests']} "
-                                              "missed" if p.get("pruned") else "")} for p in found["points"]]
-        with st.expander("Every configuration"):
-            show_table(pd.DataFrame(rows), hide_index=True, key="ld_search_table")
+            try:
+                st.session_state["ld_search_done"] = (signature, cached_search(*args))
+            except InputError as e:
+                st.error(f"Capacity search: {md(e)}")
+            finally:
+                lock.release()
+    done = st.session_state.get("ld_search_done")
+    if done is not None and done[0] == signature:
+        found = done[1]
+    elif done is not None:
+        st.info("The inputs changed since the last search: press the button to search these.")
+if found is not None:
+    show_chart(search_figure(found["points"], priced=bool(usd), best=found["best"]), key="ld_search")
+    b = found["best"]
+    if b is None:
+        st.warning(f"No configuration reaches SLO attainment {att:g} at {s_rate:g} req/s.")
+    else:
+        cfg = b["config"]
+        price = b["cost_per_1k_good_tokens_usd"]
+        st.success(f"{'Cheapest' if usd else 'Most goodput'} meeting the SLOs: **{md(describe(cfg))}** — SLO met "
+                   f"{b['slo']['attainment']:.3f}, goodput {b['slo']['goodput_tok_per_s']:,.1f} tok/s"
+                   + (f", USD {price:.4g} per 1,000 good tokens" if price else "") + ".")
+        st.button("Open this configuration on the Schedules page", key="ld_s_open", on_click=open_in_schedules,
+                  args=(searched_workload(workload, float(s_rate), int(seed)),
+                        schedules_link(cfg, s_pol, int(chunk), config.block_size, step_model, float(usd) or None)),
+                  help="the searched workload (these requests at this load and seed), with its policy, limits, "
+                       "chunk and step model")
+    st.caption(f":orange-badge[simulated] {found['simulated']} configurations simulated in full, "
+               f"{found['pruned']} stopped early, {sum('invalid' in p for p in found['points'])} invalid"
+               + (f", {found['not_run']} not simulated (the {SEARCH_BUDGET_S:g} s budget was spent)"
+                  if found.get("not_run") else "") + " — each listed with the reason.")
+    shown, exported, reasons = search_table(found)
+    with st.expander("Every configuration"):
+        show_table(pd.DataFrame(shown), hide_index=True, key="ld_search_table", export=pd.DataFrame(exported),
+                   column_config={"configuration": st.column_config.TextColumn(width="medium"),
+                                  "note": st.column_config.TextColumn(width="large")})
+        for k, why in enumerate(reasons, 1):
+            st.markdown(f"Invalid, reason {k}: {md(why)}")
 
 st.subheader("Exercise 6: a hard TTFT bound is a gate")
 ex = exercise6_preset()

@@ -124,10 +124,10 @@ CASES = [
          num("ld_e2e", 20_000), num("ld_tpot", 40), num("ld_ttft", 400), num("ld_pd", 0.06), num("ld_pp", 0.03),
          num("ld_base", 4), num("ld_kb", 5000), num("ld_ch", 256), num("ld_tb", 4096), num("ld_ms", 16),
          num("ld_seed", 3), PRESENT))),
-    # the capacity search on the Load page: its grid, load, policy and price, run (two configurations)
+    # the capacity search on the Load page: its grid, load, policy and price (a link never runs it)
     Case("load-search", "load", (
         (num("ld_s_rate", 12), sel("ld_s_pol", "continuous"), num("ld_s_usd", 3), Set("ld_s_ms", "text", "16,64"),
-         Set("ld_s_tb", "text", "8192"), Set("ld_s_kb", "text", "none,6000"), Set("ld_s_run", "toggle", True)),)),
+         Set("ld_s_tb", "text", "8192"), Set("ld_s_kb", "text", "none,6000")),)),
     # on a trace with steps and KV events, named in the starting address (the trace picker is set
     # through the UI in the next case)
     Case("replay-cursor", f"replay?tr={TRACE}", (

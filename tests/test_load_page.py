@@ -1,4 +1,6 @@
 """The Load & SLOs page (AppTest) and core.lessons.load, against hand computations."""
+import json
+
 import pytest
 
 from core.errors import InputError
@@ -115,32 +117,122 @@ def test_a_sweep_directory_or_a_guidellm_file_brings_every_run_as_a_point():
         assert arr(t["x"]) == [want]
 
 
-def test_the_capacity_search_section_answers_as_the_search_does():
-    """Issue 29 part 3: the Load page's search is core.sim.search on the page's workload, SLOs and
-    step model; its chart separates configurations that meet the SLOs from those that miss them,
-    and the winner's link opens the Schedules page with its configuration."""
+SEARCH_LINK = {"ld_s_ms": "8,16,64", "ld_s_tb": "2048,8192", "ld_s_kb": "none", "ld_s_rate": "20", "ld_s_usd": "4"}
+
+
+def searched_here():
+    """core.sim.search on the page's defaults and SEARCH_LINK's grid, run here."""
     from core.analysis.metrics import SLO
     from core.config import SchedulerConfig
     from core.lessons.schedules import policy_config
     from core.sim.search import search
     from core.sim.stepmodel import StepModel
     from core.workload import load_workload
-    from tests.conftest import DATA
-    at = open_page("load", {"ld_s_run": "true", "ld_s_ms": "8,64", "ld_s_tb": "2048,8192", "ld_s_kb": "none",
-                            "ld_s_rate": "20", "ld_s_usd": "4"})
-    assert not at.exception and not at.error
-    want = search(load_workload(DATA / "workloads" / "poisson500_vidur.csv"),
+    return search(load_workload(DATA / "workloads" / "poisson500_vidur.csv"),
                   policy_config("chunked", SchedulerConfig(), 512),
                   StepModel("affine", base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.05),
-                  {"max_seqs": [8, 64], "token_budget": [2048, 8192], "kv_blocks": [None]}, 20.0,
+                  {"max_seqs": [8, 16, 64], "token_budget": [2048, 8192], "kv_blocks": [None]}, 20.0,
                   SLO(ttft_ms=500.0, tpot_ms=50.0), target=0.9, seed=0, usd_per_hour=4.0, workers=1)
+
+
+def search_chart(at):
+    figs = [f for f in charts(at) if (f["layout"].get("title") or {}).get("text", "").startswith("Capacity search")]
+    return figs[0] if figs else None
+
+
+def test_a_link_never_starts_the_capacity_search():
+    """Issue 36 item 22: a link restores the search's inputs, not its run (the old "run" switch in the
+    link, ld_s_run=true, is ignored); the search runs on the page's button only."""
+    at = open_page("load", {**SEARCH_LINK, "ld_s_run": "true"})
+    assert search_chart(at) is None and "ld_search_done" not in at.session_state
+    assert [b.label for b in at.button if b.key == "ld_s_go"] == ["Run the search (6 configurations)"]
+    at.button(key="ld_s_go").click().run()
+    assert not at.exception and search_chart(at) is not None
+
+
+def test_a_grid_past_the_pages_work_cap_is_refused_before_any_work():
+    """configurations x the workload's prompt + output tokens (counted here from the bundled CSV) past
+    core.lessons.load.SEARCH_MAX_TOKENS: one error naming the numbers, no button to start it."""
+    import csv
+    with open(DATA / "workloads" / "poisson500_vidur.csv") as f:
+        rows = list(csv.DictReader(f))
+    tokens = sum(int(r["num_prefill_tokens"]) + int(r["num_decode_tokens"]) for r in rows)
+    n = 100 * 2
+    at = open_page("load", {**SEARCH_LINK, "ld_s_ms": ",".join(str(k) for k in range(1, 101))})
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and f"{n} configurations x {tokens:,} tokens" in errors[0], errors
+    assert f"{n * tokens / 1e6:,.1f} M simulated tokens; at most 40 M per search on this page" in errors[0]
+    assert not [b for b in at.button if b.key == "ld_s_go"] and search_chart(at) is None
+
+
+def test_one_search_at_a_time_per_session():
+    """A search still running in this session (its lock held): the button says so instead of starting
+    another."""
+    import threading
+    at = open_page("load", SEARCH_LINK)
+    held = threading.Lock()
+    held.acquire()
+    at.session_state["ld_search_lock"] = held
+    at.button(key="ld_s_go").click().run()
+    assert any("still running" in w.value for w in at.warning)
+    assert search_chart(at) is None and "ld_search_done" not in at.session_state
+    held.release()
+    at.button(key="ld_s_go").click().run()
+    assert search_chart(at) is not None
+
+
+def test_the_capacity_search_section_answers_as_the_search_does():
+    """Issue 29 part 3 and issue 36 item 25: the Load page's search is core.sim.search on the page's
+    workload, SLOs and step model. Its chart: every simulated configuration drawn, those with the same
+    result on one marker labelled with their count, the answer starred, the cost axis in plain USD;
+    its table: no "None", an em dash with the reason, notes that fit their column; "Open this
+    configuration" opens the Schedules page on the searched workload with the answer's settings."""
+    want = searched_here()
+    at = open_page("load", SEARCH_LINK)
+    at.button(key="ld_s_go").click().run()
+    assert not at.exception and not at.error
     best = want["best"]["config"]
     said = at.success[0].value
     assert f"max\\_seqs {best['max_seqs']}, token\\_budget {best['token_budget']}" in said
-    (fig,) = [f for f in charts(at) if (f["layout"].get("title") or {}).get("text", "").startswith("Capacity search")]
-    names = {t["name"] for t in fig["data"]}
-    assert {"meets the SLOs", "misses them"} <= names
-    drawn = sum(len(t["x"]) for t in fig["data"] if t["name"] in ("meets the SLOs", "misses them"))
-    assert drawn == want["simulated"]
-    link = [m.value for m in at.markdown if "Schedules page" in m.value][0]
-    assert f"ms={best['max_seqs']}&tb={best['token_budget']}" in link and "pol=chunked" in link
+    fig = search_chart(at)
+    marks = {t["name"]: t for t in fig["data"]}
+    assert {"meets the SLOs", "misses them", "cheapest meeting the SLOs"} <= set(marks)
+    # configurations with the same (goodput, cost): counted here from the search's own points
+    same: dict = {}
+    for p in want["points"]:
+        if "meets" in p and p["cost_per_1k_good_tokens_usd"] is not None:
+            same.setdefault((p["meets"], round(p["slo"]["goodput_tok_per_s"], 6)), []).append(p)
+    assert any(len(g) > 1 for g in same.values())          # this grid has coincident results (budgets 2048, 8192)
+    drawn = {}
+    for name in ("meets the SLOs", "misses them"):
+        t = marks[name]
+        for x, text, cd in zip(arr(t["x"]), t["text"], t["customdata"]):
+            drawn[(name == "meets the SLOs", round(x, 6))] = (cd[2], text)
+    assert {k: n for k, (n, _) in drawn.items()} == {k: len(g) for k, g in same.items()}
+    assert all(text == (f"×{n}" if n > 1 else "") for n, text in drawn.values())
+    star = marks["cheapest meeting the SLOs"]
+    assert arr(star["x"]) == [want["best"]["slo"]["goodput_tok_per_s"]]
+    assert arr(star["y"]) == [want["best"]["cost_per_1k_good_tokens_usd"]]
+    y = fig["layout"]["yaxis"]
+    assert y["exponentformat"] == "none" and "s" not in y["tickformat"]      # no SI prefix (µ) on USD
+    table = next(d for d in at.dataframe if "note" in d.value.columns)
+    cells = table.value.astype(str).to_numpy().ravel().tolist()
+    assert "None" not in cells and "nan" not in cells
+    for p, (_, row) in zip(want["points"], table.value.iterrows()):
+        if p.get("pruned"):
+            assert row["goodput tok/s"] == "—" and row["note"].startswith("stopped early: ")
+    from core.lessons.load import NOTE_CHARS
+    assert max(len(n) for n in table.value["note"]) <= NOTE_CHARS
+    assert json.loads(table.proto.columns)["note"]["width"] == "large"
+    at.session_state["_prev_sc"] = "Chapter 31"       # Schedules seen before in this session: its preset must not win
+    at.button(key="ld_s_open").click().run()
+    assert not at.exception
+    assert [t.value for t in at.title] == ["Schedules"]
+    assert any("Workload: 500 requests" in c.value for c in at.caption)
+    assert any("capacity search" in c.value for c in at.caption)
+    assert at.number_input(key="ms").value == best["max_seqs"] and at.number_input(key="tb").value == \
+        best["token_budget"]
+    assert at.pills(key="pol").value == ["chunked"]
+    # opened as a link is: the Upload scenario's preset did not add its own values to the address
+    assert set(at.query_params) <= {"sc", "pol", "ms", "tb", "kb", "ch", "bs", "s_kind", "s_base", "s_pp", "s_pd",
+                                    "usd"}

@@ -7,6 +7,7 @@ one; the replay page shows a large trace from its overview with the in-memory pa
 out-of-core `compare`, `fit` and `export --csv` give the in-memory results."""
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -302,3 +303,178 @@ def test_the_trace_in_memory_and_its_overview_implement_one_interface():
     assert {"summary", "request_metrics", "span", "window", "step_at", "occupancy", "has_kv"} <= set(calls)
     for cls in (InMemoryView, Overview):
         assert [n for n in calls if not hasattr(cls, n)] == [], cls.__name__
+
+
+# ---- issue 36 item 16: never delete what we did not write; one line for a folder we cannot use ------
+
+def _trace_file(tmp_path, name="chapter31_measured_cpu.json", to="t.parquet"):
+    path = tmp_path / to
+    path.write_bytes(to_parquet_bytes(load_trace(DATA / "traces" / name)))
+    return path
+
+
+def _tree(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def unwritable_dir(tmp_path):
+    """A folder in which nothing can be created: mode 0555, or (root ignores modes) a sysfs folder."""
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        return d
+    for d in (Path("/sys/kernel"), Path("/proc/sys")):
+        try:
+            (d / "probe-serving-explorer").mkdir()
+        except OSError:
+            return d
+        (d / "probe-serving-explorer").rmdir()
+    pytest.skip("no folder here refuses root")
+
+
+@pytest.mark.parametrize("others", [{}, {"notes.txt": b"mine", "sub/data.bin": b"\x00\x01"}])
+def test_a_folder_holding_an_overview_json_of_its_own_is_left_alone(tmp_path, capsys, monkeypatch, others):
+    """`--out DIR` (and `--out .`) on a folder this tool did not write, even one holding a file named
+    overview.json: refused with one line naming it, every file kept byte for byte."""
+    trace = _trace_file(tmp_path)
+    d = tmp_path / "work"
+    d.mkdir()
+    (d / "overview.json").write_text('{"version": 1, "mine": true}')
+    for name, data in others.items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_bytes(data)
+    before = _tree(d)
+    for out in (str(d), "."):
+        monkeypatch.chdir(d)
+        assert main(["overview", str(trace), "--out", out]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(d) in err[0] and "not an overview this tool wrote" in err[0], err
+        assert _tree(d) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet", "work"]    # no temporary folder left
+
+
+def test_an_overview_folder_that_is_a_link_or_unwritable_is_named_in_one_line(tmp_path, capsys):
+    trace = _trace_file(tmp_path)
+    real = tmp_path / "real"
+    assert main(["overview", str(trace), "--out", str(real)]) == 0
+    capsys.readouterr()
+    before = _tree(real)
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    assert main(["overview", str(trace), "--out", str(link)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(link) in err[0] and "symbolic link" in err[0], err
+    assert link.is_symlink() and _tree(real) == before
+    ro = unwritable_dir(tmp_path)
+    assert main(["overview", str(trace), "--out", str(ro / "ov")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(ro / "ov") in err[0] and "cannot write the overview here" in err[0], err
+
+
+def test_only_the_files_this_tool_wrote_are_replaced(tmp_path, capsys):
+    """A folder the user made (empty) is filled, and on a rebuild kept (never removed) with only our files
+    replaced; a folder we made is replaced whole; a file of the user's put in either stops a rebuild."""
+    trace = _trace_file(tmp_path)
+    given = tmp_path / "given"
+    given.mkdir()
+    ino = given.stat().st_ino
+    assert main(["overview", str(trace), "--out", str(given)]) == 0
+    wrote = sorted(p.name for p in given.iterdir())
+    assert overview.MARKER in wrote and "overview.json" in wrote and "tokens.parquet" in wrote
+    trace.write_bytes(to_parquet_bytes(load_trace(DATA / "traces" / "cold_start_measured_cpu.json")))
+    assert main(["overview", str(trace), "--out", str(given)]) == 0
+    assert given.stat().st_ino == ino                     # the same folder, refilled
+    assert json.loads((given / "overview.json").read_text())["summary"]["summary"]["requests"] == 5
+    (given / "notes.txt").write_text("mine")
+    assert main(["overview", str(trace), "--out", str(given)]) == 2
+    assert "holds 'notes.txt'" in capsys.readouterr().err
+    assert (given / "notes.txt").read_text() == "mine" and (given / "overview.json").exists()
+    ov, _ = overview.open_overview(trace)                  # beside the trace: a folder we create
+    (ov.folder / "notes.txt").write_text("mine")
+    trace.write_bytes(to_parquet_bytes(load_trace(DATA / "traces" / "chapter31_measured_cpu.json")))
+    with pytest.raises(InputError, match="holds 'notes.txt'"):
+        overview.open_overview(trace)
+    assert (ov.folder / "notes.txt").read_text() == "mine"
+    (ov.folder / "notes.txt").unlink()
+    ov2, took = overview.open_overview(trace)
+    assert took is not None and len(ov2.requests) == len(load_trace(trace).requests)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]        # no folder set aside is left
+
+
+def test_a_half_built_overview_is_rebuilt_not_drawn(tmp_path):
+    """An overview of ours missing a file (a build cut short, a copy half made) is built again when opened,
+    so the KV view the page reads later draws the trace's block states."""
+    tr = load_trace(DATA / "traces" / "shared_prefix_measured_cpu.json.gz")
+    path = tmp_path / "t.parquet"
+    path.write_bytes(to_parquet_bytes(tr))
+    ov, _ = overview.open_overview(path)
+    (ov.folder / "occupancy.parquet").unlink()
+    ov2, took = overview.open_overview(path)
+    assert took is not None
+    want = block_states(tr, max_snapshots=160)
+    assert np.array_equal(ov2.occupancy().state, want.state)
+
+
+def test_a_trace_replaced_during_its_build_is_built_again_not_mixed(tmp_path):
+    """The overview records the trace it was built from: a trace replaced while the overview was being
+    built gets an overview of the new trace (its summary, its requests), never the old numbers under the
+    new trace's identity; one that keeps changing is refused in one line."""
+    from core.analysis.outofcore import summarize_parquet
+    path = _trace_file(tmp_path)                                      # 3 requests
+    new = to_parquet_bytes(load_trace(DATA / "traces" / "cold_start_measured_cpu.json"))   # 5 requests
+    swapped = []
+
+    def replace_once(msg):
+        if msg.startswith("tokens by request") and not swapped:
+            path.write_bytes(new)
+            swapped.append(msg)
+    folder = overview.build(path, progress=replace_once)
+    assert swapped and overview.current(path) == folder
+    ov = overview.Overview(folder, path.name)
+    assert len(ov.requests) == 5 and ov.rows()["tokens"] == len(load_trace(path).tokens)
+    got, want = ov.summary()["summary"], summarize_parquet(path)["summary"]   # DuckDB: equal to the last bits
+    assert got.keys() == want.keys()
+    assert got["requests"] == got["completed"] == 5 and got["output_tokens"] == want["output_tokens"]
+    assert all(close(got["ttft_ms"][q], want["ttft_ms"][q]) for q in want["ttft_ms"])
+    flip = [to_parquet_bytes(load_trace(DATA / "traces" / n)) for n in ("chapter31_measured_cpu.json",
+                                                                        "cold_start_measured_cpu.json")]
+
+    def replace_always(msg):
+        if msg.startswith("tokens by request"):
+            path.write_bytes(flip[path.stat().st_size == len(flip[0])])
+    with pytest.raises(InputError, match=f"changed during each of {overview.BUILD_TRIES} builds"):
+        overview.build(path, out=tmp_path / "other", progress=replace_always)
+    assert not (tmp_path / "other").exists() and not list(tmp_path.glob(".*.part"))
+
+
+def test_a_trace_rewritten_with_its_size_and_time_kept_is_stale(tmp_path):
+    path = _trace_file(tmp_path)
+    folder = overview.build(path)
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF          # one byte of the data changed, the size and mtime put back
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    assert overview.current(path) is None and folder.exists()
+
+
+def test_the_replay_page_names_an_overview_folder_it_cannot_use(tmp_path, monkeypatch):
+    """An overview folder beside the trace that is a link (or a folder of the user's): st.error naming it,
+    not "This app has encountered an error"; the link and its target stay."""
+    from streamlit.testing.v1 import AppTest
+    path = _trace_file(tmp_path, "shared_prefix_measured_cpu.json.gz", "big.parquet")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "overview.json").write_text('{"version": 1}')
+    (tmp_path / "big.parquet.overview").symlink_to(elsewhere, target_is_directory=True)
+    monkeypatch.setenv("SERVING_EXPLORER_TRACES", str(tmp_path))
+    monkeypatch.setattr(overview, "LARGE_TRACE_ROWS", 10)
+    at = AppTest.from_file(str(ROOT / "pages" / "replay.py"), default_timeout=120)
+    at.query_params["tr"] = path.name
+    at.run()
+    assert not at.exception, at.exception[0].message
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1 and "big.parquet.overview" in errors[0] and "symbolic link" in errors[0], errors
+    assert (tmp_path / "big.parquet.overview").is_symlink() and (elsewhere / "overview.json").exists()

@@ -148,8 +148,9 @@ def test_ray_is_imported_only_when_asked_for(tmp_path):
             "main(['search', w, '--rate', '8', '--slo-ttft-ms', '400', '--grid', 'max_seqs=2,16', '--json',"
             " '--workers', '1'])\n"
             "from tests.helpers import open_page\n"
-            "at = open_page('load', {'ld_s_run': 'true', 'ld_s_ms': '16', 'ld_s_tb': '8192', 'ld_s_kb': 'none'})\n"
-            "assert not at.exception\n"
+            "at = open_page('load', {'ld_s_ms': '16', 'ld_s_tb': '8192', 'ld_s_kb': 'none'})\n"
+            "at.button(key='ld_s_go').click().run()\n"
+            "assert not at.exception and 'ld_search_done' in at.session_state\n"
             "print('RAY IMPORTED' if 'ray' in sys.modules else 'NO RAY')\n")
     w = tmp_path / "w.json"
     w.write_text(json.dumps({"requests": [{"id": f"r{i}", "arrival_ms": 0, "prompt_tokens": 64,
@@ -179,7 +180,7 @@ def test_results_written_to_a_shared_location_are_gathered_as_a_dataset(tmp_path
         shared = search(*args, results=where, **kw)
         assert shared["points"] == here["points"] and shared["best"] == here["best"]
         d = tmp_path / "runs" / "a" if "://" not in where else tmp_path / "b"
-        assert sorted(p.name for p in d.iterdir()) == [f"part-{k:05d}.parquet" for k in range(4)]
+        assert sorted(p.name for p in d.iterdir()) == ["_claim.json"] + [f"part-{k:05d}.parquet" for k in range(4)]
         n, pruned = duckdb.connect().execute(f"SELECT count(*), count(*) FILTER (pruned) FROM "
                                              f"read_parquet('{d}/*.parquet', union_by_name=true)").fetchone()
         assert n == 4 and pruned == sum(1 for p in here["points"] if p.get("pruned"))
@@ -214,3 +215,27 @@ def test_ray_tasks_write_their_rows_to_the_shared_location(tmp_path):
     on_ray = search(*args, workers=2, ray="local", results=str(tmp_path / "r"))
     assert on_ray["points"] == here["points"] and on_ray["best"] == here["best"]
     assert len(list((tmp_path / "r").glob("part-*.parquet"))) == 4
+
+
+def test_a_time_budget_starts_no_configuration_once_spent():
+    """budget_s=0: the first wave (one configuration with one worker) runs, every later one is listed as
+    not simulated; the one that ran equals the same configuration run without a budget."""
+    w = workload(80)
+    grid = {"max_seqs": [4, 16, 64]}
+    full = search(w, SchedulerConfig("continuous"), SM, grid, 8.0, SLO_, target=0.9, workers=1)
+    cut = search(w, SchedulerConfig("continuous"), SM, grid, 8.0, SLO_, target=0.9, workers=1, budget_s=0)
+    assert cut["points"][0] == full["points"][0]
+    assert [("not_run" in p) for p in cut["points"]] == [False, True, True] and cut["not_run"] == 2
+    assert all("budget of 0 s was spent" in p["not_run"] for p in cut["points"][1:])
+    assert cut["best"] == (full["points"][0] if full["points"][0].get("meets") else None)
+
+
+def test_the_work_of_a_search_is_bounded_before_it_runs():
+    from core.sim.search import check_work, simulated_tokens
+    w = workload(50)
+    tokens = sum(r.prompt_tokens + r.max_output_tokens for r in w.requests)     # counted here
+    grid = {"max_seqs": [1, 2, 4], "token_budget": [512, 1024]}
+    assert simulated_tokens(w, grid) == 6 * tokens
+    assert check_work(w, grid, 6 * tokens) == 6 * tokens
+    with pytest.raises(ConfigError, match=f"6 configurations x {tokens:,} tokens of 50 requests"):
+        check_work(w, grid, 6 * tokens - 1)

@@ -104,8 +104,8 @@ URL_KEYS: dict[str, UrlKey] = {
             ld_s_usd="capacity search: USD per hour, 0 = no price",
             ld_s_ms="capacity search: max running sequences to try (comma-separated)",
             ld_s_tb="capacity search: token budgets to try (comma-separated; none = no limit)",
-            ld_s_kb="capacity search: KV pools to try, in blocks (comma-separated; none = enough for all)",
-            ld_s_run="capacity search: run it"),
+            ld_s_kb="capacity search: KV pools to try, in blocks (comma-separated; none = enough for all)"),
+    # (no key runs the capacity search: a link restores its inputs; it runs on the page's button only)
 }
 
 # Values of `sc`: label (as it appears in links) -> built-in scenario name.

@@ -161,8 +161,30 @@ def metrics_csv(trace) -> str:
 
 def metrics_frame_csv(m) -> str:
     """metrics.request_metrics' table as CSV (metrics_csv's format)."""
+    return csv_text(m, float_format="%.6f")
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")   # what a spreadsheet may read as the start of a formula
+
+
+def csv_cell(v):
+    """A text cell made inert for spreadsheets (OWASP, CSV injection): one that starts with = + - @ tab
+    or carriage return gets a leading single quote, so it is shown as the text it is, never evaluated
+    (a request id "=HYPERLINK(...)" from another tool's file). Other values are returned as they are."""
+    return "'" + v if isinstance(v, str) and v.startswith(FORMULA_START) else v
+
+
+def csv_text(df, **to_csv) -> str:
+    """Every CSV this project writes: a data frame's text and category cells and its column names
+    through csv_cell (numbers untouched), lines ended by CRLF so that a cell holding a line break is
+    quoted (RFC 4180; Python's csv quotes a cell holding any character of the line terminator)."""
+    import pandas as pd
+    safe = df.rename(columns=lambda c: csv_cell(str(c)))
+    for k, (_, col) in enumerate(safe.items()):
+        if col.dtype == object or pd.api.types.is_string_dtype(col) or isinstance(col.dtype, pd.CategoricalDtype):
+            safe.isetitem(k, col.astype(object).map(csv_cell))
     buf = io.StringIO()
-    m.to_csv(buf, index=False, float_format="%.6f")
+    safe.to_csv(buf, index=False, lineterminator="\r\n", **to_csv)
     return buf.getvalue()
 
 

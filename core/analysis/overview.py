@@ -12,9 +12,16 @@ Every view is the in-memory one's, computed from fewer rows: `Overview.window(id
 read with pyarrow, one row group at a time. Nothing here loads the trace's token, batch or kv
 rows whole.
 
-The overview records the size and modification time of every file it was built from; a
-trace changed since is rebuilt on the next open. The overview's own files are data we wrote
-(Parquet and JSON, never pickles), checked against the version written here.
+The overview records the identity of every file it was built from (size, modification time and
+a hash of its first and last 64 KiB), taken before the build and checked again after it: a trace
+replaced while its overview was built is built again (never recorded as current for content it
+was not built from), and a trace changed since is rebuilt on the next open. The overview's own
+files are data we wrote (Parquet and JSON, never pickles), checked against the version written here.
+
+An overview folder holds a marker file (MARKER: this tool's name, the build's id and the files it
+wrote). A folder is replaced only when it holds that marker and nothing but the files it lists, and
+only those files are removed; anything else (a folder of the user's, `--out .`, a symbolic link, a
+folder we cannot write) is refused with one line naming it, and left as it is.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,12 +44,18 @@ from core.errors import InputError
 from core.trace.model import Trace
 from core.trace.schema import BATCH, TABLES, TOKEN
 
-VERSION = 1
+VERSION = 2                 # 2: file identities carry a content hash; the folder carries MARKER
 SNAPSHOTS = 160             # the replay page's KV snapshots (ui.cache.cached_block_states' default)
 GROUP_ROWS = 65_536         # rows per row group of the by-request copies: a cursor move reads a few
 LARGE_TRACE_ROWS = 20_000_000   # a Parquet trace past this many rows is opened from its overview
 KV_CHUNK_ROWS = 1 << 20     # kv rows held at once while the block states are filled
 SUFFIX = ".overview"
+MARKER = ".serving-explorer-overview"     # {"tool": TOOL, "id": build id, "files": [...], "created": bool}
+TOOL = "serving-explorer overview"
+FILES = ("small.parquet", "token_spans.parquet", "batch_spans.parquet", "tokens.parquet", "batch.parquet",
+         "batch_steps.parquet", "occupancy.parquet", "overview.json")
+HASH_BYTES = 1 << 16        # bytes hashed at each end of a trace file (its identity)
+BUILD_TRIES = 3             # builds of a trace that keeps changing under them before giving up
 _SMALL = ("request", "finish", "step", "preempt")   # record types read whole at open (one row per request/step)
 
 
@@ -51,7 +65,17 @@ def is_large(path) -> bool:
 
 
 def _identity(files: list[Path]) -> list:
-    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    """[name, size, mtime_ns, sha256 of the first and last HASH_BYTES] of each file."""
+    out = []
+    for f in files:
+        with open(f, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            h = hashlib.sha256(fh.read(HASH_BYTES))
+            if st.st_size > HASH_BYTES:
+                fh.seek(max(HASH_BYTES, st.st_size - HASH_BYTES))
+                h.update(fh.read(HASH_BYTES))
+        out.append([f.name, st.st_size, st.st_mtime_ns, h.hexdigest()])
+    return out
 
 
 def overview_dir(path) -> Path:
@@ -78,56 +102,162 @@ def _copy(con, sql: str, out: Path, params=()):
 def build(path, out: Path | None = None, progress=None) -> Path:
     """Write the overview of a Parquet trace (file or directory of parts); returns its folder.
     Written into a temporary folder beside the target and moved into place when complete, so
-    a failed or interrupted build never leaves a half overview (nor removes a good one)."""
+    a failed or interrupted build never leaves a half overview (nor removes a good one). A trace
+    that changed during the build (its identity before and after differ) is built again, up to
+    BUILD_TRIES times. The target is refused (InputError naming it, nothing written) when it is a
+    symbolic link, not a folder, or a folder this tool did not write (module docstring)."""
     files = parquet_files(path)
-    head = trace_head(files)
-    out = overview_dir(path) if out is None else Path(out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "overview.json").exists())):
-        raise InputError(f"{out}: exists and is not an overview this tool wrote; left as it is (move it, or give "
-                         "python -m core overview --out DIR)")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = Path(os.path.abspath(overview_dir(path) if out is None else out))
+    _check_target(out)
     say = progress or (lambda msg: None)
-    t_start = time.perf_counter()
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".part", dir=out.parent))
     try:
-        say("summary (out of core)")
-        summary = summarize_parquet(path)
-        with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as spill:
-            con = _connect(spill)
-            cols = _source_view(con, files)
-            say("requests, finishes, steps, preemptions")
-            small = ", ".join(f"'{t}'" for t in _SMALL)
-            keep = list(dict.fromkeys(["rtype"] + [f.column for r in TABLES if r.type in _SMALL for f in r.columns]
-                                      + ["json"]))
-            _copy(con, f"SELECT {', '.join(c if c in cols else f'NULL AS {c}' for c in keep)} FROM scan "
-                       f"WHERE rtype IN ({small})", tmp / "small.parquet")
-            say("per-request spans")
-            _copy(con, "SELECT req, min(t_ms) AS first, max(t_ms) AS last, count(*) AS n FROM src "
-                       "WHERE rtype = 'token' GROUP BY req ORDER BY req", tmp / "token_spans.parquet")
-            _copy(con, "SELECT req, min(step) AS first_step FROM src WHERE rtype = 'batch' GROUP BY req ORDER BY req",
-                  tmp / "batch_spans.parquet")
-            say("tokens by request")
-            _copy(con, f"SELECT {_cols(cols, TOKEN)}, rowkey FROM src WHERE rtype = 'token' ORDER BY req, rowkey",
-                  tmp / "tokens.parquet")
-            say("batch entries by request and by step")
-            _copy(con, f"SELECT {_cols(cols, BATCH)}, rowkey FROM src WHERE rtype = 'batch' ORDER BY req, rowkey",
-                  tmp / "batch.parquet")
-            _copy(con, f"SELECT {_cols(cols, BATCH)} FROM scan WHERE rtype = 'batch'",
-                  tmp / "batch_steps.parquet")
-            say("KV block states")
-            occ = _occupancy(con, head.get("meta") or {}, tmp)
-            con.close()
-        doc = {"version": VERSION, "source": _identity(files), "head": head, "summary": summary, "occupancy": occ,
-               "built": {"seconds": round(time.perf_counter() - t_start, 3), "engine": summary["computed"]["engine"]}}
-        (tmp / "overview.json").write_text(json.dumps(doc, allow_nan=False))
+        for _ in range(BUILD_TRIES):
+            before = _identity(files)
+            t_start = time.perf_counter()
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent))
+            try:
+                doc = _build_into(tmp, path, files, say)
+                files = parquet_files(path)
+                if _identity(files) != before:      # replaced or rewritten while read: build it again
+                    say("the trace changed during the build; building again")
+                    continue
+                doc.update(source=before, built={"seconds": round(time.perf_counter() - t_start, 3),
+                                                 "engine": doc["summary"]["computed"]["engine"]})
+                (tmp / "overview.json").write_text(json.dumps(doc, allow_nan=False))
+                _install(tmp, out)
+                return out
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        if e.filename is not None and str(e.filename) in {str(f) for f in files}:
+            raise InputError(f"{e.filename}: cannot read the trace ({e.strerror or e})") from None
+        where = f" ({e.filename})" if e.filename else ""
+        raise InputError(f"{out}: cannot write the overview here: {e.strerror or e}{where}; give python -m core "
+                         "overview --out a folder you can write") from None
+    raise InputError(f"{path}: changed during each of {BUILD_TRIES} builds of its overview; build it when the trace "
+                     "is no longer being written")
+
+
+def _build_into(tmp: Path, path, files: list[Path], say) -> dict:
+    """The overview's Parquet files written into `tmp`; returns the start of its overview.json."""
+    head = trace_head(files)
+    say("summary (out of core)")
+    summary = summarize_parquet(path)
+    with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as spill:
+        con = _connect(spill)
+        cols = _source_view(con, files)
+        say("requests, finishes, steps, preemptions")
+        small = ", ".join(f"'{t}'" for t in _SMALL)
+        keep = list(dict.fromkeys(["rtype"] + [f.column for r in TABLES if r.type in _SMALL for f in r.columns]
+                                  + ["json"]))
+        _copy(con, f"SELECT {', '.join(c if c in cols else f'NULL AS {c}' for c in keep)} FROM scan "
+                   f"WHERE rtype IN ({small})", tmp / "small.parquet")
+        say("per-request spans")
+        _copy(con, "SELECT req, min(t_ms) AS first, max(t_ms) AS last, count(*) AS n FROM src "
+                   "WHERE rtype = 'token' GROUP BY req ORDER BY req", tmp / "token_spans.parquet")
+        _copy(con, "SELECT req, min(step) AS first_step FROM src WHERE rtype = 'batch' GROUP BY req ORDER BY req",
+              tmp / "batch_spans.parquet")
+        say("tokens by request")
+        _copy(con, f"SELECT {_cols(cols, TOKEN)}, rowkey FROM src WHERE rtype = 'token' ORDER BY req, rowkey",
+              tmp / "tokens.parquet")
+        say("batch entries by request and by step")
+        _copy(con, f"SELECT {_cols(cols, BATCH)}, rowkey FROM src WHERE rtype = 'batch' ORDER BY req, rowkey",
+              tmp / "batch.parquet")
+        _copy(con, f"SELECT {_cols(cols, BATCH)} FROM scan WHERE rtype = 'batch'",
+              tmp / "batch_steps.parquet")
+        say("KV block states")
+        occ = _occupancy(con, head.get("meta") or {}, tmp)
+        con.close()
+    return {"version": VERSION, "head": head, "summary": summary, "occupancy": occ}
+
+
+def _marker(folder: Path) -> dict | None:
+    """The folder's marker when it is this tool's (a regular file, not a link), else None."""
+    m = folder / MARKER
+    try:
+        if m.is_symlink() or not m.is_file():
+            return None
+        doc = json.loads(m.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = (isinstance(doc, dict) and doc.get("tool") == TOOL and isinstance(doc.get("files"), list)
+          and all(isinstance(f, str) and f in FILES for f in doc["files"]))
+    return doc if ok else None
+
+
+def _check_target(out: Path) -> None:
+    """Refuse a target we must not write into (module docstring): InputError naming it."""
+    if out.is_symlink():
+        raise InputError(f"{out}: a symbolic link; an overview is written only into a real folder, never through a "
+                         "link (give python -m core overview --out a folder path)")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise InputError(f"{out}: exists and is not a folder; left as it is (give python -m core overview --out DIR)")
+    try:
+        held = sorted(os.listdir(out))
+    except OSError as e:
+        raise InputError(f"{out}: cannot read this folder ({e.strerror}); left as it is") from None
+    if not held:
+        return
+    mark = _marker(out)
+    if mark is None:
+        raise InputError(f"{out}: exists and is not an overview this tool wrote (no {MARKER} marker); left as it is "
+                         "(move it, or give python -m core overview --out DIR a new folder)")
+    foreign = [f for f in held if f != MARKER and f not in mark["files"]]
+    if foreign:
+        raise InputError(f"{out}: holds {foreign[0]!r}, which this tool did not write; left as it is (move that "
+                         "file, or give python -m core overview --out DIR a new folder)")
+
+
+def _install(tmp: Path, out: Path) -> None:
+    """Put the finished overview in `tmp` at `out`: a new folder is moved into place whole; a folder
+    this tool created is swapped whole and only the files its marker lists are removed; an empty
+    folder (or one this tool filled but did not create) is filled file by file, overview.json
+    removed first and written last, so it is never current while half replaced."""
+    made = [f for f in FILES if (tmp / f).exists()]
+    existing = out.exists()
+    old = _marker(out) if existing else None
+    created = not existing or (old is not None and old.get("created") is True)
+    (tmp / MARKER).write_text(json.dumps({"tool": TOOL, "id": uuid.uuid4().hex, "files": made,
+                                          "created": created}))
+    if not existing:
         tmp.chmod(0o755)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+        os.rename(tmp, out)          # fails (nothing lost) if a non-empty folder appeared there meanwhile
+        return
+    if created:
+        aside = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+        os.rename(out, aside)
+        try:
+            tmp.chmod(0o755)
+            os.rename(tmp, out)
+        except OSError:
+            os.rename(aside, out)
+            raise
+        _remove_ours(aside, old)
+        return
+    (out / "overview.json").unlink(missing_ok=True)
+    for f in [MARKER, *made]:          # the marker first: a half-filled folder is still known as ours
+        if f != "overview.json":
+            os.replace(tmp / f, out / f)
+    for f in (old or {}).get("files", []):
+        if f not in made:
+            (out / f).unlink(missing_ok=True)
+    os.replace(tmp / "overview.json", out / "overview.json")
+
+
+def _remove_ours(folder: Path, mark: dict) -> None:
+    """Remove the files a marker lists and the marker, then the folder if that emptied it."""
+    for f in [*mark["files"], MARKER]:
+        try:
+            (folder / f).unlink()
+        except FileNotFoundError:
+            pass
+    try:
+        folder.rmdir()
+    except OSError:
+        pass          # something else appeared in it: left as it is
 
 
 def _occupancy(con, meta: dict, tmp: Path) -> dict | None:
@@ -232,6 +362,12 @@ class Overview:        # a core.analysis.views.TraceView
         self._batch = _Sorted.open(folder / "batch.parquet", "req")
         self._by_step = _Sorted.open(folder / "batch_steps.parquet", "step")
         self._metrics = self._occupancy = None
+        occ = doc.get("occupancy")
+        if occ is not None:     # read when drawn: its size checked now, so a damaged file is rebuilt at open
+            cells = pq.ParquetFile(folder / "occupancy.parquet").metadata.num_rows
+            if cells != occ["blocks"] * len(occ["times_ms"]):
+                raise InputError(f"{folder}: occupancy.parquet holds {cells} cells, expected "
+                                 f"{occ['blocks'] * len(occ['times_ms'])}")
 
     @property
     def meta(self) -> dict:
@@ -348,33 +484,39 @@ class Overview:        # a core.analysis.views.TraceView
 
 
 def current(path) -> Path | None:
-    """The overview folder of `path` when one exists and matches the trace's files as they are now."""
+    """The overview folder of `path` when one exists, was written by this tool and matches the
+    trace's files as they are now."""
     folder = overview_dir(path)
+    if folder.is_symlink() or _marker(folder) is None:
+        return None
     try:
         doc = json.loads((folder / "overview.json").read_text())
-    except (OSError, ValueError):
+        return folder if doc.get("version") == VERSION and doc.get("source") == _identity(parquet_files(path)) else None
+    except (OSError, ValueError, AttributeError):
         return None
-    if doc.get("version") != VERSION or doc.get("source") != _identity(parquet_files(path)):
-        return None
-    return folder
+
+
+def _open(folder: Path, path) -> Overview:
+    try:
+        return Overview(folder, Path(path).name)
+    except InputError:
+        raise
+    except Exception as e:        # pyarrow, JSON and file errors of a damaged folder: named, one line
+        why = (str(e).splitlines() or [""])[0][:200]
+        raise InputError(f"{folder}: the overview cannot be read ({type(e).__name__}: {why})") from None
 
 
 def open_overview(path, build_missing: bool = True, progress=None) -> tuple[Overview, float | None]:
-    """(overview, seconds spent building it, or None when an up-to-date one was there)."""
+    """(overview, seconds spent building it, or None when an up-to-date one was there). A damaged
+    overview is built again, once; what cannot be built or read raises InputError naming the folder."""
     folder = current(path)
-    built = None
-    if folder is None:
-        if not build_missing:
-            raise InputError(f"{path}: no overview (python -m core overview {path})")
-        t = time.perf_counter()
-        folder = build(path, progress=progress)
-        built = time.perf_counter() - t
-    try:
-        return Overview(folder, Path(path).name), built
-    except Exception:     # a damaged overview (its JSON or Parquet files): built again, once
-        if built is not None:
-            raise
-        t = time.perf_counter()
-        folder = build(path, progress=progress)
-        return Overview(folder, Path(path).name), time.perf_counter() - t
-
+    if folder is not None:
+        try:
+            return _open(folder, path), None
+        except InputError:
+            pass               # damaged (its JSON or Parquet files): built again below
+    if not build_missing:
+        raise InputError(f"{path}: no overview (python -m core overview {path})")
+    t = time.perf_counter()
+    folder = build(path, progress=progress)
+    return _open(folder, path), time.perf_counter() - t

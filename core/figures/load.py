@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.figures import PALETTE, base_layout, log_ticks
+from core.sim.search import describe
 
 # each panel's title says what its line styles mean (dashes are p50 in three panels, goodput in the
 # fourth), so the legend needs only the policies' colours
@@ -94,28 +95,37 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured
     return fig
 
 
-def search_figure(points: list[dict], priced: bool) -> go.Figure:
+def search_figure(points: list[dict], priced: bool, best: dict | None = None) -> go.Figure:
     """A capacity search (core.sim.search) as a scatter: goodput (x) against cost per 1,000 good
-    tokens (y; without a price, TTFT p99), SLO met or not by colour and symbol, the Pareto front of
-    the configurations that meet the SLOs (no other one both cheaper and of more goodput) as a line.
-    Configurations stopped early or invalid are not drawn (the table lists them)."""
+    tokens (y, on a log axis labelled in plain USD, never SI prefixes such as "µ"; without a price,
+    TTFT p99), SLO met or not by colour and symbol, the Pareto front of the configurations that
+    meet the SLOs (no other one both cheaper and of more goodput) as a line, and `best` (the search's
+    answer) as a star. Configurations with the same result share one marker, sized by how many they
+    are, labelled "×N" and each named in its hover. Configurations stopped early, invalid, not
+    simulated, or without goodput (no cost) are not drawn (the table lists them with the reason)."""
     done = [p for p in points if "meets" in p and p["slo"]["goodput_tok_per_s"] is not None]
     fig = go.Figure()
 
     def y_of(p):
         return p["cost_per_1k_good_tokens_usd"] if priced else p["ttft_ms"]["p99"]
 
+    y_hover = "USD %{y:.3~r} per 1,000 good tokens" if priced else "TTFT p99 %{y:,.1f} ms"
     for meets, name, color, symbol in ((True, "meets the SLOs", PALETTE[2], "circle"),
                                        (False, "misses them", PALETTE[5], "x")):
-        part = [p for p in done if p["meets"] == meets and y_of(p) is not None]
+        groups: dict[tuple, list[dict]] = {}
+        for p in done:
+            if p["meets"] == meets and y_of(p) is not None:
+                groups.setdefault((f"{p['slo']['goodput_tok_per_s']:.9g}", f"{y_of(p):.9g}"), []).append(p)
+        same = list(groups.values())
         fig.add_trace(go.Scatter(
-            x=[p["slo"]["goodput_tok_per_s"] for p in part], y=[y_of(p) for p in part], mode="markers", name=name,
-            marker=dict(color=color, symbol=symbol, size=10, line=dict(width=1)),
-            customdata=[[", ".join(f"{k} {v}" for k, v in p["config"].items()), p["slo"]["attainment"]]
-                        for p in part],
-            hovertemplate="%{customdata[0]}<br>goodput %{x:,.1f} tok/s<br>" +
-                          ("USD %{y:.4g} per 1,000 good tokens" if priced else "TTFT p99 %{y:,.1f} ms") +
-                          "<br>SLO met %{customdata[1]:.3f}<extra></extra>"))
+            x=[g[0]["slo"]["goodput_tok_per_s"] for g in same], y=[y_of(g[0]) for g in same], mode="markers+text",
+            name=name, text=[f"×{len(g)}" if len(g) > 1 else "" for g in same], textposition="middle right",
+            marker=dict(color=color, symbol=symbol, size=[10 + 4 * math.sqrt(len(g) - 1) for g in same],
+                        line=dict(width=1)),
+            customdata=[["<br>".join(describe(p["config"]) for p in g), g[0]["slo"]["attainment"], len(g)]
+                        for g in same],
+            hovertemplate="%{customdata[2]} configuration(s):<br>%{customdata[0]}<br>goodput %{x:,.1f} tok/s<br>"
+                          + y_hover + "<br>SLO met %{customdata[1]:.3f}<extra></extra>"))
     ok = sorted((p for p in done if p["meets"] and y_of(p) is not None),
                 key=lambda p: (-p["slo"]["goodput_tok_per_s"], y_of(p)))
     front, best_y = [], math.inf
@@ -127,6 +137,17 @@ def search_figure(points: list[dict], priced: bool) -> go.Figure:
         fig.add_trace(go.Scatter(x=[p["slo"]["goodput_tok_per_s"] for p in front], y=[y_of(p) for p in front],
                                  mode="lines", name="Pareto front", line=dict(color=PALETTE[2], dash="dot"),
                                  hoverinfo="skip"))
+    if best is not None and y_of(best) is not None:
+        fig.add_trace(go.Scatter(
+            x=[best["slo"]["goodput_tok_per_s"]], y=[y_of(best)], mode="markers+text",
+            name="cheapest meeting the SLOs" if priced else "the answer (most goodput)", text=["best"],
+            textposition="top center", marker=dict(symbol="star", size=20, color=PALETTE[6], line=dict(width=1.5)),
+            customdata=[[describe(best["config"])]],
+            hovertemplate="the search's answer: %{customdata[0]}<br>goodput %{x:,.1f} tok/s<br>" + y_hover
+                          + "<extra></extra>"))
+    ys = [y_of(p) for p in done if y_of(p) is not None]
+    if priced:
+        fig.update_yaxes(type="log", tickformat=".2~r", exponentformat="none", **log_ticks(ys))
     fig.update_layout(xaxis_title="goodput (tok/s of requests that met every SLO)",
                       yaxis_title="USD per 1,000 good tokens" if priced else "TTFT p99 (ms)")
     return base_layout(fig, "Capacity search: every configuration at this load", height=420)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from core.analysis.export import csv_text
 from core.errors import ConfigError
 
 PRESENTATION_FONT = 18      # px: body text, titles and axis titles in figures
@@ -129,5 +130,5 @@ def tables_zip(tables: dict[str, object]) -> bytes:
     buf, used = io.BytesIO(), set()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         for key, df in tables.items():
-            z.writestr(f"{_name(key, used)}.csv", df.to_csv(index=False, float_format="%.15g"))
+            z.writestr(f"{_name(key, used)}.csv", csv_text(df, float_format="%.15g"))   # formula-safe cells
     return buf.getvalue()

@@ -18,12 +18,20 @@ from core.analysis.metrics import SLO, summarize
 from core.config import SchedulerConfig
 from core.errors import InputError
 from core.lessons.schedules import POLICY_LABELS, policy_config
+from core.sim.search import describe
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel
-from core.sim.sweep import point_summary, sweep
+from core.sim.sweep import point_summary, retimed, sweep
 from core.workload import Request, Workload
 
 MAX_POINTS_PER_POLICY = 24   # a page's sweep; python -m core sweep takes up to core.sim.sweep.MAX_POINTS
+# A page's capacity search (what one click may start; a link starts none): at most this many simulated
+# tokens (core.sim.search.simulated_tokens: configurations x the workload's prompt + output tokens;
+# measured here 0.1-0.6 us per token on one CPU, ~25 us when every step holds one request of a
+# one-token chunk), and no configuration started after SEARCH_BUDGET_S seconds.
+SEARCH_MAX_TOKENS = 40_000_000
+SEARCH_BUDGET_S = 60.0
+NOTE_CHARS = 48              # a note fits the table's wide column; longer reasons are listed below it
 
 
 def sweep_policies(workload: Workload, policies: list[str], config: SchedulerConfig, step_model: StepModel,
@@ -136,3 +144,90 @@ def measured_point(label: str, trace, slo: SLO | None, file_summary: dict | None
     key = "rate" if load["kind"] == "open" else "concurrency"
     return {"label": label, "kind": load["kind"], key: load[key], "origin": trace.meta.get("source"),
             **point_summary(trace, slo)}
+
+
+def search_table(found: dict) -> tuple[list[dict], list[dict], list[str]]:
+    """A capacity search's points as table rows: (shown, exported, reasons). Shown: numbers as text,
+    an em dash where a configuration has none, and a short note saying why (stopped early, invalid,
+    not simulated, no goodput) or whether it meets the SLOs and is the answer; an invalid point's
+    reason, often longer than a table cell, is numbered and listed in `reasons` ("invalid: reason 1
+    below"). Exported: the same rows with numbers (None where missing) and the whole reasons."""
+    priced = found.get("usd_per_hour") is not None
+    best = (found.get("best") or {}).get("config")
+    reasons: list[str] = []
+    shown, exported = [], []
+    for p in found["points"]:
+        ran = "slo" in p
+        nums = {"SLO met": p["slo"]["attainment"] if ran else None,
+                "goodput tok/s": p["slo"]["goodput_tok_per_s"] if ran else None,
+                "TTFT p99 ms": p["ttft_ms"]["p99"] if ran else None}
+        if priced:
+            nums["USD per 1k good tokens"] = p.get("cost_per_1k_good_tokens_usd")
+        if "invalid" in p:
+            if p["invalid"] not in reasons:
+                reasons.append(p["invalid"])
+            note, full = f"invalid: reason {reasons.index(p['invalid']) + 1} below", f"invalid: {p['invalid']}"
+        elif p.get("pruned"):
+            note = f"stopped early: {p['prefix_misses']} of the first {p['prefix_requests']} missed"
+            full = (f"stopped early: {p['prefix_misses']} of the first {p['prefix_requests']} requests missed the "
+                    f"SLOs (attainment at most {p['attainment_at_most']:.3f})")
+        elif "not_run" in p:
+            note, full = "not simulated: the time budget was spent", p["not_run"]
+        elif not p["slo"]["goodput_tok_per_s"]:
+            note = full = "no request met the SLOs: no goodput, no cost"
+        else:
+            note = full = ("cheapest meeting the SLOs" if priced else "the answer") if p["config"] == best else (
+                "meets the SLOs" if p["meets"] else "misses the SLOs")
+        name = describe(p["config"])
+        shown.append({"configuration": name, **{k: _cell(k, v) for k, v in nums.items()}, "note": note})
+        exported.append({"configuration": name, **nums, "note": full})
+    return shown, exported, reasons
+
+
+def _cell(column: str, v) -> str:
+    """A number as the table shows it (plain decimals, never 1e-05 or µ), an em dash for none."""
+    if v is None or v != v:
+        return "—"
+    if column == "SLO met":
+        return f"{v:.3f}"
+    if column.startswith("USD"):
+        import numpy as np
+        return np.format_float_positional(v, precision=3, unique=False, fractional=False, trim="-")
+    return f"{v:,.1f}"
+
+
+def searched_workload(workload: Workload, rate: float, seed: int) -> Workload:
+    """The workload a capacity search simulated (core.sim.search: retimed at `rate`, Poisson, `seed`),
+    named so that the Schedules page says where it came from."""
+    timed = retimed(workload, rate, seed)
+    return Workload(timed.requests, name=f"{workload.name} at {rate:g} req/s (Poisson, seed {seed}), from the "
+                                         "Load & SLOs capacity search")
+
+
+def schedules_link(config: dict, policy: str, chunk: int, block_size: int, step_model: StepModel,
+                   usd_per_hour: float | None) -> dict[str, str]:
+    """The Schedules page's URL parameters (ui.URL_KEYS) of a searched configuration on the searched
+    workload (its scenario "Upload": the workload is handed over in the session)."""
+    params = {"sc": "Upload", "pol": policy, "ms": str(config.get("max_seqs") or 0),
+              "tb": str(config.get("token_budget") or 0), "kb": str(config.get("kv_blocks") or 0),
+              "ch": str(int(chunk)), "bs": str(int(block_size)), "s_kind": "affine",
+              "s_base": f"{step_model.base_ms:g}", "s_pp": f"{step_model.prefill_ms_per_token:g}",
+              "s_pd": f"{step_model.decode_ms_per_seq:g}"}
+    if usd_per_hour:
+        params["usd"] = f"{usd_per_hour:g}"
+    return params
+
+
+def search_signature(*args) -> str:
+    """A digest of a capacity search's inputs (a workload by its requests), to tell whether a result
+    kept in a session is the one of the inputs now on the page."""
+    import hashlib
+    h = hashlib.sha256()
+    for a in args:
+        if isinstance(a, Workload):
+            for col in (a.arrival_ms, a.prompt_tokens, a.max_output_tokens):
+                h.update(memoryview(col.astype("float64")).cast("B"))
+            h.update(repr(list(a.ids)).encode())
+        else:
+            h.update(repr(a).encode())
+    return h.hexdigest()

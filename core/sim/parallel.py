@@ -245,13 +245,18 @@ def run_all(fn, jobs: list[dict], workers: int | None = None, ray: str | None = 
     another, with one worker or job. A job whose worker dies runs here (see _Pool.map). `fn`
     must be a module-level function. A job's exception is raised here. `ray`: run them as Ray
     tasks instead (core.sim.rayrun: "local", "auto" or "ray://HOST:PORT"). `results`: each job writes
-    its result row to this directory or pyarrow filesystem URI, read back as a dataset (core.sim.shared)."""
+    its result row to this directory or pyarrow filesystem URI, read back as a dataset (core.sim.shared);
+    the location is claimed for this call before the first job, or refused in one line."""
     if results is not None:
         from core.sim import shared
-        shared.prepare(results)
-        run_all(shared.write_result, [dict(fn=fn, job=j, index=k, location=results) for k, j in enumerate(jobs)],
-                workers, ray)
-        return shared.gather(results, len(jobs))
+        run = shared.prepare(results, len(jobs))       # claimed (or refused) before any job runs
+        try:
+            run_all(shared.write_result, [dict(fn=fn, job=j, index=k, location=results, run=run)
+                                          for k, j in enumerate(jobs)], workers, ray)
+        except BaseException:
+            shared.release(results, run)
+            raise
+        return shared.gather(results, len(jobs), run)
     if ray is not None:
         from core.sim.rayrun import run_on_ray
         return run_on_ray(fn, jobs, ray, workers)

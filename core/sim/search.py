@@ -16,12 +16,19 @@ the whole workload, the configuration is hopeless and is not simulated further. 
 property of the step loop: requests that arrive later never help an earlier one meet its SLOs
 (they only add contention; true of FCFS admission with prefill-first batching, and checked against
 a brute-force run of every configuration in tests/test_search.py). `prune=False` simulates all.
+
+Bounded work (what a page may start): `simulated_tokens` bounds a search's work before it runs (the
+step loop handles a request at most once per token it prefills or decodes, so configurations x the
+workload's prompt and output tokens bounds the request-steps simulated), `check_work` refuses a grid
+past a limit; `budget_s` stops starting configurations once that many seconds were spent (those
+left are listed as not simulated, never guessed).
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import math
+import time
 
 from core.analysis.metrics import SLO, request_metrics, slo_check
 from core.config import SchedulerConfig, from_dict
@@ -102,6 +109,23 @@ def configurations(base: SchedulerConfig, grid: dict[str, list]) -> list[tuple[d
     return out
 
 
+def simulated_tokens(workload: Workload, grid: dict[str, list]) -> int:
+    """An upper bound on a search's work (module docstring): configurations x (prompt + output tokens)."""
+    n = math.prod(len(v) for v in grid.values())
+    return n * int(workload.prompt_tokens.sum() + workload.max_output_tokens.sum())
+
+
+def check_work(workload: Workload, grid: dict[str, list], limit: int, where: str = "") -> int:
+    """simulated_tokens(workload, grid), or ConfigError when past `limit`."""
+    work = simulated_tokens(workload, grid)
+    if work > limit:
+        n = math.prod(len(v) for v in grid.values())
+        raise ConfigError(f"grid: {n:,} configurations x {work // n:,} tokens of {len(workload):,} requests = "
+                          f"{work / 1e6:,.1f} M simulated tokens; at most {limit / 1e6:,.0f} M per search{where} "
+                          "(fewer values, or `python -m core search` for larger grids)")
+    return work
+
+
 def _misses(trace, slo: SLO) -> int:
     met, _ = slo_check(request_metrics(trace), slo)
     return int(len(met) - met.sum())
@@ -145,10 +169,11 @@ def _search_point(workload, config, step_model, slo, target, usd_per_hour, prune
 def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, grid: dict[str, list], rate: float,
            slo: SLO, target: float = 0.9, seed: int = 0, usd_per_hour: float | None = None,
            prune: bool = True, workers: int | None = None, ray: str | None = None,
-           results: str | None = None) -> dict:
+           results: str | None = None, budget_s: float | None = None) -> dict:
     """Every configuration of `grid` (on `base`) at `rate` req/s; the cheapest that meets the
     SLOs (module docstring). Runs go to up to `workers` processes (default one per CPU), or to
-    Ray tasks (`ray`: "local", "auto" or "ray://HOST:PORT"; core.sim.rayrun)."""
+    Ray tasks (`ray`: "local", "auto" or "ray://HOST:PORT"; core.sim.rayrun). `budget_s`: no
+    configuration is started after that many seconds (the rest: {"not_run": why})."""
     from core.sim.parallel import run_all
     if not slo.given():
         raise ConfigError("search: give at least one SLO bound (--slo-ttft-ms, --slo-tpot-ms, --slo-e2e-ms)")
@@ -159,9 +184,14 @@ def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, gri
     configs = configurations(base, grid)
     timed = retimed(workload, rate, seed)
     valid = [(pt, c) for pt, c in configs if isinstance(c, SchedulerConfig)]
-    results = run_all(search_point, [dict(workload=timed, config=c, step_model=step_model, slo=slo, target=target,
-                                          usd_per_hour=usd_per_hour, prune=prune) for _, c in valid], workers, ray,
-                      results)
+    jobs = [dict(workload=timed, config=c, step_model=step_model, slo=slo, target=target, usd_per_hour=usd_per_hour,
+                 prune=prune) for _, c in valid]
+    if budget_s is None:
+        results = run_all(search_point, jobs, workers, ray, results)
+    else:
+        if ray is not None or results is not None:
+            raise ConfigError("search: a time budget runs here, not with --ray or --results")
+        results = _within_budget(jobs, budget_s, workers)
     by_point = {repr(pt): r for (pt, _), r in zip(valid, results)}
     points = []
     for pt, c in configs:
@@ -175,7 +205,22 @@ def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, gri
             "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms}, "attainment": target,
             "usd_per_hour": usd_per_hour, "base": base.to_dict(), "step_model": step_model.to_dict(),
             "grid": grid, "points": points, "best": best_of(points, usd_per_hour),
-            "pruned": sum(1 for p in points if p.get("pruned")), "simulated": sum(1 for p in points if "meets" in p)}
+            "pruned": sum(1 for p in points if p.get("pruned")), "simulated": sum(1 for p in points if "meets" in p),
+            "not_run": sum(1 for p in points if "not_run" in p)}
+
+
+def _within_budget(jobs: list[dict], budget_s: float, workers: int | None) -> list[dict]:
+    """search_point over the jobs, a wave of one job per worker at a time, none started after `budget_s`
+    seconds (a wave started in time runs to its end)."""
+    from core.sim.parallel import cpus, run_all
+    wave = max(1, min(workers or cpus(), cpus()))
+    t0, out = time.perf_counter(), []
+    for k in range(0, len(jobs), wave):
+        if k and time.perf_counter() - t0 >= budget_s:
+            why = f"not simulated: the search's budget of {budget_s:g} s was spent"
+            return out + [{"not_run": why} for _ in jobs[k:]]
+        out += run_all(search_point, jobs[k:k + wave], workers)
+    return out
 
 
 def best_of(points: list[dict], usd_per_hour: float | None) -> dict | None:
