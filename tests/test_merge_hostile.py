@@ -130,9 +130,7 @@ def test_an_iteration_line_is_read_through_bounded_windows(monkeypatch):
     assert row and row["ctok"] == re.search(r"(\d+) context tokens", real)[1]
 
 
-def test_a_report_of_many_benchmarks_has_notes_of_bounded_size():
-    """Each of N benchmarks' notes used to name all N (10,000 benchmarks: 2.4 GB); now a note
-    names a few and counts the rest, so every note is short whatever N is."""
+def one_request_benchmarks(n: int) -> dict:
     def bench(k):
         s = 1.7e9 + k
         timings = {"request_start": s, "first_token_iteration": s + 0.01, "last_token_iteration": s + 0.02,
@@ -140,13 +138,30 @@ def test_a_report_of_many_benchmarks_has_notes_of_bounded_size():
         return {"config": {"strategy": {"type_": "constant", "rate": float(k + 1)}},
                 "requests": {"successful": [{"request_id": f"r{k}", "prompt_tokens": 4, "output_tokens": 2,
                                              "info": {"timings": timings}}]}}
+    return {"metadata": {"guidellm_version": "0.8.1"}, "benchmarks": [bench(k) for k in range(n)]}
+
+
+def test_a_report_of_many_benchmarks_has_notes_of_bounded_size():
+    """Each of N benchmarks' notes used to name all N (10,000 benchmarks: 2.4 GB); now a note
+    names a few and counts the rest, so every note is short whatever N is."""
     n = 200
-    imp = guidellm.import_report({"metadata": {"guidellm_version": "0.8.1"}, "benchmarks": [bench(k) for k in
-                                                                                              range(n)]}, "b.json")
+    imp = guidellm.import_report(one_request_benchmarks(n), "b.json")
     assert len(imp.runs) == n
     sizes = [sum(len(x) for x in r.notes) for r in imp.runs]
     assert max(sizes) < 600, max(sizes)
     assert f"holds {n} benchmarks" in imp.runs[-1].notes[0] and "and 195 more" in imp.runs[-1].notes[0]
+
+
+def test_a_report_of_more_benchmarks_than_a_sweep_has_is_refused_before_reading_any(monkeypatch):
+    """Each benchmark becomes a run held in memory (~90 KB with one request): past
+    guidellm.MAX_BENCHMARKS the report is refused in one line, before any benchmark is read."""
+    read = []
+    real = guidellm._benchmark
+    monkeypatch.setattr(guidellm, "_benchmark", lambda *a: read.append(1) or real(*a))
+    n = getattr(guidellm, "MAX_BENCHMARKS", 1_000) + 1
+    with pytest.raises(TraceError, match=rf"b.json: benchmarks: {n:,} benchmarks, more than"):
+        guidellm.import_report(one_request_benchmarks(n), "b.json")
+    assert read == []
 
 
 class Counting(str):

@@ -26,6 +26,7 @@ OURS = {"ttft_ms": ("time_to_first_token_ms", 1.0), "tpot_ms": ("inter_token_lat
 STATS = {"mean": "mean", "median": "p50", "std_dev": "std", "min": "min", "max": "max"}
 PCTS = {"p90": "p90", "p95": "p95", "p99": "p99"}
 NAMED_RUNS = 5          # benchmarks named in each benchmark's note
+MAX_BENCHMARKS = 1_000  # in one report (a sweep has tens; each becomes a run held in memory, ~90 KB with one request)
 PROVENANCE = {"clock": "epoch seconds (info.timings, the client's time.time())",
               "arrival_ms": "client: info.timings.request_start (request headers written)",
               "ttft_ms": "client: guidellm time_to_first_token_ms (first_token_iteration - request_start)",
@@ -66,6 +67,9 @@ def import_report(doc: dict, name: str) -> Imported:
     benches = [b for b in doc["benchmarks"] if isinstance(b, dict)]
     if not benches:
         raise TraceError(f"{name}: benchmarks: the report lists no benchmarks")
+    if len(benches) > MAX_BENCHMARKS:
+        raise TraceError(f"{name}: benchmarks: {len(benches):,} benchmarks, more than the {MAX_BENCHMARKS:,} one "
+                         "report may hold (a sweep has tens); split the report")
     runs = [_benchmark(b, k, name, version) for k, b in enumerate(benches)]
     if len(runs) > 1:
         # each run's note names a few runs, not all of them (a note per run naming every run is

@@ -85,7 +85,10 @@ def _all_runs(x: Imported, name: str) -> Trace:
     on their common epoch clock, each request's run in request_extra["run"] (ids prefixed with the
     run's label when two runs share one)."""
     trs = [r.trace for r in x.runs]
-    clocks = [(t.meta.get("clock") or {}) if t is not None else {} for t in trs]
+    if any(t is None for t in trs):
+        raise TraceError(f"{name}: holds {len(trs):,} runs ({_labels(x.runs)}), some with a summary only: choose "
+                         f"one with requests (--run K, K in 0..{len(trs) - 1})")
+    clocks = [t.meta.get("clock") or {} for t in trs]
     if any(c.get("kind") != "epoch" for c in clocks):
         kinds = sorted({str(c.get("kind") or "no") for c in clocks})
         raise TraceError(f"{name}: holds {len(trs):,} runs ({_labels(x.runs)}) on their own {'/'.join(kinds)} "
