@@ -119,7 +119,8 @@ def _all_runs(x: Imported, name: str) -> Trace:
         other += [{**e, "t_ms": e["t_ms"] + shift} if "t_ms" in e else dict(e) for e in t.other]
         base += len(t.requests)
     first = trs[int(np.argmin([c["t0_s"] for c in clocks]))]
-    meta = {**first.meta, "clock": {**first.meta["clock"], "t0_s": t0},
+    meta = {k: v for k, v in first.meta.items() if k != "load"}     # (each run's own place on a load sweep)
+    meta = {**meta, "clock": {**first.meta["clock"], "t0_s": t0},
             "label": f"{name} (all {len(trs)} runs: {_labels(x.runs)})",
             "notes": f"Every one of the {len(trs):,} runs of {name} ({_labels(x.runs)}), on their common epoch clock; "
                      "each request's run is in request_extra.run. " + str(first.meta.get("notes") or "")}
@@ -390,7 +391,8 @@ def merge(parts: list, names: list[str], run: int | None = None) -> tuple[Trace,
     out, base = run_.out, run_.base
     if len(out.steps):
         out.steps = frame(STEP, {f.name: out.steps[f.name] for f in STEP.columns})
-    out.other.sort(key=lambda e: e.get("t_ms", 0.0) if isinstance(e.get("t_ms"), (int, float)) else 0.0)
+    gauges = sorted((e for e in out.other if e.get("type") == "gauge"), key=lambda e: e["t_ms"])   # several sources
+    out.other = [e for e in out.other if e.get("type") != "gauge"] + gauges
     moved, before = _move_origin(out)
     out.meta["label"] = f"{base.label} + {len(parts) - 1} more file(s) (merged)"
     out.meta["merged_from"] = report
