@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("files", nargs="+", help="files of one run (any format `metrics` reads, with a recorded clock)")
     g.add_argument("--out", required=True, help="the merged trace (.json, .json.gz, .parquet)")
     g.add_argument("--json", action="store_true", help="print how each file was aligned as one JSON object")
+    g.add_argument("--run", type=_nonneg_int, help="a file with several runs (guidellm benchmarks): join only run K "
+                                                   "(default: every run, on their common epoch clock)")
 
     c = sub.add_parser("compare", help="two traces side by side: key metrics with difference and ratio, and where "
                                        "their workloads differ (out of core for large Parquet traces)")
@@ -676,7 +678,7 @@ def cmd_merge(a) -> int:
     check_writable(a.out, "--out")
     parts = [_read(f) for f in a.files]
     try:
-        tr, report = merge(parts, [str(f) for f in a.files])
+        tr, report = merge(parts, [str(f) for f in a.files], run=a.run)
     except TraceError as e:
         raise InputError(f"merge: {e}") from None
     write_output(a.out, lambda p: save_trace(tr, p), "--out")
@@ -685,7 +687,7 @@ def cmd_merge(a) -> int:
         return 0
     for r in report:
         extra = (f"; matched {r['matched']}" if r["matched"] else "") + (
-            f"; {r['dropped']} event(s) before the base's origin dropped" if r["dropped"] else "")
+            f"; left out: {r['left_out']}" if r["left_out"] else "")
         print(f"{r['file']}: {r['role']}; offset {r['offset_ms']:+.3f} ms ± {r['uncertainty_ms']:.3f} ms ({r['how']})"
               + extra)
     print(f"wrote {a.out}: {len(tr.requests)} requests, {len(tr.steps)} steps, {len(tr.kv_events)} KV event rows, "

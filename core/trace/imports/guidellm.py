@@ -25,6 +25,8 @@ OURS = {"ttft_ms": ("time_to_first_token_ms", 1.0), "tpot_ms": ("inter_token_lat
         "latency_ms": ("request_latency", 1000.0)}
 STATS = {"mean": "mean", "median": "p50", "std_dev": "std", "min": "min", "max": "max"}
 PCTS = {"p90": "p90", "p95": "p95", "p99": "p99"}
+NAMED_RUNS = 5          # benchmarks named in each benchmark's note
+MAX_BENCHMARKS = 1_000  # in one report (a sweep has tens; each becomes a run held in memory, ~90 KB with one request)
 PROVENANCE = {"clock": "epoch seconds (info.timings, the client's time.time())",
               "arrival_ms": "client: info.timings.request_start (request headers written)",
               "ttft_ms": "client: guidellm time_to_first_token_ms (first_token_iteration - request_start)",
@@ -65,12 +67,19 @@ def import_report(doc: dict, name: str) -> Imported:
     benches = [b for b in doc["benchmarks"] if isinstance(b, dict)]
     if not benches:
         raise TraceError(f"{name}: benchmarks: the report lists no benchmarks")
+    if len(benches) > MAX_BENCHMARKS:
+        raise TraceError(f"{name}: benchmarks: {len(benches):,} benchmarks, more than the {MAX_BENCHMARKS:,} one "
+                         "report may hold (a sweep has tens); split the report")
     runs = [_benchmark(b, k, name, version) for k, b in enumerate(benches)]
     if len(runs) > 1:
-        for r in runs:
+        # each run's note names a few runs, not all of them (a note per run naming every run is
+        # quadratic: 10,000 benchmarks made 2.4 GB of notes)
+        shown = ", ".join(x.run_label for x in runs[:NAMED_RUNS])
+        more = f", and {len(runs) - NAMED_RUNS:,} more" if len(runs) > NAMED_RUNS else ""
+        for k, r in enumerate(runs):
             r.runs = runs
-            r.notes.insert(0, f"{name} holds {len(runs)} benchmarks ({', '.join(x.run_label for x in runs)}); "
-                              f"this is {r.run_label}.")
+            r.notes.insert(0, f"{name} holds {len(runs):,} benchmarks ({shown}{more}); this is benchmark {k}, "
+                              f"{r.run_label}.")
     return runs[0]
 
 

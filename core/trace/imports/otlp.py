@@ -32,6 +32,7 @@ LATENCY = "gen_ai.latency."
 PHASES = {"engine_queue_ms": "time_in_queue", "engine_prefill_ms": "time_in_model_prefill",
           "engine_decode_ms": "time_in_model_decode", "engine_inference_ms": "time_in_model_inference"}
 MAX_SPANS = 10_000_000
+MAX_ORDER_WORK = 20_000_000     # (placements x requests) tried when pairing in order of arrival
 
 
 def _value(v) -> object:
@@ -257,12 +258,32 @@ def import_otlp_lines(lines: list[dict], name: str) -> Imported:
 
 # ---- merging spans with a client's requests (core.trace.imports.merge) --------------------------
 
+def _containing(keys: list[list[str]], ids: list[str]) -> list[int | None]:
+    """For each request's keys (8+ characters each), the first of `ids` that contains one of them,
+    else None; in time linear in the ids' total length, not keys x ids substring tests: each distinct
+    key is indexed by its rarest 8-character piece, and each id's 8-character windows look it up."""
+    uniq = {k for ks in keys for k in ks}
+    count: dict[str, int] = {}
+    for k in uniq:
+        for g in {k[p:p + 8] for p in range(len(k) - 7)}:
+            count[g] = count.get(g, 0) + 1
+    by_piece: dict[str, list[tuple[str, int]]] = {}
+    for k in uniq:
+        p = min(range(len(k) - 7), key=lambda p: count[k[p:p + 8]])
+        by_piece.setdefault(k[p:p + 8], []).append((k, p))
+    first: dict[str, int] = {}          # key -> the first id that contains it
+    for j, s in enumerate(ids):
+        for q in range(len(s) - 7):
+            for k, p in by_piece.get(s[q:q + 8], ()):
+                if k not in first and q >= p and s.startswith(k, q - p):
+                    first[k] = j
+    return [min((first[k] for k in ks if k in first), default=None) for ks in keys]
+
+
 def pair_requests(base: Trace, spans: Trace) -> list[tuple[int, int]]:
     """(base row, span row) pairs: by id (the span's request id contains the client's request or
-    response id, as vLLM builds it from X-Request-Id), else in order of arrival when the counts
-    agree."""
+    response id, as vLLM builds it from X-Request-Id), else in order of arrival (_in_order)."""
     sid = spans.ids
-    by_id = []
     keys = []
     for i, rid in enumerate(base.ids):
         ex = base.request_extra[i] if i < len(base.request_extra) else {}
@@ -270,19 +291,40 @@ def pair_requests(base: Trace, spans: Trace) -> list[tuple[int, int]]:
     index = {}
     for j, s in enumerate(sid):
         index.setdefault(s, j)
-    for i, ks in enumerate(keys):
-        j = next((index[s] for k in ks for s in (k, f"{k}-0", f"cmpl-{k}", f"cmpl-{k}-0") if s in index), None)
-        if j is None:
-            j = next((jj for jj, s in enumerate(sid) for k in ks if k in s), None)
-        if j is not None:
-            by_id.append((i, j))
+    exact = [next((index[s] for k in ks for s in (k, f"{k}-0", f"cmpl-{k}", f"cmpl-{k}-0") if s in index), None)
+             for ks in keys]
+    rest = [i for i, j in enumerate(exact) if j is None and keys[i]]
+    for i, j in zip(rest, _containing([keys[i] for i in rest], sid) if rest else ()):
+        exact[i] = j
+    by_id = [(i, j) for i, j in enumerate(exact) if j is not None]
     if len(by_id) >= max(1, len(base.ids) // 2):
         return by_id
-    if len(base.ids) == len(sid):
-        bi = np.argsort(base.requests["arrival_ms"].to_numpy(), kind="stable")
-        sj = np.argsort(spans.requests["arrival_ms"].to_numpy(), kind="stable")
+    return _in_order(base, spans)
+
+
+def _in_order(base: Trace, spans: Trace) -> list[tuple[int, int]]:
+    """Pairs in order of arrival: the client's requests are one run of consecutive spans (all of
+    them when the counts agree; with more spans, those before or after are the engine's other
+    requests, e.g. the client's warm-up): the run whose send-to-arrival delays vary least (among
+    those whose prompt lengths all agree, when some do). None when two runs fit about as well
+    (a workload sent twice)."""
+    bi = np.argsort(base.requests["arrival_ms"].to_numpy(), kind="stable")
+    sj = np.argsort(spans.requests["arrival_ms"].to_numpy(), kind="stable")
+    n, m = len(bi), len(sj)
+    if n == m:
         return list(zip(bi.tolist(), sj.tolist()))
-    return []
+    if not 0 < n < m or (m - n + 1) * n > MAX_ORDER_WORK:
+        return []
+    a = base.requests["arrival_ms"].to_numpy(dtype=float)[bi]
+    s = spans.requests["arrival_ms"].to_numpy(dtype=float)[sj]
+    pa = base.requests["prompt_tokens"].to_numpy()[bi]
+    ps = spans.requests["prompt_tokens"].to_numpy()[sj]
+    cand = [j for j in range(m - n + 1) if np.array_equal(ps[j:j + n], pa)] or range(m - n + 1)
+    spread = sorted((float(np.ptp(s[j:j + n] - a)), j) for j in cand)
+    if len(spread) > 1 and spread[1][0] < 2 * spread[0][0] + 1.0:
+        return []
+    j = spread[0][1]
+    return list(zip(bi.tolist(), sj[j:j + n].tolist()))
 
 
 def align_spans(base: Trace, base_clock: dict, spans: Trace, spans_clock: dict):
@@ -297,7 +339,9 @@ def align_spans(base: Trace, base_clock: dict, spans: Trace, spans_clock: dict):
 def offset_by_pairs(base: Trace, spans: Trace, pairs) -> tuple[float, float, str]:
     """offset that moves span times onto the base: base send ~ span start - network delay."""
     if not pairs:
-        raise TraceError("cannot pair the client's requests with the spans (no shared ids, and the counts differ)")
+        raise TraceError(f"cannot pair the client's {len(base.ids)} requests with the {len(spans.ids)} spans (no "
+                         "shared ids, and in order of arrival they fit no one run of consecutive spans, or more "
+                         "than one)")
     a = base.requests["arrival_ms"].to_numpy()
     s = spans.requests["arrival_ms"].to_numpy()
     d = np.array([a[i] - s[j] for i, j in pairs])

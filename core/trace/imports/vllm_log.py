@@ -28,12 +28,17 @@ from core.trace.imports.imported import Imported
 from core.trace.model import Trace, frame
 from core.trace.schema import REQUEST, STEP
 
-ITERATION = re.compile(
-    r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d+))?\b.*?"
-    r"(?:Engine (?P<engine>\d+): )?Iteration\((?P<it>\d+)\): (?P<creq>\d+) context requests?, "
-    r"(?P<ctok>\d+) context tokens?, (?P<greq>\d+) generation requests?, (?P<gtok>\d+) generation tokens?, "
-    r"iteration elapsed time: (?P<ms>[0-9.]+(?:[eE][-+]?\d+)?) ms"
-    r"(?:.*?KV cache usage: (?P<kv>[0-9.]+)%)?")
+# A step's line, read in two bounded pieces (never one pattern with an unbounded gap: on a long hostile
+# line that costs quadratic time): the step's counts, matched at an "Iteration(" within WINDOW characters,
+# and the log's timestamp (no year, the server's time zone), the first within WINDOW characters before it.
+STEP_COUNTS = re.compile(
+    r"Iteration\((?P<it>\d{1,18})\): (?P<creq>\d{1,18}) context requests?, (?P<ctok>\d{1,18}) context tokens?, "
+    r"(?P<greq>\d{1,18}) generation requests?, (?P<gtok>\d{1,18}) generation tokens?, "
+    r"iteration elapsed time: (?P<ms>[0-9.]{1,32}(?:[eE][-+]?\d{1,4})?) ms"
+    r"(?:[^\n]{0,200}?KV cache usage: (?P<kv>[0-9.]{1,32})%)?")
+STAMP = re.compile(r"(?P<mon>\d\d)-(?P<day>\d\d) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d{1,9}))?\b")
+ENGINE = re.compile(r"Engine (?P<engine>\d{1,9}): \Z")      # right before "Iteration(", when vLLM names it
+WINDOW = 512
 MARK = "Iteration("
 # vLLM's startup line `non-default args: {...}` (a Python repr, never evaluated: only these
 # plain values are read) -> our scheduler options
@@ -55,9 +60,23 @@ def looks_like_vllm_log(text: str) -> bool:
     return bool(LOGGER_LINE.search(text[: 1 << 20]))
 
 
+def step_line(ln: str) -> dict | None:
+    """One iteration line's fields (mon, day, h, m, s, frac, engine, it, creq, ctok, greq, gtok, ms,
+    kv), or None. Each pattern sees at most WINDOW characters, so a line costs time linear in its
+    length whatever it holds."""
+    pos = ln.find(MARK)
+    while pos >= 0:
+        g = STEP_COUNTS.match(ln, pos, pos + WINDOW)
+        ts = STAMP.search(ln, max(0, pos - WINDOW), pos) if g else None
+        if ts:
+            eng = ENGINE.search(ln, max(0, pos - 20), pos)
+            return {**ts.groupdict(), "engine": eng and eng["engine"], **g.groupdict()}
+        pos = ln.find(MARK, pos + 1)
+    return None
+
+
 def looks_like_iteration_log(text: str) -> bool:
-    return MARK in text and bool(ITERATION.search(text[: 1 << 20]) or any(
-        ITERATION.search(ln) for ln in text.splitlines() if MARK in ln))
+    return MARK in text and any(step_line(ln) for ln in text.splitlines() if MARK in ln)
 
 
 def _second(mon: str, day: str, h: str, m: str, s: str) -> float:
@@ -90,11 +109,11 @@ def import_iteration_log(text: str, name: str) -> Imported:
     for ln in text.splitlines():
         if MARK not in ln:
             continue
-        g = ITERATION.search(ln)
+        g = step_line(ln)
         if g is None:
             bad += 1
             continue
-        rows.append(g.groupdict())
+        rows.append(g)
         if len(rows) > MAX_LINES:
             raise TraceError(f"{name}: more than {MAX_LINES:,} iteration lines")
     if not rows:
@@ -168,6 +187,9 @@ def import_iteration_log(text: str, name: str) -> Imported:
 
 # ---- putting the log on a merged run's clock (core.trace.imports.merge) ---------------------------
 
+ZONES_MIN = np.arange(-12 * 60, 14 * 60 + 1, 15)    # every UTC offset in use (India +05:30, Nepal +05:45, ...)
+COARSE_REQUESTS = 2000
+
 def _log_calendar_epoch(clock: dict, near: float) -> float:
     """Epoch seconds of the log's t0 read as UTC, in the year that puts it nearest `near`."""
     best = None
@@ -190,10 +212,14 @@ def _scheduled(ref: Trace, ref_offset: float) -> np.ndarray:
     return np.sort(arr + np.nan_to_num(q))
 
 
+def zone_name(minutes: int) -> str:
+    return f"UTC{'-' if minutes < 0 else '+'}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
+
+
 def _offset_log(log: Trace, ref: Trace, ref_offset: float, base_epoch: float) -> tuple[float, int, str]:
-    """The iteration log's offset to the base clock from its calendar time (in the time zone, a
-    whole number of hours from UTC, that best fits) and the spans' scheduled times: (offset ms,
-    hours, a note on the time zone)."""
+    """The iteration log's offset to the base clock from its calendar time, in the time zone (every
+    real UTC offset, ZONES_MIN) that best fits the spans' scheduled times: (offset ms, the zone in
+    minutes east of UTC, a note on the zone and the next best one)."""
     sched = _scheduled(ref, ref_offset)
     pre = np.sort(log.steps[log.steps["prefill_reqs"] > 0]["t_ms"].to_numpy())
     if not len(sched) or not len(pre):
@@ -201,22 +227,26 @@ def _offset_log(log: Trace, ref: Trace, ref_offset: float, base_epoch: float) ->
     if not {"month", "day", "seconds_of_day"} <= log.meta["clock"].keys():
         raise TraceError("the log's clock has no calendar date (meta.clock month, day, seconds_of_day)")
     cal = (_log_calendar_epoch(log.meta["clock"], base_epoch) - base_epoch) * 1000.0
-
-    def score(off):
-        return float(np.median(_nearest(pre + off, sched)))
-    by_hour = []
-    for hours in range(-14, 15):           # the log's time zone: whole hours from UTC
-        center = cal - hours * 3_600_000.0
-        grid = np.arange(center - 1500.0, center + 1500.0 + 1e-9, 20.0)
-        sc = [score(o) for o in grid]
+    # a candidate offset's score: the median distance from each request's first scheduled time to the
+    # nearest prefill step; the zone search scores at most COARSE_REQUESTS of them, evenly spread (a
+    # median is robust to the thinning; the fine search below uses every request)
+    few = sched[np.unique(np.linspace(0, len(sched) - 1, min(len(sched), COARSE_REQUESTS)).astype(np.int64))]
+    grid = np.arange(-1500.0, 1500.0 + 1e-9, 20.0)        # within the log's 1 s resolution, and some
+    by_zone = []
+    for zone in ZONES_MIN:
+        offs = cal - zone * 60_000.0 + grid
+        sc = np.median(_nearest(pre, (few[None, :] - offs[:, None]).ravel()).reshape(len(offs), -1), axis=1)
         k = int(np.argmin(sc))
-        by_hour.append((sc[k], float(grid[k]), hours))
-    _, coarse, hours = min(by_hour)
+        by_zone.append((float(sc[k]), float(offs[k]), int(zone)))
+    by_zone.sort()
+    _, coarse, zone = by_zone[0]
     fine = np.arange(coarse - 25.0, coarse + 25.0 + 1e-9, 0.5)
-    sc = [score(o) for o in fine]
+    sc = [float(np.median(_nearest(pre + o, sched))) for o in fine]
     off = float(fine[int(np.argmin(sc))])
-    tz = "" if hours == 0 else f" (the log's clock {hours:+d} h from UTC)"
-    return off, hours, tz
+    second = by_zone[1]
+    tz = (f" (the log's clock in {zone_name(zone)}, the best of every UTC offset on a 15-minute grid; the next "
+          f"best, {zone_name(second[2])}, puts the steps a median {second[0]:.0f} ms from the spans)")
+    return off, zone, tz
 
 
 def refine_busy_periods(steps: pd.DataFrame, off: float, sched: np.ndarray) -> tuple[np.ndarray, float]:
@@ -258,11 +288,21 @@ def _nearest(xs: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 def align_steps(log: Trace, spans: Trace, spans_offset: float, base_epoch: float):
     """The log's steps on a merged run's clock, by the spans' first scheduled times: (steps with
-    their t_ms moved, offset ms, uncertainty ms, how)."""
-    off, hours, tz = _offset_log(log, spans, spans_offset, base_epoch)
+    their t_ms moved, the log's KV-usage gauges moved with their steps, offset ms, uncertainty ms,
+    how)."""
+    off, _, tz = _offset_log(log, spans, spans_offset, base_epoch)
     starts, unc = refine_busy_periods(log.steps, off, _scheduled(spans, spans_offset))
     steps = log.steps.copy()
     steps["t_ms"] = starts
+    # a gauge was read at its step's end: it moves as its step did
+    t = log.steps["t_ms"].to_numpy(dtype=float)
+    ends = t + log.steps["dur_ms"].to_numpy(dtype=float)
+    moved = starts - t
+    gauges = []
+    for e in log.other:
+        if e.get("type") == "gauge" and len(ends):
+            k = min(int(np.searchsorted(ends, e["t_ms"] - 1e-6)), len(ends) - 1)
+            gauges.append({**e, "t_ms": e["t_ms"] + moved[k]})
     how = (f"the log's 1 s timestamps{tz}; each busy period then moved within its second to put its prefill "
            f"steps at the spans' scheduled times (arrival + time in queue): median distance {unc:.2f} ms")
-    return steps, off, unc, how
+    return steps, gauges, off, unc, how
