@@ -305,7 +305,7 @@ META = Record("meta", None, "where the trace comes from", (
           default=None),
     Field("startup", "object", "measured runs: cold start ({model_load_ms, first_step_ms})", default=None),
     Field("merged_from", "objects", "merged traces: one row per file ({file, role, clock, offset_ms, "
-          "uncertainty_ms, how, matched, dropped})", default=None),
+          "uncertainty_ms, how, matched, dropped, added, left_out})", default=None),
     Field("failures", "objects", "captures: the requests that failed ({index, id, error})", default=None),
     Field("odd", "objects", "captures: what the server did that was odd (more tokens than asked)", default=None),
 ))
