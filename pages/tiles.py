@@ -13,7 +13,7 @@ from core.figures.attention import (
 )
 from core.formulas import tiles
 from core.lessons.scenarios import chapter_tile_example, random_tile_example
-from ui import bound, ensure_app_frame, md, origin_badge, show_chart, show_table, tile_traces
+from ui import bound, ensure_app_frame, md, origin_badge, show_chart, show_table, theme, tile_traces
 
 ensure_app_frame()
 
@@ -50,7 +50,7 @@ with st.expander("Tile walk (animation)", expanded=True):
                "gives them in both conventions (the chapter's Example 31.2 reads l = 6 and acc = 10 after the "
                "first tile; the stored, rescaled values are 1.5 and 2.5 with m = ln 4), and their ratio, the "
                "output, is the same in both.")
-    show_chart(tile_walk_animation(steps, logits, values, full), key="at_walk", width="stretch")
+    show_chart(tile_walk_animation(steps, logits, values, full, theme()), key="at_walk", width="stretch")
 upto = st.slider("Tiles visited", 1, len(steps), len(steps), **bound("at_upto")) - 1
 show_chart(online_softmax_figure(steps, upto, full, wrong), key="at_steps")
 table = pd.DataFrame([{"tile": s.tile, "keys": f"{s.start}–{s.stop - 1}", "tile max": s.tile_max,

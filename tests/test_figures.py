@@ -232,3 +232,38 @@ def test_timeline_draws_dense_token_ticks_small_instead_of_hiding_them():
     ticks = [t for t in fig.data if t.type == "scatter"]
     assert ticks and sum(len(t.x) for t in ticks) == 64 * 64
     assert ticks[0].marker.size < 12 and "zoom in" in fig.layout.title.text
+
+
+def _luminance(hex_color: str) -> float:
+    r, g, b = (int(hex_color.lstrip("#")[i:i + 2], 16) / 255 for i in (0, 2, 4))
+    f = lambda v: v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4   # WCAG 2.1 relative luminance
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b)
+
+
+def _contrast(a: str, b: str) -> float:
+    la, lb = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (la + 0.05) / (lb + 0.05)
+
+
+@pytest.mark.parametrize("theme,dark_page", [("light", False), ("dark", True)])
+def test_the_tile_walk_table_and_the_pool_follow_the_theme(theme, dark_page):
+    """Issue 36, item 27: in the dark theme the tile-walk table was a bright box and the pool's free blocks
+    a translucent grey whose numbers took the page's dark text colour."""
+    from core.figures.animate import paging_animation, tile_walk_animation
+    from core.lessons.blockframes import paging_frames
+    from core.lessons.scenarios import load_scenario
+    from core.sim.stepmodel import StepModel
+    logits, values = np.log([4.0, 2.0, 1.0, 1.0]), np.array([1.0, 3.0, 0.0, 2.0])
+    steps = online_softmax_steps(logits, values, 2)
+    fig = tile_walk_animation(steps, logits, values, 1.5, theme)
+    table = next(t for t in fig.data if t.type == "table")
+    for fill in (table.header.fill.color, table.cells.fill.color):
+        assert _contrast(table.cells.font.color, fill) >= 4.5
+        assert (_luminance(fill) < 0.2) == dark_page          # dark cells on the dark page, light on the light
+    tr = simulate(load_scenario("burst5"), SchedulerConfig(policy="continuous", max_seqs=3, block_size=4),
+                  StepModel("constant", step_ms=1.0))
+    pool = next(t for t in paging_animation(paging_frames(tr, 4), tr.ids, theme).data
+                if t.type == "heatmap" and t.zmax == 4)
+    free = pool.colorscale[0][1]
+    assert free.startswith("#") and len(free) == 7                # opaque: its numbers take a contrasting colour
+    assert (_luminance(free) < 0.2) == dark_page

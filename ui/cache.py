@@ -146,17 +146,17 @@ def _summary(tr: Trace) -> dict:
 
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)
-def _paging_animation(trace: Trace, block_size: int):
+def _paging_animation(trace: Trace, block_size: int, theme: str = "light"):
     from core.figures.animate import paging_animation
     from core.lessons.blockframes import paging_frames
     pf = paging_frames(trace, block_size)
-    return trace, (None if pf is None else (pf, paging_animation(pf, trace.ids)))
+    return trace, (None if pf is None else (pf, paging_animation(pf, trace.ids, theme)))
 
 
 def paging_animation_view(trace: Trace, block_size: int):
-    """(core.lessons.blockframes.PagingFrames, figure) of a trace's paging animation, once per trace;
-    None without kv or step events. Shared: never mutate."""
-    return _paging_animation(trace, block_size)[1]
+    """(core.lessons.blockframes.PagingFrames, figure) of a trace's paging animation, once per trace
+    and theme; None without kv or step events. Shared: never mutate."""
+    return _paging_animation(trace, block_size, theme())[1]
 
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=HASH_FUNCS)

@@ -21,6 +21,8 @@ CURTAIN = {"light": "rgba(250,250,250,0.93)", "dark": "rgba(14,17,23,0.9)"}   # 
 
 
 TABLE_TEXT, TABLE_HEAD, TABLE_CELL = "#1f2937", "#c8d4e3", "#ebf0f8"   # 9.8:1 and 12.8:1 contrast (WCAG AA: 4.5)
+# the same in the dark theme (a light table was a bright box on the dark page): 11.4:1 and 13.5:1
+TABLE_COLORS = {"light": (TABLE_TEXT, TABLE_HEAD, TABLE_CELL), "dark": ("#e5e7eb", "#374151", "#1f2937")}
 
 
 CONTROLS_PX = 118      # below the plot: the buttons' row (34 px), then the slider with its ticks
@@ -148,12 +150,18 @@ STATE_COLORS = ("rgba(128,128,128,0.14)", SKY, BLUE, ORANGE)   # free (transluce
 #                                                                 owned, shared (core.analysis.occupancy order)
 
 
-def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
+# the pool's free blocks, opaque so that their numbers take a contrasting colour in either theme (a
+# translucent grey read as mid-grey: its numbers were drawn dark on the dark page)
+POOL_FREE = {"light": "#ECECEC", "dark": "#3A3E47"}
+
+
+def paging_animation(pf: PagingFrames, ids: list[str], theme: str = "light") -> go.Figure:
     """Left: each request's logical blocks (columns) shaded by the tokens they store, labelled
     with the physical block they map to (×n: shared by n sequences). Right: the pool of physical
     blocks by state, labelled with the block id and owner. One frame per scheduled step."""
     F, rows, cols = pf.block.shape
     nb = pf.occupancy.num_blocks
+    colors = (POOL_FREE.get(theme, POOL_FREE["light"]),) + STATE_COLORS[1:]
     width = 8 if nb <= 64 else 16
     prow = -(-nb // width)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.56, 0.44], horizontal_spacing=0.08,
@@ -161,9 +169,9 @@ def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
                         subplot_titles=["Logical blocks<br>per request (shade:<br>tokens stored)",
                                         "Pool: " + "<br>".join(" ".join(
                                             f'<span style="color:{c}">■</span> {n}' for n, c in pair) for pair in
-                                            ((("free", STATE_COLORS[0]),), (("cached", STATE_COLORS[1]),
-                                                                            ("owned", STATE_COLORS[2])),
-                                             (("shared", STATE_COLORS[3]),)))])
+                                            ((("free", colors[0]),), (("cached", colors[1]),
+                                                                      ("owned", colors[2])),
+                                             (("shared", colors[3]),)))])
 
     def logical(f):
         b, n = pf.block[f], pf.fill[f]
@@ -187,7 +195,7 @@ def paging_animation(pf: PagingFrames, ids: list[str]) -> go.Figure:
                              xgap=2, ygap=2, hovertemplate="logical block %{x}: %{text}, %{z:.0%} full<extra></extra>"),
                   row=1, col=1)
     pz, ptx = physical(0)
-    scale = [x for i, c in enumerate(STATE_COLORS) for x in ([i / 4, c], [(i + 1) / 4, c])]
+    scale = [x for i, c in enumerate(colors) for x in ([i / 4, c], [(i + 1) / 4, c])]
     fig.add_trace(go.Heatmap(z=pz, text=ptx, texttemplate="%{text}", zmin=0, zmax=4, colorscale=scale,
                              showscale=False, xgap=2, ygap=2, hovertemplate="block %{text}<extra></extra>"),
                   row=1, col=2)
@@ -218,7 +226,7 @@ MAX_KEY_BARS = 64       # keys drawn one bar each; more: one bar per tile
 MAX_TILE_FRAMES = 128   # tiles animated; a longer walk shows its first MAX_TILE_FRAMES tiles
 
 
-def tile_walk_animation(steps: list[TileStep], logits, values, full_value: float) -> go.Figure:
+def tile_walk_animation(steps: list[TileStep], logits, values, full_value: float, theme: str = "light") -> go.Figure:
     """The online softmax one tile per frame. Top: the keys' weights e^logit (bars, with each
     key's value), the tiles already read shaded blue and the tile being read orange. Bottom: the
     running statistics after the tile in both conventions: stored (scaled by e^-m, numerically
@@ -281,10 +289,11 @@ def tile_walk_animation(steps: list[TileStep], logits, values, full_value: float
     header = ["running", "stored (× e^−m)", "chapter (Σ e^logit)"]
     # the table's own colours in every theme: plotly's light fills under a dark theme's light text
     # were unreadable (rgb(230,234,241) on rgb(235,240,248))
-    fig.add_trace(go.Table(header=dict(values=header, align="left", font=dict(size=14, color=TABLE_TEXT),
-                                       fill_color=TABLE_HEAD),
-                           cells=dict(values=rows(0), align="left", font=dict(size=14, color=TABLE_TEXT),
-                                      fill_color=TABLE_CELL, height=26), columnwidth=[0.8, 1, 1]), row=2, col=1)
+    text, head, cell = TABLE_COLORS.get(theme, TABLE_COLORS["light"])
+    fig.add_trace(go.Table(header=dict(values=header, align="left", font=dict(size=14, color=text),
+                                       fill_color=head),
+                           cells=dict(values=rows(0), align="left", font=dict(size=14, color=text),
+                                      fill_color=cell, height=26), columnwidth=[0.8, 1, 1]), row=2, col=1)
     fig.update_yaxes(range=[0, top], row=1, col=1)
     fig.update_xaxes(range=[-0.5, len(x) - 0.5], dtick=1 if len(x) <= 32 else None, row=1, col=1)
     fig.frames = [go.Frame(name=str(k), traces=[0, 1, 3, 4], data=[
