@@ -11,7 +11,7 @@ from core.figures.spec import (
     monte_carlo_figure,
 )
 from core.formulas import speculative as spec
-from ui import bound, ensure_app_frame, show_chart, show_table, spec_traces
+from ui import bound, ensure_app_frame, show_chart, show_table, spec_traces, theme
 
 ensure_app_frame()
 
@@ -67,8 +67,8 @@ c1.metric("α = Σ min(p, q) (acceptance rate)", f"{alpha:.4g}")
 c2.metric("Rejection mass", f"{spec.rejection_mass(p, q):.4g}")
 c3.metric(f"Wrong rule: {names[0]}", f"{wrong[0]:.4g}", delta=f"{wrong[0] - p[0]:+.4g} vs p", delta_color="inverse")
 c1, c2 = st.columns(2)
-show_chart(mass_sankey(p, q, names), key="sp_sankey", where=c1)
-show_chart(mass_sankey(p, q, names, wrong=True), key="sp_sankey_wrong", where=c2)
+show_chart(mass_sankey(p, q, names, theme=theme()), key="sp_sankey", where=c1)
+show_chart(mass_sankey(p, q, names, wrong=True, theme=theme()), key="sp_sankey_wrong", where=c2)
 st.caption(":blue-badge[given] preset values or your edits. "
            f"The wrong rule's largest error is {spec.wrong_rule_error(p, q):.4g}.")
 

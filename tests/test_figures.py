@@ -267,3 +267,11 @@ def test_the_tile_walk_table_and_the_pool_follow_the_theme(theme, dark_page):
     free = pool.colorscale[0][1]
     assert free.startswith("#") and len(free) == 7                # opaque: its numbers take a contrasting colour
     assert (_luminance(free) < 0.2) == dark_page
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_sankey_labels_in_the_themes_strongest_text_colour(theme):
+    """Issue 36, item 27: the Sankey's node labels were low-contrast in the light theme."""
+    fig = mass_sankey([0.6, 0.4], [0.8, 0.2], ["Paris", "Lyon"], theme=theme)
+    page = {"light": "#FFFFFF", "dark": "#0E1117"}[theme]           # Streamlit's backgrounds
+    assert _contrast(fig.data[0].textfont.color, page) >= 15 and fig.data[0].textfont.size >= 14

@@ -7,8 +7,10 @@ import plotly.graph_objects as go
 from core.figures import BLUE, GRAY, PALETTE, VERMILLION, base_layout
 from core.formulas import speculative as spec
 
+SANKEY_TEXT = {"light": "#111111", "dark": "#F2F2F2"}   # node labels: the page's strongest text colour
 
-def mass_sankey(p, q, names: list[str], wrong: bool = False) -> go.Figure:
+
+def mass_sankey(p, q, names: list[str], wrong: bool = False, theme: str = "light") -> go.Figure:
     """Probability mass: draft proposes q -> accepted (min(p, q)) or rejected -> resampled
     (from the residual, or from p under the wrong rule) -> final distribution."""
     p, q = np.asarray(p, float), np.asarray(q, float)
@@ -41,6 +43,9 @@ def mass_sankey(p, q, names: list[str], wrong: bool = False) -> go.Figure:
     fig = go.Figure(go.Sankey(
         arrangement="snap",
         node=dict(label=labels, color=node_colors, pad=18, thickness=16),
+        # labels in the page's strongest text colour at 14 px (plotly's default grey 12 px with a halo
+        # read faintly over the links in the light theme)
+        textfont=dict(size=14, color=SANKEY_TEXT.get(theme, SANKEY_TEXT["light"])),
         link=dict(source=src, target=dst, value=val, color=col, customdata=hover,
                   hovertemplate="%{customdata}<extra></extra>")))
     title = ("WRONG rule: on rejection resample from p" if wrong
