@@ -162,8 +162,19 @@ st.subheader("Throughput, cost and latency summary")
 summ = schedule_view("summary", schedules, window, usd)
 if "steps" in summ and summ["steps"].isna().all():   # given schedules only: they have no steps
     summ = summ.drop(columns="steps")
-show_table(summ, hide_index=True, key="sched_summary")
-st.caption("Drain window = [first arrival, last emission] of each schedule; the fixed window is the same "
+# On screen, columns that add nothing to a row are left out (the CSV export has every column): the origin
+# when each schedule's name starts with it, the output tokens when every schedule emits the same number
+# (said below), the steps (listed below the table)
+shown = summ.drop(columns=[c for c in ("steps",) if c in summ])
+if "origin" in shown and all(str(a).startswith(str(o)) for a, o in zip(shown["schedule"], shown["origin"])):
+    shown = shown.drop(columns="origin")
+same_tokens = "output tokens" in shown and len(shown) > 1 and shown["output tokens"].nunique() == 1
+if same_tokens:
+    shown = shown.drop(columns="output tokens")
+show_table(shown, hide_index=True, key="sched_summary", export=summ)
+st.caption((f"Every schedule emits the same {int(summ['output tokens'].iloc[0]):,} output tokens. "
+            if same_tokens else "")
+           + "Drain window = [first arrival, last emission] of each schedule; the fixed window is the same "
            f"for all. Cost = USD {usd:g}/h × drain-window hours. Percentiles: numpy 'linear' estimator.")
 taken = schedule_view("steps", schedules)
 if taken:

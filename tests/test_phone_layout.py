@@ -286,3 +286,15 @@ def test_the_replay_pages_first_chart_starts_above_the_fold(server, page):
         const c = document.querySelector("[data-testid='stPlotlyChart']");
         return c.getBoundingClientRect().top + m.scrollTop; }""")
     assert top < PROJECTOR["height"], top
+
+
+# Pages whose tables are widest with other settings than the defaults (issue 36, item 27: at 1280 px
+# "simulated continuou", "E2E p9" and "output tok/s (own dra" were cut at the frame's edge)
+WIDE = [("schedules?sc=Burst+5", "schedules-burst5"), ("load", "load"),
+        ("replay?tr=guidellm+0.8.1+against+our+server%3A+concurrency+1%2C+2%2C+4", "replay-guidellm")]
+
+
+@pytest.mark.parametrize("path,name", WIDE, ids=[n for _, n in WIDE])
+def test_projector_wide_tables_within_the_page(server, page, path, name):
+    open_at(page, f"{server}/{path}", PROJECTOR)
+    check_text(page, PROJECTOR, tables_fit=True)
