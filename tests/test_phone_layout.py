@@ -81,6 +81,13 @@ LEGEND_JS = r"""
     for (const [a, ar] of visible(chart, ".annotation-text"))
       for (const [t, tr] of visible(chart, ".xtick text, .ytick text"))
         if (meet(ar, tr)) hits.push([title, "subplot title over tick labels", a.textContent + " / " + t.textContent]);
+    // two axis titles on each other (a short subplot's y title reaching into the one above)
+    const axisTitles = visible(chart, ".g-ytitle text, [class*='g-y'][class$='title'] text");
+    for (let i = 0; i < axisTitles.length; i++)
+      for (let j = i + 1; j < axisTitles.length; j++)
+        if (axisTitles[i][0] !== axisTitles[j][0] && meet(axisTitles[i][1], axisTitles[j][1]))
+          hits.push([title, "axis titles overlap",
+                     axisTitles[i][0].textContent + " / " + axisTitles[j][0].textContent]);
     // an animation's play buttons on its slider
     for (const [b, br] of visible(chart, ".updatemenu-button"))
       for (const [sl, sr] of visible(chart, ".slider-rail-rect, .slider-grip-rect, .slider-label"))

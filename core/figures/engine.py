@@ -19,7 +19,7 @@ def prefix_cache_figure(over_time, cursor_ms: float | None = None, title: str | 
     clears as dashed lines; bottom: blocks stored (up) and removed (down) per time bin. With
     `simulated` (simulated_cache_over_time of the same workload) its cached-block count is drawn
     over the top panel for comparison."""
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.68, 0.32], vertical_spacing=0.06)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.62, 0.38], vertical_spacing=0.08)
     t = over_time["t_ms"].to_numpy(dtype=float)
     chains = over_time.attrs.get("chains", []) + ["other chains"]
     for k, c in enumerate(chains):
@@ -49,12 +49,13 @@ def prefix_cache_figure(over_time, cursor_ms: float | None = None, title: str | 
                              hovertemplate="%{y} blocks removed<extra></extra>"), row=2, col=1)
     if cursor_ms is not None:
         fig.add_vline(x=cursor_ms, line_color=CURSOR, line_width=2)
-    fig.update_yaxes(title_text="cached blocks", row=1, col=1)
+    fig.update_yaxes(title_text="cached", row=1, col=1)
     fig.update_yaxes(title_text="per bin", row=2, col=1)
     fig.update_xaxes(title_text="time (ms)", row=2, col=1)
     fig.update_layout(barmode="relative", bargap=0)
     n = over_time.attrs.get("chain_count", 0)
-    return base_layout(fig, title or f"The engine's prefix cache (its KV events): {n} prefix chains", height=420)
+    # 500 px: on a phone the legend takes a row per entry below the plot, which kept ~60 px for both panels
+    return base_layout(fig, title or f"The engine's prefix cache (its KV events): {n} prefix chains", height=500)
 
 
 def engine_phases_figure(ids: list[str], arrival_ms, extras: list[dict], cursor_ms: float | None = None,
