@@ -160,6 +160,9 @@ if tr is None:
     st.stop()
 
 BIG_TRACE = len(tr.requests) > 150     # the cursor views show a subset and draw large charts once
+STATIC_CELLS = 20_000                  # a KV grid larger than this is drawn once, without the cursor line
+STATIC_STEPS = 1_000                   # a counted-steps chart longer than this is drawn once, without the cursor
+TOKEN_TICKS = 4_000                    # the cursor's timeline draws token ticks up to this many (SVG paths)
 views = ov if large else trace_view(tr, BIG_TRACE)   # a core.analysis.views.TraceView: the same calls either way
 
 # ---- metrics panel ---------------------------------------------------------------------
@@ -333,14 +336,16 @@ def cursor_views():
     if p.shown_note:
         st.caption(f"Timeline: {p.shown_note}.")
     # one 1280x800 screen: the cursor, a compact timeline, then batch and KV side by side
-    fig = schedule_timeline([(label, p.shown)], max_token_markers=15_000, max_height=300)
+    fig = schedule_timeline([(label, p.shown)], max_token_markers=TOKEN_TICKS, max_height=300)
     fig.add_vline(x=cursor, line_color=CURSOR, line_width=2)
     show_chart(fig, key="rp_timeline")
     left, right = st.columns(2)
     row = p.step
     with left:
         if p.left == "counted_steps":
-            show_chart(counted_steps_figure(tr.steps, cursor).update_layout(height=280), key="rp_counted_steps")
+            # drawn once, without the cursor line, past STATIC_STEPS steps (the caption names the step at the cursor)
+            show_chart(counted_steps_figure(tr.steps, None if len(tr.steps) > STATIC_STEPS else cursor)
+                       .update_layout(height=280), key="rp_counted_steps")
             st.caption(f"Step {int(row['step'])} at the cursor ({row['dur_ms']:.2f} ms): {int(row['prefill_reqs'])} "
                        f"prefill request(s), {int(row['prefill_tokens'])} uncached prompt tokens, "
                        f"{int(row['decode_reqs'])} decoding. Measured by the engine (its iteration log: counts, no "
@@ -356,9 +361,14 @@ def cursor_views():
             # a large trace's heatmap is drawn without the cursor line: unchanged, it is not sent again at
             # each move (re-sending and redrawing the two large charts was 0.6 s of a 0.8 s move on a
             # 500-request, 49,560-step run); the state at the cursor is in the caption
-            show_chart(occupancy_heatmap(p.occupancy, ids, None if BIG_TRACE else p.kv_index)
+            # ... and so is any heatmap of more than STATIC_CELLS cells (a 286 KB grid redrawn at each step was
+            # most of a 2 s step on a 2-core machine)
+            static = BIG_TRACE or p.occupancy.state.size > STATIC_CELLS
+            show_chart(occupancy_heatmap(p.occupancy, ids, None if static else p.kv_index)
                        .update_layout(height=280), key="rp_kv")
-            st.caption("At the cursor: " + ", ".join(f"{v} {k}" for k, v in p.kv_counts.items()) + " blocks.")
+            st.caption("At the cursor: " + ", ".join(f"{v} {k}" for k, v in p.kv_counts.items()) + " blocks"
+                       + (" (the grid is drawn once, without the cursor line: its size would make every move "
+                          "slow)." if static and not BIG_TRACE else "."))
         elif p.right == "gauges":
             gauges_view(p.gauges, cursor)
         else:
