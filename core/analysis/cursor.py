@@ -170,11 +170,13 @@ def step_cursor(cursor_ms: float, direction: int, step_starts: np.ndarray, start
 
 
 def gauge_coverage(trace: Trace, gauges: list[dict], metrics: pd.DataFrame | None = None) -> dict | None:
-    """How well a server's sampled gauges (`gauge` events, /metrics scrapes) saw the run: the samples,
+    """How well a server's sampled gauges (`gauge` events that count running requests: /metrics scrapes)
+    saw the run: the samples,
     the median gap between them, the requests' median E2E, how many samples fell while the requests' own
     times say at least one was in flight (arrival <= t < last token), and how many read running > 0.
     `missed`: the scrapes cannot show the activity (sampled less often than a request lasts, or no
     sample inside a request). None without gauges or requests."""
+    gauges = [g for g in gauges if isinstance(g.get("running"), (int, float))]    # the scrapes that count requests
     t = np.sort(np.array([g["t_ms"] for g in gauges if isinstance(g.get("t_ms"), (int, float))], dtype=float))
     if not len(t) or not len(trace.requests):
         return None

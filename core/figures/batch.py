@@ -41,25 +41,35 @@ DENSE_GAUGES = 50     # samples from which a gauge is drawn as a curve
 def gauges_figure(gauges: list[dict], cursor_ms: float | None = None) -> go.Figure:
     """The server's own load as a capture client sampled it (`gauge` events from /metrics):
     running and waiting requests (left axis) and KV-cache usage in percent (right axis). Each sample is
-    a marker; they are joined (as steps) only when there are enough of them to stand for a curve
-    (DENSE_GAUGES): a line between two scrapes seconds apart would claim what nobody saw."""
+    a marker; a series is joined (as steps) only when it has enough samples to stand for a curve
+    (DENSE_GAUGES): a line between two scrapes seconds apart would claim what nobody saw. Each series
+    is drawn from the samples that carry it (an iteration log's KV usage has no running count)."""
     fig = go.Figure()
-    t = [g["t_ms"] for g in gauges]
-    mode = "lines+markers" if len(gauges) >= DENSE_GAUGES else "markers"
+
+    def series(key, scale=1.0):
+        got = [(g["t_ms"], g[key] * scale) for g in gauges if isinstance(g.get(key), (int, float))]
+        return [t for t, _ in got], [v for _, v in got]
+
+    counts = []
     for i, key in enumerate(("running", "waiting")):
-        if any(key in g for g in gauges):
-            fig.add_trace(go.Scattergl(x=t, y=[g.get(key) for g in gauges], mode=mode, name=f"{key} (server)",
-                                       line=dict(shape="hv", color=PALETTE[i]), marker=dict(size=7, symbol=i)))
-    if any("kv_usage" in g for g in gauges):
-        fig.add_trace(go.Scattergl(x=t, y=[None if g.get("kv_usage") is None else 100 * g["kv_usage"] for g in gauges],
-                                   mode=mode, name="KV usage % (server)", yaxis="y2",
-                                   line=dict(shape="hv", color=PALETTE[3], dash="dot"),
+        x, y = series(key)
+        if x:
+            counts.append(len(x))
+            fig.add_trace(go.Scattergl(x=x, y=y, mode="lines+markers" if len(x) >= DENSE_GAUGES else "markers",
+                                       name=f"{key} (server)", line=dict(shape="hv", color=PALETTE[i]),
+                                       marker=dict(size=7, symbol=i)))
+    x, y = series("kv_usage", 100.0)
+    if x:
+        counts.append(len(x))
+        dense = len(x) >= DENSE_GAUGES
+        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines" if dense else "markers", name="KV usage % (server)",
+                                   yaxis="y2", line=dict(shape="hv", color=PALETTE[3], dash="dot"),
                                    marker=dict(size=7, symbol="diamond-open")))
     if cursor_ms is not None:
         fig.add_vline(x=cursor_ms, line_color=CURSOR, line_width=2)
     fig.update_layout(xaxis_title="time (ms)", yaxis=dict(title="requests", rangemode="nonnegative"),
                       yaxis2=dict(title="KV usage (%)", overlaying="y", side="right", range=[0, 100], showgrid=False))
-    if len(gauges) < DENSE_GAUGES:
-        return base_layout(fig, f"Server gauges: {len(gauges)} samples of its /metrics (measured by the client)",
-                           height=280)
+    sparse = min(counts, default=0)
+    if sparse < DENSE_GAUGES:
+        return base_layout(fig, f"Server gauges (measured): {sparse} samples of the sparsest series", height=280)
     return base_layout(fig, "Server gauges, sampled from its /metrics (measured by the client)", height=280)
