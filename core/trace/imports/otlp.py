@@ -17,7 +17,6 @@ engine-side phases (queue, prefill, decode, in model) are kept per request (`eng
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -81,7 +80,8 @@ def body_docs(lines: Iterable[dict], name: str) -> Iterator[dict]:
             raise TraceError(f"{name}: line {k + 1}: body_b64: expected base64") from None
         if str(ln.get("content_encoding") or "").lower() == "gzip" or body[:2] == b"\x1f\x8b":
             body = gunzip(body, f"{name}: line {k + 1}", TraceError)
-        yield otlp_json(body, str(ln.get("content_type") or "application/x-protobuf"))
+        yield otlp_json(body, str(ln.get("content_type") or "application/x-protobuf"),
+                        f"{name}: line {k + 1}: OTLP/JSON body")
 
 
 def looks_like_collector_lines(doc) -> bool:
@@ -100,12 +100,13 @@ def spans_of(doc: dict) -> Iterator[dict]:
                            "trace_id": sp.get("traceId"), "span_id": sp.get("spanId")}
 
 
-def otlp_json(body: bytes, content_type: str = "application/x-protobuf") -> dict:
+def otlp_json(body: bytes, content_type: str = "application/x-protobuf", where: str = "OTLP/JSON body") -> dict:
     """One OTLP/HTTP export body (protobuf, or JSON) as OTLP/JSON: camelCase fields, int64 as
     strings, enums as integers, trace and span ids as lowercase hex (OTLP/JSON's rule, where
     protobuf's own JSON mapping would write base64)."""
     if "json" in content_type:
-        doc = json.loads(body)
+        from core.trace.jsoncodec import parse_json_bytes
+        doc = parse_json_bytes(body, where)   # one line naming `where` (nesting too deep: how deep)
         if not looks_like_otlp_json(doc):
             raise TraceError("OTLP/JSON body: expected an object with resourceSpans")
         return doc

@@ -28,6 +28,7 @@ from core.errors import TraceError, gunzip, read_input_file, short
 from core.trace.imports import aiperf, guidellm, inference_perf, kv_events, otlp, scrapes, vllm_bench, vllm_log
 from core.trace.imports.imported import Imported
 from core.trace.imports.vllm_bench import import_vllm, looks_like_vllm
+from core.trace.jsoncodec import too_deep
 
 WE_READ = ("we read: our serving-trace/1 (JSON, gzip, Parquet), vllm bench serve / SGLang results, AIPerf "
            "profile_export.jsonl, guidellm benchmarks.json/.yaml, inference-perf per_request_lifecycle_metrics.json, "
@@ -344,6 +345,8 @@ def json_lines(raw: bytes, name: str) -> list:
         try:
             out.append(orjson.loads(ln))
         except orjson.JSONDecodeError as e:
+            if "depth limit" in str(e):
+                raise TraceError(too_deep(ln, f"{name}: line {k + 1}")) from None
             raise TraceError(f"{name}: line {k + 1}: not valid JSON ({e})") from None
     return out
 
