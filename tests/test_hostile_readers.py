@@ -63,3 +63,51 @@ def test_json_nested_too_deep_names_the_file_and_the_depth(tmp_path, capsys):
     p.write_text(json.dumps({"recv_ns": 1, "content_type": "application/json",
                              "body_b64": base64.b64encode(body).decode()}) + "\n")
     refused(capsys, p, "otlp_bodies.jsonl: line 1", f"nested too deeply ({n:,} levels")
+
+
+# ---- item 24: messages that name the field -------------------------------------------------------
+
+def test_a_token_id_past_int64_is_refused_before_the_prefix_cache_hashes_it(tmp_path, capsys):
+    from core.errors import WorkloadError
+    from core.workload import Request
+    for bad, at in ((2**63, 3), (2**64 + 5, 3), (-1, 3), (1.5, 3)):
+        with pytest.raises(WorkloadError, match=rf"request 'a': prompt_ids\[{at}\]: expected a token id"):
+            Request("a", 0.0, 4, 1, prompt_ids=[1, 2, 3, bad])
+    Request("a", 0.0, 2, 1, prompt_ids=[0, 2**63 - 1])                # the largest int64 is a token id
+    w = {"requests": [{"id": r, "arrival_ms": k, "prompt_tokens": 4, "output_tokens": 2,
+                       "prompt_ids": [1, 2, 3, 2**63]} for k, r in enumerate("ab")]}
+    p = tmp_path / "w.json"
+    p.write_text(json.dumps(w))
+    rc = main(["simulate", str(p), "--prefix-caching", "--block-size", "2", "--out", str(tmp_path / "o.json")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "w.json: requests[0].prompt_ids[3]" in err, err
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_a_kv_batch_number_past_int64_is_named(tmp_path, capsys):
+    import msgspec
+    payload = msgspec.msgpack.encode([1.0, [{"type": "BlockRemoved", "block_hashes": [5]}], 0])
+    line = {"recv_ns": 1, "frames": [base64.b64encode(x).decode() for x in
+                                     (b"kv", (2**63).to_bytes(8, "big"), payload)]}
+    p = tmp_path / "kv_events.jsonl"
+    p.write_text(json.dumps(line) + "\n")
+    refused(capsys, p, "kv_events.jsonl: line 1: seq", str(2**63))
+    assert "unexpected shape" not in capsys.readouterr().err
+
+
+def test_aiperf_scrapes_with_string_timestamps_and_duplicate_request_ids(tmp_path, capsys):
+    from tests.conftest import DATA
+    run = DATA / "imports" / "aiperf" / "aiperf_n24_c2_p128_o16"
+    lines = [json.loads(x) for x in (run / "server_metrics_export.jsonl").read_text().splitlines()]
+    for x in lines:
+        x["timestamp_ns"] = str(x["timestamp_ns"])
+    p = tmp_path / "server_metrics_export.jsonl"
+    p.write_text("\n".join(map(json.dumps, lines)) + "\n")
+    err = refused(capsys, p, "server_metrics_export.jsonl: line 1: timestamp_ns", repr(lines[0]["timestamp_ns"]))
+    assert "min()" not in err and "unexpected shape" not in err
+    recs = [json.loads(x) for x in (run / "profile_export.jsonl").read_text().splitlines()]
+    recs[3]["metadata"]["x_request_id"] = rid = recs[0]["metadata"]["x_request_id"]
+    p = tmp_path / "profile_export.jsonl"
+    p.write_text("\n".join(map(json.dumps, recs)) + "\n")
+    err = refused(capsys, p, "profile_export.jsonl: metadata.x_request_id", rid, "record 1 and record 4")
+    assert "unexpected shape" not in err

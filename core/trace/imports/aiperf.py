@@ -61,13 +61,18 @@ def looks_like_scrape(doc) -> bool:
         and "endpoint_url" in doc
 
 
+def _scrape_ns(sc: dict, where: str) -> int:
+    ts = sc.get("timestamp_ns")
+    if not (isinstance(ts, int) and not isinstance(ts, bool) and 0 < ts < 1 << 63):
+        raise TraceError(f"{where}: timestamp_ns: expected epoch nanoseconds (an integer), got {short(ts)}")
+    return ts
+
+
 def gauges(scrapes: list[dict], t0_ns: int, name: str) -> list[dict]:
     """gauge events of AIPerf's recorded /metrics scrapes, times in ms from t0_ns (epoch)."""
     out = []
     for k, sc in enumerate(scrapes):
-        ts = sc.get("timestamp_ns")
-        if not (isinstance(ts, int) and 0 < ts < 1 << 63):
-            raise TraceError(f"{name}: line {k + 1}: timestamp_ns: expected epoch nanoseconds, got {short(ts)}")
+        ts = _scrape_ns(sc, f"{name}: line {k + 1}")
         if ts < t0_ns:
             continue        # before the first request: outside the trace's clock
         samples = ((m, s.get("value")) for m, series in sc["metrics"].items() if isinstance(series, list)
@@ -80,7 +85,7 @@ def gauges(scrapes: list[dict], t0_ns: int, name: str) -> list[dict]:
 
 def import_scrapes(lines: list[dict], name: str) -> Imported:
     from core.trace.imports.scrapes import gauge_trace
-    t0 = min(sc["timestamp_ns"] for sc in lines if isinstance(sc.get("timestamp_ns"), int))
+    t0 = min(_scrape_ns(sc, f"{name}: line {k + 1}") for k, sc in enumerate(lines))
     ev = gauges(lines, t0, name)
     notes = [f"{len(lines)} /metrics scrapes recorded by AIPerf -> {len(ev)} gauge events (the server's own "
              "running / waiting / KV usage); no requests: profile_export.jsonl beside it has them."]
@@ -205,7 +210,7 @@ def import_records(records: list[dict], name: str, summary: dict | None = None,
         raise TraceError(f"{name}: no profiling-phase records (only {warmup} warm-up record(s))")
     starts = [_ns(r["metadata"], "request_start_ns", f"{name}: line {k + 1}") for k, r in enumerate(profiling)]
     t0 = min(starts)
-    rows = RequestRows(name)
+    rows = RequestRows(name, id_field="metadata.x_request_id")
     cancelled = 0
     for k, (r, s_ns) in enumerate(zip(profiling, starts)):
         md, m, where = r["metadata"], r["metrics"], f"{name}: record {k + 1}"

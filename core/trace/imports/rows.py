@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from core.errors import TraceError, short
+from core.errors import TraceError, WorkloadError, short
 from core.trace.build import new_trace
 from core.trace.model import Trace, frame
 from core.trace.schema import FINISH, TOKEN
@@ -45,8 +45,8 @@ def seconds(v, where: str, key: str, lo: float = 0.0) -> float:
 class RequestRows:
     """Rows of an imported run; `trace(meta)` builds the Trace (requests sorted by arrival)."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, id_field: str = "request id"):
+        self.name, self.id_field = name, id_field     # id_field: where the file keeps a request's id
         self.reqs, self.tok_req, self.tok_idx, self.tok_t, self.failed, self.finishes = [], [], [], [], [], []
         self.merged = 0
         self.tokens = 0
@@ -124,7 +124,16 @@ class RequestRows:
     def trace(self, meta: dict) -> Trace:
         if not self.reqs:
             raise TraceError(f"{self.name}: the file lists no requests")
-        tr = new_trace(meta, Workload(self.reqs, name=self.name))
+        first: dict[str, int] = {}
+        for k, r in enumerate(self.reqs):
+            j = first.setdefault(r.id, k)
+            if j != k:
+                raise TraceError(f"{self.name}: {self.id_field} {short(r.id, 60)} names two requests (record {j + 1} "
+                                 f"and record {k + 1}); each request needs its own id")
+        try:
+            tr = new_trace(meta, Workload(self.reqs, name=self.name))
+        except WorkloadError as e:
+            raise TraceError(str(e) if str(e).startswith(self.name) else f"{self.name}: {e}") from None
         # Workload() sorted by arrival (stable); map our request index -> position in trace.
         pos = {rid: k for k, rid in enumerate(tr.ids)}
         order = np.array([pos[r.id] for r in self.reqs])

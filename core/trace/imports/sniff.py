@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from core.errors import TraceError, gunzip, read_input_file, short
+from core.errors import InputError, TraceError, gunzip, read_input_file, short
 from core.trace.imports import aiperf, guidellm, inference_perf, kv_events, otlp, scrapes, vllm_bench, vllm_log
 from core.trace.imports.imported import Imported
 from core.trace.imports.vllm_bench import import_vllm, looks_like_vllm
@@ -49,6 +49,8 @@ def guarded(fn):
             if isinstance(e, TraceError):
                 raise
             name = args[1] if len(args) > 1 and isinstance(args[1], str) else str(args[0]) if args else "input"
+            if isinstance(e, InputError):      # a check that words its problem (a workload's): its own line
+                raise TraceError(str(e) if str(e).startswith(name) else f"{name}: {e}") from None
             raise TraceError(f"{name}: a field has an unexpected shape for the format it looks like "
                              f"({type(e).__name__}: {short(str(e), 80)})") from None
     return call
