@@ -111,3 +111,103 @@ def test_aiperf_scrapes_with_string_timestamps_and_duplicate_request_ids(tmp_pat
     p.write_text("\n".join(map(json.dumps, recs)) + "\n")
     err = refused(capsys, p, "profile_export.jsonl: metadata.x_request_id", rid, "record 1 and record 4")
     assert "unexpected shape" not in err
+
+
+# ---- item 18: small files that cost gigabytes ----------------------------------------------------
+
+def test_a_small_vllm_result_claiming_a_billion_token_rows_is_refused_before_allocating(tmp_path, capsys):
+    """490 bytes claiming 10 x 10,000,000 output tokens (each a 33-byte row of the token table:
+    3.1 GiB) used to be built at ~6.5 GB: the cap counts the bytes of the rows."""
+    res = {"ttfts": [0.1] * 10, "itls": [[]] * 10, "output_lens": [10_000_000] * 10, "input_lens": [1] * 10,
+           "start_times": list(range(10)), "duration": 10, "completed": 10}
+    p = tmp_path / "v.json"
+    p.write_text(json.dumps(res))
+    assert p.stat().st_size < 500
+    rows_gib = 100_000_000 * (8 + 8 + 8 + 8 + 1) / 2**30          # t_ms, req, index, token_id, source
+    refused(capsys, p, "v.json: output_lens: 100,000,000 output tokens", f"{rows_gib:.1f} GiB of token rows", "1 GiB")
+
+
+def test_imported_token_rows_are_built_within_a_third_more_than_they_keep(tmp_path):
+    import tracemalloc
+
+    from core.trace import open_trace
+    n = 2_000_000
+    res = {"ttfts": [0.1] * 4, "itls": [[0.001] * 9] * 4, "output_lens": [n] * 4, "input_lens": [1] * 4,
+           "start_times": [0, 1, 2, 3], "duration": 10, "completed": 4}
+    p = tmp_path / "v.json"
+    p.write_text(json.dumps(res))
+    tracemalloc.start()
+    try:
+        imp = open_trace(p)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    kept = int(imp.trace.tokens.memory_usage(index=False, deep=True).sum())
+    assert len(imp.trace.tokens) == 4 * n and kept >= 4 * n * 33
+    assert peak < 1.35 * kept, (peak, kept)
+
+
+def _alias_bomb(levels: int, where: str) -> str:
+    """A guidellm-looking report whose `where` is an alias standing for 3**levels leaves
+    (3 * levels - 2 aliases: under the alias cap)."""
+    lines = ["metadata: {guidellm_version: x}", "a0: &a0 [x, x, x]"]
+    lines += [f"a{i}: &a{i} [*a{i - 1}, *a{i - 1}, *a{i - 1}]" for i in range(1, levels)]
+    lines.append("benchmarks: [{requests: {successful: [{" + f"{where}: *a{levels - 1}"
+                 + ", info: {timings: {request_start: 1}}}]}}]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("where", ["prompt_tokens", "request_id"])
+def test_a_kilobyte_of_yaml_describing_3_to_the_30_leaves_is_refused_by_its_expanded_size(tmp_path, capsys, where):
+    p = tmp_path / "benchmarks.yaml"
+    p.write_text(_alias_bomb(30, where))
+    assert p.stat().st_size < 1000 and p.read_text().count("*") == 88
+    # values once expanded, line by line: the top mapping, line 1's 4, then each a_i's key, list and items
+    total, size, line = 1 + 4, 4, 2
+    total += 1 + size
+    while total <= 10_000_000:
+        line += 1
+        size = 1 + 3 * size
+        total += 1 + size
+    err = refused(capsys, p, "benchmarks.yaml: YAML whose aliases expand it past 10,000,000 values", f"(line {line})")
+    assert len(err) < 200
+    if where == "prompt_tokens":
+        p.write_text(_alias_bomb(8, where))               # 3**8 leaves: read, and the field's problem named
+        err = refused(capsys, p, "benchmarks.yaml", where, "[[[[[[[")
+        assert len(err) < 300, err                       # the value is not written out whole
+
+
+def test_yaml_nested_deeper_than_a_thousand_levels_is_refused_at_the_thousand_and_first(tmp_path):
+    """Flow YAML nested 100,000 deep crashed the process (libyaml's composer recursing: a segfault);
+    1,001 deep is refused at its event, before any value is built. Run in a subprocess: the old code
+    took the test runner down with it."""
+    import subprocess
+    import sys
+    for depth, want in ((100_000, "nested more than 1,000 levels deep (line 1)"),
+                        (1_001, "nested more than 1,000 levels deep (line 1)"),
+                        (999, "not a format we read")):        # 1,000 levels with the top mapping: read
+        p = tmp_path / f"d{depth}.yaml"
+        p.write_text("a: " + "[" * depth + "]" * depth + "\n")
+        r = subprocess.run([sys.executable, "-m", "core", "metrics", str(p)], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and want in r.stderr, (depth, r.returncode, r.stderr)
+    p = tmp_path / "self.yaml"
+    p.write_text("benchmarks: &a [*a]\n")
+    r = subprocess.run([sys.executable, "-m", "core", "metrics", str(p)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "alias *a inside its own anchor (line 1)" in r.stderr, r.stderr
+
+
+def test_a_value_in_a_message_is_written_only_as_far_as_shown():
+    from core.errors import short
+    values = [1, -5, 2**70, 1.5, None, True, "abc", "x" * 100, "it's", 'say "hi"', [1, 2, 3], [], (), (1,), (1, 2),
+              {}, {"a": [1, {"b": (2,)}]}, set(), {1, 2}, frozenset(), frozenset({3}), [[[]]], b"raw",
+              list(range(100)), {f"k{i}": i for i in range(50)}, [["x" * 60]], {1: "x" * 100}]
+    for v in values:
+        for limit in (5, 10, 40, 80):
+            r = repr(v)
+            assert short(v, limit) == (r if len(r) <= limit else r[:limit - 3] + "..."), (v, limit)
+    shared = [1, 1, 1]
+    for _ in range(40):                                  # 3**40 leaves, 41 list objects
+        shared = [shared, shared, shared]
+    assert short(shared) == "[" * 37 + "..."
+    assert short(10**5000) == "<an integer of 16,610 bits>"

@@ -34,6 +34,8 @@ WE_READ = ("we read: our serving-trace/1 (JSON, gzip, Parquet), vllm bench serve
            "profile_export.jsonl, guidellm benchmarks.json/.yaml, inference-perf per_request_lifecycle_metrics.json, "
            "vLLM's iteration log, OTLP/JSON spans, recorded KV events")
 MAX_YAML_ALIASES = 100
+MAX_YAML_DEPTH = 1_000          # nesting (collections within collections) of a YAML document
+MAX_YAML_NODES = 10_000_000     # values of a YAML document once its aliases are expanded
 
 
 def guarded(fn):
@@ -427,15 +429,51 @@ def _looks_like_yaml(text: str) -> bool:
 
 def _yaml(text: str, name: str):
     import yaml
-    try:   # aliases would let a small file expand into a huge structure: count them first
-        aliases = sum(isinstance(ev, yaml.AliasEvent) for ev in yaml.parse(text, Loader=yaml.SafeLoader))
-        if aliases > MAX_YAML_ALIASES:
-            raise TraceError(f"{name}: YAML with {aliases} aliases; at most {MAX_YAML_ALIASES} are read")
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml's: fast, and its parser does not recurse
+    try:
+        _yaml_bounds(yaml.parse(text, Loader=loader), name)
+        return yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise TraceError(f"{name}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+
+
+def _yaml_bounds(events, name: str):
+    """Refuse, from the parser's events and before any value is built, a YAML document that nests
+    deeper than MAX_YAML_DEPTH or whose aliases expand it past MAX_YAML_NODES nodes (a 1 kB file can
+    describe 3**30 leaves: the loader shares aliased values, but whatever walks the value walks them
+    all), or that has more than MAX_YAML_ALIASES aliases or an alias inside its own anchor."""
+    import yaml
+    size: dict[str, int] = {}       # anchor -> nodes under it, aliases expanded
+    open_: list[tuple[int, str | None]] = []   # (nodes before it, anchor) of each collection open
+    total = aliases = 0
+    for ev in events:
+        line = f"line {ev.start_mark.line + 1}" if ev.start_mark else "its end"
+        if isinstance(ev, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_YAML_ALIASES:
+                raise TraceError(f"{name}: YAML with more than {MAX_YAML_ALIASES} aliases ({line}); at most "
+                                 f"{MAX_YAML_ALIASES} are read")
+            if ev.anchor not in size:
+                what = "inside its own anchor" if any(a == ev.anchor for _, a in open_) else "to no anchor"
+                raise TraceError(f"{name}: YAML alias *{ev.anchor[:40]} {what} ({line})")
+            total += size[ev.anchor]
+        elif isinstance(ev, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
+            total += 1
+            if isinstance(ev, yaml.CollectionStartEvent):
+                open_.append((total - 1, ev.anchor))
+                if len(open_) > MAX_YAML_DEPTH:
+                    raise TraceError(f"{name}: YAML nested more than {MAX_YAML_DEPTH:,} levels deep ({line})")
+            elif ev.anchor:
+                size[ev.anchor] = 1
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            before, anchor = open_.pop()
+            if anchor:
+                size[anchor] = total - before
+        if total > MAX_YAML_NODES:
+            raise TraceError(f"{name}: YAML whose aliases expand it past {MAX_YAML_NODES:,} values ({line}); "
+                             "at most that many are read")
 
 
 def _foreign_csv(text: str, name: str) -> Imported:
