@@ -211,3 +211,35 @@ def test_a_value_in_a_message_is_written_only_as_far_as_shown():
         shared = [shared, shared, shared]
     assert short(shared) == "[" * 37 + "..."
     assert short(10**5000) == "<an integer of 16,610 bits>"
+
+
+# ---- item 19: non-finite numbers never reach JSON output ------------------------------------------
+
+def test_an_iteration_log_with_an_infinite_step_is_refused(tmp_path, capsys):
+    """'iteration elapsed time: 1e400 ms' parsed to inf: 784 steps over nan s, and `metrics --json`
+    failed with "Out of range float values are not JSON compliant" (a traceback)."""
+    import re
+
+    from tests.conftest import DATA
+    log = (DATA / "imports" / "vllm_telemetry" / "run1_c4_p128_o32" / "server.log").read_text()
+    bad, n = re.subn(r"iteration elapsed time: [0-9.]+ ms", "iteration elapsed time: 1e400 ms", log, count=1)
+    assert n == 1
+    p = tmp_path / "server.log"
+    p.write_text(bad)
+    import warnings
+    with warnings.catch_warnings(record=True) as warned:   # a warning would be more lines on stderr
+        warnings.simplefilter("always")
+        refused(capsys, p, "server.log: step records", argv=("--json",))
+    assert not warned, [str(w.message) for w in warned]
+
+
+def test_a_result_with_an_unbounded_request_rate_keeps_it_as_text_in_json(capsys):
+    """SGLang's bench_serving writes an unbounded request rate as Infinity (a bundled real file):
+    `metrics --json` failed on it; the file's own numbers now keep it by its name."""
+    from tests.conftest import DATA
+    f = DATA / "imports" / "sglang" / "sglang_c4_p64_o32_n24" / "sglang_bench.jsonl"
+    assert "Infinity" in f.read_text()
+    assert main(["metrics", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)          # strict JSON: no bare Infinity
+    assert out["file_summary"]["request_rate"] == "Infinity"
+    assert out["summary"]["requests"] == 24

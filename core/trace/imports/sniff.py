@@ -26,7 +26,7 @@ import orjson
 
 from core.errors import InputError, TraceError, gunzip, read_input_file, short
 from core.trace.imports import aiperf, guidellm, inference_perf, kv_events, otlp, scrapes, vllm_bench, vllm_log
-from core.trace.imports.imported import Imported
+from core.trace.imports.imported import Imported, checked
 from core.trace.imports.vllm_bench import import_vllm, looks_like_vllm
 from core.trace.jsoncodec import too_deep
 
@@ -236,11 +236,15 @@ def _match(shape: str, x) -> Importer | None:
 
 
 def _read_with(imp: Importer, x, name: str, path: Path | None):
-    out = imp.read(x, name, path)
-    if isinstance(out, Imported) and not out.kind:
-        out.kind = imp.kind
-        for r in out.runs:
-            r.kind = r.kind or imp.kind
+    import numpy as np
+    with np.errstate(all="ignore"):   # an overflow to inf or nan is refused by checked(), not warned about
+        out = imp.read(x, name, path)
+    if isinstance(out, Imported):
+        checked(out, name)          # every importer's trace held to the readers' checks
+        if not out.kind:
+            out.kind = imp.kind
+            for r in out.runs:
+                r.kind = r.kind or imp.kind
     return out
 
 
