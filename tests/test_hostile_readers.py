@@ -243,3 +243,93 @@ def test_a_result_with_an_unbounded_request_rate_keeps_it_as_text_in_json(capsys
     out = json.loads(capsys.readouterr().out)          # strict JSON: no bare Infinity
     assert out["file_summary"]["request_rate"] == "Infinity"
     assert out["summary"]["requests"] == 24
+
+
+# ---- item 19: out of core, the in-memory reader's checks -----------------------------------------
+
+def _serial_table():
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from core.trace import load_trace
+    from core.trace.parquet import to_parquet_bytes
+    from tests.conftest import DATA
+    return pq.read_table(pa.BufferReader(to_parquet_bytes(load_trace(DATA / "traces" / "chapter31_serial.json"))))
+
+
+def _with_column(t, column, fn):
+    """`t` with `column`'s values changed by fn(rtypes, values) (a list of the same length)."""
+    import pyarrow as pa
+    values = fn(t.column("rtype").to_pylist(), t.column(column).to_pylist())
+    return t.set_column(t.column_names.index(column), column, pa.array(values, t.schema.field(column).type))
+
+
+def _first(kind, value, nth=0):
+    def fn(rt, v):
+        v = list(v)
+        v[[i for i, r in enumerate(rt) if r == kind][nth]] = value
+        return v
+    return fn
+
+
+def _head_of(t, edit):
+    head = json.loads(t.schema.metadata[b"serving-trace"])
+    return t.replace_schema_metadata({b"serving-trace": json.dumps(edit(head)).encode()})
+
+
+def _add_other(t, value):
+    import pyarrow as pa
+    row = {c: [None] for c in t.column_names} | {"rtype": ["other"], "t_ms": [1.0], "json": [value]}
+    return pa.concat_tables([t, pa.table(row, schema=t.schema)])
+
+
+OUT_OF_CORE = {
+    "head a list": lambda t: t.replace_schema_metadata({b"serving-trace": b"[1, 2]"}),
+    "meta a string": lambda t: _head_of(t, lambda h: {**h, "meta": "a string"}),
+    "meta source unknown": lambda t: _head_of(t, lambda h: {**h, "meta": {"source": "dreamed"}}),
+    "arrivals at -1e9": lambda t: _with_column(t, "t_ms", lambda rt, v: [-1e9 if r == "request" else x
+                                                                          for r, x in zip(rt, v)]),
+    "a token at NaN": lambda t: _with_column(t, "t_ms", _first("token", float("nan"))),
+    "a req past the requests": lambda t: _with_column(t, "req", _first("token", 7)),
+    "a negative token index": lambda t: _with_column(t, "index", _first("token", -3)),
+    "a token index out of order": lambda t: _with_column(t, "index", _first("token", 5)),
+    "a token before its arrival": lambda t: _with_column(t, "t_ms", _first("token", 0.5, 2)),
+    "two finishes": lambda t: _with_column(t, "req", _first("finish", 0, 1)),
+    "a duplicate request id": lambda t: _with_column(t, "id", _first("request", "A", 2)),
+    "an unknown record type": lambda t: _with_column(t, "rtype", _first("finish", "mystery")),
+    "request json a list": lambda t: _with_column(t, "json", _first("request", "[1]")),
+    "request json shadows a column": lambda t: _with_column(t, "json", _first("request", '{"id": "Z"}', 1)),
+    "a spec event for nobody": lambda t: _add_other(t, '{"t_ms": 1.0, "type": "spec", "req": "nobody"}'),
+    "a token event among the others": lambda t: _add_other(t, '{"t_ms": 1.0, "type": "token", "req": "A"}'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUT_OF_CORE))
+def test_out_of_core_refuses_what_the_in_memory_reader_refuses_in_its_words(tmp_path, capsys, case):
+    """Crafted Parquet traces the in-memory reader refuses in one line ended out of core in a traceback
+    (a head that is a list, a meta that is a string) or in numbers (arrivals at -1e9: a TTFT mean of
+    1,000,004,601 ms): out of core, the same line."""
+    import pyarrow.parquet as pq
+    p = tmp_path / "t.parquet"
+    pq.write_table(OUT_OF_CORE[case](_serial_table()), p)
+    want = refused(capsys, p)                                    # the in-memory reader's line
+    assert refused(capsys, p, argv=("--out-of-core",)) == want
+    assert refused(capsys, p, argv=("--out-of-core", "--json")) == want
+
+
+def test_out_of_core_checks_parts_of_one_trace_across_parts(tmp_path, capsys):
+    """A directory of parts: a request id repeated in another part, and a part of another trace."""
+    import pyarrow.parquet as pq
+    t = _serial_table()
+    d = tmp_path / "parts"
+    d.mkdir()
+    pq.write_table(t.slice(0, 2), d / "part-00000.parquet")       # requests A, B
+    bad = _with_column(t, "id", _first("request", "A", 2))         # ... and C renamed A
+    pq.write_table(bad.slice(2), d / "part-00001.parquet")
+    want = refused(capsys, d)
+    assert "request records: id" in want
+    assert refused(capsys, d, argv=("--out-of-core",)) == want
+    pq.write_table(_head_of(t, lambda h: {**h, "meta": {"source": "given", "label": "other"}}).slice(2),
+                   d / "part-00001.parquet")
+    want = refused(capsys, d, "a part of a different trace")
+    assert refused(capsys, d, argv=("--out-of-core",)) == want
