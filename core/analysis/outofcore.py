@@ -107,8 +107,8 @@ def _source_view(con, files: list[Path]) -> set:
 
 # ---- the in-memory reader's checks, made where the data lives -----------------------------------------
 
-CHECK_BATCH_ROWS = 1 << 20       # rows checked at a time (core.trace.parquet.RowChecker)
-CHECK_SLICE_TOKENS = 4_000_000   # token rows of the requests whose cross-record rules are checked at a time
+CHECK_BATCH_ROWS = 1 << 18       # rows checked at a time (core.trace.parquet.RowChecker)
+CHECK_SLICE_TOKENS = 2_000_000   # token rows of the requests whose cross-record rules are checked at a time
 _CHECKED: set = set()            # the files (path, size, modification time) checked by this process
 
 
@@ -129,7 +129,7 @@ def check_parquet(con, files: list[Path]):
     if key in _CHECKED:
         return
     name = files[0].name if len(files) == 1 else files[0].parent.name
-    pfs = [pq.ParquetFile(f) for f in files]
+    pfs = [pq.ParquetFile(f, pre_buffer=False) for f in files]    # (pre-buffering holds row groups ahead)
     for f, pf in zip(files, pfs):
         trace_head([f])
         if pf.schema_arrow.metadata[HEAD_KEY] != pfs[0].schema_arrow.metadata[HEAD_KEY]:   # as the in-memory reader
@@ -140,7 +140,7 @@ def check_parquet(con, files: list[Path]):
     rows = RowChecker(name, n_req)
     for pf in pfs:
         for row_groups, columns in row_group_reads(pf):
-            for b in pf.iter_batches(CHECK_BATCH_ROWS, row_groups=row_groups, columns=columns):
+            for b in pf.iter_batches(CHECK_BATCH_ROWS, row_groups=row_groups, columns=columns, use_threads=False):
                 rows.add(pa.Table.from_batches([b]))
     if con.execute("SELECT 1 FROM src WHERE rtype = 'request' GROUP BY id HAVING count(*) > 1 LIMIT 1").fetchone():
         raise TraceError(f"{name}: request records: {BadColumn(REQUEST.field('id'))}")
@@ -148,6 +148,8 @@ def check_parquet(con, files: list[Path]):
         ids = con.execute("SELECT id FROM src WHERE rtype = 'request' ORDER BY rowkey").fetchnumpy()["id"]
         rows.finish({rid: j for j, rid in enumerate(ids.tolist())})
     _check_requests(con, name, n_req)
+    con.execute("DROP TABLE chk_r")
+    pa.default_memory_pool().release_unused()    # (mimalloc keeps freed pages for reuse otherwise)
     _CHECKED.add(key)
 
 
