@@ -241,7 +241,7 @@ def test_a_result_with_an_unbounded_request_rate_keeps_it_as_text_in_json(capsys
     assert "Infinity" in f.read_text()
     assert main(["metrics", str(f), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)          # strict JSON: no bare Infinity
-    assert out["file_summary"]["request_rate"] == "Infinity"
+    assert out["file_summary"]["request_rate"] == "inf"
     assert out["summary"]["requests"] == 24
 
 

@@ -38,6 +38,8 @@ class Imported:
     weights: dict = field(default_factory=dict)       # metric -> "tokens-1": the tool weights its samples
     window_ms: tuple[float, float] | None = None      # the tool's throughput window on the trace's clock
     kind: str = ""                     # which importer read it (core.trace.imports.sniff.IMPORTERS)
+    windows: list[dict] = field(default_factory=list)  # the tool's statistics per time window (AIPerf time
+    #   slices): [{"index", "window_ms": (start, end) | None, "complete", "stats": {(metric, stat): value}}]
 
     @property
     def label(self) -> str:
@@ -56,8 +58,8 @@ def checked(imp: Imported, name: str) -> Imported:
     file holds: each table's values against their declarations (model.frame's checks, as the JSON
     and Parquet readers make them) and the verbatim events' numbers finite, else one line naming
     the file and the field (a step of 1e400 ms was inf, and `metrics --json` then failed); the
-    file's own numbers and the meta keep a non-finite value as its name ("Infinity": SGLang writes
-    an unbounded request rate so), never as a number no JSON can hold."""
+    file's own numbers and the meta keep a non-finite value as its name ("inf": SGLang writes an
+    unbounded request rate as Infinity), never as a number no JSON can hold."""
     for run in {id(r): r for r in (imp, *imp.runs)}.values():
         run.file_summary = finite_or_named(run.file_summary)
         run.stats = {k: v for k, v in run.stats.items() if isinstance(v, (int, float)) and math.isfinite(v)}
@@ -95,10 +97,10 @@ def _non_finite(x, path: str = ""):
 
 
 def finite_or_named(x):
-    """A JSON-like value with each non-finite number replaced by its name ("Infinity", "-Infinity",
-    "NaN", as Python's json spells them)."""
+    """A JSON-like value with each non-finite number replaced by its name as Python writes it ("inf",
+    "-inf", "nan": what readers of the file's numbers already take for an unbounded rate)."""
     if isinstance(x, float) and not math.isfinite(x):
-        return "NaN" if x != x else "Infinity" if x > 0 else "-Infinity"
+        return str(x)
     if isinstance(x, dict):
         return {k: finite_or_named(v) for k, v in x.items()} if _non_finite(x) else x
     if isinstance(x, list):

@@ -84,6 +84,15 @@ def body_docs(lines: Iterable[dict], name: str) -> Iterator[dict]:
                         f"{name}: line {k + 1}: OTLP/JSON body")
 
 
+def looks_like_protobuf_export(body: bytes) -> bool:
+    """An OTLP/HTTP protobuf export body (ExportTraceServiceRequest) with at least one span."""
+    try:
+        doc = otlp_json(body)
+    except TraceError:
+        return False
+    return any(True for _ in spans_of(doc))
+
+
 def looks_like_collector_lines(doc) -> bool:
     return isinstance(doc, dict) and {"name", "start_ns", "end_ns", "attributes"} <= doc.keys()
 

@@ -31,8 +31,9 @@ from core.trace.imports.vllm_bench import import_vllm, looks_like_vllm
 from core.trace.jsoncodec import too_deep
 
 WE_READ = ("we read: our serving-trace/1 (JSON, gzip, Parquet), vllm bench serve / SGLang results, AIPerf "
-           "profile_export.jsonl, guidellm benchmarks.json/.yaml, inference-perf per_request_lifecycle_metrics.json, "
-           "vLLM's iteration log, OTLP/JSON spans, recorded KV events")
+           "profile_export.jsonl (and its summary and time slices), guidellm benchmarks.json/.yaml, inference-perf "
+           "per_request_lifecycle_metrics.json (and its summaries and stage reports), vLLM's iteration log, OTLP "
+           "spans (JSON lines or a protobuf export body), recorded KV events")
 MAX_YAML_ALIASES = 100
 MAX_YAML_DEPTH = 1_000          # nesting (collections within collections) of a YAML document
 MAX_YAML_NODES = 10_000_000     # values of a YAML document once its aliases are expanded
@@ -66,8 +67,9 @@ def _keys(doc) -> str:
 class Importer:
     """One kind of file another tool writes. `shape`: what `recognise` and `read` take: "doc" (one
     JSON document), "lines" (JSON lines: recognised by their first object), "text" (other text),
-    "dir" (a directory). `read(x, name, path)` returns an Imported (or, for a file we know but do
-    not read, raises TraceError with one line saying what it is). `role`: what the file adds to a
+    "binary" (bytes no text importer reads: a protobuf body), "dir" (a directory). `read(x, name,
+    path)` returns an Imported (or, for a file we know but do not read, raises TraceError with one
+    line saying what it is). `role`: what the file adds to a
     merged run (core.trace.imports.merge): requests (a client's), spans (the engine's view of each
     request), steps (the engine's iteration log), telemetry (KV events, /metrics samples), or
     none (nothing: refused)."""
@@ -191,6 +193,11 @@ IMPORTERS: tuple[Importer, ...] = (
              lambda d, n, p: inference_perf.import_per_request(d, n, _beside_summary(p)), "requests"),
     Importer("inference-perf-summary", "doc", inference_perf.looks_like_summary,
              lambda d, n, p: inference_perf.import_summary(d, n), "requests"),
+    Importer("inference-perf-stage-report", "doc", inference_perf.looks_like_stage_report,
+             lambda d, n, p: inference_perf.import_stage_report(d, n), "requests"),
+    Importer("aiperf-timeslices", "doc", aiperf.looks_like_timeslices, lambda d, n, p: aiperf.import_timeslices(d, n),
+             "requests"),
+    Importer("aiperf-phase-manifest", "doc", aiperf.looks_like_phase_manifest, aiperf.phase_manifest, "none"),
     Importer("otlp-spans", "doc", otlp.looks_like_otlp_json, lambda d, n, p: otlp.import_otlp_lines([d], n), "spans"),
     # JSON lines (recognised by the first object; one JSON document that is such a line reads as one line)
     Importer("aiperf-records", "lines", aiperf.looks_like_record, _aiperf_record_lines, "requests"),
@@ -207,11 +214,17 @@ IMPORTERS: tuple[Importer, ...] = (
     Importer("vllm-log", "text", vllm_log.looks_like_iteration_log,
              lambda t, n, p: vllm_log.import_iteration_log(t, n), "steps"),
     Importer("aiperf-csv", "text", lambda t: t.startswith("# AIPerf"), _aiperf_csv, "none"),
+    Importer("aiperf-timeslices", "text", lambda t: t.startswith(aiperf.TIMESLICES_CSV),
+             lambda t, n, p: aiperf.import_timeslices(aiperf.timeslices_from_csv(t, n), n), "requests"),
     Importer("vllm-bench-sweep-csv", "text", _is_sweep_csv, _sweep_csv, "none"),
     Importer("vllm-log-without-steps", "text", vllm_log.looks_like_vllm_log, _vllm_log_without_steps, "none"),
     Importer("yaml", "text", lambda t: _looks_like_yaml(t), lambda t, n, p: import_doc(_yaml(t, n), n, p),
              "requests"),     # (a YAML report: read as the JSON document it holds, which names its kind)
     Importer("csv", "text", lambda t: bool(_CSV_HEAD.match(t[:4096])), lambda t, n, p: _foreign_csv(t, n), "none"),
+    # other bytes (not UTF-8 text)
+    Importer("otlp-spans", "binary", otlp.looks_like_protobuf_export,
+             lambda b, n, p: otlp.import_spans(otlp.spans_of(otlp.otlp_json(b)), n, "an OTLP protobuf export body"),
+             "spans"),
     # directories
     Importer("aiperf-records", "dir", lambda d: (d / "profile_export.jsonl").is_file(), _aiperf_dir, "requests"),
     Importer("inference-perf-requests", "dir", lambda d: (d / "per_request_lifecycle_metrics.json").is_file(),
@@ -415,11 +428,16 @@ def import_text(data: bytes, name: str, path: Path | None = None) -> Imported | 
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise TraceError(f"{name}: not UTF-8 text (byte {e.start}) and not Parquet; {WE_READ}") from None
-    imp = _match("text", text)
+        text, what = None, f"not UTF-8 text (byte {e.start}) and not Parquet"
+    imp = _match("text", text) if text is not None else None
     if imp is not None:
         return _read_with(imp, text, name, path)
-    raise TraceError(f"{name}: not a format we read (text starting {short(text.strip()[:40])}); {WE_READ}")
+    imp = _match("binary", raw)
+    if imp is not None:
+        return _read_with(imp, raw, name, path)
+    if text is not None:
+        what = f"not a format we read (text starting {short(text.strip()[:40])})"
+    raise TraceError(f"{name}: {what}; {WE_READ}")
 
 
 def _looks_like_yaml(text: str) -> bool:
