@@ -333,3 +333,17 @@ def test_out_of_core_checks_parts_of_one_trace_across_parts(tmp_path, capsys):
                    d / "part-00001.parquet")
     want = refused(capsys, d, "a part of a different trace")
     assert refused(capsys, d, argv=("--out-of-core",)) == want
+
+
+def test_a_result_with_a_value_nested_as_deep_as_json_allows_is_read(tmp_path, capsys):
+    """The non-finite check walks a file's values without recursing: a model_id nested 900 deep (as deep
+    as Python's json, which reads a file with 1e400 in it, recurses), holding 1e400 at the bottom, is read
+    and its number kept by name (the walk recursed past Python's limit: a traceback)."""
+    from tests.conftest import DATA
+    text = (DATA / "imports" / "vllm_example_result.json").read_text().rstrip()
+    assert text.endswith("}")
+    p = tmp_path / "r.json"
+    p.write_text(text[:-1] + ', "model_id": ' + "[" * 900 + "1e400" + "]" * 900 + "}")
+    assert main(["metrics", str(p), "--json"]) == 0, capsys.readouterr().err
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["requests"] > 0

@@ -84,25 +84,37 @@ def checked(imp: Imported, name: str) -> Imported:
     return imp
 
 
-def _non_finite(x, path: str = ""):
-    """(where, value) of the first non-finite number in a JSON-like value, or None."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return path.lstrip("."), x
-    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
-    for k, v in items:
-        bad = _non_finite(v, f"{path}.{k}" if isinstance(x, dict) else f"{path}[{k}]")
-        if bad is not None:
-            return bad
+def _walk(x):
+    """(container, key, value, path) of every item of a JSON-like value, depth first, without
+    recursion (a file's value may nest as deep as its parser allows)."""
+    stack = [(x, "")]
+    while stack:
+        c, path = stack.pop()
+        for k, v in (c.items() if isinstance(c, dict) else enumerate(c)):
+            at = f"{path}.{k}" if isinstance(c, dict) else f"{path}[{k}]"
+            yield c, k, v, at
+            if isinstance(v, (dict, list)):
+                stack.append((v, at))
+
+
+def _non_finite(x):
+    """(where, value) of a non-finite number in a JSON-like value, or None."""
+    if isinstance(x, float):
+        return None if math.isfinite(x) else ("", x)
+    if isinstance(x, (dict, list)):
+        for _, _, v, at in _walk(x):
+            if isinstance(v, float) and not math.isfinite(v):
+                return at.lstrip("."), v
     return None
 
 
 def finite_or_named(x):
-    """A JSON-like value with each non-finite number replaced by its name as Python writes it ("inf",
-    "-inf", "nan": what readers of the file's numbers already take for an unbounded rate)."""
+    """A JSON-like value with each non-finite number replaced (in place) by its name as Python writes
+    it ("inf", "-inf", "nan": what readers of the file's numbers already take for an unbounded rate)."""
     if isinstance(x, float) and not math.isfinite(x):
         return str(x)
-    if isinstance(x, dict):
-        return {k: finite_or_named(v) for k, v in x.items()} if _non_finite(x) else x
-    if isinstance(x, list):
-        return [finite_or_named(v) for v in x] if _non_finite(x) else x
+    if isinstance(x, (dict, list)):
+        for c, k, v, _ in list(_walk(x)):
+            if isinstance(v, float) and not math.isfinite(v):
+                c[k] = str(v)
     return x
