@@ -9,6 +9,7 @@ import json
 import pytest
 
 from core.__main__ import main
+from tests.conftest import ROOT
 from tests.helpers import minimal
 
 
@@ -189,11 +190,12 @@ def test_yaml_nested_deeper_than_a_thousand_levels_is_refused_at_the_thousand_an
         p = tmp_path / f"d{depth}.yaml"
         p.write_text("a: " + "[" * depth + "]" * depth + "\n")
         r = subprocess.run([sys.executable, "-m", "core", "metrics", str(p)], capture_output=True, text=True,
-                           timeout=120)
+                           timeout=120, cwd=str(ROOT))
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and want in r.stderr, (depth, r.returncode, r.stderr)
     p = tmp_path / "self.yaml"
     p.write_text("benchmarks: &a [*a]\n")
-    r = subprocess.run([sys.executable, "-m", "core", "metrics", str(p)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-m", "core", "metrics", str(p)], capture_output=True, text=True, timeout=120,
+                       cwd=str(ROOT))
     assert r.returncode == 2 and "alias *a inside its own anchor (line 1)" in r.stderr, r.stderr
 
 
