@@ -139,9 +139,9 @@ def check_parquet(con, files: list[Path]):
     n_req = int(con.execute("SELECT count(*) FROM src WHERE rtype = 'request'").fetchone()[0])
     rows = RowChecker(name, n_req)
     for pf in pfs:
-        for row_groups, columns in row_group_reads(pf):
+        for row_groups, columns, claimed in row_group_reads(pf):
             for b in pf.iter_batches(CHECK_BATCH_ROWS, row_groups=row_groups, columns=columns, use_threads=False):
-                rows.add(pa.Table.from_batches([b]))
+                rows.add(pa.Table.from_batches([b]), claimed)
     if con.execute("SELECT 1 FROM src WHERE rtype = 'request' GROUP BY id HAVING count(*) > 1 LIMIT 1").fetchone():
         raise TraceError(f"{name}: request records: {BadColumn(REQUEST.field('id'))}")
     if rows.other:

@@ -382,15 +382,16 @@ def parquet_head(schema, name: str) -> dict:
     return _head(schema, name)
 
 
-def row_group_reads(pf) -> list[tuple[list[int] | None, list[str]]]:
-    """(row groups, columns) to read a Parquet trace's records by: each record type's row groups and
-    only its columns when every row group holds one type (our writer's layout), else every row
-    group and every column of the layout the file has."""
+def row_group_reads(pf) -> list[tuple[list[int] | None, list[str], str | None]]:
+    """(row groups, columns, the record type they claim) to read a Parquet trace's records by: each
+    record type's row groups and only its columns when every row group holds one type (our writer's
+    layout), else every row group and every column of the layout the file has (claiming none)."""
     present = set(pf.schema_arrow.names)
     groups = _row_groups_by_type(pf)
     if groups is None:
-        return [(None, [c for c in COLUMNS if c in present])]
-    return [(g, [c for c in dict.fromkeys(["rtype", *_record_columns(r)]) if c in present]) for r, g in groups.items()]
+        return [(None, [c for c in COLUMNS if c in present], None)]
+    return [(g, [c for c in dict.fromkeys(["rtype", *_record_columns(r)]) if c in present], r)
+            for r, g in groups.items()]
 
 
 class RowChecker:
@@ -412,11 +413,13 @@ class RowChecker:
         if missing:
             raise TraceError(f"{self.name}: Parquet table lacks column(s) {', '.join(missing)}")
 
-    def add(self, t):
+    def add(self, t, claimed: str | None = None):
         """One batch: a pyarrow Table with (some of) the layout's columns (the file has every column
-        it needs: `check_columns`)."""
+        it needs: `check_columns`), read from row groups whose statistics claim one record type."""
         import pyarrow as pa
         import pyarrow.compute as pc
+        if claimed is not None and pc.unique(t.column("rtype")).to_pylist() != [claimed]:
+            raise TraceError(f"{self.name}: row groups claim {claimed} records but hold other record types")
         present = [c for c in COLUMNS if c in t.column_names]
         t = pa.table([_cast(t.column(c), c, self.name) for c in present], names=present)
         rtype = t.column("rtype")
