@@ -19,9 +19,65 @@ class ConfigError(InputError):
 
 
 def short(v, limit: int = 40) -> str:
-    """repr() of a bad value for an error message, cut to a readable length."""
-    r = repr(v)
+    """repr() of a bad value for an error message, cut to a readable length. Only the part shown is
+    written: a value with millions of items (or aliases shared 3**30 times) is never repr'd whole."""
+    r = _repr_head(v, limit + 1)
     return r if len(r) <= limit else r[: limit - 3] + "..."
+
+
+class _Enough(Exception):
+    pass
+
+
+def _repr_head(v, n: int) -> str:
+    """repr(v), or a text of at least n characters that begins as repr(v) does (lists, tuples, dicts
+    and sets are written item by item only that far; a long string or integer by its start)."""
+    out: list[str] = []
+    size = 0
+
+    def put(s: str):
+        nonlocal size
+        out.append(s)
+        size += len(s)
+        if size >= n:
+            raise _Enough
+
+    def items(xs, open_: str, close: str, pair: bool = False):
+        put(open_)
+        for k, x in enumerate(xs):
+            if k:
+                put(", ")
+            if pair:
+                walk(x[0])
+                put(": ")
+                x = x[1]
+            walk(x)
+        put(close)
+
+    def walk(x):
+        t = type(x)
+        if t is list:
+            items(x, "[", "]")
+        elif t is tuple:
+            items(x, "(", ",)" if len(x) == 1 else ")")
+        elif t is dict:
+            items(x.items(), "{", "}", pair=True)
+        elif t in (set, frozenset):
+            name = "" if t is set else "frozenset("
+            put(f"{name or 'set('})" if not x else "")
+            if x:
+                items(x, name + "{", "}" + (")" if name else ""))
+        elif t is str and len(x) > n:
+            put(repr(x[:n]))
+        elif t is int and x.bit_length() > 14_000:      # (str() of an int past 4,300 digits is refused)
+            put(f"{'-' if x < 0 else ''}<an integer of {x.bit_length():,} bits>")
+        else:
+            put(repr(x))
+    try:
+        walk(v)
+    except _Enough:
+        pass
+    return "".join(out)
 
 
 MAX_DECOMPRESSED_BYTES = 2 * 2**30  # gzip input inflates to at most this (2 GiB): a bigger one is a bomb

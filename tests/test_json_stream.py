@@ -17,7 +17,7 @@ from core.config import SchedulerConfig
 from core.errors import TraceError
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel
-from core.trace import jsonstream, parse_trace, to_doc, trace_from_doc, trace_json
+from core.trace import jsonscan, jsonstream, parse_trace, to_doc, trace_from_doc, trace_json
 from core.trace.jsoncodec import gunzip, parse_json_bytes
 from core.trace.jsonstream import decode_fast
 from core.workload import Request, Workload
@@ -276,6 +276,54 @@ def test_gzip_bomb_refused_with_the_same_message(monkeypatch):
     assert decode_fast(ok, "ok.json.gz", 100) is not None
 
 
+def _held(monkeypatch) -> list:
+    """The longest the reader's buffer got, recorded as pieces arrive."""
+    most = [0]
+    more = jsonstream._Reader.more
+
+    def spy(self):
+        got = more(self)
+        most[0] = max(most[0], len(self.buf))
+        return got
+    monkeypatch.setattr(jsonstream._Reader, "more", spy)
+    return most
+
+
+@pytest.mark.parametrize("where", ["header", "between events", "inside an event", "after the events",
+                                   "after the document"])
+def test_white_space_padding_is_squeezed_out_not_held(monkeypatch, streamed_only, where):
+    """Issue 36, item 14: what the reader holds is bounded by what the document keeps, not by what it
+    inflates to: a megabyte of white space anywhere (gzip: a kilobyte) is squeezed out as it is read
+    (jsonscan.squeeze), and the trace is the one the reference reads from the whole text."""
+    tr = random_trace(5)
+    text = trace_json(tr)
+    pad = " \n\t\r" * (1 << 18)                       # 1 MiB
+    at = {"header": text.index('"requests"'), "between events": text.index('{"t_ms"', text.index('"events"') + 40),
+          "inside an event": text.index('"type"', text.index('"events"') + 40),
+          "after the events": text.rindex("]"), "after the document": len(text)}[where]
+    raw = (text[:at] + pad + text[at:]).encode()
+    want = REFERENCE(raw, "t")
+    for data in (raw, gzip.compress(raw)):
+        held = _held(monkeypatch)
+        assert_identical(decode_fast(data, "t.json.gz", 4096), want)
+        assert held[0] < 64 * 1024, (where, held[0])     # the padding alone is 1,048,576 bytes
+
+
+def test_inflating_past_the_limit_is_refused_holding_a_bounded_buffer(monkeypatch):
+    """A small gzip file inflating past the limit inside one long string (no event boundary, no white
+    space to squeeze) is refused once the reader holds HELD_BEFORE_COUNTING bytes: the whole input is
+    counted first, keeping nothing, instead of being held up to the limit."""
+    monkeypatch.setattr(errors, "MAX_DECOMPRESSED_BYTES", 4_000_000)
+    monkeypatch.setattr(jsonstream, "HELD_BEFORE_COUNTING", 200_000, raising=False)
+    doc = json.dumps(minimal())
+    for at in (doc.index('"source"'), doc.index('"t_ms"')):      # in the header, in an event
+        bomb = gzip.compress((doc[:at] + '"x": "' + "A" * 5_000_000 + '", ' + doc[at:]).encode())
+        held = _held(monkeypatch)
+        with pytest.raises(TraceError, match="inflates to more than"):
+            decode_fast(bomb, "b.json.gz", 65536)
+        assert held[0] < 200_000 + 2 * 65536, held[0]
+
+
 def test_gzip_problems_are_left_to_gunzip():
     raw = json.dumps(minimal()).encode()
     z = gzip.compress(raw)
@@ -320,6 +368,34 @@ def _commas_reference(s: bytes) -> tuple[int, bool]:
     return last, False
 
 
+def _scan_reference(s: bytes) -> tuple[int, bytes]:
+    """(the deepest nesting, the text with each white space run outside strings cut to its first byte),
+    byte by byte."""
+    depth, deepest, in_str, esc, out, prev_ws = 0, 0, False, False, bytearray(), False
+    for c in s:
+        ws = False
+        if in_str:
+            if esc:
+                esc = False
+            elif c == 92:
+                esc = True
+            elif c == 34:
+                in_str = False
+        elif c == 34:
+            in_str = True
+        elif c in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in b"]}":
+            depth -= 1
+        elif c in b" \t\r\n":
+            ws = True
+        if not (ws and prev_ws):
+            out.append(c)
+        prev_ws = ws
+    return deepest, bytes(out)
+
+
 def test_top_level_commas_matches_a_reference_parser():
     rng = random.Random(1)
     inside = ["a", "\\\\", '\\"', "},{", "]", "[", ",", "\\u0022", "\u00e9"]  # string contents, escaped
@@ -333,11 +409,35 @@ def test_top_level_commas_matches_a_reference_parser():
         s = "".join(token() for _ in range(rng.randint(0, 25))).encode()
         s = s[:rng.randint(0, len(s))]  # it may end inside a string, after a backslash
         for block in (1, 2, 3, 7, 1 << 20):
-            assert jsonstream._top_level_commas(s, block) == _commas_reference(s), (s, block)
+            assert jsonscan.top_level_commas(s, block) == _commas_reference(s), (s, block)
     items = [json.dumps(x, separators=(",", ":")).encode() for x in
              ({"a": 'x\\"},{'}, ["\\\\", "]"], {"b": {"c": '\\\\\\"}'}}, "\\", 5)]
     s = b",".join(items) + b"]"
-    assert jsonstream._top_level_commas(s, 4) == (len(s) - len(items[-1]) - 2, True)
+    assert jsonscan.top_level_commas(s, 4) == (len(s) - len(items[-1]) - 2, True)
+
+
+def test_nesting_depth_and_squeezed_white_space_match_a_reference_parser(monkeypatch):
+    """jsonscan's depth (for messages about nesting) and white space squeezing (padding is not held)
+    against a byte-by-byte reference, in blocks of any size (state carried across them)."""
+    rng = random.Random(2)
+    inside = ["a", "\\\\", '\\"', "},{", "]", "[", ",", "  ", "\t\n", "\\u0022", "\u00e9"]  # (raw tabs: not
+    outside = list("{}[],: a") + ["   ", "\n\t \r", " "]                                   # JSON, scanned alike)
+
+    def token():
+        if rng.random() < 0.3:
+            return '"' + "".join(rng.choice(inside) for _ in range(rng.randint(0, 6))) + '"'
+        return rng.choice(outside)
+    blocks = jsonscan._blocks
+    for _ in range(1500):
+        s = "".join(token() for _ in range(rng.randint(0, 25))).encode()
+        s = s[:rng.randint(0, len(s))]
+        want = _scan_reference(s)
+        for block in (1, 2, 3, 7, 1 << 20):
+            monkeypatch.setattr(jsonscan, "_blocks", lambda buf, b=block: blocks(buf, b))
+            assert (jsonscan.json_depth(s), bytes(jsonscan.squeeze(s))) == want, (s, block)
+    doc = {"a": [1, "x  y", {"b": ["  ", None]}], "c": "\\"}
+    text = json.dumps(doc, indent=7).replace("\n", "\n \t \n   ").encode()
+    assert json.loads(jsonscan.squeeze(text)) == doc and len(jsonscan.squeeze(text)) < len(text) / 2
 
 
 # ---- memory: a slice at a time -------------------------------------------------------------------

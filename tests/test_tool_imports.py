@@ -294,3 +294,121 @@ def test_the_kv_page_shows_vllms_own_prefix_cache_beside_the_simulators():
     assert int(metrics["most cached at once (vLLM · simulator)"].split(" · ")[1]) <= 64
     fig = next(f for f in charts(at) if "vLLM's own prefix cache" in (f["layout"].get("title") or {}).get("text", ""))
     assert any(t.get("name", "").startswith("simulator") for t in fig["data"])
+
+
+# ---- issue 36, item 10: AIPerf time slices and phase manifest, inference-perf stage reports, raw OTLP bodies --
+
+def _timeslices_doc(n: int = 3, exact: bool = True) -> dict:
+    """AIPerf 0.13's profile_export_aiperf_timeslices.json in its documented shape (exporters/
+    timeslice_metrics_json_exporter.py: no file AIPerf wrote with --slice-duration is bundled); older
+    releases numbered windows (timeslice_index) and kept --slice-duration in input_config."""
+    t0 = 1_796_166_938_735_069_727
+    out = []
+    for k in range(n):
+        s = {"start_ns": t0 + k * 10_000_000_000, "end_ns": t0 + (k + 1) * 10_000_000_000 - 7,
+             "is_complete": k < n - 1} if exact else {"timeslice_index": k}
+        s["time_to_first_token"] = {"unit": "ms", "avg": 40.0 + k, "min": 30.5, "max": 90.25, "p50": 41.0,
+                                    "p90": 60.0, "p99": 80.0, "std": 5.5}
+        s["inter_token_latency"] = {"unit": "ms", "avg": 12.0 + k / 4, "p99": 17.75}
+        s["request_latency"] = {"unit": "ms", "avg": 400.0 + 10 * k, "p99": 600.0}
+        s["output_token_throughput"] = {"unit": "tokens/sec", "avg": 1300.0 - k}
+        out.append(s)
+    return {"timeslices": out, "input_config": {"artifacts": {"slice_duration": 10}}}
+
+
+def _timeslices_csv(doc: dict) -> str:
+    """The CSV AIPerf writes beside it (timeslice_metrics_csv_exporter.py): one row per statistic."""
+    headers = {"time_to_first_token": "Time to First Token", "inter_token_latency": "Inter Token Latency",
+               "request_latency": "Request Latency", "output_token_throughput": "Output Token Throughput"}
+    rows = ["Timeslice,Start_NS,End_NS,Metric,Unit,Stat,Value"]
+    for k, s in enumerate(doc["timeslices"]):
+        for tag, header in sorted(headers.items()):
+            for stat, v in s[tag].items():
+                if stat != "unit":
+                    rows.append(f"{k},{s['start_ns']},{s['end_ns']},{header},{s[tag]['unit']},{stat},{v:.2f}")
+    return "\n".join(rows) + "\n"
+
+
+def test_aiperf_time_slices_are_read_as_windows_with_aiperfs_own_statistics(tmp_path, capsys):
+    doc = _timeslices_doc()
+    p = tmp_path / "profile_export_aiperf_timeslices.json"
+    p.write_text(json.dumps(doc, indent=2))
+    q = tmp_path / "profile_export_aiperf_timeslices.csv"
+    q.write_text(_timeslices_csv(doc))
+    t0 = doc["timeslices"][0]["start_ns"]
+    for f in (p, q):
+        imp = open_trace(f)
+        assert imp.kind == "aiperf-timeslices" and imp.trace is None and len(imp.windows) == len(imp.runs) == 3
+        for k, (w, s) in enumerate(zip(imp.windows, doc["timeslices"])):
+            assert w["window_ms"] == ((s["start_ns"] - t0) / 1e6, (s["end_ns"] - t0) / 1e6)
+            assert w["complete"] == (k < 2 or f is q) and imp.runs[k].window_ms == w["window_ms"]  # (CSV: no flag)
+            assert w["stats"][("ttft_ms", "mean")] == s["time_to_first_token"]["avg"]      # ms: as written
+            assert w["stats"][("ttft_ms", "p99")] == s["time_to_first_token"]["p99"]
+            assert w["stats"][("tpot_ms", "mean")] == s["inter_token_latency"]["avg"]     # AIPerf's ITL is our TPOT
+            assert w["stats"][("e2e_ms", "mean")] == s["request_latency"]["avg"]
+            assert w["stats"][("output_tok_per_s", "value")] == s["output_token_throughput"]["avg"]
+        assert main(["metrics", str(f)]) == 0
+        out = capsys.readouterr().out
+        assert "slice 1 [10, 20] s: TTFT mean 41.000 ms, p99 80.000 ms" in out
+        assert ("(a partial window)" in out) == (f is p)
+        assert main(["metrics", str(f), "--run", "2", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["file_summary"]["time_to_first_token.avg"] == 42.0
+    # an older release's windows, numbered: placed by --slice-duration
+    p.write_text(json.dumps(_timeslices_doc(exact=False)))
+    assert [w["window_ms"] for w in open_trace(p).windows] == [(0.0, 10000.0), (10000.0, 20000.0), (20000.0, 30000.0)]
+
+
+def test_aiperf_phase_manifest_names_the_files_to_give_instead(tmp_path, capsys):
+    """phase_manifest.json as AIPerf 0.13 writes it (exporters/exporter_manager.py: an index of the phases'
+    counts, time ranges and artifact paths)."""
+    doc = {"schema_version": 1, "phases": [
+        {"phase_index": 0, "profiling_index": None, "phase_name": "warmup", "phase_kind": "warmup", "start_ns": 1,
+         "end_ns": 2, "was_cancelled": False, "successful_request_count": 2, "error_request_count": 0,
+         "total_request_count": 2, "error_summary": []},
+        {"phase_index": 1, "profiling_index": 0, "phase_name": "profiling", "phase_kind": "profiling", "start_ns": 3,
+         "end_ns": 4, "was_cancelled": False, "successful_request_count": 48, "error_request_count": 0,
+         "total_request_count": 48, "error_summary": [],
+         "metrics_json": "phases/profiling/profile_export_aiperf.json"}]}
+    p = tmp_path / "phase_manifest.json"
+    p.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    assert main(["metrics", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "AIPerf's phase_manifest.json" in err and "profile_export.jsonl" in err
+    assert "phases/profiling/profile_export_aiperf.json" in err and "not a format we read" not in err
+
+
+def test_inference_perf_stage_report_gives_its_own_statistics(capsys):
+    import yaml
+    f = IMPORTS / "inference_perf" / "ip_rate4_p64_o32" / "inference-perf.partial.stage_0.yaml"
+    agg = yaml.safe_load(f.read_text())["results"]["request_performance"]["aggregate"]
+    imp = open_trace(f)
+    assert imp.kind == "inference-perf-stage-report" and imp.trace is None
+    for ours, theirs in (("ttft_ms", "time_to_first_token"), ("tpot_ms", "time_per_output_token"),
+                         ("itl_ms", "inter_token_latency"), ("latency_ms", "request_latency")):
+        for stat, key in (("mean", "mean"), ("p50", "p50"), ("p99", "p99")):
+            assert imp.stats[(ours, stat)] == pytest.approx(agg["latency"][theirs][key] * 1000.0, rel=1e-12)
+    assert imp.stats[("output_tok_per_s", "value")] == agg["throughput"]["output_token_rate"]["mean"]
+    assert imp.file_summary["requests.total"] == 48
+    assert main(["metrics", str(f)]) == 0 and "per_request_lifecycle_metrics.json" in capsys.readouterr().out
+
+
+def test_a_raw_otlp_protobuf_body_is_read_as_spans(tmp_path):
+    """The bodies vLLM really sent (otlp_bodies.jsonl, base64), as a raw .pb.gz and .pb: the same requests as
+    the recorded lines; the llm_request spans counted here with opentelemetry-proto itself."""
+    import gzip
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    lines = (TELEMETRY / RUNS[1] / "otlp_bodies.jsonl").read_text().splitlines()
+    bodies = [base64.b64decode(json.loads(x)["body_b64"]) for x in lines]
+    raw = b"".join(bodies)                        # protobuf: concatenated messages merge into one
+    msg = ExportTraceServiceRequest()
+    msg.ParseFromString(raw)
+    n = sum(sp.name == "llm_request" for rs in msg.resource_spans for ss in rs.scope_spans for sp in ss.spans)
+    want = open_trace(TELEMETRY / RUNS[1] / "otlp_bodies.jsonl").trace
+    assert n == len(want.requests) > 0
+    for name, data in (("spans.pb.gz", gzip.compress(raw)), ("spans.pb", raw)):
+        (tmp_path / name).write_bytes(data)
+        imp = open_trace(tmp_path / name)
+        assert imp.kind == "otlp-spans" and len(imp.trace.requests) == n
+        assert imp.trace.ids == want.ids
+        assert imp.trace.tokens["t_ms"].tolist() == want.tokens["t_ms"].tolist()

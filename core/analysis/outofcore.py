@@ -11,12 +11,14 @@ itself: the ITL gaps (consecutive emissions of each request, a window in SQL), e
 (DuckDB's `quantile_cont` interpolates between order statistics at (n - 1) q, numpy's 'linear'
 (Hyndman-Fan type 7) estimator) and the replay of KV events for their peak.
 
+Before anything is computed, the files are checked as the in-memory reader checks a trace it loads,
+with the same functions (`check_parquet`): what it refuses in one line is refused here in that line.
+
 Memory is bounded by DuckDB's `memory_limit` (it spills sorts and aggregates to a temporary
 directory beside the system's); a million-request trace is read in passes over its columns.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
@@ -25,7 +27,11 @@ from pathlib import Path
 from core.analysis import definitions as d
 from core.analysis.definitions import distribution_of
 from core.analysis.expr import request_columns_sql
-from core.errors import InputError
+from core.errors import InputError, TraceError
+from core.trace.model import BadColumn
+from core.trace.parquet import parquet_head
+from core.trace.schema import REQUEST
+from core.trace.validate import Problems
 
 MEMORY_LIMIT = "1GB"          # DuckDB's working set; the rest spills to disk
 ITL_SLICE_TOKENS = 20_000_000  # token rows per slice of the ITL window
@@ -62,19 +68,17 @@ def parquet_rows(path) -> int | None:
 
 
 def trace_head(files: list[Path]) -> dict:
-    """The trace's head ({"schema", "meta"}) from the first part's Parquet metadata."""
+    """The trace's head ({"schema", "meta"}) from the first part's Parquet metadata, checked as the
+    in-memory reader checks it (core.trace.parquet.parquet_head)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
-        md = pq.read_schema(files[0]).metadata or {}
+        schema = pq.read_schema(files[0])
     except (pa.ArrowException, OSError) as e:
         raise InputError(f"{files[0]}: not a readable Parquet file ({e})") from None
-    if HEAD_KEY not in md:
+    if HEAD_KEY not in (schema.metadata or {}):
         raise InputError(f"{files[0]}: not a serving trace (no '{HEAD_KEY.decode()}' metadata)")
-    try:
-        return json.loads(md[HEAD_KEY])
-    except ValueError as e:
-        raise InputError(f"{files[0]}: the trace head is not JSON ({e})") from None
+    return parquet_head(schema, files[0].name)
 
 
 def _connect(tmp: str):
@@ -97,7 +101,98 @@ def _source_view(con, files: list[Path]) -> set:
                 f"FROM read_parquet({listed}, filename=true, file_row_number=true) s JOIN parts p USING (filename)")
     # the rows in file order without sorting: a plain scan keeps it (DuckDB's preserve_insertion_order)
     con.execute(f"CREATE TEMP VIEW scan AS SELECT * FROM read_parquet({listed})")
+    check_parquet(con, files)
     return {r[0] for r in con.execute("DESCRIBE src").fetchall()}
+
+
+# ---- the in-memory reader's checks, made where the data lives -----------------------------------------
+
+CHECK_BATCH_ROWS = 1 << 18       # rows checked at a time (core.trace.parquet.RowChecker)
+CHECK_SLICE_TOKENS = 2_000_000   # token rows of the requests whose cross-record rules are checked at a time
+_CHECKED: set = set()            # the files (path, size, modification time) checked by this process
+
+
+def check_parquet(con, files: list[Path]):
+    """Every check trace_from_parquet makes before it returns a trace, made without loading it, with
+    the same functions (a trace the in-memory reader refuses is refused here, in one line): the head
+    of every part; each record's values against their declarations, a batch of rows at a time
+    (core.trace.parquet.RowChecker); request ids unique; the verbatim events' requests; and
+    validate.check_consistency (tokens after arrival, indices 0..n-1, times not decreasing, at most
+    max_output_tokens, one finish not before the last token) on slices of requests, their token and
+    finish rows fetched by DuckDB. A problem's position is worked out (a pass over the token rows)
+    only when there is one to name. A process checks the same files once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from core.trace.parquet import RowChecker, row_group_reads
+    key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    if key in _CHECKED:
+        return
+    name = files[0].name if len(files) == 1 else files[0].parent.name
+    pfs = [pq.ParquetFile(f, pre_buffer=False) for f in files]    # (pre-buffering holds row groups ahead)
+    for f, pf in zip(files, pfs):
+        trace_head([f])
+        if pf.schema_arrow.metadata[HEAD_KEY] != pfs[0].schema_arrow.metadata[HEAD_KEY]:   # as the in-memory reader
+            raise TraceError(f"{name}/{f.name}: a part of a different trace (its metadata differs from "
+                             f"{files[0].name}'s)")
+        RowChecker(name, 0).check_columns(pf.schema_arrow.names)
+    n_req = int(con.execute("SELECT count(*) FROM src WHERE rtype = 'request'").fetchone()[0])
+    rows = RowChecker(name, n_req)
+    for pf in pfs:
+        for row_groups, columns, claimed in row_group_reads(pf):
+            for b in pf.iter_batches(CHECK_BATCH_ROWS, row_groups=row_groups, columns=columns, use_threads=False):
+                rows.add(pa.Table.from_batches([b]), claimed)
+    if con.execute("SELECT 1 FROM src WHERE rtype = 'request' GROUP BY id HAVING count(*) > 1 LIMIT 1").fetchone():
+        raise TraceError(f"{name}: request records: {BadColumn(REQUEST.field('id'))}")
+    if rows.other:
+        ids = con.execute("SELECT id FROM src WHERE rtype = 'request' ORDER BY rowkey").fetchnumpy()["id"]
+        rows.finish({rid: j for j, rid in enumerate(ids.tolist())})
+    _check_requests(con, name, n_req)
+    con.execute("DROP TABLE chk_r")
+    pa.default_memory_pool().release_unused()    # (mimalloc keeps freed pages for reuse otherwise)
+    _CHECKED.add(key)
+
+
+def _check_requests(con, name: str, n_req: int):
+    """validate.check_consistency over slices of requests; positions (each token's and finish's place
+    among the records of its type, as the in-memory reader counts them) only for slices with problems."""
+    con.execute("CREATE TEMP TABLE chk_r AS SELECT row_number() OVER (ORDER BY rowkey) - 1 AS i, id, "
+                "t_ms AS arrival_ms, max_output_tokens FROM src WHERE rtype = 'request'")
+    n_tok = int(con.execute("SELECT count(*) FROM src WHERE rtype = 'token'").fetchone()[0])
+    step = -(-max(n_req, 1) // max(1, -(-n_tok // CHECK_SLICE_TOKENS)))
+    failing = [lo for lo in range(0, max(n_req, 1), step) if _check_slice(con, Problems(name), lo, lo + step, False)]
+    if not failing:
+        return
+    for rtype in ("token", "finish"):
+        con.execute(f"CREATE TEMP TABLE chk_{rtype} AS SELECT rowkey, row_number() OVER (ORDER BY rowkey) - 1 AS pos "
+                    f"FROM src WHERE rtype = '{rtype}'")
+    pb = Problems(name)
+    for lo in failing:
+        _check_slice(con, pb, lo, lo + step, True)
+    pb.raise_if_any()
+
+
+def _check_slice(con, pb, lo: int, hi: int, exact: bool) -> bool:
+    """check_consistency on requests lo..hi-1 (positions: exact, else their row keys, which sort the
+    same); whether it found a problem."""
+    import pandas as pd
+
+    from core.trace.validate import check_consistency
+    reqs = con.execute("SELECT id, arrival_ms, max_output_tokens FROM chk_r WHERE i >= ? AND i < ? ORDER BY i",
+                       [lo, hi]).fetchdf()
+    got = {}
+    for rtype, cols in (("token", 's."index" AS "index", s.t_ms'), ("finish", "s.t_ms")):
+        pos = "p.pos" if exact else "s.rowkey"
+        join = f"JOIN chk_{rtype} p USING (rowkey) " if exact else ""
+        order = "ORDER BY s.rowkey" if exact else ""     # (in file order: which of two equal records is named)
+        got[rtype] = con.execute(f"SELECT s.req - ? AS req, {cols}, {pos} AS pos FROM src s {join}"
+                                 f"WHERE s.rtype = '{rtype}' AND s.req >= ? AND s.req < ? {order}",
+                                 [lo, lo, hi]).fetchnumpy()
+    tok, fin = got["token"], got["finish"]
+    n = len(pb.items)
+    check_consistency(pb, reqs, pd.DataFrame({k: tok[k] for k in ("req", "index", "t_ms")}), tok["pos"],
+                      pd.DataFrame({k: fin[k] for k in ("req", "t_ms")}), fin["pos"])
+    return len(pb.items) > n
 
 
 def _dist(con, table: str, col: str, name: str, percentiles) -> dict:
@@ -162,9 +257,6 @@ def summarize_parquet(path, window=None, usd_per_hour=None, percentiles=d.DEFAUL
     without loading it (module docstring)."""
     import duckdb
     files = parquet_files(path)
-    for f in files[1:]:
-        if trace_head([f]) != trace_head(files[:1]):
-            raise InputError(f"{f}: its head (schema, meta) differs from {files[0].name}'s: not parts of one trace")
     try:
         return _summarize(files, window, usd_per_hour, percentiles, slo)
     except duckdb.OutOfMemoryException as e:

@@ -142,8 +142,9 @@ def parse_json_bytes(data: bytes | str, name: str, error=TraceError) -> Any:
         data = gunzip(data, name, error)
         try:
             return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
+        except orjson.JSONDecodeError as e:
+            if "depth limit" in str(e):      # Python's parser would end in a RecursionError: say how deep
+                raise error(too_deep(data, name)) from None
     text = decode_bytes(data, name, error) if isinstance(data, bytes) else data
     if not text.strip():
         raise error(f"{name}: the file is empty")
@@ -151,6 +152,15 @@ def parse_json_bytes(data: bytes | str, name: str, error=TraceError) -> Any:
         return loads_json(text, name, error, parse_constant=lambda c: _bad_constant(c, name, error))
     except json.JSONDecodeError as e:
         raise error(f"{name}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+
+
+MAX_JSON_DEPTH = 1024    # nesting the JSON parsers read (orjson's limit; Python's json recurses about as deep)
+
+
+def too_deep(raw, name: str) -> str:
+    """The one line for JSON nested past what the parsers read, with how deep it goes."""
+    from core.trace.jsonscan import json_depth
+    return f"{name}: JSON nested too deeply ({json_depth(raw):,} levels; at most {MAX_JSON_DEPTH:,} are read)"
 
 
 def _bad_constant(c, name, error):

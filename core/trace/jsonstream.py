@@ -19,6 +19,7 @@ import pandas as pd
 from core import errors
 from core.errors import TraceError
 from core.trace.jsoncodec import _STRUCTS, _TOP, _decode_whole, _events, gunzip
+from core.trace.jsonscan import squeeze, top_level_commas
 from core.trace.model import BadColumn, Trace, frame
 from core.trace.schema import BATCH, STEP, TABLE_EVENTS, Field, Record, dtype
 from core.trace.validate import Problems, read_events, trace_from_doc
@@ -33,7 +34,7 @@ from core.trace.validate import Problems, read_events, trace_from_doc
 # 2. the events list is cut after a `},` near the end of the buffer and the slice decoded
 #    as a list of typed structs, then turned into column pieces. A cut is trusted only when
 #    its slice decodes completely (parsing is deterministic: a slice starting at the top
-#    level that decodes as a list ends at the top level); otherwise `_top_level_commas`
+#    level that decodes as a list ends at the top level); otherwise `top_level_commas`
 #    finds the true cut;
 # 3. at the end of the input, the rest (last events, `]`, unknown top-level keys) is
 #    decoded as an object `{"events":[` + rest.
@@ -82,37 +83,6 @@ def _pieces(data: bytes, name: str, size: int):
                 yield piece
     except (OSError, EOFError, zlib.error):
         raise _Refused from None  # errors.gunzip words it on the way to the precise path
-
-
-def _top_level_commas(buf, block: int = 1 << 20) -> tuple[int, bool]:
-    """(offset of the last comma at the top level of `buf`, or -1; whether the list ends in
-    `buf`): `buf` starts inside a list, at its top level, not inside a string. A string's
-    quote is escaped when an odd run of backslashes precedes it. Vectorised, in blocks."""
-    last, odd_run, in_str, depth = -1, 0, 0, 0
-    for start in range(0, len(buf), block):
-        a = np.frombuffer(buf, np.uint8, min(block, len(buf) - start), start)
-        quote = a == 34
-        bs = a == 92
-        if bs.any() or odd_run:
-            pos = np.arange(len(a))
-            last_other = np.maximum.accumulate(np.where(bs, -1 - odd_run, pos))  # last non-backslash
-            q = np.flatnonzero(quote)
-            run = q - 1 - np.where(q > 0, last_other[np.maximum(q - 1, 0)], -1 - odd_run)
-            quote[q[run % 2 == 1]] = False
-            odd_run = int(len(a) - 1 - last_other[-1]) % 2  # the run of backslashes at the end
-        string = (np.cumsum(quote, dtype=np.int64) + in_str) % 2 == 1
-        in_str = int(string[-1])
-        step = (((a == 123) | (a == 91)).astype(np.int8) - ((a == 125) | (a == 93))) * ~string
-        d = np.cumsum(step, dtype=np.int64) + depth
-        depth = int(d[-1])
-        ends = np.flatnonzero(d < 0)
-        stop = ends[0] if len(ends) else len(a)
-        commas = np.flatnonzero((a[:stop] == 44) & ~string[:stop] & (d[:stop] == 0))
-        if len(commas):
-            last = start + int(commas[-1])
-        if len(ends):
-            return last, True
-    return last, False
 
 
 class _Column:
@@ -219,13 +189,24 @@ def _codes(f: Field, v: list) -> np.ndarray:
         return np.fromiter((code.get(x, -1) if isinstance(x, str) else -1 for x in v), np.int8, len(v))
 
 
+HELD_BEFORE_COUNTING = 64 << 20   # inflated bytes held at once past which a gzip input's total is counted first
+
+
 class _Reader:
-    """The uncompressed text, a piece at a time, into a bytearray buffer."""
+    """The uncompressed text, a piece at a time, into a bytearray buffer. What is held is bounded
+    by what the document keeps, not by what it inflates to: once the buffer holds more than
+    HELD_BEFORE_COUNTING bytes of a gzip input, the whole input is inflated once more keeping
+    nothing, so that one inflating past errors.MAX_DECOMPRESSED_BYTES is refused holding only
+    that much; white space padding is squeezed out of the buffer (jsonscan.squeeze) by the
+    phases that hold text (`squeeze_before`, `rest`)."""
 
     def __init__(self, data: bytes, name: str, size: int):
+        self.data, self.name, self.size = data, name, size
         self.pieces = _pieces(data, name, size)
         self.buf = bytearray()
         self.eof = False
+        self.counted = data[:2] != errors.GZIP_MAGIC   # plain input: its size is held already
+        self.squeezed = 0                               # the buffer's length after its last squeeze
 
     def more(self) -> bool:
         piece = next(self.pieces, None)
@@ -233,11 +214,26 @@ class _Reader:
             self.eof = True
             return False
         self.buf += piece
+        if not self.counted and len(self.buf) > HELD_BEFORE_COUNTING:
+            self.counted = True
+            for _ in _pieces(self.data, self.name, self.size):   # _TooBig past the limit, keeping nothing
+                pass
         return True
 
+    def squeeze_before(self, pos: int) -> int:
+        """Squeeze buf[:pos] (the buffer starts outside any string) once the buffer has doubled since
+        the last squeeze; returns where buf[pos] is now."""
+        if len(self.buf) < max(2 * self.squeezed, self.size):
+            return pos
+        head = squeeze(memoryview(self.buf)[:pos])
+        self.buf[:pos] = head
+        self.squeezed = len(self.buf)
+        return len(head)
+
     def rest(self) -> bytearray:
+        """Everything (the buffer starts outside any string), white space padding squeezed."""
         while self.more():
-            pass
+            self.squeeze_before(len(self.buf))
         return self.buf
 
 
@@ -254,6 +250,7 @@ def _header(rd: _Reader) -> tuple[dict, int]:
             # the next search starts where an incomplete `"events" :` may begin
             k = rd.buf.rfind(b'"events"', pos)
             pos = k if k >= 0 and not rd.buf[k + 8:].strip(_WS + b":") else max(pos, len(rd.buf) - 8)
+            pos = rd.squeeze_before(pos)    # (searched already)
             if not rd.more():
                 if b'"schema"' not in rd.buf:
                     raise _Refused    # not a serving trace: left unparsed for the other readers
@@ -313,10 +310,22 @@ def _slice(raw) -> tuple[list, list]:
 NO_COMMA_LIMIT = 64 << 20    # bytes of the events list without a top-level comma before the streaming path gives up
 
 
+def _read_past_padding(rd: _Reader) -> bool:
+    """Read until the buffer (starting outside any string) holds more than white space beyond what
+    it held; the white space that comes meanwhile is squeezed out, not held. False at the end."""
+    held = len(rd.buf)
+    while rd.more():
+        rd.squeeze_before(len(rd.buf))
+        if len(rd.buf) > held + 1:
+            return True
+    return False
+
+
 def _stream_events(rd: _Reader, start: int, chunk: int, index_of: dict, doc: dict) -> tuple[dict, list]:
     """The tables and verbatim events of the events list starting at rd.buf[start:]; the
     top-level keys after the list are added to `doc`."""
     rd.buf = rd.buf[start:]  # a new buffer: the header's text is freed
+    rd.squeezed = 0
     cols, cuts = _Columns(index_of), 0
     while True:
         buf = rd.buf
@@ -343,17 +352,18 @@ def _stream_events(rd: _Reader, start: int, chunk: int, index_of: dict, doc: dic
                 if cut == 0:
                     raise _Refused  # a comma first: not JSON
                 break
-            true_cut, _ = _top_level_commas(buf)
+            true_cut, _ = top_level_commas(buf)
             if true_cut == cut:
                 raise _Refused  # the true cut, and it does not decode
             cut, exact = true_cut, True
         if cut > 0:
             del buf[:cut + 1]
             cuts += 1
-        elif len(buf) > NO_COMMA_LIMIT:   # megabytes with no event boundary (padding, one huge event): each
-            raise _Refused                 # further read would rescan them all; the whole-document path reads it
-        elif not rd.more():  # no top-level comma yet: read on
+            continue
+        if not _read_past_padding(rd):   # no top-level comma yet: read on
             break
+        if len(rd.buf) > NO_COMMA_LIMIT:  # megabytes with no event boundary (one huge event): each further
+            raise _Refused                # read would rescan them all; the whole-document path reads it
     # the rest: the last events, the end of the list, the top-level keys after it
     if cuts and rd.buf.lstrip(_WS)[:1] == b"]":
         raise _Refused  # a comma before the end of the list: not JSON
@@ -384,8 +394,10 @@ def decode_fast(data: bytes, name: str, chunk: int = STREAM_CHUNK) -> Trace | No
         doc, start = _header(rd)
         doc["events"] = []
         return trace_from_doc(doc, name, fast_events=lambda index_of: _stream_events(rd, start, chunk, index_of, doc))
-    except (_Refused, TraceError, BadColumn, OverflowError, msgspec.ValidationError, msgspec.DecodeError):
-        return None  # the precise path words the problem (it sees the original events)
+    except (_Refused, TraceError, BadColumn, OverflowError, msgspec.ValidationError, msgspec.DecodeError,
+            UnicodeDecodeError, RecursionError):
+        return None  # the precise path words the problem (it sees the original events; a byte that is not
+        #              UTF-8 in a header value: the byte's offset)
     except _TooBig as e:
         raise TraceError(str(e)) from None
     except _Whole as w:

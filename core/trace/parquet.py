@@ -164,11 +164,13 @@ class _Rows:
         self.pa, self.name, self.rtype = pa, name, rtype
         sel = np.flatnonzero(rt == RTYPES.index(rtype))
         self.n = len(sel)
+        names = set(t.column_names)   # (a column absent from `t`: all null)
         # Our writer keeps each record type contiguous: slice (zero-copy) instead of take.
         if self.n and sel[-1] - sel[0] + 1 == self.n:
-            self.col = lambda c: t.column(c).slice(int(sel[0]), self.n)
+            pick = lambda col: col.slice(int(sel[0]), self.n)
         else:
-            self.col = lambda c: t.column(c).take(pa.array(sel))
+            pick = lambda col: col.take(pa.array(sel))
+        self.col = lambda c: pick(t.column(c)) if c in names else pa.nulls(self.n, getattr(pa, COLUMNS[c])())
 
     @classmethod
     def of_table(cls, t, rtype: str, name: str) -> _Rows:
@@ -213,11 +215,11 @@ class _Rows:
         except BadColumn as e:
             raise TraceError(f"{self.name}: {self.rtype} records: {e}") from None
 
-    def json(self, null_ok: bool = False) -> list[dict]:
+    def json(self, null_ok: bool = False, first: int = 0) -> list[dict]:
         """The `json` column parsed: objects (null_ok: {} for a null); else a TraceError naming
-        the record (its position among the records of its type)."""
+        the record (its position among the records of its type; these rows start at `first`)."""
         out = []
-        for k, x in enumerate(self.col("json").to_pylist()):
+        for k, x in enumerate(self.col("json").to_pylist(), first):
             at = f"{self.name}: {self.rtype} record {k}: json"
             if x is None and null_ok:
                 out.append({})
@@ -327,25 +329,119 @@ def _trace_from_table(t, head: dict, name: str) -> Trace:
     return _trace_from_rows({r: _Rows(t, rt, r, name) for r in RTYPES}, head, name)
 
 
-def _trace_from_rows(rows: dict, head: dict, name: str) -> Trace:
-    requests = rows["request"].frame(REQUEST, 0)
-    extras = rows["request"].json(null_ok=True)
-    for k, x in enumerate(extras):  # extras never shadow a column (the JSON form would let them)
-        clash = sorted(set(x) & {f.name for f in REQUEST.columns})
+def _request_extras(rows: _Rows, name: str, first: int = 0) -> list[dict]:
+    """The request records' extra fields; extras never shadow a column (the JSON form would let them)."""
+    if rows.col("json").null_count == rows.n:
+        return [{} for _ in range(rows.n)]
+    extras = rows.json(null_ok=True, first=first)
+    columns = {f.name for f in REQUEST.columns}
+    for k, x in enumerate(extras, first):
+        clash = sorted(set(x) & columns) if x else ()
         if clash:
             raise TraceError(f"{name}: request record {k}: json: {clash[0]!r} is a request column, "
                              "not an extra field")
-    tables = {rec.table: rows[rec.type].frame(rec, len(requests)) for rec in TABLES if rec is not REQUEST}
-    other = rows["other"].json()
+    return extras
+
+
+def _other_records(rows: _Rows, name: str, first: int = 0) -> list[dict]:
+    """The verbatim events (the `other` records), none of a type that has its own records."""
+    other = rows.json(first=first)
     tabled = {rec.type for rec in TABLE_EVENTS}
-    for k, e in enumerate(other):
+    for k, e in enumerate(other, first):
         if e.get("type") in tabled:
             raise TraceError(f"{name}: other record {k}: a {e['type']} event belongs in its own records")
+    return other
+
+
+def _checked_other(other: list, index_of: dict, name: str) -> list:
+    """The verbatim events checked as the JSON form's are (their times, requests and enums)."""
     pb = Problems(name)
-    other = read_events(other, {rid: j for j, rid in enumerate(requests["id"].tolist())}, pb, "other record")[1]
+    other = read_events(other, index_of, pb, "other record")[1]
     pb.raise_if_any()
+    return other
+
+
+def _trace_from_rows(rows: dict, head: dict, name: str) -> Trace:
+    requests = rows["request"].frame(REQUEST, 0)
+    extras = _request_extras(rows["request"], name)
+    tables = {rec.table: rows[rec.type].frame(rec, len(requests)) for rec in TABLES if rec is not REQUEST}
+    other = _checked_other(_other_records(rows["other"], name), {rid: j for j, rid in
+                                                                 enumerate(requests["id"].tolist())}, name)
+    pb = Problems(name)
     check_consistency(pb, requests, tables["tokens"], np.arange(len(tables["tokens"])),
                       tables["finishes"], np.arange(len(tables["finishes"])))
     pb.raise_if_any()
     extra = head.get("extra") if isinstance(head.get("extra"), dict) else {}
     return Trace(meta=head["meta"], requests=requests, **tables, other=other, request_extra=extras, extra=extra)
+
+
+# ---- the same checks, a batch of rows at a time (out of core: core.analysis.outofcore) --------------
+
+def parquet_head(schema, name: str) -> dict:
+    """The document head in a Parquet file's metadata, checked as trace_from_parquet checks it."""
+    return _head(schema, name)
+
+
+def row_group_reads(pf) -> list[tuple[list[int] | None, list[str], str | None]]:
+    """(row groups, columns, the record type they claim) to read a Parquet trace's records by: each
+    record type's row groups and only its columns when every row group holds one type (our writer's
+    layout), else every row group and every column of the layout the file has (claiming none)."""
+    present = set(pf.schema_arrow.names)
+    groups = _row_groups_by_type(pf)
+    if groups is None:
+        return [(None, [c for c in COLUMNS if c in present], None)]
+    return [(g, [c for c in dict.fromkeys(["rtype", *_record_columns(r)]) if c in present], r)
+            for r, g in groups.items()]
+
+
+class RowChecker:
+    """trace_from_parquet's checks of each record, made on batches of rows in file order (a trace
+    too large to load: core.analysis.outofcore), with the same functions: each column cast to the
+    layout's type, each record type's values against their declarations (`_Rows.frame`), the
+    request extras and the verbatim events (`_request_extras`, `_other_records`). What needs every
+    row at once is left to the caller: request ids unique across batches, `finish(index_of)` for the
+    verbatim events' requests, validate.check_consistency on slices of requests."""
+
+    def __init__(self, name: str, n_requests: int):
+        self.name, self.n_requests = name, n_requests
+        self.seen = dict.fromkeys(RTYPES, 0)     # records of each type checked so far
+        self.other: list[dict] = []
+
+    def check_columns(self, names):
+        """The columns every trace needs are in the file (its schema's column names)."""
+        missing = sorted(_NEEDED - set(names))
+        if missing:
+            raise TraceError(f"{self.name}: Parquet table lacks column(s) {', '.join(missing)}")
+
+    def add(self, t, claimed: str | None = None):
+        """One batch: a pyarrow Table with (some of) the layout's columns (the file has every column
+        it needs: `check_columns`), read from row groups whose statistics claim one record type."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        if claimed is not None and pc.unique(t.column("rtype")).to_pylist() != [claimed]:
+            raise TraceError(f"{self.name}: row groups claim {claimed} records but hold other record types")
+        present = [c for c in COLUMNS if c in t.column_names]
+        t = pa.table([_cast(t.column(c), c, self.name) for c in present], names=present)
+        rtype = t.column("rtype")
+        if rtype.null_count:
+            raise TraceError(f"{self.name}: a row has no record type (rtype)")
+        idx = pc.index_in(rtype, value_set=pa.array(RTYPES))
+        if idx.null_count:
+            raise TraceError(f"{self.name}: unknown record type in column rtype")
+        rt = idx.to_numpy(zero_copy_only=False).astype(np.int64)
+        for r in RTYPES:
+            rows = _Rows(t, rt, r, self.name)
+            if not rows.n:
+                continue
+            if r == "request":
+                rows.frame(REQUEST, 0)
+                _request_extras(rows, self.name, self.seen[r])
+            elif r == "other":
+                self.other += _other_records(rows, self.name, self.seen[r])
+            else:
+                rows.frame(next(rec for rec in TABLES if rec.type == r), self.n_requests)
+            self.seen[r] += rows.n
+
+    def finish(self, index_of: dict):
+        """The verbatim events' checks (index_of: request id -> position, for the ids they name)."""
+        _checked_other(self.other, index_of, self.name)

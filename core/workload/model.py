@@ -3,6 +3,7 @@ on demand), and the checks every loader applies to times and token counts."""
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 
@@ -11,9 +12,22 @@ import numpy as np
 from core.errors import WorkloadError, short
 
 MAX_TOKENS = 10_000_000  # per request; larger counts are certainly a unit mistake
+MAX_TOKEN_ID = 2**63 - 1  # token ids are hashed as int64 (core.engine.prefix_cache.block_hash)
 # Latest time (ms) anywhere: ~31.7 years. A float64 near 1e12 still resolves ~1e-4 ms, so every
 # time stays exact to the microsecond (Chrome export) and sums of times stay finite.
 MAX_TIME_MS = 1e12
+
+
+def _check_token_ids(ids: tuple, where: str):
+    """Token ids as the prefix cache hashes them (int64, >= 0), else one line naming the first bad one."""
+    try:
+        ok = not ids or min(array("q", ids)) >= 0
+    except (OverflowError, TypeError):
+        ok = False
+    if not ok:
+        k, bad = next((k, x) for k, x in enumerate(ids)
+                      if not isinstance(x, (int, np.integer)) or not 0 <= x <= MAX_TOKEN_ID)
+        raise WorkloadError(f"{where}[{k}]: expected a token id, an integer in 0..2**63-1, got {short(bad)}")
 
 
 @dataclass(slots=True)
@@ -38,6 +52,7 @@ class Request:
         checkcount_value(self.max_output_tokens, f"{where}: output_tokens")
         if self.prompt_ids is not None:
             self.prompt_ids = tuple(self.prompt_ids)
+            _check_token_ids(self.prompt_ids, f"{where}: prompt_ids")
             if len(self.prompt_ids) != self.prompt_tokens:
                 raise WorkloadError(f"{where}: prompt_ids has {len(self.prompt_ids)} ids "
                                     f"but prompt_tokens is {self.prompt_tokens}")

@@ -9,7 +9,7 @@ import msgspec
 from msgspec import Meta
 
 from core.errors import WorkloadError, validation_message
-from core.workload.model import Request, Workload, as_int, located
+from core.workload.model import MAX_TOKEN_ID, Request, Workload, as_int, located
 
 Tokenize = Callable[[str], list[int]]
 
@@ -22,7 +22,7 @@ class RequestDoc(msgspec.Struct):
     id: str | int
     arrival_ms: Any
     prompt_tokens: Any = None
-    prompt_ids: list[Annotated[int, Meta(ge=0)]] | None = None
+    prompt_ids: list[Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]] | None = None
     prompt: Any = None                         # text: tokenized by gpu_runner, kept verbatim here
     output_tokens: Any = None
     max_output_tokens: Any = None              # (another name for output_tokens)

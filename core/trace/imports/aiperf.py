@@ -61,13 +61,18 @@ def looks_like_scrape(doc) -> bool:
         and "endpoint_url" in doc
 
 
+def _scrape_ns(sc: dict, where: str) -> int:
+    ts = sc.get("timestamp_ns")
+    if not (isinstance(ts, int) and not isinstance(ts, bool) and 0 < ts < 1 << 63):
+        raise TraceError(f"{where}: timestamp_ns: expected epoch nanoseconds (an integer), got {short(ts)}")
+    return ts
+
+
 def gauges(scrapes: list[dict], t0_ns: int, name: str) -> list[dict]:
     """gauge events of AIPerf's recorded /metrics scrapes, times in ms from t0_ns (epoch)."""
     out = []
     for k, sc in enumerate(scrapes):
-        ts = sc.get("timestamp_ns")
-        if not (isinstance(ts, int) and 0 < ts < 1 << 63):
-            raise TraceError(f"{name}: line {k + 1}: timestamp_ns: expected epoch nanoseconds, got {short(ts)}")
+        ts = _scrape_ns(sc, f"{name}: line {k + 1}")
         if ts < t0_ns:
             continue        # before the first request: outside the trace's clock
         samples = ((m, s.get("value")) for m, series in sc["metrics"].items() if isinstance(series, list)
@@ -80,7 +85,7 @@ def gauges(scrapes: list[dict], t0_ns: int, name: str) -> list[dict]:
 
 def import_scrapes(lines: list[dict], name: str) -> Imported:
     from core.trace.imports.scrapes import gauge_trace
-    t0 = min(sc["timestamp_ns"] for sc in lines if isinstance(sc.get("timestamp_ns"), int))
+    t0 = min(_scrape_ns(sc, f"{name}: line {k + 1}") for k, sc in enumerate(lines))
     ev = gauges(lines, t0, name)
     notes = [f"{len(lines)} /metrics scrapes recorded by AIPerf -> {len(ev)} gauge events (the server's own "
              "running / waiting / KV usage); no requests: profile_export.jsonl beside it has them."]
@@ -205,7 +210,7 @@ def import_records(records: list[dict], name: str, summary: dict | None = None,
         raise TraceError(f"{name}: no profiling-phase records (only {warmup} warm-up record(s))")
     starts = [_ns(r["metadata"], "request_start_ns", f"{name}: line {k + 1}") for k, r in enumerate(profiling)]
     t0 = min(starts)
-    rows = RequestRows(name)
+    rows = RequestRows(name, id_field="metadata.x_request_id")
     cancelled = 0
     for k, (r, s_ns) in enumerate(zip(profiling, starts)):
         md, m, where = r["metadata"], r["metrics"], f"{name}: record {k + 1}"
@@ -298,3 +303,150 @@ def import_summary(doc: dict, name: str) -> Imported:
         "profile_export.jsonl beside it (open the file, or the whole artifact directory)."],
         tool=f"AIPerf {doc.get('aiperf_version', '')}".strip(), what="summary (profile_export_aiperf.json)",
         stats=stats, origin=PROVENANCE)
+
+
+# ---- time slices (`--slice-duration S`): each window's own statistics --------------------------------
+#
+# profile_export_aiperf_timeslices.json: {"timeslices": [{start_ns, end_ns, is_complete, <metric tag>:
+# {unit, avg, min, max, p1..p99, std, ...}, ...}], "input_config": {...}}, one object per window in
+# time order (AIPerf 0.13; older releases numbered them with timeslice_index instead of start_ns /
+# end_ns). The CSV beside it holds the same, one row per statistic: Timeslice, Start_NS, End_NS,
+# Metric (the metric's display header), Unit, Stat, Value (older: without Start_NS, End_NS).
+# Learned from AIPerf 0.13.0's exporters/timeslice_metrics_{json,csv}_exporter.py; no file AIPerf
+# wrote with --slice-duration is bundled here (tests build them in that documented shape).
+
+HEADERS = {"Time to First Token": "time_to_first_token", "Inter Token Latency": "inter_token_latency",
+           "Request Latency": "request_latency", "Inter Chunk Latency": "inter_chunk_latency",
+           "Output Token Throughput": "output_token_throughput", "Request Throughput": "request_throughput",
+           "Request Count": "request_count", "Output Sequence Length": "output_sequence_length",
+           "Input Sequence Length": "input_sequence_length"}     # the CSV's metric names -> their JSON tags
+_SLICE_KEYS = ("start_ns", "end_ns", "is_complete", "timeslice_index")
+TIMESLICES_CSV = "Timeslice,"
+
+
+def looks_like_timeslices(doc) -> bool:
+    sl = doc.get("timeslices") if isinstance(doc, dict) else None
+    if not (isinstance(sl, list) and sl and isinstance(sl[0], dict)):
+        return False
+    return any(k in sl[0] for k in _SLICE_KEYS) or any(isinstance(v, dict) and "unit" in v for v in sl[0].values())
+
+
+def _slice_duration_s(cfg) -> float | None:
+    """--slice-duration (seconds) wherever the dumped input_config keeps it."""
+    if isinstance(cfg, dict):
+        v = cfg.get("slice_duration")
+        if finite(v) and v > 0:
+            return float(v)
+        for x in cfg.values():
+            found = _slice_duration_s(x)
+            if found:
+                return found
+    return None
+
+
+def import_timeslices(doc: dict, name: str) -> Imported:
+    """One window per time slice, each with AIPerf's own statistics in our units (`Imported.windows`,
+    and one run per window: `metrics --run K` shows window K's numbers)."""
+    slices = doc["timeslices"]
+    if len(slices) > 100_000:
+        raise TraceError(f"{name}: timeslices: {len(slices):,} windows; at most 100,000 are read")
+    for k, s in enumerate(slices):
+        if not isinstance(s, dict):
+            raise TraceError(f"{name}: timeslices[{k}]: expected an object, got {short(s)}")
+    starts = [s.get("start_ns") for s in slices]
+    exact = all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 63 for v in starts + [
+        s.get("end_ns") for s in slices])
+    dur_s = None if exact else _slice_duration_s(doc.get("input_config"))
+    t0 = min(starts) if exact else 0
+    windows, runs, summary = [], [], {}
+    for k, s in enumerate(slices):
+        stats, fs = summary_stats(s)
+        if exact:
+            span = ((s["start_ns"] - t0) / 1e6, (s["end_ns"] - t0) / 1e6)
+            if span[1] < span[0]:
+                raise TraceError(f"{name}: timeslices[{k}]: end_ns {s['end_ns']} is before start_ns {s['start_ns']}")
+        else:
+            span = (k * dur_s * 1000.0, (k + 1) * dur_s * 1000.0) if dur_s else None
+        label = f"slice {k}" + (f" [{span[0] / 1000:g}, {span[1] / 1000:g}] s" if span else "")
+        complete = s.get("is_complete") is not False
+        windows.append({"index": k, "window_ms": span, "complete": complete, "stats": stats})
+        summary[label] = _slice_line(stats) + ("" if complete else " (a partial window)")
+        runs.append(Imported(None, "aiperf", fs, notes=[f"{name}: {label} of {len(slices)} (AIPerf's own statistics "
+                                                          "over that window)."], tool="AIPerf",
+                             what="time slice (profile_export_aiperf_timeslices)", stats=stats, origin=PROVENANCE,
+                             window_ms=span, run_label=label))
+    how = ("each window's start_ns / end_ns (epoch ns), from the first window's start" if exact else
+           f"window k spans k x the slice duration ({dur_s:g} s) as AIPerf numbers them (it aligns windows to "
+           "wall-clock divisions, so the first may be shorter)" if dur_s else "no times in the file: windows by number")
+    notes = [f"{name} is AIPerf's time-sliced statistics: {len(slices)} windows, each with AIPerf's own TTFT, ITL, "
+             "latency and throughput over that window (no per-request rows: profile_export.jsonl beside it has "
+             f"them). Window times: {how}."]
+    out = Imported(None, "aiperf", summary, notes=notes, tool="AIPerf", what="time slices "
+                   "(profile_export_aiperf_timeslices)", origin=PROVENANCE, runs=runs, windows=windows)
+    for r in runs:
+        r.runs, r.windows = runs, windows
+    return out
+
+
+def _slice_line(stats: dict) -> str:
+    parts = []
+    for metric, label, unit in (("ttft_ms", "TTFT", "ms"), ("tpot_ms", "TPOT", "ms"), ("itl_ms", "ITL", "ms"),
+                                ("e2e_ms", "E2E", "ms")):
+        mean, p99 = stats.get((metric, "mean")), stats.get((metric, "p99"))
+        if mean is not None:
+            parts.append(f"{label} mean {mean:,.3f} {unit}" + (f", p99 {p99:,.3f} {unit}" if p99 is not None else ""))
+    tput = stats.get(("output_tok_per_s", "value"))
+    if tput is not None:
+        parts.append(f"{tput:,.3f} output tok/s")
+    return "; ".join(parts) or "no latency statistics"
+
+
+def timeslices_from_csv(text: str, name: str) -> dict:
+    """The CSV form as the JSON form's document (metric names mapped back to their tags)."""
+    import csv
+    import io
+    rows = csv.reader(io.StringIO(text))
+    head = next(rows, [])
+    cols = {c: k for k, c in enumerate(head)}
+    if not {"Timeslice", "Metric", "Unit", "Stat", "Value"} <= cols.keys():
+        raise TraceError(f"{name}: expected AIPerf's timeslices CSV header Timeslice,[Start_NS,End_NS,]Metric,Unit,"
+                         f"Stat,Value, got {short(','.join(head), 80)}")
+    slices: dict[int, dict] = {}
+    for line, r in enumerate(rows, 2):
+        if not r:
+            continue
+        if len(r) != len(head):
+            raise TraceError(f"{name}: line {line}: {len(r)} fields, the header has {len(head)}")
+        try:
+            k = int(r[cols["Timeslice"]])
+            s = slices.setdefault(k, {})
+            for key in ("Start_NS", "End_NS"):
+                if key in cols and r[cols[key]]:
+                    s[key.lower()] = int(r[cols[key]])
+            value = float(r[cols["Value"]])
+        except ValueError:
+            raise TraceError(f"{name}: line {line}: expected numbers in Timeslice, Start_NS, End_NS and Value, "
+                             f"got {short(r, 80)}") from None
+        if k < 0 or len(slices) > 100_000:
+            raise TraceError(f"{name}: line {line}: Timeslice: expected a window number 0..99,999, got {k}")
+        metric = r[cols["Metric"]]
+        tag = HEADERS.get(metric, metric.lower().replace(" ", "_"))
+        s.setdefault(tag, {"unit": r[cols["Unit"]]})[r[cols["Stat"]]] = value
+    return {"timeslices": [slices[k] for k in sorted(slices)]}
+
+
+def looks_like_phase_manifest(doc) -> bool:
+    ph = doc.get("phases") if isinstance(doc, dict) else None
+    return isinstance(ph, list) and "schema_version" in doc and bool(ph) and isinstance(ph[0], dict) and \
+        "phase_kind" in ph[0]
+
+
+def phase_manifest(doc: dict, name: str, path=None):
+    """AIPerf's phase_manifest.json indexes a run's phases (counts, time range, the files each phase's
+    statistics went to); the statistics and the requests are in other files: say which."""
+    listed = [p.get("metrics_json") for p in doc["phases"] if isinstance(p, dict) and p.get("phase_kind") == "profiling"
+              and isinstance(p.get("metrics_json"), str)]
+    each = f" (e.g. {listed[0]})" if listed else ""
+    raise TraceError(f"{name}: looks like AIPerf's phase_manifest.json (each phase's request counts, time range "
+                     f"and artifact paths, no statistics); open profile_export.jsonl beside it (per-request records) "
+                     f"or a phase's profile_export_aiperf.json{each}")

@@ -126,3 +126,60 @@ def import_summary(doc: dict, name: str) -> Imported:
         f"{name} is inference-perf's summary: its own statistics only, no per-request rows. Per-request data is in "
         "per_request_lifecycle_metrics.json beside it (written with report.request_lifecycle.per_request: true)."],
         tool="inference-perf", what="summary lifecycle metrics", stats=stats, origin=PROVENANCE)
+
+
+# ---- the stage report (inference-perf.partial.stage_N.yaml) ---------------------------------------
+#
+# The benchmark report inference-perf writes per stage ("BR 0.2": version 0.2.x): run {uid, eid, time
+# {start, end, duration}}, results.request_performance.aggregate {requests {total, failures, ...},
+# latency {time_to_first_token, time_per_output_token, inter_token_latency, request_latency,
+# normalized_time_per_output_token: {units, mean, stddev, min, p0p1, p1, ..., p99, p99p9, max}},
+# throughput {output_token_rate, request_rate, ...: {units, mean}}} (reportgen/br/v0_2/adapter.py;
+# a real one: data/imports/inference_perf/ip_rate4_p64_o32/inference-perf.partial.stage_0.yaml).
+
+BR_STATS = {"mean": "mean", "p50": "p50", "p90": "p90", "p95": "p95", "p99": "p99", "min": "min", "max": "max"}
+BR_UNIT_MS = {"s": 1000.0, "s/token": 1000.0, "ms": 1.0, "ms/token": 1.0}
+
+
+def looks_like_stage_report(doc) -> bool:
+    res = doc.get("results") if isinstance(doc, dict) else None
+    return isinstance(res, dict) and isinstance(res.get("request_performance"), dict) and isinstance(doc.get("run"),
+                                                                                                  dict)
+
+
+def import_stage_report(doc: dict, name: str) -> Imported:
+    """The stage's own statistics in our units (no per-request rows: a summary, like
+    summary_lifecycle_metrics.json)."""
+    where = "results.request_performance.aggregate"
+    agg = doc["results"]["request_performance"].get("aggregate")
+    if not isinstance(agg, dict):
+        raise TraceError(f"{name}: {where}: expected the stage's aggregate statistics, got {short(agg)}")
+    stats, fs = {}, {"version": doc.get("version")}
+    lat = agg.get("latency") if isinstance(agg.get("latency"), dict) else {}
+    for ours, theirs in OURS.items():
+        m = lat.get(theirs)
+        if not isinstance(m, dict):
+            continue
+        scale = BR_UNIT_MS.get(m.get("units"))
+        if scale is None:
+            raise TraceError(f"{name}: {where}.latency.{theirs}.units: expected one of {', '.join(BR_UNIT_MS)}, got "
+                             f"{short(m.get('units'))}")
+        for a, b in BR_STATS.items():
+            if finite(m.get(a)):
+                stats[(ours, b)] = float(m[a]) * scale
+                fs[f"{theirs}.{a}"] = m[a]
+    tp = agg.get("throughput") if isinstance(agg.get("throughput"), dict) else {}
+    out_rate = tp.get("output_token_rate") if isinstance(tp.get("output_token_rate"), dict) else {}
+    if finite(out_rate.get("mean")):
+        stats[("output_tok_per_s", "value")] = float(out_rate["mean"])
+        fs["output_token_rate"] = out_rate["mean"]
+    reqs = agg.get("requests") if isinstance(agg.get("requests"), dict) else {}
+    fs.update({f"requests.{k}": reqs.get(k) for k in ("total", "failures") if k in reqs})
+    t = doc["run"].get("time") if isinstance(doc["run"].get("time"), dict) else {}
+    fs.update({f"run.time.{k}": str(t[k]) for k in ("start", "end", "duration") if k in t})
+    return Imported(None, "inference-perf", fs, notes=[
+        f"{name} is inference-perf's report of one stage (benchmark report {doc.get('version')}): its own "
+        "statistics only, no per-request rows. Per-request data is in per_request_lifecycle_metrics.json beside it "
+        "(written with report.request_lifecycle.per_request: true)."],
+        tool="inference-perf", what="stage report (inference-perf.partial.stage_N.yaml)", stats=stats,
+        origin=PROVENANCE)

@@ -21,7 +21,7 @@ import numpy as np
 from core.errors import TraceError, short
 from core.trace.imports.imported import Imported
 from core.trace.model import Trace, frame
-from core.trace.schema import KV_EVENT, REQUEST
+from core.trace.schema import INT_MAX, KV_EVENT, REQUEST
 
 FIELDS = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
                           "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"),
@@ -93,6 +93,8 @@ def decode_payload(payload: bytes, seq: int, where: str, rows: list) -> float:
         parent = None if parent is None else block_hash(parent, f"{where}: event {k}")
         size = f.get("block_size")
         size = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else 0
+        if size > INT_MAX:
+            raise TraceError(f"{where}: event {k} ({tag}): block_size: expected tokens per block, got {short(size)}")
         for h in hashes:       # a chain: each block's parent is the one before it
             hh = block_hash(h, f"{where}: event {k}")
             rows.append((ts, "stored", hh, parent, size, seq, medium))
@@ -112,7 +114,10 @@ def decode_message(frames: list[bytes], where: str, rows: list) -> float:
         raise TraceError(f"{where}: expected 3 frames (topic, seq, payload), got {len(frames)}")
     if len(seq_b) != 8:
         raise TraceError(f"{where}: seq: expected 8 bytes (big-endian), got {len(seq_b)}")
-    return decode_payload(payload, int.from_bytes(seq_b, "big"), where, rows)
+    seq = int.from_bytes(seq_b, "big")
+    if seq > INT_MAX:        # vLLM numbers batches from 0; the kv_event table keeps them as int64
+        raise TraceError(f"{where}: seq: expected a batch number in 0..2**63-1, got {seq}")
+    return decode_payload(payload, seq, where, rows)
 
 
 def kv_event_frame(rows: list, t0_s: float):

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import pandas as pd
 
-from core.errors import TraceError, loads_json, short
+from core.errors import TraceError, short
 from core.trace.imports.imported import Imported, epoch_offset
 from core.trace.imports.rows import RequestRows, count, finite
 from core.trace.model import Trace
@@ -86,7 +86,17 @@ def body_docs(lines: Iterable[dict], name: str) -> Iterator[dict]:
             raise TraceError(f"{name}: line {k + 1}: body_b64: expected base64") from None
         if str(ln.get("content_encoding") or "").lower() == "gzip" or body[:2] == b"\x1f\x8b":
             body = gunzip(body, f"{name}: line {k + 1}", TraceError)
-        yield otlp_json(body, str(ln.get("content_type") or "application/x-protobuf"), f"{name}: line {k + 1}")
+        yield otlp_json(body, str(ln.get("content_type") or "application/x-protobuf"),
+                        f"{name}: line {k + 1}: OTLP/JSON body")
+
+
+def looks_like_protobuf_export(body: bytes) -> bool:
+    """An OTLP/HTTP protobuf export body (ExportTraceServiceRequest) with at least one span."""
+    try:
+        doc = otlp_json(body)
+    except TraceError:
+        return False
+    return any(True for _ in spans_of(doc))
 
 
 def looks_like_collector_lines(doc) -> bool:
@@ -109,14 +119,13 @@ def otlp_json(body: bytes, content_type: str = "application/x-protobuf", where: 
     """One OTLP/HTTP export body (protobuf, or JSON) as OTLP/JSON: camelCase fields, int64 as
     strings, enums as integers, trace and span ids as lowercase hex (OTLP/JSON's rule, where
     protobuf's own JSON mapping would write base64). JSON is read by the guarded reader
-    (core.errors.loads_json): too deep a nesting is a TraceError naming `where`."""
+    (core.trace.jsoncodec.parse_json_bytes): too deep a nesting is a TraceError naming `where` and the depth;
+    a body still gzip after the caller inflated it once is refused (a gzip inside gzip)."""
     if "json" in content_type:
-        try:
-            doc = loads_json(body, where, TraceError)
-        except TraceError:
-            raise
-        except ValueError as e:      # not JSON, or bytes that are not text
-            raise TraceError(f"{where}: not valid JSON ({str(e)[:100]})") from None
+        if body[:2] == b"\x1f\x8b":       # inflated once already by the caller: a second gzip is not read
+            raise TraceError(f"{where}: compressed twice (gzip inside gzip): not read")
+        from core.trace.jsoncodec import parse_json_bytes
+        doc = parse_json_bytes(body, where)   # one line naming `where` (nesting too deep: how deep)
         if not looks_like_otlp_json(doc):
             raise TraceError(f"{where}: expected an object with resourceSpans")
         return doc

@@ -24,15 +24,19 @@ from typing import Any
 
 import orjson
 
-from core.errors import TraceError, gunzip, read_input_file, short
+from core.errors import InputError, TraceError, gunzip, read_input_file, short
 from core.trace.imports import aiperf, guidellm, inference_perf, kv_events, otlp, scrapes, vllm_bench, vllm_log
-from core.trace.imports.imported import Imported
+from core.trace.imports.imported import Imported, checked
 from core.trace.imports.vllm_bench import import_vllm, looks_like_vllm
+from core.trace.jsoncodec import too_deep
 
 WE_READ = ("we read: our serving-trace/1 (JSON, gzip, Parquet), vllm bench serve / SGLang results, AIPerf "
-           "profile_export.jsonl, guidellm benchmarks.json/.yaml, inference-perf per_request_lifecycle_metrics.json, "
-           "vLLM's iteration log, OTLP/JSON spans, recorded KV events")
+           "profile_export.jsonl (and its summary and time slices), guidellm benchmarks.json/.yaml, inference-perf "
+           "per_request_lifecycle_metrics.json (and its summaries and stage reports), vLLM's iteration log, OTLP "
+           "spans (JSON lines or a protobuf export body), recorded KV events")
 MAX_YAML_ALIASES = 100
+MAX_YAML_DEPTH = 1_000          # nesting (collections within collections) of a YAML document
+MAX_YAML_NODES = 10_000_000     # values of a YAML document once its aliases are expanded
 
 
 def guarded(fn):
@@ -48,6 +52,8 @@ def guarded(fn):
             if isinstance(e, TraceError):
                 raise
             name = args[1] if len(args) > 1 and isinstance(args[1], str) else str(args[0]) if args else "input"
+            if isinstance(e, InputError):      # a check that words its problem (a workload's): its own line
+                raise TraceError(str(e) if str(e).startswith(name) else f"{name}: {e}") from None
             raise TraceError(f"{name}: a field has an unexpected shape for the format it looks like "
                              f"({type(e).__name__}: {short(str(e), 80)})") from None
     return call
@@ -61,8 +67,9 @@ def _keys(doc) -> str:
 class Importer:
     """One kind of file another tool writes. `shape`: what `recognise` and `read` take: "doc" (one
     JSON document), "lines" (JSON lines: recognised by their first object), "text" (other text),
-    "dir" (a directory). `read(x, name, path)` returns an Imported (or, for a file we know but do
-    not read, raises TraceError with one line saying what it is). `role`: what the file adds to a
+    "binary" (bytes no text importer reads: a protobuf body), "dir" (a directory). `read(x, name,
+    path)` returns an Imported (or, for a file we know but do not read, raises TraceError with one
+    line saying what it is). `role`: what the file adds to a
     merged run (core.trace.imports.merge): requests (a client's), spans (the engine's view of each
     request), steps (the engine's iteration log), telemetry (KV events, /metrics samples), or
     none (nothing: refused)."""
@@ -186,6 +193,11 @@ IMPORTERS: tuple[Importer, ...] = (
              lambda d, n, p: inference_perf.import_per_request(d, n, _beside_summary(p)), "requests"),
     Importer("inference-perf-summary", "doc", inference_perf.looks_like_summary,
              lambda d, n, p: inference_perf.import_summary(d, n), "requests"),
+    Importer("inference-perf-stage-report", "doc", inference_perf.looks_like_stage_report,
+             lambda d, n, p: inference_perf.import_stage_report(d, n), "requests"),
+    Importer("aiperf-timeslices", "doc", aiperf.looks_like_timeslices, lambda d, n, p: aiperf.import_timeslices(d, n),
+             "requests"),
+    Importer("aiperf-phase-manifest", "doc", aiperf.looks_like_phase_manifest, aiperf.phase_manifest, "none"),
     Importer("otlp-spans", "doc", otlp.looks_like_otlp_json, lambda d, n, p: otlp.import_otlp_lines([d], n), "spans"),
     # JSON lines (recognised by the first object; one JSON document that is such a line reads as one line)
     Importer("aiperf-records", "lines", aiperf.looks_like_record, _aiperf_record_lines, "requests"),
@@ -202,11 +214,17 @@ IMPORTERS: tuple[Importer, ...] = (
     Importer("vllm-log", "text", vllm_log.looks_like_iteration_log,
              lambda t, n, p: vllm_log.import_iteration_log(t, n), "steps"),
     Importer("aiperf-csv", "text", lambda t: t.startswith("# AIPerf"), _aiperf_csv, "none"),
+    Importer("aiperf-timeslices", "text", lambda t: t.startswith(aiperf.TIMESLICES_CSV),
+             lambda t, n, p: aiperf.import_timeslices(aiperf.timeslices_from_csv(t, n), n), "requests"),
     Importer("vllm-bench-sweep-csv", "text", _is_sweep_csv, _sweep_csv, "none"),
     Importer("vllm-log-without-steps", "text", vllm_log.looks_like_vllm_log, _vllm_log_without_steps, "none"),
     Importer("yaml", "text", lambda t: _looks_like_yaml(t), lambda t, n, p: import_doc(_yaml(t, n), n, p),
              "requests"),     # (a YAML report: read as the JSON document it holds, which names its kind)
     Importer("csv", "text", lambda t: bool(_CSV_HEAD.match(t[:4096])), lambda t, n, p: _foreign_csv(t, n), "none"),
+    # other bytes (not UTF-8 text)
+    Importer("otlp-spans", "binary", otlp.looks_like_protobuf_export,
+             lambda b, n, p: otlp.import_spans(otlp.spans_of(otlp.otlp_json(b)), n, "an OTLP protobuf export body"),
+             "spans"),
     # directories
     Importer("aiperf-records", "dir", lambda d: (d / "profile_export.jsonl").is_file(), _aiperf_dir, "requests"),
     Importer("inference-perf-requests", "dir", lambda d: (d / "per_request_lifecycle_metrics.json").is_file(),
@@ -231,11 +249,15 @@ def _match(shape: str, x) -> Importer | None:
 
 
 def _read_with(imp: Importer, x, name: str, path: Path | None):
-    out = imp.read(x, name, path)
-    if isinstance(out, Imported) and not out.kind:
-        out.kind = imp.kind
-        for r in out.runs:
-            r.kind = r.kind or imp.kind
+    import numpy as np
+    with np.errstate(all="ignore"):   # an overflow to inf or nan is refused by checked(), not warned about
+        out = imp.read(x, name, path)
+    if isinstance(out, Imported):
+        checked(out, name)          # every importer's trace held to the readers' checks
+        if not out.kind:
+            out.kind = imp.kind
+            for r in out.runs:
+                r.kind = r.kind or imp.kind
     return out
 
 
@@ -344,6 +366,8 @@ def json_lines(raw: bytes, name: str) -> list:
         try:
             out.append(orjson.loads(ln))
         except orjson.JSONDecodeError as e:
+            if "depth limit" in str(e):
+                raise TraceError(too_deep(ln, f"{name}: line {k + 1}")) from None
             raise TraceError(f"{name}: line {k + 1}: not valid JSON ({e})") from None
     return out
 
@@ -404,11 +428,16 @@ def import_text(data: bytes, name: str, path: Path | None = None) -> Imported | 
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise TraceError(f"{name}: not UTF-8 text (byte {e.start}) and not Parquet; {WE_READ}") from None
-    imp = _match("text", text)
+        text, what = None, f"not UTF-8 text (byte {e.start}) and not Parquet"
+    imp = _match("text", text) if text is not None else None
     if imp is not None:
         return _read_with(imp, text, name, path)
-    raise TraceError(f"{name}: not a format we read (text starting {short(text.strip()[:40])}); {WE_READ}")
+    imp = _match("binary", raw)
+    if imp is not None:
+        return _read_with(imp, raw, name, path)
+    if text is not None:
+        what = f"not a format we read (text starting {short(text.strip()[:40])})"
+    raise TraceError(f"{name}: {what}; {WE_READ}")
 
 
 def _looks_like_yaml(text: str) -> bool:
@@ -422,15 +451,51 @@ def _looks_like_yaml(text: str) -> bool:
 
 def _yaml(text: str, name: str):
     import yaml
-    try:   # aliases would let a small file expand into a huge structure: count them first
-        aliases = sum(isinstance(ev, yaml.AliasEvent) for ev in yaml.parse(text, Loader=yaml.SafeLoader))
-        if aliases > MAX_YAML_ALIASES:
-            raise TraceError(f"{name}: YAML with {aliases} aliases; at most {MAX_YAML_ALIASES} are read")
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)   # libyaml's: fast, and its parser does not recurse
+    try:
+        _yaml_bounds(yaml.parse(text, Loader=loader), name)
+        return yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         raise TraceError(f"{name}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+
+
+def _yaml_bounds(events, name: str):
+    """Refuse, from the parser's events and before any value is built, a YAML document that nests
+    deeper than MAX_YAML_DEPTH or whose aliases expand it past MAX_YAML_NODES nodes (a 1 kB file can
+    describe 3**30 leaves: the loader shares aliased values, but whatever walks the value walks them
+    all), or that has more than MAX_YAML_ALIASES aliases or an alias inside its own anchor."""
+    import yaml
+    size: dict[str, int] = {}       # anchor -> nodes under it, aliases expanded
+    open_: list[tuple[int, str | None]] = []   # (nodes before it, anchor) of each collection open
+    total = aliases = 0
+    for ev in events:
+        line = f"line {ev.start_mark.line + 1}" if ev.start_mark else "its end"
+        if isinstance(ev, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_YAML_ALIASES:
+                raise TraceError(f"{name}: YAML with more than {MAX_YAML_ALIASES} aliases ({line}); at most "
+                                 f"{MAX_YAML_ALIASES} are read")
+            if ev.anchor not in size:
+                what = "inside its own anchor" if any(a == ev.anchor for _, a in open_) else "to no anchor"
+                raise TraceError(f"{name}: YAML alias *{ev.anchor[:40]} {what} ({line})")
+            total += size[ev.anchor]
+        elif isinstance(ev, (yaml.ScalarEvent, yaml.CollectionStartEvent)):
+            total += 1
+            if isinstance(ev, yaml.CollectionStartEvent):
+                open_.append((total - 1, ev.anchor))
+                if len(open_) > MAX_YAML_DEPTH:
+                    raise TraceError(f"{name}: YAML nested more than {MAX_YAML_DEPTH:,} levels deep ({line})")
+            elif ev.anchor:
+                size[ev.anchor] = 1
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            before, anchor = open_.pop()
+            if anchor:
+                size[anchor] = total - before
+        if total > MAX_YAML_NODES:
+            raise TraceError(f"{name}: YAML whose aliases expand it past {MAX_YAML_NODES:,} values ({line}); "
+                             "at most that many are read")
 
 
 def _foreign_csv(text: str, name: str) -> Imported:

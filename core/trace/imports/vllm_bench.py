@@ -21,7 +21,7 @@ import pandas as pd
 
 from core.errors import TraceError, WorkloadError, short
 from core.trace.imports.imported import Imported
-from core.trace.imports.rows import MAX_IMPORT_TOKENS, RequestRows, count, finite
+from core.trace.imports.rows import MAX_IMPORT_TOKENS, TOKEN_ROW_BYTES, RequestRows, count, finite, import_budget
 from core.workload import MAX_TIME_MS
 
 VLLM_ARRAY_KEYS = ("ttfts", "itls", "input_lens", "output_lens")
@@ -139,9 +139,10 @@ def _vllm_columns(doc: dict, name: str) -> dict:
             raise TraceError(f"{name}: {key} has {len(cols[key])} entries but ttfts has {n}")
     for key in ("output_lens", "input_lens"):
         cols[key] = [count(v, f"{name}: request {i}", key) for i, v in enumerate(cols[key])]
-    if sum(cols["output_lens"]) > MAX_IMPORT_TOKENS:
-        raise TraceError(f"{name}: output_lens: {sum(cols['output_lens'])} output tokens in all, more than the "
-                         f"{MAX_IMPORT_TOKENS} an import holds")
+    total = sum(cols["output_lens"])
+    if total > MAX_IMPORT_TOKENS:       # counted in bytes of the rows they would take, before allocating them
+        raise TraceError(f"{name}: output_lens: {total:,} output tokens in all ({total * TOKEN_ROW_BYTES / 2**30:.1f} "
+                         f"GiB of token rows), more than {import_budget()}")
     return cols
 
 
