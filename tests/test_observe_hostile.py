@@ -168,7 +168,8 @@ def test_recorded_bodies_nested_too_deeply_are_one_line_from_metrics(tmp_path):
     r = subprocess.run([sys.executable, "-m", "core", "metrics", str(f)], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert r.stderr.strip() == f"error: {f.name}: line 1: JSON nested too deeply"
+    assert r.stderr.strip() == (f"error: {f.name}: line 1: OTLP/JSON body: JSON nested too deeply (100,000 levels; at "
+                                "most 1,024 are read)")
 
 
 def _bomb(n_spans: int) -> bytes:
