@@ -9,10 +9,10 @@ from core.figures import CURSOR, PALETTE, base_layout
 
 def in_flight_figure(df, cursor_ms: float | None = None) -> go.Figure:
     fig = go.Figure()
-    fig.add_trace(go.Scattergl(x=df["t_ms"], y=df["running"], mode="lines", name="running",
+    fig.add_trace(go.Scatter(x=df["t_ms"], y=df["running"], mode="lines", name="running",
                                line=dict(shape="hv", color=PALETTE[0])))
     if (df["waiting"] >= 0).any():
-        fig.add_trace(go.Scattergl(x=df["t_ms"], y=df["waiting"], mode="lines", name="waiting",
+        fig.add_trace(go.Scatter(x=df["t_ms"], y=df["waiting"], mode="lines", name="waiting",
                                    line=dict(shape="hv", color=PALETTE[1])))
     if cursor_ms is not None:
         fig.add_vline(x=cursor_ms, line_color=CURSOR, line_width=2)
@@ -39,6 +39,8 @@ DENSE_GAUGES = 50     # samples from which a gauge is drawn as a curve
 
 
 def gauges_figure(gauges: list[dict], cursor_ms: float | None = None) -> go.Figure:
+    # (SVG, not WebGL: a few thousand points are one path, and a WebGL context redrawn at each cursor move
+    # was most of a 3.9 s step on the bundled vLLM run in headless Chromium)
     """The server's own load as a capture client sampled it (`gauge` events from /metrics):
     running and waiting requests (left axis) and KV-cache usage in percent (right axis). Each sample is
     a marker; a series is joined (as steps) only when it has enough samples to stand for a curve
@@ -55,14 +57,14 @@ def gauges_figure(gauges: list[dict], cursor_ms: float | None = None) -> go.Figu
         x, y = series(key)
         if x:
             counts.append(len(x))
-            fig.add_trace(go.Scattergl(x=x, y=y, mode="lines+markers" if len(x) >= DENSE_GAUGES else "markers",
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers" if len(x) >= DENSE_GAUGES else "markers",
                                        name=f"{key} (server)", line=dict(shape="hv", color=PALETTE[i]),
                                        marker=dict(size=7, symbol=i)))
     x, y = series("kv_usage", 100.0)
     if x:
         counts.append(len(x))
         dense = len(x) >= DENSE_GAUGES
-        fig.add_trace(go.Scattergl(x=x, y=y, mode="lines" if dense else "markers", name="KV usage % (server)",
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines" if dense else "markers", name="KV usage % (server)",
                                    yaxis="y2", line=dict(shape="hv", color=PALETTE[3], dash="dot"),
                                    marker=dict(size=7, symbol="diamond-open")))
     if cursor_ms is not None:
