@@ -66,8 +66,11 @@ def _metrics_peak_rss(args) -> tuple[int, str, int]:
     in its own process."""
     import subprocess
     import sys
-    code = ("import resource, sys; from core.__main__ import main; rc = main(sys.argv[1:]); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")
+    # VmHWM, the peak of this process's own memory since its exec (ru_maxrss would count the pytest worker
+    # it was forked from: Linux keeps the larger of the two across exec)
+    code = ("import re, sys; from core.__main__ import main; rc = main(sys.argv[1:]); "
+            "print(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1), file=sys.stderr); "
+            "sys.exit(rc)")
     r = subprocess.run([sys.executable, "-c", code, "metrics", *args], capture_output=True, text=True,
                        timeout=600, cwd=str(DATA.parent))
     *err, rss_kib = r.stderr.rstrip("\n").split("\n")
