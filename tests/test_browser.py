@@ -152,7 +152,8 @@ def test_replay_cursor_timeline_batch_and_kv_fit_one_projector_screen(server, pa
         bottoms = [charts.nth(i).bounding_box() for i in range(charts.count())]
         kv_box = next(b for i, b in enumerate(bottoms)
                       if charts.nth(i).locator(".gtitle", has_text="KV block occupancy").count())
-        assert cursor_top >= 0 and kv_box["y"] + kv_box["height"] <= 800, (cursor_top, kv_box)
+        # (scrollIntoView may leave the top a fraction of a pixel above 0)
+        assert cursor_top >= -1 and kv_box["y"] + kv_box["height"] <= 800, (cursor_top, kv_box)
         page.screenshot(path=str(SHOTS / "replay_1280x800.png"))
     finally:
         page.set_viewport_size({"width": 1400, "height": 1000})
