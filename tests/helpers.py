@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.request
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -170,3 +171,29 @@ def emissions(tr):
     for r, t in zip(tk["req"], tk["t_ms"]):
         out[tr.ids[r]].append(float(t))
     return out
+
+
+def unwritable_dir(tmp_path, empty: bool = False):
+    """A folder in which nothing can be created: mode 0555, or (root ignores modes) a sysfs folder;
+    `empty`: an existing empty one. Skips where no folder refuses root (none found on this project's
+    machines: CI runs the tests that use it)."""
+    import pytest
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        return d
+    if empty:
+        roots = (Path("/sys/class"), Path("/sys/kernel"))
+        candidates = [d for r in roots if r.is_dir() for d in sorted(r.iterdir())]
+    else:
+        candidates = [Path("/sys/kernel"), Path("/proc/sys")]
+    for d in candidates:
+        try:
+            if empty and (not d.is_dir() or d.is_symlink() or any(d.iterdir())):
+                continue
+            (d / "probe-serving-explorer").mkdir()
+        except OSError:
+            return d
+        (d / "probe-serving-explorer").rmdir()
+    pytest.skip("no" + (" empty" if empty else "") + " folder here refuses root")

@@ -26,6 +26,7 @@ from core.trace import load_trace
 from core.trace.parquet import to_parquet_bytes, write_parquet_parts
 from tests.conftest import DATA, ROOT
 from tests.helpers import charts as plotly_figures
+from tests.helpers import unwritable_dir
 
 TRACES = ("chapter31_measured_cpu.json", "shared_prefix_caching_off.json.gz", "shared_prefix_caching_on.json.gz",
           "shared_prefix_measured_cpu.json.gz", "vllm_cpu_run2_merged.json.gz", "runner_served_tiny_loadgen.json.gz")
@@ -315,22 +316,6 @@ def _trace_file(tmp_path, name="chapter31_measured_cpu.json", to="t.parquet"):
 
 def _tree(folder):
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def unwritable_dir(tmp_path):
-    """A folder in which nothing can be created: mode 0555, or (root ignores modes) a sysfs folder."""
-    if os.geteuid() != 0:
-        d = tmp_path / "ro"
-        d.mkdir()
-        d.chmod(0o555)
-        return d
-    for d in (Path("/sys/kernel"), Path("/proc/sys")):
-        try:
-            (d / "probe-serving-explorer").mkdir()
-        except OSError:
-            return d
-        (d / "probe-serving-explorer").rmdir()
-    pytest.skip("no folder here refuses root")
 
 
 @pytest.mark.parametrize("others", [{}, {"notes.txt": b"mine", "sub/data.bin": b"\x00\x01"}])

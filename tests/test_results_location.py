@@ -3,13 +3,13 @@ job runs, so two runs started together never share one; a location that cannot b
 holds anything is refused in one line before any work; only this run's parts are read back."""
 import os
 import threading
-from pathlib import Path
 
 import pytest
 
 from core.__main__ import main
 from core.errors import ConfigError
 from core.sim import parallel, shared
+from tests.helpers import unwritable_dir
 
 CALLS: list = []
 
@@ -32,26 +32,6 @@ def _calls():
 
 def jobs(n=4, base=0):
     return [{"x": base + k} for k in range(n)]
-
-
-def unwritable_empty_dir(tmp_path) -> Path:
-    """An existing empty folder in which nothing can be created: mode 0555, or (root ignores modes) an
-    empty sysfs folder."""
-    if os.geteuid() != 0:
-        d = tmp_path / "ro"
-        d.mkdir()
-        d.chmod(0o555)
-        return d
-    for root in (Path("/sys/class"), Path("/sys/kernel")):
-        for d in sorted(root.iterdir()) if root.is_dir() else ():
-            try:
-                if not d.is_dir() or d.is_symlink() or any(d.iterdir()):
-                    continue
-                (d / "probe-serving-explorer").mkdir()
-            except OSError:
-                return d
-            (d / "probe-serving-explorer").rmdir()
-    pytest.skip("no empty folder here refuses root")
 
 
 def test_a_location_is_claimed_atomically_so_the_second_of_two_runs_is_refused(tmp_path, monkeypatch):
@@ -93,7 +73,7 @@ def test_two_runs_started_together_on_one_location_never_mix(tmp_path):
 
 
 def test_an_unwritable_location_is_refused_before_any_work(tmp_path):
-    ro = unwritable_empty_dir(tmp_path)
+    ro = unwritable_dir(tmp_path, empty=True)
     for loc in (ro, ro / "new"):
         with pytest.raises(ConfigError, match=f"--results {loc}: cannot write there"):
             parallel.run_all(square, jobs(), workers=1, results=str(loc))
