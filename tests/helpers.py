@@ -197,3 +197,31 @@ def unwritable_dir(tmp_path, empty: bool = False):
             return d
         (d / "probe-serving-explorer").rmdir()
     pytest.skip("no" + (" empty" if empty else "") + " folder here refuses root")
+
+
+# ---- the command line refusing an input ----------------------------------------------------------
+
+def metrics_refused(capsys, path, *names, argv=()):
+    """`python -m core metrics PATH ARGV` ends with exit 2 and one line naming each of `names`."""
+    from core.__main__ import main
+    rc = main(["metrics", str(path), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    for n in names:
+        assert n in err, err
+    return err
+
+
+def merge_refused(capsys, tmp_path, files, *words, out_name="refused.json"):
+    """`python -m core merge FILES --out OUT` ends with exit 2, one line naming each of `words`, no OUT."""
+    from core.__main__ import main
+    out = tmp_path / out_name
+    rc = main(["merge", *map(str, files), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("error: merge: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, err
+    assert not out.exists()
+    return err

@@ -7,21 +7,14 @@ import json
 import msgspec
 import pytest
 
-from core.__main__ import main
 from tests.conftest import DATA
+from tests.helpers import metrics_refused
 
 IMPORTS = DATA / "imports"
 RUN = IMPORTS / "vllm_telemetry" / "run2_poisson4_p192_o48"
 
 
-def refused(capsys, path, *names):
-    rc = main(["metrics", str(path)])
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for n in names:
-        assert n in err, err
-    return err
+refused = metrics_refused
 
 
 def aiperf_lines():

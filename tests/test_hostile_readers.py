@@ -10,17 +10,9 @@ import pytest
 
 from core.__main__ import main
 from tests.conftest import ROOT
-from tests.helpers import minimal
+from tests.helpers import metrics_refused, minimal
 
-
-def refused(capsys, path, *names, argv=()):
-    rc = main(["metrics", str(path), *argv])
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for n in names:
-        assert n in err, err
-    return err
+refused = metrics_refused
 
 
 # ---- item 13: a byte that is not UTF-8 ------------------------------------------------------------

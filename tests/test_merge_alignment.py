@@ -15,6 +15,7 @@ from core.__main__ import main
 from core.trace import load_trace, open_trace
 from core.trace.imports.merge import merge
 from tests.conftest import DATA
+from tests.helpers import merge_refused
 
 TELEMETRY = DATA / "imports" / "vllm_telemetry"
 RUN2 = TELEMETRY / "run2_poisson4_p192_o48"
@@ -44,15 +45,7 @@ def merge_cli(capsys, tmp_path, files, *more):
 
 
 def refused(capsys, tmp_path, files, *words):
-    out = tmp_path / "refused.json"
-    rc = main(["merge", *map(str, files), "--out", str(out)])
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert err.startswith("error: merge: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for w in words:
-        assert w in err, err
-    assert not out.exists()
-    return err
+    return merge_refused(capsys, tmp_path, files, *words)
 
 
 def scheduled_epoch_ms(spans_file) -> dict:

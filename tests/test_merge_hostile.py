@@ -19,6 +19,7 @@ from core.trace.imports import guidellm, otlp, vllm_log
 from core.trace.model import Trace, frame
 from core.trace.schema import REQUEST
 from tests.conftest import DATA
+from tests.helpers import merge_refused
 
 RUN2 = DATA / "imports" / "vllm_telemetry" / "run2_poisson4_p192_o48"
 AIPERF = DATA / "imports" / "aiperf"
@@ -26,15 +27,7 @@ YEAR_S = 365 * 86400
 
 
 def refused(capsys, tmp_path, files, *words):
-    out = tmp_path / "merged.json"
-    rc = main(["merge", *map(str, files), "--out", str(out)])
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert err.startswith("error: merge: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for w in words:
-        assert w in err, err
-    assert not out.exists()
-    return err
+    return merge_refused(capsys, tmp_path, files, *words, out_name="merged.json")
 
 
 def test_two_client_files_are_refused(capsys, tmp_path):
