@@ -28,7 +28,7 @@ LEVELS = [
     ("core.trace",),
     ("core.engine",),
     ("core.analysis",),
-    ("core.sim",),
+    ("core.sim", "core.fleet"),   # core.fleet: several engine cores behind a router, one virtual clock
     ("core.fit",),
     ("core.lessons",),
     ("core.figures",),

@@ -65,6 +65,9 @@ def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int 
         arrivals_by_step = np.searchsorted(pending, starts, side="right")
         if may_join:
             K = min(K, int(np.searchsorted(starts, pending[0], side="left")))
+    horizon = view.horizon_ms
+    if horizon is not None:   # a fleet: a request may be routed here at `horizon`; stop before it
+        K = min(K, int(np.searchsorted(starts, horizon, side="left")))
     # KV: a request needs a new block at step j >= 1 when its position c + j starts a block.
     bs = cfg.block_size
     residue = (-batch.start_pos) % bs

@@ -63,6 +63,7 @@ class SchedulerView(Protocol):
     """What the policies read of the scheduler (and never write)."""
     cfg: SchedulerConfig
     requests: RequestTable
+    horizon_ms: float | None
     kv: KVCacheManager
     running: np.ndarray
     waiting: object
@@ -171,6 +172,9 @@ def next_join(view: SchedulerView, budget_left: int) -> Join | None:
     known = t.token_ids[r]
     hits = kv.match_prefix(known, t.salt[r], max_tokens=total - 1) if known else []
     cached = len(hits) * cfg.block_size
+    pre = t.preloaded.get(r) if t.preloaded else None
+    if pre is not None and pre > cached and not t.emitted[r]:   # KV that came with it (disaggregated decode)
+        cached = pre
     todo = total - cached
     take = min(todo, cfg.chunk or todo, budget_left)
     if cfg.chunk is None and take < todo:

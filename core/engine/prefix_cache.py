@@ -48,6 +48,9 @@ class PrefixCache:
         self.tokens: dict[int, tuple] = _Sparse()      # block -> token ids of a cached block
         self.cache: dict[bytes, int] = {}              # full-block hash -> physical block
         self.free_cached: OrderedDict[int, None] = OrderedDict()   # cached-free blocks, oldest release first
+        # Who hears of every block entering (+1) and leaving (-1) the cache: fn(sign, hash), as an
+        # engine publishes KV events (a fleet's router with precise prefix knowledge); None: nobody.
+        self.listener = None
 
     def __len__(self) -> int:
         return len(self.cache)
@@ -81,6 +84,8 @@ class PrefixCache:
         self.hash[block] = h
         self.tokens[block] = chunk
         self.cache[h] = block
+        if self.listener is not None:
+            self.listener(1, h)
         return True
 
     def park(self, block: int):
@@ -97,6 +102,8 @@ class PrefixCache:
         h = self.hash.pop(b)
         del self.cache[h]
         del self.tokens[b]
+        if self.listener is not None:
+            self.listener(-1, h)
         return b, h
 
     def check(self, block_size: int):

@@ -74,6 +74,7 @@ class RequestTable:
                                                   for r in reqs]
         self.priority: list[int] = [r.priority if r else 0 for r in reqs]
         self.stop_of: dict[int, frozenset] = {}
+        self.preloaded: dict[int, int] = {}       # request -> prompt tokens whose KV came with it
         self.abort_reason: dict[int, str] = {}    # request -> "abort" or "deadline", where abort_at is set
         for i, r in enumerate(reqs):
             e = cancellation(r)

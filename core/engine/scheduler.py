@@ -79,6 +79,9 @@ class Scheduler:
         self.watermark_blocks = adm.watermark_blocks(config, num_blocks)
         self.failed = {"rejected": 0, "deadline": 0}
         self.next_arrival = 0
+        # A fleet adds requests as they are routed, so no run of fast-forwarded steps may pass
+        # the next time one could be (core.fleet sets it before each step; None: no limit).
+        self.horizon_ms: float | None = None
         self.num_done = 0
         self.step = 0
         self.num_preemptions = 0
@@ -100,9 +103,11 @@ class Scheduler:
         self._gone: list[int] = []
 
     # ---- requests arriving while the loop runs (a server) -----------------------------------
-    def add_request(self, r: Request, stop_ids: Iterable[int] | None = None) -> int:
+    def add_request(self, r: Request, stop_ids: Iterable[int] | None = None, preloaded: int = 0) -> int:
         """Append request `r` (arrival times must not decrease) and return its row. `stop_ids`
-        replace the scheduler's stop ids for it (() ignores EOS). Refused with ConfigError: a
+        replace the scheduler's stop ids for it (() ignores EOS). `preloaded`: prompt tokens
+        whose KV arrives with the request (disaggregated decode: computed elsewhere and
+        transferred); they count as computed when it first joins, in blocks of its own. Refused with ConfigError: a
         request that could never run (prompt + output over the KV pool without a context
         budget to reject it; a prompt over the token budget without chunked prefill)."""
         t = self.requests
@@ -111,8 +116,10 @@ class Scheduler:
             raise ConfigError(why)
         if t.n and r.arrival_ms < t.arrival[t.n - 1]:
             raise ValueError(f"arrival {r.arrival_ms} ms is before the previous request's")
-        i = t.add(r, stop_ids)   # (its deadline joins the cancellations, not abort_at_ms: a client cancels itself)
-        if i in t.abort_reason:
+        i = t.add(r, stop_ids)
+        if preloaded:
+            t.preloaded[i] = min(int(preloaded), r.prompt_tokens - 1)
+        if i in t.abort_reason:   # (its deadline joins the cancellations, not abort_at_ms: a client cancels itself)
             bisect.insort(self.aborts, (float(t.abort_at[i]), i, t.abort_reason[i]))
         return i
 
@@ -290,6 +297,8 @@ class Scheduler:
         self.kv.admit(r, j.hits, t.salt[r])
         self.kv.grow(r, j.cached + j.take)
         t.computed[r] = j.cached
+        if t.preloaded:
+            t.preloaded.pop(r, None)   # (preempted later, it recomputes everything here)
         t.nblocks[r] = len(self.kv.tables[r])
         t.state[r] = RUNNING
         if r not in self.ran:

@@ -178,12 +178,15 @@ TOKEN = Record("token", "tokens", "a token reached the client at t_ms", (
     Field("source", "enum", "how it was produced: sampled; speculative decoding: accepted (a draft token), "
           "recovered (resampled from the residual), bonus", default="sampled", values=TOKEN_SOURCES),
     Field("token_id", "int", "the token id (-1 or absent: not recorded)", default=-1, lo=0, write="present"),
+    Field("replica", "int", "fleet traces: the replica it happened on (absent: 0, the only one)", default=0, lo=0, write="present"),
 ), order=2)
 
 FINISH = Record("finish", "finishes", "the request ended", (
     _t_ms("when the request ended"),
     _req(),
     Field("reason", "str", "length, stop, abort, error, ...", default="length"),
+    Field("replica", "int", "fleet traces: the replica it ended on (-1: the router, which rejected it before any "
+          "replica; absent: 0)", default=0, lo=-1, write="present"),
 ), order=3)
 
 BATCH = Record("batch", "batch", "one request's share of a step (an entry of the step's `batch`)", (
@@ -209,6 +212,7 @@ STEP = Record("step", "steps", "one forward pass starting at t_ms", (
     Field("decode_reqs", "int", "requests decoding (its 'generation requests')", default=-1, lo=0,
           write="present"),
     Field("decode_tokens", "int", "tokens they generated in the step", default=-1, lo=0, write="present"),
+    Field("replica", "int", "fleet traces: the replica that ran the step (absent: 0, the only one)", default=0, lo=0, write="present"),
 ), order=1)
 
 KV = Record("kv", "kv", "a physical KV block changed", (
@@ -221,6 +225,7 @@ KV = Record("kv", "kv", "a physical KV block changed", (
     Field("ref", "int", "the block's reference count after the op", default=0),
     Field("hash", "str?", "prefix-cache hash of a full block", default=None, write="present"),
     Field("src", "int", "cow: the block copied from (-1 or absent: none)", default=-1, write="present"),
+    Field("replica", "int", "fleet traces: the replica whose pool holds the block (absent: 0, the only one)", default=0, lo=0, write="present"),
 ), order=0)
 
 KV_EVENT_OPS = ("stored", "removed", "cleared")
@@ -245,6 +250,7 @@ PREEMPT = Record("preempt", "preempts", "a running request lost its KV blocks (t
     _req(),
     Field("reason", "str", "why, e.g. kv_full", default="kv_full"),
     Field("freed_blocks", "int", "KV blocks it released", default=0, lo=0),
+    Field("replica", "int", "fleet traces: the replica that preempted it (absent: 0, the only one)", default=0, lo=0, write="present"),
 ), order=0)
 
 SPEC = Record("spec", None, "one speculative verification of a request's draft tokens", (
@@ -270,6 +276,33 @@ TILES = Record("tiles", None, "running softmax max/sum per query row after one K
     Field("kv_start", "int", "first KV position of the tile", default=None, lo=0),
     Field("m", "numbers", "running max per query row", default=None),
     Field("l", "numbers", "running sum per query row", default=None),
+))
+
+ROUTE = Record("route", None, "fleet traces: the router chose a replica for a request (one per request)", (
+    _t_ms("when the router decided (the request's arrival)"),
+    _req(),
+    Field("replica", "int", "the chosen replica (disaggregated: the prefill replica; -1: rejected at the router)",
+          default=None, lo=-1),
+    Field("decode", "int", "disaggregated serving: the decode replica chosen for it", default=None, lo=0),
+    Field("stage", "str", "whole (one replica runs it all), prefill (disaggregated) or rejected", default=None),
+    Field("policy", "str", "the router's policy", default=None),
+    Field("reason", "text", "why this replica, in words", default=None),
+    Field("scores", "object", "per candidate replica (its index as a string): the policy's score, higher wins "
+          "(absent where the policy does not score)", default=None),
+    Field("signals", "object", "per candidate replica: what the router saw ({requests, running, waiting, kv_usage, "
+          "prefix_blocks, cached_blocks, as_of_ms})", default=None),
+    Field("prompt_blocks", "int", "the prompt's full blocks (what a prefix match is out of)", default=None, lo=0),
+))
+
+TRANSFER = Record("transfer", None, "fleet traces: a request's KV cache moved from a prefill to a decode replica", (
+    _t_ms("when the transfer started (the prefill's end)"),
+    _req(),
+    Field("src", "int", "the prefill replica", default=None, lo=0),
+    Field("dst", "int", "the decode replica", default=None, lo=0),
+    Field("bytes", "int", "bytes moved (the blocks the decode replica did not already hold)", default=None, lo=0),
+    Field("blocks", "int", "KV blocks moved", default=None, lo=0),
+    Field("dur_ms", "number", "how long it took (latency + bytes / bandwidth alone; longer when shared)",
+          default=None, lo=0),
 ))
 
 GAUGE = Record("gauge", None, "the server's own load, sampled by a capture client from its /metrics (engines "
@@ -308,9 +341,12 @@ META = Record("meta", None, "where the trace comes from", (
           "uncertainty_ms, how, matched, dropped, added, left_out})", default=None),
     Field("failures", "objects", "captures: the requests that failed ({index, id, error})", default=None),
     Field("odd", "objects", "captures: what the server did that was odd (more tokens than asked)", default=None),
+    Field("fleet", "object", "fleet traces: {replicas: [{replica, role, engine, step_model, kv_blocks, drain_ms, "
+          "stats}], router: {policy, staleness_ms, seed, prefix, params, queue_limit}, link: {gbps, latency_ms, "
+          "kv_bytes_per_token, model}, pd_min_prompt, first_token}", default=None),
 ))
 
-EVENTS = (TOKEN, FINISH, STEP, KV, KV_EVENT, PREEMPT, SPEC, TILES, GAUGE)    # in the order tables are written
+EVENTS = (TOKEN, FINISH, STEP, KV, KV_EVENT, PREEMPT, SPEC, TILES, GAUGE, ROUTE, TRANSFER)    # in the order tables are written
 TABLE_EVENTS = tuple(r for r in EVENTS if r.table)
 VERBATIM_EVENTS = {r.type: r for r in EVENTS if not r.table}
 TABLES = (REQUEST, TOKEN, FINISH, STEP, BATCH, KV, KV_EVENT, PREEMPT)  # in-memory tables (and Parquet rtypes)

@@ -1,0 +1,240 @@
+"""Router policies: which replica gets a request. One module, used by the fleet simulator
+(core.fleet.sim) and by a real fleet's front end alike: a policy sees only `Signals` (what the
+router knows of each candidate replica, as of some time) and the request's prompt blocks.
+
+Policies (`POLICIES`):
+- `round-robin`: the i-th routed request to candidate i mod N (candidates in replica order).
+- `random`: uniform over the candidates (seeded).
+- `least-requests`: fewest requests held (running + waiting + routed but not yet queued);
+  ties: the lowest replica index.
+- `least-kv`: lowest KV use (used blocks / pool); ties: fewest requests, then lowest index.
+- `power-of-two`: two distinct candidates drawn at random (seeded), the one holding fewer
+  requests (ties: the first drawn) — Mitzenmacher's "power of two choices".
+- `prefix-aware`: after sglang-router's `cache_aware`. The candidate whose cache holds the
+  longest prefix of the prompt wins if that prefix is more than `cache_threshold` (default
+  0.3, sglang's) of the prompt's blocks — unless it is overloaded: it holds more than
+  `balance_abs` (default 4) requests more than the least loaded candidate *and* more than
+  `balance_rel` (default 1.5, sglang's) times as many; then the least loaded wins. No cache
+  over the threshold: the candidate whose cache holds the fewest blocks (the most room), ties
+  by load then index. sglang checks the imbalance over all workers and uses 64 as its absolute
+  threshold (workers holding hundreds of requests); ours is per the prefix's holder and 4, for
+  replicas holding tens (`--router-param balance_abs=64` gives sglang's).
+  Its prefix knowledge is *approximate* by default, as sglang's: what the router itself sent
+  where (a per-replica LRU of block hashes, capped at the replica's pool size).
+- `weighted`: llm-d's scorer sum. Each scorer gives every candidate a score in [0, 1]:
+  `prefix` = cached prefix blocks / prompt blocks; `queue` = 1 - (q - q_min)/(q_max - q_min)
+  over the candidates' requests held (1 for all when equal); `kv` = 1 - KV use. The candidate
+  with the highest weighted sum wins (ties: lowest index). Default weights are llm-d's
+  (`precise-prefix-cache:2, queue-depth:1, kv-utilization:1`); its prefix knowledge is
+  *precise* by default, as llm-d's precise scorer: the replicas' own cached blocks, as their
+  KV events reported them.
+
+Staleness: the router reads each replica's load signals and (precise) cached blocks as of
+`staleness_ms` ago; what it sent itself (approximate prefix knowledge, the round-robin
+counter) it knows at once. Admission: `queue_limit` caps the requests waiting across the
+fleet (as the router sees them); over it, a request is rejected at the router. Drain: a
+replica taken out of rotation at time t gets nothing routed after t.
+"""
+from __future__ import annotations
+
+import random as _random
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from core.errors import ConfigError
+
+POLICIES = ("round-robin", "random", "least-requests", "least-kv", "power-of-two", "prefix-aware", "weighted")
+PREFIX_POLICIES = ("prefix-aware", "weighted")
+PREFIX_MODES = ("precise", "approximate")
+DEFAULT_PREFIX_MODE = {"prefix-aware": "approximate", "weighted": "precise"}
+# sglang-router's cache_aware defaults (its Rust router's --cache-threshold, --balance-abs-threshold,
+# --balance-rel-threshold) and llm-d's default scorer weights.
+DEFAULT_PARAMS = {"prefix-aware": {"cache_threshold": 0.3, "balance_abs": 4.0, "balance_rel": 1.5},
+                  "weighted": {"prefix": 2.0, "queue": 1.0, "kv": 1.0}}
+
+
+@dataclass(frozen=True, slots=True)
+class Signals:
+    """What the router knows of one replica: its load as the replica reported it (as of
+    `t_ms`), and the prefix of this request's prompt it holds (blocks)."""
+    replica: int
+    requests: int          # running + waiting + routed there but not yet queued
+    running: int
+    waiting: int
+    kv_used_blocks: int
+    kv_blocks: int
+    cached_blocks: int = 0     # blocks the router believes it has cached in all
+    prefix_blocks: int = 0     # of this request's prompt blocks, the leading ones cached there
+    t_ms: float = 0.0          # the time these signals describe
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_blocks / max(1, self.kv_blocks)
+
+    def to_dict(self) -> dict:
+        return {"requests": self.requests, "running": self.running, "waiting": self.waiting,
+                "kv_usage": round(self.kv_usage, 6), "prefix_blocks": self.prefix_blocks,
+                "cached_blocks": self.cached_blocks, "as_of_ms": self.t_ms}
+
+
+@dataclass(slots=True)
+class Decision:
+    replica: int
+    reason: str                          # in words: why this one
+    scores: dict[int, float]             # candidate -> its score (higher wins), where the policy scores
+
+
+@dataclass
+class RouterConfig:
+    policy: str = "round-robin"
+    staleness_ms: float = 0.0
+    seed: int = 0
+    prefix: str | None = None            # precise | approximate (None: the policy's default)
+    queue_limit: int | None = None       # requests waiting across the fleet before the router rejects
+    params: dict = field(default_factory=dict)   # policy parameters (DEFAULT_PARAMS)
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ConfigError(f"router: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if not (isinstance(self.staleness_ms, (int, float)) and 0 <= self.staleness_ms < 1e9):
+            raise ConfigError(f"router staleness: expected a number of ms >= 0, got {self.staleness_ms!r}")
+        if self.prefix is not None and self.prefix not in PREFIX_MODES:
+            raise ConfigError(f"router prefix knowledge: expected precise or approximate, got {self.prefix!r}")
+        if self.queue_limit is not None and (not isinstance(self.queue_limit, int) or self.queue_limit < 0):
+            raise ConfigError(f"router queue limit: expected an integer >= 0, got {self.queue_limit!r}")
+        known = DEFAULT_PARAMS.get(self.policy, {})
+        for k, v in self.params.items():
+            if k not in known:
+                raise ConfigError(f"router parameter {k!r}: {self.policy} takes "
+                                  + (", ".join(known) if known else "no parameters"))
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ConfigError(f"router parameter {k}: expected a number >= 0, got {v!r}")
+        self.params = {**known, **{k: float(v) for k, v in self.params.items()}}
+
+    @property
+    def prefix_mode(self) -> str | None:
+        """How the router knows what each replica has cached (None: the policy does not look)."""
+        if self.policy not in PREFIX_POLICIES:
+            return None
+        return self.prefix or DEFAULT_PREFIX_MODE[self.policy]
+
+    def to_dict(self) -> dict:
+        d = {"policy": self.policy, "staleness_ms": self.staleness_ms, "seed": self.seed}
+        if self.prefix_mode:
+            d["prefix"] = self.prefix_mode
+        if self.params:
+            d["params"] = dict(self.params)
+        if self.queue_limit is not None:
+            d["queue_limit"] = self.queue_limit
+        return d
+
+
+def parse_params(items: list[str] | None) -> dict:
+    """`key=value` strings (a command line's --router-param) as a dict of numbers."""
+    out = {}
+    for s in items or ():
+        k, sep, v = s.partition("=")
+        if not sep or not k:
+            raise ConfigError(f"router parameter {s!r}: expected key=value")
+        try:
+            out[k.strip()] = float(v)
+        except ValueError:
+            raise ConfigError(f"router parameter {k}: expected a number, got {v!r}") from None
+    return out
+
+
+class Router:
+    """Chooses a replica for each request with one policy (`choose`). Holds what the policy
+    remembers: the round-robin counter, the seeded generator, and (approximate prefix
+    knowledge) the block hashes it sent to each replica."""
+
+    def __init__(self, config: RouterConfig, replicas: int, capacity_blocks: list[int] | None = None):
+        self.cfg = config
+        self.n = replicas
+        self.rng = _random.Random(config.seed)
+        self.rr = 0
+        cap = capacity_blocks or [1 << 30] * replicas
+        self.sent: list[OrderedDict] = [OrderedDict() for _ in range(replicas)]   # approximate: hash -> None (LRU)
+        self.cap = list(cap)
+
+    # -- approximate prefix knowledge: what the router sent where --------------------------------
+    def sent_prefix(self, replica: int, hashes: list) -> int:
+        seen, k = self.sent[replica], 0
+        for h in hashes:
+            if h not in seen:
+                break
+            k += 1
+        return k
+
+    def remember(self, replica: int, hashes: list):
+        seen = self.sent[replica]
+        for h in hashes:
+            if h in seen:
+                seen.move_to_end(h)
+            else:
+                seen[h] = None
+        while len(seen) > self.cap[replica]:
+            seen.popitem(last=False)
+
+    # -- the choice ------------------------------------------------------------------------------
+    def choose(self, cands: list[Signals], prompt_blocks: int) -> Decision:
+        """The replica for a request among `cands` (non-empty, in replica order), given what the
+        router knows of each and the request's prompt length in full blocks."""
+        p = self.cfg.policy
+        if len(cands) == 1:
+            c = cands[0]
+            return Decision(c.replica, "the only replica in rotation", {c.replica: 1.0})
+        if p == "round-robin":
+            c = cands[self.rr % len(cands)]
+            self.rr += 1
+            return Decision(c.replica, f"turn {self.rr - 1} of round-robin over {len(cands)}", {})
+        if p == "random":
+            c = cands[self.rng.randrange(len(cands))]
+            return Decision(c.replica, "drawn at random", {})
+        if p == "least-requests":
+            c = min(cands, key=lambda s: (s.requests, s.replica))
+            return Decision(c.replica, f"fewest requests ({c.requests})", {s.replica: -s.requests for s in cands})
+        if p == "least-kv":
+            c = min(cands, key=lambda s: (s.kv_usage, s.requests, s.replica))
+            return Decision(c.replica, f"lowest KV use ({c.kv_usage:.1%})",
+                            {s.replica: -round(s.kv_usage, 6) for s in cands})
+        if p == "power-of-two":
+            a, b = self.rng.sample(range(len(cands)), 2)
+            x, y = cands[a], cands[b]
+            c = y if y.requests < x.requests else x
+            return Decision(c.replica, f"fewer requests of two drawn (replicas {x.replica}: {x.requests}, "
+                            f"{y.replica}: {y.requests})", {x.replica: -x.requests, y.replica: -y.requests})
+        if p == "prefix-aware":
+            return self._cache_aware(cands, prompt_blocks)
+        return self._weighted(cands, prompt_blocks)
+
+    def _cache_aware(self, cands: list[Signals], prompt_blocks: int) -> Decision:
+        prm = self.cfg.params
+        least = min(cands, key=lambda s: (s.requests, s.replica))
+        scores = {s.replica: round(s.prefix_blocks / max(1, prompt_blocks), 6) for s in cands}
+        best = max(cands, key=lambda s: (s.prefix_blocks, -s.requests, -s.replica))
+        rate = best.prefix_blocks / max(1, prompt_blocks)
+        if not (best.prefix_blocks and rate > prm["cache_threshold"]):
+            room = min(cands, key=lambda s: (s.cached_blocks, s.requests, s.replica))
+            return Decision(room.replica, f"no cache holds over {prm['cache_threshold']:.0%} of the prompt "
+                            f"(best {rate:.0%}): the emptiest cache ({room.cached_blocks} blocks)", scores)
+        lo = least.requests
+        if best.requests - lo > prm["balance_abs"] and best.requests > lo * prm["balance_rel"]:
+            return Decision(least.replica, f"replica {best.replica} holds the prefix but is overloaded "
+                            f"({best.requests} requests vs {lo}): the least loaded", scores)
+        return Decision(best.replica, f"holds {best.prefix_blocks} of {prompt_blocks} prompt blocks "
+                        f"({rate:.0%} > {prm['cache_threshold']:.0%})", scores)
+
+    def _weighted(self, cands: list[Signals], prompt_blocks: int) -> Decision:
+        w = self.cfg.params
+        qs = [s.requests for s in cands]
+        qlo, qhi = min(qs), max(qs)
+        scores = {}
+        for s in cands:
+            prefix = s.prefix_blocks / max(1, prompt_blocks)
+            queue = 1.0 if qhi == qlo else 1.0 - (s.requests - qlo) / (qhi - qlo)
+            kv = 1.0 - min(1.0, s.kv_usage)
+            scores[s.replica] = round(w["prefix"] * prefix + w["queue"] * queue + w["kv"] * kv, 9)
+        best = max(cands, key=lambda s: (scores[s.replica], -s.replica))
+        return Decision(best.replica, f"highest weighted score {scores[best.replica]:g} "
+                        f"(prefix x{w['prefix']:g}, queue x{w['queue']:g}, kv x{w['kv']:g})", scores)

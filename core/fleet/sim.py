@@ -1,0 +1,566 @@
+"""The fleet simulator: several engine cores on one virtual clock, driven by a router.
+
+Each replica is a simulating EngineCore (core.sim.simulate.simulator) whose requests arrive
+only when routed to it. One loop advances time to the earliest of: the next arrival (the
+router chooses a replica: core.fleet.router), the next fleet event (a prefill's end starts
+a KV transfer), the next transfer's end (the decode replica receives the request) and the
+replicas' next steps; at equal times, arrivals first, then transfers, then steps (lowest
+replica first) — so a request arriving as a step ends joins the next step, as in one engine.
+A replica fast-forwards runs of identical decode steps only up to the next time something
+could be routed to it (its scheduler's `horizon_ms`).
+
+What the router sees of replica r at time t is what r had reported by t - staleness: its
+running, waiting and KV gauges as of its last step ended by then, the requests routed to it
+minus those finished by then, and (precise prefix knowledge) its prefix cache as its block
+events (cache, evict) published at each step's end.
+
+Disaggregated prefill/decode (prefill and decode replicas): a prompt of at least
+`pd_min_prompt` tokens is routed to a prefill replica *and* a decode replica (both chosen at
+arrival, as llm-d does). The prefill replica computes the prompt (the request as a copy asking
+one token, which is discarded); its end starts a transfer of the KV blocks the decode replica
+does not already hold (bytes = blocks x block size x the model's KV bytes per token) over the
+shared link (core.fleet.link); at its end the decode replica queues the request with its
+prompt's KV preloaded and admits it when its blocks fit. First token: vLLM's convention for
+disaggregated serving (its NixlConnector with a proxy): the decode replica recomputes the
+prompt's last token and emits token 0, so TTFT includes the prefill, the transfer, the wait for
+blocks on the decode side and that first decode step. Shorter prompts run whole on a decode
+replica. Left out: the prefill side keeps no blocks while the transfer runs (vLLM holds them
+until the decode side has read them); the decode side's blocks are taken when it admits the
+request, not before the transfer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.config import SchedulerConfig
+from core.engine.admission import blocks_needed
+from core.engine.core import EngineCore
+from core.engine.prefix_cache import block_hash, extra_key
+from core.engine.steplog import log_records
+from core.errors import ConfigError
+from core.fleet.link import Link
+from core.fleet.router import Router, RouterConfig, Signals
+from core.sim.simulate import _no_cyclic_gc, simulator
+from core.sim.stepmodel import StepModel
+from core.workload import Request, Workload
+
+ROLES = ("both", "prefill", "decode")
+FIRST_TOKEN = ("decode replica (vLLM's disaggregated convention: it recomputes the prompt's last token and "
+               "emits token 0; the prefill replica's token is discarded)")
+
+
+@dataclass
+class ReplicaSpec:
+    config: SchedulerConfig
+    step_model: StepModel | None = None
+    role: str = "both"
+    drain_ms: float | None = None       # taken out of rotation at this time: nothing routed after it
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ConfigError(f"replica role: expected one of {', '.join(ROLES)}, got {self.role!r}")
+
+
+@dataclass
+class FleetSpec:
+    replicas: list[ReplicaSpec]
+    router: RouterConfig = field(default_factory=RouterConfig)
+    link_gbps: float = 25.0              # GB/s (BLIS's default 25 GB/s)
+    link_latency_ms: float = 0.05        # BLIS's 0.05 ms
+    pd_min_prompt: int = 0               # disaggregated: shorter prompts run whole on a decode replica
+    kv_bytes_per_token: int | None = None   # disaggregated: the model's KV bytes per token
+    model: str | None = None             # where kv_bytes_per_token came from
+
+    def __post_init__(self):
+        if not self.replicas:
+            raise ConfigError("a fleet needs at least one replica")
+        roles = {r.role for r in self.replicas}
+        if "both" in roles and len(roles) > 1:
+            raise ConfigError("replicas are either all whole (role both) or prefill and decode ones")
+        if self.disaggregated:
+            if roles != {"prefill", "decode"}:
+                raise ConfigError("disaggregated serving needs at least one prefill and one decode replica")
+            if not self.kv_bytes_per_token or self.kv_bytes_per_token < 1:
+                raise ConfigError("disaggregated serving needs the model's KV bytes per token (--model PRESET)")
+        if isinstance(self.pd_min_prompt, bool) or not isinstance(self.pd_min_prompt, int) or self.pd_min_prompt < 0:
+            raise ConfigError(f"pd_min_prompt: expected an integer >= 0, got {self.pd_min_prompt!r}")
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(r.role != "both" for r in self.replicas)
+
+    @classmethod
+    def uniform(cls, n: int, config: SchedulerConfig, step_model: StepModel | None = None, **kw) -> FleetSpec:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"replicas: expected an integer >= 1, got {n!r}")
+        return cls([ReplicaSpec(config, step_model) for _ in range(n)], **kw)
+
+    @classmethod
+    def disagg(cls, p: int, d: int, config: SchedulerConfig, step_model: StepModel | None = None, **kw) -> FleetSpec:
+        for name, v in (("prefill replicas", p), ("decode replicas", d)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name}: expected an integer >= 1, got {v!r}")
+        return cls([ReplicaSpec(config, step_model, "prefill") for _ in range(p)]
+                   + [ReplicaSpec(config, step_model, "decode") for _ in range(d)], **kw)
+
+
+def _sized(fleet: FleetSpec, w: Workload) -> FleetSpec:
+    """Replicas whose KV pool is unset get what one engine would for the whole workload
+    (enough for every request at once), as core.engine.admission.pool_blocks gives it."""
+    if all(r.config.kv_blocks is not None for r in fleet.replicas):
+        return fleet
+    out = []
+    for r in fleet.replicas:
+        if r.config.kv_blocks is None:
+            need = blocks_needed(w.prompt_tokens, w.max_output_tokens, r.config.block_size)
+            r = dataclasses.replace(r, config=dataclasses.replace(r.config, kv_blocks=max(1, int(need.sum()))))
+        out.append(r)
+    return dataclasses.replace(fleet, replicas=out)
+
+
+class _Replica:
+    """One replica: its engine core, what the router has been told of it, and its request rows."""
+
+    def __init__(self, index: int, spec: ReplicaSpec, record_kv: bool, fast_forward: bool, listen: bool):
+        self.index = index
+        self.spec = spec
+        self.role = spec.role
+        self.core: EngineCore = simulator(spec.config, spec.step_model, None, record_kv, fast_forward)
+        self.sched = self.core.scheduler
+        self.rows: list[int] = []            # local request row -> the fleet's
+        self.is_copy: list[bool] = []        # local row: a prefill copy (its token and finish are not the client's)
+        self.ready = math.inf                # when it next steps (inf: idle until something arrives)
+        self.busy = False                    # a step runs until `ready`
+        self.drain_ms = math.inf if spec.drain_ms is None else float(spec.drain_ms)
+        # what the router has been told, applied when it is old enough (heap of (t, seq, kind, value))
+        self.news: list = []
+        self.seen = {"requests": 0, "running": 0, "waiting": 0, "kv_used": 0}
+        self.seen_t = 0.0
+        self.cached: set = set()             # precise prefix knowledge: block hashes it has published
+        self.kv_news: list = []              # hash events of the step under way
+        self.routed = 0
+        if listen and self.sched.kv.prefix is not None:
+            self.sched.kv.prefix.listener = lambda sign, h: self.kv_news.append((sign, h))
+
+    def tell(self, t_ms: float, kind: str, value, seq: list):
+        seq[0] += 1
+        heapq.heappush(self.news, (t_ms, seq[0], kind, value))
+
+    def signals_as_of(self, t_ms: float) -> None:
+        news, seen = self.news, self.seen
+        while news and news[0][0] <= t_ms:
+            t, _, kind, v = heapq.heappop(news)
+            if kind == "requests":
+                seen["requests"] += v
+            elif kind == "gauges":
+                seen["running"], seen["waiting"], seen["kv_used"] = v
+            else:   # "kv": hash events
+                for sign, h in v:
+                    if sign > 0:
+                        self.cached.add(h)
+                    else:
+                        self.cached.discard(h)
+            self.seen_t = t
+
+
+class FleetSim:
+    """A fleet run over one workload (`run()` returns the trace)."""
+
+    def __init__(self, workload: Workload, fleet: FleetSpec, record_kv: bool = True, fast_forward: bool = True):
+        self.w = workload
+        self.fleet = fleet
+        rc = fleet.router
+        self.router_cfg = rc
+        listen = rc.prefix_mode == "precise"
+        fleet = _sized(fleet, workload)
+        self.replicas = [_Replica(i, s, record_kv, fast_forward, listen) for i, s in enumerate(fleet.replicas)]
+        self.router = Router(rc, len(self.replicas), [r.core.num_kv_blocks for r in self.replicas])
+        self.link = Link(fleet.link_gbps, fleet.link_latency_ms) if fleet.disaggregated else None
+        self.requests = workload.requests
+        n = len(workload)
+        self.routes: list[dict | None] = [None] * n
+        self.transfers: list[dict] = []
+        self.router_finishes: list[tuple] = []   # (row, t_ms, reason, detail): rejected at the router
+        self.decode_of: dict[int, int] = {}      # disaggregated: row -> its decode replica
+        self.pending: list = []                  # fleet events: (t, seq, kind, payload)
+        self._seq = [0]
+        self._hashes: dict = {}                  # (row, extra) -> the prompt's block hashes
+        self.roles = {role: [r for r in self.replicas if r.role == role] for role in ROLES}
+
+    # ---- routing -----------------------------------------------------------------------------
+    def _prompt_hashes(self, row: int, rep: _Replica) -> list:
+        r = self.requests[row]
+        ids = r.prompt_ids
+        if ids is None:
+            return []
+        cfg = rep.spec.config
+        extra = extra_key(cfg.model_id, r.tenant)
+        key = (row, cfg.block_size, extra)
+        got = self._hashes.get(key)
+        if got is None:
+            bs, parent, got = cfg.block_size, None, []
+            for i in range(len(ids) // bs):
+                parent = block_hash(parent, tuple(ids[i * bs:(i + 1) * bs]), extra)
+                got.append(parent)
+            self._hashes = {key: got}   # (one request's at a time: routing asks twice at most)
+        return got
+
+    def _signals(self, rep: _Replica, row: int, now: float) -> Signals:
+        rep.signals_as_of(now - self.router_cfg.staleness_ms)
+        s = rep.seen
+        mode = self.router_cfg.prefix_mode
+        prefix = cached = 0
+        if mode is not None:
+            hashes = self._prompt_hashes(row, rep)
+            if mode == "precise":
+                known = rep.cached
+                cached = len(known)
+            else:
+                known = self.router.sent[rep.index]
+                cached = len(known)
+            for h in hashes:
+                if h not in known:
+                    break
+                prefix += 1
+        return Signals(rep.index, s["requests"], s["running"], s["waiting"], s["kv_used"], rep.core.num_kv_blocks,
+                       cached, prefix, rep.seen_t)
+
+    def _choose(self, group: list[_Replica], row: int, now: float):
+        cands = [rep for rep in group if rep.drain_ms > now]
+        if not cands:
+            return None, None, "no replica in rotation (every one drained)"
+        sigs = [self._signals(rep, row, now) for rep in cands]
+        lim = self.router_cfg.queue_limit
+        if lim is not None:
+            waiting = sum(max(0, s.requests - s.running) for s in sigs)
+            if waiting >= lim:
+                return None, sigs, f"router queue limit: {waiting} requests waiting across the fleet (limit {lim})"
+        blocks = self.requests[row].prompt_tokens // cands[0].spec.config.block_size
+        d = self.router.choose(sigs, blocks)
+        if self.router_cfg.prefix_mode == "approximate":
+            self.router.remember(d.replica, self._prompt_hashes(row, self.replicas[d.replica]))
+        return d, sigs, None
+
+    def _route(self, row: int, now: float):
+        r = self.requests[row]
+        pd = self.fleet.disaggregated
+        whole = not pd or r.prompt_tokens < self.fleet.pd_min_prompt
+        group = self.roles["both"] if not pd else self.roles["decode" if whole else "prefill"]
+        d, sigs, why = self._choose(group, row, now)
+        ev = {"type": "route", "t_ms": now, "req": r.id, "policy": self.router_cfg.policy}
+        if d is None:
+            self.routes[row] = ev | {"replica": -1, "stage": "rejected", "reason": why}
+            self.router_finishes.append((row, now, "rejected", why))
+            return
+        ev |= {"replica": d.replica, "stage": "whole" if whole else "prefill", "reason": d.reason}
+        dec = None
+        if not whole:
+            dd, dsigs, dwhy = self._choose(self.roles["decode"], row, now)
+            if dd is None:
+                self.routes[row] = ev | {"replica": -1, "stage": "rejected", "reason": dwhy}
+                self.router_finishes.append((row, now, "rejected", dwhy))
+                return
+            dec = dd.replica
+            ev["decode"] = dec
+            ev["decode_reason"] = dd.reason
+            sigs = sigs + [s for s in dsigs]
+            if dd.scores:
+                d.scores = {**d.scores, **dd.scores}
+        if d.scores:
+            ev["scores"] = {str(k): v for k, v in d.scores.items()}
+        ev["signals"] = {str(s.replica): s.to_dict() for s in sigs}
+        ev["prompt_blocks"] = r.prompt_tokens // self.replicas[d.replica].spec.config.block_size
+        self.routes[row] = ev
+        if whole:
+            self._add(self.replicas[d.replica], row, r, now)
+        else:
+            self.decode_of[row] = dec
+            self.replicas[dec].tell(now, "requests", 1, self._seq)   # it will hold this request
+            copy = Request(r.id, now, r.prompt_tokens, 1, r.prompt_ids, r.tenant)
+            self._add(self.replicas[d.replica], row, copy, now, is_copy=True)
+
+    def _add(self, rep: _Replica, row: int, r: Request, now: float, is_copy: bool = False, preloaded: int = 0):
+        if r.arrival_ms != now:
+            r = Request(r.id, now, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
+                        deadline_ms=r.deadline_ms, priority=r.priority)
+        rep.core.add_request(r, preloaded=preloaded)
+        rep.rows.append(row)
+        rep.is_copy.append(is_copy)
+        if not (preloaded and rep.role == "decode"):   # (a decode replica was told at routing)
+            rep.tell(now, "requests", 1, self._seq)
+        rep.routed += 1
+        if not rep.busy:   # idle: it steps now (a busy one takes it at its step's end)
+            rep.ready = min(rep.ready, now)
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def _horizon(self, rep: _Replica, next_arrival: float) -> float | None:
+        h = next_arrival
+        if rep.role == "decode":
+            if self.link is not None:
+                h = min(h, self.link.next_done_ms())
+            if self.pending:
+                h = min(h, self.pending[0][0])
+            for p in self.roles["prefill"]:
+                h = min(h, p.ready)
+        return None if h == math.inf else h
+
+    def _step(self, rep: _Replica, now: float, next_arrival: float):
+        core = rep.core
+        rep.sched.horizon_ms = self._horizon(rep, next_arrival)
+        out = core.step(now)
+        if out is not None:
+            self._outputs(rep, out)
+        if out is not None and out.step is not None:
+            rep.ready = out.t_ms
+            rep.busy = True
+            return
+        rep.busy = False
+        nxt = core.next_event_ms()
+        if nxt is not None and nxt <= now and core.has_unfinished():
+            raise RuntimeError(f"replica {rep.index} made no progress at t={now} ms")
+        rep.ready = math.inf if nxt is None else nxt
+
+    def _outputs(self, rep: _Replica, out):
+        t_end = out.t_ms
+        for f in out.finished:
+            row = rep.rows[f.req]
+            if rep.is_copy[f.req] and f.reason == "length":
+                self._push(f.t_ms, "prefilled", (row, rep.index))
+            rep.tell(f.t_ms, "requests", -1, self._seq)
+            if rep.is_copy[f.req] and f.reason != "length":   # it never reaches its decode replica
+                self.replicas[self.decode_of[row]].tell(f.t_ms, "requests", -1, self._seq)
+        if out.step is not None:
+            g = out.gauges
+            rep.tell(t_end, "gauges", (g[0], g[1], g[2]), self._seq)
+        if rep.kv_news:
+            rep.tell(t_end, "kv", rep.kv_news, self._seq)
+            rep.kv_news = []
+
+    def _push(self, t: float, kind: str, payload):
+        self._seq[0] += 1
+        heapq.heappush(self.pending, (t, self._seq[0], kind, payload))
+
+    def _start_transfer(self, row: int, src: int, now: float):
+        r = self.requests[row]
+        dst = self.replicas[self.decode_of[row]]
+        bs = dst.spec.config.block_size
+        held = len(dst.sched.kv.match_prefix(r.prompt_ids, r.tenant, r.prompt_tokens - 1)) if r.prompt_ids else 0
+        blocks = max(0, -(-r.prompt_tokens // bs) - held)
+        nbytes = blocks * bs * self.fleet.kv_bytes_per_token
+        self.link.add(row, nbytes, now)
+        self.transfers.append({"type": "transfer", "t_ms": now, "req": r.id, "src": src, "dst": dst.index,
+                               "bytes": nbytes, "blocks": blocks, "dur_ms": None, "_row": row})
+
+    def _transfer_done(self, row: int, end: float):
+        r = self.requests[row]
+        dst = self.replicas[self.decode_of[row]]
+        self._add(dst, row, r, end, preloaded=r.prompt_tokens - 1)
+
+    def run(self):
+        w = self.w
+        arrivals = w.arrival_ms.tolist()
+        n = len(arrivals)
+        reps = self.replicas
+        i = 0
+        xfer_index = {}
+        while True:
+            t_arr = arrivals[i] if i < n else math.inf
+            t_ev = self.pending[0][0] if self.pending else math.inf
+            t_link = self.link.next_done_ms() if self.link is not None and len(self.link) else math.inf
+            rep = min(reps, key=lambda x: x.ready)
+            now = min(t_arr, t_ev, t_link, rep.ready)
+            if now == math.inf:
+                break
+            if t_arr <= now:
+                self._route(i, t_arr)
+                i += 1
+            elif t_ev <= now:
+                t, _, kind, (row, src) = heapq.heappop(self.pending)
+                xfer_index[row] = len(self.transfers)
+                self._start_transfer(row, src, t)
+            elif t_link <= now:
+                for row, start, end, _ in self.link.pop_done(now):
+                    self.transfers[xfer_index.pop(row)]["dur_ms"] = end - start
+                    self._transfer_done(row, end)
+            else:
+                self._step(rep, now, t_arr)
+        for rep in reps:
+            if rep.core.has_unfinished():
+                raise RuntimeError(f"replica {rep.index}: requests left unfinished")
+
+    # ---- the trace -----------------------------------------------------------------------------
+    def trace(self, label: str | None = None, created: str | None = None):
+        from core.trace.build import trace_from_records
+        w = self.w
+        reps = self.replicas
+        first = reps[0]
+        meta = first.core.trace_meta(w, "simulated", label or self._label(), {"name": "core.fleet"}, created,
+                                     step_model=first.core.executor.step_model.to_dict())
+        meta["stats"] = self._stats()
+        meta["fleet"] = self.meta_fleet()
+        records = merge_records([log_records(r.core.log) for r in reps], [np.asarray(r.rows, dtype=np.int64)
+                                                                           for r in reps],
+                                [np.asarray(r.is_copy, dtype=bool) for r in reps])
+        if self.router_finishes:
+            rows, t, reasons, _ = zip(*self.router_finishes)
+            fin = records.setdefault("finish", {"t_ms": np.empty(0), "req": np.empty(0, np.int64), "reason": [],
+                                                "replica": np.empty(0, np.int64)})
+            fin["t_ms"] = np.concatenate([fin["t_ms"], np.asarray(t, dtype=np.float64)])
+            fin["req"] = np.concatenate([fin["req"], np.asarray(rows, dtype=np.int64)])
+            fin["reason"] = list(fin["reason"]) + list(reasons)
+            fin["replica"] = np.concatenate([fin["replica"], np.full(len(rows), -1, dtype=np.int64)])
+            order = np.argsort(fin["t_ms"], kind="stable")
+            fin["t_ms"], fin["req"], fin["replica"] = fin["t_ms"][order], fin["req"][order], fin["replica"][order]
+            fin["reason"] = [fin["reason"][k] for k in order.tolist()]
+        other = [e for e in self.routes if e is not None]
+        other += [{k: v for k, v in e.items() if k != "_row"} for e in self.transfers]
+        for r in reps:
+            other += r.core.log.other
+        other.sort(key=lambda e: e["t_ms"])
+        return trace_from_records(w, records, meta, other)
+
+    def _label(self) -> str:
+        f = self.fleet
+        if f.disaggregated:
+            p, d = len(self.roles["prefill"]), len(self.roles["decode"])
+            shape = f"{p}P:{d}D"
+        else:
+            shape = f"{len(self.replicas)} replicas"
+        return f"{shape}, {self.router_cfg.policy} (simulated)"
+
+    def _stats(self) -> dict:
+        out: dict = {}
+        for r in self.replicas:
+            s = r.sched
+            part = {"steps": s.step, "preemptions": s.num_preemptions, "kv_blocks": s.kv.num_blocks,
+                    **{f"kv_{k}": v for k, v in s.kv.counts.items()}, **{k: v for k, v in s.failed.items() if v}}
+            for k, v in part.items():
+                out[k] = out.get(k, 0) + v
+        if self.router_finishes:
+            out["rejected"] = out.get("rejected", 0) + len(self.router_finishes)
+        return out
+
+    def meta_fleet(self) -> dict:
+        f = self.fleet
+        reps = []
+        for r in self.replicas:
+            s = r.sched
+            reps.append({"replica": r.index, "role": r.role, "engine": s.cfg.to_dict(),
+                         "step_model": r.core.executor.step_model.to_dict(), "kv_blocks": s.kv.num_blocks,
+                         "drain_ms": None if r.drain_ms == math.inf else r.drain_ms,
+                         "stats": {"steps": s.step, "requests": s.n, "preemptions": s.num_preemptions,
+                                   "prefix_hit_blocks": int(s.kv.counts.get("hit", 0)),
+                                   **{f"kv_{k}": v for k, v in s.kv.counts.items()}}})
+        out = {"replicas": reps, "router": self.router_cfg.to_dict()}
+        if f.disaggregated:
+            out["link"] = self.link.to_dict() | {"kv_bytes_per_token": f.kv_bytes_per_token, "model": f.model}
+            out["pd_min_prompt"] = f.pd_min_prompt
+            out["first_token"] = FIRST_TOKEN
+        return out
+
+
+def merge_records(logs: list[dict], rows: list[np.ndarray], copies: list[np.ndarray]) -> dict:
+    """The replicas' step-log columns (core.engine.steplog.log_records) as one fleet's: request
+    rows mapped to the fleet's, a `replica` column, steps numbered fleet-wide in order of start
+    (ties: lower replica first), and prefill copies' tokens and finishes left out (the client
+    never sees them). One replica: its columns, with replica 0."""
+    n = len(logs)
+    if n == 1:
+        out = {}
+        for rtype, cols in logs[0].items():
+            cols = dict(cols)
+            if "req" in cols:
+                cols["req"] = _map_rows(cols["req"], rows[0])
+            if rtype != "batch":
+                cols["replica"] = np.zeros(len(next(iter(cols.values()))), dtype=np.int64)
+            out[rtype] = cols
+        return out
+    # steps: fleet-wide numbers
+    step_t, step_rep, step_old = [], [], []
+    for k, lg in enumerate(logs):
+        st = lg.get("step")
+        if st is not None:
+            step_t.append(np.asarray(st["t_ms"], dtype=np.float64))
+            step_rep.append(np.full(len(st["t_ms"]), k, dtype=np.int64))
+            step_old.append(np.asarray(st["step"], dtype=np.int64))
+    new_of = [None] * n
+    if step_t:
+        t, rep, old = np.concatenate(step_t), np.concatenate(step_rep), np.concatenate(step_old)
+        order = np.lexsort((rep, t))
+        number = np.empty(len(order), dtype=np.int64)
+        number[order] = np.arange(len(order))
+        for k in range(n):
+            mine = rep == k
+            if mine.any():
+                m = np.full(int(old[mine].max()) + 1, -1, dtype=np.int64)
+                m[old[mine]] = number[mine]
+                new_of[k] = m
+    merged: dict = {}
+    for k, lg in enumerate(logs):
+        for rtype, cols in lg.items():
+            cols = dict(cols)
+            keep = None
+            if rtype in ("token", "finish") and copies[k].any():
+                keep = ~copies[k][np.asarray(cols["req"], dtype=np.int64)]
+            if "req" in cols:
+                cols["req"] = _map_rows(cols["req"], rows[k])
+            if "step" in cols and new_of[k] is not None:
+                cols["step"] = new_of[k][np.asarray(cols["step"], dtype=np.int64)]
+            m = len(next(iter(cols.values())))
+            if rtype != "batch":
+                cols["replica"] = np.full(m, k, dtype=np.int64)
+            if keep is not None:
+                cols = {c: (_take(v, keep)) for c, v in cols.items()}
+            merged.setdefault(rtype, []).append(cols)
+    out = {}
+    for rtype, parts in merged.items():
+        names = [c for c in parts[0] if all(c in p for p in parts)]
+        cat = {}
+        for c in names:
+            vals = [p[c] for p in parts]
+            if any(v is None for v in vals):
+                if all(v is None for v in vals):
+                    cat[c] = None
+                    continue
+                vals = [[None] * len(p["req"] if "req" in p else p["t_ms"]) if v is None else v
+                        for v, p in zip(vals, parts)]
+            if all(isinstance(v, np.ndarray) for v in vals):
+                cat[c] = np.concatenate(vals)
+            else:
+                cat[c] = [x for v in vals for x in (v.tolist() if isinstance(v, np.ndarray) else v)]
+        key = "step" if rtype in ("step", "batch") else "t_ms"
+        if key in cat:
+            order = np.argsort(np.asarray(cat[key]), kind="stable")
+            cat = {c: (v[order] if isinstance(v, np.ndarray) else
+                       (None if v is None else [v[j] for j in order.tolist()])) for c, v in cat.items()}
+        out[rtype] = cat
+    return out
+
+
+def _map_rows(req, rows: np.ndarray) -> np.ndarray:
+    req = np.asarray(req, dtype=np.int64)
+    if not len(rows):
+        return req
+    return np.where(req >= 0, rows[np.maximum(req, 0)], -1)
+
+
+def _take(v, keep: np.ndarray):
+    if v is None:
+        return None
+    if isinstance(v, np.ndarray):
+        return v[keep]
+    return [x for x, k in zip(v, keep.tolist()) if k]
+
+
+def simulate_fleet(workload: Workload, fleet: FleetSpec, label: str | None = None, created: str | None = None,
+                   record_kv: bool = True, fast_forward: bool = True):
+    """The trace of `workload` served by `fleet` (see the module's docstring)."""
+    with _no_cyclic_gc():
+        sim = FleetSim(workload, fleet, record_kv, fast_forward)
+        sim.run()
+        return sim.trace(label, created)

@@ -1,0 +1,251 @@
+"""The fleet simulator (core.fleet): a router in front of several engine cores on one clock,
+and disaggregated prefill/decode with the KV cache moved over a shared link. Expectations are
+computed independently (the i-th arrival's replica under round-robin, the link's arithmetic by
+hand, the single engine's own trace)."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from core.config import SchedulerConfig
+from core.errors import ConfigError
+from core.fleet.link import Link
+from core.fleet.router import POLICIES, RouterConfig
+from core.fleet.sim import FleetSim, FleetSpec, ReplicaSpec, simulate_fleet
+from core.formulas.kv import MODELS
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
+from core.trace import to_doc, to_parquet_bytes, trace_from_doc, trace_from_parquet
+from core.workload import Request, Workload, load_workload
+
+SHARED = "data/workloads/shared_prefix_200.json"
+AFFINE = StepModel(kind="affine", base_ms=5.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.2)
+TABLES = ("tokens", "finishes", "steps", "batch", "kv", "preempts")
+
+
+@pytest.fixture(scope="module")
+def shared():
+    return load_workload(SHARED)
+
+
+def check_trace(tr):
+    """The trace passes the loader's checks (JSON and Parquet) and comes back equal."""
+    for back in (trace_from_doc(to_doc(tr), "fleet"), trace_from_parquet(to_parquet_bytes(tr), "fleet")):
+        for t in TABLES:
+            pd.testing.assert_frame_equal(getattr(tr, t).reset_index(drop=True), getattr(back, t).reset_index(drop=True),
+                                          check_categorical=False)
+        assert [e["type"] for e in back.other] == [e["type"] for e in tr.other]
+        assert back.meta["fleet"] == tr.meta["fleet"]
+
+
+def _run(w, spec, **kw):
+    sim = FleetSim(w, spec, **kw)
+    sim.run()
+    return sim, sim.trace()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_one_replica_is_the_single_engine_trace(shared, policy):
+    cfg = SchedulerConfig(prefix_caching=True, kv_blocks=600)
+    one = simulate(shared, cfg, AFFINE)
+    fleet = simulate_fleet(shared, FleetSpec.uniform(1, cfg, AFFINE, router=RouterConfig(policy, seed=3)))
+    for t in TABLES:
+        pd.testing.assert_frame_equal(getattr(one, t).reset_index(drop=True), getattr(fleet, t).reset_index(drop=True))
+    assert len(fleet.events_of("route")) == len(shared)
+
+
+def test_round_robin_sends_the_ith_arrival_to_replica_i_mod_n(shared):
+    sim, tr = _run(shared, FleetSpec.uniform(3, SchedulerConfig(), AFFINE, router=RouterConfig("round-robin")))
+    routes = tr.events_of("route")
+    order = {rid: k for k, rid in enumerate(shared.ids)}           # arrival order
+    assert sorted(order[e["req"]] for e in routes) == list(range(len(shared)))
+    for e in routes:
+        assert e["replica"] == order[e["req"]] % 3
+    # the replica every token and finish of a request carries is the one it was routed to
+    want = np.array([order[e["req"]] % 3 for e in sorted(routes, key=lambda e: order[e["req"]])])
+    assert (tr.finishes.set_index("req").sort_index()["replica"].to_numpy() == want).all()
+    assert (tr.tokens["replica"].to_numpy() == want[tr.tokens["req"].to_numpy()]).all()
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_request_routed_once_finishes_once_and_each_pool_is_conserved(shared, policy):
+    cfg = SchedulerConfig(prefix_caching=True, kv_blocks=120)   # tight: preemptions and evictions happen
+    sim, tr = _run(shared, FleetSpec.uniform(4, cfg, AFFINE, router=RouterConfig(policy, seed=7)))
+    routes = tr.events_of("route")
+    assert sorted(e["req"] for e in routes) == sorted(shared.ids)
+    assert tr.finishes["req"].value_counts().max() == 1 and len(tr.finishes) == len(shared)
+    for rep in sim.replicas:
+        rep.sched.kv.check()                                   # refcounts, free list, prefix cache
+        assert rep.sched.kv.num_free == rep.sched.kv.num_blocks   # everything returned at the end
+        # the trace's own block ledger per replica: every allocation freed
+        kv = tr.kv[tr.kv["replica"] == rep.index]
+        assert int((kv.op == "alloc").sum()) + int((kv.op == "hit").sum()) == int((kv.op == "free").sum())
+    check_trace(tr)
+    # each replica's steps are its own: a request's batch entries all on the replica it was routed to
+    step_rep = tr.steps.set_index("step")["replica"]
+    routed = {order: e["replica"] for order, e in ((shared.ids.index(e["req"]), e) for e in routes)}
+    b = tr.batch
+    assert (step_rep.loc[b["step"]].to_numpy() == np.array([routed[r] for r in b["req"].tolist()])).all()
+
+
+def test_steps_numbered_fleet_wide_in_time_order(shared):
+    _, tr = _run(shared, FleetSpec.uniform(2, SchedulerConfig(), AFFINE))
+    s = tr.steps
+    assert s["step"].tolist() == list(range(len(s)))
+    assert (np.diff(s["t_ms"].to_numpy()) >= 0).all()
+
+
+def test_link_alone_is_latency_plus_bytes_over_bandwidth():
+    link = Link(25.0, 0.05)                       # 25 GB/s = 25e6 bytes per ms
+    link.add("a", 50_000_000, 10.0)
+    done = link.pop_done(math.inf)
+    assert len(done) == 1
+    key, start, end, nbytes = done[0]
+    assert end - start == pytest.approx(0.05 + 50_000_000 / 25e6, abs=1e-9)   # 2.05 ms
+
+
+def test_link_shares_fairly_between_overlapping_transfers():
+    link = Link(1.0, 0.0)                         # 1e6 bytes per ms
+    link.add("a", 4_000_000, 0.0)                 # alone for 1 ms: 1e6 sent, 3e6 left
+    link.add("b", 2_000_000, 1.0)                 # then both at 0.5e6/ms
+    done = {k: (s, e) for k, s, e, _ in link.pop_done(math.inf)}
+    # b: 2e6 at 0.5e6/ms -> ends at 5 ms; a: 3e6 - 2e6 = 1e6 left at 5 ms, alone -> ends at 6 ms
+    assert done["b"] == (1.0, pytest.approx(5.0))
+    assert done["a"] == (0.0, pytest.approx(6.0))
+    # each took longer than alone (a: 4 ms alone, b: 2 ms alone)
+    assert done["a"][1] - 0.0 > 4.0 and done["b"][1] - 1.0 > 2.0
+
+
+def _pd_workload():
+    # two prompts of 64 tokens (4 blocks of 16) arriving together, distinct ids: nothing shared
+    reqs = [Request(f"r{i}", 0.0, 64, 4, prompt_ids=tuple(range(1000 * i, 1000 * i + 64))) for i in range(2)]
+    return Workload(reqs, name="pd2")
+
+
+def test_pd_transfer_bytes_and_fair_share_and_decode_waits_for_it():
+    bpt = MODELS["Llama-2-7B"].kv_bytes_per_token()   # 2 x 32 layers x 32 heads x 128 x 2 bytes = 524,288
+    assert bpt == 2 * 32 * 32 * 128 * 2
+    cfg = SchedulerConfig(prefix_caching=True)
+    spec = FleetSpec.disagg(1, 1, cfg, StepModel(step_ms=1.0), router=RouterConfig("round-robin"),
+                            kv_bytes_per_token=bpt, model="Llama-2-7B", link_gbps=1.0, link_latency_ms=0.5)
+    sim, tr = _run(_pd_workload(), spec)
+    xs = tr.events_of("transfer")
+    assert len(xs) == 2
+    nbytes = 4 * 16 * bpt                               # 4 blocks of 16 tokens each
+    for e in xs:
+        assert (e["src"], e["dst"], e["blocks"], e["bytes"]) == (0, 1, 4, nbytes)
+        assert e["t_ms"] == 1.0                          # both prompts prefilled in the first 1-ms step
+    # started together, equal sizes: each gets half the link: 0.5 + 2 * bytes / 1e6 per ms
+    for e in xs:
+        assert e["dur_ms"] == pytest.approx(0.5 + 2 * nbytes / 1e6)
+    # no decode step of a request starts before its transfer ended; its tokens all on the decode replica
+    steps = tr.steps.set_index("step")
+    for e in xs:
+        row = tr.ids.index(e["req"])
+        mine = tr.batch[tr.batch["req"] == row]
+        on_dst = steps.loc[mine["step"]]
+        decode_steps = on_dst[on_dst["replica"] == 1]
+        assert len(decode_steps) and (decode_steps["t_ms"] >= e["t_ms"] + e["dur_ms"] - 1e-9).all()
+        toks = tr.tokens[tr.tokens["req"] == row]
+        assert (toks["replica"] == 1).all() and toks["index"].tolist() == [0, 1, 2, 3]
+        # the first token comes from the decode replica's first step (it recomputes the last prompt token)
+        first = decode_steps.iloc[0]
+        assert toks["t_ms"].iloc[0] == pytest.approx(first["t_ms"] + first["dur_ms"])
+    # the prefill replica's token (discarded) and finish never reach the trace
+    assert (tr.finishes["replica"] == 1).all() and len(tr.finishes) == 2
+    check_trace(tr)
+    for rep in sim.replicas:
+        rep.sched.kv.check()
+
+
+def test_pd_sends_only_blocks_the_decode_side_lacks():
+    bpt = 1000
+    shared_ids = tuple(range(32))                      # two blocks of 16 shared by both prompts
+    reqs = [Request("a", 0.0, 48, 2, prompt_ids=shared_ids + tuple(range(100, 116))),
+            Request("b", 50.0, 48, 2, prompt_ids=shared_ids + tuple(range(200, 216)))]
+    spec = FleetSpec.disagg(1, 1, SchedulerConfig(prefix_caching=True), StepModel(step_ms=1.0),
+                            kv_bytes_per_token=bpt, link_gbps=1.0, link_latency_ms=0.0)
+    _, tr = _run(Workload(reqs, name="w"), spec)
+    got = {e["req"]: (e["blocks"], e["bytes"]) for e in tr.events_of("transfer")}
+    assert got == {"a": (3, 3 * 16 * bpt), "b": (1, 16 * bpt)}   # b: the decode replica holds the shared two
+
+
+def test_conditional_disaggregation_runs_short_prompts_whole_on_a_decode_replica():
+    reqs = [Request("short", 0.0, 20, 3, prompt_ids=tuple(range(20))),
+            Request("long", 0.0, 80, 3, prompt_ids=tuple(range(500, 580)))]
+    spec = FleetSpec.disagg(1, 1, SchedulerConfig(), StepModel(step_ms=1.0), kv_bytes_per_token=10,
+                            pd_min_prompt=50)
+    _, tr = _run(Workload(reqs, name="w"), spec)
+    routes = {e["req"]: e for e in tr.events_of("route")}
+    assert routes["short"]["stage"] == "whole" and routes["short"]["replica"] == 1
+    assert routes["long"]["stage"] == "prefill" and (routes["long"]["replica"], routes["long"]["decode"]) == (0, 1)
+    assert [e["req"] for e in tr.events_of("transfer")] == ["long"]
+
+
+def test_a_drained_replica_gets_no_route_after_its_drain(shared):
+    cfg = SchedulerConfig()
+    drain = float(shared.arrival_ms[60])
+    spec = FleetSpec([ReplicaSpec(cfg, AFFINE), ReplicaSpec(cfg, AFFINE, drain_ms=drain), ReplicaSpec(cfg, AFFINE)],
+                     router=RouterConfig("round-robin"))
+    _, tr = _run(shared, spec)
+    routes = tr.events_of("route")
+    assert any(e["replica"] == 1 for e in routes if e["t_ms"] < drain)
+    assert not any(e["replica"] == 1 for e in routes if e["t_ms"] >= drain)
+    # what it held, it finished
+    assert len(tr.finishes) == len(shared) and (tr.finishes["reason"] == "length").all()
+
+
+def test_every_replica_drained_rejects_at_the_router():
+    reqs = [Request("a", 0.0, 8, 2), Request("b", 10.0, 8, 2)]
+    spec = FleetSpec([ReplicaSpec(SchedulerConfig(), drain_ms=5.0)])
+    _, tr = _run(Workload(reqs, name="w"), spec)
+    f = tr.finishes.set_index("req")
+    assert f.loc[1, "reason"] == "rejected" and f.loc[1, "replica"] == -1
+    assert "drained" in tr.events_of("route")[1]["reason"]
+    check_trace(tr)
+
+
+def test_router_queue_limit_rejects_over_it():
+    reqs = [Request(f"r{i}", 0.0, 64, 50) for i in range(10)]
+    cfg = SchedulerConfig(max_seqs=1)
+    spec = FleetSpec.uniform(2, cfg, StepModel(step_ms=1.0), router=RouterConfig("least-requests", queue_limit=3))
+    _, tr = _run(Workload(reqs, name="w"), spec)
+    # at t=0 nothing has been admitted yet: each routed request waits; the 4th finds 3 waiting
+    rejected = tr.finishes[tr.finishes["reason"] == "rejected"]
+    assert len(rejected) == 10 - 3 and (rejected["replica"] == -1).all()
+
+
+def test_staleness_makes_least_requests_herd(shared):
+    burst = Workload([Request(f"r{i}", 0.0, 32, 8) for i in range(8)], name="burst")
+    fresh = _run(burst, FleetSpec.uniform(4, SchedulerConfig(), AFFINE, router=RouterConfig("least-requests")))[1]
+    stale = _run(burst, FleetSpec.uniform(4, SchedulerConfig(), AFFINE,
+                                          router=RouterConfig("least-requests", staleness_ms=5.0)))[1]
+    assert sorted(np.bincount([e["replica"] for e in fresh.events_of("route")], minlength=4)) == [2, 2, 2, 2]
+    # 5 ms stale, the router saw every replica empty at t=0 for the whole burst: all to replica 0
+    assert [e["replica"] for e in stale.events_of("route")] == [0] * 8
+
+
+def test_prefix_aware_follows_the_cached_prefix():
+    sys_a, sys_b = tuple(range(64)), tuple(range(1000, 1064))
+    reqs = [Request(f"r{i}", 10.0 * i, 80, 2, prompt_ids=(sys_a if i % 2 == 0 else sys_b) + tuple(range(5000 + 16 * i, 5016 + 16 * i)))
+            for i in range(8)]
+    for mode in ("approximate", "precise"):
+        _, tr = _run(Workload(reqs, name="w"), FleetSpec.uniform(
+            3, SchedulerConfig(prefix_caching=True), StepModel(step_ms=1.0), router=RouterConfig("prefix-aware", prefix=mode)))
+        got = [e["replica"] for e in tr.events_of("route")]
+        # first two go to empty caches (0, then 1); then each system prompt follows its replica
+        assert got == [0, 1] * 4, (mode, got)
+
+
+def test_bad_fleet_settings_are_refused():
+    with pytest.raises(ConfigError, match="router"):
+        RouterConfig("nearest")
+    with pytest.raises(ConfigError, match="replicas"):
+        FleetSpec.uniform(0, SchedulerConfig())
+    with pytest.raises(ConfigError, match="KV bytes per token"):
+        FleetSpec.disagg(1, 1, SchedulerConfig())
+    with pytest.raises(ConfigError, match="bandwidth"):
+        Link(0, 1)
+    with pytest.raises(ConfigError, match="balance_abs"):
+        RouterConfig("round-robin", params={"balance_abs": 3})
