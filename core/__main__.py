@@ -20,6 +20,7 @@ from core.cli import positive_float as _positive_float
 from core.cli import positive_int as _positive_int
 from core.config import SchedulerConfig, add_flags, from_args
 from core.errors import MAX_DECOMPRESSED_BYTES, InputError, TraceError
+from core.fleet.options import add_fleet_flags, wants_fleet
 from core.sim.stepmodel import StepModel
 
 OUT_OF_CORE_ROWS = 20_000_000  # a Parquet trace larger than this is summarised out of core (DuckDB) by default
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(s, SchedulerConfig)
     add_flags(s, StepModel)
     _model_file_flag(s)
+    add_fleet_flags(s)
     s.add_argument("--label", help="trace label (meta.label)")
     s.add_argument("--out", required=True,
                    help="trace to write: .json, .json.gz, .parquet (written while it is simulated), "
@@ -333,6 +335,8 @@ def cmd_simulate(a) -> int:
     w = load_workload(a.workload)
     cfg = from_args(SchedulerConfig, a)
     sm, fit_report = _step_model(a)
+    if wants_fleet(a):
+        return _simulate_fleet(a, w, cfg, sm, fit_report)
     if a.out.endswith(".parquet"):  # streamed: the trace is written while it is simulated
         from core.sim.simulate import reuse_freed_memory, simulate_to_parquet
         reuse_freed_memory()
@@ -355,6 +359,27 @@ def cmd_simulate(a) -> int:
         _warn_outside(tr, fit_report)
     print(f"wrote {a.out}: {len(w)} requests, {n_tokens} tokens, {st['steps']} steps, "
           f"{st['preemptions']} preemptions; step model {sm.describe()}")
+    return 0
+
+
+def _simulate_fleet(a, w, cfg, sm, fit_report) -> int:
+    from core.fleet.options import fleet_from_args, kv_bytes_per_token
+    from core.fleet.sim import simulate_fleet
+    bpt, model = kv_bytes_per_token(a)
+    fleet = fleet_from_args(a, cfg, sm, bpt, model)
+    tr = simulate_fleet(w, fleet, label=a.label)
+    events = len(tr.tokens) + len(tr.steps) + len(tr.batch) + len(tr.kv) + len(tr.finishes)
+    if events > MAX_JSON_EVENTS and not a.out.endswith((".parquet", "/")):
+        raise InputError(f"--out {a.out}: {events:,} events would take about {events / 300_000:,.0f} s to write as "
+                         f"JSON (at most {MAX_JSON_EVENTS:,} here); write .parquet or a directory of Parquet parts")
+    write_output(a.out, lambda p: save_trace(tr, p), "--out")
+    st = tr.meta["stats"]
+    _warn_outside(tr, fit_report)
+    roles = [r["role"] for r in tr.meta["fleet"]["replicas"]]
+    shape = (f"{roles.count('prefill')} prefill + {roles.count('decode')} decode replicas"
+             if "prefill" in roles else f"{len(roles)} replicas")
+    print(f"wrote {a.out}: {len(w)} requests, {len(tr.tokens)} tokens, {st['steps']} steps, "
+          f"{st['preemptions']} preemptions; {shape}, router {a.router}; step model {sm.describe()}")
     return 0
 
 

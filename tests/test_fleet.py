@@ -33,8 +33,8 @@ def check_trace(tr):
     """The trace passes the loader's checks (JSON and Parquet) and comes back equal."""
     for back in (trace_from_doc(to_doc(tr), "fleet"), trace_from_parquet(to_parquet_bytes(tr), "fleet")):
         for t in TABLES:
-            pd.testing.assert_frame_equal(getattr(tr, t).reset_index(drop=True), getattr(back, t).reset_index(drop=True),
-                                          check_categorical=False)
+            pd.testing.assert_frame_equal(getattr(tr, t).reset_index(drop=True),
+                                          getattr(back, t).reset_index(drop=True), check_categorical=False)
         assert [e["type"] for e in back.other] == [e["type"] for e in tr.other]
         assert back.meta["fleet"] == tr.meta["fleet"]
 
@@ -228,11 +228,13 @@ def test_staleness_makes_least_requests_herd(shared):
 
 def test_prefix_aware_follows_the_cached_prefix():
     sys_a, sys_b = tuple(range(64)), tuple(range(1000, 1064))
-    reqs = [Request(f"r{i}", 10.0 * i, 80, 2, prompt_ids=(sys_a if i % 2 == 0 else sys_b) + tuple(range(5000 + 16 * i, 5016 + 16 * i)))
+    reqs = [Request(f"r{i}", 10.0 * i, 80, 2,
+                    prompt_ids=(sys_a if i % 2 == 0 else sys_b) + tuple(range(5000 + 16 * i, 5016 + 16 * i)))
             for i in range(8)]
     for mode in ("approximate", "precise"):
-        _, tr = _run(Workload(reqs, name="w"), FleetSpec.uniform(
-            3, SchedulerConfig(prefix_caching=True), StepModel(step_ms=1.0), router=RouterConfig("prefix-aware", prefix=mode)))
+        spec = FleetSpec.uniform(3, SchedulerConfig(prefix_caching=True), StepModel(step_ms=1.0),
+                                 router=RouterConfig("prefix-aware", prefix=mode))
+        _, tr = _run(Workload(reqs, name="w"), spec)
         got = [e["replica"] for e in tr.events_of("route")]
         # first two go to empty caches (0, then 1); then each system prompt follows its replica
         assert got == [0, 1] * 4, (mode, got)

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 from core.errors import ConfigError
 
+ROLES = ("both", "prefill", "decode")   # a replica's role: whole requests, or one side of disaggregated serving
 POLICIES = ("round-robin", "random", "least-requests", "least-kv", "power-of-two", "prefix-aware", "weighted")
 PREFIX_POLICIES = ("prefix-aware", "weighted")
 PREFIX_MODES = ("precise", "approximate")

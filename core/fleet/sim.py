@@ -44,12 +44,11 @@ from core.engine.prefix_cache import block_hash, extra_key
 from core.engine.steplog import log_records
 from core.errors import ConfigError
 from core.fleet.link import Link
-from core.fleet.router import Router, RouterConfig, Signals
+from core.fleet.router import ROLES, Router, RouterConfig, Signals
 from core.sim.simulate import _no_cyclic_gc, simulator
 from core.sim.stepmodel import StepModel
 from core.workload import Request, Workload
 
-ROLES = ("both", "prefill", "decode")
 FIRST_TOKEN = ("decode replica (vLLM's disaggregated convention: it recomputes the prompt's last token and "
                "emits token 0; the prefill replica's token is discarded)")
 
@@ -468,38 +467,8 @@ def merge_records(logs: list[dict], rows: list[np.ndarray], copies: list[np.ndar
     """The replicas' step-log columns (core.engine.steplog.log_records) as one fleet's: request
     rows mapped to the fleet's, a `replica` column, steps numbered fleet-wide in order of start
     (ties: lower replica first), and prefill copies' tokens and finishes left out (the client
-    never sees them). One replica: its columns, with replica 0."""
-    n = len(logs)
-    if n == 1:
-        out = {}
-        for rtype, cols in logs[0].items():
-            cols = dict(cols)
-            if "req" in cols:
-                cols["req"] = _map_rows(cols["req"], rows[0])
-            if rtype != "batch":
-                cols["replica"] = np.zeros(len(next(iter(cols.values()))), dtype=np.int64)
-            out[rtype] = cols
-        return out
-    # steps: fleet-wide numbers
-    step_t, step_rep, step_old = [], [], []
-    for k, lg in enumerate(logs):
-        st = lg.get("step")
-        if st is not None:
-            step_t.append(np.asarray(st["t_ms"], dtype=np.float64))
-            step_rep.append(np.full(len(st["t_ms"]), k, dtype=np.int64))
-            step_old.append(np.asarray(st["step"], dtype=np.int64))
-    new_of = [None] * n
-    if step_t:
-        t, rep, old = np.concatenate(step_t), np.concatenate(step_rep), np.concatenate(step_old)
-        order = np.lexsort((rep, t))
-        number = np.empty(len(order), dtype=np.int64)
-        number[order] = np.arange(len(order))
-        for k in range(n):
-            mine = rep == k
-            if mine.any():
-                m = np.full(int(old[mine].max()) + 1, -1, dtype=np.int64)
-                m[old[mine]] = number[mine]
-                new_of[k] = m
+    never sees them). One replica: its columns as they are, with replica 0."""
+    new_of = _fleet_step_numbers(logs) if len(logs) > 1 else [None]
     merged: dict = {}
     for k, lg in enumerate(logs):
         for rtype, cols in lg.items():
@@ -511,35 +480,63 @@ def merge_records(logs: list[dict], rows: list[np.ndarray], copies: list[np.ndar
                 cols["req"] = _map_rows(cols["req"], rows[k])
             if "step" in cols and new_of[k] is not None:
                 cols["step"] = new_of[k][np.asarray(cols["step"], dtype=np.int64)]
-            m = len(next(iter(cols.values())))
             if rtype != "batch":
-                cols["replica"] = np.full(m, k, dtype=np.int64)
+                cols["replica"] = np.full(len(next(iter(cols.values()))), k, dtype=np.int64)
             if keep is not None:
-                cols = {c: (_take(v, keep)) for c, v in cols.items()}
+                cols = {c: _take(v, keep) for c, v in cols.items()}
             merged.setdefault(rtype, []).append(cols)
+    if len(logs) == 1:
+        return {rtype: parts[0] for rtype, parts in merged.items()}
+    return {rtype: _sorted(_concat(parts), "step" if rtype in ("step", "batch") else "t_ms")
+            for rtype, parts in merged.items()}
+
+
+def _fleet_step_numbers(logs: list[dict]) -> list:
+    """Per replica: its step number -> the fleet's (every step in order of start, ties by replica)."""
+    t, rep, old = [], [], []
+    for k, lg in enumerate(logs):
+        st = lg.get("step")
+        if st is not None:
+            t.append(np.asarray(st["t_ms"], dtype=np.float64))
+            rep.append(np.full(len(st["t_ms"]), k, dtype=np.int64))
+            old.append(np.asarray(st["step"], dtype=np.int64))
+    new_of = [None] * len(logs)
+    if not t:
+        return new_of
+    t, rep, old = np.concatenate(t), np.concatenate(rep), np.concatenate(old)
+    number = np.empty(len(t), dtype=np.int64)
+    number[np.lexsort((rep, t))] = np.arange(len(t))
+    for k in np.unique(rep).tolist():
+        mine = rep == k
+        m = np.full(int(old[mine].max()) + 1, -1, dtype=np.int64)
+        m[old[mine]] = number[mine]
+        new_of[k] = m
+    return new_of
+
+
+def _concat(parts: list[dict]) -> dict:
+    """Columns of several replicas' parts, one after the other (a column absent or None in some
+    parts: None where absent)."""
+    lens = [len(next(iter(p.values()))) for p in parts]
     out = {}
-    for rtype, parts in merged.items():
-        names = [c for c in parts[0] if all(c in p for p in parts)]
-        cat = {}
-        for c in names:
-            vals = [p[c] for p in parts]
-            if any(v is None for v in vals):
-                if all(v is None for v in vals):
-                    cat[c] = None
-                    continue
-                vals = [[None] * len(p["req"] if "req" in p else p["t_ms"]) if v is None else v
-                        for v, p in zip(vals, parts)]
-            if all(isinstance(v, np.ndarray) for v in vals):
-                cat[c] = np.concatenate(vals)
-            else:
-                cat[c] = [x for v in vals for x in (v.tolist() if isinstance(v, np.ndarray) else v)]
-        key = "step" if rtype in ("step", "batch") else "t_ms"
-        if key in cat:
-            order = np.argsort(np.asarray(cat[key]), kind="stable")
-            cat = {c: (v[order] if isinstance(v, np.ndarray) else
-                       (None if v is None else [v[j] for j in order.tolist()])) for c, v in cat.items()}
-        out[rtype] = cat
+    for c in [c for c in parts[0] if all(c in p for p in parts)]:
+        vals = [p[c] for p in parts]
+        if all(v is None for v in vals):
+            out[c] = None
+        elif all(isinstance(v, np.ndarray) for v in vals):
+            out[c] = np.concatenate(vals)
+        else:
+            out[c] = [x for v, n in zip(vals, lens)
+                      for x in ([None] * n if v is None else v.tolist() if isinstance(v, np.ndarray) else v)]
     return out
+
+
+def _sorted(cols: dict, key: str) -> dict:
+    if key not in cols:
+        return cols
+    order = np.argsort(np.asarray(cols[key]), kind="stable")
+    return {c: (v[order] if isinstance(v, np.ndarray) else None if v is None else [v[j] for j in order.tolist()])
+            for c, v in cols.items()}
 
 
 def _map_rows(req, rows: np.ndarray) -> np.ndarray:

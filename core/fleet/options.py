@@ -1,0 +1,194 @@
+"""The fleet's command-line flags, shared by `simulate`, `sweep` and `search`, and the FleetSpec
+they describe (None: no fleet flag given, one engine as before).
+
+    --replicas N | --prefill-replicas P --decode-replicas D
+    --router POLICY [--router-staleness-ms S] [--router-prefix precise|approximate]
+    [--router-param KEY=VALUE ...] [--router-queue-limit Q] [--drain REPLICA@MS ...]
+    --kv-link-gbps B --kv-link-latency-ms L [--pd-min-prompt T]    (disaggregated; KV size from --model)
+    --replicas-file F.json       replicas that differ: a list of {role, drain_ms, <scheduler option>...,
+                                 step_model: {<step model option>...}}
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from core.config import SchedulerConfig, from_dict
+from core.errors import ConfigError
+from core.fleet.router import POLICIES, ROLES, RouterConfig, parse_params
+
+if TYPE_CHECKING:
+    from core.fleet.sim import FleetSpec, ReplicaSpec
+
+MAX_REPLICAS = 4096
+
+
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if not 1 <= v <= MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..{MAX_REPLICAS}, got {v}")
+    return v
+
+
+def _nonneg(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not 0 <= v < 1e12:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return v
+
+
+def _positive(text: str) -> float:
+    v = _nonneg(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return v
+
+
+def _drain(text: str) -> tuple[int, float]:
+    r, sep, t = text.partition("@")
+    try:
+        rep, ms = int(r), float(t)
+    except ValueError:
+        rep = ms = None
+    if not sep or rep is None or rep < 0 or not 0 <= ms < 1e12:
+        raise argparse.ArgumentTypeError(f"expected REPLICA@MS (e.g. 1@5000: replica 1 leaves rotation at 5 s), "
+                                         f"got {text!r}")
+    return rep, ms
+
+
+def add_fleet_flags(p: argparse.ArgumentParser, seed: bool = True):
+    g = p.add_argument_group("fleet (several replicas behind a router; core/fleet)")
+    g.add_argument("--replicas", type=_count, help="identical replicas behind the router (default: one engine)")
+    g.add_argument("--prefill-replicas", type=_count, help="disaggregated: replicas that compute prompts")
+    g.add_argument("--decode-replicas", type=_count, help="disaggregated: replicas that decode (their KV arrives "
+                                                          "over the link)")
+    g.add_argument("--replicas-file", metavar="F.json",
+                   help="replicas that differ: a JSON list, one object per replica ({role, drain_ms, scheduler "
+                        "options, step_model: {step model options}}; unset options are the flags')")
+    g.add_argument("--router", choices=POLICIES, default="round-robin", help="routing policy (default round-robin)")
+    g.add_argument("--router-staleness-ms", type=_nonneg, default=0.0,
+                   help="the router sees each replica's state as of this long ago (default 0)")
+    g.add_argument("--router-prefix", choices=("precise", "approximate"),
+                   help="prefix-aware/weighted: the replicas' own cached blocks (precise) or what the router sent "
+                        "where (approximate); default: prefix-aware approximate, weighted precise")
+    g.add_argument("--router-param", action="append", metavar="KEY=VALUE",
+                   help="policy parameter: prefix-aware cache_threshold, balance_abs, balance_rel; weighted "
+                        "prefix, queue, kv (weights)")
+    g.add_argument("--router-queue-limit", type=int, metavar="Q",
+                   help="reject at the router when this many requests wait across the fleet")
+    g.add_argument("--drain", action="append", type=_drain, metavar="REPLICA@MS",
+                   help="take a replica out of rotation at a time (it finishes what it holds)")
+    g.add_argument("--kv-link-gbps", type=_positive, default=25.0,
+                   help="disaggregated: KV link bandwidth in GB/s, 10^9 bytes per second (default 25)")
+    g.add_argument("--kv-link-latency-ms", type=_nonneg, default=0.05,
+                   help="disaggregated: per-transfer latency in ms (default 0.05)")
+    g.add_argument("--pd-min-prompt", type=int, default=0, metavar="T",
+                   help="disaggregated: prompts shorter than T tokens run whole on a decode replica (default 0)")
+    if seed:
+        g.add_argument("--seed", type=int, default=0, help="seed of the router's random draws (default 0)")
+
+
+def wants_fleet(a) -> bool:
+    return bool(a.replicas or a.prefill_replicas or a.decode_replicas or a.replicas_file)
+
+
+def router_from_args(a) -> RouterConfig:
+    return RouterConfig(a.router, a.router_staleness_ms, getattr(a, "seed", 0) or 0, a.router_prefix,
+                        a.router_queue_limit, parse_params(a.router_param))
+
+
+def kv_bytes_per_token(a) -> tuple[int, str]:
+    """The model's KV bytes per token for disaggregated transfers: the --model preset (the
+    roofline step model's), at --dtype-bytes."""
+    from core.formulas.kv import MODELS
+    name = getattr(a, "model", None) or "Llama-2-7B"
+    if name not in MODELS:
+        raise ConfigError(f"--model {name!r}: expected one of {', '.join(MODELS)}")
+    return MODELS[name].kv_bytes_per_token(getattr(a, "dtype_bytes", 2.0) or 2.0), name
+
+
+def fleet_from_args(a, cfg: SchedulerConfig, step_model, kv_bytes_per_token=None, model: str | None = None,
+                    replicas: int | None = None, prefill: int | None = None, decode: int | None = None,
+                    router: str | None = None) -> FleetSpec | None:
+    """The FleetSpec the flags describe (None: no fleet flag: one engine). `replicas`, `prefill`,
+    `decode`, `router` override the flags (a search's grid)."""
+    from core.fleet.sim import FleetSpec, ReplicaSpec
+    n = replicas if replicas is not None else a.replicas
+    p = prefill if prefill is not None else a.prefill_replicas
+    d = decode if decode is not None else a.decode_replicas
+    if not (n or p or d or a.replicas_file):
+        return None
+    rc = router_from_args(a)
+    if router is not None:
+        rc = dataclasses.replace(rc, policy=router, params={})   # (the flags' parameters were for another policy)
+    if a.replicas_file:
+        specs = replicas_from_file(a.replicas_file, cfg, step_model)
+    elif p or d:
+        if n:
+            raise ConfigError("--replicas and --prefill-replicas/--decode-replicas: give one or the other")
+        if not (p and d):
+            raise ConfigError("disaggregated serving needs both --prefill-replicas and --decode-replicas")
+        specs = [ReplicaSpec(cfg, step_model, "prefill") for _ in range(p)] + \
+                [ReplicaSpec(cfg, step_model, "decode") for _ in range(d)]
+    else:
+        specs = [ReplicaSpec(cfg, step_model) for _ in range(n)]
+    for rep, t in a.drain or ():
+        if rep >= len(specs):
+            raise ConfigError(f"--drain {rep}@{t:g}: there are {len(specs)} replicas (0..{len(specs) - 1})")
+        specs[rep] = dataclasses.replace(specs[rep], drain_ms=t)
+    return FleetSpec(specs, rc, a.kv_link_gbps, a.kv_link_latency_ms, a.pd_min_prompt,
+                     kv_bytes_per_token if any(s.role != "both" for s in specs) else None, model)
+
+
+def replicas_from_file(path: str, cfg: SchedulerConfig, step_model) -> list[ReplicaSpec]:
+    from core.fleet.sim import ReplicaSpec
+    from core.sim.stepmodel import StepModel
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--replicas-file {path}: cannot read it ({e.__class__.__name__})") from None
+    if len(text) > 16 << 20:
+        raise ConfigError(f"--replicas-file {path}: over 16 MiB; expected a short JSON list")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--replicas-file {path}: not JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(doc, list) or not doc or len(doc) > MAX_REPLICAS:
+        raise ConfigError(f"--replicas-file {path}: expected a list of 1..{MAX_REPLICAS} replica objects")
+    base_cfg = dataclasses.asdict(cfg)
+    base_sm = dataclasses.asdict(step_model) if step_model is not None else {}
+    out = []
+    for i, d in enumerate(doc):
+        where = f"--replicas-file {path}: replica {i}"
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: expected an object, got {type(d).__name__}")
+        d = dict(d)
+        role = d.pop("role", "both")
+        if role not in ROLES:
+            raise ConfigError(f"{where}: role: expected one of {', '.join(ROLES)}, got {role!r}")
+        drain = d.pop("drain_ms", None)
+        bad_drain = isinstance(drain, bool) or not isinstance(drain, (int, float)) or not 0 <= drain < 1e12
+        if drain is not None and bad_drain:
+            raise ConfigError(f"{where}: drain_ms: expected a number of ms >= 0, got {drain!r}")
+        sm_d = d.pop("step_model", None)
+        if sm_d is not None and not isinstance(sm_d, dict):
+            raise ConfigError(f"{where}: step_model: expected an object of step model options")
+        try:
+            rc = from_dict(SchedulerConfig, {**base_cfg, **d}, where)
+            sm = (from_dict(StepModel, {**base_sm, **(sm_d or {})}, f"{where}: step_model")
+                  if (sm_d or base_sm) else None)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{where}: {e}") from None
+        out.append(ReplicaSpec(rc, sm, role, drain))
+    return out
