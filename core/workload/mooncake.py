@@ -38,7 +38,7 @@ from core.errors import WorkloadError, loads_json, validation_message
 from core.workload.model import MAX_TIME_MS, MAX_TOKEN_ID, MAX_TOKENS, Request, Workload, located
 
 TRACE_BLOCK_TOKENS = 512          # tokens per hash block in the published traces
-MAX_PROMPT_TOKENS = 20_000_000    # prompt token ids kept in all (~8 bytes each, plus the distinct ids)
+MAX_PROMPT_TOKENS = 20_000_000    # prompt token ids kept in all: ~0.7 GB here (8 bytes a token, 32 a distinct id)
 MAX_INT_DIGITS = 20               # a longer integer is out of every range here (2**63 has 19 digits)
 
 
