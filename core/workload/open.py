@@ -2,7 +2,10 @@
 
 - our JSON (core.workload.native); a `serving-trace/1` document is read as the workload of that trace;
 - Vidur-style CSV: arrived_at (seconds), num_prefill_tokens, num_decode_tokens (core.workload.files);
-- LLMServingSim-style JSONL: input_toks, output_toks, arrival_time_ns (core.workload.files).
+- LLMServingSim-style JSONL: input_toks, output_toks, arrival_time_ns (core.workload.files);
+- Mooncake-format JSONL: timestamp, input_length, output_length, hash_ids (core.workload.mooncake),
+  told from LLMServingSim's by its first object (hash_ids and input_length). block_tokens (tokens per
+  512-token hash block, default 512) applies to Mooncake files only.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from pathlib import Path
 from core.errors import WorkloadError, gunzip, loads_json, read_input_file
 from core.workload.files import from_llmservingsim_jsonl, from_vidur_csv
 from core.workload.model import Workload
+from core.workload.mooncake import TRACE_BLOCK_TOKENS, first_object, from_mooncake_jsonl, is_mooncake
 from core.workload.native import Tokenize, from_json_doc
 
 
@@ -23,25 +27,33 @@ def decode_bytes(data: bytes, name: str, error=WorkloadError) -> str:
         raise error(f"{name}: not UTF-8 text (byte {e.start})") from None
 
 
-def parse_workload(data: bytes | str, name: str = "workload",
-                   tokenize: Tokenize | None = None) -> Workload:
+def _jsonl(text: str, name: str, block_tokens: int) -> Workload:
+    if is_mooncake(first_object(text)):
+        return from_mooncake_jsonl(text, name, block_tokens)
+    return from_llmservingsim_jsonl(text, name)
+
+
+def parse_workload(data: bytes | str, name: str = "workload", tokenize: Tokenize | None = None,
+                   block_tokens: int = TRACE_BLOCK_TOKENS) -> Workload:
     """Parse a workload file's content; the format follows the name's suffix, then content."""
     text = decode_bytes(data, name) if isinstance(data, bytes) else data
     lower = name.lower().removesuffix(".gz")
     if lower.endswith(".csv"):
         return from_vidur_csv(text, name)
     if lower.endswith(".jsonl"):
-        return from_llmservingsim_jsonl(text, name)
+        return _jsonl(text, name, block_tokens)
     try:
         doc = loads_json(text, name, WorkloadError)
     except json.JSONDecodeError as e:
         first = text.lstrip()[:1]
         if first == "{" and "\n{" in text.strip():
-            return from_llmservingsim_jsonl(text, name)
+            return _jsonl(text, name, block_tokens)
         if first and first not in "{[":
             if "arrived_at" in text.split("\n", 1)[0]:
                 return from_vidur_csv(text, name)
         raise WorkloadError(f"{name}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
+    if is_mooncake(doc):  # a one-line Mooncake file
+        return from_mooncake_jsonl(text, name, block_tokens)
     if isinstance(doc, dict) and "schema" in doc and "events" in doc:
         # A serving trace: its requests are the workload (max_output_tokens is read as
         # output_tokens); its events are not needed, so core.trace is not involved.
@@ -51,7 +63,9 @@ def parse_workload(data: bytes | str, name: str = "workload",
     return from_json_doc(doc, name, tokenize)
 
 
-def load_workload(path: str | Path, tokenize: Tokenize | None = None) -> Workload:
-    return parse_workload(read_input_file(path, "workload", WorkloadError), Path(path).name, tokenize)
+def load_workload(path: str | Path, tokenize: Tokenize | None = None,
+                  block_tokens: int = TRACE_BLOCK_TOKENS) -> Workload:
+    return parse_workload(read_input_file(path, "workload", WorkloadError), Path(path).name, tokenize,
+                          block_tokens)
 
 
