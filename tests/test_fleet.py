@@ -216,14 +216,20 @@ def test_router_queue_limit_rejects_over_it():
     assert len(rejected) == 10 - 3 and (rejected["replica"] == -1).all()
 
 
-def test_staleness_makes_least_requests_herd(shared):
-    burst = Workload([Request(f"r{i}", 0.0, 32, 8) for i in range(8)], name="burst")
-    fresh = _run(burst, FleetSpec.uniform(4, SchedulerConfig(), AFFINE, router=RouterConfig("least-requests")))[1]
-    stale = _run(burst, FleetSpec.uniform(4, SchedulerConfig(), AFFINE,
-                                          router=RouterConfig("least-requests", staleness_ms=5.0)))[1]
-    assert sorted(np.bincount([e["replica"] for e in fresh.events_of("route")], minlength=4)) == [2, 2, 2, 2]
-    # 5 ms stale, the router saw every replica empty at t=0 for the whole burst: all to replica 0
-    assert [e["replica"] for e in stale.events_of("route")] == [0] * 8
+def test_staleness_makes_least_requests_herd():
+    # a long request at t=0, then a burst of six at t=50 ms
+    reqs = [Request("long", 0.0, 32, 500)] + [Request(f"b{i}", 50.0, 32, 8) for i in range(6)]
+    w = Workload(reqs, name="burst")
+    def routed(staleness):
+        spec = FleetSpec.uniform(2, SchedulerConfig(), StepModel(step_ms=1.0),
+                                 router=RouterConfig("least-requests", staleness_ms=staleness))
+        return [e["replica"] for e in _run(w, spec)[1].events_of("route")]
+    fresh, stale = routed(0.0), routed(30.0)
+    assert fresh[0] == stale[0] == 0
+    # fresh: replica 1 takes one, then both hold one each and they alternate: 3 + 1 and 3
+    assert sorted(np.bincount(fresh[1:], minlength=2).tolist()) == [3, 3]
+    # 30 ms stale, the router sees replica 0 busy and 1 empty (as at t=20) for the whole burst: it herds
+    assert stale[1:] == [1] * 6
 
 
 def test_prefix_aware_follows_the_cached_prefix():

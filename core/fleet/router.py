@@ -5,9 +5,8 @@ router knows of each candidate replica, as of some time) and the request's promp
 Policies (`POLICIES`):
 - `round-robin`: the i-th routed request to candidate i mod N (candidates in replica order).
 - `random`: uniform over the candidates (seeded).
-- `least-requests`: fewest requests held (running + waiting + routed but not yet queued);
-  ties: the lowest replica index.
-- `least-kv`: lowest KV use (used blocks / pool); ties: fewest requests, then lowest index.
+- `least-requests`: fewest requests held (running + waiting + routed but not yet queued).
+- `least-kv`: lowest KV use (used blocks / pool); ties: fewest requests.
 - `power-of-two`: two distinct candidates drawn at random (seeded), the one holding fewer
   requests (ties: the first drawn) — Mitzenmacher's "power of two choices".
 - `prefix-aware`: after sglang-router's `cache_aware`. The candidate whose cache holds the
@@ -24,10 +23,14 @@ Policies (`POLICIES`):
 - `weighted`: llm-d's scorer sum. Each scorer gives every candidate a score in [0, 1]:
   `prefix` = cached prefix blocks / prompt blocks; `queue` = 1 - (q - q_min)/(q_max - q_min)
   over the candidates' requests held (1 for all when equal); `kv` = 1 - KV use. The candidate
-  with the highest weighted sum wins (ties: lowest index). Default weights are llm-d's
+  with the highest weighted sum wins. Default weights are llm-d's
   (`precise-prefix-cache:2, queue-depth:1, kv-utilization:1`); its prefix knowledge is
   *precise* by default, as llm-d's precise scorer: the replicas' own cached blocks, as their
   KV events reported them.
+
+Ties (several candidates equally good) go to the first of them at or after a pointer that
+moves one replica on at every decision, so equal replicas share the load deterministically
+(a lowest-index rule would send every tie to replica 0, and under stale signals everything).
 
 Staleness: the router reads each replica's load signals and (precise) cached blocks as of
 `staleness_ms` ago; what it sent itself (approximate prefix knowledge, the round-robin
@@ -154,6 +157,7 @@ class Router:
         self.n = replicas
         self.rng = _random.Random(config.seed)
         self.rr = 0
+        self.turn = -1          # the tie-break pointer (moves at every decision)
         cap = capacity_blocks or [1 << 30] * replicas
         self.sent: list[OrderedDict] = [OrderedDict() for _ in range(replicas)]   # approximate: hash -> None (LRU)
         self.cap = list(cap)
@@ -177,11 +181,22 @@ class Router:
         while len(seen) > self.cap[replica]:
             seen.popitem(last=False)
 
+    def _best(self, cands: list[Signals], key) -> Signals:
+        """The candidate with the smallest `key`; ties: the first at or after the rotating pointer."""
+        keys = [key(s) for s in cands]
+        low = min(keys)
+        tied = [s for s, k in zip(cands, keys) if k == low]
+        if len(tied) == 1:
+            return tied[0]
+        start = self.turn % self.n
+        return min(tied, key=lambda s: (s.replica - start) % self.n)
+
     # -- the choice ------------------------------------------------------------------------------
     def choose(self, cands: list[Signals], prompt_blocks: int) -> Decision:
         """The replica for a request among `cands` (non-empty, in replica order), given what the
         router knows of each and the request's prompt length in full blocks."""
         p = self.cfg.policy
+        self.turn += 1
         if len(cands) == 1:
             c = cands[0]
             return Decision(c.replica, "the only replica in rotation", {c.replica: 1.0})
@@ -193,10 +208,10 @@ class Router:
             c = cands[self.rng.randrange(len(cands))]
             return Decision(c.replica, "drawn at random", {})
         if p == "least-requests":
-            c = min(cands, key=lambda s: (s.requests, s.replica))
+            c = self._best(cands, lambda s: s.requests)
             return Decision(c.replica, f"fewest requests ({c.requests})", {s.replica: -s.requests for s in cands})
         if p == "least-kv":
-            c = min(cands, key=lambda s: (s.kv_usage, s.requests, s.replica))
+            c = self._best(cands, lambda s: (s.kv_usage, s.requests))
             return Decision(c.replica, f"lowest KV use ({c.kv_usage:.1%})",
                             {s.replica: -round(s.kv_usage, 6) for s in cands})
         if p == "power-of-two":
@@ -211,12 +226,12 @@ class Router:
 
     def _cache_aware(self, cands: list[Signals], prompt_blocks: int) -> Decision:
         prm = self.cfg.params
-        least = min(cands, key=lambda s: (s.requests, s.replica))
+        least = self._best(cands, lambda s: s.requests)
         scores = {s.replica: round(s.prefix_blocks / max(1, prompt_blocks), 6) for s in cands}
-        best = max(cands, key=lambda s: (s.prefix_blocks, -s.requests, -s.replica))
+        best = self._best(cands, lambda s: (-s.prefix_blocks, s.requests))
         rate = best.prefix_blocks / max(1, prompt_blocks)
         if not (best.prefix_blocks and rate > prm["cache_threshold"]):
-            room = min(cands, key=lambda s: (s.cached_blocks, s.requests, s.replica))
+            room = self._best(cands, lambda s: (s.cached_blocks, s.requests))
             return Decision(room.replica, f"no cache holds over {prm['cache_threshold']:.0%} of the prompt "
                             f"(best {rate:.0%}): the emptiest cache ({room.cached_blocks} blocks)", scores)
         lo = least.requests
@@ -236,6 +251,6 @@ class Router:
             queue = 1.0 if qhi == qlo else 1.0 - (s.requests - qlo) / (qhi - qlo)
             kv = 1.0 - min(1.0, s.kv_usage)
             scores[s.replica] = round(w["prefix"] * prefix + w["queue"] * queue + w["kv"] * kv, 9)
-        best = max(cands, key=lambda s: (scores[s.replica], -s.replica))
+        best = self._best(cands, lambda s: -scores[s.replica])
         return Decision(best.replica, f"highest weighted score {scores[best.replica]:g} "
                         f"(prefix x{w['prefix']:g}, queue x{w['queue']:g}, kv x{w['kv']:g})", scores)
