@@ -178,7 +178,8 @@ TOKEN = Record("token", "tokens", "a token reached the client at t_ms", (
     Field("source", "enum", "how it was produced: sampled; speculative decoding: accepted (a draft token), "
           "recovered (resampled from the residual), bonus", default="sampled", values=TOKEN_SOURCES),
     Field("token_id", "int", "the token id (-1 or absent: not recorded)", default=-1, lo=0, write="present"),
-    Field("replica", "int", "fleet traces: the replica it happened on (absent: 0, the only one)", default=0, lo=0, write="present"),
+    Field("replica", "int", "fleet traces: the replica it happened on (absent: 0, the only one)", default=0,
+          lo=0, write="present"),
 ), order=2)
 
 FINISH = Record("finish", "finishes", "the request ended", (
@@ -212,7 +213,8 @@ STEP = Record("step", "steps", "one forward pass starting at t_ms", (
     Field("decode_reqs", "int", "requests decoding (its 'generation requests')", default=-1, lo=0,
           write="present"),
     Field("decode_tokens", "int", "tokens they generated in the step", default=-1, lo=0, write="present"),
-    Field("replica", "int", "fleet traces: the replica that ran the step (absent: 0, the only one)", default=0, lo=0, write="present"),
+    Field("replica", "int", "fleet traces: the replica that ran the step (absent: 0, the only one)", default=0,
+          lo=0, write="present"),
 ), order=1)
 
 KV = Record("kv", "kv", "a physical KV block changed", (
@@ -225,7 +227,8 @@ KV = Record("kv", "kv", "a physical KV block changed", (
     Field("ref", "int", "the block's reference count after the op", default=0),
     Field("hash", "str?", "prefix-cache hash of a full block", default=None, write="present"),
     Field("src", "int", "cow: the block copied from (-1 or absent: none)", default=-1, write="present"),
-    Field("replica", "int", "fleet traces: the replica whose pool holds the block (absent: 0, the only one)", default=0, lo=0, write="present"),
+    Field("replica", "int", "fleet traces: the replica whose pool holds the block (absent: 0, the only one)",
+          default=0, lo=0, write="present"),
 ), order=0)
 
 KV_EVENT_OPS = ("stored", "removed", "cleared")
@@ -250,7 +253,8 @@ PREEMPT = Record("preempt", "preempts", "a running request lost its KV blocks (t
     _req(),
     Field("reason", "str", "why, e.g. kv_full", default="kv_full"),
     Field("freed_blocks", "int", "KV blocks it released", default=0, lo=0),
-    Field("replica", "int", "fleet traces: the replica that preempted it (absent: 0, the only one)", default=0, lo=0, write="present"),
+    Field("replica", "int", "fleet traces: the replica that preempted it (absent: 0, the only one)", default=0,
+          lo=0, write="present"),
 ), order=0)
 
 SPEC = Record("spec", None, "one speculative verification of a request's draft tokens", (
@@ -346,7 +350,7 @@ META = Record("meta", None, "where the trace comes from", (
           "kv_bytes_per_token, model}, pd_min_prompt, first_token}", default=None),
 ))
 
-EVENTS = (TOKEN, FINISH, STEP, KV, KV_EVENT, PREEMPT, SPEC, TILES, GAUGE, ROUTE, TRANSFER)    # in the order tables are written
+EVENTS = (TOKEN, FINISH, STEP, KV, KV_EVENT, PREEMPT, SPEC, TILES, GAUGE, ROUTE, TRANSFER)   # in the order tables are written
 TABLE_EVENTS = tuple(r for r in EVENTS if r.table)
 VERBATIM_EVENTS = {r.type: r for r in EVENTS if not r.table}
 TABLES = (REQUEST, TOKEN, FINISH, STEP, BATCH, KV, KV_EVENT, PREEMPT)  # in-memory tables (and Parquet rtypes)
