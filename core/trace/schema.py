@@ -350,7 +350,7 @@ META = Record("meta", None, "where the trace comes from", (
           "kv_bytes_per_token, model}, pd_min_prompt, first_token}", default=None),
 ))
 
-EVENTS = (TOKEN, FINISH, STEP, KV, KV_EVENT, PREEMPT, SPEC, TILES, GAUGE, ROUTE, TRANSFER)   # tables written in this order
+EVENTS = (TOKEN, FINISH, STEP, KV, KV_EVENT, PREEMPT, SPEC, TILES, GAUGE, ROUTE, TRANSFER)   # tables: in this order
 TABLE_EVENTS = tuple(r for r in EVENTS if r.table)
 VERBATIM_EVENTS = {r.type: r for r in EVENTS if not r.table}
 TABLES = (REQUEST, TOKEN, FINISH, STEP, BATCH, KV, KV_EVENT, PREEMPT)  # in-memory tables (and Parquet rtypes)
