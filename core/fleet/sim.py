@@ -190,6 +190,7 @@ class FleetSim:
         self._seq = [0]
         self._hashes: dict = {}                  # (row, extra) -> the prompt's block hashes
         self.roles = {role: [r for r in self.replicas if r.role == role] for role in ROLES}
+        self.planned = self._plan_routes()
 
     # ---- routing -----------------------------------------------------------------------------
     def _prompt_hashes(self, row: int, rep: _Replica) -> list:
@@ -229,11 +230,42 @@ class FleetSim:
         return Signals(rep.index, s["requests"], s["running"], s["waiting"], s["kv_used"], rep.core.num_kv_blocks,
                        cached, prefix, rep.seen_t)
 
-    def _choose(self, group: list[_Replica], row: int, now: float):
+    def _plan_routes(self) -> dict | None:
+        """A policy that reads no signals (round-robin, random) and no router queue limit: every
+        decision made ahead, in arrival order (the same draws as made one by one), so each
+        replica knows when its next request comes and fast-forwards up to it, not to every
+        arrival's. None otherwise. {(row, stage): Decision}, and per replica its arrival times."""
+        rc = self.router_cfg
+        if rc.policy not in ("round-robin", "random") or rc.queue_limit is not None:
+            return None
+        router = Router(rc, len(self.replicas))
+        plan, times = {}, [[] for _ in self.replicas]
+        pd, arrivals = self.fleet.disaggregated, self.w.arrival_ms.tolist()
+        for row, now in enumerate(arrivals):
+            r = self.requests[row]
+            whole = not pd or r.prompt_tokens < self.fleet.pd_min_prompt
+            stages = ([("whole", "decode" if pd else "both")] if whole
+                      else [("prefill", "prefill"), ("decode", "decode")])
+            for stage, role in stages:
+                cands = [rep for rep in self.roles[role] if rep.drain_ms > now]
+                if not cands:
+                    break
+                d = router.choose([Signals(rep.index, 0, 0, 0, 0, 1) for rep in cands], 0)
+                plan[row, stage] = d
+                if stage != "decode":
+                    times[d.replica].append(now)
+        return {"decisions": plan, "times": times, "next": [0] * len(self.replicas)}
+
+    def _choose(self, group: list[_Replica], row: int, now: float, stage: str = "whole"):
         cands = [rep for rep in group if rep.drain_ms > now]
         if not cands:
             return None, None, "no replica in rotation (every one drained)"
         sigs = [self._signals(rep, row, now) for rep in cands]
+        if self.planned is not None:
+            d = self.planned["decisions"][row, stage]
+            if stage != "decode":
+                self.planned["next"][d.replica] += 1
+            return d, sigs, None
         lim = self.router_cfg.queue_limit
         if lim is not None:
             waiting = sum(max(0, s.requests - s.running) for s in sigs)
@@ -250,7 +282,7 @@ class FleetSim:
         pd = self.fleet.disaggregated
         whole = not pd or r.prompt_tokens < self.fleet.pd_min_prompt
         group = self.roles["both"] if not pd else self.roles["decode" if whole else "prefill"]
-        d, sigs, why = self._choose(group, row, now)
+        d, sigs, why = self._choose(group, row, now, "whole" if whole else "prefill")
         ev = {"type": "route", "t_ms": now, "req": r.id, "policy": self.router_cfg.policy}
         if d is None:
             self.routes[row] = ev | {"replica": -1, "stage": "rejected", "reason": why}
@@ -259,7 +291,7 @@ class FleetSim:
         ev |= {"replica": d.replica, "stage": "whole" if whole else "prefill", "reason": d.reason}
         dec = None
         if not whole:
-            dd, dsigs, dwhy = self._choose(self.roles["decode"], row, now)
+            dd, dsigs, dwhy = self._choose(self.roles["decode"], row, now, "decode")
             if dd is None:
                 self.routes[row] = ev | {"replica": -1, "stage": "rejected", "reason": dwhy}
                 self.router_finishes.append((row, now, "rejected", dwhy))
@@ -299,6 +331,9 @@ class FleetSim:
     # ---- the loop ------------------------------------------------------------------------------
     def _horizon(self, rep: _Replica, next_arrival: float) -> float | None:
         h = next_arrival
+        if self.planned is not None:   # only its own next request can stop it
+            times, k = self.planned["times"][rep.index], self.planned["next"][rep.index]
+            h = times[k] if k < len(times) else math.inf
         if rep.role == "decode":
             if self.link is not None:
                 h = min(h, self.link.next_done_ms())
