@@ -257,3 +257,32 @@ def test_bad_fleet_settings_are_refused():
         Link(0, 1)
     with pytest.raises(ConfigError, match="balance_abs"):
         RouterConfig("round-robin", params={"balance_abs": 3})
+
+
+def test_pd_keeps_the_clients_cancellation_and_deadline():
+    # a: cancelled by its client at 3 ms, while its KV is still on the link; b: a 4 ms deadline from its arrival
+    reqs = [Request("a", 0.0, 64, 20, prompt_ids=tuple(range(64)), abort_at_ms=3.0),
+            Request("b", 0.0, 64, 20, prompt_ids=tuple(range(100, 164)), deadline_ms=4.0),
+            Request("c", 0.0, 64, 5, prompt_ids=tuple(range(200, 264)))]
+    spec = FleetSpec.disagg(1, 1, SchedulerConfig(), StepModel(step_ms=1.0), kv_bytes_per_token=1000,
+                            link_gbps=1.0, link_latency_ms=1.0)
+    _, tr = _run(Workload(reqs, name="w"), spec)
+    f = tr.finishes.set_index("req")
+    assert f.loc[0, "reason"] == "abort" and f.loc[1, "reason"] == "deadline" and f.loc[2, "reason"] == "length"
+    # b's deadline counts from its arrival (0 ms), not from when its KV reached the decode replica
+    assert f.loc[1, "t_ms"] <= 4.0 + 1.0 + 1e-9
+
+
+def test_one_replica_equals_the_single_engine_with_cancellations_and_deadlines(shared):
+    reqs = []
+    for k, r in enumerate(shared.requests[:80]):
+        extra = {"abort_at_ms": r.arrival_ms + 30.0} if k % 7 == 3 else {"deadline_ms": 60.0} if k % 5 == 1 else {}
+        reqs.append(Request(r.id, r.arrival_ms / 4, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
+                            **extra))
+    w = Workload(reqs, name="cancel")
+    cfg = SchedulerConfig(prefix_caching=True, kv_blocks=300)
+    one = simulate(w, cfg, AFFINE)
+    assert {"abort", "deadline"} <= set(one.finishes["reason"])
+    fleet = simulate_fleet(w, FleetSpec.uniform(1, cfg, AFFINE))
+    for t in TABLES:
+        pd.testing.assert_frame_equal(getattr(one, t).reset_index(drop=True), getattr(fleet, t).reset_index(drop=True))

@@ -71,12 +71,15 @@ class EngineCore:
         self.observers.append(fn)
 
     # ---- inputs (between steps) ---------------------------------------------------------------
-    def add_request(self, r: Request, stop_ids: Iterable[int] | None = None, preloaded: int = 0) -> int:
+    def add_request(self, r: Request, stop_ids: Iterable[int] | None = None, preloaded: int = 0,
+                    client_abort: bool = False) -> int:
         """Add a request (arrival times must not decrease); returns its row. ConfigError: it
         could never run (over the KV pool, or over the token budget without chunked prefill).
         `preloaded`: prompt tokens whose KV was computed elsewhere and came with it (a
-        disaggregated decode replica; at most all but the last, which it computes itself)."""
-        return self.scheduler.add_request(r, stop_ids, preloaded)
+        disaggregated decode replica; at most all but the last, which it computes itself).
+        `client_abort`: apply its abort_at_ms (a simulated client; a server's clients cancel with
+        `abort`)."""
+        return self.scheduler.add_request(r, stop_ids, preloaded, client_abort)
 
     def abort(self, i: int, now_ms: float, reason: str = "abort"):
         """Cancel request i; its finish comes in the next outputs."""

@@ -84,8 +84,10 @@ class RequestTable:
     def __len__(self) -> int:
         return self.n
 
-    def add(self, r: Request, stop_ids: Iterable[int] | None = None) -> int:
-        """Append request `r` as a new row (state NOT_ARRIVED) and return its index."""
+    def add(self, r: Request, stop_ids: Iterable[int] | None = None, client_abort: bool = False) -> int:
+        """Append request `r` as a new row (state NOT_ARRIVED) and return its index. `client_abort`:
+        its abort_at_ms is a cancellation the engine applies (a simulated client, a fleet's
+        replica); otherwise only its deadline is (a server's client cancels by itself)."""
         i = self.n
         cap = self._cap
         if not cap or len(cap["state"]) <= i:
@@ -100,7 +102,11 @@ class RequestTable:
         self.token_ids.append(list(r.prompt_ids) if r.prompt_ids is not None else None)
         if stop_ids is not None:
             self.stop_of[i] = frozenset(stop_ids)
-        if r.deadline_ms is not None:   # (not abort_at_ms: a server's client cancels by itself)
+        if client_abort:                # a simulated client: abort_at_ms too, as a workload's rows have it
+            e = cancellation(r)
+            if e is not None:
+                self.abort_at[i], self.abort_reason[i] = e
+        elif r.deadline_ms is not None:   # (not abort_at_ms: a server's client cancels by itself)
             self.abort_at[i], self.abort_reason[i] = float(r.arrival_ms) + float(r.deadline_ms), "deadline"
         self.n = i + 1
         return i

@@ -103,11 +103,13 @@ class Scheduler:
         self._gone: list[int] = []
 
     # ---- requests arriving while the loop runs (a server) -----------------------------------
-    def add_request(self, r: Request, stop_ids: Iterable[int] | None = None, preloaded: int = 0) -> int:
+    def add_request(self, r: Request, stop_ids: Iterable[int] | None = None, preloaded: int = 0,
+                    client_abort: bool = False) -> int:
         """Append request `r` (arrival times must not decrease) and return its row. `stop_ids`
         replace the scheduler's stop ids for it (() ignores EOS). `preloaded`: prompt tokens
         whose KV arrives with the request (disaggregated decode: computed elsewhere and
-        transferred); they count as computed when it first joins, in blocks of its own. Refused with ConfigError: a
+        transferred); they count as computed when it first joins, in blocks of its own.
+        `client_abort`: its abort_at_ms is applied here (a simulated client: a fleet's replica). Refused with ConfigError: a
         request that could never run (prompt + output over the KV pool without a context
         budget to reject it; a prompt over the token budget without chunked prefill)."""
         t = self.requests
@@ -116,7 +118,7 @@ class Scheduler:
             raise ConfigError(why)
         if t.n and r.arrival_ms < t.arrival[t.n - 1]:
             raise ValueError(f"arrival {r.arrival_ms} ms is before the previous request's")
-        i = t.add(r, stop_ids)
+        i = t.add(r, stop_ids, client_abort)
         if preloaded:
             t.preloaded[i] = min(int(preloaded), r.prompt_tokens - 1)
         if i in t.abort_reason:   # (its deadline joins the cancellations, not abort_at_ms: a client cancels itself)

@@ -312,14 +312,16 @@ class FleetSim:
         else:
             self.decode_of[row] = dec
             self.replicas[dec].tell(now, "requests", 1, self._seq)   # it will hold this request
-            copy = Request(r.id, now, r.prompt_tokens, 1, r.prompt_ids, r.tenant)
+            copy = Request(r.id, now, r.prompt_tokens, 1, r.prompt_ids, r.tenant, abort_at_ms=r.abort_at_ms,
+                           deadline_ms=r.deadline_ms, priority=r.priority)
             self._add(self.replicas[d.replica], row, copy, now, is_copy=True)
 
     def _add(self, rep: _Replica, row: int, r: Request, now: float, is_copy: bool = False, preloaded: int = 0):
-        if r.arrival_ms != now:
+        if r.arrival_ms != now:   # (a decode replica's copy: the client's deadline still counts from its arrival)
+            left = None if r.deadline_ms is None else max(1e-6, r.arrival_ms + r.deadline_ms - now)
             r = Request(r.id, now, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
-                        deadline_ms=r.deadline_ms, priority=r.priority)
-        rep.core.add_request(r, preloaded=preloaded)
+                        abort_at_ms=r.abort_at_ms, deadline_ms=left, priority=r.priority)
+        rep.core.add_request(r, preloaded=preloaded, client_abort=True)
         rep.rows.append(row)
         rep.is_copy.append(is_copy)
         if not (preloaded and rep.role == "decode"):   # (a decode replica was told at routing)
