@@ -109,8 +109,8 @@ class Scheduler:
         replace the scheduler's stop ids for it (() ignores EOS). `preloaded`: prompt tokens
         whose KV arrives with the request (disaggregated decode: computed elsewhere and
         transferred); they count as computed when it first joins, in blocks of its own.
-        `client_abort`: its abort_at_ms is applied here (a simulated client: a fleet's replica). Refused with ConfigError: a
-        request that could never run (prompt + output over the KV pool without a context
+        `client_abort`: its abort_at_ms is applied here (a simulated client: a fleet's replica).
+        Refused with ConfigError: a request that could never run (prompt + output over the KV pool without a context
         budget to reject it; a prompt over the token budget without chunked prefill)."""
         t = self.requests
         why = adm.refusal(self.cfg, r.prompt_tokens, r.max_output_tokens, self.kv.num_blocks)
