@@ -50,13 +50,17 @@ def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int 
     t0 = batch.t_ms
     nxt = view.next_arrival
     may_join = nxt < t.n and cfg.policy != "static" and len(run) < cfg.seats and not view.waiting
-    if may_join:   # the usual refusal, found cheaply: an arrival that could join within min_steps steps
-        probe = np.cumsum(np.r_[t0, np.asarray(durations(min_steps), dtype=np.float64)])
-        if t.arrival[nxt] <= probe[min_steps - 1]:
+    horizon = view.horizon_ms
+    if may_join or horizon is not None:
+        # the usual refusal, found cheaply: an arrival that could join (or, in a fleet, a request
+        # that could be routed here) within min_steps steps
+        probe = np.cumsum(np.concatenate(([t0], np.asarray(durations(min_steps), dtype=np.float64))))
+        if (may_join and t.arrival[nxt] <= probe[min_steps - 1]) or \
+                (horizon is not None and horizon <= probe[min_steps - 1]):
             return None, 0
     d = np.asarray(durations(K), dtype=np.float64)
-    ends = np.cumsum(np.r_[t0, d])[1:]          # sequential sums: bit-identical to t += d
-    starts = np.r_[t0, ends[:-1]]
+    ends = np.cumsum(np.concatenate(([t0], d)))[1:]   # sequential sums: bit-identical to t += d
+    starts = np.concatenate(([t0], ends[:-1]))
     arrivals_by_step = np.zeros(K, dtype=np.int64)
     if nxt < t.n:
         # Arrivals join the queue at each step start; they can only be admitted if the
@@ -65,7 +69,6 @@ def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int 
         arrivals_by_step = np.searchsorted(pending, starts, side="right")
         if may_join:
             K = min(K, int(np.searchsorted(starts, pending[0], side="left")))
-    horizon = view.horizon_ms
     if horizon is not None:   # a fleet: a request may be routed here at `horizon`; stop before it
         K = min(K, int(np.searchsorted(starts, horizon, side="left")))
     # KV: a request needs a new block at step j >= 1 when its position c + j starts a block.

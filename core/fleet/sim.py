@@ -133,7 +133,8 @@ class _Replica:
         self.sched = self.core.scheduler
         self.rows: list[int] = []            # local request row -> the fleet's
         self.is_copy: list[bool] = []        # local row: a prefill copy (its token and finish are not the client's)
-        self.ready = math.inf                # when it next steps (inf: idle until something arrives)
+        self._ready = math.inf               # when it next steps (inf: idle until something arrives)
+        self.queue: list | None = None       # the fleet's heap of (ready, replica), told of every change
         self.busy = False                    # a step runs until `ready`
         self.drain_ms = math.inf if spec.drain_ms is None else float(spec.drain_ms)
         # what the router has been told, applied when it is old enough (heap of (t, seq, kind, value))
@@ -145,6 +146,17 @@ class _Replica:
         self.routed = 0
         if listen and self.sched.kv.prefix is not None:
             self.sched.kv.prefix.listener = lambda sign, h: self.kv_news.append((sign, h))
+
+    @property
+    def ready(self) -> float:
+        return self._ready
+
+    @ready.setter
+    def ready(self, t: float):
+        if t != self._ready:
+            self._ready = t
+            if t != math.inf and self.queue is not None:
+                heapq.heappush(self.queue, (t, self.index))
 
     def tell(self, t_ms: float, kind: str, value, seq: list):
         seq[0] += 1
@@ -165,6 +177,10 @@ class _Replica:
                     else:
                         self.cached.discard(h)
             self.seen_t = t
+
+
+class _Idle:
+    ready = math.inf
 
 
 class FleetSim:
@@ -402,13 +418,19 @@ class FleetSim:
         arrivals = w.arrival_ms.tolist()
         n = len(arrivals)
         reps = self.replicas
+        due: list = []              # (ready, replica), stale entries skipped: the earliest first, ties by index
+        for rep in reps:
+            rep.queue = due
         i = 0
         xfer_index = {}
+        idle = _Idle()
         while True:
             t_arr = arrivals[i] if i < n else math.inf
             t_ev = self.pending[0][0] if self.pending else math.inf
             t_link = self.link.next_done_ms() if self.link is not None and len(self.link) else math.inf
-            rep = min(reps, key=lambda x: x.ready)
+            while due and reps[due[0][1]].ready != due[0][0]:
+                heapq.heappop(due)
+            rep = reps[due[0][1]] if due else idle
             now = min(t_arr, t_ev, t_link, rep.ready)
             if now == math.inf:
                 break
@@ -424,6 +446,7 @@ class FleetSim:
                     self.transfers[xfer_index.pop(row)]["dur_ms"] = end - start
                     self._transfer_done(row, end)
             else:
+                heapq.heappop(due)
                 self._step(rep, now, t_arr)
         for rep in reps:
             if rep.core.has_unfinished():
