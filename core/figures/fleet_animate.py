@@ -33,7 +33,7 @@ ROUTER_XY = (0.06, 0.5)
 SINK_XY = (0.06, 0.06)     # rejected at the router
 COLUMNS = {"both": 0.78, "prefill": 0.5, "decode": 0.84}   # x of each role's column
 BOX_W = 0.07               # a node's half width (x units)
-EXIT_DX = 0.14             # a finished request leaves this far right of its replica
+EXIT_DX = 0.07             # a finished request leaves to this far right of its replica's box
 SLOT_COLS, SLOT_ROWS = 8, 5
 NODE_FILL = {"light": "#ECECEC", "dark": "#3A3E47"}
 # (state, legend label, colour): the per-request traces, in this order
@@ -202,7 +202,8 @@ class _Markers:
         busy |= moving
         leaving = (p.fin_t > t0) & (p.fin_t <= t1) & ~busy & ~rej
         g = np.clip((t1 - p.fin_t) / dt, 0.0, 1.0)
-        put("leaving", leaving, self.sl[0] + EXIT_DX * (0.3 + 0.7 * g), self.sl[1], self.last)
+        edge = p.xy[np.maximum(self.last, 0), 0] + BOX_W + EXIT_DX     # from its seat out past the box's edge
+        put("leaving", leaving, self.sl[0] + (edge - self.sl[0]) * (0.3 + 0.7 * g), self.sl[1], self.last)
         busy |= leaving
         first, second = p.on_first(t1) & ~busy, p.on_second(t1) & ~busy
         put("prefill", first & p.pd, self.s1[0], self.s1[1], p.first)
@@ -264,7 +265,7 @@ def fleet_animation(trace, theme: str = "light", max_frames: int = MAX_FRAMES,
         if "held" in index:
             data.append(go.Scatter(marker=dict(size=np.where(held > 0, 8 + 5 * np.sqrt(held), 0).tolist()),
                                    customdata=held))
-        data.append(go.Scatter(text=[str(h) for h in held.tolist()]))
+        data.append(go.Scatter(text=[f"{h} held" for h in held.tolist()]))
         data.append(go.Scatter(text=[_story(plan, t - dt, t)]))
         frames.append(go.Frame(name=names[k], data=data, traces=list(index.values())))
     fig.frames = frames
@@ -285,26 +286,35 @@ def _add_traces(fig: go.Figure, plan: _Plan, per_request: bool) -> dict[str, int
     Then, in both, the count beside each replica and the line above the picture."""
     index: dict[str, int] = {}
     if per_request:
-        for state, label, color in STATES:
-            if (state in ("prefill", "transfer") and not plan.pd.any()) or (
-                    state == "rejected" and not (plan.routed & (plan.first < 0)).any()):
-                continue
+        shown = [st for st in STATES if not ((st[0] in ("prefill", "transfer") and not plan.pd.any()) or (
+            st[0] == "rejected" and not (plan.routed & (plan.first < 0)).any()))]
+        for _, label, color in shown:    # the legend: one point each, off the axes, never animated (an empty
+            #                              animated trace would drop out of the legend frame by frame)
+            fig.add_trace(go.Scatter(x=[-1], y=[-1], mode="markers", name=label, hoverinfo="skip",
+                                     marker=dict(size=9, color=color)))
+        for state, label, color in shown:
             index[state] = len(fig.data)
             fig.add_trace(go.Scatter(x=[], y=[], mode="markers", name=label, hovertemplate="%{text}<extra></extra>",
+                                     showlegend=False,
                                      marker=dict(size=9, color=color, line=dict(width=0.5, color="white"))))
     else:
-        for state, label, color in (("routed", "routed within the frame", SKY),
-                                    ("transfer", "KV transfers within the frame", PURPLE)):
-            if state == "routed" or plan.pd.any():
-                index[state] = len(fig.data)
-                fig.add_trace(go.Scatter(x=[], y=[], mode="markers+text", name=label, textposition="top center",
-                                         marker=dict(color=color, opacity=0.8), hoverinfo="skip"))
-        index["held"] = len(fig.data)
-        fig.add_trace(go.Scatter(x=plan.xy[:, 0], y=plan.xy[:, 1], mode="markers", name="requests on the replica",
-                                 marker=dict(color=BLUE, size=[0] * len(plan.xy), opacity=0.8), hoverinfo="skip"))
+        kinds = [("routed", "requests routed within the frame", SKY)]
+        if plan.pd.any():
+            kinds.append(("transfer", "KV transfers within the frame", PURPLE))
+        kinds.append(("held", "requests on the replica", BLUE))
+        for _, label, color in kinds:      # the legend (as above)
+            fig.add_trace(go.Scatter(x=[-1], y=[-1], mode="markers", name=label, hoverinfo="skip",
+                                     marker=dict(size=11, color=color, opacity=0.8)))
+        for state, _, color in kinds:
+            index[state] = len(fig.data)
+            fig.add_trace(go.Scatter(x=plan.xy[:, 0] if state == "held" else [],
+                                     y=plan.xy[:, 1] if state == "held" else [],
+                                     mode="markers" if state == "held" else "markers+text", textposition="top center",
+                                     showlegend=False, marker=dict(color=color, opacity=0.8), hoverinfo="skip"))
     index["count"] = len(fig.data)
-    fig.add_trace(go.Scatter(x=plan.xy[:, 0] + BOX_W + 0.01, y=plan.xy[:, 1], mode="text", text=[""] * len(plan.xy),
-                             textposition="middle right", showlegend=False, hoverinfo="skip", textfont=dict(size=13)))
+    fig.add_trace(go.Scatter(x=plan.xy[:, 0] + BOX_W + 0.005, y=plan.xy[:, 1] - plan.half_h, mode="text",
+                             text=[""] * len(plan.xy), textposition="top right", showlegend=False, hoverinfo="skip",
+                             textfont=dict(size=13)))
     index["story"] = len(fig.data)
     fig.add_trace(go.Scatter(x=[0.0], y=[1.06], mode="text", text=[""], textposition="middle right",
                              showlegend=False, hoverinfo="skip", textfont=dict(size=13), cliponaxis=False))
