@@ -44,6 +44,8 @@ def test_four_sections_with_their_parts(sections):
         assert s["origin"].startswith("simulated") and "affine" in s["origin"]
         assert not re.search(r"\b(nan|inf)\b", s["text"], re.I)
         assert s["rows"] and s["traces"]
+        for row in s["rows"]:                     # every column defined once
+            assert set(row) - {"run", "policy", "signals age ms", "replica"} <= set(L.DEFINITIONS)
 
 
 def test_prefix_aware_about_doubles_cache_hits_on_conversations(sections):

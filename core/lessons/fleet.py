@@ -106,6 +106,32 @@ def _label(policy: str, staleness_ms: float, no_balance: bool) -> str:
 
 
 # ---- what each run shows -----------------------------------------------------------------------
+# The table columns, each defined once (a page shows these as the columns' help)
+DEFINITIONS = {
+    "prefix-hit blocks": "prompt blocks (16 tokens) found in the replica's prefix cache, summed over the fleet",
+    "hit blocks per replica": "the same, replica by replica",
+    "requests with no hit": "requests that found none of their prompt cached",
+    "prefill tokens computed": "prompt tokens the replicas computed (recomputation after preemption included)",
+    "requests per replica": "requests each replica finished",
+    "TTFT mean ms": "time to first token (first token - arrival), mean over requests",
+    "TTFT median ms": "the same, median", "TTFT p99 ms": "the same, 99th percentile",
+    "E2E p99 ms": "last token - arrival, 99th percentile",
+    "excess mean": "per routing decision: requests the chosen replica held minus the fewest any replica held "
+                   "(by the trace's times, not the router's view), mean over decisions",
+    "excess max": "the same, largest",
+    "longest run to one replica": "most consecutive routing decisions to the same replica",
+    # a drained replica (drain_numbers)
+    "drain ms": "when the replica left the rotation", "routed": "requests routed to it in all",
+    "last route ms": "when the last of them was routed", "routed after the drain": "requests routed to it after",
+    "held at the drain": "requests routed to it and not finished at the drain", "finished": "requests it finished",
+    "last finish ms": "when it finished its last request: from then it may stop",
+    "requests": "requests in the workload", "finished in the fleet": "requests that ran to their end, on any replica",
+    "rejected": "requests rejected at the router",
+}
+BALANCE_ABS = DEFAULT_PARAMS["prefix-aware"]["balance_abs"]
+OVER = f"sent over {BALANCE_ABS:g} above the least loaded"
+DEFINITIONS[OVER] = (f"routing decisions whose replica held more than {BALANCE_ABS:g} requests above the least "
+                     "loaded (what prefix-aware's load check exists to prevent)")
 def hit_blocks(tr) -> list[int]:
     """Prefix-hit blocks per replica (blocks of a prompt found in that replica's prefix cache)."""
     return [int(r["stats"]["prefix_hit_blocks"]) for r in tr.meta["fleet"]["replicas"]]
@@ -165,9 +191,8 @@ def herding(tr) -> dict:
     n = len(tr.meta["fleet"]["replicas"])
     ex = excess_load([e["t_ms"] for e in routes], [e["replica"] for e in routes], tr.finishes["t_ms"].to_numpy(),
                      tr.finishes["replica"].to_numpy(), n)
-    bound = DEFAULT_PARAMS["prefix-aware"]["balance_abs"]
     return {"excess mean": float(ex.mean()) if len(ex) else 0.0, "excess max": int(ex.max()) if len(ex) else 0,
-            f"sent over {bound:g} above the least loaded": int((ex > bound).sum()),
+            OVER: int((ex > BALANCE_ABS).sum()),
             "longest run to one replica": longest_run([e["replica"] for e in routes])}
 
 
@@ -265,7 +290,8 @@ def section_skew() -> dict:
         + f". Round-robin reused {rr['prefix-hit blocks']:,} blocks, prefix-aware {pa['prefix-hit blocks']:,} "
         f"{_more(rr['prefix-hit blocks'], pa['prefix-hit blocks'])}. Remove prefix-aware's load check (balance_abs "
         f"{NO_BALANCE['balance_abs']:,.0f}) and it sends every request of a tenant to the one replica holding its "
-        f"prompt: requests per replica {_per_replica(sk['requests per replica'])} ({_none(idle)} idle). It reused "
+        f"prompt (a tenant's blocks are never shared with the other: the cache key carries the tenant): requests per "
+        f"replica {_per_replica(sk['requests per replica'])} ({_none(idle)} idle). It reused "
         f"{sk['prefix-hit blocks']:,} blocks {_more(rr['prefix-hit blocks'], sk['prefix-hit blocks'])}"
         f", but against round-robin TTFT mean went {_change(rr['TTFT mean ms'], sk['TTFT mean ms'])}, p99 "
         f"{_change(rr['TTFT p99 ms'], sk['TTFT p99 ms'])}, and E2E p99 {_change(rr['E2E p99 ms'], sk['E2E p99 ms'])}"
@@ -290,8 +316,7 @@ def section_stale() -> dict:
     lr0, lr1 = rows[("least-requests", fresh)], rows[("least-requests", old)]
     pa0, pa1 = rows[("prefix-aware", fresh)], rows[("prefix-aware", old)]
     rr0, rr1 = rows[("round-robin", fresh)], rows[("round-robin", old)]
-    bound = DEFAULT_PARAMS["prefix-aware"]["balance_abs"]
-    over = f"sent over {bound:g} above the least loaded"
+    bound, over = BALANCE_ABS, OVER
     text = (
         f"**The router sees each replica as it was {STALENESS_MS[1]}-{old} ms ago** (the Mooncake slice above). "
         f"Least-requests sends each request to the replica that *looked* emptiest; while the signals stand still "
@@ -340,5 +365,7 @@ SECTIONS = (section_wins, section_skew, section_stale, section_drain)
 
 def lesson_sections() -> list[dict]:
     """The lesson's four scenarios, each {key, title, question, text (markdown, every number computed),
-    rows (one dict per run: the table), origin, workload, setup, traces {label: Trace}, numbers}."""
+    rows (one dict per run: the table; its columns defined in DEFINITIONS), origin, workload, setup,
+    traces {label: Trace}, numbers}. The first call simulates (~4-9 s on one CPU); later ones reuse
+    the cached runs."""
     return [f() for f in SECTIONS]
