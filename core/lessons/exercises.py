@@ -1,9 +1,12 @@
-"""Chapter 31's six exercises and the serving lesson's ten recall questions, with a link that
-opens the page (and parameters) to work each one, numeric answers computed by the core, and
-reference answers (our wording; the facts and numbers are the sources').
+"""Chapter 31's six exercises, the serving lesson's ten recall questions and five on routing a
+fleet, with a link that opens the page (and parameters) to work each one, numeric answers
+computed by the core, and reference answers (our wording; the facts and numbers are the
+sources').
 
 Numeric answers are never typed in here: each is computed from the bundled chapter traces,
-core.analysis.metrics or core.formulas.speculative, so they stay equal to what the pages show.
+core.analysis.metrics, core.formulas.speculative, or the fleet simulator's runs of the routing
+lesson (core.lessons.fleet) and its KV link (core.fleet.link), so they stay equal to what the
+pages show.
 """
 from __future__ import annotations
 
@@ -68,6 +71,63 @@ def _spec(what: str, i: int | None = None) -> Callable[[], float]:
         from core.formulas import speculative as s
         v = getattr(s, what)(EX3_P, EX3_Q)
         return float(v if i is None else v[i])
+    return f
+
+
+# ---- routing a fleet (core.lessons.fleet's runs) ---------------------------------------------------
+RR_NTH = (10, 100)          # fleet-1: which replica serves the 10th and the 100th request (1-based)
+XFER_TOKENS = 2048          # fleet-2: a prompt of this many tokens of ...
+XFER_MODEL = "Llama-2-7B"   # ... this model, over the fleet's default link
+
+
+def _rr_replica(nth: int) -> Callable[[], float]:
+    def f():
+        from core.lessons.fleet import run
+        tr = run("shared", "round-robin")
+        rid = tr.ids[nth - 1]          # the workload is in arrival order
+        return float(next(e["replica"] for e in tr.events_of("route") if e["req"] == rid))
+    return f
+
+
+def xfer_bytes() -> int:
+    from core.formulas.kv import MODELS
+    return XFER_TOKENS * MODELS[XFER_MODEL].kv_bytes_per_token()
+
+
+def _xfer_ms(together: int) -> Callable[[], float]:
+    """How long one of `together` equal transfers started at once takes on the fleet's default link."""
+    def f():
+        from core.fleet.link import Link
+        from core.fleet.sim import FleetSpec
+        link = Link(FleetSpec.link_gbps, FleetSpec.link_latency_ms)
+        for k in range(together):
+            link.add(k, xfer_bytes(), 0.0)
+        return max(end - start for _, start, end, _ in link.pop_done(math.inf))
+    return f
+
+
+def _skew_hits(replica: int) -> Callable[[], float]:
+    def f():
+        from core.lessons.fleet import hit_blocks, run
+        return float(hit_blocks(run("shared", "prefix-aware", no_balance=True))[replica])
+    return f
+
+
+def _pd(what: str) -> Callable[[], float]:
+    def f():
+        from core.lessons.fleet import pd_run
+        tr = pd_run()
+        if what == "whole":
+            return float(sum(e["stage"] == "whole" for e in tr.events_of("route")))
+        return float(len(tr.events_of("transfer")))
+    return f
+
+
+def _drained(what: str) -> Callable[[], float]:
+    def f():
+        from core.lessons.fleet import DRAINED, drain_numbers, run
+        d = drain_numbers(run("shared", "round-robin", drained=DRAINED), DRAINED)
+        return float(d["finished"] if what == "served" else d["requests"] - d["finished in the fleet"])
     return f
 
 
@@ -179,4 +239,55 @@ EXERCISES = [
              "2 × 10¹² / 14 × 10⁹ ≈ 143 steps/s, before any other cost. Batching shares one weight read among "
              "sequences but adds compute and KV traffic, until another limit is reached.",
              (Numeric("steps per second", lambda: 2e12 / 14e9, 1.0, "steps/s"),)),
+    Exercise("fleet-1", "Routing a fleet, 1",
+             f"Four replicas behind a round-robin router serve shared_prefix_200. Which replica (0-3) serves the "
+             f"{RR_NTH[0]}th request to arrive? The {RR_NTH[1]}th?",
+             "",
+             "Round-robin gives the i-th request (counting from 0) to replica i mod N, whatever the loads or the "
+             "caches: the 10th request is i = 9, 9 mod 4 = 1; the 100th is i = 99, 99 mod 4 = 3. The simulated "
+             "run's route events say the same.",
+             tuple(Numeric(f"replica of request {n}", _rr_replica(n), 0.5) for n in RR_NTH)),
+    Exercise("fleet-2", "Routing a fleet, 2",
+             f"With disaggregated serving, a prefill replica sends a {XFER_TOKENS:,}-token prompt's KV cache of "
+             f"{XFER_MODEL} (512 KiB a token) to a decode replica over a 25 GB/s link with 0.05 ms latency. How long "
+             "does the transfer take alone? How long does each of two such transfers take when they start together "
+             "and share the link fairly?",
+             "",
+             "Alone: latency + bytes / bandwidth = 0.05 ms + 2,048 x 524,288 bytes / 25 x 10^9 bytes/s = 0.05 + "
+             "42.95 ms = 43.0 ms. Together each gets half the bandwidth until both end: 0.05 + 2 x 42.95 = 85.95 ms. "
+             "GB/s here is 10^9 bytes per second; 1 GiB is 2^30 bytes.",
+             (Numeric("alone (ms)", _xfer_ms(1), 0.05, "ms"), Numeric("each of two (ms)", _xfer_ms(2), 0.05, "ms"))),
+    Exercise("fleet-3", "Routing a fleet, 3",
+             "Route shared_prefix_200 (two tenants, each with its own system prompt) over four replicas with prefix "
+             "caching, using prefix-aware routing with its load check off (balance_abs very large). How many "
+             "prompt blocks (16 tokens each) does replica 0 find in its prefix cache over the whole run?",
+             "",
+             "The first request goes to replica 0 (all caches empty) and every later request of its tenant follows "
+             "it there. Each of them finds the tenant's system prompt cached: its full 16-token blocks, the tokens "
+             "every prompt of the tenant starts with, divided by 16 and rounded down. So: (requests of that tenant "
+             "- 1) x (shared prefix tokens // 16). The routing lesson's second scenario shows the run.",
+             (Numeric("prefix-hit blocks on replica 0", _skew_hits(0), 0.5, "blocks"),)),
+    Exercise("fleet-4", "Routing a fleet, 4",
+             "Serve shared_prefix_200 on one prefill and three decode replicas (P:D = 1:3) with pd_min_prompt = "
+             "300: prompts shorter than 300 tokens run whole on a decode replica, the others are prefilled on the "
+             "prefill replica and their KV cache moved. How many requests run whole on a decode replica, and how "
+             "many KV transfers cross the link?",
+             "",
+             "Count the prompts under 300 tokens in the workload: those run whole. Every other request is "
+             "prefilled, then moved: one transfer each (none is rejected here).",
+             (Numeric("run whole on a decode replica", _pd("whole"), 0.5, "requests"),
+              Numeric("KV transfers", _pd("transfers"), 0.5, "transfers"))),
+    Exercise("fleet-5", "Routing a fleet, 5",
+             "Four replicas, round-robin, shared_prefix_200: replica 3 is drained (taken out of rotation) when the "
+             "101st request arrives. How many requests does replica 3 serve in all? How many requests does the "
+             "fleet lose?",
+             "",
+             "Before the drain, round-robin gave replica 3 every request i with i mod 4 = 3 among i = 0..99: 25. "
+             "From the drain on it receives nothing, but it finishes what it holds, so nothing is lost: 0. A "
+             "replica stopped without draining would have cut off the requests it still held.",
+             (Numeric("served by replica 3", _drained("served"), 0.5, "requests"),
+              Numeric("lost", _drained("lost"), 0.5, "requests"))),
 ]
+
+# The Exercises page's groups: (heading, key prefix)
+GROUPS = (("Chapter 31", "ch31"), ("Serving lesson: recall and stretch", "recall"), ("Routing a fleet", "fleet"))
