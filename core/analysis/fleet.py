@@ -241,3 +241,9 @@ def _transfers(ev, empty: bool = False) -> dict | None:
     return {"count": int(t["count"]), "bytes": int(t["bytes"] or 0), "blocks": int(t["blocks"] or 0),
             "mean_ms": dist["mean"], "p99_ms": dist["p99"],
             **{k: num(v) for k, v in w.items()}}
+
+
+def fields_markdown() -> str:
+    """FIELDS as the table docs/metrics.md shows (tests/test_fleet_metrics.py rewrites it)."""
+    rows = [f"| `{k}` | {v.replace('|', '/')} |" for k, v in FIELDS.items()]
+    return "\n".join(["| field | meaning |", "|---|---|", *rows]) + "\n"
