@@ -240,9 +240,10 @@ def test_a_trace_whose_rows_name_replicas_is_a_fleet_without_meta():
     assert f["router"]["policy"] is None and f["router"]["imbalance"] == 1.0
 
 
-def test_unreadable_fleet_fields_are_noted_or_missing_the_same_way_on_both_paths(tmp_path):
+def test_unreadable_fleet_fields_are_noted_or_missing_the_same_way_on_both_paths(tmp_path, capsys):
     tr = pd_trace()
     tr.meta["fleet"]["replicas"][1]["role"] = "sideways"
+    tr.meta["fleet"]["router"]["staleness_ms"] = "soon"
     tr.meta["fleet"]["replicas"].append({"replica": "x"})
     for e in tr.other:
         if e.get("type") == "route" and e["req"] == "long0":
@@ -254,9 +255,12 @@ def test_unreadable_fleet_fields_are_noted_or_missing_the_same_way_on_both_paths
     assert f["transfers"]["bytes"] == 4 * 16 * BPT
     assert any("role" in n and "sideways" in n for n in f["notes"])
     assert any("meta.fleet.replicas[2]" in n for n in f["notes"])
+    assert f["router"]["staleness_ms"] is None
     path = tmp_path / "odd.parquet"
     path.write_bytes(to_parquet_bytes(tr))
     assert differences(f, summarize_parquet(path)["summary"]["fleet"]) == []
+    assert main(["metrics", str(path)]) == 0
+    assert "  router round-robin: imbalance" in capsys.readouterr().out
 
 
 BEGIN, END = "<!-- fleet fields: begin -->", "<!-- fleet fields: end -->"

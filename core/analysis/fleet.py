@@ -144,6 +144,8 @@ def meta_replicas(meta: dict) -> tuple[dict | None, list[str]]:
         return None, ["meta.fleet: not an object (ignored)"]
     reps, notes = {}, []
     listed = f.get("replicas")
+    if listed is not None and not isinstance(listed, list):
+        notes.append("meta.fleet.replicas: not a list (ignored)")
     for k, e in enumerate(listed if isinstance(listed, list) else []):
         r = e.get("replica") if isinstance(e, dict) else None
         if isinstance(r, bool) or not isinstance(r, int) or r < 0 or r in reps:
@@ -155,7 +157,8 @@ def meta_replicas(meta: dict) -> tuple[dict | None, list[str]]:
                          "(taken as both)")
             role = "both"
         sm = e.get("step_model")
-        reps[r] = {"role": role, "step_model": sm.get("description") if isinstance(sm, dict) else None,
+        desc = sm.get("description") if isinstance(sm, dict) else None
+        reps[r] = {"role": role, "step_model": desc if isinstance(desc, str) else None,
                    "stats": e.get("stats") if isinstance(e.get("stats"), dict) else {}}
     return reps, notes
 
@@ -221,7 +224,9 @@ def fleet_summary(ev, meta: dict) -> dict | None:
 def _router(ev, meta: dict, rows: list[dict], from_routes: bool) -> dict:
     f = meta.get("fleet") if isinstance(meta.get("fleet"), dict) else {}
     rc = f.get("router") if isinstance(f.get("router"), dict) else {}
-    out = {"policy": rc.get("policy"), "staleness_ms": rc.get("staleness_ms"),
+    policy, stale = rc.get("policy"), rc.get("staleness_ms")
+    out = {"policy": policy if isinstance(policy, str) else None,
+           "staleness_ms": float(stale) if isinstance(stale, (int, float)) and not isinstance(stale, bool) else None,
            "routed_from": "route events" if from_routes else "finishes",
            "imbalance": _ratio_max_mean([x["routed"] for x in rows if x["role"] in ("both", "prefill")])}
     if any(x["role"] == "decode" for x in rows):

@@ -140,7 +140,12 @@ class InMemory:
     def replicas_seen(self, records) -> set:
         """The distinct replica values of these record types' rows."""
         tables = {"token": "tokens", "finish": "finishes", "step": "steps", "kv": "kv", "preempt": "preempts"}
-        return {int(x) for rec in records for x in pd.unique(getattr(self.trace, tables[rec])["replica"])}
+        out = set()
+        for rec in records:
+            v = getattr(self.trace, tables[rec])["replica"].to_numpy()
+            if len(v):   # (all 0, a single engine's: without hashing the column)
+                out |= {0} if v.min() == v.max() == 0 else {int(x) for x in pd.unique(v)}
+        return out
 
     def columns(self, name: str) -> set:
         return set(self.trace.steps.columns) if name == "step" else set(self.relation(name)[0])
