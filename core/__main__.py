@@ -529,6 +529,8 @@ def _print_metrics(a, out):
     if kv:
         print(f"engine prefix cache (KV events): {kv['stored_blocks']:,} blocks stored, {kv['removed_blocks']:,} "
               f"removed, {kv['cleared']} clear(s), at most {kv['peak_cached_blocks']:,} cached at once")
+    if s.get("fleet"):
+        _print_fleet(s["fleet"])
     for row in out.get("tool_comparison", []):
         rel = row["relative_difference"]
         print(f"{out['tool']} {row['metric']} {row['stat']}: file {_fmt(row['file'])}, ours {_fmt(row['ours'])}"
@@ -539,6 +541,36 @@ def _print_metrics(a, out):
         print(f"failed: request {f['id']} (#{f['index']}): {f['error']}")
     if "failed" in s:
         print(f"failed requests: {s['failed']}")
+
+
+def _print_fleet(f):
+    """summary.fleet (core/analysis/fleet.py): a line per replica, the router, the KV transfers."""
+    w0, w1 = f["window_ms"]
+    models = {r["step_model"] for r in f["replicas"]}
+    one = len(models) == 1 and None not in models
+    print(f"fleet ({f['origin']}" + (f", step model {models.pop()}" if one else "") + f"): {len(f['replicas'])} "
+          f"replicas; busy = step time / the drain window [{w0:g}, {w1:g}] ms")
+    for r in f["replicas"]:
+        t, e = r["ttft_ms"], r["e2e_ms"]
+        sm = f", step model {r['step_model']}" if r["step_model"] and not one else ""
+        lat = f"; TTFT p50 {_fmt(t['p50'])} p99 {_fmt(t['p99'])} ms, E2E p50 {_fmt(e['p50'])} p99 " \
+              f"{_fmt(e['p99'])} ms" if t["n"] else ""
+        hits = "" if r["prefix_hit_blocks"] is None else \
+            f", {r['prefix_hit_blocks']:,} prefix-hit blocks ({r['prefix_hit_blocks_source']})"
+        print(f"  replica {r['replica']} ({r['role']}{sm}): {r['routed']} routed, {r['requests']} finished, "
+              f"{r['prefilled']} prefilled{lat}; {r['steps']:,} steps, busy {_fmt(r['busy_fraction'])}{hits}")
+    ro = f["router"]
+    stale = "" if ro["staleness_ms"] is None else f", staleness {ro['staleness_ms']:g} ms"
+    dec = f", decode {_fmt(ro['imbalance_decode'])}" if "imbalance_decode" in ro else ""
+    print(f"  router {ro['policy'] or '(policy not recorded)'}{stale}: imbalance (max/mean routed, from "
+          f"{ro['routed_from']}) {_fmt(ro['imbalance'])}{dec}; {ro['rejected']} rejected")
+    x = f.get("transfers")
+    if x is not None:
+        print(f"  KV transfers: {x['count']:,}, {x['bytes']:,} bytes; time mean {_fmt(x['mean_ms'])} ms, p99 "
+              f"{_fmt(x['p99_ms'])} ms; waited on the link mean {_fmt(x['waited_ms_mean'])} ms, then for decode "
+              f"admission mean {_fmt(x['decode_admit_wait_ms_mean'])} ms")
+    for n in f["notes"]:
+        print(f"  note: {n}")
 
 
 def _print_request_summary(s):

@@ -11,8 +11,10 @@ An evaluator offers relations by name, each a table with the columns the express
   step           t_ms, dur_ms, running, kv_used_blocks (and prefill_tokens, decode_tokens when recorded)
   kv_event       op, hash (the engine's KV events)
 and `agg(relation, {name: Agg}, params)`, `request_column(expr, params)`, `distribution(what,
-name, percentiles)` (what: a request column or "itl"), `rows(relation, columns, where)` (in trace
-order) and `kv_event_peak()`.
+name, percentiles, relation="request", where=None)` (what: a column of the relation, over the rows
+`where` selects, or "itl"), `rows(relation, columns, where)` (in trace order), `kv_event_peak()`
+and `replicas_seen(record types)`. Fleet traces' metrics (per replica, router, KV transfers) are
+in core.analysis.fleet, with the relations they read.
 """
 from __future__ import annotations
 

@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from core.analysis import definitions as d
+from core.analysis import fleet as fl
 from core.analysis.definitions import (  # noqa: F401  (the metrics' names, defined once there)
     COMPLETED,
     DEFAULT_PERCENTILES,
@@ -112,7 +113,39 @@ class InMemory:
         if name == "kv_event":
             kv = tr.kv_events
             return {"op": kv["op"].astype(str).to_numpy(dtype=object), "hash": kv["hash"].to_numpy()}, len(kv)
+        return self._fleet_relation(name)
+
+    def _fleet_relation(self, name: str) -> tuple[dict, int]:
+        """core.analysis.fleet's relations (its docstring); replicas as floats (missing: NaN)."""
+        tr = self.trace
+        if name in ("replica_finish", "replica_step", "replica_kv"):
+            df = {"replica_finish": tr.finishes, "replica_step": tr.steps, "replica_kv": tr.kv}[name]
+            env = {"replica": df["replica"].to_numpy(dtype=float)}
+            for c in {"replica_finish": ("t_ms", "req"), "replica_step": ("t_ms", "dur_ms"), "replica_kv": ()}[name]:
+                env[c] = df[c].to_numpy(dtype=float) if c != "req" else df[c].to_numpy()
+            if name == "replica_kv":
+                env["op"] = df["op"].astype(str).to_numpy(dtype=object)
+            return env, len(df)
+        if name in fl.EVENT_FIELDS:
+            return _event_relation(tr, name)
+        if name == "fleet_request":
+            rows = {rel: self.relation(rel)[0] for rel in ("replica_finish", "transfer")}
+            return request_columns_np(fl.FLEET_REQUEST, self._request_env(), rows, len(tr.requests)), len(tr.requests)
+        if name == "visit":
+            env = _visits(tr)
+            env["__request__"] = self.relation("fleet_request")[0]
+            return env, len(env["req"])
         raise KeyError(name)
+
+    def replicas_seen(self, records) -> set:
+        """The distinct replica values of these record types' rows."""
+        tables = {"token": "tokens", "finish": "finishes", "step": "steps", "kv": "kv", "preempt": "preempts"}
+        out = set()
+        for rec in records:
+            v = getattr(self.trace, tables[rec])["replica"].to_numpy()
+            if len(v):   # (all 0, a single engine's: without hashing the column)
+                out |= {0} if v.min() == v.max() == 0 else {int(x) for x in pd.unique(v)}
+        return out
 
     def columns(self, name: str) -> set:
         return set(self.trace.steps.columns) if name == "step" else set(self.relation(name)[0])
@@ -132,12 +165,16 @@ class InMemory:
         idx = np.flatnonzero(np.asarray(where.np(env), dtype=bool))
         return list(zip(*(env[c][idx].tolist() for c in cols))) if len(idx) else []
 
-    def distribution(self, what: str, name: str, percentiles) -> dict:
+    def distribution(self, what: str, name: str, percentiles, relation: str = "request", where=None) -> dict:
         if what == "itl":
             return distribution(itl_gaps(self.trace), name, percentiles)
         if what == "step_dur":
             return distribution(self.trace.steps["dur_ms"].to_numpy(dtype=float), name, percentiles)
-        return distribution(self._request_env()[what], name, percentiles)
+        env, _ = self.relation(relation)
+        v = np.asarray(env[what], dtype=float)
+        if where is not None:
+            v = v[np.asarray(where.np(env), dtype=bool)]
+        return distribution(v, name, percentiles)
 
     def kv_event_peak(self) -> int:
         from core.analysis.kv_events import cached_blocks
@@ -149,6 +186,40 @@ class InMemory:
         return pd.DataFrame({"id": env["id"], "arrival_ms": env["arrival_ms"],
                              **{c: env[c] for c in d.REQUEST_METRICS[2:-1]},
                              "finish_reason": pd.Series(env["finish_reason"], dtype=object)})  # object: None stays None
+
+
+def _number(v) -> float:
+    """A verbatim event's numeric field: NaN when it is not a number."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def _event_relation(trace, kind: str) -> tuple[dict, int]:
+    """The `kind` verbatim events as a relation (core.analysis.fleet.EVENT_FIELDS), in trace order;
+    with a request column: only those whose req names a request, req its row."""
+    events = trace.events_of(kind)
+    if fl.EVENT_REQ[kind]:
+        row_of = {rid: j for j, rid in enumerate(trace.requests["id"].tolist())}
+        events = [e for e in events if isinstance(e.get("req"), str) and e["req"] in row_of]
+    env = {c: np.array([_number(e.get(c)) for e in events], dtype=float) for c in fl.EVENT_FIELDS[kind]}
+    if fl.EVENT_REQ[kind]:
+        env["req"] = np.array([row_of[e["req"]] for e in events], dtype=np.int64)
+    return env, len(events)
+
+
+def _visits(trace) -> dict:
+    """core.analysis.fleet's visit relation (without its request columns): per (request, replica)
+    with batch entries there, the first entry's step start and the last entry's step end."""
+    st = trace.steps.drop_duplicates("step", keep="first")
+    b = trace.batch
+    at = pd.Index(st["step"].to_numpy()).get_indexer(b["step"].to_numpy())
+    ok = at >= 0
+    t = st["t_ms"].to_numpy(dtype=float)[at[ok]]
+    df = pd.DataFrame({"req": b["req"].to_numpy()[ok], "replica": st["replica"].to_numpy(dtype=float)[at[ok]],
+                       "first_ms": t, "last_end_ms": t + st["dur_ms"].to_numpy(dtype=float)[at[ok]]})
+    g = df.groupby(["req", "replica"], sort=True).agg(first_ms=("first_ms", "min"), last_end_ms=("last_end_ms", "max"))
+    return {"req": g.index.get_level_values(0).to_numpy(dtype=np.int64),
+            "replica": g.index.get_level_values(1).to_numpy(dtype=float),
+            "first_ms": g["first_ms"].to_numpy(dtype=float), "last_end_ms": g["last_end_ms"].to_numpy(dtype=float)}
 
 
 class _Params(dict):
@@ -339,6 +410,9 @@ def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENT
     ev = InMemory(trace)
     summary = d.summary(ev, window, usd_per_hour, percentiles, slo, trace.meta,
                         has_kv_events=bool(len(getattr(trace, "kv_events", ()))))
+    fleet = fl.fleet_summary(ev, trace.meta)
+    if fleet is not None:
+        summary["fleet"] = fleet
     if not per_request:
         return {"source": trace.meta.get("source"), "label": trace.meta.get("label"), "summary": summary}
     m = ev.request_frame()

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from core.analysis import definitions as d
+from core.analysis import fleet as fl
 from core.analysis.definitions import distribution_of
 from core.analysis.expr import request_columns_sql
 from core.errors import InputError, TraceError
@@ -195,12 +196,13 @@ def _check_slice(con, pb, lo: int, hi: int, exact: bool) -> bool:
     return len(pb.items) > n
 
 
-def _dist(con, table: str, col: str, name: str, percentiles) -> dict:
-    """metrics.distribution's fields for a column of a DuckDB table, NaN/NULL left out."""
+def _dist(con, table: str, col: str, name: str, percentiles, cond: str | None = None) -> dict:
+    """metrics.distribution's fields for a column of a DuckDB table (the rows where `cond` holds, when
+    given), NaN/NULL left out."""
     # one quantile state for the median and every percentile (each quantile_cont call keeps its own
     # copy of the column: five of 25 M ITL gaps ran past the memory limit)
     fractions = [0.5] + [p / 100 for p in percentiles]
-    where = f"{col} IS NOT NULL AND NOT isnan({col})"
+    where = f"{col} IS NOT NULL AND NOT isnan({col})" + ("" if cond is None else f" AND {cond}")
     n = int(con.execute(f"SELECT count({col}) FROM {table} WHERE {where}").fetchone()[0])
     big = n > EXACT_IN_MEMORY
     qs = "[" + ", ".join(repr(q) for q in fractions) + "]"
@@ -274,6 +276,9 @@ def _summarize(files, window, usd_per_hour, percentiles, slo) -> dict:
         ev = DuckDBTrace(con, _source_view(con, files))
         kv = bool(ev.agg("kv_event", {"n": d.Agg("count")})["n"])
         summary = d.summary(ev, window, usd_per_hour, percentiles, slo, meta, has_kv_events=kv)
+        fleet = fl.fleet_summary(ev, meta)
+        if fleet is not None:
+            summary["fleet"] = fleet
         con.close()
     return {"source": meta.get("source"), "label": meta.get("label"), "summary": summary,
             "computed": {"engine": f"duckdb {_duckdb_version()}", "out_of_core": True, "percentiles": "exact",
@@ -302,12 +307,61 @@ class DuckDBTrace:
                     "t_ms AS arrival_ms, max_output_tokens FROM src WHERE rtype = 'request'")
         con.execute("CREATE TEMP TABLE m AS " + request_columns_sql(d.REQUEST, "r", RELATIONS))
         self._itl = self._steps = False
+        self._rels = dict(RELATIONS)
+
+    def _rel(self, name: str) -> str:
+        """A relation's SQL (core.analysis.fleet's built on first use)."""
+        if name not in self._rels:
+            self._fleet_relations()
+        return self._rels[name]
+
+    def _fleet_relations(self):
+        """core.analysis.fleet's relations (its docstring): the replica columns (0 where absent, as the
+        in-memory reader fills them), the verbatim route and transfer events' fields from their JSON, the
+        requests' fleet columns (table fm) and the visits (table fvisit)."""
+        con, rels = self.con, self._rels
+        rep = "coalesce(replica, 0)" if "replica" in self.cols else "0"
+        rels["replica_finish"] = f"(SELECT t_ms, req, rowkey, {rep} AS replica FROM src WHERE rtype = 'finish')"
+        rels["replica_step"] = f"(SELECT t_ms, coalesce(dur_ms, 0.0) AS dur_ms, {rep} AS replica FROM src " \
+                               "WHERE rtype = 'step')"
+        rels["replica_kv"] = f"(SELECT op, {rep} AS replica FROM src WHERE rtype = 'kv')"
+        for kind, fields in fl.EVENT_FIELDS.items():
+            cols = ", ".join(f"CASE WHEN json_type(e.json, '$.{c}') IN ('BIGINT', 'UBIGINT', 'DOUBLE') "
+                             f"THEN CAST(json_extract(e.json, '$.{c}') AS DOUBLE) END AS {c}" for c in fields)
+            ev = f"(SELECT json, rowkey FROM src WHERE rtype = 'other' AND " \
+                 f"json_extract_string(json, '$.type') = '{kind}')"
+            if fl.EVENT_REQ[kind]:    # (req: the request's row, only events whose req names one)
+                con.execute(f"CREATE TEMP TABLE ev_{kind} AS SELECT {cols}, r.i AS req, e.rowkey FROM {ev} e "
+                            "JOIN r ON json_type(e.json, '$.req') = 'VARCHAR' AND r.id = json_extract_string(e.json, "
+                            "'$.req')")
+            else:
+                con.execute(f"CREATE TEMP TABLE ev_{kind} AS SELECT {cols}, e.rowkey FROM {ev} e")
+            rels[kind] = f"ev_{kind}"
+        con.execute("CREATE TEMP TABLE fm AS " + request_columns_sql(fl.FLEET_REQUEST, "m", rels))
+        rels["fleet_request"] = "fm"
+        # a batch entry's step: the first step record of its number (trace order)
+        con.execute(f"""CREATE TEMP TABLE fvisit AS SELECT b.req, s.replica, min(s.t_ms) AS first_ms,
+                        max(s.t_ms + s.dur_ms) AS last_end_ms
+                        FROM (SELECT step, req FROM src WHERE rtype = 'batch') b
+                        JOIN (SELECT step, arg_min(t_ms, rowkey) AS t_ms, arg_min(coalesce(dur_ms, 0.0), rowkey)
+                              AS dur_ms, arg_min({rep}, rowkey) AS replica FROM src WHERE rtype = 'step'
+                              GROUP BY step) s USING (step)
+                        GROUP BY b.req, s.replica""")
+        rels["visit"] = "(SELECT v.req, v.replica, v.first_ms, v.last_end_ms, fm.* FROM fvisit v " \
+                        "JOIN fm ON v.req = fm.i)"
 
     def agg(self, name: str, aggs: dict, params: dict | None = None) -> dict:
         sel = ", ".join(a.sql(params or {}) for a in aggs.values())
         # fetchall: a result left unfinished blocks the connection's next streamed query
-        row = self.con.execute(f"SELECT {sel} FROM {RELATIONS[name]}").fetchall()[0]
+        row = self.con.execute(f"SELECT {sel} FROM {self._rel(name)}").fetchall()[0]
         return {k: _plain(v) for k, v in zip(aggs, row)}
+
+    def replicas_seen(self, records) -> set:
+        """The distinct replica values of these record types' rows (absent: 0)."""
+        if "replica" not in self.cols:
+            return {0} if self.con.execute("SELECT 1 FROM src WHERE rtype IN ?", [list(records)]).fetchone() else set()
+        return {int(x) for (x,) in self.con.execute("SELECT DISTINCT coalesce(replica, 0) FROM src WHERE rtype IN ?",
+                                                    [list(records)]).fetchall()}
 
     def columns(self, name: str) -> set:
         return self.cols
@@ -316,7 +370,10 @@ class DuckDBTrace:
         return self.con.execute(f"SELECT {', '.join(cols)} FROM {RELATIONS[name]} WHERE {where.sql({})} "
                                 "ORDER BY i").fetchall()
 
-    def distribution(self, what: str, name: str, percentiles) -> dict:
+    def distribution(self, what: str, name: str, percentiles, relation: str = "request", where=None) -> dict:
+        if relation != "request" or where is not None:
+            return _dist(self.con, self._rel(relation), what, name, percentiles,
+                         None if where is None else where.sql({}))
         if what == "itl":
             self._itl_table()
             return _dist(self.con, "itl", "g", name, percentiles)
