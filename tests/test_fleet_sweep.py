@@ -21,7 +21,7 @@ from core.errors import ConfigError
 from core.fleet.options import FleetFlags
 from core.fleet.router import RouterConfig
 from core.fleet.sim import FleetSpec, simulate_fleet
-from core.sim.search import parse_grid, search
+from core.sim.search import configurations, fleets, parse_grid, search
 from core.sim.stepmodel import StepModel
 from core.sim.sweep import point_summary, retimed, sweep
 from core.workload import Request, Workload
@@ -196,6 +196,16 @@ def test_fleet_axes_are_read_and_refused_in_one_line():
     # a decode count from the flags completes a prefill axis
     ok = search(w, CFG, UNIT, {"prefill_replicas": [1]}, 10.0, slo, workers=1, fleet=FleetFlags(decode_replicas=1))
     assert ok["points"][0]["fleet"]["replicas"] == 2
+
+
+def test_a_router_axis_keeps_the_flags_parameters_for_the_flags_policy_only():
+    flags = FleetFlags(replicas=2, router="prefix-aware", router_param=("balance_abs=64",), router_staleness_ms=5.0)
+    grid = {"router": ["prefix-aware", "least-requests"]}
+    specs = fleets(configurations(CFG, grid), UNIT, flags, seed=7)
+    assert [s.router.policy for s in specs] == ["prefix-aware", "least-requests"]
+    assert specs[0].router.params == {"cache_threshold": 0.3, "balance_abs": 64.0, "balance_rel": 1.5}
+    assert specs[1].router.params == {} and {s.router.seed for s in specs} == {7}
+    assert {s.router.staleness_ms for s in specs} == {5.0}
 
 
 @pytest.fixture

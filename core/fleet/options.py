@@ -163,9 +163,12 @@ def fleet_from_args(a, cfg: SchedulerConfig, step_model, kv_bytes_per_token=None
     if not (n or p or d or a.replicas_file):
         return None
     rc = router_from_args(a)
-    if router is not None:
-        rc = dataclasses.replace(rc, policy=router, params={})   # (the flags' parameters were for another policy)
+    if router is not None and router != rc.policy:   # (the flags' parameters were for --router's policy)
+        rc = dataclasses.replace(rc, policy=router, params={})
     if a.replicas_file:
+        if n or p or d:
+            raise ConfigError("--replicas-file and --replicas/--prefill-replicas/--decode-replicas: give one or the "
+                              "other (the file lists every replica)")
         specs = replicas_from_file(a.replicas_file, cfg, step_model)
     elif p or d:
         if n:

@@ -162,6 +162,9 @@ def check_fleet_axes(grid: dict[str, list], flags: FleetFlags | None) -> None:
                           "or --replicas, --prefill-replicas/--decode-replicas, --replicas-file")
     if f.replicas and pd_flags:
         raise ConfigError("--replicas and --prefill-replicas/--decode-replicas: give one or the other")
+    if f.replicas_file and (f.replicas or pd_flags):
+        raise ConfigError("--replicas-file and --replicas/--prefill-replicas/--decode-replicas: give one or the other "
+                          "(the file lists every replica)")
 
 
 def uses_fleet(grid: dict[str, list], flags: FleetFlags | None) -> bool:
