@@ -161,6 +161,17 @@ def test_disaggregated_configurations_are_simulated_in_full():
     assert [p["usd_per_hour"] for p in got["points"]] == [4.0, 6.0]
 
 
+def test_fleet_points_written_to_a_shared_location_come_back_the_same(tmp_path):
+    import duckdb
+    args = (lengths_workload(60), CFG, UNIT, {"replicas": [1, 3]}, 150.0, SLO(e2e_ms=40.0))
+    here = search(*args, usd_per_hour=2.0, workers=1)
+    shared = search(*args, usd_per_hour=2.0, workers=1, results=str(tmp_path / "runs"))
+    assert shared["points"] == here["points"] and shared["best"] == here["best"]
+    rows = duckdb.connect().execute(f"SELECT job, usd_per_hour FROM read_parquet('{tmp_path}/runs/*.parquet') "
+                                    "ORDER BY job").fetchall()
+    assert rows == [(0, 2.0), (1, 6.0)]
+
+
 def test_a_replicas_file_fleet_costs_its_replicas(tmp_path):
     f = tmp_path / "fleet.json"
     f.write_text(json.dumps([{"max_seqs": 4}, {"max_seqs": 8}, {}]))

@@ -245,10 +245,16 @@ def search_point(workload: Workload, config: SchedulerConfig, step_model: StepMo
     core.fleet.sim.FleetSpec that serves it instead of one engine (cost: `usd_per_hour` per replica)."""
     try:
         if fleet is not None:
-            return _fleet_point(workload, fleet, slo, target, usd_per_hour, prune)
+            return _fleet_point(workload, fleet, slo, target, usd_per_hour, prune) | _fleet_cost(fleet, usd_per_hour)
         return _search_point(workload, config, step_model, slo, target, usd_per_hour, prune)
     except ConfigError as e:           # a configuration this workload cannot run under (a prompt over the budget)
-        return {"invalid": str(e)}
+        return {"invalid": str(e)} | ({} if fleet is None else _fleet_cost(fleet, usd_per_hour))
+
+
+def _fleet_cost(fleet, usd_per_hour: float | None) -> dict:
+    """A fleet configuration's {"fleet": its shape, "usd_per_hour": its replicas' price}."""
+    shape = fleet_shape(fleet)
+    return {"fleet": shape, "usd_per_hour": None if usd_per_hour is None else usd_per_hour * shape["replicas"]}
 
 
 def _head_size(n: int, target: float) -> tuple[int, int]:
@@ -356,10 +362,8 @@ def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, gri
             row["invalid"] = c
         else:
             row.update(by_point[repr(pt)])
-            if on_fleets:
-                shape = fleet_shape(spec_of[repr(pt)])
-                row["fleet"] = shape
-                row["usd_per_hour"] = None if usd_per_hour is None else usd_per_hour * shape["replicas"]
+            if on_fleets:     # (a configuration not run has no worker's answer)
+                row.update(_fleet_cost(spec_of[repr(pt)], usd_per_hour))
         points.append(row)
     out = {"workload": workload.name, "requests": len(workload), "rate": rate, "seed": seed,
            "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms}, "attainment": target,
