@@ -88,26 +88,34 @@ def build_parser() -> argparse.ArgumentParser:
                       help="open loop: Poisson arrivals at each rate (req/s)")
     load.add_argument("--concurrency", type=_list_of(_positive_int, "integers >= 1"), metavar="C1,C2,...",
                       help="closed loop: C clients, each sending its next request when its last one finishes")
-    w.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the Poisson arrivals (default 0)")
+    w.add_argument("--seed", type=_nonneg_int, default=0,
+                   help="seed of the Poisson arrivals and, with a fleet, of the router's random draws (default 0; "
+                        "--repeats: each run's own seed for both)")
     w.add_argument("--repeats", type=_positive_int, default=1,
                    help="open loop: run each rate with seeds SEED..SEED+K-1; points report the first run and the "
                         "spread (min/mean/max); capacity needs the attainment in every run")
     _simulation_flags(w, "SLO attainment the capacity point must reach (default 0.9)")
+    add_fleet_flags(w, seed=False)
     _fanout_flags(w, "points")
 
     q = sub.add_parser("search", help="capacity search: every scheduler configuration of a grid at one offered "
                                       "load; the cheapest that meets the SLOs (core/sim/search.py)")
     q.add_argument("workload", help="workload file (its requests' lengths and order are kept; arrivals are not)")
     q.add_argument("--rate", type=_rate, required=True, help="offered load: Poisson arrivals at this rate (req/s)")
-    q.add_argument("--seed", type=_nonneg_int, default=0, help="seed of the Poisson arrivals (default 0)")
+    q.add_argument("--seed", type=_nonneg_int, default=0,
+                   help="seed of the Poisson arrivals and, with a fleet, of the router's random draws (default 0)")
     q.add_argument("--grid", nargs="+", required=True, metavar="NAME=V1,V2",
                    help="options to search and their values, e.g. max_seqs=8,16,32 chunk=256,512 kv_blocks=2000,4000 "
-                        "token_budget=2048,8192 (the other options: the flags below)")
+                        "token_budget=2048,8192; the fleet: replicas=1,2,4 router=round-robin,prefix-aware "
+                        "prefill_replicas=1,2 decode_replicas=2,4 (the other options: the flags below)")
     _simulation_flags(q, "SLO attainment a configuration must reach (default 0.9)")
-    q.add_argument("--usd-per-hour", type=_nonneg_float, help="price of the machine: cost per 1,000 good tokens")
+    q.add_argument("--usd-per-hour", type=_nonneg_float,
+                   help="price of the machine (with a fleet: of one replica; N replicas cost N times it): cost per "
+                        "1,000 good tokens")
     q.add_argument("--no-prune", action="store_true",
                    help="simulate every configuration in full (default: stop one whose first quarter already "
-                        "misses the SLOs too often)")
+                        "misses the SLOs too often; disaggregated fleets are always simulated in full)")
+    add_fleet_flags(q, seed=False)
     _fanout_flags(q, "configurations")
 
     f = sub.add_parser("fit", help="fit a step model to a trace's step events (or, --from-requests, to its "
@@ -604,21 +612,50 @@ def _print_request_summary(s):
         print(f"running sequences: mean {_fmt(u['running_mean'])}, peak {u['running_peak']}{kv}")
 
 
+FLEET_ONLY_FLAGS = {"router": "round-robin", "router_staleness_ms": 0.0, "router_prefix": None, "router_param": None,
+                    "router_queue_limit": None, "drain": None}
+
+
+def _fleet_flags_unused(a, has_fleet: bool):
+    """A note on stderr when router flags were given to a run without a fleet (they change nothing)."""
+    given = [f"--{k.replace('_', '-')}" for k, v in FLEET_ONLY_FLAGS.items() if getattr(a, k) != v]
+    if given and not has_fleet:
+        print(f"note: {', '.join(given)}: routing needs a fleet (--replicas N, --prefill-replicas/--decode-replicas, "
+              "--replicas-file); one engine simulated", file=sys.stderr)
+
+
+def _sweep_fleet(a, cfg, sm):
+    """The sweep's FleetSpec from the fleet flags (None: one engine)."""
+    from core.fleet.options import fleet_from_args, kv_bytes_per_token
+    _fleet_flags_unused(a, wants_fleet(a))
+    if not wants_fleet(a):
+        return None
+    bpt, model = kv_bytes_per_token(a)
+    return fleet_from_args(a, cfg, sm, bpt, model)
+
+
 def cmd_sweep(a) -> int:
     from core.sim.sweep import sweep
     from core.workload import load_workload
     w = load_workload(a.workload)
     sm, _ = _step_model(a)
-    out = sweep(w, from_args(SchedulerConfig, a), sm, rates=a.rates, concurrency=a.concurrency,
+    cfg = from_args(SchedulerConfig, a)
+    fleet = _sweep_fleet(a, cfg, sm)
+    out = sweep(w, cfg, sm, rates=a.rates, concurrency=a.concurrency,
                 seed=a.seed, slo=slo_from_args(a), attainment=a.attainment, workers=a.workers, repeats=a.repeats,
-                ray=a.ray, results=a.results)
+                ray=a.ray, results=a.results, fleet=fleet)
     if a.json:
         print(json.dumps(out, allow_nan=False))
         return 0
     key = "rate" if a.rates else "concurrency"
     kind = f"open loop (Poisson, seed {a.seed})" if a.rates else "closed loop"
+    on = ""
+    if fleet is not None:
+        from core.fleet.options import describe_shape
+        on = (f"; fleet of {describe_shape(out['fleet'])}, router {out['fleet']['router']['policy']} "
+              f"(seeded as the arrivals)")
     print(f"{a.workload}: {len(w)} requests, {kind}; "
-          f"simulated, step model {sm.describe()}")
+          f"simulated, step model {sm.describe()}{on}")
     head = f"{key:>11} {'offered/s':>10} {'done/s':>8} {'tok/s':>9} {'TTFT p50':>9} {'TTFT p99':>9} " \
            f"{'TPOT p50':>9} {'TPOT p99':>9} {'E2E p99':>9} {'failed':>6}"
     print(head + (f" {'SLO met':>8} {'goodput/s':>9}" if out["points"] and "slo" in out["points"][0] else ""))
@@ -648,20 +685,31 @@ def cmd_sweep(a) -> int:
 
 
 def cmd_search(a) -> int:
-    from core.sim.search import describe, parse_grid, search
+    from core.fleet.options import FleetFlags
+    from core.sim.search import check_fleet_axes, parse_grid, search, uses_fleet
     from core.workload import load_workload
     grid = parse_grid(a.grid)
+    flags = FleetFlags.from_args(a)
+    check_fleet_axes(grid, flags)         # (before the workload is read: a bad grid is refused at once)
+    _fleet_flags_unused(a, uses_fleet(grid, flags))
     w = load_workload(a.workload)
     sm, _ = _step_model(a)
     out = search(w, from_args(SchedulerConfig, a), sm, grid, a.rate, slo_from_args(a), target=a.attainment,
                  seed=a.seed, usd_per_hour=a.usd_per_hour, prune=not a.no_prune, workers=a.workers, ray=a.ray,
-                 results=a.results)
+                 results=a.results, fleet=flags)
     if a.json:
         print(json.dumps(out, allow_nan=False))
         return 0
     print(f"{a.workload}: {len(w)} requests at {a.rate:g} req/s (Poisson, seed {a.seed}); simulated, step model "
           f"{sm.describe()}; {len(out['points'])} configurations, {out['simulated']} simulated in full, "
           f"{out['pruned']} stopped early")
+    if "fleet" in out:
+        return _print_fleet_search(a, out)
+    return _print_search(a, out)
+
+
+def _print_search(a, out) -> int:
+    from core.sim.search import describe
     cost = a.usd_per_hour is not None
     print(f"{'configuration':>44} {'SLO met':>8} {'goodput tok/s':>13} {'TTFT p99':>9} {'TPOT p99':>9}"
           + (f" {'USD/1k good':>11}" if cost else ""))
@@ -684,6 +732,60 @@ def cmd_search(a) -> int:
               f"{b['slo']['goodput_tok_per_s']:,.1f} tok/s" + (f", USD {b['cost_per_1k_good_tokens_usd']:.6f} per "
                                                              "1,000 good tokens" if cost and
                                                              b['cost_per_1k_good_tokens_usd'] else "") + ")")
+    return 0
+
+
+def _print_fleet_search(a, out) -> int:
+    """The search's table with the fleet's columns: replicas (N, or P+D disaggregated), router, and with a
+    price the configuration's price per hour (one replica's times its replicas)."""
+    from core.fleet.options import describe_shape
+    from core.sim.search import FLEET_AXES, describe
+
+    def shape(p):          # (an invalid scheduler configuration has no fleet: its axes', or the flags')
+        if "fleet" in p:
+            return describe_shape(p["fleet"])
+        c = p["config"]
+        n, pre, dec = (c.get("replicas", a.replicas), c.get("prefill_replicas", a.prefill_replicas),
+                       c.get("decode_replicas", a.decode_replicas))
+        return f"{pre}P+{dec}D" if pre or dec else describe_shape({"replicas": n}) if n else "—"
+
+    engines = any(k not in FLEET_AXES for k in out["grid"])     # a scheduler axis: its column
+
+    def engine(p):
+        return f" {describe({k: v for k, v in p['config'].items() if k not in FLEET_AXES}):>36}" if engines else ""
+
+    def router(p):
+        return (p.get("fleet") or {}).get("router") or p["config"].get("router") or a.router
+    r = out["fleet"]["router"]
+    print(f"fleet: router settings {', '.join(f'{k} {v}' for k, v in r.items() if k != 'policy')} (the router's "
+          f"seed is the arrivals'); " + ("price per replica (given) USD "
+                                         f"{a.usd_per_hour:g}/h, a configuration's is that times its replicas"
+                                         if a.usd_per_hour is not None else "no price: ranked by goodput per replica"))
+    cost = a.usd_per_hour is not None
+    print(f"{'replicas':>11} {'router':>14}" + (f" {'configuration':>36}" if engines else "")
+          + f" {'SLO met':>8} {'goodput tok/s':>13} "
+          f"{'TTFT p99':>9} {'TPOT p99':>9}" + (f" {'USD/h':>7} {'USD/1k good':>11}" if cost else ""))
+    for p in out["points"]:
+        head = f"{shape(p):>11} {router(p):>14}{engine(p)}"
+        if "invalid" in p:
+            print(f"{head} invalid: {p['invalid']}")
+        elif p.get("pruned"):
+            print(f"{head} {'<=' + format(p['attainment_at_most'], '.3f'):>8} stopped: {p['prefix_misses']} of "
+                  f"the first {p['prefix_requests']} requests missed")
+        else:
+            print(f"{head} {_fmt(p['slo']['attainment']):>8} {_fmt(p['slo']['goodput_tok_per_s']):>13} "
+                  f"{_fmt(p['ttft_ms']['p99']):>9} {_fmt(p['tpot_ms']['p99']):>9}"
+                  + (f" {p['usd_per_hour']:>7.4g} {p['cost_per_1k_good_tokens_usd'] or math.nan:>11.4g}"
+                     if cost else ""))
+    b = out["best"]
+    if b is None:
+        print(f"best: no configuration reaches SLO attainment {a.attainment:g} at {a.rate:g} req/s")
+        return 0
+    money = (f", USD {b['cost_per_1k_good_tokens_usd']:.6f} per 1,000 good tokens at USD {b['usd_per_hour']:g}/h"
+             if cost and b["cost_per_1k_good_tokens_usd"] else "")
+    where = f"{shape(b)}, router {router(b)}" + (f", {engine(b).lstrip()}" if engines else "")
+    print(f"best: {where} (SLO met {b['slo']['attainment']:.3f}, goodput "
+          f"{b['slo']['goodput_tok_per_s']:,.1f} tok/s{money})")
     return 0
 
 

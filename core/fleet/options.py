@@ -7,6 +7,10 @@ they describe (None: no fleet flag given, one engine as before).
     --kv-link-gbps B --kv-link-latency-ms L [--pd-min-prompt T]    (disaggregated; KV size from --model)
     --replicas-file F.json       replicas that differ: a list of {role, drain_ms, <scheduler option>...,
                                  step_model: {<step model option>...}}
+
+`sweep` and `search` take the same flags (`add_fleet_flags(p, seed=False)`: their `--seed` of the
+Poisson arrivals seeds the router too); they hand their workers a FleetSpec (dataclasses: pickled to
+worker processes and Ray tasks), `search` builds one per grid point from a FleetFlags (the flags as data).
 """
 from __future__ import annotations
 
@@ -97,6 +101,37 @@ def add_fleet_flags(p: argparse.ArgumentParser, seed: bool = True):
         g.add_argument("--seed", type=int, default=0, help="seed of the router's random draws (default 0)")
 
 
+@dataclasses.dataclass(frozen=True)
+class FleetFlags:
+    """The fleet flags as data (what `fleet_from_args` reads), for a caller without a command line
+    (a search builds one fleet per grid point from them). Defaults: the flags' defaults."""
+    replicas: int | None = None
+    prefill_replicas: int | None = None
+    decode_replicas: int | None = None
+    replicas_file: str | None = None
+    router: str = "round-robin"
+    router_staleness_ms: float = 0.0
+    router_prefix: str | None = None
+    router_param: tuple[str, ...] | None = None
+    router_queue_limit: int | None = None
+    drain: tuple[tuple[int, float], ...] | None = None
+    kv_link_gbps: float = 25.0
+    kv_link_latency_ms: float = 0.05
+    pd_min_prompt: int = 0
+    seed: int = 0
+    model: str | None = None            # the model preset whose KV bytes per token a transfer moves
+    dtype_bytes: float = 2.0
+
+    @classmethod
+    def from_args(cls, a) -> FleetFlags:
+        names = [f.name for f in dataclasses.fields(cls)]
+        got = {k: getattr(a, k) for k in names if getattr(a, k, None) is not None}
+        for k in ("router_param", "drain"):
+            if k in got:
+                got[k] = tuple(got[k])
+        return cls(**got)
+
+
 def wants_fleet(a) -> bool:
     return bool(a.replicas or a.prefill_replicas or a.decode_replicas or a.replicas_file)
 
@@ -128,9 +163,12 @@ def fleet_from_args(a, cfg: SchedulerConfig, step_model, kv_bytes_per_token=None
     if not (n or p or d or a.replicas_file):
         return None
     rc = router_from_args(a)
-    if router is not None:
-        rc = dataclasses.replace(rc, policy=router, params={})   # (the flags' parameters were for another policy)
+    if router is not None and router != rc.policy:   # (the flags' parameters were for --router's policy)
+        rc = dataclasses.replace(rc, policy=router, params={})
     if a.replicas_file:
+        if n or p or d:
+            raise ConfigError("--replicas-file and --replicas/--prefill-replicas/--decode-replicas: give one or the "
+                              "other (the file lists every replica)")
         specs = replicas_from_file(a.replicas_file, cfg, step_model)
     elif p or d:
         if n:
@@ -192,3 +230,40 @@ def replicas_from_file(path: str, cfg: SchedulerConfig, step_model) -> list[Repl
             raise ConfigError(f"{where}: {e}") from None
         out.append(ReplicaSpec(rc, sm, role, drain))
     return out
+
+
+def seeded(fleet: FleetSpec, seed: int) -> FleetSpec:
+    """The fleet with its router's random draws seeded by `seed` (a sweep run's arrival seed)."""
+    if fleet.router.seed == seed:
+        return fleet
+    return dataclasses.replace(fleet, router=dataclasses.replace(fleet.router, seed=seed))
+
+
+def fleet_shape(fleet: FleetSpec) -> dict:
+    """{replicas, prefill and decode (disaggregated only), router: policy}: what a sweep point or a
+    search configuration reports of its fleet (replicas: every replica, prefill and decode ones included)."""
+    roles = [r.role for r in fleet.replicas]
+    out = {"replicas": len(roles)}
+    if fleet.disaggregated:
+        out |= {"prefill": roles.count("prefill"), "decode": roles.count("decode")}
+    return out | {"router": fleet.router.policy}
+
+
+def fleet_summary(fleet: FleetSpec) -> dict:
+    """fleet_shape, the router's settings and (disaggregated) the link's: a sweep's or search's `fleet`."""
+    out = fleet_shape(fleet) | {"router": fleet.router.to_dict()}
+    if fleet.disaggregated:
+        out |= {"link": {"gbps": fleet.link_gbps, "latency_ms": fleet.link_latency_ms,
+                         "kv_bytes_per_token": fleet.kv_bytes_per_token, "model": fleet.model},
+                "pd_min_prompt": fleet.pd_min_prompt}
+    if any(r.drain_ms is not None for r in fleet.replicas):
+        out["drain_ms"] = [r.drain_ms for r in fleet.replicas]
+    return out
+
+
+def describe_shape(shape: dict) -> str:
+    """"2 replicas", "1P+3D" (a fleet_shape)."""
+    if "prefill" in shape:
+        return f"{shape['prefill']}P+{shape['decode']}D"
+    n = shape["replicas"]
+    return f"{n} replica{'s' if n != 1 else ''}"

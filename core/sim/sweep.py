@@ -12,6 +12,11 @@ Two kinds of load, which answer different questions:
 Each point is one simulation (core.sim.simulate) summarised with core.analysis.metrics.summarize;
 points run in parallel processes. `capacity`: the highest swept load whose SLO attainment
 is at least the target.
+
+A fleet (`fleet`: a core.fleet.sim.FleetSpec, several replicas behind a router) simulates each
+point with core.fleet.sim.simulate_fleet instead, its router seeded with the point's arrival seed
+(so a repeat draws new arrivals and new routing). Open loop only: a closed loop's clients are an
+inbox of one engine core (ClosedLoop), which the fleet's router does not drive.
 """
 from __future__ import annotations
 
@@ -137,8 +142,14 @@ def point_summary(trace, slo: SLO | None) -> dict:
 
 
 def run_point(workload: Workload, config: SchedulerConfig, step_model: StepModel, slo: SLO | None,
-              rate: float | None = None, concurrency: int | None = None, seed: int = 0) -> dict:
-    """Simulate and summarise one point (a module-level function: it runs in worker processes)."""
+              rate: float | None = None, concurrency: int | None = None, seed: int = 0, fleet=None) -> dict:
+    """Simulate and summarise one point (a module-level function: it runs in worker processes).
+    `fleet` (a FleetSpec; open loop only): that fleet serves the point, its router seeded by `seed`."""
+    if rate is not None and fleet is not None:
+        from core.fleet.options import seeded
+        from core.fleet.sim import simulate_fleet
+        tr = simulate_fleet(retimed(workload, rate, seed), seeded(fleet, seed), created="(sweep)", record_kv=False)
+        return {"rate": rate} | point_summary(tr, slo)
     if rate is not None:
         from core.sim.simulate import simulate
         tr = simulate(retimed(workload, rate, seed), config, step_model, created="(sweep)", record_kv=False)
@@ -185,12 +196,15 @@ def capacity(points: list[dict], target: float) -> dict | None:
 
 def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, rates=None, concurrency=None,
           seed: int = 0, slo: SLO | None = None, attainment: float = 0.9, workers: int | None = None,
-          repeats: int = 1, ray: str | None = None, results: str | None = None) -> dict:
+          repeats: int = 1, ray: str | None = None, results: str | None = None, fleet=None) -> dict:
     """{"kind", "points": [...] (in the order given), "capacity"} over `rates` (req/s, open
     loop) or `concurrency` levels (closed loop). Open-loop points can be repeated with arrival
     seeds seed, seed+1, ... (`repeats`; see with_repeats). Runs go to up to `workers`
     processes (default: one per CPU); 1 runs them here; `ray`: Ray tasks; `results`: each point's row
-    written to that directory or URI and read back as a dataset (core.sim.shared)."""
+    written to that directory or URI and read back as a dataset (core.sim.shared). `fleet` (a
+    core.fleet.sim.FleetSpec, open loop only): every point served by that fleet (its replicas carry
+    their own scheduler and step model; `config` and `step_model` are then only reported), the
+    result's "fleet" says which (core.fleet.options.fleet_summary)."""
     if (rates is None) == (concurrency is None):
         raise ConfigError("sweep: give either rates or concurrency levels")
     loads = list(rates if rates is not None else concurrency)
@@ -204,9 +218,14 @@ def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, ra
     if repeats > 1 and kind == "concurrency":
         raise ConfigError("repeats: a simulated closed loop is deterministic (every repeat would be the same run); "
                           "repeat open-loop rates, whose arrivals change with the seed")
+    if fleet is not None and kind == "concurrency":
+        raise ConfigError("sweep: a closed loop (--concurrency) runs on one engine; a fleet (--replicas, "
+                          "--prefill-replicas/--decode-replicas, --replicas-file) takes open-loop --rates")
     seeds = list(range(seed, seed + repeats))
     jobs = ([dict(rate=x, seed=s) for x in loads for s in seeds] if kind == "rate"
             else [dict(concurrency=int(x)) for x in loads])
+    if fleet is not None:
+        jobs = [j | {"fleet": fleet} for j in jobs]
     runs = run_all(run_point, [dict(workload=workload, config=config, step_model=step_model, slo=slo, **j)
                                for j in jobs], workers, ray, results)
     points = ([with_repeats(runs[i:i + repeats], seeds) for i in range(0, len(runs), repeats)] if repeats > 1
@@ -214,6 +233,9 @@ def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, ra
     out = {"kind": "open" if kind == "rate" else "closed", "workload": workload.name, "requests": len(workload),
            "seed": seed if kind == "rate" else None, "scheduler": config.to_dict(), "step_model": step_model.to_dict(),
            "points": points, "capacity": None}
+    if fleet is not None:
+        from core.fleet.options import fleet_summary, seeded
+        out["fleet"] = fleet_summary(seeded(fleet, seed))
     if slo is not None and slo.given():
         out["capacity"] = capacity(points, attainment)
     return out
