@@ -207,7 +207,8 @@ def staleness_experiment():
                 "Load-based policies then send bursts to a replica that already got them; round-robin never looks.")
     c1, c2 = st.columns(2)
     upto = c1.select_slider("Staleness grid up to (ms)", [s for s in STALENESS_MS if s > 0], 200, **bound("fl_s_max"))
-    pols = c2.multiselect("Policies", POLICIES, default=list(STALENESS_POLICIES), **bound("fl_s_pol"))
+    pols = c2.pills("Policies", POLICIES, selection_mode="multi", default=list(STALENESS_POLICIES),
+                    **bound("fl_s_pol"))
     grid = tuple(s for s in STALENESS_MS if s <= upto)
     if not pols:
         st.info("Pick at least one policy.")

@@ -195,6 +195,26 @@ def drains_of(trace) -> list[tuple[int, float]]:
             if isinstance(r, dict) and isinstance(r.get("drain_ms"), (int, float))]
 
 
+def fleet_description(trace) -> str:
+    """The fleet a trace ran on, in words, from meta.fleet (replicas and roles, router, link); a
+    trace without it: how many replicas its replica columns name."""
+    roles = replica_roles(trace)
+    f = trace.meta.get("fleet")
+    count = {r: roles.count(r) for r in dict.fromkeys(roles)}
+    shape = (f"{len(roles)} replica{'s' if len(roles) != 1 else ''}" if set(count) <= {"both"} else
+             " + ".join(f"{k} {r}" for r, k in count.items()) + " replicas")
+    if not isinstance(f, dict):
+        return shape + " (from the trace's replica columns; no router events)"
+    rc = f.get("router") or {}
+    out = [shape, f"router {rc.get('policy', '?')}, staleness {rc.get('staleness_ms', 0):g} ms"]
+    link = f.get("link")
+    if isinstance(link, dict):
+        out.append(f"KV link {link.get('gbps', '?')} GB/s, {link.get('latency_ms', '?')} ms latency"
+                   + (f" ({link['model']})" if link.get("model") else ""))
+    out += [f"replica {r} drained at {t:g} ms" for r, t in drains_of(trace)]
+    return "; ".join(out)
+
+
 def routes_after(trace, replica: int, t_ms: float) -> int:
     """Requests the router sent to `replica` (whole, prefill or decode) after `t_ms`."""
     routes = request_replicas(trace)
