@@ -132,6 +132,7 @@ except InputError as e:
     st.stop()
 
 nums = fleet_view("numbers", tr)
+SIMULATED = f"{origin_badge(tr)} step model {md(step_model.describe())}"    # what every comparison below is
 st.markdown(f"{origin_badge(tr)} {len(simulated):,} requests of *{md(workload.name)}*"
             + (f", arrivals ×{load:g} as fast" if load != 1 else "") + f"; {md(setup.describe())}; step model "
             f"{md(step_model.describe())}.")
@@ -155,7 +156,7 @@ if len(tr.requests) > MAX_LANES:
 else:
     st.caption("Each lane a request, grouped by replica; ▶ when the router sent it there — hover for the router's "
                "reason, its scores and what it saw of each replica. "
-               + ("Yellow: prefill on the prefill replica; purple: the KV transfer; blue: decode on the decode "
+               + ("Yellow: prefill on the prefill replica; reddish purple: the KV transfer; blue: decode on the decode "
                   "replica (green: a short prompt run whole there); gray: waiting." if setup.disaggregated else
                   "Gray: waiting; colour: served on that replica."))
 for r, t in drains_of(tr):
@@ -186,8 +187,8 @@ def runs_allowed(runs: int, key: str, what: str) -> bool:
 
 
 def policies_view():
-    st.caption(f"Every policy on the same workload and fleet ({md(setup.describe())}, only the policy changed). "
-               "Simulated.")
+    st.caption(f"{SIMULATED}. Every policy on the same workload and fleet ({md(setup.describe())}), only the "
+               "policy changed.")
     if not runs_allowed(len(POLICIES), "fl_run_policies", "every policy"):
         return
     rows = cached_policy_rows(workload, float(load), setup)
@@ -217,7 +218,8 @@ def staleness_experiment():
         return
     rows = cached_staleness_rows(workload, float(load), setup, grid, tuple(pols))
     show_chart(staleness_figure(rows), key="fl_stale_fig", width="stretch")
-    st.caption(f"Simulated; {md(setup.describe())} with only the policy and staleness changed.")
+    st.caption(f"{SIMULATED}. The sidebar's fleet ({md(setup.describe())}) with only the policy and the staleness "
+               "changed.")
 
 
 @st.fragment
@@ -240,7 +242,7 @@ def pd_experiment():
                               "TTFT p99 ms": r["ttft_p99_ms"], "TPOT p99 ms": r["tpot_p99_ms"]} for r in rows]),
                hide_index=True, key="fl_pd_table")
     model = setup.model
-    st.caption(f"Simulated; KV over a {setup.link_gbps:g} GB/s link ({md(model)}), router {md(setup.policy)}, "
+    st.caption(f"{SIMULATED}. KV over a {setup.link_gbps:g} GB/s link ({md(model)}), router {md(setup.policy)}, "
                "goodput over the drain window (core/analysis/metrics.py). A disaggregated request's first token "
                "comes from its decode replica (vLLM's convention), after the prefill and the transfer.")
 

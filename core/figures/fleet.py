@@ -495,7 +495,7 @@ def fleet_lanes(trace, drains=None, max_lanes: int = MAX_LANES,
                                            "<extra></extra>"))
     routed = routes["routed_ms"].to_numpy()[req]
     fig.add_trace(go.Scatter(x=routed, y=y, mode="markers", name="routed here",
-                             marker=dict(symbol="triangle-right", size=7, color="#333333"),
+                             marker=dict(symbol="triangle-right", size=7, color="#777777"),
                              customdata=np.stack([ids[req], rep], -1), hovertext=text[req],
                              hovertemplate="routed at %{x:.3f} ms<br>%{hovertext}<extra></extra>"))
     per_row = max(2.0, min(22.0, (max_height - 160) / max(len(lanes), 1)))
@@ -566,8 +566,8 @@ def replica_heatmap(trace, drains=None, bins: int = TIME_BINS) -> go.Figure:
     fig.update_xaxes(title_text="time (ms)")
     _drain_marks(fig, drains_of(trace) if drains is None else drains)
     width = (hi - lo) / bins
-    title = (f"Requests by replica, aggregated: {len(trace.requests):,} requests, running requests per replica in "
-             f"time bins of {f'{width:,.0f}' if width >= 100 else f'{width:.3g}'} ms")
+    title = (f"Running requests per replica ({len(trace.requests):,} requests; time bins of "
+             f"{f'{width:,.0f}' if width >= 100 else f'{width:.3g}'} ms)")
     return base_layout(fig, title, height=min(MAX_HEIGHT, 220 + 28 * n))
 
 
@@ -679,6 +679,7 @@ def policy_figure(rows: list[dict], highlight: str | None = None) -> go.Figure:
                                  marker_color=color, hovertemplate="%{x}: %{y:.4g}<extra></extra>"), row=1, col=c)
     fig.update_layout(barmode="group")
     fig.update_xaxes(tickangle=-40)
+    fig.update_yaxes(tickformat=".0%", row=1, col=2)
     return base_layout(fig, "Router policies on the same workload and fleet", height=380)
 
 
