@@ -199,3 +199,17 @@ def test_fleet_numbers_on_a_trace_without_kv_rows_read_the_replicas_own_counts(d
     assert a["hit_blocks"] == int((kv["op"] == "hit").sum())
     assert a["per_replica"] == pd.Series([e["replica"] for e in default_run.events_of("route")]).value_counts() \
         .reindex(range(4), fill_value=0).tolist()
+
+
+def test_a_trace_with_replica_columns_but_no_router_events_still_has_its_replicas(default_run):
+    """An imported fleet trace may carry only the replica columns: each request's replica is then
+    the one its tokens came from, which for whole requests is the router's choice."""
+    from core.figures.fleet import has_replicas, request_replicas
+    bare = dataclasses.replace(default_run, meta={k: v for k, v in default_run.meta.items() if k != "fleet"},
+                               other=[e for e in default_run.other if e.get("type") != "route"])
+    assert has_replicas(bare)
+    got = dict(zip(bare.requests["id"], request_replicas(bare)["replica"].tolist()))
+    assert got == {rid: rep for rid, (rep, _) in routed(default_run).items()}
+    one = dataclasses.replace(bare, tokens=bare.tokens.assign(replica=0), finishes=bare.finishes.assign(replica=0),
+                              steps=bare.steps.assign(replica=0), kv=bare.kv.assign(replica=0))
+    assert not has_replicas(one)

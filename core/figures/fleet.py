@@ -505,8 +505,9 @@ def fleet_lanes(trace, drains=None, max_lanes: int = MAX_LANES,
     fig.update_xaxes(title_text="time (ms)")
     x_max = float(np.nanmax(lanes["end_ms"])) if len(lanes) else 0.0
     _drain_marks(fig, drains, lanes, x_max)
-    n_rep = len(np.unique(rep))
+    n_rep, used = len(roles), len(np.unique(rep))
     title = (f"Requests by replica: {len(trace.requests):,} requests on {n_rep} replica{'s' if n_rep != 1 else ''}"
+             + (f" ({used} used)" if used < n_rep else "")
              + (" (prefill lane, KV transfer, decode lane)" if pd_mode else ""))
     return base_layout(fig, title, height=height)
 
