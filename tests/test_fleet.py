@@ -286,3 +286,16 @@ def test_one_replica_equals_the_single_engine_with_cancellations_and_deadlines(s
     fleet = simulate_fleet(w, FleetSpec.uniform(1, cfg, AFFINE))
     for t in TABLES:
         pd.testing.assert_frame_equal(getattr(one, t).reset_index(drop=True), getattr(fleet, t).reset_index(drop=True))
+
+
+def test_precise_prefix_aware_spreads_a_burst_of_unrelated_prompts():
+    # three long requests at t = 0, 1, 2, then six at t = 100, all prompts distinct: no cache helps
+    reqs = [Request(f"a{i}", float(i), 32, 500, prompt_ids=tuple(range(100 * i, 100 * i + 32))) for i in range(3)]
+    reqs += [Request(f"b{i}", 100.0, 32, 500, prompt_ids=tuple(range(10_000 + 100 * i, 10_032 + 100 * i)))
+             for i in range(6)]
+    for mode in ("approximate", "precise"):
+        spec = FleetSpec.uniform(4, SchedulerConfig(prefix_caching=True), StepModel(step_ms=1.0),
+                                 router=RouterConfig("prefix-aware", prefix=mode))
+        got = [e["replica"] for e in _run(Workload(reqs, name="w"), spec)[1].events_of("route")]
+        # loads at t=100: 1, 1, 1, 0 -> replica 3 first, then the burst spreads over all four
+        assert got[3] == 3 and max(np.bincount(got, minlength=4)) <= 3, (mode, got)

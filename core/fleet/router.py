@@ -14,8 +14,11 @@ Policies (`POLICIES`):
   0.3, sglang's) of the prompt's blocks — unless it is overloaded: it holds more than
   `balance_abs` (default 4) requests more than the least loaded candidate *and* more than
   `balance_rel` (default 1.5, sglang's) times as many; then the least loaded wins. No cache
-  over the threshold: the candidate whose cache holds the fewest blocks (the most room), ties
-  by load then index. sglang checks the imbalance over all workers and uses 64 as its absolute
+  over the threshold: the candidate whose cache holds the fewest blocks (the most room), then
+  the least loaded — with approximate knowledge, as sglang (its record grows at each routing,
+  so a burst spreads); with precise knowledge the least loaded, then the emptiest cache (the
+  replicas' cached blocks change only as their steps end, so "emptiest" would send a whole
+  burst to one replica). sglang checks the imbalance over all workers and uses 64 as its absolute
   threshold (workers holding hundreds of requests); ours is per the prefix's holder and 4, for
   replicas holding tens (`--router-param balance_abs=64` gives sglang's).
   Its prefix knowledge is *approximate* by default, as sglang's: what the router itself sent
@@ -231,9 +234,14 @@ class Router:
         best = self._best(cands, lambda s: (-s.prefix_blocks, s.requests))
         rate = best.prefix_blocks / max(1, prompt_blocks)
         if not (best.prefix_blocks and rate > prm["cache_threshold"]):
-            room = self._best(cands, lambda s: (s.cached_blocks, s.requests))
+            if self.cfg.prefix_mode == "precise":
+                room = self._best(cands, lambda s: (s.requests, s.cached_blocks))
+                why = f"the least loaded ({room.requests} requests)"
+            else:
+                room = self._best(cands, lambda s: (s.cached_blocks, s.requests))
+                why = f"the emptiest cache ({room.cached_blocks} blocks)"
             return Decision(room.replica, f"no cache holds over {prm['cache_threshold']:.0%} of the prompt "
-                            f"(best {rate:.0%}): the emptiest cache ({room.cached_blocks} blocks)", scores)
+                            f"(best {rate:.0%}): {why}", scores)
         lo = least.requests
         if best.requests - lo > prm["balance_abs"] and best.requests > lo * prm["balance_rel"]:
             return Decision(least.replica, f"replica {best.replica} holds the prefix but is overloaded "
