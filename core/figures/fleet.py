@@ -34,7 +34,7 @@ from core.workload import Workload
 REPLICA_COLORS = PALETTE + ["#1B9E77", "#7570B3", "#E7298A", "#66A61E", "#A6761D", "#1F78B4"]
 TRANSFER_COLOR = PURPLE
 WHOLE_PD_COLOR = "#009E73"       # a short prompt run whole on a decode replica (pd_min_prompt)
-STALENESS_MS = (0, 5, 10, 20, 50, 100, 200)
+STALENESS_MS = (0, 5, 10, 20, 50, 100, 200, 500, 1000)   # the grid; the page runs it up to a chosen value
 STALENESS_POLICIES = ("prefix-aware", "round-robin", "least-requests")
 MAX_SIGNAL_POINTS = 1500         # per replica and signal: more steps are drawn as the peak of each bin
 
@@ -337,7 +337,7 @@ def compare_policies(workload: Workload, setup: FleetSetup, policies=POLICIES) -
     return [{"policy": p, **r} for p, r in zip(policies, _run_jobs(jobs))]
 
 
-def staleness_sweep(workload: Workload, setup: FleetSetup, staleness_ms=STALENESS_MS,
+def staleness_sweep(workload: Workload, setup: FleetSetup, staleness_ms=STALENESS_MS[:7],
                     policies=STALENESS_POLICIES) -> list[dict]:
     """One run per (policy, staleness): [{policy, staleness_ms, **fleet_numbers}]."""
     grid = [(p, float(s)) for p in policies for s in staleness_ms]
