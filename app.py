@@ -33,6 +33,7 @@ pg = st.navigation({
     ],
     "Capacity": [
         st.Page("pages/load.py", title="Load & SLOs", icon=":material/speed:", url_path="load"),
+        st.Page("pages/fleet.py", title="Fleet", icon=":material/hub:", url_path="fleet"),
         st.Page("pages/pathologies.py", title="Serving pathologies", icon=":material/healing:",
                 url_path="pathologies"),
     ],

@@ -29,6 +29,9 @@ PAGES = [
      "arithmetic intensity of prefill vs decode, bandwidth-bound step rate, batch size."),
     ("pages/load.py", "Load & SLOs", ":material/speed:",
      "throughput-latency curves from load sweeps, SLOs as gates, goodput, the capacity point, measured runs."),
+    ("pages/fleet.py", "Fleet", ":material/hub:",
+     "replicas behind a router: where each request went and why, per-replica load and prefix hits, routing "
+     "policies side by side, a stale router, disaggregated prefill/decode, draining a replica."),
     ("pages/pathologies.py", "Serving pathologies", ":material/healing:",
      "out-of-memory, head-of-line blocking, recompute thrash, a cancellation leak and cold start, each beside "
      "its control."),

@@ -18,10 +18,11 @@ from core.figures import CURSOR
 from core.figures.attention import captured_tiles_figure
 from core.figures.batch import batch_figure, gauges_figure, in_flight_figure
 from core.figures.engine import counted_steps_figure, engine_phases_figure, prefix_cache_figure
+from core.figures.fleet import fleet_description, has_replicas
 from core.figures.latency import cdf_figure
 from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
-from core.figures.timeline import schedule_timeline
+from core.figures.timeline import MAX_LANES, schedule_timeline
 from core.fit.predict import describe_request_prediction, prediction_methods
 from core.fit.stepfit import MIN_STEPS, describe_identifiability, describe_outside
 from core.formulas.speculative import acceptance_by_position
@@ -52,6 +53,7 @@ from ui import (
     trace_details,
     trace_view,
 )
+from ui.fleet import fleet_view
 
 ensure_app_frame()
 
@@ -443,10 +445,28 @@ def provenance_panel():
             show_table(tool_comparison(imp), hide_index=True, key="rp_tool_cmp")
 
 
+def fleet_panel():
+    """A trace served by several replicas (meta.fleet, or replica columns): where each request went
+    and why, each replica over time, its prefix-cache hits, the KV transfers (core.figures.fleet)."""
+    st.header("Fleet")
+    st.markdown(f"{origin_badge(tr)} {md(fleet_description(tr))}"
+                + (f" :small[:gray[{trace_details(tr, notes=False)}]]" if trace_details(tr, notes=False) else ""))
+    show_chart(fleet_view("lanes", tr), key="rp_fleet_lanes")
+    st.caption("Requests grouped by the replica the router sent them to (▶; hover for its reason), or past "
+               f"{MAX_LANES} requests each replica's running requests over time.")
+    show_chart(fleet_view("signals", tr), key="rp_fleet_signals")
+    left, right = st.columns(2)
+    show_chart(fleet_view("hits", tr), key="rp_fleet_hits", where=left)
+    if tr.events_of("transfer"):
+        show_chart(fleet_view("transfers", tr), key="rp_fleet_transfers", where=right)
+
+
 cursor_views()
 provenance_panel()
 metrics_panel()
 bursts_table()
+if not large and has_replicas(tr):
+    fleet_panel()
 spec = tr.events_of("spec")
 if spec:
     pos, rates, counts = acceptance_by_position(spec)

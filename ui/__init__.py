@@ -7,6 +7,7 @@ every number comes from core.
   widgets.py  widgets several pages share
   fmt.py      display formatting
   heap.py     the process's startup (heap frozen, simulation workers started)
+  fleet.py    the Fleet page's caches (imported from ui.fleet, not re-exported here)
 """
 from ui.cache import *  # noqa: F403
 from ui.fmt import *  # noqa: F403

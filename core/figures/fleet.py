@@ -1,0 +1,715 @@
+"""The fleet (core.fleet) drawn: requests as lanes grouped by replica (a heatmap of replicas over
+time past MAX_LANES lanes), each replica's running / waiting / KV blocks on one time axis, its
+prefix-cache hits, the routing policies side by side, and two experiments (router staleness; the
+split of a fixed number of replicas into prefill and decode ones).
+
+Also, until core/analysis/fleet.py holds them, the fleet's numbers these show, each defined once
+here: `fleet_numbers` (TTFT p50/p99 through core.analysis's request_metrics and distribution,
+prefix hit rate = hit blocks / prompt blocks admitted, imbalance = max / mean requests per replica),
+the requests' replicas as the router chose them (`request_replicas`), and the simulations the
+comparisons run (`FleetSetup`, `compare_policies`, `staleness_sweep`, `pd_splits`)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from core.analysis.metrics import SLO, distribution, request_metrics, request_spans, slo_summary
+from core.config import SchedulerConfig
+from core.errors import ConfigError
+from core.figures import BLUE, GRAY, ORANGE, PALETTE, PURPLE, VERMILLION, base_layout
+from core.figures.timeline import DECODE_COLOR, MAX_HEIGHT, MAX_LANES, PREFILL_COLOR, QUEUE_COLOR, TIME_BINS
+from core.fleet.router import POLICIES, RouterConfig
+from core.fleet.sim import FleetSpec, ReplicaSpec, simulate_fleet
+from core.formulas.kv import MODELS
+from core.sim.stepmodel import StepModel
+from core.workload import Workload
+
+# 16 replicas at most on the page: Okabe-Ito first, then six more that stay apart from them
+REPLICA_COLORS = PALETTE + ["#1B9E77", "#7570B3", "#E7298A", "#66A61E", "#A6761D", "#1F78B4"]
+TRANSFER_COLOR = PURPLE
+WHOLE_PD_COLOR = "#009E73"       # a short prompt run whole on a decode replica (pd_min_prompt)
+STALENESS_MS = (0, 5, 10, 20, 50, 100, 200, 500, 1000)   # the grid; the page runs it up to a chosen value
+STALENESS_POLICIES = ("prefix-aware", "round-robin", "least-requests")
+MAX_SIGNAL_POINTS = 1500         # per replica and signal: more steps are drawn as the peak of each bin
+
+
+def color_of(replica: int) -> str:
+    return REPLICA_COLORS[replica % len(REPLICA_COLORS)]
+
+
+# ---- the fleet's numbers (to move to core/analysis/fleet.py) ----------------------------------------
+
+def has_replicas(trace) -> bool:
+    """A fleet trace: meta.fleet, or a `replica` column with a value other than 0."""
+    if isinstance(trace.meta.get("fleet"), dict):
+        return True
+    for table in (trace.tokens, trace.finishes, trace.steps, trace.kv):
+        if "replica" in table and len(table) and bool((table["replica"].to_numpy() > 0).any()):
+            return True
+    return False
+
+
+def replica_roles(trace) -> list[str]:
+    """Each replica's role (both, prefill, decode), from meta.fleet; else as many whole replicas as
+    the replica columns name."""
+    reps = (trace.meta.get("fleet") or {}).get("replicas")
+    if isinstance(reps, list) and reps and all(isinstance(r, dict) for r in reps):
+        return [str(r.get("role", "both")) for r in reps]
+    top = -1
+    for table in (trace.tokens, trace.finishes, trace.steps, trace.kv):
+        if "replica" in table and len(table):
+            top = max(top, int(table["replica"].max()))
+    return ["both"] * (top + 1)
+
+
+def _first_by_request(n: int, req: np.ndarray, value: np.ndarray, fill=-1) -> np.ndarray:
+    """Per request row: the value of its first row in (req, value) rows (fill where it has none)."""
+    out = np.full(n, fill, dtype=value.dtype if len(value) else np.int64)
+    ok = (req >= 0) & (req < n)
+    req, value = req[ok], value[ok]
+    first = np.unique(req, return_index=True)
+    out[first[0]] = value[first[1]]
+    return out
+
+
+def request_replicas(trace) -> pd.DataFrame:
+    """One row per request (trace order): `replica` (the router's choice: the whole request's, or
+    the prefill replica; -1 rejected or unknown), `decode` (disaggregated: the decode replica, else
+    -1), `stage` (whole, prefill, rejected), `routed_ms`, `reason`, `decode_reason`, `scores`,
+    `signals`, `prompt_blocks`. From the route events; a trace without them (an imported one):
+    the replica of each request's first token (or finish), stage whole, no reasons."""
+    n = len(trace.requests)
+    routes = trace.events_of("route")
+    if routes:
+        row_of = {rid: k for k, rid in enumerate(trace.requests["id"].tolist())}
+        cols = {"replica": np.full(n, -1, np.int64), "decode": np.full(n, -1, np.int64),
+                "stage": np.full(n, "", object), "routed_ms": np.full(n, np.nan), "reason": np.full(n, "", object),
+                "decode_reason": np.full(n, "", object), "scores": np.full(n, None, object),
+                "signals": np.full(n, None, object), "prompt_blocks": np.zeros(n, np.int64)}
+        for e in routes:
+            k = row_of.get(e.get("req"))
+            if k is None:
+                continue
+            cols["replica"][k] = int(e.get("replica", -1))
+            cols["decode"][k] = int(e["decode"]) if e.get("decode") is not None else -1
+            cols["stage"][k] = str(e.get("stage", "whole"))
+            cols["routed_ms"][k] = float(e.get("t_ms", np.nan))
+            cols["reason"][k] = str(e.get("reason", ""))
+            cols["decode_reason"][k] = str(e.get("decode_reason", ""))
+            cols["scores"][k] = e.get("scores")
+            cols["signals"][k] = e.get("signals")
+            cols["prompt_blocks"][k] = int(e.get("prompt_blocks", 0) or 0)
+        return pd.DataFrame(cols)
+    tk = trace.tokens if len(trace.tokens) else trace.finishes
+    replica = (_first_by_request(n, tk["req"].to_numpy(), tk["replica"].to_numpy())
+               if "replica" in tk and len(tk) else np.zeros(n, np.int64))
+    return pd.DataFrame({"replica": replica, "decode": np.full(n, -1, np.int64),
+                         "stage": np.where(replica >= 0, "whole", "rejected").astype(object),
+                         "routed_ms": trace.requests["arrival_ms"].to_numpy(dtype=float),
+                         "reason": np.full(n, "", object), "decode_reason": np.full(n, "", object),
+                         "scores": np.full(n, None, object), "signals": np.full(n, None, object),
+                         "prompt_blocks": np.zeros(n, np.int64)})
+
+
+def requests_per_replica(trace, routes: pd.DataFrame | None = None) -> np.ndarray:
+    """Requests each replica was given by the router: a whole request counts on its replica, a
+    disaggregated one on its prefill and on its decode replica; rejected ones on none."""
+    routes = request_replicas(trace) if routes is None else routes
+    n = len(replica_roles(trace))
+    r, d = routes["replica"].to_numpy(), routes["decode"].to_numpy()
+    return (np.bincount(r[(r >= 0) & (r < n)], minlength=n) + np.bincount(d[(d >= 0) & (d < n)], minlength=n))[:n]
+
+
+def hits_per_replica(trace) -> np.ndarray:
+    """Prefix-cache hit blocks per replica: the kv rows with op "hit" of each replica; a trace run
+    without kv rows: each replica's own count in meta.fleet (stats.prefix_hit_blocks)."""
+    n = len(replica_roles(trace))
+    kv = trace.kv
+    if len(kv):
+        rep = kv["replica"].to_numpy() if "replica" in kv else np.zeros(len(kv), np.int64)
+        hit = (kv["op"] == "hit").to_numpy()
+        return np.bincount(rep[hit], minlength=n)[:max(n, 1)]
+    reps = (trace.meta.get("fleet") or {}).get("replicas") or []
+    return np.array([int((r.get("stats") or {}).get("prefix_hit_blocks", 0)) for r in reps] or [0] * n, np.int64)
+
+
+def prompt_blocks_per_replica(trace, routes: pd.DataFrame | None = None) -> np.ndarray:
+    """Full prompt blocks of the requests each replica admitted (a whole request's replica; a
+    disaggregated one's prefill replica and its decode replica, which looks up the prompt in its own
+    cache before the transfer): the blocks its prefix cache could have held."""
+    routes = request_replicas(trace) if routes is None else routes
+    n = len(replica_roles(trace))
+    out = np.zeros(n, np.int64)
+    blocks = routes["prompt_blocks"].to_numpy()
+    for col in ("replica", "decode"):
+        r = routes[col].to_numpy()
+        ok = (r >= 0) & (r < n)
+        out += np.bincount(r[ok], weights=blocks[ok], minlength=n)[:n].astype(np.int64)
+    return out
+
+
+def imbalance(counts: np.ndarray, roles: list[str]) -> float | None:
+    """max / mean requests per replica, among replicas of one role (prefill ones apart from decode
+    ones); the largest over the roles. 1 = perfectly even."""
+    worst = None
+    for role in dict.fromkeys(roles):
+        c = np.asarray([x for x, r in zip(counts, roles) if r == role], dtype=float)
+        if len(c) and c.mean() > 0:
+            worst = max(worst or 0.0, float(c.max() / c.mean()))
+    return worst
+
+
+def fleet_numbers(trace, slo: SLO | None = None) -> dict:
+    """The numbers the policy comparison shows for one fleet run: TTFT p50/p99 (ms; request_metrics,
+    the project's percentile estimator); prefix hit blocks and the full prompt blocks of the requests
+    the replicas admitted (prompt_blocks_per_replica), hit rate = hit / prompt blocks (None without
+    any); requests per replica and their imbalance; requests rejected at the router; with an SLO,
+    its attainment and goodput (core.analysis.metrics.slo_summary)."""
+    m = request_metrics(trace)
+    ttft = distribution(m["ttft_ms"].to_numpy(dtype=float), "TTFT", (50, 99))
+    routes = request_replicas(trace)
+    counts = requests_per_replica(trace, routes)
+    hits = int(hits_per_replica(trace).sum())
+    blocks = int(prompt_blocks_per_replica(trace, routes).sum())
+    out = {"requests": len(m), "ttft_p50_ms": ttft["p50"], "ttft_p99_ms": ttft["p99"],
+           "tpot_p99_ms": distribution(m["tpot_ms"].to_numpy(dtype=float), "TPOT", (99,))["p99"],
+           "hit_blocks": hits, "prompt_blocks": blocks, "hit_rate": hits / blocks if blocks else None,
+           "per_replica": counts.tolist(), "imbalance": imbalance(counts, replica_roles(trace)),
+           "rejected": int((routes["stage"] == "rejected").sum())}
+    if slo is not None and slo.given():
+        s, _ = slo_summary(trace, slo, m)
+        out |= {"attainment": s["attainment"], "goodput_req_per_s": s["goodput_req_per_s"]}
+    return out
+
+
+def drains_of(trace) -> list[tuple[int, float]]:
+    """[(replica, ms)] of the replicas meta.fleet says were taken out of rotation."""
+    reps = (trace.meta.get("fleet") or {}).get("replicas") or []
+    return [(int(r.get("replica", k)), float(r["drain_ms"])) for k, r in enumerate(reps)
+            if isinstance(r, dict) and isinstance(r.get("drain_ms"), (int, float))]
+
+
+def fleet_description(trace) -> str:
+    """The fleet a trace ran on, in words, from meta.fleet (replicas and roles, router, link); a
+    trace without it: how many replicas its replica columns name."""
+    roles = replica_roles(trace)
+    f = trace.meta.get("fleet")
+    count = {r: roles.count(r) for r in dict.fromkeys(roles)}
+    shape = (f"{len(roles)} replica{'s' if len(roles) != 1 else ''}" if set(count) <= {"both"} else
+             " + ".join(f"{k} {r}" for r, k in count.items()) + " replicas")
+    if not isinstance(f, dict):
+        return shape + " (from the trace's replica columns; no router events)"
+    rc = f.get("router") or {}
+    out = [shape, f"router {rc.get('policy', '?')}, staleness {rc.get('staleness_ms', 0):g} ms"]
+    link = f.get("link")
+    if isinstance(link, dict):
+        out.append(f"KV link {link.get('gbps', '?')} GB/s, {link.get('latency_ms', '?')} ms latency"
+                   + (f" ({link['model']})" if link.get("model") else ""))
+    out += [f"replica {r} drained at {t:g} ms" for r, t in drains_of(trace)]
+    return "; ".join(out)
+
+
+def routes_after(trace, replica: int, t_ms: float) -> int:
+    """Requests the router sent to `replica` (whole, prefill or decode) after `t_ms`."""
+    routes = request_replicas(trace)
+    to = (routes["replica"] == replica) | (routes["decode"] == replica)
+    return int((to & (routes["routed_ms"] > t_ms)).sum())
+
+
+def transfer_table(trace) -> pd.DataFrame:
+    """The KV transfers (disaggregated serving): req (row), src, dst, start_ms, dur_ms, bytes, blocks."""
+    ev = trace.events_of("transfer")
+    row_of = {rid: k for k, rid in enumerate(trace.requests["id"].tolist())}
+    rows = [{"req": row_of.get(e.get("req"), -1), "src": int(e.get("src", -1)), "dst": int(e.get("dst", -1)),
+             "start_ms": float(e.get("t_ms", np.nan)), "dur_ms": float(e["dur_ms"]) if e.get("dur_ms") is not None
+             else np.nan, "bytes": int(e.get("bytes", 0) or 0), "blocks": int(e.get("blocks", 0) or 0)} for e in ev]
+    return pd.DataFrame(rows, columns=["req", "src", "dst", "start_ms", "dur_ms", "bytes", "blocks"])
+
+
+# ---- fleet runs --------------------------------------------------------------------------------------
+
+def compressed(workload: Workload, factor: float) -> Workload:
+    """The same requests arriving `factor` times as fast (arrival / factor); a client's patience
+    (abort_at_ms - arrival) kept. factor 1: the workload itself."""
+    if not (isinstance(factor, (int, float)) and math.isfinite(factor) and factor > 0):
+        raise ConfigError(f"load multiplier: expected a number > 0, got {factor!r}")
+    if factor == 1:
+        return workload
+    reqs = [dataclasses.replace(r, arrival_ms=r.arrival_ms / factor,
+                                abort_at_ms=None if r.abort_at_ms is None
+                                else r.arrival_ms / factor + (r.abort_at_ms - r.arrival_ms))
+            for r in workload.requests]
+    return Workload(reqs, name=f"{workload.name} (arrivals x{factor:g})")
+
+
+@dataclass(frozen=True)
+class FleetSetup:
+    """A fleet as the page states it; `spec()` builds the core.fleet FleetSpec."""
+    config: SchedulerConfig
+    step_model: StepModel
+    replicas: int = 4                    # whole replicas (when prefill = decode = 0)
+    policy: str = "prefix-aware"
+    staleness_ms: float = 0.0
+    prefill: int = 0                     # disaggregated: prefill replicas (0: whole replicas)
+    decode: int = 0                      # disaggregated: decode replicas
+    link_gbps: float = 25.0              # KV link, GB/s
+    link_latency_ms: float = 0.05
+    pd_min_prompt: int = 0               # shorter prompts run whole on a decode replica
+    model: str = "Llama-2-7B"            # whose KV bytes per token the link moves
+    drain_replica: int | None = None     # this replica leaves rotation at drain_ms
+    drain_ms: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ConfigError(f"router policy: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.model not in MODELS:
+            raise ConfigError(f"model: expected one of {', '.join(MODELS)}, got {self.model!r}")
+        if (self.prefill > 0) != (self.decode > 0):
+            raise ConfigError("disaggregated serving needs at least one prefill and one decode replica")
+        n = self.size
+        if n < 1:
+            raise ConfigError(f"replicas: expected at least 1, got {n}")
+        if self.drain_replica is not None and not 0 <= self.drain_replica < n:
+            raise ConfigError(f"drain: replica {self.drain_replica} is not in this fleet of {n} "
+                              f"(replicas 0..{n - 1})")
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.prefill > 0
+
+    @property
+    def size(self) -> int:
+        return self.prefill + self.decode if self.disaggregated else self.replicas
+
+    def describe(self) -> str:
+        shape = (f"{self.prefill} prefill + {self.decode} decode replicas (KV over a {self.link_gbps:g} GB/s link, "
+                 f"{self.link_latency_ms:g} ms latency, {self.model}"
+                 + (f"; prompts under {self.pd_min_prompt} tokens run whole" if self.pd_min_prompt else "") + ")"
+                 if self.disaggregated else f"{self.replicas} replica{'s' if self.replicas > 1 else ''}")
+        drain = (f"; replica {self.drain_replica} drained at {self.drain_ms:g} ms"
+                 if self.drain_replica is not None else "")
+        return f"{shape}, router {self.policy}, staleness {self.staleness_ms:g} ms{drain}"
+
+    def spec(self) -> FleetSpec:
+        router = RouterConfig(self.policy, float(self.staleness_ms), int(self.seed))
+        if self.disaggregated:
+            reps = ([ReplicaSpec(self.config, self.step_model, "prefill") for _ in range(self.prefill)]
+                    + [ReplicaSpec(self.config, self.step_model, "decode") for _ in range(self.decode)])
+        else:
+            reps = [ReplicaSpec(self.config, self.step_model) for _ in range(self.replicas)]
+        if self.drain_replica is not None:
+            reps[self.drain_replica] = dataclasses.replace(reps[self.drain_replica], drain_ms=float(self.drain_ms))
+        kv = MODELS[self.model].kv_bytes_per_token(2) if self.disaggregated else None
+        return FleetSpec(reps, router, float(self.link_gbps), float(self.link_latency_ms), int(self.pd_min_prompt),
+                         kv, self.model if self.disaggregated else None)
+
+
+def run_fleet(workload: Workload, setup: FleetSetup, record_kv: bool = True, created: str | None = None):
+    """The simulated trace of `workload` on the fleet `setup` describes."""
+    return simulate_fleet(workload, setup.spec(), created=created, record_kv=record_kv)
+
+
+def _numbers_job(workload: Workload, setup: FleetSetup, slo: SLO | None) -> dict:
+    # a worker process's job: the run's numbers only (no kv rows recorded: the hits come from meta.fleet)
+    return fleet_numbers(run_fleet(workload, setup, record_kv=False), slo)
+
+
+def _run_jobs(jobs: list[dict]) -> list[dict]:
+    """_numbers_job over `jobs`: in worker processes when each run is large enough to gain from it (as
+    the Schedules page's policies: a run of a few hundred requests takes less than shipping it)."""
+    from core.lessons.schedules import PARALLEL_MIN_REQUESTS
+    from core.sim.parallel import run_all
+    if len(jobs) > 1 and len(jobs[0]["workload"]) >= PARALLEL_MIN_REQUESTS:
+        return run_all(_numbers_job, jobs)
+    return [_numbers_job(**j) for j in jobs]
+
+
+def compare_policies(workload: Workload, setup: FleetSetup, policies=POLICIES) -> list[dict]:
+    """One run per router policy, everything else as `setup`: [{policy, **fleet_numbers}]."""
+    jobs = [dict(workload=workload, setup=dataclasses.replace(setup, policy=p), slo=None) for p in policies]
+    return [{"policy": p, **r} for p, r in zip(policies, _run_jobs(jobs))]
+
+
+def staleness_sweep(workload: Workload, setup: FleetSetup, staleness_ms=STALENESS_MS[:7],
+                    policies=STALENESS_POLICIES) -> list[dict]:
+    """One run per (policy, staleness): [{policy, staleness_ms, **fleet_numbers}]."""
+    grid = [(p, float(s)) for p in policies for s in staleness_ms]
+    jobs = [dict(workload=workload, setup=dataclasses.replace(setup, policy=p, staleness_ms=s), slo=None)
+            for p, s in grid]
+    return [{"policy": p, "staleness_ms": s, **r} for (p, s), r in zip(grid, _run_jobs(jobs))]
+
+
+def pd_splits(workload: Workload, setup: FleetSetup, total: int, slo: SLO) -> list[dict]:
+    """A fixed number of replicas split every way into prefill and decode ones (1:total-1 ...
+    total-1:1), and as `total` whole replicas for reference: [{split, prefill, decode, **fleet_numbers}]
+    with the SLO's attainment and goodput. The drain of `setup` is left out (its replica may not
+    exist in every split)."""
+    if not (isinstance(total, int) and 1 <= total <= 64):
+        raise ConfigError(f"total replicas: expected an integer in 1..64, got {total!r}")
+    base = dataclasses.replace(setup, drain_replica=None)
+    shapes = [(f"{p}P:{total - p}D", p, total - p) for p in range(1, total)] + [(f"{total} whole", 0, 0)]
+    jobs = [dict(workload=workload, setup=dataclasses.replace(base, prefill=p, decode=d, replicas=total), slo=slo)
+            for _, p, d in shapes]
+    return [{"split": name, "prefill": p, "decode": d, **r} for (name, p, d), r in zip(shapes, _run_jobs(jobs))]
+
+
+# ---- figures -----------------------------------------------------------------------------------------
+
+def _route_text(trace, routes: pd.DataFrame, m: pd.DataFrame | None = None) -> list[str]:
+    """Hover text per request: the router's choice and its reason, scores, and what it saw."""
+    ids = trace.requests["id"].tolist()
+    ttft = m["ttft_ms"].to_numpy(dtype=float) if m is not None else np.full(len(ids), np.nan)
+    out = []
+    for k, (rid, rep, dec, stage, reason, dreason, scores, sig) in enumerate(zip(
+            ids, routes["replica"], routes["decode"], routes["stage"], routes["reason"], routes["decode_reason"],
+            routes["scores"], routes["signals"])):
+        head = f"<b>{rid}</b> → " + ("rejected at the router" if stage == "rejected" else f"replica {rep}"
+                                     + (f" (prefill), decode on replica {dec}" if dec >= 0 else ""))
+        lines = [head]
+        if reason:
+            lines.append(f"why: {reason}" + (f"; decode: {dreason}" if dreason else ""))
+        if scores:
+            lines.append("scores: " + ", ".join(f"r{r} {v:g}" for r, v in scores.items()))
+        if sig:
+            lines.append("router saw: " + "; ".join(
+                f"r{r} {s.get('requests', 0)} req, KV {100 * float(s.get('kv_usage', 0)):.0f}%"
+                + (f", prefix {s['prefix_blocks']} blk" if s.get("prefix_blocks") else "")
+                for r, s in sig.items()))
+        if not math.isnan(ttft[k]):
+            lines.append(f"TTFT {ttft[k]:.3f} ms")
+        out.append("<br>".join(lines))
+    return out
+
+
+def lane_table(trace, routes: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per lane, lanes grouped by replica (replica order, then arrival): req (row), replica,
+    kind (whole, prefill, decode), start_ms (arrival; a decode lane: its transfer's start),
+    queue_end_ms (first scheduled step; NaN: none), end_ms (a prefill lane: its transfer's start; else
+    the last token), xfer_ms (a decode lane: the transfer's duration)."""
+    routes = request_replicas(trace) if routes is None else routes
+    sp = request_spans(trace)
+    arrival, sched, last = sp["arrival"], sp["scheduled"], sp["last"]
+    queue_end = np.where(np.isnan(sched), sp["first"], sched)
+    xf = transfer_table(trace)
+    x_start = np.full(len(arrival), np.nan)
+    x_dur = np.full(len(arrival), np.nan)
+    if len(xf):
+        ok = xf["req"].to_numpy() >= 0
+        x_start[xf["req"].to_numpy()[ok]] = xf["start_ms"].to_numpy()[ok]
+        x_dur[xf["req"].to_numpy()[ok]] = xf["dur_ms"].to_numpy()[ok]
+    rows = []
+    rep, dec, stage = routes["replica"].to_numpy(), routes["decode"].to_numpy(), routes["stage"].to_numpy()
+    for i in range(len(arrival)):
+        if stage[i] == "rejected" or rep[i] < 0:
+            continue
+        if dec[i] >= 0:
+            pre_end = x_start[i] if not np.isnan(x_start[i]) else last[i]
+            rows.append((i, rep[i], "prefill", arrival[i], queue_end[i], pre_end, np.nan))
+            rows.append((i, dec[i], "decode", x_start[i], np.nan, last[i], x_dur[i]))
+        else:
+            rows.append((i, rep[i], "whole", arrival[i], queue_end[i], last[i], np.nan))
+    lanes = pd.DataFrame(rows, columns=["req", "replica", "kind", "start_ms", "queue_end_ms", "end_ms", "xfer_ms"])
+    lanes["arrival_ms"] = arrival[lanes["req"].to_numpy()] if len(lanes) else []
+    return lanes.sort_values(["replica", "arrival_ms"], kind="stable").reset_index(drop=True)
+
+
+def _group_axis(fig, lanes: pd.DataFrame, roles: list[str], row: int | None = None):
+    """y ticks at each replica's group of lanes, a line between groups."""
+    ticks, labels = [], []
+    reps = lanes["replica"].to_numpy()
+    for r in np.unique(reps).tolist():
+        where = np.flatnonzero(reps == r)
+        ticks.append(float(where.mean()))
+        role = roles[r] if r < len(roles) else "both"
+        labels.append(f"r{r}" + ("" if role == "both" else f" {role}"))
+        if where[0] > 0:
+            fig.add_hline(y=where[0] - 0.5, line_color=GRAY, line_width=1, opacity=0.6)
+    fig.update_yaxes(tickvals=ticks, ticktext=labels, autorange="reversed", title_text="requests by replica",
+                     zeroline=False, showgrid=False)
+
+
+def _drain_marks(fig, drains, lanes: pd.DataFrame | None = None, x_max: float = 0.0, **where):
+    """A vertical line at each drain's time; over the drained replica's lanes, a band from then on."""
+    for r, t in drains:
+        fig.add_vline(x=t, line_color=VERMILLION, line_width=2, line_dash="dash", **where,
+                      annotation_text=f"replica {r} drained at {t:g} ms", annotation_position="top left")
+        rows = np.flatnonzero(lanes["replica"].to_numpy() == r) if lanes is not None else []
+        if len(rows) and x_max > t:
+            fig.add_shape(type="rect", x0=t, x1=x_max, y0=rows[0] - 0.5, y1=rows[-1] + 0.5, line_width=0,
+                          fillcolor=VERMILLION, opacity=0.08, layer="below")
+
+
+def fleet_lanes(trace, drains=None, max_lanes: int = MAX_LANES,
+                max_height: int = MAX_HEIGHT) -> go.Figure:
+    """Requests as lanes grouped by replica, on one time axis. Whole replicas: the queue wait
+    (gray), then the request's service on its replica in that replica's colour. Disaggregated: a
+    prefill lane on the prefill replica (queue, prefill) and a decode lane on the decode replica
+    (the KV transfer, then decode to the last token). A triangle marks when the router sent the
+    request there; the hover says why (its reason, scores and what it saw of each replica).
+    `drains` [(replica, ms)] (default: the trace's, drains_of): a line at each time. Past `max_lanes`
+    requests: `replica_heatmap`."""
+    drains = drains_of(trace) if drains is None else drains
+    if len(trace.requests) > max_lanes:
+        return replica_heatmap(trace, drains)
+    routes = request_replicas(trace)
+    lanes = lane_table(trace, routes)
+    roles = replica_roles(trace)
+    pd_mode = bool((lanes["kind"] != "whole").any())
+    text = np.asarray(_route_text(trace, routes, request_metrics(trace)), dtype=object)
+    ids = np.asarray(trace.requests["id"].tolist(), dtype=object)
+    y = np.arange(len(lanes), dtype=float)
+    req, rep = lanes["req"].to_numpy(), lanes["replica"].to_numpy()
+    fig = go.Figure()
+    shown = lanes["kind"].to_numpy() != "decode"
+    fig.add_trace(go.Bar(base=lanes["start_ms"][shown], x=(lanes["queue_end_ms"] - lanes["start_ms"])[shown],
+                         y=y[shown], orientation="h", marker_color=QUEUE_COLOR, name="queue wait",
+                         customdata=np.stack([ids[req[shown]], rep[shown]], -1) if shown.any() else None,
+                         hovertemplate="%{customdata[0]} on r%{customdata[1]}: waiting %{x:.3f} ms from "
+                                       "%{base:.3f} ms<extra></extra>"))
+    service_start = np.where(np.isnan(lanes["queue_end_ms"]), lanes["start_ms"], lanes["queue_end_ms"])
+    if pd_mode:
+        segs = [("prefill", PREFILL_COLOR, lanes["kind"].to_numpy() == "prefill", service_start, lanes["end_ms"]),
+                ("whole (short prompt)", WHOLE_PD_COLOR, lanes["kind"].to_numpy() == "whole", service_start,
+                 lanes["end_ms"]),
+                ("KV transfer", TRANSFER_COLOR, lanes["kind"].to_numpy() == "decode", lanes["start_ms"],
+                 lanes["start_ms"] + lanes["xfer_ms"]),
+                ("decode", DECODE_COLOR, lanes["kind"].to_numpy() == "decode", lanes["start_ms"] + lanes["xfer_ms"],
+                 lanes["end_ms"])]
+    else:
+        segs = [(f"replica {r}", color_of(r), rep == r, service_start, lanes["end_ms"])
+                for r in np.unique(rep).tolist()]
+    for name, color, m, a, b in segs:
+        if not m.any():
+            continue
+        a, b = np.asarray(a, float)[m], np.asarray(b, float)[m]
+        fig.add_trace(go.Bar(base=a, x=b - a, y=y[m], orientation="h", marker_color=color, name=name,
+                             customdata=np.stack([ids[req[m]], rep[m]], -1), hovertext=text[req[m]],
+                             hovertemplate=f"{name}: %{{x:.3f}} ms from %{{base:.3f}} ms<br>%{{hovertext}}"
+                                           "<extra></extra>"))
+    routed = routes["routed_ms"].to_numpy()[req]
+    fig.add_trace(go.Scatter(x=routed, y=y, mode="markers", name="routed here",
+                             marker=dict(symbol="triangle-right", size=7, color="#777777"),
+                             customdata=np.stack([ids[req], rep], -1), hovertext=text[req],
+                             hovertemplate="routed at %{x:.3f} ms<br>%{hovertext}<extra></extra>"))
+    per_row = max(2.0, min(22.0, (max_height - 160) / max(len(lanes), 1)))
+    height = int(min(max_height, max(300, len(lanes) * per_row + 160)))
+    fig.update_layout(barmode="overlay", bargap=0.3)
+    _group_axis(fig, lanes, roles)
+    fig.update_xaxes(title_text="time (ms)")
+    x_max = float(np.nanmax(lanes["end_ms"])) if len(lanes) else 0.0
+    _drain_marks(fig, drains, lanes, x_max)
+    n_rep, used = len(roles), len(np.unique(rep))
+    title = (f"Requests by replica: {len(trace.requests):,} requests on {n_rep} replica{'s' if n_rep != 1 else ''}"
+             + (f" ({used} used)" if used < n_rep else "")
+             + (" (prefill lane, KV transfer, decode lane)" if pd_mode else ""))
+    return base_layout(fig, title, height=height)
+
+
+def _running_average(t: np.ndarray, dur: np.ndarray, v: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Time-average over each bin [edges[k], edges[k+1]) of a value held during each step
+    [t, t + dur) and 0 between steps (steps of one replica never overlap)."""
+    if not len(t):
+        return np.zeros(len(edges) - 1)
+    xs = np.empty(2 * len(t))
+    xs[0::2], xs[1::2] = t, t + dur
+    area = np.zeros(2 * len(t))
+    area[1::2] = v * dur
+    cum = np.cumsum(area)
+    at = np.interp(edges, xs, cum, left=0.0, right=cum[-1])
+    width = np.diff(edges)
+    return np.diff(at) / np.where(width > 0, width, 1.0)
+
+
+def replica_heatmap(trace, drains=None, bins: int = TIME_BINS) -> go.Figure:
+    """Many requests on one screen: replicas x time bins, the colour the replica's running requests
+    (time-averaged over the bin, from its steps); the hover adds its waiting ones and the requests
+    the router sent it in the bin."""
+    roles = replica_roles(trace)
+    n = max(len(roles), 1)
+    st = trace.steps
+    routes = request_replicas(trace)
+    arrival = trace.requests["arrival_ms"].to_numpy(dtype=float)
+    lo = float(arrival.min()) if len(arrival) else 0.0
+    ends = [float((st["t_ms"] + st["dur_ms"]).max()) if len(st) else lo]
+    if len(trace.tokens):
+        ends.append(float(trace.tokens["t_ms"].max()))
+    hi = max(max(ends), lo + 1.0)
+    edges = np.linspace(lo, hi, bins + 1)
+    centers = (edges[:-1] + edges[1:]) / 2
+    running = np.zeros((n, bins))
+    waiting = np.zeros((n, bins))
+    rep_col = st["replica"].to_numpy() if "replica" in st else np.zeros(len(st), np.int64)
+    for r in range(n):
+        s = st[rep_col == r]
+        t, dur = s["t_ms"].to_numpy(dtype=float), s["dur_ms"].to_numpy(dtype=float)
+        running[r] = _running_average(t, dur, np.maximum(s["running"].to_numpy(dtype=float), 0), edges)
+        waiting[r] = _running_average(t, dur, np.maximum(s["waiting"].to_numpy(dtype=float), 0), edges)
+    routed = np.zeros((n, bins), np.int64)
+    for col in ("replica", "decode"):
+        r = routes[col].to_numpy()
+        ok = (r >= 0) & (r < n)
+        k = np.clip(np.searchsorted(edges, routes["routed_ms"].to_numpy()[ok], side="right") - 1, 0, bins - 1)
+        np.add.at(routed, (r[ok], k), 1)
+    labels = [f"r{r}" + ("" if roles[r] == "both" else f" {roles[r]}") for r in range(n)] if roles else ["r0"]
+    fig = go.Figure(go.Heatmap(
+        z=running, x=centers, y=labels, customdata=np.stack([waiting, routed], -1), colorscale="Blues", zmin=0,
+        colorbar=dict(title="running"),
+        hovertemplate="%{y} at %{x:.1f} ms: %{z:.2f} running, %{customdata[0]:.2f} waiting (bin averages); "
+                      "%{customdata[1]} routed here in the bin<extra></extra>"))
+    fig.update_yaxes(autorange="reversed", title_text="replica")
+    fig.update_xaxes(title_text="time (ms)")
+    _drain_marks(fig, drains_of(trace) if drains is None else drains)
+    width = (hi - lo) / bins
+    title = (f"Running requests per replica ({len(trace.requests):,} requests; time bins of "
+             f"{f'{width:,.0f}' if width >= 100 else f'{width:.3g}'} ms)")
+    return base_layout(fig, title, height=min(MAX_HEIGHT, 220 + 28 * n))
+
+
+SIGNALS = (("running", "running"), ("waiting", "waiting"), ("kv_used_blocks", "KV blocks used"))
+
+
+def _signal_points(t: np.ndarray, end: np.ndarray, v: np.ndarray, max_points: int):
+    """A replica's signal as a step line: its value at each step's start, broken (None) where it sat
+    idle between steps; past `max_points` steps, the peak of each of max_points time bins."""
+    if len(t) > max_points:
+        edges = np.linspace(t[0], end[-1], max_points + 1)
+        k = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, max_points - 1)
+        peak = np.full(max_points, -np.inf)
+        np.maximum.at(peak, k, v)
+        x, yv = edges[:-1], np.where(np.isfinite(peak), peak, np.nan)
+        return x.tolist(), [None if np.isnan(a) else float(a) for a in yv]
+    idle = np.r_[t[1:] > end[:-1] + 1e-9, True]
+    xs, ys = [], []
+    for a, b, val, gap in zip(t.tolist(), end.tolist(), v.tolist(), idle.tolist()):
+        xs.append(a)
+        ys.append(val)
+        if gap:
+            xs += [b, b]
+            ys += [val, None]
+    return xs, ys
+
+
+def replica_signals(trace, drains=None, max_points: int = MAX_SIGNAL_POINTS) -> go.Figure:
+    """Each replica's running and waiting requests and KV blocks in use, one subplot per signal on
+    one shared time axis, a line per replica (from its step events; the line breaks where the
+    replica sat idle)."""
+    roles = replica_roles(trace)
+    st = trace.steps
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=[name for _, name in SIGNALS])
+    rep_col = st["replica"].to_numpy() if "replica" in st else np.zeros(len(st), np.int64)
+    for r in range(max(len(roles), 1)):
+        s = st[rep_col == r]
+        if not len(s):
+            continue
+        t = s["t_ms"].to_numpy(dtype=float)
+        end = t + s["dur_ms"].to_numpy(dtype=float)
+        name = f"r{r}" + ("" if roles[r] == "both" else f" {roles[r]}")
+        for k, (col, _) in enumerate(SIGNALS, start=1):
+            v = s[col].to_numpy(dtype=float)
+            if (v < 0).all():
+                continue          # not recorded
+            x, yv = _signal_points(t, end, v, max_points)
+            fig.add_trace(go.Scatter(x=x, y=yv, mode="lines", line_shape="hv", line=dict(color=color_of(r), width=1.5),
+                                     name=name, legendgroup=name, showlegend=k == 1,
+                                     hovertemplate=f"{name} %{{x:.1f}} ms: %{{y}} {SIGNALS[k - 1][1]}<extra></extra>"),
+                          row=k, col=1)
+    for _, t in (drains_of(trace) if drains is None else drains):
+        fig.add_vline(x=t, line_color=VERMILLION, line_width=2, line_dash="dash")
+    fig.update_xaxes(title_text="time (ms)", row=3, col=1)
+    most = int(np.bincount(rep_col).max()) if len(rep_col) else 0
+    peak = f" (each bin's peak: over {max_points:,} steps a replica)" if most > max_points else ""
+    return base_layout(fig, "Each replica over time: running, waiting, KV blocks used" + peak, height=560)
+
+
+def replica_hits_figure(trace) -> go.Figure:
+    """Prefix-cache hit blocks per replica (bars); the hover adds the full prompt blocks routed
+    there and their ratio."""
+    roles = replica_roles(trace)
+    hits = hits_per_replica(trace)
+    blocks = prompt_blocks_per_replica(trace)
+    n = len(hits)
+    labels = [f"r{r}" + ("" if r >= len(roles) or roles[r] == "both" else f" {roles[r]}") for r in range(n)]
+    rate = [f"{h / b:.1%}" if b else "—" for h, b in zip(hits.tolist(), list(blocks) + [0] * (n - len(blocks)))]
+    fig = go.Figure(go.Bar(x=labels, y=hits, marker_color=[color_of(r) for r in range(n)], text=hits,
+                           textposition="auto", customdata=np.stack([np.resize(blocks, n), rate], -1),
+                           hovertemplate="%{x}: %{y} hit blocks; %{customdata[0]} full prompt blocks routed here "
+                                         "(%{customdata[1]})<extra></extra>", showlegend=False))
+    fig.update_yaxes(title_text="prefix-cache hit blocks")
+    return base_layout(fig, "Prefix-cache hits per replica", height=320)
+
+
+def transfers_figure(trace) -> go.Figure:
+    """Each KV transfer: its start and duration (markers sized by blocks, coloured by decode replica)."""
+    xf = transfer_table(trace)
+    fig = go.Figure()
+    for dst in sorted(xf["dst"].unique().tolist()):
+        x = xf[xf["dst"] == dst]
+        size = 5 + 10 * np.sqrt(x["blocks"].to_numpy() / max(1, xf["blocks"].max()))
+        fig.add_trace(go.Scatter(x=x["start_ms"], y=x["dur_ms"], mode="markers", name=f"to r{dst}",
+                                 marker=dict(color=color_of(dst), size=size, opacity=0.7),
+                                 customdata=np.stack([x["src"], x["blocks"], x["bytes"] / 1e6], -1),
+                                 hovertemplate="r%{customdata[0]} → r" + str(dst) + " at %{x:.3f} ms: %{y:.3f} ms, "
+                                               "%{customdata[1]} blocks, %{customdata[2]:.1f} MB<extra></extra>"))
+    fig.update_xaxes(title_text="transfer start (ms)")
+    fig.update_yaxes(title_text="duration (ms)")
+    return base_layout(fig, f"KV transfers: {len(xf):,}, prefill to decode replicas", height=320)
+
+
+POLICY_PANELS = (("TTFT (ms)", ("ttft_p50_ms", "p50"), ("ttft_p99_ms", "p99")), ("prefix hit rate", ("hit_rate", "")),
+                 ("imbalance (max/mean)", ("imbalance", "")))
+
+
+def policy_figure(rows: list[dict], highlight: str | None = None) -> go.Figure:
+    """The policies side by side: TTFT p50 and p99, prefix hit rate, imbalance (one panel each)."""
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[p[0] for p in POLICY_PANELS], horizontal_spacing=0.08)
+    names = [r["policy"] for r in rows]
+    for c, (_, *series) in enumerate(POLICY_PANELS, start=1):
+        for key, label in series:
+            v = [r[key] for r in rows]
+            color = (ORANGE if label == "p99" else BLUE) if label else [ORANGE if n == highlight else BLUE
+                                                                        for n in names]
+            fig.add_trace(go.Bar(x=names, y=v, name=f"TTFT {label}" if label else None, showlegend=bool(label),
+                                 marker_color=color, hovertemplate="%{x}: %{y:.4g}<extra></extra>"), row=1, col=c)
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(tickangle=-40)
+    fig.update_yaxes(tickformat=".0%", row=1, col=2)
+    return base_layout(fig, "Router policies on the same workload and fleet", height=380)
+
+
+def staleness_figure(rows: list[dict]) -> go.Figure:
+    """TTFT p99 against the router's staleness, a line per policy."""
+    fig = go.Figure()
+    for k, pol in enumerate(dict.fromkeys(r["policy"] for r in rows)):
+        pts = [r for r in rows if r["policy"] == pol]
+        fig.add_trace(go.Scatter(x=[str(int(r["staleness_ms"])) if float(r["staleness_ms"]).is_integer()
+                                    else f"{r['staleness_ms']:g}" for r in pts],
+                                 y=[r["ttft_p99_ms"] for r in pts], mode="lines+markers", name=pol,
+                                 line=dict(color=PALETTE[k % len(PALETTE)]),
+                                 customdata=[[r["ttft_p50_ms"], r["imbalance"]] for r in pts],
+                                 hovertemplate=pol + ", staleness %{x} ms: TTFT p99 %{y:.3f} ms (p50 "
+                                               "%{customdata[0]:.3f}), imbalance %{customdata[1]:.2f}<extra></extra>"))
+    fig.update_xaxes(title_text="router staleness (ms; evenly spaced)", type="category")
+    fig.update_yaxes(title_text="TTFT p99 (ms)", rangemode="tozero")
+    return base_layout(fig, "TTFT p99 as the router's view of the replicas gets older", height=380)
+
+
+def pd_split_figure(rows: list[dict]) -> go.Figure:
+    """Goodput against the prefill:decode split of a fixed number of replicas (and all whole)."""
+    x = [r["split"] for r in rows]
+    colors = [GRAY if r["prefill"] == 0 else BLUE for r in rows]
+    fig = go.Figure(go.Bar(x=x, y=[r.get("goodput_req_per_s") for r in rows], marker_color=colors,
+                           customdata=[[r.get("attainment") or 0.0, r["ttft_p99_ms"], r["tpot_p99_ms"]] for r in rows],
+                           hovertemplate="%{x}: goodput %{y:.3f} req/s; SLO met by %{customdata[0]:.1%}; TTFT p99 "
+                                         "%{customdata[1]:.1f} ms, TPOT p99 %{customdata[2]:.2f} ms<extra></extra>",
+                           showlegend=False))
+    fig.update_yaxes(title_text="goodput (req/s meeting the SLO)", rangemode="tozero")
+    fig.update_xaxes(title_text="prefill : decode replicas")
+    return base_layout(fig, "Goodput by prefill:decode split (gray: whole replicas)", height=360)

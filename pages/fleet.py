@@ -1,0 +1,256 @@
+"""Fleet: several replicas behind a router, simulated on one clock (core.fleet): where each request
+went and why, each replica's load, its prefix-cache hits, the routing policies side by side, and two
+experiments (router staleness; the prefill:decode split)."""
+import pandas as pd
+import streamlit as st
+
+from core.analysis.metrics import SLO
+from core.config import SchedulerConfig
+from core.errors import InputError
+from core.figures.fleet import (
+    STALENESS_MS,
+    STALENESS_POLICIES,
+    FleetSetup,
+    drains_of,
+    pd_split_figure,
+    policy_figure,
+    routes_after,
+    staleness_figure,
+)
+from core.figures.timeline import MAX_LANES
+from core.fleet.router import POLICIES
+from core.formulas.kv import MODELS
+from ui import (
+    bound,
+    cached_scenario,
+    ensure_app_frame,
+    fmt_ms,
+    md,
+    origin_badge,
+    parse_upload,
+    scheduler_inputs,
+    show_chart,
+    show_table,
+    step_model_controls,
+)
+from ui.fleet import (
+    cached_fleet,
+    cached_pd_rows,
+    cached_policy_rows,
+    cached_staleness_rows,
+    cached_workload_file,
+    fleet_view,
+)
+
+ensure_app_frame()
+
+# label -> (bundled file, Mooncake tokens per hash block) or the name of a built-in scenario; None: upload
+FLEET_WORKLOADS = {"Shared prefix 200": ("shared_prefix_200.json", None),
+                   "Mooncake conversation 500 (block_tokens 16)": ("mooncake_conversation_500.jsonl", 16),
+                   "Burst 5": ("burst5.json", None), "Poisson 500 (Vidur CSV)": ("poisson500_vidur.csv", None),
+                   "Poisson 2000": "poisson2000", "Poisson 10000": "poisson10000", "Upload": None}
+MAX_REPLICAS = 16
+AUTO_WORK = 5_000    # a comparison runs by itself when its runs simulate at most this many requests in all
+AFFINE = {"base_ms": 5.0, "prefill_ms_per_token": 0.05, "decode_ms_per_seq": 0.2}
+
+st.title("Fleet")
+st.caption("Several replicas of one engine behind a router, simulated on one clock (core/fleet): where each request "
+           "went and why, what each replica held over time, its prefix-cache hits, and every routing policy on the "
+           "same workload.")
+
+with st.sidebar:
+    st.subheader("Workload")
+    wl_label = st.selectbox("Workload", list(FLEET_WORKLOADS), **bound("fl_wl"))
+    load = st.slider("Load multiplier", 0.25, 20.0, 4.0, 0.25, **bound("fl_load"),
+                     help="arrivals compressed by this factor: ×4 = the same requests arriving four times as fast")
+    st.subheader("Fleet")
+    disagg = st.toggle("Disaggregated prefill/decode", False, **bound("fl_dis"),
+                       help="prompts computed on prefill replicas, their KV cache moved over a link to a decode "
+                            "replica, which emits every token")
+    if disagg:
+        c1, c2 = st.columns(2)
+        n_p = c1.number_input("Prefill replicas", 1, MAX_REPLICAS - 1, 1, **bound("fl_p"))
+        n_d = c2.number_input("Decode replicas", 1, MAX_REPLICAS - 1, 3, **bound("fl_d"))
+        n = 0
+    else:
+        n = st.slider("Replicas", 1, MAX_REPLICAS, 4, **bound("fl_n"))
+        n_p = n_d = 0
+    policy = st.selectbox("Router policy", POLICIES, index=POLICIES.index("prefix-aware"), **bound("fl_pol"),
+                          help="core/fleet/router.py states each policy")
+    stale = st.number_input("Router staleness (ms)", 0.0, 1e6, 0.0, **bound("fl_stale"),
+                            help="the router sees each replica's load (and, for weighted, its cache) as of this long "
+                                 "ago")
+    opts = scheduler_inputs({"prefix_caching": ("fl_pc", True), "kv_blocks": ("fl_kb", 0)})
+    link = {}
+    if disagg:
+        st.subheader("KV link")
+        c1, c2 = st.columns(2)
+        link = dict(link_gbps=c1.number_input("GB/s", 0.001, 1e5, 25.0, **bound("fl_gbps")),
+                    link_latency_ms=c2.number_input("latency ms", 0.0, 1e4, 0.05, format="%.3f", **bound("fl_lat")),
+                    pd_min_prompt=int(st.number_input("Prompts under this many tokens run whole", 0, 10_000_000, 0,
+                                                      **bound("fl_min"))),
+                    model=st.selectbox("KV bytes per token of", list(MODELS), index=list(MODELS).index("Llama-2-7B"),
+                                       **bound("fl_model")))
+    st.subheader("Drain")
+    drain_on = st.toggle("Take a replica out of rotation", False, **bound("fl_drain"))
+    drain = {}
+    if drain_on:
+        c1, c2 = st.columns(2)
+        drain = dict(drain_replica=int(c1.number_input("replica", 0, MAX_REPLICAS - 1, 1, **bound("fl_dr"))),
+                     drain_ms=c2.number_input("at ms", 0.0, 1e12, 1000.0, **bound("fl_dt")))
+    st.subheader("Step model (affine, each replica)")
+    step_model = step_model_controls("fl_", kinds=["affine"], defaults=AFFINE)
+
+spec = FLEET_WORKLOADS[wl_label]
+if spec is None:
+    up = st.file_uploader("Workload file (our JSON, Vidur CSV, LLMServingSim JSONL, Mooncake JSONL, or a trace)",
+                          type=["json", "csv", "jsonl", "gz"], key="fl_upload")
+    workload = None
+    if up is not None:
+        workload, err = parse_upload(up.getvalue(), up.name)
+        if err:
+            st.error(err)
+    if workload is None:
+        workload = st.session_state.get("fl_last_upload")
+        if workload is None:
+            st.info("Upload a workload file to serve it with the fleet.")
+            st.stop()
+        st.caption(f"Showing the last valid upload: {md(workload.name)}")
+    else:
+        st.session_state["fl_last_upload"] = workload
+else:
+    workload = cached_scenario(spec) if isinstance(spec, str) else cached_workload_file(*spec)
+
+try:
+    if n_p + n_d > MAX_REPLICAS:
+        raise InputError(f"prefill + decode replicas: {n_p} + {n_d} is over this page's {MAX_REPLICAS}")
+    setup = FleetSetup(SchedulerConfig(**opts), step_model, replicas=n or 1, policy=policy, staleness_ms=stale,
+                       prefill=int(n_p), decode=int(n_d), **link, **drain)
+    simulated, tr = cached_fleet(workload, float(load), setup)
+except InputError as e:
+    st.error(f"Fleet settings: {md(e)}")
+    st.stop()
+
+nums = fleet_view("numbers", tr)
+SIMULATED = f"{origin_badge(tr)} step model {md(step_model.describe())}"    # what every comparison below is
+st.markdown(f"{origin_badge(tr)} {len(simulated):,} requests of *{md(workload.name)}*"
+            + (f", arrivals ×{load:g} as fast" if load != 1 else "") + f"; {md(setup.describe())}; step model "
+            f"{md(step_model.describe())}.")
+m = st.columns(5)
+m[0].metric("TTFT p50 ms", fmt_ms(nums["ttft_p50_ms"]))
+m[1].metric("TTFT p99 ms", fmt_ms(nums["ttft_p99_ms"]))
+m[2].metric("prefix hit rate", "—" if nums["hit_rate"] is None else f"{nums['hit_rate']:.1%}",
+            help=f"{nums['hit_blocks']:,} hit blocks of {nums['prompt_blocks']:,} full prompt blocks the replicas "
+                 "admitted (a disaggregated request's on its prefill and its decode replica)")
+m[3].metric("imbalance", "—" if nums["imbalance"] is None else f"{nums['imbalance']:.2f}",
+            help="max / mean requests per replica (prefill and decode replicas apart): 1 = even. Requests per "
+                 "replica: " + ", ".join(f"r{k} {c}" for k, c in enumerate(nums["per_replica"])))
+m[4].metric("rejected at the router", f"{nums['rejected']:,}")
+st.caption("All simulated (core/fleet). Percentiles: numpy 'linear' estimator.")
+
+st.subheader("Where each request went")
+show_chart(fleet_view("lanes", tr), key="fl_lanes_fig", width="stretch")
+if len(tr.requests) > MAX_LANES:
+    st.caption(f"Over {MAX_LANES} requests, too many for a lane each: each replica's running requests over time (bin "
+               "averages; the hover adds its waiting ones and the requests routed to it in the bin).")
+else:
+    st.caption("Each lane a request, grouped by replica; ▶ when the router sent it there — hover for the router's "
+               "reason, its scores and what it saw of each replica. "
+               + ("Yellow: prefill on the prefill replica; reddish purple: the KV transfer; blue: decode on the decode "
+                  "replica (green: a short prompt run whole there); gray: waiting." if setup.disaggregated else
+                  "Gray: waiting; colour: served on that replica."))
+for r, t in drains_of(tr):
+    st.caption(f":material/block: Replica {r} left rotation at {t:g} ms (dashed line): the router sent it "
+               f"**{routes_after(tr, r, t)}** requests after that; it finished what it held.")
+
+st.subheader("Each replica over time")
+show_chart(fleet_view("signals", tr), key="fl_signals_fig", width="stretch")
+left, right = st.columns(2)
+show_chart(fleet_view("hits", tr), key="fl_hits_fig", where=left, width="stretch")
+if tr.events_of("transfer"):
+    show_chart(fleet_view("transfers", tr), key="fl_transfers_fig", where=right, width="stretch")
+else:
+    right.caption("Prefix-cache hits: blocks of a prompt a replica found already cached (its kv rows with op "
+                  "`hit`). Requests that share a prompt's beginning hit only where an earlier one went: a "
+                  "prefix-aware router sends them there, round-robin spreads them.")
+
+
+def runs_allowed(runs: int, key: str, what: str) -> bool:
+    """A comparison runs by itself when it is small; else on its switch (the page's first draw stays quick)."""
+    work = runs * len(simulated)
+    if work <= AUTO_WORK:
+        return True
+    if st.toggle(f"Run {what} ({runs} simulations of {len(simulated):,} requests)", False, key=key):
+        return True
+    st.caption(f"{runs} runs of {len(simulated):,} requests: switched off by default at this size.")
+    return False
+
+
+def policies_view():
+    st.caption(f"{SIMULATED}. Every policy on the same workload and fleet ({md(setup.describe())}), only the "
+               "policy changed.")
+    if not runs_allowed(len(POLICIES), "fl_run_policies", "every policy"):
+        return
+    rows = cached_policy_rows(workload, float(load), setup)
+    show_chart(policy_figure(rows, policy), key="fl_policies_fig", width="stretch")
+    table = pd.DataFrame([{"policy": r["policy"], "TTFT p50 ms": r["ttft_p50_ms"], "TTFT p99 ms": r["ttft_p99_ms"],
+                           "prefix hit rate": r["hit_rate"], "imbalance": r["imbalance"],
+                           "requests per replica": " ".join(map(str, r["per_replica"])), "rejected": r["rejected"]}
+                          for r in rows])
+    show_table(table, hide_index=True, key="fl_policy_table")
+    st.caption("Prefix hit rate = hit blocks / full prompt blocks admitted; imbalance = max / mean requests per "
+               "replica. The chosen policy is orange in the last two panels.")
+
+
+@st.fragment
+def staleness_experiment():
+    st.markdown("The router reads each replica's load as of *staleness* ms ago. "
+                "Load-based policies then send bursts to a replica that already got them; round-robin never looks.")
+    c1, c2 = st.columns(2)
+    upto = c1.select_slider("Staleness grid up to (ms)", [s for s in STALENESS_MS if s > 0], 200, **bound("fl_s_max"))
+    pols = c2.pills("Policies", POLICIES, selection_mode="multi", default=list(STALENESS_POLICIES),
+                    **bound("fl_s_pol"))
+    grid = tuple(s for s in STALENESS_MS if s <= upto)
+    if not pols:
+        st.info("Pick at least one policy.")
+        return
+    if not runs_allowed(len(grid) * len(pols), "fl_run_stale", "the staleness grid"):
+        return
+    rows = cached_staleness_rows(workload, float(load), setup, grid, tuple(pols))
+    show_chart(staleness_figure(rows), key="fl_stale_fig", width="stretch")
+    st.caption(f"{SIMULATED}. The sidebar's fleet ({md(setup.describe())}) with only the policy and the staleness "
+               "changed.")
+
+
+@st.fragment
+def pd_experiment():
+    st.markdown("How to split a fleet: the same number of replicas split into prefill and decode "
+                "ones every way, and as whole replicas; goodput counts the requests per second that met both SLOs.")
+    c1, c2, c3 = st.columns(3)
+    total = c1.slider("Total replicas", 2, 8, 4, **bound("fl_t"))
+    ttft = c2.slider("SLO: TTFT ≤ ms", 10, 2000, 200, 10, **bound("fl_ttft"))
+    tpot = c3.slider("SLO: TPOT ≤ ms", 1, 200, 20, 1, **bound("fl_tpot"))
+    if not runs_allowed(total, "fl_run_pd", "every split"):
+        return
+    try:
+        rows = cached_pd_rows(workload, float(load), setup, int(total), SLO(float(ttft), float(tpot)))
+    except InputError as e:
+        st.error(f"P:D experiment: {md(e)}")
+        return
+    show_chart(pd_split_figure(rows), key="fl_pd_fig", width="stretch")
+    show_table(pd.DataFrame([{"split": r["split"], "goodput req/s": r["goodput_req_per_s"], "SLO met": r["attainment"],
+                              "TTFT p99 ms": r["ttft_p99_ms"], "TPOT p99 ms": r["tpot_p99_ms"]} for r in rows]),
+               hide_index=True, key="fl_pd_table")
+    model = setup.model
+    st.caption(f"{SIMULATED}. KV over a {setup.link_gbps:g} GB/s link ({md(model)}), router {md(setup.policy)}, "
+               "goodput over the drain window (core/analysis/metrics.py). A disaggregated request's first token "
+               "comes from its decode replica (vLLM's convention), after the prefill and the transfer.")
+
+
+# Each tab runs only while it is open (the experiments simulate many runs each)
+TABS = ["Router policies side by side", "Experiment: a stale router", "Experiment: the P:D split"]
+tabs = st.tabs(TABS, **bound("fl_tab"))
+for tab, view in zip(tabs, (policies_view, staleness_experiment, pd_experiment)):
+    with tab:
+        if tab.open:
+            view()

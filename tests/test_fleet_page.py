@@ -1,0 +1,215 @@
+"""The Fleet page and the replay page's fleet views, headless (AppTest), and the fleet figures.
+Expectations are computed here from a fleet run made directly with core.fleet (the page's
+defaults written out by hand) or from the trace's own tables: the router's route events, kv rows
+counted by replica, first tokens minus arrivals."""
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from core.config import SchedulerConfig
+from core.fleet.router import RouterConfig
+from core.fleet.sim import FleetSpec, simulate_fleet
+from core.formulas.kv import MODELS
+from core.sim.stepmodel import StepModel
+from core.workload import Request, Workload, load_workload
+from tests.conftest import DATA
+from tests.helpers import arr, charts, open_page
+
+# the page's defaults: shared_prefix_200 arriving 4x as fast, 4 replicas, prefix-aware, prefix caching, enough KV
+AFFINE = StepModel(kind="affine", base_ms=5.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.2)
+CONFIG = SchedulerConfig(prefix_caching=True)
+
+
+def four_times_as_fast() -> Workload:
+    w = load_workload(DATA / "workloads" / "shared_prefix_200.json")
+    return Workload([dataclasses.replace(r, arrival_ms=r.arrival_ms / 4) for r in w.requests], w.name)
+
+
+@pytest.fixture(scope="module")
+def default_run():
+    return simulate_fleet(four_times_as_fast(), FleetSpec.uniform(4, CONFIG, AFFINE,
+                                                                  router=RouterConfig("prefix-aware")))
+
+
+def routed(trace) -> dict[str, tuple[int, int]]:
+    """Request id -> (replica, decode replica or -1), from the route events."""
+    return {e["req"]: (e["replica"], e.get("decode", -1)) for e in trace.events_of("route")}
+
+
+def figure(at, title_start):
+    for f in charts(at):
+        if (f["layout"].get("title") or {}).get("text", "").startswith(title_start):
+            return f
+    raise AssertionError(f"no figure titled {title_start!r}")
+
+
+def ttft_by_hand(trace) -> np.ndarray:
+    first = trace.tokens.groupby("req")["t_ms"].min()
+    return first.to_numpy() - trace.requests["arrival_ms"].to_numpy()[first.index.to_numpy()]
+
+
+def test_the_page_with_defaults_draws_what_the_fleet_did(default_run):
+    at = open_page("fleet")
+    assert not at.error
+    said = " ".join(m.value for m in at.markdown)
+    assert ":orange-badge[simulated]" in said and "affine" in said and "5 ms + 0.05 ms x prefill tokens" in said
+    # lanes: each replica's bars hold exactly the requests the router sent there
+    lanes = figure(at, "Requests by replica")
+    drawn = {}
+    for t in lanes["data"]:
+        if t["type"] == "bar" and t["name"].startswith("replica "):
+            for rid, rep in t["customdata"]:
+                drawn[rid] = int(rep)
+                assert int(t["name"].split()[1]) == int(rep)
+    assert drawn == {rid: rep for rid, (rep, _) in routed(default_run).items()}
+    # the hover carries the router's reason
+    marks = next(t for t in lanes["data"] if t["name"] == "routed here")
+    reasons = {e["req"]: e["reason"] for e in default_run.events_of("route")}
+    for (rid, _), text in zip(marks["customdata"], marks["hovertext"]):
+        assert f"why: {reasons[rid]}" in text
+    # hit bars: kv rows with op "hit", counted by replica
+    hits = figure(at, "Prefix-cache hits per replica")
+    kv = default_run.kv
+    expect = kv[kv["op"] == "hit"].groupby("replica").size().reindex(range(4), fill_value=0).tolist()
+    assert arr(hits["data"][0]["y"]) == expect
+    # running per replica: the first points of each replica's line are its first steps' running counts
+    signals = figure(at, "Each replica over time")
+    for r in range(4):
+        line = next(t for t in signals["data"] if t["name"] == f"r{r}" and t.get("yaxis", "y") == "y")
+        steps = default_run.steps[default_run.steps["replica"] == r]
+        assert arr(line["y"])[0] == steps["running"].iloc[0] and arr(line["x"])[0] == steps["t_ms"].iloc[0]
+    # the headline numbers and the policy table's own row for the chosen policy
+    metrics = {m.label: m.value for m in at.metric}
+    p99 = np.percentile(ttft_by_hand(default_run), 99)
+    assert float(metrics["TTFT p99 ms"].replace(",", "")) == pytest.approx(p99, abs=1e-3)
+    hit_rate = len(kv[kv["op"] == "hit"]) / sum(e["prompt_blocks"] for e in default_run.events_of("route"))
+    assert metrics["prefix hit rate"] == f"{hit_rate:.1%}"
+    table = next(d.value for d in at.dataframe if "policy" in d.value.columns).set_index("policy")
+    assert table.loc["prefix-aware", "TTFT p99 ms"] == pytest.approx(p99)
+    counts = np.bincount([rep for rep, _ in routed(default_run).values()], minlength=4)
+    assert table.loc["prefix-aware", "imbalance"] == pytest.approx(counts.max() / counts.mean())
+    assert len(table) == 7
+
+
+def test_disaggregated_lanes_put_prefill_and_decode_on_the_routed_replicas():
+    at = open_page("fleet", {"fl_dis": "true", "fl_p": "1", "fl_d": "2", "fl_pol": "least-requests"})
+    assert not at.error
+    w = four_times_as_fast()
+    spec = FleetSpec.disagg(1, 2, CONFIG, AFFINE, router=RouterConfig("least-requests"),
+                            kv_bytes_per_token=MODELS["Llama-2-7B"].kv_bytes_per_token(2), model="Llama-2-7B")
+    tr = simulate_fleet(w, spec)
+    routes = routed(tr)
+    lanes = figure(at, "Requests by replica")
+    by_name = {t["name"]: t for t in lanes["data"]}
+    prefill = {rid: int(rep) for rid, rep in by_name["prefill"]["customdata"]}
+    decode = {rid: int(rep) for rid, rep in by_name["decode"]["customdata"]}
+    assert prefill == {rid: p for rid, (p, _) in routes.items()}
+    assert decode == {rid: d for rid, (_, d) in routes.items()}
+    xfer = {e["req"]: e for e in tr.events_of("transfer")}
+    bars = by_name["KV transfer"]
+    for (rid, rep), base, dur in zip(bars["customdata"], arr(bars["base"]), arr(bars["x"])):
+        assert int(rep) == xfer[rid]["dst"]
+        assert base == pytest.approx(xfer[rid]["t_ms"]) and dur == pytest.approx(xfer[rid]["dur_ms"])
+    assert figure(at, "KV transfers: 200")
+
+
+def test_a_drained_replica_gets_no_requests_after_the_drain():
+    at = open_page("fleet", {"fl_drain": "true", "fl_dr": "1", "fl_dt": "1000"})
+    lanes = figure(at, "Requests by replica")
+    assert any(s.get("type") == "line" and s.get("x0") == 1000 for s in lanes["layout"]["shapes"])
+    marks = next(t for t in lanes["data"] if t["name"] == "routed here")
+    late = [rid for (rid, rep), x in zip(marks["customdata"], arr(marks["x"])) if int(rep) == 1 and x > 1000]
+    early = [rid for (rid, rep), x in zip(marks["customdata"], arr(marks["x"])) if int(rep) == 1 and x <= 1000]
+    assert late == [] and early
+    assert any("Replica 1 left rotation at 1000 ms" in c.value and "**0** requests" in c.value for c in at.caption)
+
+
+def test_a_drain_replica_outside_the_fleet_is_a_clear_message():
+    at = open_page("fleet", {"fl_drain": "true", "fl_dr": "6", "fl_n": "4"})
+    assert [e.value for e in at.error] == ["Fleet settings: drain\\: replica 6 is not in this fleet of 4 "
+                                           "(replicas 0..3)"]
+    assert not charts(at)
+
+
+def test_the_experiments_run_in_their_tabs(default_run):
+    at = open_page("fleet", {"fl_tab": "Experiment: a stale router", "fl_s_max": "50"})
+    fig = figure(at, "TTFT p99 as the router")
+    lines = {t["name"]: t for t in fig["data"]}
+    assert set(lines) == {"prefix-aware", "round-robin", "least-requests"}
+    assert list(lines["round-robin"]["x"]) == ["0", "5", "10", "20", "50"]
+    # round-robin never reads the signals: staleness changes nothing; at 0 ms prefix-aware is the page's own run
+    assert len(set(arr(lines["round-robin"]["y"]))) == 1
+    assert arr(lines["prefix-aware"]["y"])[0] == pytest.approx(np.percentile(ttft_by_hand(default_run), 99))
+    at = open_page("fleet", {"fl_tab": "Experiment: the P:D split", "fl_t": "3"})
+    fig = figure(at, "Goodput by prefill:decode split")
+    assert list(fig["data"][0]["x"]) == ["1P:2D", "2P:1D", "3 whole"]
+    table = next(d.value for d in at.dataframe if "split" in d.value.columns)
+    assert (table["SLO met"] <= 1).all() and (table["goodput req/s"] >= 0).all()
+
+
+def test_the_replay_page_shows_the_fleet_views_of_a_fleet_trace(tmp_path, monkeypatch, default_run):
+    from core.trace import save_trace
+    save_trace(default_run, tmp_path / "fleet4.json.gz")
+    monkeypatch.setenv("SERVING_EXPLORER_TRACES", str(tmp_path))
+    at = open_page("replay", {"tr": "fleet4.json.gz"})
+    assert any(h.value == "Fleet" for h in at.header)
+    assert any("4 replicas; router prefix-aware" in m.value for m in at.markdown)
+    lanes = figure(at, "Requests by replica")
+    drawn = {rid: int(rep) for t in lanes["data"] if t["name"].startswith("replica ") for rid, rep in t["customdata"]}
+    assert drawn == {rid: rep for rid, (rep, _) in routed(default_run).items()}
+    kv = default_run.kv
+    assert arr(figure(at, "Prefix-cache hits per replica")["data"][0]["y"]) == \
+        kv[kv["op"] == "hit"].groupby("replica").size().reindex(range(4), fill_value=0).tolist()
+    at = open_page("replay", {"tr": "chapter31_continuous.json"})     # one engine: no fleet views
+    assert not any(h.value == "Fleet" for h in at.header)
+
+
+# ---- the figures on their own ---------------------------------------------------------------------
+
+def test_past_max_lanes_a_heatmap_counts_every_route_per_replica():
+    from core.figures.fleet import fleet_lanes
+    reqs = [Request(f"r{i}", 2.0 * i, 8 + i % 5, 3) for i in range(320)]
+    tr = simulate_fleet(Workload(reqs), FleetSpec.uniform(3, SchedulerConfig(), StepModel("constant", step_ms=1.0),
+                                                          router=RouterConfig("random", seed=1)))
+    fig = fleet_lanes(tr)
+    heat = fig.data[0]
+    assert heat.type == "heatmap" and list(heat.y) == ["r0", "r1", "r2"]
+    routed_per_replica = np.asarray(heat.customdata)[:, :, 1].sum(axis=1)
+    assert routed_per_replica.tolist() == np.bincount([e["replica"] for e in tr.events_of("route")]).tolist()
+
+
+def test_bin_averages_of_running_requests_by_hand():
+    from core.figures.fleet import _running_average
+    # 2 running for 5 ms from 0, nothing, then 4 running for 5 ms from 10: bins [0, 10) and [10, 20)
+    got = _running_average(np.array([0.0, 10.0]), np.array([5.0, 5.0]), np.array([2.0, 4.0]),
+                           np.array([0.0, 10.0, 20.0]))
+    assert got.tolist() == [1.0, 2.0]
+
+
+def test_fleet_numbers_on_a_trace_without_kv_rows_read_the_replicas_own_counts(default_run):
+    from core.figures.fleet import fleet_numbers
+    spec = FleetSpec.uniform(4, CONFIG, AFFINE, router=RouterConfig("prefix-aware"))
+    lean = simulate_fleet(four_times_as_fast(), spec, record_kv=False)
+    assert not len(lean.kv)
+    a, b = fleet_numbers(default_run), fleet_numbers(lean)
+    assert a == b
+    kv = default_run.kv
+    assert a["hit_blocks"] == int((kv["op"] == "hit").sum())
+    assert a["per_replica"] == pd.Series([e["replica"] for e in default_run.events_of("route")]).value_counts() \
+        .reindex(range(4), fill_value=0).tolist()
+
+
+def test_a_trace_with_replica_columns_but_no_router_events_still_has_its_replicas(default_run):
+    """An imported fleet trace may carry only the replica columns: each request's replica is then
+    the one its tokens came from, which for whole requests is the router's choice."""
+    from core.figures.fleet import has_replicas, request_replicas
+    bare = dataclasses.replace(default_run, meta={k: v for k, v in default_run.meta.items() if k != "fleet"},
+                               other=[e for e in default_run.other if e.get("type") != "route"])
+    assert has_replicas(bare)
+    got = dict(zip(bare.requests["id"], request_replicas(bare)["replica"].tolist()))
+    assert got == {rid: rep for rid, (rep, _) in routed(default_run).items()}
+    one = dataclasses.replace(bare, tokens=bare.tokens.assign(replica=0), finishes=bare.finishes.assign(replica=0),
+                              steps=bare.steps.assign(replica=0), kv=bare.kv.assign(replica=0))
+    assert not has_replicas(one)

@@ -1,0 +1,64 @@
+"""Caches around core's fleet (core.fleet through core.figures.fleet), shared by every session of
+the app process: a fleet run per (workload, load multiplier, setup), its figures per trace, and
+the comparisons (policies, staleness, P:D splits), each computed once for the same inputs. The
+traces and figures returned are shared: never mutate them."""
+import streamlit as st
+
+from core.analysis.metrics import SLO
+from core.figures import fleet as ff
+from ui.cache import HASH_FUNCS
+
+FLEET_HASH = {**HASH_FUNCS, ff.FleetSetup: repr, SLO: repr}
+
+
+@st.cache_resource(show_spinner=False)
+def cached_workload_file(name: str, block_tokens: int | None = None):
+    """A bundled workload (data/workloads/NAME), read once per process; `block_tokens`: a Mooncake
+    trace's tokens per hash block (core.workload.mooncake)."""
+    from core.lessons.scenarios import DATA
+    from core.workload import load_workload
+    path = DATA / "workloads" / name
+    return load_workload(path, block_tokens=block_tokens) if block_tokens else load_workload(path)
+
+
+@st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=FLEET_HASH)
+def _compressed(workload, factor: float):
+    return ff.compressed(workload, factor)
+
+
+@st.cache_resource(show_spinner="Simulating the fleet…", max_entries=16, hash_funcs=FLEET_HASH)
+def cached_fleet(workload, factor: float, setup: ff.FleetSetup):
+    """(the workload as simulated: arrivals compressed by `factor`; its fleet trace)."""
+    w = _compressed(workload, factor)
+    return w, ff.run_fleet(w, setup, created="(app)")
+
+
+_VIEWS = {"lanes": ff.fleet_lanes, "signals": ff.replica_signals, "hits": ff.replica_hits_figure,
+          "transfers": ff.transfers_figure, "numbers": ff.fleet_numbers, "routes": ff.request_replicas}
+
+
+@st.cache_resource(show_spinner=False, max_entries=64, hash_funcs=FLEET_HASH)
+def _fleet_view(what: str, trace, args: tuple):
+    return trace, _VIEWS[what](trace, *args)
+
+
+def fleet_view(what: str, trace, *args):
+    """A view of a fleet trace ("lanes", "signals", "hits", "transfers", "numbers", "routes"), once per
+    trace and arguments (the trace is keyed by identity: it comes out of a cache and outlives the entry)."""
+    return _fleet_view(what, trace, args)[1]
+
+
+@st.cache_resource(show_spinner="Simulating every router policy…", max_entries=16, hash_funcs=FLEET_HASH)
+def cached_policy_rows(workload, factor: float, setup: ff.FleetSetup) -> list[dict]:
+    return ff.compare_policies(_compressed(workload, factor), setup)
+
+
+@st.cache_resource(show_spinner="Simulating each policy at each staleness…", max_entries=16, hash_funcs=FLEET_HASH)
+def cached_staleness_rows(workload, factor: float, setup: ff.FleetSetup, staleness: tuple,
+                          policies: tuple) -> list[dict]:
+    return ff.staleness_sweep(_compressed(workload, factor), setup, staleness, policies)
+
+
+@st.cache_resource(show_spinner="Simulating each prefill:decode split…", max_entries=16, hash_funcs=FLEET_HASH)
+def cached_pd_rows(workload, factor: float, setup: ff.FleetSetup, total: int, slo: SLO) -> list[dict]:
+    return ff.pd_splits(_compressed(workload, factor), setup, total, slo)
