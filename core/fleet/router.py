@@ -32,7 +32,8 @@ Policies (`POLICIES`):
   KV events reported them.
 
 Ties (several candidates equally good) go to the first of them at or after a pointer that
-moves one replica on at every decision, so equal replicas share the load deterministically
+moves one candidate on at every decision among the same candidates (the prefill replicas and
+the decode replicas each have their own), so equal replicas share the load deterministically
 (a lowest-index rule would send every tie to replica 0, and under stale signals everything).
 
 Staleness: the router reads each replica's load signals and (precise) cached blocks as of
@@ -160,7 +161,8 @@ class Router:
         self.n = replicas
         self.rng = _random.Random(config.seed)
         self.rr = 0
-        self.turn = -1          # the tie-break pointer (moves at every decision)
+        self.turns: dict = {}   # the tie-break pointer of each candidate set (moves at each of its decisions)
+        self.turn = 0
         cap = capacity_blocks or [1 << 30] * replicas
         self.sent: list[OrderedDict] = [OrderedDict() for _ in range(replicas)]   # approximate: hash -> None (LRU)
         self.cap = list(cap)
@@ -185,21 +187,23 @@ class Router:
             seen.popitem(last=False)
 
     def _best(self, cands: list[Signals], key) -> Signals:
-        """The candidate with the smallest `key`; ties: the first at or after the rotating pointer."""
+        """The candidate with the smallest `key`; ties: the first at or after the rotating pointer
+        (a position among these candidates)."""
         keys = [key(s) for s in cands]
         low = min(keys)
-        tied = [s for s, k in zip(cands, keys) if k == low]
+        tied = [j for j, k in enumerate(keys) if k == low]
         if len(tied) == 1:
-            return tied[0]
-        start = self.turn % self.n
-        return min(tied, key=lambda s: (s.replica - start) % self.n)
+            return cands[tied[0]]
+        start = self.turn % len(cands)
+        return cands[min(tied, key=lambda j: (j - start) % len(cands))]
 
     # -- the choice ------------------------------------------------------------------------------
     def choose(self, cands: list[Signals], prompt_blocks: int) -> Decision:
         """The replica for a request among `cands` (non-empty, in replica order), given what the
         router knows of each and the request's prompt length in full blocks."""
         p = self.cfg.policy
-        self.turn += 1
+        group = tuple(c.replica for c in cands)   # one pointer per set of candidates (prefill, decode, ...)
+        self.turn = self.turns[group] = self.turns.get(group, -1) + 1
         if len(cands) == 1:
             c = cands[0]
             return Decision(c.replica, "the only replica in rotation", {c.replica: 1.0})
