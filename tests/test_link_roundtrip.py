@@ -141,6 +141,21 @@ CASES = [
     Case("replay-play", "replay", (
         (sel("tr", "chapter31_serial.json"),),
         (PRESENT, Set("rp_play", "toggle", True)))),
+    # the Fleet page: disaggregated with a drain (the P/D fields show only with fl_dis on), then the
+    # whole-replica count, then each experiment tab's own widgets (they are drawn only in their tab)
+    Case("fleet-pd", "fleet", (
+        (sel("fl_wl", "Burst 5"), Set("fl_dis", "toggle", True), Set("fl_drain", "toggle", True)),
+        (num("fl_pd", 0.3), num("fl_pp", 0.06), num("fl_base", 4), num("fl_dt", 20), num("fl_dr", 2),
+         sel("fl_model", "Llama-3-8B"), num("fl_min", 8), num("fl_lat", 0.1), num("fl_gbps", 10), num("fl_kb", 500),
+         Set("fl_pc", "toggle", False), num("fl_stale", 5), sel("fl_pol", "least-requests"), num("fl_d", 2),
+         num("fl_p", 2), Set("fl_load", "slider", ["ArrowLeft"]), PRESENT))),
+    Case("fleet-stale", "fleet", (
+        (sel("fl_wl", "Burst 5"), Set("fl_tab", "tab", "Experiment: a stale router")),
+        (Set("fl_n", "slider", ["ArrowLeft"]), Set("fl_s_max", "slider", ["ArrowLeft"]), Set("fl_s_pol", "pills", ["round-robin"])))),
+    Case("fleet-pd-split", "fleet", (
+        (sel("fl_wl", "Burst 5"), Set("fl_tab", "tab", "Experiment: the P:D split")),
+        (Set("fl_tpot", "slider", ["ArrowLeft"]), Set("fl_ttft", "slider", ["ArrowLeft"]),
+         Set("fl_t", "slider", ["ArrowRight"])))),
     # the pages whose only bound widget is the presentation switch
     *[Case(path or "home", path, ((PRESENT,),)) for path in ("", "pathologies", "exercises")],
 ]
@@ -223,6 +238,8 @@ def set_widget(page, s: Set):
         if w.get_by_role("switch").is_checked() == s.value:
             return
         w.locator("label").first.click()
+    elif s.kind == "tab":
+        w.get_by_role("tab", name=str(s.value), exact=True).click()
     elif s.kind == "slider":
         w.get_by_role("slider").focus()
         for k in s.value:
@@ -256,7 +273,8 @@ def pick_option(page, w, value, tries=3):
 
 # the element of each kind of widget that holds its value (absent while the widget is a skeleton)
 VALUE_OF = {"number": "input", "text": "input", "select": "[role=combobox]", "segmented": "[role=radio]",
-            "pills": "button[aria-pressed]", "toggle": "[role=switch]", "slider": "input[type=range]"}
+            "pills": "button[aria-pressed]", "toggle": "[role=switch]", "slider": "input[type=range]",
+            "tab": "[role=tab]"}
 
 
 def read_widget(page, s: Set):
@@ -273,6 +291,8 @@ def read_widget(page, s: Set):
         return sorted(b.inner_text().strip() for b in w.locator("button[aria-pressed=true]").all())
     if s.kind == "toggle":
         return w.get_by_role("switch").is_checked()
+    if s.kind == "tab":
+        return w.locator("[role=tab][aria-selected=true]").first.inner_text().strip()
     return float(w.locator("input[type=range]").input_value())
 
 
