@@ -151,7 +151,8 @@ CASES = [
          num("fl_p", 2), Set("fl_load", "slider", ["ArrowLeft"]), PRESENT))),
     Case("fleet-stale", "fleet", (
         (sel("fl_wl", "Burst 5"), Set("fl_tab", "tab", "Experiment: a stale router")),
-        (Set("fl_n", "slider", ["ArrowLeft"]), Set("fl_s_max", "slider", ["ArrowLeft"]), Set("fl_s_pol", "pills", ["round-robin"])))),
+        (Set("fl_n", "slider", ["ArrowLeft"]), Set("fl_s_max", "slider", ["ArrowLeft"]),
+         Set("fl_s_pol", "pills", ["round-robin"])))),
     Case("fleet-pd-split", "fleet", (
         (sel("fl_wl", "Burst 5"), Set("fl_tab", "tab", "Experiment: the P:D split")),
         (Set("fl_tpot", "slider", ["ArrowLeft"]), Set("fl_ttft", "slider", ["ArrowLeft"]),
