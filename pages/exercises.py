@@ -1,8 +1,8 @@
-"""Exercises: chapter 31's six exercises and the serving lesson's ten recall questions, each
+"""Exercises: chapter 31's six exercises, the serving lesson's ten recall questions and five on routing a fleet, each
 with a link to the page that works it, answer checks, and a hidden reference answer."""
 import streamlit as st
 
-from core.lessons.exercises import EXERCISES
+from core.lessons.exercises import EXERCISES, GROUPS
 from ui import ensure_app_frame, md
 
 ensure_app_frame()
@@ -12,7 +12,7 @@ st.caption("Work each one on the linked page (it opens with the right parameters
            "reveal the reference answer. Numeric answers are checked against the core's own computation "
            "within the stated tolerance.")
 
-for group, prefix in (("Chapter 31", "ch31"), ("Serving lesson: recall and stretch", "recall")):
+for group, prefix in GROUPS:
     st.header(group)
     for ex in (e for e in EXERCISES if e.key.startswith(prefix)):
         st.subheader(ex.source)

@@ -32,9 +32,11 @@ from ui import (
     show_chart,
     show_table,
     step_model_controls,
+    theme,
 )
 from ui.fleet import (
     cached_fleet,
+    cached_lesson,
     cached_pd_rows,
     cached_policy_rows,
     cached_staleness_rows,
@@ -247,10 +249,37 @@ def pd_experiment():
                "comes from its decode replica (vLLM's convention), after the prefill and the transfer.")
 
 
+def animation_view():
+    st.caption(f"{SIMULATED}. This run played back in the browser: each request leaves the router for the "
+               "replica it was routed to, stays while it runs and leaves when it finishes"
+               + ("; with disaggregated serving it moves from its prefill replica to its decode replica while its "
+                  "KV cache crosses the link" if setup.disaggregated else "")
+               + ". Past a few hundred requests each replica shows how many it holds instead.")
+    show_chart(fleet_view("animation", tr, theme()), key="fl_anim_fig", width="stretch")
+
+
+def lesson_view():
+    from core.lessons.fleet import DEFINITIONS
+    st.caption("Why prefix-aware routing wins on shared prefixes and loses when its signals are stale or its "
+               "load check is off, and why replicas are drained before they stop. Every number below comes from "
+               "the runs it describes (core/lessons/fleet.py), not from this page's settings.")
+    for sec in cached_lesson():
+        st.markdown(f"#### {md(sec['title'])}")
+        st.markdown(f"*{md(sec['question'])}*")
+        st.markdown(sec["text"])
+        st.caption(md(sec["origin"]))
+        if sec["rows"]:
+            table = pd.DataFrame(sec["rows"])
+            show_table(table, hide_index=True, key=f"fl_lesson_{sec['key']}",
+                       column_config={c: st.column_config.Column(help=DEFINITIONS[c])
+                                      for c in table.columns if c in DEFINITIONS})
+
+
 # Each tab runs only while it is open (the experiments simulate many runs each)
-TABS = ["Router policies side by side", "Experiment: a stale router", "Experiment: the P:D split"]
+TABS = ["Router policies side by side", "Experiment: a stale router", "Experiment: the P:D split",
+        "Animation", "Lesson: how routing wins and loses"]
 tabs = st.tabs(TABS, **bound("fl_tab"))
-for tab, view in zip(tabs, (policies_view, staleness_experiment, pd_experiment)):
+for tab, view in zip(tabs, (policies_view, staleness_experiment, pd_experiment, animation_view, lesson_view)):
     with tab:
         if tab.open:
             view()

@@ -213,3 +213,22 @@ def test_a_trace_with_replica_columns_but_no_router_events_still_has_its_replica
     one = dataclasses.replace(bare, tokens=bare.tokens.assign(replica=0), finishes=bare.finishes.assign(replica=0),
                               steps=bare.steps.assign(replica=0), kv=bare.kv.assign(replica=0))
     assert not has_replicas(one)
+
+
+def test_animation_tab_plays_the_pages_run(default_run):
+    at = open_page("fleet", {"fl_tab": "Animation"})
+    fig = charts(at)[-1]
+    assert 1 < len(fig["frames"]) <= 200 and fig["layout"]["meta"]["mode"] == "requests"
+    # the frame before the last (which shows them leaving) is the run's end: the last finish
+    assert fig["layout"]["meta"]["t_ms"][-2] == pytest.approx(float(default_run.finishes["t_ms"].max()), rel=1e-6)
+
+
+def test_lesson_tab_tables_are_the_lessons_runs():
+    from core.lessons.fleet import lesson_sections
+    at = open_page("fleet", {"fl_tab": "Lesson: how routing wins and loses"})
+    sections = lesson_sections()
+    assert len(at.dataframe) == len(sections)
+    wins = next(s for s in sections if s["key"] == "wins")
+    shown = at.dataframe[0].value
+    for row, tr in zip(shown.to_dict("records"), wins["traces"].values()):
+        assert row["prefix-hit blocks"] == int((tr.kv["op"] == "hit").sum())   # counted here from the trace

@@ -33,7 +33,12 @@ def cached_fleet(workload, factor: float, setup: ff.FleetSetup):
     return w, ff.run_fleet(w, setup, created="(app)")
 
 
-_VIEWS = {"lanes": ff.fleet_lanes, "signals": ff.replica_signals, "hits": ff.replica_hits_figure,
+def _animation(trace, theme: str):
+    from core.figures.fleet_animate import fleet_animation
+    return fleet_animation(trace, theme)
+
+
+_VIEWS = {"animation": _animation, "lanes": ff.fleet_lanes, "signals": ff.replica_signals, "hits": ff.replica_hits_figure,
           "transfers": ff.transfers_figure, "numbers": ff.fleet_numbers, "routes": ff.request_replicas}
 
 
@@ -43,7 +48,7 @@ def _fleet_view(what: str, trace, args: tuple):
 
 
 def fleet_view(what: str, trace, *args):
-    """A view of a fleet trace ("lanes", "signals", "hits", "transfers", "numbers", "routes"), once per
+    """A view of a fleet trace ("animation", "lanes", "signals", "hits", "transfers", "numbers", "routes"), once per
     trace and arguments (the trace is keyed by identity: it comes out of a cache and outlives the entry)."""
     return _fleet_view(what, trace, args)[1]
 
@@ -62,3 +67,10 @@ def cached_staleness_rows(workload, factor: float, setup: ff.FleetSetup, stalene
 @st.cache_resource(show_spinner="Simulating each prefill:decode split…", max_entries=16, hash_funcs=FLEET_HASH)
 def cached_pd_rows(workload, factor: float, setup: ff.FleetSetup, total: int, slo: SLO) -> list[dict]:
     return ff.pd_splits(_compressed(workload, factor), setup, total, slo)
+
+
+@st.cache_resource(show_spinner="Simulating the routing lesson's runs…")
+def cached_lesson() -> list[dict]:
+    """The routing lesson's sections (core.lessons.fleet), computed once per process."""
+    from core.lessons.fleet import lesson_sections
+    return lesson_sections()

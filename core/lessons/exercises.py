@@ -242,7 +242,7 @@ EXERCISES = [
     Exercise("fleet-1", "Routing a fleet, 1",
              f"Four replicas behind a round-robin router serve shared_prefix_200. Which replica (0-3) serves the "
              f"{RR_NTH[0]}th request to arrive? The {RR_NTH[1]}th?",
-             "",
+             "fleet?fl_n=4&fl_pol=round-robin&fl_load=1",
              "Round-robin gives the i-th request (counting from 0) to replica i mod N, whatever the loads or the "
              "caches: the 10th request is i = 9, 9 mod 4 = 1; the 100th is i = 99, 99 mod 4 = 3. The simulated "
              "run's route events say the same.",
@@ -252,7 +252,7 @@ EXERCISES = [
              f"{XFER_MODEL} (512 KiB a token) to a decode replica over a 25 GB/s link with 0.05 ms latency. How long "
              "does the transfer take alone? How long does each of two such transfers take when they start together "
              "and share the link fairly?",
-             "",
+             "fleet?fl_dis=true&fl_p=1&fl_d=1&fl_gbps=25&fl_lat=0.05",
              "Alone: latency + bytes / bandwidth = 0.05 ms + 2,048 x 524,288 bytes / 25 x 10^9 bytes/s = 0.05 + "
              "42.95 ms = 43.0 ms. Together each gets half the bandwidth until both end: 0.05 + 2 x 42.95 = 85.95 ms. "
              "GB/s here is 10^9 bytes per second; 1 GiB is 2^30 bytes.",
@@ -261,7 +261,7 @@ EXERCISES = [
              "Route shared_prefix_200 (two tenants, each with its own system prompt) over four replicas with prefix "
              "caching, using prefix-aware routing with its load check off (balance_abs very large). How many "
              "prompt blocks (16 tokens each) does replica 0 find in its prefix cache over the whole run?",
-             "",
+             "fleet?fl_n=4&fl_pol=prefix-aware",
              "The first request goes to replica 0 (all caches empty) and every later request of its tenant follows "
              "it there. Each of them finds the tenant's system prompt cached: its full 16-token blocks, the tokens "
              "every prompt of the tenant starts with, divided by 16 and rounded down. So: (requests of that tenant "
@@ -272,7 +272,7 @@ EXERCISES = [
              "300: prompts shorter than 300 tokens run whole on a decode replica, the others are prefilled on the "
              "prefill replica and their KV cache moved. How many requests run whole on a decode replica, and how "
              "many KV transfers cross the link?",
-             "",
+             "fleet?fl_dis=true&fl_p=1&fl_d=3&fl_min=300&fl_load=1",
              "Count the prompts under 300 tokens in the workload: those run whole. Every other request is "
              "prefilled, then moved: one transfer each (none is rejected here).",
              (Numeric("run whole on a decode replica", _pd("whole"), 0.5, "requests"),
@@ -281,7 +281,7 @@ EXERCISES = [
              "Four replicas, round-robin, shared_prefix_200: replica 3 is drained (taken out of rotation) when the "
              "101st request arrives. How many requests does replica 3 serve in all? How many requests does the "
              "fleet lose?",
-             "",
+             "fleet?fl_n=4&fl_pol=round-robin&fl_load=1&fl_drain=true&fl_dr=3&fl_dt=4674.3",
              "Before the drain, round-robin gave replica 3 every request i with i mod 4 = 3 among i = 0..99: 25. "
              "From the drain on it receives nothing, but it finishes what it holds, so nothing is lost: 0. A "
              "replica stopped without draining would have cut off the requests it still held.",
