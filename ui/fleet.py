@@ -48,7 +48,8 @@ def _fleet_view(what: str, trace, args: tuple):
 
 
 def fleet_view(what: str, trace, *args):
-    """A view of a fleet trace ("animation", "lanes", "signals", "hits", "transfers", "numbers", "routes"), once per
+    """A view of a fleet trace ("animation", "lanes", "signals", "hits", "transfers", "numbers",
+    "routes"), once per
     trace and arguments (the trace is keyed by identity: it comes out of a cache and outlives the entry)."""
     return _fleet_view(what, trace, args)[1]
 
