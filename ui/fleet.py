@@ -39,7 +39,8 @@ def _animation(trace, theme: str):
 
 
 _VIEWS = {"animation": _animation, "lanes": ff.fleet_lanes, "signals": ff.replica_signals,
-          "hits": ff.replica_hits_figure, "transfers": ff.transfers_figure, "numbers": ff.fleet_numbers, "routes": ff.request_replicas}
+          "hits": ff.replica_hits_figure, "transfers": ff.transfers_figure, "numbers": ff.fleet_numbers,
+          "routes": ff.request_replicas}
 
 
 @st.cache_resource(show_spinner=False, max_entries=64, hash_funcs=FLEET_HASH)
