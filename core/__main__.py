@@ -606,10 +606,13 @@ def _print_request_summary(s):
     print(f"Little's law: L = {_fmt(ll['L'])} requests in system, lambda W = {_fmt(ll['lambda_W'])} "
           f"(lambda = {_fmt(ll['arrival_rate_per_s'])} req/s, W = {_fmt(ll['W_ms'])} ms)")
     u = s["utilisation"]
-    if u is not None and u["running_peak"] is not None:
-        kv = (f"; KV blocks in use: mean {_fmt(u['kv_used_blocks_mean'])}, peak {u['kv_used_blocks_peak']}"
+    peak = "_peak" if "replicas" not in (u or {}) else "_peak_one_replica"   # a fleet: means of all, peaks of one
+    if u is not None and u[f"running{peak}"] is not None:
+        one = "" if peak == "_peak" else " on one replica"
+        whole = "" if peak == "_peak" else f" (all {u['replicas']} replicas together)"
+        kv = (f"; KV blocks in use: mean {_fmt(u['kv_used_blocks_mean'])}, peak{one} {u[f'kv_used_blocks{peak}']}"
               + (f" of {u['kv_blocks']}" if "kv_blocks" in u else ""))
-        print(f"running sequences: mean {_fmt(u['running_mean'])}, peak {u['running_peak']}{kv}")
+        print(f"running sequences{whole}: mean {_fmt(u['running_mean'])}, peak{one} {u[f'running{peak}']}{kv}")
 
 
 FLEET_ONLY_FLAGS = {"router": "round-robin", "router_staleness_ms": 0.0, "router_prefix": None, "router_param": None,

@@ -288,3 +288,22 @@ if __name__ == "__main__":  # rewrite the fleet table in docs/metrics.md
     path = ROOT / "docs" / "metrics.md"
     doc = path.read_text()
     path.write_text(doc[:doc.index(BEGIN) + len(BEGIN)] + "\n" + fl.fields_markdown() + doc[doc.index(END):])
+
+
+def test_a_fleets_step_summary_and_utilisation_say_what_they_add_up():
+    """A fleet's busy fraction is the mean replica's (never over 1), its peaks are one replica's (named so)."""
+    from core.analysis.metrics import step_summary, utilisation
+    from core.config import SchedulerConfig
+    from core.fleet.sim import FleetSpec, simulate_fleet
+    from core.sim.stepmodel import StepModel
+    from core.workload import Request, Workload
+    # two replicas, round-robin, two identical requests at t=0: each replica busy for the same 4 steps of 1 ms
+    w = Workload([Request("a", 0.0, 8, 4), Request("b", 0.0, 8, 4)], name="two")
+    tr = simulate_fleet(w, FleetSpec.uniform(2, SchedulerConfig(), StepModel(step_ms=1.0)))
+    st = step_summary(tr)
+    assert (st["steps"], st["busy_ms"], st["replicas"]) == (8, 8.0, 2)
+    assert st["busy_fraction"] == pytest.approx(8.0 / (4.0 * 2))      # both replicas busy all 4 ms: 1.0
+    u = utilisation(tr)
+    assert u["replicas"] == 2 and u["running_peak_one_replica"] == 1 and "running_peak" not in u
+    assert u["running_mean"] == pytest.approx(2.0)                     # the fleet holds 2 all along
+    assert "kv_used_fraction_peak" not in u

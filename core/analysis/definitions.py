@@ -193,24 +193,41 @@ def slo_summary(ev, slo, start: float, end: float) -> dict:
             "goodput_tok_per_s": good_tokens / secs if secs > 0 else None, "violations": violations}
 
 
+def _replicas(ev, meta: dict) -> int:
+    """How many replicas the trace's steps ran on (a fleet trace: meta.fleet's, or the step rows'
+    distinct replica values); 1 for one engine."""
+    fleet = meta.get("fleet") if isinstance(meta, dict) else None
+    listed = fleet.get("replicas") if isinstance(fleet, dict) else None
+    if isinstance(listed, list) and listed:
+        return len(listed)
+    return max(1, len(ev.replicas_seen(("step",))))
+
+
 def utilisation(ev, start: float, end: float, meta: dict) -> dict | None:
     """Running sequences and KV blocks in use: time-average over the window (idle time counts as
-    0) and peak, from step events (None without them, or when neither was recorded: -1)."""
+    0) and peak, from step events (None without them, or when neither was recorded: -1). A fleet
+    (several replicas): the means are the whole fleet's (every replica's steps add up; the KV
+    fraction is of every replica's pool together) and `replicas` says how many; a peak is then
+    one replica's highest (its own steps' rows), reported as `*_peak_one_replica`, not a fleet
+    total, and the KV peak fraction is left out (replicas' pools may differ; the fleet section
+    of the summary has each replica's)."""
     cols = ev.columns("step")
     if not {"running", "kv_used_blocks", "dur_ms"} <= cols or not ev.agg("step", {"n": Agg("count")})["n"]:
         return None
     span = end - start
-    out = {"window_ms": [start, end]}
+    n = _replicas(ev, meta)
+    peak = "_peak" if n == 1 else "_peak_one_replica"
+    out = {"window_ms": [start, end]} | ({"replicas": n} if n > 1 else {})
     recorded = False
     for key in ("running", "kv_used_blocks"):
         r = ev.agg("step", {"none": Agg("all", Col(key) < 0), "weighted": Agg("fsum", Col(key) * _OVERLAP),
                             "peak": Agg("max", Col(key))}, {"start": start, "end": end})
         if r["none"]:          # -1: not recorded (an engine's iteration log)
-            out[f"{key}_mean"] = out[f"{key}_peak"] = None
+            out[f"{key}_mean"] = out[f"{key}{peak}"] = None
             continue
         recorded = True
         out[f"{key}_mean"] = float(r["weighted"]) / span if span > 0 else None
-        out[f"{key}_peak"] = int(r["peak"])
+        out[f"{key}{peak}"] = int(r["peak"])
     if not recorded:
         return None
     total = (meta.get("stats") or {}).get("kv_blocks")
@@ -218,22 +235,28 @@ def utilisation(ev, start: float, end: float, meta: dict) -> dict | None:
         out["kv_blocks"] = int(total)
         mean = out["kv_used_blocks_mean"]
         out["kv_used_fraction_mean"] = None if mean is None else mean / total
-        out["kv_used_fraction_peak"] = out["kv_used_blocks_peak"] / total
+        if n == 1:
+            out["kv_used_fraction_peak"] = out["kv_used_blocks_peak"] / total
     return out
 
 
-def step_summary(ev) -> dict | None:
+def step_summary(ev, meta: dict | None = None) -> dict | None:
     """The step events on their own (None without them): how many, their span [first start, last
     end], busy time (the sum of durations) and its share of the span, the duration distribution,
-    and, for steps that carry counts (an engine's iteration log), the prefill and decode tokens."""
+    and, for steps that carry counts (an engine's iteration log), the prefill and decode tokens.
+    A fleet: busy time is every replica's together and its share is of `replicas` x the span (the
+    mean replica's busy fraction; each replica's is in the summary's fleet section)."""
     r = ev.agg("step", STEPS)
     if not r["steps"]:
         return None
     lo, hi, busy = float(r["first_start"]), float(r["last_end"]), float(r["busy"])
     d = ev.distribution("step_dur", "step duration", DEFAULT_PERCENTILES)
     d.pop("notes")
+    n = _replicas(ev, meta or {})
     out = {"steps": int(r["steps"]), "span_ms": [lo, hi], "busy_ms": busy,
-           "busy_fraction": busy / (hi - lo) if hi > lo else None, "dur_ms": d}
+           "busy_fraction": busy / ((hi - lo) * n) if hi > lo else None, "dur_ms": d}
+    if n > 1:
+        out["replicas"] = n
     cols = ev.columns("step")
     for c in ("prefill_tokens", "decode_tokens"):
         if c in cols:
@@ -318,7 +341,7 @@ def summary(ev, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENTILES,
            "cost_per_1k_output_usd": _none_if_nan(per_1k), "percentile_estimator": ESTIMATOR_LABEL, **dists,
            "conservation_problems": conservation(ev), "notes": notes, "littles_law": littles_law(ev, start, end),
            "utilisation": utilisation(ev, start, end, meta)}
-    steps = step_summary(ev)
+    steps = step_summary(ev, meta)
     if steps is not None:
         out["steps"] = steps
     if has_kv_events:

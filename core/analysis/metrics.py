@@ -399,7 +399,7 @@ def utilisation(trace, window: tuple[float, float] | None = None) -> dict | None
 
 def step_summary(trace) -> dict | None:
     """The step events on their own (definitions.step_summary)."""
-    return d.step_summary(InMemory(trace))
+    return d.step_summary(InMemory(trace), trace.meta)
 
 
 def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENTILES, slo: SLO | None = None,
