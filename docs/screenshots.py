@@ -7,7 +7,9 @@
 Besides one shot per page, two 10,000-request shots at a projector-size window (1280x800):
 the Schedules page on the built-in "Poisson 10000" scenario (its preset in the link), and the
 Trace replay page on a 10,000-request trace simulated here, into a temporary directory, with
-`python -m core simulate` from the same workload. For the classroom: the three animations
+`python -m core simulate` from the same workload. The Fleet page disaggregated (prefill
+lanes, KV transfers, decode lanes). For the classroom: the four animations (the fourth: requests
+flowing from the router to prefill and decode replicas)
 paused mid-play (seats of static vs continuous batching on Burst 5, PagedAttention blocks
 filling, the tile walk), every page in the dark theme, and one in presentation mode. And a real vLLM
 from inside: its prefix cache over time beside the simulator's (KV page), and the merged vLLM
@@ -26,7 +28,7 @@ OUT = ROOT / "docs" / "screenshots"
 PAGES = [("home", ""), ("schedules", "schedules"), ("kv", "kv"), ("tiles", "tiles"),
          ("speculative", "speculative"), ("roofline", "roofline"),
          ("replay", "replay?tr=shared_prefix_caching_on.json.gz&rp_cmp=shared_prefix_caching_off.json.gz"),
-         ("load", "load"), ("pathologies", "pathologies")]
+         ("load", "load"), ("pathologies", "pathologies"), ("fleet", "fleet")]
 
 PROJECTOR = {"width": 1280, "height": 800}
 # the "Poisson 10000" preset (core.lessons.scenarios.SCHEDULE_PRESETS); a link's parameters win over it
@@ -76,7 +78,11 @@ def write_trace_10k(directory: Path) -> Path:
 ANIMATIONS = [("anim_slots", "schedules?sc=Burst+5&pol=static&pol=continuous&ms=3&s_kind=constant&s_step=1",
                "▶ 4×", 1.6),
               ("anim_paging", "kv", "▶ 4×", 6.0),
-              ("anim_tiles", "tiles", "▶ 1×", 1.2)]
+              ("anim_tiles", "tiles", "▶ 1×", 1.2),
+              ("anim_fleet", "fleet?fl_tab=Animation&fl_dis=true&fl_p=1&fl_d=3&fl_min=300&fl_wl=Shared+prefix+200",
+               "▶ 1×", 4.0)]
+# disaggregated prefill/decode on the Fleet page: prefill lanes, KV transfers, decode lanes (1280x800)
+FLEET_PD = "fleet?fl_dis=true&fl_p=1&fl_d=3&fl_min=300&fl_load=1"
 # every page in the dark theme too (1280x800, at its first chart); schedules on Burst 5's seats
 DARK = [(f"{name}_dark", "schedules?sc=Burst+5&pol=static&pol=continuous&ms=3&s_kind=constant&s_step=1"
          if name == "schedules" else path) for name, path in PAGES]
@@ -137,6 +143,10 @@ def main(only: set[str] = frozenset()):
                 settle(page, f"replay?tr={TRACE_10K}", url)
                 scroll_to(page, "[data-testid='stSlider']", below_px=-60)
                 shoot(page, "replay_10000_requests")
+            if wanted("fleet_pd"):
+                settle(page, FLEET_PD, url)
+                scroll_to(page, "h3:has-text(\"Where each request went\")", below_px=-20)
+                shoot(page, "fleet_pd")
             for name, path, button, seconds in ANIMATIONS:
                 if wanted(name):
                     settle(page, path, url)
