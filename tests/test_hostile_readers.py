@@ -109,14 +109,14 @@ def test_aiperf_scrapes_with_string_timestamps_and_duplicate_request_ids(tmp_pat
 # ---- item 18: small files that cost gigabytes ----------------------------------------------------
 
 def test_a_small_vllm_result_claiming_a_billion_token_rows_is_refused_before_allocating(tmp_path, capsys):
-    """490 bytes claiming 10 x 10,000,000 output tokens (each a 33-byte row of the token table:
-    3.1 GiB) used to be built at ~6.5 GB: the cap counts the bytes of the rows."""
+    """490 bytes claiming 10 x 10,000,000 output tokens (each a 41-byte row of the token table:
+    3.8 GiB) used to be built at ~6.5 GB: the cap counts the bytes of the rows."""
     res = {"ttfts": [0.1] * 10, "itls": [[]] * 10, "output_lens": [10_000_000] * 10, "input_lens": [1] * 10,
            "start_times": list(range(10)), "duration": 10, "completed": 10}
     p = tmp_path / "v.json"
     p.write_text(json.dumps(res))
     assert p.stat().st_size < 500
-    rows_gib = 100_000_000 * (8 + 8 + 8 + 8 + 1) / 2**30          # t_ms, req, index, token_id, source
+    rows_gib = 100_000_000 * (8 + 8 + 8 + 8 + 8 + 1) / 2**30      # t_ms, req, index, token_id, replica, source
     refused(capsys, p, "v.json: output_lens: 100,000,000 output tokens", f"{rows_gib:.1f} GiB of token rows", "1 GiB")
 
 
