@@ -53,7 +53,7 @@ from ui import (
     trace_details,
     trace_view,
 )
-from ui.fleet import fleet_view
+from ui.fleet import cached_one_replica, fleet_view
 
 ensure_app_frame()
 
@@ -160,6 +160,20 @@ if tr is None:
     else:
         st.info("Pick a trace or upload one.")
     st.stop()
+
+fleet_tr = None   # the whole fleet's trace when one replica is shown
+if not large and has_replicas(tr):
+    from core.figures.fleet import replica_roles
+    roles = replica_roles(tr)
+    whole = "the whole fleet"
+    pick = st.selectbox("Replica", [whole] + [f"replica {i} ({role})" for i, role in enumerate(roles)],
+                        key="rp_replica", help="a fleet trace: the views below for every replica together, or for "
+                                               "one replica as a trace of its own (its steps, KV blocks, requests)")
+    if pick != whole:
+        fleet_tr, tr = tr, cached_one_replica(tr, int(pick.split()[1]))
+    else:
+        st.caption("The cursor's batch and KV views below put every replica's steps and blocks together (block "
+                   "numbers repeat across replicas: each has its own pool); pick a replica to see one engine.")
 
 BIG_TRACE = len(tr.requests) > 150     # the cursor views show a subset and draw large charts once
 STATIC_CELLS = 20_000                  # a KV grid larger than this is drawn once, without the cursor line
@@ -465,7 +479,7 @@ cursor_views()
 provenance_panel()
 metrics_panel()
 bursts_table()
-if not large and has_replicas(tr):
+if not large and has_replicas(tr) and fleet_tr is None:
     fleet_panel()
 spec = tr.events_of("spec")
 if spec:

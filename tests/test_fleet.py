@@ -299,3 +299,17 @@ def test_precise_prefix_aware_spreads_a_burst_of_unrelated_prompts():
         got = [e["replica"] for e in _run(Workload(reqs, name="w"), spec)[1].events_of("route")]
         # loads at t=100: 1, 1, 1, 0 -> replica 3 first, then the burst spreads over all four
         assert got[3] == 3 and max(np.bincount(got, minlength=4)) <= 3, (mode, got)
+
+
+def test_one_replica_of_a_fleet_trace_is_that_replicas_run(shared):
+    from core.trace import one_replica
+    sim, tr = _run(shared, FleetSpec.uniform(3, SchedulerConfig(prefix_caching=True), AFFINE))
+    order = {rid: k for k, rid in enumerate(shared.ids)}
+    for r in range(3):
+        one = one_replica(tr, r)
+        mine = [rid for rid in shared.ids if order[rid] % 3 == r]            # round-robin: i mod 3
+        assert one.ids == mine
+        assert len(one.steps) == sim.replicas[r].sched.step                 # the replica's own step count
+        assert len(one.tokens) == int(shared.max_output_tokens[[order[i] for i in mine]].sum())
+        assert int((one.kv["op"] == "hit").sum()) == sim.replicas[r].sched.kv.counts["hit"]
+        check_trace(one)      # a valid trace on its own (its tokens, finishes, batch entries are its requests')

@@ -162,8 +162,15 @@ def test_the_replay_page_shows_the_fleet_views_of_a_fleet_trace(tmp_path, monkey
     kv = default_run.kv
     assert arr(figure(at, "Prefix-cache hits per replica")["data"][0]["y"]) == \
         kv[kv["op"] == "hit"].groupby("replica").size().reindex(range(4), fill_value=0).tolist()
+    # one replica picked: the page's metrics are that replica's requests (counted here from the routes)
+    at.selectbox(key="rp_replica").set_value("replica 2 (both)").run()
+    assert not at.exception, at.exception
+    mine = sorted(rid for rid, (rep, _) in routed(default_run).items() if rep == 2)
+    table = at.dataframe[[k for k, df in enumerate(at.dataframe) if "ttft_ms" in df.value][0]].value
+    assert sorted(table["id"]) == mine
     at = open_page("replay", {"tr": "chapter31_continuous.json"})     # one engine: no fleet views
     assert not any(h.value == "Fleet" for h in at.header)
+    assert not [s for s in at.selectbox if s.key == "rp_replica"]
 
 
 # ---- the figures on their own ---------------------------------------------------------------------

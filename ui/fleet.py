@@ -76,3 +76,15 @@ def cached_lesson() -> list[dict]:
     """The routing lesson's sections (core.lessons.fleet), computed once per process."""
     from core.lessons.fleet import lesson_sections
     return lesson_sections()
+
+
+@st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=FLEET_HASH)
+def _one_replica(trace, replica: int):
+    from core.trace import one_replica
+    return trace, one_replica(trace, replica)
+
+
+def cached_one_replica(trace, replica: int):
+    """One replica of a fleet trace as a trace of its own (core.trace.one_replica), once per trace
+    (keyed by identity, as fleet_view) and replica."""
+    return _one_replica(trace, replica)[1]

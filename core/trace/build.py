@@ -51,3 +51,42 @@ def given_trace(workload: Workload, emissions: dict[str, list[float]], meta: dic
     last = {rid: max(ts) for rid, ts in emissions.items()}
     tr.finishes = frame(FINISH, {"t_ms": list(last.values()), "req": [pos[r] for r in last]})
     return trace_from_doc(to_doc(tr), meta.get("label", "given"))  # validate on the way out
+
+
+def one_replica(trace: Trace, replica: int) -> Trace:
+    """One replica of a fleet trace, as a trace of its own: its steps (their batch entries), KV
+    block events, preemptions, tokens and finishes, and the requests that ran there (a batch
+    entry, a token or a finish on it), renumbered in the trace's order; the route and transfer
+    events of those requests; meta as the fleet's, labelled with the replica. A disaggregated
+    prefill replica's requests have no tokens or finish there (their decode replica emits them)."""
+    import numpy as np
+    t = trace
+    steps = t.steps[t.steps["replica"] == replica]
+    batch = t.batch[t.batch["step"].isin(steps["step"])]
+    parts = {name: getattr(t, name)[getattr(t, name)["replica"] == replica]
+             for name in ("tokens", "finishes", "kv", "preempts")}
+    n = len(t.requests)
+    ran = np.zeros(n, dtype=bool)
+    for df in (batch, parts["tokens"], parts["finishes"]):
+        r = df["req"].to_numpy()
+        ran[r[(r >= 0) & (r < n)]] = True
+    keep = np.flatnonzero(ran)
+    new = np.full(n + 1, -1, dtype=np.int64)       # old row -> new row (-1: gone; index n: a null req)
+    new[keep] = np.arange(len(keep))
+
+    def remap(df):
+        df = df.copy()
+        r = df["req"].to_numpy()
+        df["req"] = np.where(r >= 0, new[np.where(r >= 0, r, n)], -1)
+        return df.reset_index(drop=True)
+
+    ids = set(t.requests["id"].iloc[keep].tolist())
+    meta = dict(t.meta)
+    meta["label"] = f"{t.label}, replica {replica}"
+    return Trace(meta=meta, requests=t.requests.iloc[keep].reset_index(drop=True),
+                 tokens=remap(parts["tokens"]), finishes=remap(parts["finishes"]),
+                 steps=steps.reset_index(drop=True), batch=remap(batch), kv=remap(parts["kv"]),
+                 kv_events=t.kv_events.iloc[0:0], preempts=remap(parts["preempts"]),
+                 other=[e for e in t.other if e.get("req") in ids],
+                 request_extra=[t.request_extra[i] for i in keep.tolist()] if t.request_extra else [],
+                 extra=dict(t.extra))
