@@ -313,3 +313,22 @@ def test_one_replica_of_a_fleet_trace_is_that_replicas_run(shared):
         assert len(one.tokens) == int(shared.max_output_tokens[[order[i] for i in mine]].sum())
         assert int((one.kv["op"] == "hit").sum()) == sim.replicas[r].sched.kv.counts["hit"]
         check_trace(one)      # a valid trace on its own (its tokens, finishes, batch entries are its requests')
+
+
+@pytest.mark.parametrize("policy", ["round-robin", "prefix-aware"])
+def test_cli_replicas_1_writes_the_single_engine_events(tmp_path, policy):
+    """`simulate --replicas 1` writes the same events as `simulate` (the fleet adds one route event per
+    request and meta.fleet, nothing else)."""
+    import gzip
+    import json
+
+    from core.__main__ import main
+    flags = ["--prefix-caching", "--kv-blocks", "600", "--step-model", "affine", "--base-ms", "5",
+             "--prefill-ms-per-token", "0.05", "--decode-ms-per-seq", "0.2"]
+    assert main(["simulate", SHARED, *flags, "--out", str(tmp_path / "one.json.gz")]) == 0
+    assert main(["simulate", SHARED, *flags, "--replicas", "1", "--router", policy,
+                 "--out", str(tmp_path / "fleet.json.gz")]) == 0
+    one, fleet = (json.loads(gzip.decompress((tmp_path / f).read_bytes())) for f in ("one.json.gz", "fleet.json.gz"))
+    assert [e for e in fleet["events"] if e["type"] != "route"] == one["events"]
+    assert sum(e["type"] == "route" for e in fleet["events"]) == len(one["requests"])
+    assert fleet["requests"] == one["requests"]
