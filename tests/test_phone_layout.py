@@ -12,7 +12,7 @@ pytestmark = pytest.mark.browser
 PAGES = [("", "home"), ("schedules", "schedules"), ("kv", "kv"), ("tiles", "tiles"),
          ("speculative", "speculative"), ("roofline", "roofline"), ("load", "load"),
          ("pathologies", "pathologies"), ("exercises", "exercises"),
-         ("replay?tr=shared_prefix_caching_on.json.gz", "replay")]
+         ("replay?tr=shared_prefix_caching_on.json.gz", "replay"), ("fleet", "fleet")]
 PHONE = {"width": 390, "height": 844}
 PROJECTOR = {"width": 1280, "height": 800}
 
@@ -273,7 +273,7 @@ PRESENT_JS = r"""
 PRESENT_PAGES = [("schedules?sc=Burst+5", "schedules"), ("kv", "kv"), ("tiles", "tiles"),
                  ("speculative", "speculative"), ("roofline", "roofline"), ("load", "load"),
                  ("pathologies", "pathologies"),
-                 ("replay?tr=shared_prefix_caching_on.json.gz", "replay")]
+                 ("replay?tr=shared_prefix_caching_on.json.gz", "replay"), ("fleet", "fleet")]
 
 
 @pytest.mark.parametrize("path,name", PRESENT_PAGES, ids=[n for _, n in PRESENT_PAGES])
