@@ -108,7 +108,7 @@ class FleetSpec:
                    + [ReplicaSpec(config, step_model, "decode") for _ in range(d)], **kw)
 
 
-def _sized(fleet: FleetSpec, w: Workload) -> FleetSpec:
+def sized(fleet: FleetSpec, w: Workload) -> FleetSpec:
     """Replicas whose KV pool is unset get what one engine would for the whole workload
     (enough for every request at once), as core.engine.admission.pool_blocks gives it."""
     if all(r.config.kv_blocks is not None for r in fleet.replicas):
@@ -192,7 +192,7 @@ class FleetSim:
         rc = fleet.router
         self.router_cfg = rc
         listen = rc.prefix_mode == "precise"
-        fleet = _sized(fleet, workload)
+        fleet = sized(fleet, workload)
         self.replicas = [_Replica(i, s, record_kv, fast_forward, listen) for i, s in enumerate(fleet.replicas)]
         self.router = Router(rc, len(self.replicas), [r.core.num_kv_blocks for r in self.replicas])
         self.link = Link(fleet.link_gbps, fleet.link_latency_ms) if fleet.disaggregated else None

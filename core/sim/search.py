@@ -271,8 +271,8 @@ def _priced(p: dict, usd_per_hour: float | None, target: float, replicas: int = 
 
 
 def _fleet_point(workload: Workload, fleet, slo: SLO, target: float, usd_per_hour: float | None, prune: bool) -> dict:
-    from core.fleet.sim import simulate_fleet
-    fleet = _sized(fleet, workload)    # both runs: pools sized for the whole workload (module docstring)
+    from core.fleet.sim import simulate_fleet, sized
+    fleet = sized(fleet, workload)     # both runs: pools sized for the whole workload (module docstring)
     n = len(workload)
     allowed, k = _head_size(n, target)
     if prune and k < n and not fleet.disaggregated:
@@ -283,19 +283,6 @@ def _fleet_point(workload: Workload, fleet, slo: SLO, target: float, usd_per_hou
                     "attainment_at_most": (n - misses) / n}
     tr = simulate_fleet(workload, fleet, created="(search)", record_kv=False)
     return _priced(point_summary(tr, slo), usd_per_hour, target, len(fleet.replicas))
-
-
-def _sized(fleet, workload: Workload):
-    """The fleet with every unset KV pool sized as core.fleet.sim sizes it for this workload (enough
-    blocks for every request at once)."""
-    from core.engine.admission import blocks_needed
-    reps = []
-    for r in fleet.replicas:
-        if r.config.kv_blocks is None:
-            need = blocks_needed(workload.prompt_tokens, workload.max_output_tokens, r.config.block_size)
-            r = dataclasses.replace(r, config=dataclasses.replace(r.config, kv_blocks=max(1, int(need.sum()))))
-        reps.append(r)
-    return dataclasses.replace(fleet, replicas=reps)
 
 
 def _search_point(workload, config, step_model, slo, target, usd_per_hour, prune) -> dict:
