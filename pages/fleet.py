@@ -27,12 +27,12 @@ from ui import (
     fmt_ms,
     md,
     origin_badge,
-    parse_upload,
     scheduler_inputs,
     show_chart,
     show_table,
     step_model_controls,
     theme,
+    uploaded_workload,
 )
 from ui.fleet import (
     cached_fleet,
@@ -105,21 +105,8 @@ with st.sidebar:
 
 spec = FLEET_WORKLOADS[wl_label]
 if spec is None:
-    up = st.file_uploader("Workload file (our JSON, Vidur CSV, LLMServingSim JSONL, Mooncake JSONL, or a trace)",
-                          type=["json", "csv", "jsonl", "gz"], key="fl_upload")
-    workload = None
-    if up is not None:
-        workload, err = parse_upload(up.getvalue(), up.name)
-        if err:
-            st.error(err)
-    if workload is None:
-        workload = st.session_state.get("fl_last_upload")
-        if workload is None:
-            st.info("Upload a workload file to serve it with the fleet.")
-            st.stop()
-        st.caption(f"Showing the last valid upload: {md(workload.name)}")
-    else:
-        st.session_state["fl_last_upload"] = workload
+    workload = uploaded_workload("fl", "our JSON, Vidur CSV, LLMServingSim JSONL, Mooncake JSONL, or a trace",
+                                 "Upload a workload file to serve it with the fleet.")
 else:
     workload = cached_scenario(spec) if isinstance(spec, str) else cached_workload_file(*spec)
 

@@ -28,13 +28,13 @@ from ui import (
     fmt_ms,
     notices,
     origin_badge,
-    parse_upload,
     schedule_view,
     scheduler_inputs,
     show_chart,
     show_table,
     step_model_controls,
     theme,
+    uploaded_workload,
 )
 
 ensure_app_frame()
@@ -69,20 +69,8 @@ if scenario == "custom":
     except InputError as e:
         st.error(f"Workload table: {e}")
 elif scenario == "upload":
-    up = st.file_uploader("Workload file (our JSON, Vidur CSV, LLMServingSim JSONL, or a trace)",
-                          type=["json", "csv", "jsonl", "gz"], key="sched_upload")
-    if up is not None:
-        workload, err = parse_upload(up.getvalue(), up.name)
-        if err:
-            st.error(err)
-    if workload is None:
-        workload = st.session_state.get("sched_last_upload")
-        if workload is None:
-            st.info("Upload a workload file to simulate it.")
-            st.stop()
-        st.caption(f"Showing the last valid upload: {workload.name}")
-    else:
-        st.session_state["sched_last_upload"] = workload
+    workload = uploaded_workload("sched", "our JSON, Vidur CSV, LLMServingSim JSONL, Mooncake JSONL, or a trace",
+                                 "Upload a workload file to simulate it.")
 else:
     workload = cached_scenario(scenario)
 if workload is None:

@@ -119,6 +119,29 @@ def parse_upload(data: bytes, name: str):
     return _parse_upload(data, name)
 
 
+def uploaded_workload(slot: str, formats: str, waiting: str) -> Workload:
+    """A page's uploaded workload: the file picked in `slot`'s uploader (its key `SLOT_upload`), or,
+    when none is picked or the new one is bad (its error shown), this session's last valid one
+    (`SLOT_last_upload`); with neither, `waiting` is shown and the page stops."""
+    from ui.fmt import md
+    up = st.file_uploader(f"Workload file ({formats})", type=["json", "csv", "jsonl", "gz"], key=f"{slot}_upload")
+    workload = None
+    if up is not None:
+        workload, err = parse_upload(up.getvalue(), up.name)
+        if err:
+            st.error(err)
+    last = f"{slot}_last_upload"
+    if workload is None:
+        workload = st.session_state.get(last)
+        if workload is None:
+            st.info(waiting)
+            st.stop()
+        st.caption(f"Showing the last valid upload: {md(workload.name)}")
+    else:
+        st.session_state[last] = workload
+    return workload
+
+
 # The traces returned are shared between reruns and sessions: never mutate them.
 @st.cache_resource(show_spinner="Simulating…", max_entries=32, hash_funcs=HASH_FUNCS)
 def cached_policies(workload: Workload, policies: tuple, config: SchedulerConfig, step_model: StepModel,
