@@ -51,9 +51,12 @@ def _nonneg(text: str) -> float:
 
 
 def _positive(text: str) -> float:
-    v = _nonneg(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    try:
+        v = float(text)
+    except ValueError:
+        v = None
+    if v is None or not 0 < v < 1e12:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
     return v
 
 
