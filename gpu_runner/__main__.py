@@ -1,4 +1,4 @@
-"""python -m gpu_runner capture|generate|serve|loadgen|observe|export-hf ...  (run with -h for each command).
+"""python -m gpu_runner capture|generate|serve|fleet|loadgen|observe|export-hf ...  (run with -h for each command).
 
 Bad arguments or files exit with code 2 and one line on stderr.
 """
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from core.cli import Parser as _Parser
 from core.cli import Progress, check_writable, write_output
+from core.cli import nonneg_int as _nonneg_int_flag
 from core.cli import positive_int as _pos_int
 from core.config import SamplingParams, SchedulerConfig, add_flags, from_args
 from core.trace import save_trace
@@ -57,6 +58,37 @@ def build_parser():
                    help="run the engine in its own process, as vLLM does (default); --no-engine-process keeps "
                    "it in a thread of the HTTP server, which then shares the interpreter lock with it")
     _common(v, scheduler=True)
+    fl = sub.add_parser("fleet", help="several engine processes behind one OpenAI-compatible front end and the "
+                                      "simulator's router; disaggregated prefill/decode with the KV really moved")
+    fl.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    fl.add_argument("--port", type=_pos_int, default=8000)
+    fl.add_argument("--served-model-name", help="the model name clients send (default: --model)")
+    fl.add_argument("--max-waiting", type=_pos_int, default=256,
+                    help="per replica: requests waiting at most; more get 503 with Retry-After")
+    fl.add_argument("--trace-out", help="the fleet's measured trace, written at shutdown (.json, .json.gz, "
+                    ".parquet); each replica's own trace is rewritten about once a second in TRACE_OUT.replicas/")
+    fl.add_argument("--label", help="the fleet trace's label")
+    fl.add_argument("--replicas", type=_pos_int, help="identical replicas (default 2)")
+    fl.add_argument("--prefill-replicas", type=_pos_int, help="disaggregated: replicas that compute prompts")
+    fl.add_argument("--decode-replicas", type=_pos_int, help="disaggregated: replicas that decode (the prompt's "
+                    "KV arrives from a prefill replica)")
+    fl.add_argument("--pd-min-prompt", type=_nonneg_int_flag, default=0, metavar="T",
+                    help="disaggregated: shorter prompts run whole on a decode replica (default 0: every prompt)")
+    from core.fleet.router import POLICIES
+    fl.add_argument("--router", choices=POLICIES, default="round-robin", help="routing policy (default round-robin)")
+    fl.add_argument("--router-staleness-ms", type=float, default=0.0,
+                    help="the router reads the replicas' signals as of this many ms ago (default 0: as pushed)")
+    fl.add_argument("--router-seed", type=int, default=0, help="seed of random and power-of-two (default 0)")
+    fl.add_argument("--router-prefix", choices=("precise", "approximate"),
+                    help="prefix knowledge of prefix-aware / weighted: the replicas' published cache (precise) or "
+                    "the router's record of what it sent (approximate) (default: the policy's)")
+    fl.add_argument("--router-param", action="append", metavar="KEY=VALUE", help="a policy parameter "
+                    "(prefix-aware: cache_threshold, balance_abs, balance_rel; weighted: prefix, queue, kv)")
+    fl.add_argument("--router-queue-limit", type=_nonneg_int_flag, metavar="Q",
+                    help="refuse (503) when this many requests wait across the fleet, as the router sees them")
+    fl.add_argument("--drain-timeout-s", type=float, default=60.0,
+                    help="on SIGTERM / Ctrl-C, wait at most this long for in-flight requests (default 60)")
+    _common(fl, scheduler=True)
     from gpu_runner.observe import add_telemetry_flags
     lg = sub.add_parser("loadgen", help="load an OpenAI-compatible server (ours, vLLM, SGLang) and write a "
                         "measured trace of what the client saw")
@@ -203,6 +235,19 @@ def cmd_serve(a) -> int:
     return 0
 
 
+def cmd_fleet(a) -> int:
+    import dataclasses
+    import os
+
+    from gpu_runner.fleet import main_fleet, roles_of
+    options = serve_options(a)
+    if options.model.threads is None:     # replicas share the cores: torch would give each all of them
+        n = len(roles_of(a))
+        options = dataclasses.replace(options, model=dataclasses.replace(
+            options.model, threads=max(1, (os.cpu_count() or 1) // n)))
+    return main_fleet(a, dataclasses.replace(options, trace_out=None))
+
+
 def cmd_observe(a) -> int:
     from gpu_runner.observe import main_observe
     return main_observe(a)
@@ -216,7 +261,8 @@ def cmd_loadgen(a) -> int:
 def main(argv=None) -> int:
     from core.cli import run
     return run(build_parser(), {"capture": cmd_capture, "generate": cmd_generate, "export-hf": cmd_export_hf,
-                                "serve": cmd_serve, "loadgen": cmd_loadgen, "observe": cmd_observe}, argv)
+                                "serve": cmd_serve, "loadgen": cmd_loadgen, "observe": cmd_observe,
+                                "fleet": cmd_fleet}, argv)
 
 
 if __name__ == "__main__":

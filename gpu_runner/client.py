@@ -100,7 +100,7 @@ class EngineClient(ABC):
 
     info: EngineInfo
 
-    def __init__(self, metrics=None, max_waiting: int = 256):
+    def __init__(self, metrics=None, max_waiting: int = 256, origin_ns: int | None = None):
         self.metrics = metrics
         self.max_waiting = max_waiting
         self.streams: dict[str, Stream] = {}     # unanswered requests by id
@@ -108,7 +108,8 @@ class EngineClient(ABC):
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._stopping = False
-        self.origin_ns = time.perf_counter_ns()   # the engine's clock: one origin for both sides
+        # the engine's clock: one origin for both sides (a fleet: the front end's, for every replica)
+        self.origin_ns = time.perf_counter_ns() if origin_ns is None else origin_ns
         self._stats = StepStats(0, 0, 0.0, 0, 0)
 
     # ---- the transport (subclasses) -----------------------------------------------------------
@@ -141,8 +142,10 @@ class EngineClient(ABC):
     def now_ms(self) -> float:
         return (time.perf_counter_ns() - self.origin_ns) / 1e6
 
-    def submit(self, s: Stream) -> None:
-        """Send a request to the engine (its arrival is now); raises Overloaded / ServerStopping."""
+    def submit(self, s: Stream, kv=None, kv_out: bool = False) -> None:
+        """Send a request to the engine (its arrival is now, or, with `kv`, the client's arrival it
+        keeps); raises Overloaded / ServerStopping. `kv` (gpu_runner.messages.KVBlob): its prompt's
+        KV computed elsewhere; `kv_out`: the engine sends its prompt's KV when it finishes."""
         with self._lock:
             if self._stopping:
                 raise ServerStopping("the server is shutting down")
@@ -151,12 +154,14 @@ class EngineClient(ABC):
             if len(self._unscheduled) >= self.max_waiting:
                 raise Overloaded(f"{len(self._unscheduled)} requests are waiting (limit {self.max_waiting})")
             s.rid = s.rid or f"req-{next(self._ids)}"
-            s.arrival_ms = self.now_ms()
+            if kv is None:
+                s.arrival_ms = self.now_ms()
             self.streams[s.rid] = s
             self._unscheduled.add(s.rid)
             try:
                 self._send(AddRequest(s.rid, list(s.prompt_ids), s.max_tokens, s.sampling,
-                                      None if s.stop_ids is None else list(s.stop_ids), list(s.stop), s.arrival_ms))
+                                      None if s.stop_ids is None else list(s.stop_ids), list(s.stop),
+                                      self.now_ms() if kv is not None else s.arrival_ms, kv, kv_out))
             except OSError:    # the engine process died between the check and the send
                 self.streams.pop(s.rid, None)
                 self._unscheduled.discard(s.rid)
@@ -213,6 +218,8 @@ class EngineClient(ABC):
             s.push(ev)
         elif isinstance(ev, Failed):
             self._end(s)
+            s.push(ev)
+        else:                      # KVReady, KVLoaded: a fleet's disaggregated handoff (its stream takes them)
             s.push(ev)
 
     def _end(self, s: Stream):

@@ -268,6 +268,44 @@ class ModelExecutor:
                                                                   d.head_dim, engine.device, engine.dtype),
                                        engine.attention, lambda: engine.draft_weights)
         self.tile_buf: list = []
+        self.pending_kv: dict[int, tuple] = {}   # disaggregated decode: row -> (K, V, t_recv_ms), written at its
+        #                                         first step into the blocks the scheduler gave it
+        self.loaded: list[tuple[int, float, float, int]] = []   # (row, t_recv_ms, t_written_ms, bytes) since taken
+        self.hit_blocks = None                  # row -> its leading blocks that are prefix-cache hits (shared:
+        #                                         never overwritten); set by the engine's owner
+
+    # ---- disaggregated prefill/decode: the prompt's KV out of this cache, into another ----------------
+    def export_kv(self, i: int, tokens: int):
+        """K and V of request row i's first `tokens` positions: two CPU tensors [layers, tokens,
+        kv_heads, head_dim] (a copy: the blocks may be reused at the next step)."""
+        c, bs = self.cache, self.block_size
+        slots = torch.tensor(slots_of(self.tables[i], tokens, bs), dtype=torch.long, device=c.k.device)
+        lay, h, d = c.k.shape[0], c.k.shape[3], c.k.shape[4]
+        k = c.k.view(lay, -1, h, d).index_select(1, slots).cpu()
+        v = c.v.view(lay, -1, h, d).index_select(1, slots).cpu()
+        return k, v
+
+    def import_kv(self, i: int, k: torch.Tensor, v: torch.Tensor, t_recv_ms: float) -> None:
+        """Request row i arrives with its prompt's KV (disaggregated decode): written into its
+        blocks when it is first scheduled (they are allocated then)."""
+        self.pending_kv[i] = (k, v, t_recv_ms)
+
+    def _write_pending(self, reqs: list[int]):
+        c, bs = self.cache, self.block_size
+        for i in reqs:
+            got = self.pending_kv.pop(i, None)
+            if got is None:
+                continue
+            k, v, t_recv = got
+            n = k.shape[1]
+            skip = min(n, (self.hit_blocks(i) if self.hit_blocks is not None else 0) * bs)
+            if skip < n:
+                slots = torch.tensor(slots_of(self.tables[i], n, bs)[skip:], dtype=torch.long, device=c.k.device)
+                lay, h, d = c.k.shape[0], c.k.shape[3], c.k.shape[4]
+                c.k.view(lay, -1, h, d).index_copy_(1, slots, k[:, skip:].to(c.k.device, c.k.dtype))
+                c.v.view(lay, -1, h, d).index_copy_(1, slots, v[:, skip:].to(c.v.device, c.v.dtype))
+            nbytes = (n - skip) * (k[:, :1].numel() + v[:, :1].numel()) * k.element_size()
+            self.loaded.append((i, t_recv, self.clock.now(), nbytes))
 
     def add_request(self, i: int, rid: str, sp: SamplingParams) -> None:
         """Request row i (its id and sampling) before it is first scheduled."""
@@ -278,7 +316,7 @@ class ModelExecutor:
     def _receive(self, batch: SchedulerOutput):
         """Apply what the output carries: new token ids, block table changes, requests gone."""
         for i in batch.finished:
-            for d in (self.ids, self.gens, self.sp_of, self.tokens, self.tables):
+            for d in (self.ids, self.gens, self.sp_of, self.tokens, self.tables, self.pending_kv):
                 d.pop(i, None)
             if self.drafter is not None:
                 self.drafter.valid.pop(i, None)
@@ -300,6 +338,8 @@ class ModelExecutor:
         self._receive(batch)
         bs = self.block_size
         reqs, starts, ns = batch.reqs.tolist(), batch.start_pos.tolist(), batch.num_tokens.tolist()
+        if self.pending_kv:
+            self._write_pending(reqs)
         known = [self.tokens[r] for r in reqs]
         slots = [slots_of(self.tables[r], s + n, bs) for r, s, n in zip(reqs, starts, ns)]
         # Plain entries that complete emit one sampled token; a decode entry of more than one

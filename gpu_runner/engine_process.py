@@ -109,8 +109,10 @@ def _die_with_parent():
 class ProcessClient(EngineClient):
     """The server's side of an engine process (gpu_runner.client.EngineClient)."""
 
-    def __init__(self, options: ServeOptions, metrics=None, max_waiting: int = 256):
-        super().__init__(metrics, max_waiting)
+    def __init__(self, options: ServeOptions, metrics=None, max_waiting: int = 256, origin_ns: int | None = None,
+                 label: str = "the engine process", wait: bool = True):
+        super().__init__(metrics, max_waiting, origin_ns)
+        self.label = label           # how messages name it (a fleet: "replica 2")
         ctx = multiprocessing.get_context("spawn")    # a fresh interpreter: no threads or locks inherited
         child_in, self._to_engine = ctx.Pipe(duplex=False)          # (receiving end, sending end)
         self._from_engine, child_out_w = ctx.Pipe(duplex=False)
@@ -121,24 +123,30 @@ class ProcessClient(EngineClient):
         child_out_w.close()
         self.error: str | None = None
         self.summary: Stopped | None = None
-        self.info = self._wait_ready()
         self.reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
+        if wait:    # (else the caller calls wait_ready: several engines load at once. The process must be
+            #         started from a thread that lives as long as it: the kernel's parent-death signal
+            #         follows the thread that forked it)
+            self.wait_ready()
+
+    def wait_ready(self):
+        self.info = self._wait_ready()
 
     def _wait_ready(self) -> EngineInfo:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not self._from_engine.poll(0.2):
             if not self.proc.is_alive():
-                raise ConfigError(f"the engine process exited during startup (exit code {self.proc.exitcode})")
+                raise ConfigError(f"{self.label} exited during startup (exit code {self.proc.exitcode})")
             if time.monotonic() > deadline:
                 self.proc.kill()
-                raise ConfigError(f"the engine process was not ready after {READY_TIMEOUT_S:g} s")
+                raise ConfigError(f"{self.label} was not ready after {READY_TIMEOUT_S:g} s")
         msg = decode_from_engine(self._from_engine.recv_bytes())
         if isinstance(msg, Fatal):
             self.proc.join(10)
             raise ConfigError(msg.message)
         if not isinstance(msg, EngineInfo):
             self.proc.kill()
-            raise ConfigError(f"the engine process sent {type(msg).__name__} before it was ready")
+            raise ConfigError(f"{self.label} sent {type(msg).__name__} before it was ready")
         return msg
 
     def _send(self, msg):
@@ -158,7 +166,7 @@ class ProcessClient(EngineClient):
             self.proc.join(0.5)
             if self.error and "exit code None" not in self.error:
                 return self.error
-            return f"the engine process ended (exit code {self.proc.exitcode})"
+            return f"{self.label} ended (exit code {self.proc.exitcode})"
         return None
 
     def served(self) -> dict | None:
@@ -187,12 +195,13 @@ class ProcessClient(EngineClient):
             except (EOFError, OSError):
                 break
             except msgspec.MsgspecError as e:     # never from our own engine; if it happens, say so
-                self.error = f"the engine process sent a message that does not decode ({e})"
+                self.error = f"{self.label} sent a message that does not decode ({e})"
                 break
             if isinstance(msg, Outputs):
                 self.apply(msg)
             elif isinstance(msg, Stopped):
                 self.summary = msg
         if not self._stopping and self.error is None:
-            self.error = f"the engine process ended (exit code {self.proc.exitcode})"
+            self.proc.join(1.0)       # (its exit code, when it is ending)
+            self.error = f"{self.label} ended (exit code {self.proc.exitcode})"
         self.fail_all(self.error or "the server stopped", 503)    # nobody waits forever on a dead engine

@@ -36,6 +36,7 @@ class ServeOptions:
     model: ModelOptions
     engine: EngineConfig
     trace_out: str | None = None
+    publish_cache: bool = False      # send the prefix cache's changes (a fleet router's precise knowledge)
 
 
 def load_model(name: str, device: str, dtype_name: str):
@@ -110,5 +111,6 @@ def serve_engine(options: ServeOptions):
 def engine_service(options: ServeOptions, emit):
     """The engine side of `serve` (gpu_runner.serving.EngineService), telling `emit` its outputs."""
     from gpu_runner.serving import EngineService
-    return EngineService(serve_engine(options), emit, Path(options.trace_out) if options.trace_out else None)
+    return EngineService(serve_engine(options), emit, Path(options.trace_out) if options.trace_out else None,
+                         publish_cache=options.publish_cache)
 

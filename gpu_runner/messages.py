@@ -22,6 +22,24 @@ import msgspec
 from core.config import SamplingParams
 
 
+class KVBlob(msgspec.Struct, frozen=True):
+    """A prompt's KV cache as tensors' bytes (disaggregated prefill -> decode): K and V of every
+    layer for the prompt's first `tokens` positions, each [layers, tokens, kv_heads, head_dim]
+    of `dtype`, C order. `t_start_ms`: when the prefill engine began copying it out of its
+    cache (its step had ended); `t_sent_ms`: when the copy was ready to send."""
+    tokens: int
+    dtype: str
+    shape: list[int]
+    k: bytes
+    v: bytes
+    t_start_ms: float
+    t_sent_ms: float
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.k) + len(self.v)
+
+
 class AddRequest(msgspec.Struct, tag="add", frozen=True):
     rid: str
     prompt_ids: list[int]
@@ -30,6 +48,8 @@ class AddRequest(msgspec.Struct, tag="add", frozen=True):
     stop_token_ids: list[int] | None       # None: the model's EOS; []: none (ignore_eos)
     stop: list[str]                        # stop strings: the engine's output processor cuts at them
     arrival_ms: float                      # on the engine's clock (one origin for both processes)
+    kv: KVBlob | None = None               # disaggregated decode: the prompt's KV, computed elsewhere
+    kv_out: bool = False                   # disaggregated prefill: send the prompt's KV when it finishes
 
 
 class AbortRequest(msgspec.Struct, tag="abort", frozen=True):
@@ -97,15 +117,34 @@ class Failed(msgspec.Struct, tag="failed", frozen=True):
     status: int                            # the HTTP status that answers it (400, 500, 503)
 
 
+class KVReady(msgspec.Struct, tag="kv_ready", frozen=True):
+    """Disaggregated prefill: the request's prompt KV, copied out as its prefill finished."""
+    rid: str
+    kv: KVBlob
+
+
+class KVLoaded(msgspec.Struct, tag="kv_loaded", frozen=True):
+    """Disaggregated decode: the request's KV arrived in this engine (`t_recv_ms`, its message
+    decoded) and was written into its blocks (`t_written_ms`, at its first step); `bytes` written
+    (blocks it already held as prefix-cache hits are not overwritten)."""
+    rid: str
+    t_recv_ms: float
+    t_written_ms: float
+    bytes: int
+
+
 class StepStats(msgspec.Struct, tag="stats", frozen=True):
     running: int
     waiting: int
     kv_usage: float
     preemptions: int
     hit_tokens: int                        # prefix-cache hits since the last StepStats, in tokens
+    kv_used_blocks: int = 0
+    cache_news: list[tuple[int, bytes]] = []   # (+1 cached | -1 evicted, block hash) since the last (a fleet
+    #                                            router's precise prefix knowledge; only when asked)
 
 
-RequestEvent = Accepted | Scheduled | RequestOutput | Failed
+RequestEvent = Accepted | Scheduled | RequestOutput | Failed | KVReady | KVLoaded
 
 
 class Outputs(msgspec.Struct, tag="outputs", frozen=True):

@@ -37,10 +37,14 @@ FINISH_REASONS = {"length": "length", "stop": "stop", "abort": "abort"}
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str):
-        self.registry = r = CollectorRegistry()
+    """`replicas` (a fleet's front end): every series also carries a `replica` label; `of(k)` is
+    replica k's view, which the replica's client updates (the fleet's totals: sum over replica)."""
+
+    def __init__(self, model_name: str, replicas: int | None = None, registry=None):
+        self.registry = r = CollectorRegistry() if registry is None else registry
         self.model = model_name
-        lab = ["model_name"]
+        self.lv = {"model_name": model_name}        # this view's label values
+        lab = ["model_name"] + (["replica"] if replicas is not None else [])
         self.running = Gauge("vllm:num_requests_running", "Requests in the running batch", lab, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to run", lab, registry=r)
         self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent", lab, registry=r)
@@ -58,53 +62,66 @@ class ServerMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.queue = Histogram("vllm:request_queue_time_seconds", "Time waiting before first scheduled", lab,
                                buckets=LATENCY_BUCKETS, registry=r)
+        self._preemptions = 0
+        if replicas is None:
+            self._zero()
+
+    def _zero(self):
         for m in (self.running, self.waiting, self.kv, self.preempt, self.prompt, self.gen, self.pc_q, self.pc_h,
                   self.ttft, self.itl, self.e2e, self.queue):
-            m.labels(model_name=model_name)          # every series exists from the start, at 0
+            m.labels(**self.lv)          # every series exists from the start, at 0
         for reason in FINISH_REASONS.values():
-            self.success.labels(model_name=model_name, finished_reason=reason)
-        self._preemptions = 0
+            self.success.labels(**self.lv, finished_reason=reason)
+
+    def of(self, replica: int) -> ServerMetrics:
+        """Replica `replica`'s view: the same series, labelled replica="k"."""
+        import copy
+        view = copy.copy(self)
+        view.lv = {"model_name": self.model, "replica": str(replica)}
+        view._preemptions = 0
+        view._zero()
+        return view
 
     def step(self, running: int, waiting: int, kv_usage: float, preemptions: int, hit_tokens: int):
-        m = self.model
-        self.running.labels(model_name=m).set(running)
-        self.waiting.labels(model_name=m).set(waiting)
-        self.kv.labels(model_name=m).set(kv_usage)
+        lv = self.lv
+        self.running.labels(**lv).set(running)
+        self.waiting.labels(**lv).set(waiting)
+        self.kv.labels(**lv).set(kv_usage)
         if preemptions > self._preemptions:
-            self.preempt.labels(model_name=m).inc(preemptions - self._preemptions)
+            self.preempt.labels(**lv).inc(preemptions - self._preemptions)
             self._preemptions = preemptions
         if hit_tokens:
-            self.pc_h.labels(model_name=m).inc(hit_tokens)
+            self.pc_h.labels(**lv).inc(hit_tokens)
 
     def scheduled(self, s, prompt_tokens: int):
-        m = self.model
-        self.prompt.labels(model_name=m).inc(prompt_tokens)
-        self.pc_q.labels(model_name=m).inc(prompt_tokens)
-        self.queue.labels(model_name=m).observe(max(0.0, (s.scheduled_ms - s.arrival_ms) / 1000))
+        lv = self.lv
+        self.prompt.labels(**lv).inc(prompt_tokens)
+        self.pc_q.labels(**lv).inc(prompt_tokens)
+        self.queue.labels(**lv).observe(max(0.0, (s.scheduled_ms - s.arrival_ms) / 1000))
 
     def tokens(self, s, n: int, t_ms: float):
-        m = self.model
-        self.gen.labels(model_name=m).inc(n)
+        lv = self.lv
+        self.gen.labels(**lv).inc(n)
         if s.first_token_ms is None:
-            self.ttft.labels(model_name=m).observe(max(0.0, (t_ms - s.arrival_ms) / 1000))
+            self.ttft.labels(**lv).observe(max(0.0, (t_ms - s.arrival_ms) / 1000))
             n -= 1
         else:
-            self.itl.labels(model_name=m).observe(max(0.0, (t_ms - s.last_token_ms) / 1000))
+            self.itl.labels(**lv).observe(max(0.0, (t_ms - s.last_token_ms) / 1000))
             n -= 1
         for _ in range(n):   # tokens of the same step reach the client together
-            self.itl.labels(model_name=m).observe(0.0)
+            self.itl.labels(**lv).observe(0.0)
 
     def finished(self, s, reason: str, t_ms: float):
-        m = self.model
-        self.success.labels(model_name=m, finished_reason=FINISH_REASONS.get(reason, reason)).inc()
+        lv = self.lv
+        self.success.labels(**lv, finished_reason=FINISH_REASONS.get(reason, reason)).inc()
         if s.last_token_ms is not None:
-            self.e2e.labels(model_name=m).observe(max(0.0, (s.last_token_ms - s.arrival_ms) / 1000))
+            self.e2e.labels(**lv).observe(max(0.0, (s.last_token_ms - s.arrival_ms) / 1000))
 
     def idle(self, running: int, waiting: int, kv_usage: float):
-        m = self.model
-        self.running.labels(model_name=m).set(running)
-        self.waiting.labels(model_name=m).set(waiting)
-        self.kv.labels(model_name=m).set(kv_usage)
+        lv = self.lv
+        self.running.labels(**lv).set(running)
+        self.waiting.labels(**lv).set(waiting)
+        self.kv.labels(**lv).set(kv_usage)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

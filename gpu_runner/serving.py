@@ -33,6 +33,9 @@ from gpu_runner.messages import (
     AddRequest,
     EngineInfo,
     Failed,
+    KVBlob,
+    KVLoaded,
+    KVReady,
     Outputs,
     StepStats,
     TokenizerSpec,
@@ -58,7 +61,7 @@ class EngineService:
     (kv_blocks or kv_memory_mb). `emit(Outputs)` receives what the engine tells its clients
     (called from the engine thread); `trace_out` is rewritten atomically about once a second."""
 
-    def __init__(self, engine, emit, trace_out: Path | None = None):
+    def __init__(self, engine, emit, trace_out: Path | None = None, publish_cache: bool = False):
         from gpu_runner.engine import ModelExecutor
         self.engine = engine
         self.cfg = engine.scheduler_config()
@@ -83,6 +86,16 @@ class EngineService:
         self._flushed_step = -1
         self.thread = threading.Thread(target=self.run, name="engine", daemon=True)
         self.error: BaseException | None = None
+        # disaggregated prefill/decode (a fleet's replicas): prompts whose KV leaves when their
+        # prefill finishes (row -> prompt tokens), and when each arriving KV reached this process
+        self.kv_out: dict[int, int] = {}
+        self.kv_recv: dict[str, float] = {}
+        kv = self.core.scheduler.kv
+        self.executor.hit_blocks = lambda i: len(kv.chain.get(i, ()))
+        self.cache_news: list | None = None      # a fleet router's precise prefix knowledge: (+1/-1, hash)
+        if publish_cache and kv.prefix is not None:
+            self.cache_news = []
+            kv.prefix.listener = lambda sign, h: self.cache_news.append((sign, h))
 
     @property
     def info(self) -> EngineInfo:
@@ -97,6 +110,8 @@ class EngineService:
 
     def put(self, msg: AddRequest | AbortRequest):
         """A message for the engine: applied between steps."""
+        if isinstance(msg, AddRequest) and msg.kv is not None:
+            self.kv_recv[msg.rid] = self.clock.now()     # the KV is in this process now
         with self._cv:
             self._pending.append(msg)
             self._cv.notify()
@@ -166,23 +181,83 @@ class EngineService:
 
     def _add(self, m: AddRequest) -> str | None:
         r = Request(m.rid, m.arrival_ms, len(m.prompt_ids), m.max_tokens, tuple(m.prompt_ids))
+        kv = None
+        if m.kv is not None:
+            try:
+                kv = self._kv_tensors(m.kv, len(m.prompt_ids))
+            except ValueError as e:
+                return f"the request's KV cache does not fit this engine: {e}"
         try:
-            i = self.core.add_request(r, None if m.stop_token_ids is None else tuple(m.stop_token_ids))
+            i = self.core.add_request(r, None if m.stop_token_ids is None else tuple(m.stop_token_ids),
+                                      preloaded=kv[0].shape[1] if kv is not None else 0)
         except (ConfigError, ValueError) as e:
             return str(e)
         self.executor.add_request(i, m.rid, m.sampling)
+        if kv is not None:
+            self.executor.import_kv(i, kv[0], kv[1], self.kv_recv.pop(m.rid, self.clock.now()))
+        if m.kv_out:
+            self.kv_out[i] = len(m.prompt_ids)
         self.outputs.add(i, m)
         self.rows[m.rid] = i
         return None
+
+    def _kv_tensors(self, blob: KVBlob, prompt: int):
+        """The KV a prefill engine sent, as tensors of this engine's cache layout (ValueError when
+        it cannot be: another model's shape, a dtype it does not know, too few bytes)."""
+        import numpy as np
+        import torch
+        c = self.executor.cache.k
+        want = [c.shape[0], blob.tokens, c.shape[3], c.shape[4]]
+        if list(blob.shape) != want or not 0 < blob.tokens < prompt + 1:
+            raise ValueError(f"shape {blob.shape}, expected {want} with 1..{prompt} tokens")
+        dt = {"float32": np.float32, "float64": np.float64, "float16": np.float16}.get(blob.dtype)
+        if dt is None and blob.dtype != "bfloat16":
+            raise ValueError(f"dtype {blob.dtype!r}")
+        n = int(np.prod(want))
+
+        def tensor(raw: bytes):
+            if dt is None:     # bfloat16: no numpy type; its bits as int16
+                a = np.frombuffer(raw, dtype=np.int16, count=n)
+                return torch.from_numpy(a.copy()).view(torch.bfloat16).reshape(want)
+            if len(raw) != n * np.dtype(dt).itemsize:
+                raise ValueError(f"{len(raw)} bytes, expected {n * np.dtype(dt).itemsize}")
+            return torch.from_numpy(np.frombuffer(raw, dtype=dt).copy()).reshape(want)
+        return tensor(blob.k), tensor(blob.v)
+
+    def _kv_events(self, out: EngineOutputs) -> list:
+        """KVReady for each prompt whose prefill finished here and must leave (read before the
+        next step reuses its blocks); KVLoaded for each arrived KV written at this step."""
+        import torch
+        events = []
+        for f in out.finished:
+            n = self.kv_out.pop(f.req, None)
+            if n is None or f.reason != "length":
+                continue
+            rid = self.outputs.rid_of(f.req)
+            t0 = self.clock.now()
+            k, v = self.executor.export_kv(f.req, n)
+            dtype = str(k.dtype).removeprefix("torch.")
+            if dtype == "bfloat16":    # numpy has no bfloat16: its bits as int16
+                k, v = k.view(torch.int16), v.view(torch.int16)
+            raw = (k.contiguous().numpy().tobytes(), v.contiguous().numpy().tobytes())
+            events.append(KVReady(rid, KVBlob(n, dtype, list(k.shape), raw[0], raw[1], t0, self.clock.now())))
+        ex = self.executor
+        if ex.loaded:
+            for i, t_recv, t_written, nbytes in ex.loaded:
+                events.append(KVLoaded(ex.ids.get(i) or self.outputs.rid_of(i), t_recv, t_written, nbytes))
+            ex.loaded.clear()
+        return events
 
     def on_output(self, out: EngineOutputs):
         """Tell clients what the engine says happened: accepted, first scheduled, text and
         tokens, finished (with its reason) or failed; a stop string ends its request here."""
         if out.step is not None:
             self.engine.note_first_step(out)
+        kv_events = self._kv_events(out) if (self.kv_out or self.executor.loaded) else []
         for f in out.finished:
             self.rows.pop(self.outputs.rid_of(f.req), None)
         events, stopped = self.outputs.process(out)
+        events = kv_events + events    # (a prefill's KV before its finish: the stream is still open)
         for i in stopped:
             self.core.abort(i, out.t_ms, "stop")
         st = out.stats
@@ -190,7 +265,11 @@ class EngineService:
             pending = len(self._pending)
         hits = (st.prefix_hit_blocks - self._hits_seen) * self.cfg.block_size
         self._hits_seen = st.prefix_hit_blocks
-        self.emit(Outputs(events, StepStats(st.running, st.waiting + pending, st.kv_usage, st.preemptions, hits)))
+        news = []
+        if self.cache_news:
+            news, self.cache_news[:] = list(self.cache_news), []
+        self.emit(Outputs(events, StepStats(st.running, st.waiting + pending, st.kv_usage, st.preemptions, hits,
+                                            st.kv_used_blocks, news)))
 
     def run(self):
         """The engine thread (or an engine process's main thread): the step loop until stopped."""

@@ -150,7 +150,13 @@ def _request_table(traces, local_ids, requests, request_extra, names):
             raise TraceError(f"fleet merge: request {missing[0]!r} of a replica's trace is not one the front end "
                              f"accepted ({len(missing)} such)")
         table = requests.reset_index(drop=True)
-        extra = list(request_extra) if request_extra is not None else [{} for _ in range(len(table))]
+        if request_extra is not None:
+            return table, list(request_extra)
+        extra = []    # each request's extras (prompt ids, ...) as the first replica that holds it recorded them
+        for rid in table["id"].tolist():
+            got = first.get(rid)
+            ex = traces[got[1]].request_extra if got is not None else None
+            extra.append(dict(ex[got[2]]) if ex else {})
         return table, extra
     order = sorted(first.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[1][2]))
     cols = {c.name: [] for c in REQUEST.columns}

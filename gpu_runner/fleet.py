@@ -1,0 +1,641 @@
+"""`python -m gpu_runner fleet`: several engine processes behind one OpenAI-compatible front end
+whose router is the simulator's (core.fleet.router), deciding from the replicas' real state.
+
+    HTTP handlers (gpu_runner.server.App) -> FleetClient.submit -> Router.choose(Signals) -> Replica k
+    Replica k: the engine process `serve` runs (gpu_runner.engine_process.ProcessClient), its own
+               pipe and reader thread; every Outputs message it sends updates what the router knows
+
+What the router knows (pushed, never polled): after every engine step each replica's engine
+process sends its gauges (running, waiting, KV blocks used) and, for precise prefix knowledge,
+the prefix cache's changes (blocks cached and evicted: their hashes); the front end counts the
+requests it routed to each replica and their finishes. All of it is timestamped on arrival at the
+front end, so the router's view of a replica is as old as that replica's last step end plus a
+pipe hop (~0.1 ms), up to one step time (the step it is running); `--router-staleness-ms S`
+makes the router read everything as of S ms before now, as the simulator does. Approximate
+prefix knowledge is the router's own record (what it sent where), as in the simulator.
+
+Disaggregated prefill/decode (`--prefill-replicas P --decode-replicas D`): a prompt of at least
+`--pd-min-prompt` tokens goes to a prefill replica as a copy asking one token (ignoring EOS);
+as that copy finishes, its engine copies the prompt's K and V of every layer out of its paged
+cache (before the next step can reuse the blocks) and sends them as bytes (gpu_runner.messages.
+KVBlob) over its pipe to the front end, which forwards them over the decode replica's pipe; the
+decode engine queues the request with all but the last prompt token preloaded (the core
+scheduler's `preloaded`), writes the tensors into the blocks it allocates at admission (not the
+leading blocks it already holds as prefix-cache hits) and recomputes the last prompt token to
+emit token 0 — vLLM's convention for disaggregated serving, and the simulator's. Bytes moved =
+prompt tokens x the model's KV bytes per token (all of the prompt, even where the decode side has
+a prefix cached: it is not asked first). Each handoff is a `transfer` event: t_ms when the
+prefill engine began the copy, dur_ms until the decode engine had the message decoded.
+
+Clock: every engine process is started with the front end's origin on the host's monotonic
+clock (perf_counter_ns: CLOCK_MONOTONIC, one for all processes of the host), so the replicas'
+times and the router's are on one clock with no offset to estimate; the uncertainty is the clock
+read itself (well under a microsecond). A fleet across hosts would need an alignment (not built).
+
+Replica failure: a replica whose engine process dies fails its in-flight requests with a
+Failed naming it ("replica 1 ended (exit code -9)": a 503, or an error event closing the
+stream), the router stops choosing it at once (it is no longer alive) and the rest keep
+serving. SIGTERM / Ctrl-C drain: no new requests (503 "draining"), /health answers 503, the
+in-flight requests finish (up to `--drain-timeout-s`), then the replicas stop and the fleet
+trace is written; a second signal stops at once (unfinished requests end "abort").
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import queue
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from core.engine.prefix_cache import block_hash, extra_key
+from core.errors import ConfigError
+from core.fleet.router import Decision, Router, RouterConfig, Signals
+from gpu_runner.client import EngineClient, Overloaded, ServerStopping, Stream
+from gpu_runner.engine_process import ProcessClient
+from gpu_runner.launch import ServeOptions
+from gpu_runner.messages import Failed, KVLoaded, KVReady, Outputs, RequestOutput
+
+
+class _Board:
+    """What the router knows of one replica, as of a time: events (t_ms, kind, value) applied in
+    order up to that time (the simulator's _Replica.signals_as_of, for a real replica)."""
+
+    def __init__(self):
+        self.events: deque = deque()
+        self.requests = self.running = self.waiting = self.kv_used = 0
+        self.cached: set = set()
+        self.t_ms = 0.0
+        self.lock = threading.Lock()
+
+    def tell(self, t_ms: float, kind: str, value):
+        with self.lock:
+            self.events.append((t_ms, kind, value))
+
+    def as_of(self, t_ms: float):
+        with self.lock:
+            ev = self.events
+            while ev and ev[0][0] <= t_ms:
+                t, kind, v = ev.popleft()
+                self.t_ms = t
+                if kind == "requests":
+                    self.requests += v
+                elif kind == "gauges":
+                    self.running, self.waiting, self.kv_used = v
+                else:   # cache news
+                    for sign, h in v:
+                        (self.cached.add if sign > 0 else self.cached.discard)(h)
+
+
+class Replica(ProcessClient):
+    """One engine process of the fleet: `serve`'s, telling the fleet's board what it reports."""
+
+    def __init__(self, fleet: FleetClient, index: int, role: str, options: ServeOptions, metrics, max_waiting: int):
+        self.fleet, self.index, self.role = fleet, index, role
+        self.board = _Board()
+        super().__init__(options, metrics, max_waiting, fleet.origin_ns, label=f"replica {index}", wait=False)
+
+    def apply(self, msg: Outputs):
+        super().apply(msg)
+        st = msg.stats
+        if st is not None:
+            now = self.now_ms()
+            self.board.tell(now, "gauges", (st.running, st.waiting, st.kv_used_blocks))
+            if st.cache_news:
+                self.board.tell(now, "kv", st.cache_news)
+
+    def _event(self, s: Stream, ev):
+        if isinstance(ev, KVLoaded):          # the decode side has the KV: the transfer's end
+            self.fleet.kv_loaded(self.index, ev)
+            return
+        super()._event(s, ev)
+
+    def _end(self, s: Stream):
+        if not s.done:
+            self.board.tell(self.now_ms(), "requests", -1)
+        super()._end(s)
+
+
+class _PrefillCopy(Stream):
+    """A disaggregated request's prefill on its prefill replica: what that replica says goes to
+    the fleet's handoff thread, never to the client."""
+    client: Stream | None = None
+    src: int = -1
+    decode: int = -1
+    fleet: FleetClient | None = None
+
+    def push(self, item):
+        self.fleet.handoffs.put((self, item))
+
+
+class FleetClient(EngineClient):
+    """The front end's engine: N replicas and a router (gpu_runner.client.EngineClient, so the HTTP
+    layer is `serve`'s). `roles[k]`: both | prefill | decode."""
+
+    def __init__(self, options: ServeOptions, roles: list[str], router: RouterConfig, metrics=None,
+                 max_waiting: int = 256, pd_min_prompt: int = 0, replica_traces: Path | None = None):
+        super().__init__(None, max_waiting)
+        self.roles = list(roles)
+        self.router_cfg = router
+        self.pd = "prefill" in roles
+        self.pd_min_prompt = pd_min_prompt
+        self.metrics = metrics
+        self.replica_traces = replica_traces
+        precise = router.prefix_mode == "precise"
+        opts = []
+        for k in range(len(roles)):
+            trace = str(replica_traces / f"replica-{k}.json.gz") if replica_traces is not None else None
+            opts.append(dataclasses.replace(options, trace_out=trace, publish_cache=precise))
+        # started from this thread (the parent-death signal follows the forking thread), loaded in parallel
+        self.replicas = [Replica(self, k, roles[k], opts[k], metrics.of(k) if metrics else None, max_waiting)
+                         for k in range(len(roles))]
+        errors: list[str] = []
+
+        def start(k):
+            try:
+                self.replicas[k].wait_ready()
+            except ConfigError as e:
+                errors.append(str(e))
+        threads = [threading.Thread(target=start, args=(k,)) for k in range(len(roles))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            for r in self.replicas:
+                r.stop(10)
+            raise ConfigError(errors[0])
+        self.info = self.replicas[0].info
+        self.router = Router(router, len(roles), [r.info.kv_blocks for r in self.replicas])
+        self.block_size = self.info.block_size
+        self.extra = extra_key(self.info.model, None)
+        self._rid = itertools.count()
+        self.routes: list[dict] = []
+        self.transfers: dict[str, dict] = {}
+        self.accepted: list[tuple] = []            # (rid, arrival_ms, prompt tokens, max tokens): the trace's requests
+        self.rejected: list[tuple] = []            # (rid, t_ms, reason): refused at the router
+        self.prefills: dict[str, _PrefillCopy] = {}   # disaggregated requests still in their prefill or handoff
+        self.routed = [0] * len(roles)
+        self.handoffs: queue.Queue = queue.Queue()
+        self.draining = False
+        self._handoff = threading.Thread(target=self._handoff_loop, name="pd-handoff", daemon=True)
+
+    # ---- the EngineClient interface -------------------------------------------------------------
+    def _send(self, msg):      # (never called: requests go to a replica)
+        raise NotImplementedError
+
+    def start(self):
+        for r in self.replicas:
+            r.start()
+        self._handoff.start()
+
+    def alive(self) -> bool:
+        return any(r.alive() for r in self.replicas)
+
+    def failure(self) -> str | None:
+        if self._stopping or self.alive():
+            return None
+        return "every replica stopped: " + "; ".join(r.failure() or f"replica {r.index} stopped"
+                                                     for r in self.replicas)
+
+    def load(self) -> dict:
+        loads = [r.load() for r in self.replicas]
+        return {"running": sum(x["running"] for x in loads), "waiting": sum(x["waiting"] for x in loads),
+                "kv_usage": sum(x["kv_usage"] for x in loads) / len(loads)}
+
+    def served(self) -> dict | None:
+        got = [r.served() for r in self.replicas]
+        if any(g is None for g in got):
+            return None
+        return {"requests": len(self.accepted), "steps": sum(g["steps"] for g in got)}
+
+    def health(self) -> list[dict]:
+        return [{"replica": r.index, "role": r.role, "up": r.alive(), "why": None if r.alive() else r.failure()}
+                for r in self.replicas]
+
+    # ---- routing --------------------------------------------------------------------------------
+    def _hashes(self, ids: list[int]) -> list:
+        bs, parent, out = self.block_size, None, []
+        for i in range(len(ids) // bs):
+            parent = block_hash(parent, tuple(ids[i * bs:(i + 1) * bs]), self.extra)
+            out.append(parent)
+        return out
+
+    def _signals(self, r: Replica, hashes: list, now: float) -> Signals:
+        b = r.board
+        b.as_of(now - self.router_cfg.staleness_ms)
+        mode = self.router_cfg.prefix_mode
+        prefix = cached = 0
+        if mode is not None:
+            known = b.cached if mode == "precise" else self.router.sent[r.index]
+            cached = len(known)
+            for h in hashes:
+                if h not in known:
+                    break
+                prefix += 1
+        return Signals(r.index, b.requests, b.running, b.waiting, b.kv_used, r.info.kv_blocks, cached, prefix, b.t_ms)
+
+    def _choose(self, role: str, ids: list[int], hashes, now: float, exclude=()):
+        cands = [r for r in self.replicas if r.role == role and r.alive() and r.index not in exclude]
+        if not cands:
+            downs = [r.failure() or f"replica {r.index} stopped" for r in self.replicas if r.role == role]
+            return None, [], f"no {role if role != 'both' else ''} replica is up".replace("  ", " ") + (
+                f" ({'; '.join(downs)})" if downs else "")
+        sigs = [self._signals(r, hashes, now) for r in cands]
+        lim = self.router_cfg.queue_limit
+        if lim is not None:
+            waiting = sum(max(0, s.requests - s.running) for s in sigs)
+            if waiting >= lim:
+                return None, sigs, f"router queue limit: {waiting} requests waiting across the fleet (limit {lim})"
+        d: Decision = self.router.choose(sigs, len(ids) // self.block_size)
+        if self.router_cfg.prefix_mode == "approximate":
+            self.router.remember(d.replica, hashes)
+        return d, sigs, None
+
+    def submit(self, s: Stream, kv=None, kv_out: bool = False) -> None:
+        with self._lock:
+            if self._stopping or self.draining:
+                raise ServerStopping("the fleet is draining: it admits no new requests" if self.draining
+                                     else "the server is shutting down")
+            s.rid = f"req-{next(self._rid)}"
+            now = self.now_ms()
+            s.arrival_ms = now
+            split = self.pd and len(s.prompt_ids) >= self.pd_min_prompt
+            role = "prefill" if split else ("decode" if self.pd else "both")
+            hashes = self._hashes(s.prompt_ids) if self.router_cfg.prefix_mode else []
+            tried: set[int] = set()
+            while True:
+                d, sigs, why = self._choose(role, s.prompt_ids, hashes, now, tried)
+                dd = None
+                if d is not None and split:
+                    dd, dsigs, why = self._choose("decode", s.prompt_ids, hashes, now)
+                    sigs = sigs + dsigs
+                if d is None or (split and dd is None):
+                    self.rejected.append((s.rid, now, why))
+                    self.routes.append({"type": "route", "t_ms": now, "req": s.rid, "replica": -1,
+                                        "stage": "rejected", "policy": self.router_cfg.policy, "reason": why})
+                    self.accepted.append((s.rid, now, len(s.prompt_ids), s.max_tokens))
+                    raise ServerStopping(why)
+                rep = self.replicas[d.replica]
+                try:
+                    if split:
+                        self._prefill(s, rep, dd.replica, now)
+                    else:
+                        rep.board.tell(now, "requests", 1)
+                        rep.submit(s)
+                except ServerStopping:       # it died between the check and the send: choose again
+                    tried.add(d.replica)
+                    continue
+                except Overloaded:
+                    rep.board.tell(now, "requests", -1)
+                    raise
+                break
+            ev = {"type": "route", "t_ms": now, "req": s.rid, "replica": d.replica,
+                  "stage": "prefill" if split else "whole", "policy": self.router_cfg.policy, "reason": d.reason}
+            if split:
+                ev |= {"decode": dd.replica, "decode_reason": dd.reason}
+            scores = {**(d.scores or {}), **((dd.scores or {}) if dd else {})}
+            if scores:
+                ev["scores"] = {str(k): v for k, v in scores.items()}
+            ev["signals"] = {str(x.replica): x.to_dict() for x in sigs}
+            ev["prompt_blocks"] = len(s.prompt_ids) // self.block_size
+            self.routes.append(ev)
+            self.routed[d.replica] += 1
+            self.accepted.append((s.rid, s.arrival_ms, len(s.prompt_ids), s.max_tokens))
+
+    def _prefill(self, s: Stream, rep: Replica, decode: int, now: float):
+        copy = _PrefillCopy(s.rid, list(s.prompt_ids), 1, s.sampling, (), None)
+        copy.client, copy.src, copy.decode, copy.fleet = s, rep.index, decode, self
+        rep.board.tell(now, "requests", 1)
+        self.replicas[decode].board.tell(now, "requests", 1)     # it will hold this request
+        self.prefills[s.rid] = copy
+        try:
+            rep.submit(copy, kv_out=True)
+        except (ServerStopping, Overloaded):
+            self.prefills.pop(s.rid, None)
+            self.replicas[decode].board.tell(now, "requests", -1)
+            raise
+
+    def cancel(self, s: Stream, reason: str = "abort") -> None:
+        copy = self.prefills.get(s.rid)
+        if copy is not None:        # still in its prefill: cancel that (its abort ends the client's stream)
+            for r in self.replicas:
+                if copy.rid in r.streams:
+                    r.cancel(copy, reason)
+            return
+        for r in self.replicas:
+            if s.rid in r.streams:
+                r.cancel(s, reason)
+
+    # ---- disaggregated handoff (its own thread: replicas' readers never wait on each other) --------
+    def _handoff_loop(self):
+        while True:
+            item = self.handoffs.get()
+            if item is None:
+                return
+            copy, ev = item
+            try:
+                self._handoff_one(copy, ev)
+            except Exception as e:    # one request's handoff must not end the fleet's
+                self._fail(copy, f"disaggregated handoff failed: {type(e).__name__}: {e}", 500)
+
+    def _fail(self, copy: _PrefillCopy, message: str, status: int):
+        if self.prefills.pop(copy.rid, None) is None:
+            return
+        self.replicas[copy.decode].board.tell(self.now_ms(), "requests", -1)
+        copy.client.done = True
+        copy.client.push(Failed(copy.rid, message, status))
+
+    def _handoff_one(self, copy: _PrefillCopy, ev):
+        if isinstance(ev, Failed):
+            self._fail(copy, f"prefill: {ev.message}", ev.status)
+        elif isinstance(ev, RequestOutput) and ev.finish_reason is not None and ev.finish_reason != "length":
+            if ev.finish_reason == "abort" and self.prefills.pop(copy.rid, None) is not None:
+                self.replicas[copy.decode].board.tell(self.now_ms(), "requests", -1)
+                copy.client.done = True
+                copy.client.push(RequestOutput(copy.rid, [], "", ev.t_ms, "abort", ev.detail))
+            else:
+                self._fail(copy, f"prefill ended {ev.finish_reason}" + (f": {ev.detail}" if ev.detail else ""), 500)
+        elif isinstance(ev, KVReady):
+            self._to_decode(copy, ev)
+
+    def _to_decode(self, copy: _PrefillCopy, ev: KVReady):
+        if self.prefills.get(copy.rid) is not copy:
+            return
+        dst = self.replicas[copy.decode]
+        blob = ev.kv
+        for _ in range(len(self.replicas)):
+            if not dst.alive():        # its decode replica died meanwhile: another one
+                d, _, why = self._choose("decode", copy.prompt_ids, [], self.now_ms(), {dst.index})
+                if d is None:
+                    self._fail(copy, f"no decode replica for the prefilled request: {why}", 503)
+                    return
+                dst.board.tell(self.now_ms(), "requests", -1)
+                dst = self.replicas[d.replica]
+                dst.board.tell(self.now_ms(), "requests", 1)
+            self.transfers[copy.rid] = {"type": "transfer", "t_ms": blob.t_start_ms, "req": copy.rid, "src": copy.src,
+                                        "dst": dst.index, "bytes": blob.nbytes,
+                                        "blocks": -(-blob.tokens // self.block_size), "dur_ms": None,
+                                        "tokens": blob.tokens, "copy_ms": blob.t_sent_ms - blob.t_start_ms}
+            try:
+                self.prefills.pop(copy.rid, None)
+                dst.submit(copy.client, kv=blob)
+                return
+            except ServerStopping:
+                self.prefills[copy.rid] = copy
+                continue
+            except Overloaded as e:
+                self._fail(copy, f"decode replica {dst.index}: {e}", 503)
+                return
+        self._fail(copy, "no decode replica took the prefilled request", 503)
+
+    def kv_loaded(self, replica: int, ev: KVLoaded):
+        t = self.transfers.get(ev.rid)
+        if t is not None:
+            t["dur_ms"] = max(0.0, ev.t_recv_ms - t["t_ms"])
+            t["written_ms"] = ev.t_written_ms
+            t["bytes_written"] = ev.bytes
+
+    # ---- draining and stopping -----------------------------------------------------------------
+    def begin_drain(self):
+        with self._lock:
+            self.draining = True
+
+    def in_flight(self) -> int:
+        return sum(len(r.streams) for r in self.replicas if r.alive()) + len(self.prefills)
+
+    def wait_drained(self, timeout_s: float, poll_s: float = 0.05) -> bool:
+        """Until nothing is in flight (True) or `timeout_s` passed (False)."""
+        end = time.monotonic() + timeout_s
+        while self.in_flight():
+            if time.monotonic() > end:
+                return False
+            time.sleep(poll_s)
+        return True
+
+    def stop(self, timeout_s: float = 30.0):
+        with self._lock:
+            self._stopping = True
+        threads = [threading.Thread(target=r.stop, args=(timeout_s,)) for r in self.replicas]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.handoffs.put(None)
+        for copy in list(self.prefills.values()):
+            self._fail(copy, "the server stopped", 503)
+
+    # ---- the fleet's trace ----------------------------------------------------------------------
+    def trace(self, label: str | None = None):
+        """The fleet trace: the replicas' own traces (written as they stopped) merged on the front
+        end's clock with its request table, routes and transfers (core.fleet.merge)."""
+        import pandas as pd
+
+        from core.fleet.merge import merge_replicas
+        from core.trace import load_trace
+        from core.trace.model import Trace, empty, frame
+        from core.trace.schema import FINISH, REQUEST
+        traces = []
+        for k in range(len(self.replicas)):
+            p = self.replica_traces / f"replica-{k}.json.gz" if self.replica_traces is not None else None
+            if p is not None and p.exists():
+                traces.append(load_trace(p))
+            else:      # a replica that served nothing writes no trace
+                traces.append(Trace(meta={}, requests=empty(REQUEST)))
+        rid, arr, p_tok, m_tok = (list(c) for c in zip(*self.accepted)) if self.accepted else ([], [], [], [])
+        requests = frame(REQUEST, {"id": rid, "arrival_ms": arr, "prompt_tokens": p_tok, "max_output_tokens": m_tok})
+        base = next((t for t in traces if t.meta), None)
+        if base is not None:
+            traces = [t if t.meta else Trace(meta=dict(base.meta), requests=empty(REQUEST)) for t in traces]
+        fleet = {"router": self.router_cfg.to_dict(), "clock": CLOCK}
+        if self.pd:
+            fleet |= {"pd_min_prompt": self.pd_min_prompt, "first_token": FIRST_TOKEN,
+                      "link": {"kind": "pipes through the front end (loopback IPC)", "gbps": None,
+                               "latency_ms": None, "kv_bytes_per_token": self.kv_bytes_per_token(), "model":
+                               self.info.model}}
+        other = self.routes + list(self.transfers.values())
+        tr = merge_replicas(traces, roles=self.roles, requests=requests, other=other, fleet=fleet,
+                            label=label or self._label())
+        tr.meta["source"] = "measured"
+        if self.rejected:
+            row = {r: i for i, r in enumerate(rid)}
+            fin = frame(FINISH, {"t_ms": [t for _, t, _ in self.rejected], "req": [row[r] for r, _, _ in self.rejected],
+                                 "reason": ["rejected"] * len(self.rejected), "replica": [-1] * len(self.rejected)})
+            tr.finishes = pd.concat([tr.finishes, fin], ignore_index=True).sort_values("t_ms", kind="stable") \
+                .reset_index(drop=True)
+            tr.meta.setdefault("stats", {})["rejected"] = len(self.rejected)
+        return tr
+
+    def kv_bytes_per_token(self) -> int | None:
+        done = [t for t in self.transfers.values() if t.get("tokens")]
+        return done[0]["bytes"] // done[0]["tokens"] if done else None
+
+    def _label(self) -> str:
+        if self.pd:
+            shape = f"{self.roles.count('prefill')}P:{self.roles.count('decode')}D"
+        else:
+            shape = f"{len(self.roles)} replicas"
+        return f"{shape}, {self.router_cfg.policy} (measured, gpu_runner fleet)"
+
+
+CLOCK = ("one host clock: every engine process uses the front end's origin on CLOCK_MONOTONIC (perf_counter_ns), "
+         "so replica and router times need no alignment; uncertainty: the clock read (< 1 us)")
+FIRST_TOKEN = ("decode replica (vLLM's disaggregated convention: it recomputes the prompt's last token and emits "
+               "token 0; the prefill replica's token is discarded)")
+
+
+# ---- the front end: HTTP (serve's App), /health and /metrics of the fleet, drain on SIGTERM -------------
+class _RouterCollector:
+    """The router's own series, read from the fleet at each scrape."""
+
+    def __init__(self, fc: FleetClient, model: str):
+        self.fc, self.model = fc, model
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        fc = self.fc
+        up = GaugeMetricFamily("gpu_runner:replica_up", "1 while the replica's engine process runs",
+                               labels=["model_name", "replica", "role"])
+        routed = CounterMetricFamily("gpu_runner:router_requests", "Requests the router sent to each replica "
+                                     "(disaggregated: to its prefill replica)", labels=["model_name", "replica"])
+        for r in fc.replicas:
+            up.add_metric([self.model, str(r.index), r.role], 1.0 if r.alive() else 0.0)
+            routed.add_metric([self.model, str(r.index)], fc.routed[r.index])
+        rej = CounterMetricFamily("gpu_runner:router_rejected", "Requests refused at the router (no replica up, "
+                                  "queue limit)", labels=["model_name"])
+        rej.add_metric([self.model], len(fc.rejected))
+        moved = CounterMetricFamily("gpu_runner:kv_transfer_bytes", "KV bytes moved prefill -> decode",
+                                    labels=["model_name"])
+        moved.add_metric([self.model], sum(t["bytes"] for t in list(fc.transfers.values())))
+        yield from (up, routed, rej, moved)
+
+
+def fleet_app(fc: FleetClient, served: str, metrics):
+    """serve's App over the fleet: /health lists the replicas, /metrics has a `replica` label."""
+    import json
+
+    from starlette.responses import Response
+
+    from gpu_runner.server import App
+
+    class FleetApp(App):
+        async def health(self, request):
+            reps = fc.health()
+            body = json.dumps({"draining": fc.draining, "replicas": reps})
+            ok = any(r["up"] for r in reps) and not fc.draining
+            return Response(body, 200 if ok else 503, media_type="application/json")
+
+        async def prom(self, request):
+            for r in fc.replicas:
+                if r.metrics is not None:
+                    r.metrics.idle(**r.load())
+            return Response(metrics.render(), 200, media_type="text/plain; version=0.0.4; charset=utf-8")
+    metrics.registry.register(_RouterCollector(fc, served))
+    return FleetApp(fc, served, metrics)
+
+
+def serve_fleet(fc: FleetClient, app, host: str, port: int, drain_timeout_s: float, ready=None) -> str | None:
+    """Run the front end until a signal: the first SIGTERM / SIGINT drains (no new requests,
+    in-flight ones finish, at most drain_timeout_s), a second stops at once; then the replicas
+    stop. Every replica gone by itself also ends it: returns why (None after a signal)."""
+    import logging
+    import signal
+
+    import uvicorn
+    log = logging.getLogger("gpu_runner.fleet")
+
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            if fc.draining or sig not in (signal.SIGTERM, signal.SIGINT):
+                super().handle_exit(sig, frame)
+                return
+            fc.begin_drain()
+            print(f"gpu_runner fleet: draining ({fc.in_flight()} requests in flight, up to {drain_timeout_s:g} s; "
+                  "a second signal stops at once)", flush=True)
+
+            def drain():
+                if not fc.wait_drained(drain_timeout_s):
+                    log.warning("drain timed out with %d requests in flight: they end 'abort'", fc.in_flight())
+                self.should_exit = True
+            threading.Thread(target=drain, name="drain", daemon=True).start()
+
+    config = uvicorn.Config(app.app, host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=5, lifespan="off")
+    server = _Server(config)
+    died: list[str] = []
+
+    def watch():
+        while not server.should_exit:
+            time.sleep(0.2)
+            why = fc.failure()
+            if why:
+                log.error("%s; the fleet exits (status 1)", why)
+                died.append(why)
+                server.should_exit = True
+                return
+    fc.start()
+    threading.Thread(target=watch, name="fleet-watch", daemon=True).start()
+    try:
+        if ready is not None:
+            ready(server)
+        server.run()
+    finally:
+        fc.stop()
+    return died[0] if died else None
+
+
+def roles_of(a) -> list[str]:
+    if a.prefill_replicas or a.decode_replicas:
+        if not (a.prefill_replicas and a.decode_replicas):
+            raise ConfigError("--prefill-replicas and --decode-replicas go together (disaggregated serving)")
+        if a.replicas:
+            raise ConfigError("--replicas: give either --replicas N or --prefill-replicas P --decode-replicas D")
+        return ["prefill"] * a.prefill_replicas + ["decode"] * a.decode_replicas
+    return ["both"] * (a.replicas or 2)
+
+
+def main_fleet(a, options: ServeOptions) -> int:
+    import logging
+    import sys
+
+    from core.cli import check_writable, write_output
+    from core.fleet.router import parse_params
+    from core.trace import save_trace
+    from gpu_runner.server_metrics import ServerMetrics
+    roles = roles_of(a)
+    if options.model.speculative and "prefill" in roles:
+        raise ConfigError("--speculative: disaggregated replicas do not speculate (the draft's KV is not moved)")
+    rc = RouterConfig(a.router, a.router_staleness_ms, a.router_seed, a.router_prefix, a.router_queue_limit,
+                      parse_params(a.router_param))
+    traces = None
+    if a.trace_out:
+        check_writable(a.trace_out, "--trace-out")
+        traces = Path(str(a.trace_out) + ".replicas")
+        traces.mkdir(parents=True, exist_ok=True)
+    served = a.served_model_name or options.model.model
+    metrics = ServerMetrics(served, replicas=len(roles))
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    fc = FleetClient(options, roles, rc, metrics, a.max_waiting, a.pd_min_prompt, traces)
+    app = fleet_app(fc, served, metrics)
+    info = fc.info
+
+    def ready(_):
+        shape = (f"{roles.count('prefill')} prefill + {roles.count('decode')} decode replicas" if fc.pd
+                 else f"{len(roles)} replicas")
+        print(f"gpu_runner fleet: {served} on http://{a.host}:{a.port}: {shape}, router {rc.policy} "
+              f"(staleness {rc.staleness_ms:g} ms); each {info.policy}, {info.kv_blocks} KV blocks of "
+              f"{info.block_size}; Ctrl-C / SIGTERM drains", flush=True)
+    died = serve_fleet(fc, app, a.host, a.port, a.drain_timeout_s, ready)
+    if a.trace_out and fc.accepted:
+        tr = fc.trace(a.label)
+        write_output(a.trace_out, lambda p: save_trace(tr, p), "--trace-out")
+        per = tr.finishes.groupby("replica").size().to_dict()
+        print(f"wrote {a.trace_out}: {len(tr.requests)} requests (finished per replica: "
+              + ", ".join(f"{k}: {per.get(k, 0)}" for k in range(len(roles)))
+              + f"), {len(tr.steps)} steps, {len(tr.events_of('transfer'))} KV transfers; the replicas' own traces "
+              f"in {traces}", flush=True)
+    if died:
+        print(f"error: {died}; exiting with status 1", file=sys.stderr, flush=True)
+        return 1
+    return 0
