@@ -116,6 +116,16 @@ class Replica(ProcessClient):
             self.board.tell(self.now_ms(), "requests", -1)
         super()._end(s)
 
+    def fail_all(self, message: str, status: int = 503):
+        """The engine process is gone: its open requests fail (naming it); the fleet notes when,
+        and which requests, for its trace (the replica's own trace ends at its last rewrite)."""
+        if not self._stopping:
+            now = self.now_ms()
+            self.fleet.deaths.append({"replica": self.index, "t_ms": now, "why": message,
+                                      "failed": [rid for rid, s in self.streams.items()
+                                                 if not isinstance(s, _PrefillCopy)]})
+        super().fail_all(message, status)
+
 
 class _PrefillCopy(Stream):
     """A disaggregated request's prefill on its prefill replica: what that replica says goes to
@@ -179,6 +189,7 @@ class FleetClient(EngineClient):
         self.routed = [0] * len(roles)
         self.handoffs: queue.Queue = queue.Queue()
         self.draining = False
+        self.deaths: list[dict] = []               # replicas that died: when, why, the requests they failed
         self._handoff = threading.Thread(target=self._handoff_loop, name="pd-handoff", daemon=True)
 
     # ---- the EngineClient interface -------------------------------------------------------------
@@ -211,8 +222,8 @@ class FleetClient(EngineClient):
         return {"requests": len(self.accepted), "steps": sum(g["steps"] for g in got)}
 
     def health(self) -> list[dict]:
-        return [{"replica": r.index, "role": r.role, "up": r.alive(), "why": None if r.alive() else r.failure()}
-                for r in self.replicas]
+        return [{"replica": r.index, "role": r.role, "up": r.alive(), "pid": r.proc.pid,
+                 "why": None if r.alive() else r.failure()} for r in self.replicas]
 
     # ---- routing --------------------------------------------------------------------------------
     def _hashes(self, ids: list[int]) -> list:
@@ -458,13 +469,25 @@ class FleetClient(EngineClient):
         tr = merge_replicas(traces, roles=self.roles, requests=requests, other=other, fleet=fleet,
                             label=label or self._label())
         tr.meta["source"] = "measured"
-        if self.rejected:
-            row = {r: i for i, r in enumerate(rid)}
-            fin = frame(FINISH, {"t_ms": [t for _, t, _ in self.rejected], "req": [row[r] for r, _, _ in self.rejected],
-                                 "reason": ["rejected"] * len(self.rejected), "replica": [-1] * len(self.rejected)})
+        row = {r: i for i, r in enumerate(rid)}
+        ended = set(tr.finishes["req"].tolist())
+        # finishes only the front end saw: rejected at the router (replica -1), failed by a dying replica
+        add = [(t, row[r], "rejected", -1) for r, t, _ in self.rejected]
+        add += [(d["t_ms"], row[r], "error", d["replica"]) for d in self.deaths for r in d["failed"]
+                if r in row and row[r] not in ended]
+        if add:
+            t, req, reason, rep = (list(c) for c in zip(*add))
+            fin = frame(FINISH, {"t_ms": t, "req": req, "reason": reason, "replica": rep})
             tr.finishes = pd.concat([tr.finishes, fin], ignore_index=True).sort_values("t_ms", kind="stable") \
                 .reset_index(drop=True)
+        if self.rejected:
             tr.meta.setdefault("stats", {})["rejected"] = len(self.rejected)
+        if self.deaths:
+            tr.meta["notes"] = "; ".join(
+                [tr.meta["notes"]] if isinstance(tr.meta.get("notes"), str) and tr.meta["notes"] else []) + "; ".join(
+                f"replica {d['replica']} died at {d['t_ms']:.1f} ms ({d['why']}): its events after its trace's last "
+                f"rewrite (about once a second) are missing; the {len(d['failed'])} requests it failed end 'error' "
+                "there, as the front end saw them" for d in self.deaths)
         return tr
 
     def kv_bytes_per_token(self) -> int | None:
@@ -548,7 +571,9 @@ def serve_fleet(fc: FleetClient, app, host: str, port: int, drain_timeout_s: flo
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
             if fc.draining or sig not in (signal.SIGTERM, signal.SIGINT):
-                super().handle_exit(sig, frame)
+                # at once (not uvicorn's handle_exit: it re-raises the signals it caught after the
+                # server stops, which would end the process before the fleet trace is written)
+                self.should_exit = self.force_exit = True
                 return
             fc.begin_drain()
             print(f"gpu_runner fleet: draining ({fc.in_flight()} requests in flight, up to {drain_timeout_s:g} s; "

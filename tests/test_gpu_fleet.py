@@ -1,0 +1,204 @@
+"""`python -m gpu_runner fleet`: real engine processes behind the core router, started and
+stopped by the tests on loopback, every wait bounded and waiting on state, not on time.
+
+One fleet of two round-robin replicas carries the assignment, the killed replica and the
+drain; one 1P:1D fleet carries disaggregated serving against the batch runner's greedy
+outputs (Engine.run, one engine)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from core.workload import Request, Workload
+from tests.conftest import ROOT
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.slow   # runs the bundled model in several processes
+
+PROMPTS = ["The ", "def f(x):\n    return ", "A list is", "import ", "Hello there, how are you today? ",
+           "The quick brown fox jumps over the lazy dog, and then the dog wakes up and "]
+BOUND_S = 120      # a bound on any one wait (a loaded CI machine), never an expected duration
+
+
+def start(tmp_path, *flags):
+    from deploy.serve import wait_healthy
+    port = free_port()
+    out = tmp_path / "fleet.json"
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_runner", "fleet", "--port", str(port), "--trace-out", str(out),
+                             "--kv-blocks", "256", "--threads", "1", *flags], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, BOUND_S, [proc], path="/health")
+    except Exception:
+        proc.kill()
+        raise AssertionError(proc.communicate(timeout=30)[0]) from None
+    return proc, url, out
+
+
+def stop(proc, signal_it=True):
+    if signal_it and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=BOUND_S)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate(timeout=30)[0]
+
+
+def complete(url, prompt, max_tokens=8, **kw):
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                                                  **kw}, timeout=BOUND_S)
+    return r
+
+
+def metric(url, name, **labels):
+    text = httpx.get(f"{url}/metrics", timeout=BOUND_S).text
+    got = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                got[s.labels.get("replica")] = s.value
+    return got
+
+
+class Stream:
+    """A streamed completion read in a thread: its chunks, and whether it ended."""
+
+    def __init__(self, url, prompt, max_tokens):
+        self.chunks, self.lines, self.done = [], [], threading.Event()
+        self.t = threading.Thread(target=self._run, args=(url, prompt, max_tokens), daemon=True)
+        self.t.start()
+
+    def _run(self, url, prompt, max_tokens):
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", timeout=BOUND_S,
+                              json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                                    "ignore_eos": True}) as r:
+                for line in r.iter_lines():
+                    if line:
+                        self.lines.append(line)
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        self.chunks.append(json.loads(line[6:]))
+        finally:
+            self.done.set()
+
+    def wait_tokens(self, n):
+        end = time.monotonic() + BOUND_S
+        while sum(1 for c in self.chunks if c.get("choices") and c["choices"][0].get("text")) < n:
+            assert not self.done.is_set(), self.lines
+            assert time.monotonic() < end
+            time.sleep(0.02)
+
+
+def test_round_robin_a_killed_replica_and_the_drain(tmp_path):
+    proc, url, out = start(tmp_path, "--replicas", "2", "--router", "round-robin")
+    try:
+        # 1. round-robin: alternate replicas, visible in both replicas' /metrics and in the trace
+        for p in PROMPTS[:4]:
+            assert complete(url, p).status_code == 200
+        assert metric(url, "gpu_runner:router_requests_total") == {"0": 2.0, "1": 2.0}
+        gen = metric(url, "vllm:generation_tokens_total")
+        assert gen == {"0": 16.0, "1": 16.0}
+        health = httpx.get(f"{url}/health", timeout=BOUND_S).json()
+        assert [r["up"] for r in health["replicas"]] == [True, True]
+
+        # 2. kill the replica serving a long stream: the stream ends with an error naming it, in bound
+        s = Stream(url, "Once upon a time", 1500)         # request 4: replica 0 under round-robin
+        s.wait_tokens(2)
+        os.kill(health["replicas"][0]["pid"], signal.SIGKILL)
+        assert s.done.wait(BOUND_S), "the stream on the killed replica never ended"
+        errors = [c for c in s.chunks if c.get("object") == "error"]
+        assert errors and "replica 0 ended" in errors[0]["message"], s.lines
+        assert s.lines[-1] == "data: [DONE]"
+        end = time.monotonic() + BOUND_S
+        while httpx.get(f"{url}/health", timeout=BOUND_S).json()["replicas"][0]["up"]:
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        for p in PROMPTS[:3]:                              # the rest of the fleet serves
+            r = complete(url, p)
+            assert r.status_code == 200, r.text
+        assert metric(url, "gpu_runner:router_requests_total") == {"0": 3.0, "1": 5.0}
+
+        # 3. SIGTERM drains: an in-flight stream finishes whole, a new request is refused, then exit 0
+        s = Stream(url, "Drain me", 40)
+        s.wait_tokens(1)
+        proc.send_signal(signal.SIGTERM)
+        end = time.monotonic() + BOUND_S
+        while True:    # until the fleet says it is draining
+            h = httpx.get(f"{url}/health", timeout=BOUND_S)
+            if h.status_code == 503 and h.json()["draining"]:
+                break
+            assert time.monotonic() < end
+            time.sleep(0.02)
+        refused = complete(url, "too late")
+        assert refused.status_code == 503 and "draining" in refused.json()["message"]
+        assert s.done.wait(BOUND_S)
+        finals = [c["choices"][0]["finish_reason"] for c in s.chunks if c.get("choices")]
+        assert finals[-1] == "length", s.lines
+        log = stop(proc, signal_it=False)       # it exits by itself once drained
+        assert proc.returncode == 0, log
+    finally:
+        stop(proc)
+    from core.trace import load_trace
+    tr = load_trace(out)
+    routes = tr.events_of("route")
+    assert [e["replica"] for e in routes[:5]] == [0, 1, 0, 1, 0]
+    assert [e["replica"] for e in routes[5:8]] == [1, 1, 1]       # replica 0 dead: every request on 1
+    ids = tr.requests["id"].tolist()
+    fin = {ids[r]: (reason, rep) for r, reason, rep in zip(tr.finishes["req"], tr.finishes["reason"],
+                                                          tr.finishes["replica"])}
+    assert fin[ids[1]] == ("length", 1) and fin[ids[3]] == ("length", 1)
+    assert fin[ids[4]] == ("error", 0)                  # the killed replica's stream, as the front end saw it
+    assert "replica 0 died" in tr.meta["notes"]         # (its own trace ends at its last rewrite)
+    assert fin[ids[-1]] == ("length", 1)                # the drained stream
+    assert tr.meta["fleet"]["router"]["policy"] == "round-robin"
+    assert 1 in set(tr.steps["replica"])      # (replica 0 may have died before its first trace rewrite)
+
+
+def test_disaggregated_outputs_equal_one_engines_and_the_kv_moves(tmp_path, bundled):
+    from gpu_runner.engine import Engine
+    from gpu_runner.options import EngineConfig
+    from gpu_runner.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    wl = Workload([Request(f"p{i}", 0.0, len(tok.encode(p)), 12, tuple(tok.encode(p))) for i, p in enumerate(PROMPTS)])
+    _, ref = Engine(bundled("tiny"), tok, EngineConfig()).run(wl)
+    proc, url, out = start(tmp_path, "--prefill-replicas", "1", "--decode-replicas", "1", "--router", "least-requests")
+    try:
+        got = []
+        for p in PROMPTS:
+            r = complete(url, p, 12)
+            assert r.status_code == 200, r.text
+            got.append(r.json()["choices"][0]["token_ids"])
+    finally:
+        log = stop(proc)
+    assert got == [ref[f"p{i}"] for i in range(len(PROMPTS))], log
+    from core.trace import load_trace
+    tr = load_trace(out)
+    m = tr.meta["model"]
+    per_token = 2 * m["n_layers"] * m["n_kv_heads"] * m["head_dim"] * 4        # K and V, float32
+    xfers = tr.events_of("transfer")
+    assert len(xfers) == len(PROMPTS)
+    prompt = dict(zip(tr.requests["id"], tr.requests["prompt_tokens"]))
+    for e in xfers:
+        assert e["bytes"] == prompt[e["req"]] * per_token and e["src"] == 0 and e["dst"] == 1
+        assert e["dur_ms"] >= 0
+    # the decode replica computed one prompt token per request (the rest came with the KV)
+    b = tr.batch.merge(tr.steps[["step", "replica"]], on="step")
+    dec = b[(b["replica"] == 1) & (b["kind"] == "prefill")]
+    assert sorted(dec["tokens"].tolist()) == [1] * len(PROMPTS)
+    pre = b[(b["replica"] == 0) & (b["kind"] == "prefill")]
+    assert pre["tokens"].sum() == sum(prompt.values())
+    # both replicas' steps, numbered fleet-wide in order of start
+    st = tr.steps
+    assert set(st["replica"]) == {0, 1} and (st["step"].diff().dropna() > 0).all()
+    assert (st["t_ms"].diff().dropna() >= 0).all()
+    # the client sees tokens from the decode replica only; the prefill copy's token is not in the trace
+    assert set(tr.tokens["replica"]) == {1} and len(tr.tokens) == 12 * len(PROMPTS)
