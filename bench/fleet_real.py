@@ -167,10 +167,11 @@ def run_fleet(tmp: Path, name: str, flags: list[str], workload: Path, drive_flag
 
 
 # ---- the fleet simulator against a run -------------------------------------------------------------
-def fit_replica(path: Path):
+def fit_replica(tr, k: int, model: str = "features"):
+    """A step model fitted on replica k's steps in the fleet trace (python -m core fit's code)."""
     from core.fit.stepfit import fit
-    from core.trace import load_trace
-    sm, _ = fit(load_trace(path), "features")
+    from core.trace import one_replica
+    sm, _ = fit(one_replica(tr, k), model)
     return sm
 
 
@@ -188,8 +189,10 @@ def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
     return {"median": float(np.median(e)), "p90": float(np.percentile(e, 90)), "n": int(ok.sum())}
 
 
-def predict(tr, path: Path, roles: list[str], link: tuple[float, float] | None = None,
-            held_out: set | None = None) -> dict:
+def predict(tr, roles: list[str], link: tuple[float, float] | None = None, held_out: set | None = None,
+            model: str = "features") -> dict:
+    """The fleet simulator on a measured fleet trace's own workload, router and replicas (a step
+    model per role fitted on that role's first replica), against the measurement."""
     import dataclasses
 
     from core.analysis.metrics import request_metrics
@@ -198,8 +201,7 @@ def predict(tr, path: Path, roles: list[str], link: tuple[float, float] | None =
     from core.fleet.sim import FleetSpec, ReplicaSpec, simulate_fleet
     eng = {k: v for k, v in tr.meta["engine"].items() if k in {f.name for f in dataclasses.fields(SchedulerConfig)}}
     cfg = from_dict(SchedulerConfig, eng, "engine", strict=False)
-    reps_dir = Path(str(path) + ".replicas")
-    models = {role: fit_replica(reps_dir / f"replica-{roles.index(role)}.json.gz") for role in set(roles)}
+    models = {role: fit_replica(tr, roles.index(role), model) for role in set(roles)}
     rc = tr.meta["fleet"]["router"]
     router = RouterConfig(rc["policy"], rc.get("staleness_ms", 0.0), rc.get("seed", 0), rc.get("prefix"),
                           rc.get("queue_limit"), rc.get("params") or {})
@@ -253,7 +255,7 @@ def main(argv=None):
     tr2, p2 = run_fleet(tmp, "two", ["--replicas", "2", "--router", "round-robin", "--kv-blocks", "512"], wl,
                         ["--concurrency", "16"])
     res["scale"]["2 replicas (fleet, 1 thread each)"] = client_numbers(tmp / "two.client.json.gz")
-    res["fidelity"] = {"scale: 2 replicas round-robin": predict(tr2, p2, ["both", "both"])}
+    res["fidelity"] = {"scale: 2 replicas round-robin": predict(tr2, ["both", "both"])}
 
     # prefix: prefix-aware vs round-robin on a tight pool
     wl = tmp / "shared.json"
@@ -263,7 +265,7 @@ def main(argv=None):
         tr, p = run_fleet(tmp, f"prefix_{pol}", ["--replicas", "2", "--router", pol, "--prefix-caching",
                                                  "--kv-blocks", "64"], wl, [])
         res["prefix"][pol] = fleet_numbers(tr)
-        res["fidelity"][f"prefix: {pol}"] = predict(tr, p, ["both", "both"])
+        res["fidelity"][f"prefix: {pol}"] = predict(tr, ["both", "both"])
 
     # pd: 1P:1D, transfer sizes spread
     wl = tmp / "pd.json"
@@ -279,7 +281,7 @@ def main(argv=None):
                  "ms_per_kb_median": float(np.median(per_kb)), "fit_latency_ms": lat, "fit_gbps": gbps,
                  "copy_out_ms_median": float(np.median([e["copy_ms"] for e in xf])), **fleet_numbers(tr)}
     even, odd = xf[0::2], xf[1::2]
-    fid = predict(tr, p, ["prefill", "decode"], link_fit(even), {e["req"] for e in odd})
+    fid = predict(tr, ["prefill", "decode"], link_fit(even), {e["req"] for e in odd})
     fid["transfer_link"] = "fitted on the even transfers, errors of the odd ones"
     res["fidelity"]["pd: 1P:1D round-robin"] = fid
 
