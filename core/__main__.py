@@ -155,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--run", type=_nonneg_int, help="a file with several runs (guidellm benchmarks): join only run K "
                                                    "(default: every run, on their common epoch clock)")
 
+    fm = sub.add_parser("fleet-merge", help="replicas' own measured traces as one fleet trace (a replica column, "
+                                            "steps numbered fleet-wide): e.g. gpu_runner serve replicas behind "
+                                            "another router")
+    fm.add_argument("files", nargs="+", help="replica k's trace is the k-th file (ours: gpu_runner serve --trace-out)")
+    fm.add_argument("--out", required=True, help="the fleet trace (.json, .json.gz, .parquet)")
+    fm.add_argument("--roles", help="each replica's role, comma-separated: both | prefill | decode (default: both "
+                                    "for every one)")
+    fm.add_argument("--offsets-ms", help="comma-separated ms added to each replica's times, when they were not "
+                                         "recorded on one clock (default: none; gpu_runner fleet's replicas share "
+                                         "the front end's clock)")
+    fm.add_argument("--label", help="the merged trace's label")
+
     c = sub.add_parser("compare", help="two traces side by side: key metrics with difference and ratio, and where "
                                        "their workloads differ (out of core for large Parquet traces)")
     c.add_argument("first", help="a trace or an engine's result file")
@@ -857,11 +869,48 @@ def cmd_merge(a) -> int:
     return 0
 
 
+def cmd_fleet_merge(a) -> int:
+    from core.fleet.merge import merge_replicas
+    from core.fleet.router import ROLES
+    from core.trace import Trace
+    check_writable(a.out, "--out")
+    n = len(a.files)
+    roles = None
+    if a.roles:
+        roles = [x.strip() for x in a.roles.split(",")]
+        if len(roles) != n or any(r not in ROLES for r in roles):
+            raise InputError(f"--roles: expected {n} of {', '.join(ROLES)} (one per file), got {a.roles!r}")
+    offsets = None
+    if a.offsets_ms:
+        try:
+            offsets = [float(x) for x in a.offsets_ms.split(",")]
+        except ValueError:
+            raise InputError(f"--offsets-ms: expected {n} comma-separated numbers, got {a.offsets_ms!r}") from None
+        if len(offsets) != n or not all(math.isfinite(x) for x in offsets):
+            raise InputError(f"--offsets-ms: expected {n} finite numbers (one per file), got {a.offsets_ms!r}")
+    traces = []
+    for f in a.files:
+        tr = _read(f)
+        if not isinstance(tr, Trace):
+            raise InputError(f"{f}: expected a trace of one replica (serving-trace/1), got {type(tr).__name__}")
+        traces.append(tr)
+    try:
+        tr = merge_replicas(traces, roles=roles, offsets_ms=offsets, label=a.label, names=list(a.files))
+    except TraceError as e:
+        raise InputError(str(e)) from None
+    write_output(a.out, lambda p: save_trace(tr, p), "--out")
+    served = tr.finishes.groupby("replica").size().to_dict() if len(tr.finishes) else {}
+    print(f"wrote {a.out}: {len(tr.requests)} requests on {n} replicas (finished per replica: "
+          + ", ".join(f"{k}: {served.get(k, 0)}" for k in range(n)) + f"), {len(tr.steps)} steps")
+    return 0
+
+
 def main(argv=None) -> int:
     from core.cli import run
     return run(build_parser(), {"simulate": cmd_simulate, "metrics": cmd_metrics, "sweep": cmd_sweep,
                                 "search": cmd_search, "compare": cmd_compare, "overview": cmd_overview,
-                                "fit": cmd_fit, "export": cmd_export, "merge": cmd_merge}, argv)
+                                "fit": cmd_fit, "export": cmd_export, "merge": cmd_merge,
+                                "fleet-merge": cmd_fleet_merge}, argv)
 
 
 if __name__ == "__main__":

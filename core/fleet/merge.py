@@ -1,0 +1,193 @@
+"""Measured replicas' traces as one fleet trace (the inverse of core.trace.one_replica).
+
+A real fleet's replicas each record their own measured trace (`gpu_runner serve --trace-out`);
+`merge_replicas` joins them into the fleet trace the simulator writes (core.fleet.sim): one
+request table, a `replica` column on tokens, finishes, steps, KV block events and preemptions,
+steps numbered fleet-wide in order of start (ties: the lower replica first), the router's
+`route` and `transfer` events when the front end recorded them, and `meta.fleet`.
+
+Clocks: every replica's times must already be on one clock (gpu_runner's fleet starts every
+engine process with the front end's origin on the host's monotonic clock, so they are; replicas
+started on their own each have their own origin: `offsets_ms` moves replica k's times by
+offsets_ms[k]). The merge does not guess an alignment.
+
+Requests: given `requests` (the front end's own table: arrival = when the front end accepted the
+request), every replica's rows are matched to it by id. Otherwise the table is the union of the
+replicas' requests in order of arrival. Disaggregated (`roles` with prefill and decode): a
+request on a prefill and a decode replica is one request — the prefill replica's copy (it asked
+one token, discarded) contributes its steps, batch entries and KV events but no tokens or finish,
+and the request's arrival is the prefill copy's. Replicas serving whole requests (role `both`)
+that were started on their own number their requests alike (`req-0` on each): an id found on
+more than one such replica names different requests there, and each is renamed `r{k}/{id}`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from core.errors import TraceError
+from core.fleet.router import ROLES
+from core.fleet.sim import _fleet_step_numbers
+from core.trace.model import Trace
+from core.trace.schema import REQUEST
+
+_TABLES = ("tokens", "finishes", "kv", "preempts")     # tables with a req column and a replica column
+
+
+def merge_replicas(traces: list[Trace], *, roles: list[str] | None = None, requests: pd.DataFrame | None = None,
+                   request_extra: list | None = None, other: list[dict] | None = None, fleet: dict | None = None,
+                   label: str | None = None, offsets_ms: list[float] | None = None, names: list[str] | None = None
+                   ) -> Trace:
+    """One fleet trace from replica k's trace at traces[k] (see the module's docstring).
+    `other`: the front end's verbatim events (route, transfer); `fleet`: meta.fleet's router and
+    link parts (the replicas' part is built here from their traces); `names`: the files, for
+    error messages."""
+    n = len(traces)
+    if n == 0:
+        raise TraceError("fleet merge: no replica traces")
+    names = names or [f"replica {k}" for k in range(n)]
+    roles = list(roles or ["both"] * n)
+    if len(roles) != n or any(r not in ROLES for r in roles):
+        raise TraceError(f"fleet merge: expected {n} roles from {', '.join(ROLES)}, got {roles}")
+    if offsets_ms is not None and len(offsets_ms) != n:
+        raise TraceError(f"fleet merge: expected {n} clock offsets, got {len(offsets_ms)}")
+    traces = [_shifted(t, offsets_ms[k]) if offsets_ms and offsets_ms[k] else t for k, t in enumerate(traces)]
+    for k, t in enumerate(traces):
+        if (t.steps["replica"] != 0).any() or len(t.events_of("route")):
+            raise TraceError(f"fleet merge: {names[k]} is already a fleet trace (give each replica's own trace)")
+    local_ids = _local_ids(traces, roles)
+    table, extra = _request_table(traces, local_ids, requests, request_extra, names)
+    pos = {rid: i for i, rid in enumerate(table["id"].tolist())}
+    decode_ids = {rid for k, t in enumerate(traces) if roles[k] == "decode" for rid in local_ids[k]}
+    step_no = _fleet_step_numbers([{"step": {"t_ms": t.steps["t_ms"].to_numpy(), "step": t.steps["step"].to_numpy()}}
+                                   if len(t.steps) else {} for t in traces]) if n > 1 else [None]
+    parts: dict[str, list] = {name: [] for name in (*_TABLES, "steps", "batch", "kv_events")}
+    for k, t in enumerate(traces):
+        rows = np.asarray([pos[rid] for rid in local_ids[k]], dtype=np.int64)
+        copy = np.asarray([roles[k] == "prefill" and rid in decode_ids for rid in local_ids[k]], dtype=bool)
+        for name in _TABLES:
+            df = getattr(t, name).copy()
+            r = df["req"].to_numpy()
+            if name in ("tokens", "finishes") and copy.any():
+                keep = ~((r >= 0) & copy[np.maximum(r, 0)])
+                df, r = df[keep], r[keep]
+            df["req"] = np.where(r >= 0, rows[np.maximum(r, 0)] if len(rows) else -1, -1)
+            df["replica"] = k
+            parts[name].append(df)
+        st, b = t.steps.copy(), t.batch.copy()
+        if step_no[k] is not None and len(st):
+            st["step"] = step_no[k][st["step"].to_numpy()]
+            b["step"] = step_no[k][b["step"].to_numpy()]
+        st["replica"] = k
+        r = b["req"].to_numpy()
+        b["req"] = np.where(r >= 0, rows[np.maximum(r, 0)] if len(rows) else -1, -1)
+        parts["steps"].append(st)
+        parts["batch"].append(b)
+        parts["kv_events"].append(t.kv_events)
+    out = {name: _concat(dfs, "step" if name in ("steps", "batch") else "t_ms") for name, dfs in parts.items()}
+    ev = [dict(e) for e in (other or [])]
+    known = set(pos)
+    for k, t in enumerate(traces):
+        ren = dict(zip(t.requests["id"].tolist(), local_ids[k]))
+        for e in t.other:
+            e = dict(e)
+            if isinstance(e.get("req"), str):
+                e["req"] = ren.get(e["req"], e["req"])
+                if e["req"] not in known:
+                    continue
+            e.setdefault("replica", k)
+            ev.append(e)
+    ev.sort(key=lambda e: e.get("t_ms", 0.0))
+    meta = _meta(traces, roles, fleet, label)
+    return Trace(meta=meta, requests=table, tokens=out["tokens"], finishes=out["finishes"], steps=out["steps"],
+                 batch=out["batch"], kv=out["kv"], kv_events=out["kv_events"], preempts=out["preempts"], other=ev,
+                 request_extra=extra, extra=dict(traces[0].extra))
+
+
+def _shifted(t: Trace, d: float) -> Trace:
+    out = Trace(meta=dict(t.meta), requests=t.requests.copy(), tokens=t.tokens.copy(), finishes=t.finishes.copy(),
+                steps=t.steps.copy(), batch=t.batch, kv=t.kv.copy(), kv_events=t.kv_events.copy(),
+                preempts=t.preempts.copy(), other=[dict(e) for e in t.other], request_extra=t.request_extra,
+                extra=t.extra)
+    out.requests["arrival_ms"] = out.requests["arrival_ms"] + d
+    for name in ("tokens", "finishes", "steps", "kv", "kv_events", "preempts"):
+        getattr(out, name)["t_ms"] = getattr(out, name)["t_ms"] + d
+    for e in out.other:
+        if isinstance(e.get("t_ms"), (int, float)):
+            e["t_ms"] += d
+    return out
+
+
+def _local_ids(traces: list[Trace], roles: list[str]) -> list[list[str]]:
+    """Each replica's request ids as the merged trace names them: ids on more than one replica
+    that serves whole requests are renamed r{k}/{id} there."""
+    ids = [t.requests["id"].tolist() for t in traces]
+    count: dict[str, int] = {}
+    for k, lst in enumerate(ids):
+        if roles[k] == "both":
+            for rid in lst:
+                count[rid] = count.get(rid, 0) + 1
+    clash = {rid for rid, c in count.items() if c > 1}
+    if not clash:
+        return ids
+    return [[f"r{k}/{rid}" if roles[k] == "both" and rid in clash else rid for rid in lst]
+            for k, lst in enumerate(ids)]
+
+
+def _request_table(traces, local_ids, requests, request_extra, names):
+    """(request table, per-request extras)."""
+    first: dict[str, tuple] = {}     # id -> (arrival, replica, row)
+    for k, t in enumerate(traces):
+        arr = t.requests["arrival_ms"].to_numpy()
+        for j, rid in enumerate(local_ids[k]):
+            got = first.get(rid)
+            if got is None or arr[j] < got[0]:
+                first[rid] = (float(arr[j]), k, j)
+    if requests is not None:
+        given = set(requests["id"].tolist())
+        missing = [rid for rid in first if rid not in given]
+        if missing:
+            raise TraceError(f"fleet merge: request {missing[0]!r} of a replica's trace is not one the front end "
+                             f"accepted ({len(missing)} such)")
+        table = requests.reset_index(drop=True)
+        extra = list(request_extra) if request_extra is not None else [{} for _ in range(len(table))]
+        return table, extra
+    order = sorted(first.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[1][2]))
+    cols = {c.name: [] for c in REQUEST.columns}
+    extra = []
+    for rid, (_, k, j) in order:
+        row = traces[k].requests.iloc[j]
+        for c in REQUEST.columns:
+            cols[c.name].append(rid if c.name == "id" else row[c.name])
+        extra.append(dict(traces[k].request_extra[j]) if traces[k].request_extra else {})
+    table = pd.DataFrame(cols).astype({c: traces[0].requests[c].dtype for c in cols}) if order else \
+        traces[0].requests.iloc[0:0].copy()
+    return table, extra
+
+
+def _concat(dfs: list[pd.DataFrame], key: str) -> pd.DataFrame:
+    dfs = [d for d in dfs if len(d)] or dfs[:1]
+    out = pd.concat(dfs, ignore_index=True) if len(dfs) > 1 else dfs[0].reset_index(drop=True)
+    if key in out.columns and len(dfs) > 1:
+        out = out.sort_values(key, kind="stable").reset_index(drop=True)
+    return out
+
+
+def _meta(traces: list[Trace], roles: list[str], fleet: dict | None, label: str | None) -> dict:
+    m0 = traces[0].meta
+    meta = {k: v for k, v in m0.items() if k not in ("stats", "label", "fleet")}
+    reps, stats = [], {}
+    for k, t in enumerate(traces):
+        st = dict(t.meta.get("stats") or {})
+        for key, v in st.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                stats[key] = stats.get(key, 0) + v
+        hits = int((t.kv["op"] == "hit").sum()) if len(t.kv) else 0
+        reps.append({"replica": k, "role": roles[k], "engine": t.meta.get("engine"), "step_model": None,
+                     "kv_blocks": st.get("kv_blocks"), "drain_ms": None,
+                     "stats": {"steps": len(t.steps), "requests": len(t.requests),
+                               "preemptions": int(st.get("preemptions", 0)), "prefix_hit_blocks": hits}})
+    meta["stats"] = stats
+    meta["label"] = label or f"{len(traces)} replicas (measured)"
+    meta["fleet"] = {"replicas": reps, **(fleet or {})}
+    return meta
