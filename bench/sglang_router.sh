@@ -17,6 +17,8 @@
 #        round_robin:  synthetic prompts of $PROMPT_TOKENS tokens, $OUTPUT_TOKENS out
 #        cache_aware:  $PREFIX_COUNT shared prefixes of $PREFIX_TOKENS tokens + $SUFFIX_TOKENS
 #                      unique tokens, $OUTPUT_TOKENS out
+#        request_ids:  round_robin, 8 requests each with its own X-Request-Id (a few lines of
+#                      httpx: guidellm sends none), to show the id reaching the replica's trace
 #   4. each run's replica traces merged into one fleet trace with `python -m core fleet-merge`,
 #      the replicas' clocks aligned on guidellm's (see "Clocks" in SOURCE.md)
 set -euo pipefail
@@ -75,9 +77,10 @@ have() { "$1" -m pip show "$2" 2>/dev/null | sed -n 's/^Version: //p'; }
 [[ -f "$WORK/model/tokenizer.json" ]] || \
     "$PY" -m gpu_runner export-hf --model tiny --out "$WORK/model" --eos-token-id 257 --bos-token-id 256 >/dev/null
 
-# 3. one run: NAME POLICY DATA
+# 3. one run: NAME POLICY CLIENT [ARGS]: replicas, router, the client (run in the run's folder)
 run() {
-    local name=$1 policy=$2 data=$3 d=$WORK/$1 k
+    local name=$1 policy=$2 d=$WORK/$1 k
+    shift 2
     mkdir -p "$d"
     local ports=("$PORT0" "$PORT1") urls=()
     for k in 0 1; do
@@ -97,36 +100,61 @@ run() {
     curl -s "http://127.0.0.1:$ROUTER_PORT/workers" > "$d/router_workers.json"
     curl -s "http://127.0.0.1:$ROUTER_PORT/v1/models" > "$d/router_models.json"
     date -u +%Y-%m-%dT%H:%M:%SZ > "$d/started_utc.txt"
-    (cd "$d" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 timeout "$CLIENT_TIMEOUT_S" "$GUIDELLM" run \
+    (cd "$d" && "$@")
+    stop_all     # SIGTERM: the router stops, each replica writes its trace and stops
+    sed 's/\x1b\[[0-9;]*m//g' "$d/router_raw.log" > "$d/router.log" && rm "$d/router_raw.log"
+    mkdir -p "$OUT/$name"
+    cp "$d"/*.json "$d"/*.json.gz "$d"/*.log "$d"/*.txt "$OUT/$name/"
+    cp "$d"/*.jsonl "$OUT/$name/" 2>/dev/null || true
+}
+
+guidellm_client() {   # DATA: guidellm against the router (benchmarks.json, guidellm_console.txt)
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 timeout "$CLIENT_TIMEOUT_S" "$GUIDELLM" run \
         --backend "kind=openai_http,target=http://127.0.0.1:$ROUTER_PORT,request_format=/v1/completions,stream=true" \
         --tokenizer "kind=huggingface_auto,model=$WORK/model" \
         --profile "kind=concurrent,streams=$STREAMS" \
         --constraint "kind=max_requests,count=$N" \
-        --data "$data" \
+        --data "$1" \
         --output kind=json,path=benchmarks.json \
-        --disable-progress > guidellm_console.txt 2>&1)
-    stop_all     # SIGTERM: the router stops, each replica writes its trace and stops
-    sed 's/\x1b\[[0-9;]*m//g' "$d/router_raw.log" > "$d/router.log" && rm "$d/router_raw.log"
-    mkdir -p "$OUT/$name"
-    cp "$d"/{benchmarks.json,guidellm_console.txt,r0.json.gz,r1.json.gz,r0.log,r1.log,router.log} \
-       "$d"/{router_workers.json,router_models.json,started_utc.txt} "$OUT/$name/"
+        --disable-progress > guidellm_console.txt 2>&1
 }
 
-run round_robin round_robin \
+ids_client() {   # guidellm sends no per-request id: 8 requests, one after another, each with its
+                 # own X-Request-Id, which the router forwards (client_requests.jsonl)
+    timeout 120 "$PY" - "$ROUTER_PORT" <<'PY'
+import json, sys, time
+import httpx
+url = f"http://127.0.0.1:{sys.argv[1]}/v1/completions"
+with open("client_requests.jsonl", "w") as out, httpx.Client(timeout=30) as c:
+    for i in range(8):
+        rid, prompt = f"sgr-demo-{i:02d}", f"Request {i} of the X-Request-Id demo: the quick brown fox "
+        start_s = time.time()
+        r = c.post(url, json={"model": "tiny", "prompt": prompt, "max_tokens": 16}, headers={"X-Request-Id": rid})
+        out.write(json.dumps({"x_request_id": rid, "prompt": prompt, "start_s": start_s, "status": r.status_code,
+                              "response_id": r.json().get("id"), "response_x_request_id": r.headers.get("x-request-id")}) + "\n")
+PY
+}
+
+run round_robin round_robin guidellm_client \
     "kind=synthetic_text,prompt_tokens=$PROMPT_TOKENS,output_tokens=$OUTPUT_TOKENS"
-run cache_aware cache_aware \
+run cache_aware cache_aware guidellm_client \
     "kind=synthetic_text,prompt_tokens=$SUFFIX_TOKENS,output_tokens=$OUTPUT_TOKENS,prefix_tokens=$PREFIX_TOKENS,prefix_count=$PREFIX_COUNT"
+run request_ids round_robin ids_client
 
 # 4. merge each run's replica traces (clock offsets from guidellm's request starts), print counts
-for name in round_robin cache_aware; do
+for name in round_robin cache_aware request_ids; do
     d=$OUT/$name
     offsets=$("$PY" - "$d" <<'PY'
 import gzip, json, statistics, sys
 from pathlib import Path
 d = Path(sys.argv[1])
-b = json.loads((d / "benchmarks.json").read_text())["benchmarks"][0]
-start_ms = {json.loads(r["request_args"])["body"]["prompt"]: r["info"]["timings"]["request_start"] * 1e3
-            for r in b["requests"]["successful"]}
+if (d / "benchmarks.json").exists():   # guidellm's request starts, else the id client's
+    b = json.loads((d / "benchmarks.json").read_text())["benchmarks"][0]
+    start_ms = {json.loads(r["request_args"])["body"]["prompt"]: r["info"]["timings"]["request_start"] * 1e3
+                for r in b["requests"]["successful"]}
+else:
+    rows = [json.loads(line) for line in (d / "client_requests.jsonl").read_text().splitlines()]
+    start_ms = {r["prompt"]: r["start_s"] * 1e3 for r in rows}
 t0 = min(start_ms.values())
 offsets = []
 for k in (0, 1):   # replica k's clock + offset = ms since guidellm's first request start (median over its requests)
