@@ -5,7 +5,8 @@ start time), the router's debug log (the worker it sent each request to, in its 
 the replicas' own traces r0/r1 (what each replica served), with the fleet trace that
 `python -m core fleet-merge` made of r0 and r1. A client request is matched to a replica by its
 prompt: the model is byte-level, so a trace's prompt_ids are the prompt's bytes, and guidellm
-makes every prompt unique."""
+makes every prompt unique. In the third run (request_ids) every request also carries its own
+X-Request-Id, and the id itself links the client, the router's log and the replica's trace."""
 import gzip
 import json
 import re
@@ -16,7 +17,7 @@ import pytest
 from tests.conftest import ROOT
 
 DATA = ROOT / "data" / "imports" / "sglang_router"
-RUNS = ("round_robin", "cache_aware")
+RUNS = ("round_robin", "cache_aware")   # guidellm runs; request_ids: the X-Request-Id run
 N = 48              # requests per run (the script's N)
 STREAMS = 4         # guidellm's concurrent streams
 PREFIX_BYTES = 96   # cache_aware: the shared prefix (tokens = bytes)
@@ -149,3 +150,21 @@ def test_the_router_registered_both_workers_as_the_model_our_server_names():
     reqs = json.loads((before / "benchmarks.json").read_text())["benchmarks"][0]["requests"]
     assert not reqs["successful"] and len(reqs["errored"]) == 2
     assert all("404" in r["info"]["error"] for r in reqs["errored"])
+
+
+def test_x_request_id_is_the_same_id_at_the_client_the_router_and_the_replica():
+    """request_ids: each request carried its own X-Request-Id; the router logged it as its
+    request id and forwarded it, the replica took it as the trace id (and answered cmpl-<id>)."""
+    rows = [json.loads(line) for line in (DATA / "request_ids" / "client_requests.jsonl").read_text().splitlines()]
+    sent = [r["x_request_id"] for r in rows]
+    assert len(sent) == 8 == len(set(sent)) and all(r["status"] == 200 for r in rows)
+    assert all(r["response_id"] == f"cmpl-{r['x_request_id']}" == f"cmpl-{r['response_x_request_id']}" for r in rows)
+    sends = router_sends("request_ids")
+    assert [rid for rid, _ in sends] == sent                    # the router's ids are the client's, in order
+    for k in (0, 1):
+        trace = json.loads(gzip.decompress((DATA / "request_ids" / f"r{k}.json.gz").read_bytes()))
+        assert [r["id"] for r in trace["requests"]] == [rid for rid, j in sends if j == k]
+    t = fleet("request_ids")                                     # unique ids: fleet-merge keeps them
+    assert sorted(t.ids) == sorted(sent)
+    replica_of = dict(zip(t.finishes["req"], t.finishes["replica"]))
+    assert [replica_of[t.ids.index(rid)] for rid in sent] == [0, 1] * 4
