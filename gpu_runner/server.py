@@ -8,6 +8,16 @@ and cut at stop strings by the engine; they never touch the engine.
                                have no chat template), then "assistant: "; a content given as
                                text parts is their texts joined with "\n" (as vLLM joins them)
     GET  /v1/models, /health, /metrics (Prometheus, vLLM's names: gpu_runner.server_metrics)
+    GET  /server_info, /model_info: what sglang-router (sglang_router 0.3.2, `launch_router
+         --worker-urls`) reads from each worker as it registers it: served_model_name names the
+         model it routes (without it every worker is model "unknown" and the router's /v1/models
+         says so); model_path only for a local checkpoint directory, since the router loads a
+         tokenizer from it (a bare name such as `tiny` would send it to a model hub)
+
+A request's id (its id in the trace) is its `X-Request-Id` header when that is 1-128 printable
+ASCII characters, not of the server's own form `req-N`, and not used before by this server (as
+vLLM takes X-Request-Id; sglang-router forwards the client's X-Request-Id to the worker it picks);
+otherwise the server numbers it. The response's id is then `cmpl-<id>` / `chatcmpl-<id>`.
 
 Fields (declared in gpu_runner.api): max_tokens (default 16), temperature (default 1.0, as
 OpenAI), top_p, top_k (0 or -1 = off), seed, stop (strings), stop_token_ids, ignore_eos, n (1
@@ -21,8 +31,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -38,6 +50,8 @@ from gpu_runner.tokenizer import tokenizer_from_spec
 log = logging.getLogger("gpu_runner.serve")
 MAX_BODY = 4 * 2**20
 BODY_TIMEOUT_S = 30.0      # the whole body must arrive within this (then 408)
+MAX_REQUEST_ID = 128       # characters of an X-Request-Id the server takes as the request's id
+_OWN_ID = re.compile(r"req-\d+")   # the ids the engine client gives requests without one
 
 class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400, headers: dict | None = None):
@@ -71,11 +85,14 @@ class App:
         self.max_seq_len, self.vocab = info.max_seq_len, info.vocab_size
         self.created = int(time.time())
         self.warned: set[str] = set()
+        self.header_ids: set[str] = set()    # X-Request-Id values taken so far (ids stay unique)
         self.app = Starlette(routes=[
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/version", self.version, methods=["GET"]),
+            Route("/server_info", self.server_info, methods=["GET"]),
+            Route("/model_info", self.model_info, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
             Route("/metrics", self.prom, methods=["GET"]),
         ])
@@ -88,6 +105,32 @@ class App:
     async def version(self, request: Request):
         import torch
         return JSONResponse({"version": f"gpu_runner (torch {torch.__version__})"})
+
+    def _model_path(self) -> str | None:
+        return self.se.info.model if Path(self.se.info.model).is_dir() else None
+
+    async def server_info(self, request: Request):
+        info = self.se.info
+        return JSONResponse({"served_model_name": self.name, "model_path": self._model_path(),
+                             "version": "gpu_runner", "dp_size": 1, "max_running_requests": info.max_seqs,
+                             "max_total_tokens": info.kv_blocks * info.block_size})
+
+    async def model_info(self, request: Request):
+        return JSONResponse({"model_path": self._model_path(), "tokenizer_path": self._model_path(),
+                             "is_generation": True})
+
+    def _take_header_id(self, request: Request) -> str | None:
+        """The X-Request-Id to use as this request's id, now taken for good (a refused request's
+        too), or None: absent, malformed, of the server's own form, or taken before."""
+        rid = request.headers.get("x-request-id")
+        if rid is None or not 0 < len(rid) <= MAX_REQUEST_ID or not (rid.isascii() and rid.isprintable()):
+            return None
+        if rid in self.header_ids or _OWN_ID.fullmatch(rid):
+            log.warning("X-Request-Id %r is %s; the server numbers this request", rid,
+                        "taken" if rid in self.header_ids else "of the server's own form")
+            return None
+        self.header_ids.add(rid)
+        return rid
 
     async def health(self, request: Request):
         if not self.se.alive():
@@ -196,6 +239,8 @@ class App:
                     raise BadRequest("prompt: required")
                 ids = self._prompt_ids(body.prompt)
             s = self._stream(body, ids)
+            header_id = self._take_header_id(request)
+            s.rid = header_id or ""
             usage_in_stream = body.stream_options is not None and body.stream_options.include_usage
             stream = body.stream
             try:
@@ -209,7 +254,7 @@ class App:
                 raise BadRequest(first.message, first.status, {"Retry-After": "1"} if first.status == 503 else None)
         except BadRequest as e:
             return error(str(e), e.status, e.headers)
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        rid = ("chatcmpl-" if chat else "cmpl-") + (header_id or uuid.uuid4().hex)
         gen = _Generation(self, s, rid, chat)
         if stream:
             return StreamingResponse(gen.sse(request, usage_in_stream), media_type="text/event-stream",
