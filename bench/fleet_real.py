@@ -13,9 +13,10 @@ ids from the bundled corpus. Four experiments:
            split them, so the fleet can only win by overlapping one replica's Python with the
            other's kernels — not what a fleet on separate GPUs gains.
   prefix   two replicas with prefix caching on a tight pool (64 blocks of 16 each), a shared-prefix
-           workload (two system prompts of 192 tokens, user turns of 24-56, outputs 16, Poisson
-           arrivals), prefix-aware (approximate, sglang's cache_aware) vs round-robin: prefix-hit
-           blocks (the fleet trace's KV `hit` rows) and TTFT p50/p99 from the fleet trace.
+           workload (four system prompts of 192 tokens, one drawn at random per request, user turns of
+           24-56, outputs 16, Poisson arrivals), prefix-aware (approximate, sglang's cache_aware) vs
+           round-robin: prefix-hit blocks (the fleet trace's KV `hit` rows) and TTFT p50/p99 from the
+           fleet trace.
   pd       1 prefill + 1 decode replica, prompts 32-1,536 tokens: each KV handoff (bytes, start,
            end) from the fleet trace; the time per KB on loopback (least squares: latency + bytes /
            bandwidth, over the transfers).
@@ -70,13 +71,14 @@ def closed_workload(n, prompt, output, seed) -> list[dict]:
 
 def shared_prefix_workload(n, rate, seed) -> list[dict]:
     c, rng = corpus_ids(), np.random.default_rng(seed)
-    systems = [c[1000:1192], c[9000:9192]]
+    systems = [c[k:k + 192] for k in (1000, 5000, 9000, 13000)]
     t, out = 0.0, []
     for i in range(n):
         t += float(rng.exponential(1000.0 / rate))
         u = int(rng.integers(24, 56))
         s = int(rng.integers(20000, len(c) - u))
-        out.append({"id": f"s{i}", "arrival_ms": round(t, 3), "prompt_ids": systems[i % 2] + c[s:s + u],
+        system = systems[int(rng.integers(len(systems)))]     # drawn: round-robin cannot follow it by luck
+        out.append({"id": f"s{i}", "arrival_ms": round(t, 3), "prompt_ids": system + c[s:s + u],
                     "output_tokens": 16})
     return out
 
@@ -166,69 +168,13 @@ def run_fleet(tmp: Path, name: str, flags: list[str], workload: Path, drive_flag
     return load_trace(out), out
 
 
-# ---- the fleet simulator against a run -------------------------------------------------------------
-def fit_replica(tr, k: int, model: str = "features"):
-    """A step model fitted on replica k's steps in the fleet trace (python -m core fit's code)."""
-    from core.fit.stepfit import fit
-    from core.trace import one_replica
-    sm, _ = fit(one_replica(tr, k), model)
-    return sm
-
-
-def link_fit(xfers: list[dict]) -> tuple[float, float]:
-    """(latency ms, GB/s) of dur = latency + bytes / bandwidth, least squares."""
-    b = np.array([e["bytes"] for e in xfers], dtype=float)
-    d = np.array([e["dur_ms"] for e in xfers], dtype=float)
-    slope, icpt = np.polyfit(b, d, 1)
-    return max(0.0, float(icpt)), (1.0 / slope / 1e6 if slope > 0 else 1e5)   # ms per byte -> GB/s (1e9 B/s)
-
-
-def errors(pred: np.ndarray, meas: np.ndarray) -> dict:
-    ok = np.isfinite(pred) & np.isfinite(meas) & (meas > 0)
-    e = np.abs(pred[ok] - meas[ok]) / meas[ok]
-    return {"median": float(np.median(e)), "p90": float(np.percentile(e, 90)), "n": int(ok.sum())}
-
-
-def predict(tr, roles: list[str], link: tuple[float, float] | None = None, held_out: set | None = None,
-            model: str = "features") -> dict:
-    """The fleet simulator on a measured fleet trace's own workload, router and replicas (a step
-    model per role fitted on that role's first replica), against the measurement."""
-    import dataclasses
-
-    from core.analysis.metrics import request_metrics
-    from core.config import SchedulerConfig, from_dict
-    from core.fleet.router import RouterConfig
-    from core.fleet.sim import FleetSpec, ReplicaSpec, simulate_fleet
-    eng = {k: v for k, v in tr.meta["engine"].items() if k in {f.name for f in dataclasses.fields(SchedulerConfig)}}
-    cfg = from_dict(SchedulerConfig, eng, "engine", strict=False)
-    models = {role: fit_replica(tr, roles.index(role), model) for role in set(roles)}
-    rc = tr.meta["fleet"]["router"]
-    router = RouterConfig(rc["policy"], rc.get("staleness_ms", 0.0), rc.get("seed", 0), rc.get("prefix"),
-                          rc.get("queue_limit"), rc.get("params") or {})
-    w = tr.workload()
-    kw = {}
-    if "prefill" in roles:
-        lat, gbps = link
-        m = tr.meta["model"]
-        kw = dict(link_latency_ms=lat, link_gbps=gbps, kv_bytes_per_token=2 * m["n_layers"] * m["n_kv_heads"]
-                  * m["head_dim"] * 4, model="tiny", pd_min_prompt=tr.meta["fleet"].get("pd_min_prompt", 0))
-    spec = FleetSpec([ReplicaSpec(cfg, models[r], r) for r in roles], router=router, **kw)
-    sim = simulate_fleet(w, spec)
-    meas_r = {e["req"]: e["replica"] for e in tr.events_of("route")}
-    sim_r = {e["req"]: e["replica"] for e in sim.events_of("route")}
-    agree = np.mean([meas_r[k] == sim_r.get(k) for k in meas_r])
-    mm, sm = request_metrics(tr), request_metrics(sim)
-    order = {rid: i for i, rid in enumerate(sm["id"])}
-    idx = np.array([order[r] for r in mm["id"]])
-    out = {"routing_agreement": float(agree), "ttft": errors(np.asarray(sm["ttft_ms"])[idx], np.asarray(mm["ttft_ms"])),
-           "e2e": errors(np.asarray(sm["e2e_ms"])[idx], np.asarray(mm["e2e_ms"])),
-           "step_models": {r: m.describe() for r, m in models.items()}}
-    if "prefill" in roles:
-        pt = {e["req"]: e["dur_ms"] for e in sim.events_of("transfer")}
-        mt = {e["req"]: e["dur_ms"] for e in tr.events_of("transfer") if e.get("dur_ms") is not None}
-        keys = [k for k in mt if k in pt and (held_out is None or k in held_out)]
-        out["transfer"] = errors(np.array([pt[k] for k in keys]), np.array([mt[k] for k in keys]))
-    return out
+# ---- the fleet simulator against a run (core.fit.fleet) -------------------------------------------
+def predict(tr, link: tuple[float, float] | None = None, held_out: set | None = None) -> dict:
+    from core.fit.fleet import predict_fleet
+    _, rep, _ = predict_fleet(tr, "features", True, link, held_out)
+    _, only, _ = predict_fleet(tr, "features", False, link, held_out)   # what the step log alone predicts
+    rep["steps_only"] = {k: only[k] for k in ("ttft", "e2e")}
+    return rep
 
 
 def main(argv=None):
@@ -236,12 +182,35 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--bundle", help="copy the fleet traces (and their replicas' traces) into this directory")
     ap.add_argument("--json", help="write the numbers here")
+    ap.add_argument("--only", choices=("scale", "prefix", "pd"), action="append",
+                    help="run only these experiments (repeatable; default all)")
     a = ap.parse_args(argv)
+    only = set(a.only or ("scale", "prefix", "pd"))
     q = a.quick
     tmp = Path(tempfile.mkdtemp(prefix="fleet_real_"))
     res: dict = {"machine": f"{os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d")}
 
-    # scale: 1 replica vs 2
+    res["fidelity"] = {}
+    if "scale" in only:
+        scale(tmp, q, res)
+    if "prefix" in only:
+        prefix(tmp, q, res)
+    if "pd" in only:
+        pd_run(tmp, q, res)
+    if a.bundle:
+        dst = Path(a.bundle)
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in ("two", "prefix_round-robin", "prefix_prefix-aware", "pd"):
+            if (tmp / f"{f}.json.gz").exists():
+                shutil.copy(tmp / f"{f}.json.gz", dst / f"fleet_{f.replace('-', '_')}.json.gz")
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    print(json.dumps(res, indent=1))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def scale(tmp: Path, q: bool, res: dict):
+    """1 replica vs 2."""
     wl = tmp / "closed.json"
     write_workload(wl, closed_workload(24 if q else 96, (96, 160), (24, 40), 1))
     port = free_port()
@@ -255,9 +224,11 @@ def main(argv=None):
     tr2, p2 = run_fleet(tmp, "two", ["--replicas", "2", "--router", "round-robin", "--kv-blocks", "512"], wl,
                         ["--concurrency", "16"])
     res["scale"]["2 replicas (fleet, 1 thread each)"] = client_numbers(tmp / "two.client.json.gz")
-    res["fidelity"] = {"scale: 2 replicas round-robin": predict(tr2, ["both", "both"])}
+    res["fidelity"]["scale: 2 replicas round-robin"] = predict(tr2)
 
-    # prefix: prefix-aware vs round-robin on a tight pool
+
+def prefix(tmp: Path, q: bool, res: dict):
+    """prefix-aware vs round-robin on a tight pool."""
     wl = tmp / "shared.json"
     write_workload(wl, shared_prefix_workload(30 if q else 120, 12.0, 2))
     res["prefix"] = {}
@@ -265,14 +236,17 @@ def main(argv=None):
         tr, p = run_fleet(tmp, f"prefix_{pol}", ["--replicas", "2", "--router", pol, "--prefix-caching",
                                                  "--kv-blocks", "64"], wl, [])
         res["prefix"][pol] = fleet_numbers(tr)
-        res["fidelity"][f"prefix: {pol}"] = predict(tr, ["both", "both"])
+        res["fidelity"][f"prefix: {pol}"] = predict(tr)
 
-    # pd: 1P:1D, transfer sizes spread
+
+def pd_run(tmp: Path, q: bool, res: dict):
+    """1P:1D, transfer sizes spread."""
     wl = tmp / "pd.json"
     write_workload(wl, pd_workload(16 if q else 48, 4.0, 3))
     tr, p = run_fleet(tmp, "pd", ["--prefill-replicas", "1", "--decode-replicas", "1", "--router", "round-robin",
                                   "--kv-blocks", "512"], wl, [])
     xf = [e for e in tr.events_of("transfer") if e.get("dur_ms") is not None]
+    from core.fit.fleet import link_fit
     lat, gbps = link_fit(xf)
     per_kb = [e["dur_ms"] / (e["bytes"] / 1024) for e in xf]
     res["pd"] = {"transfers": len(xf), "bytes_min": min(e["bytes"] for e in xf),
@@ -281,19 +255,9 @@ def main(argv=None):
                  "ms_per_kb_median": float(np.median(per_kb)), "fit_latency_ms": lat, "fit_gbps": gbps,
                  "copy_out_ms_median": float(np.median([e["copy_ms"] for e in xf])), **fleet_numbers(tr)}
     even, odd = xf[0::2], xf[1::2]
-    fid = predict(tr, ["prefill", "decode"], link_fit(even), {e["req"] for e in odd})
+    fid = predict(tr, link_fit(even), {e["req"] for e in odd})
     fid["transfer_link"] = "fitted on the even transfers, errors of the odd ones"
     res["fidelity"]["pd: 1P:1D round-robin"] = fid
-
-    if a.bundle:
-        dst = Path(a.bundle)
-        dst.mkdir(parents=True, exist_ok=True)
-        for f in ("two", "prefix_round-robin", "prefix_prefix-aware", "pd"):
-            shutil.copy(tmp / f"{f}.json.gz", dst / f"fleet_{f.replace('-', '_')}.json.gz")
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
-    print(json.dumps(res, indent=1))
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

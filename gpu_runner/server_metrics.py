@@ -77,10 +77,14 @@ class ServerMetrics:
         """Replica `replica`'s view: the same series, labelled replica="k"."""
         import copy
         view = copy.copy(self)
-        view.lv = {"model_name": self.model, "replica": str(replica)}
-        view._preemptions = 0
-        view._zero()
+        view.relabel({"model_name": self.model, "replica": str(replica)})
         return view
+
+    def relabel(self, lv: dict):
+        """This view's label values (its series start at 0)."""
+        self.lv = lv
+        self._preemptions = 0
+        self._zero()
 
     def step(self, running: int, waiting: int, kv_usage: float, preemptions: int, hit_tokens: int):
         lv = self.lv

@@ -12,6 +12,8 @@ from core.figures.fleet import (
     STALENESS_POLICIES,
     FleetSetup,
     drains_of,
+    fidelity_figure,
+    fleet_description,
     pd_split_figure,
     policy_figure,
     routes_after,
@@ -37,8 +39,10 @@ from ui import (
 from ui.fleet import (
     cached_fleet,
     cached_lesson,
+    cached_measured,
     cached_pd_rows,
     cached_policy_rows,
+    cached_prediction,
     cached_staleness_rows,
     cached_workload_file,
     fleet_view,
@@ -262,11 +266,60 @@ def lesson_view():
                                       for c in table.columns if c in DEFINITIONS})
 
 
+def measured_files() -> dict:
+    """label -> path of the bundled measured fleet traces: gpu_runner fleet runs (data/traces/fleet_*)
+    and our replicas behind sglang-router, merged (data/imports/sglang_router/*/fleet.json.gz)."""
+    from core.lessons.scenarios import DATA
+    out = {f"gpu_runner fleet: {p.name.removeprefix('fleet_').split('.')[0].replace('_', ' ')}": str(p)
+           for p in sorted((DATA / "traces").glob("fleet_*.json.gz"))}
+    out |= {f"sglang-router in front of serve replicas: {p.parent.name.replace('_', ' ')}": str(p)
+            for p in sorted((DATA / "imports" / "sglang_router").glob("*/fleet.json.gz"))}
+    return out
+
+
+def measured_view():
+    files = measured_files()
+    st.markdown("Fleets that really ran on this project's 2-core VM (the bundled tiny model): `python -m gpu_runner "
+                "fleet` (engine processes behind this router, disaggregated prefill/decode with the KV moved), or "
+                "`gpu_runner serve` replicas behind sglang-router, their own traces merged by `python -m core "
+                "fleet-merge` (data/traces/README.md and data/imports/sglang_router/SOURCE.md say how each was "
+                "made). Any other fleet trace opens on the Replay page.")
+    if not files:
+        st.info("No measured fleet traces are bundled.")
+        return
+    label = st.selectbox("Measured fleet", list(files), key="fl_measured")
+    tr = cached_measured(files[label])
+    st.markdown(f"{origin_badge(tr)} {md(fleet_description(tr))}")
+    show_chart(fleet_view("lanes", tr), key="fl_meas_lanes", width="stretch")
+    show_chart(fleet_view("signals", tr), key="fl_meas_signals", width="stretch")
+    if tr.events_of("transfer"):
+        show_chart(fleet_view("transfers", tr), key="fl_meas_transfers", width="stretch")
+    if not (tr.meta.get("fleet") or {}).get("router"):
+        st.caption("This run's router was not ours (its decisions are not in the trace): no simulation beside it.")
+        return
+    sim, rep, table = cached_prediction(files[label])
+    st.markdown(f"**The fleet simulator on this run's own workload** (the front end's arrival times, the same "
+                f"router, a step model fitted on each role's first replica plus its time between steps: "
+                f"core/fit/fleet.py): {origin_badge(sim)}")
+    row = {"routing agreement": f"{rep['routing_agreement']:.0%}" if rep["routing_agreement"] is not None else "—"}
+    for k, word in (("ttft", "TTFT"), ("e2e", "E2E"), ("transfer", "KV transfer")):
+        if k in rep and rep[k]["median"] is not None:
+            row[f"{word} error median"] = f"{rep[k]['median']:.1%}"
+            row[f"{word} error p90"] = f"{rep[k]['p90']:.1%}"
+    show_table(pd.DataFrame([row]), hide_index=True, key="fl_meas_err")
+    st.caption("Error per request: |simulated - measured| / measured. Step models: "
+               + "; ".join(f"{r}: {md(d)}" for r, d in rep["step_models"].items()))
+    left, right = st.columns(2)
+    show_chart(fidelity_figure(table, "ttft_ms"), key="fl_meas_ttft", where=left, width="stretch")
+    show_chart(fidelity_figure(table, "e2e_ms"), key="fl_meas_e2e", where=right, width="stretch")
+
+
 # Each tab runs only while it is open (the experiments simulate many runs each)
 TABS = ["Router policies side by side", "Experiment: a stale router", "Experiment: the P:D split",
-        "Animation", "Lesson: how routing wins and loses"]
+        "Animation", "Lesson: how routing wins and loses", "Measured fleets"]
 tabs = st.tabs(TABS, **bound("fl_tab"))
-for tab, view in zip(tabs, (policies_view, staleness_experiment, pd_experiment, animation_view, lesson_view)):
+for tab, view in zip(tabs, (policies_view, staleness_experiment, pd_experiment, animation_view, lesson_view,
+                            measured_view)):
     with tab:
         if tab.open:
             view()

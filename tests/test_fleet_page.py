@@ -239,3 +239,35 @@ def test_lesson_tab_tables_are_the_lessons_runs():
     shown = at.dataframe[0].value
     for row, tr in zip(shown.to_dict("records"), wins["traces"].values()):
         assert row["prefix-hit blocks"] == int((tr.kv["op"] == "hit").sum())   # counted here from the trace
+
+
+def test_measured_fleets_tab_shows_a_real_fleet_and_the_simulator_beside_it():
+    """The bundled gpu_runner fleet runs: the error table's numbers are computed here from the
+    trace and the simulated trace (not read from the page's own report), and each point of the
+    E2E scatter is one request's (measured, simulated) pair."""
+    from core.analysis.metrics import request_metrics
+    from core.fit.fleet import predict_fleet
+    from core.trace import load_trace
+    at = open_page("fleet", {"fl_tab": "Measured fleets"})
+    pick = at.selectbox(key="fl_measured")
+    assert pick.value.startswith("gpu_runner fleet: ")
+    path = DATA / "traces" / f"fleet_{pick.value.removeprefix('gpu_runner fleet: ').replace(' ', '_')}.json.gz"
+    tr = load_trace(path)
+    sim, _, _ = predict_fleet(tr)
+    m, s = request_metrics(tr), request_metrics(sim)
+    s_e2e = dict(zip(s["id"], s["e2e_ms"]))
+    err = np.array([abs(s_e2e[r] - e) / e for r, e in zip(m["id"], m["e2e_ms"])])
+    row = at.dataframe[0].value.to_dict("records")[0]
+    assert row["E2E error median"] == f"{np.median(err):.1%}"
+    agree = np.mean([e["replica"] == f["replica"] for e, f in zip(tr.events_of("route"), sim.events_of("route"))])
+    assert row["routing agreement"] == f"{agree:.0%}"
+    fig = figure(at, "E2E per request: simulated vs measured")
+    pts = sorted((x, y) for t in fig["data"][1:] for x, y in zip(arr(t["x"]), arr(t["y"])))
+    assert len(pts) == len(tr.requests)
+    assert pts == pytest.approx(sorted(zip(m["e2e_ms"], [s_e2e[r] for r in m["id"]])))
+    # a fleet behind another router: its views, no simulation (its decisions are not in the trace)
+    names = [o for o in pick.options if o.startswith("sglang-router")]
+    if names:
+        at = pick.set_value(names[0]).run()
+        assert not at.exception
+        assert any("was not ours" in c.value for c in at.caption)

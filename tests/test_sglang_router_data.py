@@ -10,7 +10,6 @@ X-Request-Id, and the id itself links the client, the router's log and the repli
 import gzip
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -31,8 +30,8 @@ def client(run: str) -> list[dict]:
     assert len(bench) == 1
     reqs = bench[0]["requests"]
     assert not reqs["errored"] and not reqs["incomplete"]
-    rows = [{"prompt": json.loads(r["request_args"])["body"]["prompt"], "start_s": r["info"]["timings"]["request_start"]}
-            for r in reqs["successful"]]
+    rows = [{"prompt": json.loads(r["request_args"])["body"]["prompt"],
+             "start_s": r["info"]["timings"]["request_start"]} for r in reqs["successful"]]
     return sorted(rows, key=lambda r: r["start_s"])
 
 

@@ -88,3 +88,18 @@ def cached_one_replica(trace, replica: int):
     """One replica of a fleet trace as a trace of its own (core.trace.one_replica), once per trace
     (keyed by identity, as fleet_view) and replica."""
     return _one_replica(trace, replica)[1]
+
+
+@st.cache_resource(show_spinner=False, max_entries=8)
+def cached_measured(path: str):
+    """A bundled measured fleet trace, read once per process."""
+    from core.trace import load_trace
+    return load_trace(path)
+
+
+@st.cache_resource(show_spinner="Simulating the measured fleet's workload…", max_entries=8)
+def cached_prediction(path: str):
+    """(simulated trace, report, per-request table) of core.fit.fleet.predict_fleet for a
+    bundled measured fleet trace."""
+    from core.fit.fleet import predict_fleet
+    return predict_fleet(cached_measured(path))

@@ -713,3 +713,28 @@ def pd_split_figure(rows: list[dict]) -> go.Figure:
     fig.update_yaxes(title_text="goodput (req/s meeting the SLO)", rangemode="tozero")
     fig.update_xaxes(title_text="prefill : decode replicas")
     return base_layout(fig, "Goodput by prefill:decode split (gray: whole replicas)", height=360)
+
+
+def fidelity_figure(table: pd.DataFrame, metric: str = "e2e_ms") -> go.Figure:
+    """Each request's simulated `metric` (ttft_ms or e2e_ms) against its measured one
+    (core.fit.fleet.predict_fleet's table), one color per measured replica, hollow where the
+    simulated router chose another replica; the diagonal is a perfect prediction."""
+    word = {"ttft_ms": "TTFT", "e2e_ms": "E2E"}[metric]
+    fig = go.Figure()
+    x, y = table[metric].to_numpy(dtype=float), table[f"{metric}_sim"].to_numpy(dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    hi = float(max(x[ok].max(), y[ok].max())) * 1.05 if ok.any() else 1.0
+    fig.add_trace(go.Scatter(x=[0, hi], y=[0, hi], mode="lines", line=dict(color=GRAY, dash="dot"),
+                             name="simulated = measured", hoverinfo="skip"))
+    for k in sorted({int(r) for r in table["replica"].dropna()}):
+        sel = (table["replica"] == k).to_numpy() & ok
+        same = (table["replica_sim"] == k).to_numpy()
+        sym = np.where(same[sel], "circle", "circle-open")
+        fig.add_trace(go.Scatter(
+            x=x[sel], y=y[sel], mode="markers", name=f"replica {k}",
+            marker=dict(color=color_of(k), symbol=sym.tolist(), size=8),
+            customdata=np.stack([table["id"].to_numpy()[sel], table["replica_sim"].to_numpy()[sel]], axis=1),
+            hovertemplate=f"%{{customdata[0]}}: measured %{{x:.1f}} ms, simulated %{{y:.1f}} ms on replica "
+                          f"%{{customdata[1]}}<extra>replica {k}</extra>"))
+    fig.update_layout(xaxis_title=f"measured {word} (ms)", yaxis_title=f"simulated {word} (ms)")
+    return base_layout(fig, f"{word} per request: simulated vs measured", 420)

@@ -1,0 +1,132 @@
+"""The fleet simulator held against a measured fleet (a `gpu_runner fleet` trace): the same
+workload (the front end's arrival times, the prompts' token ids), the same router policy and
+replicas, a step model per role fitted on that role's first replica (core.fit.stepfit, the code
+of `python -m core fit`) — then, per request, whether the router chose the same replica and how
+far the simulated TTFT and E2E are from the measured ones; with disaggregated serving, each KV
+transfer's predicted duration against its measured one.
+
+The step model is the fitted one plus the engine's time between steps while it is busy
+(`step_gap_ms`): a step's measured `dur_ms` runs from its start to its tokens on the host, and
+the loop's output processing, its messages and (on a shared machine) the other processes' turns
+on the cores fall between steps, where the simulator's back-to-back steps have nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from core.errors import ConfigError
+
+GAP_CAP_MS = 50.0
+
+
+def step_gap_ms(trace) -> float:
+    """One replica's mean time between steps while busy: next start - this end after steps
+    that ran more than one request (one is surely still running), gaps under GAP_CAP_MS."""
+    st = trace.steps.sort_values("t_ms")
+    t, d, run = st["t_ms"].to_numpy(), st["dur_ms"].to_numpy(), st["running"].to_numpy()
+    gap = t[1:] - (t[:-1] + d[:-1])
+    gap = gap[(run[:-1] > 1) & (gap >= 0) & (gap < GAP_CAP_MS)]
+    return float(gap.mean()) if len(gap) else 0.0
+
+
+def fit_replica(trace, k: int, model: str = "features", gap: bool = True):
+    """(step model, fit report) fitted on replica k's steps of a fleet trace; `gap`: base_ms plus
+    its step_gap_ms."""
+    from core.fit.stepfit import fit
+    from core.trace import one_replica
+    one = one_replica(trace, k)
+    sm, report = fit(one, model)
+    if gap:
+        g = step_gap_ms(one)
+        sm = dataclasses.replace(sm, base_ms=sm.base_ms + g)
+        report = {**report, "gap_ms": g}
+    return sm, report
+
+
+def link_fit(transfers: list[dict]) -> tuple[float, float]:
+    """(latency ms, GB/s) of duration = latency + bytes / bandwidth, least squares over measured
+    transfers ({bytes, dur_ms}); GB/s = 1e9 bytes per second."""
+    b = np.array([e["bytes"] for e in transfers], dtype=float)
+    d = np.array([e["dur_ms"] for e in transfers], dtype=float)
+    if len(b) < 2 or np.ptp(b) == 0:
+        raise ConfigError("link fit: needs at least two transfers of different sizes")
+    slope, icpt = np.polyfit(b, d, 1)
+    return max(0.0, float(icpt)), (1.0 / slope / 1e6 if slope > 0 else 1e5)
+
+
+def errors(pred, meas) -> dict:
+    """|pred - meas| / meas over the pairs where both are known: median, p90, n."""
+    pred, meas = np.asarray(pred, dtype=float), np.asarray(meas, dtype=float)
+    ok = np.isfinite(pred) & np.isfinite(meas) & (meas > 0)
+    if not ok.any():
+        return {"median": None, "p90": None, "n": 0}
+    e = np.abs(pred[ok] - meas[ok]) / meas[ok]
+    return {"median": float(np.median(e)), "p90": float(np.percentile(e, 90)), "n": int(ok.sum())}
+
+
+def roles_of(trace) -> list[str]:
+    reps = (trace.meta.get("fleet") or {}).get("replicas")
+    if not isinstance(reps, list) or not reps:
+        raise ConfigError("fleet prediction: the trace has no meta.fleet.replicas (not a fleet trace)")
+    return [str(r.get("role", "both")) if isinstance(r, dict) else "both" for r in reps]
+
+
+def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[float, float] | None = None,
+                  held_out: set | None = None):
+    """(simulated trace, report, per-request table) for a measured fleet trace. `link`: (latency
+    ms, GB/s) of a disaggregated fleet's KV link (default: fitted on the trace's own transfers);
+    `held_out`: only these requests' transfers are scored (the others fitted the link)."""
+    import pandas as pd
+
+    from core.analysis.metrics import request_metrics
+    from core.config import SchedulerConfig, from_dict
+    from core.fleet.router import RouterConfig
+    from core.fleet.sim import FleetSpec, ReplicaSpec, simulate_fleet
+    roles = roles_of(trace)
+    names = {f.name for f in dataclasses.fields(SchedulerConfig)}
+    eng = {k: v for k, v in (trace.meta.get("engine") or {}).items() if k in names}
+    cfg = from_dict(SchedulerConfig, eng, "meta.engine", strict=False)
+    fits = {role: fit_replica(trace, roles.index(role), model, gap) for role in dict.fromkeys(roles)}
+    rc = (trace.meta.get("fleet") or {}).get("router") or {}
+    router = RouterConfig(rc.get("policy", "round-robin"), rc.get("staleness_ms", 0.0), rc.get("seed", 0),
+                          rc.get("prefix"), rc.get("queue_limit"), rc.get("params") or {})
+    kw = {}
+    measured_xfers = [e for e in trace.events_of("transfer") if e.get("dur_ms") is not None]
+    if "prefill" in roles:
+        if link is None:
+            link = link_fit(measured_xfers)
+        per_token = {e["bytes"] // e["tokens"] for e in measured_xfers if e.get("tokens")}
+        m = trace.meta.get("model") or {}
+        kw = dict(link_latency_ms=link[0], link_gbps=link[1],
+                  kv_bytes_per_token=per_token.pop() if len(per_token) == 1 else None, model=m.get("name"),
+                  pd_min_prompt=(trace.meta.get("fleet") or {}).get("pd_min_prompt", 0))
+    spec = FleetSpec([ReplicaSpec(cfg, fits[r][0], r) for r in roles], router=router, **kw)
+    sim = simulate_fleet(trace.workload(), spec)
+    meas_r = {e["req"]: e["replica"] for e in trace.events_of("route")}
+    sim_r = {e["req"]: e["replica"] for e in sim.events_of("route")}
+    mm, sm = request_metrics(trace), request_metrics(sim)
+    at = {rid: i for i, rid in enumerate(sm["id"])}
+    idx = np.array([at[r] for r in mm["id"]], dtype=np.int64)
+    table = pd.DataFrame({"id": list(mm["id"]), "replica": [meas_r.get(r) for r in mm["id"]],
+                          "replica_sim": [sim_r.get(r) for r in mm["id"]],
+                          "ttft_ms": np.asarray(mm["ttft_ms"], dtype=float),
+                          "ttft_ms_sim": np.asarray(sm["ttft_ms"], dtype=float)[idx],
+                          "e2e_ms": np.asarray(mm["e2e_ms"], dtype=float),
+                          "e2e_ms_sim": np.asarray(sm["e2e_ms"], dtype=float)[idx]})
+    routed = table["replica"].notna()
+    report = {"routing_agreement": float((table["replica"][routed] == table["replica_sim"][routed]).mean())
+              if routed.any() else None,
+              "ttft": errors(table["ttft_ms_sim"], table["ttft_ms"]),
+              "e2e": errors(table["e2e_ms_sim"], table["e2e_ms"]),
+              "step_models": {r: f[0].describe() for r, f in fits.items()},
+              "gap_ms": {r: f[1].get("gap_ms") for r, f in fits.items()},
+              "router": router.to_dict()}
+    if "prefill" in roles:
+        pt = {e["req"]: e["dur_ms"] for e in sim.events_of("transfer")}
+        mt = {e["req"]: e["dur_ms"] for e in measured_xfers}
+        keys = [k for k in mt if k in pt and (held_out is None or k in held_out)]
+        report["transfer"] = errors([pt[k] for k in keys], [mt[k] for k in keys])
+        report["link"] = {"latency_ms": link[0], "gbps": link[1]}
+    return sim, report, table
