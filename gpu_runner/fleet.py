@@ -97,13 +97,13 @@ class Replica(ProcessClient):
         super().__init__(options, metrics, max_waiting, fleet.origin_ns, label=f"replica {index}", wait=False)
 
     def apply(self, msg: Outputs):
-        super().apply(msg)
         st = msg.stats
-        if st is not None:
+        if st is not None:     # (before the clients hear of the step: a client's next request sees it)
             now = self.now_ms()
             self.board.tell(now, "gauges", (st.running, st.waiting, st.kv_used_blocks))
             if st.cache_news:
                 self.board.tell(now, "kv", st.cache_news)
+        super().apply(msg)
 
     def _event(self, s: Stream, ev):
         if isinstance(ev, KVLoaded):          # the decode side has the KV: the transfer's end

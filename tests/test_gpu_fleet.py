@@ -202,3 +202,29 @@ def test_disaggregated_outputs_equal_one_engines_and_the_kv_moves(tmp_path, bund
     assert (st["t_ms"].diff().dropna() >= 0).all()
     # the client sees tokens from the decode replica only; the prefill copy's token is not in the trace
     assert set(tr.tokens["replica"]) == {1} and len(tr.tokens) == 12 * len(PROMPTS)
+
+
+def test_precise_prefix_knowledge_follows_the_replicas_published_cache(tmp_path):
+    """prefix-aware with precise knowledge routes from the blocks the replicas report cached
+    (their prefix caches' changes, pushed after each step): a prompt sent again goes where its
+    blocks are, although the router's own record would not know (precise ignores it)."""
+    long = "The quick brown fox jumps over the lazy dog; " * 3          # 135 bytes: 8 full blocks
+    proc, url, out = start(tmp_path, "--replicas", "2", "--router", "prefix-aware", "--router-prefix", "precise",
+                           "--prefix-caching")
+    try:
+        assert complete(url, "Hello").status_code == 200                 # somewhere (ties: the pointer)
+        assert complete(url, long).status_code == 200
+        for _ in range(3):
+            assert complete(url, long + "and again").status_code == 200
+    finally:
+        stop(proc)
+    from core.trace import load_trace
+    tr = load_trace(out)
+    routes = tr.events_of("route")
+    first = routes[1]["replica"]
+    assert [e["replica"] for e in routes[2:]] == [first] * 3
+    # the first repeat finds the 8 full blocks of `long`; the later ones also its own 9th block
+    assert [e["signals"][str(first)]["prefix_blocks"] for e in routes[2:]] == [8, 9, 9]
+    for e in routes[2:]:
+        assert e["prompt_blocks"] == 9 and "holds" in e["reason"]
+        assert e["signals"][str(1 - first)]["prefix_blocks"] == 0
