@@ -610,6 +610,16 @@ def serve_fleet(fc: FleetClient, app, host: str, port: int, drain_timeout_s: flo
     return died[0] if died else None
 
 
+def _check_port(host: str, port: int):
+    import socket
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as e:
+        raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e})") from None
+
+
 def roles_of(a) -> list[str]:
     if a.prefill_replicas or a.decode_replicas:
         if not (a.prefill_replicas and a.decode_replicas):
@@ -629,6 +639,7 @@ def main_fleet(a, options: ServeOptions) -> int:
     from core.trace import save_trace
     from gpu_runner.server_metrics import ServerMetrics
     roles = roles_of(a)
+    _check_port(a.host, a.port)     # before the replicas spend seconds loading
     if options.model.speculative and "prefill" in roles:
         raise ConfigError("--speculative: disaggregated replicas do not speculate (the draft's KV is not moved)")
     rc = RouterConfig(a.router, a.router_staleness_ms, a.router_seed, a.router_prefix, a.router_queue_limit,

@@ -228,3 +228,21 @@ def test_precise_prefix_knowledge_follows_the_replicas_published_cache(tmp_path)
     for e in routes[2:]:
         assert e["prompt_blocks"] == 9 and "holds" in e["reason"]
         assert e["signals"][str(1 - first)]["prefix_blocks"] == 0
+
+
+def test_flags_that_cannot_work_are_refused_before_anything_starts(capsys):
+    import socket
+
+    from gpu_runner.__main__ import main
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["fleet", "--replicas", "2", "--port", str(port)]) == 2
+    assert f"--port {port}: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+    assert main(["fleet", "--prefill-replicas", "1"]) == 2
+    assert "--prefill-replicas and --decode-replicas go together" in capsys.readouterr().err
+    assert main(["fleet", "--replicas", "2", "--prefill-replicas", "1", "--decode-replicas", "1"]) == 2
+    assert "either --replicas N or" in capsys.readouterr().err
+    assert main(["fleet", "--router", "prefix-aware", "--router-param", "foo=1"]) == 2
+    assert "prefix-aware takes cache_threshold" in capsys.readouterr().err
