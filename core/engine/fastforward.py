@@ -51,16 +51,16 @@ def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int 
     nxt = view.next_arrival
     may_join = nxt < t.n and cfg.policy != "static" and len(run) < cfg.seats and not view.waiting
     horizon = view.horizon_ms
-    if may_join or horizon is not None:
-        # the usual refusal, found cheaply: an arrival that could join (or, in a fleet, a request
-        # that could be routed here) within min_steps steps
-        probe = np.cumsum(np.concatenate(([t0], np.asarray(durations(min_steps), dtype=np.float64))))
-        if (may_join and t.arrival[nxt] <= probe[min_steps - 1]) or \
-                (horizon is not None and horizon <= probe[min_steps - 1]):
-            return None, 0
     d = np.asarray(durations(K), dtype=np.float64)
-    ends = np.cumsum(np.concatenate(([t0], d)))[1:]   # sequential sums: bit-identical to t += d
-    starts = np.concatenate(([t0], ends[:-1]))
+    at = np.cumsum(np.concatenate(([t0], d)))   # at[j]: step j's start; sequential sums: bit-identical to t += d
+    if may_join or horizon is not None:
+        # the usual refusal: an arrival that could join (or, in a fleet, a request that could be
+        # routed here) within min_steps steps
+        if (may_join and t.arrival[nxt] <= at[min_steps - 1]) or \
+                (horizon is not None and horizon <= at[min_steps - 1]):
+            return None, 0
+    ends = at[1:]
+    starts = at[:-1]
     arrivals_by_step = np.zeros(K, dtype=np.int64)
     if nxt < t.n:
         # Arrivals join the queue at each step start; they can only be admitted if the
@@ -81,7 +81,10 @@ def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int 
         K = min(K, int(over[0]) + 1)
     if min_steps > K:
         return None, 0
-    members = {res: run[residue == res].tolist() for res in np.flatnonzero(by_residue)}
+    order = np.argsort(residue, kind="stable")      # run's members grouped by residue, in run order
+    bounds = np.cumsum(by_residue).tolist()
+    grouped = run[order].tolist()
+    members = {res: grouped[bounds[res] - by_residue[res]:bounds[res]] for res in np.flatnonzero(by_residue).tolist()}
     alloc_steps = (np.flatnonzero(need[:K - 1]) + 1).tolist()
     owners, times = [], []
     for k in alloc_steps:

@@ -576,7 +576,8 @@ def _fleet_step_numbers(logs: list[dict]) -> list:
 
 def _concat(parts: list[dict]) -> dict:
     """Columns of several replicas' parts, one after the other (a column absent or None in some
-    parts: None where absent)."""
+    parts: None where absent). Columns given as lists become object arrays (concatenated and,
+    by _sorted, reordered without a Python loop over their values)."""
     lens = [len(next(iter(p.values()))) for p in parts]
     out = {}
     for c in [c for c in parts[0] if all(c in p for p in parts)]:
@@ -586,9 +587,17 @@ def _concat(parts: list[dict]) -> dict:
         elif all(isinstance(v, np.ndarray) for v in vals):
             out[c] = np.concatenate(vals)
         else:
-            out[c] = [x for v, n in zip(vals, lens)
-                      for x in ([None] * n if v is None else v.tolist() if isinstance(v, np.ndarray) else v)]
+            out[c] = np.concatenate([_objects(v, n) for v, n in zip(vals, lens)])
     return out
+
+
+def _objects(v, n: int) -> np.ndarray:
+    """A column as an object array of its values (None: n Nones)."""
+    if v is None:
+        return np.full(n, None, dtype=object)
+    if isinstance(v, np.ndarray):
+        return v.astype(object) if v.dtype != object else v
+    return np.fromiter(v, dtype=object, count=n)
 
 
 def _sorted(cols: dict, key: str) -> dict:
