@@ -65,7 +65,7 @@ class Stream:
         if batch is not None:        # inside one_delivery(): delivered together at its end
             batch.append((self, item))
         elif self.aloop is not None:
-            self.aloop.call_soon_threadsafe(self.queue.put_nowait, item)
+            _soon(self.aloop, self.queue.put_nowait, item)
 
 
 _PUSHES = threading.local()
@@ -85,7 +85,16 @@ class one_delivery:
             if st.aloop is not None:
                 by_loop.setdefault(st.aloop, []).append((st, item))
         for aloop, pairs in by_loop.items():
-            aloop.call_soon_threadsafe(_deliver, pairs)
+            _soon(aloop, _deliver, pairs)
+
+
+def _soon(aloop, fn, arg):
+    """fn(arg) on the client's event loop; nothing when that loop has closed (the server has
+    stopped: nobody is waiting)."""
+    try:
+        aloop.call_soon_threadsafe(fn, arg)
+    except RuntimeError:
+        pass
 
 
 def _deliver(pairs):
@@ -158,14 +167,16 @@ class EngineClient(ABC):
                 s.arrival_ms = self.now_ms()
             self.streams[s.rid] = s
             self._unscheduled.add(s.rid)
-            try:
-                self._send(AddRequest(s.rid, list(s.prompt_ids), s.max_tokens, s.sampling,
-                                      None if s.stop_ids is None else list(s.stop_ids), list(s.stop),
-                                      self.now_ms() if kv is not None else s.arrival_ms, kv, kv_out))
-            except OSError:    # the engine process died between the check and the send
+        msg = AddRequest(s.rid, list(s.prompt_ids), s.max_tokens, s.sampling,
+                         None if s.stop_ids is None else list(s.stop_ids), list(s.stop),
+                         self.now_ms() if kv is not None else s.arrival_ms, kv, kv_out)
+        try:   # outside the lock: a large message (a prompt's KV) must not hold up the engine's outputs
+            self._send(msg)
+        except OSError:    # the engine process died between the check and the send
+            with self._lock:
                 self.streams.pop(s.rid, None)
                 self._unscheduled.discard(s.rid)
-                raise ServerStopping("the engine process is not running") from None
+            raise ServerStopping("the engine process is not running") from None
 
     def cancel(self, s: Stream, reason: str = "abort") -> None:
         """The client went away: abort its request (the engine answers with its finish)."""

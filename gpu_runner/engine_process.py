@@ -113,6 +113,7 @@ class ProcessClient(EngineClient):
                  label: str = "the engine process", wait: bool = True):
         super().__init__(metrics, max_waiting, origin_ns)
         self.label = label           # how messages name it (a fleet: "replica 2")
+        self._send_lock = threading.Lock()
         ctx = multiprocessing.get_context("spawn")    # a fresh interpreter: no threads or locks inherited
         child_in, self._to_engine = ctx.Pipe(duplex=False)          # (receiving end, sending end)
         self._from_engine, child_out_w = ctx.Pipe(duplex=False)
@@ -150,7 +151,8 @@ class ProcessClient(EngineClient):
         return msg
 
     def _send(self, msg):
-        self._to_engine.send_bytes(encode(msg))
+        with self._send_lock:      # one writer at a time on the pipe
+            self._to_engine.send_bytes(encode(msg))
 
     def start(self):
         self.reader.start()

@@ -37,7 +37,10 @@ Failed naming it ("replica 1 ended (exit code -9)": a 503, or an error event clo
 stream), the router stops choosing it at once (it is no longer alive) and the rest keep
 serving. SIGTERM / Ctrl-C drain: no new requests (503 "draining"), /health answers 503, the
 in-flight requests finish (up to `--drain-timeout-s`), then the replicas stop and the fleet
-trace is written; a second signal stops at once (unfinished requests end "abort").
+trace is written; a second signal, or the drain's timeout, stops the replicas at once (each
+unfinished request streams its "abort" finish) before the HTTP server ends. Every request is
+answered: a full waiting queue or a prefilled request that no decode replica takes gets a 503
+naming why (docs/fleet-real.md).
 """
 from __future__ import annotations
 
@@ -62,7 +65,10 @@ class _Board:
     """What the router knows of one replica, as of a time: events (t_ms, kind, value) applied in
     order up to that time (the simulator's _Replica.signals_as_of, for a real replica)."""
 
-    def __init__(self):
+    FOLD_AT = 4096     # queued events: past this, what is older than now - staleness is folded in
+
+    def __init__(self, staleness_ms: float = 0.0):
+        self.staleness_ms = staleness_ms
         self.events: deque = deque()
         self.requests = self.running = self.waiting = self.kv_used = 0
         self.cached: set = set()
@@ -72,6 +78,9 @@ class _Board:
     def tell(self, t_ms: float, kind: str, value):
         with self.lock:
             self.events.append((t_ms, kind, value))
+            full = len(self.events) > self.FOLD_AT
+        if full:     # (no request routed for a while: the router reads as of now - staleness, never earlier)
+            self.as_of(t_ms - self.staleness_ms)
 
     def as_of(self, t_ms: float):
         with self.lock:
@@ -93,7 +102,7 @@ class Replica(ProcessClient):
 
     def __init__(self, fleet: FleetClient, index: int, role: str, options: ServeOptions, metrics, max_waiting: int):
         self.fleet, self.index, self.role = fleet, index, role
-        self.board = _Board()
+        self.board = _Board(fleet.router_cfg.staleness_ms)
         super().__init__(options, metrics, max_waiting, fleet.origin_ns, label=f"replica {index}", wait=False)
 
     def apply(self, msg: Outputs):
@@ -122,8 +131,7 @@ class Replica(ProcessClient):
         if not self._stopping:
             now = self.now_ms()
             self.fleet.deaths.append({"replica": self.index, "t_ms": now, "why": message,
-                                      "failed": [rid for rid, s in self.streams.items()
-                                                 if not isinstance(s, _PrefillCopy)]})
+                                      "failed": list(self.streams)})
         super().fail_all(message, status)
 
 
@@ -148,6 +156,7 @@ class FleetClient(EngineClient):
         super().__init__(None, max_waiting)
         self.roles = list(roles)
         self.router_cfg = router
+        self.recording = replica_traces is not None     # routes, requests, transfers kept for the trace
         self.pd = "prefill" in roles
         self.pd_min_prompt = pd_min_prompt
         self.metrics = metrics
@@ -185,11 +194,15 @@ class FleetClient(EngineClient):
         self.transfers: dict[str, dict] = {}
         self.accepted: list[tuple] = []            # (rid, arrival_ms, prompt tokens, max tokens): the trace's requests
         self.rejected: list[tuple] = []            # (rid, t_ms, reason): refused at the router
+        self.n_rejected = 0
         self.prefills: dict[str, _PrefillCopy] = {}   # disaggregated requests still in their prefill or handoff
         self.routed = [0] * len(roles)
         self.handoffs: queue.Queue = queue.Queue()
         self.draining = False
         self.deaths: list[dict] = []               # replicas that died: when, why, the requests they failed
+        self.handoff_failures: list[tuple] = []    # (rid, t_ms, prefill replica, why): prefilled, never decoded
+        self.moved_bytes = 0                       # KV bytes handed to decode replicas
+        self._stopped = False
         self._handoff = threading.Thread(target=self._handoff_loop, name="pd-handoff", daemon=True)
 
     # ---- the EngineClient interface -------------------------------------------------------------
@@ -202,13 +215,18 @@ class FleetClient(EngineClient):
         self._handoff.start()
 
     def alive(self) -> bool:
-        return any(r.alive() for r in self.replicas)
+        """Some request can still be served: a replica up (disaggregated: a decode replica, and a
+        prefill replica unless short prompts run whole on the decode side)."""
+        up = {r.role for r in self.replicas if r.alive()}
+        if not self.pd:
+            return bool(up)
+        return "decode" in up and ("prefill" in up or self.pd_min_prompt > 0)
 
     def failure(self) -> str | None:
         if self._stopping or self.alive():
             return None
-        return "every replica stopped: " + "; ".join(r.failure() or f"replica {r.index} stopped"
-                                                     for r in self.replicas)
+        return "no replica can serve: " + "; ".join(r.failure() or f"replica {r.index} stopped"
+                                                    for r in self.replicas if not r.alive())
 
     def load(self) -> dict:
         loads = [r.load() for r in self.replicas]
@@ -269,7 +287,7 @@ class FleetClient(EngineClient):
             if self._stopping or self.draining:
                 raise ServerStopping("the fleet is draining: it admits no new requests" if self.draining
                                      else "the server is shutting down")
-            s.rid = f"req-{next(self._rid)}"
+            s.rid = s.rid or f"req-{next(self._rid)}"     # (an X-Request-Id the server took, or ours)
             now = self.now_ms()
             s.arrival_ms = now
             split = self.pd and len(s.prompt_ids) >= self.pd_min_prompt
@@ -283,10 +301,12 @@ class FleetClient(EngineClient):
                     dd, dsigs, why = self._choose("decode", s.prompt_ids, hashes, now)
                     sigs = sigs + dsigs
                 if d is None or (split and dd is None):
-                    self.rejected.append((s.rid, now, why))
-                    self.routes.append({"type": "route", "t_ms": now, "req": s.rid, "replica": -1,
-                                        "stage": "rejected", "policy": self.router_cfg.policy, "reason": why})
-                    self.accepted.append((s.rid, now, len(s.prompt_ids), s.max_tokens))
+                    self.n_rejected += 1
+                    if self.recording:
+                        self.rejected.append((s.rid, now, why))
+                        self.routes.append({"type": "route", "t_ms": now, "req": s.rid, "replica": -1,
+                                            "stage": "rejected", "policy": self.router_cfg.policy, "reason": why})
+                        self.accepted.append((s.rid, now, len(s.prompt_ids), s.max_tokens))
                     raise ServerStopping(why)
                 rep = self.replicas[d.replica]
                 try:
@@ -296,10 +316,21 @@ class FleetClient(EngineClient):
                         rep.board.tell(now, "requests", 1)
                         rep.submit(s)
                 except ServerStopping:       # it died between the check and the send: choose again
+                    if not split:
+                        rep.board.tell(now, "requests", -1)
                     tried.add(d.replica)
                     continue
-                except Overloaded:
-                    rep.board.tell(now, "requests", -1)
+                except Overloaded as e:     # its waiting queue is full: 503, and a rejection in the trace
+                    if not split:
+                        rep.board.tell(now, "requests", -1)
+                    why = f"replica {d.replica}: {e}"
+                    self.n_rejected += 1
+                    if self.recording:
+                        self.rejected.append((s.rid, now, why))
+                        self.routes.append({"type": "route", "t_ms": now, "req": s.rid, "replica": -1,
+                                            "stage": "rejected", "policy": self.router_cfg.policy, "reason": why})
+                        self.accepted.append((s.rid, now, len(s.prompt_ids), s.max_tokens))
+                    e.args = (why,)        # (the replica's own limit, named)
                     raise
                 break
             ev = {"type": "route", "t_ms": now, "req": s.rid, "replica": d.replica,
@@ -311,9 +342,10 @@ class FleetClient(EngineClient):
                 ev["scores"] = {str(k): v for k, v in scores.items()}
             ev["signals"] = {str(x.replica): x.to_dict() for x in sigs}
             ev["prompt_blocks"] = len(s.prompt_ids) // self.block_size
-            self.routes.append(ev)
             self.routed[d.replica] += 1
-            self.accepted.append((s.rid, s.arrival_ms, len(s.prompt_ids), s.max_tokens))
+            if self.recording:
+                self.routes.append(ev)
+                self.accepted.append((s.rid, s.arrival_ms, len(s.prompt_ids), s.max_tokens))
 
     def _prefill(self, s: Stream, rep: Replica, decode: int, now: float):
         copy = _PrefillCopy(s.rid, list(s.prompt_ids), 1, s.sampling, (), None)
@@ -325,6 +357,7 @@ class FleetClient(EngineClient):
             rep.submit(copy, kv_out=True)
         except (ServerStopping, Overloaded):
             self.prefills.pop(s.rid, None)
+            rep.board.tell(now, "requests", -1)
             self.replicas[decode].board.tell(now, "requests", -1)
             raise
 
@@ -352,9 +385,13 @@ class FleetClient(EngineClient):
                 self._fail(copy, f"disaggregated handoff failed: {type(e).__name__}: {e}", 500)
 
     def _fail(self, copy: _PrefillCopy, message: str, status: int):
+        """A disaggregated request that will not reach a decode replica: its client gets `message`."""
         if self.prefills.pop(copy.rid, None) is None:
             return
-        self.replicas[copy.decode].board.tell(self.now_ms(), "requests", -1)
+        now = self.now_ms()
+        self.replicas[copy.decode].board.tell(now, "requests", -1)
+        if self.recording:
+            self.handoff_failures.append((copy.rid, now, copy.src, message))
         copy.client.done = True
         copy.client.push(Failed(copy.rid, message, status))
 
@@ -364,6 +401,8 @@ class FleetClient(EngineClient):
         elif isinstance(ev, RequestOutput) and ev.finish_reason is not None and ev.finish_reason != "length":
             if ev.finish_reason == "abort" and self.prefills.pop(copy.rid, None) is not None:
                 self.replicas[copy.decode].board.tell(self.now_ms(), "requests", -1)
+                if self.recording:
+                    self.handoff_failures.append((copy.rid, ev.t_ms, copy.src, "abort"))
                 copy.client.done = True
                 copy.client.push(RequestOutput(copy.rid, [], "", ev.t_ms, "abort", ev.detail))
             else:
@@ -372,37 +411,47 @@ class FleetClient(EngineClient):
             self._to_decode(copy, ev)
 
     def _to_decode(self, copy: _PrefillCopy, ev: KVReady):
+        """Hand the prefilled request to its decode replica (another one if it died meanwhile).
+        The request stays in `prefills` until a decode replica has it, so whatever fails on the
+        way (a full decode queue, no decode replica left, an error) answers its client."""
         if self.prefills.get(copy.rid) is not copy:
             return
-        dst = self.replicas[copy.decode]
         blob = ev.kv
-        for _ in range(len(self.replicas)):
-            if not dst.alive():        # its decode replica died meanwhile: another one
-                d, _, why = self._choose("decode", copy.prompt_ids, [], self.now_ms(), {dst.index})
+        tried: set[int] = set()
+        while True:
+            dst = self.replicas[copy.decode]
+            if not dst.alive() or dst.index in tried:   # its decode replica died meanwhile: another one
+                tried.add(dst.index)
+                with self._lock:
+                    d, _, why = self._choose("decode", copy.prompt_ids, [], self.now_ms(), tried)
                 if d is None:
                     self._fail(copy, f"no decode replica for the prefilled request: {why}", 503)
                     return
-                dst.board.tell(self.now_ms(), "requests", -1)
-                dst = self.replicas[d.replica]
-                dst.board.tell(self.now_ms(), "requests", 1)
-            self.transfers[copy.rid] = {"type": "transfer", "t_ms": blob.t_start_ms, "req": copy.rid, "src": copy.src,
-                                        "dst": dst.index, "bytes": blob.nbytes,
-                                        "blocks": -(-blob.tokens // self.block_size), "dur_ms": None,
-                                        "tokens": blob.tokens, "copy_ms": blob.t_sent_ms - blob.t_start_ms}
+                now = self.now_ms()
+                dst.board.tell(now, "requests", -1)
+                copy.decode = d.replica
+                self.replicas[d.replica].board.tell(now, "requests", 1)
+                continue
+            xfer = {"type": "transfer", "t_ms": blob.t_start_ms, "req": copy.rid, "src": copy.src,
+                    "dst": dst.index, "bytes": blob.nbytes, "blocks": -(-blob.tokens // self.block_size),
+                    "dur_ms": None, "tokens": blob.tokens, "copy_ms": blob.t_sent_ms - blob.t_start_ms}
+            self.transfers[copy.rid] = xfer
             try:
-                self.prefills.pop(copy.rid, None)
                 dst.submit(copy.client, kv=blob)
-                return
             except ServerStopping:
-                self.prefills[copy.rid] = copy
+                self.transfers.pop(copy.rid, None)
+                tried.add(dst.index)
                 continue
             except Overloaded as e:
+                self.transfers.pop(copy.rid, None)
                 self._fail(copy, f"decode replica {dst.index}: {e}", 503)
                 return
-        self._fail(copy, "no decode replica took the prefilled request", 503)
+            self.prefills.pop(copy.rid, None)
+            self.moved_bytes += blob.nbytes
+            return
 
     def kv_loaded(self, replica: int, ev: KVLoaded):
-        t = self.transfers.get(ev.rid)
+        t = self.transfers.get(ev.rid) if self.recording else self.transfers.pop(ev.rid, None)
         if t is not None:
             t["dur_ms"] = max(0.0, ev.t_recv_ms - t["t_ms"])
             t["written_ms"] = ev.t_written_ms
@@ -414,7 +463,9 @@ class FleetClient(EngineClient):
             self.draining = True
 
     def in_flight(self) -> int:
-        return sum(len(r.streams) for r in self.replicas if r.alive()) + len(self.prefills)
+        """Clients' requests not yet answered: on a replica, or in their prefill or handoff."""
+        return sum(1 for r in self.replicas if r.alive() for st in list(r.streams.values())
+                   if not isinstance(st, _PrefillCopy)) + len(self.prefills)
 
     def wait_drained(self, timeout_s: float, poll_s: float = 0.05) -> bool:
         """Until nothing is in flight (True) or `timeout_s` passed (False)."""
@@ -426,8 +477,12 @@ class FleetClient(EngineClient):
         return True
 
     def stop(self, timeout_s: float = 30.0):
+        """Stop every replica (their unfinished requests end "abort"), once."""
         with self._lock:
             self._stopping = True
+            if self._stopped:
+                return
+            self._stopped = True
         threads = [threading.Thread(target=r.stop, args=(timeout_s,)) for r in self.replicas]
         for t in threads:
             t.start()
@@ -473,7 +528,10 @@ class FleetClient(EngineClient):
         ended = set(tr.finishes["req"].tolist())
         # finishes only the front end saw: rejected at the router (replica -1), failed by a dying replica
         add = [(t, row[r], "rejected", -1) for r, t, _ in self.rejected]
-        add += [(d["t_ms"], row[r], "error", d["replica"]) for d in self.deaths for r in d["failed"]
+        add += [(t, row[r], "abort" if why == "abort" else "error", src) for r, t, src, why in self.handoff_failures
+                if r in row and row[r] not in ended]
+        ended |= {a[1] for a in add}
+        add += [(d["t_ms"], row[r], "error", d["replica"]) for d in self.deaths for r in dict.fromkeys(d["failed"])
                 if r in row and row[r] not in ended]
         if add:
             t, req, reason, rep = (list(c) for c in zip(*add))
@@ -483,11 +541,11 @@ class FleetClient(EngineClient):
         if self.rejected:
             tr.meta.setdefault("stats", {})["rejected"] = len(self.rejected)
         if self.deaths:
-            tr.meta["notes"] = "; ".join(
-                [tr.meta["notes"]] if isinstance(tr.meta.get("notes"), str) and tr.meta["notes"] else []) + "; ".join(
-                f"replica {d['replica']} died at {d['t_ms']:.1f} ms ({d['why']}): its events after its trace's last "
-                f"rewrite (about once a second) are missing; the {len(d['failed'])} requests it failed end 'error' "
-                "there, as the front end saw them" for d in self.deaths)
+            notes = [tr.meta["notes"]] if isinstance(tr.meta.get("notes"), str) and tr.meta["notes"] else []
+            notes += [f"replica {d['replica']} died at {d['t_ms']:.1f} ms ({d['why']}): its events after its trace's "
+                      f"last rewrite (about once a second) are missing; the {len(d['failed'])} requests it failed "
+                      "end 'error' there, as the front end saw them" for d in self.deaths]
+            tr.meta["notes"] = "; ".join(notes)
         return tr
 
     def kv_bytes_per_token(self) -> int | None:
@@ -527,10 +585,10 @@ class _RouterCollector:
             routed.add_metric([self.model, str(r.index)], fc.routed[r.index])
         rej = CounterMetricFamily("gpu_runner:router_rejected", "Requests refused at the router (no replica up, "
                                   "queue limit)", labels=["model_name"])
-        rej.add_metric([self.model], len(fc.rejected))
-        moved = CounterMetricFamily("gpu_runner:kv_transfer_bytes", "KV bytes moved prefill -> decode",
+        rej.add_metric([self.model], fc.n_rejected)
+        moved = CounterMetricFamily("gpu_runner:kv_transfer_bytes", "KV bytes handed to decode replicas",
                                     labels=["model_name"])
-        moved.add_metric([self.model], sum(t["bytes"] for t in list(fc.transfers.values())))
+        moved.add_metric([self.model], fc.moved_bytes)
         yield from (up, routed, rej, moved)
 
 
@@ -545,8 +603,8 @@ def fleet_app(fc: FleetClient, served: str, metrics):
     class FleetApp(App):
         async def health(self, request):
             reps = fc.health()
-            body = json.dumps({"draining": fc.draining, "replicas": reps})
-            ok = any(r["up"] for r in reps) and not fc.draining
+            ok = fc.alive() and not fc.draining     # (disaggregated: a prefill and a decode replica up)
+            body = json.dumps({"serving": ok, "draining": fc.draining, "replicas": reps})
             return Response(body, 200 if ok else 503, media_type="application/json")
 
         async def prom(self, request):
@@ -570,10 +628,11 @@ def serve_fleet(fc: FleetClient, app, host: str, port: int, drain_timeout_s: flo
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
+            # (never uvicorn's own: it re-raises the signals it caught once the server stops, which
+            # would end the process before the fleet trace is written)
             if fc.draining or sig not in (signal.SIGTERM, signal.SIGINT):
-                # at once (not uvicorn's handle_exit: it re-raises the signals it caught after the
-                # server stops, which would end the process before the fleet trace is written)
-                self.should_exit = self.force_exit = True
+                print("gpu_runner fleet: stopping now (unfinished requests end 'abort')", flush=True)
+                threading.Thread(target=stop_then_exit, name="stop", daemon=True).start()
                 return
             fc.begin_drain()
             print(f"gpu_runner fleet: draining ({fc.in_flight()} requests in flight, up to {drain_timeout_s:g} s; "
@@ -582,8 +641,15 @@ def serve_fleet(fc: FleetClient, app, host: str, port: int, drain_timeout_s: flo
             def drain():
                 if not fc.wait_drained(drain_timeout_s):
                     log.warning("drain timed out with %d requests in flight: they end 'abort'", fc.in_flight())
-                self.should_exit = True
+                stop_then_exit()
             threading.Thread(target=drain, name="drain", daemon=True).start()
+
+    def stop_then_exit():
+        """The replicas stop first (each unfinished request gets its 'abort' finish, streamed to its
+        client while the HTTP server still runs), then the HTTP server ends."""
+        fc.begin_drain()
+        fc.stop()
+        server.should_exit = True
 
     config = uvicorn.Config(app.app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, lifespan="off")

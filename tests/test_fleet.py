@@ -332,3 +332,14 @@ def test_cli_replicas_1_writes_the_single_engine_events(tmp_path, policy):
     assert [e for e in fleet["events"] if e["type"] != "route"] == one["events"]
     assert sum(e["type"] == "route" for e in fleet["events"]) == len(one["requests"])
     assert fleet["requests"] == one["requests"]
+
+
+def test_round_robin_turns_the_prefill_and_decode_choices_apart():
+    """2P:2D round-robin: each side alternates over its own replicas (one counter for both sides
+    sent every request to prefill 0 and decode 3)."""
+    from core.fleet.router import Router, RouterConfig, Signals
+    r = Router(RouterConfig("round-robin"), 4)
+    pre = [Signals(0, 0, 0, 0, 0, 1), Signals(1, 0, 0, 0, 0, 1)]
+    dec = [Signals(2, 0, 0, 0, 0, 1), Signals(3, 0, 0, 0, 0, 1)]
+    got = [(r.choose(pre, 0).replica, r.choose(dec, 0).replica) for _ in range(4)]
+    assert got == [(0, 2), (1, 3), (0, 2), (1, 3)]

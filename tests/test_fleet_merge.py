@@ -107,3 +107,19 @@ def test_cli(workload, tmp_path, capsys):
     assert one == pytest.approx(ref + 1.5)
     assert main(["fleet-merge", *files, "--out", out, "--roles", "both"]) == 2
     assert "expected 2 of both, prefill, decode" in capsys.readouterr().err
+
+
+def test_disaggregated_replicas_merged_without_the_front_end(workload):
+    """Prefill and decode replicas' own traces alone: each request once, its output count from
+    its decode replica (the prefill copy asked one token), its arrival the prefill copy's."""
+    cfg = SchedulerConfig(policy="vllm-v1", kv_blocks=400)
+    tr = simulate_fleet(workload, FleetSpec.disagg(1, 2, cfg, SM, kv_bytes_per_token=1000, model="x"))
+    parts = [_own(tr, k) for k in range(3)]
+    m = merge_replicas(parts, roles=["prefill", "decode", "decode"])
+    assert sorted(m.requests["id"]) == sorted(tr.requests["id"])
+    ref = tr.requests.set_index("id")
+    got = m.requests.set_index("id").loc[ref.index]
+    assert (got["max_output_tokens"] == ref["max_output_tokens"]).all()
+    assert (got["arrival_ms"] == ref["arrival_ms"]).all()
+    assert set(m.tokens["replica"]) <= {1, 2} and len(m.finishes) == len(workload)
+    trace_from_doc(to_doc(m), "merged")          # loads: no request has more tokens than it asked

@@ -246,3 +246,41 @@ def test_flags_that_cannot_work_are_refused_before_anything_starts(capsys):
     assert "either --replicas N or" in capsys.readouterr().err
     assert main(["fleet", "--router", "prefix-aware", "--router-param", "foo=1"]) == 2
     assert "prefix-aware takes cache_threshold" in capsys.readouterr().err
+
+
+def test_a_full_decode_queue_and_a_drain_timeout_still_answer_everyone(tmp_path):
+    """1P:1D with a decode queue of 2: every one of 8 concurrent requests is answered (a result
+    or a 503 naming the decode replica), none waits forever; then a drain that times out ends the
+    stream still running with finish 'abort' and [DONE], and the fleet exits 0 with its trace."""
+    proc, url, out = start(tmp_path, "--prefill-replicas", "1", "--decode-replicas", "1", "--max-waiting", "2",
+                           "--max-seqs", "1", "--drain-timeout-s", "0.5")
+    try:
+        answers = [None] * 8
+
+        def one(k):
+            answers[k] = complete(url, PROMPTS[k % len(PROMPTS)], 40)
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(BOUND_S)
+        assert all(a is not None for a in answers), "a request was never answered"
+        codes = sorted(a.status_code for a in answers)
+        assert set(codes) <= {200, 503} and 200 in codes
+        for a in answers:
+            if a.status_code == 503:
+                assert "decode replica 1" in a.json()["message"] or "waiting" in a.json()["message"], a.text
+        s = Stream(url, "A long one", 1500)
+        s.wait_tokens(1)
+        proc.send_signal(signal.SIGTERM)
+        assert s.done.wait(BOUND_S)
+        finals = [c["choices"][0]["finish_reason"] for c in s.chunks if c.get("choices")]
+        assert finals[-1] == "abort" and s.lines[-1] == "data: [DONE]", s.lines[-3:]
+        log = stop(proc, signal_it=False)
+        assert proc.returncode == 0, log
+    finally:
+        stop(proc)
+    from core.trace import load_trace
+    tr = load_trace(out)
+    assert len(tr.finishes) == len(tr.requests) == 9          # every request ends once in the trace
+    assert set(tr.tokens["replica"]) == {1}                   # the prefill copies' tokens are not the clients'

@@ -56,15 +56,16 @@ def merge_replicas(traces: list[Trace], *, roles: list[str] | None = None, reque
         if (t.steps["replica"] != 0).any() or len(t.events_of("route")):
             raise TraceError(f"fleet merge: {names[k]} is already a fleet trace (give each replica's own trace)")
     local_ids = _local_ids(traces, roles)
-    table, extra = _request_table(traces, local_ids, requests, request_extra, names)
+    table, extra = _request_table(traces, local_ids, roles, requests, request_extra, names)
     pos = {rid: i for i, rid in enumerate(table["id"].tolist())}
-    decode_ids = {rid for k, t in enumerate(traces) if roles[k] == "decode" for rid in local_ids[k]}
     step_no = _fleet_step_numbers([{"step": {"t_ms": t.steps["t_ms"].to_numpy(), "step": t.steps["step"].to_numpy()}}
                                    if len(t.steps) else {} for t in traces]) if n > 1 else [None]
     parts: dict[str, list] = {name: [] for name in (*_TABLES, "steps", "batch", "kv_events")}
     for k, t in enumerate(traces):
         rows = np.asarray([pos[rid] for rid in local_ids[k]], dtype=np.int64)
-        copy = np.asarray([roles[k] == "prefill" and rid in decode_ids for rid in local_ids[k]], dtype=bool)
+        # a prefill replica runs copies only (its token is discarded; the decode replica, or the front
+        # end when the handoff failed, gives the request's finish)
+        copy = np.full(len(local_ids[k]), roles[k] == "prefill", dtype=bool)
         for name in _TABLES:
             df = getattr(t, name).copy()
             r = df["req"].to_numpy()
@@ -134,15 +135,19 @@ def _local_ids(traces: list[Trace], roles: list[str]) -> list[list[str]]:
             for k, lst in enumerate(ids)]
 
 
-def _request_table(traces, local_ids, requests, request_extra, names):
+def _request_table(traces, local_ids, roles, requests, request_extra, names):
     """(request table, per-request extras)."""
-    first: dict[str, tuple] = {}     # id -> (arrival, replica, row)
+    first: dict[str, tuple] = {}     # id -> (earliest arrival, replica, row)
+    body: dict[str, tuple] = {}      # id -> (replica, row) whose fields describe the request: a prefill
+    #                                  replica's copy asked one token, its decode replica's the client's count
     for k, t in enumerate(traces):
         arr = t.requests["arrival_ms"].to_numpy()
         for j, rid in enumerate(local_ids[k]):
             got = first.get(rid)
             if got is None or arr[j] < got[0]:
                 first[rid] = (float(arr[j]), k, j)
+            if rid not in body or (roles[body[rid][0]] == "prefill" and roles[k] != "prefill"):
+                body[rid] = (k, j)
     if requests is not None:
         given = set(requests["id"].tolist())
         missing = [rid for rid in first if rid not in given]
@@ -161,10 +166,11 @@ def _request_table(traces, local_ids, requests, request_extra, names):
     order = sorted(first.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[1][2]))
     cols = {c.name: [] for c in REQUEST.columns}
     extra = []
-    for rid, (_, k, j) in order:
+    for rid, (arrival, _, _) in order:
+        k, j = body[rid]
         row = traces[k].requests.iloc[j]
         for c in REQUEST.columns:
-            cols[c.name].append(rid if c.name == "id" else row[c.name])
+            cols[c.name].append(rid if c.name == "id" else arrival if c.name == "arrival_ms" else row[c.name])
         extra.append(dict(traces[k].request_extra[j]) if traces[k].request_extra else {})
     table = pd.DataFrame(cols).astype({c: traces[0].requests[c].dtype for c in cols}) if order else \
         traces[0].requests.iloc[0:0].copy()

@@ -3,7 +3,8 @@
 router knows of each candidate replica, as of some time) and the request's prompt blocks.
 
 Policies (`POLICIES`):
-- `round-robin`: the i-th routed request to candidate i mod N (candidates in replica order).
+- `round-robin`: the i-th request routed among the same N candidates (in replica order) to
+  candidate i mod N (the prefill and the decode choices of disaggregated serving turn apart).
 - `random`: uniform over the candidates (seeded).
 - `least-requests`: fewest requests held (running + waiting + routed but not yet queued).
 - `least-kv`: lowest KV use (used blocks / pool); ties: fewest requests.
@@ -160,7 +161,7 @@ class Router:
         self.cfg = config
         self.n = replicas
         self.rng = _random.Random(config.seed)
-        self.rr = 0
+        self.rr_of: dict = {}   # round-robin: the next turn of each candidate set (prefill, decode, ...)
         self.turns: dict = {}   # the tie-break pointer of each candidate set (moves at each of its decisions)
         self.turn = 0
         cap = capacity_blocks or [1 << 30] * replicas
@@ -207,10 +208,11 @@ class Router:
         if len(cands) == 1:
             c = cands[0]
             return Decision(c.replica, "the only replica in rotation", {c.replica: 1.0})
-        if p == "round-robin":
-            c = cands[self.rr % len(cands)]
-            self.rr += 1
-            return Decision(c.replica, f"turn {self.rr - 1} of round-robin over {len(cands)}", {})
+        if p == "round-robin":    # (a counter per candidate set: prefill and decode choices turn apart)
+            k = self.rr_of.get(group, 0)
+            self.rr_of[group] = k + 1
+            c = cands[k % len(cands)]
+            return Decision(c.replica, f"turn {k} of round-robin over {len(cands)}", {})
         if p == "random":
             c = cands[self.rng.randrange(len(cands))]
             return Decision(c.replica, "drawn at random", {})
