@@ -205,12 +205,16 @@ def fleet_description(trace) -> str:
              " + ".join(f"{k} {r}" for r, k in count.items()) + " replicas")
     if not isinstance(f, dict):
         return shape + " (from the trace's replica columns; no router events)"
-    rc = f.get("router") or {}
-    out = [shape, f"router {rc.get('policy', '?')}, staleness {rc.get('staleness_ms', 0):g} ms"]
+    rc = f.get("router") if isinstance(f.get("router"), dict) else None
+    out = [shape, f"router {rc.get('policy', '?')}, staleness {rc.get('staleness_ms', 0):g} ms" if rc
+           else "router not recorded (another router's decisions)"]
     link = f.get("link")
     if isinstance(link, dict):
-        out.append(f"KV link {link.get('gbps', '?')} GB/s, {link.get('latency_ms', '?')} ms latency"
-                   + (f" ({link['model']})" if link.get("model") else ""))
+        model = f" ({link['model']})" if link.get("model") else ""
+        if isinstance(link.get("gbps"), (int, float)):
+            out.append(f"KV link {link['gbps']:g} GB/s, {link.get('latency_ms', '?')} ms latency{model}")
+        else:    # a real fleet's link: what it was, measured per transfer
+            out.append(f"KV {link.get('kind') or 'link'}{model}")
     out += [f"replica {r} drained at {t:g} ms" for r, t in drains_of(trace)]
     return "; ".join(out)
 
