@@ -888,6 +888,13 @@ def cmd_fleet_merge(a) -> int:
             raise InputError(f"--offsets-ms: expected {n} comma-separated numbers, got {a.offsets_ms!r}") from None
         if len(offsets) != n or not all(math.isfinite(x) for x in offsets):
             raise InputError(f"--offsets-ms: expected {n} finite numbers (one per file), got {a.offsets_ms!r}")
+    seen: dict = {}
+    for f in a.files:     # the same replica twice would be read as two replicas
+        key = Path(f).resolve()
+        if key in seen:
+            raise InputError(f"fleet-merge: {f} is given twice (as replica {seen[key]} and {len(seen)}); give each "
+                             "replica's own trace once")
+        seen[key] = len(seen)
     traces = []
     for f in a.files:
         tr = _read(f)

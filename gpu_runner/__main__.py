@@ -30,6 +30,14 @@ def _common(p, scheduler: bool):
         add_flags(p, EngineConfig, skip=("kv_memory_mb", "record", "capture_tiles"))
 
 
+def _http_flags(p, max_waiting_help: str):
+    """The HTTP front end's flags (serve, fleet)."""
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 = every interface)")
+    p.add_argument("--port", type=_pos_int, default=8000)
+    p.add_argument("--served-model-name", help="the model name clients send (default: --model)")
+    p.add_argument("--max-waiting", type=_pos_int, default=256, help=max_waiting_help)
+
+
 def build_parser():
     ap = _Parser(prog="python -m gpu_runner", description="Serve workloads with a real model on the core scheduler.")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
@@ -46,11 +54,7 @@ def build_parser():
     g.add_argument("--json", action="store_true", help='print {"ids": [...], "text": ...} for the generated tokens')
     _common(g, scheduler=False)
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, /metrics)")
-    v.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback; 0.0.0.0 = every interface)")
-    v.add_argument("--port", type=_pos_int, default=8000)
-    v.add_argument("--served-model-name", help="the model name clients send (default: --model)")
-    v.add_argument("--max-waiting", type=_pos_int, default=256,
-                   help="requests waiting at most; more get 503 with Retry-After")
+    _http_flags(v, "requests waiting at most; more get 503 with Retry-After")
     v.add_argument("--trace-out", help="record a measured trace here (.json, .json.gz, .parquet), rewritten "
                    "atomically about once a second (less often when a rewrite would take over 5%% of the "
                    "engine's time) and at shutdown")
@@ -60,11 +64,7 @@ def build_parser():
     _common(v, scheduler=True)
     fl = sub.add_parser("fleet", help="several engine processes behind one OpenAI-compatible front end and the "
                                       "simulator's router; disaggregated prefill/decode with the KV really moved")
-    fl.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
-    fl.add_argument("--port", type=_pos_int, default=8000)
-    fl.add_argument("--served-model-name", help="the model name clients send (default: --model)")
-    fl.add_argument("--max-waiting", type=_pos_int, default=256,
-                    help="per replica: requests waiting at most; more get 503 with Retry-After")
+    _http_flags(fl, "per replica: requests waiting at most; more get 503 with Retry-After")
     fl.add_argument("--trace-out", help="the fleet's measured trace, written at shutdown (.json, .json.gz, "
                     ".parquet); each replica's own trace is rewritten about once a second in TRACE_OUT.replicas/")
     fl.add_argument("--label", help="the fleet trace's label")

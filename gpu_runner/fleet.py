@@ -55,6 +55,7 @@ from pathlib import Path
 from core.engine.prefix_cache import block_hash, extra_key
 from core.errors import ConfigError
 from core.fleet.router import Decision, Router, RouterConfig, Signals
+from core.fleet.sim import FIRST_TOKEN
 from gpu_runner.client import EngineClient, Overloaded, ServerStopping, Stream
 from gpu_runner.engine_process import ProcessClient
 from gpu_runner.launch import ServeOptions
@@ -301,12 +302,7 @@ class FleetClient(EngineClient):
                     dd, dsigs, why = self._choose("decode", s.prompt_ids, hashes, now)
                     sigs = sigs + dsigs
                 if d is None or (split and dd is None):
-                    self.n_rejected += 1
-                    if self.recording:
-                        self.rejected.append((s.rid, now, why))
-                        self.routes.append({"type": "route", "t_ms": now, "req": s.rid, "replica": -1,
-                                            "stage": "rejected", "policy": self.router_cfg.policy, "reason": why})
-                        self.accepted.append((s.rid, now, len(s.prompt_ids), s.max_tokens))
+                    self._reject(s, now, why)
                     raise ServerStopping(why)
                 rep = self.replicas[d.replica]
                 try:
@@ -324,12 +320,7 @@ class FleetClient(EngineClient):
                     if not split:
                         rep.board.tell(now, "requests", -1)
                     why = f"replica {d.replica}: {e}"
-                    self.n_rejected += 1
-                    if self.recording:
-                        self.rejected.append((s.rid, now, why))
-                        self.routes.append({"type": "route", "t_ms": now, "req": s.rid, "replica": -1,
-                                            "stage": "rejected", "policy": self.router_cfg.policy, "reason": why})
-                        self.accepted.append((s.rid, now, len(s.prompt_ids), s.max_tokens))
+                    self._reject(s, now, why)
                     e.args = (why,)        # (the replica's own limit, named)
                     raise
                 break
@@ -346,6 +337,16 @@ class FleetClient(EngineClient):
             if self.recording:
                 self.routes.append(ev)
                 self.accepted.append((s.rid, s.arrival_ms, len(s.prompt_ids), s.max_tokens))
+
+    def _reject(self, s: Stream, now: float, why: str):
+        """A request refused before any replica took it (no replica, a queue limit, a full queue):
+        counted, and in the trace a route to -1 with the reason and a `rejected` finish."""
+        self.n_rejected += 1
+        if self.recording:
+            self.rejected.append((s.rid, now, why))
+            self.routes.append({"type": "route", "t_ms": now, "req": s.rid, "replica": -1, "stage": "rejected",
+                                "policy": self.router_cfg.policy, "reason": why})
+            self.accepted.append((s.rid, now, len(s.prompt_ids), s.max_tokens))
 
     def _prefill(self, s: Stream, rep: Replica, decode: int, now: float):
         copy = _PrefillCopy(s.rid, list(s.prompt_ids), 1, s.sampling, (), None)
@@ -562,8 +563,7 @@ class FleetClient(EngineClient):
 
 CLOCK = ("one host clock: every engine process uses the front end's origin on CLOCK_MONOTONIC (perf_counter_ns), "
          "so replica and router times need no alignment; uncertainty: the clock read (< 1 us)")
-FIRST_TOKEN = ("decode replica (vLLM's disaggregated convention: it recomputes the prompt's last token and emits "
-               "token 0; the prefill replica's token is discarded)")
+
 
 
 # ---- the front end: HTTP (serve's App), /health and /metrics of the fleet, drain on SIGTERM -------------

@@ -287,7 +287,7 @@ def measured_view():
     if not files:
         st.info("No measured fleet traces are bundled.")
         return
-    label = st.selectbox("Measured fleet", list(files), key="fl_measured")
+    label = st.selectbox("Measured fleet", list(files), **bound("fl_measured"))
     tr = cached_measured(files[label])
     st.markdown(f"{origin_badge(tr)} {md(fleet_description(tr))}")
     show_chart(fleet_view("lanes", tr), key="fl_meas_lanes", width="stretch")

@@ -107,6 +107,8 @@ def test_cli(workload, tmp_path, capsys):
     assert one == pytest.approx(ref + 1.5)
     assert main(["fleet-merge", *files, "--out", out, "--roles", "both"]) == 2
     assert "expected 2 of both, prefill, decode" in capsys.readouterr().err
+    assert main(["fleet-merge", files[0], files[0], "--out", out]) == 2
+    assert "is given twice (as replica 0 and 1)" in capsys.readouterr().err
 
 
 def test_disaggregated_replicas_merged_without_the_front_end(workload):

@@ -157,6 +157,9 @@ CASES = [
         (sel("fl_wl", "Burst 5"), Set("fl_tab", "tab", "Experiment: the P:D split")),
         (Set("fl_tpot", "slider", ["ArrowLeft"]), Set("fl_ttft", "slider", ["ArrowLeft"]),
          Set("fl_t", "slider", ["ArrowRight"])))),
+    Case("fleet-measured", "fleet", (
+        (Set("fl_tab", "tab", "Measured fleets"),),
+        (sel("fl_measured", "gpu_runner fleet: prefix prefix aware"),))),
     # the pages whose only bound widget is the presentation switch
     *[Case(path or "home", path, ((PRESENT,),)) for path in ("", "pathologies", "exercises")],
 ]
