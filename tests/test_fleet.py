@@ -343,3 +343,27 @@ def test_round_robin_turns_the_prefill_and_decode_choices_apart():
     dec = [Signals(2, 0, 0, 0, 0, 1), Signals(3, 0, 0, 0, 0, 1)]
     got = [(r.choose(pre, 0).replica, r.choose(dec, 0).replica) for _ in range(4)]
     assert got == [(0, 2), (1, 3), (0, 2), (1, 3)]
+
+
+@pytest.mark.parametrize("shape,policy,staleness", [("uniform", "least-kv", 0.0), ("uniform", "least-requests", 30.0),
+                                                     ("uniform", "power-of-two", 0.0), ("pd", "round-robin", 0.0),
+                                                     ("pd", "least-kv", 0.0)])
+def test_fast_forward_changes_nothing_in_a_fleet(shape, policy, staleness):
+    """Runs of identical decode steps applied at once (the simulator's fast-forward) must give
+    the trace of stepping them one by one: the router hears every step's gauges, and a decode
+    replica's run stops where a transfer could land (an idle prefill replica's next request)."""
+    rng = np.random.default_rng(11)
+    n = 500
+    w = Workload([Request(f"q{i}", float(t), int(p), int(o)) for i, (t, p, o) in enumerate(zip(
+        np.cumsum(rng.exponential(20.0, n)), rng.integers(1, 2048, n), rng.integers(1, 400, n)))], name="poisson")
+    cfg = SchedulerConfig("continuous", max_seqs=64, token_budget=4096, chunk=4096)
+    model = StepModel("affine", base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.05)
+    rc = RouterConfig(policy, staleness_ms=staleness)
+    bpt = MODELS["Llama-2-7B"].kv_bytes_per_token(2)
+    spec = (FleetSpec.uniform(4, cfg, model, router=rc) if shape == "uniform"
+            else FleetSpec.disagg(1, 3, cfg, model, router=rc, kv_bytes_per_token=bpt))
+    fast = simulate_fleet(w, spec, created="x", fast_forward=True)
+    slow = simulate_fleet(w, spec, created="x", fast_forward=False)
+    assert len(fast.steps) == len(slow.steps) and len(fast.tokens) == sum(r.max_output_tokens for r in w.requests)
+    for t in TABLES:
+        pd.testing.assert_frame_equal(getattr(fast, t).reset_index(drop=True), getattr(slow, t).reset_index(drop=True))

@@ -418,6 +418,10 @@ class Scheduler:
         self.step += K
         self._step_gauges = None
         t_end = run.t_end_ms
+        fin = members[t.emitted[members] >= t.out_len[members]]
+        if len(fin):   # their last token came in the run's last step: they leave at its end, as update does
+            kv.now_ms = t_end
+            self._finish_emitted(fin, [], t_end)
         return self.take_outputs(t_end, batch, float(run.durations[0]), token_reqs, token_index, None, rec,
                                  token_t)
 

@@ -359,6 +359,10 @@ class FleetSim:
                 h = min(h, self.pending[0][0])
             for p in self.roles["prefill"]:
                 h = min(h, p.ready)
+                if self.planned is not None:   # an idle prefill replica starts at its next request's arrival
+                    times, k = self.planned["times"][p.index], self.planned["next"][p.index]
+                    if k < len(times):
+                        h = min(h, times[k])
         return None if h == math.inf else h
 
     def _step(self, rep: _Replica, now: float, next_arrival: float):
@@ -387,6 +391,13 @@ class FleetSim:
             if rep.is_copy[f.req] and f.reason != "length":   # it never reaches its decode replica
                 self.replicas[self.decode_of[row]].tell(f.t_ms, "requests", -1, self._seq)
         if out.step is not None:
+            rec = out.record
+            if type(rec.step) is np.ndarray and len(rec.step) > 1:
+                # a fast-forwarded run: the router hears each step's end, as when stepping them
+                # one by one (nobody leaves before the last; blocks only grow)
+                n = int(rec.running[0])
+                for t, w, u in zip(rec.t_ms[1:].tolist(), rec.waiting[:-1].tolist(), rec.kv_used_blocks[:-1].tolist()):
+                    rep.tell(t, "gauges", (n, w, u), self._seq)
             g = out.gauges
             rep.tell(t_end, "gauges", (g[0], g[1], g[2]), self._seq)
         if rep.kv_news:
