@@ -56,8 +56,9 @@ def build_parser():
     v = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, /metrics)")
     _http_flags(v, "requests waiting at most; more get 503 with Retry-After")
     v.add_argument("--trace-out", help="record a measured trace here (.json, .json.gz, .parquet), rewritten "
-                   "atomically about once a second (less often when a rewrite would take over 5%% of the "
-                   "engine's time) and at shutdown")
+                   "atomically about once a second while idle (less often when a rewrite would take over 5%% "
+                   "of the engine's time; every 30 s at most while requests are in flight: a rewrite stalls "
+                   "them) and at shutdown")
     v.add_argument("--engine-process", action=argparse.BooleanOptionalAction, default=True,
                    help="run the engine in its own process, as vLLM does (default); --no-engine-process keeps "
                    "it in a thread of the HTTP server, which then shares the interpreter lock with it")
@@ -66,7 +67,7 @@ def build_parser():
                                       "simulator's router; disaggregated prefill/decode with the KV really moved")
     _http_flags(fl, "per replica: requests waiting at most; more get 503 with Retry-After")
     fl.add_argument("--trace-out", help="the fleet's measured trace, written at shutdown (.json, .json.gz, "
-                    ".parquet); each replica's own trace is rewritten about once a second in TRACE_OUT.replicas/")
+                    ".parquet); each replica's own trace is rewritten in TRACE_OUT.replicas/ as serve's --trace-out is")
     fl.add_argument("--label", help="the fleet trace's label")
     fl.add_argument("--replicas", type=_pos_int, help="identical replicas (default 2)")
     fl.add_argument("--prefill-replicas", type=_pos_int, help="disaggregated: replicas that compute prompts")

@@ -44,6 +44,16 @@ from gpu_runner.output_processor import OutputProcessor
 
 FLUSH_EVERY_S = 1.0
 FLUSH_SHARE = 0.05   # a flush rebuilds the whole trace: at most this share of the engine thread's time
+# A flush stalls every request in flight for as long as it takes (hundreds of ms once a trace holds
+# a few hundred requests on a slow CPU): while any is in flight, the trace is rewritten at most
+# this often (what a crash under continuous load could lose); otherwise as soon as it goes idle.
+BUSY_FLUSH_EVERY_S = 30.0
+
+
+def flush_due(since_s: float, every_s: float, busy: bool) -> bool:
+    """Whether the trace is due for a rewrite, `since_s` after the last one: every `every_s`
+    while idle, every max(every_s, BUSY_FLUSH_EVERY_S) while requests are in flight."""
+    return since_s >= (max(every_s, BUSY_FLUSH_EVERY_S) if busy else every_s)
 
 
 def tokenizer_spec(tok) -> TokenizerSpec:
@@ -308,7 +318,8 @@ class EngineService:
         return self.core.trace(wl, meta)
 
     def _maybe_flush(self):
-        if self.trace_out is not None and time.monotonic() - self._last_flush >= self._flush_every:
+        if self.trace_out is not None and flush_due(time.monotonic() - self._last_flush, self._flush_every,
+                                                    self.core.has_unfinished()):
             self._flush()
 
     def _flush(self, final: bool = False):

@@ -342,3 +342,14 @@ def test_loadgen_names_an_unreachable_server(tmp_path, capsys):
                "--out", str(tmp_path / "o.json")])
     assert rc == 2 and "GET /v1/models failed" in capsys.readouterr().err
     assert not (tmp_path / "o.json").exists()
+
+
+def test_the_trace_is_rewritten_when_idle_not_under_requests_in_flight():
+    """A --trace-out rewrite stalls every request in flight for as long as it takes: it waits
+    for the engine to go idle, unless requests have been in flight for BUSY_FLUSH_EVERY_S."""
+    from gpu_runner.serving import BUSY_FLUSH_EVERY_S, flush_due
+    assert BUSY_FLUSH_EVERY_S == 30.0
+    assert flush_due(1.0, 1.0, busy=False) and not flush_due(0.5, 1.0, busy=False)
+    assert not flush_due(5.0, 1.0, busy=True) and not flush_due(29.9, 1.0, busy=True)
+    assert flush_due(30.0, 1.0, busy=True)
+    assert not flush_due(30.0, 60.0, busy=True) and flush_due(60.0, 60.0, busy=True)   # the 5% rule still stretches it
