@@ -14,8 +14,10 @@
 #   4. writes the workload: N requests x PROMPT_LEN-token prompts (bytes of
 #      data/corpus/pydoc_topics.txt) x OUTPUT_LEN output tokens, as our JSON workload and as a
 #      `vllm bench serve` custom dataset with the same prompts
-#   5. vLLM: serve, greedy check, one unmeasured warm-up pass (loadgen), `vllm bench serve` (burst, max concurrency C), our loadgen (C)
-#   6. stop vLLM; our server: greedy check, warm-up pass, the same `vllm bench serve`, the same loadgen
+#   5. vLLM: serve, greedy check, one unmeasured warm-up pass (loadgen)
+#   6. our server: the same greedy check and warm-up; then, REPEATS times, `vllm bench serve`
+#      (burst, max concurrency C) and our loadgen (C) against each, the engines alternating
+#      (ALTERNATE=1, the default; ALTERNATE=0: all of vLLM's runs first, vLLM stopped, then ours)
 #   7. greedy equality (token ids, temperature 0) and $OUT/summary.txt (+ summary.json); each
 #      client run is repeated REPEATS times (files *_rK.json); the repeat with the median output
 #      tok/s of each (engine, client) pair is also copied to the plain name (vllm_loadgen.json, ...)
@@ -51,7 +53,12 @@
 # see pitfall e), SKIP_INSTALL=1 (use the venv as is), OTLP (1: vLLM exports one OpenTelemetry
 # span per request, with the latencies it measured itself, to bench/vllm_cpu/otlp_collector.py on
 # 127.0.0.1:$OTLP_PORT (4318), written to $OUT/vllm_spans.jsonl; each `vllm bench serve` run's
-# wall-clock window goes to $OUT/windows.txt; 0: off), VLLM_ONLY=1 (skip our server: sections 6-7).
+# wall-clock window goes to $OUT/windows.txt; 0: off), VLLM_ONLY=1 (skip our server: sections 6-7),
+# ALTERNATE (1: both servers stay up and the measured runs alternate between them, A B B A A B ...,
+# so that this VM's drift over minutes (measured: the same engine 1.65x apart minutes apart) falls
+# on both; 0: every vLLM run, then every run of ours, each server alone on the machine),
+# CAPTURE (1: each round also runs `gpu_runner capture` of the same burst in-process, no HTTP:
+# runner_capture_rK.json, compared with vLLM served; 0: off).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -74,6 +81,8 @@ CLIENT_NICE="${CLIENT_NICE:--10}"
 OTLP="${OTLP:-1}"
 OTLP_PORT="${OTLP_PORT:-4318}"
 VLLM_ONLY="${VLLM_ONLY:-0}"
+ALTERNATE="${ALTERNATE:-1}"
+CAPTURE="${CAPTURE:-1}"
 MAX_SEQS=16
 TOKEN_BUDGET=2048
 
@@ -248,61 +257,108 @@ loadgen() {  # PORT TRACE
 }
 
 # ---- 5. vLLM ------------------------------------------------------------------------------------
-say "5. vLLM serve on 127.0.0.1:$VLLM_PORT"
-loadavg "before vllm serve"
-OTLP_FLAGS=()
-OTLP_ENV=()
-if [ "$OTLP" = 1 ]; then
-  start_server otlp_collector "$OTLP_PORT" "$OUT/otlp_collector.log" "$VPY" "$HERE/otlp_collector.py" \
-    --port "$OTLP_PORT" --out "$OUT/vllm_spans.jsonl"
-  OTLP_FLAGS=(--otlp-traces-endpoint "http://127.0.0.1:$OTLP_PORT/v1/traces")
-  OTLP_ENV=(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf OTEL_BSP_SCHEDULE_DELAY=200)
-fi
-start_server vllm "$VLLM_PORT" "$OUT/vllm_server.log" "${VENV_ENV[@]}" "${OTLP_ENV[@]}" "$VLLM" serve "$OUT/model" \
-  --tokenizer "$TOKDIR" --served-model-name tiny --host 127.0.0.1 --port "$VLLM_PORT" \
-  --dtype float32 --max-model-len 2048 --max-num-seqs "$MAX_SEQS" --max-num-batched-tokens "$TOKEN_BUDGET" \
-  --block-size 128 --no-enable-prefix-caching --generation-config vllm --seed 0 "${OTLP_FLAGS[@]}"
-VLLM_PID=$STARTED_PID
-curl -s "http://127.0.0.1:$VLLM_PORT/version" > "$OUT/vllm_version.json" || true
-run "$PY" "$HERE/greedy.py" query --url "http://127.0.0.1:$VLLM_PORT" --prompts "$OUT/greedy.json" --out "$OUT/greedy_vllm.json"
-say "warm-up: one unmeasured pass of the workload (first batches of new shapes are slow)"
-loadgen "$VLLM_PORT" warmup_vllm.json
-for ((r = 1; r <= REPEATS; r++)); do
-  loadavg "before vllm bench serve -> vllm (repeat $r)"
+vllm_up() {
+  say "5. vLLM serve on 127.0.0.1:$VLLM_PORT"
+  loadavg "before vllm serve"
+  OTLP_FLAGS=()
+  OTLP_ENV=()
+  if [ "$OTLP" = 1 ]; then
+    start_server otlp_collector "$OTLP_PORT" "$OUT/otlp_collector.log" "$VPY" "$HERE/otlp_collector.py" \
+      --port "$OTLP_PORT" --out "$OUT/vllm_spans.jsonl"
+    OTLP_FLAGS=(--otlp-traces-endpoint "http://127.0.0.1:$OTLP_PORT/v1/traces")
+    OTLP_ENV=(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf OTEL_BSP_SCHEDULE_DELAY=200)
+  fi
+  start_server vllm "$VLLM_PORT" "$OUT/vllm_server.log" "${VENV_ENV[@]}" "${OTLP_ENV[@]}" "$VLLM" serve "$OUT/model" \
+    --tokenizer "$TOKDIR" --served-model-name tiny --host 127.0.0.1 --port "$VLLM_PORT" \
+    --dtype float32 --max-model-len 2048 --max-num-seqs "$MAX_SEQS" --max-num-batched-tokens "$TOKEN_BUDGET" \
+    --block-size 128 --no-enable-prefix-caching --generation-config vllm --seed 0 "${OTLP_FLAGS[@]}"
+  VLLM_PID=$STARTED_PID
+  curl -s "http://127.0.0.1:$VLLM_PORT/version" > "$OUT/vllm_version.json" || true
+  run "$PY" "$HERE/greedy.py" query --url "http://127.0.0.1:$VLLM_PORT" --prompts "$OUT/greedy.json" --out "$OUT/greedy_vllm.json"
+  say "warm-up: one unmeasured pass of the workload (first batches of new shapes are slow)"
+  loadgen "$VLLM_PORT" warmup_vllm.json
+}
+vllm_bench() {  # REPEAT
+  loadavg "before vllm bench serve -> vllm (repeat $1)"
   W0=$(date +%s.%N)
-  bench_serve "$VLLM_PORT" "vllm_bench_vllm_r$r.json" || die "vllm bench serve against vLLM failed (log $OUT/vllm_bench_vllm_r$r.log)"
-  echo "vllm_bench_vllm_r$r.json $W0 $(date +%s.%N)" >> "$OUT/windows.txt"
-  loadavg "before loadgen -> vllm (repeat $r)"
-  loadgen "$VLLM_PORT" "vllm_loadgen_r$r.json"
-done
-curl -s "http://127.0.0.1:$VLLM_PORT/metrics" > "$OUT/vllm_metrics_after.txt" || true
-[ "$OTLP" = 1 ] && sleep 2      # the span exporter sends every 200 ms
-say "stopping vLLM"
-stop_server "$VLLM_PID"
-if [ "$VLLM_ONLY" = 1 ]; then
-  say "VLLM_ONLY=1: our server skipped"
-  exit 0
-fi
+  bench_serve "$VLLM_PORT" "vllm_bench_vllm_r$1.json" || die "vllm bench serve against vLLM failed (log $OUT/vllm_bench_vllm_r$1.log)"
+  echo "vllm_bench_vllm_r$1.json $W0 $(date +%s.%N)" >> "$OUT/windows.txt"
+}
+vllm_loadgen() {  # REPEAT
+  loadavg "before loadgen -> vllm (repeat $1)"
+  loadgen "$VLLM_PORT" "vllm_loadgen_r$1.json"
+}
+vllm_down() {
+  curl -s "http://127.0.0.1:$VLLM_PORT/metrics" > "$OUT/vllm_metrics_after.txt" || true
+  [ "$OTLP" = 1 ] && sleep 2      # the span exporter sends every 200 ms
+  say "stopping vLLM"
+  stop_server "$VLLM_PID"
+}
 
 # ---- 6. our server --------------------------------------------------------------------------------
-say "6. gpu_runner serve on 127.0.0.1:$RUNNER_PORT"
-loadavg "before gpu_runner serve"
-start_server gpu_runner "$RUNNER_PORT" "$OUT/runner_server.log" "$PY" -m gpu_runner serve --host 127.0.0.1 \
-  --port "$RUNNER_PORT" --threads 1 --max-seqs "$MAX_SEQS" --token-budget "$TOKEN_BUDGET" --trace-out "$OUT/served.json"
-RUNNER_PID=$STARTED_PID
-run "$PY" "$HERE/greedy.py" query --url "http://127.0.0.1:$RUNNER_PORT" --prompts "$OUT/greedy.json" --out "$OUT/greedy_runner.json"
-say "warm-up: one unmeasured pass of the workload"
-loadgen "$RUNNER_PORT" warmup_runner.json
 RUNNER_BENCH=ok
-for ((r = 1; r <= REPEATS; r++)); do
-  loadavg "before vllm bench serve -> gpu_runner (repeat $r)"
-  bench_serve "$RUNNER_PORT" "vllm_bench_runner_r$r.json" || { RUNNER_BENCH=failed; echo "vllm bench serve against gpu_runner failed (log $OUT/vllm_bench_runner_r$r.log)" | tee -a "$OUT/notes.txt" >&2; }
-  loadavg "before loadgen -> gpu_runner (repeat $r)"
-  loadgen "$RUNNER_PORT" "runner_loadgen_r$r.json"
-done
-curl -s "http://127.0.0.1:$RUNNER_PORT/metrics" > "$OUT/runner_metrics_after.txt" || true
-say "stopping gpu_runner serve (SIGTERM flushes $OUT/served.json)"
-stop_server "$RUNNER_PID"
+runner_up() {
+  say "6. gpu_runner serve on 127.0.0.1:$RUNNER_PORT"
+  loadavg "before gpu_runner serve"
+  start_server gpu_runner "$RUNNER_PORT" "$OUT/runner_server.log" "$PY" -m gpu_runner serve --host 127.0.0.1 \
+    --port "$RUNNER_PORT" --threads 1 --max-seqs "$MAX_SEQS" --token-budget "$TOKEN_BUDGET" --trace-out "$OUT/served.json"
+  RUNNER_PID=$STARTED_PID
+  run "$PY" "$HERE/greedy.py" query --url "http://127.0.0.1:$RUNNER_PORT" --prompts "$OUT/greedy.json" --out "$OUT/greedy_runner.json"
+  say "warm-up: one unmeasured pass of the workload"
+  loadgen "$RUNNER_PORT" warmup_runner.json
+}
+runner_bench() {  # REPEAT
+  loadavg "before vllm bench serve -> gpu_runner (repeat $1)"
+  bench_serve "$RUNNER_PORT" "vllm_bench_runner_r$1.json" || { RUNNER_BENCH=failed; echo "vllm bench serve against gpu_runner failed (log $OUT/vllm_bench_runner_r$1.log)" | tee -a "$OUT/notes.txt" >&2; }
+}
+runner_loadgen() {  # REPEAT
+  loadavg "before loadgen -> gpu_runner (repeat $1)"
+  loadgen "$RUNNER_PORT" "runner_loadgen_r$1.json"
+}
+runner_capture() {  # REPEAT: the runner in-process (no HTTP, no client): `gpu_runner capture` of the same burst
+  loadavg "before gpu_runner capture (repeat $1)"
+  run "$PY" -m gpu_runner capture --workload "$OUT/workload.json" --threads 1 --max-seqs "$MAX_SEQS" \
+    --token-budget "$TOKEN_BUDGET" --out "$OUT/runner_capture_r$1.json" > "$OUT/runner_capture_r$1.log" 2>&1 \
+    || { echo "gpu_runner capture failed (log $OUT/runner_capture_r$1.log)" | tee -a "$OUT/notes.txt" >&2; }
+}
+maybe_capture() { if [ "$CAPTURE" = 1 ]; then runner_capture "$1"; fi; }
+runner_down() {
+  curl -s "http://127.0.0.1:$RUNNER_PORT/metrics" > "$OUT/runner_metrics_after.txt" || true
+  say "stopping gpu_runner serve (SIGTERM flushes $OUT/served.json)"
+  stop_server "$RUNNER_PID"
+}
+
+if [ "$VLLM_ONLY" = 1 ]; then
+  vllm_up
+  for ((r = 1; r <= REPEATS; r++)); do vllm_bench "$r"; vllm_loadgen "$r"; done
+  vllm_down
+  say "VLLM_ONLY=1: our server skipped"
+  exit 0
+elif [ "$ALTERNATE" = 1 ]; then
+  # Both servers up (each idle while the other is measured), the engines measured in turn:
+  # A B B A A B ... for each client, so that the machine's drift over minutes falls on both.
+  vllm_up
+  runner_up
+  loadavg "both servers up, idle"
+  for ((r = 1; r <= REPEATS; r++)); do
+    if (( r % 2 )); then
+      vllm_bench "$r"; runner_bench "$r"; vllm_loadgen "$r"; runner_loadgen "$r"; maybe_capture "$r"
+    else
+      maybe_capture "$r"; runner_bench "$r"; vllm_bench "$r"; runner_loadgen "$r"; vllm_loadgen "$r"
+    fi
+  done
+  vllm_down
+  runner_down
+else
+  vllm_up
+  for ((r = 1; r <= REPEATS; r++)); do vllm_bench "$r"; vllm_loadgen "$r"; done
+  vllm_down
+  runner_up
+  for ((r = 1; r <= REPEATS; r++)); do
+    runner_bench "$r"; runner_loadgen "$r"; maybe_capture "$r"
+  done
+  runner_down
+fi
 
 # ---- 7. greedy equality + summary ------------------------------------------------------------------
 say "7. greedy equality (vLLM vs gpu_runner, temperature 0, token ids)"

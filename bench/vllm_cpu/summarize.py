@@ -27,6 +27,7 @@ GROUPS = [  # (file prefix, engine, client): files PREFIX_rK.json, one per repea
     ("vllm_loadgen", "vLLM 0.32.0 (CPU)", "gpu_runner loadgen"),
     ("vllm_bench_runner", "gpu_runner serve", "vllm bench serve"),
     ("runner_loadgen", "gpu_runner serve", "gpu_runner loadgen"),
+    ("runner_capture", "gpu_runner capture", "none (in-process)"),
 ]
 KEYS = ("output_tok_per_s", "ttft_mean_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms")
 
@@ -74,6 +75,52 @@ def row(engine, client, how, m) -> str:
             f"{done if done is not None else '-':>5}/{m.get('failed') or 0}")
 
 
+def _figures(run: dict) -> dict | None:
+    f = run.get("file_figures") or run["core_metrics"]   # `vllm bench serve`: what that client reports
+    return None if "error" in f or f.get("output_tok_per_s") is None else f
+
+
+def versus(runs: list[dict]) -> dict:
+    """Ours against vLLM for each client: per round (the repeat number: with ALTERNATE=1 the two runs
+    were back to back), best of all repeats each (highest tok/s, lowest mean TTFT) and the median."""
+    lines, doc = [], {}
+    for client in ("vllm bench serve", "gpu_runner loadgen", "gpu_runner capture"):
+        by = {}
+        for r in runs:
+            if "_r" not in r["file"]:
+                continue
+            if client == "gpu_runner capture":   # the in-process run against vLLM served through `vllm bench serve`;
+                # both by core metrics (tok/s over [first arrival, last token]; capture's TTFT counts the queue)
+                side = True if r["engine"] == "gpu_runner capture" else \
+                    False if r["client"] == "vllm bench serve" and r["engine"].startswith("vLLM") else None
+                if side is None or "error" in r["core_metrics"]:
+                    continue
+                fig = r["core_metrics"]
+            elif r["client"] == client and _figures(r) is not None:
+                side, fig = r["engine"].startswith("gpu_runner"), _figures(r)
+            else:
+                continue
+            by.setdefault(side, {})[int(r["file"].rsplit("_r", 1)[1].split(".")[0])] = fig
+        ours, theirs = by.get(True, {}), by.get(False, {})
+        rounds = sorted(set(ours) & set(theirs))
+        if not rounds:
+            continue
+        tps = [ours[k]["output_tok_per_s"] / theirs[k]["output_tok_per_s"] for k in rounds]
+        ttft = [ours[k]["ttft_mean_ms"] / theirs[k]["ttft_mean_ms"] for k in rounds]
+        best_tps = (max(o["output_tok_per_s"] for o in ours.values())
+                    / max(t["output_tok_per_s"] for t in theirs.values()))
+        best_ttft = min(o["ttft_mean_ms"] for o in ours.values()) / min(t["ttft_mean_ms"] for t in theirs.values())
+        doc[client] = {"rounds": rounds, "tok_s_ratio": tps, "ttft_ratio": ttft, "best_tok_s_ratio": best_tps,
+                       "best_ttft_ratio": best_ttft, "median_tok_s_ratio": statistics.median(tps),
+                       "median_ttft_ratio": statistics.median(ttft)}
+        lines += [f"  {client}: per round tok/s " + ", ".join(f"{x:.2f}x" for x in tps)
+                  + "; TTFT " + ", ".join(f"{x:.2f}x" for x in ttft),
+                  f"  {client}: best of {len(ours)} vs best of {len(theirs)}: tok/s {best_tps:.2f}x, "
+                  f"TTFT {best_ttft:.2f}x;"
+                  f" median of the rounds: tok/s {statistics.median(tps):.2f}x, TTFT {statistics.median(ttft):.2f}x"]
+    return {"lines": lines or ["  (no pair of runs)"], "doc": doc}
+
+
 def main() -> int:
     out = Path(sys.argv[1]).resolve()
     rows, medians, doc = [], [], {"runs": []}
@@ -106,6 +153,8 @@ def main() -> int:
             doc.setdefault("medians", []).append({"engine": engine, "client": client, "repeats": len(ok),
                                                   "median_core_metrics": med, "copied_to": f"{prefix}.json",
                                                   "copied_from": chosen["file"]})
+    verdict = versus(doc["runs"])
+    doc["versus"] = verdict["doc"]
     if (out / "served.json").exists():
         m = core_metrics(out / "served.json")
         doc["served_trace"] = m
@@ -128,6 +177,8 @@ def main() -> int:
         "", "results, median over repeats (core metrics; ms; the repeat with the median tok/s is copied to "
             "PREFIX.json):",
         head, "-" * len(head), *medians,
+        "", "ours / vLLM per client (tok/s: higher is better for us; TTFT mean: lower is better for us); a round is"
+            " one run of each engine, back to back:", *verdict["lines"],
         "", "every repeat (out tok/s: file's own = output tokens / benchmark duration; core metrics = drain window):",
         head, "-" * len(head), *rows,
         "(a) the server's own trace spans the greedy check, the warm-up and every repeat, idle gaps included:",
