@@ -78,6 +78,29 @@ def test_a_fast_forwarded_run_reports_every_token_it_emits():
     assert len(stepped) == int(w.max_output_tokens.sum())
 
 
+@pytest.mark.parametrize("model", [MODEL, StepModel(step_ms=4.0)])
+def test_a_run_goes_on_through_finishes_when_nobody_waits(model):
+    """Five requests at t = 0, all admitted in one prefill step, outputs 3, 5, 8, 13 and 21
+    tokens: with nobody waiting, the decode steps after the prefill are one run that goes on
+    through four finishes (each request leaves at the end of its last token's step). The run
+    reports what stepping reports: 20 decode steps, batches of 5, 4, 4, 3, ... requests, every
+    token and each finish at its own step's end."""
+    outs_len = [3, 5, 8, 13, 21]
+    w = Workload([Request(f"r{i}", 0.0, 10, o) for i, o in enumerate(outs_len)], name="five")
+    cfg = SchedulerConfig(max_seqs=8, token_budget=512, kv_blocks=64, block_size=16)
+    stepped = simulate(w, cfg, model, fast_forward=False)
+    jumped = simulate(w, cfg, model, fast_forward=True)
+    for part in ("tokens", "steps", "batch", "finishes", "kv"):
+        assert getattr(stepped, part).equals(getattr(jumped, part)), part
+    core = EngineCore(cfg, StepTimeExecutor(model), w, fast_forward=True)
+    outs = [o for o in drive(core, 0.0) if o.step is not None]
+    assert len(outs) == 2 and len(outs[1].record.step) == 20   # the prefill step, then one run
+    # decode step j (1..20) runs the requests with more than j tokens
+    assert outs[1].record.running.tolist() == [sum(o > j for o in outs_len) for j in range(1, 21)]
+    ends = stepped.steps["t_ms"] + stepped.steps["dur_ms"]
+    assert [f.t_ms for f in outs[1].finished] == [float(ends[o - 1]) for o in outs_len]
+
+
 def test_every_request_leaves_through_the_outputs_with_its_reason():
     reqs = [Request("a", 0.0, 10, 5), Request("b", 1.0, 10, 50, abort_at_ms=30.0), Request("big", 2.0, 900, 2)]
     cfg = SchedulerConfig(max_seqs=4, kv_blocks=40, block_size=16, max_model_len=512)

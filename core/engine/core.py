@@ -97,7 +97,7 @@ class EngineCore:
             return self._emit(sched.take_outputs(now_ms)) if sched.has_outputs() else None
         if self.fast_forward:
             ex = self.executor
-            out = sched.fast_forward(batch, lambda k: ex.run_durations(batch, k))
+            out = sched.fast_forward(batch, lambda k, counts=None: ex.run_durations(batch, k, counts))
             if out is not None:
                 return self._emit(out)
         return self._emit(sched.update(batch, self.executor.execute(batch)))

@@ -91,6 +91,7 @@ class Scheduler:
         self._prefilling = None  # ... and these of them (mask over running) are mid-prefill
         self._consts: dict = {}
         self._ff_after = 0       # no fast-forward can succeed before this step (a request finishes first)
+        self.run_after = None    # the last fast-forwarded run: per step (running, waiting, KV used) after it
         # what happened since the last EngineOutputs (outside a step's own results)
         self._finished: list[Finish] = []
         self._queued: list[int] = []
@@ -403,27 +404,69 @@ class Scheduler:
             self._ff_after = self.step + wait
             return None
         t, kv = self.requests, self.kv
-        if run.owners and not kv.append_blocks(run.owners, run.times):
-            for k in run.alloc_steps:  # some block must be evicted: replay step by step, exactly
-                kv.now_ms = float(run.starts[k])
-                owners = run.members[k % self.cfg.block_size]
-                kv.grow_many(owners, [1] * len(owners))
         K, members = run.steps, self.running
-        rec, token_reqs, token_index, token_t = fastforward.outputs(run, self.step, members, t.emitted[members],
-                                                                    self._step_gauges[2], len(self.waiting),
-                                                                    kv.num_blocks)
-        t.computed[members] += K
-        t.emitted[members] += K
-        t.nblocks[members] = adm.blocks_for(t.computed[members], self.cfg.block_size)
+        emitted0 = t.emitted[members]
+        waiting0, used0 = len(self.waiting), self._step_gauges[2]
+        t_end = run.t_end_ms
+        if run.remaining is None:
+            if run.owners and not kv.append_blocks(run.owners, run.times):
+                for k in run.alloc_steps:  # some block must be evicted: replay step by step, exactly
+                    kv.now_ms = float(run.starts[k])
+                    owners = run.members[k % self.cfg.block_size]
+                    kv.grow_many(owners, [1] * len(owners))
+            t.computed[members] += K
+            t.emitted[members] += K
+            t.nblocks[members] = adm.blocks_for(t.computed[members], self.cfg.block_size)
+            fin = members[t.emitted[members] >= t.out_len[members]]
+            if len(fin):   # their last token came in the run's last step: they leave at its end, as update does
+                kv.now_ms = t_end
+                self._finish_emitted(fin, [], t_end)
+            freed = None
+        else:
+            took = np.minimum(run.remaining, K)
+            t.computed[members] += took
+            t.emitted[members] += took
+            t.nblocks[members] = adm.blocks_for(t.computed[members], self.cfg.block_size)
+            freed = self._through_finishes(run, members)
+        rec, token_reqs, token_index, token_t = fastforward.outputs(run, self.step, members, emitted0, used0,
+                                                                    waiting0, kv.num_blocks, freed)
+        # what each step left behind (running, waiting, KV blocks used after its end): a fleet's
+        # router hears these step by step
+        used_after = rec.kv_used_blocks - (0 if freed is None else freed)
+        self.run_after = (np.r_[rec.running[1:], len(self.running)], rec.waiting, used_after)
         self.step += K
         self._step_gauges = None
-        t_end = run.t_end_ms
-        fin = members[t.emitted[members] >= t.out_len[members]]
-        if len(fin):   # their last token came in the run's last step: they leave at its end, as update does
-            kv.now_ms = t_end
-            self._finish_emitted(fin, [], t_end)
         return self.take_outputs(t_end, batch, float(run.durations[0]), token_reqs, token_index, None, rec,
                                  token_t)
+
+    def _through_finishes(self, run, members: np.ndarray) -> np.ndarray:
+        """A run through finishes: its block allocations and its requests' finishes in stepping
+        order (a step's allocations at its start, its finishers' frees at its end); returns the
+        blocks freed at the end of each step."""
+        kv, K = self.kv, run.steps
+        left = run.remaining
+        ends = run.ends
+        freed = np.zeros(K, dtype=np.int64)
+        stops = sorted(set((left[left <= K] - 1).tolist()) | {K - 1})
+        owners, times, osteps = run.owners, run.times, run.owner_steps
+        o = 0
+        for f in stops:
+            e = bisect.bisect_right(osteps, f, o)
+            if e > o and not kv.append_blocks(owners[o:e], times[o:e]):
+                k0 = o   # some block must be evicted: step by step, exactly
+                while k0 < e:
+                    k1 = bisect.bisect_right(osteps, osteps[k0], k0)
+                    kv.now_ms = float(times[k0])
+                    kv.grow_many(owners[k0:k1], [1] * (k1 - k0))
+                    k0 = k1
+            o = e
+            fin = members[left == f + 1]
+            if len(fin):
+                before = kv.num_free
+                kv.now_ms = float(ends[f])
+                self._finish_emitted(fin, [], float(ends[f]))
+                freed[f] = kv.num_free - before
+        return freed
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
     def update(self, batch: SchedulerOutput, out: ExecutorOutput) -> EngineOutputs:

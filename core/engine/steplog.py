@@ -64,7 +64,14 @@ class StepLog:
             return
         b = out.step
         self.steps.append(rec)
-        self.batch_parts.append(BatchPart(rec.step, b.reqs, b.num_tokens, b.is_prefill))
+        if type(rec.step) is np.ndarray and len(out.token_reqs) != len(rec.step) * len(b.reqs):
+            # a run through finishes: each step's batch is the requests still decoding, one token
+            # each (its tokens, step by step)
+            k = len(out.token_reqs)
+            self.batch_parts.append(BatchPart(PerRow(np.repeat(rec.step, rec.running)), out.token_reqs,
+                                              np.ones(k, dtype=np.int64), np.zeros(k, dtype=bool)))
+        else:
+            self.batch_parts.append(BatchPart(rec.step, b.reqs, b.num_tokens, b.is_prefill))
         self.token_parts.append(TokenPart(out.token_reqs, out.token_index,
                                           out.t_ms if out.token_t_ms is None else out.token_t_ms, out.token_ids))
         self.token_sources.append(out.token_sources)
@@ -113,14 +120,24 @@ def _steps(entries: list) -> dict:
             for i, name in enumerate(LOG_STEP_FIELDS)}
 
 
+class PerRow(NamedTuple):
+    """A BatchPart's `step` when its rows are of several steps, one each (a run through finishes:
+    each step's batch is the requests still decoding)."""
+    steps: np.ndarray
+
+
 def _batch_rows(parts) -> dict:
     """The batch columns of the step log's parts: a part is one step's batch, or (a fast-forwarded
-    run) the same batch over an array of steps, repeated once per step."""
+    run) the same batch over an array of steps, repeated once per step, or rows with a step each
+    (PerRow)."""
     steps, reqs, tokens, prefill = zip(*parts)
     is_run = [type(s) is np.ndarray for s in steps]
+    per_row = [type(s) is PerRow for s in steps]
     k = np.fromiter((len(s) if r else 1 for s, r in zip(steps, is_run)), np.int64, len(parts))
     m = np.fromiter(map(len, reqs), np.int64, len(parts))             # rows of each part's batch
     rows = m * k
+    if any(per_row):
+        steps = [s.steps if p else s for s, p in zip(steps, per_row)]
     if sum(is_run) * ROWS_PER_RUN < int(rows.sum()):
         if any(is_run):
             reqs, tokens, prefill = ([np.tile(v, j) if r else v for v, j, r in zip(col, k.tolist(), is_run)]
@@ -133,8 +150,13 @@ def _batch_rows(parts) -> dict:
     pos = np.arange(int(rows.sum())) - np.repeat(np.cumsum(rows) - rows, rows)   # its place in the part
     m_of = m[pid]
     idx = (np.cumsum(m) - m)[pid] + pos % m_of                        # the batch entry it repeats
-    all_steps = np.concatenate([s if type(s) is np.ndarray else np.array([s]) for s in steps]).astype(np.int64)
-    return {"step": all_steps[(np.cumsum(k) - k)[pid] + pos // m_of], "req": np.concatenate(reqs)[idx],
+    src = [s if type(s) is np.ndarray else np.array([s]) for s in steps]
+    n_src = np.fromiter(map(len, src), np.int64, len(src))
+    at = pos // m_of
+    if any(per_row):   # (a per-row part's rows each read their own step)
+        at = np.where(np.array(per_row)[pid], pos, at)
+    all_steps = np.concatenate(src).astype(np.int64)
+    return {"step": all_steps[(np.cumsum(n_src) - n_src)[pid] + at], "req": np.concatenate(reqs)[idx],
             "tokens": np.concatenate(tokens)[idx], "kind": np.concatenate(prefill)[idx].astype(np.int8)}
 
 

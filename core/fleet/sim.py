@@ -145,7 +145,8 @@ class _Replica:
         self.kv_news: list = []              # hash events of the step under way
         self.routed = 0
         if listen and self.sched.kv.prefix is not None:
-            self.sched.kv.prefix.listener = lambda sign, h: self.kv_news.append((sign, h))
+            kv = self.sched.kv   # (each event with when it happened: a run of steps tells each at its step's end)
+            self.sched.kv.prefix.listener = lambda sign, h: self.kv_news.append((sign, h, kv.now_ms))
 
     @property
     def ready(self) -> float:
@@ -394,15 +395,31 @@ class FleetSim:
             rec = out.record
             if type(rec.step) is np.ndarray and len(rec.step) > 1:
                 # a fast-forwarded run: the router hears each step's end, as when stepping them
-                # one by one (nobody leaves before the last; blocks only grow)
-                n = int(rec.running[0])
-                for t, w, u in zip(rec.t_ms[1:].tolist(), rec.waiting[:-1].tolist(), rec.kv_used_blocks[:-1].tolist()):
+                # one by one (what each step left: the scheduler's run_after)
+                running, waiting, used = (a[:-1].tolist() for a in rep.sched.run_after)
+                for t, n, w, u in zip(rec.t_ms[1:].tolist(), running, waiting, used):
                     rep.tell(t, "gauges", (n, w, u), self._seq)
             g = out.gauges
             rep.tell(t_end, "gauges", (g[0], g[1], g[2]), self._seq)
         if rep.kv_news:
-            rep.tell(t_end, "kv", rep.kv_news, self._seq)
-            rep.kv_news = []
+            news, rep.kv_news = rep.kv_news, []
+            rec = out.record
+            if rec is not None and type(rec.step) is np.ndarray and len(rec.step) > 1:
+                # a run: each event told at the end of the step it happened in, as when stepping
+                # (an eviction at a step's start belongs to that step; a store at its end too)
+                ends = np.r_[rec.t_ms[1:], t_end]
+                last = len(ends) - 1
+                group, at = [], None
+                for sign, h, now in news:
+                    j = min(last, int(np.searchsorted(ends, now, side="right" if sign < 0 else "left")))
+                    if at is not None and j != at:
+                        rep.tell(float(ends[at]), "kv", group, self._seq)
+                        group = []
+                    group.append((sign, h))
+                    at = j
+                rep.tell(float(ends[at]), "kv", group, self._seq)
+            else:
+                rep.tell(t_end, "kv", [(sign, h) for sign, h, _ in news], self._seq)
 
     def _push(self, t: float, kind: str, payload):
         self._seq[0] += 1

@@ -37,8 +37,8 @@ class StepTimeExecutor:
             raise ConfigError(f"step model gave a non-positive step duration ({dur} ms)")
         return ExecutorOutput(batch.t_ms + dur, dur)
 
-    def run_durations(self, batch: SchedulerOutput, k: int) -> np.ndarray:
-        return self.step_model.decode_run_ms(batch, k)
+    def run_durations(self, batch: SchedulerOutput, k: int, counts: np.ndarray | None = None) -> np.ndarray | None:
+        return self.step_model.decode_run_ms(batch, k, counts)
 
 
 def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel | None = None,

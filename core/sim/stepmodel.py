@@ -127,9 +127,17 @@ class StepModel:
         flops = 2.0 * m.params * tokens
         return self.base_ms + 1000.0 * max(bytes_moved / g.bandwidth_Bps, flops / g.flops)
 
-    def decode_run_ms(self, batch: SchedulerOutput, k: int) -> np.ndarray:
+    def decode_run_ms(self, batch: SchedulerOutput, k: int, counts: np.ndarray | None = None) -> np.ndarray | None:
         """Durations of `batch` (all one-token decodes) repeated k times, positions advancing
-        by one each step; equal to duration_ms of each of those steps."""
+        by one each step; equal to duration_ms of each of those steps. `counts`: step j runs only
+        counts[j] of the batch's requests (the others have finished): the durations where the
+        model prices a decode-only step by its count alone (constant, affine), else None."""
+        if counts is not None:
+            if self.kind == "constant":
+                return np.full(k, self.step_ms)
+            if self.kind == "affine":   # (the same operations as duration_ms, elementwise)
+                return (self.base_ms + self.prefill_ms_per_token * 0) + self.decode_ms_per_seq * np.asarray(counts[:k])
+            return None
         if self.kind == "features":   # each step every sequence attends one more position
             n = len(batch.reqs)
             s0 = float((batch.start_pos + 1).sum())
