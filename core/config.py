@@ -31,6 +31,7 @@ POLICIES = ("serial", "static", "continuous", "vllm-v1", "vllm-v0", "orca", "sar
 SARATHI_CHUNK = 512          # sarathi's token budget per step when no chunk is given (Vidur's default)
 VLLM_V0_WATERMARK = 0.01     # vllm-v0's free-block watermark when none is given (vLLM's default)
 SCHEDULING_POLICIES = ("fcfs", "priority")
+KV_MANAGERS = ("keep-cached", "vllm-v1")
 BIG = 1 << 62  # "no limit" for budgets and seats
 
 
@@ -132,6 +133,12 @@ class SchedulerConfig:
                                 minimum=1, maximum=1 << 22, label="KV blocks", none="enough for all")
     prefix_caching: bool = opt(False, "reuse cached full blocks whose token-id prefix matches exactly",
                                label="Prefix caching")
+    kv_manager: str = opt("keep-cached", "what the KV block manager caches, and when: keep-cached (a full block when "
+                          "the step computing it ends, where its token ids are known: a simulated request's prompt "
+                          "blocks); vllm-v1 (vLLM V1's: full blocks, outputs included, cached when the step that fills "
+                          "them is scheduled; one block of kv_blocks is its null block). Both reuse released uncached "
+                          "blocks first, most recent first, then never-used ones, then evict cached-free ones, oldest "
+                          "release first, as vLLM 0.32 does", choices=KV_MANAGERS, label="KV block manager")
     scheduling_policy: str = opt("fcfs", "order of the waiting queue: fcfs (arrival order) or priority (lower "
                                  "`priority` first, then arrival; preemption takes the lowest priority)",
                                  choices=SCHEDULING_POLICIES)

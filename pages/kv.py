@@ -182,9 +182,10 @@ c3.metric("most cached at once (vLLM · simulator)", f"{int(real['cached'].max()
           f"{int(simulated['cached'].max()) if len(simulated) else 0}")
 st.caption(f"Measured: vLLM's KV events, {real.attrs.get('chain_count', 0)} prefix chains (blocks linked by their "
            "parent hash; each chain is one shared prefix and the requests that extended it). Simulated: "
-           + md(sim_notes[0]) + ". vLLM also caches the full blocks its outputs fill (48 output tokens complete one "
-           "more block per request); the simulator caches prompt blocks only, which is most of the difference in "
-           "stores and evictions.")
+           + md(sim_notes[0]) + ". Like vLLM V1, the simulator's vllm-v1 KV manager caches the full blocks the "
+           "outputs fill too (48 output tokens complete one more block per request), caches each block when the "
+           "step that fills it is scheduled, and keeps one block of the pool as vLLM's null block; "
+           + md(sim_notes[1]) + ".")
 
 # ---- prefix identity -----------------------------------------------------------------------
 st.header("Same prefix, not merely similar words")

@@ -88,7 +88,9 @@ def pool_blocks(cfg: SchedulerConfig, table: RequestTable) -> int:
     if cfg.kv_blocks is None:
         num_blocks = int(need.sum())
     else:
-        num_blocks = cfg.kv_blocks
+        num_blocks = cfg.kv_blocks - (cfg.kv_manager == "vllm-v1")   # (vLLM V1 keeps one as its null block)
+        if num_blocks < 1:
+            raise ConfigError("kv_blocks: the vllm-v1 KV manager keeps one block as its null block; give at least 2")
         worst = int(need.argmax()) if table.n else 0
         if table.n and need[worst] > num_blocks and cfg.max_model_len is None:
             raise ConfigError(

@@ -228,17 +228,22 @@ class KVCacheManager:
         self.chain[child] = list(self.chain[parent])
         self.extra[child] = self.extra[parent]
 
-    def commit(self, seq, token_ids, num_computed: int):
+    def commit(self, seq, token_ids, num_computed: int, known: int = 0, pad_id: int = 0):
         """Register the sequence's full, computed blocks in the prefix cache.
-        `token_ids` are all known ids of the sequence (prompt + outputs)."""
+        `token_ids` are all known ids of the sequence (prompt + outputs). `known` over
+        len(token_ids): tokens whose ids were not given (a simulated request's outputs) count as
+        `pad_id` each up to `known` (a value no tokenizer makes: such blocks match only the same
+        sequence's, recomputed after a preemption)."""
         if self.prefix is None or token_ids is None:
             return
         bs = self.block_size
         table, chain = self.tables[seq], self.chain[seq]
-        full = min(num_computed, len(token_ids)) // bs
+        full = min(num_computed, max(len(token_ids), known)) // bs
         extra = self.extra[seq]
         for i in range(len(chain), min(full, len(table))):
             chunk = tuple(token_ids[i * bs:(i + 1) * bs])
+            if len(chunk) < bs:
+                chunk += (pad_id,) * (bs - len(chunk))
             h = block_hash(chain[-1] if chain else None, chunk, extra)
             chain.append(h)
             b = table[i]

@@ -170,6 +170,8 @@ def next_join(view: SchedulerView, budget_left: int) -> Join | None:
     r = view.waiting[0]
     total = int(t.prompt_len[r] + t.emitted[r])  # tokens to (re)compute
     known = t.token_ids[r]
+    if known and len(known) < total and cfg.kv_manager == "vllm-v1":   # recomputed: its outputs' stand-ins
+        known = known + [-(r + 1)] * (total - len(known))             # (core.engine.kv_cache.commit)
     hits = kv.match_prefix(known, t.salt[r], max_tokens=total - 1) if known else []
     cached = len(hits) * cfg.block_size
     pre = t.preloaded.get(r) if t.preloaded else None

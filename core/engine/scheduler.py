@@ -71,6 +71,8 @@ class Scheduler:
         self.aborts = sorted((float(t.abort_at[i]), i, why) for i, why in t.abort_reason.items())
         num_blocks = adm.pool_blocks(config, t)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.prefix_caching, config.model_id, kv_events)
+        # vLLM V1 caches a request's full blocks (outputs too) when it schedules the tokens that fill them
+        self.cache_when_scheduled = config.prefix_caching and config.kv_manager == "vllm-v1"
         self.rules = policies.RULES[config.policy]
         self.seats = config.seats
         self.running = np.empty(0, dtype=np.int64)   # running request rows, admission order
@@ -243,6 +245,9 @@ class Scheduler:
                     self.requests.nblocks[who] += 1
             else:
                 self._grow(run, plan.need)
+            if self.cache_when_scheduled:
+                self._cache_scheduled(run, plan.start, self._const("ones", len(run)) if plan.num_tokens is None
+                                      else plan.num_tokens)
             used = len(run) if plan.num_tokens is None else int(plan.num_tokens.sum())
         else:
             plan = None
@@ -255,6 +260,19 @@ class Scheduler:
         if batch is None:
             return None
         return self._planned(batch, joined=bool(joins) or preempted)
+
+    def _cache_scheduled(self, reqs: np.ndarray, start: np.ndarray, n: np.ndarray):
+        """vllm-v1: the blocks a step will fill are cached when it is scheduled, request by request
+        (running ones first, then each as it joins: one that joins after them may already hit
+        them); a simulated request's output ids, unknown, are stand-ins of its own
+        (core.engine.kv_cache.commit)."""
+        t, kv, bs = self.requests, self.kv, self.cfg.block_size
+        end = start + n
+        for j in np.flatnonzero(end // bs > start // bs).tolist():
+            i = int(reqs[j])
+            ids = t.token_ids[i]
+            if ids is not None:
+                kv.commit(i, ids, int(end[j]), int(t.prompt_len[i] + t.emitted[i]), -(i + 1))
 
     def _preempt(self, victim: int, now_ms: float):
         t = self.requests
@@ -304,6 +322,10 @@ class Scheduler:
             t.preloaded.pop(r, None)   # (preempted later, it recomputes everything here)
         t.nblocks[r] = len(self.kv.tables[r])
         t.state[r] = RUNNING
+        if self.cache_when_scheduled:
+            ids = t.token_ids[r]
+            if ids is not None:
+                self.kv.commit(r, ids, j.cached + j.take, int(t.prompt_len[r] + t.emitted[r]), -(r + 1))
         if r not in self.ran:
             self.ran.add(r)
             self._started.append(r)
@@ -397,7 +419,8 @@ class Scheduler:
         starting with `batch` at once; returns the run's EngineOutputs (what stepping them one by
         one would report, as arrays: the same trace), or None (then complete the step as usual)."""
         if (self.step < self._ff_after or self.aborts or not self.quiet or len(batch.reqs) != len(self.running)
-                or self.cfg.queue_limit is not None or batch.prefill_tokens or self.cfg.spec_gamma):
+                or self.cfg.queue_limit is not None or batch.prefill_tokens or self.cfg.spec_gamma
+                or self.cache_when_scheduled):
             return None
         run, wait = fastforward.plan(self, batch, durations, min_steps)
         if run is None:   # (a request about to finish blocks every run until it is gone: skip the tries)
@@ -509,7 +532,7 @@ class Scheduler:
         rec = _tuple(StepRecord, (batch.step, batch.t_ms, dur, *self._step_gauges))
         if out.tokens is not None:
             self._roll_back(r)
-        if kv.prefix_caching:
+        if kv.prefix_caching and not self.cache_when_scheduled:
             bs = self.cfg.block_size
             crossed = (t.computed[r] // bs) > (batch.start_pos // bs)
             for i in r[crossed].tolist():

@@ -21,7 +21,7 @@ RUNS = {"run1_c4_p128_o32": "run 1: 48 requests, 4 at a time, 128-token prompts 
 # vllm serve ... --max-num-seqs 16 --max-num-batched-tokens 2048 --block-size 32 --enable-prefix-caching
 #   --num-gpu-blocks-override 64   (scripts/serve.sh)
 VLLM_CONFIG = SchedulerConfig(policy="vllm-v1", max_seqs=16, token_budget=2048, block_size=32, kv_blocks=64,
-                              prefix_caching=True)
+                              prefix_caching=True, kv_manager="vllm-v1")
 _BENCH_ID = re.compile(r"-(\d+)-0$")     # vLLM names the i-th request of `vllm bench serve` ...-i-0
 
 
@@ -115,5 +115,11 @@ def real_and_simulated_cache(run: str = "run2_poisson4_p192_o48", fit_run: str =
     notes = [f"simulated with vLLM's flags ({VLLM_CONFIG.max_seqs} sequences, {VLLM_CONFIG.token_budget}-token "
              f"steps, {VLLM_CONFIG.block_size}-token blocks, a pool of {VLLM_CONFIG.kv_blocks}, prefix caching) and a "
              f"step model fitted to {fit_run}'s own iteration log ({sm.describe()}; {report['overhead_ms']:.3f} ms per "
-             "step added for what the log's elapsed time leaves out, from that run's spans)"]
+             "step added for what the log's elapsed time leaves out, from that run's spans), the vllm-v1 KV "
+             "manager"]
+    import dataclasses
+    plain = simulate(w, dataclasses.replace(VLLM_CONFIG, kv_manager="keep-cached"), sm).kv["op"].value_counts()
+    notes.append(f"with the simulator's default KV manager (keep-cached: prompt blocks only, cached when computed, "
+                 f"no null block) the same run stores {int(plain.get('cache', 0))} blocks and evicts "
+                 f"{int(plain.get('evict', 0))}")
     return real, simulated_cache_over_time(sim.kv), sim, notes

@@ -100,6 +100,7 @@ def engine_options(text: str) -> dict:
             out["kv_blocks"] = int(m.group(1).replace(",", "")) // out["block_size"]
     if len(out) > 1:
         out["policy"] = "vllm-v1"
+        out["kv_manager"] = "vllm-v1"
         out["options_from"] = "the log's startup lines (non-default args, KV cache size); vLLM's defaults for the rest"
     return out
 
