@@ -155,6 +155,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--run", type=_nonneg_int, help="a file with several runs (guidellm benchmarks): join only run K "
                                                    "(default: every run, on their common epoch clock)")
 
+    fi = sub.add_parser("fidelity", help="fit the simulator (step model and front end) on measured runs and predict "
+                                         "other runs: per-run and per-request TTFT / E2E errors, and where they arise")
+    fi.add_argument("--fit", nargs="+", required=True, metavar="RUN",
+                    help="runs to fit on, together: a directory of one run's files (vLLM's server log with iteration "
+                         "details, its OTLP spans, KV events, the client's result, dataset.jsonl) or a trace file")
+    fi.add_argument("--predict", nargs="+", required=True, metavar="RUN", help="runs to predict (each under its own "
+                                                                             "engine flags, read from its files)")
+    fi.add_argument("--model", choices=("affine", "features"), default="affine", help="step model (default affine)")
+    fi.add_argument("--method", choices=("spans", "log"), default="spans",
+                    help="fit the step model to the engine's own per-request phases (spans: default) or to its "
+                         "iteration log plus the per-step time the log leaves out (log)")
+    fi.add_argument("--per-request", action="store_true", help="print every request's row")
+    fi.add_argument("--json", action="store_true", help="print one JSON object (with every request's row)")
+
     fm = sub.add_parser("fleet-merge", help="replicas' own measured traces as one fleet trace (a replica column, "
                                             "steps numbered fleet-wide): e.g. gpu_runner serve replicas behind "
                                             "another router")
@@ -917,7 +931,12 @@ def main(argv=None) -> int:
     return run(build_parser(), {"simulate": cmd_simulate, "metrics": cmd_metrics, "sweep": cmd_sweep,
                                 "search": cmd_search, "compare": cmd_compare, "overview": cmd_overview,
                                 "fit": cmd_fit, "export": cmd_export, "merge": cmd_merge,
-                                "fleet-merge": cmd_fleet_merge}, argv)
+                                "fleet-merge": cmd_fleet_merge, "fidelity": cmd_fidelity}, argv)
+
+
+def cmd_fidelity(a) -> int:
+    from core.fit.fidelity_cli import run_fidelity
+    return run_fidelity(a)
 
 
 if __name__ == "__main__":

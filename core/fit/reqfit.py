@@ -30,7 +30,7 @@ from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.fit.stepfit import MODELS, feature_range, identifiability, model_of, nnls_coefficients, trace_features
 from core.sim.simulate import simulate
-from core.sim.stepmodel import FEATURES, StepModel
+from core.sim.stepmodel import FEATURE_COEFFICIENTS, FEATURES, StepModel
 
 MIN_REQUESTS = 4
 MAX_REQUESTS = 20_000     # each evaluation simulates them all
@@ -78,6 +78,25 @@ def errors(predicted, measured) -> dict:
     return out
 
 
+def _configs(config, n: int) -> list:
+    configs = list(config) if isinstance(config, (list, tuple)) else [config] * n
+    if len(configs) != n:
+        raise ConfigError(f"fit: {len(configs)} scheduler settings for {n} runs")
+    return configs
+
+
+def _start(runs, ttft: np.ndarray, e2e: np.ndarray) -> np.ndarray:
+    """A start from the data: a decode step ~ the median gap between tokens, split between the
+    step's base and its sequences; a prompt token ~ what the median TTFT leaves over a step."""
+    out_tokens = np.concatenate([r.out_tokens for r in runs])
+    many = out_tokens > 1
+    step = float(np.median((e2e - ttft)[many] / (out_tokens[many] - 1))) if many.any() else float(np.median(ttft)) / 4
+    coef = np.zeros(len(FEATURES))
+    prompt = max(float(np.median(np.concatenate([r.workload.prompt_tokens for r in runs]))), 1.0)
+    coef[0], coef[1], coef[2] = step / 2, float(np.median(ttft)) / prompt / 2, step / 16
+    return coef
+
+
 class _Run:
     """One measured run: its workload and the requests' measured TTFT and E2E."""
 
@@ -97,17 +116,21 @@ class _Run:
 
 def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max_iter: int = 30,
                       search_size: int = 6, search_rounds: int = 15,
-                      send_times_known: bool = True, max_requests: int = MAX_REQUESTS) -> tuple[StepModel, dict]:
+                      send_times_known: bool = True, max_requests: int = MAX_REQUESTS,
+                      robust: float | None = None) -> tuple[StepModel, dict]:
     """A step model (`model`: "affine" or "features") under which simulating `trace`'s workload
-    with `config` best reproduces its per-request TTFT and E2E, and a report (iterations,
+    with `config` (or one config per run) best reproduces its per-request TTFT and E2E, and a report (iterations,
     error percentiles, the fitted batches' range). `trace` may be a list of runs of the same
     engine (different workloads or loads): they are fitted together, every request counting
     once, which separates costs that one run alone cannot (a run that always decodes at the
     same batch size cannot tell a step's base cost from its per-sequence cost). `search_size`
     x 3 candidates for up to `search_rounds` rounds of the global search. `send_times_known`
     False: an imported file without send times (refused). Runs of more than `max_requests`
-    requests are refused (each simulation runs them all). Raises ConfigError when the runs
-    cannot be fitted this way."""
+    requests are refused (each simulation runs them all). `robust` (a relative error, e.g. 0.1):
+    each request's log ratio r costs 2 d^2 (sqrt(1 + (r/d)^2) - 1) instead of r^2 (soft L1: a few
+    requests slowed by something the step model does not carry, a stalled machine, weigh as
+    much as their error, not its square; the linear polish is reweighted to match). Raises
+    ConfigError when the runs cannot be fitted this way."""
     from scipy.optimize import differential_evolution, minimize
     if model not in MODELS:
         raise ConfigError(f"model: expected one of {', '.join(MODELS)}, got {model!r}")
@@ -117,28 +140,25 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
     runs = [_Run(t, max_requests) for t in (trace if isinstance(trace, (list, tuple)) else [trace])]
     if not runs:
         raise ConfigError("fit: no runs given")
+    configs = _configs(config, len(runs))
     n_ok = sum(int(r.ok.sum()) for r in runs)
     if n_ok < MIN_REQUESTS:
         raise ConfigError(f"fit: needs at least {MIN_REQUESTS} completed requests with TTFT and E2E, has {n_ok}")
     ttft, e2e = np.concatenate([r.ttft for r in runs]), np.concatenate([r.e2e for r in runs])
 
-    # a start from the data: a decode step ~ the median gap between tokens, split between the
-    # step's base and its sequences; a prompt token ~ what the median TTFT leaves over a step
-    out_tokens = np.concatenate([r.out_tokens for r in runs])
-    many = out_tokens > 1
-    step = float(np.median((e2e - ttft)[many] / (out_tokens[many] - 1))) if many.any() else float(np.median(ttft)) / 4
-    coef = np.zeros(len(FEATURES))
-    prompt = max(float(np.median(np.concatenate([r.workload.prompt_tokens for r in runs]))), 1.0)
-    coef[0], coef[1], coef[2] = step / 2, float(np.median(ttft)) / prompt / 2, step / 16
+    coef = _start(runs, ttft, e2e)
 
-    def evaluate(c):
-        sims = [simulate(r.workload, config, model_of(model, c), record_kv=False) for r in runs]
+    def evaluate(c, scale=robust):
+        sims = [simulate(r.workload, cfg, model_of(model, c), record_kv=False) for r, cfg in zip(runs, configs)]
         p = [request_metrics(sim).set_index("id").loc[r.ids] for sim, r in zip(sims, runs)]
         pt = np.concatenate([q["ttft_ms"].to_numpy(dtype=float) for q in p])
         pe = np.concatenate([q["e2e_ms"].to_numpy(dtype=float) for q in p])
         if not (np.all(pt > 0) and np.all(pe > 0)):
             return sims, np.inf
-        return sims, float(np.mean(np.log(pt / ttft) ** 2) + np.mean(np.log(pe / e2e) ** 2))
+        return sims, float(np.mean(cost(np.log(pt / ttft), scale)) + np.mean(cost(np.log(pe / e2e), scale)))
+
+    def cost(r, scale):
+        return r ** 2 if scale is None else 2 * scale ** 2 * (np.sqrt(1 + (r / scale) ** 2) - 1)
 
     def linearised(sims):
         parts = [_linearised(sim, r.ids, r.arrival) for sim, r in zip(sims, runs)]
@@ -146,8 +166,40 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
         return (np.vstack([a_t / ttft[:, None], a_e / e2e[:, None]]),
                 np.r_[(ttft - d_t) / ttft, (e2e - d_e) / e2e])
 
-    def linear_fit(sims):
-        return nnls_coefficients(*linearised(sims), model)
+    def linear_fit(sims, scale):
+        """Where the linear fit on this schedule points: least squares, or (`scale`) reweighted:
+        rows scaled by the square root of the soft-L1 weight."""
+        A, b = linearised(sims)
+        if scale is not None:
+            p = [request_metrics(sim).set_index("id").loc[r.ids] for sim, r in zip(sims, runs)]
+            r = np.r_[np.log(np.concatenate([q["ttft_ms"].to_numpy(dtype=float) for q in p]) / ttft),
+                      np.log(np.concatenate([q["e2e_ms"].to_numpy(dtype=float) for q in p]) / e2e)]
+            w = (1 + (r / scale) ** 2) ** -0.25
+            A, b = A * w[:, None], b * w
+        return nnls_coefficients(A, b, model)
+
+    def polish(coef, sims, loss, scale):
+        """Gauss-Newton from `coef`, damped so that the actual loss (with `scale`) falls; returns
+        (coef, sims, loss, simulations, iterations)."""
+        n_eval = iterations = 0
+        while iterations < max_iter:
+            iterations += 1
+            target = linear_fit(sims, scale)
+            for alpha in 0.5 ** np.arange(11):          # damped: the actual loss must fall
+                cand = coef + alpha * (target - coef)
+                if cand[0] <= 0 and cand[2] <= 0 and cand[4] <= 0:  # a decode step must take time
+                    cand[0] = FLOOR_MS
+                cand_sims, cand_loss = evaluate(cand, scale)
+                n_eval += 1
+                if cand_loss < loss:
+                    break
+            else:
+                break                                           # no step along the fit helps: done
+            moved = float(np.max(np.abs(cand - coef) / np.maximum(np.abs(coef), 1e-9)))
+            coef, sims, loss = cand, cand_sims, cand_loss
+            if moved < 1e-6 or loss < 1e-20:
+                break
+        return coef, sims, loss, n_eval, iterations
 
     # 1. a global search over the three affine coefficients (log scale, a factor of 30 either way
     # of the start): the loss is rough, since a small change of step time reorders who is batched
@@ -166,31 +218,27 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
                                                                           for i in range(3)])})
     coef = np.r_[np.exp(local.x), np.zeros(len(FEATURES) - 3)]
     sims, loss = evaluate(coef)
-    evaluations, iterations = int(found.nfev) + int(local.nfev) + 1, 0
-    while iterations < max_iter:
-        iterations += 1
-        target = linear_fit(sims)
-        for alpha in 0.5 ** np.arange(11):          # damped: the actual loss must fall
-            cand = coef + alpha * (target - coef)
-            if cand[0] <= 0 and cand[2] <= 0 and cand[4] <= 0:  # a decode step must take time
-                cand[0] = FLOOR_MS
-            cand_sims, cand_loss = evaluate(cand)
-            evaluations += 1
-            if cand_loss < loss:
-                break
-        else:
-            break                                           # no step along the fit helps: done
-        moved = float(np.max(np.abs(cand - coef) / np.maximum(np.abs(coef), 1e-9)))
-        coef, sims, loss = cand, cand_sims, cand_loss
-        if moved < 1e-6 or loss < 1e-20:
-            break
+    coef, sims, loss, n_eval, iterations = polish(coef, sims, loss, robust)
+    evaluations = int(found.nfev) + int(local.nfev) + 1 + n_eval
+    if robust is not None:
+        # the robust search can settle on a schedule short of the best one (the requests that
+        # schedule misplaces look like outliers); the least-squares fit is kept when its robust loss is lower
+        plain, plain_report = fit_from_requests(trace, config, model, max_iter, search_size, search_rounds,
+                                                send_times_known, max_requests)
+        c2 = np.array([getattr(plain, name) for name in FEATURE_COEFFICIENTS])
+        s2, loss2 = evaluate(c2)
+        evaluations += plain_report["simulations"] // len(runs) + 1
+        if loss2 < loss:
+            coef, sims, loss, iterations = c2, s2, loss2, plain_report["iterations"]
     sm = model_of(model, coef)
     errs = [errors(sim, r.trace) for sim, r in zip(sims, runs)]
     e = {k: np.concatenate([x[k] for x in errs]) for k in ("ttft_ms", "e2e_ms")}
     X = np.vstack([trace_features(sim)[1] for sim in sims])
     report = {"trace": " + ".join(r.trace.label for r in runs), "model": model, "fitted_on": "requests",
-              "runs": len(runs), "requests": n_ok, "iterations": iterations,
-              "simulations": evaluations * len(runs), "loss": loss, "scheduler": config.to_dict(),
+              "runs": len(runs), "requests": n_ok, "robust": robust, "iterations": iterations,
+              "simulations": evaluations * len(runs), "loss": loss,
+              "scheduler": (configs[0].to_dict() if len(set(map(repr, configs))) == 1
+                            else [c.to_dict() for c in configs]),
               "error": {k: {f"p{q}": float(np.percentile(v, q)) for q in (50, 90)} for k, v in e.items() if len(v)},
               # the batches of the best fit's simulated schedules: what the coefficients were fitted on
               "range": feature_range(X) if len(X) else {},

@@ -22,6 +22,7 @@ from core.sim.stepmodel import StepModel
 from core.workload import Workload
 
 if TYPE_CHECKING:
+    from core.sim.frontend import FrontEnd
     from core.trace import Trace
 
 
@@ -43,9 +44,15 @@ class StepTimeExecutor:
 
 def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel | None = None,
              label: str | None = None, created: str | None = None, record_kv: bool = True,
-             fast_forward: bool = True) -> Trace:
+             fast_forward: bool = True, front_end: FrontEnd | None = None) -> Trace:
     """`fast_forward` applies runs of identical decode-only steps in one go (same trace as
-    stepping one by one, which tests check); turn it off to step strictly."""
+    stepping one by one, which tests check); turn it off to step strictly. `front_end`: the
+    requests' way in and out (core.sim.frontend); the trace is then on the front end's clock."""
+    if front_end is not None:
+        from core.sim.frontend import at_front_end, engine_workload
+        inner = engine_workload(workload, front_end)
+        return at_front_end(simulate(inner, config, step_model, label, created, record_kv, fast_forward),
+                            workload, front_end)
     with _no_cyclic_gc():   # building the trace allocates as many acyclic objects as the run
         core = simulator(config, step_model, workload, record_kv, fast_forward)
         return core.trace(workload, _run(core, workload, label, created))

@@ -1,0 +1,196 @@
+"""Fit an engine on measured runs, predict other runs, and show where each prediction goes wrong.
+
+    cal = calibrate([load_run(a), load_run(b)])          # step model + front end, fitted jointly
+    pred = predict(cal, run)                             # the run's workload, under its own flags
+    rows = compare(pred, run)                            # per request: measured, predicted, by part
+    summary(rows)                                        # median / p90 errors, error by part
+
+Two terms, each fitted to what it explains (core.fit.frontfit has the equations):
+- the front end (core.sim.frontend: the way in, the way out), from what the engine's spans leave
+  between their TTFT / E2E and the core's own phases;
+- the step model, to the core's own view of each request (`engine_view`: arriving at the core,
+  its first and last token when the core had them — the spans' queue, prefill and inference
+  times), by simulating the fit runs' workloads under their own flags (core.fit.reqfit: several
+  runs jointly separate a step's fixed cost from its per-sequence cost, which one narrow run
+  cannot). `method="log"` fits the step model to the engine's iteration log instead (its
+  elapsed times, plus the per-step time the log leaves out, from the spans).
+
+A prediction's error splits exactly by part, per request: E2E = front end (in + out of the last
+token) + queue + prefill + decode, TTFT = front end (in + out of the first) + queue + prefill; each
+part's predicted minus measured adds up to the request's error (`PARTS`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from core.errors import InputError
+from core.fit.frontfit import fit_front_end, samples
+from core.fit.runs import Run
+from core.sim.frontend import FrontEnd
+from core.sim.stepmodel import StepModel
+
+PARTS = ("front end", "queue", "prefill", "decode")
+# The step fit's soft-L1 scale (core.fit.reqfit): a request off by much more than 15% (a stalled
+# 2-core machine, a cold engine) counts as its error, not its square
+ROBUST = 0.15
+METHODS = ("spans", "log")
+
+
+@dataclass
+class Calibration:
+    step_model: StepModel
+    front_end: FrontEnd
+    fit_runs: list[str]
+    report: dict
+
+    def describe(self) -> str:
+        return f"step model {self.step_model.describe()}; front end {self.front_end.describe()}"
+
+
+def has_phases(run: Run) -> bool:
+    return any("engine_inference_ms" in e for e in run.truth.request_extra[:200])
+
+
+def engine_view(run: Run, fe: FrontEnd):
+    """The run as its engine core saw it: each request arriving at the core (the front end's
+    arrival plus the way in), its first and last token when the core had them (queue + prefill,
+    queue + inference, from the spans), its tokens spaced evenly between."""
+    from core.trace.build import given_trace
+    from core.workload import Request, Workload
+    s = samples(run.truth).set_index("id")
+    reqs, emitted = [], {}
+    for r in run.workload.requests:
+        if r.id not in s.index:
+            continue
+        x = s.loc[r.id]
+        if not np.isfinite([x.queue_ms, x.prefill_ms, x.inference_ms]).all():
+            continue
+        a = r.arrival_ms + float(fe.way_in(r.prompt_tokens))
+        first, last = a + x.queue_ms + x.prefill_ms, a + x.queue_ms + x.inference_ms
+        reqs.append(Request(r.id, a, r.prompt_tokens, r.max_output_tokens, prompt_ids=r.prompt_ids))
+        n = r.max_output_tokens
+        emitted[r.id] = np.linspace(first, last, n).tolist() if n > 1 else [first]
+    if len(reqs) < 2:
+        raise InputError(f"{run.name}: {len(reqs)} requests with the engine's phases (its spans): too few to fit")
+    reqs.sort(key=lambda q: q.arrival_ms)
+    return given_trace(Workload(reqs, name=run.name), emitted, {"label": f"{run.name} (engine core's view)"})
+
+
+def calibrate(runs: list[Run], model: str = "affine", method: str = "spans") -> Calibration:
+    """The front end and the step model, fitted on `runs` together (each under its own flags)."""
+    if method not in METHODS:
+        raise InputError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
+    if not runs:
+        raise InputError("fit: no runs given")
+    missing = [r.name for r in runs if r.config is None]
+    if missing:
+        raise InputError(f"fit: no engine flags for {', '.join(missing)} (its files do not state them): give the "
+                         "scheduler flags")
+    with_phases = [r for r in runs if has_phases(r)]
+    if with_phases:
+        fe, fe_report = fit_front_end([r.truth for r in with_phases], ", ".join(r.name for r in with_phases))
+    else:
+        fe, fe_report = FrontEnd(), {"split": "no engine phases (spans) in the fit runs: no front end fitted"}
+    if method == "spans":
+        if len(with_phases) < len(runs):
+            bad = [r.name for r in runs if r not in with_phases]
+            raise InputError(f"fit: {', '.join(bad)} has no engine phases per request (vLLM's OTLP spans); "
+                             "use --method log (the iteration log) or leave it out")
+        from core.fit.reqfit import fit_from_requests
+        sm, step_report = fit_from_requests([engine_view(r, fe) for r in runs], [r.config for r in runs], model,
+                                            robust=ROBUST)
+    else:
+        sm, step_report = _log_fit(runs, model)
+    return Calibration(sm, fe, [r.name for r in runs],
+                       {"method": method, "model": model, "front_end": fe_report, "step_model": step_report})
+
+
+def _log_fit(runs: list[Run], model: str):
+    """The step model fitted to the runs' iteration logs together, plus the time per step the
+    logs' elapsed times leave out: the spans' median decode time per token minus the median
+    logged decode-only step (the median over runs with both)."""
+    from core.fit.stepfit import counted_steps, solve, trace_features
+    logs = [r.steps for r in runs if r.steps is not None and counted_steps(r.steps)]
+    if not logs:
+        raise InputError("fit: --method log needs an iteration log (vLLM's server log with "
+                         "--enable-logging-iteration-details) in a fit run")
+    parts = [trace_features(t) for t in logs]
+    X = np.vstack([p[1] for p in parts])
+    y = np.concatenate([p[2] for p in parts])
+    from core.fit.stepfit import model_of
+    coef, quality = solve(X, y, model)
+    sm = model_of(model, coef)
+    extra = []
+    for r in runs:
+        if r.steps is None or not has_phases(r):
+            continue
+        s = samples(r.truth)
+        many = s["output_tokens"] > 1
+        per = ((s["inference_ms"] - s["prefill_ms"]) / (s["output_tokens"] - 1))[many]
+        st = r.steps.steps
+        dec = st[(st["prefill_reqs"] == 0) & (st["decode_reqs"] > 0)]["dur_ms"]
+        if len(per) and len(dec):
+            extra.append(float(per.median()) - float(dec.median()))
+    overhead = max(float(np.median(extra)), 0.0) if extra else 0.0
+    sm = dataclasses.replace(sm, base_ms=sm.base_ms + overhead)
+    return sm, {"fitted_on": "iteration logs", **quality, "overhead_ms": overhead}
+
+
+def predict(cal: Calibration, run: Run, config=None):
+    """The run's workload simulated under its own flags (or `config`) with the calibration."""
+    from core.sim.simulate import simulate
+    cfg = config or run.config
+    if cfg is None:
+        raise InputError(f"{run.name}: no engine flags (its files do not state them): give the scheduler flags")
+    return simulate(run.workload, cfg, cal.step_model, label=f"{run.name} (predicted)",
+                    front_end=cal.front_end)
+
+
+def compare(pred, run: Run) -> pd.DataFrame:
+    """Per request of the run: measured and predicted TTFT and E2E (ms, on the run's clock), their
+    relative errors (predicted / measured - 1), and each part's measured and predicted ms (NaN
+    where the run does not measure it)."""
+    p = samples(pred).set_index("id")
+    m = samples(run.truth).set_index("id")
+    ids = [i for i in run.ids if i in p.index and i in m.index]
+    p, m = p.loc[ids], m.loc[ids]
+    out = pd.DataFrame({"id": ids, "prompt_tokens": m["prompt_tokens"].to_numpy(),
+                        "output_tokens": m["output_tokens"].to_numpy()})
+    for k in ("ttft_ms", "e2e_ms"):
+        out[f"{k}_measured"] = m[k].to_numpy()
+        out[f"{k}_predicted"] = p[k].to_numpy()
+        out[f"{k}_error"] = out[f"{k}_predicted"] / out[f"{k}_measured"] - 1.0
+    for side, df in (("measured", m), ("predicted", p)):
+        out[f"front end_{side}"] = df["front_last_ms"].to_numpy()
+        out[f"front end first_{side}"] = df["front_first_ms"].to_numpy()
+        out[f"queue_{side}"] = df["queue_ms"].to_numpy()
+        out[f"prefill_{side}"] = df["prefill_ms"].to_numpy()
+        out[f"decode_{side}"] = (df["inference_ms"] - df["prefill_ms"]).to_numpy()
+    return out
+
+
+def summary(rows: pd.DataFrame) -> dict:
+    """Median and p90 of |relative error| of TTFT and E2E, the means, and where E2E's error comes
+    from: per part, the mean of (predicted - measured) and of its absolute value, in ms."""
+    out = {"requests": int(len(rows))}
+    for k in ("ttft_ms", "e2e_ms"):
+        e = np.abs(rows[f"{k}_error"].to_numpy(dtype=float))
+        e = e[np.isfinite(e)]
+        out[k] = {"p50": float(np.median(e)) if len(e) else None,
+                  "p90": float(np.percentile(e, 90)) if len(e) else None,
+                  "predicted_mean": float(rows[f"{k}_predicted"].mean()),
+                  "measured_mean": float(rows[f"{k}_measured"].mean())}
+    parts = {}
+    for part in PARTS:
+        d = (rows[f"{part}_predicted"] - rows[f"{part}_measured"]).to_numpy(dtype=float)
+        d = d[np.isfinite(d)]
+        parts[part] = {"mean_ms": float(d.mean()) if len(d) else None,
+                       "mean_abs_ms": float(np.abs(d).mean()) if len(d) else None}
+    out["e2e_error_by_part"] = parts
+    known = {k: v["mean_abs_ms"] for k, v in parts.items() if v["mean_abs_ms"] is not None}
+    out["largest_part"] = max(known, key=known.get) if known else None
+    return out

@@ -1,0 +1,212 @@
+"""One measured run, as the fidelity command reads it: what was sent, under which engine flags,
+and what the engine measured per request.
+
+A RUN is a directory of one run's files — a vLLM server's log (`--enable-logging-iteration-details`:
+its steps, and its flags from the start-up line), its OTLP request spans, its KV events, a client's
+result file, and the prompts sent (`dataset.jsonl`, `vllm bench serve --dataset-name custom`) —
+recognised by what they hold, as `merge` recognises them; or a single trace file (ours: simulated,
+measured by gpu_runner, or merged).
+
+The truth per request is the engine's own measurement where there is one (vLLM's spans: TTFT and
+E2E from its front end's arrival to the token reaching its front end: "vLLM's front end" clock),
+else the trace's own requests ("the trace's" clock). The workload is the run's measured requests
+(`vllm bench serve` names them cmpl-bench-<run>-<i>-0: earlier runs' requests in the same files,
+a warm-up, are left out and counted), arriving when the front end received them, with their
+prompt token ids where the prompts are known and tokenise one byte per token (the bundled byte
+model), which prefix caching needs.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from core.config import SchedulerConfig, from_dict
+from core.errors import InputError
+from core.trace import Imported, open_trace
+from core.trace.imports.sniff import role_of
+from core.workload import Request, Workload
+
+_BENCH_ID = re.compile(r"^(?P<run>.+)-(?P<i>\d+)-0$")   # vllm bench serve: cmpl-bench-<uuid>-<i>-0
+MAX_FILES = 64
+
+
+@dataclass
+class Run:
+    name: str
+    path: Path
+    workload: Workload            # the measured requests, arriving when the front end received them
+    truth: object                 # a Trace: per request TTFT / E2E (and the engine's phases where known)
+    clock: str                    # where TTFT and E2E are measured from and to
+    config: SchedulerConfig | None  # the engine's flags (None: not stated by the run's files)
+    steps: object | None = None   # a Trace with the engine's steps (its iteration log), or None
+    kv_events: object | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[str]:
+        return self.workload.ids
+
+
+def load_run(path: str | Path, config: SchedulerConfig | None = None) -> Run:
+    """A run from a directory of its files or one trace file; `config` overrides the flags read
+    from the files. InputError (naming the file and what was expected) when it cannot be one."""
+    p = Path(path)
+    if not p.exists():
+        raise InputError(f"{p}: no such file or directory")
+    if p.is_dir() and not any(p.glob("*.parquet")) and not (p / "_meta.json").exists():
+        return _dir_run(p, config)
+    return _trace_run(p, config)
+
+
+def _trace_run(p: Path, config) -> Run:
+    got = open_trace(p)
+    tr = got.trace if isinstance(got, Imported) else got
+    if not len(tr.requests) or not len(tr.tokens):
+        raise InputError(f"{p}: no requests with tokens: a fidelity run needs each request's TTFT and E2E")
+    cfg = config or _config_of(tr.meta.get("engine") or {}, str(p))
+    return Run(p.stem, p, tr.workload(), tr, "the trace's (its arrivals to its tokens)", cfg,
+               tr if len(tr.steps) else None, None, [])
+
+
+def _config_of(engine: dict, where: str) -> SchedulerConfig | None:
+    try:
+        return from_dict(SchedulerConfig, engine, where=f"{where}: meta.engine", strict=False)
+    except Exception:   # (a trace from another engine: its flags are not ours)
+        return None
+
+
+def _dir_run(d: Path, config) -> Run:
+    files = sorted(f for f in d.iterdir() if f.is_file())
+    if len(files) > MAX_FILES:
+        raise InputError(f"{d}: {len(files)} files; a run directory holds one run's files (at most {MAX_FILES})")
+    roles: dict[str, tuple[Path, object]] = {}
+    notes, dataset = [], None
+    for f in files:
+        if f.name == "dataset.jsonl":
+            dataset = f
+            continue
+        if f.suffix in (".xz", ".txt", ".md") or f.name.endswith(".decoded.jsonl") or f.name == "otlp_bodies.jsonl":
+            continue   # (raw captures beside their decoded forms; notes)
+        try:
+            got = open_trace(f)
+        except InputError:
+            continue
+        role = role_of(got.kind) if isinstance(got, Imported) else "requests"
+        tr = got.trace if isinstance(got, Imported) else got
+        if role == "steps" or (role == "telemetry" and len(tr.kv_events)):
+            role = "steps" if len(tr.steps) else "kv"
+        if role in roles:
+            notes.append(f"{f.name}: a second {role} file, not used ({roles[role][0].name} is)")
+            continue
+        roles[role] = (f, got)
+    if "spans" not in roles and "requests" not in roles:
+        raise InputError(f"{d}: no file with per-request times (vLLM's OTLP spans, a client's result file); found "
+                         + (", ".join(f.name for f in files[:8]) or "nothing"))
+    src, got = roles.get("spans") or roles["requests"]
+    truth = got.trace if isinstance(got, Imported) else got
+    clock = ("vLLM's front end (its spans: its arrival to the token reaching it)" if "spans" in roles
+             else f"the client's ({src.name}: its send to its receipt)")
+    truth, dropped = measured_requests(truth)
+    if dropped:
+        notes.append(f"{dropped} earlier requests in {src.name} (a warm-up) left out: the run is the last "
+                     "`vllm bench serve` run's requests")
+    steps = kv = None
+    cfg = config
+    if "steps" in roles:
+        f, got = roles["steps"]
+        steps = got.trace if isinstance(got, Imported) else got
+        if cfg is None:
+            cfg = _vllm_flags(steps.meta.get("engine") or {}, f.name, notes)
+    if "kv" in roles:
+        kv = roles["kv"][1].trace if isinstance(roles["kv"][1], Imported) else roles["kv"][1]
+    w = _workload(truth, dataset, notes, d.name)
+    return Run(d.name, d, w, truth, clock, cfg, steps, kv, notes)
+
+
+def _vllm_flags(engine: dict, name: str, notes: list) -> SchedulerConfig | None:
+    """Our scheduler options from vLLM's start-up line (core.trace.imports.vllm_log.engine_options),
+    vLLM 0.32's defaults for the rest that matter here (prefix caching on)."""
+    if engine.get("name") != "vllm" or len(engine) <= 1:
+        notes.append(f"{name}: no engine flags in the log (its start-up lines are missing): give them")
+        return None
+    d = {k: v for k, v in engine.items() if k in SchedulerConfig.__dataclass_fields__}
+    if "prefix_caching" not in d:
+        d["prefix_caching"] = True
+        notes.append(f"{name}: prefix caching not among the non-default args: on (vLLM V1's default)")
+    d.setdefault("kv_manager", "vllm-v1")
+    return from_dict(SchedulerConfig, d, where=f"{name}: engine flags", strict=False)
+
+
+def measured_requests(tr):
+    """The trace's requests of its last `vllm bench serve` run (ids cmpl-bench-<run>-<i>-0 with
+    several <run>s: the earlier ones were a warm-up), and how many were left out; all of them when
+    the ids do not say."""
+    ids = tr.ids
+    runs = [(_BENCH_ID.match(i) or None) for i in ids]
+    if not ids or any(m is None for m in runs):
+        return tr, 0
+    arr = tr.requests["arrival_ms"].to_numpy()
+    last = {}
+    for m, a in zip(runs, arr):
+        last[m["run"]] = max(last.get(m["run"], -np.inf), a)
+    if len(last) < 2:
+        return tr, 0
+    keep_run = max(last, key=last.get)
+    keep = [k for k, m in enumerate(runs) if m["run"] == keep_run]
+    return _subset(tr, keep), len(ids) - len(keep)
+
+
+def _subset(tr, keep: list[int]):
+    import copy
+    out = copy.copy(tr)
+    req_map = {old: new for new, old in enumerate(keep)}
+    out.requests = tr.requests.iloc[keep].reset_index(drop=True)
+    out.request_extra = [tr.request_extra[k] if k < len(tr.request_extra) else {} for k in keep]
+    for table in ("tokens", "finishes"):
+        df = getattr(tr, table)
+        if len(df):
+            sel = df[df["req"].isin(req_map)].copy()
+            sel["req"] = sel["req"].map(req_map).astype(np.int64)
+            setattr(out, table, sel.reset_index(drop=True))
+    return out
+
+
+def _workload(truth, dataset: Path | None, notes: list, name: str) -> Workload:
+    """The measured requests in arrival order, with prompt ids from the dataset when its prompts
+    are one token per byte (their lengths say so)."""
+    rows = []
+    if dataset is not None:
+        try:
+            rows = [json.loads(ln) for ln in dataset.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        except (OSError, ValueError) as e:
+            notes.append(f"{dataset.name}: not read ({e}); prompts' token ids unknown (no prefix caching)")
+            rows = []
+    req = truth.requests
+    prompts = {}
+    for k, rid in enumerate(truth.ids):
+        m = _BENCH_ID.match(rid)
+        i = int(m["i"]) if m else k
+        if rows and i < len(rows) and isinstance(rows[i], dict) and isinstance(rows[i].get("prompt"), str):
+            ids = tuple(rows[i]["prompt"].encode())
+            if len(ids) == int(req["prompt_tokens"].iloc[k]):
+                prompts[rid] = ids
+    if rows and len(prompts) < len(truth.ids):
+        notes.append(f"{dataset.name}: {len(truth.ids) - len(prompts)} of {len(truth.ids)} prompts do not match "
+                     "their token counts one byte per token: those have no token ids (no prefix-cache hits)")
+    n_out = _output_tokens(truth)
+    reqs = [Request(rid, float(a), int(p), max(int(n_out.get(rid, mo)), 1), prompt_ids=prompts.get(rid))
+            for rid, a, p, mo in zip(truth.ids, req["arrival_ms"], req["prompt_tokens"], req["max_output_tokens"])]
+    reqs.sort(key=lambda r: r.arrival_ms)
+    t0 = reqs[0].arrival_ms if reqs else 0.0
+    return Workload([Request(r.id, r.arrival_ms - t0, r.prompt_tokens, r.max_output_tokens, prompt_ids=r.prompt_ids)
+                     for r in reqs], name=name)
+
+
+def _output_tokens(truth) -> dict:
+    from core.analysis.metrics import request_metrics
+    m = request_metrics(truth)
+    return dict(zip(m["id"], m["output_tokens"]))
