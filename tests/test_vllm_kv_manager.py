@@ -76,3 +76,29 @@ def test_the_simulated_prefix_cache_matches_vllms_kv_events_on_the_bundled_run()
     assert int(simulated["cached"].max()) == int(real["cached"].max()) == 63   # 64 blocks, one null
     # the default manager, prompt blocks only: 48 fewer output blocks (and fewer re-stores), far outside 5%
     assert "stores 124 blocks and evicts 62" in notes[1]
+
+
+# The runs made with vLLM 0.32's CPU build on 2026-12-04 (data/imports/vllm_telemetry, MADE.md): its
+# KV events after the cache was reset (AllBlocksCleared) against the simulator on each run's workload
+# under the run's own flags (read from its server log), with a step model near those runs' fitted ones
+RUNS = ["run4_poisson8_p128_o32", "run5_poisson20_p192_o48", "run7_bs64_poisson6_p256_o32",
+        "run8_seqs4_c12_p128_o64", "run9_poisson2_p64_o128"]
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_prefix_cache_matches_vllms_kv_events_on_each_bundled_run(name):
+    from pathlib import Path
+
+    from core.analysis.kv_events import cache_over_time
+    from core.fit.runs import load_run
+    from core.sim.frontend import FrontEnd
+    run = load_run(Path(__file__).resolve().parents[1] / "data" / "imports" / "vllm_telemetry" / name)
+    assert run.config.kv_manager == "vllm-v1" and run.config.prefix_caching
+    real = cache_over_time(run.kv_events.kv_events)
+    ops = real["op"].tolist()
+    after = real.iloc[len(ops) - ops[::-1].index("cleared"):]    # the measured run: after the reset
+    counts = after["op"].value_counts()
+    sm = StepModel("affine", base_ms=3.3, prefill_ms_per_token=0.046, decode_ms_per_seq=0.054)
+    sim = simulate(run.workload, run.config, sm, front_end=FrontEnd(2.0)).kv["op"].value_counts()
+    assert abs(int(sim["cache"]) - int(counts["stored"])) <= 0.05 * int(counts["stored"])
+    assert abs(int(sim["evict"]) - int(counts["removed"])) <= 0.05 * int(counts["removed"])

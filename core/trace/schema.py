@@ -331,6 +331,10 @@ META = Record("meta", None, "where the trace comes from", (
     Field("model", "object", "the model", default=None),
     Field("draft", "object?", "speculative decoding: the draft model", default=None),
     Field("step_model", "object", "simulated traces: the step-time model", default=None),
+    Field("front_end", "object", "simulated traces: the front end's way in and out (core.sim.frontend: in_ms, "
+          "in_ms_per_prompt_token, out_ms, out_ms_per_output_token); arrivals and tokens are on its clock",
+          default=None),
+    Field("clock_note", "str", "which clock each time is on, where a trace holds more than one place", default=None),
     Field("workload", "str", "the workload's name", default=None),
     Field("stats", "object", "what the scheduler did (steps, preemptions, KV block ops)", default=None),
     Field("versions", "object", "software versions", default=None),
