@@ -42,6 +42,8 @@ pg = st.navigation({
     ],
     "Your runs": [
         st.Page("pages/replay.py", title="Trace replay", icon=":material/slow_motion_video:", url_path="replay"),
+        st.Page("pages/calibration.py", title="Prediction vs measurement", icon=":material/rule:",
+                url_path="calibration"),
     ],
 })
 st.sidebar.caption("Every number is labeled by origin: **given** (teaching scenario), "

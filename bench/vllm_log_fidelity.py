@@ -1,73 +1,74 @@
-"""The payoff of reading vLLM's own telemetry: fit a step model to vLLM's iteration log of one
-run and predict another run's per-request TTFT and E2E, against what vLLM measured itself (its
-spans), beside the fit to the client's streamed token times (core.fit.stepinfer).
+"""How well the simulator, fitted on some real vLLM runs, predicts the others: per-request TTFT and
+E2E against vLLM's own measurement of each request (its OTLP spans, on its front end's clock).
 
-    python -m bench.vllm_log_fidelity          # both directions over the bundled runs
+    python -m bench.vllm_log_fidelity [--json] [--sets NAME,...]     # ~6 min on the 2-core VM
 
-Runs: data/imports/vllm_telemetry (vLLM 0.32.0 CPU build, the tiny model; MADE.md). Each
-prediction simulates the predicted run's workload (its prompts, output lengths and arrivals at
-vLLM's front-end: core.lessons.vllm_runs.run_workload) under vLLM's flags (VLLM_CONFIG) and
-compares every request with its span: error = |predicted - measured| / measured. Fits:
-- log: affine, fitted to the fit run's logged step durations (python -m core fit LOG);
-- log + spans: the same plus, per step, what the log's elapsed time leaves out (scheduling,
-  sampling, output processing), measured in the fit run's spans (vllm_runs.calibrated_step_model);
-- token times: affine, fitted to the steps inferred from the fit run's client file
-  (python -m core fit RESULT.json --from-token-times).
+Runs: data/imports/vllm_telemetry (vLLM 0.32.0's CPU build serving the tiny byte model; MADE.md):
+run1/run2 made 2026-12-01 on one server, run3..run9 made 2026-12-04, one server each. Each fit set
+is fitted jointly (core.fit.calibrate: the front end from the spans' phases, the step model to the
+engine core's view of each request, every run under its own flags read from its server log), then
+every run outside the set is predicted under its own flags (held out). Two predictions per run:
+- as fitted;
+- at the run's speed (`--speed-from-log`): every term scaled by the run's median logged
+  one-sequence decode step over the fit runs' (one number from the predicted run's own iteration
+  log: this VM's speed drifts between servers started minutes apart).
+Error = |predicted - measured| / measured per request; median and p90 over the run's requests.
 """
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
-import numpy as np
+from core.fit.calibrate import at_speed, calibrate, compare, predict, reference_step_ms, summary
+from core.fit.runs import load_run
 
-from core.analysis.metrics import request_metrics
-from core.fit.stepfit import fit
-from core.fit.stepinfer import fit_inferred
-from core.lessons.vllm_runs import RUNS, VLLM_CONFIG, calibrated_step_model, engine_view, run_dir, run_workload
-from core.sim.simulate import simulate
-from core.trace import open_trace
-
-
-def models(run: str) -> dict:
-    d = run_dir(run)
-    client = next(d.glob("vllm_bench_*.json"))
-    return {"log": fit(open_trace(d / "server.log").trace, "affine")[0],
-            "log + spans": calibrated_step_model(run)[0],
-            "token times": fit_inferred(open_trace(client).trace, VLLM_CONFIG, "affine")[0]}
-
-
-def errors(sm, run: str) -> dict:
-    pred = request_metrics(simulate(run_workload(run), VLLM_CONFIG, sm)).set_index("id")
-    real = engine_view(run)
-    out = {}
-    for k in ("ttft_ms", "e2e_ms"):
-        e = (np.abs(pred.loc[real.index, k] - real[k]) / real[k]).to_numpy()
-        out[k] = {"p50": float(np.median(e)), "p90": float(np.percentile(e, 90)),
-                  "predicted_mean": float(pred[k].mean()), "measured_mean": float(real[k].mean())}
-    return out
+ROOT = Path(__file__).resolve().parents[1] / "data" / "imports" / "vllm_telemetry"
+ALL = ["run1_c4_p128_o32", "run2_poisson4_p192_o48", "run3_c8_p256_o64", "run4_poisson8_p128_o32",
+       "run5_poisson20_p192_o48", "run6_noprefix_poisson4_p192_o48", "run7_bs64_poisson6_p256_o32",
+       "run8_seqs4_c12_p128_o64", "run9_poisson2_p64_o128"]
+# fit sets: (name, fit runs, runs to predict)
+SETS = {
+    "dec01": (["run1_c4_p128_o32"], ["run2_poisson4_p192_o48"]),
+    "closed": (["run3_c8_p256_o64", "run8_seqs4_c12_p128_o64"],
+               ["run4_poisson8_p128_o32", "run5_poisson20_p192_o48", "run6_noprefix_poisson4_p192_o48",
+                "run7_bs64_poisson6_p256_o32", "run9_poisson2_p64_o128"]),
+    "poisson": (["run4_poisson8_p128_o32", "run9_poisson2_p64_o128"],
+                ["run3_c8_p256_o64", "run5_poisson20_p192_o48", "run6_noprefix_poisson4_p192_o48",
+                 "run7_bs64_poisson6_p256_o32", "run8_seqs4_c12_p128_o64"]),
+}
 
 
 def main() -> int:
-    runs = list(RUNS)
+    names = next((a.split("=", 1)[1].split(",") for a in sys.argv[1:] if a.startswith("--sets=")), list(SETS))
+    runs = {n: load_run(ROOT / n) for n in ALL}
+    for r in runs.values():          # run2's log starts mid-server (split from run1's): run1's flags
+        if r.config is None:
+            r.config = runs["run1_c4_p128_o32"].config
     rows = []
-    for src in runs:
-        for name, sm in models(src).items():
-            for dst in runs:
-                rows.append({"fit_on": src, "fit": name, "predict": dst, "held_out": dst != src,
-                             "step_model": sm.describe(), **errors(sm, dst)})
+    for name in names:
+        fit_on, targets = SETS[name]
+        cal = calibrate([runs[n] for n in fit_on])
+        for t in targets:
+            r = runs[t]
+            for variant in ("as fitted", "at its speed"):
+                use, f = at_speed(cal, r) if variant == "at its speed" else (cal, None)
+                s = summary(compare(predict(use, r), r))
+                rows.append({"set": name, "fit_on": fit_on, "predict": t, "variant": variant, "speed_factor": f,
+                             "step_model": use.step_model.describe(), "front_end": use.front_end.describe(),
+                             "reference_step_ms": reference_step_ms(r), **s})
+        print(f"# {name}: fitted on {', '.join(fit_on)}: {cal.describe()}", file=sys.stderr)
     if "--json" in sys.argv:
         print(json.dumps(rows))
         return 0
-    print(f"{'fit on':<24} {'fit':<12} {'predict':<24} {'TTFT p50':>9} {'p90':>7} {'E2E p50':>8} {'p90':>7} "
-          f"{'TTFT mean pred/meas':>20} {'E2E mean pred/meas':>20}")
+    print(f"{'set':<8} {'predict (held out)':<34} {'variant':<13} {'speed':>6} {'TTFT p50':>9} {'p90':>7} "
+          f"{'E2E p50':>8} {'p90':>7} {'E2E mean pred/meas':>20}  largest part")
     for r in rows:
         t, e = r["ttft_ms"], r["e2e_ms"]
-        print(f"{r['fit_on']:<24} {r['fit']:<12} {r['predict']:<24} {t['p50']:>9.1%} {t['p90']:>7.1%} "
-              f"{e['p50']:>8.1%} {e['p90']:>7.1%} {t['predicted_mean']:>9.2f}/{t['measured_mean']:<10.2f} "
-              f"{e['predicted_mean']:>9.2f}/{e['measured_mean']:<10.2f}")
-    for src in runs:
-        print(f"{src}: " + "; ".join(f"{name}: {sm.describe()}" for name, sm in models(src).items()))
+        f = "" if r["speed_factor"] is None else f"x{r['speed_factor']:.2f}"
+        print(f"{r['set']:<8} {r['predict']:<34} {r['variant']:<13} {f:>6} {t['p50']:>9.1%} {t['p90']:>7.1%} "
+              f"{e['p50']:>8.1%} {e['p90']:>7.1%} {e['predicted_mean']:>9.2f}/{e['measured_mean']:<10.2f} "
+              f"{r['largest_part']}")
     return 0
 
 

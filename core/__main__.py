@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("--method", choices=("spans", "log"), default="spans",
                     help="fit the step model to the engine's own per-request phases (spans: default) or to its "
                          "iteration log plus the per-step time the log leaves out (log)")
+    fi.add_argument("--speed-from-log", action="store_true",
+                    help="scale the fitted terms to each predicted run's machine speed: its iteration log's median "
+                         "one-sequence decode step against the fit runs' (one number read from the predicted run)")
     fi.add_argument("--per-request", action="store_true", help="print every request's row")
     fi.add_argument("--json", action="store_true", help="print one JSON object (with every request's row)")
 

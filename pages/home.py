@@ -40,6 +40,9 @@ PAGES = [
     ("pages/replay.py", "Trace replay", ":material/slow_motion_video:",
      "your runs: measured traces, other tools' files (vLLM, SGLang, AIPerf, guidellm, inference-perf, vLLM's own "
      "telemetry); a time cursor, comparisons, predictions."),
+    ("pages/calibration.py", "Prediction vs measurement", ":material/rule:",
+     "real vLLM runs beside the simulator's prediction of them, request by request: fit on some runs, predict "
+     "another, see which term (front end, queueing, prefill, decode) the error comes from."),
 ]
 cols = st.columns(2)
 for k, (path, label, icon, desc) in enumerate(PAGES):

@@ -12,7 +12,8 @@ PAGES = [("", "home", "Serving Explorer"), ("schedules", "schedules", "Schedules
          ("kv", "kv", "KV memory & paging"), ("tiles", "tiles", "Attention tiles"),
          ("speculative", "speculative", "Speculative decoding"), ("roofline", "roofline", "Roofline"),
          ("replay?tr=shared_prefix_caching_on.json.gz", "replay", "Trace replay"),
-         ("load", "load", "Load & SLOs"), ("pathologies", "pathologies", "Serving pathologies")]
+         ("load", "load", "Load & SLOs"), ("pathologies", "pathologies", "Serving pathologies"),
+         ("calibration", "calibration", "Prediction vs measurement")]
 
 
 def test_home_renders_without_exception(server, page):

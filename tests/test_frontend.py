@@ -76,3 +76,14 @@ def test_bad_front_end_terms_are_refused_by_name(bad):
         FrontEnd(**bad)
     with pytest.raises(ConfigError, match="unknown field"):
         FrontEnd.from_dict({"in_ms": 1, "latency": 2})
+
+
+def test_contention_at_the_front_end_is_fitted_back():
+    # a busy front end: each request in flight when one arrives delays it 0.8 ms more (the counts the
+    # simulator used come from its first run; the fit reads them from the trace's own finishes)
+    fe = FrontEnd(in_ms=1.0, in_ms_per_prompt_token=0.002, out_ms=0.3, in_ms_per_in_flight=0.8)
+    tr = simulate(workload(60, seed=5), CFG, STEP, front_end=fe)
+    got, report = fit_front_end(tr)
+    assert got.in_ms_per_in_flight == pytest.approx(0.8, rel=0.05)
+    assert got.in_ms + got.out_ms == pytest.approx(1.3, abs=0.15)
+    assert "in flight" in got.describe()

@@ -160,6 +160,10 @@ CASES = [
     Case("fleet-measured", "fleet", (
         (Set("fl_tab", "tab", "Measured fleets"),),
         (sel("fl_measured", "gpu_runner fleet: prefix prefix aware"),))),
+    # Prediction vs measurement: another run predicted, fitted on another (the log fit: instant)
+    Case("calibration", "calibration", (
+        (sel("cal_run", "run9_poisson2_p64_o128"),),
+        (Set("cal_fit", "pills", ["run4_poisson8_p128_o32"]), PRESENT))),
     # the pages whose only bound widget is the presentation switch
     *[Case(path or "home", path, ((PRESENT,),)) for path in ("", "pathologies", "exercises")],
 ]

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.browser
 PAGES = [("", "home"), ("schedules", "schedules"), ("kv", "kv"), ("tiles", "tiles"),
          ("speculative", "speculative"), ("roofline", "roofline"), ("load", "load"),
          ("pathologies", "pathologies"), ("exercises", "exercises"),
-         ("replay?tr=shared_prefix_caching_on.json.gz", "replay"), ("fleet", "fleet")]
+         ("replay?tr=shared_prefix_caching_on.json.gz", "replay"), ("fleet", "fleet"),
+         ("calibration", "calibration")]
 PHONE = {"width": 390, "height": 844}
 PROJECTOR = {"width": 1280, "height": 800}
 

@@ -247,6 +247,19 @@ def cached_vllm_cache():
     return real_and_simulated_cache()
 
 
+@st.cache_resource(show_spinner="Fitting on the chosen runs and predicting…", max_entries=8)
+def cached_calibration(run: str, fit_on: tuple[str, ...], method: str):
+    """core.fit.calibrate over the bundled real vLLM runs (data/imports/vllm_telemetry): fitted on
+    `fit_on`, `run` predicted. Returns (calibration, per-request rows, summary, steps or None, notes)."""
+    from core.fit.calibrate import calibrate, compare, predict, step_comparison, summary
+    from core.lessons.vllm_runs import bundled_run
+    runs = {n: bundled_run(n) for n in {run, *fit_on}}
+    cal = calibrate([runs[n] for n in fit_on], "affine", method)
+    rows = compare(predict(cal, runs[run]), runs[run])
+    notes = [n for r in runs.values() for n in r.notes]
+    return cal, rows, summary(rows), step_comparison(cal, runs[run]), notes
+
+
 def cached_fidelity(trace: Trace, model: str, fit_on: Trace | None, config: SchedulerConfig | None = None,
                     method: str = "token times"):
     """core.fit.fidelity.how_good, once per (trace, model, fit-on trace, settings for a trace

@@ -84,6 +84,8 @@ URL_KEYS: dict[str, UrlKey] = {
             rp_run="the run within a file of several (a guidellm report's benchmark, a sweep's point)",
             rp_cursor="the time cursor, ms", rp_play="play: the cursor advances by itself",
             rp_speed="play speed (½×, 1×, 2×, 4×)"),
+    **_keys("calibration", cal_run="the measured run predicted (a bundled vLLM run's folder name)",
+            cal_fit="the runs fitted on"),
     **_keys("load",
             ld_wl="workload (a label of LOAD_WORKLOADS)",
             ld_kind="load: open (Poisson rates) or closed (clients in a loop)",

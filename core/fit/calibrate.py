@@ -34,6 +34,8 @@ from core.sim.frontend import FrontEnd
 from core.sim.stepmodel import StepModel
 
 PARTS = ("front end", "queue", "prefill", "decode")
+COEFFICIENTS = ("step_ms", "base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "prefill_ms_per_kpos",
+                "decode_ms_per_kpos", "prefill_ms_per_chunk")
 # The step fit's soft-L1 scale (core.fit.reqfit): a request off by much more than 15% (a stalled
 # 2-core machine, a cold engine) counts as its error, not its square
 ROBUST = 0.15
@@ -105,8 +107,10 @@ def calibrate(runs: list[Run], model: str = "affine", method: str = "spans") -> 
                                             robust=ROBUST)
     else:
         sm, step_report = _log_fit(runs, model)
+    refs = [x for x in (reference_step_ms(r) for r in runs) if x is not None]
     return Calibration(sm, fe, [r.name for r in runs],
-                       {"method": method, "model": model, "front_end": fe_report, "step_model": step_report})
+                       {"method": method, "model": model, "front_end": fe_report, "step_model": step_report,
+                        "reference_step_ms": float(np.median(refs)) if refs else None})
 
 
 def _log_fit(runs: list[Run], model: str):
@@ -138,6 +142,42 @@ def _log_fit(runs: list[Run], model: str):
     overhead = max(float(np.median(extra)), 0.0) if extra else 0.0
     sm = dataclasses.replace(sm, base_ms=sm.base_ms + overhead)
     return sm, {"fitted_on": "iteration logs", **quality, "overhead_ms": overhead}
+
+
+def reference_step_ms(run: Run) -> float | None:
+    """The run's machine speed, in one number from its iteration log: the logged duration of a
+    decode-only step of one sequence: the median of those steps, or (fewer than 20) from a line
+    through the medians per batch size of its decode-only steps; None without a log of at least
+    10 such steps."""
+    if run.steps is None or "decode_reqs" not in run.steps.steps:
+        return None
+    st = run.steps.steps
+    dec = st[(st["prefill_reqs"] == 0) & (st["decode_reqs"] > 0)]
+    if len(dec) < 10:
+        return None
+    g = dec.groupby("decode_reqs")["dur_ms"].agg(["median", "size"])
+    if 1 in g.index and g.loc[1, "size"] >= 20:
+        return float(g.loc[1, "median"])
+    g = g[g["size"] >= 5]
+    if len(g) < 2:
+        return float(dec["dur_ms"].median())
+    slope, icept = np.polyfit(g.index.to_numpy(dtype=float), g["median"].to_numpy(), 1, w=np.sqrt(g["size"]))
+    return float(icept + max(slope, 0.0))   # (medians per batch size: a stalled step moves none of them)
+
+
+def at_speed(cal: Calibration, run: Run) -> tuple[Calibration, float]:
+    """The calibration scaled to the predicted run's machine speed: every step-model and front-end
+    term times reference_step_ms(run) / the fit runs' median reference (one number read from the
+    predicted run's own iteration log: the prediction is then no longer wholly held out, and says
+    so). Returns (scaled calibration, factor)."""
+    ref = cal.report.get("reference_step_ms")
+    mine = reference_step_ms(run)
+    if not ref or mine is None:
+        raise InputError(f"{run.name}: scaling to the run's speed needs iteration logs in the fit runs and in it")
+    f = mine / ref
+    sm = dataclasses.replace(cal.step_model, **{k: getattr(cal.step_model, k) * f for k in COEFFICIENTS})
+    fe = FrontEnd(**{k: v * f for k, v in cal.front_end.to_dict().items()})
+    return Calibration(sm, fe, cal.fit_runs, {**cal.report, "speed_factor": f}), f
 
 
 def predict(cal: Calibration, run: Run, config=None):
@@ -194,3 +234,20 @@ def summary(rows: pd.DataFrame) -> dict:
     known = {k: v["mean_abs_ms"] for k, v in parts.items() if v["mean_abs_ms"] is not None}
     out["largest_part"] = max(known, key=known.get) if known else None
     return out
+
+
+def step_comparison(cal: Calibration, run: Run) -> pd.DataFrame | None:
+    """Per step of the run's iteration log: its logged duration (the forward pass, as vLLM logs it)
+    and the step model's duration for the same counts (prefill tokens, decoding sequences: the
+    affine terms; the model prices the engine's whole cycle, so it sits above the log by the
+    per-step time the log leaves out). None without an iteration log."""
+    if run.steps is None or "decode_reqs" not in run.steps.steps:
+        return None
+    st = run.steps.steps
+    sm = cal.step_model
+    prefill = st["prefill_tokens"].to_numpy(dtype=float)
+    decode = st["decode_reqs"].to_numpy(dtype=float)
+    pred = sm.base_ms + sm.prefill_ms_per_token * prefill + sm.decode_ms_per_seq * decode
+    return pd.DataFrame({"step": st["step"].to_numpy(), "t_ms": st["t_ms"].to_numpy(dtype=float),
+                         "prefill_tokens": prefill.astype(np.int64), "decode_reqs": decode.astype(np.int64),
+                         "logged_ms": st["dur_ms"].to_numpy(dtype=float), "predicted_ms": pred})

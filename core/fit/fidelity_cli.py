@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from core.fit.calibrate import PARTS, calibrate, compare, predict, summary
+from core.fit.calibrate import PARTS, at_speed, calibrate, compare, predict, summary
 from core.fit.runs import load_run
 
 
@@ -32,9 +32,11 @@ def run_fidelity(a) -> int:
     fitted = {r.name for r in fit_runs}
     out = []
     for r in targets:
-        rows = compare(predict(cal, r), r)
+        use, factor = at_speed(cal, r) if a.speed_from_log else (cal, None)
+        rows = compare(predict(use, r), r)
         out.append({"run": r.name, "path": str(r.path), "held_out": r.name not in fitted, "clock": r.clock,
-                    "flags": r.config.to_dict(), **summary(rows), "rows": rows.to_dict("records")})
+                    "flags": r.config.to_dict(), "speed_factor": factor, **summary(rows),
+                    "rows": rows.to_dict("records")})
     if a.json:
         print(json.dumps(_clean({"fit": [str(r.path) for r in fit_runs], "calibration": {
             "step_model": cal.step_model.to_dict(), "front_end": cal.front_end.to_dict(), "report": cal.report},
@@ -54,6 +56,9 @@ def run_fidelity(a) -> int:
               f"{e['measured_mean']:<10.2f}  {part or '-'}"
               + (f" ({mae:.2f} ms mean |error|)" if mae is not None else ""))
     for o in out:
+        if o["speed_factor"] is not None:
+            print(f"{o['run']}: terms scaled x{o['speed_factor']:.3f} to its machine speed (its iteration log's "
+                  "median one-sequence decode step against the fit runs')")
         print(f"{o['run']}: times on {o['clock']}; E2E error by part (mean predicted - measured, ms): "
               + ", ".join(f"{p} {_ms(o['e2e_error_by_part'][p]['mean_ms'])}" for p in PARTS))
         if a.per_request:

@@ -4,10 +4,12 @@ time in queue, in prefill, in inference; the same fields in a trace simulated wi
 
 What the core does not account for is the front end's:
 
-    TTFT - queue - prefill   = in + out(first token)  = A + B x prompt tokens
-    E2E  - queue - inference = in + out(last token)   = A + B x prompt tokens + D x (output tokens - 1)
+    TTFT - queue - prefill   = in + out(first token)  = A + B x prompt tokens + C x in flight
+    E2E  - queue - inference = in + out(last token)   = A + B x prompt tokens + C x in flight
+                                                        + D x (output tokens - 1)
 
-with A = in_ms + out_ms, B = in_ms_per_prompt_token, D = out_ms_per_output_token, fitted by
+with A = in_ms + out_ms, B = in_ms_per_prompt_token, C = in_ms_per_in_flight (the requests in flight
+at the front end when it arrived: contention), D = out_ms_per_output_token, fitted by
 non-negative least squares over both equations of every request. The split of A between the way in
 and the way out needs one more clock reading: when the core queued the request (`queued_ms`: a
 simulated trace records it; for vLLM, core.fit.runs derives it from its KV events' step times).
@@ -20,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import InputError
-from core.sim.frontend import FrontEnd
+from core.sim.frontend import FrontEnd, in_flight_at
 
 MIN_REQUESTS = 3
 
@@ -44,6 +46,8 @@ def samples(trace) -> pd.DataFrame:
                         "queue_ms": col("engine_queue_ms"), "prefill_ms": col("engine_prefill_ms"),
                         "inference_ms": col("engine_inference_ms")})
     out["in_ms"] = col("queued_ms") - m["arrival_ms"].to_numpy(dtype=np.float64)
+    arrival = m["arrival_ms"].to_numpy(dtype=np.float64)
+    out["in_flight"] = in_flight_at(arrival, arrival + out["e2e_ms"].to_numpy())
     out["front_first_ms"] = out["ttft_ms"] - out["queue_ms"] - out["prefill_ms"]
     out["front_last_ms"] = out["e2e_ms"] - out["queue_ms"] - out["inference_ms"]
     return out
@@ -62,22 +66,23 @@ def fit_front_end(traces, name: str = "fit run") -> tuple[FrontEnd, dict]:
                          f"vLLM's OTLP spans), at least {MIN_REQUESTS} needed to fit a front end")
     p = s["prompt_tokens"].to_numpy(dtype=np.float64)
     k = s["output_tokens"].to_numpy(dtype=np.float64) - 1
+    busy = s["in_flight"].to_numpy(dtype=np.float64)
     ones = np.ones(len(s))
-    X = np.vstack([np.column_stack([ones, p, np.zeros(len(s))]), np.column_stack([ones, p, k])])
+    X = np.vstack([np.column_stack([ones, p, busy, np.zeros(len(s))]), np.column_stack([ones, p, busy, k])])
     y = np.concatenate([s["front_first_ms"].to_numpy(), s["front_last_ms"].to_numpy()])
     scale = np.maximum(np.abs(X).max(axis=0), 1e-12)
     coef, _ = nnls(X / scale, y)
-    a, b, d = (coef / scale).tolist()
+    a, b, c, d = (coef / scale).tolist()
     resid = y - X @ (coef / scale)
     known = s["in_ms"].notna().to_numpy()
     if known.any():
-        in_fixed = float(np.median(s["in_ms"].to_numpy()[known] - b * p[known]))
+        in_fixed = float(np.median(s["in_ms"].to_numpy()[known] - b * p[known] - c * busy[known]))
         in_fixed = min(max(in_fixed, 0.0), a)
         split = f"from when the core queued {int(known.sum())} of {len(s)} requests"
     else:
         in_fixed = a
         split = "unknown (no core queue times): the fixed part is put on the way in"
-    fe = FrontEnd(in_fixed, b, a - in_fixed, d)
+    fe = FrontEnd(in_fixed, b, a - in_fixed, d, c)
     return fe, {"front_end": fe.to_dict(), "requests": int(len(s)), "fixed_ms": a, "split": split,
                 "residual_ms_p50": float(np.median(np.abs(resid))),
                 "residual_ms_p90": float(np.percentile(np.abs(resid), 90)),

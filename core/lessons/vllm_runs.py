@@ -25,6 +25,22 @@ VLLM_CONFIG = SchedulerConfig(policy="vllm-v1", max_seqs=16, token_budget=2048, 
 _BENCH_ID = re.compile(r"-(\d+)-0$")     # vLLM names the i-th request of `vllm bench serve` ...-i-0
 
 
+def bundled_runs() -> list[str]:
+    """The bundled real runs' folder names, in order (run1 ... run9)."""
+    return sorted((p.name for p in ROOT.iterdir() if p.is_dir() and p.name.startswith("run")),
+                  key=lambda n: int(re.match(r"run(\d+)", n).group(1)))
+
+
+@lru_cache(maxsize=16)
+def bundled_run(name: str):
+    """A bundled run read as `python -m core fidelity` reads a run directory (core.fit.runs); run2's
+    log starts mid-server (cut from run1's), so it takes run1's flags (the same server)."""
+    from core.fit.runs import load_run
+    if name not in bundled_runs():
+        raise InputError(f"run: expected one of {', '.join(bundled_runs())}, got {name!r}")
+    return load_run(ROOT / name, VLLM_CONFIG if name in RUNS else None)
+
+
 def run_dir(run: str) -> Path:
     if run not in RUNS:
         raise InputError(f"run: expected one of {', '.join(RUNS)}, got {run!r}")

@@ -10,8 +10,14 @@ handing the request to the engine core process) and the way out (the step's outp
 front end, detokenised). `FrontEnd` gives both a cost:
 
     in(request)  = in_ms + in_ms_per_prompt_token x prompt tokens
+                   + in_ms_per_in_flight x requests in flight at the front end when it arrives
     out(token k) = out_ms + out_ms_per_output_token x k      (k = 0, 1, ...: a front end that falls
                                                               behind its engine delivers later and later)
+
+The in-flight term is contention: the front end shares the machine's cores with the engine and
+streams every request in flight, so each one it already serves delays a newcomer. The count
+depends on when requests finish, which depends on the way in: `simulate` runs twice, the second
+time with the counts of the first (`in_flight_at`).
 
 `simulate(..., front_end=FrontEnd(...))` runs the engine on the requests as they reach the core
 (`engine_workload`) and reports the trace on the front end's clock (`at_front_end`): arrivals as
@@ -42,6 +48,7 @@ class FrontEnd:
     in_ms_per_prompt_token: float = 0.0   # per prompt token (tokenising)
     out_ms: float = 0.0                   # per token, engine step end -> front end
     out_ms_per_output_token: float = 0.0  # token k arrives k x this later again
+    in_ms_per_in_flight: float = 0.0      # per request already in flight at the front end (contention)
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
@@ -53,8 +60,9 @@ class FrontEnd:
     def is_zero(self) -> bool:
         return not any(dataclasses.astuple(self))
 
-    def way_in(self, prompt_tokens) -> np.ndarray:
-        return self.in_ms + self.in_ms_per_prompt_token * np.asarray(prompt_tokens, dtype=np.float64)
+    def way_in(self, prompt_tokens, in_flight=0) -> np.ndarray:
+        return (self.in_ms + self.in_ms_per_prompt_token * np.asarray(prompt_tokens, dtype=np.float64)
+                + self.in_ms_per_in_flight * np.asarray(in_flight, dtype=np.float64))
 
     def way_out(self, index) -> np.ndarray:
         return self.out_ms + self.out_ms_per_output_token * np.asarray(index, dtype=np.float64)
@@ -63,8 +71,9 @@ class FrontEnd:
         return dataclasses.asdict(self)
 
     def describe(self) -> str:
-        return (f"in {self.in_ms:g} ms + {self.in_ms_per_prompt_token:g} ms x prompt tokens; out {self.out_ms:g} ms "
-                f"+ {self.out_ms_per_output_token:g} ms x output position")
+        busy = f" + {self.in_ms_per_in_flight:g} ms x requests in flight" if self.in_ms_per_in_flight else ""
+        return (f"in {self.in_ms:g} ms + {self.in_ms_per_prompt_token:g} ms x prompt tokens{busy}; out "
+                f"{self.out_ms:g} ms + {self.out_ms_per_output_token:g} ms x output position")
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "front_end") -> FrontEnd:
@@ -77,10 +86,21 @@ class FrontEnd:
         return cls(**d)
 
 
-def engine_workload(workload: Workload, fe: FrontEnd) -> Workload:
-    """The requests as the engine core receives them: each arrival later by its way in, in the
-    order they reach the core (a longer prompt may be overtaken)."""
-    arrive = np.asarray(workload.arrival_ms, dtype=np.float64) + fe.way_in(workload.prompt_tokens)
+def in_flight_at(arrival: np.ndarray, finish: np.ndarray) -> np.ndarray:
+    """For each request, how many others had arrived before it and not finished when it arrived
+    (a request that never finished counts as in flight)."""
+    a = np.asarray(arrival, dtype=np.float64)
+    f = np.where(np.isfinite(finish), finish, np.inf)
+    before = np.searchsorted(np.sort(a), a, side="left")
+    done = np.searchsorted(np.sort(f), a, side="right")
+    return np.maximum(before - done, 0)
+
+
+def engine_workload(workload: Workload, fe: FrontEnd, in_flight=0) -> Workload:
+    """The requests as the engine core receives them: each arrival later by its way in (`in_flight`:
+    per request, the others in flight when it arrived), in the order they reach the core (a longer
+    prompt may be overtaken)."""
+    arrive = np.asarray(workload.arrival_ms, dtype=np.float64) + fe.way_in(workload.prompt_tokens, in_flight)
     order = np.argsort(arrive, kind="stable")
     reqs = [dataclasses.replace(workload.requests[i], arrival_ms=float(arrive[i])) for i in order.tolist()]
     return Workload(reqs, name=workload.name)

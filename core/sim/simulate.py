@@ -49,13 +49,26 @@ def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel 
     stepping one by one, which tests check); turn it off to step strictly. `front_end`: the
     requests' way in and out (core.sim.frontend); the trace is then on the front end's clock."""
     if front_end is not None:
-        from core.sim.frontend import at_front_end, engine_workload
+        from core.sim.frontend import at_front_end, engine_workload, in_flight_at
         inner = engine_workload(workload, front_end)
-        return at_front_end(simulate(inner, config, step_model, label, created, record_kv, fast_forward),
-                            workload, front_end)
+        tr = at_front_end(simulate(inner, config, step_model, label, created, record_kv, fast_forward),
+                          workload, front_end)
+        if front_end.in_ms_per_in_flight:   # contention: again, with the requests in flight the first run had
+            busy = _in_flight(tr, workload, in_flight_at)
+            tr = at_front_end(simulate(engine_workload(workload, front_end, busy), config, step_model, label,
+                                       created, record_kv, fast_forward), workload, front_end)
+        return tr
     with _no_cyclic_gc():   # building the trace allocates as many acyclic objects as the run
         core = simulator(config, step_model, workload, record_kv, fast_forward)
         return core.trace(workload, _run(core, workload, label, created))
+
+
+def _in_flight(tr, workload: Workload, in_flight_at) -> np.ndarray:
+    """Per request of `workload` (its order), the others in flight at the front end when it arrived
+    in trace `tr` (finish times on the front end's clock)."""
+    fin = dict(zip(tr.requests["id"].to_numpy()[tr.finishes["req"].to_numpy()], tr.finishes["t_ms"].to_numpy()))
+    finish = np.array([fin.get(i, np.inf) for i in workload.ids], dtype=np.float64)
+    return in_flight_at(np.asarray(workload.arrival_ms, dtype=np.float64), finish)
 
 
 @contextmanager

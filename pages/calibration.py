@@ -1,0 +1,95 @@
+"""Prediction vs measurement: a real vLLM run beside the simulator's prediction of it, request by
+request and step by step, with the error split by where it arises (core.fit.calibrate)."""
+import pandas as pd
+import streamlit as st
+
+from core.figures.calibration import error_by_part, predicted_vs_measured, steps_vs_model
+from core.fit.calibrate import PARTS, reference_step_ms
+from core.lessons.vllm_runs import bundled_run, bundled_runs
+from ui import bound, cached_calibration, ensure_app_frame, md, show_chart, show_table
+
+ensure_app_frame()
+st.title("Prediction vs measurement")
+st.markdown("Fit the simulator on some real runs, predict another, and see request by request where the "
+            "prediction goes wrong. The runs are **measured**: vLLM 0.32.0's CPU build serving the bundled tiny "
+            "model on this project's 2-core VM (run1–run2 on 2026-12-01, run3–run9 on 2026-12-04; how each was "
+            "made: data/imports/vllm_telemetry/MADE.md). Each request's truth is vLLM's own measurement of it (its "
+            "OTLP span: TTFT and E2E from its front end's arrival to the token reaching the front end). The "
+            "prediction is **simulated**: the run's requests, arriving when vLLM's front end received them, "
+            "through the core scheduler under that run's own flags (read from its server log), with a step model "
+            "and a front end fitted on the runs you choose. The same is `python -m core fidelity --fit RUN "
+            "--predict RUN`.")
+
+runs = bundled_runs()
+c1, c2, c3 = st.columns([2, 3, 2])
+run = c1.selectbox("Measured run to predict", runs, index=runs.index("run2_poisson4_p192_o48"), **bound("cal_run"))
+others = [r for r in runs if r != run]
+fit_on = c2.pills("Fit on (held out from the run predicted)", others, selection_mode="multi",
+                  default=["run1_c4_p128_o32"] if run != "run1_c4_p128_o32" else ["run2_poisson4_p192_o48"],
+                  **bound("cal_fit"))
+method = c3.segmented_control("Step model fitted to", ["iteration log", "spans"], default="iteration log",
+                              required=True, key="cal_method",
+                              help="iteration log: least squares on vLLM's logged step times, plus the per-step "
+                                   "time the log leaves out (from the spans), in a blink; spans: the engine core's "
+                                   "own view of each request, by simulating the fit runs (robust loss; tens of "
+                                   "seconds per run; a link reopens on the iteration log)")
+if not fit_on:
+    st.info("Choose at least one run to fit on.")
+    st.stop()
+cal, rows, summ, steps, notes = cached_calibration(run, tuple(sorted(fit_on)),
+                                                   "log" if method == "iteration log" else "spans")
+
+st.caption(f"Fitted on {md(', '.join(sorted(fit_on)))}: step model {md(cal.step_model.describe())}; front end "
+           f"{md(cal.front_end.describe())} ({md(cal.report['front_end'].get('split', ''))}).")
+t, e = summ["ttft_ms"], summ["e2e_ms"]
+m1, m2, m3, m4 = st.columns(4)
+m1.metric("TTFT median error", f"{t['p50']:.1%}", help="|predicted − measured| / measured, median over the run's "
+                                                      f"{summ['requests']} requests")
+m2.metric("TTFT p90 error", f"{t['p90']:.1%}")
+m3.metric("E2E median error", f"{e['p50']:.1%}")
+m4.metric("E2E p90 error", f"{e['p90']:.1%}")
+st.caption(f"Means, predicted / measured: TTFT {t['predicted_mean']:.2f} / {t['measured_mean']:.2f} ms, E2E "
+           f"{e['predicted_mean']:.2f} / {e['measured_mean']:.2f} ms (simulated / measured).")
+
+c1, c2 = st.columns(2)
+show_chart(predicted_vs_measured(rows, "ttft_ms", "TTFT"), key="cal_ttft", where=c1)
+show_chart(predicted_vs_measured(rows, "e2e_ms", "E2E"), key="cal_e2e", where=c2)
+
+st.subheader("Where it goes wrong")
+parts = summ["e2e_error_by_part"]
+show_chart(error_by_part(parts), key="cal_parts")
+worst = summ["largest_part"]
+st.markdown(f"Each request's E2E is its front end's share (the way in, and out of the last token) + its time "
+            f"queued in the engine + prefill + decode, in vLLM's spans and in the simulation alike, so each part's "
+            f"error adds up to the request's. Here the largest is **{worst}** "
+            f"({parts[worst]['mean_abs_ms']:.2f} ms mean |error|): distrust that term first.")
+speed = cal.report.get("reference_step_ms")
+mine = reference_step_ms(bundled_run(run))
+if speed and mine:
+    st.caption(f"The machine's speed, in one number from each iteration log (measured: the logged duration of a "
+               f"one-sequence decode step): {mine:.2f} ms in this run, {speed:.2f} ms in the fit runs (median). A "
+               "step model fitted on one server's runs carries that server's speed; on this 2-core VM it drifts "
+               "between servers started minutes apart (`python -m core fidelity --speed-from-log` rescales to "
+               "each predicted run's own).")
+
+if steps is not None:
+    st.subheader("Step by step")
+    show_chart(steps_vs_model(steps), key="cal_steps")
+    gap = float((steps["predicted_ms"] - steps["logged_ms"]).median())
+    st.caption(f"{len(steps):,} logged steps of this run (measured: vLLM's iteration log, the forward pass only) "
+               f"against the step model for the same counts (simulated: the engine's whole cycle). Median gap "
+               f"{gap:+.2f} ms per step: what the model adds for scheduling, sampling and output processing, plus "
+               "its error.")
+
+st.subheader("Every request")
+view = pd.DataFrame({"request": rows["id"].str.replace(r"^cmpl-bench-[0-9a-f]+-", "", regex=True),
+                     "TTFT meas.": rows["ttft_ms_measured"], "TTFT pred.": rows["ttft_ms_predicted"],
+                     "TTFT err.": rows["ttft_ms_error"], "E2E meas.": rows["e2e_ms_measured"],
+                     "E2E pred.": rows["e2e_ms_predicted"], "E2E err.": rows["e2e_ms_error"],
+                     **{f"Δ {p}": rows[f"{p}_predicted"] - rows[f"{p}_measured"] for p in PARTS}})
+show_table(view, hide_index=True, key="cal_rows", export=rows,
+           column_config={c: st.column_config.NumberColumn(format="percent") for c in ("TTFT err.", "E2E err.")})
+st.caption("ms; err. = predicted / measured − 1; Δ part = its predicted − measured ms (they add up to E2E's). "
+           "The CSV export has every column, measured and predicted, per part.")
+for n in sorted(set(notes)):
+    st.caption(f"Note: {md(n)}")
