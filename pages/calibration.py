@@ -5,7 +5,7 @@ import streamlit as st
 
 from core.figures.calibration import error_by_part, predicted_vs_measured, steps_vs_model
 from core.fit.calibrate import PARTS, reference_step_ms
-from core.lessons.vllm_runs import bundled_run, bundled_runs
+from core.lessons.vllm_runs import RUNNER_CAPTURES, bundled_run, bundled_runs
 from ui import bound, cached_calibration, ensure_app_frame, md, show_chart, show_table
 
 ensure_app_frame()
@@ -22,12 +22,21 @@ st.markdown("Fit the simulator on some real runs, predict another, and see reque
 
 runs = bundled_runs()
 c1, c2, c3 = st.columns([2, 3, 2])
-run = c1.selectbox("Measured run to predict", runs, index=runs.index("run2_poisson4_p192_o48"), **bound("cal_run"))
-others = [r for r in runs if r != run]
-fit_on = c2.pills("Fit on (held out from the run predicted)", others, selection_mode="multi",
-                  default=["run1_c4_p128_o32"] if run != "run1_c4_p128_o32" else ["run2_poisson4_p192_o48"],
-                  **bound("cal_fit"))
-method = c3.segmented_control("Step model fitted to", ["iteration log", "spans"], default="iteration log",
+run = c1.selectbox("Measured run to predict", runs + list(RUNNER_CAPTURES), index=runs.index("run2_poisson4_p192_o48"),
+                   **bound("cal_run"), help="run1–run9: vLLM 0.32 CPU; runner: our gpu_runner's own capture "
+                                            "(data/traces), fitted on itself: in sample")
+if run in RUNNER_CAPTURES:   # one capture of our engine: fitted on its own steps, predicted in sample
+    fit_on = [run]
+    c2.markdown(f"Fit on: **{md(run)}** itself (in sample: its own steps; our runner's capture has no front "
+                "end between its arrivals and the engine, so that part is 0)")
+else:
+    others = [r for r in runs if r != run]
+    fit_on = c2.pills("Fit on (held out from the run predicted)", others, selection_mode="multi",
+                      default=["run1_c4_p128_o32"] if run != "run1_c4_p128_o32" else ["run2_poisson4_p192_o48"],
+                      **bound("cal_fit"))
+runner = run in RUNNER_CAPTURES
+method = "iteration log" if runner else c3.segmented_control(
+                              "Step model fitted to", ["iteration log", "spans"], default="iteration log",
                               required=True, key="cal_method",
                               help="iteration log: least squares on vLLM's logged step times, plus the per-step "
                                    "time the log leaves out (from the spans), in a blink; spans: the engine core's "
@@ -76,10 +85,14 @@ if steps is not None:
     st.subheader("Step by step")
     show_chart(steps_vs_model(steps), key="cal_steps")
     gap = float((steps["predicted_ms"] - steps["logged_ms"]).median())
-    st.caption(f"{len(steps):,} logged steps of this run (measured: vLLM's iteration log, the forward pass only) "
-               f"against the step model for the same counts (simulated: the engine's whole cycle). Median gap "
-               f"{gap:+.2f} ms per step: what the model adds for scheduling, sampling and output processing, plus "
-               "its error.")
+    if runner:
+        st.caption(f"{len(steps):,} steps of this capture (measured: each step's whole duration on the runner) "
+                   f"against the step model fitted to them (simulated). Median gap {gap:+.2f} ms per step.")
+    else:
+        st.caption(f"{len(steps):,} logged steps of this run (measured: vLLM's iteration log, the forward pass "
+                   f"only) against the step model for the same counts (simulated: the engine's whole cycle). "
+                   f"Median gap {gap:+.2f} ms per step: what the model adds for scheduling, sampling and output "
+                   "processing, plus its error.")
 
 st.subheader("Every request")
 view = pd.DataFrame({"request": rows["id"].str.replace(r"^cmpl-bench-[0-9a-f]+-", "", regex=True),

@@ -46,3 +46,19 @@ def test_the_view_follows_its_pickers():
     assert {m.label: m.value for m in at.metric}["E2E median error"] == f"{s['e2e_ms']['p50']:.1%}"
     at.button_group(key="cal_fit").set_value([]).run()
     assert any("at least one run" in i.value for i in at.info)
+
+
+def test_the_view_also_reads_the_runners_own_capture():
+    # our runner's bundled capture, fitted on its own steps (in sample): the numbers a direct computation
+    # gives; the front end's part is 0 (its arrivals are the engine's)
+    from core.lessons.vllm_runs import RUNNER_CAPTURES
+    name = next(iter(RUNNER_CAPTURES))
+    at = open_page("calibration", {"cal_run": name})
+    run = load_run(ROOT.parents[1] / "traces" / RUNNER_CAPTURES[name])
+    cal = calibrate([run], "affine", "log")
+    s = summary(compare(predict(cal, run), run))
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["E2E median error"] == f"{s['e2e_ms']['p50']:.1%}"
+    assert shown["TTFT p90 error"] == f"{s['ttft_ms']['p90']:.1%}"
+    assert abs(s["e2e_error_by_part"]["front end"]["mean_abs_ms"]) < 1e-9
+    assert any("in sample" in m.value for m in at.markdown)

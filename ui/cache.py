@@ -253,7 +253,7 @@ def cached_calibration(run: str, fit_on: tuple[str, ...], method: str):
     `fit_on`, `run` predicted. Returns (calibration, per-request rows, summary, steps or None, notes)."""
     from core.fit.calibrate import calibrate, compare, predict, step_comparison, summary
     from core.lessons.vllm_runs import bundled_run
-    runs = {n: bundled_run(n) for n in {run, *fit_on}}
+    runs = {n: bundled_run(n) for n in {run, *fit_on}}   # (a bundled vLLM run's folder, or a runner capture)
     cal = calibrate([runs[n] for n in fit_on], "affine", method)
     rows = compare(predict(cal, runs[run]), runs[run])
     notes = [n for r in runs.values() for n in r.notes]

@@ -54,7 +54,10 @@ class Calibration:
 
 
 def has_phases(run: Run) -> bool:
-    return any("engine_inference_ms" in e for e in run.truth.request_extra[:200])
+    """Per-request engine phases: spans (vLLM), or a trace with its own steps and batch entries."""
+    tr = run.truth
+    return (any("engine_inference_ms" in e for e in tr.request_extra[:200])
+            or (len(tr.batch) > 0 and len(tr.steps) > 0))
 
 
 def engine_view(run: Run, fe: FrontEnd):
@@ -118,10 +121,10 @@ def _log_fit(runs: list[Run], model: str):
     logs' elapsed times leave out: the spans' median decode time per token minus the median
     logged decode-only step (the median over runs with both)."""
     from core.fit.stepfit import counted_steps, solve, trace_features
-    logs = [r.steps for r in runs if r.steps is not None and counted_steps(r.steps)]
+    logs = [r.steps for r in runs if r.steps is not None and len(trace_features(r.steps)[2])]
     if not logs:
-        raise InputError("fit: --method log needs an iteration log (vLLM's server log with "
-                         "--enable-logging-iteration-details) in a fit run")
+        raise InputError("fit: --method log needs step events: an iteration log (vLLM's server log with "
+                         "--enable-logging-iteration-details) or a trace with steps, in a fit run")
     parts = [trace_features(t) for t in logs]
     X = np.vstack([p[1] for p in parts])
     y = np.concatenate([p[2] for p in parts])
@@ -129,8 +132,8 @@ def _log_fit(runs: list[Run], model: str):
     coef, quality = solve(X, y, model)
     sm = model_of(model, coef)
     extra = []
-    for r in runs:
-        if r.steps is None or not has_phases(r):
+    for r in runs:   # (the forward pass an iteration log times is not the engine's whole cycle)
+        if r.steps is None or not counted_steps(r.steps) or not has_phases(r):
             continue
         s = samples(r.truth)
         many = s["output_tokens"] > 1
@@ -237,17 +240,20 @@ def summary(rows: pd.DataFrame) -> dict:
 
 
 def step_comparison(cal: Calibration, run: Run) -> pd.DataFrame | None:
-    """Per step of the run's iteration log: its logged duration (the forward pass, as vLLM logs it)
-    and the step model's duration for the same counts (prefill tokens, decoding sequences: the
-    affine terms; the model prices the engine's whole cycle, so it sits above the log by the
-    per-step time the log leaves out). None without an iteration log."""
-    if run.steps is None or "decode_reqs" not in run.steps.steps:
+    """Per step of the run's iteration log (or its trace's steps): its logged duration (vLLM logs the
+    forward pass) and the step model's for the same step (prefill tokens, decoding sequences, and
+    the features model's other terms; the model prices the engine's whole cycle, so it sits above
+    vLLM's log by the per-step time the log leaves out). None without steps."""
+    from core.fit.stepfit import trace_features
+    from core.sim.stepmodel import FEATURE_COEFFICIENTS
+    if run.steps is None:
         return None
-    st = run.steps.steps
+    steps, X, y = trace_features(run.steps)
+    if not len(y):
+        return None
     sm = cal.step_model
-    prefill = st["prefill_tokens"].to_numpy(dtype=float)
-    decode = st["decode_reqs"].to_numpy(dtype=float)
-    pred = sm.base_ms + sm.prefill_ms_per_token * prefill + sm.decode_ms_per_seq * decode
-    return pd.DataFrame({"step": st["step"].to_numpy(), "t_ms": st["t_ms"].to_numpy(dtype=float),
-                         "prefill_tokens": prefill.astype(np.int64), "decode_reqs": decode.astype(np.int64),
-                         "logged_ms": st["dur_ms"].to_numpy(dtype=float), "predicted_ms": pred})
+    coef = np.array([getattr(sm, k) for k in FEATURE_COEFFICIENTS], dtype=float)
+    t = dict(zip(run.steps.steps["step"].to_numpy().tolist(), run.steps.steps["t_ms"].to_numpy(dtype=float)))
+    return pd.DataFrame({"step": steps, "t_ms": [t[int(s)] for s in steps],
+                         "prefill_tokens": X[:, 1].astype(np.int64), "decode_reqs": X[:, 2].astype(np.int64),
+                         "logged_ms": y, "predicted_ms": X @ coef})

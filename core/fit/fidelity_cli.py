@@ -7,6 +7,7 @@ import math
 
 from core.fit.calibrate import PARTS, at_speed, calibrate, compare, predict, summary
 from core.fit.runs import load_run
+from core.fit.stepfit import describe_outside, outside_range
 
 
 def _clean(x):
@@ -33,10 +34,14 @@ def run_fidelity(a) -> int:
     out = []
     for r in targets:
         use, factor = at_speed(cal, r) if a.speed_from_log else (cal, None)
-        rows = compare(predict(use, r), r)
+        pred = predict(use, r)
+        rows = compare(pred, r)
+        outside = outside_range(pred, {**cal.report["step_model"], "model": a.model})
+        if outside:
+            notes.append(f"{r.name}: {describe_outside(outside)}: the prediction extrapolates there")
         out.append({"run": r.name, "path": str(r.path), "held_out": r.name not in fitted, "clock": r.clock,
-                    "flags": r.config.to_dict(), "speed_factor": factor, **summary(rows),
-                    "rows": rows.to_dict("records")})
+                    "flags": r.config.to_dict(), "speed_factor": factor, "outside_fitted_range": outside,
+                    **summary(rows), "rows": rows.to_dict("records")})
     if a.json:
         print(json.dumps(_clean({"fit": [str(r.path) for r in fit_runs], "calibration": {
             "step_model": cal.step_model.to_dict(), "front_end": cal.front_end.to_dict(), "report": cal.report},

@@ -29,14 +29,25 @@ MIN_REQUESTS = 3
 
 def samples(trace) -> pd.DataFrame:
     """Per request with the engine's phases: prompt and output tokens, TTFT, E2E, queue, prefill,
-    inference, and the way in where `queued_ms` is known (NaN elsewhere)."""
+    inference, and the way in where `queued_ms` is known (NaN elsewhere). The phases are the
+    spans' (vLLM), a simulated trace's, or (a measured trace of our runner) its own steps'."""
     from core.analysis.metrics import request_metrics
     m = request_metrics(trace).reset_index(drop=True)
     extra = list(trace.request_extra) + [{}] * (len(trace.requests) - len(trace.request_extra))
     by_id = dict(zip(trace.ids, extra))
     prompt = dict(zip(trace.ids, trace.requests["prompt_tokens"].to_numpy().tolist()))
 
+    own = None
+    if not any("engine_inference_ms" in e for e in extra[:200]) and len(trace.batch) and len(trace.steps):
+        # a trace of our own engine (the runner's capture): its phases from its steps, batch entries and
+        # tokens, all on the engine's clock (nothing between a front end and the core: 0)
+        from core.sim.frontend import engine_phases
+        ph = engine_phases(trace)
+        own = {name: dict(zip(trace.ids, col.tolist())) for name, col in ph.items()}
+
     def col(name):
+        if own is not None and name in own:
+            return np.array([own[name].get(i, np.nan) for i in m["id"]], dtype=np.float64)
         return np.array([by_id.get(i, {}).get(name, np.nan) for i in m["id"]], dtype=np.float64)
 
     out = pd.DataFrame({"id": m["id"], "prompt_tokens": [prompt[i] for i in m["id"]],

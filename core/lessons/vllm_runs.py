@@ -31,11 +31,18 @@ def bundled_runs() -> list[str]:
                   key=lambda n: int(re.match(r"run(\d+)", n).group(1)))
 
 
+# the runner's own bundled capture with enough requests and steps to fit and predict (data/traces)
+RUNNER_CAPTURES = {"runner: shared_prefix_measured_cpu": "shared_prefix_measured_cpu.json.gz"}
+
+
 @lru_cache(maxsize=16)
 def bundled_run(name: str):
     """A bundled run read as `python -m core fidelity` reads a run directory (core.fit.runs); run2's
-    log starts mid-server (cut from run1's), so it takes run1's flags (the same server)."""
+    log starts mid-server (cut from run1's), so it takes run1's flags (the same server). Or one of
+    RUNNER_CAPTURES (a trace of our runner: its flags in its metadata)."""
     from core.fit.runs import load_run
+    if name in RUNNER_CAPTURES:
+        return load_run(ROOT.parents[1] / "traces" / RUNNER_CAPTURES[name])
     if name not in bundled_runs():
         raise InputError(f"run: expected one of {', '.join(bundled_runs())}, got {name!r}")
     return load_run(ROOT / name, VLLM_CONFIG if name in RUNS else None)
