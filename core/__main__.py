@@ -169,6 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     fi.add_argument("--speed-from-log", action="store_true",
                     help="scale the fitted terms to each predicted run's machine speed: its iteration log's median "
                          "one-sequence decode step against the fit runs' (one number read from the predicted run)")
+    fi.add_argument("--flags", metavar="JSON",
+                    help="the engine's scheduler options for runs whose files do not state them, as a JSON object of "
+                         "SchedulerConfig fields, e.g. '{\"policy\": \"vllm-v1\", \"max_seqs\": 16, "
+                         "\"token_budget\": 2048, \"block_size\": 32, \"kv_blocks\": 64, \"prefix_caching\": "
+                         "true, \"kv_manager\": \"vllm-v1\"}'")
     fi.add_argument("--per-request", action="store_true", help="print every request's row")
     fi.add_argument("--json", action="store_true", help="print one JSON object (with every request's row)")
 

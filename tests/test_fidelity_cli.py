@@ -74,3 +74,27 @@ def test_a_directory_without_per_request_times_is_refused_by_name(tmp_path, caps
 def test_a_missing_run_is_named(tmp_path, capsys):
     assert main(["fidelity", "--fit", str(tmp_path / "nope"), "--predict", str(tmp_path / "nope")]) != 0
     assert "nope: no such file or directory" in capsys.readouterr().err
+
+
+def test_a_run_whose_files_cannot_be_read_says_which_and_why(tmp_path, capsys):
+    from core.lessons.vllm_runs import ROOT
+    spans = (ROOT / "run4_poisson8_p128_o32" / "spans.otlp.jsonl").read_bytes()
+    (tmp_path / "spans.otlp.jsonl").write_bytes(spans[:300])            # cut mid-line
+    assert main(["fidelity", "--fit", str(tmp_path), "--predict", str(tmp_path)]) != 0
+    err = capsys.readouterr().err
+    assert "not read: spans.otlp.jsonl" in err and "not valid JSON" in err
+
+
+def test_engine_flags_missing_from_a_runs_files_are_asked_for_and_checked(tmp_path, capsys):
+    from core.lessons.vllm_runs import ROOT
+    client = next((ROOT / "run4_poisson8_p128_o32").glob("vllm_bench_*.json"))
+    (tmp_path / client.name).write_bytes(client.read_bytes())           # a client's file alone: no server log
+    assert main(["fidelity", "--fit", str(tmp_path), "--predict", str(tmp_path)]) != 0
+    assert "--flags" in capsys.readouterr().err
+    assert main(["fidelity", "--fit", str(tmp_path), "--predict", str(tmp_path), "--flags", "[1]"]) != 0
+    assert "--flags: expected a JSON object" in capsys.readouterr().err
+    assert main(["fidelity", "--fit", str(tmp_path), "--predict", str(tmp_path), "--flags", '{"max_seqs": 0}']) != 0
+    assert "--flags: max_seqs" in capsys.readouterr().err
+    # with flags it gets as far as the fit, which names what the client's file lacks (the engine's phases)
+    assert main(["fidelity", "--fit", str(tmp_path), "--predict", str(tmp_path), "--flags", '{"max_seqs": 16}']) != 0
+    assert "no engine phases" in capsys.readouterr().err

@@ -93,8 +93,8 @@ def calibrate(runs: list[Run], model: str = "affine", method: str = "spans") -> 
         raise InputError("fit: no runs given")
     missing = [r.name for r in runs if r.config is None]
     if missing:
-        raise InputError(f"fit: no engine flags for {', '.join(missing)} (its files do not state them): give the "
-                         "scheduler flags")
+        raise InputError(f"fit: no engine flags for {', '.join(missing)} (its files do not state them): give them "
+                         "with --flags '{\"max_seqs\": 16, \"token_budget\": 2048, ...}'")
     with_phases = [r for r in runs if has_phases(r)]
     if with_phases:
         fe, fe_report = fit_front_end([r.truth for r in with_phases], ", ".join(r.name for r in with_phases))
@@ -188,7 +188,7 @@ def predict(cal: Calibration, run: Run, config=None):
     from core.sim.simulate import simulate
     cfg = config or run.config
     if cfg is None:
-        raise InputError(f"{run.name}: no engine flags (its files do not state them): give the scheduler flags")
+        raise InputError(f"{run.name}: no engine flags (its files do not state them): give them with --flags")
     return simulate(run.workload, cfg, cal.step_model, label=f"{run.name} (predicted)",
                     front_end=cal.front_end)
 

@@ -21,14 +21,16 @@ def _clean(x):
 
 
 def run_fidelity(a) -> int:
+    given = _flags(a.flags) if a.flags else None
     fit_runs = [load_run(p) for p in a.fit]
     targets = [load_run(p) for p in a.predict]
-    flags = next((r.config for r in fit_runs if r.config is not None), None)
+    flags = given or next((r.config for r in fit_runs if r.config is not None), None)
     notes = [f"{r.name}: {n}" for r in fit_runs + targets for n in r.notes]
     for r in fit_runs + targets:
         if r.config is None and flags is not None:   # (the same server's later run: its log has no start-up lines)
             r.config = flags
-            notes.append(f"{r.name}: engine flags taken from the fit runs' (its own files do not state them)")
+            notes.append(f"{r.name}: engine flags " + ("from --flags" if given else "taken from the fit runs' ")
+                         + "(its own files do not state them)")
     cal = calibrate(fit_runs, a.model, a.method)
     fitted = {r.name for r in fit_runs}
     out = []
@@ -74,6 +76,18 @@ def run_fidelity(a) -> int:
     for n in notes:
         print(f"note: {n}")
     return 0
+
+
+def _flags(text: str):
+    from core.config import SchedulerConfig, from_dict
+    from core.errors import InputError
+    try:
+        d = json.loads(text)
+    except ValueError as e:
+        raise InputError(f"--flags: expected a JSON object of scheduler options, got {text[:80]!r} ({e})") from None
+    if not isinstance(d, dict):
+        raise InputError(f"--flags: expected a JSON object of scheduler options, got {type(d).__name__}")
+    return from_dict(SchedulerConfig, {"policy": "vllm-v1", **d}, where="--flags")
 
 
 def _pct(x) -> str:

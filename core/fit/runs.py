@@ -84,7 +84,7 @@ def _dir_run(d: Path, config) -> Run:
     if len(files) > MAX_FILES:
         raise InputError(f"{d}: {len(files)} files; a run directory holds one run's files (at most {MAX_FILES})")
     roles: dict[str, tuple[Path, object]] = {}
-    notes, dataset = [], None
+    notes, dataset, unread = [], None, []
     for f in files:
         if f.name == "dataset.jsonl":
             dataset = f
@@ -93,7 +93,8 @@ def _dir_run(d: Path, config) -> Run:
             continue   # (raw captures beside their decoded forms; notes)
         try:
             got = open_trace(f)
-        except InputError:
+        except InputError as e:
+            unread.append(f"{f.name} ({str(e)[:300]})")
             continue
         role = role_of(got.kind) if isinstance(got, Imported) else "requests"
         tr = got.trace if isinstance(got, Imported) else got
@@ -105,7 +106,9 @@ def _dir_run(d: Path, config) -> Run:
         roles[role] = (f, got)
     if "spans" not in roles and "requests" not in roles:
         raise InputError(f"{d}: no file with per-request times (vLLM's OTLP spans, a client's result file); found "
-                         + (", ".join(f.name for f in files[:8]) or "nothing"))
+                         + (", ".join(f.name for f in files[:8]) or "nothing")
+                         + (f"; not read: {'; '.join(unread[:4])}" if unread else ""))
+    notes += [f"not read: {u}" for u in unread]
     src, got = roles.get("spans") or roles["requests"]
     truth = got.trace if isinstance(got, Imported) else got
     clock = ("vLLM's front end (its spans: its arrival to the token reaching it)" if "spans" in roles
