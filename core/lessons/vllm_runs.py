@@ -5,7 +5,7 @@ settings the simulator can replay: the same prompts (dataset.jsonl, sent in file
 spans' start), under the server's flags (scripts/serve.sh)."""
 from __future__ import annotations
 
-import json
+import dataclasses
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -13,7 +13,7 @@ from pathlib import Path
 from core.config import SchedulerConfig
 from core.errors import InputError
 from core.trace import open_trace
-from core.workload import Request, Workload
+from core.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2] / "data" / "imports" / "vllm_telemetry"
 RUNS = {"run1_c4_p128_o32": "run 1: 48 requests, 4 at a time, 128-token prompts (96 shared), 32 out",
@@ -22,7 +22,6 @@ RUNS = {"run1_c4_p128_o32": "run 1: 48 requests, 4 at a time, 128-token prompts 
 #   --num-gpu-blocks-override 64   (scripts/serve.sh)
 VLLM_CONFIG = SchedulerConfig(policy="vllm-v1", max_seqs=16, token_budget=2048, block_size=32, kv_blocks=64,
                               prefix_caching=True, kv_manager="vllm-v1")
-_BENCH_ID = re.compile(r"-(\d+)-0$")     # vLLM names the i-th request of `vllm bench serve` ...-i-0
 
 
 def bundled_runs() -> list[str]:
@@ -54,33 +53,13 @@ def run_dir(run: str) -> Path:
     return ROOT / run
 
 
-@lru_cache(maxsize=4)
 def run_workload(run: str) -> Workload:
     """The run's requests as vLLM's engine saw them: prompt ids (the byte model's tokens of the
     dataset's prompts), output lengths and arrivals at its front-end (span starts, ms from the
-    first)."""
-    d = run_dir(run)
-    rows = [json.loads(ln) for ln in (d / "dataset.jsonl").read_text().splitlines() if ln.strip()]
-    spans = open_trace(d / "spans.otlp.jsonl").trace
-    reqs = []
-    for k, rid in enumerate(spans.ids):
-        m = _BENCH_ID.search(rid)
-        if m is None:
-            continue            # the warm-up's requests (run 1's folder holds them too)
-        i = int(m.group(1))
-        if not rid.startswith("cmpl-bench-") or i >= len(rows):
-            continue
-        reqs.append((rid, float(spans.requests["arrival_ms"].iloc[k]), rows[i]))
-    bench = [r for r in reqs if r[0].rsplit("-", 2)[0] == _last_bench_prefix(reqs)]
-    t0 = min(a for _, a, _ in bench)
-    return Workload([Request(rid, a - t0, len(row["prompt"].encode()), int(row["output_tokens"]),
-                             prompt_ids=tuple(row["prompt"].encode()))
-                     for rid, a, row in sorted(bench, key=lambda r: r[1])], name=RUNS[run])
-
-
-def _last_bench_prefix(reqs) -> str:
-    """The measured run's id prefix (cmpl-bench-<uuid>): the warm-up before it used another."""
-    return max(((rid.rsplit("-", 2)[0], a) for rid, a, _ in reqs), key=lambda x: x[1])[0]
+    first); read as every run directory is (core.fit.runs: the warm-up's requests left out)."""
+    run_dir(run)
+    w = bundled_run(run).workload
+    return Workload(w.requests, name=RUNS[run])
 
 
 def engine_view(run: str):
@@ -95,8 +74,6 @@ def calibrated_step_model(run: str):
     log leaves out: its "iteration elapsed time" covers the forward pass; the engine's cycle
     (scheduling, sampling, output processing) is longer. The missing part is the median decode
     time per output token in the run's spans minus the median logged decode-only step."""
-    import dataclasses
-
     import numpy as np
 
     from core.analysis.metrics import request_metrics
@@ -140,7 +117,6 @@ def real_and_simulated_cache(run: str = "run2_poisson4_p192_o48", fit_run: str =
              f"step model fitted to {fit_run}'s own iteration log ({sm.describe()}; {report['overhead_ms']:.3f} ms per "
              "step added for what the log's elapsed time leaves out, from that run's spans), the vllm-v1 KV "
              "manager"]
-    import dataclasses
     plain = simulate(w, dataclasses.replace(VLLM_CONFIG, kv_manager="keep-cached"), sm).kv["op"].value_counts()
     notes.append(f"with the simulator's default KV manager (keep-cached: prompt blocks only, cached when computed, "
                  f"no null block) the same run stores {int(plain.get('cache', 0))} blocks and evicts "
