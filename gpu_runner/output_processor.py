@@ -92,7 +92,10 @@ class OutputProcessor:
         finishes = {f.req: f for f in out.finished}
         for i in out.queued:
             r = reqs.get(i)
-            if r is not None and i not in finishes:
+            f = finishes.get(i)
+            # accepted unless it was refused on arrival; one that finishes in the step that queued
+            # it (one token asked, a stop on its first token) is accepted too, then answered below
+            if r is not None and (f is None or f.reason in RESULT_REASONS):
                 r.accepted = True
                 events.append(Accepted(r.rid))
         for i in out.started:

@@ -44,7 +44,7 @@ from starlette.routing import Route
 from core.config import SamplingParams
 from gpu_runner.api import BodyError, CompletionBody, bad_text, decode_body, unsupported
 from gpu_runner.client import EngineClient, Overloaded, ServerStopping, Stream
-from gpu_runner.messages import Failed, RequestOutput
+from gpu_runner.messages import Accepted, Failed, RequestOutput
 from gpu_runner.tokenizer import tokenizer_from_spec
 
 log = logging.getLogger("gpu_runner.serve")
@@ -255,7 +255,8 @@ class App:
         except BadRequest as e:
             return error(str(e), e.status, e.headers)
         rid = ("chatcmpl-" if chat else "cmpl-") + (header_id or uuid.uuid4().hex)
-        gen = _Generation(self, s, rid, chat)
+        # (the first message is Accepted; anything else is the request's first output: kept for it)
+        gen = _Generation(self, s, rid, chat, None if isinstance(first, Accepted) else first)
         if stream:
             return StreamingResponse(gen.sse(request, usage_in_stream), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -265,8 +266,9 @@ class App:
 class _Generation:
     """The engine's outputs for one accepted request -> OpenAI-shaped responses."""
 
-    def __init__(self, app: App, s: Stream, rid: str, chat: bool):
+    def __init__(self, app: App, s: Stream, rid: str, chat: bool, first=None):
         self.app, self.s, self.rid, self.chat = app, s, rid, chat
+        self._first = first     # an output taken off the queue before the response began
         self.ids: list[int] = []
         self.text = ""          # text delivered so far
         self.finish = None
@@ -275,7 +277,7 @@ class _Generation:
         """Yields text as the engine sends it (final: held back there while it could still grow
         into a stop string); sets self.finish from the last output, or raises EngineError."""
         while self.finish is None:
-            item = await self.s.queue.get()
+            item, self._first = (self._first, None) if self._first is not None else (await self.s.queue.get(), None)
             if isinstance(item, RequestOutput):
                 self.ids += item.token_ids
                 self.text += item.text

@@ -39,7 +39,8 @@ def tiny(bundled):
 class Running:
     """A server in this process: uvicorn in a thread, the engine in its own."""
 
-    def __init__(self, model, max_waiting=256, draft=None, engine_process=False, trace_out=None, **sched):
+    def __init__(self, model, max_waiting=256, draft=None, engine_process=False, trace_out=None, tok=None,
+                 **sched):
         """engine_process: the engine in its own process, as `serve` runs it by default (the
         bundled tiny model, loaded there from the same flags; scheduler options default)."""
         import uvicorn
@@ -52,7 +53,8 @@ class Running:
             self.se = ProcessClient(serve_options(args), metrics=self.metrics, max_waiting=max_waiting)
         else:
             cfg = EngineConfig(scheduler=SchedulerConfig(**{"kv_blocks": 256, **sched}), gamma=3)
-            self.engine = Engine(model, ByteTokenizer(), cfg, "cpu", "tiny", draft=draft, draft_name="tiny-draft")
+            self.engine = Engine(model, tok or ByteTokenizer(), cfg, "cpu", "tiny", draft=draft,
+                                 draft_name="tiny-draft")
             self.se = InProcessClient(self.engine, metrics=self.metrics, max_waiting=max_waiting, trace_out=trace_out)
         app = App(self.se, "tiny", self.metrics)
         self.port = free_port()
