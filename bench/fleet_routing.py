@@ -20,7 +20,9 @@ Metrics, per run (the trace's own tables; TTFT, TPOT, E2E and goodput by core.an
   blocks a request hits again when it is re-admitted after a preemption;
 - hit blocks (1st admission): the kv "hit" rows of a request before its first preemption (all of
   them for a request never preempted): what routing bought, without re-admissions;
-- hit rate: hit blocks (1st admission) / the workload's prompt full blocks (sum of prompt // 16);
+- hit rate: hit blocks (1st admission) / the full prompt blocks routed (sum of prompt // 16 over
+  the requests the router placed): core.analysis.fleet's prefix_cache, as the Fleet page and
+  `python -m core metrics` give it;
 - imbalance: max / mean of the requests routed to each replica.
 """
 from __future__ import annotations
@@ -32,7 +34,8 @@ from datetime import date
 
 import numpy as np
 
-from core.analysis.metrics import SLO, distribution, request_metrics, slo_summary
+from core.analysis.fleet import prefix_cache
+from core.analysis.metrics import SLO, InMemory, distribution, request_metrics, slo_summary
 from core.config import SchedulerConfig
 from core.errors import InputError
 from core.fleet.link import Link
@@ -89,17 +92,15 @@ def setup_lines() -> list[str]:
 
 
 # ---- per-run numbers -------------------------------------------------------------------------------
-def hit_blocks(tr) -> tuple[int, int]:
-    """(all kv "hit" rows, those of each request before its first preemption)."""
-    kv = tr.kv
-    hits = kv[kv["op"] == "hit"]
-    first_pre = tr.preempts.groupby("req")["t_ms"].min()
-    before = hits["t_ms"].to_numpy() < hits["req"].map(first_pre).fillna(np.inf).to_numpy()
-    n_all = len(hits)
+def hit_blocks(tr) -> tuple[int, int, int]:
+    """(all hit blocks, hit blocks on first admission, full prompt blocks routed): core.analysis.fleet's
+    prefix cache, the definition the Fleet page and `metrics` use."""
+    n = len(tr.meta["fleet"]["replicas"])
+    _, pc = prefix_cache(InMemory(tr), tr.meta, list(range(n)))
     stats = sum(r["stats"]["prefix_hit_blocks"] for r in tr.meta["fleet"]["replicas"])
-    if n_all != stats:   # two counts of one thing: the trace's rows and the replicas' counters
-        raise RuntimeError(f"kv hit rows {n_all} != replicas' prefix_hit_blocks {stats}")
-    return n_all, int(before.sum())
+    if pc["hit_blocks_all"] != stats:   # two counts of one thing: the trace's rows and the replicas' counters
+        raise RuntimeError(f"kv hit rows {pc['hit_blocks_all']} != replicas' prefix_hit_blocks {stats}")
+    return pc["hit_blocks_all"], pc["hit_blocks_first"], pc["prompt_blocks"]
 
 
 def imbalance(tr) -> float:
@@ -112,8 +113,7 @@ def imbalance(tr) -> float:
 def run_numbers(w: Workload, tr) -> dict:
     m = request_metrics(tr)
     ttft = distribution(m["ttft_ms"], "TTFT", (50, 99))
-    n_all, n_first = hit_blocks(tr)
-    full = int((w.prompt_tokens // BLOCK).sum())
+    n_all, n_first, full = hit_blocks(tr)
     return {"hits": n_all, "hits_first": n_first, "hit_rate": n_first / full if full else float("nan"),
             "preemptions": len(tr.preempts), "ttft_mean": ttft["mean"], "ttft_p50": ttft["p50"],
             "ttft_p99": ttft["p99"], "e2e_mean": distribution(m["e2e_ms"], "E2E")["mean"],

@@ -598,7 +598,9 @@ def _print_fleet(f):
         lat = f"; TTFT p50 {_fmt(t['p50'])} p99 {_fmt(t['p99'])} ms, E2E p50 {_fmt(e['p50'])} p99 " \
               f"{_fmt(e['p99'])} ms" if t["n"] else ""
         hits = "" if r["prefix_hit_blocks"] is None else \
-            f", {r['prefix_hit_blocks']:,} prefix-hit blocks ({r['prefix_hit_blocks_source']})"
+            f", {r['prefix_hit_blocks']:,} prefix-hit blocks ({r['prefix_hit_blocks_source']}" + (
+                "" if r["prefix_hit_rate"] is None else f"; on first admission {r['prefix_hit_blocks_first']:,} of "
+                f"{r['prompt_blocks']:,} prompt blocks routed, {r['prefix_hit_rate']:.1%}") + ")"
         print(f"  replica {r['replica']} ({r['role']}{sm}): {r['routed']} routed, {r['requests']} finished, "
               f"{r['prefilled']} prefilled{lat}; {r['steps']:,} steps, busy {_fmt(r['busy_fraction'])}{hits}")
     ro = f["router"]
@@ -606,6 +608,11 @@ def _print_fleet(f):
     dec = f", decode {_fmt(ro['imbalance_decode'])}" if "imbalance_decode" in ro else ""
     print(f"  router {ro['policy'] or '(policy not recorded)'}{stale}: imbalance (max/mean routed, from "
           f"{ro['routed_from']}) {_fmt(ro['imbalance'])}{dec}; {ro['rejected']} rejected")
+    pc = f.get("prefix_cache") or {}
+    if pc.get("hit_rate") is not None:
+        print(f"  prefix hit rate {pc['hit_rate']:.1%}: {pc['hit_blocks_first']:,} hit blocks on first admission of "
+              f"{pc['prompt_blocks']:,} full prompt blocks routed ({pc['hit_blocks_all']:,} hit blocks in all, "
+              "re-admissions after preemptions included)")
     x = f.get("transfers")
     if x is not None:
         print(f"  KV transfers: {x['count']:,}, {x['bytes']:,} bytes; time mean {_fmt(x['mean_ms'])} ms, p99 "

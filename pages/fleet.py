@@ -124,6 +124,20 @@ except InputError as e:
     st.error(f"Fleet settings: {md(e)}")
     st.stop()
 
+HIT_RATE_WORDS = ("Prefix hit rate = hit blocks on each request's first admission / full prompt blocks routed (a "
+                  "disaggregated request's at its prefill and its decode replica); hits of a request re-admitted "
+                  "after a preemption are left out, since counting them would reward preemption")
+
+
+def hit_rate_help(nums: dict) -> str:
+    if nums["hit_rate"] is None:
+        return HIT_RATE_WORDS + ". This run does not say enough to give it."
+    again = (nums["hit_blocks_all"] or 0) - nums["hit_blocks"]
+    return (f"{nums['hit_blocks']:,} hit blocks on first admission of {nums['prompt_blocks']:,} full prompt blocks "
+            f"routed" + (f" ({again:,} more hit blocks after preemptions are left out)" if again else "") + ". "
+            + HIT_RATE_WORDS + ".")
+
+
 nums = fleet_view("numbers", tr)
 SIMULATED = f"{origin_badge(tr)} step model {md(step_model.describe())}"    # what every comparison below is
 st.markdown(f"{origin_badge(tr)} {len(simulated):,} requests of *{md(workload.name)}*"
@@ -133,8 +147,7 @@ m = st.columns(5)
 m[0].metric("TTFT p50 ms", fmt_ms(nums["ttft_p50_ms"]))
 m[1].metric("TTFT p99 ms", fmt_ms(nums["ttft_p99_ms"]))
 m[2].metric("prefix hit rate", "—" if nums["hit_rate"] is None else f"{nums['hit_rate']:.1%}",
-            help=f"{nums['hit_blocks']:,} hit blocks of {nums['prompt_blocks']:,} full prompt blocks the replicas "
-                 "admitted (a disaggregated request's on its prefill and its decode replica)")
+            help=hit_rate_help(nums))
 m[3].metric("imbalance", "—" if nums["imbalance"] is None else f"{nums['imbalance']:.2f}",
             help="max / mean requests per replica (prefill and decode replicas apart): 1 = even. Requests per "
                  "replica: " + ", ".join(f"r{k} {c}" for k, c in enumerate(nums["per_replica"])))
@@ -187,12 +200,13 @@ def policies_view():
     rows = cached_policy_rows(workload, float(load), setup)
     show_chart(policy_figure(rows, policy), key="fl_policies_fig", width="stretch")
     table = pd.DataFrame([{"policy": r["policy"], "TTFT p50 ms": r["ttft_p50_ms"], "TTFT p99 ms": r["ttft_p99_ms"],
-                           "prefix hit rate": r["hit_rate"], "imbalance": r["imbalance"],
+                           "prefix hit rate %": None if r["hit_rate"] is None else round(100 * r["hit_rate"], 1),
+                           "imbalance": r["imbalance"],
                            "requests per replica": " ".join(map(str, r["per_replica"])), "rejected": r["rejected"]}
                           for r in rows])
     show_table(table, hide_index=True, key="fl_policy_table")
-    st.caption("Prefix hit rate = hit blocks / full prompt blocks admitted; imbalance = max / mean requests per "
-               "replica. The chosen policy is orange in the last two panels.")
+    st.caption(f"{HIT_RATE_WORDS}; imbalance = max / mean requests per replica. The chosen policy is orange in "
+               "the last two panels.")
 
 
 @st.fragment

@@ -84,6 +84,7 @@ def test_the_page_with_defaults_draws_what_the_fleet_did(default_run):
     metrics = {m.label: m.value for m in at.metric}
     p99 = np.percentile(ttft_by_hand(default_run), 99)
     assert float(metrics["TTFT p99 ms"].replace(",", "")) == pytest.approx(p99, abs=1e-3)
+    assert not len(default_run.preempts)      # (enough KV: every hit is on a first admission)
     hit_rate = len(kv[kv["op"] == "hit"]) / sum(e["prompt_blocks"] for e in default_run.events_of("route"))
     assert metrics["prefix hit rate"] == f"{hit_rate:.1%}"
     table = next(d.value for d in at.dataframe if "policy" in d.value.columns).set_index("policy")

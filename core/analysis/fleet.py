@@ -11,7 +11,11 @@ definitions.REQUEST's (each evaluator builds them):
   replica_finish  t_ms, req, replica (-1: rejected at the router), in trace order
   replica_step    t_ms, dur_ms, replica
   replica_kv      op, replica (the simulator's physical KV block events)
-  route           t_ms, replica, decode (the `route` events; a value that is not a number: missing)
+  replica_preempt t_ms, req, replica (the preempt rows)
+  replica_hit     t_ms, req, replica: the kv rows with op hit that name a request, with its
+                  request's fleet_request columns (OfRequest)
+  route           t_ms, replica, decode, prompt_blocks (the `route` events; a value that is not a
+                  number: missing)
   transfer        t_ms, req, src, dst, bytes, blocks, dur_ms (the `transfer` events whose req names
                   a request; a value that is not a number: missing)
   fleet_request   the request relation with FLEET_REQUEST's columns
@@ -31,7 +35,7 @@ ROLES = ("both", "prefill", "decode")
 REPLICA_RECORDS = ("token", "finish", "step", "kv", "preempt")   # record types with a replica column
 PERCENTILES = (50, 90, 99)
 # the verbatim events read as relations: their numeric fields (`req`: the request's id, made its row)
-EVENT_FIELDS = {"route": ("t_ms", "replica", "decode"),
+EVENT_FIELDS = {"route": ("t_ms", "replica", "decode", "prompt_blocks"),
                 "transfer": ("t_ms", "src", "dst", "bytes", "blocks", "dur_ms")}
 EVENT_REQ = {"route": False, "transfer": True}
 
@@ -43,8 +47,12 @@ FLEET_REQUEST = {
     "transfer_start_ms": ByRequest("last", "transfer", "t_ms"),
     "transfer_ms": ByRequest("last", "transfer", "dur_ms"),
     "transfer_end_ms": Col("transfer_start_ms") + Col("transfer_ms"),
+    "first_preempt_ms": ByRequest("min", "replica_preempt", "t_ms"),   # missing: never preempted
 }
 _END = OfRequest(Col("transfer_end_ms"))
+# A prefix-cache hit on a request's first admission: before its first preemption (a re-admission
+# after a preemption hits its own blocks again; counting those would reward preemption).
+FIRST_ADMISSION = IsNull(OfRequest(Col("first_preempt_ms"))) | (Col("t_ms") < OfRequest(Col("first_preempt_ms")))
 
 
 def _finished_elsewhere(r: int):
@@ -59,11 +67,15 @@ PER_REPLICA = {
     "replica_step": {"steps": lambda r: Agg("count", where=Col("replica").eq(r)),
                      "busy_ms": lambda r: Agg("fsum", Col("dur_ms"), where=Col("replica").eq(r))},
     "replica_kv": {"prefix_hit_blocks": lambda r: Agg("count", where=Col("op").eq("hit") & Col("replica").eq(r))},
+    "replica_hit": {"hit_blocks_first": lambda r: Agg("count", where=Col("replica").eq(r) & FIRST_ADMISSION)},
     # routed to r: as the request's replica (whole, or its prefill) or as its decode replica
-    "route": {"routed": lambda r: Agg("count", where=Col("replica").eq(r) | Col("decode").eq(r))},
+    "route": {"routed": lambda r: Agg("count", where=Col("replica").eq(r) | Col("decode").eq(r)),
+              # the full prompt blocks of those requests: what its prefix cache could have held for them
+              "prompt_blocks": lambda r: Agg("fsum", Col("prompt_blocks"), where=(Col("replica").eq(r)
+                                             | Col("decode").eq(r)) & ~IsNull(Col("prompt_blocks")))},
     "replica_finish": {"finished": lambda r: Agg("count", where=Col("replica").eq(r))},
 }
-PRESENT = {"replica_kv": {"n": Agg("count")}, "route": {"n": Agg("count")}}
+PRESENT = {"replica_kv": {"n": Agg("count")}, "route": {"n": Agg("count")}, "replica_preempt": {"n": Agg("count")}}
 REJECTED = {"rejected": Agg("count", where=Col("replica").eq(-1))}          # over replica_finish
 TRANSFERS = {"count": Agg("count"), "bytes": Agg("sum", Col("bytes"), where=~IsNull(Col("bytes"))),
              "blocks": Agg("sum", Col("blocks"), where=~IsNull(Col("blocks")))}
@@ -95,6 +107,18 @@ FIELDS = {
     "replicas[].prefix_hit_blocks": "prefix-cache hits: its kv rows with op hit (a trace without kv rows: "
                                     "meta.fleet.replicas[].stats.prefix_hit_blocks)",
     "replicas[].prefix_hit_blocks_source": "kv (the trace's kv rows), meta (meta.fleet's stats) or null (neither)",
+    "replicas[].prefix_hit_blocks_first": "prefix-cache hits on first admission: its kv hit rows of each request "
+                                          "before that request's first preemption (re-admissions left out: they "
+                                          "would reward preemption); without kv rows, meta.fleet's stats."
+                                          "prefix_hit_blocks_first, else prefix_hit_blocks when the trace has no "
+                                          "preemption (null otherwise)",
+    "replicas[].prompt_blocks": "full prompt blocks of the requests routed to it (route events' prompt_blocks; a "
+                                "disaggregated request counts at its prefill and at its decode replica); null "
+                                "without route events",
+    "replicas[].prefix_hit_rate": "prefix_hit_blocks_first / prompt_blocks (0..1; null without either)",
+    "prefix_cache": "the fleet's prefix cache: the replicas' sums (hit_blocks_first, prompt_blocks, "
+                    "hit_blocks_all) and hit_rate = hit_blocks_first / prompt_blocks, the one prefix hit rate the "
+                    "app, the CLI and docs/fleet.md show",
     "router": "the router",
     "router.policy": "meta.fleet.router.policy",
     "router.staleness_ms": "meta.fleet.router.staleness_ms: how old the replica signals it routed on were",
@@ -180,9 +204,51 @@ def _ratio_max_mean(values: list) -> float | None:
     return max(values) / (sum(values) / len(values))
 
 
-def _meta_hits(info: dict) -> int | None:
-    v = info["stats"].get("prefix_hit_blocks")
+def _meta_hits(info: dict, key: str = "prefix_hit_blocks") -> int | None:
+    v = info["stats"].get(key)
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _hits_row(per: dict, present: dict, info: dict, r: int) -> dict:
+    """A replica's prefix-cache fields (FIELDS: replicas[].prefix_*, prompt_blocks)."""
+    if present["replica_kv"]:
+        hits, src, first = int(per["prefix_hit_blocks"][r]), "kv", int(per["hit_blocks_first"][r])
+    else:
+        hits, src = _meta_hits(info), "meta"
+        first = _meta_hits(info, "prefix_hit_blocks_first")
+        if first is None and not present["replica_preempt"]:
+            first = hits
+    blocks = int(per["prompt_blocks"][r]) if present["route"] else None
+    return {"prefix_hit_blocks": hits, "prefix_hit_blocks_source": src if hits is not None else None,
+            "prefix_hit_blocks_first": first, "prompt_blocks": blocks,
+            "prefix_hit_rate": first / blocks if first is not None and blocks else None}
+
+
+def _hit_totals(rows: list[dict]) -> dict:
+    """FIELDS' prefix_cache: the replicas' sums and the fleet's hit rate (null where a replica's
+    count is unknown)."""
+    def total(key):
+        vals = [x[key] for x in rows]
+        return None if any(v is None for v in vals) else sum(vals)
+    first, blocks = total("prefix_hit_blocks_first"), total("prompt_blocks")
+    return {"hit_blocks_first": first, "prompt_blocks": blocks, "hit_blocks_all": total("prefix_hit_blocks"),
+            "hit_rate": first / blocks if first is not None and blocks else None}
+
+
+def prefix_cache(ev, meta: dict, reps: list[int]) -> tuple[list[dict], dict]:
+    """Only the prefix-cache part of fleet_summary (its rows' prefix fields and prefix_cache) for
+    replicas `reps`: what a page comparing many runs reads, without the rest of the summary."""
+    known, _ = meta_replicas(meta)
+    info = {r: (known or {}).get(r, {"role": "both", "step_model": None, "stats": {}}) for r in reps}
+    present = {rel: ev.agg(rel, aggs)["n"] for rel, aggs in PRESENT.items()}
+    per: dict = {}
+    for rel, name in (("replica_kv", "prefix_hit_blocks"), ("replica_hit", "hit_blocks_first"),
+                      ("route", "prompt_blocks")):
+        fn = PER_REPLICA[rel][name]
+        got = ev.agg(rel, {str(r): fn(r) for r in reps})
+        per[name] = {int(k): v for k, v in got.items()}
+    rows = [{"replica": r, **_hits_row(per, present, info[r], r)} for r in reps]
+    return rows, _hit_totals(rows)
 
 
 def fleet_summary(ev, meta: dict) -> dict | None:
@@ -208,12 +274,11 @@ def fleet_summary(ev, meta: dict) -> dict | None:
                                    where=Col("finish_replica").eq(r))
             row[key] = _plain_dist(dist)
         busy = float(per["busy_ms"][r])
-        hits, src = (int(per["prefix_hit_blocks"][r]), "kv") if present["replica_kv"] else (_meta_hits(info[r]), "meta")
         row.update({"steps": int(per["steps"][r]), "busy_ms": busy, "busy_fraction": busy / span if span > 0 else None,
-                    "prefix_hit_blocks": hits, "prefix_hit_blocks_source": src if hits is not None else None})
+                    **_hits_row(per, present, info[r], r)})
         rows.append(row)
     out = {"origin": meta.get("source"), "window_ms": [start, end], "replicas": rows,
-           "router": _router(ev, meta, rows, bool(present["route"]))}
+           "prefix_cache": _hit_totals(rows), "router": _router(ev, meta, rows, bool(present["route"]))}
     transfers = _transfers(ev)
     if transfers is not None or any(row["role"] != "both" for row in rows):
         out["transfers"] = transfers or _transfers(ev, empty=True)

@@ -126,10 +126,21 @@ class InMemory:
             if name == "replica_kv":
                 env["op"] = df["op"].astype(str).to_numpy(dtype=object)
             return env, len(df)
+        if name == "replica_preempt":
+            p = tr.preempts
+            return {"t_ms": p["t_ms"].to_numpy(dtype=float), "req": p["req"].to_numpy(),
+                    "replica": p["replica"].to_numpy(dtype=float)}, len(p)
+        if name == "replica_hit":
+            kv = tr.kv
+            hit = (kv["op"] == "hit").to_numpy() & kv["req"].notna().to_numpy()
+            env = {"t_ms": kv["t_ms"].to_numpy(dtype=float)[hit], "req": kv["req"].to_numpy()[hit].astype(np.int64),
+                   "replica": kv["replica"].to_numpy(dtype=float)[hit],
+                   "__request__": self.relation("fleet_request")[0]}
+            return env, int(hit.sum())
         if name in fl.EVENT_FIELDS:
             return _event_relation(tr, name)
         if name == "fleet_request":
-            rows = {rel: self.relation(rel)[0] for rel in ("replica_finish", "transfer")}
+            rows = {rel: self.relation(rel)[0] for rel in ("replica_finish", "transfer", "replica_preempt")}
             return request_columns_np(fl.FLEET_REQUEST, self._request_env(), rows, len(tr.requests)), len(tr.requests)
         if name == "visit":
             env = _visits(tr)

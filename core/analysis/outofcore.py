@@ -325,6 +325,7 @@ class DuckDBTrace:
         rels["replica_step"] = f"(SELECT t_ms, coalesce(dur_ms, 0.0) AS dur_ms, {rep} AS replica FROM src " \
                                "WHERE rtype = 'step')"
         rels["replica_kv"] = f"(SELECT op, {rep} AS replica FROM src WHERE rtype = 'kv')"
+        rels["replica_preempt"] = f"(SELECT t_ms, req, rowkey, {rep} AS replica FROM src WHERE rtype = 'preempt')"
         for kind, fields in fl.EVENT_FIELDS.items():
             cols = ", ".join(f"CASE WHEN json_type(e.json, '$.{c}') IN ('BIGINT', 'UBIGINT', 'DOUBLE') "
                              f"THEN CAST(json_extract(e.json, '$.{c}') AS DOUBLE) END AS {c}" for c in fields)
@@ -339,6 +340,9 @@ class DuckDBTrace:
             rels[kind] = f"ev_{kind}"
         con.execute("CREATE TEMP TABLE fm AS " + request_columns_sql(fl.FLEET_REQUEST, "m", rels))
         rels["fleet_request"] = "fm"
+        rels["replica_hit"] = f"(SELECT k.t_ms, k.req, {rep.replace('replica', 'k.replica')} AS replica, fm.* " \
+                              "FROM (SELECT * FROM src WHERE rtype = 'kv' AND op = 'hit' AND req IS NOT NULL) k " \
+                              "JOIN fm ON k.req = fm.i)"
         # a batch entry's step: the first step record of its number (trace order)
         con.execute(f"""CREATE TEMP TABLE fvisit AS SELECT b.req, s.replica, min(s.t_ms) AS first_ms,
                         max(s.t_ms + s.dur_ms) AS last_end_ms

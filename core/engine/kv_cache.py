@@ -45,6 +45,10 @@ class KVCacheManager:
         self.chain: dict = {}                  # seq id -> hashes of its full blocks so far
         self.extra: dict = {}                  # seq id -> extra-key bytes (model + salt)
         self.counts = {op: 0 for op in KV_OPS}
+        # hit blocks on each sequence's first admission (a re-admission after a preemption hits
+        # its own blocks again: core.analysis.fleet's hit rate leaves those out)
+        self.hits_first = 0
+        self._admitted: set = set()
 
     # ---- queries -------------------------------------------------------------------
     @property
@@ -118,6 +122,9 @@ class KVCacheManager:
         if seq in self.tables:
             raise ValueError(f"sequence {seq!r} already has a block table")
         self.extra[seq] = extra_key(self.model_id, salt)
+        first = seq not in self._admitted
+        if first:
+            self._admitted.add(seq)
         if not hits:
             self.tables[seq], self.chain[seq] = [], []
             return 0
@@ -126,6 +133,8 @@ class KVCacheManager:
         self.tables[seq] = list(hits)  # the table grows; the logged hit list must not
         self.chain[seq] = [self.prefix.hash[b] for b in hits]
         self._rec("hit", seq, hits, 0, 1, self.pool.refcount[hits].tolist(), list(self.chain[seq]))
+        if first:
+            self.hits_first += len(hits)
         return len(hits) * self.block_size
 
     def grow(self, seq, num_tokens: int) -> list[int]:

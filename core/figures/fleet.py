@@ -5,7 +5,7 @@ split of a fixed number of replicas into prefill and decode ones).
 
 Also, until core/analysis/fleet.py holds them, the fleet's numbers these show, each defined once
 here: `fleet_numbers` (TTFT p50/p99 through core.analysis's request_metrics and distribution,
-prefix hit rate = hit blocks / prompt blocks admitted, imbalance = max / mean requests per replica),
+prefix hit rate: core.analysis.fleet's, imbalance = max / mean requests per replica),
 the requests' replicas as the router chose them (`request_replicas`), and the simulations the
 comparisons run (`FleetSetup`, `compare_policies`, `staleness_sweep`, `pd_splits`)."""
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from core.analysis.metrics import SLO, distribution, request_metrics, request_spans, slo_summary
+from core.analysis.fleet import prefix_cache
+from core.analysis.metrics import SLO, InMemory, distribution, request_metrics, request_spans, slo_summary
 from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.figures import BLUE, GRAY, ORANGE, PALETTE, PURPLE, VERMILLION, base_layout
@@ -126,34 +127,6 @@ def requests_per_replica(trace, routes: pd.DataFrame | None = None) -> np.ndarra
     return (np.bincount(r[(r >= 0) & (r < n)], minlength=n) + np.bincount(d[(d >= 0) & (d < n)], minlength=n))[:n]
 
 
-def hits_per_replica(trace) -> np.ndarray:
-    """Prefix-cache hit blocks per replica: the kv rows with op "hit" of each replica; a trace run
-    without kv rows: each replica's own count in meta.fleet (stats.prefix_hit_blocks)."""
-    n = len(replica_roles(trace))
-    kv = trace.kv
-    if len(kv):
-        rep = kv["replica"].to_numpy() if "replica" in kv else np.zeros(len(kv), np.int64)
-        hit = (kv["op"] == "hit").to_numpy()
-        return np.bincount(rep[hit], minlength=n)[:max(n, 1)]
-    reps = (trace.meta.get("fleet") or {}).get("replicas") or []
-    return np.array([int((r.get("stats") or {}).get("prefix_hit_blocks", 0)) for r in reps] or [0] * n, np.int64)
-
-
-def prompt_blocks_per_replica(trace, routes: pd.DataFrame | None = None) -> np.ndarray:
-    """Full prompt blocks of the requests each replica admitted (a whole request's replica; a
-    disaggregated one's prefill replica and its decode replica, which looks up the prompt in its own
-    cache before the transfer): the blocks its prefix cache could have held."""
-    routes = request_replicas(trace) if routes is None else routes
-    n = len(replica_roles(trace))
-    out = np.zeros(n, np.int64)
-    blocks = routes["prompt_blocks"].to_numpy()
-    for col in ("replica", "decode"):
-        r = routes[col].to_numpy()
-        ok = (r >= 0) & (r < n)
-        out += np.bincount(r[ok], weights=blocks[ok], minlength=n)[:n].astype(np.int64)
-    return out
-
-
 def imbalance(counts: np.ndarray, roles: list[str]) -> float | None:
     """max / mean requests per replica, among replicas of one role (prefill ones apart from decode
     ones); the largest over the roles. 1 = perfectly even."""
@@ -167,19 +140,19 @@ def imbalance(counts: np.ndarray, roles: list[str]) -> float | None:
 
 def fleet_numbers(trace, slo: SLO | None = None) -> dict:
     """The numbers the policy comparison shows for one fleet run: TTFT p50/p99 (ms; request_metrics,
-    the project's percentile estimator); prefix hit blocks and the full prompt blocks of the requests
-    the replicas admitted (prompt_blocks_per_replica), hit rate = hit / prompt blocks (None without
-    any); requests per replica and their imbalance; requests rejected at the router; with an SLO,
-    its attainment and goodput (core.analysis.metrics.slo_summary)."""
+    the project's percentile estimator); the prefix cache as core.analysis.fleet defines it (hit
+    blocks on first admission, all hit blocks, the full prompt blocks routed, the hit rate);
+    requests per replica and their imbalance; requests rejected at the router; with an SLO, its
+    attainment and goodput (core.analysis.metrics.slo_summary)."""
     m = request_metrics(trace)
     ttft = distribution(m["ttft_ms"].to_numpy(dtype=float), "TTFT", (50, 99))
     routes = request_replicas(trace)
     counts = requests_per_replica(trace, routes)
-    hits = int(hits_per_replica(trace).sum())
-    blocks = int(prompt_blocks_per_replica(trace, routes).sum())
+    _, pc = prefix_cache(InMemory(trace, m), trace.meta, list(range(len(counts))))
     out = {"requests": len(m), "ttft_p50_ms": ttft["p50"], "ttft_p99_ms": ttft["p99"],
            "tpot_p99_ms": distribution(m["tpot_ms"].to_numpy(dtype=float), "TPOT", (99,))["p99"],
-           "hit_blocks": hits, "prompt_blocks": blocks, "hit_rate": hits / blocks if blocks else None,
+           "hit_blocks": pc["hit_blocks_first"], "hit_blocks_all": pc["hit_blocks_all"],
+           "prompt_blocks": pc["prompt_blocks"], "hit_rate": pc["hit_rate"],
            "per_replica": counts.tolist(), "imbalance": imbalance(counts, replica_roles(trace)),
            "rejected": int((routes["stage"] == "rejected").sum())}
     if slo is not None and slo.given():
@@ -634,18 +607,28 @@ def replica_signals(trace, drains=None, max_points: int = MAX_SIGNAL_POINTS) -> 
 
 
 def replica_hits_figure(trace) -> go.Figure:
-    """Prefix-cache hit blocks per replica (bars); the hover adds the full prompt blocks routed
-    there and their ratio."""
+    """Prefix-cache hit blocks per replica as core.analysis.fleet defines them: on first admission
+    (the replica's colour; the hover adds the full prompt blocks routed there and the hit rate) and,
+    stacked above in gray, the hits of requests re-admitted after a preemption (not in the rate)."""
     roles = replica_roles(trace)
-    hits = hits_per_replica(trace)
-    blocks = prompt_blocks_per_replica(trace)
-    n = len(hits)
-    labels = [f"r{r}" + ("" if r >= len(roles) or roles[r] == "both" else f" {roles[r]}") for r in range(n)]
-    rate = [f"{h / b:.1%}" if b else "—" for h, b in zip(hits.tolist(), list(blocks) + [0] * (n - len(blocks)))]
-    fig = go.Figure(go.Bar(x=labels, y=hits, marker_color=[color_of(r) for r in range(n)], text=hits,
-                           textposition="auto", customdata=np.stack([np.resize(blocks, n), rate], -1),
-                           hovertemplate="%{x}: %{y} hit blocks; %{customdata[0]} full prompt blocks routed here "
-                                         "(%{customdata[1]})<extra></extra>", showlegend=False))
+    n = len(roles)
+    rows, _ = prefix_cache(InMemory(trace), trace.meta, list(range(n)))
+    labels = [f"r{r}" + ("" if roles[r] == "both" else f" {roles[r]}") for r in range(n)]
+    first = [x["prefix_hit_blocks_first"] for x in rows]
+    again = [None if x["prefix_hit_blocks"] is None or f is None else x["prefix_hit_blocks"] - f
+             for x, f in zip(rows, first)]
+    blocks = ["—" if x["prompt_blocks"] is None else f"{x['prompt_blocks']:,}" for x in rows]
+    rate = ["—" if x["prefix_hit_rate"] is None else f"{x['prefix_hit_rate']:.1%}" for x in rows]
+    fig = go.Figure(go.Bar(x=labels, y=first, marker_color=[color_of(r) for r in range(n)], text=first,
+                           textposition="inside", insidetextanchor="middle", name="on first admission",
+                           customdata=np.stack([blocks, rate], -1),
+                           hovertemplate="%{x}: %{y} hit blocks on first admission of %{customdata[0]} full prompt "
+                                         "blocks routed here (hit rate %{customdata[1]})<extra></extra>"))
+    if any(a for a in again):
+        fig.add_trace(go.Bar(x=labels, y=again, marker=dict(color=GRAY, pattern_shape="/"), name="again after a "
+                             "preemption (not in the hit rate)",
+                             hovertemplate="%{x}: %{y} hit blocks of re-admitted requests<extra></extra>"))
+    fig.update_layout(barmode="stack", uniformtext_minsize=10, uniformtext_mode="hide")
     fig.update_yaxes(title_text="prefix-cache hit blocks")
     return base_layout(fig, "Prefix-cache hits per replica", height=320)
 

@@ -542,6 +542,7 @@ class FleetSim:
                          "drain_ms": None if r.drain_ms == math.inf else r.drain_ms,
                          "stats": {"steps": s.step, "requests": s.n, "preemptions": s.num_preemptions,
                                    "prefix_hit_blocks": int(s.kv.counts.get("hit", 0)),
+                                   "prefix_hit_blocks_first": int(s.kv.hits_first),
                                    **{f"kv_{k}": v for k, v in s.kv.counts.items()}}})
         out = {"replicas": reps, "router": self.router_cfg.to_dict()}
         if f.disaggregated:

@@ -1,0 +1,112 @@
+"""The fleet's prefix hit rate, one definition (core.analysis.fleet): hit blocks on each request's
+first admission / full prompt blocks routed. Issue 48, item 1: the Fleet page counted every hit
+(re-admissions after preemptions too), so with a small KV pool it showed 124% and ranked
+round-robin above prefix-aware. Expected values are counted here from the trace's own rows."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from core.analysis.fleet import fleet_summary, prefix_cache
+from core.analysis.metrics import InMemory
+from core.config import SchedulerConfig
+from core.figures.fleet import fleet_numbers, replica_hits_figure
+from core.fleet.router import RouterConfig
+from core.fleet.sim import FleetSpec, simulate_fleet
+from core.sim.stepmodel import StepModel
+from core.workload import Workload, load_workload
+from tests.conftest import DATA
+from tests.helpers import open_page
+
+AFFINE = StepModel(kind="affine", base_ms=5.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.2)
+
+
+def shared(load: float) -> Workload:
+    w = load_workload(DATA / "workloads" / "shared_prefix_200.json")
+    return Workload([dataclasses.replace(r, arrival_ms=r.arrival_ms / load) for r in w.requests], w.name)
+
+
+def run(policy: str, replicas: int = 4, kv_blocks: int = 100, load: float = 1.0):
+    cfg = SchedulerConfig(prefix_caching=True, kv_blocks=kv_blocks)
+    return simulate_fleet(shared(load), FleetSpec.uniform(replicas, cfg, AFFINE, router=RouterConfig(policy)))
+
+
+def by_hand(tr) -> tuple[list[int], list[int]]:
+    """Per replica: kv hit rows before their request's first preemption (anywhere); the prompt
+    blocks of the route events naming the replica."""
+    n = len(tr.meta["fleet"]["replicas"])
+    first_pre = tr.preempts.groupby("req")["t_ms"].min()
+    kv = tr.kv[tr.kv["op"] == "hit"]
+    before = kv["t_ms"].to_numpy() < kv["req"].map(first_pre).fillna(np.inf).to_numpy()
+    hits = np.bincount(kv["replica"].to_numpy()[before], minlength=n).tolist()
+    blocks = [0] * n
+    for e in tr.events_of("route"):
+        for k in {e["replica"], e.get("decode", -1)} - {-1}:
+            blocks[k] += e["prompt_blocks"]
+    return hits, blocks
+
+
+@pytest.fixture(scope="module")
+def small_pool():
+    return {p: run(p) for p in ("round-robin", "prefix-aware")}
+
+
+def test_the_hit_rate_counts_first_admissions_only_and_stays_within_one(small_pool):
+    for policy, tr in small_pool.items():
+        assert len(tr.preempts), policy          # a small pool: requests are preempted and hit again
+        hits, blocks = by_hand(tr)
+        all_hits = int((tr.kv["op"] == "hit").sum())
+        assert all_hits > sum(hits)              # re-admissions hit too; they are left out
+        nums = fleet_numbers(tr)
+        assert nums["hit_blocks"] == sum(hits) and nums["prompt_blocks"] == sum(blocks)
+        assert nums["hit_blocks_all"] == all_hits
+        assert nums["hit_rate"] == pytest.approx(sum(hits) / sum(blocks)) and 0 <= nums["hit_rate"] <= 1
+        rows, totals = prefix_cache(InMemory(tr), tr.meta, [0, 1, 2, 3])
+        assert [r["prefix_hit_blocks_first"] for r in rows] == hits
+        assert [r["prompt_blocks"] for r in rows] == blocks
+        # the engines' own count (what a trace without kv rows reads) agrees with the rows
+        assert [r["stats"]["prefix_hit_blocks_first"] for r in tr.meta["fleet"]["replicas"]] == hits
+        # metrics --json (fleet_summary) gives the same numbers
+        summary = fleet_summary(InMemory(tr), tr.meta)
+        assert summary["prefix_cache"] == totals
+        assert totals["hit_rate"] == nums["hit_rate"]
+    # what routing bought: prefix-aware above round-robin (docs/fleet.md's table: 0.710 vs 0.686)
+    assert fleet_numbers(small_pool["prefix-aware"])["hit_rate"] > fleet_numbers(small_pool["round-robin"])["hit_rate"]
+
+
+def test_a_trace_without_kv_rows_gives_the_same_rate_from_the_engines_counts(small_pool):
+    tr = small_pool["round-robin"]
+    lean = simulate_fleet(shared(1.0), FleetSpec.uniform(4, SchedulerConfig(prefix_caching=True, kv_blocks=100),
+                                                         AFFINE, router=RouterConfig("round-robin")), record_kv=False)
+    assert not len(lean.kv)
+    assert fleet_numbers(lean)["hit_rate"] == fleet_numbers(tr)["hit_rate"]
+
+
+def test_the_out_of_core_summary_agrees(small_pool, tmp_path):
+    from core.analysis.outofcore import summarize_parquet
+    from core.trace import save_trace
+    tr = small_pool["prefix-aware"]
+    save_trace(tr, tmp_path / "t.parquet")
+    got = summarize_parquet(tmp_path / "t.parquet")["summary"]["fleet"]
+    assert got["prefix_cache"] == fleet_summary(InMemory(tr), tr.meta)["prefix_cache"]
+
+
+def test_the_hits_figure_splits_first_admissions_from_re_admissions(small_pool):
+    tr = small_pool["round-robin"]
+    hits, _ = by_hand(tr)
+    fig = replica_hits_figure(tr).to_plotly_json()
+    first, again = fig["data"][0], fig["data"][1]
+    assert list(first["y"]) == hits
+    all_hits = np.bincount(tr.kv[tr.kv["op"] == "hit"]["replica"], minlength=4)
+    assert [a + b for a, b in zip(first["y"], again["y"])] == all_hits.tolist()
+
+
+@pytest.mark.slow
+def test_the_fleet_page_shows_the_rate_within_one_and_prefix_aware_above_round_robin():
+    """The issue's link: /fleet?fl_load=1&fl_n=4&fl_pol=round-robin&fl_kb=100 showed 124.0%."""
+    at = open_page("fleet", {"fl_load": "1", "fl_n": "4", "fl_pol": "round-robin", "fl_kb": "100"})
+    assert not at.error
+    metrics = {m.label: m.value for m in at.metric}
+    want = fleet_numbers(run("round-robin"))["hit_rate"]
+    assert metrics["prefix hit rate"] == f"{want:.1%}"
+    assert float(metrics["prefix hit rate"].rstrip("%")) <= 100
