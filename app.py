@@ -9,6 +9,7 @@ from ui import (
     export_tools,
     freeze_startup_heap,
     link_box,
+    link_slot,
     presentation_switch,
     start_view,
 )
@@ -50,6 +51,7 @@ st.sidebar.caption("Every number is labeled by origin: **given** (teaching scena
                    "**simulated** (core simulator, step model stated), **measured** (captured trace).")
 presentation_switch()
 start_view()
+link_slot(pg.url_path)   # the link's place, before the page's fragments run
 pg.run()
 link_box(pg.url_path)   # after the page ran: every widget it drew has its value
 export_tools(pg.url_path or "home")

@@ -27,6 +27,7 @@ from ui import (
     cached_scenario,
     ensure_app_frame,
     fmt_ms,
+    linked_fragment,
     md,
     origin_badge,
     scheduler_inputs,
@@ -209,7 +210,7 @@ def policies_view():
                "the last two panels.")
 
 
-@st.fragment
+@linked_fragment
 def staleness_experiment():
     st.markdown("The router reads each replica's load as of *staleness* ms ago. "
                 "Load-based policies then send bursts to a replica that already got them; round-robin never looks.")
@@ -229,7 +230,7 @@ def staleness_experiment():
                "changed.")
 
 
-@st.fragment
+@linked_fragment
 def pd_experiment():
     st.markdown("How to split a fleet: the same number of replicas split into prefill and decode "
                 "ones every way, and as whole replicas; goodput counts the requests per second that met both SLOs.")

@@ -40,6 +40,7 @@ from ui import (
     ensure_app_frame,
     fmt_ms,
     large_trace,
+    linked_fragment,
     load_trace_file,
     md,
     ms_metric,
@@ -326,7 +327,7 @@ playing = toggles[0].toggle("Play", False, help="advance the cursor automaticall
 SPEEDS = {"½×": 0.5, "1×": 1.0, "2×": 2.0, "4×": 4.0}
 
 
-@st.fragment(run_every=0.8 if playing else None)
+@linked_fragment(run_every=0.8 if playing else None)
 def cursor_views():
     step = (t1 - t0) / 400
     here = st.session_state.get("rp_cursor", float(t0 + (t1 - t0) / 2))

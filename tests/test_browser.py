@@ -338,3 +338,28 @@ def test_every_page_renders_in_the_dark_theme(server, page):
             assert sum(rgb) < 150, (path, bg)                  # a dark background
     finally:
         context.close()
+
+
+def test_the_link_follows_a_slider_inside_an_experiment_tab(server, page):
+    """Issue 48 item 3: a widget inside a fragment (the P:D experiment's TTFT SLO) reruns only the
+    fragment; the sidebar's link stayed at the last full run's value (fl_ttft=200 after 60 was set),
+    so the shared link reopened another goodput. The fragment's rerun now redraws the link."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from playwright.sync_api import expect
+    page.goto(f"{server}/fleet?fl_tab=Experiment%3A+the+P%3AD+split&fl_n=2")
+    wait_idle(page)
+    expect(page.get_by_text("SLO: TTFT ≤ ms").first).to_be_visible()
+    slider = page.get_by_role("slider", name="SLO: TTFT ≤ ms")
+    slider.focus()
+    for _ in range(14):                 # 200 -> 60 ms in steps of 10
+        page.keyboard.press("ArrowLeft")
+    wait_idle(page)
+    expect(slider).to_have_attribute("aria-valuetext", "60")
+    wait_idle(page)
+    page.get_by_text("Link to this view").click()
+    link = page.locator("[data-testid='stCode']").last.inner_text().strip()
+    query = parse_qs(urlsplit(link).query)
+    assert query.get("fl_ttft") == ["60"], link
+    assert query.get("fl_n") == ["2"], link            # a widget outside the fragment keeps its value
+    assert page.locator("[data-testid='stException']").count() == 0

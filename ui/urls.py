@@ -195,10 +195,24 @@ def bound_values(page: str) -> dict[str, list[str]]:
 
 def view_query(page: str) -> list[tuple[str, str]]:
     """The query of a link to this view: the address's parameters (those no widget holds, such as a
-    custom workload, stay as they are) with every drawn bound widget's current value."""
+    custom workload, stay as they are) with every drawn bound widget's current value. In a
+    fragment's rerun (only its own widgets drawn), the others keep the values of the last full run."""
     values = bound_values(page)
+    if _fragment_run():
+        values = {**st.session_state.get("_view_values", {}), **values}
+    st.session_state["_view_values"] = values
     pairs = [(k, v) for k in st.query_params if k not in values for v in st.query_params.get_all(k)]
     return pairs + [(k, v) for k, vs in values.items() for v in vs]
+
+
+def _fragment_run() -> bool:
+    """This script run reruns fragments only (the rest of the page stays as the last full run drew it)."""
+    try:
+        from streamlit.runtime.scriptrunner_utils.script_run_context import get_script_run_ctx
+        ctx = get_script_run_ctx()
+        return bool(ctx is not None and ctx.fragment_ids_this_run)
+    except (ImportError, AttributeError):
+        return False
 
 
 def view_link(page: str) -> str | None:
@@ -211,15 +225,62 @@ def view_link(page: str) -> str | None:
     return base.split("?", 1)[0] + ("?" + query if query else "")
 
 
+def link_slot(page: str) -> None:
+    """Before the page runs (app.py): the sidebar's place for the link to this view. A fragment
+    (`linked_fragment`) that runs in this full run claims it, so that its own reruns can redraw the
+    link (Streamlit lets a fragment rerun write outside itself only where it wrote in the full run)."""
+    st.session_state["_link_slot"] = (page, st.sidebar.container())
+    st.session_state.pop("_link_claim", None)
+
+
 def link_box(page: str) -> None:
-    """The sidebar's "link to this view": a code box with a copy button. (The query is also kept in
-    the session state, `_view_query`, where a headless test reads it.)"""
+    """After the page ran (app.py): the sidebar's "link to this view", a code box with a copy
+    button. (The query is also kept in the session state, `_view_query`, where a headless test
+    reads it.)"""
+    got = st.session_state.get("_link_slot")
+    claim = st.session_state.get("_link_claim")
+    if claim is not None:
+        target = claim[1]
+    elif got is not None and got[0] == page:
+        target = got[1].empty()
+    else:                      # (no slot made before the page: the sidebar's end)
+        target = st.sidebar.empty()
+    _draw_link(page, target)
+
+
+def _draw_link(page: str, target) -> None:
     st.session_state["_view_query"] = view_query(page)
     url = view_link(page)
     if url:
-        with st.sidebar.expander(":material/link: Link to this view"):
+        with target.container(), st.expander(":material/link: Link to this view"):
             st.code(url, language=None, wrap_lines=True)
             st.caption("Opens this page with the same scenario, settings and cursor.")
+
+
+def linked_fragment(fn=None, **kwargs):
+    """st.fragment whose reruns also redraw the sidebar's link to this view: a widget bound to the
+    URL inside a fragment changes the view without a full run, and the full run is what draws the
+    link. The first such fragment of a full run owns the link (another one's reruns leave it)."""
+    import functools
+
+    def wrap(f):
+        name = f"{f.__module__}.{f.__qualname__}"
+
+        @functools.wraps(f)
+        def run(*a, **kw):
+            out = f(*a, **kw)
+            got = st.session_state.get("_link_slot")
+            if got is None:
+                return out
+            claim = st.session_state.get("_link_claim")
+            if not _fragment_run():
+                if claim is None:       # reserve the place this fragment's reruns write to
+                    st.session_state["_link_claim"] = (name, got[1].empty())
+            elif claim is not None and claim[0] == name:
+                _draw_link(got[0], got[1])
+            return out
+        return st.fragment(run, **kwargs)
+    return wrap(fn) if fn is not None else wrap
 
 
 MAX_PARAM_CHARS = 4096    # one query parameter's name or value; URL_KEYS values are far shorter
