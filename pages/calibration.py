@@ -11,54 +11,66 @@ from ui import bound, cached_calibration, ensure_app_frame, md, show_chart, show
 ensure_app_frame()
 st.title("Prediction vs measurement")
 st.markdown("Fit the simulator on some real runs, predict another, and see request by request where the "
-            "prediction goes wrong. The runs are **measured**: vLLM 0.32.0's CPU build serving the bundled tiny "
-            "model on this project's 2-core VM (run1–run2 on 2026-12-01, run3–run9 on 2026-12-04; how each was "
-            "made: data/imports/vllm_telemetry/MADE.md). Each request's truth is vLLM's own measurement of it (its "
-            "OTLP span: TTFT and E2E from its front end's arrival to the token reaching the front end). The "
-            "prediction is **simulated**: the run's requests, arriving when vLLM's front end received them, "
-            "through the core scheduler under that run's own flags (read from its server log), with a step model "
-            "and a front end fitted on the runs you choose. The same is `python -m core fidelity --fit RUN "
-            "--predict RUN`.")
+            "prediction goes wrong. The same is `python -m core fidelity --fit RUN --predict RUN`.")
 
 runs = bundled_runs()
-c1, c2, c3 = st.columns([2, 3, 2])
+
+
+c1, c3 = st.columns([3, 2])
 run = c1.selectbox("Measured run to predict", runs + list(RUNNER_CAPTURES), index=runs.index("run2_poisson4_p192_o48"),
                    **bound("cal_run"), help="run1–run9: vLLM 0.32 CPU; runner: our gpu_runner's own capture "
                                             "(data/traces), fitted on itself: in sample")
-if run in RUNNER_CAPTURES:   # one capture of our engine: fitted on its own steps, predicted in sample
-    fit_on = [run]
-    c2.markdown(f"Fit on: **{md(run)}** itself (in sample: its own steps; our runner's capture has no front "
-                "end between its arrivals and the engine, so that part is 0)")
-else:
-    others = [r for r in runs if r != run]
-    fit_on = c2.pills("Fit on (held out from the run predicted)", others, selection_mode="multi",
-                      default=["run1_c4_p128_o32"] if run != "run1_c4_p128_o32" else ["run2_poisson4_p192_o48"],
-                      **bound("cal_fit"))
 runner = run in RUNNER_CAPTURES
+if runner:   # one capture of our engine: fitted on its own steps, predicted in sample
+    fit_on = [run]
+    st.markdown(f"**{md(run)}** is **measured**: our own engine (`gpu_runner`) serving the bundled tiny model, its "
+                "every step and token recorded in its trace (data/traces). The prediction is **simulated**: its "
+                "requests through the core scheduler with a step model fitted on **this capture's own steps** — "
+                "**in sample**, so the errors below say how well the model reproduces the run it was fitted on, not "
+                "how it predicts another. The capture has no front end between arrival and the engine, so that "
+                "part is 0.")
+else:
+    st.markdown("The runs are **measured**: vLLM 0.32.0's CPU build serving the bundled tiny model on this project's "
+                "2-core VM (run1–run2 on 2026-12-01, run3–run9 on 2026-12-04; how each was made: "
+                "data/imports/vllm_telemetry/MADE.md). Each request's truth is vLLM's own measurement of it (its "
+                "OTLP span: TTFT and E2E from its front end's arrival to the token reaching the front end). The "
+                "prediction is **simulated**: the run's requests, arriving when vLLM's front end received them, "
+                "through the core scheduler under that run's own flags (read from its server log), with a step "
+                "model and a front end fitted on the runs chosen below — never on the run predicted, so its "
+                "errors are **held out**.")
+    others = [r for r in runs if r != run]
+    fit_on = st.pills("Fit on these runs", others, selection_mode="multi",
+                      default=["run1_c4_p128_o32"] if run != "run1_c4_p128_o32" else ["run2_poisson4_p192_o48"],
+                      **bound("cal_fit"), help="the step model and the front end are fitted on these; the run "
+                                               "predicted is not among them (held out)")
 method = "iteration log" if runner else c3.segmented_control(
                               "Step model fitted to", ["iteration log", "spans"], default="iteration log",
-                              required=True, key="cal_method",
+                              required=True, **bound("cal_method"),
                               help="iteration log: least squares on vLLM's logged step times, plus the per-step "
                                    "time the log leaves out (from the spans), in a blink; spans: the engine core's "
                                    "own view of each request, by simulating the fit runs (robust loss; tens of "
-                                   "seconds per run; a link reopens on the iteration log)")
+                                   "seconds per run)")
 if not fit_on:
     st.info("Choose at least one run to fit on.")
     st.stop()
-cal, rows, summ, steps, notes = cached_calibration(run, tuple(sorted(fit_on)),
-                                                   "log" if method == "iteration log" else "spans")
+cal, ev, steps, notes = cached_calibration(run, tuple(sorted(fit_on)), "log" if method == "iteration log" else "spans")
+rows, summ = ev["rows"], ev["summary"]
+sample = "held out" if ev["held_out"] else "in sample"
 
 st.caption(f"Fitted on {md(', '.join(sorted(fit_on)))}: step model {md(cal.step_model.describe())}; front end "
            f"{md(cal.front_end.describe())} ({md(cal.report['front_end'].get('split', ''))}).")
 t, e = summ["ttft_ms"], summ["e2e_ms"]
 m1, m2, m3, m4 = st.columns(4)
-m1.metric("TTFT median error", f"{t['p50']:.1%}", help="|predicted − measured| / measured, median over the run's "
-                                                      f"{summ['requests']} requests")
-m2.metric("TTFT p90 error", f"{t['p90']:.1%}")
-m3.metric("E2E median error", f"{e['p50']:.1%}")
-m4.metric("E2E p90 error", f"{e['p90']:.1%}")
+m1.metric(f"TTFT median error, {sample}", f"{t['p50']:.1%}",
+          help=f"|predicted − measured| / measured, median over the run's {summ['requests']} requests; {sample}: "
+               + ("the run was not fitted on" if ev["held_out"] else "the run was fitted on itself"))
+m2.metric(f"TTFT p90 error, {sample}", f"{t['p90']:.1%}")
+m3.metric(f"E2E median error, {sample}", f"{e['p50']:.1%}")
+m4.metric(f"E2E p90 error, {sample}", f"{e['p90']:.1%}")
 st.caption(f"Means, predicted / measured: TTFT {t['predicted_mean']:.2f} / {t['measured_mean']:.2f} ms, E2E "
            f"{e['predicted_mean']:.2f} / {e['measured_mean']:.2f} ms (simulated / measured).")
+if ev["outside_note"]:
+    st.caption(f":material/warning: {md(ev['outside_note'])}.")
 
 c1, c2 = st.columns(2)
 show_chart(predicted_vs_measured(rows, "ttft_ms", "TTFT"), key="cal_ttft", where=c1)

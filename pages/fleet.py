@@ -214,9 +214,9 @@ def policies_view():
 def staleness_experiment():
     st.markdown("The router reads each replica's load as of *staleness* ms ago. "
                 "Load-based policies then send bursts to a replica that already got them; round-robin never looks.")
-    c1, c2 = st.columns(2)
+    c1, _ = st.columns(2)
     upto = c1.select_slider("Staleness grid up to (ms)", [s for s in STALENESS_MS if s > 0], 200, **bound("fl_s_max"))
-    pols = c2.pills("Policies", POLICIES, selection_mode="multi", default=list(STALENESS_POLICIES),
+    pols = st.pills("Policies", POLICIES, selection_mode="multi", default=list(STALENESS_POLICIES),   # (full width)
                     **bound("fl_s_pol"))
     grid = tuple(s for s in STALENESS_MS if s <= upto)
     if not pols:

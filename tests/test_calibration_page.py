@@ -23,8 +23,8 @@ def test_the_calibration_view_shows_what_a_direct_computation_gives():
     at = open_page("calibration")
     rows, s = direct("run2_poisson4_p192_o48", ["run1_c4_p128_o32"])
     shown = {m.label: m.value for m in at.metric}
-    assert shown["TTFT median error"] == f"{s['ttft_ms']['p50']:.1%}"
-    assert shown["E2E p90 error"] == f"{s['e2e_ms']['p90']:.1%}"
+    assert shown["TTFT median error, held out"] == f"{s['ttft_ms']['p50']:.1%}"
+    assert shown["E2E p90 error, held out"] == f"{s['e2e_ms']['p90']:.1%}"
     table = next(df.value for df in at.dataframe if "E2E err." in df.value.columns)
     assert table["request"].tolist() == [i.split("-", 3)[3] for i in rows["id"]]   # cmpl-bench-<run>-<i>-0
     assert np.allclose(table["E2E pred."], rows["e2e_ms_predicted"])
@@ -43,7 +43,7 @@ def test_the_calibration_view_shows_what_a_direct_computation_gives():
 def test_the_view_follows_its_pickers():
     at = open_page("calibration", {"cal_run": "run9_poisson2_p64_o128", "cal_fit": ["run4_poisson8_p128_o32"]})
     _, s = direct("run9_poisson2_p64_o128", ["run4_poisson8_p128_o32"])
-    assert {m.label: m.value for m in at.metric}["E2E median error"] == f"{s['e2e_ms']['p50']:.1%}"
+    assert {m.label: m.value for m in at.metric}["E2E median error, held out"] == f"{s['e2e_ms']['p50']:.1%}"
     at.button_group(key="cal_fit").set_value([]).run()
     assert any("at least one run" in i.value for i in at.info)
 
@@ -58,7 +58,43 @@ def test_the_view_also_reads_the_runners_own_capture():
     cal = calibrate([run], "affine", "log")
     s = summary(compare(predict(cal, run), run))
     shown = {m.label: m.value for m in at.metric}
-    assert shown["E2E median error"] == f"{s['e2e_ms']['p50']:.1%}"
-    assert shown["TTFT p90 error"] == f"{s['ttft_ms']['p90']:.1%}"
+    assert shown["E2E median error, in sample"] == f"{s['e2e_ms']['p50']:.1%}"
+    assert shown["TTFT p90 error, in sample"] == f"{s['ttft_ms']['p90']:.1%}"
     assert abs(s["e2e_error_by_part"]["front end"]["mean_abs_ms"]) < 1e-9
     assert any("in sample" in m.value for m in at.markdown)
+
+
+def test_the_link_keeps_the_fit_method():
+    """Issue 48 item 4: the method was not in the link, which reopened on the iteration log."""
+    from ui.urls import URL_KEYS
+    at = open_page("calibration", {"cal_run": "run5_poisson20_p96_o64"})
+    assert ("cal_method", "iteration log") in at.session_state["_view_query"]
+    assert URL_KEYS["cal_method"].page == "calibration"
+
+
+def test_the_range_warning_the_cli_prints_is_on_the_page(capsys):
+    """Issue 48 item 7: `python -m core fidelity` notes the steps outside the fitted range; the page
+    showed nothing. Fit on run1 (4 clients), predict run3 (8 clients: larger batches)."""
+    from argparse import Namespace
+
+    from core.fit.fidelity_cli import run_fidelity
+    run, fit = "run3_c8_p256_o64", "run1_c4_p128_o32"
+    assert run_fidelity(Namespace(fit=[str(ROOT / fit)], predict=[str(ROOT / run)], flags=None, model="affine",
+                                  method="log", speed_from_log=False, json=False, per_request=False)) == 0
+    said = [ln.split(": ", 2)[2] for ln in capsys.readouterr().out.splitlines()
+            if ln.startswith(f"note: {run}: ") and "outside the range" in ln]
+    assert said, "the CLI gives no range note for this pair: choose another"
+    at = open_page("calibration", {"cal_run": run, "cal_fit": [fit]})
+    assert any(said[0] in c.value.replace("\\", "") for c in at.caption), said[0]   # (markdown escapes dropped)
+
+
+def test_the_step_model_line_breaks_where_the_engine_was_idle():
+    """Issue 48 item 13: the step model's line was drawn across idle gaps as long diagonal ramps."""
+    import pandas as pd
+
+    from core.figures.calibration import steps_vs_model
+    steps = pd.DataFrame({"t_ms": [0.0, 10.0, 20.0, 10_000.0, 10_010.0], "logged_ms": [10.0] * 5,
+                          "predicted_ms": [9.0, 9.0, 9.0, 30.0, 30.0], "prefill_tokens": [0] * 5,
+                          "decode_reqs": [1] * 5})
+    line = steps_vs_model(steps).to_plotly_json()["data"][1]
+    assert list(line["x"]) == [0.0, 10.0, 20.0, None, 10_000.0, 10_010.0]

@@ -250,14 +250,16 @@ def cached_vllm_cache():
 @st.cache_resource(show_spinner="Fitting on the chosen runs and predicting…", max_entries=8)
 def cached_calibration(run: str, fit_on: tuple[str, ...], method: str):
     """core.fit.calibrate over the bundled real vLLM runs (data/imports/vllm_telemetry): fitted on
-    `fit_on`, `run` predicted. Returns (calibration, per-request rows, summary, steps or None, notes)."""
-    from core.fit.calibrate import calibrate, compare, predict, step_comparison, summary
+    `fit_on`, `run` predicted, as `python -m core fidelity` reports it (core.fit.calibrate.evaluate).
+    Returns (calibration, evaluation: held_out, rows, summary, outside, outside_note; steps or None,
+    notes)."""
+    from core.fit.calibrate import calibrate, evaluate, step_comparison
     from core.lessons.vllm_runs import bundled_run
     runs = {n: bundled_run(n) for n in {run, *fit_on}}   # (a bundled vLLM run's folder, or a runner capture)
     cal = calibrate([runs[n] for n in fit_on], "affine", method)
-    rows = compare(predict(cal, runs[run]), runs[run])
+    ev = evaluate(cal, runs[run], {runs[n].name for n in fit_on}, "affine")
     notes = [n for r in runs.values() for n in r.notes]
-    return cal, rows, summary(rows), step_comparison(cal, runs[run]), notes
+    return cal, ev, step_comparison(cal, runs[run]), notes
 
 
 def cached_fidelity(trace: Trace, model: str, fit_on: Trace | None, config: SchedulerConfig | None = None,

@@ -85,7 +85,7 @@ URL_KEYS: dict[str, UrlKey] = {
             rp_cursor="the time cursor, ms", rp_play="play: the cursor advances by itself",
             rp_speed="play speed (½×, 1×, 2×, 4×)"),
     **_keys("calibration", cal_run="the measured run predicted (a bundled vLLM run's folder name)",
-            cal_fit="the runs fitted on"),
+            cal_fit="the runs fitted on", cal_method="what the step model is fitted to: iteration log or spans"),
     **_keys("load",
             ld_wl="workload (a label of LOAD_WORKLOADS)",
             ld_kind="load: open (Poisson rates) or closed (clients in a loop)",

@@ -42,7 +42,9 @@ def error_by_part(parts: dict) -> go.Figure:
                            marker_color=[PART_COLORS.get(p, GRAY) for p in names],
                            hovertemplate="%{x}: %{y:+.2f} ms<extra>mean signed error</extra>"))
     fig.add_trace(go.Scatter(x=names, y=[parts[p]["mean_abs_ms"] for p in names], mode="markers",
-                             marker=dict(symbol="diamond", size=11, color="#000000"),
+                             # white with a black rim: seen on the light theme and on the dark one
+                             marker=dict(symbol="diamond", size=11, color="#FFFFFF",
+                                         line=dict(width=2, color="#000000")),
                              name="mean |predicted − measured|",
                              hovertemplate="%{x}: %{y:.2f} ms<extra>mean absolute error</extra>"))
     base_layout(fig, "Where the E2E error arises (ms per request)", height=340)
@@ -50,14 +52,35 @@ def error_by_part(parts: dict) -> go.Figure:
     return fig
 
 
+def _broken_at_idle(t: np.ndarray, dur: np.ndarray, y: np.ndarray) -> tuple[list, list]:
+    """x, y of a line through (t, y) with a gap (None) wherever the engine sat idle between two
+    steps (the next began more than a step's duration after the last one ended): no ramp drawn
+    across an idle stretch as if steps had happened there."""
+    if not len(t):
+        return [], []
+    idle = t[1:] - (t[:-1] + dur[:-1]) > np.maximum(dur[:-1], dur[1:])
+    xs, ys = [float(t[0])], [float(y[0])]
+    for k in range(1, len(t)):
+        if idle[k - 1]:
+            xs.append(None)
+            ys.append(None)
+        xs.append(float(t[k]))
+        ys.append(float(y[k]))
+    return xs, ys
+
+
 def steps_vs_model(steps) -> go.Figure:
-    """Each logged step's duration over time (points) and the step model's for its counts (line)."""
+    """Each logged step's duration over time (points) and the step model's for its counts (a line,
+    broken where the engine was idle between steps)."""
     fig = go.Figure(go.Scatter(x=steps["t_ms"], y=steps["logged_ms"], mode="markers", name="logged (forward pass)",
                                marker=dict(size=4, color=PALETTE[0]),
                                customdata=np.column_stack([steps["prefill_tokens"], steps["decode_reqs"]]),
                                hovertemplate="logged %{y:.2f} ms<br>%{customdata[0]} prefill tokens, "
                                              "%{customdata[1]} decoding<extra></extra>"))
-    fig.add_trace(go.Scatter(x=steps["t_ms"], y=steps["predicted_ms"], mode="lines", name="step model (its cycle)",
+    order = np.argsort(steps["t_ms"].to_numpy(dtype=float), kind="stable")
+    x, y = _broken_at_idle(steps["t_ms"].to_numpy(dtype=float)[order], steps["logged_ms"].to_numpy(dtype=float)[order],
+                           steps["predicted_ms"].to_numpy(dtype=float)[order])
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="step model (its cycle)", connectgaps=False,
                              line=dict(color=PALETTE[1], width=1.5),
                              hovertemplate="model %{y:.2f} ms<extra></extra>"))
     base_layout(fig, "Each logged step against the step model", height=340)

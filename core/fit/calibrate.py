@@ -239,6 +239,23 @@ def summary(rows: pd.DataFrame) -> dict:
     return out
 
 
+def evaluate(cal: Calibration, run: Run, fitted: set[str], model: str = "affine", speed_from_log: bool = False,
+             pred=None) -> dict:
+    """One predicted run as the fidelity command and the Prediction vs measurement page both report
+    it: `held_out` (the run is not among the `fitted` ones: its errors are out of sample), the
+    speed factor (speed_from_log), per-request `rows` (compare), the `summary`, and `outside`:
+    the prediction's steps outside the range the step model was fitted on (None when all inside;
+    core.fit.stepfit.outside_range), with `outside_note` in words."""
+    from core.fit.stepfit import describe_outside, outside_range
+    use, factor = at_speed(cal, run) if speed_from_log else (cal, None)
+    pred = predict(use, run) if pred is None else pred
+    rows = compare(pred, run)
+    outside = outside_range(pred, {**cal.report["step_model"], "model": model})
+    return {"held_out": run.name not in fitted, "speed_factor": factor, "rows": rows, "summary": summary(rows),
+            "outside": outside,
+            "outside_note": f"{describe_outside(outside)}: the prediction extrapolates there" if outside else None}
+
+
 def step_comparison(cal: Calibration, run: Run) -> pd.DataFrame | None:
     """Per step of the run's iteration log (or its trace's steps): its logged duration (vLLM logs the
     forward pass) and the step model's for the same step (prefill tokens, decoding sequences, and

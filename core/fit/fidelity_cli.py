@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from core.fit.calibrate import PARTS, at_speed, calibrate, compare, predict, summary
+from core.fit.calibrate import PARTS, calibrate, evaluate
 from core.fit.runs import load_run
-from core.fit.stepfit import describe_outside, outside_range
 
 
 def _clean(x):
@@ -35,15 +34,12 @@ def run_fidelity(a) -> int:
     fitted = {r.name for r in fit_runs}
     out = []
     for r in targets:
-        use, factor = at_speed(cal, r) if a.speed_from_log else (cal, None)
-        pred = predict(use, r)
-        rows = compare(pred, r)
-        outside = outside_range(pred, {**cal.report["step_model"], "model": a.model})
-        if outside:
-            notes.append(f"{r.name}: {describe_outside(outside)}: the prediction extrapolates there")
-        out.append({"run": r.name, "path": str(r.path), "held_out": r.name not in fitted, "clock": r.clock,
-                    "flags": r.config.to_dict(), "speed_factor": factor, "outside_fitted_range": outside,
-                    **summary(rows), "rows": rows.to_dict("records")})
+        ev = evaluate(cal, r, fitted, a.model, a.speed_from_log)
+        if ev["outside_note"]:
+            notes.append(f"{r.name}: {ev['outside_note']}")
+        out.append({"run": r.name, "path": str(r.path), "held_out": ev["held_out"], "clock": r.clock,
+                    "flags": r.config.to_dict(), "speed_factor": ev["speed_factor"],
+                    "outside_fitted_range": ev["outside"], **ev["summary"], "rows": ev["rows"].to_dict("records")})
     if a.json:
         print(json.dumps(_clean({"fit": [str(r.path) for r in fit_runs], "calibration": {
             "step_model": cal.step_model.to_dict(), "front_end": cal.front_end.to_dict(), "report": cal.report},
