@@ -84,6 +84,13 @@ with st.sidebar:
         n_p = n_d = 0
     policy = st.selectbox("Router policy", POLICIES, index=POLICIES.index("prefix-aware"), **bound("fl_pol"),
                           help="core/fleet/router.py states each policy")
+    load_check = True
+    if policy == "prefix-aware":
+        load_check = st.toggle("Load check", True, **bound("fl_bal"),
+                               help="prefix-aware sends a request where most of its prompt is cached unless that "
+                                    "replica holds over balance_abs (4) requests more than the least loaded and "
+                                    "balance_rel (1.5) times as many; off, it follows the cache whatever the load "
+                                    "(balance_abs 10^9, as the routing lesson's second scenario)")
     stale = st.number_input("Router staleness (ms)", 0.0, 1e6, 0.0, **bound("fl_stale"),
                             help="the router sees each replica's load (and, for weighted, its cache) as of this long "
                                  "ago")
@@ -119,6 +126,7 @@ try:
     if n_p + n_d > MAX_REPLICAS:
         raise InputError(f"prefill + decode replicas: {n_p} + {n_d} is over this page's {MAX_REPLICAS}")
     setup = FleetSetup(SchedulerConfig(**opts), step_model, replicas=n or 1, policy=policy, staleness_ms=stale,
+                       load_check=load_check,
                        prefill=int(n_p), decode=int(n_d), **link, **drain)
     simulated, tr = cached_fleet(workload, float(load), setup)
 except InputError as e:

@@ -16,7 +16,7 @@ from core.fleet.sim import FleetSpec, simulate_fleet
 from core.sim.stepmodel import StepModel
 from core.workload import Workload, load_workload
 from tests.conftest import DATA
-from tests.helpers import open_page
+from tests.helpers import arr, charts, open_page
 
 AFFINE = StepModel(kind="affine", base_ms=5.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.2)
 
@@ -110,3 +110,31 @@ def test_the_fleet_page_shows_the_rate_within_one_and_prefix_aware_above_round_r
     want = fleet_numbers(run("round-robin"))["hit_rate"]
     assert metrics["prefix hit rate"] == f"{want:.1%}"
     assert float(metrics["prefix hit rate"].rstrip("%")) <= 100
+
+
+@pytest.mark.slow
+def test_exercise_fleet_3_is_answered_from_its_own_link():
+    """Issue 48 item 5: the exercise's link opened prefix-aware with its load check on (no control to
+    switch it off) at load x4, where replica 0 shows another count. Its link now sets the load check
+    off, load 1 and the lesson's pool; replica 0's bar is the answer, computed here by hand:
+    (requests of the first tenant - 1) x (the tenant's shared prefix tokens // 16)."""
+    import json
+    from urllib.parse import parse_qsl
+
+    from core.lessons.exercises import EXERCISES
+    ex = next(e for e in EXERCISES if e.key == "fleet-3")
+    reqs = json.loads((DATA / "workloads" / "shared_prefix_200.json").read_text())["requests"]
+    first = min(reqs, key=lambda r: r["arrival_ms"])["tenant"]
+    ids = [r["prompt_ids"] for r in reqs if r["tenant"] == first]
+    shared_tokens = next(k for k in range(min(map(len, ids)) + 1)
+                         if k == min(map(len, ids)) or len({tuple(x[:k + 1]) for x in ids}) > 1)
+    want = (len(ids) - 1) * (shared_tokens // 16)
+    assert ex.numeric[0].value() == want
+    page, _, query = ex.link.partition("?")
+    params: dict = {}
+    for k, v in parse_qsl(query):
+        params.setdefault(k, []).append(v)
+    at = open_page(page, {k: v[0] if len(v) == 1 else v for k, v in params.items()})
+    assert not at.error
+    hits = next(f for f in charts(at) if "Prefix-cache hits per replica" in str(f["layout"].get("title")))
+    assert arr(hits["data"][0]["y"])[0] == want

@@ -114,6 +114,7 @@ URL_KEYS: dict[str, UrlKey] = {
             fl_n="whole replicas behind the router (1..16)",
             fl_pol="router policy (core.fleet.router.POLICIES)",
             fl_stale="router staleness, ms: the router sees each replica as of this long ago",
+            fl_bal="prefix-aware: its load check on or off (off: balance_abs 10^9)",
             fl_pc=("prefix caching on every replica", "SchedulerConfig.prefix_caching"),
             fl_kb=("KV pool per replica in blocks, 0 = enough for all", "SchedulerConfig.kv_blocks", True),
             fl_base=("affine step model: base ms per step", "StepModel.base_ms"),

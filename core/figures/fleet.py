@@ -25,7 +25,7 @@ from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.figures import BLUE, GRAY, ORANGE, PALETTE, PURPLE, VERMILLION, base_layout
 from core.figures.timeline import DECODE_COLOR, MAX_HEIGHT, MAX_LANES, PREFILL_COLOR, QUEUE_COLOR, TIME_BINS
-from core.fleet.router import POLICIES, RouterConfig
+from core.fleet.router import NO_LOAD_CHECK, POLICIES, RouterConfig
 from core.fleet.sim import FleetSpec, ReplicaSpec, simulate_fleet
 from core.formulas.kv import MODELS
 from core.sim.stepmodel import StepModel
@@ -242,6 +242,7 @@ class FleetSetup:
     drain_replica: int | None = None     # this replica leaves rotation at drain_ms
     drain_ms: float = 0.0
     seed: int = 0
+    load_check: bool = True              # prefix-aware: its load check (off: balance_abs 1e9, as the lesson)
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -272,10 +273,15 @@ class FleetSetup:
                  if self.disaggregated else f"{self.replicas} replica{'s' if self.replicas > 1 else ''}")
         drain = (f"; replica {self.drain_replica} drained at {self.drain_ms:g} ms"
                  if self.drain_replica is not None else "")
-        return f"{shape}, router {self.policy}, staleness {self.staleness_ms:g} ms{drain}"
+        check = " without its load check" if self.policy == "prefix-aware" and not self.load_check else ""
+        return f"{shape}, router {self.policy}{check}, staleness {self.staleness_ms:g} ms{drain}"
+
+    def router_params(self) -> dict:
+        """The policy's parameters where the page changes them (prefix-aware without its load check)."""
+        return {"balance_abs": NO_LOAD_CHECK} if self.policy == "prefix-aware" and not self.load_check else {}
 
     def spec(self) -> FleetSpec:
-        router = RouterConfig(self.policy, float(self.staleness_ms), int(self.seed))
+        router = RouterConfig(self.policy, float(self.staleness_ms), int(self.seed), params=self.router_params())
         if self.disaggregated:
             reps = ([ReplicaSpec(self.config, self.step_model, "prefill") for _ in range(self.prefill)]
                     + [ReplicaSpec(self.config, self.step_model, "decode") for _ in range(self.decode)])

@@ -58,6 +58,7 @@ PREFIX_MODES = ("precise", "approximate")
 DEFAULT_PREFIX_MODE = {"prefix-aware": "approximate", "weighted": "precise"}
 # sglang-router's cache_aware defaults (its Rust router's --cache-threshold, --balance-abs-threshold,
 # --balance-rel-threshold) and llm-d's default scorer weights.
+NO_LOAD_CHECK = 1e9     # prefix-aware's balance_abs that switches its load check off
 DEFAULT_PARAMS = {"prefix-aware": {"cache_threshold": 0.3, "balance_abs": 4.0, "balance_rel": 1.5},
                   "weighted": {"prefix": 2.0, "queue": 1.0, "kv": 1.0}}
 

@@ -261,7 +261,7 @@ EXERCISES = [
              "Route shared_prefix_200 (two tenants, each with its own system prompt) over four replicas with prefix "
              "caching, using prefix-aware routing with its load check off (balance_abs very large). How many "
              "prompt blocks (16 tokens each) does replica 0 find in its prefix cache over the whole run?",
-             "fleet?fl_n=4&fl_pol=prefix-aware",
+             "fleet?fl_n=4&fl_pol=prefix-aware&fl_bal=false&fl_load=1&fl_kb=2000",
              "The first request goes to replica 0 (all caches empty) and every later request of its tenant follows "
              "it there. Each of them finds the tenant's system prompt cached: its full 16-token blocks, the tokens "
              "every prompt of the tenant starts with, divided by 16 and rounded down. So: (requests of that tenant "

@@ -28,7 +28,7 @@ import numpy as np
 
 from core.analysis.metrics import summarize
 from core.config import SchedulerConfig
-from core.fleet.router import DEFAULT_PARAMS, RouterConfig
+from core.fleet.router import DEFAULT_PARAMS, NO_LOAD_CHECK, RouterConfig
 from core.fleet.sim import FleetSpec, ReplicaSpec, simulate_fleet
 from core.formulas.kv import MODELS
 from core.lessons.scenarios import DATA
@@ -43,7 +43,7 @@ COMPRESS = 10                        # the Mooncake slice's arrivals, 10x closer
 MOONCAKE = DATA / "workloads" / "mooncake_conversation_500.jsonl"
 SHARED = DATA / "workloads" / "shared_prefix_200.json"
 STALENESS_MS = (0, 50, 100, 200)
-NO_BALANCE = {"balance_abs": 1e9}   # prefix-aware with its load check off
+NO_BALANCE = {"balance_abs": NO_LOAD_CHECK}   # prefix-aware with its load check off (the Fleet page's toggle)
 DRAINED = 3                          # scenario 4: this replica drains ...
 DRAIN_AT = 100                       # ... when this request (0-based, arrival order) arrives
 PD_SHAPE = (1, 3)                    # the exercise's disaggregated fleet: P:D
