@@ -168,7 +168,7 @@ if not large and has_replicas(tr):
     roles = replica_roles(tr)
     whole = "the whole fleet"
     pick = st.selectbox("Replica", [whole] + [f"replica {i} ({role})" for i, role in enumerate(roles)],
-                        key="rp_replica", help="a fleet trace: the views below for every replica together, or for "
+                        **bound("rp_replica"), help="a fleet trace: the views below for every replica together, or for "
                                                "one replica as a trace of its own (its steps, KV blocks, requests)")
     if pick != whole:
         fleet_tr, tr = tr, cached_one_replica(tr, int(pick.split()[1]))

@@ -272,3 +272,13 @@ def test_measured_fleets_tab_shows_a_real_fleet_and_the_simulator_beside_it():
         at = pick.set_value(names[0]).run()
         assert not at.exception
         assert any("was not ours" in c.value for c in at.caption)
+
+
+def test_the_replica_picked_on_the_replay_page_is_in_the_link():
+    """Issue 48 item 6: the replica picker was not in the URL, so a link reopened the whole fleet."""
+    at = open_page("replay", {"tr": "fleet_two.json.gz"})
+    at.selectbox(key="rp_replica").set_value("replica 1 (both)").run()
+    assert ("rp_replica", "replica 1 (both)") in at.session_state["_view_query"]
+    again = open_page("replay", dict(at.session_state["_view_query"]))
+    assert again.selectbox(key="rp_replica").value == "replica 1 (both)"
+    assert not again.exception
