@@ -60,7 +60,7 @@ def test_the_page_with_defaults_draws_what_the_fleet_did(default_run):
     drawn = {}
     for t in lanes["data"]:
         if t["type"] == "bar" and t["name"].startswith("replica "):
-            for rid, rep in t["customdata"]:
+            for rid, rep, *_ in t["customdata"]:
                 drawn[rid] = int(rep)
                 assert int(t["name"].split()[1]) == int(rep)
     assert drawn == {rid: rep for rid, (rep, _) in routed(default_run).items()}
@@ -104,15 +104,18 @@ def test_disaggregated_lanes_put_prefill_and_decode_on_the_routed_replicas():
     routes = routed(tr)
     lanes = figure(at, "Requests by replica")
     by_name = {t["name"]: t for t in lanes["data"]}
-    prefill = {rid: int(rep) for rid, rep in by_name["prefill"]["customdata"]}
-    decode = {rid: int(rep) for rid, rep in by_name["decode"]["customdata"]}
+    prefill = {rid: int(rep) for rid, rep, _ in by_name["prefill"]["customdata"]}
+    decode = {rid: int(rep) for rid, rep, _ in by_name["decode"]["customdata"]}
     assert prefill == {rid: p for rid, (p, _) in routes.items()}
     assert decode == {rid: d for rid, (_, d) in routes.items()}
     xfer = {e["req"]: e for e in tr.events_of("transfer")}
     bars = by_name["KV transfer"]
-    for (rid, rep), base, dur in zip(bars["customdata"], arr(bars["base"]), arr(bars["x"])):
+    axis = max(float(x) for t in lanes["data"] if t["type"] == "bar" for x in arr(t["base"]) + arr(t["x"]))
+    for (rid, rep, dur), base, drawn in zip(bars["customdata"], arr(bars["base"]), arr(bars["x"])):
         assert int(rep) == xfer[rid]["dst"]
-        assert base == pytest.approx(xfer[rid]["t_ms"]) and dur == pytest.approx(xfer[rid]["dur_ms"])
+        assert base == pytest.approx(xfer[rid]["t_ms"]) and float(dur) == pytest.approx(xfer[rid]["dur_ms"])
+        # issue 48 item 10: a transfer of a few ms on a seconds-long axis is drawn wide enough to see
+        assert drawn >= max(float(dur), axis / 400)
     assert figure(at, "KV transfers: 200")
 
 
@@ -158,7 +161,8 @@ def test_the_replay_page_shows_the_fleet_views_of_a_fleet_trace(tmp_path, monkey
     assert any(h.value == "Fleet" for h in at.header)
     assert any("4 replicas; router prefix-aware" in m.value for m in at.markdown)
     lanes = figure(at, "Requests by replica")
-    drawn = {rid: int(rep) for t in lanes["data"] if t["name"].startswith("replica ") for rid, rep in t["customdata"]}
+    drawn = {rid: int(rep) for t in lanes["data"] if t["name"].startswith("replica ")
+             for rid, rep, *_ in t["customdata"]}
     assert drawn == {rid: rep for rid, (rep, _) in routed(default_run).items()}
     kv = default_run.kv
     assert arr(figure(at, "Prefix-cache hits per replica")["data"][0]["y"]) == \

@@ -37,6 +37,7 @@ TRANSFER_COLOR = PURPLE
 WHOLE_PD_COLOR = "#009E73"       # a short prompt run whole on a decode replica (pd_min_prompt)
 STALENESS_MS = (0, 5, 10, 20, 50, 100, 200, 500, 1000)   # the grid; the page runs it up to a chosen value
 STALENESS_POLICIES = ("prefix-aware", "round-robin", "least-requests")
+MIN_BAR_FRACTION = 300           # a lane's bar is drawn at least 1/300 of the time axis wide (~3 px)
 MAX_SIGNAL_POINTS = 1500         # per replica and signal: more steps are drawn as the peak of each bin
 
 
@@ -461,21 +462,28 @@ def fleet_lanes(trace, drains=None, max_lanes: int = MAX_LANES,
         segs = [("prefill", PREFILL_COLOR, lanes["kind"].to_numpy() == "prefill", service_start, lanes["end_ms"]),
                 ("whole (short prompt)", WHOLE_PD_COLOR, lanes["kind"].to_numpy() == "whole", service_start,
                  lanes["end_ms"]),
-                ("KV transfer", TRANSFER_COLOR, lanes["kind"].to_numpy() == "decode", lanes["start_ms"],
-                 lanes["start_ms"] + lanes["xfer_ms"]),
                 ("decode", DECODE_COLOR, lanes["kind"].to_numpy() == "decode", lanes["start_ms"] + lanes["xfer_ms"],
-                 lanes["end_ms"])]
+                 lanes["end_ms"]),
+                # (over the decode lane's start: a transfer drawn wider than it lasted stays in sight)
+                ("KV transfer", TRANSFER_COLOR, lanes["kind"].to_numpy() == "decode", lanes["start_ms"],
+                 lanes["start_ms"] + lanes["xfer_ms"])]
     else:
         segs = [(f"replica {r}", color_of(r), rep == r, service_start, lanes["end_ms"])
                 for r in np.unique(rep).tolist()]
+    lo = float(np.nanmin(lanes["start_ms"])) if len(lanes) else 0.0
+    min_w = (float(np.nanmax(lanes["end_ms"])) - lo) / MIN_BAR_FRACTION if len(lanes) else 0.0
+    widened = False
     for name, color, m, a, b in segs:
         if not m.any():
             continue
         a, b = np.asarray(a, float)[m], np.asarray(b, float)[m]
-        fig.add_trace(go.Bar(base=a, x=b - a, y=y[m], orientation="h", marker_color=color, name=name,
-                             customdata=np.stack([ids[req[m]], rep[m]], -1), hovertext=text[req[m]],
-                             hovertemplate=f"{name}: %{{x:.3f}} ms from %{{base:.3f}} ms<br>%{{hovertext}}"
-                                           "<extra></extra>"))
+        dur = b - a
+        drawn = np.maximum(dur, min_w)       # the hover gives the true duration
+        widened |= bool((drawn > dur).any())
+        fig.add_trace(go.Bar(base=a, x=drawn, y=y[m], orientation="h", marker_color=color, name=name,
+                             customdata=np.stack([ids[req[m]], rep[m], dur], -1), hovertext=text[req[m]],
+                             hovertemplate=f"{name}: %{{customdata[2]:.3f}} ms from %{{base:.3f}} ms<br>"
+                                           "%{hovertext}<extra></extra>"))
     routed = routes["routed_ms"].to_numpy()[req]
     fig.add_trace(go.Scatter(x=routed, y=y, mode="markers", name="routed here",
                              marker=dict(symbol="triangle-right", size=7, color="#777777"),
@@ -491,7 +499,8 @@ def fleet_lanes(trace, drains=None, max_lanes: int = MAX_LANES,
     n_rep, used = len(roles), len(np.unique(rep))
     title = (f"Requests by replica: {len(trace.requests):,} requests on {n_rep} replica{'s' if n_rep != 1 else ''}"
              + (f" ({used} used)" if used < n_rep else "")
-             + (" (prefill lane, KV transfer, decode lane)" if pd_mode else ""))
+             + (" (prefill lane, KV transfer, decode lane)" if pd_mode else "")
+             + (f"; bars under {min_w:.3g} ms drawn that wide (hover: the true time)" if widened else ""))
     return base_layout(fig, title, height=height)
 
 
