@@ -338,3 +338,13 @@ def test_write_pngs(tmp_path):     # pragma: no cover - a manual look: FLEET_ANI
             f.data[i].update(d)
         f.frames = []
         f.write_image(os.path.join(os.environ["FLEET_ANIMATION_PNG"], f"{name}.png"))
+
+
+def test_the_drain_section_names_its_router_and_tables_put_the_cited_latencies_first():
+    """Issue 48 item 11: the drain section did not say its router was least-requests (exercise 5
+    uses round-robin: another answer), and the TTFT p99 the texts cite sat past the right edge."""
+    from core.lessons.fleet import section_drain, section_skew
+    d = section_drain()
+    assert "least-requests router" in d["text"] and "round-robin" in d["text"]
+    row = section_skew()["rows"][0]
+    assert list(row)[:5] == ["run", "TTFT mean ms", "TTFT median ms", "TTFT p99 ms", "E2E p99 ms"]
