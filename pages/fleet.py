@@ -214,8 +214,8 @@ def policies_view():
                            "requests per replica": " ".join(map(str, r["per_replica"])), "rejected": r["rejected"]}
                           for r in rows])
     show_table(table, hide_index=True, key="fl_policy_table")
-    st.caption(f"{HIT_RATE_WORDS}; imbalance = max / mean requests per replica. The chosen policy is orange in "
-               "the last two panels.")
+    st.caption(f"{HIT_RATE_WORDS}; imbalance = max / mean requests per replica. The sidebar's policy is outlined "
+               "in orange and named in bold in every panel.")
 
 
 @linked_fragment
@@ -233,9 +233,10 @@ def staleness_experiment():
     if not runs_allowed(len(grid) * len(pols), "fl_run_stale", "the staleness grid"):
         return
     rows = cached_staleness_rows(workload, float(load), setup, grid, tuple(pols))
-    show_chart(staleness_figure(rows), key="fl_stale_fig", width="stretch")
+    show_chart(staleness_figure(rows, policy), key="fl_stale_fig", width="stretch")
     st.caption(f"{SIMULATED}. The sidebar's fleet ({md(setup.describe())}) with only the policy and the staleness "
-               "changed.")
+               "changed; the sidebar's policy is the thick line"
+               + ("." if policy in pols else f" (**{md(policy)}** is not among those picked above)."))
 
 
 @linked_fragment

@@ -138,3 +138,21 @@ def test_exercise_fleet_3_is_answered_from_its_own_link():
     assert not at.error
     hits = next(f for f in charts(at) if "Prefix-cache hits per replica" in str(f["layout"].get("title")))
     assert arr(hits["data"][0]["y"])[0] == want
+
+
+def test_orange_means_the_chosen_policy_in_every_panel():
+    """Issue 48 item 12: orange was TTFT p99 in one panel and the chosen policy in the other two; the
+    staleness chart ignored the sidebar's policy."""
+    from core.figures import ORANGE
+    from core.figures.fleet import policy_figure, staleness_figure
+    rows = [{"policy": p, "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0, "hit_rate": 0.5, "imbalance": 1.0}
+            for p in ("round-robin", "prefix-aware")]
+    fig = policy_figure(rows, "prefix-aware").to_plotly_json()
+    for t in fig["data"]:
+        assert ORANGE not in (t["marker"]["color"] if isinstance(t["marker"]["color"], list)
+                              else [t["marker"]["color"]])
+        assert list(t["marker"]["line"]["color"]) == ["rgba(0,0,0,0)", ORANGE]
+    st_rows = [{"policy": p, "staleness_ms": s, "ttft_p99_ms": 1.0, "ttft_p50_ms": 1.0, "imbalance": 1.0}
+               for p in ("round-robin", "prefix-aware") for s in (0, 50)]
+    lines = {t["name"]: t for t in staleness_figure(st_rows, "prefix-aware").to_plotly_json()["data"]}
+    assert lines["prefix-aware (the sidebar's)"]["line"]["width"] > lines["round-robin"]["line"]["width"]

@@ -141,11 +141,11 @@ def test_the_experiments_run_in_their_tabs(default_run):
     at = open_page("fleet", {"fl_tab": "Experiment: a stale router", "fl_s_max": "50"})
     fig = figure(at, "TTFT p99 as the router")
     lines = {t["name"]: t for t in fig["data"]}
-    assert set(lines) == {"prefix-aware", "round-robin", "least-requests"}
+    assert set(lines) == {"prefix-aware (the sidebar's)", "round-robin", "least-requests"}
     assert list(lines["round-robin"]["x"]) == ["0", "5", "10", "20", "50"]
     # round-robin never reads the signals: staleness changes nothing; at 0 ms prefix-aware is the page's own run
     assert len(set(arr(lines["round-robin"]["y"]))) == 1
-    assert arr(lines["prefix-aware"]["y"])[0] == pytest.approx(np.percentile(ttft_by_hand(default_run), 99))
+    assert arr(lines["prefix-aware (the sidebar's)"]["y"])[0] == pytest.approx(np.percentile(ttft_by_hand(default_run), 99))
     at = open_page("fleet", {"fl_tab": "Experiment: the P:D split", "fl_t": "3"})
     fig = figure(at, "Goodput by prefill:decode split")
     assert list(fig["data"][0]["x"]) == ["1P:2D", "2P:1D", "3 whole"]

@@ -23,7 +23,7 @@ from core.analysis.fleet import prefix_cache
 from core.analysis.metrics import SLO, InMemory, distribution, request_metrics, request_spans, slo_summary
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.figures import BLUE, GRAY, ORANGE, PALETTE, PURPLE, VERMILLION, base_layout
+from core.figures import BLUE, GRAY, ORANGE, PALETTE, PURPLE, SKY, VERMILLION, base_layout
 from core.figures.timeline import DECODE_COLOR, MAX_HEIGHT, MAX_LANES, PREFILL_COLOR, QUEUE_COLOR, TIME_BINS
 from core.fleet.router import NO_LOAD_CHECK, POLICIES, RouterConfig
 from core.fleet.sim import FleetSpec, ReplicaSpec, simulate_fleet
@@ -670,31 +670,40 @@ POLICY_PANELS = (("TTFT (ms)", ("ttft_p50_ms", "p50"), ("ttft_p99_ms", "p99")), 
 
 
 def policy_figure(rows: list[dict], highlight: str | None = None) -> go.Figure:
-    """The policies side by side: TTFT p50 and p99, prefix hit rate, imbalance (one panel each)."""
+    """The policies side by side: TTFT p50 (sky) and p99 (blue), prefix hit rate, imbalance (one
+    panel each); the `highlight`ed policy (the sidebar's) outlined in orange, its name in bold, in
+    every panel: orange means the chosen policy and nothing else."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=[p[0] for p in POLICY_PANELS], horizontal_spacing=0.08)
     names = [r["policy"] for r in rows]
+    outline = dict(color=[ORANGE if n == highlight else "rgba(0,0,0,0)" for n in names], width=3)
     for c, (_, *series) in enumerate(POLICY_PANELS, start=1):
         for key, label in series:
             v = [r[key] for r in rows]
-            color = (ORANGE if label == "p99" else BLUE) if label else [ORANGE if n == highlight else BLUE
-                                                                        for n in names]
+            color = {"p50": SKY, "p99": BLUE}.get(label, BLUE)
             fig.add_trace(go.Bar(x=names, y=v, name=f"TTFT {label}" if label else None, showlegend=bool(label),
-                                 marker_color=color, hovertemplate="%{x}: %{y:.4g}<extra></extra>"), row=1, col=c)
+                                 marker=dict(color=color, line=outline),
+                                 hovertemplate="%{x}: %{y:.4g}<extra></extra>"), row=1, col=c)
     fig.update_layout(barmode="group")
-    fig.update_xaxes(tickangle=-40)
+    fig.update_xaxes(tickangle=-40, tickvals=names,
+                     ticktext=[f"<b>{n}</b>" if n == highlight else n for n in names])
     fig.update_yaxes(tickformat=".0%", row=1, col=2)
     return base_layout(fig, "Router policies on the same workload and fleet", height=380)
 
 
-def staleness_figure(rows: list[dict]) -> go.Figure:
-    """TTFT p99 against the router's staleness, a line per policy."""
+def staleness_figure(rows: list[dict], highlight: str | None = None) -> go.Figure:
+    """TTFT p99 against the router's staleness, a line per policy (each policy its colour in
+    POLICIES' order; the `highlight`ed one, the sidebar's, drawn thick and named so)."""
     fig = go.Figure()
-    for k, pol in enumerate(dict.fromkeys(r["policy"] for r in rows)):
+    for pol in dict.fromkeys(r["policy"] for r in rows):
         pts = [r for r in rows if r["policy"] == pol]
+        k = POLICIES.index(pol) if pol in POLICIES else 0
+        mine = pol == highlight
         fig.add_trace(go.Scatter(x=[str(int(r["staleness_ms"])) if float(r["staleness_ms"]).is_integer()
                                     else f"{r['staleness_ms']:g}" for r in pts],
-                                 y=[r["ttft_p99_ms"] for r in pts], mode="lines+markers", name=pol,
-                                 line=dict(color=PALETTE[k % len(PALETTE)]),
+                                 y=[r["ttft_p99_ms"] for r in pts], mode="lines+markers",
+                                 name=pol + (" (the sidebar's)" if mine else ""),
+                                 line=dict(color=PALETTE[k % len(PALETTE)], width=4 if mine else 1.5),
+                                 marker=dict(size=9 if mine else 6),
                                  customdata=[[r["ttft_p50_ms"], r["imbalance"]] for r in pts],
                                  hovertemplate=pol + ", staleness %{x} ms: TTFT p99 %{y:.3f} ms (p50 "
                                                "%{customdata[0]:.3f}), imbalance %{customdata[1]:.2f}<extra></extra>"))
