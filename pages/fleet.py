@@ -16,6 +16,7 @@ from core.figures.fleet import (
     fleet_description,
     pd_split_figure,
     policy_figure,
+    replica_roles,
     routes_after,
     staleness_figure,
 )
@@ -334,8 +335,9 @@ def measured_view():
     st.caption("Error per request: |simulated - measured| / measured. Step models: "
                + "; ".join(f"{r}: {md(d)}" for r, d in rep["step_models"].items()))
     left, right = st.columns(2)
-    show_chart(fidelity_figure(table, "ttft_ms"), key="fl_meas_ttft", where=left, width="stretch")
-    show_chart(fidelity_figure(table, "e2e_ms"), key="fl_meas_e2e", where=right, width="stretch")
+    roles = replica_roles(tr)
+    show_chart(fidelity_figure(table, "ttft_ms", roles), key="fl_meas_ttft", where=left, width="stretch")
+    show_chart(fidelity_figure(table, "e2e_ms", roles), key="fl_meas_e2e", where=right, width="stretch")
 
 
 # Each tab runs only while it is open (the experiments simulate many runs each)

@@ -145,7 +145,8 @@ def test_the_experiments_run_in_their_tabs(default_run):
     assert list(lines["round-robin"]["x"]) == ["0", "5", "10", "20", "50"]
     # round-robin never reads the signals: staleness changes nothing; at 0 ms prefix-aware is the page's own run
     assert len(set(arr(lines["round-robin"]["y"]))) == 1
-    assert arr(lines["prefix-aware (the sidebar's)"]["y"])[0] == pytest.approx(np.percentile(ttft_by_hand(default_run), 99))
+    assert arr(lines["prefix-aware (the sidebar's)"]["y"])[0] == \
+        pytest.approx(np.percentile(ttft_by_hand(default_run), 99))
     at = open_page("fleet", {"fl_tab": "Experiment: the P:D split", "fl_t": "3"})
     fig = figure(at, "Goodput by prefill:decode split")
     assert list(fig["data"][0]["x"]) == ["1P:2D", "2P:1D", "3 whole"]
@@ -264,12 +265,23 @@ def test_measured_fleets_tab_shows_a_real_fleet_and_the_simulator_beside_it():
     err = np.array([abs(s_e2e[r] - e) / e for r, e in zip(m["id"], m["e2e_ms"])])
     row = at.dataframe[0].value.to_dict("records")[0]
     assert row["E2E error median"] == f"{np.median(err):.1%}"
-    agree = np.mean([e["replica"] == f["replica"] for e, f in zip(tr.events_of("route"), sim.events_of("route"))])
+    agree = np.mean([(e["replica"], e.get("decode")) == (f["replica"], f.get("decode"))
+                     for e, f in zip(tr.events_of("route"), sim.events_of("route"))])
     assert row["routing agreement"] == f"{agree:.0%}"
     fig = figure(at, "E2E per request: simulated vs measured")
     pts = sorted((x, y) for t in fig["data"][1:] for x, y in zip(arr(t["x"]), arr(t["y"])))
     assert len(pts) == len(tr.requests)
     assert pts == pytest.approx(sorted(zip(m["e2e_ms"], [s_e2e[r] for r in m["id"]])))
+    # issue 48 item 14: each point is labelled by the replica that served the request (disaggregated: the
+    # decode replica, where its tokens came from), and the decode replica's fitted terms are explained
+    served = {e["req"]: (e["decode"] if e.get("decode", -1) >= 0 else e["replica"]) for e in tr.events_of("route")}
+    roles = [r["role"] for r in tr.meta["fleet"]["replicas"]]
+    for t in fig["data"][1:]:
+        k = int(t["name"].split()[1])
+        assert {served[c[0]] for c in t["customdata"]} == {k}
+        assert roles[k] == "both" or f"({roles[k]})" in t["name"]
+    if "decode" in roles:
+        assert any("cost of taking one in" in c.value for c in at.caption)
     # a fleet behind another router: its views, no simulation (its decisions are not in the trace)
     names = [o for o in pick.options if o.startswith("sglang-router")]
     if names:

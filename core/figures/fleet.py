@@ -726,10 +726,11 @@ def pd_split_figure(rows: list[dict]) -> go.Figure:
     return base_layout(fig, "Goodput by prefill:decode split (gray: whole replicas)", height=360)
 
 
-def fidelity_figure(table: pd.DataFrame, metric: str = "e2e_ms") -> go.Figure:
+def fidelity_figure(table: pd.DataFrame, metric: str = "e2e_ms", roles: list[str] | None = None) -> go.Figure:
     """Each request's simulated `metric` (ttft_ms or e2e_ms) against its measured one
-    (core.fit.fleet.predict_fleet's table), one color per measured replica, hollow where the
-    simulated router chose another replica; the diagonal is a perfect prediction."""
+    (core.fit.fleet.predict_fleet's table), one color per replica that served it (a disaggregated
+    request's decode replica; `roles` name each replica's role), hollow where the simulated router
+    chose another replica; the diagonal is a perfect prediction."""
     word = {"ttft_ms": "TTFT", "e2e_ms": "E2E"}[metric]
     fig = go.Figure()
     x, y = table[metric].to_numpy(dtype=float), table[f"{metric}_sim"].to_numpy(dtype=float)
@@ -741,11 +742,13 @@ def fidelity_figure(table: pd.DataFrame, metric: str = "e2e_ms") -> go.Figure:
         sel = (table["replica"] == k).to_numpy() & ok
         same = (table["replica_sim"] == k).to_numpy()
         sym = np.where(same[sel], "circle", "circle-open")
+        role = roles[k] if roles is not None and k < len(roles) and roles[k] != "both" else None
+        name = f"replica {k}" + (f" ({role})" if role else "")
         fig.add_trace(go.Scatter(
-            x=x[sel], y=y[sel], mode="markers", name=f"replica {k}",
+            x=x[sel], y=y[sel], mode="markers", name=name,
             marker=dict(color=color_of(k), symbol=sym.tolist(), size=8),
             customdata=np.stack([table["id"].to_numpy()[sel], table["replica_sim"].to_numpy()[sel]], axis=1),
             hovertemplate=f"%{{customdata[0]}}: measured %{{x:.1f}} ms, simulated %{{y:.1f}} ms on replica "
-                          f"%{{customdata[1]}}<extra>replica {k}</extra>"))
+                          f"%{{customdata[1]}}<extra>{name}</extra>"))
     fig.update_layout(xaxis_title=f"measured {word} (ms)", yaxis_title=f"simulated {word} (ms)")
     return base_layout(fig, f"{word} per request: simulated vs measured", 420)

@@ -66,6 +66,21 @@ def errors(pred, meas) -> dict:
     return {"median": float(np.median(e)), "p90": float(np.percentile(e, 90)), "n": int(ok.sum())}
 
 
+DECODE_PREFILL_NOTE = (" (a decode replica's prefill tokens are the last prompt token it recomputes for each "
+                       "transferred request, so its per-prefill-token term is the cost of taking one in, its KV "
+                       "written, not a prefill rate)")
+
+
+def serving_replicas(trace) -> dict:
+    """Request id -> the replica that emitted its tokens, by the route events: a whole request's
+    replica, a disaggregated one's decode replica (its TTFT and E2E are measured there)."""
+    out = {}
+    for e in trace.events_of("route"):
+        d = e.get("decode")
+        out[e["req"]] = d if isinstance(d, int) and d >= 0 else e["replica"]
+    return out
+
+
 def roles_of(trace) -> list[str]:
     reps = (trace.meta.get("fleet") or {}).get("replicas")
     if not isinstance(reps, list) or not reps:
@@ -104,8 +119,7 @@ def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[
                   pd_min_prompt=(trace.meta.get("fleet") or {}).get("pd_min_prompt", 0))
     spec = FleetSpec([ReplicaSpec(cfg, fits[r][0], r) for r in roles], router=router, **kw)
     sim = simulate_fleet(trace.workload(), spec)
-    meas_r = {e["req"]: e["replica"] for e in trace.events_of("route")}
-    sim_r = {e["req"]: e["replica"] for e in sim.events_of("route")}
+    meas_r, sim_r = serving_replicas(trace), serving_replicas(sim)
     mm, sm = request_metrics(trace), request_metrics(sim)
     at = {rid: i for i, rid in enumerate(sm["id"])}
     idx = np.array([at[r] for r in mm["id"]], dtype=np.int64)
@@ -115,12 +129,14 @@ def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[
                           "ttft_ms_sim": np.asarray(sm["ttft_ms"], dtype=float)[idx],
                           "e2e_ms": np.asarray(mm["e2e_ms"], dtype=float),
                           "e2e_ms_sim": np.asarray(sm["e2e_ms"], dtype=float)[idx]})
-    routed = table["replica"].notna()
-    report = {"routing_agreement": float((table["replica"][routed] == table["replica_sim"][routed]).mean())
-              if routed.any() else None,
+    # the router agreed when it chose the same replicas: whole (or prefill) and decode
+    pairs = {e["req"]: (e["replica"], e.get("decode", -1)) for e in sim.events_of("route")}
+    same = [pairs.get(e["req"]) == (e["replica"], e.get("decode", -1)) for e in trace.events_of("route")]
+    report = {"routing_agreement": float(np.mean(same)) if same else None,
               "ttft": errors(table["ttft_ms_sim"], table["ttft_ms"]),
               "e2e": errors(table["e2e_ms_sim"], table["e2e_ms"]),
-              "step_models": {r: f[0].describe() for r, f in fits.items()},
+              "step_models": {r: f[0].describe() + (DECODE_PREFILL_NOTE if r == "decode" else "")
+                              for r, f in fits.items()},
               "gap_ms": {r: f[1].get("gap_ms") for r, f in fits.items()},
               "router": router.to_dict()}
     if "prefill" in roles:
