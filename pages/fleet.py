@@ -26,6 +26,7 @@ from core.formulas.kv import MODELS
 from ui import (
     bound,
     cached_scenario,
+    choice_param,
     ensure_app_frame,
     fmt_ms,
     linked_fragment,
@@ -340,12 +341,16 @@ def measured_view():
     show_chart(fidelity_figure(table, "e2e_ms", roles), key="fl_meas_e2e", where=right, width="stretch")
 
 
-# Each tab runs only while it is open (the experiments simulate many runs each)
-TABS = ["Router policies side by side", "Experiment: a stale router", "Experiment: the P:D split",
-        "Animation", "Lesson: how routing wins and loses", "Measured fleets"]
-tabs = st.tabs(TABS, **bound("fl_tab"))
-for tab, view in zip(tabs, (policies_view, staleness_experiment, pd_experiment, animation_view, lesson_view,
-                            measured_view)):
+# Each tab runs only while it is open (the experiments simulate many runs each). Short labels: all six
+# fit beside the sidebar at 1024 px; a link may still name a tab by its earlier, longer label.
+TABS = {"Policies": "Router policies side by side", "Stale router": "Experiment: a stale router",
+        "P:D split": "Experiment: the P:D split", "Animation": "Animation",
+        "Lesson": "Lesson: how routing wins and loses", "Measured": "Measured fleets"}
+choice_param("fl_tab", TABS, "tab")
+tabs = st.tabs(list(TABS), **bound("fl_tab"))
+for tab, title, view in zip(tabs, TABS.values(), (policies_view, staleness_experiment, pd_experiment, animation_view,
+                                                   lesson_view, measured_view)):
     with tab:
         if tab.open:
+            st.markdown(f"##### {title}")
             view()

@@ -363,3 +363,24 @@ def test_the_link_follows_a_slider_inside_an_experiment_tab(server, page):
     assert query.get("fl_ttft") == ["60"], link
     assert query.get("fl_n") == ["2"], link            # a widget outside the fragment keeps its value
     assert page.locator("[data-testid='stException']").count() == 0
+
+
+def test_every_fleet_tab_is_in_sight_at_1024_px(server, browser):
+    """Issue 48 item 15: at 1024x768 the Fleet page's last tabs hid behind a scroll arrow."""
+    from playwright.sync_api import expect
+    page = browser.new_page(viewport={"width": 1024, "height": 768})
+    try:
+        page.set_default_timeout(60_000)
+        page.goto(f"{server}/fleet?fl_n=2&fl_load=1")
+        wait_idle(page)
+        tabs = page.get_by_role("tab")
+        expect(tabs.first).to_be_visible()
+        right = page.evaluate("document.querySelector('[data-testid=\"stMain\"]').getBoundingClientRect().right")
+        names = tabs.all_inner_texts()
+        assert [n.strip() for n in names] == ["Policies", "Stale router", "P:D split", "Animation", "Lesson",
+                                              "Measured"]
+        for k in range(tabs.count()):
+            box = tabs.nth(k).bounding_box()
+            assert box is not None and box["x"] + box["width"] <= right, names[k]
+    finally:
+        page.close()

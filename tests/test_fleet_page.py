@@ -138,7 +138,7 @@ def test_a_drain_replica_outside_the_fleet_is_a_clear_message():
 
 
 def test_the_experiments_run_in_their_tabs(default_run):
-    at = open_page("fleet", {"fl_tab": "Experiment: a stale router", "fl_s_max": "50"})
+    at = open_page("fleet", {"fl_tab": "Stale router", "fl_s_max": "50"})
     fig = figure(at, "TTFT p99 as the router")
     lines = {t["name"]: t for t in fig["data"]}
     assert set(lines) == {"prefix-aware (the sidebar's)", "round-robin", "least-requests"}
@@ -147,7 +147,7 @@ def test_the_experiments_run_in_their_tabs(default_run):
     assert len(set(arr(lines["round-robin"]["y"]))) == 1
     assert arr(lines["prefix-aware (the sidebar's)"]["y"])[0] == \
         pytest.approx(np.percentile(ttft_by_hand(default_run), 99))
-    at = open_page("fleet", {"fl_tab": "Experiment: the P:D split", "fl_t": "3"})
+    at = open_page("fleet", {"fl_tab": "P:D split", "fl_t": "3"})
     fig = figure(at, "Goodput by prefill:decode split")
     assert list(fig["data"][0]["x"]) == ["1P:2D", "2P:1D", "3 whole"]
     table = next(d.value for d in at.dataframe if "split" in d.value.columns)
@@ -238,7 +238,7 @@ def test_animation_tab_plays_the_pages_run(default_run):
 
 def test_lesson_tab_tables_are_the_lessons_runs():
     from core.lessons.fleet import lesson_sections
-    at = open_page("fleet", {"fl_tab": "Lesson: how routing wins and loses"})
+    at = open_page("fleet", {"fl_tab": "Lesson"})
     sections = lesson_sections()
     assert len(at.dataframe) == len(sections)
     wins = next(s for s in sections if s["key"] == "wins")
@@ -254,7 +254,7 @@ def test_measured_fleets_tab_shows_a_real_fleet_and_the_simulator_beside_it():
     from core.analysis.metrics import request_metrics
     from core.fit.fleet import predict_fleet
     from core.trace import load_trace
-    at = open_page("fleet", {"fl_tab": "Measured fleets"})
+    at = open_page("fleet", {"fl_tab": "Measured"})
     pick = at.selectbox(key="fl_measured")
     assert pick.value.startswith("gpu_runner fleet: ")
     path = DATA / "traces" / f"fleet_{pick.value.removeprefix('gpu_runner fleet: ').replace(' ', '_')}.json.gz"

@@ -150,15 +150,15 @@ CASES = [
          Set("fl_pc", "toggle", False), num("fl_stale", 5), sel("fl_pol", "least-requests"), num("fl_d", 2),
          num("fl_p", 2), Set("fl_load", "slider", ["ArrowLeft"]), PRESENT))),
     Case("fleet-stale", "fleet", (
-        (sel("fl_wl", "Burst 5"), Set("fl_tab", "tab", "Experiment: a stale router")),
+        (sel("fl_wl", "Burst 5"), Set("fl_tab", "tab", "Stale router")),
         (Set("fl_n", "slider", ["ArrowLeft"]), Set("fl_s_max", "slider", ["ArrowLeft"]),
          Set("fl_s_pol", "pills", ["round-robin"])))),
     Case("fleet-pd-split", "fleet", (
-        (sel("fl_wl", "Burst 5"), Set("fl_tab", "tab", "Experiment: the P:D split")),
+        (sel("fl_wl", "Burst 5"), Set("fl_tab", "tab", "P:D split")),
         (Set("fl_tpot", "slider", ["ArrowLeft"]), Set("fl_ttft", "slider", ["ArrowLeft"]),
          Set("fl_t", "slider", ["ArrowRight"])))),
     Case("fleet-measured", "fleet", (
-        (Set("fl_tab", "tab", "Measured fleets"),),
+        (Set("fl_tab", "tab", "Measured"),),
         (sel("fl_measured", "gpu_runner fleet: prefix prefix aware"),))),
     # Prediction vs measurement: another run predicted, fitted on another (the log fit: instant)
     Case("calibration", "calibration", (
