@@ -212,3 +212,23 @@ def test_a_run_whose_steps_name_no_requests_holds_out_those_arriving_after_the_s
     assert t.min() + 0.999 * (t.max() - t.min()) > tr.requests["arrival_ms"].max()
     late = how_good(tr, "affine", split=0.999)
     assert not late.requests["held_out"].any() and "holds nothing out" in late.fit_on
+
+
+def test_token_spans_without_recording_equal_the_simulated_traces():
+    """core.sim.simulate.token_span_ms (what the request-level fit's search compares, without
+    recording the run) gives each request's first and last token time exactly as simulate's trace."""
+    import numpy as np
+
+    from core.analysis.metrics import request_metrics
+    from core.config import SchedulerConfig
+    from core.sim.simulate import simulate, token_span_ms
+    from core.sim.stepmodel import StepModel
+    from core.workload import load_workload
+    from tests.conftest import DATA
+    w = load_workload(DATA / "workloads" / "shared_prefix_200.json")
+    for cfg in (SchedulerConfig(prefix_caching=True, kv_blocks=300), SchedulerConfig(chunk=64, token_budget=256)):
+        sm = StepModel(kind="affine", base_ms=3.0, prefill_ms_per_token=0.04, decode_ms_per_seq=0.3)
+        first, last = token_span_ms(w, cfg, sm)
+        m = request_metrics(simulate(w, cfg, sm, record_kv=False)).set_index("id").loc[list(w.ids)]
+        assert np.array_equal(first, m["first_token_ms"].to_numpy(dtype=float), equal_nan=True)
+        assert np.array_equal(last, m["last_token_ms"].to_numpy(dtype=float), equal_nan=True)

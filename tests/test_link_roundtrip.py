@@ -150,7 +150,7 @@ CASES = [
          Set("fl_pc", "toggle", False), num("fl_stale", 5), sel("fl_pol", "least-requests"), num("fl_d", 2),
          num("fl_p", 2), Set("fl_load", "slider", ["ArrowLeft"]), PRESENT))),
     Case("fleet-stale", "fleet", (
-        (sel("fl_wl", "Burst 5"), Set("fl_tab", "tab", "Stale router")),
+        (sel("fl_wl", "Burst 5"), Set("fl_bal", "toggle", False), Set("fl_tab", "tab", "Stale router")),
         (Set("fl_n", "slider", ["ArrowLeft"]), Set("fl_s_max", "slider", ["ArrowLeft"]),
          Set("fl_s_pol", "pills", ["round-robin"])))),
     Case("fleet-pd-split", "fleet", (
@@ -164,6 +164,10 @@ CASES = [
     Case("calibration", "calibration", (
         (sel("cal_run", "run9_poisson2_p64_o128"),),
         (Set("cal_fit", "pills", ["run4_poisson8_p128_o32"]), PRESENT))),
+    # the fit method: the spans fit of the default run (run1, the quickest: ~20 s, once per server)
+    Case("calibration-spans", "calibration", ((Set("cal_method", "segmented", "spans"),),)),
+    # a fleet trace: one replica picked
+    Case("replay-replica", "replay?tr=fleet_two.json.gz", ((sel("rp_replica", "replica 1 (both)"),),)),
     # the pages whose only bound widget is the presentation switch
     *[Case(path or "home", path, ((PRESENT,),)) for path in ("", "pathologies", "exercises")],
 ]

@@ -29,7 +29,7 @@ from core.analysis.metrics import request_metrics
 from core.config import SchedulerConfig
 from core.errors import ConfigError
 from core.fit.stepfit import MODELS, feature_range, identifiability, model_of, nnls_coefficients, trace_features
-from core.sim.simulate import simulate
+from core.sim.simulate import simulate, token_span_ms
 from core.sim.stepmodel import FEATURE_COEFFICIENTS, FEATURES, StepModel
 
 MIN_REQUESTS = 4
@@ -112,6 +112,28 @@ class _Run:
         self.arrival = m["arrival_ms"].to_numpy(dtype=float)[ok]
         self.ttft, self.e2e = m["ttft_ms"].to_numpy(dtype=float)[ok], m["e2e_ms"].to_numpy(dtype=float)[ok]
         self.out_tokens = m["output_tokens"].to_numpy()[ok]
+        at = {rid: k for k, rid in enumerate(self.workload.ids)}
+        self.rows = np.array([at[i] for i in self.ids], dtype=np.int64)   # each fitted request's workload row
+
+
+def _cost(r, scale):
+    """Each request's cost of its log ratio r: r^2, or (`scale`) soft L1."""
+    return r ** 2 if scale is None else 2 * scale ** 2 * (np.sqrt(1 + (r / scale) ** 2) - 1)
+
+
+def _span_loss(runs, configs, sm: StepModel, ttft, e2e, scale) -> float:
+    """fit_from_requests' loss without recording the runs (core.sim.simulate.token_span_ms: the
+    same token times as the recorded trace): what the global search, Nelder-Mead and the polish's
+    trial steps compare."""
+    pt, pe = [], []
+    for r, cfg in zip(runs, configs):
+        first, last = token_span_ms(r.workload, cfg, sm)
+        pt.append(first[r.rows] - r.arrival)
+        pe.append(last[r.rows] - r.arrival)
+    pt, pe = np.concatenate(pt), np.concatenate(pe)
+    if not (np.all(pt > 0) and np.all(pe > 0)):
+        return np.inf
+    return float(np.mean(_cost(np.log(pt / ttft), scale)) + np.mean(_cost(np.log(pe / e2e), scale)))
 
 
 def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max_iter: int = 30,
@@ -157,8 +179,10 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
             return sims, np.inf
         return sims, float(np.mean(cost(np.log(pt / ttft), scale)) + np.mean(cost(np.log(pe / e2e), scale)))
 
-    def cost(r, scale):
-        return r ** 2 if scale is None else 2 * scale ** 2 * (np.sqrt(1 + (r / scale) ** 2) - 1)
+    def loss_only(c, scale=robust):
+        return _span_loss(runs, configs, model_of(model, c), ttft, e2e, scale)
+
+    cost = _cost
 
     def linearised(sims):
         parts = [_linearised(sim, r.ids, r.arrival) for sim, r in zip(sims, runs)]
@@ -189,9 +213,10 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
                 cand = coef + alpha * (target - coef)
                 if cand[0] <= 0 and cand[2] <= 0 and cand[4] <= 0:  # a decode step must take time
                     cand[0] = FLOOR_MS
-                cand_sims, cand_loss = evaluate(cand, scale)
+                cand_loss = loss_only(cand, scale)
                 n_eval += 1
                 if cand_loss < loss:
+                    cand_sims = evaluate(cand, scale)[0]        # (recorded: the next linear fit reads them)
                     break
             else:
                 break                                           # no step along the fit helps: done
@@ -206,7 +231,7 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
     # with whom; then Nelder-Mead from its best point; 2. Gauss-Newton from there, over all of
     # the model's coefficients
     def affine_loss(x):
-        return evaluate(np.r_[np.exp(x), np.zeros(len(FEATURES) - 3)])[1]
+        return loss_only(np.r_[np.exp(x), np.zeros(len(FEATURES) - 3)])
     x0 = np.log(np.maximum(coef[:3], FLOOR_MS))
     evaluate(coef)    # settings the workload cannot run under (a pool too small) say so here, not inside scipy
     found = differential_evolution(affine_loss, [(v - np.log(30.0), v + np.log(30.0)) for v in x0],

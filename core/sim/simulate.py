@@ -63,6 +63,32 @@ def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel 
         return core.trace(workload, _run(core, workload, label, created))
 
 
+def token_span_ms(workload: Workload, config: SchedulerConfig, step_model: StepModel | None = None,
+                  fast_forward: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) token time of each request, in workload order (NaN: no token), exactly as
+    `simulate`'s trace gives them, without recording the run: what a search that only compares
+    TTFT and E2E (core.fit.reqfit) needs, at the cost of the steps alone."""
+    n = len(workload)
+    first, last = np.full(n, np.inf), np.full(n, -np.inf)
+
+    def tokens(out):
+        if len(out.token_reqs):
+            t = np.full(len(out.token_reqs), out.t_ms) if out.token_t_ms is None else out.token_t_ms
+            np.minimum.at(first, out.token_reqs, t)
+            np.maximum.at(last, out.token_reqs, t)
+    if config.spec_gamma:
+        raise ConfigError("spec_gamma: the simulator does not model speculative acceptance; "
+                          "capture speculative runs with gpu_runner")
+    core = EngineCore(config, StepTimeExecutor(step_model or StepModel()), workload, record=False, kv_events=False,
+                      fast_forward=fast_forward)
+    core.observe(tokens)
+    with _no_cyclic_gc():
+        loop.run(core, loop.VirtualClock(float(workload.arrival_ms[0])))
+    first[np.isinf(first)] = np.nan
+    last[np.isinf(last)] = np.nan
+    return first, last
+
+
 def _in_flight(tr, workload: Workload, in_flight_at) -> np.ndarray:
     """Per request of `workload` (its order), the others in flight at the front end when it arrived
     in trace `tr` (finish times on the front end's clock)."""
