@@ -162,7 +162,7 @@ m[2].metric("prefix hit rate", "—" if nums["hit_rate"] is None else f"{nums['h
 m[3].metric("imbalance", "—" if nums["imbalance"] is None else f"{nums['imbalance']:.2f}",
             help="max / mean requests per replica (prefill and decode replicas apart): 1 = even. Requests per "
                  "replica: " + ", ".join(f"r{k} {c}" for k, c in enumerate(nums["per_replica"])))
-m[4].metric("rejected at the router", f"{nums['rejected']:,}")
+m[4].metric("rejected", f"{nums['rejected']:,}", help="requests the router rejected (no replica took them)")
 st.caption("All simulated (core/fleet). Percentiles: numpy 'linear' estimator.")
 
 st.subheader("Where each request went")

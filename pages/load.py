@@ -189,8 +189,8 @@ for label, r in results.items():
     for p in r["points"]:
         rows.append({"policy": label, key: p[key], "offered req/s": p["offered_req_per_s"],
                      "done req/s": p["achieved_req_per_s"], "output tok/s": p["output_tok_per_s"],
-                     "TTFT p50": p["ttft_ms"]["p50"], "TTFT p99": p["ttft_ms"]["p99"],
-                     "TPOT p99": p["tpot_ms"]["p99"], "E2E p99": p["e2e_ms"]["p99"], "failed": p["failed"],
+                     "TTFT p50 ms": p["ttft_ms"]["p50"], "TTFT p99 ms": p["ttft_ms"]["p99"],
+                     "TPOT p99 ms": p["tpot_ms"]["p99"], "E2E p99 ms": p["e2e_ms"]["p99"], "failed": p["failed"],
                      **({"SLO met": p["slo"]["attainment"], "goodput req/s": p["slo"]["goodput_req_per_s"],
                          "goodput tok/s": p["slo"]["goodput_tok_per_s"]} if "slo" in p else {})})
 table = pd.DataFrame(rows)
@@ -205,15 +205,16 @@ choice = c2.selectbox(f"{'Rate (req/s)' if key == 'rate' else 'Clients'}", [p[ke
                       index=len(pts) // 2, **bound("ld_px"))
 p = next(q for q in pts if q[key] == choice)
 ll, u = p["littles_law"], p["utilisation"]
-m = st.columns(4)
+m = st.columns(2)      # (two a row: "1,137 / 2,000" fits beside the sidebar at 1024 px)
 m[0].metric("L: mean requests in system", fmt_ms(ll["L"]), help="time-average of requests between arrival and "
             "last token over the drain window")
 m[1].metric("λ·W", fmt_ms(ll["lambda_W"]), help=f"λ = {fmt_ms(ll['arrival_rate_per_s'])} req/s, "
             f"W = mean E2E {fmt_ms(ll['W_ms'])} ms; equal to L over the drain window of a finished workload")
 if u is not None:
-    m[2].metric("Running sequences: mean / peak", f"{u['running_mean']:,.1f} / {u['running_peak']}")
+    m = st.columns(2)
+    m[0].metric("Running sequences: mean / peak", f"{u['running_mean']:,.1f} / {u['running_peak']}")
     pool = f" of a pool of {u['kv_blocks']:,}" if "kv_blocks" in u else ""
-    m[3].metric("KV blocks: mean / peak", f"{u['kv_used_blocks_mean']:,.0f} / {u['kv_used_blocks_peak']:,}",
+    m[1].metric("KV blocks: mean / peak", f"{u['kv_used_blocks_mean']:,.0f} / {u['kv_used_blocks_peak']:,}",
                 help=f"blocks in use over the drain window: mean {fmt_ms(u['kv_used_blocks_mean'])}, peak "
                      f"{u['kv_used_blocks_peak']:,}{pool}")
 st.caption("Open loop: arrivals do not wait for the server, so past capacity the queue, TTFT and E2E grow "

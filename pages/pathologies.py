@@ -34,7 +34,24 @@ def table(rows: list[dict], key: str, first: tuple[str, ...] = ()):
     if {"completed", "requests"} <= set(df.columns):     # one narrow column on screen; both in the CSV
         shown = df.drop(columns=["completed", "requests"])
         shown.insert(1, "completed", [f"{c:,} of {n:,}" for c, n in zip(df["completed"], df["requests"])])
-    show_table(shown, hide_index=True, key=key, export=df)
+    # on screen a metric a row and a schedule a column: two runs side by side fit any width (a row a
+    # run ran past the right edge at 1024 px); the CSV export keeps a row a run, every digit
+    side = pd.DataFrame({"metric": [c for c in shown.columns if c != "schedule"]})
+    for _, r in shown.iterrows():
+        side[str(r["schedule"])] = [_cell(r[c]) for c in side["metric"]]
+    show_table(side, hide_index=True, key=key, export=df)
+
+
+def _cell(v) -> str:
+    """A table value as text: integers with thousands separators, other numbers to 4 significant
+    digits (from 1,000 on: whole), missing as a dash."""
+    if v is None or (isinstance(v, float) and v != v):
+        return "—"
+    if isinstance(v, (bool, str)):
+        return str(v)
+    if float(v).is_integer() and abs(v) < 1e15:
+        return f"{int(v):,}"
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
 def over_time(rows: list[dict], column: str, title: str, ytitle: str) -> go.Figure:

@@ -69,6 +69,10 @@ def test_pathologies_page_shows_all_five():
     assert len(charts(at)) == 4 and len(at.dataframe) == 4 and not at.error
     assert {m.label for m in at.metric} >= {"Model load", "First step"}
     assert any("deliberately broken" in c.value for c in at.caption)
+    # issue 48 item 15: a metric a row, a run a column (the runs side by side fit a 1024-px screen)
+    first = at.dataframe[0].value
+    assert list(first.columns)[0] == "metric" and len(first.columns) == 3
+    assert "preemptions" in first["metric"].tolist()
 
 
 @pytest.mark.parametrize("key", ["oom", "hol", "thrash", "leak"])

@@ -616,6 +616,7 @@ def replica_signals(trace, drains=None, max_points: int = MAX_SIGNAL_POINTS) -> 
     for _, t in (drains_of(trace) if drains is None else drains):
         fig.add_vline(x=t, line_color=VERMILLION, line_width=2, line_dash="dash")
     fig.update_xaxes(title_text="time (ms)", row=3, col=1)
+    fig.update_yaxes(rangemode="nonnegative")     # (counts: an all-zero panel shows 0..1, not -1..1)
     most = int(np.bincount(rep_col).max()) if len(rep_col) else 0
     peak = f" (each bin's peak: over {max_points:,} steps a replica)" if most > max_points else ""
     return base_layout(fig, "Each replica over time: running, waiting, KV blocks used" + peak, height=560)

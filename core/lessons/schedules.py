@@ -130,8 +130,8 @@ def summary_table(schedules: list[tuple[str, Trace]], window: tuple[float, float
             fixed = throughput(tr, window)
             row[f"tok/s fixed [{window[0]:g}, {window[1]:g}] ms"] = fixed.tok_per_s
         row.update({"cost USD (drain)": cost, "USD per 1k tokens": per_1k,
-                    "TTFT p50": s["ttft_ms"]["p50"], "TTFT p99": s["ttft_ms"]["p99"],
-                    "TPOT mean": s["tpot_ms"]["mean"], "E2E p99": s["e2e_ms"]["p99"]})
+                    "TTFT p50 ms": s["ttft_ms"]["p50"], "TTFT p99 ms": s["ttft_ms"]["p99"],
+                    "TPOT mean ms": s["tpot_ms"]["mean"], "E2E p99 ms": s["e2e_ms"]["p99"]})
         rows.append(row)
     df = pd.DataFrame(rows)
     if len(df):   # a given schedule has no steps: an empty cell, not "None"
