@@ -26,6 +26,7 @@ from core.figures.timeline import MAX_LANES, schedule_timeline
 from core.fit.predict import describe_request_prediction, prediction_methods
 from core.fit.stepfit import MIN_STEPS, describe_identifiability, describe_outside
 from core.formulas.speculative import acceptance_by_position
+from core.lessons.scenarios import DATA as DATA_DIR
 from core.trace import file_summary_comparison, file_window_comparison, trace_json
 from ui import (
     UPLOAD_LIMIT_MB,
@@ -121,6 +122,20 @@ def get_trace(choice, slot):
         st.error(f"Could not load {md(choice)}: {md(err)}")
         return None, None, None
     return tr, imp, choice
+
+
+# a bundled example (data/): what it leaves out is explained in a caption, not a warning box (boxes
+# are for the user's own files, where they are news)
+BUNDLED = choice in files and DATA_DIR in files[choice].resolve().parents
+
+
+def notice(text: str, icon: str, share: float = 1.0):
+    """A warning box on the user's own file when it matters (`share`: the part of the run it concerns,
+    boxed from 1%); a caption with the icon otherwise."""
+    if BUNDLED or share < 0.01:
+        st.caption(f"{icon} {text}")
+    else:
+        st.warning(text, icon=icon)
 
 
 large = choice in files and large_trace(files[choice])
@@ -411,9 +426,9 @@ def gauges_view(gauges, cursor):
             f"{cov['during_requests']:,} fell while a request was in flight (the requests' own times), "
             f"{cov['reading_running']:,} read running > 0.")
     if cov["missed"]:
-        st.warning(f"The server's gauges miss this run's activity: {said} A request lasts a median "
-                   f"{cov['median_e2e_ms']:,.0f} ms, so the scrapes mostly land between requests; the "
-                   "in-flight chart, from the requests' own times, shows the load.", icon=":material/visibility_off:")
+        notice(f"The server's gauges miss this run's activity: {said} A request lasts a median "
+               f"{cov['median_e2e_ms']:,.0f} ms, so the scrapes mostly land between requests; the "
+               "in-flight chart, from the requests' own times, shows the load.", ":material/visibility_off:")
     else:
         st.caption(said)
 
@@ -688,7 +703,8 @@ if len(tr.steps) >= MIN_STEPS or fid_config is not None:
         show_chart(cdf_figure({f"{which} requests": 100 * held[f"{key}_error"]}, f"{name} error", unit="%"),
                    key=f"rp_fid_cdf_{key}", where=col)
     if fid.outside:
-        st.warning(f"{md(describe_outside(fid.outside))}: the prediction extrapolates there.")
+        notice(f"{md(describe_outside(fid.outside))}: the prediction extrapolates there.", ":material/warning:",
+               fid.outside["steps"] / max(1, fid.outside["of"]))
         with st.expander("The predicted steps outside the fitted range"):
             show_table(fid.outside_table, hide_index=True, key="rp_fid_outside")
     else:

@@ -300,7 +300,7 @@ def test_the_engines_clock_is_shown_beside_the_clients_and_bursts_are_flagged():
     assert sorted(table["id"]) == sorted(bursts)
 
 
-def test_sparse_server_gauges_are_drawn_as_samples_and_said_to_miss_the_run():
+def test_sparse_server_gauges_are_drawn_as_samples_and_said_to_miss_the_run(tmp_path, monkeypatch):
     """Issue 36, item 5: 6 scrapes 2.5 s apart, all reading 0, were drawn as continuous lines (axis down to
     -1) beside an in-flight chart titled "(no step events)" on a trace with steps."""
     import gzip
@@ -316,10 +316,17 @@ def test_sparse_server_gauges_are_drawn_as_samples_and_said_to_miss_the_run():
     assert all(tr_["mode"] == "markers" for tr_ in fig["data"] if tr_["name"] in ("running (server)",
                                                                                 "waiting (server)"))
     assert fig["layout"]["yaxis"]["rangemode"] == "nonnegative"
-    warning = " ".join(w.value for w in at.warning)
-    assert "miss this run's activity" in warning and f"{len(t)} scrapes, a median {gap:,.0f} ms apart" in warning
+    # a bundled example says it in a caption (issue 48 item 16a: no warning boxes before anything else)
+    said = " ".join(c.value for c in at.caption)
+    assert "miss this run's activity" in said and f"{len(t)} scrapes, a median {gap:,.0f} ms apart" in said
+    assert not at.warning
     titles = " | ".join(_titles(at))
     assert "(no step events)" not in titles
+    # the same file as the user's own: a warning box
+    (tmp_path / "mine.json.gz").write_bytes((DATA / "traces" / "vllm_cpu_run2_merged.json.gz").read_bytes())
+    monkeypatch.setenv("SERVING_EXPLORER_TRACES", str(tmp_path))
+    at = replay({"tr": "mine.json.gz"})
+    assert any("miss this run's activity" in w.value for w in at.warning)
 
 
 def test_a_tools_own_percentiles_are_the_headline_with_ours_beside():
@@ -383,3 +390,11 @@ def test_an_uploaded_aiperf_export_takes_its_summary_in_a_second_upload():
     assert float(metrics["TTFT p50 ms ·file"]) == pytest.approx(summary["time_to_first_token"]["p50"], abs=0.01)
     at.file_uploader(key="rp_aiperf_summary").set_value(("x.json", b'{"a": 1}', "application/json")).run()
     assert any("expected AIPerf's summary" in e.value for e in at.error)
+
+
+def test_the_default_trace_opens_without_a_notice_box():
+    """Issue 48 item 16a: the default (bundled) trace opened with two notice boxes (the gauges' gaps, one
+    step of 2,205 outside the fitted range) above what a student should read first."""
+    at = replay({})
+    assert not at.exception
+    assert len(at.warning) + len(at.info) == 0, [w.value for w in [*at.warning, *at.info]]
