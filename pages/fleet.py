@@ -21,7 +21,7 @@ from core.figures.fleet import (
     staleness_figure,
 )
 from core.figures.timeline import MAX_LANES
-from core.fleet.router import POLICIES
+from core.fleet.router import GLOSSARY, POLICIES, POLICY_WORDS
 from core.formulas.kv import MODELS
 from ui import (
     bound,
@@ -66,6 +66,12 @@ st.title("Fleet")
 st.caption("Several replicas of one engine behind a router, simulated on one clock (core/fleet): where each request "
            "went and why, what each replica held over time, its prefix-cache hits, and every routing policy on the "
            "same workload.")
+with st.expander(":material/school: Router, policies, staleness, P:D split: in words"):
+    st.markdown("\n".join(f"- **{md(k)}**: {md(v)}" for k, v in GLOSSARY.items()))
+    st.markdown("**The policies** (the sidebar's *Router policy*):\n"
+                + "\n".join(f"- **{md(p)}** {md(w)}" for p, w in POLICY_WORDS.items()))
+    st.caption("The exact rules, with their parameters and ties: core/fleet/router.py; the measurements behind "
+               "them: docs/fleet.md.")
 
 with st.sidebar:
     st.subheader("Workload")
@@ -85,7 +91,7 @@ with st.sidebar:
         n = st.slider("Replicas", 1, MAX_REPLICAS, 4, **bound("fl_n"))
         n_p = n_d = 0
     policy = st.selectbox("Router policy", POLICIES, index=POLICIES.index("prefix-aware"), **bound("fl_pol"),
-                          help="core/fleet/router.py states each policy")
+                          help="\n\n".join(f"**{p}** {w}" for p, w in POLICY_WORDS.items()))
     load_check = True
     if policy == "prefix-aware":
         load_check = st.toggle("Load check", True, **bound("fl_bal"),

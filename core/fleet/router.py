@@ -53,6 +53,37 @@ from core.errors import ConfigError
 
 ROLES = ("both", "prefill", "decode")   # a replica's role: whole requests, or one side of disaggregated serving
 POLICIES = ("round-robin", "random", "least-requests", "least-kv", "power-of-two", "prefix-aware", "weighted")
+# In a student's words (the Fleet page's glossary and its policy help): what each policy does
+POLICY_WORDS = {
+    "round-robin": "takes turns: request 0 to replica 0, request 1 to replica 1, ... and around again. It never "
+                   "looks at the replicas, so it cannot be misled by old news, nor avoid a busy replica.",
+    "random": "picks a replica at random for each request: even on average, uneven in any short stretch.",
+    "least-requests": "sends each request to the replica holding the fewest requests (running, waiting, or just "
+                      "sent there).",
+    "least-kv": "sends each request to the replica with the most free KV-cache memory (ties: fewest requests).",
+    "power-of-two": "draws two replicas at random and sends the request to the less busy of the two: nearly as "
+                    "good as asking every replica, at the price of asking two.",
+    "prefix-aware": "sends a request to the replica that already has the longest start of its prompt in its "
+                    "prefix cache (that part need not be computed again), unless that replica is much busier than "
+                    "the least busy one (its load check); with no useful cache anywhere, it spreads the load. After "
+                    "sglang-router's cache_aware.",
+    "weighted": "scores every replica on three things, the share of the prompt it has cached (weight 2), how few "
+                "requests it holds (1) and how much KV memory it has free (1), and takes the highest total. After "
+                "llm-d's scorers.",
+}
+GLOSSARY = {
+    "replica": "one copy of the model on its own GPU(s), with its own scheduler, batch and KV cache.",
+    "router": "the front door of a fleet: every request arrives there first and the router chooses the replica "
+              "that serves it, using a policy and what it knows of each replica.",
+    "staleness": "how old the router's knowledge of each replica is. Real routers hear of a replica's load "
+                 "every so often, not at every step; with stale signals, a router that looks at loads can send a "
+                 "whole burst to the replica that looked idle.",
+    "P:D split": "disaggregated serving: P prefill replicas compute prompts, D decode replicas generate the "
+                 "tokens; each prompt's KV cache is copied over a link from its prefill replica to its decode "
+                 "replica. Prefill (compute-bound) and decode (memory-bound) then stop slowing each other down.",
+    "drain": "taking a replica out of the router's rotation: it gets no new requests but finishes the ones it "
+             "holds, so it can stop without cutting anyone off.",
+}
 PREFIX_POLICIES = ("prefix-aware", "weighted")
 PREFIX_MODES = ("precise", "approximate")
 DEFAULT_PREFIX_MODE = {"prefix-aware": "approximate", "weighted": "precise"}

@@ -1,7 +1,8 @@
-"""The fleet's prefix hit rate, one definition (core.analysis.fleet): hit blocks on each request's
-first admission / full prompt blocks routed. Issue 48, item 1: the Fleet page counted every hit
-(re-admissions after preemptions too), so with a small KV pool it showed 124% and ranked
-round-robin above prefix-aware. Expected values are counted here from the trace's own rows."""
+"""The Fleet page's numbers and words (issue 48). The prefix hit rate has one definition
+(core.analysis.fleet): hit blocks on each request's first admission / full prompt blocks routed;
+the page once counted every hit (re-admissions after preemptions too), so with a small KV pool it
+showed 124% and ranked round-robin above prefix-aware. Expected values are counted here from the
+trace's own rows."""
 import dataclasses
 
 import numpy as np
@@ -156,3 +157,14 @@ def test_orange_means_the_chosen_policy_in_every_panel():
                for p in ("round-robin", "prefix-aware") for s in (0, 50)]
     lines = {t["name"]: t for t in staleness_figure(st_rows, "prefix-aware").to_plotly_json()["data"]}
     assert lines["prefix-aware (the sidebar's)"]["line"]["width"] > lines["round-robin"]["line"]["width"]
+
+
+def test_the_page_says_what_a_router_each_policy_staleness_and_a_pd_split_are():
+    """Issue 48 item 16: no page said in words what a router, a policy, staleness or a P:D split is."""
+    from core.fleet.router import GLOSSARY, POLICIES, POLICY_WORDS
+    assert set(POLICY_WORDS) == set(POLICIES)
+    at = open_page("fleet", {"fl_n": "2", "fl_load": "1"})
+    box = next(e for e in at.expander if "in words" in e.label)
+    said = " ".join(m.value for m in box.markdown)
+    for term in [*GLOSSARY, *POLICIES]:
+        assert f"**{term}**" in said.replace("\\", ""), term
