@@ -145,10 +145,12 @@ class Telemetry:
             if len(self.kv_rows) + len(rows) > MAX_KV_ROWS:
                 raise TraceError(f"{where}: its {len(rows):,} rows would pass the {MAX_KV_ROWS:,} KV event rows "
                                  "held; dropped")
-        except TraceError as e:
+        except (TraceError, TypeError, ValueError, OverflowError, RecursionError) as e:
+            # (a batch that breaks the decoder in a way it did not foresee is dropped like a malformed one:
+            # one publisher's message must never end the observer and lose what it holds)
             self.counts["kv_bad"] += 1
             if self.counts["kv_bad"] <= 3:
-                self.problems.append(str(e))
+                self.problems.append(str(e) if isinstance(e, TraceError) else f"{where}: {type(e).__name__}: {e}")
             return
         self.kv_rows.extend(rows)
         seq = int.from_bytes(frames[-2], "big")

@@ -480,3 +480,19 @@ def test_an_export_body_that_never_arrives_whole_gets_408_and_the_receiver_answe
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+@pytest.mark.parametrize("event", [{"type": ["BlockStored"], "block_hashes": [1]}, {"type": {"a": 1}},
+                                   {"tag": 3.5, "block_hashes": [2]}],
+                         ids=["type-list", "type-map", "tag-float"])
+def test_a_kv_event_whose_type_is_not_a_name_is_dropped_and_the_flush_still_writes(tmp_path, event):
+    """Issue 48 item 18: a map event whose `type` was a list was accepted, then the observer died at
+    shutdown (TypeError: unhashable type: 'list'), losing that batch."""
+    tel = Telemetry(kv_events="tcp://127.0.0.1:1")
+    t0 = time.time_ns()
+    now = time.time()
+    tel.take_kv_message([b"kv", (0).to_bytes(8, "big"), msgspec.msgpack.encode([now, [event], 0])])
+    tel.take_kv_message(_kv(now, hashes=(5, 6), seq=1))
+    assert tel.counts["kv_bad"] == 1 and "unknown event type" in tel.problems[0]
+    tr = flush(tel, t0, tmp_path)
+    assert tr.kv_events["hash"].tolist() == ["5", "6"]

@@ -57,7 +57,7 @@ def _event(ev, where: str) -> tuple[str, dict]:
         return tag, dict(zip(FIELDS[tag], ev[1:]))
     if isinstance(ev, dict):
         tag = ev.get("type") or ev.get("tag")
-        if tag not in FIELDS:
+        if not isinstance(tag, str) or tag not in FIELDS:
             raise TraceError(f"{where}: unknown event type {short(tag)} (expected one of {', '.join(FIELDS)})")
         return tag, ev
     raise TraceError(f"{where}: an event: expected a tagged array or map, got {short(ev)}")
