@@ -159,3 +159,26 @@ def test_a_gzip_bomb_is_refused_holding_nothing(tmp_path):
                        text=True, timeout=120, cwd=str(DATA.parent))
     assert r.returncode == 2, r.stderr[-2000:]
     assert "inflates to more than 2 GiB" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("spans", [8_000_000, 30_000_000])
+def test_a_small_gzip_of_millions_of_empty_spans_is_refused_before_it_is_parsed(spans):
+    """Issue 48 item 19: a 78 KB OTLP JSON-lines file of 30,000,000 spans cost 7.5 GB and 61 s before
+    its refusal (20 KB / 8 M spans: 2.1 GB, 14 s). The objects are counted on the raw bytes first;
+    the refusal holds no parsed value (peak traced memory stays near the inflated text's size)."""
+    import gzip
+    import tracemalloc
+
+    from core.errors import TraceError
+    from core.trace import open_trace
+    body = b'{"resourceSpans":[{"scopeSpans":[{"spans":[' + b"{}," * spans + b'{}]}]}]}\n'
+    data = gzip.compress(body, 9)
+    del body
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceError, match=r"spans\.jsonl\.gz: [\d,]+ JSON objects and arrays or more"):
+            open_trace(data, "spans.jsonl.gz")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * (3 * spans + 64)       # the inflated text (and its pieces), never the parsed spans

@@ -155,6 +155,22 @@ def parse_json_bytes(data: bytes | str, name: str, error=TraceError) -> Any:
 
 
 MAX_JSON_DEPTH = 1024    # nesting the JSON parsers read (orjson's limit; Python's json recurses about as deep)
+# Objects and arrays an imported JSON file (another tool's, or JSON lines) may hold: each becomes a
+# Python dict or list of ~100-250 bytes once parsed and read, so a few kB of gzip holding 30 million
+# empty spans ("{}," repeated) would cost gigabytes before any reader could refuse it. Counted on the
+# raw bytes before parsing (brackets inside strings count too: the bound errs on the safe side);
+# our own trace format is streamed (core.trace.jsonstream) and not held to it.
+MAX_JSON_CONTAINERS = 5_000_000
+
+
+def check_containers(raw: bytes, name: str, error=TraceError) -> None:
+    """Refuse, before parsing, JSON text with more than MAX_JSON_CONTAINERS objects and arrays."""
+    n = raw.count(b"{")
+    if n <= MAX_JSON_CONTAINERS:
+        n += raw.count(b"[")
+    if n > MAX_JSON_CONTAINERS:
+        raise error(f"{name}: {n:,} JSON objects and arrays or more (at most {MAX_JSON_CONTAINERS:,} are read from "
+                    "an imported file; split it, or import fewer records)")
 
 
 def too_deep(raw, name: str) -> str:

@@ -18,7 +18,7 @@ import orjson
 from core.errors import TraceError, gunzip, read_input_file
 from core.trace.imports.imported import Imported
 from core.trace.imports.sniff import import_directory, import_doc, import_text
-from core.trace.jsoncodec import no_gc, parse_json_bytes
+from core.trace.jsoncodec import check_containers, no_gc, parse_json_bytes
 from core.trace.jsonstream import decode_fast
 from core.trace.model import Trace
 from core.trace.parquet import is_parquet, trace_from_parquet
@@ -38,6 +38,7 @@ def _read(data: bytes | str, name: str, engines: bool, path: Path | None = None)
             if tr is not None:
                 return tr
             data = gunzip(data, name, TraceError)    # once, for the paths below (bounded, counted first)
+            check_containers(data, name)             # (not our trace format: parsed whole below)
             try:
                 doc = orjson.loads(data)             # the one parse of a JSON document
             except orjson.JSONDecodeError:

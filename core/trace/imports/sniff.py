@@ -28,7 +28,7 @@ from core.errors import InputError, TraceError, gunzip, read_input_file, short
 from core.trace.imports import aiperf, guidellm, inference_perf, kv_events, otlp, scrapes, vllm_bench, vllm_log
 from core.trace.imports.imported import Imported, checked
 from core.trace.imports.vllm_bench import import_vllm, looks_like_vllm
-from core.trace.jsoncodec import too_deep
+from core.trace.jsoncodec import check_containers, too_deep
 
 WE_READ = ("we read: our serving-trace/1 (JSON, gzip, Parquet), vllm bench serve / SGLang results, AIPerf "
            "profile_export.jsonl (and its summary and time slices), guidellm benchmarks.json/.yaml, inference-perf "
@@ -352,6 +352,7 @@ def _aiperf_records(path: Path, summary: dict | None) -> Imported:
 
 
 def json_doc(raw: bytes, name: str):
+    check_containers(raw, name)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -359,6 +360,7 @@ def json_doc(raw: bytes, name: str):
 
 
 def json_lines(raw: bytes, name: str) -> list:
+    check_containers(raw, name)
     out = []
     for k, ln in enumerate(raw.splitlines()):
         if not ln.strip():
