@@ -269,14 +269,28 @@ def refine_busy_periods(steps: pd.DataFrame, off: float, sched: np.ndarray) -> t
         cand = grid[grid >= lo] if lo < 1000.0 else np.array([lo])
         p = t[a:b][pre[a:b]]
         if len(p) and len(sched):
-            cost = np.array([np.minimum(_nearest(sched, p + c), 200.0).sum() for c in cand])
-            shift = float(cand[int(np.argmin(cost))])
+            shift = float(cand[int(np.argmin(_shift_costs(sched, p, cand)))])
         else:
             shift = max(lo, prev_shift)
         out[a:b] = t[a:b] + shift
         prev_end, prev_shift = out[b - 1] + d[b - 1], shift
     dist = _nearest(sched, out[pre]) if pre.any() and len(sched) else np.array([np.nan])
     return out, float(np.median(dist))
+
+
+SHIFT_BLOCK = 1 << 21      # (candidate shift, prefill step) pairs priced at once: bounded memory
+
+
+def _shift_costs(sched: np.ndarray, p: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    """For each candidate shift c: sum over the period's prefill steps p of min(distance from p + c
+    to the nearest scheduled time, 200 ms). Vectorised over the candidates in blocks (a loop over
+    1,000 candidates per busy period made a 2,000-period log take 16 s to merge)."""
+    out = np.empty(len(cand))
+    rows = max(1, SHIFT_BLOCK // len(p))
+    for i in range(0, len(cand), rows):
+        c = cand[i:i + rows]
+        out[i:i + len(c)] = np.minimum(_nearest(sched, p[None, :] + c[:, None]), 200.0).sum(axis=1)
+    return out
 
 
 def _nearest(xs: np.ndarray, ref: np.ndarray) -> np.ndarray:
