@@ -463,3 +463,26 @@ def test_the_replay_page_names_an_overview_folder_it_cannot_use(tmp_path, monkey
     errors = [e.value for e in at.error]
     assert len(errors) == 1 and "big.parquet.overview" in errors[0] and "symbolic link" in errors[0], errors
     assert (tmp_path / "big.parquet.overview").is_symlink() and (elsewhere / "overview.json").exists()
+
+
+def test_a_trace_replaced_by_another_of_the_same_name_size_and_time_is_read_again(tmp_path):
+    """Issue 48 item 21: the page's caches were keyed by a file's name, size and modification time, so a
+    trace replaced by another with all three equal (cp -p, a restored backup) kept the old one's
+    results. Keyed by ui.cache.file_version (a hash of its first and last 64 KiB too), it is read again."""
+    import os
+
+    from ui.cache import file_version, load_trace_file
+    doc = json.loads((DATA / "traces" / "chapter31_continuous.json").read_text())
+    f = tmp_path / "t.json"
+    a = dict(doc, meta={**doc["meta"], "label": "AAAA"})
+    b = dict(doc, meta={**doc["meta"], "label": "BBBB"})
+    f.write_text(json.dumps(a))
+    t = f.stat().st_mtime_ns
+    first = load_trace_file(f)[0]
+    v1 = file_version([f])
+    f.write_text(json.dumps(b))
+    os.utime(f, ns=(t, t))
+    assert f.stat().st_size == len(json.dumps(a))
+    assert file_version([f]) != v1
+    again = load_trace_file(f)[0]
+    assert (first.meta["label"], again.meta["label"]) == ("AAAA", "BBBB")

@@ -297,7 +297,7 @@ def replay_trace_files() -> dict[str, Path]:
 
 
 @st.cache_resource(show_spinner="Loading trace…", max_entries=8)
-def _load_file(path: str, mtime: float):
+def _load_file(path: str, version: int):
     from core.trace import Imported, open_trace
     try:
         got = open_trace(path)
@@ -308,6 +308,15 @@ def _load_file(path: str, mtime: float):
     return got, None, None
 
 
+def file_version(files: list[Path]) -> tuple:
+    """What tells one version of these files from another: each one's name, size, modification
+    time and a hash of its first and last 64 KiB (core.analysis.overview's identity). A file
+    replaced by another of the same name, size and time (cp -p, a restored backup) is another
+    version: caches keyed by this never serve the old one's results."""
+    from core.analysis.overview import _identity
+    return tuple(tuple(x) for x in _identity(files))
+
+
 def load_trace_file(path: Path):
     """(trace or None, Imported or None, error or None), parsed once per file version.
     Only a regular file is opened (it may have changed since it was listed)."""
@@ -316,12 +325,12 @@ def load_trace_file(path: Path):
         st_ = path.stat()
         if stat.S_ISDIR(st_.st_mode):   # Parquet parts, or a tool's output directory: keyed by its files
             parts = sorted(path.glob("*.parquet")) or sorted(path.glob("*/run=*.json"))[:2000] or sorted(path.glob("*"))
-            return _load_file(str(path), hash(tuple((q.name, q.stat().st_size, q.stat().st_mtime) for q in parts)))
+            return _load_file(str(path), hash(file_version([q for q in parts if q.is_file()])))
+        if not stat.S_ISREG(st_.st_mode):
+            return None, None, f"{path.name}: not a regular file"
+        return _load_file(str(path), hash(file_version([path])))
     except OSError as e:
         return None, None, f"{path.name}: cannot open ({e.strerror})"
-    if not stat.S_ISREG(st_.st_mode):
-        return None, None, f"{path.name}: not a regular file"
-    return _load_file(str(path), st_.st_mtime)
 
 
 def parse_uploaded_trace(up, slot: str):
@@ -426,7 +435,8 @@ def large_trace(path: Path) -> bool:
     opens it from its overview."""
     from core.analysis import overview
     try:
-        key = (str(path), path.stat().st_mtime_ns, path.stat().st_size, overview.LARGE_TRACE_ROWS)
+        files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+        key = (str(path), file_version(files), overview.LARGE_TRACE_ROWS)
     except OSError:
         return False
     return _large(key)
@@ -443,7 +453,7 @@ def open_large_trace(path: Path):
     None): once per file version."""
     try:
         files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
-        identity = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+        identity = file_version(files)
     except OSError as e:
         return None, None, f"{path.name}: cannot open ({e.strerror})"
     return _overview(str(path), identity)
