@@ -45,6 +45,7 @@ replica taken out of rotation at time t gets nothing routed after t.
 """
 from __future__ import annotations
 
+import math
 import random as _random
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -148,8 +149,8 @@ class RouterConfig:
             if k not in known:
                 raise ConfigError(f"router parameter {k!r}: {self.policy} takes "
                                   + (", ".join(known) if known else "no parameters"))
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-                raise ConfigError(f"router parameter {k}: expected a number >= 0, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+                raise ConfigError(f"router parameter {k}: expected a finite number >= 0, got {v!r}")
         self.params = {**known, **{k: float(v) for k, v in self.params.items()}}
 
     @property
