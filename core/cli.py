@@ -42,6 +42,7 @@ def run(parser, commands: dict, argv=None) -> int:
     no_hugepage_advice()
     try:
         a = parser.parse_args(argv)
+        note_inputs(a)
         return commands[a.cmd](a)
     except InputError as e:
         return fail(str(e))
@@ -97,6 +98,42 @@ def _where(path, flag: str) -> str:
     return f"{flag + ' ' if flag else ''}{path}"
 
 
+# The arguments that name what a command writes; every other argument naming an existing file or
+# directory is one of its inputs, which no output may replace (`simulate W --out W` replaced the
+# workload with a trace; `fleet-merge R0 R1 --out R0` a replica's trace with the fleet's).
+OUTPUT_DESTS = frozenset({"out", "csv", "chrome", "trace_out", "results", "out_dir"})
+_INPUTS: list[tuple[str, tuple[int, int]]] = []      # (as given, (device, inode)) of this run's inputs
+
+
+def note_inputs(a) -> None:
+    """Record the existing files and directories the parsed arguments `a` name (outside OUTPUT_DESTS)."""
+    _INPUTS.clear()
+    for dest, v in vars(a).items():
+        if dest in OUTPUT_DESTS:
+            continue
+        for x in (v if isinstance(v, (list, tuple)) else [v]):
+            if isinstance(x, (str, Path)) and str(x):
+                try:
+                    st = os.stat(x)
+                except (OSError, ValueError):
+                    continue
+                _INPUTS.append((str(x), (st.st_dev, st.st_ino)))
+
+
+def check_not_input(path, flag: str = "") -> None:
+    """Refuse an output that is (or links to) one of the command's inputs."""
+    from core.errors import InputError
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return
+    for given, ident in _INPUTS:
+        if (st.st_dev, st.st_ino) == ident:
+            raise InputError(f"{_where(path, flag)}: is {'' if str(given) == str(path) else 'the same file as '}"
+                             f"an input of this command ({given}); write the output elsewhere (the input is left as "
+                             "it is)")
+
+
 def check_writable(path, flag: str = "", directory_ok: bool = True):
     """Refuse an output path before any work is done: its directory must exist and be
     writable, and the path must not be a directory (nor end with / when `directory_ok` is
@@ -105,6 +142,7 @@ def check_writable(path, flag: str = "", directory_ok: bool = True):
 
     from core.errors import InputError
     p = Path(path)
+    check_not_input(path, flag)
     if str(path).endswith("/") and not directory_ok:
         raise InputError(f"{_where(path, flag)}: ends with / (a directory); this output is one file: name it")
     try:
@@ -168,6 +206,7 @@ def write_output(path, write, flag: str = ""):
 
     from core.errors import InputError
     p = Path(path)
+    check_not_input(path, flag)
     if str(path).endswith("/"):
         return _write_directory(p, write, flag)
     target = Path(os.path.realpath(p)) if p.is_symlink() else p

@@ -28,3 +28,27 @@ def test_a_router_parameter_that_is_not_a_finite_number_is_one_line(tmp_path, ca
     assert rc == 2
     one_line_error(capsys, f"router parameter {param.split('=')[0]}: expected a finite number >= 0")
     assert not (tmp_path / "o.json").exists()
+
+
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, capsys):
+    """Item 25: `simulate W --out W` and `fleet-merge R0 R1 --out R0` (also through a symlink to an
+    input) exited 0 and replaced the input (a Mooncake .jsonl became a JSON trace)."""
+    import shutil
+    w = tmp_path / "w.jsonl"
+    shutil.copy(DATA / "workloads" / "mooncake_conversation_500.jsonl", w)
+    before = w.read_bytes()
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(w)
+    for out in (w, link):
+        assert main(["simulate", str(w), "--out", str(out)]) == 2
+        one_line_error(capsys, "is ", "an input of this command", str(w))
+        assert w.read_bytes() == before and link.is_symlink()
+    r0, r1 = tmp_path / "r0.json", tmp_path / "r1.json"
+    for r in (r0, r1):
+        assert main(["simulate", str(DATA / "workloads" / "burst5.json"), "--out", str(r)]) == 0
+    capsys.readouterr()
+    kept = r0.read_bytes()
+    assert main(["fleet-merge", str(r0), str(r1), "--out", str(r0)]) == 2
+    one_line_error(capsys, "an input of this command")
+    assert r0.read_bytes() == kept
+    assert main(["fleet-merge", str(r0), str(r1), "--out", str(tmp_path / "fleet.json")]) == 0
