@@ -1,5 +1,6 @@
 """The project's own error types. Every user-facing failure is one of these, with a
 message that names the field (or event/row) and what was expected."""
+import os
 
 
 class InputError(ValueError):
@@ -163,19 +164,31 @@ def loads_json(text: str | bytes, name: str, error=InputError, **kw):
         raise error(f"{name}: JSON nested too deeply") from None
 
 
+MAX_INPUT_BYTES = MAX_DECOMPRESSED_BYTES   # a file read whole (Parquet traces larger than this are read in parts)
+
+
 def read_input_file(path, what: str, error=InputError, limit: int | None = None) -> bytes:
-    """Bytes of a user-given file, or `error` naming the path and what went wrong; with
-    `limit`, at most that many bytes are read and a larger file is refused."""
+    """Bytes of a user-given file, or `error` naming the path and what went wrong. At most
+    `limit` bytes (default MAX_INPUT_BYTES) are read, a larger file is refused before more is
+    read (its size when the file says it; a pipe's bytes as they come); a device (a link to
+    /dev/zero, which never ends) is refused unread."""
+    import stat
+    limit = MAX_INPUT_BYTES if limit is None else limit
     try:
         with open(path, "rb") as f:
-            data = f.read() if limit is None else f.read(limit + 1)
+            st = os.fstat(f.fileno())
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                raise error(f"{path}: is a device, expected a {what} file")
+            if stat.S_ISREG(st.st_mode) and st.st_size > limit:
+                raise error(f"{path}: {st.st_size:,} bytes, larger than {limit:,}; not a {what} file")
+            data = f.read(limit + 1)
     except FileNotFoundError:
         raise error(f"{path}: no such file") from None
     except IsADirectoryError:
         raise error(f"{path}: is a directory, expected a {what} file") from None
     except OSError as e:
         raise error(f"{path}: cannot read ({e.strerror or e})") from None
-    if limit is not None and len(data) > limit:
+    if len(data) > limit:
         raise error(f"{path}: larger than {limit:,} bytes; not a {what} file")
     return data
 

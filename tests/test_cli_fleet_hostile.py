@@ -52,3 +52,58 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, caps
     one_line_error(capsys, "an input of this command")
     assert r0.read_bytes() == kept
     assert main(["fleet-merge", str(r0), str(r1), "--out", str(tmp_path / "fleet.json")]) == 0
+
+
+def _peak_mib(argv) -> tuple[int, str, int]:
+    """(exit code, stderr, peak resident MiB: VmHWM, this process's own since its exec) of `python -m core
+    ARGV` in its own process."""
+    import subprocess
+    import sys
+    code = ("import re, sys; from core.__main__ import main; rc = main(sys.argv[1:]); "
+            "print(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1), file=sys.stderr); "
+            "sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300,
+                       cwd=str(DATA.parent))
+    *err, rss_kib = r.stderr.rstrip("\n").split("\n")
+    return r.returncode, "\n".join(err), int(rss_kib) // 1024
+
+
+def test_inputs_are_refused_before_they_are_read_whole(tmp_path):
+    """Item 29: a 1 GiB --replicas-file reached 2.1 GB before "over 16 MiB"; a symlink to /dev/zero as the
+    replicas file or a fleet-merge input was killed at 3 GB. The size is checked before reading, a
+    device is refused unread: each refusal's process stays near an idle interpreter's size."""
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)                      # sparse: a gigabyte on paper, nothing on disk
+    zero = tmp_path / "zero.json"
+    zero.symlink_to("/dev/zero")
+    out = str(tmp_path / "o.json")
+    w = str(DATA / "workloads" / "burst5.json")
+    cases = [(["simulate", w, "--replicas-file", str(big), "--out", out], "larger than 16,777,216"),
+             (["simulate", w, "--replicas-file", str(zero), "--out", out], "is a device"),
+             (["fleet-merge", str(zero), w, "--out", out], "is a device")]
+    for argv, said in cases:
+        rc, err, mib = _peak_mib(argv)
+        assert rc == 2 and said in err and len(err.splitlines()) == 1, err
+        assert mib < 400, (argv, mib)
+
+
+def test_deeply_nested_json_in_a_flag_or_a_file_is_one_line(tmp_path, capsys):
+    """Item 36: deeply nested JSON in --replicas-file, fidelity --flags and a run's dataset.jsonl ended in
+    a RecursionError traceback."""
+    import shutil
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "deep.json").write_text(deep)
+    assert main(["simulate", str(DATA / "workloads" / "burst5.json"), "--replicas-file", str(tmp_path / "deep.json"),
+                 "--out", str(tmp_path / "o.json")]) == 2
+    one_line_error(capsys, "--replicas-file", "nested too deeply")
+    runs = DATA / "imports" / "vllm_telemetry"
+    assert main(["fidelity", "--fit", str(runs / "run1_c4_p128_o32"), "--predict", str(runs / "run1_c4_p128_o32"),
+                 "--flags", deep]) == 2
+    one_line_error(capsys, "--flags", "nested too deeply")
+    run = tmp_path / "run"
+    shutil.copytree(runs / "run1_c4_p128_o32", run)
+    (run / "dataset.jsonl").write_text(deep + "\n")
+    assert main(["fidelity", "--fit", str(run), "--predict", str(run)]) == 0
+    said = capsys.readouterr().out
+    assert "dataset.jsonl: not read" in said and "nested too deeply" in said

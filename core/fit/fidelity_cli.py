@@ -79,8 +79,9 @@ def _flags(text: str):
     from core.errors import InputError
     try:
         d = json.loads(text)
-    except ValueError as e:
-        raise InputError(f"--flags: expected a JSON object of scheduler options, got {text[:80]!r} ({e})") from None
+    except (ValueError, RecursionError) as e:    # (nested too deeply: a RecursionError)
+        why = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise InputError(f"--flags: expected a JSON object of scheduler options, got {text[:80]!r} ({why})") from None
     if not isinstance(d, dict):
         raise InputError(f"--flags: expected a JSON object of scheduler options, got {type(d).__name__}")
     return from_dict(SchedulerConfig, {"policy": "vllm-v1", **d}, where="--flags")

@@ -17,7 +17,6 @@ model), which prefix caching needs.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from core.config import SchedulerConfig, from_dict
-from core.errors import InputError
+from core.errors import InputError, json_from_bytes, read_input_file
 from core.trace import Imported, open_trace
 from core.trace.imports.sniff import role_of
 from core.workload import Request, Workload
@@ -178,14 +177,19 @@ def _subset(tr, keep: list[int]):
     return out
 
 
+DATASET_BYTES = 256 << 20      # a run's prompts file (vllm bench serve --dataset-name custom)
+
+
 def _workload(truth, dataset: Path | None, notes: list, name: str) -> Workload:
     """The measured requests in arrival order, with prompt ids from the dataset when its prompts
     are one token per byte (their lengths say so)."""
     rows = []
     if dataset is not None:
-        try:
-            rows = [json.loads(ln) for ln in dataset.read_text(encoding="utf-8").splitlines() if ln.strip()]
-        except (OSError, ValueError) as e:
+        try:    # (bounded read; each line one JSON value, nesting too deep a one-line refusal)
+            raw = read_input_file(dataset, "prompts (JSON lines)", InputError, DATASET_BYTES)
+            rows = [json_from_bytes(ln, f"{dataset.name}: line {k + 1}") for k, ln in enumerate(raw.splitlines())
+                    if ln.strip()]
+        except InputError as e:
             notes.append(f"{dataset.name}: not read ({e}); prompts' token ids unknown (no prefix caching)")
             rows = []
     req = truth.requests

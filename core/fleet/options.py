@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.config import SchedulerConfig, from_dict
@@ -190,19 +188,16 @@ def fleet_from_args(a, cfg: SchedulerConfig, step_model, kv_bytes_per_token=None
                      kv_bytes_per_token if any(s.role != "both" for s in specs) else None, model)
 
 
+REPLICAS_FILE_BYTES = 16 << 20
+
+
 def replicas_from_file(path: str, cfg: SchedulerConfig, step_model) -> list[ReplicaSpec]:
+    from core.errors import json_from_bytes, read_input_file
     from core.fleet.sim import ReplicaSpec
     from core.sim.stepmodel import StepModel
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--replicas-file {path}: cannot read it ({e.__class__.__name__})") from None
-    if len(text) > 16 << 20:
-        raise ConfigError(f"--replicas-file {path}: over 16 MiB; expected a short JSON list")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"--replicas-file {path}: not JSON (line {e.lineno}: {e.msg})") from None
+    # at most 16 MiB read (a 1 GiB file, or a link to /dev/zero, is refused before it is read whole)
+    raw = read_input_file(path, "replicas (a short JSON list)", ConfigError, REPLICAS_FILE_BYTES)
+    doc = json_from_bytes(raw, f"--replicas-file {path}", ConfigError)   # (nesting too deep: one line too)
     if not isinstance(doc, list) or not doc or len(doc) > MAX_REPLICAS:
         raise ConfigError(f"--replicas-file {path}: expected a list of 1..{MAX_REPLICAS} replica objects")
     base_cfg = dataclasses.asdict(cfg)
