@@ -379,6 +379,7 @@ def cmd_simulate(a) -> int:
     sm, fit_report = _step_model(a)
     if wants_fleet(a):
         return _simulate_fleet(a, w, cfg, sm, fit_report)
+    _fleet_flags_unused(a, False)
     if a.out.endswith(".parquet"):  # streamed: the trace is written while it is simulated
         from core.sim.simulate import reuse_freed_memory, simulate_to_parquet
         reuse_freed_memory()
@@ -421,7 +422,7 @@ def _simulate_fleet(a, w, cfg, sm, fit_report) -> int:
     shape = (f"{roles.count('prefill')} prefill + {roles.count('decode')} decode replicas"
              if "prefill" in roles else f"{len(roles)} replicas")
     print(f"wrote {a.out}: {len(w)} requests, {len(tr.tokens)} tokens, {st['steps']} steps, "
-          f"{st['preemptions']} preemptions; {shape}, router {a.router}; step model {sm.describe()}")
+          f"{st['preemptions']} preemptions; {shape}, router {fleet.router.policy}; step model {sm.describe()}")
     return 0
 
 
@@ -656,16 +657,11 @@ def _print_request_summary(s):
         print(f"running sequences{whole}: mean {_fmt(u['running_mean'])}, peak{one} {u[f'running{peak}']}{kv}")
 
 
-FLEET_ONLY_FLAGS = {"router": "round-robin", "router_staleness_ms": 0.0, "router_prefix": None, "router_param": None,
-                    "router_queue_limit": None, "drain": None}
-
-
 def _fleet_flags_unused(a, has_fleet: bool):
-    """A note on stderr when router flags were given to a run without a fleet (they change nothing)."""
-    given = [f"--{k.replace('_', '-')}" for k, v in FLEET_ONLY_FLAGS.items() if getattr(a, k) != v]
-    if given and not has_fleet:
-        print(f"note: {', '.join(given)}: routing needs a fleet (--replicas N, --prefill-replicas/--decode-replicas, "
-              "--replicas-file); one engine simulated", file=sys.stderr)
+    """Without a fleet, the fleet's flags are refused (core.fleet.options.check_no_fleet_flags)."""
+    from core.fleet.options import check_no_fleet_flags
+    if not has_fleet:
+        check_no_fleet_flags(a)
 
 
 def _sweep_fleet(a, cfg, sm):
@@ -799,7 +795,7 @@ def _print_fleet_search(a, out) -> int:
         return f" {describe({k: v for k, v in p['config'].items() if k not in FLEET_AXES}):>36}" if engines else ""
 
     def router(p):
-        return (p.get("fleet") or {}).get("router") or p["config"].get("router") or a.router
+        return (p.get("fleet") or {}).get("router") or p["config"].get("router") or a.router or "round-robin"
     r = out["fleet"]["router"]
     print(f"fleet: router settings {', '.join(f'{k} {v}' for k, v in r.items() if k != 'policy')} (the router's "
           f"seed is the arrivals'); " + ("price per replica (given) USD "

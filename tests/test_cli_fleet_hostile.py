@@ -107,3 +107,37 @@ def test_deeply_nested_json_in_a_flag_or_a_file_is_one_line(tmp_path, capsys):
     assert main(["fidelity", "--fit", str(run), "--predict", str(run)]) == 0
     said = capsys.readouterr().out
     assert "dataset.jsonl: not read" in said and "nested too deeply" in said
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--dtype-bytes", "0"],
+     "dtype_bytes: expected a number in (0, 16]"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--dtype-bytes", "1e300"], "dtype_bytes"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-link-gbps", "1e-300"], "--kv-link-gbps"),
+    (["--drain", "1@100"], "--drain: a fleet's flags, but no fleet"),
+    (["--router", "least-kv"], "--router: a fleet's flags, but no fleet"),
+    (["--replicas", "2", "--pd-min-prompt", "10"], "--pd-min-prompt: disaggregated serving's flags"),
+    (["--replicas", "2", "--kv-link-gbps", "5", "--kv-link-latency-ms", "1"],
+     "--kv-link-gbps, --kv-link-latency-ms: disaggregated serving's flags"),
+    (["--replicas", "2", "--router-prefix", "precise"], "round-robin does not look at prefixes"),
+    (["--replicas", "2", "--drain", "1@100", "--drain", "1@200"], "replica 1 is already drained at 100 ms"),
+], ids=["dtype-0", "dtype-huge", "link-tiny", "drain-no-fleet", "router-no-fleet", "pd-min-whole", "link-whole",
+        "prefix-round-robin", "drain-twice"])
+def test_flags_that_cannot_apply_are_refused_not_ignored(tmp_path, capsys, args, said):
+    """Items 33 and 37: --dtype-bytes 0 was priced as 2 bytes, a 1e-300 GB/s link ended in "arrival_ms
+    ... beyond the latest time" naming a request, and flags that do not apply to the fleet given were
+    silently ignored."""
+    assert main(["simulate", SHARED, *args, "--out", str(tmp_path / "o.json")]) == 2
+    one_line_error(capsys, said)
+
+
+def test_a_rate_too_low_for_any_trace_names_the_rate(capsys):
+    assert main(["sweep", SHARED, "--rates", "1e-300"]) == 2
+    one_line_error(capsys, "rate 1e-300 req/s", "give a higher rate")
+
+
+def test_empty_fidelity_flags_are_refused(capsys):
+    runs = DATA / "imports" / "vllm_telemetry"
+    assert main(["fidelity", "--fit", str(runs / "run1_c4_p128_o32"), "--predict", str(runs / "run1_c4_p128_o32"),
+                 "--flags", ""]) == 2
+    one_line_error(capsys, "--flags: expected a JSON object")

@@ -20,7 +20,7 @@ def _clean(x):
 
 
 def run_fidelity(a) -> int:
-    given = _flags(a.flags) if a.flags else None
+    given = _flags(a.flags) if a.flags is not None else None    # ('' is refused there: not a JSON object)
     fit_runs = [load_run(p) for p in a.fit]
     targets = [load_run(p) for p in a.predict]
     flags = given or next((r.config for r in fit_runs if r.config is not None), None)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from core.config import SchedulerConfig, from_dict
 from core.errors import ConfigError
-from core.fleet.router import POLICIES, ROLES, RouterConfig, parse_params
+from core.fleet.router import POLICIES, PREFIX_POLICIES, ROLES, RouterConfig, parse_params
 
 if TYPE_CHECKING:
     from core.fleet.sim import FleetSpec, ReplicaSpec
@@ -58,6 +58,25 @@ def _positive(text: str) -> float:
     return v
 
 
+def _prompt_tokens(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v < 2**31:
+        raise argparse.ArgumentTypeError(f"expected a number of prompt tokens >= 0, got {text!r}")
+    return v
+
+
+def _link_gbps(text: str) -> float:
+    """A KV link's bandwidth: 1 MB/s (0.001 GB/s) to 1 PB/s: below, one prompt's KV takes longer than
+    any run a trace can hold."""
+    v = _positive(text)
+    if not 1e-3 <= v <= 1e6:
+        raise argparse.ArgumentTypeError(f"expected GB/s in 0.001..1e6 (1 MB/s to 1 PB/s), got {text!r}")
+    return v
+
+
 def _drain(text: str) -> tuple[int, float]:
     r, sep, t = text.partition("@")
     try:
@@ -79,8 +98,10 @@ def add_fleet_flags(p: argparse.ArgumentParser, seed: bool = True):
     g.add_argument("--replicas-file", metavar="F.json",
                    help="replicas that differ: a JSON list, one object per replica ({role, drain_ms, scheduler "
                         "options, step_model: {step model options}}; unset options are the flags')")
-    g.add_argument("--router", choices=POLICIES, default="round-robin", help="routing policy (default round-robin)")
-    g.add_argument("--router-staleness-ms", type=_nonneg, default=0.0,
+    # (defaults None: a flag that does not apply to the fleet given is refused, not silently ignored;
+    # the defaults stated in the help are applied in fleet_from_args)
+    g.add_argument("--router", choices=POLICIES, help="routing policy (default round-robin)")
+    g.add_argument("--router-staleness-ms", type=_nonneg,
                    help="the router sees each replica's state as of this long ago (default 0)")
     g.add_argument("--router-prefix", choices=("precise", "approximate"),
                    help="prefix-aware/weighted: the replicas' own cached blocks (precise) or what the router sent "
@@ -92,11 +113,11 @@ def add_fleet_flags(p: argparse.ArgumentParser, seed: bool = True):
                    help="reject at the router when this many requests wait across the fleet")
     g.add_argument("--drain", action="append", type=_drain, metavar="REPLICA@MS",
                    help="take a replica out of rotation at a time (it finishes what it holds)")
-    g.add_argument("--kv-link-gbps", type=_positive, default=25.0,
+    g.add_argument("--kv-link-gbps", type=_link_gbps,
                    help="disaggregated: KV link bandwidth in GB/s, 10^9 bytes per second (default 25)")
-    g.add_argument("--kv-link-latency-ms", type=_nonneg, default=0.05,
+    g.add_argument("--kv-link-latency-ms", type=_nonneg,
                    help="disaggregated: per-transfer latency in ms (default 0.05)")
-    g.add_argument("--pd-min-prompt", type=int, default=0, metavar="T",
+    g.add_argument("--pd-min-prompt", type=_prompt_tokens, metavar="T",
                    help="disaggregated: prompts shorter than T tokens run whole on a decode replica (default 0)")
     if seed:
         g.add_argument("--seed", type=int, default=0, help="seed of the router's random draws (default 0)")
@@ -110,15 +131,15 @@ class FleetFlags:
     prefill_replicas: int | None = None
     decode_replicas: int | None = None
     replicas_file: str | None = None
-    router: str = "round-robin"
-    router_staleness_ms: float = 0.0
+    router: str | None = None            # None: round-robin (the flags' default)
+    router_staleness_ms: float | None = None
     router_prefix: str | None = None
     router_param: tuple[str, ...] | None = None
     router_queue_limit: int | None = None
     drain: tuple[tuple[int, float], ...] | None = None
-    kv_link_gbps: float = 25.0
-    kv_link_latency_ms: float = 0.05
-    pd_min_prompt: int = 0
+    kv_link_gbps: float | None = None    # None: 25 (disaggregated fleets only)
+    kv_link_latency_ms: float | None = None   # None: 0.05
+    pd_min_prompt: int | None = None
     seed: int = 0
     model: str | None = None            # the model preset whose KV bytes per token a transfer moves
     dtype_bytes: float = 2.0
@@ -138,8 +159,27 @@ def wants_fleet(a) -> bool:
 
 
 def router_from_args(a) -> RouterConfig:
-    return RouterConfig(a.router, a.router_staleness_ms, getattr(a, "seed", 0) or 0, a.router_prefix,
-                        a.router_queue_limit, parse_params(a.router_param))
+    return RouterConfig(a.router or "round-robin", a.router_staleness_ms or 0.0, getattr(a, "seed", 0) or 0,
+                        a.router_prefix, a.router_queue_limit, parse_params(a.router_param))
+
+
+# flags that mean something only for a fleet, and those only for disaggregated serving
+FLEET_ONLY = {"router": "--router", "router_staleness_ms": "--router-staleness-ms", "router_prefix": "--router-prefix",
+              "router_param": "--router-param", "router_queue_limit": "--router-queue-limit", "drain": "--drain"}
+PD_ONLY = {"kv_link_gbps": "--kv-link-gbps", "kv_link_latency_ms": "--kv-link-latency-ms",
+           "pd_min_prompt": "--pd-min-prompt"}
+
+
+def _given(a, flags: dict) -> list[str]:
+    return [flag for k, flag in flags.items() if getattr(a, k, None) not in (None, (), [])]
+
+
+def check_no_fleet_flags(a) -> None:
+    """No fleet: refuse the fleet's flags (they would be ignored)."""
+    given = _given(a, {**FLEET_ONLY, **PD_ONLY})
+    if given:
+        raise ConfigError(f"{', '.join(given)}: a fleet's flags, but no fleet is given (add --replicas N, or "
+                          "--prefill-replicas P --decode-replicas D, or --replicas-file F)")
 
 
 def kv_bytes_per_token(a) -> tuple[int, str]:
@@ -149,7 +189,12 @@ def kv_bytes_per_token(a) -> tuple[int, str]:
     name = getattr(a, "model", None) or "Llama-2-7B"
     if name not in MODELS:
         raise ConfigError(f"--model {name!r}: expected one of {', '.join(MODELS)}")
-    return MODELS[name].kv_bytes_per_token(getattr(a, "dtype_bytes", 2.0) or 2.0), name
+    dtype = getattr(a, "dtype_bytes", None)
+    if dtype is None:
+        dtype = 2.0
+    if not (isinstance(dtype, (int, float)) and 0 < dtype <= 16):    # (0 was priced as 2: fp16, silently)
+        raise ConfigError(f"--dtype-bytes: expected bytes per KV element in (0, 16], got {dtype!r}")
+    return MODELS[name].kv_bytes_per_token(dtype), name
 
 
 def fleet_from_args(a, cfg: SchedulerConfig, step_model, kv_bytes_per_token=None, model: str | None = None,
@@ -162,10 +207,12 @@ def fleet_from_args(a, cfg: SchedulerConfig, step_model, kv_bytes_per_token=None
     p = prefill if prefill is not None else a.prefill_replicas
     d = decode if decode is not None else a.decode_replicas
     if not (n or p or d or a.replicas_file):
+        check_no_fleet_flags(a)
         return None
     rc = router_from_args(a)
     if router is not None and router != rc.policy:   # (the flags' parameters were for --router's policy)
-        rc = dataclasses.replace(rc, policy=router, params={})
+        rc = dataclasses.replace(rc, policy=router, params={},
+                                 prefix=rc.prefix if router in PREFIX_POLICIES else None)
     if a.replicas_file:
         if n or p or d:
             raise ConfigError("--replicas-file and --replicas/--prefill-replicas/--decode-replicas: give one or the "
@@ -180,12 +227,22 @@ def fleet_from_args(a, cfg: SchedulerConfig, step_model, kv_bytes_per_token=None
                 [ReplicaSpec(cfg, step_model, "decode") for _ in range(d)]
     else:
         specs = [ReplicaSpec(cfg, step_model) for _ in range(n)]
+    drained: dict[int, float] = {}
     for rep, t in a.drain or ():
         if rep >= len(specs):
             raise ConfigError(f"--drain {rep}@{t:g}: there are {len(specs)} replicas (0..{len(specs) - 1})")
+        if rep in drained:
+            raise ConfigError(f"--drain {rep}@{t:g}: replica {rep} is already drained at {drained[rep]:g} ms (one "
+                              "drain a replica)")
+        drained[rep] = t
         specs[rep] = dataclasses.replace(specs[rep], drain_ms=t)
-    return FleetSpec(specs, rc, a.kv_link_gbps, a.kv_link_latency_ms, a.pd_min_prompt,
-                     kv_bytes_per_token if any(s.role != "both" for s in specs) else None, model)
+    pd = any(s.role != "both" for s in specs)
+    if not pd and _given(a, PD_ONLY):
+        raise ConfigError(f"{', '.join(_given(a, PD_ONLY))}: disaggregated serving's flags, but every replica runs "
+                          "requests whole (give --prefill-replicas and --decode-replicas, or roles in --replicas-file)")
+    gbps = 25.0 if a.kv_link_gbps is None else a.kv_link_gbps
+    latency = 0.05 if a.kv_link_latency_ms is None else a.kv_link_latency_ms
+    return FleetSpec(specs, rc, gbps, latency, a.pd_min_prompt or 0, kv_bytes_per_token if pd else None, model)
 
 
 REPLICAS_FILE_BYTES = 16 << 20

@@ -142,6 +142,9 @@ class RouterConfig:
             raise ConfigError(f"router staleness: expected a number of ms >= 0, got {self.staleness_ms!r}")
         if self.prefix is not None and self.prefix not in PREFIX_MODES:
             raise ConfigError(f"router prefix knowledge: expected precise or approximate, got {self.prefix!r}")
+        if self.prefix is not None and self.policy not in PREFIX_POLICIES:
+            raise ConfigError(f"router prefix knowledge ({self.prefix}): {self.policy} does not look at prefixes "
+                              f"(only {' and '.join(PREFIX_POLICIES)} do); leave it out")
         if self.queue_limit is not None and (not isinstance(self.queue_limit, int) or self.queue_limit < 0):
             raise ConfigError(f"router queue limit: expected an integer >= 0, got {self.queue_limit!r}")
         known = DEFAULT_PARAMS.get(self.policy, {})

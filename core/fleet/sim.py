@@ -47,7 +47,7 @@ from core.fleet.link import Link
 from core.fleet.router import ROLES, Router, RouterConfig, Signals
 from core.sim.simulate import _no_cyclic_gc, simulator
 from core.sim.stepmodel import StepModel
-from core.workload import Request, Workload
+from core.workload import MAX_TIME_MS, Request, Workload
 
 FIRST_TOKEN = ("decode replica (vLLM's disaggregated convention: it recomputes the prompt's last token and "
                "emits token 0; the prefill replica's token is discarded)")
@@ -438,6 +438,12 @@ class FleetSim:
 
     def _transfer_done(self, row: int, end: float):
         r = self.requests[row]
+        if not end <= MAX_TIME_MS:   # (a link so slow, or a KV so large, that the run would outlast any trace)
+            lk = self.link
+            raise ConfigError(f"KV link: request {r.id!r}'s transfer would end at {end:.3g} ms, past the "
+                              f"{MAX_TIME_MS:g} ms a trace holds: a {lk.gbps:g} GB/s link with {lk.latency_ms:g} ms "
+                              f"latency moving {self.fleet.kv_bytes_per_token:,} bytes a token is too slow "
+                              "(--kv-link-gbps, --kv-link-latency-ms, --model / --dtype-bytes)")
         dst = self.replicas[self.decode_of[row]]
         self._add(dst, row, r, end, preloaded=r.prompt_tokens - 1)
 

@@ -82,7 +82,8 @@ class StepModel:
                                       minimum=0, maximum=MAX_COEF_MS, label="ms per prefill piece")
     model: str = opt("Llama-2-7B", "roofline: model preset (core.formulas.kv.MODELS)", label="Model preset")
     gpu: str = opt("A100-80GB", "roofline: GPU preset (core.formulas.kv.GPUS)", label="GPU preset")
-    dtype_bytes: float = opt(2.0, "roofline: bytes per weight and KV element", minimum=0)
+    dtype_bytes: float = opt(2.0, "roofline: bytes per weight and KV element (and a disaggregated fleet's KV "
+                                  "transfers)", above=0, maximum=16)
 
     def __post_init__(self):
         check_options(self)

@@ -35,7 +35,7 @@ from core.errors import ConfigError
 from core.sim.parallel import run_all
 from core.sim.simulate import simulator
 from core.sim.stepmodel import StepModel
-from core.workload import Request, Workload
+from core.workload import MAX_TIME_MS, Request, Workload
 
 PERCENTILES = DEFAULT_PERCENTILES   # what summarize computes: p50, p90, p95, p99
 MAX_POINTS = 200
@@ -46,7 +46,11 @@ def poisson_arrivals(n: int, rate_per_s: float, seed: int) -> np.ndarray:
     if not (math.isfinite(rate_per_s) and rate_per_s > 0):
         raise ConfigError(f"rate: expected requests per second > 0, got {rate_per_s!r}")
     gaps = np.random.default_rng(seed).exponential(1.0, n - 1) * (1000.0 / rate_per_s)
-    return np.concatenate([[0.0], np.cumsum(gaps)])
+    out = np.concatenate([[0.0], np.cumsum(gaps)])
+    if not out[-1] <= MAX_TIME_MS:     # (a rate so low that the requests would arrive past what a trace holds)
+        raise ConfigError(f"rate {rate_per_s:g} req/s: {n:,} requests would arrive over {out[-1] / 1000:.3g} s, past "
+                          f"the {MAX_TIME_MS / 1000:g} s a trace can hold; give a higher rate")
+    return out
 
 
 def retimed(workload: Workload, rate_per_s: float, seed: int) -> Workload:
