@@ -141,3 +141,47 @@ def test_empty_fidelity_flags_are_refused(capsys):
     assert main(["fidelity", "--fit", str(runs / "run1_c4_p128_o32"), "--predict", str(runs / "run1_c4_p128_o32"),
                  "--flags", ""]) == 2
     one_line_error(capsys, "--flags: expected a JSON object")
+
+
+@pytest.fixture()
+def two_replicas(tmp_path, capsys):
+    out = []
+    for k in range(2):
+        p = tmp_path / f"r{k}.json"
+        assert main(["simulate", str(DATA / "workloads" / "burst5.json"), "--out", str(p)]) == 0
+        out.append(str(p))
+    capsys.readouterr()
+    return out
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--roles", "prefill,both"], "replicas are either all whole (role both) or prefill and decode ones"),
+    (["--roles", "prefill,prefill"], "needs at least one prefill and one decode replica"),
+    (["--offsets-ms=-1e9,0"], "outside the 0..1e+12 ms a trace holds"),
+    (["--offsets-ms=1e300,0"], "outside the 0..1e+12 ms a trace holds"),
+], ids=["prefill-both", "prefill-prefill", "offset-negative", "offset-huge"])
+def test_fleet_merge_refuses_role_mixes_and_offsets_no_fleet_can_have(tmp_path, capsys, two_replicas, flags, said):
+    """Item 34: --roles prefill,both turned replica 0's finished requests unfinished, prefill,prefill left
+    none finished (role mixes the simulator refuses); offsets -1e9 or 1e300 exited 0 and `metrics` then
+    refused the file."""
+    out = tmp_path / "fleet.json"
+    assert main(["fleet-merge", *two_replicas, *flags, "--out", str(out)]) == 2
+    one_line_error(capsys, said)
+    assert not out.exists()
+
+
+def test_fleet_merge_writes_parquet_and_keeps_the_origin(tmp_path, capsys, two_replicas):
+    """Item 36: fleet-merge of two bundled measured traces to .parquet or DIR/ ended in "AttributeError:
+    'float' object has no attribute 'encode'" (a text field missing on one side came back NaN); item 37:
+    a merge of a given and a measured trace was labelled "(measured)" while meta.source said "given"."""
+    from core.trace import load_trace
+    a = str(DATA / "traces" / "chapter31_measured_cpu.json")
+    b = str(DATA / "traces" / "shared_prefix_measured_cpu.json.gz")
+    for out in (tmp_path / "f.parquet", tmp_path / "parts/"):
+        assert main(["fleet-merge", a, b, "--out", str(out)]) == 0
+        tr = load_trace(str(out).rstrip("/") if str(out).endswith("parts/") else out)
+        assert tr.meta["source"] == "measured" and tr.meta["label"] == "2 replicas (measured)"
+        assert all(x is None or isinstance(x, str) for x in tr.requests["tenant"])
+    capsys.readouterr()
+    assert main(["fleet-merge", a, two_replicas[0], "--out", str(tmp_path / "mixed.json")]) == 2
+    one_line_error(capsys, "come from different sources", "measured", "simulated")

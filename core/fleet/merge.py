@@ -26,10 +26,11 @@ import numpy as np
 import pandas as pd
 
 from core.errors import TraceError
-from core.fleet.router import ROLES
+from core.fleet.router import ROLES, check_roles
 from core.fleet.sim import _fleet_step_numbers
 from core.trace.model import Trace
 from core.trace.schema import REQUEST
+from core.workload import MAX_TIME_MS
 
 _TABLES = ("tokens", "finishes", "kv", "preempts")     # tables with a req column and a replica column
 
@@ -49,9 +50,20 @@ def merge_replicas(traces: list[Trace], *, roles: list[str] | None = None, reque
     roles = list(roles or ["both"] * n)
     if len(roles) != n or any(r not in ROLES for r in roles):
         raise TraceError(f"fleet merge: expected {n} roles from {', '.join(ROLES)}, got {roles}")
+    check_roles(roles, "fleet merge: roles")
+    sources = [t.meta.get("source") for t in traces]
+    if len(set(sources)) > 1:    # (one trace's numbers have one origin: a given and a measured one do not mix)
+        raise TraceError("fleet merge: the replicas' traces come from different sources (" + ", ".join(
+            f"{names[k]}: {src or 'not recorded'}" for k, src in enumerate(sources)) + "); merge replicas of one run")
     if offsets_ms is not None and len(offsets_ms) != n:
         raise TraceError(f"fleet merge: expected {n} clock offsets, got {len(offsets_ms)}")
     traces = [_shifted(t, offsets_ms[k]) if offsets_ms and offsets_ms[k] else t for k, t in enumerate(traces)]
+    if offsets_ms:
+        for k, t in enumerate(traces):
+            lo, hi = _time_span(t)
+            if lo < 0 or hi > MAX_TIME_MS:
+                raise TraceError(f"fleet merge: {names[k]} moved by {offsets_ms[k]:g} ms would span {lo:.6g}.."
+                                 f"{hi:.6g} ms, outside the 0..{MAX_TIME_MS:g} ms a trace holds: check the offsets")
     for k, t in enumerate(traces):
         if (t.steps["replica"] != 0).any() or len(t.events_of("route")):
             raise TraceError(f"fleet merge: {names[k]} is already a fleet trace (give each replica's own trace)")
@@ -103,6 +115,18 @@ def merge_replicas(traces: list[Trace], *, roles: list[str] | None = None, reque
     return Trace(meta=meta, requests=table, tokens=out["tokens"], finishes=out["finishes"], steps=out["steps"],
                  batch=out["batch"], kv=out["kv"], kv_events=out["kv_events"], preempts=out["preempts"], other=ev,
                  request_extra=extra, extra=dict(traces[0].extra))
+
+
+def _time_span(t: Trace) -> tuple[float, float]:
+    """The earliest and latest time of a trace's records (0, 0 for none)."""
+    lo, hi = np.inf, -np.inf
+    for name in ("requests", "tokens", "finishes", "steps", "kv", "kv_events", "preempts"):
+        df = getattr(t, name)
+        col = "arrival_ms" if name == "requests" else "t_ms"
+        if len(df):
+            v = df[col].to_numpy(dtype=float)
+            lo, hi = min(lo, float(v.min())), max(hi, float(v.max()))
+    return (0.0, 0.0) if lo == np.inf else (lo, hi)
 
 
 def _shifted(t: Trace, d: float) -> Trace:
@@ -174,6 +198,9 @@ def _request_table(traces, local_ids, roles, requests, request_extra, names):
         extra.append(dict(traces[k].request_extra[j]) if traces[k].request_extra else {})
     table = pd.DataFrame(cols).astype({c: traces[0].requests[c].dtype for c in cols}) if order else \
         traces[0].requests.iloc[0:0].copy()
+    for c in table.columns:   # (a text field missing on one replica's side came back as NaN: missing is None)
+        if table[c].dtype == object and table[c].isna().any():
+            table[c] = table[c].astype(object).where(table[c].notna(), None)
     return table, extra
 
 
@@ -182,6 +209,9 @@ def _concat(dfs: list[pd.DataFrame], key: str) -> pd.DataFrame:
     out = pd.concat(dfs, ignore_index=True) if len(dfs) > 1 else dfs[0].reset_index(drop=True)
     if key in out.columns and len(dfs) > 1:
         out = out.sort_values(key, kind="stable").reset_index(drop=True)
+    for c in out.columns:     # (a text column all missing in one part came back as NaN: missing is None)
+        if out[c].dtype == object and out[c].isna().any():
+            out[c] = out[c].astype(object).where(out[c].notna(), None)
     return out
 
 
@@ -200,6 +230,6 @@ def _meta(traces: list[Trace], roles: list[str], fleet: dict | None, label: str 
                      "stats": {"steps": len(t.steps), "requests": len(t.requests),
                                "preemptions": int(st.get("preemptions", 0)), "prefix_hit_blocks": hits}})
     meta["stats"] = stats
-    meta["label"] = label or f"{len(traces)} replicas (measured)"
+    meta["label"] = label or f"{len(traces)} replicas ({m0.get('source') or 'origin not recorded'})"
     meta["fleet"] = {"replicas": reps, **(fleet or {})}
     return meta

@@ -54,6 +54,21 @@ from core.errors import ConfigError
 
 ROLES = ("both", "prefill", "decode")   # a replica's role: whole requests, or one side of disaggregated serving
 POLICIES = ("round-robin", "random", "least-requests", "least-kv", "power-of-two", "prefix-aware", "weighted")
+def check_roles(roles: list[str], where: str = "roles") -> None:
+    """A fleet's replica roles: all `both` (whole requests), or prefill and decode ones (at least one
+    of each); ConfigError otherwise (the fleet simulator's rule, and a measured fleet's)."""
+    bad = [r for r in roles if r not in ROLES]
+    if bad:
+        raise ConfigError(f"{where}: expected each of {', '.join(ROLES)}, got {bad[0]!r}")
+    kinds = set(roles)
+    if "both" in kinds and len(kinds) > 1:
+        raise ConfigError(f"{where}: replicas are either all whole (role both) or prefill and decode ones, got "
+                          f"{','.join(roles)}")
+    if "both" not in kinds and kinds != {"prefill", "decode"}:
+        raise ConfigError(f"{where}: disaggregated serving needs at least one prefill and one decode replica, got "
+                          f"{','.join(roles)}")
+
+
 # In a student's words (the Fleet page's glossary and its policy help): what each policy does
 POLICY_WORDS = {
     "round-robin": "takes turns: request 0 to replica 0, request 1 to replica 1, ... and around again. It never "

@@ -44,7 +44,7 @@ from core.engine.prefix_cache import block_hash, extra_key
 from core.engine.steplog import log_records
 from core.errors import ConfigError
 from core.fleet.link import Link
-from core.fleet.router import ROLES, Router, RouterConfig, Signals
+from core.fleet.router import ROLES, Router, RouterConfig, Signals, check_roles
 from core.sim.simulate import _no_cyclic_gc, simulator
 from core.sim.stepmodel import StepModel
 from core.workload import MAX_TIME_MS, Request, Workload
@@ -78,12 +78,8 @@ class FleetSpec:
     def __post_init__(self):
         if not self.replicas:
             raise ConfigError("a fleet needs at least one replica")
-        roles = {r.role for r in self.replicas}
-        if "both" in roles and len(roles) > 1:
-            raise ConfigError("replicas are either all whole (role both) or prefill and decode ones")
+        check_roles([r.role for r in self.replicas], "replica roles")
         if self.disaggregated:
-            if roles != {"prefill", "decode"}:
-                raise ConfigError("disaggregated serving needs at least one prefill and one decode replica")
             if not self.kv_bytes_per_token or self.kv_bytes_per_token < 1:
                 raise ConfigError("disaggregated serving needs the model's KV bytes per token (--model PRESET)")
         if isinstance(self.pd_min_prompt, bool) or not isinstance(self.pd_min_prompt, int) or self.pd_min_prompt < 0:
