@@ -185,3 +185,23 @@ def test_fleet_merge_writes_parquet_and_keeps_the_origin(tmp_path, capsys, two_r
     capsys.readouterr()
     assert main(["fleet-merge", a, two_replicas[0], "--out", str(tmp_path / "mixed.json")]) == 2
     one_line_error(capsys, "come from different sources", "measured", "simulated")
+
+
+def test_one_stray_byte_in_a_server_log_does_not_lose_its_flags(tmp_path, capsys):
+    """Item 37: one byte that is not UTF-8 in a 310 KB server.log made the whole log unreadable, and the
+    fit then said only "no engine flags ... give them with --flags"."""
+    import shutil
+
+    from core.trace import open_trace
+    run = tmp_path / "run1"
+    shutil.copytree(DATA / "imports" / "vllm_telemetry" / "run1_c4_p128_o32", run)
+    raw = (run / "server.log").read_bytes()
+    (run / "server.log").write_bytes(raw[:len(raw) // 2] + b"\xff" + raw[len(raw) // 2:])
+    imp = open_trace(run / "server.log")
+    assert any("1 byte(s) that are not UTF-8" in n for n in imp.notes)
+    assert main(["fidelity", "--fit", str(run), "--predict", str(run), "--method", "log"]) == 0
+    # a log past repair: the refusal names the file that was not read and why
+    (run / "server.log").write_bytes(bytes(range(128, 256)) * 4000)
+    capsys.readouterr()
+    assert main(["fidelity", "--fit", str(run), "--predict", str(run), "--method", "log"]) == 2
+    one_line_error(capsys, "no engine flags", "not read: server.log")

@@ -91,10 +91,12 @@ def calibrate(runs: list[Run], model: str = "affine", method: str = "spans") -> 
         raise InputError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
     if not runs:
         raise InputError("fit: no runs given")
-    missing = [r.name for r in runs if r.config is None]
+    missing = [r for r in runs if r.config is None]
     if missing:
-        raise InputError(f"fit: no engine flags for {', '.join(missing)} (its files do not state them): give them "
-                         "with --flags '{\"max_seqs\": 16, \"token_budget\": 2048, ...}'")
+        unread = [n for r in missing for n in r.notes if n.startswith("not read: ")]
+        raise InputError(f"fit: no engine flags for {', '.join(r.name for r in missing)} (its files do not state "
+                         "them" + (f"; {'; '.join(unread[:2])}" if unread else "") + "): give them with --flags "
+                         "'{\"max_seqs\": 16, \"token_budget\": 2048, ...}'")
     with_phases = [r for r in runs if has_phases(r)]
     if with_phases:
         fe, fe_report = fit_front_end([r.truth for r in with_phases], ", ".join(r.name for r in with_phases))
@@ -188,7 +190,9 @@ def predict(cal: Calibration, run: Run, config=None):
     from core.sim.simulate import simulate
     cfg = config or run.config
     if cfg is None:
-        raise InputError(f"{run.name}: no engine flags (its files do not state them): give them with --flags")
+        unread = [n for n in run.notes if n.startswith("not read: ")]
+        raise InputError(f"{run.name}: no engine flags (its files do not state them"
+                         + (f"; {'; '.join(unread[:2])}" if unread else "") + "): give them with --flags")
     return simulate(run.workload, cfg, cal.step_model, label=f"{run.name} (predicted)",
                     front_end=cal.front_end)
 

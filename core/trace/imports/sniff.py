@@ -431,6 +431,17 @@ def import_text(data: bytes, name: str, path: Path | None = None) -> Imported | 
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         text, what = None, f"not UTF-8 text (byte {e.start}) and not Parquet"
+        # a log with a few stray bytes (a terminal's escape, a cut write) is still a log: read it with
+        # them replaced when a text format recognises it, and say so
+        lenient = raw.decode("utf-8-sig", errors="replace")
+        bad = lenient.count("\ufffd") - raw.count("\ufffd".encode())
+        if bad <= max(16, len(raw) // 10_000):
+            imp = _match("text", lenient)
+            if imp is not None:
+                got = _read_with(imp, lenient, name, path)
+                got.notes.append(f"{name}: {bad} byte(s) that are not UTF-8 (the first at byte {e.start}) were "
+                                 "read as U+FFFD")
+                return got
     imp = _match("text", text) if text is not None else None
     if imp is not None:
         return _read_with(imp, text, name, path)
