@@ -179,9 +179,19 @@ def read_input_file(path, what: str, error=InputError, limit: int | None = None)
             st = os.fstat(f.fileno())
             if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
                 raise error(f"{path}: is a device, expected a {what} file")
-            if stat.S_ISREG(st.st_mode) and st.st_size > limit:
-                raise error(f"{path}: {st.st_size:,} bytes, larger than {limit:,}; not a {what} file")
-            data = f.read(limit + 1)
+            if stat.S_ISREG(st.st_mode):
+                if st.st_size > limit:
+                    raise error(f"{path}: {st.st_size:,} bytes, larger than {limit:,}; not a {what} file")
+                data = f.read(st.st_size + 1)    # (read(n) allocates n bytes first: never the limit itself)
+            else:                                 # a pipe: its bytes as they come, in pieces
+                pieces, got = [], 0
+                while got <= limit:
+                    piece = f.read(min(16 << 20, limit + 1 - got))
+                    if not piece:
+                        break
+                    pieces.append(piece)
+                    got += len(piece)
+                data = b"".join(pieces)
     except FileNotFoundError:
         raise error(f"{path}: no such file") from None
     except IsADirectoryError:
