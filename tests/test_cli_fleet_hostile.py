@@ -205,3 +205,32 @@ def test_one_stray_byte_in_a_server_log_does_not_lose_its_flags(tmp_path, capsys
     capsys.readouterr()
     assert main(["fidelity", "--fit", str(run), "--predict", str(run), "--method", "log"]) == 2
     one_line_error(capsys, "no engine flags", "not read: server.log")
+
+
+def test_a_fleet_trace_is_not_fitted_as_one_engine(capsys):
+    """Item 31: `fidelity` on fleet_two.json.gz fitted and predicted it as one engine, with no note
+    (in-sample TTFT p50 212% off)."""
+    f = str(DATA / "traces" / "fleet_two.json.gz")
+    assert main(["fidelity", "--fit", f, "--predict", f, "--method", "log"]) == 2
+    one_line_error(capsys, "a fleet trace (2 replicas)", "one replica's trace")
+
+
+def test_spans_received_twice_count_once(tmp_path, capsys):
+    """Item 32: every span twice was accepted as 112 requests instead of 48 (the warm-up note gone, the
+    fit moved from 0.0805 to 0.0296 ms a prefill token)."""
+    import json
+    import shutil
+    runs = DATA / "imports" / "vllm_telemetry"
+    run = tmp_path / "run4"
+    shutil.copytree(runs / "run4_poisson8_p128_o32", run)
+    lines = (run / "spans.otlp.jsonl").read_text().splitlines()
+    (run / "spans.otlp.jsonl").write_text("\n".join(lines + lines) + "\n")
+    got = []
+    for r in (runs / "run4_poisson8_p128_o32", run):
+        assert main(["fidelity", "--fit", str(r), "--predict", str(r), "--method", "log", "--json"]) == 0
+        got.append(json.loads(capsys.readouterr().out))
+    a, b = got
+    assert b["calibration"]["step_model"] == a["calibration"]["step_model"]
+    assert b["predicted"][0]["requests"] == a["predicted"][0]["requests"]
+    from core.trace import open_trace
+    assert any("appeared more than once" in n for n in open_trace(run / "spans.otlp.jsonl").notes)

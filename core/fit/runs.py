@@ -66,9 +66,24 @@ def _trace_run(p: Path, config) -> Run:
     tr = got.trace if isinstance(got, Imported) else got
     if not len(tr.requests) or not len(tr.tokens):
         raise InputError(f"{p}: no requests with tokens: a fidelity run needs each request's TTFT and E2E")
+    replicas = _replicas(tr)
+    if replicas > 1:    # (fitted as one engine, a fleet's batches and queues are another run's: silently wrong)
+        raise InputError(f"{p}: a fleet trace ({replicas} replicas): fidelity fits and predicts one engine; give "
+                         "one replica's trace, or open the fleet on the Fleet page (Measured fleets), where the "
+                         "fleet simulator predicts it")
     cfg = config or _config_of(tr.meta.get("engine") or {}, str(p))
     return Run(p.stem, p, tr.workload(), tr, "the trace's (its arrivals to its tokens)", cfg,
                tr if len(tr.steps) else None, None, [])
+
+
+def _replicas(tr) -> int:
+    """How many replicas a trace's records name (meta.fleet's list, or its replica columns)."""
+    listed = (tr.meta.get("fleet") or {}).get("replicas") if isinstance(tr.meta.get("fleet"), dict) else None
+    n = len(listed) if isinstance(listed, list) else 0
+    for df in (tr.steps, tr.tokens, tr.finishes):
+        if "replica" in df and len(df):
+            n = max(n, int(df["replica"].max()) + 1)
+    return n
 
 
 def _config_of(engine: dict, where: str) -> SchedulerConfig | None:

@@ -161,13 +161,23 @@ def _ns(v, where: str, key: str) -> int:
     return n
 
 
-def request_spans(spans: Iterable[dict], name: str) -> tuple[list[dict], int]:
-    """(the llm_request spans, how many other spans there were)."""
-    reqs, other = [], 0
+def request_spans(spans: Iterable[dict], name: str, dropped: list | None = None) -> tuple[list[dict], int]:
+    """(the llm_request spans, how many other spans there were). A span received twice (its trace
+    and span ids, or for a span without ids its times and attributes, seen before: an exporter's
+    retry, a file concatenated with itself) is kept once; `dropped` counts those."""
+    reqs, other, seen = [], 0, set()
     for sp in spans:
         if sp.get("name") != REQUEST_SPAN:
             other += 1
             continue
+        ids = (sp.get("trace_id"), sp.get("span_id"))
+        key = ids if all(isinstance(x, str) and x for x in ids) else \
+            (sp.get("start_ns"), sp.get("end_ns"), repr(sorted((sp.get("attributes") or {}).items()))[:4096])
+        if key in seen:
+            if dropped is not None:
+                dropped.append(key)
+            continue
+        seen.add(key)
         reqs.append(sp)
         if len(reqs) > MAX_SPANS:
             raise TraceError(f"{name}: more than {MAX_SPANS:,} request spans")
@@ -220,7 +230,8 @@ def span_notes(n: int, other: int, form: str) -> list[str]:
 
 
 def import_spans(spans: Iterable[dict], name: str, form: str) -> Imported:
-    reqs, other = request_spans(spans, name)
+    twice: list = []
+    reqs, other = request_spans(spans, name, twice)
     if not reqs:
         raise TraceError(f"{name}: no '{REQUEST_SPAN}' spans ({other} other span(s)): vLLM sends one per request "
                          "with --otlp-traces-endpoint")
@@ -233,6 +244,9 @@ def import_spans(spans: Iterable[dict], name: str, form: str) -> Imported:
                       "how": "span start times (startTimeUnixNano, the engine's wall clock)"},
             "provenance": PROVENANCE}
     notes = span_notes(len(reqs), other, form) + rows.notes()
+    if twice:
+        notes.append(f"{len(twice):,} span(s) appeared more than once (the same trace and span ids): each request "
+                     "counted once")
     meta["notes"] = " ".join(notes)
     tr = rows.trace(meta)
     for k, rid in enumerate(tr.ids):
