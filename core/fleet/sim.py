@@ -44,7 +44,7 @@ from core.engine.prefix_cache import block_hash, extra_key
 from core.engine.steplog import log_records
 from core.errors import ConfigError
 from core.fleet.link import Link
-from core.fleet.router import ROLES, Router, RouterConfig, Signals, check_roles
+from core.fleet.router import ROLES, Router, RouterConfig, Signals, check_roles, recorded
 from core.sim.simulate import _no_cyclic_gc, simulator
 from core.sim.stepmodel import StepModel
 from core.workload import MAX_TIME_MS, Request, Workload
@@ -127,6 +127,7 @@ class _Replica:
         self.role = spec.role
         self.core: EngineCore = simulator(spec.config, spec.step_model, None, record_kv, fast_forward)
         self.sched = self.core.scheduler
+        self.kv_blocks = self.core.num_kv_blocks   # (the pool's size: read at every routing)
         self.rows: list[int] = []            # local request row -> the fleet's
         self.is_copy: list[bool] = []        # local row: a prefill copy (its token and finish are not the client's)
         self._ready = math.inf               # when it next steps (inf: idle until something arrives)
@@ -176,6 +177,14 @@ class _Replica:
             self.seen_t = t
 
 
+class _Seen(list):
+    """Signals recorded for a decision made ahead, with how many candidates were left out."""
+
+    def __init__(self, sigs, left_out: int):
+        super().__init__(sigs)
+        self.left_out = left_out
+
+
 class _Idle:
     ready = math.inf
 
@@ -192,7 +201,8 @@ class FleetSim:
         fleet = sized(fleet, workload)
         self.replicas = [_Replica(i, s, record_kv, fast_forward, listen) for i, s in enumerate(fleet.replicas)]
         self.router = Router(rc, len(self.replicas), [r.core.num_kv_blocks for r in self.replicas])
-        self.link = Link(fleet.link_gbps, fleet.link_latency_ms) if fleet.disaggregated else None
+        self.pd = fleet.disaggregated           # (asked at every routing: a walk over the replicas)
+        self.link = Link(fleet.link_gbps, fleet.link_latency_ms) if self.pd else None
         self.requests = workload.requests
         n = len(workload)
         self.routes: list[dict | None] = [None] * n
@@ -240,7 +250,7 @@ class FleetSim:
                 if h not in known:
                     break
                 prefix += 1
-        return Signals(rep.index, s["requests"], s["running"], s["waiting"], s["kv_used"], rep.core.num_kv_blocks,
+        return Signals(rep.index, s["requests"], s["running"], s["waiting"], s["kv_used"], rep.kv_blocks,
                        cached, prefix, rep.seen_t)
 
     def _plan_routes(self) -> dict | None:
@@ -253,7 +263,8 @@ class FleetSim:
             return None
         router = Router(rc, len(self.replicas))
         plan, times = {}, [[] for _ in self.replicas]
-        pd, arrivals = self.fleet.disaggregated, self.w.arrival_ms.tolist()
+        blank: dict[tuple, list] = {}      # candidates -> their (empty) signals: built once per set
+        pd, arrivals = self.pd, self.w.arrival_ms.tolist()
         for row, now in enumerate(arrivals):
             r = self.requests[row]
             whole = not pd or r.prompt_tokens < self.fleet.pd_min_prompt
@@ -263,7 +274,11 @@ class FleetSim:
                 cands = [rep for rep in self.roles[role] if rep.drain_ms > now]
                 if not cands:
                     break
-                d = router.choose([Signals(rep.index, 0, 0, 0, 0, 1) for rep in cands], 0)
+                key = tuple(rep.index for rep in cands)
+                sigs = blank.get(key)
+                if sigs is None:
+                    sigs = blank[key] = [Signals(k, 0, 0, 0, 0, 1) for k in key]
+                d = router.choose(sigs, 0)
                 plan[row, stage] = d
                 if stage != "decode":
                     times[d.replica].append(now)
@@ -273,12 +288,14 @@ class FleetSim:
         cands = [rep for rep in group if rep.drain_ms > now]
         if not cands:
             return None, None, "no replica in rotation (every one drained)"
-        sigs = [self._signals(rep, row, now) for rep in cands]
-        if self.planned is not None:
+        if self.planned is not None:     # (decided ahead: the signals only for the route event's record)
             d = self.planned["decisions"][row, stage]
             if stage != "decode":
                 self.planned["next"][d.replica] += 1
-            return d, sigs, None
+            keep, _, _ = recorded([rep.index for rep in cands], (d.replica,), None)
+            sigs = [self._signals(self.replicas[k], row, now) for k in keep]
+            return d, _Seen(sigs, len(cands) - len(keep)), None
+        sigs = [self._signals(rep, row, now) for rep in cands]
         lim = self.router_cfg.queue_limit
         if lim is not None:
             waiting = sum(max(0, s.requests - s.running) for s in sigs)
@@ -292,7 +309,7 @@ class FleetSim:
 
     def _route(self, row: int, now: float):
         r = self.requests[row]
-        pd = self.fleet.disaggregated
+        pd = self.pd
         whole = not pd or r.prompt_tokens < self.fleet.pd_min_prompt
         group = self.roles["both"] if not pd else self.roles["decode" if whole else "prefill"]
         d, sigs, why = self._choose(group, row, now, "whole" if whole else "prefill")
@@ -312,12 +329,17 @@ class FleetSim:
             dec = dd.replica
             ev["decode"] = dec
             ev["decode_reason"] = dd.reason
-            sigs = sigs + [s for s in dsigs]
+            sigs = _Seen(list(sigs) + list(dsigs), getattr(sigs, "left_out", 0) + getattr(dsigs, "left_out", 0))
             if dd.scores:
                 d.scores = {**d.scores, **dd.scores}
-        if d.scores:
-            ev["scores"] = {str(k): v for k, v in d.scores.items()}
+        chosen = (d.replica,) if dec is None else (d.replica, dec)
+        left = getattr(sigs, "left_out", 0)
+        sigs, scores, more = recorded(list(sigs), chosen, d.scores or None)
+        if scores:
+            ev["scores"] = {str(k): v for k, v in scores.items()}
         ev["signals"] = {str(s.replica): s.to_dict() for s in sigs}
+        if left or more:
+            ev["signals_left_out"] = left + more    # (candidates whose signals were not recorded)
         ev["prompt_blocks"] = r.prompt_tokens // self.replicas[d.replica].spec.config.block_size
         self.routes[row] = ev
         if whole:
