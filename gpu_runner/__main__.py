@@ -89,6 +89,13 @@ def build_parser():
                     help="refuse (503) when this many requests wait across the fleet, as the router sees them")
     fl.add_argument("--drain-timeout-s", type=float, default=60.0,
                     help="on SIGTERM / Ctrl-C, wait at most this long for in-flight requests (default 60)")
+    from core.cli import positive_float
+    from gpu_runner.engine_process import REPLICA_STALL_S
+    fl.add_argument("--replica-stall-s", type=positive_float, default=REPLICA_STALL_S, metavar="S",
+                    help="a replica holding requests whose engine process sent nothing for S seconds is taken out "
+                    "of rotation, its requests answered 503 naming it (it sends at least every 0.5 s while busy, "
+                    f"however long a step; default {REPLICA_STALL_S:g}); at shutdown a replica silent that long is "
+                    "killed")
     _common(fl, scheduler=True)
     from gpu_runner.observe import add_telemetry_flags
     lg = sub.add_parser("loadgen", help="load an OpenAI-compatible server (ours, vLLM, SGLang) and write a "

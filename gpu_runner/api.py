@@ -1,6 +1,7 @@
 """The request bodies `gpu_runner serve` accepts, declared once (msgspec Structs with Meta
 constraints): decoding checks every field and a failure becomes one line naming the field
-("max_tokens: expected an integer >= 1, got 0"). Unknown fields are ignored (benchmark clients
+("max_tokens: expected an integer >= 1, got 0"); a body whose strings are not UTF-8 is one
+line naming the first bad byte ("request body: not UTF-8 JSON (byte 12)"). Unknown fields are ignored (benchmark clients
 send extras) and reported once by the server.
 
 Fields: max_tokens (default 16), temperature (default 1.0, as OpenAI), top_p, top_k (0 or
@@ -90,7 +91,18 @@ def decode_body(raw: bytes) -> tuple[CompletionBody, list[str]]:
         raise BodyError(f"body is not valid JSON: {str(e)[:120]}") from None
     except RecursionError:
         raise BodyError("body is not valid JSON: nested too deeply") from None
+    except UnicodeDecodeError:     # (msgspec: a string's bytes are not UTF-8; its offset is the string's)
+        raise BodyError(f"request body: not UTF-8 JSON (byte {_first_bad_utf8(raw)})") from None
     return body, unknown
+
+
+def _first_bad_utf8(raw: bytes) -> int:
+    """The offset in the body of its first byte that is not UTF-8 (-1: none)."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start
+    return -1
 
 
 def unsupported(body: CompletionBody) -> str | None:

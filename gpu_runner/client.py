@@ -124,7 +124,8 @@ class EngineClient(ABC):
     # ---- the transport (subclasses) -----------------------------------------------------------
     @abstractmethod
     def _send(self, msg) -> None:
-        """Deliver one message to the engine (OSError: it is gone)."""
+        """Deliver one message to the engine without blocking on it (OSError: it is gone;
+        Overloaded: it has not taken what was sent to it)."""
 
     @abstractmethod
     def alive(self) -> bool:
@@ -167,16 +168,24 @@ class EngineClient(ABC):
                 s.arrival_ms = self.now_ms()
             self.streams[s.rid] = s
             self._unscheduled.add(s.rid)
+            self._expect()
         msg = AddRequest(s.rid, list(s.prompt_ids), s.max_tokens, s.sampling,
                          None if s.stop_ids is None else list(s.stop_ids), list(s.stop),
                          self.now_ms() if kv is not None else s.arrival_ms, kv, kv_out)
         try:   # outside the lock: a large message (a prompt's KV) must not hold up the engine's outputs
             self._send(msg)
-        except OSError:    # the engine process died between the check and the send
-            with self._lock:
+        except (OSError, Overloaded) as e:    # the engine process died between the check and the send,
+            with self._lock:                  # or has not read what was sent to it
                 self.streams.pop(s.rid, None)
                 self._unscheduled.discard(s.rid)
+            if isinstance(e, Overloaded):
+                raise
             raise ServerStopping("the engine process is not running") from None
+
+    def _expect(self) -> None:
+        """A request was just added (under the lock): the engine owes an answer from now (an
+        engine process's stall detection counts from here)."""
+        return None
 
     def cancel(self, s: Stream, reason: str = "abort") -> None:
         """The client went away: abort its request (the engine answers with its finish)."""

@@ -18,21 +18,34 @@ one origin), so arrival, scheduling and token times mean what they mean in one p
 engine process loads the model itself from the same flags, writes the trace (--trace-out),
 ignores Ctrl-C (the server stops it: unfinished requests end "abort", the trace is written)
 and exits when the server goes away (its pipe closes).
+
+Progress (a fleet's stall detection, gpu_runner.fleet): while its step loop is not waiting idle
+for work, the engine process sends something at least every BEAT_S: each step's Outputs, or an
+empty Outputs (a beat) from a side thread while one step or a trace rewrite runs longer. So a
+process that holds requests and sends nothing for seconds is frozen (SIGSTOP, swapped out) or
+its loop waits idle with work queued: `stall_s` of that silence takes it out of service
+(`check_stall`), however long a legitimate step is. Messages to the engine never block their
+sender: each goes into an outbox that one writer thread per engine writes to the pipe (a frozen
+engine's full pipe holds up that writer only), and `stop` kills an engine that stays silent.
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
 import threading
 import time
+from collections import deque
 
 import msgspec
 
 from core.errors import ConfigError
-from gpu_runner.client import EngineClient
+from gpu_runner.client import EngineClient, Overloaded
 from gpu_runner.launch import ServeOptions
 from gpu_runner.messages import (
+    AbortRequest,
+    AddRequest,
     EngineInfo,
     Fatal,
     Outputs,
@@ -44,6 +57,64 @@ from gpu_runner.messages import (
 )
 
 READY_TIMEOUT_S = 600.0
+BEAT_S = 0.5       # while not idle, the engine process sends something at least this often
+# A replica holding requests whose engine process sent nothing for this long is out of rotation
+# (--replica-stall-s). Its engine process sends at least every BEAT_S while its loop is not
+# waiting idle, however long a step, so this bounds silence, not steps. Measured on the 2-core VM
+# (tiny model, 1 torch thread per replica): one step prefilling 32 full-context prompts takes
+# 18.7 s alone; with 3 replicas each given 24 such prompts and 8 decoding streams at once, steps
+# took up to 37.6 s, and the longest silence of a replica holding requests was 0.62 s (over
+# ~850 messages). 5 s is 8x that silence; a frozen replica is out ~5 s after its last message.
+REPLICA_STALL_S = 5.0
+MAX_UNSENT_BYTES = 512 * 2**20   # requests an engine has not read yet: past this, new ones get 503
+log = logging.getLogger("gpu_runner.engine_process")
+
+
+class _Beat:
+    """The engine process's beat: a side thread sends an empty Outputs whenever nothing was sent
+    for BEAT_S while the step loop is busy (a step, a trace rewrite: anything but the idle wait
+    for work), so that silence means a frozen process, never a long step."""
+
+    def __init__(self, send):
+        self._send = send
+        self.idle = False
+        self.last = time.monotonic()
+
+    def sent(self):
+        self.last = time.monotonic()
+
+    def start(self):
+        threading.Thread(target=self._run, name="beat", daemon=True).start()
+
+    def _run(self):
+        while True:
+            time.sleep(BEAT_S / 4)
+            if not self.idle and time.monotonic() - self.last >= BEAT_S:
+                try:
+                    self._send(Outputs([]))
+                except (OSError, ValueError):    # the server is gone
+                    return
+
+
+def _beating_service(beat: _Beat):
+    """EngineService telling `beat` when its loop waits idle for work (no beats then)."""
+    from gpu_runner.serving import EngineService
+
+    class BeatingService(EngineService):
+        def wait(self):
+            beat.idle = True
+            try:
+                super().wait()
+            finally:
+                beat.idle = False
+
+        def _flush(self, final: bool = False):     # (also from the idle wait: a rewrite is work)
+            was, beat.idle = beat.idle, False
+            try:
+                super()._flush(final)
+            finally:
+                beat.idle = was
+    return BeatingService
 
 
 def _engine_main(conn_in, conn_out, options: ServeOptions, origin_ns: int) -> None:
@@ -56,9 +127,11 @@ def _engine_main(conn_in, conn_out, options: ServeOptions, origin_ns: int) -> No
     def send(msg):
         with lock:
             conn_out.send_bytes(encode(msg))
+            beat.sent()
+    beat = _Beat(send)
     try:
         from gpu_runner.launch import engine_service
-        service = engine_service(options, send)
+        service = engine_service(options, send, _beating_service(beat))
     except BaseException as e:   # a bad flag or checkpoint: the server reports it and exits
         send(Fatal(f"{type(e).__name__}: {e}" if not isinstance(e, ConfigError) else str(e)))
         return
@@ -80,6 +153,7 @@ def _engine_main(conn_in, conn_out, options: ServeOptions, origin_ns: int) -> No
 
     send(service.info)
     threading.Thread(target=receive, name="requests", daemon=True).start()
+    beat.start()
     service.run()          # until stopped; writes the trace
     send(Stopped(**service.served()))
 
@@ -107,13 +181,15 @@ def _die_with_parent():
 
 
 class ProcessClient(EngineClient):
-    """The server's side of an engine process (gpu_runner.client.EngineClient)."""
+    """The server's side of an engine process (gpu_runner.client.EngineClient). `stall_s` (a
+    fleet's replicas): `check_stall` takes the engine out of service once it has held requests
+    and sent nothing for that long (None: never)."""
 
     def __init__(self, options: ServeOptions, metrics=None, max_waiting: int = 256, origin_ns: int | None = None,
-                 label: str = "the engine process", wait: bool = True):
+                 label: str = "the engine process", wait: bool = True, stall_s: float | None = None):
         super().__init__(metrics, max_waiting, origin_ns)
         self.label = label           # how messages name it (a fleet: "replica 2")
-        self._send_lock = threading.Lock()
+        self.stall_s = stall_s
         ctx = multiprocessing.get_context("spawn")    # a fresh interpreter: no threads or locks inherited
         child_in, self._to_engine = ctx.Pipe(duplex=False)          # (receiving end, sending end)
         self._from_engine, child_out_w = ctx.Pipe(duplex=False)
@@ -124,6 +200,20 @@ class ProcessClient(EngineClient):
         child_out_w.close()
         self.error: str | None = None
         self.summary: Stopped | None = None
+        # progress: when the engine last sent anything; since when it owes an answer (a request
+        # sent after that); why it is out of service (check_stall), and how often it was
+        self.heard = time.monotonic()
+        self._owed_since: float | None = None
+        self.stall: str | None = None
+        self.stalls = 0
+        self._stop_t: float | None = None
+        # the outbox: messages to the engine, written by one thread (a frozen engine blocks only it)
+        self._outbox: deque = deque()
+        self._out_cv = threading.Condition()
+        self._unsent = 0                 # bytes in the outbox
+        self._write_error: str | None = None
+        self.writer = threading.Thread(target=self._write, name="engine-writer", daemon=True)
+        self.writer.start()
         self.reader = threading.Thread(target=self._read, name="engine-events", daemon=True)
         if wait:    # (else the caller calls wait_ready: several engines load at once. The process must be
             #         started from a thread that lives as long as it: the kernel's parent-death signal
@@ -148,20 +238,70 @@ class ProcessClient(EngineClient):
         if not isinstance(msg, EngineInfo):
             self.proc.kill()
             raise ConfigError(f"{self.label} sent {type(msg).__name__} before it was ready")
+        self.heard = time.monotonic()
         return msg
 
+    # ---- to the engine: the outbox and its writer ----------------------------------------------
     def _send(self, msg):
-        with self._send_lock:      # one writer at a time on the pipe
-            self._to_engine.send_bytes(encode(msg))
+        """Queue `msg` for the writer (never blocks). OSError: the pipe is broken (the engine is
+        gone); Overloaded: the engine has not read MAX_UNSENT_BYTES of requests (a new one waits
+        for nothing: refused)."""
+        raw = encode(msg)
+        with self._out_cv:
+            if self._write_error is not None:
+                raise OSError(self._write_error)
+            if isinstance(msg, AddRequest) and self._unsent and self._unsent + len(raw) > MAX_UNSENT_BYTES:
+                raise Overloaded(f"{self.label} has not read the {self._unsent / 2**20:.0f} MiB of requests "
+                                 "sent to it")
+            self._outbox.append(raw)
+            self._unsent += len(raw)
+            self._out_cv.notify()
+
+    def _expect(self):
+        if self._owed_since is None:      # (under the client's lock, as the request's stream is added)
+            self._owed_since = time.monotonic()
+
+    def _write(self):
+        """The writer thread: the outbox to the pipe, in order, until stopped or the pipe breaks."""
+        while True:
+            with self._out_cv:
+                while not self._outbox:
+                    self._out_cv.wait()
+                raw = self._outbox[0]
+            if raw is None:
+                return
+            try:
+                self._to_engine.send_bytes(raw)
+            except (OSError, ValueError) as e:     # the engine is gone (or the pipe was closed)
+                with self._out_cv:
+                    self._write_error = f"{self.label}: its pipe is closed ({e})"
+                    self._outbox.clear()
+                    self._unsent = 0
+                return
+            with self._out_cv:
+                if self._outbox and self._outbox[0] is raw:
+                    self._outbox.popleft()
+                    self._unsent -= len(raw)
+
+    def _close_outbox(self):
+        with self._out_cv:
+            self._outbox.append(None)
+            self._out_cv.notify()
 
     def start(self):
         self.reader.start()
 
-    def alive(self) -> bool:
+    # ---- state ---------------------------------------------------------------------------------
+    def running(self) -> bool:
+        """The engine process runs (it may be out of service for a stall)."""
         return self.error is None and self.proc.is_alive()
 
+    def alive(self) -> bool:
+        return self.stall is None and self.running()
+
     def failure(self) -> str | None:
-        """Why the engine process stopped when the server did not ask it to (None otherwise)."""
+        """Why the engine process stopped, or is out of service, when the server did not ask it
+        to (None otherwise)."""
         if self._stopping:
             return None
         if self.error is not None or not self.proc.is_alive():
@@ -169,26 +309,79 @@ class ProcessClient(EngineClient):
             if self.error and "exit code None" not in self.error:
                 return self.error
             return f"{self.label} ended (exit code {self.proc.exitcode})"
-        return None
+        return self.stall
+
+    def quiet_s(self, now: float | None = None) -> float:
+        """Seconds since the engine last sent anything, or since a request was sent to it after
+        that (whichever is later): how long it has been silent while owing an answer, when it
+        holds requests."""
+        now = time.monotonic() if now is None else now
+        since = self._owed_since
+        return max(0.0, now - (self.heard if since is None else max(since, self.heard)))
+
+    def check_stall(self) -> str | None:
+        """Take the engine out of service when it holds requests and has sent nothing for
+        stall_s: its requests fail with a 503 naming it and why (an AbortRequest follows each, for
+        when it resumes), and it is back as soon as it sends anything. Returns why, when now."""
+        if self.stall_s is None:
+            return None
+        with self._lock:
+            if self.stall is not None or self._stopping or not self.streams or not self.running():
+                return None
+            quiet = self.quiet_s()
+            if quiet <= self.stall_s:
+                return None
+            why = (f"{self.label} made no progress for {quiet:.1f} s (its engine process, pid {self.proc.pid}, "
+                   f"sent nothing while holding {len(self.streams)} requests; --replica-stall-s "
+                   f"{self.stall_s:g}): taken out of rotation")
+            self.stall = why
+            self.stalls += 1
+            held = list(self.streams.values())
+        log.error("%s", why)
+        self.fail_all(why, 503)
+        for st in held:
+            try:
+                self._send(AbortRequest(st.rid, "abort"))
+            except (OSError, Overloaded):
+                break
+        return why
 
     def served(self) -> dict | None:
         """Requests and steps the engine served, once it has stopped."""
         return None if self.summary is None else {"requests": self.summary.requests, "steps": self.summary.steps}
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask the engine to stop (its unfinished requests end "abort", its trace is written) and
+        wait for it to exit: at most `timeout_s`, and with `stall_s`, no longer than it stays
+        silent that long (a frozen engine); then it is killed. Never blocks on its pipe."""
         with self._lock:
             if not self._stopping:
                 self._stopping = True
+                self._stop_t = time.monotonic()
                 try:
                     self._send(Shutdown())
                 except OSError:
                     pass
-        self.proc.join(timeout_s)
-        if self.proc.is_alive():
-            self.proc.kill()
+        start = self._stop_t or time.monotonic()
+        end = start + timeout_s
+        why = None
+        while self.proc.is_alive():
+            self.proc.join(0.1)
+            now = time.monotonic()
+            if now > end:
+                why = f"did not stop within {timeout_s:g} s"
+            elif self.stall_s is not None and now - max(self.heard, start) > self.stall_s:
+                why = f"sent nothing for {self.stall_s:g} s while stopping (frozen?)"
+            if why is not None and self.proc.is_alive():
+                log.warning("%s %s: killed", self.label, why)
+                self.proc.kill()
+                self.proc.join(5)
+                break
+        self._close_outbox()
         if self.reader.is_alive():
             self.reader.join(5)
 
+    # ---- from the engine ---------------------------------------------------------------------------
     def _read(self):
         """The reader thread: every message from the engine, applied in order."""
         while True:
@@ -199,6 +392,13 @@ class ProcessClient(EngineClient):
             except msgspec.MsgspecError as e:     # never from our own engine; if it happens, say so
                 self.error = f"{self.label} sent a message that does not decode ({e})"
                 break
+            was_quiet = self.quiet_s()
+            self.heard = time.monotonic()
+            self._owed_since = None
+            if self.stall is not None:
+                with self._lock:
+                    self.stall = None
+                log.warning("%s sent again after %.1f s without progress: back in rotation", self.label, was_quiet)
             if isinstance(msg, Outputs):
                 self.apply(msg)
             elif isinstance(msg, Stopped):

@@ -35,7 +35,13 @@ read itself (well under a microsecond). A fleet across hosts would need an align
 Replica failure: a replica whose engine process dies fails its in-flight requests with a
 Failed naming it ("replica 1 ended (exit code -9)": a 503, or an error event closing the
 stream), the router stops choosing it at once (it is no longer alive) and the rest keep
-serving. SIGTERM / Ctrl-C drain: no new requests (503 "draining"), /health answers 503, the
+serving. A replica that holds requests and whose engine process has sent nothing for
+`--replica-stall-s` (it sends something at least every BEAT_S while busy: a frozen process,
+SIGSTOP, or a loop idle with work queued) is taken out of rotation the same way ("replica 1 made
+no progress for 5.0 s ..."), as Envoy's outlier detection ejects a host, and comes back when it
+sends again. Nothing the front end does waits on a replica: messages to it go through its own
+writer thread (gpu_runner.engine_process), and stopping kills a replica that stays silent.
+SIGTERM / Ctrl-C drain: no new requests (503 "draining"), /health answers 503, the
 in-flight requests finish (up to `--drain-timeout-s`), then the replicas stop and the fleet
 trace is written; a second signal, or the drain's timeout, stops the replicas at once (each
 unfinished request streams its "abort" finish) before the HTTP server ends. Every request is
@@ -57,7 +63,7 @@ from core.errors import ConfigError
 from core.fleet.router import Decision, Router, RouterConfig, Signals
 from core.fleet.sim import FIRST_TOKEN
 from gpu_runner.client import EngineClient, Overloaded, ServerStopping, Stream
-from gpu_runner.engine_process import ProcessClient
+from gpu_runner.engine_process import REPLICA_STALL_S, ProcessClient
 from gpu_runner.launch import ServeOptions
 from gpu_runner.messages import Failed, KVLoaded, KVReady, Outputs, RequestOutput
 
@@ -101,10 +107,12 @@ class _Board:
 class Replica(ProcessClient):
     """One engine process of the fleet: `serve`'s, telling the fleet's board what it reports."""
 
-    def __init__(self, fleet: FleetClient, index: int, role: str, options: ServeOptions, metrics, max_waiting: int):
+    def __init__(self, fleet: FleetClient, index: int, role: str, options: ServeOptions, metrics, max_waiting: int,
+                 stall_s: float | None = None):
         self.fleet, self.index, self.role = fleet, index, role
         self.board = _Board(fleet.router_cfg.staleness_ms)
-        super().__init__(options, metrics, max_waiting, fleet.origin_ns, label=f"replica {index}", wait=False)
+        super().__init__(options, metrics, max_waiting, fleet.origin_ns, label=f"replica {index}", wait=False,
+                         stall_s=stall_s)
 
     def apply(self, msg: Outputs):
         st = msg.stats
@@ -127,12 +135,13 @@ class Replica(ProcessClient):
         super()._end(s)
 
     def fail_all(self, message: str, status: int = 503):
-        """The engine process is gone: its open requests fail (naming it); the fleet notes when,
-        and which requests, for its trace (the replica's own trace ends at its last rewrite)."""
-        if not self._stopping:
+        """The engine process is gone, or out of rotation for a stall: its open requests fail
+        (naming it); the fleet notes when, and which requests, for its trace (a dead replica's own
+        trace ends at its last rewrite)."""
+        if not self._stopping and (self.streams or self.stall is None):
             now = self.now_ms()
             self.fleet.deaths.append({"replica": self.index, "t_ms": now, "why": message,
-                                      "failed": list(self.streams)})
+                                      "failed": list(self.streams), "stalled": self.stall is not None})
         super().fail_all(message, status)
 
 
@@ -153,7 +162,8 @@ class FleetClient(EngineClient):
     layer is `serve`'s). `roles[k]`: both | prefill | decode."""
 
     def __init__(self, options: ServeOptions, roles: list[str], router: RouterConfig, metrics=None,
-                 max_waiting: int = 256, pd_min_prompt: int = 0, replica_traces: Path | None = None):
+                 max_waiting: int = 256, pd_min_prompt: int = 0, replica_traces: Path | None = None,
+                 stall_s: float | None = REPLICA_STALL_S):
         super().__init__(None, max_waiting)
         self.roles = list(roles)
         self.router_cfg = router
@@ -168,8 +178,9 @@ class FleetClient(EngineClient):
             trace = str(replica_traces / f"replica-{k}.json.gz") if replica_traces is not None else None
             opts.append(dataclasses.replace(options, trace_out=trace, publish_cache=precise))
         # started from this thread (the parent-death signal follows the forking thread), loaded in parallel
-        self.replicas = [Replica(self, k, roles[k], opts[k], metrics.of(k) if metrics else None, max_waiting)
-                         for k in range(len(roles))]
+        self.stall_s = stall_s
+        self.replicas = [Replica(self, k, roles[k], opts[k], metrics.of(k) if metrics else None, max_waiting,
+                                 stall_s) for k in range(len(roles))]
         errors: list[str] = []
 
         def start(k):
@@ -177,6 +188,8 @@ class FleetClient(EngineClient):
                 self.replicas[k].wait_ready()
             except ConfigError as e:
                 errors.append(str(e))
+            except Exception as e:      # (an engine that never says why: still one line)
+                errors.append(f"replica {k} could not start: {type(e).__name__}: {e}")
         threads = [threading.Thread(target=start, args=(k,)) for k in range(len(roles))]
         for t in threads:
             t.start()
@@ -224,10 +237,20 @@ class FleetClient(EngineClient):
         return "decode" in up and ("prefill" in up or self.pd_min_prompt > 0)
 
     def failure(self) -> str | None:
+        """Why the fleet can serve nothing ever again (None while it can, or may once a replica out
+        of rotation for a stall sends again)."""
         if self._stopping or self.alive():
+            return None
+        up = {r.role for r in self.replicas if r.running()}
+        if up and (not self.pd or ("decode" in up and ("prefill" in up or self.pd_min_prompt > 0))):
             return None
         return "no replica can serve: " + "; ".join(r.failure() or f"replica {r.index} stopped"
                                                     for r in self.replicas if not r.alive())
+
+    def check_stalls(self) -> list[str]:
+        """Take out of rotation each replica that holds requests and has sent nothing for the
+        stall timeout (ProcessClient.check_stall): its requests get a 503 naming it and why."""
+        return [why for r in self.replicas if (why := r.check_stall())]
 
     def load(self) -> dict:
         loads = [r.load() for r in self.replicas]
@@ -242,7 +265,7 @@ class FleetClient(EngineClient):
 
     def health(self) -> list[dict]:
         return [{"replica": r.index, "role": r.role, "up": r.alive(), "pid": r.proc.pid,
-                 "why": None if r.alive() else r.failure()} for r in self.replicas]
+                 "stalled": r.stall is not None, "why": None if r.alive() else r.failure()} for r in self.replicas]
 
     # ---- routing --------------------------------------------------------------------------------
     def _hashes(self, ids: list[int]) -> list:
@@ -543,7 +566,10 @@ class FleetClient(EngineClient):
             tr.meta.setdefault("stats", {})["rejected"] = len(self.rejected)
         if self.deaths:
             notes = [tr.meta["notes"]] if isinstance(tr.meta.get("notes"), str) and tr.meta["notes"] else []
-            notes += [f"replica {d['replica']} died at {d['t_ms']:.1f} ms ({d['why']}): its events after its trace's "
+            notes += [f"replica {d['replica']} was taken out of rotation at {d['t_ms']:.1f} ms ({d['why']}): the "
+                      f"{len(d['failed'])} requests it held end 'error' there, as the front end saw them"
+                      if d.get("stalled") else
+                      f"replica {d['replica']} died at {d['t_ms']:.1f} ms ({d['why']}): its events after its trace's "
                       f"last rewrite (about once a second) are missing; the {len(d['failed'])} requests it failed "
                       "end 'error' there, as the front end saw them" for d in self.deaths]
             tr.meta["notes"] = "; ".join(notes)
@@ -576,20 +602,23 @@ class _RouterCollector:
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
         fc = self.fc
-        up = GaugeMetricFamily("gpu_runner:replica_up", "1 while the replica's engine process runs",
-                               labels=["model_name", "replica", "role"])
+        up = GaugeMetricFamily("gpu_runner:replica_up", "1 while the replica's engine process runs and is in "
+                               "rotation (0: ended, or out for a stall)", labels=["model_name", "replica", "role"])
+        stalls = CounterMetricFamily("gpu_runner:replica_stalls", "Times the replica was taken out of rotation "
+                                     "for making no progress (--replica-stall-s)", labels=["model_name", "replica"])
         routed = CounterMetricFamily("gpu_runner:router_requests", "Requests the router sent to each replica "
                                      "(disaggregated: to its prefill replica)", labels=["model_name", "replica"])
         for r in fc.replicas:
             up.add_metric([self.model, str(r.index), r.role], 1.0 if r.alive() else 0.0)
             routed.add_metric([self.model, str(r.index)], fc.routed[r.index])
+            stalls.add_metric([self.model, str(r.index)], r.stalls)
         rej = CounterMetricFamily("gpu_runner:router_rejected", "Requests refused at the router (no replica up, "
                                   "queue limit)", labels=["model_name"])
         rej.add_metric([self.model], fc.n_rejected)
         moved = CounterMetricFamily("gpu_runner:kv_transfer_bytes", "KV bytes handed to decode replicas",
                                     labels=["model_name"])
         moved.add_metric([self.model], fc.moved_bytes)
-        yield from (up, routed, rej, moved)
+        yield from (up, stalls, routed, rej, moved)
 
 
 def fleet_app(fc: FleetClient, served: str, metrics):
@@ -659,6 +688,7 @@ def serve_fleet(fc: FleetClient, app, host: str, port: int, drain_timeout_s: flo
     def watch():
         while not server.should_exit:
             time.sleep(0.2)
+            fc.check_stalls()       # (logged there; its requests answered 503)
             why = fc.failure()
             if why:
                 log.error("%s; the fleet exits (status 1)", why)
@@ -684,6 +714,21 @@ def _check_port(host: str, port: int):
             sock.bind((host, port))
     except OSError as e:
         raise ConfigError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror or e})") from None
+
+
+def replica_trace_dir(trace_out) -> Path:
+    """TRACE_OUT.replicas/, emptied of an earlier run's replica traces: this run merges only what
+    its own replicas write (a replica that serves nothing writes none)."""
+    d = Path(str(trace_out) + ".replicas")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        for f in d.iterdir():
+            if f.is_file() and f.name.startswith(("replica-", ".partial-")) and ".json" in f.name:
+                f.unlink()
+    except OSError as e:
+        raise ConfigError(f"--trace-out {trace_out}: cannot prepare the replicas' trace directory {d} "
+                          f"({e.strerror or e})") from None
+    return d
 
 
 def roles_of(a) -> list[str]:
@@ -713,12 +758,11 @@ def main_fleet(a, options: ServeOptions) -> int:
     traces = None
     if a.trace_out:
         check_writable(a.trace_out, "--trace-out")
-        traces = Path(str(a.trace_out) + ".replicas")
-        traces.mkdir(parents=True, exist_ok=True)
+        traces = replica_trace_dir(a.trace_out)
     served = a.served_model_name or options.model.model
     metrics = ServerMetrics(served, replicas=len(roles))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    fc = FleetClient(options, roles, rc, metrics, a.max_waiting, a.pd_min_prompt, traces)
+    fc = FleetClient(options, roles, rc, metrics, a.max_waiting, a.pd_min_prompt, traces, a.replica_stall_s)
     app = fleet_app(fc, served, metrics)
     info = fc.info
 
@@ -737,6 +781,8 @@ def main_fleet(a, options: ServeOptions) -> int:
               + ", ".join(f"{k}: {per.get(k, 0)}" for k in range(len(roles)))
               + f"), {len(tr.steps)} steps, {len(tr.events_of('transfer'))} KV transfers; the replicas' own traces "
               f"in {traces}", flush=True)
+    elif a.trace_out:
+        print(f"gpu_runner fleet: no request was accepted; {a.trace_out} not written", flush=True)
     if died:
         print(f"error: {died}; exiting with status 1", file=sys.stderr, flush=True)
         return 1

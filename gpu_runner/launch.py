@@ -108,9 +108,10 @@ def serve_engine(options: ServeOptions):
     return build_engine(options.model, options.engine, default_pool)
 
 
-def engine_service(options: ServeOptions, emit):
-    """The engine side of `serve` (gpu_runner.serving.EngineService), telling `emit` its outputs."""
+def engine_service(options: ServeOptions, emit, cls=None):
+    """The engine side of `serve` (gpu_runner.serving.EngineService, or its subclass `cls`),
+    telling `emit` its outputs."""
     from gpu_runner.serving import EngineService
-    return EngineService(serve_engine(options), emit, Path(options.trace_out) if options.trace_out else None,
-                         publish_cache=options.publish_cache)
+    return (cls or EngineService)(serve_engine(options), emit, Path(options.trace_out) if options.trace_out else None,
+                                  publish_cache=options.publish_cache)
 

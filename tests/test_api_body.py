@@ -80,3 +80,49 @@ def test_a_badly_shaped_content_is_refused_in_one_line(content, message):
     with pytest.raises(BodyError) as e:
         decode_body(b'{"messages": [{"role": "user", "content": ' + content + b'}]}')
     assert str(e.value) == message
+
+
+@pytest.mark.parametrize("raw, byte", [
+    (b'{"prompt": "\xff"}', 12),
+    (b'{"prompt": "caf\xc3", "max_tokens": 2}', 15),               # a sequence cut short
+    (b'{"pr\xffompt": "x"}', 4),                                    # in a field's name
+    (b'{"prompt": "\xed\xa0\x80"}', 12),                            # a surrogate's bytes: never UTF-8
+    (b'{"messages": [{"role": "user", "content": "ok \xc0\xaf"}]}', 46),   # an overlong "/"
+])
+def test_a_body_that_is_not_utf8_is_refused_naming_its_first_bad_byte(raw, byte):
+    with pytest.raises(BodyError) as e:
+        decode_body(raw)
+    assert str(e.value) == f"request body: not UTF-8 JSON (byte {byte})"
+    with pytest.raises(UnicodeDecodeError) as u:
+        raw.decode("utf-8")
+    assert u.value.start == byte
+
+
+def test_the_server_answers_a_body_that_is_not_utf8_with_400_not_500():
+    """serve's App (the fleet's front end is the same): a 400 naming the byte, nothing submitted."""
+    from starlette.testclient import TestClient
+
+    from core.config import SamplingParams
+    from gpu_runner.client import EngineClient
+    from gpu_runner.messages import EngineInfo, TokenizerSpec
+    from gpu_runner.server import App
+    from gpu_runner.server_metrics import ServerMetrics
+
+    class NoEngine(EngineClient):
+        info = EngineInfo("tiny", 2048, 258, TokenizerSpec("byte"), [257], False, SamplingParams(), "continuous",
+                          64, 16, None)
+
+        def submit(self, s, kv=None, kv_out=False):
+            raise AssertionError("a body that does not decode must not reach the engine")
+        _send = start = stop = served = lambda self, *a, **k: None
+        alive = lambda self: True
+        failure = lambda self: None
+
+    app = App(NoEngine(), "tiny", ServerMetrics("tiny"))
+    with TestClient(app.app) as client:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            r = client.post(path, content=b'{"prompt": "\xff\xfe", "messages": [{"role": "u", "content": "x"}]}',
+                            headers={"content-type": "application/json"})
+            assert r.status_code == 400 and r.json()["message"] == "request body: not UTF-8 JSON (byte 12)", r.text
+        r = client.post("/v1/completions", content=b"{not json")
+        assert r.status_code == 400 and "body is not valid JSON" in r.json()["message"]
