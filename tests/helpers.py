@@ -5,9 +5,11 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -225,3 +227,116 @@ def merge_refused(capsys, tmp_path, files, *words, out_name="refused.json"):
         assert w in err, err
     assert not out.exists()
     return err
+
+
+# ---- the runner's server in this process ------------------------------------------------------
+
+class Running:
+    """A server in this process: uvicorn in a thread, the engine in its own."""
+
+    def __init__(self, model, max_waiting=256, draft=None, engine_process=False, trace_out=None, tok=None,
+                 **sched):
+        """engine_process: the engine in its own process, as `serve` runs it by default (the
+        bundled tiny model, loaded there from the same flags; scheduler options default)."""
+        import uvicorn
+
+        from core.config import SchedulerConfig
+        from gpu_runner.client import InProcessClient
+        from gpu_runner.engine import Engine
+        from gpu_runner.options import EngineConfig
+        from gpu_runner.server import App
+        from gpu_runner.server_metrics import ServerMetrics
+        from gpu_runner.tokenizer import ByteTokenizer
+        self.metrics = ServerMetrics("tiny")
+        if engine_process:
+            from gpu_runner.__main__ import build_parser, serve_options
+            from gpu_runner.engine_process import ProcessClient
+            assert draft is None and not sched
+            args = build_parser().parse_args(["serve", "--model", "tiny", "--threads", "1", "--kv-blocks", "256"])
+            self.se = ProcessClient(serve_options(args), metrics=self.metrics, max_waiting=max_waiting)
+        else:
+            cfg = EngineConfig(scheduler=SchedulerConfig(**{"kv_blocks": 256, **sched}), gamma=3)
+            self.engine = Engine(model, tok or ByteTokenizer(), cfg, "cpu", "tiny", draft=draft,
+                                 draft_name="tiny-draft")
+            self.se = InProcessClient(self.engine, metrics=self.metrics, max_waiting=max_waiting, trace_out=trace_out)
+        app = App(self.se, "tiny", self.metrics)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app.app, host="127.0.0.1", port=self.port, log_level="error",
+                                                    lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.se.start()
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.se.stop()
+
+    def metric(self, name, **labels):
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    return s.value
+        raise KeyError(name)
+
+
+def reference(model, prompts, max_tokens):
+    """Greedy outputs of the batch runner (Engine.run) for the same prompts."""
+    from core.workload import Request, Workload
+    from gpu_runner.engine import Engine
+    from gpu_runner.options import EngineConfig
+    from gpu_runner.tokenizer import ByteTokenizer
+    tok = ByteTokenizer()
+    wl = Workload([Request(f"p{i}", 0.0, len(tok.encode(p)), max_tokens, tuple(tok.encode(p)))
+                   for i, p in enumerate(prompts)])
+    _, out = Engine(model, tok, EngineConfig()).run(wl)
+    return [out[f"p{i}"] for i in range(len(prompts))]
+
+
+
+
+# ---- a real fleet in its own process ----------------------------------------------------------
+
+BOUND_S = 120      # a bound on any one wait (a loaded CI machine), never an expected duration
+
+
+def start_fleet(tmp_path, *flags):
+    """`python -m gpu_runner fleet` on a free loopback port with a trace (healthy, or AssertionError with
+    its output): (process, url, trace path)."""
+    from deploy.serve import wait_healthy
+    port = free_port()
+    out = tmp_path / "fleet.json"
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_runner", "fleet", "--port", str(port), "--trace-out", str(out),
+                             "--kv-blocks", "256", "--threads", "1", *flags], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, BOUND_S, [proc], path="/health")
+    except Exception:
+        proc.kill()
+        raise AssertionError(proc.communicate(timeout=30)[0]) from None
+    return proc, url, out
+
+
+def stop_process(proc, signal_it=True):
+    """SIGTERM (unless `signal_it` is False), then its output, killed past BOUND_S."""
+    if signal_it and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=BOUND_S)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate(timeout=30)[0]
+
+

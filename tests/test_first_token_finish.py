@@ -11,8 +11,7 @@ import httpx
 import pytest
 
 from gpu_runner.tokenizer import ByteTokenizer
-from tests.test_gpu_fleet import BOUND_S, start, stop
-from tests.test_server import Running, reference
+from tests.helpers import BOUND_S, Running, reference, start_fleet, stop_process
 
 pytestmark = pytest.mark.slow   # runs the bundled model
 
@@ -93,7 +92,7 @@ def test_serve_answers_a_request_whose_first_token_is_the_models_eos(first):
                          ids=["whole", "disaggregated"])
 def test_fleet_answers_every_request_that_ends_on_its_first_token(first, tmp_path, flags):
     _, (t0, _) = first
-    proc, url, _ = start(tmp_path, *flags)
+    proc, url, _ = start_fleet(tmp_path, *flags)
     try:
         for name, body, ids, text, reason in cases(t0):
             for stream in (False, True):
@@ -103,5 +102,5 @@ def test_fleet_answers_every_request_that_ends_on_its_first_token(first, tmp_pat
                 if got_ids is not None:
                     assert got_ids == ids, name
     finally:
-        out = stop(proc)
+        out = stop_process(proc)
     assert proc.returncode == 0, out

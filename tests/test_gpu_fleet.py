@@ -7,8 +7,6 @@ outputs (Engine.run, one engine)."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -17,40 +15,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.workload import Request, Workload
-from tests.conftest import ROOT
-from tests.helpers import free_port
+from tests.helpers import BOUND_S, start_fleet, stop_process
 
 pytestmark = pytest.mark.slow   # runs the bundled model in several processes
 
 PROMPTS = ["The ", "def f(x):\n    return ", "A list is", "import ", "Hello there, how are you today? ",
            "The quick brown fox jumps over the lazy dog, and then the dog wakes up and "]
-BOUND_S = 120      # a bound on any one wait (a loaded CI machine), never an expected duration
 
 
-def start(tmp_path, *flags):
-    from deploy.serve import wait_healthy
-    port = free_port()
-    out = tmp_path / "fleet.json"
-    proc = subprocess.Popen([sys.executable, "-m", "gpu_runner", "fleet", "--port", str(port), "--trace-out", str(out),
-                             "--kv-blocks", "256", "--threads", "1", *flags], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, BOUND_S, [proc], path="/health")
-    except Exception:
-        proc.kill()
-        raise AssertionError(proc.communicate(timeout=30)[0]) from None
-    return proc, url, out
-
-
-def stop(proc, signal_it=True):
-    if signal_it and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.communicate(timeout=BOUND_S)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.communicate(timeout=30)[0]
+start, stop = start_fleet, stop_process      # (shared with other modules: tests/helpers.py)
 
 
 def complete(url, prompt, max_tokens=8, **kw):

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
@@ -14,16 +13,9 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.config import SchedulerConfig
-from core.workload import Request, Workload
-from gpu_runner.client import InProcessClient
-from gpu_runner.engine import Engine
-from gpu_runner.options import EngineConfig
-from gpu_runner.server import App
-from gpu_runner.server_metrics import ServerMetrics
 from gpu_runner.tokenizer import ByteTokenizer
 from tests.conftest import ROOT
-from tests.helpers import free_port
+from tests.helpers import Running, free_port, reference
 
 pytestmark = pytest.mark.slow   # runs the bundled model
 
@@ -34,65 +26,6 @@ PROMPTS = ["The ", "def f(x):\n    return ", "A list is", "import "]
 def tiny(bundled):
     torch.set_num_threads(1)
     return bundled("tiny")
-
-
-class Running:
-    """A server in this process: uvicorn in a thread, the engine in its own."""
-
-    def __init__(self, model, max_waiting=256, draft=None, engine_process=False, trace_out=None, tok=None,
-                 **sched):
-        """engine_process: the engine in its own process, as `serve` runs it by default (the
-        bundled tiny model, loaded there from the same flags; scheduler options default)."""
-        import uvicorn
-        self.metrics = ServerMetrics("tiny")
-        if engine_process:
-            from gpu_runner.__main__ import build_parser, serve_options
-            from gpu_runner.engine_process import ProcessClient
-            assert draft is None and not sched
-            args = build_parser().parse_args(["serve", "--model", "tiny", "--threads", "1", "--kv-blocks", "256"])
-            self.se = ProcessClient(serve_options(args), metrics=self.metrics, max_waiting=max_waiting)
-        else:
-            cfg = EngineConfig(scheduler=SchedulerConfig(**{"kv_blocks": 256, **sched}), gamma=3)
-            self.engine = Engine(model, tok or ByteTokenizer(), cfg, "cpu", "tiny", draft=draft,
-                                 draft_name="tiny-draft")
-            self.se = InProcessClient(self.engine, metrics=self.metrics, max_waiting=max_waiting, trace_out=trace_out)
-        app = App(self.se, "tiny", self.metrics)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app.app, host="127.0.0.1", port=self.port, log_level="error",
-                                                    lifespan="off"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.se.start()
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(15)
-        self.se.stop()
-
-    def metric(self, name, **labels):
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                    return s.value
-        raise KeyError(name)
-
-
-def reference(model, prompts, max_tokens):
-    """Greedy outputs of the batch runner (Engine.run) for the same prompts."""
-    tok = ByteTokenizer()
-    wl = Workload([Request(f"p{i}", 0.0, len(tok.encode(p)), max_tokens, tuple(tok.encode(p)))
-                   for i, p in enumerate(prompts)])
-    _, out = Engine(model, tok, EngineConfig()).run(wl)
-    return [out[f"p{i}"] for i in range(len(prompts))]
 
 
 def sse_tokens(lines):

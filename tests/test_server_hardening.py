@@ -6,7 +6,7 @@ import time
 import httpx
 import pytest
 
-from tests.test_server import Running
+from tests.helpers import Running
 
 pytestmark = pytest.mark.slow   # a model in a server thread
 

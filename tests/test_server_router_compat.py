@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from core.trace import load_trace
-from tests.test_server import Running
+from tests.helpers import Running
 
 pytestmark = pytest.mark.slow   # a model in a server thread
 

@@ -35,7 +35,7 @@ def server(model, tmp_path):
     """The tiny model behind the real HTTP app in this process (tests.test_server.Running: the
     engine in a thread, so that its scheduler and KV cache can be checked), small limits, its
     trace recorded."""
-    from tests.test_server import Running
+    from tests.helpers import Running
     return Running(model, max_waiting=6, trace_out=tmp_path / "t.json", max_seqs=3, kv_blocks=48, block_size=16,
                    queue_limit=3, max_model_len=192)
 
