@@ -168,3 +168,22 @@ def test_the_page_says_what_a_router_each_policy_staleness_and_a_pd_split_are():
     said = " ".join(m.value for m in box.markdown)
     for term in [*GLOSSARY, *POLICIES]:
         assert f"**{term}**" in said.replace("\\", ""), term
+
+
+def test_an_upload_expanding_to_millions_of_prompt_tokens_is_refused_on_the_page():
+    """Issue 48 item 30: a 245 KB Mooncake upload of two 10M-token prompts (within the reader's cap of
+    20M token ids) cost the Fleet page 44 s and 3.0 GB with 4 replicas. An upload to the app expands to
+    at most ui.cache.UPLOAD_PROMPT_TOKENS token ids; the message names the command line for more."""
+    import json
+
+    from ui.cache import UPLOAD_PROMPT_TOKENS, parse_upload
+    line = lambda t: json.dumps({"timestamp": t, "input_length": 10_000_000, "output_length": 10,
+                                 "hash_ids": list(range(t * 20_000, t * 20_000 + 19_532))})
+    data = (line(0) + "\n" + line(1) + "\n").encode()
+    assert len(data) < 300_000
+    w, err = parse_upload(data, "two_long.jsonl")
+    assert w is None and f"more than {UPLOAD_PROMPT_TOKENS:,}" in err and "python -m core simulate" in err
+    small = (json.dumps({"timestamp": 0, "input_length": 4096, "output_length": 10, "hash_ids": list(range(8))})
+             + "\n").encode()
+    w, err = parse_upload(small, "small.jsonl")
+    assert err is None and w.prompt_tokens.tolist() == [4096]

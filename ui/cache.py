@@ -104,10 +104,17 @@ def cached_scenario(name: str) -> Workload:
     return load_scenario(name)
 
 
+# prompt token ids an uploaded workload may expand to (a Mooncake trace's hash ids): ~70 MB, on a server
+# a class shares; the command line reads up to core.workload.mooncake.MAX_PROMPT_TOKENS
+UPLOAD_PROMPT_TOKENS = 2_000_000
+
+
 @st.cache_data(show_spinner=False, max_entries=16)
 def _parse_upload(data: bytes, name: str):
     try:
-        return parse_workload(data, name), None
+        return parse_workload(data, name, max_prompt_tokens=UPLOAD_PROMPT_TOKENS,
+                              limit_why=f"; an upload to the app holds at most {UPLOAD_PROMPT_TOKENS:,}: "
+                                        f"`python -m core simulate {name}` reads up to 20,000,000"), None
     except InputError as e:
         return None, str(e)
 

@@ -71,7 +71,10 @@ def scaled(n: int, block_tokens: int) -> int:
     return max(1, -(-n * block_tokens // TRACE_BLOCK_TOKENS))
 
 
-def from_mooncake_jsonl(text: str, name: str, block_tokens: int = TRACE_BLOCK_TOKENS) -> Workload:
+def from_mooncake_jsonl(text: str, name: str, block_tokens: int = TRACE_BLOCK_TOKENS,
+                        max_prompt_tokens: int = MAX_PROMPT_TOKENS, limit_why: str = "") -> Workload:
+    """`max_prompt_tokens` (at most MAX_PROMPT_TOKENS): a caller's lower bound on the prompt token ids
+    kept, `limit_why` saying whose (a shared page's)."""
     if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) \
             or not 1 <= block_tokens <= TRACE_BLOCK_TOKENS:
         raise WorkloadError(f"block_tokens: expected an integer in 1..{TRACE_BLOCK_TOKENS} (tokens per "
@@ -86,10 +89,11 @@ def from_mooncake_jsonl(text: str, name: str, block_tokens: int = TRACE_BLOCK_TO
         d = _line(line, where, max_hash, block_tokens)
         n_prompt = scaled(d.input_length, block_tokens)
         total += n_prompt
-        if total > MAX_PROMPT_TOKENS:
+        limit = min(MAX_PROMPT_TOKENS, max_prompt_tokens)
+        if total > limit:
             raise WorkloadError(
-                f"{where}: the prompts reach {total:,} tokens, more than {MAX_PROMPT_TOKENS:,} (each request keeps "
-                f"its prompt's token ids); read it with a smaller block_tokens (16 makes each "
+                f"{where}: the prompts reach {total:,} tokens, more than {limit:,} (each request keeps "
+                f"its prompt's token ids{limit_why}); read it with a smaller block_tokens (16 makes each "
                 f"{TRACE_BLOCK_TOKENS}-token block 16 tokens)")
         zero_out += d.output_length == 0
         rid = d.id if d.id is not None else d.request_id

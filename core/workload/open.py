@@ -27,33 +27,37 @@ def decode_bytes(data: bytes, name: str, error=WorkloadError) -> str:
         raise error(f"{name}: not UTF-8 text (byte {e.start})") from None
 
 
-def _jsonl(text: str, name: str, block_tokens: int) -> Workload:
+def _jsonl(text: str, name: str, block_tokens: int, limits: dict) -> Workload:
     if is_mooncake(first_object(text)):
-        return from_mooncake_jsonl(text, name, block_tokens)
+        return from_mooncake_jsonl(text, name, block_tokens, **limits)
     return from_llmservingsim_jsonl(text, name)
 
 
 def parse_workload(data: bytes | str, name: str = "workload", tokenize: Tokenize | None = None,
-                   block_tokens: int = TRACE_BLOCK_TOKENS) -> Workload:
-    """Parse a workload file's content; the format follows the name's suffix, then content."""
+                   block_tokens: int = TRACE_BLOCK_TOKENS, max_prompt_tokens: int | None = None,
+                   limit_why: str = "") -> Workload:
+    """Parse a workload file's content; the format follows the name's suffix, then content.
+    `max_prompt_tokens`: at most this many prompt token ids built from hash ids (a Mooncake trace's
+    expansion; a shared page's lower limit, `limit_why` saying so)."""
+    limits = {} if max_prompt_tokens is None else {"max_prompt_tokens": max_prompt_tokens, "limit_why": limit_why}
     text = decode_bytes(data, name) if isinstance(data, bytes) else data
     lower = name.lower().removesuffix(".gz")
     if lower.endswith(".csv"):
         return from_vidur_csv(text, name)
     if lower.endswith(".jsonl"):
-        return _jsonl(text, name, block_tokens)
+        return _jsonl(text, name, block_tokens, limits)
     try:
         doc = loads_json(text, name, WorkloadError)
     except json.JSONDecodeError as e:
         first = text.lstrip()[:1]
         if first == "{" and "\n{" in text.strip():
-            return _jsonl(text, name, block_tokens)
+            return _jsonl(text, name, block_tokens, limits)
         if first and first not in "{[":
             if "arrived_at" in text.split("\n", 1)[0]:
                 return from_vidur_csv(text, name)
         raise WorkloadError(f"{name}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from None
     if is_mooncake(doc):  # a one-line Mooncake file
-        return from_mooncake_jsonl(text, name, block_tokens)
+        return from_mooncake_jsonl(text, name, block_tokens, **limits)
     if isinstance(doc, dict) and "schema" in doc and "events" in doc:
         # A serving trace: its requests are the workload (max_output_tokens is read as
         # output_tokens); its events are not needed, so core.trace is not involved.
