@@ -48,6 +48,10 @@ def run(parser, commands: dict, argv=None) -> int:
         return fail(str(e))
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 2
+    except MemoryError:   # (a process limit such as ulimit -v, or the machine's memory: said, not a traceback)
+        return fail("out of memory: this command needed more memory than the process may use (ulimit -v, a "
+                    "container's limit, or the machine's); try fewer requests, Parquet output (written as it is "
+                    "simulated), or --out-of-core where the command has it")
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:   # `... | head` closed the pipe: stop quietly, as Unix tools do

@@ -257,3 +257,24 @@ def test_a_fleet_of_thousands_of_replicas_records_a_bounded_route_per_request(tm
     for e in routes:
         assert len(e["signals"]) == RECORDED_SIGNALS and str(e["replica"]) in e["signals"]
         assert e["signals_left_out"] == 2048 - RECORDED_SIGNALS
+
+
+def test_running_out_of_memory_under_a_process_limit_is_one_line(tmp_path):
+    """Item 36: `simulate` under `ulimit -v` ended in numpy's MemoryError traceback."""
+    import json
+    import resource
+    import subprocess
+    import sys
+    w = tmp_path / "big.json"
+    w.write_text(json.dumps({"name": "big", "requests": [
+        {"id": f"q{i}", "arrival_ms": float(i), "prompt_tokens": 2000, "output_tokens": 2000} for i in range(2000)]}))
+    limit = 1_000_000 * 1024
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    r = subprocess.run([sys.executable, "-m", "core", "simulate", str(w), "--out", str(tmp_path / "t.json")],
+                       capture_output=True, text=True, timeout=300, cwd=str(DATA.parent), preexec_fn=cap)
+    if r.returncode == 0:
+        pytest.skip("the simulation fitted in the limit on this machine")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().startswith("error: out of memory") and len(r.stderr.strip().splitlines()) == 1
