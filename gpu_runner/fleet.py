@@ -60,7 +60,7 @@ from pathlib import Path
 
 from core.engine.prefix_cache import block_hash, extra_key
 from core.errors import ConfigError
-from core.fleet.router import Decision, Router, RouterConfig, Signals
+from core.fleet.router import Decision, Router, RouterConfig, Signals, recorded
 from core.fleet.sim import FIRST_TOKEN
 from gpu_runner.client import EngineClient, Overloaded, ServerStopping, Stream
 from gpu_runner.engine_process import REPLICA_STALL_S, ProcessClient
@@ -352,9 +352,14 @@ class FleetClient(EngineClient):
             if split:
                 ev |= {"decode": dd.replica, "decode_reason": dd.reason}
             scores = {**(d.scores or {}), **((dd.scores or {}) if dd else {})}
+            # (as the simulator records it: at most RECORDED_SIGNALS replicas, the chosen first)
+            sigs, scores, left = recorded(list(sigs), (d.replica,) if dd is None else (d.replica, dd.replica),
+                                          scores or None)
             if scores:
                 ev["scores"] = {str(k): v for k, v in scores.items()}
             ev["signals"] = {str(x.replica): x.to_dict() for x in sigs}
+            if left:
+                ev["signals_left_out"] = left
             ev["prompt_blocks"] = len(s.prompt_ids) // self.block_size
             self.routed[d.replica] += 1
             if self.recording:
