@@ -187,3 +187,18 @@ def test_an_upload_expanding_to_millions_of_prompt_tokens_is_refused_on_the_page
              + "\n").encode()
     w, err = parse_upload(small, "small.jsonl")
     assert err is None and w.prompt_tokens.tolist() == [4096]
+
+
+def test_choosing_another_policy_does_not_simulate_every_policy_again(monkeypatch):
+    """Issue 48 item 17: the policy table (every policy on the sidebar's fleet) was keyed by the sidebar's
+    policy too, so each router change simulated all seven again (7.7-11.1 s on the 2-core machine)."""
+    from core.figures import fleet as ff
+    calls = []
+    real = ff.compare_policies
+    monkeypatch.setattr(ff, "compare_policies", lambda *a, **k: calls.append(1) or real(*a, **k))
+    at = open_page("fleet", {"fl_n": "3", "fl_load": "2", "fl_kb": "700"})    # (a setup no other test caches)
+    assert not at.exception and len(calls) == 1
+    at.selectbox(key="fl_pol").set_value("least-requests").run()
+    assert not at.exception and len(calls) == 1
+    table = next(d.value for d in at.dataframe if "policy" in d.value.columns)
+    assert len(table) == 7

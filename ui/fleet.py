@@ -55,14 +55,29 @@ def fleet_view(what: str, trace, *args):
     return _fleet_view(what, trace, args)[1]
 
 
-@st.cache_resource(show_spinner="Simulating every router policy…", max_entries=16, hash_funcs=FLEET_HASH)
 def cached_policy_rows(workload, factor: float, setup: ff.FleetSetup) -> list[dict]:
+    """Every policy on the setup: the same rows whatever the sidebar's policy (keyed without it, so
+    choosing another policy does not simulate all seven again)."""
+    import dataclasses
+    return _policy_rows(workload, factor, dataclasses.replace(setup, policy=ff.POLICIES[0]))
+
+
+@st.cache_resource(show_spinner="Simulating every router policy…", max_entries=16, hash_funcs=FLEET_HASH)
+def _policy_rows(workload, factor: float, setup: ff.FleetSetup) -> list[dict]:
     return ff.compare_policies(_compressed(workload, factor), setup)
 
 
-@st.cache_resource(show_spinner="Simulating each policy at each staleness…", max_entries=16, hash_funcs=FLEET_HASH)
 def cached_staleness_rows(workload, factor: float, setup: ff.FleetSetup, staleness: tuple,
                           policies: tuple) -> list[dict]:
+    """The staleness grid for `policies`: keyed without the sidebar's policy and staleness (it sets both)."""
+    import dataclasses
+    return _staleness_rows(workload, factor, dataclasses.replace(setup, policy=ff.POLICIES[0], staleness_ms=0.0),
+                           staleness, policies)
+
+
+@st.cache_resource(show_spinner="Simulating each policy at each staleness…", max_entries=16, hash_funcs=FLEET_HASH)
+def _staleness_rows(workload, factor: float, setup: ff.FleetSetup, staleness: tuple,
+                    policies: tuple) -> list[dict]:
     return ff.staleness_sweep(_compressed(workload, factor), setup, staleness, policies)
 
 
