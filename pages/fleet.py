@@ -49,6 +49,7 @@ from ui.fleet import (
     cached_staleness_rows,
     cached_workload_file,
     fleet_view,
+    prefetch_lesson,
 )
 
 ensure_app_frame()
@@ -360,3 +361,4 @@ for tab, title, view in zip(tabs, TABS.values(), (policies_view, staleness_exper
         if tab.open:
             st.markdown(f"##### {title}")
             view()
+prefetch_lesson()   # (after the page is drawn: the lesson's runs, for its tab)

@@ -202,3 +202,23 @@ def test_choosing_another_policy_does_not_simulate_every_policy_again(monkeypatc
     assert not at.exception and len(calls) == 1
     table = next(d.value for d in at.dataframe if "policy" in d.value.columns)
     assert len(table) == 7
+
+
+def test_the_lesson_is_computed_after_the_page_is_drawn_so_its_tab_opens_at_once():
+    """Issue 48 item 17: the Lesson tab's first open took 8.6 s (its runs computed then). The page starts
+    them in a thread of their own once it is drawn; the tab then finds them (the same cached entry)."""
+    from ui import fleet as uf
+    at = open_page("fleet", {"fl_n": "2", "fl_load": "1"})
+    assert not at.exception and uf._PREFETCH
+    uf._PREFETCH[0].join(300)
+    assert not uf._PREFETCH[0].is_alive()
+    calls = []
+    import core.lessons.fleet as lf
+    real = lf.lesson_sections
+    lf.lesson_sections = lambda: calls.append(1) or real()
+    try:
+        at = open_page("fleet", {"fl_tab": "Lesson"})
+    finally:
+        lf.lesson_sections = real
+    assert not at.exception and calls == []          # computed once, before the tab was opened
+    assert any("Draining a replica" in h.value for h in at.markdown)

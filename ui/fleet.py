@@ -86,11 +86,31 @@ def cached_pd_rows(workload, factor: float, setup: ff.FleetSetup, total: int, sl
     return ff.pd_splits(_compressed(workload, factor), setup, total, slo)
 
 
-@st.cache_resource(show_spinner="Simulating the routing lesson's runs…")
 def cached_lesson() -> list[dict]:
-    """The routing lesson's sections (core.lessons.fleet), computed once per process."""
+    """The routing lesson's sections (core.lessons.fleet), computed once per process (by
+    prefetch_lesson's thread, usually, before the tab is opened)."""
+    with st.spinner("Simulating the routing lesson's runs…"):
+        return _lesson()
+
+
+@st.cache_resource(show_spinner=False)
+def _lesson() -> list[dict]:
     from core.lessons.fleet import lesson_sections
     return lesson_sections()
+
+
+_PREFETCH: list = []
+
+
+def prefetch_lesson() -> None:
+    """After the Fleet page drew its first view: compute the lesson's runs in a thread of their own
+    (a few seconds of one core), so that opening its tab finds them ready; once per process. A tab
+    opened meanwhile waits on the same computation (Streamlit's per-entry compute lock)."""
+    import threading
+    if _PREFETCH:
+        return
+    _PREFETCH.append(threading.Thread(target=_lesson, name="fleet-lesson-prefetch", daemon=True))
+    _PREFETCH[0].start()
 
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=FLEET_HASH)
