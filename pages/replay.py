@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from core.analysis.compare import compare_table, workload_differences
+from core.analysis.compare import compare_table, distinct_labels, workload_differences
 from core.analysis.cursor import advance, gauge_coverage, requests_near, step_cursor, subset, time_range
 from core.analysis.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, metrics_frame_csv, with_run_metadata
 from core.analysis.metrics import BURST_FRACTION, delivery_bursts, engine_side
@@ -619,7 +619,8 @@ if other_choice != "(none)":
         if other is None:
             st.stop()
         other_label = f"{other_label} ({other.source})"
-    this_label = f"{label} ({tr.source})"
+    # (a trace compared with itself, or two of one label: told apart in the table, the CDFs, the timeline)
+    this_label, other_label = distinct_labels(f"{label} ({tr.source})", other_label)
     # a closed loop's prediction sends each request when one finishes in the simulation: its
     # arrival times are predicted, not the workload's (the caption above says so)
     closed_prediction = other_choice == PREDICT and engine_settings is not None and bool(rep.get("clients"))

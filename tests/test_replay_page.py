@@ -398,3 +398,15 @@ def test_the_default_trace_opens_without_a_notice_box():
     at = replay({})
     assert not at.exception
     assert len(at.warning) + len(at.info) == 0, [w.value for w in [*at.warning, *at.info]]
+
+
+def test_a_trace_compared_with_itself_shows_the_comparison():
+    """Found while timing issue 48 item 17's compare: the default trace compared with itself (one label
+    for both) ended in a TypeError (the table's two columns had one name)."""
+    at = replay({})
+    name = at.selectbox(key="tr").value
+    at.selectbox(key="rp_cmp").set_value(name).run()
+    assert not at.exception, at.exception
+    table = at.dataframe[[k for k, d in enumerate(at.dataframe) if "ratio" in d.value.columns][0]].value
+    assert list(table.columns)[1].endswith("(first)") and list(table.columns)[2].endswith("(second)")
+    assert (table["ratio"].dropna() == 1.0).all()

@@ -50,6 +50,20 @@ METRIC_ROWS = [("TTFT mean", "ttft_ms", "mean"), ("TTFT p50", "ttft_ms", "median
                ("ITL p99", "itl_ms", "p99"), ("E2E mean", "e2e_ms", "mean"), ("E2E p99", "e2e_ms", "p99")]
 
 
+RESERVED = ("metric", "difference", "ratio")    # the table's own columns
+
+
+def distinct_labels(label_a: str, label_b: str) -> tuple[str, str]:
+    """Two column labels that are neither equal (a trace compared with itself, or two files of the same
+    label) nor one of the table's own columns: "(first)" and "(second)" appended where needed."""
+    a, b = str(label_a), str(label_b)
+    if a == b:
+        a, b = f"{a} (first)", f"{b} (second)"
+    a = a if a not in RESERVED else f"{a} (first)"
+    b = b if b not in RESERVED else f"{b} (second)"
+    return a, b
+
+
 def compare_table(a: Trace, b: Trace, label_a: str, label_b: str) -> pd.DataFrame:
     """Key metrics side by side with the difference (second - first) and the ratio."""
     return summary_table(summarize(a, per_request=False)["summary"], summarize(b, per_request=False)["summary"],
@@ -69,6 +83,7 @@ def summary_table(sa: dict, sb: dict, label_a: str, label_b: str) -> pd.DataFram
     rows.append(("output tok/s (own drain window)", sa["output_tok_per_s"], sb["output_tok_per_s"]))
     rows.append(("drain window (ms)", span(sa), span(sb)))
     rows.append(("emitted tokens", sa["output_tokens"], sb["output_tokens"]))
+    label_a, label_b = distinct_labels(label_a, label_b)
     df = pd.DataFrame(rows, columns=["metric", label_a, label_b])
     x = pd.to_numeric(df[label_a], errors="coerce")
     y = pd.to_numeric(df[label_b], errors="coerce")
