@@ -15,12 +15,22 @@ waiting, KV usage, preemptions, prefix cache) when it serves vLLM's names.
 The trace: meta.source "measured", meta.device the client machine, meta.engine the server
 (from /v1/models `owned_by`, /version, and the `server` response header), times in ms from
 the first send.
+
+Ctrl-C (SIGINT) stops it, also when the process was started with SIGINT ignored (a script's
+background job is): what is still running (requests in flight, /metrics sampling, the
+receivers) is cancelled and given STOP_GRACE_S to end, then the capture is written; the
+requests in flight are left unfinished. Nothing waits past that: not a task that ignores its
+cancellation, not a thread still parsing a /metrics page (run_loop).
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import platform
+import queue
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -63,6 +73,105 @@ def send_times(workload: Workload, rate: float | None, seed: int) -> list[float]
 
 MAX_SSE_LINE = 1 << 20     # one SSE line (a token's event is ~200 bytes): longer is refused, never buffered
 MAX_CHUNKS = 1_000_000     # streamed chunks of one request
+STOP_GRACE_S = 1.0         # after Ctrl-C, what is still running gets this long to end; then the capture is written
+
+
+class _DaemonThreads(concurrent.futures.ThreadPoolExecutor):
+    """The loop's executor (asyncio.to_thread, DNS lookups, the receivers' decoding): a pool of
+    at most max_workers threads, as ThreadPoolExecutor is, but of daemon threads that nothing
+    waits for. A thread cannot be cancelled, and a ThreadPoolExecutor's threads are waited for
+    by asyncio.run's shutdown and again by the interpreter's exit, while parsing a big /metrics
+    page takes seconds (16 MiB: 2 to 14 s measured on a loaded 2-core machine): Ctrl-C must not
+    wait for it. shutdown() lets idle threads end and waits for none."""
+
+    def __init__(self, max_workers: int | None = None):
+        super().__init__(max_workers)        # (the base's own threads never start: submit is ours)
+        self._jobs = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._count_lock = threading.Lock()
+        self._threads = 0
+        self._closed = False
+
+    def submit(self, fn, /, *args, **kwargs):
+        with self._count_lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            fut = concurrent.futures.Future()
+            self._jobs.put((fut, fn, args, kwargs))
+            if not self._idle.acquire(blocking=False) and self._threads < self._max_workers:
+                self._threads += 1
+                threading.Thread(target=self._work, name=f"loadgen-worker-{self._threads}", daemon=True).start()
+        return fut
+
+    def _work(self):
+        while (job := self._jobs.get()) is not None:
+            fut, fn, args, kwargs = job
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args, **kwargs))
+                except BaseException as e:   # handed to the awaiting task, as the pool does
+                    fut.set_exception(e)
+            del job, fut, fn, args, kwargs     # held by no idle thread
+            self._idle.release()
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        with self._count_lock:
+            if not self._closed:
+                self._closed = True
+                for _ in range(self._threads):
+                    self._jobs.put(None)     # each thread ends after the job it runs: none is waited for
+
+
+def _quiet_abandoned(loop, context):
+    """The loop's exception handler: a task given up on after STOP_GRACE_S is destroyed
+    pending, as intended; anything else is reported as asyncio does."""
+    if str(context.get("message", "")).startswith("Task was destroyed but it is pending"):
+        return
+    loop.default_exception_handler(context)
+
+
+def run_loop(main, grace: float = STOP_GRACE_S):
+    """asyncio.run(main), except that closing waits on nothing for long: tasks left when main
+    ends (or is interrupted) are cancelled and get `grace` seconds, with the async generators'
+    finalization, then the loop closes regardless; executor work runs in daemon threads
+    (_DaemonThreads). asyncio.run instead waits for every task to end and every executor
+    thread to return, however long that takes."""
+    loop = asyncio.new_event_loop()
+    loop.set_default_executor(_DaemonThreads())
+    loop.set_exception_handler(_quiet_abandoned)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            deadline = time.monotonic() + grace
+            rest = asyncio.all_tasks(loop)
+            for t in rest:
+                t.cancel()
+            _settle(loop, rest, deadline)
+            _settle(loop, {loop.create_task(loop.shutdown_asyncgens())}, deadline)
+        finally:
+            loop.close()
+
+
+def _settle(loop, tasks: set, deadline: float):
+    """Run the loop until `tasks` have ended or the deadline (time.monotonic) has passed; those
+    still running then are given up on."""
+    if not tasks:
+        return
+    done, _ = loop.run_until_complete(asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic())))
+    for t in done:
+        if not t.cancelled():
+            t.exception()        # retrieved: an error while being stopped is no one's concern
+
+
+def _catch_sigint(handler):
+    """SIGINT calls handler() (from the main thread; elsewhere nothing is installed) whatever
+    its disposition was, SIG_IGN included; returns the function that puts the old one back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    old = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, lambda *_: handler())
+    return lambda: signal.signal(signal.SIGINT, old if old is not None else signal.SIG_DFL)
 
 
 async def sse_lines(resp):
@@ -102,6 +211,7 @@ class Capture:
         #                                backing off (its startup export failed) sends them seconds late
         self.t0_ns = 0
         self.engine_side = ""
+        self.interrupted = False       # stopped by Ctrl-C (run)
 
     def now_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1000
@@ -227,6 +337,27 @@ class Capture:
             await asyncio.sleep(0.1)
 
     async def run(self, workload: Workload, rate: float | None, concurrency: int | None, seed: int, progress=None):
+        """Send the workload and capture what comes back, until done or Ctrl-C: then `interrupted`
+        is set and run returns at once, leaving what still runs to run_loop's close (cancelled,
+        STOP_GRACE_S at most). SIGINT is ours meanwhile: asyncio.run's own handling is installed
+        only when SIGINT has Python's default handler, so a loadgen started with SIGINT ignored
+        (a background job of a script, a test suite run so) never stopped on it."""
+        loop = asyncio.get_running_loop()
+        ctrl_c = asyncio.Event()
+        restore = _catch_sigint(lambda: loop.call_soon_threadsafe(ctrl_c.set))
+        try:
+            work = asyncio.create_task(self._send_all(workload, rate, concurrency, seed, progress))
+            stopper = asyncio.create_task(ctrl_c.wait())
+            await asyncio.wait({work, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if work.done():
+                stopper.cancel()
+                return work.result()
+            self.interrupted = True
+        finally:
+            restore()
+
+    async def _send_all(self, workload: Workload, rate: float | None, concurrency: int | None, seed: int,
+                        progress=None):
         ids = prompt_ids(workload)
         reqs = workload.requests
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -370,8 +501,10 @@ def main_loadgen(a) -> int:
         cap.telemetry = Telemetry(a.kv_events, a.kv_topic, a.otlp_port)
     t0 = time.perf_counter()
     try:
-        asyncio.run(cap.run(w, a.rate, a.concurrency, a.seed, Progress("requests")))
-    except KeyboardInterrupt:
+        run_loop(cap.run(w, a.rate, a.concurrency, a.seed, Progress("requests")))
+    except KeyboardInterrupt:      # a second Ctrl-C within the grace, or one before run installed its own
+        cap.interrupted = True
+    if cap.interrupted:
         print("\ninterrupted: writing what was captured (unsent requests are left out)", file=sys.stderr)
     secs = time.perf_counter() - t0
     tr = trace_from_doc(cap.doc(w, how))

@@ -34,6 +34,7 @@ class Hostile:
         self.mode, self.port, self.loop = mode, None, asyncio.new_event_loop()
         self.ready = threading.Event()
         self.streams = 0                       # completion streams opened so far (read by the tests)
+        self.completed = 0                     # completion streams the server sent to their end
         threading.Thread(target=self._run, daemon=True).start()
         assert self.ready.wait(10)
 
@@ -61,6 +62,7 @@ class Hostile:
                     await self.reply(writer, self.metrics(), "text/plain")
                 elif path == "/v1/completions":
                     await self.completion(writer)
+                    self.completed += 1
                     return
                 else:
                     await self.reply(writer, b"{}", status="404 Not Found")
@@ -96,7 +98,7 @@ class Hostile:
             await asyncio.sleep(30)
             return
         if m in ("keepalive", "keepalive_long"):
-            for _ in range(30 if m == "keepalive" else 600):
+            for _ in range(30 if m == "keepalive" else 3000):     # 6 s, or 10 minutes
                 writer.write(b": keep-alive\n\n")
                 await writer.drain()
                 await asyncio.sleep(0.2)
@@ -190,21 +192,75 @@ def test_absurd_flags_are_refused(tmp_path):
     assert r.returncode == 2 and "--concurrency" in r.stderr
 
 
-def test_ctrl_c_on_streams_that_never_finish_keeps_the_capture(tmp_path):
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_ctrl_c_on_streams_that_never_finish_keeps_the_capture(tmp_path, sigint):
+    """Ctrl-C while both streams hang: loadgen stops on the signal itself (the streams still open,
+    nothing more sent), writes what it saw and exits 0. "ignored": started with SIGINT ignored, as
+    a non-interactive shell starts a background job (`pytest ... &` in a script): asyncio.run then
+    installs no SIGINT handling at all, and loadgen went on until its streams ended (issue 48,
+    item 38); its own handler stops it, and its own bound (STOP_GRACE_S) ends the stop."""
     import signal
     import time
-    srv = Hostile("keepalive_long")           # streams keep-alives for 120 s: never finishes within the test
+    srv = Hostile("keepalive_long")           # streams keep-alives for 10 minutes: never finishes within the test
     out = tmp_path / "t.json"
+    disposition = {"default": signal.SIG_DFL, "ignored": signal.SIG_IGN}[sigint]    # whatever pytest's own is
+
+    def pre():
+        signal.signal(signal.SIGINT, disposition)
     p = subprocess.Popen([sys.executable, "-m", "gpu_runner", "loadgen", "--url", f"http://127.0.0.1:{srv.port}",
                           "--workload", WORKLOAD, "--out", str(out), "--concurrency", "2", "--request-timeout", "600"],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=pre)
     deadline = time.monotonic() + 120          # a bound on a broken run, not the thing asserted
     while srv.streams < 2 and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)                       # wait for the state: both concurrent streams are open
     assert srv.streams == 2, (srv.streams, p.poll())
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=30)
+    try:                                       # loadgen's own bound is STOP_GRACE_S (then the write):
+        _, err = p.communicate(timeout=120)    # this only ends a broken run, far short of the streams' end
+    finally:
+        if p.poll() is None:
+            p.kill()
     assert p.returncode == 0 and "Task exception was never retrieved" not in err and "Traceback" not in err, err
+    assert "interrupted: writing what was captured" in err, err
+    assert srv.streams == 2 and srv.completed == 0, (srv.streams, srv.completed)   # stopped on the signal, not
+    #                                                                                 at the streams' end
     tr = load_trace(out)
     assert len(tr.requests) == 2 and not len(tr.finishes)       # in flight when stopped: unfinished, not "error"
     assert "still streaming when the capture stopped" in tr.meta["notes"]
+
+
+def test_the_loop_closes_without_waiting_on_a_stuck_task_or_thread():
+    """run_loop (loadgen's asyncio.run): a task that swallows its cancellation and a to_thread
+    call that never returns get the grace (STOP_GRACE_S in loadgen), then are left behind;
+    asyncio.run would wait for both for ever (the task in its shutdown, the thread in its
+    executor's shutdown and at the interpreter's exit)."""
+    from gpu_runner.loadgen import run_loop
+    release, seen = threading.Event(), {"cancels": 0}
+
+    def blocked():
+        seen["daemon"] = threading.current_thread().daemon
+        release.wait()
+
+    async def stubborn():
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                seen["cancels"] += 1             # swallowed
+
+    async def main():
+        asyncio.create_task(stubborn())
+        asyncio.create_task(asyncio.to_thread(blocked))
+        while "daemon" not in seen:
+            await asyncio.sleep(0.01)
+        return "done"
+
+    got = []
+    th = threading.Thread(target=lambda: got.append(run_loop(main(), grace=0.2)), daemon=True)
+    th.start()
+    th.join(60)                                # a bound on a broken run, not the thing asserted
+    try:
+        assert got == ["done"] and not th.is_alive()
+        assert seen["cancels"] >= 1 and not release.is_set() and seen["daemon"]   # left behind, still blocked:
+    finally:                                                                        # nothing waits for its thread
+        release.set()
