@@ -181,7 +181,7 @@ def read_input_file(path, what: str, error=InputError, limit: int | None = None)
                 raise error(f"{path}: is a device, expected a {what} file")
             if stat.S_ISREG(st.st_mode):
                 if st.st_size > limit:
-                    raise error(f"{path}: {st.st_size:,} bytes, larger than {limit:,}; not a {what} file")
+                    raise error(f"{path}: larger than {limit:,} bytes ({st.st_size:,}); not a {what} file")
                 data = f.read(st.st_size + 1)    # (read(n) allocates n bytes first: never the limit itself)
             else:                                 # a pipe: its bytes as they come, in pieces
                 pieces, got = [], 0

@@ -37,6 +37,11 @@ class Overloaded(Exception):
     """The waiting queue is full (HTTP 503 with Retry-After)."""
 
 
+class Backlogged(Overloaded):
+    """The engine has not read what was sent to it (an engine process's pipe backlog, another limit
+    than the waiting queue's): a 503 as a full queue is."""
+
+
 class ServerStopping(Exception):
     """The server is shutting down, or its engine is gone, and admits nothing new (HTTP 503)."""
 

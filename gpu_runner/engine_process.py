@@ -41,7 +41,7 @@ from collections import deque
 import msgspec
 
 from core.errors import ConfigError
-from gpu_runner.client import EngineClient, Overloaded
+from gpu_runner.client import Backlogged, EngineClient, Overloaded
 from gpu_runner.launch import ServeOptions
 from gpu_runner.messages import (
     AbortRequest,
@@ -67,6 +67,15 @@ BEAT_S = 0.5       # while not idle, the engine process sends something at least
 # ~850 messages). 5 s is 8x that silence; a frozen replica is out ~5 s after its last message.
 REPLICA_STALL_S = 5.0
 MAX_UNSENT_BYTES = 512 * 2**20   # requests an engine has not read yet: past this, new ones get 503
+
+
+def _size(msg) -> int:
+    """About the bytes a message takes on the pipe (its token ids and a KV blob's bytes; the backlog
+    bound is coarse, and encoding twice to know it would copy a prompt's KV once more)."""
+    if isinstance(msg, AddRequest):
+        kv = msg.kv
+        return 256 + 9 * len(msg.prompt_ids) + (len(kv.k) + len(kv.v) if kv is not None else 0)
+    return 256
 log = logging.getLogger("gpu_runner.engine_process")
 
 
@@ -244,17 +253,17 @@ class ProcessClient(EngineClient):
     # ---- to the engine: the outbox and its writer ----------------------------------------------
     def _send(self, msg):
         """Queue `msg` for the writer (never blocks). OSError: the pipe is broken (the engine is
-        gone); Overloaded: the engine has not read MAX_UNSENT_BYTES of requests (a new one waits
-        for nothing: refused)."""
-        raw = encode(msg)
+        gone); Backlogged (an Overloaded): the engine has not read MAX_UNSENT_BYTES of requests (a
+        new one waits for nothing: refused)."""
+        size = _size(msg)
         with self._out_cv:
             if self._write_error is not None:
                 raise OSError(self._write_error)
-            if isinstance(msg, AddRequest) and self._unsent and self._unsent + len(raw) > MAX_UNSENT_BYTES:
-                raise Overloaded(f"{self.label} has not read the {self._unsent / 2**20:.0f} MiB of requests "
+            if isinstance(msg, AddRequest) and self._unsent and self._unsent + size > MAX_UNSENT_BYTES:
+                raise Backlogged(f"{self.label} has not read the {self._unsent / 2**20:.0f} MiB of requests "
                                  "sent to it")
-            self._outbox.append(raw)
-            self._unsent += len(raw)
+            self._outbox.append((msg, size))
+            self._unsent += size
             self._out_cv.notify()
 
     def _expect(self):
@@ -267,11 +276,11 @@ class ProcessClient(EngineClient):
             with self._out_cv:
                 while not self._outbox:
                     self._out_cv.wait()
-                raw = self._outbox[0]
-            if raw is None:
+                item = self._outbox[0]
+            if item is None:
                 return
             try:
-                self._to_engine.send_bytes(raw)
+                self._to_engine.send_bytes(encode(item[0]))     # (encoded here: only declared Structs travel)
             except (OSError, ValueError) as e:     # the engine is gone (or the pipe was closed)
                 with self._out_cv:
                     self._write_error = f"{self.label}: its pipe is closed ({e})"
@@ -279,9 +288,9 @@ class ProcessClient(EngineClient):
                     self._unsent = 0
                 return
             with self._out_cv:
-                if self._outbox and self._outbox[0] is raw:
+                if self._outbox and self._outbox[0] is item:
                     self._outbox.popleft()
-                    self._unsent -= len(raw)
+                    self._unsent -= item[1]
 
     def _close_outbox(self):
         with self._out_cv:

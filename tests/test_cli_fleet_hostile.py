@@ -79,7 +79,7 @@ def test_inputs_are_refused_before_they_are_read_whole(tmp_path):
     zero.symlink_to("/dev/zero")
     out = str(tmp_path / "o.json")
     w = str(DATA / "workloads" / "burst5.json")
-    cases = [(["simulate", w, "--replicas-file", str(big), "--out", out], "larger than 16,777,216"),
+    cases = [(["simulate", w, "--replicas-file", str(big), "--out", out], "larger than 16,777,216 bytes"),
              (["simulate", w, "--replicas-file", str(zero), "--out", out], "is a device"),
              (["fleet-merge", str(zero), w, "--out", out], "is a device")]
     for argv, said in cases:
@@ -99,12 +99,12 @@ def test_deeply_nested_json_in_a_flag_or_a_file_is_one_line(tmp_path, capsys):
     one_line_error(capsys, "--replicas-file", "nested too deeply")
     runs = DATA / "imports" / "vllm_telemetry"
     assert main(["fidelity", "--fit", str(runs / "run1_c4_p128_o32"), "--predict", str(runs / "run1_c4_p128_o32"),
-                 "--flags", deep]) == 2
+                 "--method", "log", "--flags", deep]) == 2
     one_line_error(capsys, "--flags", "nested too deeply")
     run = tmp_path / "run"
     shutil.copytree(runs / "run1_c4_p128_o32", run)
     (run / "dataset.jsonl").write_text(deep + "\n")
-    assert main(["fidelity", "--fit", str(run), "--predict", str(run)]) == 0
+    assert main(["fidelity", "--fit", str(run), "--predict", str(run), "--method", "log"]) == 0
     said = capsys.readouterr().out
     assert "dataset.jsonl: not read" in said and "nested too deeply" in said
 
