@@ -161,15 +161,18 @@ SIMULATED = f"{origin_badge(tr)} step model {md(step_model.describe())}"    # wh
 st.markdown(f"{origin_badge(tr)} {len(simulated):,} requests of *{md(workload.name)}*"
             + (f", arrivals ×{load:g} as fast" if load != 1 else "") + f"; {md(setup.describe())}; step model "
             f"{md(step_model.describe())}.")
-m = st.columns(5)
-m[0].metric("TTFT p50 ms", fmt_ms(nums["ttft_p50_ms"]))
-m[1].metric("TTFT p99 ms", fmt_ms(nums["ttft_p99_ms"]))
+# (a row that wraps: each number at its own width, none cut short beside the sidebar at 1024 px)
+row = st.container(horizontal=True, wrap=True, gap="large")
+m = [row] * 5
+m[0].metric("TTFT p50 ms", fmt_ms(nums["ttft_p50_ms"]), width="content")
+m[1].metric("TTFT p99 ms", fmt_ms(nums["ttft_p99_ms"]), width="content")
 m[2].metric("prefix hit rate", "—" if nums["hit_rate"] is None else f"{nums['hit_rate']:.1%}",
-            help=hit_rate_help(nums))
+            help=hit_rate_help(nums), width="content")
 m[3].metric("imbalance", "—" if nums["imbalance"] is None else f"{nums['imbalance']:.2f}",
             help="max / mean requests per replica (prefill and decode replicas apart): 1 = even. Requests per "
-                 "replica: " + ", ".join(f"r{k} {c}" for k, c in enumerate(nums["per_replica"])))
-m[4].metric("rejected", f"{nums['rejected']:,}", help="requests the router rejected (no replica took them)")
+                 "replica: " + ", ".join(f"r{k} {c}" for k, c in enumerate(nums["per_replica"])), width="content")
+m[4].metric("rejected", f"{nums['rejected']:,}", help="requests the router rejected (no replica took them)",
+            width="content")
 st.caption("All simulated (core/fleet). Percentiles: numpy 'linear' estimator.")
 
 st.subheader("Where each request went")
