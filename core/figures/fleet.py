@@ -37,7 +37,7 @@ TRANSFER_COLOR = PURPLE
 WHOLE_PD_COLOR = "#009E73"       # a short prompt run whole on a decode replica (pd_min_prompt)
 STALENESS_MS = (0, 5, 10, 20, 50, 100, 200, 500, 1000)   # the grid; the page runs it up to a chosen value
 STALENESS_POLICIES = ("prefix-aware", "round-robin", "least-requests")
-MIN_BAR_FRACTION = 300           # a lane's bar is drawn at least 1/300 of the time axis wide (~3 px)
+MIN_BAR_FRACTION = 120           # a lane's bar is drawn at least 1/120 of the time axis wide (~6 px)
 MAX_SIGNAL_POINTS = 1500         # per replica and signal: more steps are drawn as the peak of each bin
 
 
