@@ -235,7 +235,7 @@ def utilisation(ev, start: float, end: float, meta: dict) -> dict | None:
         out["kv_blocks"] = int(total)
         mean = out["kv_used_blocks_mean"]
         out["kv_used_fraction_mean"] = None if mean is None else mean / total
-        if n == 1:
+        if n == 1 and out["kv_used_blocks_peak"] is not None:    # (None: running recorded, KV blocks not)
             out["kv_used_fraction_peak"] = out["kv_used_blocks_peak"] / total
     return out
 

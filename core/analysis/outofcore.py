@@ -31,8 +31,9 @@ from core.analysis.expr import request_columns_sql
 from core.errors import InputError, TraceError
 from core.trace.model import BadColumn
 from core.trace.parquet import parquet_head
-from core.trace.schema import REQUEST
+from core.trace.schema import REQUEST, TABLES
 from core.trace.validate import Problems
+from core.trace.writer import COLUMNS
 
 MEMORY_LIMIT = "1GB"          # DuckDB's working set; the rest spills to disk
 ITL_SLICE_TOKENS = 20_000_000  # token rows per slice of the ITL window
@@ -71,15 +72,23 @@ def parquet_rows(path) -> int | None:
 def trace_head(files: list[Path]) -> dict:
     """The trace's head ({"schema", "meta"}) from the first part's Parquet metadata, checked as the
     in-memory reader checks it (core.trace.parquet.parquet_head)."""
+    return _head_of(files[0], _schema(files[0]))
+
+
+def _schema(f: Path):
+    """A part's Arrow schema (with the head in its metadata), from its footer."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
-        schema = pq.read_schema(files[0])
+        return pq.read_schema(f)
     except (pa.ArrowException, OSError) as e:
-        raise InputError(f"{files[0]}: not a readable Parquet file ({e})") from None
+        raise InputError(f"{f}: not a readable Parquet file ({e})") from None
+
+
+def _head_of(f: Path, schema) -> dict:
     if HEAD_KEY not in (schema.metadata or {}):
-        raise InputError(f"{files[0]}: not a serving trace (no '{HEAD_KEY.decode()}' metadata)")
-    return parquet_head(schema, files[0].name)
+        raise InputError(f"{f}: not a serving trace (no '{HEAD_KEY.decode()}' metadata)")
+    return parquet_head(schema, f.name)
 
 
 def _connect(tmp: str):
@@ -92,18 +101,67 @@ def _connect(tmp: str):
 
 def _source_view(con, files: list[Path]) -> set:
     """The view `src`: every row of the parts with its place in the trace (rowkey: part, row in part),
-    and `scan`: the rows in file order unsorted (a plain scan keeps it). Returns src's columns."""
+    and `scan`: the rows in file order unsorted (a plain scan keeps it). Each holds every column of the
+    layout in the layout's type, read as the in-memory reader reads it (`_column_sql`: a null in a field
+    with a fill value is that value, a column the file lacks all null). The files' heads and declared
+    columns are checked first (`check_layout`, no row read), then their rows (`check_parquet`). Returns
+    the layout's columns the file has, and rowkey."""
+    present = check_layout(files)
     names = [str(f) for f in files]
     con.execute("CREATE TEMP TABLE parts (filename VARCHAR, part BIGINT)")
     con.executemany("INSERT INTO parts VALUES (?, ?)", [(f, k) for k, f in enumerate(names)])
     listed = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in names) + "]"   # a view takes no parameters
+    stored = {r[0]: r[1] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet({listed})").fetchall()}
+    cols = lambda s: ", ".join(_column_sql(c, stored, s) for c in COLUMNS)
     # every row with its place in the trace: (part, row in part)
-    con.execute("CREATE TEMP VIEW src AS SELECT s.*, p.part * 4294967296 + s.file_row_number AS rowkey "
+    con.execute(f"CREATE TEMP VIEW src AS SELECT {cols('s.')}, p.part * 4294967296 + s.file_row_number AS rowkey "
                 f"FROM read_parquet({listed}, filename=true, file_row_number=true) s JOIN parts p USING (filename)")
     # the rows in file order without sorting: a plain scan keeps it (DuckDB's preserve_insertion_order)
-    con.execute(f"CREATE TEMP VIEW scan AS SELECT * FROM read_parquet({listed})")
+    con.execute(f"CREATE TEMP VIEW scan AS SELECT {cols('')} FROM read_parquet({listed})")
     check_parquet(con, files)
-    return {r[0] for r in con.execute("DESCRIBE src").fetchall()}
+    return (present & set(COLUMNS)) | {"rowkey"}
+
+
+_SQL_TYPES = {"string": "VARCHAR", "int64": "BIGINT", "float64": "DOUBLE"}
+
+
+def _fills() -> dict[str, dict]:
+    """Per column, {fill value: the record types whose field in it reads a null as that value} (the fields
+    with a fill that are neither required nor nullable: core.trace.parquet._Rows.field fills their nulls)."""
+    out: dict[str, dict] = {}
+    for rec in TABLES:
+        for f in rec.columns:
+            if not f.required and not f.nullable and f.fill is not None:
+                out.setdefault(f.column, {}).setdefault(f.fill, []).append(rec.type)
+    return out
+
+
+_FILLS = _fills()
+
+
+def _sql_value(v) -> str:
+    return "'" + v.replace("'", "''") + "'" if isinstance(v, str) else repr(v)
+
+
+def _column_sql(c: str, stored: dict, s: str = "") -> str:
+    """Column `c` of the layout as the in-memory reader reads it: in the layout's type (a file may store it
+    as another type of the same kind: core.trace.parquet.check_column_types), all null when the file lacks
+    it, and a null of a record type whose field has a fill value read as that value (a step's dur_ms 0, its
+    running -1: the in-memory reader's numbers from the same rows)."""
+    want = _SQL_TYPES[COLUMNS[c]]
+    q = lambda name: f'{s}"{name}"'
+    if c not in stored:
+        x = f"CAST(NULL AS {want})"
+    elif stored[c] == want:
+        x = q(c)
+    else:
+        x = f"CAST({q(c)} AS {want})"
+    if c in _FILLS:   # (a simple CASE: DuckDB turns `rtype IN (five or more names)` into a join, which loses
+        #                  the file order of `scan` even where the column is not read)
+        rt = q("rtype") if stored.get("rtype") == "VARCHAR" else f"CAST({q('rtype')} AS VARCHAR)"
+        x = f"CASE {rt} " + " ".join(f"WHEN {_sql_value(r)} THEN coalesce({x}, CAST({_sql_value(v)} AS {want}))"
+                                     for v, rtypes in _FILLS[c].items() for r in rtypes) + f" ELSE {x} END"
+    return f'{x} AS "{c}"'
 
 
 # ---- the in-memory reader's checks, made where the data lives -----------------------------------------
@@ -113,10 +171,37 @@ CHECK_SLICE_TOKENS = 2_000_000   # token rows of the requests whose cross-record
 _CHECKED: set = set()            # the files (path, size, modification time) checked by this process
 
 
+def _name(files: list[Path]) -> str:
+    return files[0].name if len(files) == 1 else files[0].parent.name
+
+
+def check_layout(files: list[Path]) -> set:
+    """What check_parquet checks before a row is read, from each part's footer (no DuckDB query runs
+    before it): its head (trace_head: nested past MAX_JSON_DEPTH, meta, stats), the same head as the first
+    part's, the columns every trace needs, each column's declared type (core.trace.parquet.
+    check_column_types: rtype text, numbers where numbers go). Returns the first part's column names."""
+    from core.trace.parquet import RowChecker, check_column_types
+    name = _name(files)
+    first = None
+    for f in files:
+        schema = _schema(f)
+        if first is None or HEAD_KEY not in (schema.metadata or {}):
+            _head_of(f, schema)        # (a part with the first part's head bytes has its head)
+        elif schema.metadata[HEAD_KEY] != first.metadata[HEAD_KEY]:   # as the in-memory reader
+            raise TraceError(f"{name}/{f.name}: a part of a different trace (its metadata differs from "
+                             f"{files[0].name}'s)")
+        RowChecker(name, 0).check_columns(schema.names)
+        check_column_types(schema, name)
+        if first is None:
+            first = schema
+    return set(first.names)
+
+
 def check_parquet(con, files: list[Path]):
     """Every check trace_from_parquet makes before it returns a trace, made without loading it, with
-    the same functions (a trace the in-memory reader refuses is refused here, in one line): the head
-    of every part; each record's values against their declarations, a batch of rows at a time
+    the same functions (a trace the in-memory reader refuses is refused here, in one line): after
+    check_layout (the parts' heads and declared columns: `_source_view` checks them before it makes its
+    views), each record's values against their declarations, a batch of rows at a time
     (core.trace.parquet.RowChecker); request ids unique; the verbatim events' requests; and
     validate.check_consistency (tokens after arrival, indices 0..n-1, times not decreasing, at most
     max_output_tokens, one finish not before the last token) on slices of requests, their token and
@@ -129,14 +214,8 @@ def check_parquet(con, files: list[Path]):
     key = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
     if key in _CHECKED:
         return
-    name = files[0].name if len(files) == 1 else files[0].parent.name
+    name = _name(files)
     pfs = [pq.ParquetFile(f, pre_buffer=False) for f in files]    # (pre-buffering holds row groups ahead)
-    for f, pf in zip(files, pfs):
-        trace_head([f])
-        if pf.schema_arrow.metadata[HEAD_KEY] != pfs[0].schema_arrow.metadata[HEAD_KEY]:   # as the in-memory reader
-            raise TraceError(f"{name}/{f.name}: a part of a different trace (its metadata differs from "
-                             f"{files[0].name}'s)")
-        RowChecker(name, 0).check_columns(pf.schema_arrow.names)
     n_req = int(con.execute("SELECT count(*) FROM src WHERE rtype = 'request'").fetchone()[0])
     rows = RowChecker(name, n_req)
     for pf in pfs:
@@ -368,7 +447,7 @@ class DuckDBTrace:
                                                     [list(records)]).fetchall()}
 
     def columns(self, name: str) -> set:
-        return self.cols
+        return set(COLUMNS) | {"rowkey"}     # (the views have every column of the layout, as a loaded trace does)
 
     def rows(self, name: str, cols: tuple, where) -> list[tuple]:
         return self.con.execute(f"SELECT {', '.join(cols)} FROM {RELATIONS[name]} WHERE {where.sql({})} "

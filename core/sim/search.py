@@ -331,6 +331,8 @@ def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, gri
         spec_of = {repr(pt): s for (pt, _), s in zip(configs, specs)}
     timed = retimed(workload, rate, seed)
     valid = [(pt, c) for pt, c in configs if isinstance(c, SchedulerConfig)]
+    if not valid:      # nothing to run (nor to write to --results, nor to read back from it)
+        raise ConfigError(none_could_run(workload, [(pt, c) for pt, c in configs]))
     jobs = [dict(workload=timed, config=c, step_model=step_model, slo=slo, target=target, usd_per_hour=usd_per_hour,
                  prune=prune) for _, c in valid]
     if on_fleets:
@@ -352,6 +354,8 @@ def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, gri
             if on_fleets:     # (a configuration not run has no worker's answer)
                 row.update(_fleet_cost(spec_of[repr(pt)], usd_per_hour))
         points.append(row)
+    if all("invalid" in p for p in points):    # each ran into its limits with this workload (a pool too small...)
+        raise ConfigError(none_could_run(workload, [(p["config"], p["invalid"]) for p in points]))
     out = {"workload": workload.name, "requests": len(workload), "rate": rate, "seed": seed,
            "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms}, "attainment": target,
            "usd_per_hour": usd_per_hour, "base": base.to_dict(), "step_model": step_model.to_dict(),
@@ -362,6 +366,17 @@ def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, gri
         f = dataclasses.replace(fleet or FleetFlags(), seed=seed)
         out["fleet"] = {"router": router_from_args(f).to_dict(), "replicas_file": f.replicas_file}
     return out
+
+
+SHOWN_REASONS = 3     # invalid configurations named when none could run
+
+
+def none_could_run(workload: Workload, why: list[tuple[dict, str]]) -> str:
+    """The line for a search none of whose configurations can run: how many, and the first few reasons."""
+    shown = "; ".join(f"{describe(pt)}: {reason}" for pt, reason in why[:SHOWN_REASONS])
+    more = f"; and {len(why) - SHOWN_REASONS:,} more" if len(why) > SHOWN_REASONS else ""
+    return (f"search: none of the grid's {len(why):,} configuration{'s' if len(why) != 1 else ''} can run "
+            f"the workload{' ' + workload.name if workload.name else ''}: {shown}{more}")
 
 
 def _within_budget(jobs: list[dict], budget_s: float, workers: int | None) -> list[dict]:

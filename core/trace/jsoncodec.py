@@ -179,6 +179,18 @@ def too_deep(raw, name: str) -> str:
     return f"{name}: JSON nested too deeply ({json_depth(raw):,} levels; at most {MAX_JSON_DEPTH:,} are read)"
 
 
+def parse_json_text(raw: bytes, name: str, error=TraceError) -> Any:
+    """JSON text held inside another format (a Parquet trace's head): nested past MAX_JSON_DEPTH, refused
+    as `error` in too_deep's line (how deep, and the limit) from a scan of the bytes, before any parser
+    sees it; else parsed by the standard library (loads_json: exact integers of any size, as the JSON
+    form's head is read; non-finite numbers refused). Never inflated or decoded from another encoding
+    here: json.JSONDecodeError and UnicodeDecodeError are left to the caller."""
+    from core.trace.jsonscan import json_depth
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        raise error(too_deep(raw, name))
+    return loads_json(raw.decode(), name, error)
+
+
 def _bad_constant(c, name, error):
     raise error(f"{name}: {c} is not allowed (JSON numbers must be finite)")
 

@@ -112,21 +112,52 @@ def _arrow(data: bytes, name: str):
         raise TraceError(f"{name}: not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
 
 
-def _read_table(data: bytes, name: str):
-    """The Arrow table with every column of the layout, and the document head."""
-    return _checked(_arrow(data, name), name)
-
-
-def _checked(t, name: str):
+def _checked(t, name: str, head: dict | None = None):
+    """The Arrow table with every column of the layout, and the document head (checked here unless given)."""
     import pyarrow as pa
-    head = _head(t.schema, name)
+    head = _head(t.schema, name) if head is None else head
     missing = [c for c in COLUMNS if c not in t.column_names]
     if set(missing) & _NEEDED:
-        raise TraceError(f"{name}: Parquet table lacks column(s) {', '.join(c for c in missing if c in _NEEDED)}")
+        raise TraceError(f"{name}: Parquet table lacks column(s) {', '.join(sorted(set(missing) & _NEEDED))}")
+    check_column_types(t.schema, name)
     for c in missing:  # an optional field newer than the file: all absent
         t = t.append_column(c, pa.nulls(len(t), getattr(pa, COLUMNS[c])()))
     # one by one, to name the column (e.g. a uint64 beyond int64)
     return pa.table([_cast(t.column(c), c, name) for c in COLUMNS], names=list(COLUMNS)), head
+
+
+def _stored_as(t) -> str | None:
+    """What an Arrow type stores, as the layout's types go: "string", "number", "null" (all null), or None."""
+    import pyarrow as pa
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_null(t):
+        return "null"
+    string_view = getattr(pa.types, "is_string_view", lambda _: False)     # (pyarrow >= 16)
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or string_view(t):
+        return "string"
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t):
+        return "number"
+    return None
+
+
+_HINTS = {"rtype": " (each row's record type by name: request, token, ...)", "json": " (JSON text)"}
+
+
+def check_column_types(schema, name: str):
+    """The declared type of every layout column the file has (its schema: the footer, no row read) holds
+    what the layout's type does: text for a string column, numbers (any integer, floating or decimal
+    type; the values are checked when cast) for a numeric one, or only nulls. Anything else (rtype as
+    integers, a list, a struct, booleans, numbers as text) is refused naming the column, by both readers,
+    before a row is read (out of core: before DuckDB compares a value)."""
+    for field in schema:
+        want = COLUMNS.get(field.name)
+        if want is None:
+            continue
+        got = _stored_as(field.type)
+        if got != "null" and got != ("string" if want == "string" else "number"):
+            raise TraceError(f"{name}: column {field.name}: stored as {field.type}, expected {want}"
+                             f"{_HINTS.get(field.name, '')}")
 
 
 def _cast(col, c: str, name: str):
@@ -143,8 +174,9 @@ def _head(schema, name: str) -> dict:
     md = schema.metadata or {}
     if PARQUET_KEY not in md:
         raise TraceError(f"{name}: Parquet file without serving-trace metadata (not written by this tool?)")
-    try:
-        head = loads_json(md[PARQUET_KEY].decode(), f"{name}: serving-trace metadata", TraceError)
+    from core.trace.jsoncodec import parse_json_text
+    try:   # (nested past MAX_JSON_DEPTH: refused in one line naming how deep, before any recursive parser sees it)
+        head = parse_json_text(md[PARQUET_KEY], f"{name}: serving-trace metadata", TraceError)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise TraceError(f"{name}: broken serving-trace metadata in the Parquet file") from None
     if not isinstance(head, dict) or head.get("schema") != SCHEMA:
@@ -267,13 +299,16 @@ def trace_from_parquet(data: bytes, name: str = "trace.parquet") -> Trace:
         groups = _row_groups_by_type(pf)
     except Exception as e:  # pyarrow raises many types for corrupt files
         raise TraceError(f"{name}: not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
-    if groups is None:
-        return _trace_from_table(*_read_table(data, name), name)
+    # the head and the declared columns, from the footer, before a row is read (a hostile head never reaches
+    # pyarrow's readers and their thread pool)
     head = _head(pf.schema_arrow, name)
     present = set(pf.schema_arrow.names)
-    missing = sorted((_NEEDED - {"rtype"}) - present)
+    missing = sorted(_NEEDED - present)
     if missing:
         raise TraceError(f"{name}: Parquet table lacks column(s) {', '.join(missing)}")
+    check_column_types(pf.schema_arrow, name)
+    if groups is None:
+        return _trace_from_table(*_checked(_arrow(data, name), name, head), name)
     rows = {}
     for r in RTYPES:
         try:
@@ -299,9 +334,12 @@ def trace_from_parquet_dir(directory: str | Path) -> Trace:
     parts = sorted(p for p in d.glob("*.parquet") if p.is_file())
     if not parts:
         raise TraceError(f"{d.name}: a directory without .parquet parts")
-    tables, head = [], None
+    tables, head, checked = [], None, None
     for p in parts:
-        t = _arrow(read_input_file(p, "trace part", TraceError), f"{d.name}/{p.name}")
+        data = read_input_file(p, "trace part", TraceError)
+        if checked is None:      # the head from the first part's footer, before a row is read
+            checked = _head(_footer_schema(data, f"{d.name}/{p.name}"), d.name)
+        t = _arrow(data, f"{d.name}/{p.name}")
         h = (t.schema.metadata or {}).get(PARQUET_KEY)
         if head is None:
             head = h
@@ -313,7 +351,17 @@ def trace_from_parquet_dir(directory: str | Path) -> Trace:
         t = pa.concat_tables(tables)
     except pa.ArrowInvalid as e:
         raise TraceError(f"{d.name}: parts with different columns ({str(e)[:120]})") from None
-    return _trace_from_table(*_checked(t, d.name), d.name)
+    return _trace_from_table(*_checked(t, d.name, checked), d.name)
+
+
+def _footer_schema(data: bytes, name: str):
+    """The Arrow schema (with the head in its metadata) from a Parquet file's footer, no row read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        return pq.ParquetFile(pa.BufferReader(data)).schema_arrow
+    except Exception as e:  # pyarrow raises many types for corrupt files
+        raise TraceError(f"{name}: not a readable Parquet file ({type(e).__name__}: {str(e)[:120]})") from None
 
 
 def _trace_from_table(t, head: dict, name: str) -> Trace:

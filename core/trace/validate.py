@@ -12,6 +12,7 @@ Cross-event rules, checked on every path (also the fast decoder and Parquet):
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 
 import numpy as np
@@ -269,6 +270,13 @@ def check_meta(meta: dict, name: str):
         if f.type == "enum" and (f.required or f.name in meta) and meta.get(f.name) not in f.values:
             raise TraceError(f"{name}: meta.{f.name}: expected one of {', '.join(f.values)}, "
                              f"got {short(meta.get(f.name))}")
+    stats = meta.get("stats")     # counts the summaries read as numbers (kv_blocks: the pool's size)
+    if stats is not None:
+        if not isinstance(stats, dict):
+            raise TraceError(f"{name}: meta.stats: expected an object of counts, got {short(stats)}")
+        for k, v in stats.items():
+            if not (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0):
+                raise TraceError(f"{name}: meta.stats.{k}: expected a count (an integer >= 0), got {short(v)}")
 
 
 def check_consistency(pb: Problems, requests, tokens, tok_pos, finishes, fin_pos):
