@@ -278,3 +278,15 @@ def test_running_out_of_memory_under_a_process_limit_is_one_line(tmp_path):
         pytest.skip("the simulation fitted in the limit on this machine")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().startswith("error: out of memory") and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_an_engine_block_size_that_is_not_a_number_is_one_line(tmp_path, capsys):
+    """Left open by items 22-24's pass: meta.engine.block_size "sixteen" ended `fit` in an int() traceback."""
+    import gzip
+    import json
+    doc = json.loads(gzip.decompress((DATA / "traces" / "shared_prefix_measured_cpu.json.gz").read_bytes()))
+    doc["meta"]["engine"]["block_size"] = "sixteen"
+    p = tmp_path / "bs.json"
+    p.write_text(json.dumps(doc))
+    assert main(["fit", str(p), "--out", str(tmp_path / "m.json")]) == 2
+    one_line_error(capsys, "meta.engine.block_size: expected tokens per KV block")

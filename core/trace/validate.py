@@ -277,6 +277,12 @@ def check_meta(meta: dict, name: str):
         for k, v in stats.items():
             if not (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0):
                 raise TraceError(f"{name}: meta.stats.{k}: expected a count (an integer >= 0), got {short(v)}")
+    engine = meta.get("engine")    # (its block size is read as a number: the fits and the KV views)
+    if isinstance(engine, dict) and engine.get("block_size") is not None:
+        v = engine["block_size"]
+        if not (isinstance(v, numbers.Integral) and not isinstance(v, bool) and 1 <= v <= 1 << 20):
+            raise TraceError(f"{name}: meta.engine.block_size: expected tokens per KV block (an integer >= 1), got "
+                             f"{short(v)}")
 
 
 def check_consistency(pb: Problems, requests, tokens, tok_pos, finishes, fin_pos):
