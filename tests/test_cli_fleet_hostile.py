@@ -290,3 +290,13 @@ def test_an_engine_block_size_that_is_not_a_number_is_one_line(tmp_path, capsys)
     p.write_text(json.dumps(doc))
     assert main(["fit", str(p), "--out", str(tmp_path / "m.json")]) == 2
     one_line_error(capsys, "meta.engine.block_size: expected tokens per KV block")
+
+
+@pytest.mark.parametrize("grid, flags, said", [
+    ("replicas=2,4", ["--replicas", "3"], "grid: replicas: the fleet is already given by --replicas"),
+    ("router=round-robin,least-kv", ["--replicas", "3", "--router", "least-kv"], "grid: router: --router least-kv"),
+])
+def test_a_search_axis_that_would_override_its_flag_is_refused(capsys, grid, flags, said):
+    """Item 37: `search --replicas 3` with a `replicas=` grid silently ran the grid's counts."""
+    assert main(["search", SHARED, "--rate", "5", "--grid", grid, *flags, "--slo-ttft-ms", "500"]) == 2
+    one_line_error(capsys, said)

@@ -144,10 +144,13 @@ def check_fleet_axes(grid: dict[str, list], flags: FleetFlags | None) -> None:
     """Refuse (one line) fleet axes that cannot go with each other or with the fleet flags."""
     f = flags or FleetFlags()
     pd_flags = f.prefill_replicas or f.decode_replicas
-    if "replicas" in grid and (pd_flags or f.replicas_file):
+    if "replicas" in grid and (pd_flags or f.replicas_file or f.replicas):
         raise ConfigError("grid: replicas: the fleet is already given by "
-                          + ("--replicas-file" if f.replicas_file else "--prefill-replicas/--decode-replicas")
-                          + "; drop one")
+                          + ("--replicas-file" if f.replicas_file else "--replicas (the grid's axis would override "
+                             "it)" if f.replicas else "--prefill-replicas/--decode-replicas") + "; drop one")
+    if "router" in grid and f.router is not None:
+        raise ConfigError(f"grid: router: --router {f.router} is given too (the grid's axis would override it); "
+                          "drop one")
     if any(k in grid for k in PD_AXES) and (f.replicas or f.replicas_file):
         raise ConfigError("grid: prefill_replicas/decode_replicas: the fleet is already given by "
                           + ("--replicas-file" if f.replicas_file else "--replicas") + "; drop one")
