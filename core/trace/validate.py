@@ -265,6 +265,11 @@ def trace_from_doc(doc, name: str = "trace", fast_events: Callable | None = None
     return Trace(meta=meta, requests=requests, **tables, other=other, request_extra=extras, extra=extra)
 
 
+# meta.stats entries the app reads as counts (and every kv_<op>: the KV pool's block events by kind)
+COUNT_STATS = frozenset({"steps", "preemptions", "kv_blocks", "rejected", "deadline", "requests",
+                         "prefix_hit_blocks", "prefix_hit_blocks_first"})
+
+
 def check_meta(meta: dict, name: str):
     for f in META.fields:
         if f.type == "enum" and (f.required or f.name in meta) and meta.get(f.name) not in f.values:
@@ -275,6 +280,8 @@ def check_meta(meta: dict, name: str):
         if not isinstance(stats, dict):
             raise TraceError(f"{name}: meta.stats: expected an object of counts, got {short(stats)}")
         for k, v in stats.items():
+            if not (k in COUNT_STATS or k.startswith("kv_")):
+                continue          # (another tool's own entries: kept as they are, never read as counts)
             if not (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0):
                 raise TraceError(f"{name}: meta.stats.{k}: expected a count (an integer >= 0), got {short(v)}")
     engine = meta.get("engine")    # (its block size is read as a number: the fits and the KV views)
