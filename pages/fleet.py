@@ -226,8 +226,8 @@ def policies_view():
                            "requests per replica": " ".join(map(str, r["per_replica"])), "rejected": r["rejected"]}
                           for r in rows])
     show_table(table, hide_index=True, key="fl_policy_table")
-    st.caption(f"{HIT_RATE_WORDS}; imbalance = max / mean requests per replica. The sidebar's policy is outlined "
-               "in orange and named in bold in every panel.")
+    st.caption(f"Latencies in ms. {HIT_RATE_WORDS}; imbalance = max / mean requests per replica. The sidebar's "
+               "policy is outlined in orange and named in bold in every panel.")
 
 
 @linked_fragment

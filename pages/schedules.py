@@ -163,7 +163,8 @@ show_table(shown, hide_index=True, key="sched_summary", export=summ)
 st.caption((f"Every schedule emits the same {int(summ['output tokens'].iloc[0]):,} output tokens. "
             if same_tokens else "")
            + "Drain window = [first arrival, last emission] of each schedule; the fixed window is the same "
-           f"for all. Cost = USD {usd:g}/h × drain-window hours. Percentiles: numpy 'linear' estimator.")
+           f"for all. Cost = USD {usd:g}/h × drain-window hours. Latencies in ms; percentiles: numpy 'linear' "
+           "estimator.")
 taken = schedule_view("steps", schedules)
 if taken:
     st.markdown("Forward steps taken: " + ", ".join(f"**{label}** {n:,}" for label, n in taken) + ".")

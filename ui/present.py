@@ -49,8 +49,8 @@ def float_format(values) -> str | None:
 SHORT = {"recomputed prefill tokens": ("recomputed", "prefill tokens computed again after preemptions"),
          "KV blocks in use at the end": ("KV at end", "KV blocks still in use when the run ends"),
          "KV blocks in use, peak": ("KV peak", "most KV blocks in use at once"),
-         "cost USD (drain)": ("USD (drain)", "cost over the drain window at the price per hour"),
-         "USD per 1k tokens": ("USD/1k tok", "cost per 1,000 output tokens over the drain window"),
+         "cost USD (drain)": ("USD", "cost over the drain window at the price per hour"),
+         "USD per 1k tokens": ("USD/1k", "USD per 1,000 output tokens over the drain window"),
          "drain window ms": ("drain ms", "[first arrival, last emission], ms"),
          "tok/s (drain)": ("tok/s", "output tokens per second over the drain window"),
          "first_token_ms": ("first tok", "first token, ms"), "last_token_ms": ("last tok", "last token, ms"),
@@ -59,7 +59,10 @@ SHORT = {"recomputed prefill tokens": ("recomputed", "prefill tokens computed ag
          "e2e_ms_measured": ("E2E meas.", "measured E2E, ms"), "e2e_ms_predicted": ("E2E pred.", "predicted E2E, "
                             "ms"), "e2e_ms_error": ("E2E err", "|predicted − measured| / measured"),
          "held_out": ("held out", "no step of this request was fitted"),
-         "TTFT p99 ms": ("TTFT p99", "ms"), "TPOT p99 ms": ("TPOT p99", "ms"), "E2E p99 ms": ("E2E p99", "ms"),
+         # latency columns: all shown the same way, the name with its unit in the tooltip (a table says "ms"
+         # in its caption); shortening only some ("TTFT p99" beside "TTFT p50 ms") read as two kinds of number
+         **{f"{m} {s} ms": (f"{m} {s}", f"{m} {s}, ms") for m in ("TTFT", "TPOT", "ITL", "E2E")
+            for s in ("p50", "p90", "p95", "p99", "mean", "median")},
          "output_tokens": ("tokens", "output tokens emitted"), "finish_reason": ("finish", None),
          "prompt_tokens": ("prompt", "prompt tokens"), "offered req/s": ("offered/s", "offered load, req/s"),
          "goodput req/s": ("good req/s", "requests per second that met every SLO"),
