@@ -311,14 +311,14 @@ def reference(model, prompts, max_tokens):
 BOUND_S = 120      # a bound on any one wait (a loaded CI machine), never an expected duration
 
 
-def start_fleet(tmp_path, *flags):
+def start_fleet(tmp_path, *flags, kv_blocks=256):
     """`python -m gpu_runner fleet` on a free loopback port with a trace (healthy, or AssertionError with
     its output): (process, url, trace path)."""
     from deploy.serve import wait_healthy
     port = free_port()
     out = tmp_path / "fleet.json"
     proc = subprocess.Popen([sys.executable, "-m", "gpu_runner", "fleet", "--port", str(port), "--trace-out", str(out),
-                             "--kv-blocks", "256", "--threads", "1", *flags], cwd=ROOT, stdout=subprocess.PIPE,
+                             "--kv-blocks", str(kv_blocks), "--threads", "1", *flags], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -338,5 +338,49 @@ def stop_process(proc, signal_it=True):
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.communicate(timeout=30)[0]
+    except ValueError:       # (its output already read)
+        return ""
+
+
+class StreamedCompletion:
+    """A streamed completion (ignore_eos, greedy) read in a thread: its chunks and lines, and whether it
+    ended; a refusal before the stream began (a JSON error body) is its one chunk."""
+
+    def __init__(self, url, prompt, max_tokens):
+        self.chunks, self.lines, self.done = [], [], threading.Event()
+        self.t = threading.Thread(target=self._run, args=(url, prompt, max_tokens), daemon=True)
+        self.t.start()
+
+    def _run(self, url, prompt, max_tokens):
+        import httpx
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", timeout=BOUND_S,
+                              json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                                    "ignore_eos": True}) as r:
+                for line in r.iter_lines():
+                    if line:
+                        self.lines.append(line)
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        self.chunks.append(json.loads(line[6:]))
+                    elif line.startswith("{"):
+                        self.chunks.append(json.loads(line))
+        finally:
+            self.done.set()
+
+    def wait_tokens(self, n):
+        """Until n chunks with text arrived (AssertionError if it ends first, or past BOUND_S)."""
+        end = time.monotonic() + BOUND_S
+        while sum(1 for c in self.chunks if c.get("choices") and c["choices"][0].get("text")) < n:
+            assert not self.done.is_set(), self.lines
+            assert time.monotonic() < end
+            time.sleep(0.02)
+
+    def end(self) -> str:
+        """How it ended: its finish reason, or its error's message."""
+        last = self.chunks[-1] if self.chunks else {}
+        if last.get("object") == "error":
+            return last["message"]
+        return next((c["choices"][0]["finish_reason"] for c in reversed(self.chunks)
+                     if c.get("choices") and c["choices"][0]["finish_reason"]), "none")
 
 

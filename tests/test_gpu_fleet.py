@@ -4,7 +4,6 @@ stopped by the tests on loopback, every wait bounded and waiting on state, not o
 One fleet of two round-robin replicas carries the assignment, the killed replica and the
 drain; one 1P:1D fleet carries disaggregated serving against the batch runner's greedy
 outputs (Engine.run, one engine)."""
-import json
 import os
 import signal
 import threading
@@ -15,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.workload import Request, Workload
-from tests.helpers import BOUND_S, start_fleet, stop_process
+from tests.helpers import BOUND_S, StreamedCompletion, start_fleet, stop_process
 
 pytestmark = pytest.mark.slow   # runs the bundled model in several processes
 
@@ -42,33 +41,7 @@ def metric(url, name, **labels):
     return got
 
 
-class Stream:
-    """A streamed completion read in a thread: its chunks, and whether it ended."""
-
-    def __init__(self, url, prompt, max_tokens):
-        self.chunks, self.lines, self.done = [], [], threading.Event()
-        self.t = threading.Thread(target=self._run, args=(url, prompt, max_tokens), daemon=True)
-        self.t.start()
-
-    def _run(self, url, prompt, max_tokens):
-        try:
-            with httpx.stream("POST", f"{url}/v1/completions", timeout=BOUND_S,
-                              json={"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                                    "ignore_eos": True}) as r:
-                for line in r.iter_lines():
-                    if line:
-                        self.lines.append(line)
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        self.chunks.append(json.loads(line[6:]))
-        finally:
-            self.done.set()
-
-    def wait_tokens(self, n):
-        end = time.monotonic() + BOUND_S
-        while sum(1 for c in self.chunks if c.get("choices") and c["choices"][0].get("text")) < n:
-            assert not self.done.is_set(), self.lines
-            assert time.monotonic() < end
-            time.sleep(0.02)
+Stream = StreamedCompletion
 
 
 def test_round_robin_a_killed_replica_and_the_drain(tmp_path):
