@@ -55,7 +55,7 @@ from ui import (
     trace_details,
     trace_view,
 )
-from ui.fleet import cached_one_replica, fleet_view
+from ui.fleet import cached_fleet_as_one, cached_one_replica, fleet_view
 
 ensure_app_frame()
 
@@ -178,6 +178,7 @@ if tr is None:
     st.stop()
 
 fleet_tr = None   # the whole fleet's trace when one replica is shown
+cursor_tr = tr    # what the cursor's views read (the whole fleet: its replicas numbered apart, totals summed)
 if not large and has_replicas(tr):
     from core.figures.fleet import replica_roles
     roles = replica_roles(tr)
@@ -187,15 +188,19 @@ if not large and has_replicas(tr):
                                                "one replica as a trace of its own (its steps, KV blocks, requests)")
     if pick != whole:
         fleet_tr, tr = tr, cached_one_replica(tr, int(pick.split()[1]))
+        cursor_tr = tr
     else:
-        st.caption("The cursor's batch and KV views below put every replica's steps and blocks together (block "
-                   "numbers repeat across replicas: each has its own pool); pick a replica to see one engine.")
+        cursor_tr = cached_fleet_as_one(tr)
+        st.caption("The whole fleet: running, waiting and KV blocks are every replica's added up, and the KV grid "
+                   "shows each replica's pool after the one before (replica 1's blocks numbered after replica 0's); "
+                   "the batch at the cursor is the step of whichever replica stepped last. Pick a replica to see "
+                   "one engine.")
 
 BIG_TRACE = len(tr.requests) > 150     # the cursor views show a subset and draw large charts once
 STATIC_CELLS = 20_000                  # a KV grid larger than this is drawn once, without the cursor line
 STATIC_STEPS = 1_000                   # a counted-steps chart longer than this is drawn once, without the cursor
 TOKEN_TICKS = 4_000                    # the cursor's timeline draws token ticks up to this many (SVG paths)
-views = ov if large else trace_view(tr, BIG_TRACE)   # a core.analysis.views.TraceView: the same calls either way
+views = ov if large else trace_view(cursor_tr, BIG_TRACE)   # a core.analysis.views.TraceView: one interface
 
 # ---- metrics panel ---------------------------------------------------------------------
 # Its place is here, at the top; it is filled after the cursor views, so that on a large trace

@@ -119,6 +119,18 @@ def _one_replica(trace, replica: int):
     return trace, one_replica(trace, replica)
 
 
+@st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=FLEET_HASH)
+def _fleet_as_one(trace):
+    from core.trace import fleet_as_one
+    return trace, fleet_as_one(trace)
+
+
+def cached_fleet_as_one(trace):
+    """A fleet trace's replicas as one engine's cursor views read them (core.trace.fleet_as_one: each
+    replica's blocks numbered apart, the fleet's totals in its steps), once per trace (by identity)."""
+    return _fleet_as_one(trace)[1]
+
+
 def cached_one_replica(trace, replica: int):
     """One replica of a fleet trace as a trace of its own (core.trace.one_replica), once per trace
     (keyed by identity, as fleet_view) and replica."""

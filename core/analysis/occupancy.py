@@ -91,7 +91,11 @@ def drawn_blocks(trace, limit: int = MAX_POOL_DRAWN) -> int:
 
 
 def blocks_drawn(touched: int, meta, limit: int = MAX_POOL_DRAWN) -> int:
-    """drawn_blocks from the number of blocks touched and the trace's meta."""
+    """drawn_blocks from the number of blocks touched and the trace's meta (a fleet seen as one,
+    core.trace.fleet_as_one: its replicas' drawn blocks side by side, meta.kv_blocks_drawn)."""
+    fleet = meta.get("kv_blocks_drawn") if isinstance(meta, dict) else None
+    if isinstance(fleet, int) and not isinstance(fleet, bool) and fleet >= touched:
+        return fleet
     engine = meta.get("engine") if isinstance(meta, dict) else None
     pool = engine.get("kv_blocks") if isinstance(engine, dict) else None
     if isinstance(pool, int) and not isinstance(pool, bool) and touched <= pool <= limit:

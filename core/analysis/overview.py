@@ -447,6 +447,12 @@ class Overview:        # a core.analysis.views.TraceView
         b["request"] = self.skeleton.requests["id"].to_numpy()[b["req"].to_numpy()].tolist()
         return row, b.reset_index(drop=True)
 
+    def kv_counts_at(self, t_ms: float) -> dict:
+        """Blocks in each state at the snapshot at or before `t_ms` (a trace too large to replay its kv rows
+        at each cursor move)."""
+        occ = self.occupancy()
+        return occ.at(occ.index_at(t_ms))
+
     def occupancy(self) -> Occupancy | None:
         """occupancy.block_states(trace, max_snapshots=160), None without kv rows."""
         occ = self.doc.get("occupancy")

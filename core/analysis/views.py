@@ -32,6 +32,7 @@ class TraceView(Protocol):
     def window(self, req_idx) -> Trace: ...
     def step_at(self, t_ms: float) -> tuple[dict | None, pd.DataFrame]: ...
     def occupancy(self): ...
+    def kv_counts_at(self, t_ms: float) -> dict: ...
     def counted_steps(self) -> bool: ...
     def prefix_cache(self): ...
 
@@ -99,6 +100,16 @@ class InMemoryView:
     def occupancy(self):
         return self._get("occupancy") if self.has_kv else None
 
+    def kv_counts_at(self, t_ms: float) -> dict:
+        """Blocks in each state at `t_ms` itself (the grid's snapshots fall where each trace's own events
+        put them: two traces of one run, a fleet and its replicas, would say different things at one
+        cursor); a large trace: at the snapshot at or before it."""
+        occ = self.occupancy()
+        if self.big:
+            return occ.at(occ.index_at(t_ms))
+        from core.analysis.occupancy import block_states
+        return block_states(self.skeleton, [t_ms], num_blocks=occ.num_blocks).at(0)
+
     def counted_steps(self) -> bool:
         tr = self.skeleton
         return counted_steps_of(tr.steps, bool(len(tr.batch)))
@@ -154,7 +165,7 @@ def cursor_panels(view: TraceView, t_ms: float, big: bool) -> CursorPanels:
     if p.right == "kv":
         p.occupancy = occ = view.occupancy()
         p.kv_index = occ.index_at(t_ms)
-        p.kv_counts = occ.at(p.kv_index)
+        p.kv_counts = view.kv_counts_at(t_ms)
     if p.in_flight_below and big:
         flight = view.in_flight()
         if len(flight):
