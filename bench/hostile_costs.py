@@ -16,7 +16,6 @@ docs/benchmarks.md):
 import argparse
 import gzip
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,16 +72,8 @@ def spans_loss(fit: bool) -> list[tuple[str, float, float]]:
     return rows
 
 
-def _peak_mib(argv: list[str]) -> tuple[int, int, str]:
-    code = ("import re, sys; from core.__main__ import main; rc = main(sys.argv[1:]); "
-            "print(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1), file=sys.stderr); "
-            "sys.exit(rc)")
-    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=ROOT, timeout=900)
-    *err, kib = r.stderr.rstrip("\n").split("\n")
-    return r.returncode, int(kib) // 1024, (err[-1] if err else "")[:100]
-
-
 def memory() -> list[tuple[str, float, float]]:
+    from tests.helpers import peak_mib
     rows = []
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
@@ -90,21 +81,21 @@ def memory() -> list[tuple[str, float, float]]:
         bomb.write_bytes(gzip.compress(b'{"resourceSpans":[{"scopeSpans":[{"spans":[' + b"{}," * 30_000_000
                                        + b'{}]}]}]}\n', 9))
         t = time.perf_counter()
-        rc, mib, said = _peak_mib(["metrics", str(bomb)])
+        rc, _, mib = peak_mib(["metrics", str(bomb)])
         rows.append((f"30 M gzipped empty spans ({bomb.stat().st_size:,} B), refused rc {rc}: peak MiB / s", mib,
                      time.perf_counter() - t))
         big = d / "big.json"
         with open(big, "wb") as f:
             f.truncate(1 << 30)
         t = time.perf_counter()
-        rc, mib, _ = _peak_mib(["simulate", str(ROOT / "data/workloads/burst5.json"), "--replicas-file", str(big),
-                                "--out", str(d / "o.json")])
+        rc, _, mib = peak_mib(["simulate", str(ROOT / "data/workloads/burst5.json"), "--replicas-file", str(big),
+                               "--out", str(d / "o.json")])
         rows.append((f"1 GiB --replicas-file, refused rc {rc}: peak MiB / s", mib, time.perf_counter() - t))
         w = d / "w.json"
         w.write_text(json.dumps({"name": "tiny", "requests": [
             {"id": f"q{i}", "arrival_ms": float(i), "prompt_tokens": 16, "output_tokens": 2} for i in range(2000)]}))
         t = time.perf_counter()
-        rc, mib, _ = _peak_mib(["simulate", str(w), "--replicas", "4096", "--out", str(d / "t.parquet")])
+        rc, _, mib = peak_mib(["simulate", str(w), "--replicas", "4096", "--out", str(d / "t.parquet")])
         rows.append((f"2,000 requests on 4,096 replicas, rc {rc}: peak MiB / s", mib, time.perf_counter() - t))
     return rows
 

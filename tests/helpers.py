@@ -384,3 +384,16 @@ class StreamedCompletion:
                      if c.get("choices") and c["choices"][0]["finish_reason"]), "none")
 
 
+
+
+def peak_mib(argv, timeout_s: int = 600) -> tuple[int, str, int]:
+    """(exit code, stderr, peak resident memory in MiB) of `python -m core ARGV` in its own process:
+    VmHWM, the peak of that process's own memory since its exec (ru_maxrss would count the pytest
+    worker it was forked from: Linux keeps the larger of the two across exec)."""
+    code = ("import re, sys; from core.__main__ import main; rc = main(sys.argv[1:]); "
+            "print(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1), file=sys.stderr); "
+            "sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=timeout_s,
+                       cwd=str(ROOT))
+    *err, rss_kib = r.stderr.rstrip("\n").split("\n")
+    return r.returncode, "\n".join(err), int(rss_kib) // 1024

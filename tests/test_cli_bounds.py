@@ -6,6 +6,7 @@ import pytest
 
 from core.__main__ import main
 from tests.conftest import DATA
+from tests.helpers import peak_mib
 
 W = str(DATA / "workloads" / "burst5.json")
 TRACE = str(DATA / "traces" / "shared_prefix_caching_on.json.gz")
@@ -64,17 +65,7 @@ def test_a_json_trace_too_large_to_write_in_seconds_is_refused_naming_parquet(tm
 def _metrics_peak_rss(args) -> tuple[int, str, int]:
     """(exit code, stderr without the last line, peak resident memory in MiB) of `metrics ARGS` run
     in its own process."""
-    import subprocess
-    import sys
-    # VmHWM, the peak of this process's own memory since its exec (ru_maxrss would count the pytest worker
-    # it was forked from: Linux keeps the larger of the two across exec)
-    code = ("import re, sys; from core.__main__ import main; rc = main(sys.argv[1:]); "
-            "print(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1), file=sys.stderr); "
-            "sys.exit(rc)")
-    r = subprocess.run([sys.executable, "-c", code, "metrics", *args], capture_output=True, text=True,
-                       timeout=600, cwd=str(DATA.parent))
-    *err, rss_kib = r.stderr.rstrip("\n").split("\n")
-    return r.returncode, "\n".join(err), int(rss_kib) // 1024
+    return peak_mib(["metrics", *args])
 
 
 @pytest.mark.slow    # builds 1 GiB of padding

@@ -4,6 +4,7 @@ import pytest
 
 from core.__main__ import main
 from tests.conftest import DATA
+from tests.helpers import peak_mib
 
 SHARED = str(DATA / "workloads" / "shared_prefix_200.json")
 
@@ -54,20 +55,6 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, caps
     assert main(["fleet-merge", str(r0), str(r1), "--out", str(tmp_path / "fleet.json")]) == 0
 
 
-def _peak_mib(argv) -> tuple[int, str, int]:
-    """(exit code, stderr, peak resident MiB: VmHWM, this process's own since its exec) of `python -m core
-    ARGV` in its own process."""
-    import subprocess
-    import sys
-    code = ("import re, sys; from core.__main__ import main; rc = main(sys.argv[1:]); "
-            "print(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1), file=sys.stderr); "
-            "sys.exit(rc)")
-    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300,
-                       cwd=str(DATA.parent))
-    *err, rss_kib = r.stderr.rstrip("\n").split("\n")
-    return r.returncode, "\n".join(err), int(rss_kib) // 1024
-
-
 def test_inputs_are_refused_before_they_are_read_whole(tmp_path):
     """Item 29: a 1 GiB --replicas-file reached 2.1 GB before "over 16 MiB"; a symlink to /dev/zero as the
     replicas file or a fleet-merge input was killed at 3 GB. The size is checked before reading, a
@@ -83,7 +70,7 @@ def test_inputs_are_refused_before_they_are_read_whole(tmp_path):
              (["simulate", w, "--replicas-file", str(zero), "--out", out], "is a device"),
              (["fleet-merge", str(zero), w, "--out", out], "is a device")]
     for argv, said in cases:
-        rc, err, mib = _peak_mib(argv)
+        rc, err, mib = peak_mib(argv)
         assert rc == 2 and said in err and len(err.splitlines()) == 1, err
         assert mib < 400, (argv, mib)
 
@@ -249,7 +236,7 @@ def test_a_fleet_of_thousands_of_replicas_records_a_bounded_route_per_request(tm
     w.write_text(json.dumps({"name": "tiny", "requests": [
         {"id": f"q{i}", "arrival_ms": float(i), "prompt_tokens": 16, "output_tokens": 2} for i in range(2000)]}))
     out = tmp_path / "t.parquet"
-    rc, err, mib = _peak_mib(["simulate", str(w), "--replicas", "2048", "--out", str(out)])
+    rc, err, mib = peak_mib(["simulate", str(w), "--replicas", "2048", "--out", str(out)])
     assert rc == 0, err
     assert mib < 800, mib                     # (the recorded signals alone took ~2.5 GB at 2,048 replicas)
     routes = load_trace(out).events_of("route")
