@@ -308,7 +308,8 @@ def test_the_whole_fleet_cursor_views_add_up_the_replicas():
     import re
 
     from core.analysis.cursor import in_flight_series
-    from core.trace import fleet_as_one, load_trace, one_replica
+    from core.analysis.cursor import fleet_as_one
+    from core.trace import load_trace, one_replica
 
     def kv_at(at):
         said = next(c.value for c in at.caption if c.value.startswith("At the cursor: ") and "blocks" in c.value)

@@ -121,12 +121,12 @@ def _one_replica(trace, replica: int):
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=FLEET_HASH)
 def _fleet_as_one(trace):
-    from core.trace import fleet_as_one
+    from core.analysis.cursor import fleet_as_one
     return trace, fleet_as_one(trace)
 
 
 def cached_fleet_as_one(trace):
-    """A fleet trace's replicas as one engine's cursor views read them (core.trace.fleet_as_one: each
+    """A fleet trace's replicas as one engine's cursor views read them (core.analysis.cursor.fleet_as_one: each
     replica's blocks numbered apart, the fleet's totals in its steps), once per trace (by identity)."""
     return _fleet_as_one(trace)[1]
 

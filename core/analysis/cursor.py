@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from core.analysis.metrics import request_metrics
+from core.analysis.occupancy import blocks_drawn
 from core.order import stable_order
 from core.trace import Trace
 
@@ -194,3 +195,51 @@ def gauge_coverage(trace: Trace, gauges: list[dict], metrics: pd.DataFrame | Non
     missed = during == 0 or (math.isfinite(gap) and math.isfinite(e2e) and gap > e2e)
     return {"samples": int(len(t)), "median_gap_ms": gap, "median_e2e_ms": e2e, "during_requests": during,
             "reading_running": busy, "missed": bool(missed)}
+
+
+def fleet_as_one(trace: Trace) -> Trace:
+    """A fleet trace's replicas as one engine's views read them (the replay page's whole-fleet
+    cursor): each replica's KV blocks numbered after the ones before it (replica k's block b is
+    b + the blocks drawn of replicas 0..k-1: every replica has its own pool, so the same number on
+    two replicas is two blocks), the fleet's pool their sum; each step's running, waiting and KV blocks
+    used the fleet's total at its start (every replica's last reported value, summed), so the
+    whole-fleet numbers are the per-replica views' added up. Tokens, finishes, batch entries and
+    events are the trace's own."""
+    t = trace
+    reps = (t.meta.get("fleet") or {}).get("replicas") if isinstance(t.meta.get("fleet"), dict) else None
+    kv, st = t.kv, t.steps
+    n = 1 + max([int(df["replica"].max()) for df in (kv, st) if len(df)] + [len(reps or []) - 1, 0])
+    pools = np.zeros(n, dtype=np.int64)      # each replica's pool
+    drawn = np.zeros(n, dtype=np.int64)      # ... and the blocks its own view draws of it (occupancy.blocks_drawn)
+    for k in range(n):
+        given = reps[k].get("kv_blocks") if reps and k < len(reps) and isinstance(reps[k], dict) else None
+        mine = kv["block"].to_numpy()[kv["replica"].to_numpy() == k] if len(kv) else np.empty(0, np.int64)
+        touched = int(mine.max()) + 1 if len(mine) else 0
+        pools[k] = given if isinstance(given, int) and not isinstance(given, bool) and given >= touched else touched
+        drawn[k] = blocks_drawn(touched, {"engine": {"kv_blocks": int(pools[k])}})
+    offset = np.concatenate([[0], np.cumsum(drawn)[:-1]])
+    kv = kv.copy()
+    if len(kv):
+        kv["block"] = kv["block"].to_numpy() + offset[kv["replica"].to_numpy()]
+    steps = st.copy()
+    if len(st):
+        order = np.argsort(st["t_ms"].to_numpy(), kind="stable")
+        rep = st["replica"].to_numpy()[order]
+        for col in ("running", "waiting", "kv_used_blocks"):
+            v = st[col].to_numpy()
+            if not (v >= 0).any():
+                continue                 # (not recorded)
+            now, total = np.zeros(n, dtype=np.int64), 0
+            out = np.empty(len(v), dtype=v.dtype)
+            for j, k in zip(order.tolist(), rep.tolist()):
+                x = max(int(v[j]), 0)
+                total += x - now[k]
+                now[k] = x
+                out[j] = total
+            steps[col] = out
+    meta = dict(t.meta)
+    meta["engine"] = {**(t.meta.get("engine") or {}), "kv_blocks": int(pools.sum())}
+    meta["kv_blocks_drawn"] = int(drawn.sum())   # (the replicas' drawn blocks side by side: their free ones add up)
+    return Trace(meta=meta, requests=t.requests, tokens=t.tokens, finishes=t.finishes, steps=steps, batch=t.batch,
+                 kv=kv, kv_events=t.kv_events, preempts=t.preempts, other=t.other, request_extra=t.request_extra,
+                 extra=t.extra)

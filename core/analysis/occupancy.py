@@ -92,7 +92,7 @@ def drawn_blocks(trace, limit: int = MAX_POOL_DRAWN) -> int:
 
 def blocks_drawn(touched: int, meta, limit: int = MAX_POOL_DRAWN) -> int:
     """drawn_blocks from the number of blocks touched and the trace's meta (a fleet seen as one,
-    core.trace.fleet_as_one: its replicas' drawn blocks side by side, meta.kv_blocks_drawn)."""
+    core.analysis.cursor.fleet_as_one: its replicas' drawn blocks side by side, meta.kv_blocks_drawn)."""
     fleet = meta.get("kv_blocks_drawn") if isinstance(meta, dict) else None
     if isinstance(fleet, int) and not isinstance(fleet, bool) and fleet >= touched:
         return fleet

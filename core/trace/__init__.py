@@ -21,7 +21,7 @@ import importlib
 # Submodules load on first use (PEP 562), so a streamed simulation, which needs only the
 # schema and the Parquet writer, never imports pandas.
 _WHERE = {
-    "given_trace": "build", "new_trace": "build", "one_replica": "build", "fleet_as_one": "build",
+    "given_trace": "build", "new_trace": "build", "one_replica": "build",
     "trace_from_records": "build",
     "Imported": "imports.imported", "stats_comparison": "imports.imported",
     "file_summary_comparison": "imports.vllm_bench", "file_window_comparison": "imports.vllm_bench",

@@ -351,6 +351,8 @@ META = Record("meta", None, "where the trace comes from", (
           "uncertainty_ms, how, matched, dropped, added, left_out})", default=None),
     Field("failures", "objects", "captures: the requests that failed ({index, id, error})", default=None),
     Field("odd", "objects", "captures: what the server did that was odd (more tokens than asked)", default=None),
+    Field("kv_blocks_drawn", "int", "a fleet seen as one engine (core.analysis.cursor.fleet_as_one): the KV blocks "
+          "its views draw, its replicas' drawn blocks side by side", default=None, lo=0),
     Field("fleet", "object", "fleet traces: {replicas: [{replica, role, engine, step_model, kv_blocks, drain_ms, "
           "stats}], router: {policy, staleness_ms, seed, prefix, params, queue_limit}, link: {gbps, latency_ms, "
           "kv_bytes_per_token, model}, pd_min_prompt, first_token}", default=None),
