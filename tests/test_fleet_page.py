@@ -307,8 +307,7 @@ def test_the_whole_fleet_cursor_views_add_up_the_replicas():
     the KV caption at the cursor, and the running / waiting series (each replica's last value, summed)."""
     import re
 
-    from core.analysis.cursor import in_flight_series
-    from core.analysis.cursor import fleet_as_one
+    from core.analysis.cursor import fleet_as_one, in_flight_series
     from core.trace import load_trace, one_replica
 
     def kv_at(at):
