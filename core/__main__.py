@@ -157,11 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     fi = sub.add_parser("fidelity", help="fit the simulator (step model and front end) on measured runs and predict "
                                          "other runs: per-run and per-request TTFT / E2E errors, and where they arise")
-    fi.add_argument("--fit", nargs="+", required=True, metavar="RUN",
+    fi.add_argument("--fit", nargs="+", metavar="RUN",
                     help="runs to fit on, together: a directory of one run's files (vLLM's server log with iteration "
                          "details, its OTLP spans, KV events, the client's result, dataset.jsonl) or a trace file")
-    fi.add_argument("--predict", nargs="+", required=True, metavar="RUN", help="runs to predict (each under its own "
-                                                                             "engine flags, read from its files)")
+    fi.add_argument("--predict", nargs="+", metavar="RUN", help="runs to predict (each under its own engine flags, "
+                                                               "read from its files, --server-log or --flags)")
+    fi.add_argument("--repeats", nargs="+", metavar="RUN",
+                    help="two or more repeats of one workload on one server (same prompts, seed and arrivals): "
+                         "their per-request and run-level spread, the floor every error is printed against "
+                         "(core.fit.noise); alone, only the floor is printed")
+    fi.add_argument("--server-log", metavar="LOG",
+                    help="a vLLM server log whose start-up lines state its flags (`non-default args: ...`), for the "
+                         "runs whose own files do not (a server log cut into runs: pass the whole log here)")
     fi.add_argument("--model", choices=("affine", "features"), default="affine", help="step model (default affine)")
     fi.add_argument("--method", choices=("spans", "log"), default="spans",
                     help="fit the step model to the engine's own per-request phases (spans: default) or to its "

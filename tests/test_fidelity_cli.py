@@ -98,3 +98,49 @@ def test_engine_flags_missing_from_a_runs_files_are_asked_for_and_checked(tmp_pa
     # with flags it gets as far as the fit, which names what the client's file lacks (the engine's phases)
     assert main(["fidelity", "--fit", str(tmp_path), "--predict", str(tmp_path), "--flags", '{"max_seqs": 16}']) != 0
     assert "no engine phases" in capsys.readouterr().err
+
+
+def _cut_log(src, dst):
+    """A run's folder as a server log cut into runs leaves it: every file, the log without its start-up lines."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.name == "server.log":
+            lines = f.read_text().splitlines(keepends=True)
+            first = next(i for i, ln in enumerate(lines) if "Iteration(" in ln)
+            (dst / f.name).write_text("".join(lines[first:]))
+        elif f.is_file():
+            (dst / f.name).write_bytes(f.read_bytes())
+
+
+def test_a_predicted_run_is_never_given_the_fit_runs_flags(tmp_path, capsys):
+    """run7 (block size 64, 32 blocks) with its log cut into runs (no start-up lines), predicted from run4 (block
+    size 32, 64 blocks): refused as a fit run would be; with the server's whole log beside it, its own flags."""
+    from core.lessons.vllm_runs import ROOT
+    cut = tmp_path / "run7_cut"
+    _cut_log(ROOT / "run7_bs64_poisson6_p256_o32", cut)
+    fit = str(ROOT / "run4_poisson8_p128_o32")
+    assert main(["fidelity", "--fit", fit, "--predict", str(cut), "--method", "log"]) != 0
+    err = capsys.readouterr().err
+    assert "run7_cut" in err and "no engine flags" in err and "--server-log" in err
+    whole = ROOT / "run7_bs64_poisson6_p256_o32" / "server.log"
+    assert main(["fidelity", "--fit", fit, "--predict", str(cut), "--method", "log", "--server-log", str(whole),
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (p,) = out["predicted"]
+    assert p["flags"]["block_size"] == 64 and p["flags"]["kv_blocks"] == 32      # run7's own (its start-up line)
+    assert any("--server-log" in n for n in out["notes"])
+    # a log that states no flags is refused by name; so are two ways of giving them
+    assert main(["fidelity", "--fit", fit, "--predict", str(cut), "--server-log", str(cut / "server.log")]) != 0
+    assert "no engine flags in it" in capsys.readouterr().err
+    assert main(["fidelity", "--fit", fit, "--predict", str(cut), "--server-log", str(whole),
+                 "--flags", '{"max_seqs": 16}']) != 0
+    assert "not both" in capsys.readouterr().err
+
+
+def test_the_flags_line_is_read_wherever_it_stands_in_the_log():
+    from core.lessons.vllm_runs import ROOT
+    from core.trace.imports.vllm_log import engine_options
+    text = (ROOT / "run7_bs64_poisson6_p256_o32" / "server.log").read_text()
+    line = next(ln for ln in text.splitlines() if "non-default args:" in ln)
+    late = "INFO padding line\n" * 60_000 + line + "\n"          # past the first MiB
+    assert engine_options(late)["block_size"] == 64 and engine_options(text)["block_size"] == 64

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import math
 
+from core.errors import InputError
 from core.fit.calibrate import PARTS, calibrate, evaluate
-from core.fit.runs import load_run
+from core.fit.noise import METRICS, describe, repeat_floor, times_floor
+from core.fit.runs import load_run, server_log_flags
 
 
 def _clean(x):
@@ -20,16 +22,29 @@ def _clean(x):
 
 
 def run_fidelity(a) -> int:
-    given = _flags(a.flags) if a.flags is not None else None    # ('' is refused there: not a JSON object)
+    given = _given_flags(a)
+    floor = repeat_floor([load_run(p) for p in a.repeats]) if a.repeats else None
+    if not a.fit:
+        if a.json:
+            print(json.dumps(_clean({"repeat_floor": floor}), allow_nan=False, default=str))
+        else:
+            print(describe(floor))
+            _print_pairs(floor)
+        return 0
     fit_runs = [load_run(p) for p in a.fit]
     targets = [load_run(p) for p in a.predict]
-    flags = given or next((r.config for r in fit_runs if r.config is not None), None)
     notes = [f"{r.name}: {n}" for r in fit_runs + targets for n in r.notes]
-    for r in fit_runs + targets:
-        if r.config is None and flags is not None:   # (the same server's later run: its log has no start-up lines)
-            r.config = flags
-            notes.append(f"{r.name}: engine flags " + ("from --flags" if given else "taken from the fit runs' ")
-                         + "(its own files do not state them)")
+    for r in fit_runs + targets:   # (never another run's flags: a run whose files do not state them is refused)
+        if r.config is None and given is not None:
+            r.config = given
+            notes.append(f"{r.name}: engine flags from " + ("--flags" if a.flags is not None else
+                                                           f"--server-log {a.server_log}")
+                         + " (its own files do not state them)")
+    unflagged = [r.name for r in targets if r.config is None]
+    if unflagged:
+        raise InputError(f"predict: no engine flags for {', '.join(unflagged)} (its files do not state them; another "
+                         "run's are never assumed): give them with --flags '{\"max_seqs\": 16, ...}' or "
+                         "--server-log LOG (the server's whole log, whose start-up lines state them)")
     cal = calibrate(fit_runs, a.model, a.method)
     fitted = {r.name for r in fit_runs}
     out = []
@@ -37,46 +52,91 @@ def run_fidelity(a) -> int:
         ev = evaluate(cal, r, fitted, a.model, a.speed_from_log)
         if ev["outside_note"]:
             notes.append(f"{r.name}: {ev['outside_note']}")
+        summ = ev["summary"]
         out.append({"run": r.name, "path": str(r.path), "held_out": ev["held_out"], "clock": r.clock,
                     "flags": r.config.to_dict(), "speed_factor": ev["speed_factor"],
-                    "outside_fitted_range": ev["outside"], **ev["summary"], "rows": ev["rows"].to_dict("records")})
+                    "times_floor": {m: times_floor(summ[m]["p50"], floor, m) for m in METRICS},
+                    "outside_fitted_range": ev["outside"], **summ, "rows": ev["rows"].to_dict("records")})
+    if floor is None:
+        notes.append("no repeats given (--repeats): the errors are not held against the engine's own repeat noise")
     if a.json:
         print(json.dumps(_clean({"fit": [str(r.path) for r in fit_runs], "calibration": {
             "step_model": cal.step_model.to_dict(), "front_end": cal.front_end.to_dict(), "report": cal.report},
-            "predicted": out, "notes": notes}), allow_nan=False, default=str))
+            "repeat_floor": floor, "predicted": out, "notes": notes}), allow_nan=False, default=str))
         return 0
     print(f"fitted on {', '.join(r.name for r in fit_runs)} ({cal.report['method']}): {cal.describe()}")
     print(f"  front end split: {cal.report['front_end'].get('split')}")
-    print(f"{'run':<34} {'held out':>8} {'n':>4} {'TTFT p50':>9} {'p90':>7} {'E2E p50':>8} {'p90':>7} "
-          f"{'TTFT mean pred/meas':>20} {'E2E mean pred/meas':>20}  largest E2E error")
+    if floor is not None:
+        print(describe(floor))
+    _print_table(out)
+    _print_runs(out, a.per_request)
+    for n in notes:
+        print(f"note: {n}")
+    return 0
+
+
+def _given_flags(a):
+    """The flags given for runs whose files do not state them (--flags or --server-log), after the
+    arguments' checks."""
+    if bool(a.fit) != bool(a.predict):
+        raise InputError("fidelity: --fit and --predict go together (runs to fit on, runs to predict)")
+    if not a.fit and not a.repeats:
+        raise InputError("fidelity: give --fit RUN ... --predict RUN ... (and --repeats RUN RUN ... for the floor "
+                         "the errors are held against), or --repeats alone (the floor only)")
+    if a.flags is not None and a.server_log is not None:
+        raise InputError("fidelity: give the engine flags one way: --flags or --server-log, not both")
+    if a.server_log is not None:
+        return server_log_flags(a.server_log)
+    return _flags(a.flags) if a.flags is not None else None
+
+
+def _print_table(out: list[dict]) -> None:
+    print(f"{'run':<34} {'held out':>8} {'n':>4} {'TTFT p50':>9} {'xfloor':>6} {'p90':>7} {'E2E p50':>8} "
+          f"{'xfloor':>6} {'p90':>7} {'TTFT mean pred/meas':>20} {'E2E mean pred/meas':>20}  largest E2E error")
     for o in out:
         t, e = o["ttft_ms"], o["e2e_ms"]
         part = o["largest_part"]
         mae = o["e2e_error_by_part"][part]["mean_abs_ms"] if part else None
+        xt, xe = o["times_floor"]["ttft_ms"], o["times_floor"]["e2e_ms"]
         print(f"{o['run']:<34} {'yes' if o['held_out'] else 'no':>8} {o['requests']:>4} {_pct(t['p50']):>9} "
-              f"{_pct(t['p90']):>7} {_pct(e['p50']):>8} {_pct(e['p90']):>7} "
+              f"{_x(xt):>6} {_pct(t['p90']):>7} {_pct(e['p50']):>8} {_x(xe):>6} {_pct(e['p90']):>7} "
               f"{t['predicted_mean']:>9.2f}/{t['measured_mean']:<10.2f} {e['predicted_mean']:>9.2f}/"
               f"{e['measured_mean']:<10.2f}  {part or '-'}"
               + (f" ({mae:.2f} ms mean |error|)" if mae is not None else ""))
+
+
+def _print_runs(out: list[dict], per_request: bool) -> None:
     for o in out:
         if o["speed_factor"] is not None:
             print(f"{o['run']}: terms scaled x{o['speed_factor']:.3f} to its machine speed (its iteration log's "
                   "median one-sequence decode step against the fit runs')")
         print(f"{o['run']}: times on {o['clock']}; E2E error by part (mean predicted - measured, ms): "
               + ", ".join(f"{p} {_ms(o['e2e_error_by_part'][p]['mean_ms'])}" for p in PARTS))
-        if a.per_request:
+        within = [w for m, w in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E"))
+                  if o["times_floor"][m] is not None and o["times_floor"][m] <= 1.0]
+        if within:
+            print(f"{o['run']}: {' and '.join(within)} within the repeat floor (as close as a repeat of the run came)")
+        if per_request:
             for row in o["rows"]:
                 print(f"  {row['id']}: TTFT {row['ttft_ms_predicted']:.2f} / {row['ttft_ms_measured']:.2f} ms "
                       f"({row['ttft_ms_error']:+.1%}), E2E {row['e2e_ms_predicted']:.2f} / "
                       f"{row['e2e_ms_measured']:.2f} ms ({row['e2e_ms_error']:+.1%})")
-    for n in notes:
-        print(f"note: {n}")
-    return 0
+
+
+def _print_pairs(floor: dict) -> None:
+    for m, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E")):
+        f = floor[m]
+        print(f"{name}: run medians " + ", ".join(f"{x:.2f}" for x in f["run_medians"]) + " ms; per pair (one "
+              "repeat as the other's prediction): " + ", ".join(f"{p['as_prediction']}->{p['of']} {_pct(p['p50'])}"
+                                                             for p in f["pairs"]))
+
+
+def _x(x) -> str:
+    return "-" if x is None else f"{x:.1f}x"
 
 
 def _flags(text: str):
     from core.config import SchedulerConfig, from_dict
-    from core.errors import InputError
     try:
         d = json.loads(text)
     except (ValueError, RecursionError) as e:    # (nested too deeply: a RecursionError)

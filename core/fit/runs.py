@@ -144,6 +144,19 @@ def _dir_run(d: Path, config) -> Run:
     return Run(d.name, d, w, truth, clock, cfg, steps, kv, notes)
 
 
+def server_log_flags(path) -> SchedulerConfig:
+    """The flags a vLLM server log states in its start-up lines (`non-default args: ...`, anywhere in
+    it), read as for a run: for runs whose own files are a log cut into runs (no start-up lines).
+    InputError naming the file when it states none."""
+    from core.errors import gunzip
+    from core.trace.imports.vllm_log import engine_options
+    raw = gunzip(read_input_file(path, "vLLM server log", InputError), str(path))
+    cfg = _vllm_flags(engine_options(raw.decode("utf-8", errors="replace")), str(path), [])
+    if cfg is None:
+        raise InputError(f"{path}: no engine flags in it (no `non-default args:` start-up line)")
+    return cfg
+
+
 def _vllm_flags(engine: dict, name: str, notes: list) -> SchedulerConfig | None:
     """Our scheduler options from vLLM's start-up line (core.trace.imports.vllm_log.engine_options),
     vLLM 0.32's defaults for the rest that matter here (prefix caching on)."""

@@ -89,8 +89,11 @@ def engine_options(text: str) -> dict:
     """The scheduler options the log's startup lines state (vLLM's non-default args and its KV
     cache size), as our SchedulerConfig fields; {"name": "vllm"} alone when the log starts later."""
     out: dict = {"name": "vllm"}
-    head = text[: 1 << 20]
-    line = next((ln for ln in head.splitlines() if "non-default args:" in ln), "")
+    head = text        # (any line that states them: a log cut into runs may hold them anywhere, or not at all)
+    at, line = head.find("non-default args:"), ""
+    if at >= 0:
+        end = head.find("\n", at)
+        line = head[head.rfind("\n", 0, at) + 1: end if end >= 0 else len(head)]
     for key, value in ARG.findall(line):
         field, conv = ARGS[key]
         out[field] = conv(value)

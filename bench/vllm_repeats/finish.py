@@ -1,0 +1,80 @@
+"""Cut one bench/vllm_repeats.sh session into one folder per measured run (run in the vLLM venv:
+the recorder's decoders need its msgpack and protobuf).
+
+    python bench/vllm_repeats/finish.py RAW_DIR DEST_DIR
+
+RAW_DIR holds marks.txt (wall-clock ns of each phase), server.log, rec/ (the recorder's raw KV
+events and OTLP bodies), client/ (each run's `vllm bench serve` result), ds/ (the prompts). The
+server log is cut after each `POST /reset_prefix_cache` access line (one reset before each run);
+KV events and OTLP bodies by the time they arrived, from a run's reset to the next reset. Lines are
+copied unchanged.
+"""
+import gzip
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+RAW, DEST = Path(sys.argv[1]), Path(sys.argv[2])
+REC = Path(__file__).resolve().parents[1] / "vllm_cpu/record_telemetry.py"
+marks = [(k, int(v)) for k, v in (ln.split() for ln in open(RAW / "marks.txt"))]
+at = dict(marks)
+tags = [k[len("start_"):] for k, _ in marks if k.startswith("start_")]
+DEST.mkdir(parents=True, exist_ok=True)
+
+log = (RAW / "server.log").read_bytes().split(b"\n")
+resets = [i for i, ln in enumerate(log) if b'"POST /reset_prefix_cache HTTP/1.1"' in ln]
+assert len(resets) == len(tags), f"{len(resets)} reset lines in the log for {len(tags)} runs"
+cuts = [0] + [i + 1 for i in resets] + [len(log)]
+pieces = [b"\n".join(log[a:b]) for a, b in zip(cuts[:-1], cuts[1:])]
+assert b"\n".join(pieces) == (RAW / "server.log").read_bytes()
+(DEST / "server_start.log").write_bytes(pieces[0] + b"\n")
+
+bounds = {}
+for j, tag in enumerate(tags):
+    end = at[f"reset_call_{tags[j + 1]}"] if j + 1 < len(tags) else at["server_exited"]
+    bounds[tag] = (at[f"reset_returned_{tag}"], end)
+
+quiet = dict(ln.split(" ", 1) for ln in (RAW / "quiet.txt").read_text().splitlines() if ln.strip())
+summary = {"session": DEST.name, "marks_ns": at, "server_cmd": (RAW / "server_cmd.txt").read_text().strip(),
+           "client_cmds": (RAW / "client_cmds.txt").read_text().strip().splitlines(), "runs": {}}
+for j, tag in enumerate(tags):
+    o = DEST / tag
+    if o.exists():
+        shutil.rmtree(o)
+    o.mkdir()
+    with gzip.open(o / "server.log.gz", "wb", compresslevel=9, mtime=0) as f:   # (its iteration lines: ~350 KB plain)
+        f.write(pieces[j + 1] + (b"\n" if not pieces[j + 1].endswith(b"\n") else b""))
+    t0, t1 = bounds[tag]
+    counts = {}
+    for src in ("kv_events.jsonl", "otlp_bodies.jsonl"):
+        n = 0
+        with open(o / src, "w") as f:
+            for ln in open(RAW / "rec" / src):
+                if t0 <= json.loads(ln)["recv_ns"] < t1:
+                    f.write(ln)
+                    n += 1
+        counts[src] = n
+    counts["kv"] = json.loads(subprocess.run([sys.executable, str(REC), "kv-decode", str(o / "kv_events.jsonl")],
+                                             check=True, capture_output=True, text=True).stdout)   # (counts only)
+    counts["otlp"] = json.loads(subprocess.run([sys.executable, str(REC), "otlp-json", str(o / "otlp_bodies.jsonl"),
+                                                "--out", str(o / "spans.otlp.jsonl")],
+                                               check=True, capture_output=True, text=True).stdout)
+    (o / "otlp_bodies.jsonl").unlink()        # (the raw protobuf bodies: spans.otlp.jsonl holds them as JSON)
+    workload = tag.rsplit("_r", 1)[0]
+    shutil.copy(RAW / "ds" / f"{workload}.jsonl", o / "dataset.jsonl")
+    shutil.copy(RAW / "client" / f"vllm_bench_{tag}.json", o / f"vllm_bench_{tag}.json")
+    shutil.copy(RAW / "client" / f"vllm_bench_{tag}.log", o / "client_stdout.txt")
+    (o / "quiet.txt").write_text(f"before the run: {quiet.get(tag, '?')}\n")
+    cj = json.load(open(o / f"vllm_bench_{tag}.json"))
+    its = len(re.findall(rb"Iteration\(\d+\)", pieces[j + 1]))
+    summary["runs"][tag] = {"window_ns": [t0, t1], "iteration_lines": its, **counts,
+                            "client": {k: cj.get(k) for k in ("completed", "failed", "duration", "mean_ttft_ms",
+                                                              "median_ttft_ms", "mean_e2el_ms", "median_e2el_ms")},
+                            "quiet": quiet.get(tag)}
+    print(tag, json.dumps(summary["runs"][tag]["client"]))
+summary["versions"] = subprocess.run([sys.executable, "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"],
+                                     capture_output=True, text=True).stdout.strip()
+json.dump(summary, open(DEST / "session.json", "w"), indent=1)

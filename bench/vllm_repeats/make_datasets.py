@@ -1,0 +1,62 @@
+"""The workloads of bench/vllm_repeats.sh: `vllm bench serve --dataset-name custom` files of
+pure-ASCII slices of the project's corpus (the byte tokenizer: text length == token count), with
+shared prefixes, in a seeded order kept by --disable-shuffle. Plain Python (no project imports).
+
+    python bench/vllm_repeats/make_datasets.py OUT_DIR
+
+Writes OUT_DIR/<name>.jsonl for each workload below and OUT_DIR/warmup.jsonl (8 other prompts),
+and prints each workload's client flags as `name|n|output|flags` lines (the shell reads them).
+"""
+import json
+import random
+import sys
+from pathlib import Path
+
+CORPUS = (Path(__file__).resolve().parents[2] / "data/corpus/pydoc_topics.txt").read_bytes()
+
+# name: (prefixes, requests per prefix, prefix len, unique suffix len, output len, corpus start, seed, client flags)
+WORKLOADS = {
+    "wA_poisson8_p192_o48": (8, 8, 128, 64, 48, 511_000, 101, "--request-rate 8"),
+    "wB_c4_p128_o32": (6, 8, 64, 64, 32, 577_000, 102, "--max-concurrency 4 --request-rate inf"),
+    "wC_poisson3_p96_o96": (32, 1, 0, 96, 96, 643_000, 103, "--request-rate 3"),
+}
+WARMUP = (2, 4, 64, 64, 16, 701_000, 104)
+
+
+def ascii_slices(n, length, start, stride):
+    out, limit = [], len(CORPUS) - length
+    s0 = start % limit
+    while len(out) < n:
+        s = CORPUS[s0:s0 + length]
+        if all(32 <= b < 127 or b == 10 for b in s):
+            out.append(s)
+            s0 = (s0 + stride) % limit
+        else:
+            s0 = (s0 + 1) % limit
+    return out
+
+
+def make(path, n_prefix, per, plen, slen, olen, start, seed):
+    prefixes = ascii_slices(n_prefix, plen, start, 15013) if plen else [b""] * n_prefix
+    suffixes = ascii_slices(n_prefix * per, slen, start + 200_003, 3001)
+    rows = [{"prompt": (p + suffixes[i * per + j]).decode("ascii"), "output_tokens": olen, "prefix_id": i}
+            for i, p in enumerate(prefixes) for j in range(per)]
+    random.Random(seed).shuffle(rows)
+    assert len({r["prompt"] for r in rows}) == len(rows)
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return len(rows)
+
+
+def main():
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    make(out / "warmup.jsonl", *WARMUP)
+    for name, (*shape, flags) in WORKLOADS.items():
+        n = make(out / f"{name}.jsonl", *shape)
+        print(f"{name}|{n}|{shape[4]}|{flags}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""The real engine's own repeat noise: how far two runs of the same workload on the same server
+differ, request by request and run by run. It is the floor a prediction is held against: no model
+of a run can be expected to come closer to it than another repeat of it does.
+
+Repeats are runs made with the same prompts, output lengths and send times (`vllm bench serve`
+with one seed and dataset, run again). Request i of one repeat is paired with request i of the
+other: by the index in its id (`cmpl-bench-<run>-<i>-0`), else by arrival order; every pair must
+have the same prompt length (else they are not repeats, and the runs are refused).
+
+Defined once here, used by `python -m core fidelity --repeats`, bench/vllm_repeats.py and the
+calibration page:
+
+- **per-request floor** of a metric (TTFT, E2E): for each ordered pair of repeats (a, b), the
+  median over paired requests of |a_i − b_i| / b_i — b's error had a been its prediction, the
+  very formula a prediction's error uses (core.fit.calibrate.summary); the floor is the median
+  of those pair medians (its range, min and max, is reported beside it);
+- **run-level spread** of a metric: each repeat's median over its requests; the spread is
+  max / min − 1 of those medians.
+
+A prediction error is then read as a multiple of the floor (`times_floor`): 1.0 is as close as a
+repeat came.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import pandas as pd
+
+from core.errors import InputError
+
+METRICS = ("ttft_ms", "e2e_ms")
+_INDEX = re.compile(r"-(\d+)-0$")        # vllm bench serve: cmpl-bench-<run>-<i>-0
+
+
+def _per_request(run) -> pd.DataFrame:
+    """One run's requests: their pairing key, prompt tokens, and each metric (on the run's clock)."""
+    from core.fit.frontfit import samples
+    s = samples(run.truth)
+    arrival = dict(zip(run.truth.ids, run.truth.requests["arrival_ms"].to_numpy(dtype=float)))
+    idx = [_INDEX.search(i) for i in s["id"]]
+    if all(m is not None for m in idx) and len({int(m.group(1)) for m in idx}) == len(idx):
+        key = [int(m.group(1)) for m in idx]
+        how = "the index in each request's id"
+    else:
+        order = np.argsort([arrival.get(i, np.inf) for i in s["id"]], kind="stable")
+        key = np.empty(len(s), dtype=np.int64)
+        key[order] = np.arange(len(s))
+        key = key.tolist()
+        how = "arrival order"
+    out = pd.DataFrame({"key": key, "id": s["id"].to_numpy(), "prompt_tokens": s["prompt_tokens"].to_numpy(),
+                        **{m: s[m].to_numpy(dtype=float) for m in METRICS}})
+    out.attrs["how"] = how
+    return out.set_index("key")
+
+
+def repeat_floor(runs) -> dict:
+    """The repeat noise of two or more repeats of one workload (core.fit.runs.Run each): per
+    metric the per-request floor (median, min, max over ordered pairs, and each pair's value), the
+    p90 likewise, and the run-level medians and their spread; `paired` requests and how they were
+    paired. InputError when fewer than two runs or when they are not repeats of one workload."""
+    if len(runs) < 2:
+        raise InputError(f"repeats: {len(runs)} run given; the repeat floor needs at least two runs of one workload")
+    where = [str(r.path.resolve()) for r in runs]
+    twice = sorted({w for w in where if where.count(w) > 1})
+    if twice:
+        raise InputError(f"repeats: {twice[0]} given twice; the floor needs separate runs of one workload")
+    tables = [_per_request(r) for r in runs]
+    common = set(tables[0].index)
+    for t in tables[1:]:
+        common &= set(t.index)
+    if len(common) < 3:
+        raise InputError(f"repeats: {', '.join(r.name for r in runs)} share {len(common)} requests; repeats of one "
+                         "workload send the same requests (same dataset, seed and count)")
+    keys = sorted(common)
+    for r, t in zip(runs[1:], tables[1:]):
+        a, b = tables[0].loc[keys, "prompt_tokens"].to_numpy(), t.loc[keys, "prompt_tokens"].to_numpy()
+        bad = np.flatnonzero(a != b)
+        if len(bad):
+            k = keys[int(bad[0])]
+            raise InputError(f"repeats: {r.name} is not a repeat of {runs[0].name}: its request {k} has "
+                             f"{int(b[bad[0]])} prompt tokens, {runs[0].name}'s {int(a[bad[0]])} "
+                             f"({len(bad)} of {len(keys)} requests differ)")
+    out = {"runs": [r.name for r in runs], "paired": len(keys),
+           "unpaired": sum(len(t) for t in tables) - len(keys) * len(tables), "paired_by": tables[0].attrs["how"],
+           "clock": runs[0].clock}
+    for m in METRICS:
+        vals = [t.loc[keys, m].to_numpy(dtype=float) for t in tables]
+        pairs, p50s, p90s = [], [], []
+        for i, j in itertools.permutations(range(len(runs)), 2):
+            a, b = vals[i], vals[j]
+            ok = np.isfinite(a) & np.isfinite(b) & (b > 0)
+            e = np.abs(a[ok] - b[ok]) / b[ok]
+            if not len(e):
+                continue
+            p50s.append(float(np.median(e)))
+            p90s.append(float(np.percentile(e, 90)))
+            pairs.append({"as_prediction": runs[i].name, "of": runs[j].name, "p50": p50s[-1], "p90": p90s[-1]})
+        medians = [float(np.nanmedian(v)) for v in vals]
+        out[m] = {"p50": float(np.median(p50s)) if p50s else None,
+                  "p50_min": min(p50s) if p50s else None, "p50_max": max(p50s) if p50s else None,
+                  "p90": float(np.median(p90s)) if p90s else None, "pairs": pairs,
+                  "run_medians": medians,
+                  "run_spread": (max(medians) / min(medians) - 1.0) if medians and min(medians) > 0 else None}
+    return out
+
+
+def times_floor(error: float | None, floor: dict | None, metric: str) -> float | None:
+    """A per-request median error as a multiple of the repeat floor's (None where either is unknown)."""
+    f = (floor or {}).get(metric, {}).get("p50")
+    if error is None or not f:
+        return None
+    return float(error) / f
+
+
+def describe(floor: dict) -> str:
+    """The floor in one line (the CLI's and the page's words)."""
+    t, e = floor["ttft_ms"], floor["e2e_ms"]
+    return (f"repeat floor over {len(floor['runs'])} repeats ({floor['paired']} requests paired by "
+            f"{floor['paired_by']}): per-request median |difference| TTFT {_pct(t['p50'])} "
+            f"({_pct(t['p50_min'])}–{_pct(t['p50_max'])}), E2E {_pct(e['p50'])} ({_pct(e['p50_min'])}–"
+            f"{_pct(e['p50_max'])}); run medians spread TTFT {_pct(t['run_spread'])}, E2E {_pct(e['run_spread'])}")
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
