@@ -162,10 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "details, its OTLP spans, KV events, the client's result, dataset.jsonl) or a trace file")
     fi.add_argument("--predict", nargs="+", metavar="RUN", help="runs to predict (each under its own engine flags, "
                                                                "read from its files, --server-log or --flags)")
-    fi.add_argument("--repeats", nargs="+", metavar="RUN",
+    fi.add_argument("--repeats", nargs="+", metavar="RUN", action="append",
                     help="two or more repeats of one workload on one server (same prompts, seed and arrivals): "
-                         "their per-request and run-level spread, the floor every error is printed against "
-                         "(core.fit.noise); alone, only the floor is printed")
+                         "their per-request and run-level spread, the floor every error of a run of that workload "
+                         "is printed against (core.fit.noise); once per workload; alone, only the floors are printed")
     fi.add_argument("--server-log", metavar="LOG",
                     help="a vLLM server log whose start-up lines state its flags (`non-default args: ...`), for the "
                          "runs whose own files do not (a server log cut into runs: pass the whole log here)")

@@ -87,3 +87,51 @@ def test_contention_at_the_front_end_is_fitted_back():
     assert got.in_ms_per_in_flight == pytest.approx(0.8, rel=0.05)
     assert got.in_ms + got.out_ms == pytest.approx(1.3, abs=0.15)
     assert "in flight" in got.describe()
+
+
+def test_a_request_arriving_mid_step_waits_for_the_step_boundary_in_the_front_ends_share():
+    """The engine core takes new requests in between steps (vLLM's span starts its queue there): a request
+    reaching the core 5 ms into a 21 ms prefill step waits 16 ms for the boundary, then 0 in the queue."""
+    from core.config import SchedulerConfig
+    from core.sim.frontend import FrontEnd
+    from core.sim.simulate import simulate
+    from core.sim.stepmodel import StepModel
+    from core.workload import Request, Workload
+    w = Workload([Request("a", 0.0, 1000, 3), Request("b", 5.0, 10, 3)])
+    sm = StepModel("affine", base_ms=1.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.0)
+    tr = simulate(w, SchedulerConfig(policy="vllm-v1", max_seqs=8, token_budget=4096), sm,
+                  front_end=FrontEnd(in_ms=2.0))
+    e = dict(zip(tr.ids, tr.request_extra))
+    # a reaches the core at 2 and runs at once (1 + 1000 x 0.02 = 21 ms, to 23); b reaches it at 7
+    assert e["a"]["engine_wait_ms"] == pytest.approx(0.0) and e["a"]["engine_queue_ms"] == pytest.approx(0.0)
+    assert e["b"]["engine_wait_ms"] == pytest.approx(23.0 - 7.0)
+    assert e["b"]["engine_queue_ms"] == pytest.approx(0.0)
+    # its TTFT: 2 in + 16 waiting + its prefill step (with a's first decode: 1 + 10 x 0.02 = 1.2 ms)
+    from core.analysis.metrics import request_metrics
+    m = request_metrics(tr).set_index("id")
+    assert m.loc["b", "ttft_ms"] == pytest.approx(2.0 + 16.0 + 1.2)
+
+
+def test_the_cycle_beyond_a_logged_forward_pass_is_fitted_back():
+    """core.fit.reqfit.fit_added_terms: runs simulated with 1.0 ms + 0.08 ms per decoding sequence on top of a
+    'logged' 0.6 ms + 0.03 ms give back the 0.4 and the 0.05."""
+    import numpy as np
+
+    from core.config import SchedulerConfig
+    from core.fit.reqfit import fit_added_terms
+    from core.sim.simulate import simulate
+    from core.sim.stepmodel import StepModel
+    from core.workload import Request, Workload
+    rng = np.random.default_rng(3)
+    cfg = SchedulerConfig(policy="vllm-v1", max_seqs=8, token_budget=1024)
+    true = StepModel("affine", base_ms=1.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.08)
+    runs = []
+    for seed, rate in ((1, 200.0), (2, 600.0)):
+        t = np.cumsum(rng.exponential(1000.0 / rate, 40))
+        w = Workload([Request(f"r{seed}-{i}", float(t[i]), int(rng.integers(16, 200)), int(rng.integers(4, 40)))
+                      for i in range(40)])
+        runs.append(simulate(w, cfg, true))
+    logged = StepModel("affine", base_ms=0.6, prefill_ms_per_token=0.02, decode_ms_per_seq=0.03)
+    sm, rep = fit_added_terms(runs, [cfg, cfg], logged, ("base_ms", "decode_ms_per_seq"), {"base_ms": 0.2})
+    assert sm.base_ms == pytest.approx(1.0, rel=1e-3) and sm.decode_ms_per_seq == pytest.approx(0.08, rel=1e-2)
+    assert rep["loss"] < 1e-8 < rep["loss_start"]

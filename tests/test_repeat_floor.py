@@ -54,10 +54,10 @@ def test_runs_that_are_not_repeats_are_refused_by_name(tmp_path):
 def test_the_cli_prints_the_floor_alone_and_beside_every_error(tmp_path, capsys):
     a, b = _run(tmp_path / "a.json", TTFT_A, tag="aa"), _run(tmp_path / "b.json", TTFT_B, tag="bb")
     assert main(["fidelity", "--repeats", a, b, "--json"]) == 0
-    f = json.loads(capsys.readouterr().out)["repeat_floor"]
+    (f,) = json.loads(capsys.readouterr().out)["repeat_floors"]
     assert f["ttft_ms"]["p50"] == pytest.approx((1 / 11 + 1 / 10) / 2)
     assert main(["fidelity", "--repeats", a, b]) == 0
     text = capsys.readouterr().out
-    assert "repeat floor over 2 repeats" in text and "TTFT 9.5%" in text
+    assert "repeat floor of a over 2 repeats" in text and "TTFT 9.5%" in text
     assert main(["fidelity", "--fit", a]) != 0
     assert "go together" in capsys.readouterr().err

@@ -62,8 +62,10 @@ def has_phases(run: Run) -> bool:
 
 def engine_view(run: Run, fe: FrontEnd):
     """The run as its engine core saw it: each request arriving at the core (the front end's
-    arrival plus the way in), its first and last token when the core had them (queue + prefill,
-    queue + inference, from the spans), its tokens spaced evenly between."""
+    arrival plus the way in, with the requests in flight then), its first and last token when the
+    core had them (the measured TTFT and E2E less the way out of that token), its tokens spaced
+    evenly between. What the core did meanwhile (waiting for the step boundary, queueing, prefill)
+    is left for the simulation to reproduce."""
     from core.trace.build import given_trace
     from core.workload import Request, Workload
     s = samples(run.truth).set_index("id")
@@ -72,17 +74,32 @@ def engine_view(run: Run, fe: FrontEnd):
         if r.id not in s.index:
             continue
         x = s.loc[r.id]
-        if not np.isfinite([x.queue_ms, x.prefill_ms, x.inference_ms]).all():
+        if not np.isfinite([x.queue_ms, x.prefill_ms, x.inference_ms, x.ttft_ms, x.e2e_ms]).all():
             continue
-        a = r.arrival_ms + float(fe.way_in(r.prompt_tokens))
-        first, last = a + x.queue_ms + x.prefill_ms, a + x.queue_ms + x.inference_ms
-        reqs.append(Request(r.id, a, r.prompt_tokens, r.max_output_tokens, prompt_ids=r.prompt_ids))
         n = r.max_output_tokens
+        a = r.arrival_ms + float(fe.way_in(r.prompt_tokens, x.in_flight))
+        first = max(r.arrival_ms + x.ttft_ms - float(fe.way_out(0)), a + 1e-3)
+        last = max(r.arrival_ms + x.e2e_ms - float(fe.way_out(n - 1)), first)
+        reqs.append(Request(r.id, a, r.prompt_tokens, r.max_output_tokens, prompt_ids=r.prompt_ids))
         emitted[r.id] = np.linspace(first, last, n).tolist() if n > 1 else [first]
     if len(reqs) < 2:
         raise InputError(f"{run.name}: {len(reqs)} requests with the engine's phases (its spans): too few to fit")
     reqs.sort(key=lambda q: q.arrival_ms)
     return given_trace(Workload(reqs, name=run.name), emitted, {"label": f"{run.name} (engine core's view)"})
+
+
+WAIT_ROUNDS = 2      # front-end refits with the step-boundary waits of the fit runs' simulation
+
+
+def boundary_waits(runs: list[Run], sm: StepModel, fe: FrontEnd) -> dict:
+    """Each fit run's requests' wait for the step boundary (core.sim.frontend.engine_phases), as
+    the runs simulated under their own flags with `sm` and `fe` have it: request id -> ms."""
+    from core.sim.simulate import simulate
+    out = {}
+    for r in runs:
+        pred = simulate(r.workload, r.config, sm, front_end=fe, record_kv=False)
+        out.update({i: e.get("engine_wait_ms", 0.0) for i, e in zip(pred.ids, pred.request_extra)})
+    return out
 
 
 def calibrate(runs: list[Run], model: str = "affine", method: str = "spans") -> Calibration:
@@ -98,41 +115,53 @@ def calibrate(runs: list[Run], model: str = "affine", method: str = "spans") -> 
                          "them" + (f"; {'; '.join(unread[:2])}" if unread else "") + "): give them with --flags "
                          "'{\"max_seqs\": 16, \"token_budget\": 2048, ...}'")
     with_phases = [r for r in runs if has_phases(r)]
+    names = ", ".join(r.name for r in with_phases)
     if with_phases:
-        fe, fe_report = fit_front_end([r.truth for r in with_phases], ", ".join(r.name for r in with_phases))
+        fe, fe_report = fit_front_end([r.truth for r in with_phases], names)
     else:
         fe, fe_report = FrontEnd(), {"split": "no engine phases (spans) in the fit runs: no front end fitted"}
-    if method == "spans":
-        if len(with_phases) < len(runs):
-            bad = [r.name for r in runs if r not in with_phases]
-            raise InputError(f"fit: {', '.join(bad)} has no engine phases per request (vLLM's OTLP spans); "
-                             "use --method log (the iteration log) or leave it out")
-        from core.fit.reqfit import fit_from_requests
-        sm, step_report = fit_from_requests([engine_view(r, fe) for r in runs], [r.config for r in runs], model,
-                                            robust=ROBUST)
-    else:
-        sm, step_report = _log_fit(runs, model)
+    if method == "spans" and len(with_phases) < len(runs):
+        bad = [r.name for r in runs if r not in with_phases]
+        raise InputError(f"fit: {', '.join(bad)} has no engine phases per request (vLLM's OTLP spans); "
+                         "use --method log (the iteration log) or leave it out")
+    sm, step_report = _step_fit(runs, fe, model, method)
+    if with_phases:
+        # the front end's share of TTFT holds each request's wait for the step boundary, which the
+        # simulation makes itself: take the simulated waits out and fit again (a few rounds), then
+        # the step model once more on the engine's view under that front end
+        for _ in range(WAIT_ROUNDS):
+            fe, fe_report = fit_front_end([r.truth for r in with_phases], names,
+                                          waits=boundary_waits(with_phases, sm, fe))
+        sm, step_report = _step_fit(runs, fe, model, method)
     refs = [x for x in (reference_step_ms(r) for r in runs) if x is not None]
     return Calibration(sm, fe, [r.name for r in runs],
                        {"method": method, "model": model, "front_end": fe_report, "step_model": step_report,
                         "reference_step_ms": float(np.median(refs)) if refs else None})
 
 
-def _log_fit(runs: list[Run], model: str):
-    """The step model fitted to the runs' iteration logs together, plus the time per step the
-    logs' elapsed times leave out: the spans' median decode time per token minus the median
-    logged decode-only step (the median over runs with both)."""
-    from core.fit.stepfit import counted_steps, solve, trace_features
+def _step_fit(runs: list[Run], fe: FrontEnd, model: str, method: str):
+    if method == "spans":
+        from core.fit.reqfit import fit_from_requests
+        return fit_from_requests([engine_view(r, fe) for r in runs], [r.config for r in runs], model, robust=ROBUST)
+    return _log_fit(runs, model, fe)
+
+
+OVERHEAD_TERMS = ("base_ms",)   # what a cycle holds beyond the logged forward pass
+
+
+def _log_fit(runs: list[Run], model: str, fe: FrontEnd | None = None):
+    """The step model fitted to the runs' iteration logs together (the forward pass each step
+    logs), plus what the engine's cycle holds beyond it (scheduling, the output's processing and
+    hand-over: a fixed part and a part per decoding sequence, OVERHEAD_TERMS), fitted so that the
+    fit runs simulated under their flags reproduce their spans' engine-core view
+    (core.fit.reqfit.fit_added_terms, robust loss), starting from the spans' median decode time per
+    token minus the median logged decode-only step. Without spans, that start alone (or nothing)."""
+    from core.fit.stepfit import counted_steps, trace_features
     logs = [r.steps for r in runs if r.steps is not None and len(trace_features(r.steps)[2])]
     if not logs:
         raise InputError("fit: --method log needs step events: an iteration log (vLLM's server log with "
                          "--enable-logging-iteration-details) or a trace with steps, in a fit run")
-    parts = [trace_features(t) for t in logs]
-    X = np.vstack([p[1] for p in parts])
-    y = np.concatenate([p[2] for p in parts])
-    from core.fit.stepfit import model_of
-    coef, quality = solve(X, y, model)
-    sm = model_of(model, coef)
+    sm, quality = _log_forward(logs, model)
     extra = []
     for r in runs:   # (the forward pass an iteration log times is not the engine's whole cycle)
         if r.steps is None or not counted_steps(r.steps) or not has_phases(r):
@@ -145,8 +174,49 @@ def _log_fit(runs: list[Run], model: str):
         if len(per) and len(dec):
             extra.append(float(per.median()) - float(dec.median()))
     overhead = max(float(np.median(extra)), 0.0) if extra else 0.0
-    sm = dataclasses.replace(sm, base_ms=sm.base_ms + overhead)
-    return sm, {"fitted_on": "iteration logs", **quality, "overhead_ms": overhead}
+    with_phases = [r for r in runs if has_phases(r)]
+    if fe is None or not with_phases:
+        sm = dataclasses.replace(sm, base_ms=sm.base_ms + overhead)
+        return sm, {"fitted_on": "iteration logs", **quality, "overhead_ms": overhead}
+    from core.fit.reqfit import fit_added_terms
+    sm, added = fit_added_terms([engine_view(r, fe) for r in with_phases], [r.config for r in with_phases], sm,
+                                OVERHEAD_TERMS, {"base_ms": overhead}, robust=ROBUST)
+    return sm, {"fitted_on": "iteration logs + the cycle beyond them from the spans", **quality,
+                "overhead_ms": added["added"]["base_ms"], "overhead": added}
+
+
+MIN_CELL = 20     # decode-only steps of one batch size for their median to count (_log_forward)
+
+
+def _log_forward(logs, model: str):
+    """The forward pass as the iteration logs time it: the cost per decoding sequence is the slope
+    of the median decode-only step over the batch sizes seen at least MIN_CELL times (weighted by
+    the square root of their counts; 0 when fewer than two such sizes or a falling slope: a run
+    that decodes at one batch size cannot tell a step's fixed cost from its cost per sequence, and
+    least squares over mixed steps then puts the noise of a few wide steps on that term); the other
+    terms by non-negative least squares on what that leaves."""
+    from core.fit.stepfit import model_of, solve, trace_features
+    from core.sim.stepmodel import FEATURES
+    parts = [trace_features(t) for t in logs]
+    X = np.vstack([p[1] for p in parts])
+    y = np.concatenate([p[2] for p in parts])
+    st = pd.concat([t.steps for t in logs], ignore_index=True)
+    dec = st[(st["prefill_reqs"] == 0) & (st["decode_reqs"] > 0)]
+    g = dec.groupby("decode_reqs")["dur_ms"].agg(["median", "size"])
+    g = g[g["size"] >= MIN_CELL]
+    slope = 0.0
+    if len(g) >= 2:
+        slope = max(float(np.polyfit(g.index.to_numpy(dtype=float), g["median"].to_numpy(), 1,
+                                     w=np.sqrt(g["size"].to_numpy()))[0]), 0.0)
+    k = FEATURES.index("decode_seqs")
+    rest = X.copy()
+    rest[:, k] = 0.0
+    coef, quality = solve(rest, y - slope * X[:, k], model)
+    coef[k] = slope
+    quality["decode_ms_per_seq_from"] = (f"decode-only step medians at {len(g)} batch sizes" if len(g) >= 2 else
+                                         f"{len(g)} batch size(s) with {MIN_CELL}+ decode-only steps: not separable "
+                                         "from the fixed cost, 0")
+    return model_of(model, coef), quality
 
 
 def reference_step_ms(run: Run) -> float | None:

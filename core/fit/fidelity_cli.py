@@ -7,7 +7,7 @@ import math
 
 from core.errors import InputError
 from core.fit.calibrate import PARTS, calibrate, evaluate
-from core.fit.noise import METRICS, describe, repeat_floor, times_floor
+from core.fit.noise import METRICS, describe, repeat_floor, same_workload, times_floor
 from core.fit.runs import load_run, server_log_flags
 
 
@@ -23,27 +23,30 @@ def _clean(x):
 
 def run_fidelity(a) -> int:
     given = _given_flags(a)
-    floor = repeat_floor([load_run(p) for p in a.repeats]) if a.repeats else None
+    floors = [repeat_floor([load_run(p) for p in group]) for group in (a.repeats or [])]
     if not a.fit:
         if a.json:
-            print(json.dumps(_clean({"repeat_floor": floor}), allow_nan=False, default=str))
+            print(json.dumps(_clean({"repeat_floors": floors}), allow_nan=False, default=str))
         else:
-            print(describe(floor))
-            _print_pairs(floor)
+            for floor in floors:
+                print(describe(floor))
+                _print_pairs(floor)
         return 0
     fit_runs = [load_run(p) for p in a.fit]
     targets = [load_run(p) for p in a.predict]
-    notes = [f"{r.name}: {n}" for r in fit_runs + targets for n in r.notes]
     for r in fit_runs + targets:   # (never another run's flags: a run whose files do not state them is refused)
         if r.config is None and given is not None:
             r.config = given
-            notes.append(f"{r.name}: engine flags from " + ("--flags" if a.flags is not None else
-                                                           f"--server-log {a.server_log}")
-                         + " (its own files do not state them)")
-    unflagged = [r.name for r in targets if r.config is None]
+            r.notes = [n for n in r.notes if "no engine flags" not in n] + [
+                "engine flags from " + ("--flags" if a.flags is not None else f"--server-log {a.server_log}")
+                + " (its own files do not state them)"]
+    notes = list(dict.fromkeys(f"{r.name}: {n}" for r in fit_runs + targets for n in r.notes))
+    unflagged = [r for r in targets if r.config is None]
     if unflagged:
-        raise InputError(f"predict: no engine flags for {', '.join(unflagged)} (its files do not state them; another "
-                         "run's are never assumed): give them with --flags '{\"max_seqs\": 16, ...}' or "
+        unread = [n for r in unflagged for n in r.notes if n.startswith("not read: ")]
+        raise InputError(f"predict: no engine flags for {', '.join(r.name for r in unflagged)} (its files do not "
+                         "state them" + (f"; {'; '.join(unread[:2])}" if unread else "") + "; another run's are "
+                         "never assumed): give them with --flags '{\"max_seqs\": 16, ...}' or "
                          "--server-log LOG (the server's whole log, whose start-up lines state them)")
     cal = calibrate(fit_runs, a.model, a.method)
     fitted = {r.name for r in fit_runs}
@@ -53,20 +56,26 @@ def run_fidelity(a) -> int:
         if ev["outside_note"]:
             notes.append(f"{r.name}: {ev['outside_note']}")
         summ = ev["summary"]
+        floor = next((f for f in floors if same_workload(r, f)), None)
+        if floors and floor is None:
+            notes.append(f"{r.name}: no repeats of its workload given (--repeats): its errors are not held against "
+                         "a floor")
         out.append({"run": r.name, "path": str(r.path), "held_out": ev["held_out"], "clock": r.clock,
                     "flags": r.config.to_dict(), "speed_factor": ev["speed_factor"],
+                    "repeat_floor": floor and {m: floor[m]["p50"] for m in METRICS},
+                    "floor_runs": floor and floor["runs"],
                     "times_floor": {m: times_floor(summ[m]["p50"], floor, m) for m in METRICS},
                     "outside_fitted_range": ev["outside"], **summ, "rows": ev["rows"].to_dict("records")})
-    if floor is None:
+    if not floors:
         notes.append("no repeats given (--repeats): the errors are not held against the engine's own repeat noise")
     if a.json:
         print(json.dumps(_clean({"fit": [str(r.path) for r in fit_runs], "calibration": {
             "step_model": cal.step_model.to_dict(), "front_end": cal.front_end.to_dict(), "report": cal.report},
-            "repeat_floor": floor, "predicted": out, "notes": notes}), allow_nan=False, default=str))
+            "repeat_floors": floors, "predicted": out, "notes": notes}), allow_nan=False, default=str))
         return 0
     print(f"fitted on {', '.join(r.name for r in fit_runs)} ({cal.report['method']}): {cal.describe()}")
     print(f"  front end split: {cal.report['front_end'].get('split')}")
-    if floor is not None:
+    for floor in floors:
         print(describe(floor))
     _print_table(out)
     _print_runs(out, a.per_request)

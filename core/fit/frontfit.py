@@ -55,7 +55,7 @@ def samples(trace) -> pd.DataFrame:
                         "ttft_ms": m["ttft_ms"].to_numpy(dtype=np.float64),
                         "e2e_ms": m["e2e_ms"].to_numpy(dtype=np.float64),
                         "queue_ms": col("engine_queue_ms"), "prefill_ms": col("engine_prefill_ms"),
-                        "inference_ms": col("engine_inference_ms")})
+                        "inference_ms": col("engine_inference_ms"), "wait_ms": col("engine_wait_ms")})
     out["in_ms"] = col("queued_ms") - m["arrival_ms"].to_numpy(dtype=np.float64)
     arrival = m["arrival_ms"].to_numpy(dtype=np.float64)
     out["in_flight"] = in_flight_at(arrival, arrival + out["e2e_ms"].to_numpy())
@@ -64,12 +64,25 @@ def samples(trace) -> pd.DataFrame:
     return out
 
 
-def fit_front_end(traces, name: str = "fit run") -> tuple[FrontEnd, dict]:
+def fit_front_end(traces, name: str = "fit run", waits: dict | None = None) -> tuple[FrontEnd, dict]:
     """The front end's terms from one or more runs (each a trace with the engine's phases per
-    request); returns (FrontEnd, report: terms, requests used, residuals, how A was split)."""
+    request); returns (FrontEnd, report: terms, requests used, residuals, how A was split).
+
+    What lies between TTFT and the core's phases also holds each request's wait for the step
+    boundary (core.sim.frontend.engine_phases), which is the engine's, not the front end's: it is
+    taken out where known — a simulated trace records it (`engine_wait_ms`); for a measured run,
+    `waits` gives it per request id, from a simulation of that run (core.fit.calibrate) — else it
+    stays in the fitted terms (the report says which)."""
     from scipy.optimize import nnls
     traces = traces if isinstance(traces, (list, tuple)) else [traces]
     s = pd.concat([samples(t) for t in traces], ignore_index=True)
+    if waits:
+        given = s["id"].map(waits).to_numpy(dtype=np.float64)
+        s["wait_ms"] = np.where(np.isnan(s["wait_ms"].to_numpy()), given, s["wait_ms"].to_numpy())
+    wait = np.nan_to_num(s["wait_ms"].to_numpy(dtype=np.float64))
+    waited = int(np.isfinite(s["wait_ms"].to_numpy(dtype=np.float64)).sum())
+    s["front_first_ms"] = s["front_first_ms"] - wait
+    s["front_last_ms"] = s["front_last_ms"] - wait
     ok = s[["front_first_ms", "front_last_ms", "prompt_tokens", "output_tokens"]].notna().all(axis=1)
     s = s[ok & (s["output_tokens"] >= 1)]
     if len(s) < MIN_REQUESTS:
@@ -95,6 +108,9 @@ def fit_front_end(traces, name: str = "fit run") -> tuple[FrontEnd, dict]:
         split = "unknown (no core queue times): the fixed part is put on the way in"
     fe = FrontEnd(in_fixed, b, a - in_fixed, d, c)
     return fe, {"front_end": fe.to_dict(), "requests": int(len(s)), "fixed_ms": a, "split": split,
+                "step_boundary_wait": (f"taken out for {waited} of {len(s)} requests" if waited else
+                                       "not known: left in the terms"),
+                "wait_ms_mean": float(wait.mean()) if len(wait) else 0.0,
                 "residual_ms_p50": float(np.median(np.abs(resid))),
                 "residual_ms_p90": float(np.percentile(np.abs(resid), 90)),
                 "front_first_ms_median": float(s["front_first_ms"].median()),

@@ -84,7 +84,8 @@ def repeat_floor(runs) -> dict:
                              f"({len(bad)} of {len(keys)} requests differ)")
     out = {"runs": [r.name for r in runs], "paired": len(keys),
            "unpaired": sum(len(t) for t in tables) - len(keys) * len(tables), "paired_by": tables[0].attrs["how"],
-           "clock": runs[0].clock}
+           "clock": runs[0].clock,
+           "prompts": {int(k): int(v) for k, v in zip(keys, tables[0].loc[keys, "prompt_tokens"].to_numpy())}}
     for m in METRICS:
         vals = [t.loc[keys, m].to_numpy(dtype=float) for t in tables]
         pairs, p50s, p90s = [], [], []
@@ -106,6 +107,15 @@ def repeat_floor(runs) -> dict:
     return out
 
 
+def same_workload(run, floor: dict) -> bool:
+    """Whether `run` sends the workload the floor's repeats sent: the same requests (by the floor's
+    pairing) with the same prompt lengths."""
+    t = _per_request(run)
+    want = floor.get("prompts") or {}
+    return bool(want) and len(t) == len(want) and all(
+        int(k) in t.index and int(t.loc[int(k), "prompt_tokens"]) == v for k, v in want.items())
+
+
 def times_floor(error: float | None, floor: dict | None, metric: str) -> float | None:
     """A per-request median error as a multiple of the repeat floor's (None where either is unknown)."""
     f = (floor or {}).get(metric, {}).get("p50")
@@ -117,8 +127,8 @@ def times_floor(error: float | None, floor: dict | None, metric: str) -> float |
 def describe(floor: dict) -> str:
     """The floor in one line (the CLI's and the page's words)."""
     t, e = floor["ttft_ms"], floor["e2e_ms"]
-    return (f"repeat floor over {len(floor['runs'])} repeats ({floor['paired']} requests paired by "
-            f"{floor['paired_by']}): per-request median |difference| TTFT {_pct(t['p50'])} "
+    return (f"repeat floor of {floor['runs'][0]} over {len(floor['runs'])} repeats ({floor['paired']} requests "
+            f"paired by {floor['paired_by']}): per-request median |difference| TTFT {_pct(t['p50'])} "
             f"({_pct(t['p50_min'])}–{_pct(t['p50_max'])}), E2E {_pct(e['p50'])} ({_pct(e['p50_min'])}–"
             f"{_pct(e['p50_max'])}); run medians spread TTFT {_pct(t['run_spread'])}, E2E {_pct(e['run_spread'])}")
 

@@ -23,6 +23,8 @@ simulation of the whole workload.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from core.analysis.metrics import request_metrics
@@ -134,6 +136,76 @@ def _span_loss(runs, configs, sm: StepModel, ttft, e2e, scale) -> float:
     if not (np.all(pt > 0) and np.all(pe > 0)):
         return np.inf
     return float(np.mean(_cost(np.log(pt / ttft), scale)) + np.mean(_cost(np.log(pe / e2e), scale)))
+
+
+def fit_added_terms(traces, configs, base: StepModel, terms: tuple[str, ...], start: dict | None = None,
+                    robust: float | None = None, max_requests: int = MAX_REQUESTS,
+                    max_iter: int = 30) -> tuple[StepModel, dict]:
+    """`base` (a step model fitted elsewhere: an iteration log's forward passes) plus non-negative
+    amounts added to its coefficients `terms` (e.g. base_ms and decode_ms_per_seq: what an engine's
+    cycle holds beyond the logged forward pass), chosen so that simulating the runs (`traces`, one
+    config each) best reproduces their per-request TTFT and E2E (fit_from_requests' loss, `robust`
+    as there). From `start`: Gauss-Newton on the linearised schedule (for a fixed schedule every
+    request's TTFT and E2E are linear in the amounts: non-negative least squares), damped so that
+    the actual loss falls, as fit_from_requests polishes. Returns (the step model, report: the
+    amounts, the loss before and after, simulations, iterations)."""
+    from scipy.optimize import nnls
+    runs = [_Run(t, max_requests) for t in traces]
+    ttft, e2e = np.concatenate([r.ttft for r in runs]), np.concatenate([r.e2e for r in runs])
+    idx = [FEATURE_COEFFICIENTS.index(t) for t in terms]
+    fixed = np.array([getattr(base, k) for k in FEATURE_COEFFICIENTS], dtype=float)
+
+    def model(x):
+        return dataclasses.replace(base, **{t: getattr(base, t) + float(v) for t, v in zip(terms, x)})
+
+    def loss(x):
+        return _span_loss(runs, configs, model(x), ttft, e2e, robust)
+
+    def target(x):
+        sims = [simulate(r.workload, cfg, model(x), record_kv=False) for r, cfg in zip(runs, configs)]
+        parts = [_linearised(sim, r.ids, r.arrival) for sim, r in zip(sims, runs)]
+        a_t, d_t, a_e, d_e = (np.concatenate([p[k] for p in parts]) for k in range(4))
+        A = np.vstack([a_t[:, idx] / ttft[:, None], a_e[:, idx] / e2e[:, None]])
+        b = np.r_[(ttft - d_t - a_t @ fixed) / ttft, (e2e - d_e - a_e @ fixed) / e2e]
+        if robust is not None:      # rows reweighted by the soft-L1 weight of their current error
+            p = [request_metrics(sim).set_index("id").loc[r.ids] for sim, r in zip(sims, runs)]
+            r = np.r_[np.log(np.concatenate([q["ttft_ms"].to_numpy(dtype=float) for q in p]) / ttft),
+                      np.log(np.concatenate([q["e2e_ms"].to_numpy(dtype=float) for q in p]) / e2e)]
+            w = (1 + (r / robust) ** 2) ** -0.25
+            A, b = A * w[:, None], b * w
+        scale = np.maximum(np.abs(A).max(axis=0), 1e-12)
+        return nnls(A / scale, b)[0] / scale
+
+    x = np.maximum([float((start or {}).get(t, 0.0)) for t in terms], 0.0)
+    before = cur = loss(x)
+    # a global search first (the loss is rough: a small change of step time reorders batches, and
+    # Gauss-Newton alone stops at the schedule it starts on): each amount between 0 and three times
+    # its start or the base's fixed cost, whichever is larger
+    from scipy.optimize import differential_evolution
+    hi = np.maximum(3 * x, max(float(base.base_ms), 0.1))
+    found = differential_evolution(loss, list(zip(np.zeros(len(x)), hi)), popsize=6, maxiter=12, tol=1e-10, seed=0,
+                                   polish=False, init="sobol", x0=np.minimum(x, hi))
+    evaluations, iterations = 1 + int(found.nfev), 0
+    if found.fun < cur:
+        x, cur = np.asarray(found.x, dtype=float), float(found.fun)
+    while iterations < max_iter:
+        iterations += 1
+        goal = target(x)
+        evaluations += 1
+        for alpha in 0.5 ** np.arange(11):
+            cand = np.maximum(x + alpha * (goal - x), 0.0)
+            c_loss = loss(cand)
+            evaluations += 1
+            if c_loss < cur:
+                break
+        else:
+            break
+        moved = float(np.max(np.abs(cand - x)))
+        x, cur = cand, c_loss
+        if moved < 1e-7:
+            break
+    return model(x), {"added": {t: float(v) for t, v in zip(terms, x)}, "loss_start": before, "loss": cur,
+                      "simulations": evaluations * len(runs), "iterations": iterations}
 
 
 def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max_iter: int = 30,

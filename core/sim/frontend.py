@@ -139,19 +139,31 @@ def at_front_end(trace, workload: Workload, fe: FrontEnd):
 
 
 def engine_phases(trace) -> dict[str, np.ndarray]:
-    """Per request (NaN where it never got so far), as vLLM's spans report them: time in the
-    core's queue (its arrival at the core to its first step's start), prefill (to the end of
-    the step of its first token), decode (first to last token), inference (first step's start
-    to last token), from the trace's own steps, batch entries and tokens (engine clock)."""
+    """Per request (NaN where it never got so far), as vLLM's spans report them: the wait for the
+    step boundary (its arrival at the core to the end of the step then running: an engine core's
+    loop reads new requests only between steps, and vLLM's span starts its queue there, so this
+    wait lies in the front end's share of TTFT on both sides), time in the core's queue (that
+    boundary to its first step's start), prefill (to the end of the step of its first token),
+    decode (first to last token), inference (first step's start to last token), from the trace's
+    own steps, batch entries and tokens (engine clock)."""
     n = len(trace.requests)
-    queued = trace.requests["arrival_ms"].to_numpy(dtype=np.float64)
+    arrived = trace.requests["arrival_ms"].to_numpy(dtype=np.float64)
     first_step = np.full(n, np.nan)
+    taken = arrived.copy()
     if len(trace.batch) and len(trace.steps):
         st = trace.steps
         start_of = dict(zip(st["step"].to_numpy().tolist(), st["t_ms"].to_numpy().tolist()))
         b = trace.batch
         s0 = b.groupby("req", sort=False)["step"].min()
         first_step[s0.index.to_numpy()] = [start_of.get(s, np.nan) for s in s0.to_numpy().tolist()]
+        starts = st["t_ms"].to_numpy(dtype=np.float64)
+        ends = starts + st["dur_ms"].to_numpy(dtype=np.float64)
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
+        k = np.searchsorted(starts, arrived, side="right") - 1     # the step started last at (or before) arrival
+        running = (k >= 0) & (arrived < ends[np.maximum(k, 0)])
+        taken = np.where(running, ends[np.maximum(k, 0)], arrived)
+        taken = np.minimum(taken, np.where(np.isnan(first_step), np.inf, first_step))
     t_first = np.full(n, np.nan)
     t_last = np.full(n, np.nan)
     if len(trace.tokens):
@@ -160,5 +172,6 @@ def engine_phases(trace) -> dict[str, np.ndarray]:
         lo, hi = g.min(), g.max()
         t_first[lo.index.to_numpy()] = lo.to_numpy()
         t_last[hi.index.to_numpy()] = hi.to_numpy()
-    return {"engine_queue_ms": first_step - queued, "engine_prefill_ms": t_first - first_step,
-            "engine_decode_ms": t_last - t_first, "engine_inference_ms": t_last - first_step}
+    return {"engine_wait_ms": taken - arrived, "engine_queue_ms": first_step - taken,
+            "engine_prefill_ms": t_first - first_step, "engine_decode_ms": t_last - t_first,
+            "engine_inference_ms": t_last - first_step}

@@ -167,6 +167,9 @@ REQUEST = Record("request", "requests", "one request of the workload", (
     Field("engine_e2e_ms", "number", "merged traces: E2E measured by the engine, from its own arrival", default=None),
     Field("queued_ms", "number", "when the engine core queued it (after the front end's way in: parsing, "
           "tokenising, handing it over), on this trace's clock", default=None),
+    Field("engine_wait_ms", "number", "simulated traces: from reaching the engine core to the end of the step then "
+          "running, where the core's loop takes new requests in (vLLM's spans count it in the front end's share)",
+          default=None, lo=0),
     Field("engine_queue_ms", "number", "engine spans: time in the waiting queue", default=None, lo=0),
     Field("engine_prefill_ms", "number", "engine spans: time in prefill", default=None, lo=0),
     Field("engine_decode_ms", "number", "engine spans: time in decode", default=None, lo=0),
