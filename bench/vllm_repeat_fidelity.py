@@ -98,8 +98,9 @@ def main(argv=None) -> int:
                              "e2e_p50": summ["e2e_ms"]["p50"], "ttft_x_floor": x["ttft_ms"], "e2e_x_floor": x["e2e_ms"],
                              "ttft_median_diff": med["ttft_ms"], "e2e_median_diff": med["e2e_ms"], "met": ok})
                 xs = [f"{v:.1f}x" if v is not None else "-" for v in x.values()]
-                print(f"{r.name:<36} {kind:<14} {summ['ttft_ms']['p50']:>8.1%} {xs[0]:>5} {summ['e2e_ms']['p50']:>8.1%} "
-                      f"{xs[1]:>5} {med['ttft_ms']:>+13.1%} {med['e2e_ms']:>+13.1%}  {'met' if ok else 'MISSED'}")
+                print(f"{r.name:<36} {kind:<14} {summ['ttft_ms']['p50']:>8.1%} {xs[0]:>5} "
+                      f"{summ['e2e_ms']['p50']:>8.1%} {xs[1]:>5} {med['ttft_ms']:>+13.1%} {med['e2e_ms']:>+13.1%}  "
+                      f"{'met' if ok else 'MISSED'}")
     met = sum(r["met"] for r in rows)
     print(f"\n{met} of {len(rows)} predictions within their targets")
     if a.json:

@@ -5,7 +5,17 @@ import streamlit as st
 
 from core.figures.calibration import error_by_part, predicted_vs_measured, steps_vs_model
 from core.fit.calibrate import PARTS, reference_step_ms
-from core.lessons.vllm_runs import RUNNER_CAPTURES, bundled_run, bundled_runs
+from core.fit.noise import describe as describe_floor
+from core.lessons.vllm_runs import (
+    RUNNER_CAPTURES,
+    bundled_run,
+    bundled_runs,
+    floor_range,
+    repeat_runs,
+    repeats_of,
+    request_floor,
+    run_floor,
+)
 from ui import bound, cached_calibration, ensure_app_frame, md, show_chart, show_table
 
 ensure_app_frame()
@@ -14,13 +24,18 @@ st.markdown("Fit the simulator on some real runs, predict another, and see reque
             "prediction goes wrong. The same is `python -m core fidelity --fit RUN --predict RUN`.")
 
 runs = bundled_runs()
+repeated = repeat_runs()
 
 
 c1, c3 = st.columns([3, 2])
-run = c1.selectbox("Measured run to predict", runs + list(RUNNER_CAPTURES), index=runs.index("run2_poisson4_p192_o48"),
-                   **bound("cal_run"), help="run1–run9: vLLM 0.32 CPU; runner: our gpu_runner's own capture "
-                                            "(data/traces), fitted on itself: in sample")
+run = c1.selectbox("Measured run to predict", runs + repeated + list(RUNNER_CAPTURES),
+                   index=runs.index("run2_poisson4_p192_o48"), **bound("cal_run"),
+                   help="run1–run9: vLLM 0.32 CPU, one run per server; s1/…, s2/…: vLLM 0.32 CPU, each workload "
+                        "repeated on one server start (the repeats measure the engine's own noise, the floor every "
+                        "error is held against); runner: our gpu_runner's own capture (data/traces), fitted on "
+                        "itself: in sample")
 runner = run in RUNNER_CAPTURES
+in_repeats = run in repeated
 if runner:   # one capture of our engine: fitted on its own steps, predicted in sample
     fit_on = [run]
     st.markdown(f"**{md(run)}** is **measured**: our own engine (`gpu_runner`) serving the bundled tiny model, its "
@@ -29,6 +44,19 @@ if runner:   # one capture of our engine: fitted on its own steps, predicted in 
                 "**in sample**, so the errors below say how well the model reproduces the run it was fitted on, not "
                 "how it predicts another. The capture has no front end between arrival and the engine, so that "
                 "part is 0.")
+elif in_repeats:
+    session, name = run.split("/")
+    st.markdown(f"**{md(run)}** is **measured**: vLLM 0.32.0's CPU build serving the bundled tiny model on this "
+                f"project's 2-core VM on 2026-12-05, server start **{session}**, workload **{md(name[:-3])}** sent "
+                f"{len(repeats_of(run))} times the same way (`bench/vllm_repeats.sh`; how: "
+                "data/imports/vllm_repeats/MADE.md). Each request's truth is vLLM's own measurement of it (its OTLP "
+                "span). The prediction is **simulated**: its requests through the core scheduler under the flags its "
+                "server's start-up line states, with a step model and a front end fitted on the runs chosen below.")
+    others = [r for r in repeated if r != run]
+    default_fit = "s1/wA_poisson8_p192_o48_r1" if run != "s1/wA_poisson8_p192_o48_r1" else "s1/wB_c4_p128_o32_r1"
+    fit_on = st.pills("Fit on these runs", others, selection_mode="multi", default=[default_fit], **bound("cal_fit"),
+                      help="the step model and the front end are fitted on these; the run predicted is not among "
+                           "them (held out); a repeat of the same workload is the easiest case")
 else:
     st.markdown("The runs are **measured**: vLLM 0.32.0's CPU build serving the bundled tiny model on this project's "
                 "2-core VM (run1–run2 on 2026-12-01, run3–run9 on 2026-12-04; how each was made: "
@@ -60,13 +88,30 @@ sample = "held out" if ev["held_out"] else "in sample"
 st.caption(f"Fitted on {md(', '.join(sorted(fit_on)))}: step model {md(cal.step_model.describe())}; front end "
            f"{md(cal.front_end.describe())} ({md(cal.report['front_end'].get('split', ''))}).")
 t, e = summ["ttft_ms"], summ["e2e_ms"]
-m1, m2, m3, m4 = st.columns(4)
-m1.metric(f"TTFT median error, {sample}", f"{t['p50']:.1%}",
-          help=f"|predicted − measured| / measured, median over the run's {summ['requests']} requests; {sample}: "
-               + ("the run was not fitted on" if ev["held_out"] else "the run was fitted on itself"))
-m2.metric(f"TTFT p90 error, {sample}", f"{t['p90']:.1%}")
-m3.metric(f"E2E median error, {sample}", f"{e['p50']:.1%}")
-m4.metric(f"E2E p90 error, {sample}", f"{e['p90']:.1%}")
+floor = run_floor(run) if in_repeats else None
+cols = st.columns(4)
+for col, (metric, q, label) in zip(cols, [("ttft_ms", "p50", "TTFT median"), ("ttft_ms", "p90", "TTFT p90"),
+                                          ("e2e_ms", "p50", "E2E median"), ("e2e_ms", "p90", "E2E p90")]):
+    err = summ[metric][q]
+    col.metric(f"{label} error, {sample}", f"{err:.1%}",
+               help=f"|predicted − measured| / measured, {'median' if q == 'p50' else '90th percentile'} over the "
+                    f"run's {summ['requests']} requests; {sample}: "
+                    + ("the run was not fitted on" if ev["held_out"] else "the run was fitted on itself"))
+    if floor is not None and floor[metric][q]:
+        col.caption(f"repeat floor {floor[metric][q]:.1%} (measured): this error is "
+                    f"**{err / floor[metric][q]:.1f}×** it")
+if floor is not None:
+    st.caption(f"The repeat floor: how close a repeat of the same workload on the same server came to this run, "
+               f"request by request (core.fit.noise; measured): {md(describe_floor(floor))}. 1× is as close as the "
+               "engine came to itself; `python -m core fidelity --repeats` prints the same.")
+elif not runner:
+    rng = floor_range()
+    if rng:
+        (tl, th), (el, eh) = rng["ttft_ms"], rng["e2e_ms"]
+        st.caption(f"This run was made once: it has no repeat floor of its own. Repeats made on 2026-12-05 on the "
+                   f"same machine with the same engine (s1, s2; measured) came within TTFT {tl:.1%}–{th:.1%} and "
+                   f"E2E {el:.1%}–{eh:.1%} of each other (per-request medians, per workload): errors below those are "
+                   "within what the engine repeats.")
 st.caption(f"Means, predicted / measured: TTFT {t['predicted_mean']:.2f} / {t['measured_mean']:.2f} ms, E2E "
            f"{e['predicted_mean']:.2f} / {e['measured_mean']:.2f} ms (simulated / measured).")
 if ev["outside_note"]:
@@ -107,14 +152,22 @@ if steps is not None:
                    "processing, plus its error.")
 
 st.subheader("Every request")
+spread = request_floor(run) if in_repeats else {}
 view = pd.DataFrame({"request": rows["id"].str.replace(r"^cmpl-bench-[0-9a-f]+-", "", regex=True),
                      "TTFT meas.": rows["ttft_ms_measured"], "TTFT pred.": rows["ttft_ms_predicted"],
-                     "TTFT err.": rows["ttft_ms_error"], "E2E meas.": rows["e2e_ms_measured"],
-                     "E2E pred.": rows["e2e_ms_predicted"], "E2E err.": rows["e2e_ms_error"],
+                     "TTFT err.": rows["ttft_ms_error"],
+                     **({"TTFT repeat |Δ|": [spread.get(i, {}).get("ttft_ms") for i in rows["id"]]} if spread else {}),
+                     "E2E meas.": rows["e2e_ms_measured"], "E2E pred.": rows["e2e_ms_predicted"],
+                     "E2E err.": rows["e2e_ms_error"],
+                     **({"E2E repeat |Δ|": [spread.get(i, {}).get("e2e_ms") for i in rows["id"]]} if spread else {}),
                      **{f"Δ {p}": rows[f"{p}_predicted"] - rows[f"{p}_measured"] for p in PARTS}})
+percent = ("TTFT err.", "E2E err.") + (("TTFT repeat |Δ|", "E2E repeat |Δ|") if spread else ())
 show_table(view, hide_index=True, key="cal_rows", export=rows,
-           column_config={c: st.column_config.NumberColumn(format="percent") for c in ("TTFT err.", "E2E err.")})
-st.caption("ms; err. = predicted / measured − 1; Δ part = its predicted − measured ms (they add up to E2E's). "
-           "The CSV export has every column, measured and predicted, per part.")
+           column_config={c: st.column_config.NumberColumn(format="percent") for c in percent})
+st.caption("ms; err. = predicted / measured − 1; Δ part = its predicted − measured ms (they add up to E2E's; the "
+           "front end's part holds the wait for the step boundary, where vLLM's engine takes new requests in). "
+           + ("Repeat |Δ| = how far this request's repeats came from it (the median over the other repeats of "
+              "|theirs − its| / its; measured): the floor beside its error. " if spread else "")
+           + "The CSV export has every column, measured and predicted, per part.")
 for n in sorted(set(notes)):
     st.caption(f"Note: {md(n)}")

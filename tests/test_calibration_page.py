@@ -103,3 +103,51 @@ def test_the_step_model_line_breaks_where_the_engine_was_idle():
                           "decode_reqs": [1] * 5})
     line = steps_vs_model(steps).to_plotly_json()["data"][1]
     assert list(line["x"]) == [0.0, 10.0, 20.0, None, 10_000.0, 10_010.0]
+
+
+def test_a_repeated_run_shows_its_repeat_floor_beside_every_error():
+    """Issue 49: the floor (how close the engine's own repeats came) beside each error, computed here from
+    the repeats' per-request times by hand, and per request in the table."""
+    from core.fit.frontfit import samples
+    from core.fit.runs import server_log_flags
+    rep = ROOT.parent / "vllm_repeats" / "s1"
+    run, fit = "s1/wB_c4_p128_o32_r2", "s1/wA_poisson8_p192_o48_r1"
+    at = open_page("calibration", {"cal_run": run, "cal_fit": [fit]})
+    flags = server_log_flags(rep / "server_start.log")
+    times = {k: samples(load_run(rep / f"wB_c4_p128_o32_r{k}", flags).truth).set_index("id") for k in (1, 2, 3)}
+
+    def by_index(df, col):
+        return {int(i.rsplit("-", 2)[1]): v for i, v in zip(df.index, df[col])}
+
+    def floor(col, q):   # each repeat as another's prediction: the median (or p90) of |a - b| / b, then the median
+        per = {k: by_index(t, col) for k, t in times.items()}
+        vals = []
+        for a in per:
+            for b in per:
+                if a != b:
+                    e = [abs(per[a][i] - per[b][i]) / per[b][i] for i in per[b]]
+                    vals.append(np.median(e) if q == "p50" else np.percentile(e, 90))
+        return float(np.median(vals))
+
+    cal = calibrate([load_run(rep / "wA_poisson8_p192_o48_r1", flags)], "affine", "log")
+    target = load_run(rep / "wB_c4_p128_o32_r2", flags)
+    s = summary(compare(predict(cal, target), target))
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["TTFT median error, held out"] == f"{s['ttft_ms']['p50']:.1%}"
+    captions = [c.value for c in at.caption]
+    for col, q in (("ttft_ms", "p50"), ("ttft_ms", "p90"), ("e2e_ms", "p50"), ("e2e_ms", "p90")):
+        f = floor(col, q)
+        want = f"repeat floor {f:.1%} (measured): this error is **{s[col][q] / f:.1f}×** it"
+        assert want in captions, (want, captions[:6])
+    table = next(df.value for df in at.dataframe if "E2E err." in df.value.columns)
+    mine = by_index(times[2], "ttft_ms")
+    others = [by_index(times[k], "ttft_ms") for k in (1, 3)]
+    first = int(table["request"].iloc[0].split("-")[0])
+    assert table["TTFT repeat |Δ|"].iloc[0] == pytest.approx(
+        np.median([abs(o[first] - mine[first]) / mine[first] for o in others]))
+
+
+def test_a_run_made_once_says_so_and_shows_the_repeats_range():
+    at = open_page("calibration", {"cal_run": "run4_poisson8_p128_o32", "cal_fit": ["run9_poisson2_p64_o128"]})
+    said = [c.value for c in at.caption if "made once" in c.value]
+    assert said and "TTFT 7.9%–18.0%" in said[0] and "E2E 3.0%–11.0%" in said[0]

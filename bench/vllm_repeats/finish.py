@@ -19,7 +19,7 @@ from pathlib import Path
 
 RAW, DEST = Path(sys.argv[1]), Path(sys.argv[2])
 REC = Path(__file__).resolve().parents[1] / "vllm_cpu/record_telemetry.py"
-marks = [(k, int(v)) for k, v in (ln.split() for ln in open(RAW / "marks.txt"))]
+marks = [(k, int(v)) for k, v in (ln.split() for ln in (RAW / "marks.txt").read_text().splitlines())]
 at = dict(marks)
 tags = [k[len("start_"):] for k, _ in marks if k.startswith("start_")]
 DEST.mkdir(parents=True, exist_ok=True)
@@ -52,7 +52,7 @@ for j, tag in enumerate(tags):
     for src in ("kv_events.jsonl", "otlp_bodies.jsonl"):
         n = 0
         with open(o / src, "w") as f:
-            for ln in open(RAW / "rec" / src):
+            for ln in (RAW / "rec" / src).read_text().splitlines(keepends=True):
                 if t0 <= json.loads(ln)["recv_ns"] < t1:
                     f.write(ln)
                     n += 1
@@ -68,13 +68,14 @@ for j, tag in enumerate(tags):
     shutil.copy(RAW / "client" / f"vllm_bench_{tag}.json", o / f"vllm_bench_{tag}.json")
     shutil.copy(RAW / "client" / f"vllm_bench_{tag}.log", o / "client_stdout.txt")
     (o / "quiet.txt").write_text(f"before the run: {quiet.get(tag, '?')}\n")
-    cj = json.load(open(o / f"vllm_bench_{tag}.json"))
+    cj = json.loads((o / f"vllm_bench_{tag}.json").read_text())
     its = len(re.findall(rb"Iteration\(\d+\)", pieces[j + 1]))
     summary["runs"][tag] = {"window_ns": [t0, t1], "iteration_lines": its, **counts,
                             "client": {k: cj.get(k) for k in ("completed", "failed", "duration", "mean_ttft_ms",
                                                               "median_ttft_ms", "mean_e2el_ms", "median_e2el_ms")},
                             "quiet": quiet.get(tag)}
     print(tag, json.dumps(summary["runs"][tag]["client"]))
-summary["versions"] = subprocess.run([sys.executable, "-c", "import vllm, torch; print(vllm.__version__, torch.__version__)"],
+VERSIONS = "import vllm, torch; print(vllm.__version__, torch.__version__)"
+summary["versions"] = subprocess.run([sys.executable, "-c", VERSIONS],
                                      capture_output=True, text=True).stdout.strip()
-json.dump(summary, open(DEST / "session.json", "w"), indent=1)
+(DEST / "session.json").write_text(json.dumps(summary, indent=1))

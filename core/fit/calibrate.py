@@ -195,7 +195,7 @@ def _log_forward(logs, model: str):
     that decodes at one batch size cannot tell a step's fixed cost from its cost per sequence, and
     least squares over mixed steps then puts the noise of a few wide steps on that term); the other
     terms by non-negative least squares on what that leaves."""
-    from core.fit.stepfit import model_of, solve, trace_features
+    from core.fit.stepfit import feature_range, model_of, solve, trace_features
     from core.sim.stepmodel import FEATURES
     parts = [trace_features(t) for t in logs]
     X = np.vstack([p[1] for p in parts])
@@ -213,6 +213,7 @@ def _log_forward(logs, model: str):
     rest[:, k] = 0.0
     coef, quality = solve(rest, y - slope * X[:, k], model)
     coef[k] = slope
+    quality["range"] = feature_range(X)         # (the steps' own: the decode column was set aside above)
     quality["decode_ms_per_seq_from"] = (f"decode-only step medians at {len(g)} batch sizes" if len(g) >= 2 else
                                          f"{len(g)} batch size(s) with {MIN_CELL}+ decode-only steps: not separable "
                                          "from the fixed cost, 0")

@@ -107,6 +107,25 @@ def repeat_floor(runs) -> dict:
     return out
 
 
+def request_floor(run, others) -> dict:
+    """Per request of `run`: the median over `others` (its repeats) of |theirs - its| / its, TTFT
+    and E2E: how far a repeat came from this very request, the per-request floor beside its
+    prediction error. {id: {metric: ratio}} for the requests paired in every repeat."""
+    mine = _per_request(run)
+    tables = [_per_request(r) for r in others]
+    out = {}
+    for key in mine.index:
+        if not all(key in t.index for t in tables):
+            continue
+        row = {}
+        for m in METRICS:
+            x = float(mine.loc[key, m])
+            d = [abs(float(t.loc[key, m]) - x) / x for t in tables if x > 0 and np.isfinite(t.loc[key, m])]
+            row[m] = float(np.median(d)) if d else None
+        out[mine.loc[key, "id"]] = row
+    return out
+
+
 def same_workload(run, floor: dict) -> bool:
     """Whether `run` sends the workload the floor's repeats sent: the same requests (by the floor's
     pairing) with the same prompt lengths."""

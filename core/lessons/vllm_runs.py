@@ -30,6 +30,60 @@ def bundled_runs() -> list[str]:
                   key=lambda n: int(re.match(r"run(\d+)", n).group(1)))
 
 
+# runs of bench/vllm_repeats.sh: each workload repeated on one server start (data/imports/vllm_repeats),
+# named "<session>/<workload>_r<round>"; their flags are in the session's server_start.log
+REPEATS = ROOT.parent / "vllm_repeats"
+
+
+def repeat_runs() -> list[str]:
+    """The bundled repeated runs, by session then name."""
+    if not REPEATS.is_dir():
+        return []
+    return [f"{s.name}/{r.name}" for s in sorted(REPEATS.iterdir()) if s.is_dir()
+            for r in sorted(s.iterdir()) if r.is_dir()]
+
+
+def _workload_of(name: str) -> str:
+    return re.sub(r"_r\d+$", "", name)
+
+
+def repeats_of(name: str) -> list[str]:
+    """The repeated runs of `name`'s workload on its server start (itself included); [] for a run
+    that has none."""
+    if name not in repeat_runs():
+        return []
+    return [n for n in repeat_runs() if n.split("/")[0] == name.split("/")[0] and _workload_of(n) == _workload_of(name)]
+
+
+@lru_cache(maxsize=32)
+def run_floor(name: str):
+    """The repeat floor (core.fit.noise.repeat_floor) of `name`'s workload on its server start, or
+    None for a run without repeats."""
+    from core.fit.noise import repeat_floor
+    runs = repeats_of(name)
+    return repeat_floor([bundled_run(n) for n in runs]) if len(runs) >= 2 else None
+
+
+@lru_cache(maxsize=1)
+def floor_range() -> dict | None:
+    """Over every bundled repeated workload (each session's): the lowest and highest repeat floor,
+    {metric: (lo, hi)} of the per-request medians; None without repeats. For a run made once."""
+    names = {repeats_of(n)[0] for n in repeat_runs()}
+    floors = [f for f in (run_floor(n) for n in sorted(names)) if f is not None]
+    if not floors:
+        return None
+    return {m: (min(f[m]["p50"] for f in floors), max(f[m]["p50"] for f in floors)) for m in ("ttft_ms", "e2e_ms")}
+
+
+@lru_cache(maxsize=32)
+def request_floor(name: str) -> dict:
+    """Per request of the repeated run `name`: the median over its other repeats of |theirs - its| /
+    its (TTFT and E2E): how far a repeat came from this very request. {id: {metric: ratio}}."""
+    from core.fit.noise import request_floor as per_request
+    others = [bundled_run(n) for n in repeats_of(name) if n != name]
+    return per_request(bundled_run(name), others) if others else {}
+
+
 # the runner's own bundled capture with enough requests and steps to fit and predict (data/traces)
 RUNNER_CAPTURES = {"runner: shared_prefix_measured_cpu": "shared_prefix_measured_cpu.json.gz"}
 
@@ -39,9 +93,15 @@ def bundled_run(name: str):
     """A bundled run read as `python -m core fidelity` reads a run directory (core.fit.runs); run2's
     log starts mid-server (cut from run1's), so it takes run1's flags (the same server). Or one of
     RUNNER_CAPTURES (a trace of our runner: its flags in its metadata)."""
-    from core.fit.runs import load_run
+    from core.fit.runs import load_run, server_log_flags
     if name in RUNNER_CAPTURES:
         return load_run(ROOT.parents[1] / "traces" / RUNNER_CAPTURES[name])
+    if name in repeat_runs():          # (its log is cut into runs: the flags from its server's start-up lines)
+        session = REPEATS / name.split("/")[0]
+        run = load_run(REPEATS / name, server_log_flags(session / "server_start.log"))
+        run.name = name
+        run.notes = [n for n in run.notes if "no engine flags" not in n and not n.startswith("not read: client_")]
+        return run
     if name not in bundled_runs():
         raise InputError(f"run: expected one of {', '.join(bundled_runs())}, got {name!r}")
     return load_run(ROOT / name, VLLM_CONFIG if name in RUNS else None)
