@@ -108,8 +108,9 @@ elif not runner:
     rng = floor_range()
     if rng:
         (tl, th), (el, eh) = rng["ttft_ms"], rng["e2e_ms"]
+        sessions = ", ".join(sorted({n.split("/")[0] for n in repeated}))
         st.caption(f"This run was made once: it has no repeat floor of its own. Repeats made on 2026-12-05 on the "
-                   f"same machine with the same engine (s1, s2; measured) came within TTFT {tl:.1%}–{th:.1%} and "
+                   f"same machine with the same engine ({sessions}; measured) came within TTFT {tl:.1%}–{th:.1%} and "
                    f"E2E {el:.1%}–{eh:.1%} of each other (per-request medians, per workload): errors below those are "
                    "within what the engine repeats.")
 st.caption(f"Means, predicted / measured: TTFT {t['predicted_mean']:.2f} / {t['measured_mean']:.2f} ms, E2E "
