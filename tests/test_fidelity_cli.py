@@ -149,3 +149,24 @@ def test_the_flags_line_is_read_wherever_it_stands_in_the_log():
     line = next(ln for ln in text.splitlines() if "non-default args:" in ln)
     late = "INFO padding line\n" * 60_000 + line + "\n"          # past the first MiB
     assert engine_options(late)["block_size"] == 64 and engine_options(text)["block_size"] == 64
+
+
+def test_a_front_end_term_priced_beyond_what_the_fit_runs_saw_is_named(runs):
+    """A front end's cost per request in flight, fitted where at most one other was in flight, is
+    extrapolated for a run with more: evaluate says how many requests and which range."""
+    import dataclasses
+
+    from core.fit.calibrate import calibrate, evaluate
+    from core.fit.frontfit import samples
+    run = load_run(runs[1])                      # Poisson 150/s at 4 sequences: several in flight at once
+    cal = calibrate([load_run(runs[0])], "affine", "log")
+    fe_report = {**cal.report["front_end"], "in_flight_range": [0, 1]}
+    cal = dataclasses.replace(cal, front_end=dataclasses.replace(cal.front_end, in_ms_per_in_flight=0.5),
+                              report={**cal.report, "front_end": fe_report})
+    busy = samples(run.truth)["in_flight"].to_numpy()
+    beyond = int((busy > 1).sum())
+    assert beyond > 0
+    note = evaluate(cal, run, set())["outside_note"]
+    span = f"{int(busy.min())}–{int(busy.max())}"
+    assert f"{beyond:,} of {len(busy):,} requests arrived with {span} others in flight" in note
+    assert "(fitted 0–1)" in note

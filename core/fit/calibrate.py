@@ -326,9 +326,30 @@ def evaluate(cal: Calibration, run: Run, fitted: set[str], model: str = "affine"
     pred = predict(use, run) if pred is None else pred
     rows = compare(pred, run)
     outside = outside_range(pred, {**cal.report["step_model"], "model": model})
+    notes = [f"{describe_outside(outside)}: the prediction extrapolates there"] if outside else []
+    busy = front_end_outside(cal, run)
+    if busy:
+        notes.append(busy)
     return {"held_out": run.name not in fitted, "speed_factor": factor, "rows": rows, "summary": summary(rows),
-            "outside": outside,
-            "outside_note": f"{describe_outside(outside)}: the prediction extrapolates there" if outside else None}
+            "outside": outside, "outside_note": "; ".join(notes) or None}
+
+
+def front_end_outside(cal: Calibration, run: Run) -> str | None:
+    """In words, where the run's requests had more (or fewer) others in flight at the front end than
+    the fit runs' requests did, when the fitted front end prices requests in flight: its term is then
+    extrapolated (a run that never had more than one in flight cannot say what four cost). None
+    when inside, or when the term is 0."""
+    per = cal.front_end.in_ms_per_in_flight
+    lo, hi = (cal.report.get("front_end") or {}).get("in_flight_range", (None, None))
+    if not per or lo is None:
+        return None
+    s = samples(run.truth)
+    busy = s["in_flight"].to_numpy()
+    out = int(((busy < lo) | (busy > hi)).sum())
+    if not out:
+        return None
+    return (f"{out:,} of {len(busy):,} requests arrived with {int(busy.min())}–{int(busy.max())} others in flight at "
+            f"the front end (fitted {lo}–{hi}): its {per:.3g} ms per request in flight is extrapolated there")
 
 
 def step_comparison(cal: Calibration, run: Run) -> pd.DataFrame | None:

@@ -108,6 +108,7 @@ def fit_front_end(traces, name: str = "fit run", waits: dict | None = None) -> t
         split = "unknown (no core queue times): the fixed part is put on the way in"
     fe = FrontEnd(in_fixed, b, a - in_fixed, d, c)
     return fe, {"front_end": fe.to_dict(), "requests": int(len(s)), "fixed_ms": a, "split": split,
+                "in_flight_range": [int(busy.min()), int(busy.max())],
                 "step_boundary_wait": (f"taken out for {waited} of {len(s)} requests" if waited else
                                        "not known: left in the terms"),
                 "wait_ms_mean": float(wait.mean()) if len(wait) else 0.0,
