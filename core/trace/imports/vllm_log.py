@@ -89,16 +89,16 @@ def engine_options(text: str) -> dict:
     """The scheduler options the log's startup lines state (vLLM's non-default args and its KV
     cache size), as our SchedulerConfig fields; {"name": "vllm"} alone when the log starts later."""
     out: dict = {"name": "vllm"}
-    head = text        # (any line that states them: a log cut into runs may hold them anywhere, or not at all)
-    at, line = head.find("non-default args:"), ""
+    # the line that states them, wherever it is (a log cut into runs may hold it anywhere, or not at all)
+    at, line = text.find("non-default args:"), ""
     if at >= 0:
-        end = head.find("\n", at)
-        line = head[head.rfind("\n", 0, at) + 1: end if end >= 0 else len(head)]
+        end = text.find("\n", at)
+        line = text[text.rfind("\n", 0, at) + 1: end if end >= 0 else len(text)]
     for key, value in ARG.findall(line):
         field, conv = ARGS[key]
         out[field] = conv(value)
     if "kv_blocks" not in out and "block_size" in out:
-        m = CACHE_TOKENS.search(head)
+        m = CACHE_TOKENS.search(text)
         if m:
             out["kv_blocks"] = int(m.group(1).replace(",", "")) // out["block_size"]
     if len(out) > 1:
