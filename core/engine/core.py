@@ -56,6 +56,7 @@ class EngineCore:
                                    kv_events=kv_events)
         self.executor = executor
         self.fast_forward = fast_forward
+        self.free_at_ms = float("inf")   # when the last step ended (inf: none yet; its first step's idle is inf)
         self.observers: list[Observer] = [self.log.record] if record else []
 
     @property
@@ -95,12 +96,15 @@ class EngineCore:
         batch = sched.schedule(now_ms)
         if batch is None:
             return self._emit(sched.take_outputs(now_ms)) if sched.has_outputs() else None
+        batch.idle_ms = now_ms - self.free_at_ms if self.free_at_ms != float("inf") else float("inf")
+        out = None
         if self.fast_forward:
             ex = self.executor
             out = sched.fast_forward(batch, lambda k, counts=None: ex.run_durations(batch, k, counts))
-            if out is not None:
-                return self._emit(out)
-        return self._emit(sched.update(batch, self.executor.execute(batch)))
+        if out is None:
+            out = sched.update(batch, self.executor.execute(batch))
+        self.free_at_ms = out.t_ms
+        return self._emit(out)
 
     def flush(self, now_ms: float) -> EngineOutputs | None:
         """What happened since the last outputs without a step (cancellations applied between

@@ -33,6 +33,7 @@ class SchedulerOutput:
     new_token_ids: list[list[int]] | None = None   # per entry: known ids not sent before (first: the prompt)
     block_updates: list[tuple[int, list[int]]] | None = None  # per entry: (blocks kept, blocks appended)
     finished: list[int] = field(default_factory=list)  # requests gone since the last output (drop their state)
+    idle_ms: float = 0.0        # how long the engine sat idle before this step (inf: its first step)
 
     @property
     def prefill_tokens(self) -> int:

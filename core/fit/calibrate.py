@@ -35,7 +35,7 @@ from core.sim.stepmodel import StepModel
 
 PARTS = ("front end", "queue", "prefill", "decode")
 COEFFICIENTS = ("step_ms", "base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "prefill_ms_per_kpos",
-                "decode_ms_per_kpos", "prefill_ms_per_chunk")
+                "decode_ms_per_kpos", "prefill_ms_per_chunk", "wake_ms")
 # The step fit's soft-L1 scale (core.fit.reqfit): a request off by much more than 15% (a stalled
 # 2-core machine, a cold engine) counts as its error, not its square
 ROBUST = 0.15
@@ -51,6 +51,20 @@ class Calibration:
 
     def describe(self) -> str:
         return f"step model {self.step_model.describe()}; front end {self.front_end.describe()}"
+
+    def wake_note(self) -> str | None:
+        """How the wake-up after a pause was fitted (core.fit.wake), or why none was; None when the
+        method does not fit one (spans)."""
+        w = (self.report.get("step_model") or {}).get("wake")
+        if not w:
+            return None
+        seen = w.get("idle_range_ms")
+        where = (f"{w['idle_starts']} of {w['requests']} requests found the engine idle"
+                 + (f" (pauses {seen[0]:.0f}-{seen[1]:,.0f} ms)" if seen else ""))
+        if w.get("wake_ms", 0) > 0:
+            return (f"wake-up after a pause: {w['wake_ms']:.2f} ms x (1 - exp(-idle / {w['wake_tau_ms']:.0f} ms)), "
+                    f"fitted where {where}")
+        return f"no wake-up after a pause: {w.get('why', where)}"
 
 
 def has_phases(run: Run) -> bool:
@@ -155,13 +169,19 @@ def _log_fit(runs: list[Run], model: str, fe: FrontEnd | None = None):
     hand-over: a fixed part and a part per decoding sequence, OVERHEAD_TERMS), fitted so that the
     fit runs simulated under their flags reproduce their spans' engine-core view
     (core.fit.reqfit.fit_added_terms, robust loss), starting from the spans' median decode time per
-    token minus the median logged decode-only step. Without spans, that start alone (or nothing)."""
+    token minus the median logged decode-only step. Without spans, that start alone (or nothing).
+    With spans, the engine's wake-up after a pause (core.fit.wake) is fitted first from the runs'
+    TTFTs, the forward pass then priced on the steps of a busy engine (a prefill with nothing
+    decoding beside it may be a first step after a pause), and the two are fitted in turn
+    (WAKE_ROUNDS); where the runs cannot tell a wake-up (a closed loop), every step prices it."""
     from core.fit.stepfit import counted_steps, trace_features
     logs = [r.steps for r in runs if r.steps is not None and len(trace_features(r.steps)[2])]
     if not logs:
         raise InputError("fit: --method log needs step events: an iteration log (vLLM's server log with "
                          "--enable-logging-iteration-details) or a trace with steps, in a fit run")
-    sm, quality = _log_forward(logs, model)
+    with_phases = [r for r in runs if has_phases(r)]
+    # (with spans, a wake-up after pauses is fitted below: the forward pass is priced on a busy engine's steps)
+    sm, quality = _log_forward(logs, model, busy_only=fe is not None and bool(with_phases))
     extra = []
     for r in runs:   # (the forward pass an iteration log times is not the engine's whole cycle)
         if r.steps is None or not counted_steps(r.steps) or not has_phases(r):
@@ -174,21 +194,38 @@ def _log_fit(runs: list[Run], model: str, fe: FrontEnd | None = None):
         if len(per) and len(dec):
             extra.append(float(per.median()) - float(dec.median()))
     overhead = max(float(np.median(extra)), 0.0) if extra else 0.0
-    with_phases = [r for r in runs if has_phases(r)]
     if fe is None or not with_phases:
         sm = dataclasses.replace(sm, base_ms=sm.base_ms + overhead)
         return sm, {"fitted_on": "iteration logs", **quality, "overhead_ms": overhead}
     from core.fit.reqfit import fit_added_terms
-    sm, added = fit_added_terms([engine_view(r, fe) for r in with_phases], [r.config for r in with_phases], sm,
-                                OVERHEAD_TERMS, {"base_ms": overhead}, robust=ROBUST)
+    from core.fit.wake import fit_wake
+    views, configs = [engine_view(r, fe) for r in with_phases], [r.config for r in with_phases]
+    woke, wake = fit_wake(views, configs, dataclasses.replace(sm, base_ms=sm.base_ms + overhead))
+    if woke.wake_ms > 0:
+        sm = dataclasses.replace(sm, wake_ms=woke.wake_ms, wake_tau_ms=woke.wake_tau_ms)
+    elif quality.get("busy_only"):   # (no wake-up to carry the slower steps after a pause: all steps price it)
+        sm, quality = _log_forward(logs, model, busy_only=False)
+    sm, added = fit_added_terms(views, configs, sm, OVERHEAD_TERMS, {"base_ms": overhead}, robust=ROBUST)
+    for _ in range(WAKE_ROUNDS - 1):   # (the wake-up again, from the cycle the added terms left, then those)
+        if sm.wake_ms <= 0:
+            break
+        woke, again = fit_wake(views, configs, sm)
+        if woke.wake_ms <= 0:
+            break
+        wake = again
+        fwd = dataclasses.replace(sm, base_ms=sm.base_ms - added["added"]["base_ms"], wake_ms=woke.wake_ms,
+                                  wake_tau_ms=woke.wake_tau_ms)
+        sm, added = fit_added_terms(views, configs, fwd, OVERHEAD_TERMS, added["added"], robust=ROBUST)
     return sm, {"fitted_on": "iteration logs + the cycle beyond them from the spans", **quality,
-                "overhead_ms": added["added"]["base_ms"], "overhead": added}
+                "overhead_ms": added["added"]["base_ms"], "overhead": added, "wake": wake}
 
 
 MIN_CELL = 20     # decode-only steps of one batch size for their median to count (_log_forward)
+MIN_BUSY_PREFILLS = 5   # prefills beside decodes for the forward pass to be priced on those alone
+WAKE_ROUNDS = 2   # the wake-up and the cycle's added terms fitted in turn (each leaves the other's share)
 
 
-def _log_forward(logs, model: str):
+def _log_forward(logs, model: str, busy_only: bool = False):
     """The forward pass as the iteration logs time it: the cost per decoding sequence is the slope
     of the median decode-only step over the batch sizes seen at least MIN_CELL times (weighted by
     the square root of their counts; 0 when fewer than two such sizes or a falling slope: a run
@@ -209,11 +246,19 @@ def _log_forward(logs, model: str):
         slope = max(float(np.polyfit(g.index.to_numpy(dtype=float), g["median"].to_numpy(), 1,
                                      w=np.sqrt(g["size"].to_numpy()))[0]), 0.0)
     k = FEATURES.index("decode_seqs")
+    p = FEATURES.index("prefill_tokens")
+    busy = ~((X[:, p] > 0) & (X[:, k] == 0))
+    busy_only = busy_only and ((X[:, p] > 0) & busy).sum() >= MIN_BUSY_PREFILLS
+    if busy_only:
+        # (a prefill with nothing decoding beside it may be the first step after a pause, slower by
+        # the engine's wake-up (core.fit.wake): the forward pass is priced on steps of a busy engine)
+        X, y = X[busy], y[busy]
     rest = X.copy()
     rest[:, k] = 0.0
     coef, quality = solve(rest, y - slope * X[:, k], model)
     coef[k] = slope
     quality["range"] = feature_range(X)         # (the steps' own: the decode column was set aside above)
+    quality["busy_only"] = busy_only
     quality["decode_ms_per_seq_from"] = (f"decode-only step medians at {len(g)} batch sizes" if len(g) >= 2 else
                                          f"{len(g)} batch size(s) with {MIN_CELL}+ decode-only steps: not separable "
                                          "from the fixed cost, 0")

@@ -88,11 +88,33 @@ def roles_of(trace) -> list[str]:
     return [str(r.get("role", "both")) if isinstance(r, dict) else "both" for r in reps]
 
 
+def fit_fleet(trace, model: str = "features", gap: bool = True) -> dict:
+    """Role -> (step model, fit report), each fitted on that role's first replica of a fleet trace."""
+    roles = roles_of(trace)
+    return {role: fit_replica(trace, roles.index(role), model, gap) for role in dict.fromkeys(roles)}
+
+
+def fleet_run(path):
+    """A measured fleet trace as a core.fit.runs.Run (its requests' TTFT and E2E on the fleet front
+    end's clock): what core.fit.noise needs to hold repeats of one fleet workload against each other."""
+    from pathlib import Path
+
+    from core.fit.runs import Run
+    from core.trace import load_trace
+    p = Path(path)
+    tr = load_trace(p)
+    roles_of(tr)
+    name = p.name[:-len(".json.gz")] if p.name.endswith(".json.gz") else p.stem
+    return Run(name, p, tr.workload(), tr, "the fleet front end's (its arrival to the token leaving it)", None)
+
+
 def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[float, float] | None = None,
-                  held_out: set | None = None):
+                  held_out: set | None = None, fits: dict | None = None):
     """(simulated trace, report, per-request table) for a measured fleet trace. `link`: (latency
     ms, GB/s) of a disaggregated fleet's KV link (default: fitted on the trace's own transfers);
-    `held_out`: only these requests' transfers are scored (the others fitted the link)."""
+    `held_out`: only these requests' transfers are scored (the others fitted the link); `fits`:
+    role -> (step model, report) fitted elsewhere (fit_fleet on another run: a held-out
+    prediction), default fitted on this trace (in sample)."""
     import pandas as pd
 
     from core.analysis.metrics import request_metrics
@@ -103,7 +125,12 @@ def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[
     names = {f.name for f in dataclasses.fields(SchedulerConfig)}
     eng = {k: v for k, v in (trace.meta.get("engine") or {}).items() if k in names}
     cfg = from_dict(SchedulerConfig, eng, "meta.engine", strict=False)
-    fits = {role: fit_replica(trace, roles.index(role), model, gap) for role in dict.fromkeys(roles)}
+    if fits is None:
+        fits = fit_fleet(trace, model, gap)
+    missing = [r for r in dict.fromkeys(roles) if r not in fits]
+    if missing:
+        raise ConfigError(f"fleet prediction: no step model for the {', '.join(missing)} role(s) of this fleet "
+                          f"(fitted: {', '.join(fits) or 'none'})")
     rc = (trace.meta.get("fleet") or {}).get("router") or {}
     router = RouterConfig(rc.get("policy", "round-robin"), rc.get("staleness_ms", 0.0), rc.get("seed", 0),
                           rc.get("prefix"), rc.get("queue_limit"), rc.get("params") or {})

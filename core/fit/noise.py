@@ -34,25 +34,56 @@ METRICS = ("ttft_ms", "e2e_ms")
 _INDEX = re.compile(r"-(\d+)-0$")        # vllm bench serve: cmpl-bench-<run>-<i>-0
 
 
-def _per_request(run) -> pd.DataFrame:
-    """One run's requests: their pairing key, prompt tokens, and each metric (on the run's clock)."""
-    from core.fit.frontfit import samples
-    s = samples(run.truth)
-    arrival = dict(zip(run.truth.ids, run.truth.requests["arrival_ms"].to_numpy(dtype=float)))
-    idx = [_INDEX.search(i) for i in s["id"]]
-    if all(m is not None for m in idx) and len({int(m.group(1)) for m in idx}) == len(idx):
-        key = [int(m.group(1)) for m in idx]
-        how = "the index in each request's id"
+KEYS = {"index": "the index in each request's id", "id": "request id (the repeats send the same ids)",
+        "arrival": "arrival order"}
+
+
+def _per_request(run, key: str | None = None) -> pd.DataFrame:
+    """One run's requests: their pairing key, prompt tokens, and each metric (on the run's clock).
+    `key` (KEYS): how requests are keyed; None: the index in a `vllm bench serve` id where every
+    request has one, else arrival order."""
+    s = _metrics(run)
+    ids = s["id"].to_numpy()
+    idx = [_INDEX.search(str(i)) for i in ids]
+    if key is None:
+        key = "index" if all(m is not None for m in idx) and len({int(m.group(1)) for m in idx}) == len(idx) \
+            else "arrival"
+    if key == "index":
+        k = [int(m.group(1)) for m in idx]
+    elif key == "id":
+        k = [str(i) for i in ids]
     else:
-        order = np.argsort([arrival.get(i, np.inf) for i in s["id"]], kind="stable")
-        key = np.empty(len(s), dtype=np.int64)
-        key[order] = np.arange(len(s))
-        key = key.tolist()
-        how = "arrival order"
-    out = pd.DataFrame({"key": key, "id": s["id"].to_numpy(), "prompt_tokens": s["prompt_tokens"].to_numpy(),
+        order = np.argsort(s["arrival_ms"].to_numpy(dtype=float), kind="stable")
+        k = np.empty(len(s), dtype=np.int64)
+        k[order] = np.arange(len(s))
+        k = k.tolist()
+    out = pd.DataFrame({"key": k, "id": ids, "prompt_tokens": s["prompt_tokens"].to_numpy(),
                         **{m: s[m].to_numpy(dtype=float) for m in METRICS}})
-    out.attrs["how"] = how
+    out.attrs["how"] = KEYS[key]
+    out.attrs["key"] = key
     return out.set_index("key")
+
+
+def _metrics(run) -> pd.DataFrame:
+    """id, arrival, prompt tokens, TTFT and E2E per request of the run (a fleet's too)."""
+    from core.analysis.metrics import request_metrics
+    m = request_metrics(run.truth)
+    prompt = dict(zip(run.truth.ids, run.truth.requests["prompt_tokens"].to_numpy().tolist()))
+    return pd.DataFrame({"id": m["id"].to_numpy(), "arrival_ms": m["arrival_ms"].to_numpy(dtype=float),
+                         "prompt_tokens": [prompt[i] for i in m["id"]],
+                         "ttft_ms": m["ttft_ms"].to_numpy(dtype=float), "e2e_ms": m["e2e_ms"].to_numpy(dtype=float)})
+
+
+def _tables(runs) -> list[pd.DataFrame]:
+    """Each run's _per_request, keyed alike: by bench index where every run has it, else by request
+    id where every run sends the same ids, else by arrival order."""
+    tables = [_per_request(r) for r in runs]
+    if all(t.attrs["key"] == "index" for t in tables):
+        return tables
+    ids = [set(map(str, t["id"])) for t in tables]
+    if all(i == ids[0] for i in ids[1:]) and len(ids[0]) == len(tables[0]):
+        return [_per_request(r, "id") for r in runs]
+    return [_per_request(r, "arrival") for r in runs]
 
 
 def repeat_floor(runs) -> dict:
@@ -66,7 +97,7 @@ def repeat_floor(runs) -> dict:
     twice = sorted({w for w in where if where.count(w) > 1})
     if twice:
         raise InputError(f"repeats: {twice[0]} given twice; the floor needs separate runs of one workload")
-    tables = [_per_request(r) for r in runs]
+    tables = _tables(runs)
     common = set(tables[0].index)
     for t in tables[1:]:
         common &= set(t.index)
@@ -84,8 +115,9 @@ def repeat_floor(runs) -> dict:
                              f"({len(bad)} of {len(keys)} requests differ)")
     out = {"runs": [r.name for r in runs], "paired": len(keys),
            "unpaired": sum(len(t) for t in tables) - len(keys) * len(tables), "paired_by": tables[0].attrs["how"],
+           "key": tables[0].attrs["key"],
            "clock": runs[0].clock,
-           "prompts": {int(k): int(v) for k, v in zip(keys, tables[0].loc[keys, "prompt_tokens"].to_numpy())}}
+           "prompts": {str(k): int(v) for k, v in zip(keys, tables[0].loc[keys, "prompt_tokens"].to_numpy())}}
     for m in METRICS:
         vals = [t.loc[keys, m].to_numpy(dtype=float) for t in tables]
         pairs, p50s, p90s = [], [], []
@@ -111,8 +143,7 @@ def request_floor(run, others) -> dict:
     """Per request of `run`: the median over `others` (its repeats) of |theirs - its| / its, TTFT
     and E2E: how far a repeat came from this very request, the per-request floor beside its
     prediction error. {id: {metric: ratio}} for the requests paired in every repeat."""
-    mine = _per_request(run)
-    tables = [_per_request(r) for r in others]
+    mine, *tables = _tables([run, *others])
     out = {}
     for key in mine.index:
         if not all(key in t.index for t in tables):
@@ -129,10 +160,10 @@ def request_floor(run, others) -> dict:
 def same_workload(run, floor: dict) -> bool:
     """Whether `run` sends the workload the floor's repeats sent: the same requests (by the floor's
     pairing) with the same prompt lengths."""
-    t = _per_request(run)
+    t = _per_request(run, floor.get("key"))
+    have = {str(k): int(v) for k, v in t["prompt_tokens"].items()}
     want = floor.get("prompts") or {}
-    return bool(want) and len(t) == len(want) and all(
-        int(k) in t.index and int(t.loc[int(k), "prompt_tokens"]) == v for k, v in want.items())
+    return bool(want) and len(have) == len(want) and all(have.get(str(k)) == v for k, v in want.items())
 
 
 def times_floor(error: float | None, floor: dict | None, metric: str) -> float | None:

@@ -13,6 +13,10 @@
              bytes = weights once per step + KV read by attention (every cached position of
              every sequence in the batch) and FLOPs = 2 x params x tokens; plus base_ms of
              fixed overhead. An optimistic bound, not a prediction of a real engine.
+
+Any kind may add a wake-up cost to a step that starts after the engine sat idle for t ms:
+wake_ms x (1 - exp(-t / wake_tau_ms)) (a CPU engine's first step after a pause runs on cold caches
+and sleeping threads: core.fit.wake measures it from a real run).
 """
 from __future__ import annotations
 
@@ -80,6 +84,10 @@ class StepModel:
                                     minimum=0, maximum=MAX_COEF_MS, label="ms per 1,000 attended decode positions")
     prefill_ms_per_chunk: float = opt(0.0, "features: ms per prefill piece (a request's prompt tokens in a step)",
                                       minimum=0, maximum=MAX_COEF_MS, label="ms per prefill piece")
+    wake_ms: float = opt(0.0, "any kind: ms added to a step after a long idle (see wake_tau_ms)", minimum=0,
+                         maximum=MAX_COEF_MS, label="wake-up ms after idle")
+    wake_tau_ms: float = opt(100.0, "any kind: idle ms for the wake-up cost to reach 63% of wake_ms", above=0,
+                             maximum=MAX_COEF_MS, label="wake-up time constant (ms)")
     model: str = opt("Llama-2-7B", "roofline: model preset (core.formulas.kv.MODELS)", label="Model preset")
     gpu: str = opt("A100-80GB", "roofline: GPU preset (core.formulas.kv.GPUS)", label="GPU preset")
     dtype_bytes: float = opt(2.0, "roofline: bytes per weight and KV element (and a disaggregated fleet's KV "
@@ -110,7 +118,18 @@ class StepModel:
         """The features model's coefficients in FEATURES order (unused ones are 0)."""
         return np.array([getattr(self, name) for name in FEATURE_COEFFICIENTS], dtype=float)
 
+    def wake(self, idle_ms: float) -> float:
+        """The wake-up cost of a step that starts after `idle_ms` idle (0 without a wake term)."""
+        if self.wake_ms <= 0 or not idle_ms > 0:
+            return 0.0
+        return self.wake_ms * -float(np.expm1(-idle_ms / self.wake_tau_ms))
+
     def duration_ms(self, batch: SchedulerOutput) -> float:
+        if self.wake_ms > 0:
+            return self._forward_ms(batch) + self.wake(batch.idle_ms)
+        return self._forward_ms(batch)
+
+    def _forward_ms(self, batch: SchedulerOutput) -> float:
         if self.kind == "constant":
             return self.step_ms
         if self.kind == "affine":
@@ -132,7 +151,15 @@ class StepModel:
         """Durations of `batch` (all one-token decodes) repeated k times, positions advancing
         by one each step; equal to duration_ms of each of those steps. `counts`: step j runs only
         counts[j] of the batch's requests (the others have finished): the durations where the
-        model prices a decode-only step by its count alone (constant, affine), else None."""
+        model prices a decode-only step by its count alone (constant, affine), else None. (The
+        steps after the first follow without a pause: a wake-up cost is the first's alone.)"""
+        out = self._run_ms(batch, k, counts)
+        if out is not None and self.wake_ms > 0 and batch.idle_ms > 0 and k > 0:
+            out = np.array(out, dtype=float)
+            out[0] += self.wake(batch.idle_ms)
+        return out
+
+    def _run_ms(self, batch: SchedulerOutput, k: int, counts: np.ndarray | None = None) -> np.ndarray | None:
         if counts is not None:
             if self.kind == "constant":
                 return np.full(k, self.step_ms)
@@ -146,12 +173,18 @@ class StepModel:
             return _combine(self.coefficients(), (np.ones(k), zero, np.full(k, float(n)), zero,
                                                   (s0 + n * np.arange(k, dtype=float)) / 1000.0, zero))
         if self.kind != "roofline":
-            return np.full(k, self.duration_ms(batch))
+            return np.full(k, self._forward_ms(batch))
         s0 = int((batch.start_pos + 1).sum())
         n = len(batch.reqs)
         return np.array([self._roofline_ms(s0 + n * j, n) for j in range(k)])
 
     def describe(self) -> str:
+        if self.wake_ms > 0:
+            return (f"{self._describe()}; after idle + {self.wake_ms:.4g} ms x (1 - exp(-idle / "
+                    f"{self.wake_tau_ms:.4g} ms))")
+        return self._describe()
+
+    def _describe(self) -> str:
         if self.kind == "constant":
             return f"constant: every step {self.step_ms:g} ms"
         if self.kind == "affine":
@@ -176,6 +209,8 @@ class StepModel:
             d.update(zip(FEATURE_COEFFICIENTS, self.coefficients().tolist()))
         else:
             d.update(model=self.model, gpu=self.gpu, dtype_bytes=self.dtype_bytes, base_ms=self.base_ms)
+        if self.wake_ms > 0:
+            d.update(wake_ms=self.wake_ms, wake_tau_ms=self.wake_tau_ms)
         return d
 
 

@@ -1,0 +1,119 @@
+"""Issue 49, item 5: the fleet simulator held against a real fleet's own repeat noise.
+
+    python -m bench.fleet_repeats [--rounds 3] [--bundle data/imports/fleet_repeats] [--json OUT]
+    python -m bench.fleet_repeats --from data/imports/fleet_repeats       # the bundled runs, no new ones
+
+Runs real fleets (`python -m gpu_runner fleet`, two replicas of the bundled tiny model, 1 torch
+thread each, on 127.0.0.1, driven by `python -m gpu_runner loadgen`; bench/fleet_real.py's code)
+ROUNDS times each, alternating, for three configurations:
+
+  rr       shared-prefix workload (bench.fleet_real.shared_prefix_workload: 120 requests, Poisson
+           12/s, four 192-token system prompts), prefix caching on 64 blocks each, round-robin;
+  pa       the same workload and pool, prefix-aware routing;
+  closed   a closed loop of 16 (96 requests, prompts 96-160, outputs 24-40), round-robin, 512 blocks.
+
+Then, per configuration, the repeat floor (core.fit.noise: requests paired by id) and every run
+predicted by the fleet simulator (core.fit.fleet.predict_fleet): in sample (step models fitted on
+that run's own replicas) and held out (fitted on each configuration's first round, predicting every
+other run: its repeats and the other configurations). Each error is printed as a multiple of its
+configuration's floor. Every run is another start of the fleet (one fleet process per run), so the
+held-out target is issue 49's "another start": 3x; in sample 1.5x. Asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+CONFIGS = {
+    "rr": (["--replicas", "2", "--router", "round-robin", "--prefix-caching", "--kv-blocks", "64"], "shared", []),
+    "pa": (["--replicas", "2", "--router", "prefix-aware", "--prefix-caching", "--kv-blocks", "64"], "shared", []),
+    "closed": (["--replicas", "2", "--router", "round-robin", "--kv-blocks", "512"], "closed",
+               ["--concurrency", "16"]),
+}
+TARGET = {"in sample": 1.5, "its repeats": 3.0, "another configuration": 3.0}
+
+
+def make_runs(rounds: int, out_dir: Path) -> dict:
+    from bench.fleet_real import closed_workload, run_fleet, shared_prefix_workload, write_workload
+    tmp = Path(tempfile.mkdtemp(prefix="fleet_repeats_"))
+    wl = {"shared": tmp / "shared.json", "closed": tmp / "closed.json"}
+    write_workload(wl["shared"], shared_prefix_workload(120, 12.0, 2))
+    write_workload(wl["closed"], closed_workload(96, (96, 160), (24, 40), 1))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs: dict = {c: [] for c in CONFIGS}
+    for r in range(1, rounds + 1):
+        for c, (flags, w, drive) in CONFIGS.items():
+            _, path = run_fleet(tmp, f"{c}_r{r}", flags, wl[w], drive)
+            dst = out_dir / f"{c}_r{r}.json.gz"
+            shutil.copy(path, dst)
+            runs[c].append(dst)
+            print(f"made {dst}", flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return runs
+
+
+def bundled(d: Path) -> dict:
+    runs = {c: sorted(d.glob(f"{c}_r*.json.gz")) for c in CONFIGS}
+    return {c: v for c, v in runs.items() if v}
+
+
+def evaluate(runs: dict) -> dict:
+    from core.fit.fleet import fit_fleet, fleet_run, predict_fleet
+    from core.fit.noise import METRICS, repeat_floor
+    from core.trace import load_trace
+    loaded = {c: [fleet_run(p) for p in ps] for c, ps in runs.items()}
+    floors = {c: repeat_floor(rs) for c, rs in loaded.items() if len(rs) >= 2}
+    for c, f in floors.items():
+        print(f"floor {c}: TTFT {f['ttft_ms']['p50']:.1%}, E2E {f['e2e_ms']['p50']:.1%} ({len(f['runs'])} repeats, "
+              f"paired by {f['paired_by']}); run medians spread TTFT {f['ttft_ms']['run_spread']:.1%}, "
+              f"E2E {f['e2e_ms']['run_spread']:.1%}")
+    traces = {c: [load_trace(p) for p in ps] for c, ps in runs.items()}
+    fits = {c: fit_fleet(ts[0]) for c, ts in traces.items()}
+    rows = []
+    print(f"\n{'fit on':<10} {'predicted':<12} {'kind':<22} {'TTFT p50':>8} {'x':>5} {'E2E p50':>8} {'x':>5}  target")
+    for fc in traces:
+        for c, ts in traces.items():
+            for i, tr in enumerate(ts):
+                same = c == fc and i == 0
+                kind = "in sample" if same else "its repeats" if c == fc else "another configuration"
+                _, rep, _ = predict_fleet(tr, fits=None if same else fits[fc])
+                f = floors.get(c)
+                err = {"ttft_ms": rep["ttft"]["median"], "e2e_ms": rep["e2e"]["median"]}
+                x = {m: (err[m] / f[m]["p50"]) if f and err[m] is not None else None for m in METRICS}
+                ok = all(v is not None and v <= TARGET[kind] for v in x.values())
+                rows.append({"fit": f"{fc}_r1", "predicted": f"{c}_r{i + 1}", "kind": kind, "ttft_p50": err["ttft_ms"],
+                             "e2e_p50": err["e2e_ms"], "ttft_x_floor": x["ttft_ms"], "e2e_x_floor": x["e2e_ms"],
+                             "routing_agreement": rep["routing_agreement"], "met": ok})
+                xs = [f"{v:.1f}x" if v is not None else "-" for v in x.values()]
+                print(f"{fc + '_r1':<10} {c + f'_r{i + 1}':<12} {kind:<22} {err['ttft_ms']:>8.1%} {xs[0]:>5} "
+                      f"{err['e2e_ms']:>8.1%} {xs[1]:>5}  {'met' if ok else 'MISSED'}")
+    print(f"\n{sum(r['met'] for r in rows)} of {len(rows)} predictions within their targets "
+          f"(in sample {TARGET['in sample']}x, held out {TARGET['its repeats']}x the floor)")
+    return {"floors": floors, "rows": rows}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bundle", help="keep the runs' fleet traces here (default: a temporary directory)")
+    ap.add_argument("--from", dest="source", help="evaluate the runs in this directory; make none")
+    ap.add_argument("--json", help="write the floors and every row here")
+    a = ap.parse_args(argv)
+    if a.source:
+        runs = bundled(Path(a.source))
+        if not runs:
+            raise SystemExit(f"{a.source}: no <config>_r<N>.json.gz fleet traces")
+    else:
+        keep = Path(a.bundle) if a.bundle else Path(tempfile.mkdtemp(prefix="fleet_repeats_out_"))
+        runs = make_runs(a.rounds, keep)
+    res = evaluate(runs)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""The step model's wake-up cost after idle (core.sim.stepmodel) and its fit from a run's requests
+(core.fit.wake): values computed here by hand from the workload, and a fit that must recover terms
+this test chose."""
+import math
+
+import numpy as np
+import pytest
+
+from core.config import SchedulerConfig
+from core.fit.wake import MIN_IDLE_STARTS, first_step_idle, fit_wake
+from core.sim.simulate import simulate
+from core.sim.stepmodel import StepModel
+from core.trace.build import given_trace
+from core.workload import Request, Workload
+
+CFG = SchedulerConfig(max_seqs=8, token_budget=512, block_size=16, kv_blocks=256)
+BASE = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.1)
+
+
+def _steps(tr):
+    st = tr.steps.sort_values("step")
+    return st["t_ms"].to_numpy(), st["dur_ms"].to_numpy()
+
+
+def test_a_step_after_idle_costs_its_wake_up_and_the_first_step_the_whole_of_it():
+    # request a: 100 prompt tokens, 3 outputs at t=0; request b: 60 tokens, 2 outputs at t=500
+    w = Workload([Request("a", 0.0, 100, 3), Request("b", 500.0, 60, 2)])
+    sm = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.1, wake_ms=4.0,
+                   wake_tau_ms=50.0)
+    t, d = _steps(simulate(w, CFG, sm))
+    # a: prefill (2 + 5 + wake 4: the engine's first step), then 2 decodes of 2.1
+    assert d[:3] == pytest.approx([11.0, 2.1, 2.1])
+    end_a = 11.0 + 2.1 + 2.1
+    # b starts at 500 after (500 - end_a) ms idle: 2 + 3 + 4 (1 - exp(-idle / 50)), then one decode
+    assert t[3] == pytest.approx(500.0)
+    assert d[3] == pytest.approx(5.0 + 4.0 * (1 - math.exp(-(500.0 - end_a) / 50.0)))
+    assert d[4] == pytest.approx(2.1)
+
+
+def test_without_a_wake_term_nothing_changes_and_fast_forward_still_equals_stepping():
+    rng = np.random.default_rng(3)
+    arr = np.cumsum(rng.exponential(80.0, 40))
+    w = Workload([Request(f"r{i}", float(a), int(rng.integers(20, 200)), int(rng.integers(2, 40)))
+                  for i, a in enumerate(arr)])
+    plain = simulate(w, CFG, BASE)
+    zero = simulate(w, CFG, StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.1,
+                                      wake_ms=0.0, wake_tau_ms=7.0))
+    assert np.array_equal(plain.steps["dur_ms"].to_numpy(), zero.steps["dur_ms"].to_numpy())
+    woke = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.1, wake_ms=3.0,
+                     wake_tau_ms=40.0)
+    a, b = simulate(w, CFG, woke, fast_forward=True), simulate(w, CFG, woke, fast_forward=False)
+    assert np.array_equal(a.steps["dur_ms"].to_numpy(), b.steps["dur_ms"].to_numpy())
+    assert np.array_equal(a.steps["t_ms"].to_numpy(), b.steps["t_ms"].to_numpy())
+    # every step that follows another without a pause costs what the plain model says
+    t, d = _steps(a)
+    gap = np.r_[np.inf, t[1:] - (t[:-1] + d[:-1])]
+    assert (gap > 0).sum() >= 10
+
+
+def test_the_idle_before_each_requests_first_step_is_read_from_the_steps():
+    w = Workload([Request("a", 0.0, 100, 3), Request("b", 1.0, 50, 3), Request("c", 400.0, 60, 2)])
+    tr = simulate(w, CFG, BASE)
+    t, d = _steps(tr)
+    idle = first_step_idle(tr)
+    assert idle["a"] > 1e5                      # the engine's first step
+    assert idle["b"] == 0.0                     # joined a busy engine
+    last_end = max(t[i] + d[i] for i in range(len(t)) if t[i] < 400.0)
+    assert idle["c"] == pytest.approx(400.0 - last_end)
+
+
+def _truth(w, sm):
+    """A 'measured' run: the workload simulated with `sm`, given as its requests' token times only."""
+    tr = simulate(w, CFG, sm)
+    tok = tr.tokens.sort_values(["req", "t_ms"])
+    ids = tr.requests["id"].to_numpy()
+    emitted = {ids[int(r)]: g["t_ms"].tolist() for r, g in tok.groupby("req")}
+    return given_trace(w, emitted, {"label": "truth"})
+
+
+def test_the_fit_recovers_a_wake_up_it_was_not_told():
+    rng = np.random.default_rng(11)
+    arr = np.cumsum(rng.exponential(60.0, 80))      # Poisson, mean gap 60 ms: idle pauses of all lengths
+    w = Workload([Request(f"r{i}", float(a), int(rng.integers(40, 160)), int(rng.integers(2, 12)))
+                  for i, a in enumerate(arr)])
+    true = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.1, wake_ms=3.5,
+                     wake_tau_ms=45.0)
+    got, report = fit_wake([_truth(w, true)], [CFG], BASE)
+    assert report["idle_starts"] >= MIN_IDLE_STARTS
+    assert got.wake_ms == pytest.approx(3.5, rel=0.1)
+    assert got.wake_tau_ms == pytest.approx(45.0, rel=0.25)
+    assert abs(report["offset_ms"]) < 0.2
+
+
+def test_a_closed_loop_without_pauses_fits_no_wake_and_says_why():
+    # every request arrives while another runs: the engine never sits idle after its first step
+    w = Workload([Request(f"r{i}", 5.0 * i, 64, 30) for i in range(20)])
+    got, report = fit_wake([_truth(w, BASE)], [CFG], BASE)
+    assert got.wake_ms == 0.0
+    assert "not separable" in report["why"]
+
+
+def test_a_real_vllm_run_shows_a_wake_up_as_large_as_its_spans_say():
+    """s3 wC (vLLM 0.32 CPU, Poisson 3/s): the fitted wake-up against what the spans show without
+    any model: the prefill span (scheduled to first token) of requests that found the engine idle
+    after a pause of 300 ms or more, less that of those after 3-30 ms."""
+    from core.fit.calibrate import calibrate
+    from core.fit.frontfit import samples
+    from core.fit.runs import load_run, server_log_flags
+    from tests.conftest import ROOT
+    d = ROOT / "data" / "imports" / "vllm_repeats" / "s3"
+    run = load_run(d / "wC_poisson3_p96_o96_r1", server_log_flags(d / "server_start.log"))
+    s = samples(run.truth)
+    arrival = dict(zip(run.truth.ids, run.truth.requests["arrival_ms"].to_numpy(dtype=float)))
+    a = np.array([arrival[i] for i in s["id"]])
+    sched = a + s["ttft_ms"].to_numpy() - s["prefill_ms"].to_numpy()
+    fin = a + s["e2e_ms"].to_numpy()
+    order = np.argsort(sched)
+    gap = np.full(len(s), np.nan)
+    gap[order[1:]] = sched[order[1:]] - np.maximum.accumulate(fin[order])[:-1]
+    pre = s["prefill_ms"].to_numpy()
+    long, short = np.median(pre[gap >= 300]), np.median(pre[(gap >= 3) & (gap < 30)])
+    assert long - short > 2.0          # (the effect itself, before any model)
+    cal = calibrate([run], "affine", "log")
+    assert 0.8 * (long - short) <= cal.step_model.wake_ms <= 2.0 * (long - short)
+    assert "wake-up after a pause" in cal.wake_note()
