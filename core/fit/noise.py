@@ -22,6 +22,7 @@ repeat came.
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 
@@ -34,8 +35,8 @@ METRICS = ("ttft_ms", "e2e_ms")
 _INDEX = re.compile(r"-(\d+)-0$")        # vllm bench serve: cmpl-bench-<run>-<i>-0
 
 
-KEYS = {"index": "the index in each request's id", "id": "request id (the repeats send the same ids)",
-        "arrival": "arrival order"}
+KEYS = {"index": "the index in each request's id", "prompt": "prompt (the repeats send the same prompts, each once)",
+        "id": "request id (the repeats send the same ids)", "arrival": "arrival order"}
 
 
 def _per_request(run, key: str | None = None) -> pd.DataFrame:
@@ -50,6 +51,9 @@ def _per_request(run, key: str | None = None) -> pd.DataFrame:
             else "arrival"
     if key == "index":
         k = [int(m.group(1)) for m in idx]
+    elif key == "prompt":
+        prompts = _prompts(run)
+        k = [_digest(prompts.get(i)) for i in ids]
     elif key == "id":
         k = [str(i) for i in ids]
     else:
@@ -74,12 +78,36 @@ def _metrics(run) -> pd.DataFrame:
                          "ttft_ms": m["ttft_ms"].to_numpy(dtype=float), "e2e_ms": m["e2e_ms"].to_numpy(dtype=float)})
 
 
+def _digest(ids) -> str:
+    return "" if ids is None else hashlib.sha1(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:16]
+
+
+def _prompts(run) -> dict:
+    """Request id -> its prompt token ids (None where the run does not record them)."""
+    return {r.id: (tuple(r.prompt_ids) if r.prompt_ids is not None else None) for r in run.truth.workload().requests}
+
+
+def _by_prompt(runs) -> bool:
+    """Every run records every request's prompt ids, each prompt once, and all send the same prompts."""
+    sets = []
+    for r in runs:
+        p = list(_prompts(r).values())
+        if not p or any(x is None for x in p) or len(set(p)) != len(p):
+            return False
+        sets.append(set(p))
+    return all(x == sets[0] for x in sets[1:])
+
+
 def _tables(runs) -> list[pd.DataFrame]:
-    """Each run's _per_request, keyed alike: by bench index where every run has it, else by request
-    id where every run sends the same ids, else by arrival order."""
+    """Each run's _per_request, keyed alike: by bench index where every run has it, else by prompt
+    where every run sends the same prompts (each once: a server's own ids number its arrivals, not
+    the client's requests), else by request id where every run sends the same ids, else by arrival
+    order."""
     tables = [_per_request(r) for r in runs]
     if all(t.attrs["key"] == "index" for t in tables):
         return tables
+    if _by_prompt(runs):
+        return [_per_request(r, "prompt") for r in runs]
     ids = [set(map(str, t["id"])) for t in tables]
     if all(i == ids[0] for i in ids[1:]) and len(ids[0]) == len(tables[0]):
         return [_per_request(r, "id") for r in runs]

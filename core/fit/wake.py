@@ -69,6 +69,19 @@ def _solve(resid: np.ndarray, idle: np.ndarray, tau: float) -> tuple[float, floa
     return c, k, float(np.sum(2 * SCALE_MS ** 2 * (np.sqrt(1 + (r / SCALE_MS) ** 2) - 1)))
 
 
+def fit_curve(resid: np.ndarray, idle: np.ndarray) -> tuple[float, float, float]:
+    """(c, wake_ms >= 0, tau) of resid ~ c + wake_ms x (1 - exp(-idle / tau)), soft-L1: tau on the
+    TAUS grid, then refined between the best one's neighbours."""
+    resid, idle = np.asarray(resid, dtype=float), np.asarray(idle, dtype=float)
+    best = min((_solve(resid, idle, float(tau)) + (float(tau),) for tau in TAUS), key=lambda s: s[2])
+    j = int(np.searchsorted(TAUS, best[3]))
+    for t in np.geomspace(TAUS[max(j - 1, 0)], TAUS[min(j + 1, len(TAUS) - 1)], 17):
+        got = _solve(resid, idle, float(t))
+        if got[2] < best[2]:
+            best = got + (float(t),)
+    return best[0], best[1], best[3]
+
+
 def fit_wake(views, configs, sm: StepModel) -> tuple[StepModel, dict]:
     """`sm` with the wake-up terms the runs (each its engine core's view: core.fit.calibrate.
     engine_view, simulated under its config) show, and a report: the terms, how many requests found
@@ -95,13 +108,7 @@ def fit_wake(views, configs, sm: StepModel) -> tuple[StepModel, dict]:
         return base, {**report, "wake_ms": 0.0,
                       "why": f"{int(starts.sum())} requests found the engine idle (fewer than {MIN_IDLE_STARTS}): "
                              "the wake-up cost is not separable, 0"}
-    best = min((_solve(resid, idle, float(tau)) + (float(tau),) for tau in TAUS), key=lambda s: s[2])
-    j = int(np.searchsorted(TAUS, best[3]))
-    for t in np.geomspace(TAUS[max(j - 1, 0)], TAUS[min(j + 1, len(TAUS) - 1)], 17):
-        got = _solve(resid, idle, float(t))
-        if got[2] < best[2]:
-            best = got + (float(t),)
-    c, k, _, tau = best
+    c, k, tau = fit_curve(resid, idle)
     if k <= 0:
         return base, {**report, "wake_ms": 0.0, "why": "the requests that found the engine idle were not slower"}
     return (dataclasses.replace(sm, wake_ms=k, wake_tau_ms=tau),

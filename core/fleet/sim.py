@@ -74,6 +74,7 @@ class FleetSpec:
     pd_min_prompt: int = 0               # disaggregated: shorter prompts run whole on a decode replica
     kv_bytes_per_token: int | None = None   # disaggregated: the model's KV bytes per token
     model: str | None = None             # where kv_bytes_per_token came from
+    dispatch_ms: float = 0.0             # router to replica: a routed request reaches its engine this much later
 
     def __post_init__(self):
         if not self.replicas:
@@ -84,6 +85,8 @@ class FleetSpec:
                 raise ConfigError("disaggregated serving needs the model's KV bytes per token (--model PRESET)")
         if isinstance(self.pd_min_prompt, bool) or not isinstance(self.pd_min_prompt, int) or self.pd_min_prompt < 0:
             raise ConfigError(f"pd_min_prompt: expected an integer >= 0, got {self.pd_min_prompt!r}")
+        if not (isinstance(self.dispatch_ms, (int, float)) and 0 <= self.dispatch_ms < 1e6):
+            raise ConfigError(f"dispatch_ms: expected a number of ms from 0 to 1e6, got {self.dispatch_ms!r}")
 
     @property
     def disaggregated(self) -> bool:
@@ -281,7 +284,7 @@ class FleetSim:
                 d = router.choose(sigs, 0)
                 plan[row, stage] = d
                 if stage != "decode":
-                    times[d.replica].append(now)
+                    times[d.replica].append(now + self.fleet.dispatch_ms)
         return {"decisions": plan, "times": times, "next": [0] * len(self.replicas)}
 
     def _choose(self, group: list[_Replica], row: int, now: float, stage: str = "whole"):
@@ -342,16 +345,25 @@ class FleetSim:
             ev["signals_left_out"] = left + more    # (candidates whose signals were not recorded)
         ev["prompt_blocks"] = r.prompt_tokens // self.replicas[d.replica].spec.config.block_size
         self.routes[row] = ev
+        hop = self.fleet.dispatch_ms
         if whole:
-            self._add(self.replicas[d.replica], row, r, now)
+            self._add(self.replicas[d.replica], row, r, now, at=now + hop)
         else:
             self.decode_of[row] = dec
             self.replicas[dec].tell(now, "requests", 1, self._seq)   # it will hold this request
             copy = Request(r.id, now, r.prompt_tokens, 1, r.prompt_ids, r.tenant, abort_at_ms=r.abort_at_ms,
                            deadline_ms=r.deadline_ms, priority=r.priority)
-            self._add(self.replicas[d.replica], row, copy, now, is_copy=True)
+            self._add(self.replicas[d.replica], row, copy, now, is_copy=True, at=now + hop)
 
-    def _add(self, rep: _Replica, row: int, r: Request, now: float, is_copy: bool = False, preloaded: int = 0):
+    def _add(self, rep: _Replica, row: int, r: Request, now: float, is_copy: bool = False, preloaded: int = 0,
+             at: float | None = None):
+        """`at`: when the request reaches the replica's engine (default now; a dispatch hop later)."""
+        if at is not None and at != now:
+            r = Request(r.id, at, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
+                        abort_at_ms=r.abort_at_ms,
+                        deadline_ms=None if r.deadline_ms is None else max(1e-6, r.arrival_ms + r.deadline_ms - at),
+                        priority=r.priority)
+            now = at
         if r.arrival_ms != now:   # (a decode replica's copy: the client's deadline still counts from its arrival)
             left = None if r.deadline_ms is None else max(1e-6, r.arrival_ms + r.deadline_ms - now)
             r = Request(r.id, now, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
