@@ -21,6 +21,7 @@ from core.figures.fleet import (
     staleness_figure,
 )
 from core.figures.timeline import MAX_LANES
+from core.fit.noise import describe as describe_floor
 from core.fleet.router import GLOSSARY, POLICIES, POLICY_WORDS
 from core.formulas.kv import MODELS
 from ui import (
@@ -41,6 +42,7 @@ from ui import (
 )
 from ui.fleet import (
     cached_fleet,
+    cached_fleet_floor,
     cached_lesson,
     cached_measured,
     cached_pd_rows,
@@ -310,6 +312,8 @@ def measured_files() -> dict:
            for p in sorted((DATA / "traces").glob("fleet_*.json.gz"))}
     out |= {f"sglang-router in front of serve replicas: {p.parent.name.replace('_', ' ')}": str(p)
             for p in sorted((DATA / "imports" / "sglang_router").glob("*/fleet.json.gz"))}
+    out |= {f"gpu_runner fleet, repeated: {p.name.split('.')[0].replace('_', ' ')}": str(p)
+            for p in sorted((DATA / "imports" / "fleet_repeats").glob("*_r*.json.gz"))}
     return out
 
 
@@ -335,14 +339,21 @@ def measured_view():
         return
     sim, rep, table = cached_prediction(files[label])
     st.markdown(f"**The fleet simulator on this run's own workload** (the front end's arrival times, the same "
-                f"router, a step model fitted on each role's first replica plus its time between steps: "
-                f"core/fit/fleet.py): {origin_badge(sim)}")
+                f"router, a step model fitted on each role's first replica plus its time between steps, its "
+                f"wake-up after a pause and the router-to-replica hop: core/fit/fleet.py): {origin_badge(sim)}")
     row = {"routing agreement": f"{rep['routing_agreement']:.0%}" if rep["routing_agreement"] is not None else "—"}
+    floor = cached_fleet_floor(files[label])
     for k, word in (("ttft", "TTFT"), ("e2e", "E2E"), ("transfer", "KV transfer")):
         if k in rep and rep[k]["median"] is not None:
             row[f"{word} error median"] = f"{rep[k]['median']:.1%}"
+            f = (floor or {}).get(f"{k}_ms", {}).get("p50")
+            if f:
+                row[f"{word} x floor"] = f"{rep[k]['median'] / f:.1f}x"
             row[f"{word} error p90"] = f"{rep[k]['p90']:.1%}"
     show_table(pd.DataFrame([row]), hide_index=True, key="fl_meas_err")
+    if floor:
+        st.caption(f"Floor (measured): {md(describe_floor(floor))}. In sample: within 1.5x the floor is issue 49's "
+                   "target (docs/fidelity.md, Fleets).")
     st.caption("Error per request: |simulated - measured| / measured. Step models: "
                + "; ".join(f"{r}: {md(d)}" for r, d in rep["step_models"].items()))
     left, right = st.columns(2)

@@ -290,6 +290,35 @@ def test_measured_fleets_tab_shows_a_real_fleet_and_the_simulator_beside_it():
         assert any("was not ours" in c.value for c in at.caption)
 
 
+def test_a_repeated_fleet_run_shows_its_errors_as_multiples_of_its_repeat_floor():
+    """Issue 49 item 5: a bundled run with repeats (data/imports/fleet_repeats): the TTFT error and the
+    floor, both computed here — the floor pairing the three repeats' requests by prompt by hand."""
+    import itertools
+
+    from core.analysis.metrics import request_metrics
+    from core.fit.fleet import predict_fleet
+    from core.trace import load_trace
+    at = open_page("fleet", {"fl_tab": "Measured"})
+    at = at.selectbox(key="fl_measured").set_value("gpu_runner fleet, repeated: rr r1").run()
+    assert not at.exception
+    rep = DATA / "imports" / "fleet_repeats"
+    traces = [load_trace(rep / f"rr_r{i}.json.gz") for i in (1, 2, 3)]
+    by_prompt = []
+    for tr in traces:
+        ttft = dict(zip(request_metrics(tr)["id"], request_metrics(tr)["ttft_ms"]))
+        by_prompt.append({tuple(r.prompt_ids): ttft[r.id] for r in tr.workload().requests})
+    pair = [np.median([abs(a[k] - b[k]) / b[k] for k in b]) for a, b in itertools.permutations(by_prompt, 2)]
+    floor = float(np.median(pair))
+    sim, _, _ = predict_fleet(traces[0])
+    m, s = request_metrics(traces[0]), request_metrics(sim)
+    s_ttft = dict(zip(s["id"], s["ttft_ms"]))
+    err = float(np.median([abs(s_ttft[r] - t) / t for r, t in zip(m["id"], m["ttft_ms"])]))
+    row = at.dataframe[0].value.to_dict("records")[0]
+    assert row["TTFT error median"] == f"{err:.1%}"
+    assert row["TTFT x floor"] == f"{err / floor:.1f}x"
+    assert any(f"TTFT {floor:.1%}" in c.value for c in at.caption)
+
+
 def test_the_replica_picked_on_the_replay_page_is_in_the_link():
     """Issue 48 item 6: the replica picker was not in the URL, so a link reopened the whole fleet."""
     at = open_page("replay", {"tr": "fleet_two.json.gz"})

@@ -144,6 +144,15 @@ def cached_measured(path: str):
     return load_trace(path)
 
 
+@st.cache_resource(show_spinner="Pairing the fleet's repeats…", max_entries=8)
+def cached_fleet_floor(path: str):
+    """The repeat floor (core.fit.noise) of a bundled fleet run's repeats, or None (no repeats)."""
+    from core.fit.fleet import fleet_run, repeats_beside
+    from core.fit.noise import repeat_floor
+    reps = repeats_beside(path)
+    return repeat_floor([fleet_run(p) for p in reps]) if reps else None
+
+
 @st.cache_resource(show_spinner="Simulating the measured fleet's workload…", max_entries=8)
 def cached_prediction(path: str):
     """(simulated trace, report, per-request table) of core.fit.fleet.predict_fleet for a

@@ -196,6 +196,20 @@ def fleet_run(path):
     return Run(name, p, tr.workload(), tr, "the fleet front end's (its arrival to the token leaving it)", None)
 
 
+def repeats_beside(path) -> list:
+    """The repeats of a fleet run saved as `<config>_r<N>.json.gz` (bench/fleet_repeats.py): every
+    file of that config in its folder, in round order (the run itself among them); [] otherwise."""
+    import re
+    from pathlib import Path
+    p = Path(path)
+    m = re.fullmatch(r"(?P<config>.+)_r\d+\.json\.gz", p.name)
+    if not m:
+        return []
+    got = sorted(p.parent.glob(f"{m['config']}_r*.json.gz"),
+                 key=lambda q: int(re.search(r"_r(\d+)\.json\.gz$", q.name).group(1)))
+    return got if len(got) >= 2 else []
+
+
 def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[float, float] | None = None,
                   held_out: set | None = None, fits: dict | None = None):
     """(simulated trace, report, per-request table) for a measured fleet trace. `link`: (latency
