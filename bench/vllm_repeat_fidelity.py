@@ -61,6 +61,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fit-workloads", help="comma-separated (default: each workload in turn)")
     ap.add_argument("--together", action="store_true",
                     help="one fit over all the --fit-workloads' runs (the others are then held out)")
+    ap.add_argument("--speed-from-log", action="store_true",
+                    help="another start: scale the calibration to the predicted run's logged speed (issue 49 item 3)")
     ap.add_argument("--json", help="write every row here")
     a = ap.parse_args(argv)
     ss = sessions(a.sessions.split(","))
@@ -92,7 +94,8 @@ def main(argv=None) -> int:
                         else "another start")
                 if kind == "same server" and workload_of(n) in ws:
                     kind = "same workload"
-                ev = evaluate(cal, r, {f.name for f in fits}, a.model)
+                ev = evaluate(cal, r, {f.name for f in fits}, a.model,
+                              speed_from_log=a.speed_from_log and kind == "another start")
                 summ, rws = ev["summary"], ev["rows"]
                 f = floors.get((s, workload_of(n)))
                 x = {m: summ[m]["p50"] / f[m]["p50"] if f else None for m in METRICS}
