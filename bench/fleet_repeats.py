@@ -63,14 +63,13 @@ def bundled(d: Path) -> dict:
 def evaluate(runs: dict) -> dict:
     from core.fit.fleet import fit_fleet, fleet_run, predict_fleet
     from core.fit.noise import METRICS, repeat_floor
-    from core.trace import load_trace
     loaded = {c: [fleet_run(p) for p in ps] for c, ps in runs.items()}
     floors = {c: repeat_floor(rs) for c, rs in loaded.items() if len(rs) >= 2}
     for c, f in floors.items():
         print(f"floor {c}: TTFT {f['ttft_ms']['p50']:.1%}, E2E {f['e2e_ms']['p50']:.1%} ({len(f['runs'])} repeats, "
               f"paired by {f['paired_by']}); run medians spread TTFT {f['ttft_ms']['run_spread']:.1%}, "
               f"E2E {f['e2e_ms']['run_spread']:.1%}")
-    traces = {c: [load_trace(p) for p in ps] for c, ps in runs.items()}
+    traces = {c: [r.truth for r in rs] for c, rs in loaded.items()}
     fits = {c: fit_fleet(ts[0]) for c, ts in traces.items()}
     rows = []
     print(f"\n{'fit on':<10} {'predicted':<12} {'kind':<22} {'TTFT p50':>8} {'x':>5} {'E2E p50':>8} {'x':>5}  target")

@@ -71,16 +71,13 @@ def fit_replica(trace, k: int, model: str = "features", gap: bool = True, wake: 
     where fewer than MIN_IDLE_STARTS steps followed a pause or no wake-up shows, the plain fit
     (core.fit.stepfit.fit) on every step."""
     from core.fit.stepfit import fit, model_of, trace_features
-    from core.fit.wake import MIN_IDLE_STARTS, fit_curve
+    from core.fit.wake import MIN_IDLE_STARTS, fit_curve, idle_before
     from core.trace import one_replica
     one = one_replica(trace, k)
     sm, report = fit(one, model)
     if wake:
         steps, X, y = trace_features(one)
-        st = one.steps.set_index("step")
-        t = st.loc[steps, "t_ms"].to_numpy(dtype=float)
-        end = t + st.loc[steps, "dur_ms"].to_numpy(dtype=float)
-        idle = np.r_[np.inf, t[1:] - end[:-1]]
+        idle = idle_before(one.steps.set_index("step").loc[steps])
         busy = idle < BUSY_GAP_MS
         # (every term the steps price must be seen on enough busy steps: a decode replica's one-token
         # prefills after a KV handoff mostly follow a pause, and a term fitted on a handful of rows
@@ -89,7 +86,7 @@ def fit_replica(trace, k: int, model: str = "features", gap: bool = True, wake: 
         covered = all((X[busy, c] != 0).sum() >= MIN_COVER for c in range(X.shape[1]) if seen[c])
         if (~busy).sum() >= MIN_IDLE_STARTS and busy.sum() >= 10 and covered:
             coef, quality = robust_solve(X[busy], y[busy], model)
-            c, w, tau = fit_curve(y - X @ coef, np.where(busy, 0.0, np.minimum(idle, 1e6)))
+            c, w, tau = fit_curve(y - X @ coef, np.where(busy, 0.0, idle))
             if w > 0:
                 sm = dataclasses.replace(model_of(model, coef), wake_ms=w, wake_tau_ms=tau)
                 report = {**report, **quality, "wake": {"wake_ms": w, "wake_tau_ms": tau, "offset_ms": c,

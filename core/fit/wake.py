@@ -30,17 +30,25 @@ IDLE_CAP_MS = 1e6                       # an engine's first step (idle inf) coun
 SCALE_MS = 1.0                          # soft-L1 scale of a residual (ms)
 
 
+def idle_before(steps) -> np.ndarray:
+    """Per step of one engine (its steps table, in time order): how long the engine had sat idle
+    since its previous step ended (0 if none; IDLE_CAP_MS for its first step)."""
+    t = steps["t_ms"].to_numpy(dtype=float)
+    end = t + steps["dur_ms"].to_numpy(dtype=float)
+    idle = np.empty(len(t))
+    if len(t):
+        idle[0] = IDLE_CAP_MS
+        idle[1:] = np.maximum(t[1:] - end[:-1], 0.0)
+    return idle
+
+
 def first_step_idle(sim) -> dict:
     """Request id -> how long the engine had sat idle before the step that first ran it (0: it
     joined a running engine; IDLE_CAP_MS: the engine's first step), from a simulated trace."""
     st, b = sim.steps, sim.batch
     if not len(st) or not len(b):
         return {}
-    t = st["t_ms"].to_numpy(dtype=float)
-    end = t + st["dur_ms"].to_numpy(dtype=float)
-    idle = np.empty(len(t))
-    idle[0] = IDLE_CAP_MS
-    idle[1:] = np.maximum(t[1:] - end[:-1], 0.0)
+    idle = idle_before(st)
     at = {int(s): i for i, s in enumerate(st["step"].to_numpy())}
     first = b.groupby("req")["step"].min()
     ids = sim.requests["id"].to_numpy()
