@@ -1,0 +1,91 @@
+"""What one simulated step costs in Python (issue 50's "<= 15 us per simulated step"), counted.
+
+    python -m bench.step_cost [--requests 10000] [--rate 50] [--repeat 3]
+
+Workload and engine as bench.vs_vidur runs them: N requests, Poisson `--rate`/s, prompts uniform
+1..2,048, outputs 1..512 (bench.simulate.poisson_workload, seed 0); continuous batching, 256
+seats, 8,192-token budget, chunk 8,192; affine step model 5 ms + 0.02 ms/prefill token + 0.05
+ms/decode sequence. In one process, side by side:
+
+- the engine core's loop as `simulate` runs it (the run recorded: its step log and KV events),
+  best of --repeat, with fast-forward (the default) and without;
+- the same loop recording nothing (what a fit's search runs: core.sim.simulate.token_span_ms);
+- building the trace's columns from the log (core.engine.steplog.log_records), once.
+
+For each: wall seconds, microseconds per simulated step (the run's step count, fast-forwarded
+steps included), and, from one run under cProfile (its own time not counted in the above),
+Python function calls per simulated step and the events per step that are the scheduler's real
+work (requests joining, finishing, KV blocks taken). Nothing is asserted.
+"""
+import argparse
+import cProfile
+import pstats
+import time
+
+from bench.simulate import poisson_workload
+from core.config import SchedulerConfig
+from core.engine import loop
+from core.engine.steplog import log_records
+from core.sim.simulate import _no_cyclic_gc, simulator
+from core.sim.stepmodel import StepModel
+from core.trace.schema import KV_OPS
+
+MODEL = StepModel("affine", base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.05)
+CONFIG = SchedulerConfig("continuous", max_seqs=256, token_budget=8192, chunk=8192)
+
+
+def run_once(w, record: bool, ff: bool):
+    """One run of the loop; returns (seconds, the core)."""
+    core = simulator(CONFIG, MODEL, w, record_kv=record, fast_forward=ff)
+    if not record:
+        core.log = None
+        core.observers = []
+    t = time.perf_counter()
+    with _no_cyclic_gc():
+        loop.run(core, loop.VirtualClock(float(w.arrival_ms[0])))
+    return time.perf_counter() - t, core
+
+
+def calls(w, record: bool, ff: bool) -> int:
+    prof = cProfile.Profile()
+    prof.enable()
+    run_once(w, record, ff)
+    prof.disable()
+    return sum(v[1] for v in pstats.Stats(prof).stats.values())   # primitive calls
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--rate", type=float, default=50.0)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    w = poisson_workload(a.requests, a.rate)
+    run_once(w, True, True)   # warm (imports, caches)
+    rows = []
+    for name, record, ff in (("recorded, fast-forward on", True, True), ("recorded, fast-forward off", True, False),
+                             ("nothing recorded (a fit's search)", False, True)):
+        best, core = min((run_once(w, record, ff) for _ in range(a.repeat)), key=lambda x: x[0])
+        steps = core.scheduler.step
+        n_calls = calls(w, record, ff)
+        rows.append((name, best, steps, 1e6 * best / steps, n_calls / steps))
+        if name.startswith("recorded, fast-forward on"):
+            log_core = core
+    t = time.perf_counter()
+    recs = log_records(log_core.log)
+    build = time.perf_counter() - t
+    kv = recs.get("kv") or {}
+    blocks = int((kv["op"] == KV_OPS.index("alloc")).sum()) if kv.get("op") is not None else None
+    steps = log_core.scheduler.step
+    print(f"{a.requests:,} requests (Poisson {a.rate:g}/s), {steps:,} simulated steps; best of {a.repeat}")
+    print(f"{'loop':<36} {'s':>7} {'steps':>8} {'us/step':>8} {'calls/step':>10}")
+    for name, s, n, us, c in rows:
+        print(f"{name:<36} {s:7.3f} {n:8,} {us:8.1f} {c:10.1f}")
+    print(f"{'trace columns from the log':<36} {build:7.3f} {steps:8,} {1e6 * build / steps:8.1f}")
+    print(f"events per step: {a.requests / steps:.2f} joins, {a.requests / steps:.2f} finishes"
+          + (f", {blocks / steps:.2f} KV blocks taken" if blocks is not None else ""))
+    print("issue 50's target: <= 15 us per simulated step on this workload")
+
+
+if __name__ == "__main__":
+    main()
