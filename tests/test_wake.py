@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from core.config import SchedulerConfig
-from core.fit.wake import MIN_IDLE_STARTS, first_step_idle, fit_wake
+from core.fit.wake import MIN_IDLE_STARTS, first_step_idle, first_uses, fit_wake
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel
 from core.trace.build import given_trace
@@ -123,3 +123,41 @@ def test_a_real_vllm_run_shows_a_wake_up_as_large_as_its_spans_say():
     cal = calibrate([run], "affine", "log")
     assert 0.8 * (long - short) <= cal.step_model.wake_ms <= 2.0 * (long - short)
     assert "wake-up after a pause" in cal.wake_note()
+
+
+# ---- the first use of a batch size (StepModel.shape_ms) ---------------------------------------
+
+def test_a_batch_size_run_for_the_first_time_costs_its_first_use_once():
+    # a: 100 prompt tokens, 3 outputs at t=0; b: 100 tokens, 2 outputs at t=500 (the same sizes again)
+    w = Workload([Request("a", 0.0, 100, 3), Request("b", 500.0, 100, 2)])
+    sm = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.1, shape_ms=1.5)
+    _, d = _steps(simulate(w, CFG, sm))
+    # a: prefill of 100 tokens (size 100, new: 2 + 5 + 1.5), decode (size 1, new: 2.1 + 1.5), decode (2.1);
+    # b: the same sizes again: 7.0, then 2.1
+    assert d == pytest.approx([8.5, 3.6, 2.1, 7.0, 2.1])
+
+
+def test_first_uses_fast_forward_equals_stepping_and_the_fit_recovers_them():
+    from core.fit.fleet import fit_replica
+    rng = np.random.default_rng(4)
+    arr = np.cumsum(rng.exponential(60.0, 60))
+    w = Workload([Request(f"r{i}", float(a), int(rng.integers(20, 90)), int(rng.integers(2, 30)))
+                  for i, a in enumerate(arr)])
+    sm = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.1, shape_ms=2.0)
+    a, b = simulate(w, CFG, sm, fast_forward=True), simulate(w, CFG, sm, fast_forward=False)
+    assert np.array_equal(a.steps["dur_ms"].to_numpy(), b.steps["dur_ms"].to_numpy())
+    sizes = a.batch.groupby("step")["tokens"].sum().to_numpy()
+    new = first_uses(sizes)
+    assert new.sum() == len(set(sizes.tolist()))    # one first use per distinct size
+    bt = a.batch
+    steps = a.steps["step"].to_numpy()
+    pre = bt[bt["kind"] == "prefill"].groupby("step")["tokens"].sum().reindex(steps, fill_value=0).to_numpy()
+    dec = bt[bt["kind"] == "decode"].groupby("step")["req"].count().reindex(steps, fill_value=0).to_numpy()
+    extra = a.steps["dur_ms"].to_numpy() - (2.0 + 0.05 * pre + 0.1 * dec)
+    assert extra[new] == pytest.approx(2.0) and extra[~new] == pytest.approx(0.0)
+    # a one-replica fleet trace of this run: the fit finds the first-use cost it was not told
+    a.steps["replica"] = 0
+    a.meta["fleet"] = {"replicas": [{"role": "both"}]}
+    got, report = fit_replica(a, 0, model="affine", gap=False)
+    assert got.shape_ms == pytest.approx(2.0, abs=0.2)
+    assert report["first_use"]["first_uses"] == int(new.sum())

@@ -80,11 +80,16 @@ def plan(view: SchedulerView, batch: SchedulerOutput, durations, min_steps: int 
             return None, 0
         head = t0
         first = durations(min_steps - 1) if counts is None else d_all[:min_steps - 1]
+        if first is None:   # the executor prices these steps one by one
+            return None, 0
         for x in np.asarray(first, dtype=np.float64).tolist():
             head += x   # (the same sequential sums as the cumsum below)
         if limit <= head:
             return None, 0
-    d = np.asarray(durations(K) if counts is None else d_all, dtype=np.float64)
+    d = durations(K) if counts is None else d_all
+    if d is None:
+        return None, 0
+    d = np.asarray(d, dtype=np.float64)
     at = np.cumsum(np.concatenate(([t0], d)))   # at[j]: step j's start; sequential sums: bit-identical to t += d
     ends = at[1:]
     starts = at[:-1]

@@ -60,6 +60,7 @@ def dispatch_ms(trace) -> float | None:
 
 
 BUSY_GAP_MS = 2.0   # a step this soon after the last one ended ran on a busy engine (no wake-up)
+FIRST_USE_ROUNDS = 8
 MIN_COVER = 10      # busy steps that must carry each feature the replica's steps carry
 
 
@@ -71,26 +72,37 @@ def fit_replica(trace, k: int, model: str = "features", gap: bool = True, wake: 
     where fewer than MIN_IDLE_STARTS steps followed a pause or no wake-up shows, the plain fit
     (core.fit.stepfit.fit) on every step."""
     from core.fit.stepfit import fit, model_of, trace_features
-    from core.fit.wake import MIN_IDLE_STARTS, fit_curve, idle_before
+    from core.fit.wake import MIN_FIRST_USES, MIN_IDLE_STARTS, first_uses, fit_curve, idle_before
     from core.trace import one_replica
     one = one_replica(trace, k)
     sm, report = fit(one, model)
     if wake:
         steps, X, y = trace_features(one)
         idle = idle_before(one.steps.set_index("step").loc[steps])
-        busy = idle < BUSY_GAP_MS
+        # the steps that ran a batch size (tokens) for the first time: they also pay its first use
+        new = first_uses(one.batch.groupby("step")["tokens"].sum().reindex(steps, fill_value=0).to_numpy())
+        if new.sum() < MIN_FIRST_USES or (~new).sum() < 10:
+            new = np.zeros(len(y), dtype=bool)
+        paused = np.where(idle < BUSY_GAP_MS, 0.0, idle)    # (a step this soon after another: no wake-up)
+        busy = paused == 0
         # (every term the steps price must be seen on enough busy steps: a decode replica's one-token
         # prefills after a KV handoff mostly follow a pause, and a term fitted on a handful of rows
         # would price them all)
         seen = (X != 0).sum(axis=0)
         covered = all((X[busy, c] != 0).sum() >= MIN_COVER for c in range(X.shape[1]) if seen[c])
-        if (~busy).sum() >= MIN_IDLE_STARTS and busy.sum() >= 10 and covered:
-            coef, quality = robust_solve(X[busy], y[busy], model)
-            c, w, tau = fit_curve(y - X @ coef, np.where(busy, 0.0, idle))
-            if w > 0:
-                sm = dataclasses.replace(model_of(model, coef), wake_ms=w, wake_tau_ms=tau)
+        idle_starts = paused > 0
+        if idle_starts.sum() >= MIN_IDLE_STARTS and busy.sum() >= 10 and covered:
+            # the wake-up and the first use, fitted together on every step's residual; then the busy
+            # steps again without the first uses' cost, and both again (two rounds)
+            shape = 0.0
+            for _ in range(FIRST_USE_ROUNDS):
+                coef, quality = robust_solve(X[busy], (y - shape * new)[busy], model)
+                c, w, tau, shape = fit_curve(y - X @ coef, paused, new)
+            if w > 0 or shape > 0:
+                sm = dataclasses.replace(model_of(model, coef), wake_ms=w, wake_tau_ms=tau, shape_ms=shape)
                 report = {**report, **quality, "wake": {"wake_ms": w, "wake_tau_ms": tau, "offset_ms": c,
-                                                        "idle_starts": int((~busy).sum())}}
+                                                        "idle_starts": int(idle_starts.sum())},
+                          "first_use": {"shape_ms": shape, "first_uses": int(new.sum())}}
     if gap:
         g = step_gap_ms(one)
         sm = dataclasses.replace(sm, base_ms=sm.base_ms + g)

@@ -42,6 +42,20 @@ def idle_before(steps) -> np.ndarray:
     return idle
 
 
+MIN_FIRST_USES = 8   # steps of a size run for the first time needed to price a first use
+
+
+def first_uses(sizes) -> np.ndarray:
+    """Per step of one engine (in time order), whether its batch size (`sizes`: tokens per step)
+    is one the engine had not run before: the steps that pay StepModel.shape_ms."""
+    sizes = np.asarray(sizes)
+    out = np.zeros(len(sizes), dtype=bool)
+    if len(sizes):
+        _, first = np.unique(sizes, return_index=True)
+        out[first] = True
+    return out
+
+
 def first_step_idle(sim) -> dict:
     """Request id -> how long the engine had sat idle before the step that first ran it (0: it
     joined a running engine; IDLE_CAP_MS: the engine's first step), from a simulated trace."""
@@ -59,35 +73,46 @@ def _shape(idle: np.ndarray, tau: float) -> np.ndarray:
     return -np.expm1(-idle / tau)
 
 
-def _solve(resid: np.ndarray, idle: np.ndarray, tau: float) -> tuple[float, float, float]:
-    """(c, wake_ms >= 0, soft-L1 cost) for one tau, by iteratively reweighted least squares."""
-    g = _shape(idle, tau)
-    A = np.column_stack([np.ones_like(g), g])
+def _solve(resid: np.ndarray, idle: np.ndarray, tau: float,
+           extra: np.ndarray | None = None) -> tuple[float, float, float, float]:
+    """(c, wake_ms >= 0, soft-L1 cost, extra's coefficient >= 0) for one tau, by iteratively
+    reweighted least squares; `extra`: a 0/1 column priced beside the wake-up (first uses)."""
+    cols = [np.ones_like(resid), _shape(idle, tau)] + ([extra.astype(float)] if extra is not None else [])
+    A = np.column_stack(cols)
     w = np.ones_like(resid)
-    c, k = float(np.median(resid)), 0.0
+    coef = np.zeros(A.shape[1])
+    coef[0] = float(np.median(resid))
     for _ in range(20):
         sw = np.sqrt(w)
-        sol = np.linalg.lstsq(A * sw[:, None], resid * sw, rcond=None)[0]
-        c, k = float(sol[0]), float(sol[1])
-        if k < 0:
-            c, k = float(np.average(resid, weights=w)), 0.0
-        r = resid - c - k * g
+        keep = list(range(A.shape[1]))
+        while True:   # non-negative terms: a negative one is dropped and the rest solved again
+            sol = np.linalg.lstsq(A[:, keep] * sw[:, None], resid * sw, rcond=None)[0]
+            neg = [j for j, v in zip(keep[1:], sol[1:]) if v < 0]
+            if not neg:
+                break
+            keep = [j for j in keep if j not in neg]
+        coef = np.zeros(A.shape[1])
+        coef[keep] = sol
+        r = resid - A @ coef
         w = (1 + (r / SCALE_MS) ** 2) ** -0.5
-    r = resid - c - k * g
-    return c, k, float(np.sum(2 * SCALE_MS ** 2 * (np.sqrt(1 + (r / SCALE_MS) ** 2) - 1)))
+    r = resid - A @ coef
+    cost = float(np.sum(2 * SCALE_MS ** 2 * (np.sqrt(1 + (r / SCALE_MS) ** 2) - 1)))
+    return float(coef[0]), float(coef[1]), cost, float(coef[2]) if extra is not None else 0.0
 
 
-def fit_curve(resid: np.ndarray, idle: np.ndarray) -> tuple[float, float, float]:
+def fit_curve(resid: np.ndarray, idle: np.ndarray, extra: np.ndarray | None = None):
     """(c, wake_ms >= 0, tau) of resid ~ c + wake_ms x (1 - exp(-idle / tau)), soft-L1: tau on the
-    TAUS grid, then refined between the best one's neighbours."""
+    TAUS grid, then refined between the best one's neighbours. With `extra` (a 0/1 column per
+    residual: the steps that ran a batch size for the first time), its cost is fitted beside the
+    wake-up and returned fourth: (c, wake_ms, tau, extra_ms >= 0)."""
     resid, idle = np.asarray(resid, dtype=float), np.asarray(idle, dtype=float)
-    best = min((_solve(resid, idle, float(tau)) + (float(tau),) for tau in TAUS), key=lambda s: s[2])
-    j = int(np.searchsorted(TAUS, best[3]))
+    best = min((_solve(resid, idle, float(tau), extra) + (float(tau),) for tau in TAUS), key=lambda s: s[2])
+    j = int(np.searchsorted(TAUS, best[4]))
     for t in np.geomspace(TAUS[max(j - 1, 0)], TAUS[min(j + 1, len(TAUS) - 1)], 17):
-        got = _solve(resid, idle, float(t))
+        got = _solve(resid, idle, float(t), extra)
         if got[2] < best[2]:
             best = got + (float(t),)
-    return best[0], best[1], best[3]
+    return (best[0], best[1], best[4]) if extra is None else (best[0], best[1], best[4], best[3])
 
 
 def fit_wake(views, configs, sm: StepModel) -> tuple[StepModel, dict]:

@@ -27,18 +27,33 @@ if TYPE_CHECKING:
 
 
 class StepTimeExecutor:
-    """Prices each batch with a step-time model; emits one (unknown) token per completing entry."""
+    """Prices each batch with a step-time model; emits one (unknown) token per completing entry.
+    With the model's `shape_ms`, keeps the batch sizes (tokens) it has priced: a size it had not
+    priced before costs shape_ms more, once."""
 
     def __init__(self, step_model: StepModel):
         self.step_model = step_model
+        self.sizes_run: set[int] = set()
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
-        dur = self.step_model.duration_ms(batch)
+        sm = self.step_model
+        dur = sm.duration_ms(batch)
+        if sm.shape_ms > 0:
+            size = int(batch.total_tokens)
+            if size not in self.sizes_run:
+                self.sizes_run.add(size)
+                dur += sm.shape_ms
         if not dur > 0:
             raise ConfigError(f"step model gave a non-positive step duration ({dur} ms)")
         return ExecutorOutput(batch.t_ms + dur, dur)
 
     def run_durations(self, batch: SchedulerOutput, k: int, counts: np.ndarray | None = None) -> np.ndarray | None:
+        """A run of decode steps priced at once (fast-forward), or None: then each is stepped. A
+        run that would meet a batch size not yet run is stepped (its first-use cost is priced once)."""
+        if self.step_model.shape_ms > 0:
+            sizes = {len(batch.reqs)} if counts is None else set(np.asarray(counts[:k]).tolist())
+            if not sizes <= self.sizes_run:
+                return None
         return self.step_model.decode_run_ms(batch, k, counts)
 
 

@@ -16,7 +16,10 @@
 
 Any kind may add a wake-up cost to a step that starts after the engine sat idle for t ms:
 wake_ms x (1 - exp(-t / wake_tau_ms)) (a CPU engine's first step after a pause runs on cold caches
-and sleeping threads: core.fit.wake measures it from a real run).
+and sleeping threads: core.fit.wake measures it from a real run), and a first-use cost to a step
+whose batch size in tokens the engine had not run before: shape_ms (a CPU engine's kernels build
+their plans for each new shape on first use; the simulator's executor keeps the sizes it has
+priced, core.sim.simulate.StepTimeExecutor).
 """
 from __future__ import annotations
 
@@ -88,6 +91,9 @@ class StepModel:
                          maximum=MAX_COEF_MS, label="wake-up ms after idle")
     wake_tau_ms: float = opt(100.0, "any kind: idle ms for the wake-up cost to reach 63% of wake_ms", above=0,
                              maximum=MAX_COEF_MS, label="wake-up time constant (ms)")
+    shape_ms: float = opt(0.0, "any kind: ms added to a step whose batch size in tokens the engine had not run "
+                                "before (kernels planned for a new shape on first use)", minimum=0,
+                          maximum=MAX_COEF_MS, label="first-use ms per new batch size")
     model: str = opt("Llama-2-7B", "roofline: model preset (core.formulas.kv.MODELS)", label="Model preset")
     gpu: str = opt("A100-80GB", "roofline: GPU preset (core.formulas.kv.GPUS)", label="GPU preset")
     dtype_bytes: float = opt(2.0, "roofline: bytes per weight and KV element (and a disaggregated fleet's KV "
@@ -179,10 +185,12 @@ class StepModel:
         return np.array([self._roofline_ms(s0 + n * j, n) for j in range(k)])
 
     def describe(self) -> str:
+        out = self._describe()
         if self.wake_ms > 0:
-            return (f"{self._describe()}; after idle + {self.wake_ms:.4g} ms x (1 - exp(-idle / "
-                    f"{self.wake_tau_ms:.4g} ms))")
-        return self._describe()
+            out += f"; after idle + {self.wake_ms:.4g} ms x (1 - exp(-idle / {self.wake_tau_ms:.4g} ms))"
+        if self.shape_ms > 0:
+            out += f"; + {self.shape_ms:.4g} ms the first time a batch size (tokens) is run"
+        return out
 
     def _describe(self) -> str:
         if self.kind == "constant":
@@ -211,6 +219,8 @@ class StepModel:
             d.update(model=self.model, gpu=self.gpu, dtype_bytes=self.dtype_bytes, base_ms=self.base_ms)
         if self.wake_ms > 0:
             d.update(wake_ms=self.wake_ms, wake_tau_ms=self.wake_tau_ms)
+        if self.shape_ms > 0:
+            d["shape_ms"] = self.shape_ms
         return d
 
 
