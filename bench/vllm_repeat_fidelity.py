@@ -55,7 +55,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--method", choices=("spans", "log"), default="log")
     ap.add_argument("--model", choices=("affine", "features"), default="affine")
-    ap.add_argument("--fit-round", type=int, default=1)
+    ap.add_argument("--fit-round", default="1",
+                    help="the fit run's round; several (e.g. 1,2): the workload's repeats fitted together")
     ap.add_argument("--sessions", default="s1,s2,s3")
     ap.add_argument("--fit-session", default="s1")
     ap.add_argument("--fit-workloads", help="comma-separated (default: each workload in turn)")
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
     rows = []
     groups = [fit_ws] if a.together else [[w] for w in fit_ws]
     for ws in groups:
-        fits = [ss[a.fit_session][f"{w}_r{a.fit_round}"] for w in ws]
+        fits = [ss[a.fit_session][f"{w}_r{k}"] for w in ws for k in a.fit_round.split(",")]
         t0 = time.perf_counter()
         cal = calibrate(fits, a.model, a.method)
         names = " + ".join(f.name for f in fits)

@@ -161,3 +161,46 @@ def test_first_uses_fast_forward_equals_stepping_and_the_fit_recovers_them():
     got, report = fit_replica(a, 0, model="affine", gap=False)
     assert got.shape_ms == pytest.approx(2.0, abs=0.2)
     assert report["first_use"]["first_uses"] == int(new.sum())
+
+
+# ---- the cycle's cost per decoding sequence (core.fit.calibrate: a calibration run) -------------
+
+def _span_slope(run):
+    """Without any model: each request's time per output token (first to last token, vLLM's spans)
+    against the mean number of requests decoding during its decode, itself included (their spans
+    overlapping), Theil-Sen."""
+    from scipy.stats import theilslopes
+
+    from core.fit.frontfit import samples
+    x = samples(run.truth)
+    arrival = dict(zip(run.truth.ids, run.truth.requests["arrival_ms"].to_numpy(dtype=float)))
+    a = np.array([arrival[i] for i in x["id"]])
+    first, last = a + x["ttft_ms"].to_numpy(), a + x["e2e_ms"].to_numpy()
+    n = x["output_tokens"].to_numpy()
+    ok = np.where(n > 8)[0]
+    width = np.array([np.clip(np.minimum(last, last[i]) - np.maximum(first, first[i]), 0, None).sum()
+                      / (last[i] - first[i]) for i in ok])
+    return theilslopes(((last - first) / (n - 1))[ok], width)[0]
+
+
+def test_a_calibration_run_prices_the_cycle_per_decoding_sequence_as_its_spans_show():
+    """s4's calibration run (vLLM 0.32 CPU, a Poisson stream ramped from 1/s to 24/s: decode-only
+    steps at widths 1-11): the log method adds a cost per decoding sequence beyond the logged forward
+    pass, and the step's total cost per sequence agrees with the slope the spans show without any
+    model; a closed loop (one width) gets the fixed part only, and the report says why."""
+    from core.fit.calibrate import calibrate
+    from core.fit.runs import load_run, server_log_flags
+    from tests.conftest import ROOT
+    d = ROOT / "data" / "imports" / "vllm_repeats" / "s4"
+    flags = server_log_flags(d / "server_start.log")
+    run = load_run(d / "wK_ramp1to24_mixed_r1", flags)
+    slope = _span_slope(run)
+    assert 0.1 < slope < 0.3          # (the effect itself, before any model: 0.19 ms per sequence)
+    cal = calibrate([run], "affine", "log")
+    sm, q = cal.step_model, cal.report["step_model"]
+    assert "per decoding sequence" in q["cycle_terms"]
+    assert q["overhead"]["added"]["decode_ms_per_seq"] > 0
+    assert 0.6 * slope <= sm.decode_ms_per_seq <= 1.4 * slope
+    closed = calibrate([load_run(d / "wB_c4_p128_o32_r1", flags)], "affine", "log")
+    assert closed.report["step_model"]["cycle_terms"].startswith("fixed only")
+    assert "per decoding sequence" in cal.cycle_note() and "fixed only" in closed.cycle_note()

@@ -21,6 +21,14 @@ WORKLOADS = {
     "wC_poisson3_p96_o96": (32, 1, 0, 96, 96, 643_000, 103, "--request-rate 3"),
 }
 WARMUP = (2, 4, 64, 64, 16, 701_000, 104)
+# The calibration run (issue 49): one run that shows the engine at every width it will be asked
+# about, so that a fit on it can tell a step's fixed cost from its cost per decoding sequence and a
+# wake-up after a pause from a busy engine's step. Mixed prompts (64-256 tokens, half of them behind
+# one of 8 shared 64-token prefixes) and outputs (16-96 tokens, each row's own), sent as a Poisson
+# stream whose rate rises linearly from 1/s to 24/s over the run (`--ramp-up-strategy linear`):
+# its first requests find the engine idle, its last ones 8+ decoding beside them.
+CALIBRATION = ("wK_ramp1to24_mixed", 128, 705_000, 105,
+               "--ramp-up-strategy linear --ramp-up-start-rps 1 --ramp-up-end-rps 24")
 
 
 def ascii_slices(n, length, start, stride):
@@ -49,6 +57,27 @@ def make(path, n_prefix, per, plen, slen, olen, start, seed):
     return len(rows)
 
 
+def make_calibration(path, n, start, seed):
+    rng = random.Random(seed)
+    prefixes = ascii_slices(8, 64, start, 15013)
+    rows = []
+    for i in range(n):
+        plen = rng.choice((64, 128, 192, 256))
+        shared = plen > 64 and i % 2 == 0
+        rows.append((plen, shared, rng.choice((16, 32, 64, 96)), rng.randrange(8)))
+    own = iter(ascii_slices(n, 256, start + 200_003, 1499))
+    out = []
+    for plen, shared, olen, k in rows:
+        body = next(own)
+        prompt = (prefixes[k] + body[:plen - 64]) if shared else body[:plen]
+        out.append({"prompt": prompt.decode("ascii"), "output_tokens": olen, "prefix_id": k if shared else -1})
+    assert len({r["prompt"] for r in out}) == len(out)
+    with open(path, "w") as f:
+        for r in out:
+            f.write(json.dumps(r) + "\n")
+    return len(out)
+
+
 def main():
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -56,6 +85,9 @@ def main():
     for name, (*shape, flags) in WORKLOADS.items():
         n = make(out / f"{name}.jsonl", *shape)
         print(f"{name}|{n}|{shape[4]}|{flags}")
+    name, n, start, seed, flags = CALIBRATION
+    n = make_calibration(out / f"{name}.jsonl", n, start, seed)
+    print(f"{name}|{n}|-1|{flags}")    # (-1: each row's own output length)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,18 @@ class Calibration:
     def describe(self) -> str:
         return f"step model {self.step_model.describe()}; front end {self.front_end.describe()}"
 
+    def cycle_note(self) -> str | None:
+        """What the engine's cycle was priced with beyond the logged forward pass (log method with
+        spans): a fixed part, and a part per decoding sequence where the fit runs decode at widths far
+        enough apart (a calibration run); None otherwise."""
+        q = self.report.get("step_model") or {}
+        if not q.get("cycle_terms"):
+            return None
+        added = (q.get("overhead") or {}).get("added", {})
+        parts = " + ".join(f"{v:.3f} ms" + (" per decoding sequence" if k == "decode_ms_per_seq" else "")
+                           for k, v in added.items())
+        return f"cycle beyond the logged forward pass: {parts}; {q['cycle_terms']}"
+
     def wake_note(self) -> str | None:
         """How the wake-up after a pause was fitted (core.fit.wake), or why none was; None when the
         method does not fit one (spans)."""
@@ -161,6 +173,20 @@ def _step_fit(runs: list[Run], fe: FrontEnd, model: str, method: str):
 
 
 OVERHEAD_TERMS = ("base_ms",)   # what a cycle holds beyond the logged forward pass
+# ... and its part per decoding sequence (the engine core's scheduling and output hand-over of each
+# request: the logged forward pass hardly grows with the batch, the cycle does), fitted only where
+# the fit runs decode at WIDTH_SPAN or more widths apart, each seen on MIN_CELL+ decode-only steps:
+# a run decoding at one width (a closed loop) cannot tell it from the fixed part
+PER_SEQ_TERMS = ("base_ms", "decode_ms_per_seq")
+WIDTH_SPAN = 4
+
+
+def decode_widths(logs) -> list[int]:
+    """The decode-only batch sizes the iteration logs show on MIN_CELL or more steps each."""
+    st = pd.concat([t.steps for t in logs], ignore_index=True)
+    dec = st[(st["prefill_reqs"] == 0) & (st["decode_reqs"] > 0)]
+    n = dec.groupby("decode_reqs").size()
+    return sorted(int(k) for k in n[n >= MIN_CELL].index)
 
 
 def _log_fit(runs: list[Run], model: str, fe: FrontEnd | None = None):
@@ -199,13 +225,19 @@ def _log_fit(runs: list[Run], model: str, fe: FrontEnd | None = None):
         return sm, {"fitted_on": "iteration logs", **quality, "overhead_ms": overhead}
     from core.fit.reqfit import fit_added_terms
     from core.fit.wake import fit_wake
+    widths = decode_widths(logs)
+    terms = PER_SEQ_TERMS if widths and widths[-1] - widths[0] >= WIDTH_SPAN else OVERHEAD_TERMS
+    seen = f"widths {widths[0]}-{widths[-1]}" if widths else "no width"
+    cycle_terms = (f"fixed and per decoding sequence (decode-only steps at {seen})" if len(terms) > 1 else
+                   f"fixed only (decode-only steps at {seen} {MIN_CELL}+ times each: a part per decoding "
+                   f"sequence needs widths {WIDTH_SPAN}+ apart)")
     views, configs = [engine_view(r, fe) for r in with_phases], [r.config for r in with_phases]
     woke, wake = fit_wake(views, configs, dataclasses.replace(sm, base_ms=sm.base_ms + overhead))
     if woke.wake_ms > 0:
         sm = dataclasses.replace(sm, wake_ms=woke.wake_ms, wake_tau_ms=woke.wake_tau_ms)
     elif quality.get("busy_only"):   # (no wake-up to carry the slower steps after a pause: all steps price it)
         sm, quality = _log_forward(logs, model, busy_only=False)
-    sm, added = fit_added_terms(views, configs, sm, OVERHEAD_TERMS, {"base_ms": overhead}, robust=ROBUST)
+    sm, added = fit_added_terms(views, configs, sm, terms, {"base_ms": overhead}, robust=ROBUST)
     for _ in range(WAKE_ROUNDS - 1):   # (the wake-up again, from the cycle the added terms left, then those)
         if sm.wake_ms <= 0:
             break
@@ -213,11 +245,11 @@ def _log_fit(runs: list[Run], model: str, fe: FrontEnd | None = None):
         if woke.wake_ms <= 0:
             break
         wake = again
-        fwd = dataclasses.replace(sm, base_ms=sm.base_ms - added["added"]["base_ms"], wake_ms=woke.wake_ms,
-                                  wake_tau_ms=woke.wake_tau_ms)
-        sm, added = fit_added_terms(views, configs, fwd, OVERHEAD_TERMS, added["added"], robust=ROBUST)
+        fwd = dataclasses.replace(sm, **{t: getattr(sm, t) - added["added"][t] for t in terms},
+                                  wake_ms=woke.wake_ms, wake_tau_ms=woke.wake_tau_ms)
+        sm, added = fit_added_terms(views, configs, fwd, terms, added["added"], robust=ROBUST)
     return sm, {"fitted_on": "iteration logs + the cycle beyond them from the spans", **quality,
-                "overhead_ms": added["added"]["base_ms"], "overhead": added, "wake": wake}
+                "cycle_terms": cycle_terms, "overhead_ms": added["added"]["base_ms"], "overhead": added, "wake": wake}
 
 
 MIN_CELL = 20     # decode-only steps of one batch size for their median to count (_log_forward)

@@ -75,8 +75,9 @@ def run_fidelity(a) -> int:
         return 0
     print(f"fitted on {', '.join(r.name for r in fit_runs)} ({cal.report['method']}): {cal.describe()}")
     print(f"  front end split: {cal.report['front_end'].get('split')}")
-    if cal.wake_note():
-        print(f"  {cal.wake_note()}")
+    for note in (cal.cycle_note(), cal.wake_note()):
+        if note:
+            print(f"  {note}")
     for floor in floors:
         print(describe(floor))
     _print_table(out)
