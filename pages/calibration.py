@@ -15,6 +15,7 @@ from core.lessons.vllm_runs import (
     repeats_of,
     request_floor,
     run_floor,
+    session_date,
 )
 from ui import bound, cached_calibration, ensure_app_frame, md, show_chart, show_table
 
@@ -47,7 +48,8 @@ if runner:   # one capture of our engine: fitted on its own steps, predicted in 
 elif in_repeats:
     session, name = run.split("/")
     st.markdown(f"**{md(run)}** is **measured**: vLLM 0.32.0's CPU build serving the bundled tiny model on this "
-                f"project's 2-core VM on 2026-12-05, server start **{session}**, workload **{md(name[:-3])}** sent "
+                f"project's 2-core VM on {session_date(session) or 'a date its files do not give'}, server start "
+                f"**{session}**, workload **{md(name[:-3])}** sent "
                 f"{len(repeats_of(run))} times the same way (`bench/vllm_repeats.sh`; how: "
                 "data/imports/vllm_repeats/MADE.md). Each request's truth is vLLM's own measurement of it (its OTLP "
                 "span). The prediction is **simulated**: its requests through the core scheduler under the flags its "
@@ -56,7 +58,10 @@ elif in_repeats:
     default_fit = "s1/wA_poisson8_p192_o48_r1" if run != "s1/wA_poisson8_p192_o48_r1" else "s1/wB_c4_p128_o32_r1"
     fit_on = st.pills("Fit on these runs", others, selection_mode="multi", default=[default_fit], **bound("cal_fit"),
                       help="the step model and the front end are fitted on these; the run predicted is not among "
-                           "them (held out); a repeat of the same workload is the easiest case")
+                           "them (held out); a repeat of the same workload is the easiest case. s4–s6 hold a "
+                           "calibration run (wK: a Poisson stream ramped from 1/s to 24/s, mixed lengths): fitted on "
+                           "its two repeats, the cycle's cost per decoding sequence is priced too (docs/fidelity.md; "
+                           "about 2 minutes)")
 else:
     st.markdown("The runs are **measured**: vLLM 0.32.0's CPU build serving the bundled tiny model on this project's "
                 "2-core VM (run1–run2 on 2026-12-01, run3–run9 on 2026-12-04; how each was made: "

@@ -43,6 +43,19 @@ def repeat_runs() -> list[str]:
             for r in sorted(s.iterdir()) if r.is_dir()]
 
 
+def session_date(session: str) -> str | None:
+    """The UTC date a bundled repeat session's server started (its session.json's first mark), as
+    YYYY-MM-DD; None when the file says nothing readable."""
+    import datetime
+    import json
+    try:
+        marks = json.loads((REPEATS / session / "session.json").read_text())["marks_ns"]
+        first = min(int(v) for v in marks.values())
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return datetime.datetime.fromtimestamp(first / 1e9, datetime.UTC).strftime("%Y-%m-%d")
+
+
 def _workload_of(name: str) -> str:
     return re.sub(r"_r\d+$", "", name)
 
