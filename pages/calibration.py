@@ -92,7 +92,7 @@ sample = "held out" if ev["held_out"] else "in sample"
 
 st.caption(f"Fitted on {md(', '.join(sorted(fit_on)))}: step model {md(cal.step_model.describe())}; front end "
            f"{md(cal.front_end.describe())} ({md(cal.report['front_end'].get('split', ''))})."
-           + "".join(f" {md(n)}." for n in (cal.cycle_note(), cal.wake_note()) if n))
+           + "".join(f" {md(n[0].upper() + n[1:])}." for n in (cal.cycle_note(), cal.wake_note()) if n))
 t, e = summ["ttft_ms"], summ["e2e_ms"]
 floor = run_floor(run) if in_repeats else None
 cols = st.columns(4)

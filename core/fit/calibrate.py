@@ -229,8 +229,9 @@ def _log_fit(runs: list[Run], model: str, fe: FrontEnd | None = None):
     terms = PER_SEQ_TERMS if widths and widths[-1] - widths[0] >= WIDTH_SPAN else OVERHEAD_TERMS
     seen = f"widths {widths[0]}-{widths[-1]}" if widths else "no width"
     cycle_terms = (f"fixed and per decoding sequence (decode-only steps at {seen})" if len(terms) > 1 else
-                   f"fixed only (decode-only steps at {seen} {MIN_CELL}+ times each: a part per decoding "
-                   f"sequence needs widths {WIDTH_SPAN}+ apart)")
+                   f"fixed only (decode-only steps at {seen}, {MIN_CELL}+ steps each: "
+                   + (f"{widths[-1] - widths[0]} apart" if widths else "none")
+                   + f"; a part per decoding sequence needs widths {WIDTH_SPAN}+ apart)")
     views, configs = [engine_view(r, fe) for r in with_phases], [r.config for r in with_phases]
     woke, wake = fit_wake(views, configs, dataclasses.replace(sm, base_ms=sm.base_ms + overhead))
     if woke.wake_ms > 0:
