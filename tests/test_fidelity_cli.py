@@ -170,3 +170,31 @@ def test_a_front_end_term_priced_beyond_what_the_fit_runs_saw_is_named(runs):
     span = f"{int(busy.min())}–{int(busy.max())}"
     assert f"{beyond:,} of {len(busy):,} requests arrived with {span} others in flight" in note
     assert "(fitted 0–1)" in note
+
+
+def test_a_closed_loop_is_predicted_as_one_whatever_the_model_s_speed():
+    """s6 wB r1 (vLLM 0.32 CPU, `vllm bench serve --max-concurrency 4 --request-rate inf`): its
+    client's file says a closed loop of 4, and its prediction keeps 4 in flight even under a step
+    model twice as slow as the run (replaying the measured send times would pile them up); the
+    first 4 sends are the measured ones, and every later request leaves the front end after one
+    finished there, by at least its measured round trip's floor of 0."""
+    from core.analysis.metrics import request_metrics
+    from core.fit.calibrate import Calibration, predict
+    from core.fit.runs import server_log_flags
+    from core.sim.frontend import in_flight_at
+    from tests.conftest import ROOT
+    d = ROOT / "data" / "imports" / "vllm_repeats" / "s6"
+    run = load_run(d / "wB_c4_p128_o32_r1", server_log_flags(d / "server_start.log"))
+    assert run.clients == 4
+    slow = StepModel("affine", base_ms=4.0, prefill_ms_per_token=0.1, decode_ms_per_seq=0.4)
+    cal = Calibration(slow, FrontEnd(in_ms=2.0, out_ms=0.5), [], {})
+    m = request_metrics(predict(cal, run))
+    arrival, finish = m["arrival_ms"].to_numpy(), (m["arrival_ms"] + m["e2e_ms"]).to_numpy()
+    assert in_flight_at(arrival, finish).max() <= 3            # (others in flight when one arrives)
+    first = np.sort(run.workload.arrival_ms)[:4]
+    assert np.sort(arrival)[:4] == pytest.approx(first)
+    later = np.sort(arrival)[4:]
+    assert (later >= np.sort(finish)[:len(later)] - 1e-6).all()
+    # the open-loop replay of the same send times, for contrast: more than 4 in flight
+    opened = request_metrics(simulate(run.workload, run.config, slow, front_end=cal.front_end))
+    assert in_flight_at(opened["arrival_ms"].to_numpy(), (opened["arrival_ms"] + opened["e2e_ms"]).to_numpy()).max() > 3

@@ -342,8 +342,47 @@ def predict(cal: Calibration, run: Run, config=None):
         unread = [n for n in run.notes if n.startswith("not read: ")]
         raise InputError(f"{run.name}: no engine flags (its files do not state them"
                          + (f"; {'; '.join(unread[:2])}" if unread else "") + "): give them with --flags")
+    if run.clients:
+        return _predict_closed(cal, run, cfg)
     return simulate(run.workload, cfg, cal.step_model, label=f"{run.name} (predicted)",
                     front_end=cal.front_end)
+
+
+def _predict_closed(cal: Calibration, run: Run, cfg):
+    """A closed loop of run.clients predicted as one (replaying its measured send times would hand
+    a simulation slower than the run more requests than the loop keeps in flight): the first
+    sends as measured, each later request sent after a simulated finish plus that replacement's
+    measured round trip (the client's, core.fit.predict.round_trips_ms, on the front end's clock),
+    the front end's way out of the finished request and way in of the new one around it."""
+    from core.analysis.metrics import request_metrics
+    from core.fit.predict import round_trips_ms
+    from core.sim.frontend import at_front_end
+    from core.sim.sweep import simulate_closed
+    from core.workload import Workload
+    fe, c, w = cal.front_end, run.clients, run.workload
+    m = request_metrics(run.truth)
+    ok = np.isfinite(m["e2e_ms"].to_numpy(dtype=float))
+    arrival, e2e = m["arrival_ms"].to_numpy(dtype=float)[ok], m["e2e_ms"].to_numpy(dtype=float)[ok]
+    trips = round_trips_ms(arrival, e2e, c)
+    outs = m["output_tokens"].to_numpy(dtype=float)[ok][np.argsort(arrival + e2e, kind="stable")]
+    n = len(w.requests)
+    in_flight = np.minimum(np.arange(n), c - 1)
+    way_in = fe.way_in(w.prompt_tokens, in_flight)
+    k = np.arange(max(n - c, 0))
+    delays = (trips[np.minimum(k, len(trips) - 1)] if len(trips) else np.zeros(len(k)))
+    delays = delays + fe.way_out(np.maximum(outs[np.minimum(k, len(outs) - 1)] - 1, 0)) + way_in[c:]
+    inner = Workload([dataclasses.replace(r, arrival_ms=float(r.arrival_ms + way_in[i]))
+                      for i, r in enumerate(w.requests)], name=w.name)
+    tr, _ = simulate_closed(inner, cfg, cal.step_model, c, delay_ms=delays if len(delays) else 0.0,
+                            first_as_given=True)
+    sent = dict(zip(tr.ids, tr.requests["arrival_ms"].to_numpy(dtype=float)))   # (at the engine)
+    front = Workload([dataclasses.replace(r, arrival_ms=float(sent[r.id] - way_in[i]))
+                      for i, r in enumerate(w.requests)], name=w.name)
+    tr = at_front_end(tr, front, fe)
+    tr.meta["label"] = f"{run.name} (predicted, a closed loop of {c})"
+    tr.meta["load"] = {"kind": "closed", "concurrency": c, "first_sends": "as measured",
+                       "round_trip_ms_median": float(np.median(trips)) if len(trips) else 0.0}
+    return tr
 
 
 def compare(pred, run: Run) -> pd.DataFrame:

@@ -44,6 +44,7 @@ class Run:
     steps: object | None = None   # a Trace with the engine's steps (its iteration log), or None
     kv_events: object | None = None
     notes: list[str] = field(default_factory=list)
+    clients: int | None = None    # a closed loop's clients (its client's result file says so), else None
 
     @property
     def ids(self) -> list[str]:
@@ -141,7 +142,12 @@ def _dir_run(d: Path, config) -> Run:
     if "kv" in roles:
         kv = roles["kv"][1].trace if isinstance(roles["kv"][1], Imported) else roles["kv"][1]
     w = _workload(truth, dataset, notes, d.name)
-    return Run(d.name, d, w, truth, clock, cfg, steps, kv, notes)
+    clients = None
+    if "requests" in roles:    # (a closed loop is predicted as one: core.fit.calibrate.predict)
+        from core.fit.stepinfer import closed_loop_clients
+        got = roles["requests"][1]
+        clients = closed_loop_clients(got.trace if isinstance(got, Imported) else got)
+    return Run(d.name, d, w, truth, clock, cfg, steps, kv, notes, clients)
 
 
 def server_log_flags(path) -> SchedulerConfig:
