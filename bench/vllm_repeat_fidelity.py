@@ -64,6 +64,9 @@ def main(argv=None) -> int:
                     help="one fit over all the --fit-workloads' runs (the others are then held out)")
     ap.add_argument("--speed-from-log", action="store_true",
                     help="another start: scale the calibration to the predicted run's logged speed (issue 49 item 3)")
+    ap.add_argument("--speed-everywhere", action="store_true",
+                    help="every held-out run (the same server's too) at its own logged speed over the run: another "
+                         "client on a 2-core machine slows the engine beside it (guidellm, inference-perf)")
     ap.add_argument("--json", help="write every row here")
     a = ap.parse_args(argv)
     ss = sessions(a.sessions.split(","))
@@ -96,7 +99,8 @@ def main(argv=None) -> int:
                 if kind == "same server" and workload_of(n) in ws:
                     kind = "same workload"
                 ev = evaluate(cal, r, {f.name for f in fits}, a.model,
-                              speed_from_log=a.speed_from_log and kind == "another start")
+                              speed_from_log=(a.speed_from_log and kind == "another start")
+                              or (a.speed_everywhere and kind != "in sample"))
                 summ, rws = ev["summary"], ev["rows"]
                 f = floors.get((s, workload_of(n)))
                 x = {m: summ[m]["p50"] / f[m]["p50"] if f else None for m in METRICS}

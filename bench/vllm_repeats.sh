@@ -22,7 +22,8 @@
 # Knobs: SESSION (required), DEST (data/imports/vllm_repeats), ROUNDS (3), WORKLOADS (all),
 # VLLM_VENV (/opt/vllm-venv), MODEL_DIR (/tmp/vllm_repeats_model: the tiny model exported to HF
 # form, made if missing), PORT (8301), MAX_SEQS (16), BLOCK_SIZE (32), NUM_BLOCKS (64),
-# TOKEN_BUDGET (2048), QUIET_WAIT (120: s to wait before each run until no foreign process uses
+# TOKEN_BUDGET (2048), AIPERF / GUIDELLM / INFERENCE_PERF (the other clients' venvs, /work/venvs/<name>:
+# bench/vllm_repeats/CLIENTS.md), QUIET_WAIT (120: s to wait before each run until no foreign process uses
 # over 20% of a core), RAW (/tmp/vllm_repeats_raw).
 set -euo pipefail
 : "${SESSION:?set SESSION (the folder name of this server start)}"
@@ -50,10 +51,12 @@ if [ ! -f "$MODEL_DIR/config.json" ]; then
   (cd "$ROOT" && python -m gpu_runner export-hf --model tiny --out "$MODEL_DIR" --eos-token-id 257 --bos-token-id 256)
 fi
 mapfile -t PLAN < <(python3 "$ROOT/bench/vllm_repeats/make_datasets.py" "$RAW/ds")
-if [ -n "${WORKLOADS:-}" ]; then
-  keep=(); for line in "${PLAN[@]}"; do [[ ",$WORKLOADS," == *",${line%%|*},"* ]] && keep+=("$line"); done
-  PLAN=("${keep[@]}")
-fi
+keep=()   # (WORKLOADS unset: every `vllm bench serve` workload; the other clients' only when named)
+for line in "${PLAN[@]}"; do
+  if [ -n "${WORKLOADS:-}" ]; then [[ ",$WORKLOADS," == *",${line%%|*},"* ]] && keep+=("$line")
+  else [[ $line == *"|vllm" ]] && keep+=("$line"); fi
+done
+PLAN=("${keep[@]}")
 [ ${#PLAN[@]} -gt 0 ] || { echo "no workload chosen" >&2; exit 1; }
 
 mark recorder_start
@@ -67,6 +70,7 @@ SERVER_CMD=(env PYTHONPATH=$ROOT/bench/vllm_cpu VLLM_TARGET_DEVICE=cpu VLLM_CPU_
   --host 127.0.0.1 --port "$PORT" --dtype float32 --max-model-len 512 --max-num-seqs "${MAX_SEQS:-16}"
   --max-num-batched-tokens "${TOKEN_BUDGET:-2048}" --block-size "${BLOCK_SIZE:-32}" --enable-prefix-caching
   --num-gpu-blocks-override "${NUM_BLOCKS:-64}" --generation-config vllm --seed 0 --enable-logging-iteration-details
+  --chat-template "$ROOT/bench/vllm_repeats/chat_template.jinja"
   --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"}'
   --otlp-traces-endpoint http://127.0.0.1:4318/v1/traces)
 printf '%q ' "${SERVER_CMD[@]}" > "$RAW/server_cmd.txt"; echo >> "$RAW/server_cmd.txt"
@@ -93,12 +97,36 @@ bench() {  # DATASET OUTPUT_LEN N RESULT_NAME LOG client-flags...
   "${cmd[@]}" > "$log" 2>&1
 }
 
+other_client() {  # CLIENT TAG N INPUT OUTPUT: the run's files under $RAW/client/$TAG/
+  local client=$1 tag=$2 n=$3 isl=$4 osl=$5 d="$RAW/client/$2" cmd
+  mkdir -p "$d"
+  # (AIPerf 0.13 under HF_HUB_OFFLINE=1 takes a local tokenizer folder for a hub id and fails: not set;
+  # a local path never reaches the hub)
+  case $client in
+    aiperf) cmd=(nice -n -10 "${AIPERF:-/work/venvs/aiperf}/bin/aiperf" profile --model tiny
+      --url "http://127.0.0.1:$PORT" --endpoint-type chat --streaming --tokenizer "$MODEL_DIR" --request-count "$n"
+      --concurrency 4 --synthetic-input-tokens-mean "$isl" --synthetic-input-tokens-stddev 0
+      --output-tokens-mean "$osl" --output-tokens-stddev 0 --extra-inputs ignore_eos:true
+      --extra-inputs "min_tokens:$osl" --random-seed 42 --no-gpu-telemetry --ui-type none --artifact-dir "$d/out");;
+    guidellm) cmd=(nice -n -10 env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "${GUIDELLM:-/work/venvs/guidellm}/bin/guidellm"
+      run --backend "kind=openai_http,target=http://127.0.0.1:$PORT,model=tiny,request_format=/v1/completions,stream=true"
+      --tokenizer "kind=huggingface_auto,model=$MODEL_DIR" --profile '{"kind":"sweep","sweep_size":4}'
+      --constraint "kind=max_requests,count=$(( n / 4 ))" --data "kind=synthetic_text,prompt_tokens=$isl,output_tokens=$osl"
+      --output "kind=json,path=$d/out/benchmarks.json" --disable-progress);;
+    inference-perf) python3 "$ROOT/bench/vllm_repeats/ip_config.py" "$d/out" "$PORT" "$MODEL_DIR" "$isl" "$osl" > "$d/ip.yaml"
+      cmd=(nice -n -10 env HF_HUB_OFFLINE=1 "${INFERENCE_PERF:-/work/venvs/inference-perf}/bin/inference-perf" -c "$d/ip.yaml");;
+    *) echo "unknown client $client" >&2; return 1;;
+  esac
+  printf '%q ' "${cmd[@]}" >> "$RAW/client_cmds.txt"; echo >> "$RAW/client_cmds.txt"
+  (cd "$d" && "${cmd[@]}") > "$d/stdout.txt" 2>&1
+}
+
 mark warmup_start
 bench "$RAW/ds/warmup.jsonl" 16 8 warmup.json "$RAW/client/warmup.log" --max-concurrency 4 --request-rate inf
 mark warmup_end
 for r in $(seq 1 "$ROUNDS"); do
   for line in "${PLAN[@]}"; do
-    IFS='|' read -r name n olen flags <<< "$line"
+    IFS='|' read -r name n olen flags client <<< "$line"
     tag=${name}_r$r
     sleep 1
     mark "reset_call_$tag"
@@ -106,10 +134,16 @@ for r in $(seq 1 "$ROUNDS"); do
     mark "reset_returned_$tag"
     echo "$tag $(python3 "$QUIET" "${QUIET_WAIT:-120}" "$SRVPID" "$RECPID")  load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$RAW/quiet.txt"
     mark "start_$tag"
-    # shellcheck disable=SC2086
-    bench "$RAW/ds/$name.jsonl" "$olen" "$n" "vllm_bench_$tag.json" "$RAW/client/vllm_bench_$tag.log" $flags
-    mark "end_$tag"
-    grep -E "Mean TTFT|Mean E2EL" "$RAW/client/vllm_bench_$tag.log" | tr -s ' ' | paste -sd' ' | sed "s/^/$tag: /" >&2
+    if [ "$client" = vllm ]; then
+      # shellcheck disable=SC2086
+      bench "$RAW/ds/$name.jsonl" "$olen" "$n" "vllm_bench_$tag.json" "$RAW/client/vllm_bench_$tag.log" $flags
+      mark "end_$tag"
+      grep -E "Mean TTFT|Mean E2EL" "$RAW/client/vllm_bench_$tag.log" | tr -s ' ' | paste -sd' ' | sed "s/^/$tag: /" >&2
+    else
+      other_client "$client" "$tag" "$n" "$flags" "$olen" || echo "$tag: $client exited $?" >&2
+      mark "end_$tag"
+      echo "$tag: $client done ($(ls "$RAW/client/$tag/out" 2>/dev/null | tr '\n' ' '))" >&2
+    fi
     sleep 2    # (the last spans leave the server within OTEL_BSP_SCHEDULE_DELAY)
   done
 done

@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 RAW, DEST = Path(sys.argv[1]), Path(sys.argv[2])
+# the other clients' per-request and summary files (AIPerf, guidellm, inference-perf), copied unchanged
+CLIENT_FILES = {"profile_export.jsonl", "profile_export_aiperf.json", "benchmarks.json",
+                "per_request_lifecycle_metrics.json", "summary_lifecycle_metrics.json"}
 REC = Path(__file__).resolve().parents[1] / "vllm_cpu/record_telemetry.py"
 marks = [(k, int(v)) for k, v in (ln.split() for ln in (RAW / "marks.txt").read_text().splitlines())]
 at = dict(marks)
@@ -64,11 +67,24 @@ for j, tag in enumerate(tags):
                                                check=True, capture_output=True, text=True).stdout)
     (o / "otlp_bodies.jsonl").unlink()        # (the raw protobuf bodies: spans.otlp.jsonl holds them as JSON)
     workload = tag.rsplit("_r", 1)[0]
-    shutil.copy(RAW / "ds" / f"{workload}.jsonl", o / "dataset.jsonl")
-    shutil.copy(RAW / "client" / f"vllm_bench_{tag}.json", o / f"vllm_bench_{tag}.json")
-    shutil.copy(RAW / "client" / f"vllm_bench_{tag}.log", o / "client_stdout.txt")
+    other = RAW / "client" / tag       # (another client's run: its own folder, its own prompts)
+    if other.is_dir():
+        for f in sorted((other / "out").rglob("*")):
+            if f.name in CLIENT_FILES and f.stat().st_size > 256_000:   # (guidellm's report: ~630 KB, read gzipped)
+                with open(f, "rb") as src, gzip.GzipFile(o / (f.name + ".gz"), "wb", compresslevel=9, mtime=0) as dst:
+                    shutil.copyfileobj(src, dst)
+            elif f.name in CLIENT_FILES:
+                shutil.copy(f, o / f.name)
+        shutil.copy(other / "stdout.txt", o / "client_stdout.txt")
+        if (other / "ip.yaml").exists():
+            shutil.copy(other / "ip.yaml", o / "ip_config.yaml.txt")
+        cj = {}
+    else:
+        shutil.copy(RAW / "ds" / f"{workload}.jsonl", o / "dataset.jsonl")
+        shutil.copy(RAW / "client" / f"vllm_bench_{tag}.json", o / f"vllm_bench_{tag}.json")
+        shutil.copy(RAW / "client" / f"vllm_bench_{tag}.log", o / "client_stdout.txt")
+        cj = json.loads((o / f"vllm_bench_{tag}.json").read_text())
     (o / "quiet.txt").write_text(f"before the run: {quiet.get(tag, '?')}\n")
-    cj = json.loads((o / f"vllm_bench_{tag}.json").read_text())
     its = len(re.findall(rb"Iteration\(\d+\)", pieces[j + 1]))
     summary["runs"][tag] = {"window_ns": [t0, t1], "iteration_lines": its, **counts,
                             "client": {k: cj.get(k) for k in ("completed", "failed", "duration", "mean_ttft_ms",

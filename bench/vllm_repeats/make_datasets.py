@@ -29,6 +29,15 @@ WARMUP = (2, 4, 64, 64, 16, 701_000, 104)
 # its first requests find the engine idle, its last ones 8+ decoding beside them.
 CALIBRATION = ("wK_ramp1to24_mixed", 128, 705_000, 105,
                "--ramp-up-strategy linear --ramp-up-start-rps 1 --ramp-up-end-rps 24")
+# Other clients against the same server (issue 49's held-out runs were driven by them too), each
+# with its own synthetic prompts (no dataset file: the spans give each request's token counts) and
+# its own way of sending; run only when WORKLOADS names them (each needs its client's venv:
+# bench/vllm_repeats.sh, AIPERF / GUIDELLM / INFERENCE_PERF). name: (client, requests, input, output)
+OTHER_CLIENTS = {
+    "wD_aiperf_chat_c4_p128_o32": ("aiperf", 48, 128, 32),        # chat, a closed loop of 4
+    "wE_guidellm_sweep_p96_o48": ("guidellm", 64, 96, 48),        # sweep: 4 strategies of 16 requests
+    "wF_ip_stages_p64_o32": ("inference-perf", 52, 64, 32),       # constant stages: 2/s for 8 s, 6/s for 6 s
+}
 
 
 def ascii_slices(n, length, start, stride):
@@ -84,10 +93,12 @@ def main():
     make(out / "warmup.jsonl", *WARMUP)
     for name, (*shape, flags) in WORKLOADS.items():
         n = make(out / f"{name}.jsonl", *shape)
-        print(f"{name}|{n}|{shape[4]}|{flags}")
+        print(f"{name}|{n}|{shape[4]}|{flags}|vllm")
     name, n, start, seed, flags = CALIBRATION
     n = make_calibration(out / f"{name}.jsonl", n, start, seed)
-    print(f"{name}|{n}|-1|{flags}")    # (-1: each row's own output length)
+    print(f"{name}|{n}|-1|{flags}|vllm")    # (-1: each row's own output length)
+    for name, (client, n, isl, osl) in OTHER_CLIENTS.items():
+        print(f"{name}|{n}|{osl}|{isl}|{client}")    # (flags: the input length; the shell builds the rest)
 
 
 if __name__ == "__main__":

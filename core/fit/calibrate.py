@@ -31,7 +31,7 @@ from core.errors import InputError
 from core.fit.frontfit import fit_front_end, samples
 from core.fit.runs import Run
 from core.sim.frontend import FrontEnd
-from core.sim.stepmodel import StepModel
+from core.sim.stepmodel import Speed, StepModel
 
 PARTS = ("front end", "queue", "prefill", "decode")
 COEFFICIENTS = ("step_ms", "base_ms", "prefill_ms_per_token", "decode_ms_per_seq", "prefill_ms_per_kpos",
@@ -48,6 +48,7 @@ class Calibration:
     front_end: FrontEnd
     fit_runs: list[str]
     report: dict
+    speed: Speed | None = None    # the predicted run's machine speed over time (at_speed_over_time), or None
 
     def describe(self) -> str:
         return f"step model {self.step_model.describe()}; front end {self.front_end.describe()}"
@@ -334,6 +335,60 @@ def at_speed(cal: Calibration, run: Run) -> tuple[Calibration, float]:
     return Calibration(sm, fe, cal.fit_runs, {**cal.report, "speed_factor": f}), f
 
 
+SPEED_WINDOW_MS = 500.0   # the machine's speed read per half second of the run (its log's lines: 1 s)
+SPEED_MIN_STEPS = 5       # logged steps in a window for its own factor (else the window before's)
+
+
+def at_speed_over_time(cal: Calibration, run: Run, window_ms: float = SPEED_WINDOW_MS) -> tuple[Calibration, Speed]:
+    """The calibration at the predicted run's machine speed as it went over the run: each logged
+    step's duration against the fitted forward pass for its batch (the step model less the cycle's
+    added terms and the wake-up), the median per `window_ms` of the run (its log aligned to its
+    spans, core.trace.imports.vllm_log.align_steps) a factor on every simulated step that starts in
+    that window (core.sim.stepmodel.Speed); the front end's terms times the median over the run. A
+    machine whose client takes more of its cores in one phase than in another (guidellm's sweep
+    against a 2-core vLLM: one-sequence decode steps 1.4 ms under `vllm bench serve`, 3.5 ms
+    beside guidellm, 10 ms at 3 wide in its constant-rate phase) is then priced phase by phase. Like
+    at_speed, the prediction reads the run's own log and says so."""
+    from core.fit.stepfit import trace_features
+    from core.trace.imports.vllm_log import align_steps
+    log, truth = run.steps, run.truth
+    clock = (truth.meta.get("clock") or {}) if truth is not None else {}
+    if log is None or "decode_reqs" not in log.steps or not isinstance(clock.get("t0_s"), (int, float)) \
+            or not has_phases(run):
+        raise InputError(f"{run.name}: its speed over the run needs its iteration log and its request spans")
+    if cal.step_model.kind not in ("affine", "features"):
+        raise InputError(f"{run.name}: its speed over the run needs an affine or features step model")
+    added = ((cal.report.get("step_model") or {}).get("overhead") or {}).get("added") or {}
+    fwd = dataclasses.replace(cal.step_model, wake_ms=0.0,
+                              **{k: max(getattr(cal.step_model, k) - v, 0.0) for k, v in added.items()})
+    steps_no, X, y = trace_features(log)
+    model_ms = X @ fwd.coefficients()
+    ok = (model_ms > 0) & (y > 0)
+    if ok.sum() < SPEED_MIN_STEPS:
+        raise InputError(f"{run.name}: fewer than {SPEED_MIN_STEPS} logged steps to read its speed from")
+    ratio = y[ok] / model_ms[ok]
+    aligned, _, _, unc, _ = align_steps(log, truth, 0.0, float(clock["t0_s"]))
+    t_of = dict(zip(aligned["step"].to_numpy().tolist(), aligned["t_ms"].to_numpy(dtype=float).tolist()))
+    t0 = float(np.nanmin(truth.requests["arrival_ms"].to_numpy(dtype=float)))   # (the workload's time 0)
+    t = np.array([t_of[int(k)] for k in steps_no[ok]]) - t0
+    order = np.argsort(t, kind="stable")
+    t, ratio = t[order], ratio[order]
+    whole = float(np.median(ratio))
+    edges = np.arange(np.floor(t[0] / window_ms) * window_ms, t[-1] + window_ms, window_ms)
+    k = np.searchsorted(edges, t, side="right") - 1
+    factors, last = [], whole
+    for w in range(len(edges)):
+        sel = ratio[k == w]
+        if len(sel) >= SPEED_MIN_STEPS:
+            last = float(np.median(sel))
+        factors.append(last)
+    speed = Speed(tuple(edges.tolist()), tuple(np.clip(factors, 0.05, 50.0).tolist()),
+                  f"{run.name}'s logged steps against the fitted forward pass, median per {window_ms:.0f} ms "
+                  f"(log aligned to its spans within {unc:.1f} ms)")
+    fe = FrontEnd(**{k: v * whole for k, v in cal.front_end.to_dict().items()})
+    return Calibration(cal.step_model, fe, cal.fit_runs, {**cal.report, "speed_factor": whole}, speed), speed
+
+
 def predict(cal: Calibration, run: Run, config=None):
     """The run's workload simulated under its own flags (or `config`) with the calibration."""
     from core.sim.simulate import simulate
@@ -345,7 +400,7 @@ def predict(cal: Calibration, run: Run, config=None):
     if run.clients:
         return _predict_closed(cal, run, cfg)
     return simulate(run.workload, cfg, cal.step_model, label=f"{run.name} (predicted)",
-                    front_end=cal.front_end)
+                    front_end=cal.front_end, speed=cal.speed)
 
 
 def _predict_closed(cal: Calibration, run: Run, cfg):
@@ -374,7 +429,7 @@ def _predict_closed(cal: Calibration, run: Run, cfg):
     inner = Workload([dataclasses.replace(r, arrival_ms=float(r.arrival_ms + way_in[i]))
                       for i, r in enumerate(w.requests)], name=w.name)
     tr, _ = simulate_closed(inner, cfg, cal.step_model, c, delay_ms=delays if len(delays) else 0.0,
-                            first_as_given=True)
+                            first_as_given=True, speed=cal.speed)
     sent = dict(zip(tr.ids, tr.requests["arrival_ms"].to_numpy(dtype=float)))   # (at the engine)
     front = Workload([dataclasses.replace(r, arrival_ms=float(sent[r.id] - way_in[i]))
                       for i, r in enumerate(w.requests)], name=w.name)
@@ -435,11 +490,19 @@ def evaluate(cal: Calibration, run: Run, fitted: set[str], model: str = "affine"
              pred=None) -> dict:
     """One predicted run as the fidelity command and the Prediction vs measurement page both report
     it: `held_out` (the run is not among the `fitted` ones: its errors are out of sample), the
-    speed factor (speed_from_log), per-request `rows` (compare), the `summary`, and `outside`:
+    speed factor (speed_from_log: over the run, at_speed_over_time, where the run has an iteration log
+    and spans, `speed` describing it; else the one number of at_speed), per-request `rows` (compare),
+    the `summary`, and `outside`:
     the prediction's steps outside the range the step model was fitted on (None when all inside;
     core.fit.stepfit.outside_range), with `outside_note` in words."""
     from core.fit.stepfit import describe_outside, outside_range
-    use, factor = at_speed(cal, run) if speed_from_log else (cal, None)
+    use, factor, speed = cal, None, None
+    if speed_from_log:
+        try:        # (over the run where its log and spans allow; else the one number)
+            use, sp = at_speed_over_time(cal, run)
+            factor, speed = use.report["speed_factor"], sp.describe()
+        except InputError:
+            use, factor = at_speed(cal, run)
     pred = predict(use, run) if pred is None else pred
     rows = compare(pred, run)
     outside = outside_range(pred, {**cal.report["step_model"], "model": model})
@@ -447,7 +510,8 @@ def evaluate(cal: Calibration, run: Run, fitted: set[str], model: str = "affine"
     busy = front_end_outside(cal, run)
     if busy:
         notes.append(busy)
-    return {"held_out": run.name not in fitted, "speed_factor": factor, "rows": rows, "summary": summary(rows),
+    return {"held_out": run.name not in fitted, "speed_factor": factor, "speed": speed, "rows": rows,
+            "summary": summary(rows),
             "outside": outside, "outside_note": "; ".join(notes) or None}
 
 

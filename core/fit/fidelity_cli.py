@@ -61,7 +61,7 @@ def run_fidelity(a) -> int:
             notes.append(f"{r.name}: no repeats of its workload given (--repeats): its errors are not held against "
                          "a floor")
         out.append({"run": r.name, "path": str(r.path), "held_out": ev["held_out"], "clock": r.clock,
-                    "flags": r.config.to_dict(), "speed_factor": ev["speed_factor"],
+                    "flags": r.config.to_dict(), "speed_factor": ev["speed_factor"], "speed": ev["speed"],
                     "repeat_floor": floor and {m: floor[m]["p50"] for m in METRICS},
                     "floor_runs": floor and floor["runs"],
                     "times_floor": {m: times_floor(summ[m]["p50"], floor, m) for m in METRICS},
@@ -119,7 +119,12 @@ def _print_table(out: list[dict]) -> None:
 
 def _print_runs(out: list[dict], per_request: bool) -> None:
     for o in out:
-        if o["speed_factor"] is not None:
+        sp = o.get("speed")
+        if sp:
+            print(f"{o['run']}: at its machine speed over the run (from its iteration log): steps "
+                  f"x{sp['factor_min']:.2f}-{sp['factor_max']:.2f} (median {sp['factor_median']:.2f}) in "
+                  f"{sp['windows']} windows, the front end x{o['speed_factor']:.2f}; {sp['how']}")
+        elif o["speed_factor"] is not None:
             print(f"{o['run']}: terms scaled x{o['speed_factor']:.3f} to its machine speed (its iteration log's "
                   "median one-sequence decode step against the fit runs')")
         print(f"{o['run']}: times on {o['clock']}; E2E error by part (mean predicted - measured, ms): "

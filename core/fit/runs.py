@@ -146,7 +146,14 @@ def _dir_run(d: Path, config) -> Run:
     if "requests" in roles:    # (a closed loop is predicted as one: core.fit.calibrate.predict)
         from core.fit.stepinfer import closed_loop_clients
         got = roles["requests"][1]
-        clients = closed_loop_clients(got.trace if isinstance(got, Imported) else got)
+        # (a file of several runs, a guidellm sweep: one closed loop only when every run is that loop)
+        parts = (got.runs or [got]) if isinstance(got, Imported) else [got]
+        loops = {closed_loop_clients(x.trace if isinstance(x, Imported) else x) for x in parts}
+        clients = loops.pop() if len(loops) == 1 else None
+        if len(parts) > 1:
+            notes.append(f"{roles['requests'][0].name}: {len(parts)} runs of one client (a sweep): "
+                         + (f"each a closed loop of {clients}" if clients else "not one closed loop; predicted "
+                            "at the measured send times"))
     return Run(d.name, d, w, truth, clock, cfg, steps, kv, notes, clients)
 
 

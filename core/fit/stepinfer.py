@@ -180,7 +180,11 @@ def fit_inferred(traces, config: SchedulerConfig, model: str = "features",
 def closed_loop_clients(trace: Trace) -> int | None:
     """The number of clients of a closed-loop benchmark run (vLLM's `bench serve` with request
     rate inf and a max concurrency: a request is sent whenever one finishes), from the
-    imported file's settings; None for any other run."""
+    imported file's settings, or from its `load` (AIPerf's concurrency phase, a vllm bench sweep's
+    point: {"kind": "closed", "concurrency": C}); None for any other run."""
+    load = trace.meta.get("load") or {}
+    if load.get("kind") == "closed" and isinstance(load.get("concurrency"), int) and load["concurrency"] > 0:
+        return int(load["concurrency"])
     engine = trace.meta.get("engine") or {}
     rate, clients = engine.get("request_rate"), engine.get("max_concurrency")
     closed = rate in ("inf", float("inf")) or (isinstance(rate, float) and np.isinf(rate))

@@ -18,7 +18,7 @@ from core.engine.core import EngineCore
 from core.engine.outputs import ExecutorOutput, SchedulerOutput
 from core.engine.steplog import StepLog
 from core.errors import ConfigError
-from core.sim.stepmodel import StepModel
+from core.sim.stepmodel import Speed, StepModel
 from core.workload import Workload
 
 if TYPE_CHECKING:
@@ -31,8 +31,9 @@ class StepTimeExecutor:
     With the model's `shape_ms`, keeps the batch sizes (tokens) it has priced: a size it had not
     priced before costs shape_ms more, once."""
 
-    def __init__(self, step_model: StepModel):
+    def __init__(self, step_model: StepModel, speed: Speed | None = None):
         self.step_model = step_model
+        self.speed = speed
         self.sizes_run: set[int] = set()
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
@@ -43,13 +44,18 @@ class StepTimeExecutor:
             if size not in self.sizes_run:
                 self.sizes_run.add(size)
                 dur += sm.shape_ms
+        if self.speed is not None:
+            dur *= self.speed.at(batch.t_ms)
         if not dur > 0:
             raise ConfigError(f"step model gave a non-positive step duration ({dur} ms)")
         return ExecutorOutput(batch.t_ms + dur, dur)
 
     def run_durations(self, batch: SchedulerOutput, k: int, counts: np.ndarray | None = None) -> np.ndarray | None:
         """A run of decode steps priced at once (fast-forward), or None: then each is stepped. A
-        run that would meet a batch size not yet run is stepped (its first-use cost is priced once)."""
+        run that would meet a batch size not yet run is stepped (its first-use cost is priced once),
+        and so is every step under a speed that changes over the run."""
+        if self.speed is not None:
+            return None
         if self.step_model.shape_ms > 0:
             sizes = {len(batch.reqs)} if counts is None else set(np.asarray(counts[:k]).tolist())
             if not sizes <= self.sizes_run:
@@ -59,23 +65,25 @@ class StepTimeExecutor:
 
 def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel | None = None,
              label: str | None = None, created: str | None = None, record_kv: bool = True,
-             fast_forward: bool = True, front_end: FrontEnd | None = None) -> Trace:
+             fast_forward: bool = True, front_end: FrontEnd | None = None, speed: Speed | None = None) -> Trace:
     """`fast_forward` applies runs of identical decode-only steps in one go (same trace as
     stepping one by one, which tests check); turn it off to step strictly. `front_end`: the
-    requests' way in and out (core.sim.frontend); the trace is then on the front end's clock."""
+    requests' way in and out (core.sim.frontend); the trace is then on the front end's clock.
+    `speed`: the machine's speed over the run (core.sim.stepmodel.Speed), every step's duration
+    times its factor at the step's start."""
     if front_end is not None:
         from core.sim.frontend import at_front_end, engine_workload, in_flight_at
         inner = engine_workload(workload, front_end)
-        tr = at_front_end(simulate(inner, config, step_model, label, created, record_kv, fast_forward),
+        tr = at_front_end(simulate(inner, config, step_model, label, created, record_kv, fast_forward, speed=speed),
                           workload, front_end)
         if front_end.in_ms_per_in_flight:   # contention: again, with the requests in flight the first run had
             busy = _in_flight(tr, workload, in_flight_at)
             tr = at_front_end(simulate(engine_workload(workload, front_end, busy), config, step_model, label,
-                                       created, record_kv, fast_forward), workload, front_end)
+                                       created, record_kv, fast_forward, speed=speed), workload, front_end)
         return tr
     with _no_cyclic_gc():   # building the trace allocates as many acyclic objects as the run
-        core = simulator(config, step_model, workload, record_kv, fast_forward)
-        return core.trace(workload, _run(core, workload, label, created))
+        core = simulator(config, step_model, workload, record_kv, fast_forward, speed=speed)
+        return core.trace(workload, _run(core, workload, label, created, speed))
 
 
 def token_span_ms(workload: Workload, config: SchedulerConfig, step_model: StepModel | None = None,
@@ -196,7 +204,8 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
 
 
 def simulator(config: SchedulerConfig, step_model: StepModel | None = None, workload: Workload | None = None,
-              record_kv: bool = True, fast_forward: bool = False, scheduler=None) -> EngineCore:
+              record_kv: bool = True, fast_forward: bool = False, scheduler=None,
+              speed: Speed | None = None) -> EngineCore:
     """An engine core that simulates: the step-time model as its executor, recording its
     trace. Drive it with core.engine.loop.run on a VirtualClock, or step it yourself (several
     cores on one clock)."""
@@ -204,14 +213,15 @@ def simulator(config: SchedulerConfig, step_model: StepModel | None = None, work
         raise ConfigError("spec_gamma: the simulator does not model speculative acceptance; "
                           "capture speculative runs with gpu_runner")
     extra = {"scheduler": scheduler} if scheduler is not None else {}
-    return EngineCore(config, StepTimeExecutor(step_model or StepModel()), workload, record=True,
+    return EngineCore(config, StepTimeExecutor(step_model or StepModel(), speed), workload, record=True,
                       kv_events=record_kv, fast_forward=fast_forward, **extra)
 
 
-def _run(core: EngineCore, workload: Workload, label, created) -> dict:
+def _run(core: EngineCore, workload: Workload, label, created, speed: Speed | None = None) -> dict:
     """Run a simulator core over its workload; returns the trace's metadata."""
     with _no_cyclic_gc():
         loop.run(core, loop.VirtualClock(float(workload.arrival_ms[0])))
+        extra = {"speed": speed.describe()} if speed is not None else {}
         return core.trace_meta(workload, "simulated", label or f"{core.config.policy} (simulated)",
                                {"name": "core.simulate"}, created,
-                               step_model=core.executor.step_model.to_dict())
+                               step_model=core.executor.step_model.to_dict(), **extra)

@@ -243,3 +243,32 @@ def fit_affine(trace: Trace) -> StepModel:
         coef[0] = float(np.mean(y)) or 1e-3
     return StepModel("affine", base_ms=float(coef[0]), prefill_ms_per_token=float(coef[1]),
                      decode_ms_per_seq=float(coef[2]))
+
+
+@dataclass(frozen=True)
+class Speed:
+    """A machine's speed over a run, as a factor on every step's duration: factor[k] from t_ms[k]
+    on (piecewise constant; factor[0] before t_ms[0]), on the simulation's clock. What a shared
+    machine does to an engine that a step model of its batches cannot know (a benchmark client
+    that takes more of two cores in one phase than in another). `how`: where the factors came from."""
+    t_ms: tuple
+    factor: tuple
+    how: str = ""
+
+    def __post_init__(self):
+        t, f = np.asarray(self.t_ms, dtype=float), np.asarray(self.factor, dtype=float)
+        if not len(t) or len(t) != len(f) or not np.isfinite(t).all() or (np.diff(t) < 0).any():
+            raise ConfigError("speed: expected as many times (sorted) as factors, at least one")
+        if not (np.isfinite(f).all() and (f > 0).all()):
+            raise ConfigError("speed: every factor must be a positive number")
+        object.__setattr__(self, "_t", t)
+        object.__setattr__(self, "_f", f)
+
+    def at(self, t_ms: float) -> float:
+        k = int(np.searchsorted(self._t, t_ms, side="right")) - 1
+        return float(self._f[max(k, 0)])
+
+    def describe(self) -> dict:
+        f = self._f
+        return {"windows": len(f), "factor_min": float(f.min()), "factor_median": float(np.median(f)),
+                "factor_max": float(f.max()), "how": self.how}

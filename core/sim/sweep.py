@@ -96,14 +96,14 @@ class ClosedLoop:
 
 
 def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: StepModel, concurrency: int,
-                    created: str | None = None, delay_ms=0.0, first_as_given: bool = False):
+                    created: str | None = None, delay_ms=0.0, first_as_given: bool = False, speed=None):
     """The workload's requests in order as a closed loop of `concurrency` clients; returns
     (trace, most requests ever in flight). `delay_ms`: from a request's finish until the one
     that replaces it reaches the engine (the client's and the server front-end's round trip),
     one number or one per replacement in order (the last repeats); a replacement never reaches
     the engine before the one sent before it. `first_as_given`: the first `concurrency` requests
     arrive at their workload arrival times (a measured run's staggered first sends) instead of
-    all at time 0.
+    all at time 0. `speed`: the machine's speed over the run (core.sim.stepmodel.Speed).
     A pool left unsized (kv_blocks None) gets the blocks every request would need at once, as an
     open-loop simulation does."""
     if concurrency < 1:
@@ -114,13 +114,14 @@ def simulate_closed(workload: Workload, config: SchedulerConfig, step_model: Ste
     if config.kv_blocks is None:
         need = blocks_needed(workload.prompt_tokens, workload.max_output_tokens, config.block_size)
         config = dataclasses.replace(config, kv_blocks=int(need.sum()))
-    core = simulator(config, step_model)
+    core = simulator(config, step_model, speed=speed)
     inbox = ClosedLoop(workload.requests, concurrency, delay_ms, first_as_given)
     loop.run(core, loop.VirtualClock(0.0), inbox=inbox)
     sent = Workload(inbox.sent, name=f"{workload.name}, closed loop of {concurrency}")
     meta = core.trace_meta(sent, "simulated", f"{config.policy}, {concurrency} in flight (simulated)",
                            {"name": "core.sweep"}, created, step_model=step_model.to_dict(),
-                           load={"kind": "closed", "concurrency": concurrency})
+                           load={"kind": "closed", "concurrency": concurrency},
+                           **({"speed": speed.describe()} if speed is not None else {}))
     return core.trace(sent, meta), inbox.max_in_flight
 
 

@@ -202,6 +202,22 @@ def phase_window(summary: dict | None, metrics_export: dict | None) -> tuple[int
     return None
 
 
+def profiling_load(summary: dict | None) -> dict | None:
+    """How the profiling phase sent (the summary's input_config.phases): {"kind": "closed",
+    "concurrency": C} for a concurrency phase without a request rate (a closed loop: a request sent
+    whenever one finishes), {"kind": "open", "rate": R} for one with a rate; None when not stated."""
+    phases = ((summary or {}).get("input_config") or {}).get("phases")
+    for ph in phases if isinstance(phases, list) else []:
+        if not isinstance(ph, dict) or ph.get("kind") != "profiling":
+            continue
+        rate, conc = ph.get("request_rate"), ph.get("concurrency")
+        if finite(rate) and rate > 0:
+            return {"kind": "open", "rate": float(rate)}
+        if ph.get("type") == "concurrency" and isinstance(conc, int) and not isinstance(conc, bool) and conc > 0:
+            return {"kind": "closed", "concurrency": conc}
+    return None
+
+
 def import_records(records: list[dict], name: str, summary: dict | None = None,
                    scrapes: list[dict] | None = None, metrics_export: dict | None = None) -> Imported:
     profiling = [r for r in records if r.get("metadata", {}).get("benchmark_phase", "profiling") == "profiling"]
@@ -254,6 +270,9 @@ def import_records(records: list[dict], name: str, summary: dict | None = None,
             "provenance": PROVENANCE}
     if summary and isinstance(summary.get("start_time"), str):
         meta["created"] = summary["start_time"]
+    load = profiling_load(summary)
+    if load:
+        meta["load"] = load
     tr = rows.trace(meta)
     if scrapes:
         tr.other = gauges(scrapes, t0, name)
