@@ -9,9 +9,10 @@ is fitted jointly (core.fit.calibrate: the front end from the spans' phases, the
 engine core's view of each request, every run under its own flags read from its server log), then
 every run outside the set is predicted under its own flags (held out). Two predictions per run:
 - as fitted;
-- at the run's speed (`--speed-from-log`): every term scaled by the run's median logged
-  one-sequence decode step over the fit runs' (one number from the predicted run's own iteration
-  log: this VM's speed drifts between servers started minutes apart).
+- at the run's speed (`--speed-from-log`, core.fit.calibrate.at_speed_over_time / at_speed): the
+  run's logged steps against the fitted forward pass, over the fit runs' own, per 5 s of the run
+  (one number where the run has no spans); read from the predicted run's own iteration log: this
+  VM's speed drifts between servers started minutes apart.
 Error = |predicted - measured| / measured per request; median and p90 over the run's requests.
 """
 from __future__ import annotations

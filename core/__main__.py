@@ -175,9 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "iteration log plus the per-step time the log leaves out (log)")
     fi.add_argument("--speed-from-log", action="store_true",
                     help="each predicted run at its own machine speed, read from its iteration log: over the run "
-                         "(each half second's logged steps against the fitted forward pass, the log aligned to the "
+                         "(each 5 s of logged steps against the fitted forward pass, the log aligned to the "
                          "run's spans: a client that takes more of the cores in one phase than another), or, without "
-                         "spans, one number (its median one-sequence decode step against the fit runs')")
+                         "spans, one number (the median of its logged steps against the fitted forward pass, over "
+                         "the fit runs' own)")
     fi.add_argument("--flags", metavar="JSON",
                     help="the engine's scheduler options for runs whose files do not state them, as a JSON object of "
                          "SchedulerConfig fields, e.g. '{\"policy\": \"vllm-v1\", \"max_seqs\": 16, "

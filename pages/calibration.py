@@ -142,8 +142,9 @@ if speed and mine:
     st.caption(f"The machine's speed, in one number from each iteration log (measured: the logged duration of a "
                f"one-sequence decode step): {mine:.2f} ms in this run, {speed:.2f} ms in the fit runs (median). A "
                "step model fitted on one server's runs carries that server's speed; on this 2-core VM it drifts "
-               "between servers started minutes apart (`python -m core fidelity --speed-from-log` rescales to "
-               "each predicted run's own).")
+               "between servers started minutes apart, and a benchmark client beside it takes more of the cores in "
+               "one phase than another (`python -m core fidelity --speed-from-log` prices each predicted run at its "
+               "own speed over the run, read from its iteration log).")
 
 if steps is not None:
     st.subheader("Step by step")

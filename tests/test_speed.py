@@ -75,7 +75,24 @@ def test_the_speed_over_a_run_follows_its_logged_steps():
     slow = dataclasses.replace(run, steps=_scaled(run.steps, 2.0))
     _, sp2 = at_speed_over_time(cal, slow)
     assert np.allclose(np.asarray(sp2.factor), 2.0 * np.asarray(sp.factor))
-    assert np.asarray(sp.factor).min() < 0.8 * np.asarray(sp.factor).max()   # (it does vary over the run)
+    # against fit runs whose own steps ran twice the forward pass's price, the same log is at half that
+    _, sp3 = at_speed_over_time(dataclasses.replace(cal, report={"reference_ratio": 2.0}), run)
+    assert np.allclose(np.asarray(sp3.factor), 0.5 * np.asarray(sp.factor))
+
+
+def test_a_sweep_s_phases_run_at_their_own_speeds():
+    """guidellm's sweep beside a 2-core vLLM: its synchronous phase decodes one sequence at a time
+    (logged steps about 2.6 ms), its throughput phase 16 at once (6+ ms): the factors against a
+    fixed 1 ms forward pass follow the logged steps' medians, phase by phase."""
+    from core.fit.runs import server_log_flags
+    d = DATA / "imports/vllm_repeats/s7/wE_guidellm_sweep_p96_o48_r1"
+    run = load_run(d, server_log_flags(d.parent / "server_start.log"))
+    cal = Calibration(StepModel("affine", base_ms=1.0), FrontEnd(in_ms=1.0), ["x"], {})
+    _, sp = at_speed_over_time(cal, run)
+    st = run.steps.steps
+    one = st[(st["decode_reqs"] == 1) & (st["prefill_reqs"] == 0)]["dur_ms"]
+    assert sp.factor[0] == pytest.approx(float(one.median()), rel=0.1)    # (the synchronous phase comes first)
+    assert max(sp.factor) > 2.0 * min(sp.factor)
 
 
 def _scaled(log, k):

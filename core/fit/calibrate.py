@@ -161,9 +161,29 @@ def calibrate(runs: list[Run], model: str = "affine", method: str = "spans") -> 
                                           waits=boundary_waits(with_phases, sm, fe))
         sm, step_report = _step_fit(runs, fe, model, method)
     refs = [x for x in (reference_step_ms(r) for r in runs) if x is not None]
+    ratios = [logged_ratios(forward_model(sm, step_report), r.steps)[1] for r in runs
+              if r.steps is not None and "decode_reqs" in r.steps.steps and sm.kind in ("affine", "features")]
+    ratios = np.concatenate(ratios) if ratios else np.zeros(0)
     return Calibration(sm, fe, [r.name for r in runs],
                        {"method": method, "model": model, "front_end": fe_report, "step_model": step_report,
-                        "reference_step_ms": float(np.median(refs)) if refs else None})
+                        "reference_step_ms": float(np.median(refs)) if refs else None,
+                        "reference_ratio": float(np.median(ratios)) if len(ratios) else None})
+
+
+def forward_model(sm: StepModel, step_report: dict) -> StepModel:
+    """The forward pass an iteration log times: the step model less the cycle's added terms (log
+    method) and the wake-up."""
+    added = (step_report.get("overhead") or {}).get("added") or {}
+    return dataclasses.replace(sm, wake_ms=0.0, **{k: max(getattr(sm, k) - v, 0.0) for k, v in added.items()})
+
+
+def logged_ratios(fwd: StepModel, log) -> tuple[np.ndarray, np.ndarray]:
+    """(step numbers, logged duration / the forward pass's price) of a log's steps that both price."""
+    from core.fit.stepfit import trace_features
+    steps_no, X, y = trace_features(log)
+    model_ms = X @ fwd.coefficients()
+    ok = (model_ms > 0) & (y > 0)
+    return steps_no[ok], y[ok] / model_ms[ok]
 
 
 def _step_fit(runs: list[Run], fe: FrontEnd, model: str, method: str):
@@ -321,35 +341,45 @@ def reference_step_ms(run: Run) -> float | None:
 
 
 def at_speed(cal: Calibration, run: Run) -> tuple[Calibration, float]:
-    """The calibration scaled to the predicted run's machine speed: every step-model and front-end
-    term times reference_step_ms(run) / the fit runs' median reference (one number read from the
-    predicted run's own iteration log: the prediction is then no longer wholly held out, and says
-    so). Returns (scaled calibration, factor)."""
-    ref = cal.report.get("reference_step_ms")
-    mine = reference_step_ms(run)
-    if not ref or mine is None:
+    """The calibration scaled to the predicted run's machine speed, one number for the whole run:
+    its logged steps against the fitted forward pass for their batches (logged_ratios), the median,
+    over the same on the fit runs' own steps (reference_ratio); every step-model and front-end term
+    times it (read from the predicted run's own iteration log: the prediction is then no longer
+    wholly held out, and says so). For a run without spans to align its log by; at_speed_over_time
+    otherwise. Returns (scaled calibration, factor). (A closed loop of 4 never decodes one
+    sequence alone: a reference step of one sequence would price it by extrapolation, 4-8x off.)"""
+    ref = cal.report.get("reference_ratio")
+    if not ref or run.steps is None or "decode_reqs" not in run.steps.steps \
+            or cal.step_model.kind not in ("affine", "features"):
         raise InputError(f"{run.name}: scaling to the run's speed needs iteration logs in the fit runs and in it")
-    f = mine / ref
+    _, ratio = logged_ratios(forward_model(cal.step_model, cal.report.get("step_model") or {}), run.steps)
+    if len(ratio) < SPEED_MIN_STEPS:
+        raise InputError(f"{run.name}: fewer than {SPEED_MIN_STEPS} logged steps to read its speed from")
+    f = float(np.median(ratio)) / ref
     sm = dataclasses.replace(cal.step_model, **{k: getattr(cal.step_model, k) * f for k in COEFFICIENTS})
     fe = FrontEnd(**{k: v * f for k, v in cal.front_end.to_dict().items()})
     return Calibration(sm, fe, cal.fit_runs, {**cal.report, "speed_factor": f}), f
 
 
-SPEED_WINDOW_MS = 500.0   # the machine's speed read per half second of the run (its log's lines: 1 s)
+# The machine's speed read per 5 s of the run: a client's phases last seconds, while a factor read per
+# half second also takes in the batches the model misprices there, and a simulated run put under it
+# queues, widens its batches and falls further behind (s4's fit predicting s7 wK r2: E2E p50 35.1%
+# per 500 ms, 30.7% per 2 s, 9.1% per 5 s; docs/fidelity.md)
+SPEED_WINDOW_MS = 5000.0
 SPEED_MIN_STEPS = 5       # logged steps in a window for its own factor (else the window before's)
 
 
 def at_speed_over_time(cal: Calibration, run: Run, window_ms: float = SPEED_WINDOW_MS) -> tuple[Calibration, Speed]:
     """The calibration at the predicted run's machine speed as it went over the run: each logged
-    step's duration against the fitted forward pass for its batch (the step model less the cycle's
-    added terms and the wake-up), the median per `window_ms` of the run (its log aligned to its
-    spans, core.trace.imports.vllm_log.align_steps) a factor on every simulated step that starts in
-    that window (core.sim.stepmodel.Speed); the front end's terms times the median over the run. A
-    machine whose client takes more of its cores in one phase than in another (guidellm's sweep
-    against a 2-core vLLM: one-sequence decode steps 1.4 ms under `vllm bench serve`, 3.5 ms
-    beside guidellm, 10 ms at 3 wide in its constant-rate phase) is then priced phase by phase. Like
-    at_speed, the prediction reads the run's own log and says so."""
-    from core.fit.stepfit import trace_features
+    step's duration against the fitted forward pass for its batch (forward_model), over the same
+    ratio on the fit runs' own steps (reference_ratio); its median per `window_ms` of the run (5 s,
+    SPEED_WINDOW_MS; the log aligned to the run's spans, core.trace.imports.vllm_log.align_steps)
+    is a factor on every simulated step that starts in that window (core.sim.stepmodel.Speed); the
+    front end's terms are times the median over the run. A machine whose client takes more of its
+    cores in one phase than in another (guidellm's sweep against a 2-core vLLM: one-sequence decode
+    steps 1.4 ms under `vllm bench serve`, 3.5 ms beside guidellm, 10 ms at 3 wide in its
+    constant-rate phase) is then priced phase by phase. Like at_speed, the prediction reads the
+    run's own log and says so."""
     from core.trace.imports.vllm_log import align_steps
     log, truth = run.steps, run.truth
     clock = (truth.meta.get("clock") or {}) if truth is not None else {}
@@ -358,19 +388,14 @@ def at_speed_over_time(cal: Calibration, run: Run, window_ms: float = SPEED_WIND
         raise InputError(f"{run.name}: its speed over the run needs its iteration log and its request spans")
     if cal.step_model.kind not in ("affine", "features"):
         raise InputError(f"{run.name}: its speed over the run needs an affine or features step model")
-    added = ((cal.report.get("step_model") or {}).get("overhead") or {}).get("added") or {}
-    fwd = dataclasses.replace(cal.step_model, wake_ms=0.0,
-                              **{k: max(getattr(cal.step_model, k) - v, 0.0) for k, v in added.items()})
-    steps_no, X, y = trace_features(log)
-    model_ms = X @ fwd.coefficients()
-    ok = (model_ms > 0) & (y > 0)
-    if ok.sum() < SPEED_MIN_STEPS:
+    steps_no, ratio = logged_ratios(forward_model(cal.step_model, cal.report.get("step_model") or {}), log)
+    if len(ratio) < SPEED_MIN_STEPS:
         raise InputError(f"{run.name}: fewer than {SPEED_MIN_STEPS} logged steps to read its speed from")
-    ratio = y[ok] / model_ms[ok]
+    ratio = ratio / (cal.report.get("reference_ratio") or 1.0)     # (the fit runs' own at 1)
     aligned, _, _, unc, _ = align_steps(log, truth, 0.0, float(clock["t0_s"]))
     t_of = dict(zip(aligned["step"].to_numpy().tolist(), aligned["t_ms"].to_numpy(dtype=float).tolist()))
     t0 = float(np.nanmin(truth.requests["arrival_ms"].to_numpy(dtype=float)))   # (the workload's time 0)
-    t = np.array([t_of[int(k)] for k in steps_no[ok]]) - t0
+    t = np.array([t_of[int(k)] for k in steps_no]) - t0
     order = np.argsort(t, kind="stable")
     t, ratio = t[order], ratio[order]
     whole = float(np.median(ratio))

@@ -125,8 +125,8 @@ def _print_runs(out: list[dict], per_request: bool) -> None:
                   f"x{sp['factor_min']:.2f}-{sp['factor_max']:.2f} (median {sp['factor_median']:.2f}) in "
                   f"{sp['windows']} windows, the front end x{o['speed_factor']:.2f}; {sp['how']}")
         elif o["speed_factor"] is not None:
-            print(f"{o['run']}: terms scaled x{o['speed_factor']:.3f} to its machine speed (its iteration log's "
-                  "median one-sequence decode step against the fit runs')")
+            print(f"{o['run']}: terms scaled x{o['speed_factor']:.3f} to its machine speed (its logged steps "
+                  "against the fitted forward pass, the median, over the fit runs' own)")
         print(f"{o['run']}: times on {o['clock']}; E2E error by part (mean predicted - measured, ms): "
               + ", ".join(f"{p} {_ms(o['e2e_error_by_part'][p]['mean_ms'])}" for p in PARTS))
         within = [w for m, w in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E"))
