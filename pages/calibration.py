@@ -3,6 +3,7 @@ request and step by step, with the error split by where it arises (core.fit.cali
 import pandas as pd
 import streamlit as st
 
+from core.errors import InputError
 from core.figures.calibration import error_by_part, predicted_vs_measured, steps_vs_model
 from core.fit.calibrate import PARTS, reference_step_ms
 from core.fit.noise import describe as describe_floor
@@ -61,7 +62,8 @@ elif in_repeats:
                            "them (held out); a repeat of the same workload is the easiest case. s4–s6 hold a "
                            "calibration run (wK: a Poisson stream ramped from 1/s to 24/s, mixed lengths): fitted on "
                            "its two repeats, the cycle's cost per decoding sequence is priced too (docs/fidelity.md; "
-                           "about 2 minutes)")
+                           "about 2 minutes). s7 holds it beside other clients (AIPerf chat, a guidellm sweep, "
+                           "inference-perf stages)")
 else:
     st.markdown("The runs are **measured**: vLLM 0.32.0's CPU build serving the bundled tiny model on this project's "
                 "2-core VM (run1–run2 on 2026-12-01, run3–run9 on 2026-12-04; how each was made: "
@@ -83,10 +85,24 @@ method = "iteration log" if runner else c3.segmented_control(
                                    "time the log leaves out (from the spans), in a blink; spans: the engine core's "
                                    "own view of each request, by simulating the fit runs (robust loss; tens of "
                                    "seconds per run)")
+at_speed = not runner and st.toggle(
+    "At the predicted run's own speed", False, **bound("cal_speed"),
+    help="its machine speed over the run, read from its iteration log: each 5 s of its logged steps against the "
+         "fitted forward pass, over the fit runs' own (a server started on a slower VM, a benchmark client that "
+         "takes more of the two cores in one phase than another); the prediction then reads the run's own log. "
+         "`python -m core fidelity --speed-from-log` does the same")
 if not fit_on:
     st.info("Choose at least one run to fit on.")
     st.stop()
-cal, ev, steps, notes = cached_calibration(run, tuple(sorted(fit_on)), "log" if method == "iteration log" else "spans")
+try:
+    cal, ev, steps, notes = cached_calibration(run, tuple(sorted(fit_on)),
+                                               "log" if method == "iteration log" else "spans", bool(at_speed))
+except InputError as e:
+    if not at_speed:
+        raise
+    st.warning(f"Not at the run's own speed: {md(str(e))}. As fitted instead.")
+    cal, ev, steps, notes = cached_calibration(run, tuple(sorted(fit_on)),
+                                               "log" if method == "iteration log" else "spans")
 rows, summ = ev["rows"], ev["summary"]
 sample = "held out" if ev["held_out"] else "in sample"
 
@@ -123,6 +139,14 @@ st.caption(f"Means, predicted / measured: TTFT {t['predicted_mean']:.2f} / {t['m
            f"{e['predicted_mean']:.2f} / {e['measured_mean']:.2f} ms (simulated / measured).")
 if ev["outside_note"]:
     st.caption(f":material/warning: {md(ev['outside_note'])}.")
+sp = ev.get("speed")
+if sp:
+    st.caption(f"At the run's own speed over the run (from its iteration log, measured): every simulated step times "
+               f"{sp['factor_min']:.2f}–{sp['factor_max']:.2f} (median {sp['factor_median']:.2f}) over "
+               f"{sp['windows']} windows of 5 s, the front end times {ev['speed_factor']:.2f}; {md(sp['how'])}.")
+elif ev.get("speed_factor") is not None:
+    st.caption(f"At the run's own speed (from its iteration log, measured): every term times "
+               f"{ev['speed_factor']:.2f}.")
 
 c1, c2 = st.columns(2)
 show_chart(predicted_vs_measured(rows, "ttft_ms", "TTFT"), key="cal_ttft", where=c1)

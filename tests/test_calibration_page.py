@@ -163,3 +163,24 @@ def test_a_run_made_once_says_so_and_shows_the_repeats_range():
     said = [c.value for c in at.caption if "made once" in c.value]
     assert said and f"TTFT {lo['ttft_ms']:.1%}–{hi['ttft_ms']:.1%}" in said[0]
     assert f"E2E {lo['e2e_ms']:.1%}–{hi['e2e_ms']:.1%}" in said[0]
+
+
+def test_the_page_predicts_a_run_at_its_own_speed_as_the_cli_does():
+    """s7's inference-perf run, fitted on the same server's closed loop, at the run's own speed over
+    the run: the page's errors equal core.fit.calibrate.evaluate with speed_from_log, and it says
+    how fast the run's steps went against the fit's."""
+    from core.fit.calibrate import evaluate
+    from core.fit.runs import server_log_flags
+    run, fit = "s7/wF_ip_stages_p64_o32_r1", "s7/wB_c4_p128_o32_r1"
+    at = open_page("calibration", {"cal_run": run, "cal_fit": [fit], "cal_speed": "true"})
+    d = ROOT.parent / "vllm_repeats" / "s7"
+    flags = server_log_flags(d / "server_start.log")
+    target, fitted = load_run(d / run.split("/")[1], flags), load_run(d / fit.split("/")[1], flags)
+    cal = calibrate([fitted], "affine", "log")
+    ev = evaluate(cal, target, {fitted.name}, "affine", speed_from_log=True)
+    shown = {m.label: m.value for m in at.metric}
+    assert shown["E2E median error, held out"] == f"{ev['summary']['e2e_ms']['p50']:.1%}"
+    said = [c.value for c in at.caption if "own speed over the run" in c.value]
+    assert said and f"median {ev['speed']['factor_median']:.2f}" in said[0]
+    plain = evaluate(cal, target, {fitted.name}, "affine")
+    assert plain["summary"]["e2e_ms"]["p50"] != ev["summary"]["e2e_ms"]["p50"]

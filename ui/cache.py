@@ -254,19 +254,29 @@ def cached_vllm_cache():
     return real_and_simulated_cache()
 
 
-@st.cache_resource(show_spinner="Fitting on the chosen runs and predicting…", max_entries=8)
-def cached_calibration(run: str, fit_on: tuple[str, ...], method: str):
+@st.cache_resource(show_spinner="Predicting…", max_entries=8)
+def cached_calibration(run: str, fit_on: tuple[str, ...], method: str, speed_from_log: bool = False):
     """core.fit.calibrate over the bundled real vLLM runs (data/imports/vllm_telemetry): fitted on
-    `fit_on`, `run` predicted, as `python -m core fidelity` reports it (core.fit.calibrate.evaluate).
-    Returns (calibration, evaluation: held_out, rows, summary, outside, outside_note; steps or None,
+    `fit_on`, `run` predicted, as `python -m core fidelity` reports it (core.fit.calibrate.evaluate;
+    `speed_from_log`: at the run's own machine speed, its --speed-from-log). Returns (calibration,
+    evaluation: held_out, rows, summary, outside, outside_note, speed_factor, speed; steps or None,
     notes)."""
-    from core.fit.calibrate import calibrate, evaluate, step_comparison
+    from core.fit.calibrate import evaluate, step_comparison
     from core.lessons.vllm_runs import bundled_run
     runs = {n: bundled_run(n) for n in {run, *fit_on}}   # (a bundled vLLM run's folder, or a runner capture)
-    cal = calibrate([runs[n] for n in fit_on], "affine", method)
-    ev = evaluate(cal, runs[run], {runs[n].name for n in fit_on}, "affine")
+    cal = _calibration(fit_on, method)
+    ev = evaluate(cal, runs[run], {runs[n].name for n in fit_on}, "affine", speed_from_log)
     notes = [n for r in runs.values() for n in r.notes]
     return cal, ev, step_comparison(cal, runs[run]), notes
+
+
+@st.cache_resource(show_spinner="Fitting on the chosen runs…", max_entries=8)
+def _calibration(fit_on: tuple[str, ...], method: str):
+    """The fit alone, once per (runs, method): predicting another run, or the same at its own speed,
+    does not fit again (a fit on the calibration run takes about 2 minutes)."""
+    from core.fit.calibrate import calibrate
+    from core.lessons.vllm_runs import bundled_run
+    return calibrate([bundled_run(n) for n in fit_on], "affine", method)
 
 
 def cached_fidelity(trace: Trace, model: str, fit_on: Trace | None, config: SchedulerConfig | None = None,
