@@ -163,7 +163,7 @@ CASES = [
     # Prediction vs measurement: another run predicted, fitted on another (the log fit: instant)
     Case("calibration", "calibration", (
         (sel("cal_run", "run9_poisson2_p64_o128"),),
-        (Set("cal_fit", "pills", ["run4_poisson8_p128_o32"]), PRESENT))),
+        (Set("cal_fit", "pills", ["run4_poisson8_p128_o32"]), Set("cal_speed", "toggle", True), PRESENT))),
     # the fit method: the spans fit of the default run (run1, the quickest: ~20 s, once per server)
     Case("calibration-spans", "calibration", ((Set("cal_method", "segmented", "spans"),),)),
     # a fleet trace: one replica picked
