@@ -352,13 +352,24 @@ def at_speed(cal: Calibration, run: Run) -> tuple[Calibration, float]:
     if not ref or run.steps is None or "decode_reqs" not in run.steps.steps \
             or cal.step_model.kind not in ("affine", "features"):
         raise InputError(f"{run.name}: scaling to the run's speed needs iteration logs in the fit runs and in it")
-    _, ratio = logged_ratios(forward_model(cal.step_model, cal.report.get("step_model") or {}), run.steps)
+    _, ratio = _speed_ratios(cal, run)
+    f = float(np.median(ratio))
+    sm = dataclasses.replace(cal.step_model, **{k: getattr(cal.step_model, k) * f for k in COEFFICIENTS})
+    return Calibration(sm, _scaled(cal.front_end, f), cal.fit_runs, {**cal.report, "speed_factor": f}), f
+
+
+def _speed_ratios(cal: Calibration, run: Run) -> tuple[np.ndarray, np.ndarray]:
+    """(step numbers, speed ratio) of the run's logged steps: each step's logged duration over the
+    fitted forward pass's price for its batch, over the same on the fit runs' own (reference_ratio;
+    1 where the calibration has none). InputError with fewer than SPEED_MIN_STEPS."""
+    steps_no, ratio = logged_ratios(forward_model(cal.step_model, cal.report.get("step_model") or {}), run.steps)
     if len(ratio) < SPEED_MIN_STEPS:
         raise InputError(f"{run.name}: fewer than {SPEED_MIN_STEPS} logged steps to read its speed from")
-    f = float(np.median(ratio)) / ref
-    sm = dataclasses.replace(cal.step_model, **{k: getattr(cal.step_model, k) * f for k in COEFFICIENTS})
-    fe = FrontEnd(**{k: v * f for k, v in cal.front_end.to_dict().items()})
-    return Calibration(sm, fe, cal.fit_runs, {**cal.report, "speed_factor": f}), f
+    return steps_no, ratio / (cal.report.get("reference_ratio") or 1.0)
+
+
+def _scaled(fe: FrontEnd, f: float) -> FrontEnd:
+    return FrontEnd(**{k: v * f for k, v in fe.to_dict().items()})
 
 
 # The machine's speed read per 5 s of the run: a client's phases last seconds, while a factor read per
@@ -388,10 +399,7 @@ def at_speed_over_time(cal: Calibration, run: Run, window_ms: float = SPEED_WIND
         raise InputError(f"{run.name}: its speed over the run needs its iteration log and its request spans")
     if cal.step_model.kind not in ("affine", "features"):
         raise InputError(f"{run.name}: its speed over the run needs an affine or features step model")
-    steps_no, ratio = logged_ratios(forward_model(cal.step_model, cal.report.get("step_model") or {}), log)
-    if len(ratio) < SPEED_MIN_STEPS:
-        raise InputError(f"{run.name}: fewer than {SPEED_MIN_STEPS} logged steps to read its speed from")
-    ratio = ratio / (cal.report.get("reference_ratio") or 1.0)     # (the fit runs' own at 1)
+    steps_no, ratio = _speed_ratios(cal, run)
     aligned, _, _, unc, _ = align_steps(log, truth, 0.0, float(clock["t0_s"]))
     t_of = dict(zip(aligned["step"].to_numpy().tolist(), aligned["t_ms"].to_numpy(dtype=float).tolist()))
     t0 = float(np.nanmin(truth.requests["arrival_ms"].to_numpy(dtype=float)))   # (the workload's time 0)
@@ -410,8 +418,8 @@ def at_speed_over_time(cal: Calibration, run: Run, window_ms: float = SPEED_WIND
     speed = Speed(tuple(edges.tolist()), tuple(np.clip(factors, 0.05, 50.0).tolist()),
                   f"{run.name}'s logged steps against the fitted forward pass, median per {window_ms:.0f} ms "
                   f"(log aligned to its spans within {unc:.1f} ms)")
-    fe = FrontEnd(**{k: v * whole for k, v in cal.front_end.to_dict().items()})
-    return Calibration(cal.step_model, fe, cal.fit_runs, {**cal.report, "speed_factor": whole}, speed), speed
+    return (Calibration(cal.step_model, _scaled(cal.front_end, whole), cal.fit_runs,
+                        {**cal.report, "speed_factor": whole}, speed), speed)
 
 
 def predict(cal: Calibration, run: Run, config=None):
