@@ -5,7 +5,7 @@ import streamlit as st
 
 from core.errors import InputError
 from core.figures.calibration import error_by_part, predicted_vs_measured, steps_vs_model
-from core.fit.calibrate import PARTS, reference_step_ms
+from core.fit.calibrate import PARTS, at_speed
 from core.fit.noise import describe as describe_floor
 from core.lessons.vllm_runs import (
     RUNNER_CAPTURES,
@@ -85,7 +85,7 @@ method = "iteration log" if runner else c3.segmented_control(
                                    "time the log leaves out (from the spans), in a blink; spans: the engine core's "
                                    "own view of each request, by simulating the fit runs (robust loss; tens of "
                                    "seconds per run)")
-at_speed = not runner and st.toggle(
+own_speed = not runner and st.toggle(
     "At the predicted run's own speed", False, **bound("cal_speed"),
     help="its machine speed over the run, read from its iteration log: each 5 s of its logged steps against the "
          "fitted forward pass, over the fit runs' own (a server started on a slower VM, a benchmark client that "
@@ -96,9 +96,9 @@ if not fit_on:
     st.stop()
 try:
     cal, ev, steps, notes = cached_calibration(run, tuple(sorted(fit_on)),
-                                               "log" if method == "iteration log" else "spans", bool(at_speed))
+                                               "log" if method == "iteration log" else "spans", bool(own_speed))
 except InputError as e:
-    if not at_speed:
+    if not own_speed:
         raise
     st.warning(f"Not at the run's own speed: {md(str(e))}. As fitted instead.")
     cal, ev, steps, notes = cached_calibration(run, tuple(sorted(fit_on)),
@@ -160,15 +160,17 @@ st.markdown(f"Each request's E2E is its front end's share (the way in, and out o
             f"queued in the engine + prefill + decode, in vLLM's spans and in the simulation alike, so each part's "
             f"error adds up to the request's. Here the largest is **{worst}** "
             f"({parts[worst]['mean_abs_ms']:.2f} ms mean |error|): distrust that term first.")
-speed = cal.report.get("reference_step_ms")
-mine = reference_step_ms(bundled_run(run))
-if speed and mine:
-    st.caption(f"The machine's speed, in one number from each iteration log (measured: the logged duration of a "
-               f"one-sequence decode step): {mine:.2f} ms in this run, {speed:.2f} ms in the fit runs (median). A "
-               "step model fitted on one server's runs carries that server's speed; on this 2-core VM it drifts "
-               "between servers started minutes apart, and a benchmark client beside it takes more of the cores in "
-               "one phase than another (`python -m core fidelity --speed-from-log` prices each predicted run at its "
-               "own speed over the run, read from its iteration log).")
+try:     # (the same ratio --speed-from-log reads: a closed loop never decodes one sequence alone)
+    _, rel = at_speed(cal, bundled_run(run))
+except InputError:
+    rel = None
+if rel is not None:
+    st.caption(f"The machine's speed, in one number from the iteration logs (measured): this run's logged steps took "
+               f"{rel:.2f}× what the fit runs' took for the same batches (the median of each step against the fitted "
+               "forward pass). A step model fitted on one server's runs carries that server's speed; on this 2-core "
+               "VM it drifts between servers started minutes apart, and a benchmark client beside it takes more of "
+               "the cores in one phase than another (`python -m core fidelity --speed-from-log` prices each "
+               "predicted run at its own speed over the run, read from its iteration log).")
 
 if steps is not None:
     st.subheader("Step by step")

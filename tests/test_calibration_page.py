@@ -182,5 +182,8 @@ def test_the_page_predicts_a_run_at_its_own_speed_as_the_cli_does():
     assert shown["E2E median error, held out"] == f"{ev['summary']['e2e_ms']['p50']:.1%}"
     said = [c.value for c in at.caption if "own speed over the run" in c.value]
     assert said and f"median {ev['speed']['factor_median']:.2f}" in said[0]
+    from core.fit.calibrate import at_speed
+    rel = at_speed(cal, target)[1]          # (the one-number caption reads the same ratio)
+    assert any(f"took {rel:.2f}× what the fit runs' took" in c.value for c in at.caption)
     plain = evaluate(cal, target, {fitted.name}, "affine")
     assert plain["summary"]["e2e_ms"]["p50"] != ev["summary"]["e2e_ms"]["p50"]
