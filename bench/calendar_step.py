@@ -1,0 +1,224 @@
+"""Issue 50's design, measured before it is built: a step whose work follows what changed.
+
+    python -m bench.calendar_step [--requests 10000] [--rate 50] [--repeat 3]
+
+A feasibility measurement, not a second scheduler: nothing in the product imports it, and it is
+deleted when core/engine takes the design. It runs bench.vs_vidur's workload (bench.step_cost's
+engine: continuous batching, 256 seats, 8,192-token budget and chunk, block size 16, the affine
+5 ms + 0.02 ms/prefill token + 0.05 ms/decode sequence; an unbounded KV pool, so no preemption)
+two ways, side by side in one process:
+
+- today's engine core loop, recording (core.engine: the planner, per-request arrays every step);
+- the calendar step, for this configuration only: a decode counter D (a decoding request's next
+  position is its first one + D - D at its first decode, so a plain decode touches no request), a
+  block calendar keyed by position mod block size (only the requests that cross a block boundary
+  this step are touched, in running order), a finish calendar keyed by the value of D at which a
+  length-bounded request ends, the step time from running counts, and the step log as membership
+  spans (request r decodes from counter value a to b), expanded into the batch and token rows by
+  vectorised gathers afterwards.
+
+It prints each way's seconds and microseconds per simulated step, and whether the calendar step
+reproduces today's trace exactly (every step's start and duration, every batch row and token row,
+in order). Nothing is asserted; docs/benchmarks.md records the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from collections import deque
+
+import numpy as np
+
+from bench.simulate import poisson_workload
+from bench.step_cost import CONFIG, MODEL, run_once
+from core.engine.admission import pool_blocks
+from core.engine.requests import RequestTable
+from core.engine.steplog import log_records
+
+
+def calendar_run(w, seats: int, budget: int, chunk: int, bs: int, num_blocks: int,
+                 base_ms: float, prefill_ms: float, decode_ms: float) -> dict:
+    """Continuous batching on calendars (see the module's text). Returns the step rows, the
+    decode spans, the prefill pieces and the step at which each decode counter value was reached."""
+    arrival = w.arrival_ms.tolist()
+    prompt = w.prompt_tokens.tolist()
+    out_len = [r.max_output_tokens for r in w.requests]
+    n = len(arrival)
+    free = list(range(num_blocks - 1, -1, -1))    # the pool hands out 0, 1, 2, ... (taken from the end)
+    tables: dict[int, list[int]] = {}
+    waiting: deque[int] = deque()
+    prefilling: dict[int, int] = {}               # mid-prefill request -> tokens computed (running order)
+    decoding: set[int] = set()
+    crossing = [[] for _ in range(bs)]            # D mod bs -> decoders whose next position starts a block
+    finishing: dict[int, list[int]] = {}          # value of D after their last decode -> decoders
+    D, t, nxt, step, done = 0, arrival[0], 0, 0, 0
+    steps, spans, pieces, counter_step = [], [], [], [-1]
+
+    def start_decoding(r):
+        nonlocal done
+        if out_len[r] == 1:                       # its one token came with the prefill
+            free.extend(tables.pop(r))
+            done += 1
+            return
+        decoding.add(r)
+        spans.append((r, D, 0))
+        crossing[(D - prompt[r]) % bs].append(r)
+        finishing.setdefault(D + out_len[r] - 1, []).append(r)
+
+    while done < n:
+        while nxt < n and arrival[nxt] <= t:
+            waiting.append(nxt)
+            nxt += 1
+        ndec = len(decoding)
+        left = budget - ndec
+        prefill_tokens = 0
+        continued = []
+        for r, c in prefilling.items():           # running prompts go on, oldest first
+            if left <= 0:
+                break
+            take = min(prompt[r] - c, chunk, left)
+            need = -(-(c + take) // bs) - len(tables[r])
+            if need > 0:
+                tables[r] += free[-need:]
+                del free[-need:]
+            continued.append((r, c + take))
+            pieces.append((r, step, take))
+            left -= take
+            prefill_tokens += take
+        due = crossing[D % bs]
+        if due:                                   # a fresh block for each decoder crossing a boundary
+            due = crossing[D % bs] = [r for r in due if r in decoding]
+            if due:
+                new = free[-len(due):]
+                del free[-len(due):]
+                for r, b in zip(due, new):
+                    tables[r].append(b)
+        joined = []
+        running = ndec + len(prefilling)
+        while waiting and running < seats and left > 0:
+            r = waiting[0]
+            take = min(prompt[r], chunk, left)
+            need = -(-take // bs)
+            if need > len(free):
+                break
+            waiting.popleft()
+            tables[r] = free[-need:]
+            del free[-need:]
+            joined.append((r, take))
+            pieces.append((r, step, take))
+            left -= take
+            prefill_tokens += take
+            running += 1
+        if not ndec and not prefilling and not joined:
+            t = arrival[nxt]                      # idle: jump to the next arrival
+            continue
+        dur = base_ms + prefill_ms * prefill_tokens + decode_ms * ndec
+        steps.append((t, dur))
+        t += dur
+        if ndec:
+            D += 1
+            counter_step.append(step)
+            for r in finishing.pop(D, ()):
+                decoding.discard(r)
+                free.extend(tables.pop(r))
+                spans.append((r, D, 1))
+                done += 1
+        for r, c in continued:
+            if c == prompt[r]:
+                del prefilling[r]
+                start_decoding(r)
+            else:
+                prefilling[r] = c
+        for r, take in joined:
+            if take == prompt[r]:
+                start_decoding(r)
+            else:
+                prefilling[r] = take
+        step += 1
+    return {"steps": steps, "spans": spans, "pieces": pieces, "counter_step": counter_step}
+
+
+def rows_of(log: dict) -> tuple[dict, dict]:
+    """The batch and token rows (step order, then running order: request order under FCFS with no
+    preemption) from the calendar run's spans and prefill pieces."""
+    st = np.array(log["steps"], dtype=np.float64)
+    t_end = st[:, 0] + st[:, 1]
+    sp = np.array(log["spans"], dtype=np.int64)               # (req, D, 0 start | 1 end)
+    sp = sp[np.lexsort((sp[:, 2], sp[:, 0]))].reshape(-1, 2, 3)
+    req, d0, k = sp[:, 0, 0], sp[:, 0, 1], sp[:, 1, 1] - sp[:, 0, 1]
+    first = np.cumsum(k) - k
+    off = np.arange(int(k.sum())) - np.repeat(first, k)
+    dec_step = np.array(log["counter_step"], dtype=np.int64)[np.repeat(d0, k) + 1 + off]
+    dec_req = np.repeat(req, k)
+    pc = np.array(log["pieces"], dtype=np.int64)             # (req, step, tokens)
+    pc = pc[np.argsort(pc[:, 0], kind="stable")]
+
+    def step_major(step, *cols):
+        o = np.argsort(step, kind="stable")                  # (rows come request-major)
+        return (step[o], *(c[o] for c in cols))
+
+    b = np.concatenate
+    order = np.argsort(b([dec_req, pc[:, 0]]), kind="stable")
+    s, r, tok, kind = step_major(*(c[order] for c in (
+        b([dec_step, pc[:, 1]]), b([dec_req, pc[:, 0]]),
+        b([np.ones(len(dec_step), np.int64), pc[:, 2]]),
+        b([np.zeros(len(dec_step), np.int8), np.ones(len(pc), np.int8)]))))
+    batch = {"step": s, "req": r, "tokens": tok, "kind": kind}
+    last = pc[np.r_[pc[1:, 0] != pc[:-1, 0], True]]        # a prompt's last piece emits its first token
+    order = np.argsort(b([last[:, 0], dec_req]), kind="stable")
+    s, r, idx = step_major(*(c[order] for c in (b([last[:, 1], dec_step]), b([last[:, 0], dec_req]),
+                                                b([np.zeros(len(last), np.int64), 1 + off]))))
+    return batch, {"t_ms": t_end[s], "req": r, "index": idx}
+
+
+def _best(fn, repeat: int):
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        gc.disable()
+        try:
+            t = time.perf_counter()
+            out = fn()
+            best = min(best, time.perf_counter() - t)
+        finally:
+            gc.enable()
+    return best, out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--rate", type=float, default=50.0)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args(argv)
+    w = poisson_workload(a.requests, a.rate)
+    c = CONFIG
+    num_blocks = pool_blocks(c, RequestTable(w))
+    args = (w, c.max_seqs, c.token_budget, c.chunk, c.block_size, num_blocks,
+            MODEL.base_ms, MODEL.prefill_ms_per_token, MODEL.decode_ms_per_seq)
+    run_once(w, True, False)                                 # warm
+    calendar_run(*args)
+    today_s, core = min((run_once(w, True, False) for _ in range(a.repeat)), key=lambda x: x[0])
+    cal_s, log = _best(lambda: calendar_run(*args), a.repeat)
+    today_rows_s, rec = _best(lambda: log_records(core.log), a.repeat)
+    cal_rows_s, (batch, token) = _best(lambda: rows_of(log), a.repeat)
+    n = core.scheduler.step
+    st = rec["step"]
+    mine = np.array(log["steps"])
+    same = {"steps": len(mine) == n and np.array_equal(st["t_ms"], mine[:, 0])
+            and np.array_equal(st["dur_ms"], mine[:, 1]),
+            "batch rows": all(np.array_equal(np.asarray(rec["batch"][k]), v) for k, v in batch.items()),
+            "token rows": all(np.array_equal(np.asarray(rec["token"][k]), v) for k, v in token.items())}
+    print(f"{a.requests:,} requests (Poisson {a.rate:g}/s), {n:,} simulated steps; best of {a.repeat}")
+    print(f"{'':<40} {'s':>7} {'us/step':>8}")
+    for name, s in (("today's engine loop (recorded)", today_s), ("calendar step (spans recorded)", cal_s),
+                    ("today's columns from the log", today_rows_s), ("calendar rows from spans", cal_rows_s)):
+        print(f"{name:<40} {s:7.3f} {1e6 * s / n:8.1f}")
+    print(f"loop: today / calendar = {today_s / cal_s:.1f}x; the same trace: "
+          + ", ".join(f"{k} {'identical' if v else 'DIFFERENT'}" for k, v in same.items()))
+    print("issue 50's target: <= 15 us per simulated step on this workload")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
