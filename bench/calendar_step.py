@@ -141,35 +141,44 @@ def calendar_run(w, seats: int, budget: int, chunk: int, bs: int, num_blocks: in
 
 def rows_of(log: dict) -> tuple[dict, dict]:
     """The batch and token rows (step order, then running order: request order under FCFS with no
-    preemption) from the calendar run's spans and prefill pieces."""
+    preemption) from the calendar run's spans and prefill pieces: each row a key step * N + request
+    (a request is at most once in a step), the keys sorted as values (no argsort), the other columns
+    computed from the key."""
     st = np.array(log["steps"], dtype=np.float64)
     t_end = st[:, 0] + st[:, 1]
     sp = np.array(log["spans"], dtype=np.int64)               # (req, D, 0 start | 1 end)
     sp = sp[np.lexsort((sp[:, 2], sp[:, 0]))].reshape(-1, 2, 3)
     req, d0, k = sp[:, 0, 0], sp[:, 0, 1], sp[:, 1, 1] - sp[:, 0, 1]
-    first = np.cumsum(k) - k
-    off = np.arange(int(k.sum())) - np.repeat(first, k)
-    dec_step = np.array(log["counter_step"], dtype=np.int64)[np.repeat(d0, k) + 1 + off]
-    dec_req = np.repeat(req, k)
+    off = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+    counter_step = np.array(log["counter_step"], dtype=np.int64)
+    N = int(max(req.max(initial=0), max((p[0] for p in log["pieces"]), default=0))) + 1
+    dec_key = counter_step[np.repeat(d0, k) + 1 + off] * N + np.repeat(req, k)
     pc = np.array(log["pieces"], dtype=np.int64)             # (req, step, tokens)
-    pc = pc[np.argsort(pc[:, 0], kind="stable")]
-
-    def step_major(step, *cols):
-        o = np.argsort(step, kind="stable")                  # (rows come request-major)
-        return (step[o], *(c[o] for c in cols))
-
-    b = np.concatenate
-    order = np.argsort(b([dec_req, pc[:, 0]]), kind="stable")
-    s, r, tok, kind = step_major(*(c[order] for c in (
-        b([dec_step, pc[:, 1]]), b([dec_req, pc[:, 0]]),
-        b([np.ones(len(dec_step), np.int64), pc[:, 2]]),
-        b([np.zeros(len(dec_step), np.int8), np.ones(len(pc), np.int8)]))))
-    batch = {"step": s, "req": r, "tokens": tok, "kind": kind}
-    last = pc[np.r_[pc[1:, 0] != pc[:-1, 0], True]]        # a prompt's last piece emits its first token
-    order = np.argsort(b([last[:, 0], dec_req]), kind="stable")
-    s, r, idx = step_major(*(c[order] for c in (b([last[:, 1], dec_step]), b([last[:, 0], dec_req]),
-                                                b([np.zeros(len(last), np.int64), 1 + off]))))
-    return batch, {"t_ms": t_end[s], "req": r, "index": idx}
+    pc_key = pc[:, 1] * N + pc[:, 0]
+    o = np.argsort(pc_key)
+    pc_key, pc_tok = pc_key[o], pc[o, 2]
+    key = np.sort(np.concatenate([dec_key, pc_key]))
+    is_piece = np.zeros(len(key), dtype=bool)
+    at = np.searchsorted(key, pc_key)
+    is_piece[at] = True
+    tokens = np.ones(len(key), dtype=np.int64)
+    tokens[at] = pc_tok
+    step, r = np.divmod(key, N)
+    batch = {"step": step, "req": r, "tokens": tokens, "kind": is_piece.astype(np.int8)}
+    # tokens: a prompt's last piece emits index 0; a decode at step s emits 1 + the decodes it did before
+    done_before = np.zeros(len(t_end) + 1, dtype=np.int64)   # decode steps before each step
+    np.add.at(done_before, counter_step[1:] + 1, 1)
+    done_before = np.cumsum(done_before)[:-1]
+    first_d = np.zeros(N, dtype=np.int64)
+    first_d[req] = d0
+    pcs = pc[np.lexsort((pc[:, 1], pc[:, 0]))]
+    last = pcs[np.r_[pcs[1:, 0] != pcs[:-1, 0], True]]
+    last_key = np.sort(last[:, 1] * N + last[:, 0])
+    emit = ~is_piece
+    emit[np.searchsorted(key, last_key)] = True
+    ks, kr, kp = step[emit], r[emit], is_piece[emit]
+    index = np.where(kp, 0, done_before[ks] - first_d[kr] + 1)
+    return batch, {"t_ms": t_end[ks], "req": kr, "index": index}
 
 
 def _best(fn, repeat: int):
