@@ -23,8 +23,20 @@ no new request is admitted in a step that preempted.
 
 Admission control (queue order by priority, KV watermark, a bounded queue, a context
 budget, per-request deadlines): core.engine.admission. Per-request state: the request table
-(core.engine.requests). Per-step work is vectorised over the running set (numpy); only block
-allocation, admission and finishing touch Python per request.
+(core.engine.requests).
+
+The work of a step follows what changed in it, not how many requests run. A running request
+is either *explicit* (its computed and emitted counts kept in the request table, planned with
+numpy over the few of them: a prompt being computed, a request recomputing, a speculative decode,
+one with a cancellation time) or a *decoder*: one token a step, its position implicit from one
+decode counter D (computed = base + D, the base fixed when it started decoding), so a plain
+decode step touches no request. Two calendars say which decoders need attention in a step:
+those whose position starts a new KV block (keyed by D mod block size; they take a block each,
+in running order) and those that emit their last token (keyed by the value of D). The step
+time is priced from counts (core.engine.outputs.SchedulerOutput.agg); the per-request batch
+arrays are built only for an executor that asks (`explicit_batches`: the runner, a server); a
+simulator's outputs name the decoders that started and stopped decoding instead of every token
+(core.engine.steplog keeps them as membership spans).
 """
 from __future__ import annotations
 
@@ -35,7 +47,7 @@ import numpy as np
 
 from core.config import BIG, SchedulerConfig
 from core.engine import admission as adm
-from core.engine import fastforward, policies
+from core.engine import policies
 from core.engine.kv_cache import KVCacheManager
 from core.engine.outputs import (
     EMPTY,
@@ -52,17 +64,19 @@ from core.errors import ConfigError
 from core.workload import Request, Workload
 
 _tuple = tuple.__new__   # makes a NamedTuple without its Python-level __new__ (once per step)
+_INT = np.int64
 
 
 class Scheduler:
-    decode_fast_path = True   # False: plan every step in full (tests compare the two)
-
     def __init__(self, workload: Workload | None, config: SchedulerConfig, stop_token_ids: Iterable[int] = (),
-                 request_data: bool = False, kv_events: bool = False):
+                 request_data: bool = False, kv_events: bool = False, explicit_batches: bool = True):
         """`workload` None: no requests yet (a server adds them with add_request).
         `request_data`: each SchedulerOutput carries the token ids and block ids the executor
         has not been sent yet (an executor that runs a model keeps its own copy).
         `kv_events`: the KV block events go out with the EngineOutputs (a recorder wants them).
+        `explicit_batches`: every SchedulerOutput lists every entry (an executor that returns
+        tokens per entry); False (a simulator): the decoders are counted, not listed, and the
+        outputs list only the other entries' tokens (EngineOutputs.decoded, entered, left).
         The scheduler records nothing itself: everything it did is in its EngineOutputs."""
         self.cfg = config
         self.stop_token_ids = frozenset(stop_token_ids)  # a request emitting one of these stops (EOS)
@@ -73,32 +87,42 @@ class Scheduler:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.prefix_caching, config.model_id, kv_events)
         # vLLM V1 caches a request's full blocks (outputs too) when it schedules the tokens that fill them
         self.cache_when_scheduled = config.prefix_caching and config.kv_manager == "vllm-v1"
+        self.commit_after = config.prefix_caching and not self.cache_when_scheduled
         self.rules = policies.RULES[config.policy]
         self.seats = config.seats
-        self.running = np.empty(0, dtype=np.int64)   # running request rows, admission order
         self.waiting = adm.make_waiting(config, t)   # request rows, in admission order
         self.ran: set[int] = set()         # requests ever admitted (never rejected by queue_limit)
         self.watermark_blocks = adm.watermark_blocks(config, num_blocks)
         self.failed = {"rejected": 0, "deadline": 0}
         self.next_arrival = 0
-        # A fleet adds requests as they are routed, so no run of fast-forwarded steps may pass
-        # the next time one could be (core.fleet sets it before each step; None: no limit).
-        self.horizon_ms: float | None = None
+        self.horizon_ms: float | None = None   # (a fleet's: when a request could next be routed here)
         self.num_done = 0
         self.step = 0
         self.num_preemptions = 0
-        self.quiet = False       # the last planned step: nobody joined or left the running set
+        self.explicit_batches = explicit_batches
+        # the running set: request -> its join number (running order = the order they joined)
+        self._run: dict[int, int] = {}
+        self._joins = 0
+        self._exp: dict[int, int] = {}     # explicit running requests -> join number
+        self._dec: dict[int, int] = {}     # decoders -> base (computed = base + D)
+        self._stint: dict[int, int] = {}   # decoders -> the number of their decoding stint (calendar entries' key)
+        self._stints = 0
+        self.D = 0                         # the decode counter: steps the decoders decoded in
+        self._dsum = 0                     # sum of the decoders' bases
+        bs = config.block_size
+        self._cross: list[list[tuple[int, int, int]]] = [[] for _ in range(bs)]   # (join, req, stint), join order
+        self._fin: dict[int, list[tuple[int, int, int]]] = {}    # D of their last token -> (join, req, stint)
+        self._decoders_ok = not config.spec_gamma   # (a speculative decode emits a varying number of tokens)
+        self._last_dec_t: float | None = None   # end of the last step the decoders decoded in
         self._step_gauges = None  # (running, waiting, kv used, kv free) when the pending step was planned
-        self._steady = False     # the last step ran every running request (set by update)
-        self._prefilling = None  # ... and these of them (mask over running) are mid-prefill
-        self._consts: dict = {}
-        self._ff_after = 0       # no fast-forward can succeed before this step (a request finishes first)
-        self.run_after = None    # the last fast-forwarded run: per step (running, waiting, KV used) after it
+        self._step_plan = None    # what schedule planned for update: see _batch
         # what happened since the last EngineOutputs (outside a step's own results)
         self._finished: list[Finish] = []
         self._queued: list[int] = []
         self._started: list[int] = []
         self._preempted: list[Preemption] = []
+        self._entered: list[tuple] = []
+        self._left: list[tuple] = []
         # request_data: how much of each request's token ids and block table the executor has
         self.request_data = request_data
         self._sent_tokens: dict[int, int] = {}
@@ -131,6 +155,11 @@ class Scheduler:
     @property
     def n(self) -> int:
         return self.requests.n
+
+    @property
+    def running(self) -> np.ndarray:
+        """The running request rows, in running order (the order they joined)."""
+        return np.fromiter(self._run, _INT, len(self._run))
 
     # ---- clock-driven inputs ---------------------------------------------------------
     def done(self) -> bool:
@@ -184,11 +213,12 @@ class Scheduler:
     def leave_running(self, i: int, now_ms: float, free_blocks: bool = True):
         """Take request i out of the running set (its KV blocks freed unless `free_blocks` is
         False: the deliberately broken variant in core.lessons.pathologies)."""
+        self._explicit_now(i)
         if free_blocks:
             self.kv.now_ms = now_ms
             self._free(i)
-        self.running = self.running[self.running != i]
-        self._steady = False
+        del self._run[i]
+        del self._exp[i]
 
     def _abort_due(self, now_ms):
         while self.aborts and self.aborts[0][0] <= now_ms:
@@ -212,6 +242,56 @@ class Scheduler:
             self._sent_blocks[i] = 0
         return freed
 
+    # ---- decoders: one token a step, positions implicit from the decode counter -------------
+    def _decode_now(self, i: int, seq: int):
+        """Request i (explicit, its last token emitted, one to compute) becomes a decoder."""
+        t, bs = self.requests, self.cfg.block_size
+        c = int(t.computed[i])
+        base = c - self.D
+        self._dec[i] = base
+        stint = self._stint[i] = self._stints
+        self._stints += 1
+        self._dsum += base
+        del self._exp[i]
+        bisect.insort(self._cross[(-base) % bs], (seq, i, stint))
+        end = int(t.out_len[i] + t.prompt_len[i]) - 2 - base   # the value of D in its last token's step
+        self._fin.setdefault(end, []).append((seq, i, stint))
+        if not self.explicit_batches:
+            self._entered.append((i, seq, self.D, int(t.emitted[i])))
+
+    def _explicit_now(self, i: int):
+        """Decoder i's counts written back to the request table; it is explicit from now on."""
+        base = self._dec.pop(i, None)
+        if base is None:
+            return
+        del self._stint[i]
+        t = self.requests
+        c = base + self.D
+        t.computed[i] = c
+        t.emitted[i] = c - t.prompt_len[i] + 1
+        self._dsum -= base
+        self._exp[i] = self._run[i]
+        if not self.explicit_batches:
+            self._left.append((i, self.D, self._last_dec_t))
+
+    def _sync_decoders(self):
+        """Every decoder's counts written into the request table (they stay decoders)."""
+        if not self._dec:
+            return
+        t = self.requests
+        who = np.fromiter(self._dec, _INT, len(self._dec))
+        c = np.fromiter(self._dec.values(), _INT, len(self._dec)) + self.D
+        t.computed[who] = c
+        t.emitted[who] = c - t.prompt_len[who] + 1
+
+    def _due(self, bucket: list) -> list[tuple[int, int, int]]:
+        """The live entries of a calendar bucket (those still in the same decoding stint)."""
+        stint = self._stint
+        live = [e for e in bucket if stint.get(e[1]) == e[2]]
+        if len(live) < len(bucket):
+            bucket[:] = live
+        return live
+
     # ---- one step ----------------------------------------------------------------------
     def schedule(self, now_ms: float) -> SchedulerOutput | None:
         """Choose the next step's batch (None if there is nothing to run now)."""
@@ -220,81 +300,157 @@ class Scheduler:
         self._abort_due(now_ms)
         budget = cfg.token_budget if cfg.token_budget is not None else BIG
         if self.rules.prefill_steps and self.waiting:   # vllm-v0: a step of new prompts when any can join
-            joins, _ = self._admit_waiting(budget, 0, len(self.running))
+            joins, _ = self._admit_waiting(budget, 0, len(self._run))
             self.reject_over_bound(now_ms)
             if joins:
-                return self._planned(self._joined_batch(joins, now_ms), joined=True)
-        run = self.running
+                return self._planned(self._batch(None, joins, now_ms), joined=True)
         # who may join in this step: static, only into an empty batch; vllm-v0, only in a step of
         # prompts alone (above)
-        cohort_open = not self.rules.prefill_steps and (not self.rules.cohorts or len(run) == 0)
+        cohort_open = not self.rules.prefill_steps and (not self.rules.cohorts or not self._run)
         preempted = False
-        if len(run):
-            steady = self._steady and self.decode_fast_path
-            plan = policies.plan_running(self, run, budget, self._prefilling, steady)
-            while not plan.steady and int(plan.need.sum()) > kv.num_free:
-                pos = adm.victim_position(cfg, run, self.requests)   # fcfs: the newest
-                self._preempt(int(run[pos]), now_ms)
-                run = np.delete(run, pos)
+        plan = None
+        if self._run:
+            plan = self._plan(budget)
+            while plan.need > kv.num_free:
+                self._preempt(self._victim(), now_ms)
                 preempted = True
-                plan = policies.plan_running(self, run, budget)
-            if plan.grow is not None:   # decodes only: one block each where a position starts one
-                if len(plan.grow):
-                    who = run[plan.grow]
-                    kv.grow_many(who, self.requests.nblocks[who], one_each=True)
-                    self.requests.nblocks[who] += 1
-            else:
-                self._grow(run, plan.need)
+                plan = self._plan(budget)
+            self._grow(plan)
             if self.cache_when_scheduled:
-                self._cache_scheduled(run, plan.start, self._const("ones", len(run)) if plan.num_tokens is None
-                                      else plan.num_tokens)
-            used = len(run) if plan.num_tokens is None else int(plan.num_tokens.sum())
-        else:
-            plan = None
-            used = 0
+                self._commit_scheduled(plan)
+        used = plan.tokens if plan is not None else 0
         joins = []
         if cohort_open and not preempted:
-            joins, used = self._admit_waiting(budget, used, len(run))
+            joins, used = self._admit_waiting(budget, used, len(self._run))
         self.reject_over_bound(now_ms)
-        batch = self._batch(run, plan, joins, used, now_ms)
+        batch = self._batch(plan, joins, now_ms)
         if batch is None:
             return None
         return self._planned(batch, joined=bool(joins) or preempted)
 
-    def _cache_scheduled(self, reqs: np.ndarray, start: np.ndarray, n: np.ndarray):
-        """vllm-v1: the blocks a step will fill are cached when it is scheduled, request by request
-        (running ones first, then each as it joins: one that joins after them may already hit
-        them); a simulated request's output ids, unknown, are stand-ins of its own
-        (core.engine.kv_cache.commit)."""
-        t, kv, bs = self.requests, self.kv, self.cfg.block_size
-        end = start + n
-        for j in np.flatnonzero(end // bs > start // bs).tolist():
-            i = int(reqs[j])
+    def _plan(self, budget: int) -> _Plan:
+        """The running requests' share of the next step: the explicit ones planned in full (numpy
+        over them), the decoders one token each, and the KV blocks both need."""
+        cfg, t, dec = self.cfg, self.requests, self._dec
+        nd = len(dec)
+        exp = self._exp
+        if exp:
+            E = np.fromiter(exp, _INT, len(exp))
+            if len(E) > 1:
+                E = E[np.argsort(np.fromiter(exp.values(), _INT, len(exp)), kind="stable")]
+            p = policies.plan_running(self, E, BIG)   # (the budget is shared below, with the decoders)
+            want = p.num_tokens
+            total = nd + int(want.sum())
+        else:
+            E = p = None
+            total = nd
+        if total > budget:
+            return self._plan_over_budget(budget)
+        cross = self._due(self._cross[self.D % cfg.block_size]) if nd else []
+        need = len(cross)
+        if p is not None:
+            need += int(p.need.sum())
+        return _Plan(E, p, cross, nd, total, need)
+
+    def _plan_over_budget(self, budget: int) -> _Plan:
+        """The running requests want more tokens than the budget: shared in running order (sarathi:
+        decodes first) as policies.budget_shares does; a decoder left without a token this step
+        becomes explicit (it sits out)."""
+        self._sync_decoders()
+        run = self.running
+        p = policies.plan_running(self, run, budget)
+        for i in run[(p.num_tokens == 0) & np.isin(run, np.fromiter(self._dec, _INT, len(self._dec)))].tolist():
+            self._explicit_now(i)
+        keep = np.isin(run, np.fromiter(self._exp, _INT, len(self._exp)))
+        E = run[keep]
+        sub = policies.RunningPlan(p.num_tokens[keep], p.need[keep], p.start[keep], p.is_prefill[keep],
+                                   p.emits[keep], False)
+        nd = len(self._dec)
+        cross = self._due(self._cross[self.D % self.cfg.block_size]) if nd else []
+        return _Plan(E, sub, cross, nd, nd + int(sub.num_tokens.sum()), len(cross) + int(sub.need.sum()))
+
+    def _victim(self) -> int:
+        """The running request to preempt: the newest (fcfs) or by priority."""
+        if self.cfg.scheduling_policy != "priority":
+            return next(reversed(self._run))
+        run = self.running
+        return int(run[adm.victim_position(self.cfg, run, self.requests)])
+
+    def _grow(self, plan: _Plan):
+        """New KV blocks for the step, in running order: each explicit request's need and one for
+        each decoder whose position starts a block."""
+        t, kv = self.requests, self.kv
+        who, more = [], []
+        if plan.p is not None:
+            grow = np.flatnonzero(plan.p.need > 0)
+            if len(grow):
+                who = plan.E[grow].tolist()
+                more = plan.p.need[grow].tolist()
+                if plan.cross:   # merged with the decoders by join order
+                    run = self._run
+                    rows = sorted([(run[i], i, k) for i, k in zip(who, more)]
+                                  + [(s, i, 1) for s, i, _ in plan.cross])
+                    who = [r[1] for r in rows]
+                    more = [r[2] for r in rows]
+        if not who:
+            if not plan.cross:
+                return
+            who = [e[1] for e in plan.cross]
+            more = None
+        nblocks = t.nblocks
+        if more is None or all(k == 1 for k in more):
+            arr = np.array(who, dtype=_INT)
+            kv.grow_many(arr, nblocks[arr], one_each=True)
+            nblocks[arr] += 1
+        else:
+            kv.grow_many(who, more)
+            nblocks[who] += more
+
+    def _ends_block(self, E: np.ndarray, start: np.ndarray, n: np.ndarray, decoders: bool) -> list[int]:
+        """The entries whose computed tokens fill a block this step (their end crosses a block
+        boundary), in running order: the listed ones (E, from `start`, `n` tokens) and, with
+        `decoders`, the decoders whose position + 1 ends a block (next step's block starters)."""
+        bs, run = self.cfg.block_size, self._run
+        rows = []
+        if len(E):
+            end = start + n
+            for j in np.flatnonzero(end // bs > start // bs).tolist():
+                i = int(E[j])
+                rows.append((run.get(i, -1), j, i))
+        if decoders and self._dec:
+            rows += [(s, -1, i) for s, i, _ in self._due(self._cross[(self.D + 1) % bs])]
+            rows.sort()
+        return [i for _, _, i in rows]
+
+    def _commit_scheduled(self, plan: _Plan):
+        """vllm-v1 prefix caching: the full blocks the step's running entries will fill, cached
+        when scheduled (outputs under stand-in ids, core.engine.kv_cache.commit)."""
+        t, kv = self.requests, self.kv
+        p = plan.p
+        E, start, n = (plan.E, p.start, p.num_tokens) if p is not None else (EMPTY, EMPTY, EMPTY)
+        for i in self._ends_block(E, start, n, True):
             ids = t.token_ids[i]
-            if ids is not None:
-                kv.commit(i, ids, int(end[j]), int(t.prompt_len[i] + t.emitted[i]), -(i + 1))
+            if ids is None:
+                continue
+            base = self._dec.get(i)
+            if base is None:
+                j = plan.pos(i)
+                kv.commit(i, ids, int(start[j] + n[j]), int(t.prompt_len[i] + t.emitted[i]), -(i + 1))
+            else:
+                c = base + self.D
+                kv.commit(i, ids, c + 1, c + 1, -(i + 1))
 
     def _preempt(self, victim: int, now_ms: float):
         t = self.requests
+        self._explicit_now(victim)
         freed = self._free(victim)
         t.computed[victim] = 0
         t.state[victim] = WAITING
+        del self._run[victim]
+        del self._exp[victim]
         self.waiting.appendleft(victim)
         self.num_preemptions += 1
         self._preempted.append(Preemption(victim, now_ms, "kv_full", freed))
-
-    def _grow(self, run: np.ndarray, need: np.ndarray):
-        """Append `need` fresh KV blocks to each running request's table."""
-        grow = np.flatnonzero(need > 0)
-        if not len(grow):
-            return
-        who, more = run[grow], need[grow]
-        nblocks = self.requests.nblocks
-        if int(more.sum()) == len(grow):   # one block each
-            self.kv.grow_many(who, nblocks[who], one_each=True)
-        else:
-            self.kv.grow_many(who.tolist(), more.tolist())
-        nblocks[who] += more
 
     def _admit_waiting(self, budget: int, used: int, running: int) -> tuple[list[policies.Join], int]:
         """Admit waiting requests, head of the queue first, while a seat, the budget left and KV
@@ -322,6 +478,8 @@ class Scheduler:
             t.preloaded.pop(r, None)   # (preempted later, it recomputes everything here)
         t.nblocks[r] = len(self.kv.tables[r])
         t.state[r] = RUNNING
+        self._run[r] = self._exp[r] = self._joins
+        self._joins += 1
         if self.cache_when_scheduled:
             ids = t.token_ids[r]
             if ids is not None:
@@ -330,52 +488,67 @@ class Scheduler:
             self.ran.add(r)
             self._started.append(r)
 
-    def _joined_batch(self, joins, now_ms) -> SchedulerOutput:
-        """vllm-v0: a step of just the prompts that joined."""
-        reqs, _, cached, take, todo = (np.array(c, dtype=np.int64) if k != 1 else None
-                                       for k, c in enumerate(zip(*joins)))
-        self.running = np.concatenate([self.running, reqs])
-        return SchedulerOutput(self.step, now_ms, reqs, take, cached, np.ones(len(reqs), dtype=bool), take >= todo)
-
-    def _batch(self, run, plan, joins, used, now_ms) -> SchedulerOutput | None:
-        """The step's batch: the running requests that take part, then the ones that joined."""
-        m0 = len(run)
-        if plan is not None and plan.grow is not None and not joins:   # decodes only (the common step)
-            self.running = run
-            return SchedulerOutput(self.step, now_ms, run, self._const("ones", m0), plan.start,
-                                   self._const("false", m0), self._const("true", m0), (0, m0))
-        if plan is None:
-            n = start = np.empty(0, dtype=np.int64)
-            is_prefill = emits = np.empty(0, dtype=bool)
+    def _batch(self, plan: _Plan | None, joins, now_ms) -> SchedulerOutput | None:
+        """The step's batch: the running requests that take part (those left without tokens sit
+        out), then the ones that joined. Explicit batches list every entry; otherwise the
+        decoders are counted (agg, decoders) and only the others listed."""
+        if plan is not None and plan.p is not None:
+            p = plan.p
+            act = p.num_tokens > 0
+            E, n, start, pre, emits = plan.E, p.num_tokens, p.start, p.is_prefill, p.emits
+            if not act.all():
+                E, n, start, pre, emits = E[act], n[act], start[act], pre[act], emits[act]
         else:
-            n = plan.num_tokens if plan.num_tokens is not None else self._const("ones", m0)
-            is_prefill = plan.is_prefill if plan.is_prefill is not None else self._const("false", m0)
-            emits = plan.emits if plan.emits is not None else self._const("true", m0)
-            start = plan.start
-        counts = (used - m0, m0) if plan is not None and plan.grow is not None else None
-        if joins:   # (the joins' columns as tuples: numpy takes them as they are)
+            E = n = start = EMPTY
+            pre = emits = _NO
+        if joins:
             new, _, new_start, new_n, new_todo = zip(*joins)
-            run = np.concatenate([run, new])
+            E = np.concatenate([E, new])
             n = np.concatenate([n, new_n])
             start = np.concatenate([start, new_start])
-            is_prefill = np.concatenate([is_prefill, np.ones(len(joins), dtype=bool)])
+            pre = np.concatenate([pre, np.ones(len(joins), dtype=bool)])
             emits = np.concatenate([emits, [a >= b for a, b in zip(new_n, new_todo)]])
-        self.running = run
-        if plan is None or not plan.steady:   # entries left without tokens (over the budget) sit out
-            k = np.count_nonzero(n)
-            if not k:
-                return None
-            if k < len(n):
-                active = n > 0
-                return SchedulerOutput(self.step, now_ms, run[active], n[active], start[active],
-                                       is_prefill[active], emits[active])
-        return SchedulerOutput(self.step, now_ms, run, n, start, is_prefill, emits, counts)
+        nd = plan.nd if plan is not None else 0
+        if not nd and not len(E):
+            return None
+        self._step_plan = (plan, nd)
+        prefill_tokens = int(n[pre].sum()) if len(E) else 0
+        decode_seqs = nd + len(E) - int(np.count_nonzero(pre))
+        if len(E):
+            pos = n * start + n * (n + 1) // 2
+            prefill_pos, decode_pos, chunks = int(pos[pre].sum()), int(pos[~pre].sum()), int(np.count_nonzero(pre))
+            total = int(n.sum()) + nd
+        else:
+            prefill_pos = decode_pos = chunks = 0
+            total = nd
+        if nd:
+            decode_pos += self._dsum + nd * (self.D + 1)   # each decoder attends its position + 1
+        agg = (prefill_tokens, decode_seqs, prefill_pos, decode_pos, chunks, total)
+        if self.explicit_batches and nd:   # every entry listed, in running order (the joins after them)
+            run = self._run
+            dec = np.fromiter(self._dec, _INT, nd)
+            dstart = np.fromiter(self._dec.values(), _INT, nd) + self.D
+            m = len(E) - len(joins)
+            allr = np.concatenate([E[:m], dec])
+            order = np.argsort(np.fromiter((run[i] for i in allr.tolist()), _INT, len(allr)), kind="stable")
+            ones = np.ones(nd, dtype=_INT)
+            E = np.concatenate([allr[order], E[m:]])
+            n = np.concatenate([np.concatenate([n[:m], ones])[order], n[m:]])
+            start = np.concatenate([np.concatenate([start[:m], dstart])[order], start[m:]])
+            pre = np.concatenate([np.concatenate([pre[:m], np.zeros(nd, dtype=bool)])[order], pre[m:]])
+            emits = np.concatenate([np.concatenate([emits[:m], np.ones(nd, dtype=bool)])[order], emits[m:]])
+            nd = 0
+        join_no = None
+        if not self.explicit_batches:
+            run = self._run
+            join_no = np.fromiter((run[i] for i in E.tolist()), _INT, len(E))
+        return SchedulerOutput(self.step, now_ms, E, n, start, pre, emits, (prefill_tokens, decode_seqs), agg=agg,
+                               decoders=nd, join_no=join_no)
 
     def _planned(self, batch: SchedulerOutput, joined: bool) -> SchedulerOutput:
         kv = self.kv
         free = kv.num_free
-        self._step_gauges = (len(self.running), len(self.waiting), kv.num_blocks - free, free)
-        self.quiet = not joined  # nothing joined or left the running set
+        self._step_gauges = (len(self._run), len(self.waiting), kv.num_blocks - free, free)
         if self.request_data:
             self._attach_data(batch)
         return batch
@@ -405,91 +578,9 @@ class Scheduler:
                 i, now_ms, adm.REJECTED, f"{len(self.waiting) + 1} requests waiting, over the queue limit of "
                 f"{self.cfg.queue_limit}", "queue_limit"))
 
-    def _const(self, kind: str, k: int) -> np.ndarray:
-        """k ones (int64), True or False: read-only views of one array per kind."""
-        a = self._consts.get(kind)
-        if a is None or len(a) < k:
-            a = (np.ones if kind != "false" else np.zeros)(max(k, 256), dtype=np.int64 if kind == "ones" else bool)
-            a.flags.writeable = False
-            self._consts[kind] = a
-        return a[:k]
-
     def fast_forward(self, batch: SchedulerOutput, durations, min_steps: int = 3) -> EngineOutputs | None:
-        """Simulator shortcut (core.engine.fastforward): apply a run of identical decode-only steps
-        starting with `batch` at once; returns the run's EngineOutputs (what stepping them one by
-        one would report, as arrays: the same trace), or None (then complete the step as usual)."""
-        if (self.step < self._ff_after or self.aborts or not self.quiet or len(batch.reqs) != len(self.running)
-                or self.cfg.queue_limit is not None or batch.prefill_tokens or self.cfg.spec_gamma
-                or self.cache_when_scheduled):
-            return None
-        run, wait = fastforward.plan(self, batch, durations, min_steps)
-        if run is None:   # (a request about to finish blocks every run until it is gone: skip the tries)
-            self._ff_after = self.step + wait
-            return None
-        t, kv = self.requests, self.kv
-        K, members = run.steps, self.running
-        emitted0 = t.emitted[members]
-        waiting0, used0 = len(self.waiting), self._step_gauges[2]
-        t_end = run.t_end_ms
-        if run.remaining is None:
-            if run.owners and not kv.append_blocks(run.owners, run.times):
-                for k in run.alloc_steps:  # some block must be evicted: replay step by step, exactly
-                    kv.now_ms = float(run.starts[k])
-                    owners = run.members[k % self.cfg.block_size]
-                    kv.grow_many(owners, [1] * len(owners))
-            t.computed[members] += K
-            t.emitted[members] += K
-            t.nblocks[members] = adm.blocks_for(t.computed[members], self.cfg.block_size)
-            fin = members[t.emitted[members] >= t.out_len[members]]
-            if len(fin):   # their last token came in the run's last step: they leave at its end, as update does
-                kv.now_ms = t_end
-                self._finish_emitted(fin, [], t_end)
-            freed = None
-        else:
-            took = np.minimum(run.remaining, K)
-            t.computed[members] += took
-            t.emitted[members] += took
-            t.nblocks[members] = adm.blocks_for(t.computed[members], self.cfg.block_size)
-            freed = self._through_finishes(run, members)
-        rec, token_reqs, token_index, token_t = fastforward.outputs(run, self.step, members, emitted0, used0,
-                                                                    waiting0, kv.num_blocks, freed)
-        # what each step left behind (running, waiting, KV blocks used after its end): a fleet's
-        # router hears these step by step
-        used_after = rec.kv_used_blocks - (0 if freed is None else freed)
-        self.run_after = (np.r_[rec.running[1:], len(self.running)], rec.waiting, used_after)
-        self.step += K
-        self._step_gauges = None
-        return self.take_outputs(t_end, batch, float(run.durations[0]), token_reqs, token_index, None, rec,
-                                 token_t)
-
-    def _through_finishes(self, run, members: np.ndarray) -> np.ndarray:
-        """A run through finishes: its block allocations and its requests' finishes in stepping
-        order (a step's allocations at its start, its finishers' frees at its end); returns the
-        blocks freed at the end of each step."""
-        kv, K = self.kv, run.steps
-        left = run.remaining
-        ends = run.ends
-        freed = np.zeros(K, dtype=np.int64)
-        stops = sorted(set((left[left <= K] - 1).tolist()) | {K - 1})
-        owners, times, osteps = run.owners, run.times, run.owner_steps
-        o = 0
-        for f in stops:
-            e = bisect.bisect_right(osteps, f, o)
-            if e > o and not kv.append_blocks(owners[o:e], times[o:e]):
-                k0 = o   # some block must be evicted: step by step, exactly
-                while k0 < e:
-                    k1 = bisect.bisect_right(osteps, osteps[k0], k0)
-                    kv.now_ms = float(times[k0])
-                    kv.grow_many(owners[k0:k1], [1] * (k1 - k0))
-                    k0 = k1
-            o = e
-            fin = members[left == f + 1]
-            if len(fin):
-                before = kv.num_free
-                kv.now_ms = float(ends[f])
-                self._finish_emitted(fin, [], float(ends[f]))
-                freed[f] = kv.num_free - before
-        return freed
+        """(Kept for the engine core's interface: a step's work already follows what changed.)"""
+        return None
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
     def update(self, batch: SchedulerOutput, out: ExecutorOutput) -> EngineOutputs:
@@ -500,12 +591,18 @@ class Scheduler:
         draft tokens plus one recovered or bonus token. Emission stops at max tokens and at
         the first stop id (EOS); the KV cache keeps only what the emitted tokens justify
         (prompt + emitted - 1 positions), so rejected draft positions return to the pool.
-        A request cancelled while the step ran never receives its tokens."""
+        A request cancelled while the step ran never receives its tokens. Decoders (counted,
+        not listed) each emit one token: the decode counter moves on."""
         t, kv = self.requests, self.kv
         t_end = out.t_end_ms
         kv.now_ms = t_end
+        plan, nd = self._step_plan
+        self._step_plan = None
         r = batch.reqs
-        whole = len(r) == len(self.running)   # every running request took part
+        ends = (self._ends_block(r, batch.start_pos, batch.num_tokens, not self.explicit_batches)
+                if self.commit_after else None)
+        if self.explicit_batches and self._dec:
+            self._sync_decoders()
         t.computed[r] = batch.start_pos + batch.num_tokens
         emit = batch.emits if batch.emits is not None else t.computed[r] >= t.prompt_len[r] + t.emitted[r]
         cancelled = None
@@ -521,30 +618,39 @@ class Scheduler:
             idx = t.emitted[er]
             t.emitted[er] = idx + 1
             ids = src = None
-            # Every running request took part: next step those that emitted decode, the others
-            # continue their prefill (the steady-state plan of core.engine.policies).
-            self._steady = whole and not self.cfg.spec_gamma
-            self._prefilling = None if len(er) == len(r) else ~emit
         else:
-            self._steady = False
             er, idx, ids, src, stopped = self._take_tokens(batch, out, emit)
         dur = t_end - batch.t_ms if out.dur_ms is None else out.dur_ms
         rec = _tuple(StepRecord, (batch.step, batch.t_ms, dur, *self._step_gauges))
         if out.tokens is not None:
             self._roll_back(r)
-        if kv.prefix_caching and not self.cache_when_scheduled:
-            bs = self.cfg.block_size
-            crossed = (t.computed[r] // bs) > (batch.start_pos // bs)
-            for i in r[crossed].tolist():
+        D0 = self.D
+        fin_dec = None
+        if nd:   # the decoders decoded: the counter moves on
+            self.D += 1
+            self._last_dec_t = t_end
+            due = self._fin.pop(D0, None)
+            if due:
+                fin_dec = self._due(due)
+        if ends:
+            for i in ends:
                 ids_i = t.token_ids[i]
                 if ids_i is not None and i in kv.tables:
-                    kv.commit(i, ids_i, int(t.computed[i]))
+                    base = self._dec.get(i)
+                    kv.commit(i, ids_i, int(t.computed[i]) if base is None else base + self.D)
         # requests that reached their max tokens or a stop id leave, their blocks freed
         if out.tokens is None:   # one token each: emitted is now idx + 1
             fin = er[idx >= t.out_len[er] - 1]
         else:  # one row per token; a request's tokens are adjacent
             emitters = er[np.r_[True, er[1:] != er[:-1]]] if len(er) > 1 else er
             fin = emitters[t.emitted[emitters] >= t.out_len[emitters]]
+        if fin_dec and not self.explicit_batches:   # (listed entries' finishes are found above)
+            if len(fin):
+                run = self._run
+                fin = np.array([i for _, i in sorted([(run[i], i) for i in fin.tolist()]
+                                                     + [(s, i) for s, i, _ in fin_dec])], dtype=_INT)
+            else:
+                fin = np.array([e[1] for e in fin_dec], dtype=_INT)
         if len(fin) or stopped:
             self._finish_emitted(fin, stopped, t_end)
         if cancelled is not None:
@@ -552,9 +658,23 @@ class Scheduler:
                 self.abort(i, t_end, t.abort_reason.get(i, "abort"), max(float(t.abort_at[i]), batch.t_ms))
         for j, why in (out.failed or {}).items():     # one request's failure ends that request only
             self.abort(int(r[j]), t_end, "error", detail=why)
+        if self._decoders_ok:   # the entries now one token away from their next emission decode from now on
+            self._new_decoders(r)
         self.step += 1
         self._step_gauges = None
-        return self.take_outputs(t_end, batch, dur, er, idx, ids, rec, None, src, out.events)
+        decoded = (D0, nd) if nd and not self.explicit_batches else None
+        return self.take_outputs(t_end, batch, dur, er, idx, ids, rec, None, src, out.events, decoded)
+
+    def _new_decoders(self, r: np.ndarray):
+        t, exp = self.requests, self._exp
+        if not len(r):
+            return
+        live = r[(t.state[r] == RUNNING) & (t.emitted[r] > 0) & (t.computed[r] == t.prompt_len[r] + t.emitted[r] - 1)
+                 & np.isinf(t.abort_at[r])]
+        for i in live.tolist():
+            s = exp.get(i)
+            if s is not None:
+                self._decode_now(i, s)
 
     def _roll_back(self, r: np.ndarray):
         """Keep KV only for the positions the emitted tokens justify (speculative rejections)."""
@@ -582,19 +702,27 @@ class Scheduler:
         if not len(fin):
             return
         kv, state, nblocks, finished = self.kv, t.state, t.nblocks, self._finished
-        for i in fin.tolist():   # (what _free and _done do, inline: one of these per request of a run)
+        dec, run, exp = self._dec, self._run, self._exp
+        for i in fin.tolist():
+            base = dec.pop(i, None)
+            if base is not None:   # a decoder: its counts written back as it leaves
+                del self._stint[i]
+                c = base + self.D
+                t.computed[i] = c
+                t.emitted[i] = c - t.prompt_len[i] + 1
+                self._dsum -= base
+                if not self.explicit_batches:
+                    self._left.append((i, self.D, t_end))
+            else:
+                del exp[i]
+            del run[i]
             kv.free_seq(i)
             nblocks[i] = 0
             state[i] = DONE
-            f = Finish(i, t_end, reasons.get(i, "length") if reasons else "length")
-            finished.append(f)
+            finished.append(Finish(i, t_end, reasons.get(i, "length") if reasons else "length"))
             if self.request_data:
                 self._sent_blocks[i] = 0
         self.num_done += len(fin)
-        keep = t.state[self.running] == RUNNING
-        self.running = self.running[keep]
-        if self._prefilling is not None and len(keep) == len(self._prefilling):
-            self._prefilling = self._prefilling[keep]
 
     def _take_tokens(self, batch, out, emit):
         """Emitted tokens of a step whose executor returned ids: cut at max tokens and at the
@@ -638,16 +766,16 @@ class Scheduler:
     def _gauges(self) -> tuple:
         """SchedulerStats' fields now, as a plain tuple (made once per step)."""
         kv = self.kv
-        return (len(self.running), len(self.waiting), kv.num_used, kv.num_blocks, self.num_preemptions,
+        return (len(self._run), len(self.waiting), kv.num_used, kv.num_blocks, self.num_preemptions,
                 kv.counts["hit"])
 
     def has_outputs(self) -> bool:
         """Something happened outside a step (arrivals queued or rejected, cancellations)."""
-        return bool(self._finished or self._queued or self._preempted or self.kv.events)
+        return bool(self._finished or self._queued or self._preempted or self.kv.events or self._left)
 
     def take_outputs(self, t_ms: float, batch: SchedulerOutput | None = None, dur_ms: float | None = None,
                      token_reqs=EMPTY, token_index=EMPTY, token_ids=None, record: StepRecord | None = None,
-                     token_t_ms=None, token_sources=None, events=None) -> EngineOutputs:
+                     token_t_ms=None, token_sources=None, events=None, decoded=None) -> EngineOutputs:
         """Everything that happened since the last EngineOutputs (with a step's tokens and
         record, when given), and forget it."""
         gauges = self._gauges()
@@ -665,7 +793,32 @@ class Scheduler:
             self._preempted = []
         if batch is not None and self._started:   # first scheduled in this step (kept for the step's outputs)
             started, self._started = self._started, []
+        entered = left = ()
+        if self._entered:
+            entered, self._entered = self._entered, []
+        if self._left:
+            left, self._left = self._left, []
         kv_events = self.kv.take_events() if self.kv.events else ()
         return _tuple(EngineOutputs, (t_ms, gauges, batch, dur_ms, fin or (), queued or (), started or (),
                                       preempted or (), token_reqs, token_index, token_ids, record, token_t_ms,
-                                      token_sources, kv_events, events))
+                                      token_sources, kv_events, events, decoded, entered, left))
+
+
+_NO = np.zeros(0, dtype=bool)
+_NO.flags.writeable = False
+
+
+class _Plan:
+    """The running requests' part of a step: the explicit ones (E, in running order, and their
+    policies.RunningPlan p), the decoders crossing a block boundary (join, req, base), how many
+    decoders, the tokens and the new KV blocks the step takes for them."""
+    __slots__ = ("E", "p", "cross", "nd", "tokens", "need", "_pos")
+
+    def __init__(self, E, p, cross, nd, tokens, need):
+        self.E, self.p, self.cross, self.nd, self.tokens, self.need = E, p, cross, nd, tokens, need
+        self._pos = None
+
+    def pos(self, i: int) -> int:
+        if self._pos is None:
+            self._pos = {int(r): j for j, r in enumerate(self.E.tolist())}
+        return self._pos[i]

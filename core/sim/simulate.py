@@ -103,7 +103,7 @@ def token_span_ms(workload: Workload, config: SchedulerConfig, step_model: StepM
         raise ConfigError("spec_gamma: the simulator does not model speculative acceptance; "
                           "capture speculative runs with gpu_runner")
     core = EngineCore(config, StepTimeExecutor(step_model or StepModel()), workload, record=False, kv_events=False,
-                      fast_forward=fast_forward)
+                      fast_forward=fast_forward, explicit_batches=False)
     core.observe(tokens)
     with _no_cyclic_gc():
         loop.run(core, loop.VirtualClock(float(workload.arrival_ms[0])))
@@ -214,7 +214,7 @@ def simulator(config: SchedulerConfig, step_model: StepModel | None = None, work
                           "capture speculative runs with gpu_runner")
     extra = {"scheduler": scheduler} if scheduler is not None else {}
     return EngineCore(config, StepTimeExecutor(step_model or StepModel(), speed), workload, record=True,
-                      kv_events=record_kv, fast_forward=fast_forward, **extra)
+                      kv_events=record_kv, fast_forward=fast_forward, explicit_batches=False, **extra)
 
 
 def _run(core: EngineCore, workload: Workload, label, created, speed: Speed | None = None) -> dict:

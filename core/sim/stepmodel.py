@@ -65,6 +65,9 @@ def _combine(coef, feats):
 
 
 def batch_features(batch: SchedulerOutput) -> np.ndarray:
+    a = batch.agg
+    if a is not None:   # (the same numbers: integer sums of the entries' counts and positions)
+        return np.array([1.0, float(a[0]), float(a[1]), a[2] / 1000.0, a[3] / 1000.0, float(a[4])])
     return step_features(batch.num_tokens, batch.start_pos, batch.is_prefill)
 
 
@@ -144,7 +147,9 @@ class StepModel:
         if self.kind == "features":
             return float(_combine(self.coefficients(), batch_features(batch)))
         # Attention reads the K/V of every position each new token attends to.
-        kv_positions = int((batch.start_pos * batch.num_tokens + batch.num_tokens * (batch.num_tokens + 1) // 2).sum())
+        a = batch.agg
+        kv_positions = (a[2] + a[3] if a is not None else
+                        int((batch.start_pos * batch.num_tokens + batch.num_tokens * (batch.num_tokens + 1) // 2).sum()))
         return self._roofline_ms(kv_positions, batch.total_tokens)
 
     def _roofline_ms(self, kv_positions: int, tokens: int) -> float:
