@@ -79,9 +79,11 @@ def test_the_same_trace_on_generated_workloads(rows, cfg, model):
         cfg["chunk"] = None
     if cfg["chunk"] is None and cfg["token_budget"] is not None and cfg["policy"] not in ("vllm-v1", "sarathi"):
         cfg["token_budget"] = max(cfg["token_budget"], 24)
+    worst = max(-(-(p + o - 1) // cfg["block_size"]) for _, p, o, *_ in rows)
     if cfg["kv_blocks"] is not None:
-        worst = max(-(-(p + o - 1) // cfg["block_size"]) for _, p, o, *_ in rows)
-        cfg["kv_blocks"] = max(cfg["kv_blocks"], worst + 1)
+        cfg["kv_blocks"] = max(cfg["kv_blocks"], (2 if cfg["kv_watermark"] else 1) * (worst + 1))
+    elif cfg["kv_watermark"]:   # (a pool of exactly what the requests need leaves no room above a watermark)
+        cfg["kv_blocks"] = 2 * sum(-(-(p + o - 1) // cfg["block_size"]) for _, p, o, *_ in rows) + 2
     reqs = [Request(f"r{i}", float(a), p, o, prompt_ids=tuple((i * 7 + k) % 5 if fam else k % 3 for k in range(p)),
                     tenant=ten, abort_at_ms=None if ab is None else float(a) + ab, deadline_ms=dl, priority=i % 3)
             for i, (a, p, o, fam, ten, ab, dl) in enumerate(sorted(rows, key=lambda r: r[0]))]

@@ -243,6 +243,19 @@ class Scheduler:
         return freed
 
     # ---- decoders: one token a step, positions implicit from the decode counter -------------
+    def _undecode(self, i: int) -> int:
+        """Decoder i leaves the calendars; returns its base."""
+        base = self._dec.pop(i)
+        stint = self._stint.pop(i)
+        seq = self._run[i]
+        bucket = self._cross[(-base) % self.cfg.block_size]
+        bucket.remove((seq, i, stint))
+        fin = self._fin.get(int(self.requests.out_len[i] + self.requests.prompt_len[i]) - 2 - base)
+        if fin is not None:
+            fin.remove((seq, i, stint))
+        self._dsum -= base
+        return base
+
     def _decode_now(self, i: int, seq: int):
         """Request i (explicit, its last token emitted, one to compute) becomes a decoder."""
         t, bs = self.requests, self.cfg.block_size
@@ -261,15 +274,14 @@ class Scheduler:
 
     def _explicit_now(self, i: int):
         """Decoder i's counts written back to the request table; it is explicit from now on."""
-        base = self._dec.pop(i, None)
-        if base is None:
+        if i not in self._dec:
             return
-        del self._stint[i]
+        base = self._undecode(i)
         t = self.requests
         c = base + self.D
         t.computed[i] = c
         t.emitted[i] = c - t.prompt_len[i] + 1
-        self._dsum -= base
+        t.nblocks[i] = len(self.kv.tables[i])
         self._exp[i] = self._run[i]
         if not self.explicit_batches:
             self._left.append((i, self.D, self._last_dec_t))
@@ -283,27 +295,23 @@ class Scheduler:
         c = np.fromiter(self._dec.values(), _INT, len(self._dec)) + self.D
         t.computed[who] = c
         t.emitted[who] = c - t.prompt_len[who] + 1
+        tables = self.kv.tables
+        t.nblocks[who] = np.fromiter((len(tables[i]) for i in self._dec), _INT, len(self._dec))
 
-    def _due(self, bucket: list) -> list[tuple[int, int, int]]:
-        """The live entries of a calendar bucket (those still in the same decoding stint)."""
-        stint = self._stint
-        live = [e for e in bucket if stint.get(e[1]) == e[2]]
-        if len(live) < len(bucket):
-            bucket[:] = live
-        return live
 
     # ---- one step ----------------------------------------------------------------------
     def schedule(self, now_ms: float) -> SchedulerOutput | None:
         """Choose the next step's batch (None if there is nothing to run now)."""
         cfg, kv = self.cfg, self.kv
         kv.now_ms = now_ms
-        self._abort_due(now_ms)
+        if self.aborts:
+            self._abort_due(now_ms)
         budget = cfg.token_budget if cfg.token_budget is not None else BIG
         if self.rules.prefill_steps and self.waiting:   # vllm-v0: a step of new prompts when any can join
             joins, _ = self._admit_waiting(budget, 0, len(self._run))
             self.reject_over_bound(now_ms)
             if joins:
-                return self._planned(self._batch(None, joins, now_ms), joined=True)
+                return self._planned(self._batch(None, joins, now_ms))
         # who may join in this step: static, only into an empty batch; vllm-v0, only in a step of
         # prompts alone (above)
         cohort_open = not self.rules.prefill_steps and (not self.rules.cohorts or not self._run)
@@ -322,52 +330,82 @@ class Scheduler:
         joins = []
         if cohort_open and not preempted:
             joins, used = self._admit_waiting(budget, used, len(self._run))
-        self.reject_over_bound(now_ms)
+        if cfg.queue_limit is not None:
+            self.reject_over_bound(now_ms)
         batch = self._batch(plan, joins, now_ms)
         if batch is None:
             return None
-        return self._planned(batch, joined=bool(joins) or preempted)
+        return self._planned(batch)
 
     def _plan(self, budget: int) -> _Plan:
-        """The running requests' share of the next step: the explicit ones planned in full (numpy
-        over them), the decoders one token each, and the KV blocks both need."""
-        cfg, t, dec = self.cfg, self.requests, self._dec
-        nd = len(dec)
-        exp = self._exp
-        if exp:
-            E = np.fromiter(exp, _INT, len(exp))
-            if len(E) > 1:
-                E = E[np.argsort(np.fromiter(exp.values(), _INT, len(exp)), kind="stable")]
-            p = policies.plan_running(self, E, BIG)   # (the budget is shared below, with the decoders)
-            want = p.num_tokens
-            total = nd + int(want.sum())
-        else:
-            E = p = None
-            total = nd
+        """The running requests' share of the next step: each explicit one's tokens (what it has
+        to compute, at most `chunk`; a speculative decode also proposes up to gamma draft tokens),
+        the decoders one token each; over the budget, shared in running order (sarathi: decodes
+        first), a decoder left without a token becoming explicit (it sits out); and the KV blocks
+        they need: the explicit ones' and one for each decoder whose position starts a block."""
+        cfg, t = self.cfg, self.requests
+        chunk, gamma, bs = cfg.chunk, cfg.spec_gamma, cfg.block_size
+        rows = []     # (join, req, computed, pending, want, is_decode)
+        total = nd = len(self._dec)
+        if self._exp:
+            computed, emitted, prompt, out_len = t.computed, t.emitted, t.prompt_len, t.out_len
+            for i, j in self._exp.items():
+                c, e = int(computed[i]), int(emitted[i])
+                pending = int(prompt[i]) + e - c
+                want = min(pending, chunk) if chunk else pending
+                is_decode = pending == 1 and e > 0
+                if gamma and is_decode:
+                    want += min(gamma, int(out_len[i]) - e - 1)
+                rows.append((j, i, c, pending, want, is_decode))
+                total += want
+            if len(rows) > 1:
+                rows.sort()
         if total > budget:
-            return self._plan_over_budget(budget)
-        cross = self._due(self._cross[self.D % cfg.block_size]) if nd else []
-        need = len(cross)
-        if p is not None:
-            need += int(p.need.sum())
-        return _Plan(E, p, cross, nd, total, need)
+            rows, total = self._share(rows, budget)
+            nd = len(self._dec)
+        E, n, start, pre, emits = [], [], [], [], []
+        need = 0
+        needs = []
+        nblocks = t.nblocks
+        for _j, i, c, pending, take, is_decode in rows:
+            E.append(i)
+            n.append(take)
+            start.append(c)
+            pre.append(not is_decode)
+            emits.append(take >= pending)
+            k = -(-(c + take) // bs) - int(nblocks[i])
+            needs.append(k)
+            need += k
+        cross = self._cross[self.D % bs] if nd else []
+        return _Plan(E, n, start, pre, emits, needs, cross, nd, total, need + len(cross))
 
-    def _plan_over_budget(self, budget: int) -> _Plan:
-        """The running requests want more tokens than the budget: shared in running order (sarathi:
-        decodes first) as policies.budget_shares does; a decoder left without a token this step
-        becomes explicit (it sits out)."""
-        self._sync_decoders()
-        run = self.running
-        p = policies.plan_running(self, run, budget)
-        for i in run[(p.num_tokens == 0) & np.isin(run, np.fromiter(self._dec, _INT, len(self._dec)))].tolist():
+    def _share(self, rows: list, budget: int) -> tuple[list, int]:
+        """The budget shared in running order (sarathi: every decode before any prompt piece), as
+        policies.budget_shares does: each entry takes what those before it left. Decoders left
+        without a token become explicit. Returns (the explicit rows with their shares, tokens)."""
+        run = self._run
+        entries = sorted([(j, i, None) for i, j in ((i, run[i]) for i in self._dec)]
+                         + [(r[0], r[1], r) for r in rows])
+        if self.rules.decodes_first:
+            entries = ([e for e in entries if e[2] is None or e[2][5]]
+                       + [e for e in entries if e[2] is not None and not e[2][5]])
+        left, out, total, idle = budget, [], 0, []
+        for _, i, r in entries:
+            want = 1 if r is None else r[4]
+            take = min(want, max(left, 0))
+            left -= take
+            total += take
+            if r is None:
+                if not take:
+                    idle.append(i)
+            else:
+                out.append(r[:4] + (take, r[5]))
+        for i in idle:   # (they sit out: explicit, with no tokens this step)
             self._explicit_now(i)
-        keep = np.isin(run, np.fromiter(self._exp, _INT, len(self._exp)))
-        E = run[keep]
-        sub = policies.RunningPlan(p.num_tokens[keep], p.need[keep], p.start[keep], p.is_prefill[keep],
-                                   p.emits[keep], False)
-        nd = len(self._dec)
-        cross = self._due(self._cross[self.D % self.cfg.block_size]) if nd else []
-        return _Plan(E, sub, cross, nd, nd + int(sub.num_tokens.sum()), len(cross) + int(sub.need.sum()))
+            t = self.requests
+            out.append((run[i], i, int(t.computed[i]), 1, 0, True))
+        out.sort()
+        return out, total
 
     def _victim(self) -> int:
         """The running request to preempt: the newest (fcfs) or by priority."""
@@ -378,66 +416,54 @@ class Scheduler:
 
     def _grow(self, plan: _Plan):
         """New KV blocks for the step, in running order: each explicit request's need and one for
-        each decoder whose position starts a block."""
-        t, kv = self.requests, self.kv
+        each decoder whose position starts a block (the decoders' block counts are the tables')."""
         who, more = [], []
-        if plan.p is not None:
-            grow = np.flatnonzero(plan.p.need > 0)
-            if len(grow):
-                who = plan.E[grow].tolist()
-                more = plan.p.need[grow].tolist()
-                if plan.cross:   # merged with the decoders by join order
-                    run = self._run
-                    rows = sorted([(run[i], i, k) for i, k in zip(who, more)]
-                                  + [(s, i, 1) for s, i, _ in plan.cross])
-                    who = [r[1] for r in rows]
-                    more = [r[2] for r in rows]
-        if not who:
-            if not plan.cross:
+        if plan.need:
+            run = self._run
+            grow = [(run[i], i, k) for i, k in zip(plan.E, plan.needs) if k > 0]
+            if grow:
+                if plan.cross:
+                    grow = sorted(grow + [(s, i, 1) for s, i, _ in plan.cross])
+                who = [g[1] for g in grow]
+                more = [g[2] for g in grow]
+                nblocks = self.requests.nblocks
+                for i, k in zip(plan.E, plan.needs):
+                    if k > 0:
+                        nblocks[i] += k
+            else:
+                self.kv.grow_one_each([e[1] for e in plan.cross])
                 return
-            who = [e[1] for e in plan.cross]
-            more = None
-        nblocks = t.nblocks
-        if more is None or all(k == 1 for k in more):
-            arr = np.array(who, dtype=_INT)
-            kv.grow_many(arr, nblocks[arr], one_each=True)
-            nblocks[arr] += 1
-        else:
-            kv.grow_many(who, more)
-            nblocks[who] += more
+            if all(k == 1 for k in more):
+                self.kv.grow_one_each(who)
+            else:
+                self.kv.grow_many(who, more)
 
-    def _ends_block(self, E: np.ndarray, start: np.ndarray, n: np.ndarray, decoders: bool) -> list[int]:
+    def _ends_block(self, E: list, start: list, n: list, decoders: bool) -> list[int]:
         """The entries whose computed tokens fill a block this step (their end crosses a block
         boundary), in running order: the listed ones (E, from `start`, `n` tokens) and, with
         `decoders`, the decoders whose position + 1 ends a block (next step's block starters)."""
         bs, run = self.cfg.block_size, self._run
-        rows = []
-        if len(E):
-            end = start + n
-            for j in np.flatnonzero(end // bs > start // bs).tolist():
-                i = int(E[j])
-                rows.append((run.get(i, -1), j, i))
+        rows = [(run.get(i, -1), k, i) for k, (i, s, m) in enumerate(zip(E, start, n)) if (s + m) // bs > s // bs]
         if decoders and self._dec:
-            rows += [(s, -1, i) for s, i, _ in self._due(self._cross[(self.D + 1) % bs])]
-            rows.sort()
-        return [i for _, _, i in rows]
+            due = self._cross[(self.D + 1) % bs]
+            if due:
+                rows = sorted(rows + [(s, -1, i) for s, i, _ in due])
+        return [r[2] for r in rows]
 
     def _commit_scheduled(self, plan: _Plan):
         """vllm-v1 prefix caching: the full blocks the step's running entries will fill, cached
         when scheduled (outputs under stand-in ids, core.engine.kv_cache.commit)."""
         t, kv = self.requests, self.kv
-        p = plan.p
-        E, start, n = (plan.E, p.start, p.num_tokens) if p is not None else (EMPTY, EMPTY, EMPTY)
-        for i in self._ends_block(E, start, n, True):
+        at = {i: k for k, i in enumerate(plan.E)}
+        for i in self._ends_block(plan.E, plan.start, plan.n, True):
             ids = t.token_ids[i]
             if ids is None:
                 continue
-            base = self._dec.get(i)
-            if base is None:
-                j = plan.pos(i)
-                kv.commit(i, ids, int(start[j] + n[j]), int(t.prompt_len[i] + t.emitted[i]), -(i + 1))
+            k = at.get(i)
+            if k is not None:
+                kv.commit(i, ids, plan.start[k] + plan.n[k], int(t.prompt_len[i] + t.emitted[i]), -(i + 1))
             else:
-                c = base + self.D
+                c = self._dec[i] + self.D
                 kv.commit(i, ids, c + 1, c + 1, -(i + 1))
 
     def _preempt(self, victim: int, now_ms: float):
@@ -471,81 +497,79 @@ class Scheduler:
     def _join(self, j: policies.Join):
         t, r = self.requests, j.req
         self.waiting.popleft()
-        self.kv.admit(r, j.hits, t.salt[r])
-        self.kv.grow(r, j.cached + j.take)
+        kv = self.kv
+        kv.admit(r, j.hits, t.salt[r])
+        kv.grow(r, j.cached + j.take)
         t.computed[r] = j.cached
         if t.preloaded:
             t.preloaded.pop(r, None)   # (preempted later, it recomputes everything here)
-        t.nblocks[r] = len(self.kv.tables[r])
+        t.nblocks[r] = len(kv.tables[r])
         t.state[r] = RUNNING
         self._run[r] = self._exp[r] = self._joins
         self._joins += 1
         if self.cache_when_scheduled:
             ids = t.token_ids[r]
             if ids is not None:
-                self.kv.commit(r, ids, j.cached + j.take, int(t.prompt_len[r] + t.emitted[r]), -(r + 1))
+                kv.commit(r, ids, j.cached + j.take, int(t.prompt_len[r] + t.emitted[r]), -(r + 1))
         if r not in self.ran:
             self.ran.add(r)
             self._started.append(r)
 
     def _batch(self, plan: _Plan | None, joins, now_ms) -> SchedulerOutput | None:
         """The step's batch: the running requests that take part (those left without tokens sit
-        out), then the ones that joined. Explicit batches list every entry; otherwise the
-        decoders are counted (agg, decoders) and only the others listed."""
-        if plan is not None and plan.p is not None:
-            p = plan.p
-            act = p.num_tokens > 0
-            E, n, start, pre, emits = plan.E, p.num_tokens, p.start, p.is_prefill, p.emits
-            if not act.all():
-                E, n, start, pre, emits = E[act], n[act], start[act], pre[act], emits[act]
-        else:
-            E = n = start = EMPTY
-            pre = emits = _NO
-        if joins:
-            new, _, new_start, new_n, new_todo = zip(*joins)
-            E = np.concatenate([E, new])
-            n = np.concatenate([n, new_n])
-            start = np.concatenate([start, new_start])
-            pre = np.concatenate([pre, np.ones(len(joins), dtype=bool)])
-            emits = np.concatenate([emits, [a >= b for a, b in zip(new_n, new_todo)]])
-        nd = plan.nd if plan is not None else 0
-        if not nd and not len(E):
+        out), then the ones that joined. Explicit batches list every entry (numpy arrays);
+        otherwise the decoders are counted (agg, decoders) and the others listed (lists)."""
+        E, n, start, pre, emits = [], [], [], [], []
+        nd = 0
+        if plan is not None:
+            nd = plan.nd
+            for k, m in enumerate(plan.n):
+                if m > 0:
+                    E.append(plan.E[k])
+                    n.append(m)
+                    start.append(plan.start[k])
+                    pre.append(plan.pre[k])
+                    emits.append(plan.emits[k])
+        m0 = len(E)
+        for jn in joins:
+            E.append(jn.req)
+            n.append(jn.take)
+            start.append(jn.cached)
+            pre.append(True)
+            emits.append(jn.take >= jn.todo)
+        if not nd and not E:
             return None
         self._step_plan = (plan, nd)
-        prefill_tokens = int(n[pre].sum()) if len(E) else 0
-        decode_seqs = nd + len(E) - int(np.count_nonzero(pre))
-        if len(E):
-            pos = n * start + n * (n + 1) // 2
-            prefill_pos, decode_pos, chunks = int(pos[pre].sum()), int(pos[~pre].sum()), int(np.count_nonzero(pre))
-            total = int(n.sum()) + nd
-        else:
-            prefill_pos = decode_pos = chunks = 0
-            total = nd
+        prefill_tokens = prefill_pos = decode_pos = chunks = total = 0
+        for m, s, p in zip(n, start, pre):
+            pos = m * s + m * (m + 1) // 2
+            total += m
+            if p:
+                prefill_tokens += m
+                prefill_pos += pos
+                chunks += 1
+            else:
+                decode_pos += pos
+        decode_seqs = nd + len(E) - chunks
         if nd:
             decode_pos += self._dsum + nd * (self.D + 1)   # each decoder attends its position + 1
-        agg = (prefill_tokens, decode_seqs, prefill_pos, decode_pos, chunks, total)
-        if self.explicit_batches and nd:   # every entry listed, in running order (the joins after them)
-            run = self._run
-            dec = np.fromiter(self._dec, _INT, nd)
-            dstart = np.fromiter(self._dec.values(), _INT, nd) + self.D
-            m = len(E) - len(joins)
-            allr = np.concatenate([E[:m], dec])
-            order = np.argsort(np.fromiter((run[i] for i in allr.tolist()), _INT, len(allr)), kind="stable")
-            ones = np.ones(nd, dtype=_INT)
-            E = np.concatenate([allr[order], E[m:]])
-            n = np.concatenate([np.concatenate([n[:m], ones])[order], n[m:]])
-            start = np.concatenate([np.concatenate([start[:m], dstart])[order], start[m:]])
-            pre = np.concatenate([np.concatenate([pre[:m], np.zeros(nd, dtype=bool)])[order], pre[m:]])
-            emits = np.concatenate([np.concatenate([emits[:m], np.ones(nd, dtype=bool)])[order], emits[m:]])
-            nd = 0
-        join_no = None
+        agg = (prefill_tokens, decode_seqs, prefill_pos, decode_pos, chunks, total + nd)
+        counts = (prefill_tokens, decode_seqs)
         if not self.explicit_batches:
             run = self._run
-            join_no = np.fromiter((run[i] for i in E.tolist()), _INT, len(E))
-        return SchedulerOutput(self.step, now_ms, E, n, start, pre, emits, (prefill_tokens, decode_seqs), agg=agg,
-                               decoders=nd, join_no=join_no)
+            return SchedulerOutput(self.step, now_ms, E, n, start, pre, emits, counts, agg=agg, decoders=nd,
+                                   join_no=[run[i] for i in E])
+        if nd:   # every entry listed, in running order (the joins after them)
+            run, D = self._run, self.D
+            rows = sorted([(run[i], i, n[k], start[k], pre[k], emits[k]) for k, i in enumerate(E[:m0])]
+                          + [(run[i], i, 1, b + D, False, True) for i, b in self._dec.items()]) \
+                + [(0, i, n[k], start[k], pre[k], emits[k]) for k, i in enumerate(E[m0:], m0)]
+            _, E, n, start, pre, emits = (list(c) for c in zip(*rows))
+        return SchedulerOutput(self.step, now_ms, np.array(E, dtype=_INT), np.array(n, dtype=_INT),
+                               np.array(start, dtype=_INT), np.array(pre, dtype=bool), np.array(emits, dtype=bool),
+                               counts, agg=agg)
 
-    def _planned(self, batch: SchedulerOutput, joined: bool) -> SchedulerOutput:
+    def _planned(self, batch: SchedulerOutput) -> SchedulerOutput:
         kv = self.kv
         free = kv.num_free
         self._step_gauges = (len(self._run), len(self.waiting), kv.num_blocks - free, free)
@@ -598,119 +622,131 @@ class Scheduler:
         kv.now_ms = t_end
         plan, nd = self._step_plan
         self._step_plan = None
-        r = batch.reqs
-        ends = (self._ends_block(r, batch.start_pos, batch.num_tokens, not self.explicit_batches)
-                if self.commit_after else None)
+        listed = batch.reqs if type(batch.reqs) is list else batch.reqs.tolist()
+        start = batch.start_pos if type(batch.start_pos) is list else batch.start_pos.tolist()
+        ntok = batch.num_tokens if type(batch.num_tokens) is list else batch.num_tokens.tolist()
+        emits = batch.emits if type(batch.emits) is list else batch.emits.tolist()
+        ends = self._ends_block(listed, start, ntok, not self.explicit_batches) if self.commit_after else None
         if self.explicit_batches and self._dec:
             self._sync_decoders()
-        t.computed[r] = batch.start_pos + batch.num_tokens
-        emit = batch.emits if batch.emits is not None else t.computed[r] >= t.prompt_len[r] + t.emitted[r]
-        cancelled = None
-        if self.aborts:
-            cancelled = t.abort_at[r] <= t_end
-            if cancelled.any():
-                emit = emit & ~cancelled
-            else:
-                cancelled = None
-        stopped = []
+        for i, s, m in zip(listed, start, ntok):
+            t.computed[i] = s + m
+        cancelled = [i for i in listed if t.abort_at[i] <= t_end] if self.aborts else []
+        if cancelled:
+            gone = set(cancelled)
+            emits = [e and i not in gone for i, e in zip(listed, emits)]
         if out.tokens is None:  # simulated: one token (id unknown) per emitting entry
-            er = r[emit]
-            idx = t.emitted[er]
-            t.emitted[er] = idx + 1
+            er, idx, fin = self._emit_one_each(listed, emits)
             ids = src = None
+            stopped = []
         else:
-            er, idx, ids, src, stopped = self._take_tokens(batch, out, emit)
+            er, idx, ids, src, stopped = self._take_tokens(listed, out, emits)
+            fin = self._reached_max(er.tolist())
         dur = t_end - batch.t_ms if out.dur_ms is None else out.dur_ms
         rec = _tuple(StepRecord, (batch.step, batch.t_ms, dur, *self._step_gauges))
         if out.tokens is not None:
-            self._roll_back(r)
+            self._roll_back(listed)
         D0 = self.D
-        fin_dec = None
         if nd:   # the decoders decoded: the counter moves on
             self.D += 1
             self._last_dec_t = t_end
             due = self._fin.pop(D0, None)
-            if due:
-                fin_dec = self._due(due)
+            if due and not self.explicit_batches:   # (listed entries' finishes are found above)
+                if fin:   # (in running order: join numbers)
+                    run = self._run
+                    fin = [i for _, i in sorted([(run[i], i) for i in fin] + [(s, i) for s, i, _ in due])]
+                else:
+                    fin = [e[1] for e in sorted(due)] if len(due) > 1 else [due[0][1]]
         if ends:
+            dec = self._dec
             for i in ends:
                 ids_i = t.token_ids[i]
                 if ids_i is not None and i in kv.tables:
-                    base = self._dec.get(i)
+                    base = dec.get(i)
                     kv.commit(i, ids_i, int(t.computed[i]) if base is None else base + self.D)
         # requests that reached their max tokens or a stop id leave, their blocks freed
-        if out.tokens is None:   # one token each: emitted is now idx + 1
-            fin = er[idx >= t.out_len[er] - 1]
-        else:  # one row per token; a request's tokens are adjacent
-            emitters = er[np.r_[True, er[1:] != er[:-1]]] if len(er) > 1 else er
-            fin = emitters[t.emitted[emitters] >= t.out_len[emitters]]
-        if fin_dec and not self.explicit_batches:   # (listed entries' finishes are found above)
-            if len(fin):
-                run = self._run
-                fin = np.array([i for _, i in sorted([(run[i], i) for i in fin.tolist()]
-                                                     + [(s, i) for s, i, _ in fin_dec])], dtype=_INT)
-            else:
-                fin = np.array([e[1] for e in fin_dec], dtype=_INT)
-        if len(fin) or stopped:
+        if fin or stopped:
             self._finish_emitted(fin, stopped, t_end)
-        if cancelled is not None:
-            for i in r[cancelled].tolist():
+        if cancelled:
+            for i in cancelled:
                 self.abort(i, t_end, t.abort_reason.get(i, "abort"), max(float(t.abort_at[i]), batch.t_ms))
         for j, why in (out.failed or {}).items():     # one request's failure ends that request only
-            self.abort(int(r[j]), t_end, "error", detail=why)
+            self.abort(int(listed[j]), t_end, "error", detail=why)
         if self._decoders_ok:   # the entries now one token away from their next emission decode from now on
-            self._new_decoders(r)
+            self._new_decoders(listed)
         self.step += 1
         self._step_gauges = None
         decoded = (D0, nd) if nd and not self.explicit_batches else None
         return self.take_outputs(t_end, batch, dur, er, idx, ids, rec, None, src, out.events, decoded)
 
-    def _new_decoders(self, r: np.ndarray):
-        t, exp = self.requests, self._exp
-        if not len(r):
-            return
-        live = r[(t.state[r] == RUNNING) & (t.emitted[r] > 0) & (t.computed[r] == t.prompt_len[r] + t.emitted[r] - 1)
-                 & np.isinf(t.abort_at[r])]
-        for i in live.tolist():
-            s = exp.get(i)
-            if s is not None:
-                self._decode_now(i, s)
+    def _emit_one_each(self, listed: list, emits: list) -> tuple[list, list, list]:
+        """A simulated step's tokens (ids unknown): one per emitting entry. Returns (requests, their
+        output indices, those that reached their max tokens)."""
+        t = self.requests
+        emitted, out_len = t.emitted, t.out_len
+        er, idx, fin = [], [], []
+        for i, e in zip(listed, emits):
+            if e:
+                x = int(emitted[i])
+                emitted[i] = x + 1
+                er.append(i)
+                idx.append(x)
+                if x >= out_len[i] - 1:
+                    fin.append(i)
+        return er, idx, fin
 
-    def _roll_back(self, r: np.ndarray):
+    def _reached_max(self, er: list) -> list:
+        """Of the requests that emitted (one row per token, a request's adjacent), those at their max."""
+        t, fin, seen = self.requests, [], set()
+        for i in er:
+            if i not in seen:
+                seen.add(i)
+                if t.emitted[i] >= t.out_len[i]:
+                    fin.append(i)
+        return fin
+
+    def _new_decoders(self, listed: list):
+        t, exp = self.requests, self._exp
+        state, emitted, computed, prompt, abort_at = t.state, t.emitted, t.computed, t.prompt_len, t.abort_at
+        for i in listed:
+            s = exp.get(i)
+            if s is not None and state[i] == RUNNING:
+                e = emitted[i]
+                if e > 0 and computed[i] == prompt[i] + e - 1 and abort_at[i] == np.inf:
+                    self._decode_now(i, s)
+
+    def _roll_back(self, listed: list):
         """Keep KV only for the positions the emitted tokens justify (speculative rejections)."""
         t, kv = self.requests, self.kv
-        keep = t.prompt_len[r] + t.emitted[r] - 1
-        for j in np.flatnonzero(t.computed[r] > np.maximum(keep, 0)).tolist():
-            i = int(r[j])
-            if t.emitted[i] == 0:
-                continue  # a prefill chunk: nothing emitted yet, nothing to roll back
-            t.computed[i] = int(keep[j])
-            kv.truncate(i, int(keep[j]))
+        for i in listed:
+            keep = int(t.prompt_len[i] + t.emitted[i] - 1)
+            if t.computed[i] <= max(keep, 0) or t.emitted[i] == 0:
+                continue  # (a prefill chunk: nothing emitted yet, nothing to roll back)
+            t.computed[i] = keep
+            kv.truncate(i, keep)
             t.nblocks[i] = len(kv.tables[i])
             if self.request_data:
                 self._sent_blocks[i] = min(self._sent_blocks.get(i, 0), int(t.nblocks[i]))
 
-    def _finish_emitted(self, fin: np.ndarray, stopped: list[int], t_end: float):
+    def _finish_emitted(self, fin: list, stopped: list[int], t_end: float):
         """Requests that reached their max tokens (`fin`) or a stop id leave, their blocks freed."""
         t = self.requests
         reasons = {}
         if stopped:
             extra = [i for i in stopped if t.emitted[i] < t.out_len[i]]
             if extra:
-                fin = np.concatenate([fin, np.array(extra, dtype=np.int64)])
+                fin = list(fin) + extra
                 reasons = {i: "stop" for i in extra}
-        if not len(fin):
+        if not fin:
             return
         kv, state, nblocks, finished = self.kv, t.state, t.nblocks, self._finished
         dec, run, exp = self._dec, self._run, self._exp
-        for i in fin.tolist():
-            base = dec.pop(i, None)
-            if base is not None:   # a decoder: its counts written back as it leaves
-                del self._stint[i]
+        for i in fin:
+            if i in dec:   # a decoder: its counts written back as it leaves
+                base = self._undecode(i)
                 c = base + self.D
                 t.computed[i] = c
                 t.emitted[i] = c - t.prompt_len[i] + 1
-                self._dsum -= base
                 if not self.explicit_batches:
                     self._left.append((i, self.D, t_end))
             else:
@@ -724,12 +760,12 @@ class Scheduler:
                 self._sent_blocks[i] = 0
         self.num_done += len(fin)
 
-    def _take_tokens(self, batch, out, emit):
+    def _take_tokens(self, listed, out, emit):
         """Emitted tokens of a step whose executor returned ids: cut at max tokens and at the
         first stop id. Returns (reqs, output index, ids, source codes or None, stopped reqs)."""
         t = self.requests
         emit_r, emit_idx, emit_ids, emit_src, stopped = [], [], [], [], []
-        for j, i in enumerate(batch.reqs.tolist()):
+        for j, i in enumerate(listed):
             stop = t.stop_of.get(i, self.stop_token_ids)
             toks = out.tokens[j]
             if not emit[j] or not toks:
@@ -809,16 +845,11 @@ _NO.flags.writeable = False
 
 
 class _Plan:
-    """The running requests' part of a step: the explicit ones (E, in running order, and their
-    policies.RunningPlan p), the decoders crossing a block boundary (join, req, base), how many
-    decoders, the tokens and the new KV blocks the step takes for them."""
-    __slots__ = ("E", "p", "cross", "nd", "tokens", "need", "_pos")
+    """The running requests' part of a step: the explicit ones in running order (E, their tokens
+    n, start positions, is-prefill and emits flags, new KV blocks each), the decoders crossing a
+    block boundary (join, req, stint), how many decoders, and the step's tokens and new blocks."""
+    __slots__ = ("E", "n", "start", "pre", "emits", "needs", "cross", "nd", "tokens", "need")
 
-    def __init__(self, E, p, cross, nd, tokens, need):
-        self.E, self.p, self.cross, self.nd, self.tokens, self.need = E, p, cross, nd, tokens, need
-        self._pos = None
-
-    def pos(self, i: int) -> int:
-        if self._pos is None:
-            self._pos = {int(r): j for j, r in enumerate(self.E.tolist())}
-        return self._pos[i]
+    def __init__(self, E, n, start, pre, emits, needs, cross, nd, tokens, need):
+        self.E, self.n, self.start, self.pre, self.emits, self.needs = E, n, start, pre, emits, needs
+        self.cross, self.nd, self.tokens, self.need = cross, nd, tokens, need

@@ -147,9 +147,8 @@ class StepModel:
         if self.kind == "features":
             return float(_combine(self.coefficients(), batch_features(batch)))
         # Attention reads the K/V of every position each new token attends to.
-        a = batch.agg
-        kv_positions = (a[2] + a[3] if a is not None else
-                        int((batch.start_pos * batch.num_tokens + batch.num_tokens * (batch.num_tokens + 1) // 2).sum()))
+        a, n = batch.agg, batch.num_tokens
+        kv_positions = a[2] + a[3] if a is not None else int((batch.start_pos * n + n * (n + 1) // 2).sum())
         return self._roofline_ms(kv_positions, batch.total_tokens)
 
     def _roofline_ms(self, kv_positions: int, tokens: int) -> float:
