@@ -100,7 +100,7 @@ class EngineCore:
         out = None
         if self.fast_forward:
             ex = self.executor
-            out = sched.fast_forward(batch, lambda k, counts=None: ex.run_durations(batch, k, counts))
+            out = sched.advance(batch, lambda k: ex.run_durations(batch, k))
         if out is None:
             out = sched.update(batch, self.executor.execute(batch))
         self.free_at_ms = out.t_ms

@@ -109,6 +109,9 @@ class Scheduler:
         self._stints = 0
         self.D = 0                         # the decode counter: steps the decoders decoded in
         self._dsum = 0                     # sum of the decoders' bases
+        self._dec_ids = 0                  # decoders whose filled blocks go into the prefix cache
+        self.run_after = None              # after an advance: per step (running, waiting, KV used) it left
+        self._held_back = False            # the planned step preempted with requests waiting
         bs = config.block_size
         self._cross: list[list[tuple[int, int, int]]] = [[] for _ in range(bs)]   # (join, req, stint), join order
         self._fin: dict[int, list[tuple[int, int, int]]] = {}    # D of their last token -> (join, req, stint)
@@ -250,9 +253,15 @@ class Scheduler:
         seq = self._run[i]
         bucket = self._cross[(-base) % self.cfg.block_size]
         bucket.remove((seq, i, stint))
-        fin = self._fin.get(int(self.requests.out_len[i] + self.requests.prompt_len[i]) - 2 - base)
+        t = self.requests
+        key = int(t.out_len[i] + t.prompt_len[i]) - 2 - base
+        fin = self._fin.get(key)
         if fin is not None:
             fin.remove((seq, i, stint))
+            if not fin:
+                del self._fin[key]
+        if t.token_ids[i] is not None and (self.cache_when_scheduled or self.commit_after):
+            self._dec_ids -= 1
         self._dsum -= base
         return base
 
@@ -262,6 +271,8 @@ class Scheduler:
         c = int(t.computed[i])
         base = c - self.D
         self._dec[i] = base
+        if t.token_ids[i] is not None and (self.cache_when_scheduled or self.commit_after):
+            self._dec_ids += 1   # (its filled blocks are cached as it decodes: stepped one by one)
         stint = self._stint[i] = self._stints
         self._stints += 1
         self._dsum += base
@@ -326,6 +337,7 @@ class Scheduler:
             self._grow(plan)
             if self.cache_when_scheduled:
                 self._commit_scheduled(plan)
+        self._held_back = preempted and bool(self.waiting)   # (nobody joins a step that preempted: the next may)
         used = plan.tokens if plan is not None else 0
         joins = []
         if cohort_open and not preempted:
@@ -602,9 +614,69 @@ class Scheduler:
                 i, now_ms, adm.REJECTED, f"{len(self.waiting) + 1} requests waiting, over the queue limit of "
                 f"{self.cfg.queue_limit}", "queue_limit"))
 
-    def fast_forward(self, batch: SchedulerOutput, durations, min_steps: int = 3) -> EngineOutputs | None:
-        """(Kept for the engine core's interface: a step's work already follows what changed.)"""
-        return None
+    def advance(self, batch: SchedulerOutput, durations) -> EngineOutputs | None:
+        """A simulator's decode-only step (no listed entry) together with the identical ones after it,
+        up to the next event: a decoder's last token (the finish calendar), the next arrival,
+        cancellation or (a fleet) time a request could be routed here, or a step whose new blocks
+        the pool cannot give. The steps differ only in positions and times: their durations come at
+        once (`durations(k)`: the executor's, or None when it prices step by step), their blocks in
+        running order step by step (the block calendar), and their outputs as arrays (one record
+        row per step). Returns None (the step completes as usual) where fewer than two steps would
+        run. The same trace as stepping (tests/test_oracle.py)."""
+        plan, nd = self._step_plan
+        if not nd or len(batch.reqs) or self.explicit_batches or self._dec_ids or not self._fin or self._held_back:
+            return None
+        D, bs, kv = self.D, self.cfg.block_size, self.kv
+        K = min(self._fin) - D + 1      # through the step of the first last token
+        if K < 2:
+            return None
+        t = self.requests
+        limit = self.horizon_ms if self.horizon_ms is not None else np.inf
+        if self.next_arrival < t.n:
+            limit = min(limit, float(t.arrival[self.next_arrival]))
+        if self.aborts:
+            limit = min(limit, self.aborts[0][0])
+        d = durations(K)
+        if d is None:
+            return None
+        d = np.asarray(d, dtype=np.float64)
+        at = np.cumsum(np.concatenate(([batch.t_ms], d)))   # (sequential sums: bit-identical to t += d)
+        starts = at[:-1]
+        K = min(K, int(np.searchsorted(starts, limit, side="left")))   # a step that would admit or cancel
+        cross = [self._cross[(D + k) % bs] for k in range(1, K)]
+        need = np.cumsum([len(c) for c in cross]) if cross else np.zeros(0, dtype=_INT)
+        over = np.flatnonzero(need > kv.num_free)
+        if len(over):
+            K = int(over[0]) + 1
+        if K < 2:
+            return None
+        starts, ends, d = starts[:K], at[1:K + 1], d[:K]
+        owners = [i for c in cross[:K - 1] for i in (e[1] for e in c)]
+        times = np.repeat(starts[1:], [len(c) for c in cross[:K - 1]]).tolist()
+        if owners and not kv.append_blocks(owners, times):
+            for k in range(1, K):   # some block must be evicted: step by step, exactly
+                if cross[k - 1]:
+                    kv.now_ms = float(starts[k])
+                    kv.grow_one_each([e[1] for e in cross[k - 1]])
+        running, waiting, used0, _ = self._step_gauges
+        used = used0 + np.r_[0, need[:K - 1]].astype(_INT)
+        steps = np.arange(self.step, self.step + K, dtype=_INT)
+        rec = StepRecord(steps, starts, d, np.full(K, running, dtype=_INT), np.full(K, waiting, dtype=_INT),
+                         used, kv.num_blocks - used)
+        self.D += K
+        self.step += K
+        t_end = float(ends[-1])
+        self._last_dec_t = t_end
+        kv.now_ms = t_end
+        due = self._fin.pop(D + K - 1, None)
+        if due:
+            self._finish_emitted([e[1] for e in sorted(due)], [], t_end)
+        # what each step left behind (running, waiting, KV blocks used): a fleet's router hears them
+        self.run_after = (np.r_[np.full(K - 1, running, dtype=_INT), len(self._run)], rec.waiting,
+                          np.r_[used[:-1], kv.num_used])
+        self._step_plan = None
+        self._step_gauges = None
+        return self.take_outputs(t_end, batch, float(d[0]), record=rec, decoded=(D, nd))
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
     def update(self, batch: SchedulerOutput, out: ExecutorOutput) -> EngineOutputs:
@@ -677,6 +749,8 @@ class Scheduler:
         self.step += 1
         self._step_gauges = None
         decoded = (D0, nd) if nd and not self.explicit_batches else None
+        if self.explicit_batches and type(er) is list:
+            er, idx = np.array(er, dtype=_INT), np.array(idx, dtype=_INT)
         return self.take_outputs(t_end, batch, dur, er, idx, ids, rec, None, src, out.events, decoded)
 
     def _emit_one_each(self, listed: list, emits: list) -> tuple[list, list, list]:

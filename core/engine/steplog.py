@@ -91,8 +91,12 @@ class StepLog:
             b = out.step
             self.steps.append(rec)
             if out.decoded is not None:
-                self.counter_step.append(rec.step)
-                self.counter_end.append(out.t_ms)
+                if type(rec.step) is np.ndarray:   # a run of decode steps (Scheduler.advance)
+                    self.counter_step.extend(rec.step.tolist())
+                    self.counter_end.extend((rec.t_ms + rec.dur_ms).tolist())
+                else:
+                    self.counter_step.append(rec.step)
+                    self.counter_end.append(out.t_ms)
             if len(b.reqs):
                 self.batch_parts.append(BatchPart(rec.step, b.reqs, b.num_tokens, b.is_prefill, b.join_no))
             if len(out.token_reqs):
@@ -128,8 +132,21 @@ STEP_DTYPES = {name: (float if name in ("t_ms", "dur_ms") else np.int64) for nam
 
 
 def _steps(entries: list) -> dict:
-    cols = list(zip(*entries))
-    return {name: np.array(cols[i], dtype=STEP_DTYPES[name]) for i, name in enumerate(LOG_STEP_FIELDS)}
+    """Entries are single steps (scalars) or runs of decode steps (arrays, one per field), in order:
+    consecutive single steps gathered into one part."""
+    parts, singles = [], []
+    for e in entries:
+        if type(e[0]) is not np.ndarray:
+            singles.append(e)
+            continue
+        if singles:
+            parts.append(list(zip(*singles)))
+            singles = []
+        parts.append(e)
+    if singles:
+        parts.append(list(zip(*singles)))
+    return {name: np.concatenate([np.asarray(p[i], dtype=STEP_DTYPES[name]) for p in parts])
+            for i, name in enumerate(LOG_STEP_FIELDS)}
 
 
 def _merge(key_a: np.ndarray, cols_a: dict, key_b: np.ndarray, cols_b: dict) -> dict:

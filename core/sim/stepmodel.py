@@ -176,16 +176,16 @@ class StepModel:
             if self.kind == "affine":   # (the same operations as duration_ms, elementwise)
                 return (self.base_ms + self.prefill_ms_per_token * 0) + self.decode_ms_per_seq * np.asarray(counts[:k])
             return None
+        a = batch.agg   # (a decode-only batch: n decoding sequences attending s0 positions in all)
+        n = a[1] if a is not None else len(batch.reqs)
         if self.kind == "features":   # each step every sequence attends one more position
-            n = len(batch.reqs)
-            s0 = float((batch.start_pos + 1).sum())
+            s0 = float(a[3] if a is not None else (batch.start_pos + 1).sum())
             zero = np.zeros(k)
             return _combine(self.coefficients(), (np.ones(k), zero, np.full(k, float(n)), zero,
                                                   (s0 + n * np.arange(k, dtype=float)) / 1000.0, zero))
         if self.kind != "roofline":
             return np.full(k, self._forward_ms(batch))
-        s0 = int((batch.start_pos + 1).sum())
-        n = len(batch.reqs)
+        s0 = a[3] if a is not None else int((batch.start_pos + 1).sum())
         return np.array([self._roofline_ms(s0 + n * j, n) for j in range(k)])
 
     def describe(self) -> str:
