@@ -392,32 +392,21 @@ class Scheduler:
         return _Plan(E, n, start, pre, emits, needs, cross, nd, total, need + len(cross))
 
     def _share(self, rows: list, budget: int) -> tuple[list, int]:
-        """The budget shared in running order (sarathi: every decode before any prompt piece), as
-        policies.budget_shares does: each entry takes what those before it left. Decoders left
-        without a token become explicit. Returns (the explicit rows with their shares, tokens)."""
+        """The budget shared in running order (policies.budget_shares: sarathi, every decode before
+        any prompt piece). Decoders left without a token become explicit (they sit out). Returns
+        (the explicit rows with their shares, tokens)."""
         run = self._run
-        entries = sorted([(j, i, None) for i, j in ((i, run[i]) for i in self._dec)]
-                         + [(r[0], r[1], r) for r in rows])
-        if self.rules.decodes_first:
-            entries = ([e for e in entries if e[2] is None or e[2][5]]
-                       + [e for e in entries if e[2] is not None and not e[2][5]])
-        left, out, total, idle = budget, [], 0, []
-        for _, i, r in entries:
-            want = 1 if r is None else r[4]
-            take = min(want, max(left, 0))
-            left -= take
-            total += take
-            if r is None:
-                if not take:
-                    idle.append(i)
-            else:
+        entries = sorted([(run[i], i, None) for i in self._dec] + [(r[0], r[1], r) for r in rows])
+        shares = policies.budget_shares([1 if r is None else r[4] for _, _, r in entries], budget,
+                                        [r is None or r[5] for _, _, r in entries], self.rules.decodes_first)
+        t, out = self.requests, []
+        for (j, i, r), take in zip(entries, shares):
+            if r is not None:
                 out.append(r[:4] + (take, r[5]))
-        for i in idle:   # (they sit out: explicit, with no tokens this step)
-            self._explicit_now(i)
-            t = self.requests
-            out.append((run[i], i, int(t.computed[i]), 1, 0, True))
-        out.sort()
-        return out, total
+            elif not take:   # (it sits out: explicit, with no tokens this step)
+                self._explicit_now(i)
+                out.append((j, i, int(t.computed[i]), 1, 0, True))
+        return out, sum(shares)
 
     def _victim(self) -> int:
         """The running request to preempt: the newest (fcfs) or by priority."""

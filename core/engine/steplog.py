@@ -11,6 +11,7 @@ running order (each entry's join number).
 """
 from __future__ import annotations
 
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -34,6 +35,7 @@ class TokenPart(NamedTuple):
     t_ms: float
     token_ids: np.ndarray | None    # None: ids unknown (simulated)
     step: int
+    joins: list | None = None       # each token's request's join number, where decoders are counted
 
 
 class FinishRecord(NamedTuple):   # (core.engine.outputs.Finish is one too: the same first fields)
@@ -100,8 +102,12 @@ class StepLog:
             if len(b.reqs):
                 self.batch_parts.append(BatchPart(rec.step, b.reqs, b.num_tokens, b.is_prefill, b.join_no))
             if len(out.token_reqs):
+                joins = None
+                if b.join_no is not None:   # (each listed token's request's join number: running order)
+                    jm = dict(zip(b.reqs, b.join_no))
+                    joins = [jm[r] for r in out.token_reqs]
                 self.token_parts.append(TokenPart(out.token_reqs, out.token_index, out.t_ms, out.token_ids,
-                                                  rec.step))
+                                                  rec.step, joins))
                 self.token_sources.append(out.token_sources)
             if out.events:
                 self.other.extend(out.events)
@@ -149,11 +155,11 @@ def _steps(entries: list) -> dict:
             for i, name in enumerate(LOG_STEP_FIELDS)}
 
 
-def _merge(key_a: np.ndarray, cols_a: dict, key_b: np.ndarray, cols_b: dict) -> dict:
-    """Rows of two sets, each with a unique sort key, merged in key order."""
-    key = np.concatenate([key_a, key_b])
-    order = np.argsort(key, kind="stable")
-    return {k: np.concatenate([cols_a[k], cols_b[k]])[order] for k in cols_a}
+def _with_decoders(listed: dict, key: np.ndarray, dec: dict, dkey: np.ndarray) -> dict:
+    """The listed rows (their keys step x width + join number, ascending) placed among the decoders'
+    rows (already in key order): each column once, by insertion."""
+    at = np.searchsorted(dkey, key)
+    return {k: np.insert(dec[k], at, listed[k]) for k in listed}
 
 
 def log_records(log) -> dict:
@@ -174,7 +180,7 @@ def log_records(log) -> dict:
             batch_joins = np.concatenate([j if j is not None else np.full(m, -1, np.int64)
                                           for j, m in zip(joins, lens.tolist())])
     if log.token_parts:
-        reqs, index, t, ids, tstep = zip(*log.token_parts)
+        reqs, index, t, ids, tstep, _ = zip(*log.token_parts)
         lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
         n = int(lens.sum())
         tid = (spread([-1 if x is None else x for x in ids], lens, np.int64) if any(x is not None for x in ids)
@@ -187,23 +193,21 @@ def log_records(log) -> dict:
         token_step = np.repeat(np.array(tstep, dtype=np.int64), lens)
     if dec is not None:
         d_step, d_req, d_join, d_idx, d_t = dec
-        m = len(d_step)
         width = int(max(d_join.max(), batch_joins.max() if batch is not None else 0)) + 2
         d_key = d_step * width + d_join
+        order = np.argsort(d_key, kind="stable")     # (rows come request by request)
+        d_key, d_step, d_req, d_idx, d_t = d_key[order], d_step[order], d_req[order], d_idx[order], d_t[order]
+        m = len(d_key)
         d_batch = {"step": d_step, "req": d_req, "tokens": np.ones(m, np.int64), "kind": np.zeros(m, np.int8)}
-        if batch is None:
-            order = np.argsort(d_key, kind="stable")
-            batch = {k: v[order] for k, v in d_batch.items()}
-        else:
-            batch = _merge(batch["step"] * width + batch_joins, batch, d_key, d_batch)
+        batch = d_batch if batch is None else _with_decoders(batch, batch["step"] * width + batch_joins, d_batch,
+                                                             d_key)
         d_tok = {"t_ms": d_t, "req": d_req, "index": d_idx, "source": np.zeros(m, np.int8),
                  "token_id": np.full(m, -1, np.int64)}
         if tokens is None:
-            order = np.argsort(d_key, kind="stable")
-            tokens = {k: v[order] for k, v in d_tok.items()}
-        else:   # (a listed token's join number: its batch entry's, in the same step)
-            ek = _lookup_joins(log, token_step, tokens["req"])
-            tokens = _merge(token_step * width + ek, tokens, d_key, d_tok)
+            tokens = d_tok
+        else:
+            tj = np.fromiter(chain.from_iterable(p.joins for p in log.token_parts), np.int64, len(token_step))
+            tokens = _with_decoders(tokens, token_step * width + tj, d_tok, d_key)
     if tokens is not None:
         out["token"] = tokens
     if log.finishes:
@@ -220,17 +224,3 @@ def log_records(log) -> dict:
         out["preempt"] = {"t_ms": np.array(t, dtype=float), "req": np.array(req, dtype=np.int64), "reason": reason,
                           "freed_blocks": np.array(freed, dtype=np.int64)}
     return out
-
-
-def _lookup_joins(log, token_step: np.ndarray, token_req: np.ndarray) -> np.ndarray:
-    """The join number of each listed token's request, from its step's listed batch entry."""
-    step, reqs, _, _, joins = zip(*log.batch_parts)
-    lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
-    b_step = np.repeat(np.array(step, dtype=np.int64), lens)
-    b_req = np.concatenate(reqs)
-    b_join = np.concatenate([j if j is not None else np.full(m, -1, np.int64) for j, m in zip(joins, lens.tolist())])
-    width = int(max(b_req.max(initial=0), token_req.max(initial=0))) + 1
-    key = b_step * width + b_req
-    order = np.argsort(key, kind="stable")
-    at = np.searchsorted(key[order], token_step * width + token_req)
-    return b_join[order][at]

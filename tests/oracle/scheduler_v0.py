@@ -10,8 +10,6 @@ import numpy as np
 
 from core.config import BIG, SchedulerConfig
 from core.engine import admission as adm
-from core.engine import policies
-from tests.oracle import fastforward_v0 as fastforward
 from core.engine.kv_cache import KVCacheManager
 from core.engine.outputs import (
     EMPTY,
@@ -26,6 +24,8 @@ from core.engine.outputs import (
 from core.engine.requests import DONE, NOT_ARRIVED, RUNNING, WAITING, RequestTable
 from core.errors import ConfigError
 from core.workload import Request, Workload
+from tests.oracle import fastforward_v0 as fastforward
+from tests.oracle import policies_v0 as policies
 
 _tuple = tuple.__new__   # makes a NamedTuple without its Python-level __new__ (once per step)
 
