@@ -115,22 +115,32 @@ class StepLog:
             for r, j, a, e0 in out.entered:
                 self.open[r] = (j, a, e0)
 
-    def decoder_rows(self) -> tuple[np.ndarray, ...] | None:
-        """The decoders' rows as stepping would list them: (step, req, join, output index, time)
-        per token, request by request; None without decoders. Open spans count up to the
-        counter's value now."""
+    def decoder_rows(self, width: int) -> tuple[np.ndarray, ...] | None:
+        """The decoders' rows as stepping would list them, in step order then running order (the key
+        step x `width` + join number, ascending): (key, step, req, output index, time) per token;
+        None without decoders. Open spans count up to the counter's value now. The keys are built
+        span by span and sorted as values; every other column comes from the key."""
         spans = list(self.spans)
         d_now = self.counter0 + len(self.counter_step)
         spans += [(r, j, a, d_now, e0) for r, (j, a, e0) in self.open.items() if d_now > a]
         if not spans:
             return None
         sp = np.array(spans, dtype=np.int64)
+        sp = sp[np.lexsort((sp[:, 2], sp[:, 1]))]         # by join number, then first counter value
         k = sp[:, 3] - sp[:, 2]
-        off = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
-        d = np.repeat(sp[:, 2] - self.counter0, k) + off
-        steps = np.array(self.counter_step, dtype=np.int64)[d]
-        t_end = np.array(self.counter_end, dtype=np.float64)[d]
-        return steps, np.repeat(sp[:, 0], k), np.repeat(sp[:, 1], k), np.repeat(sp[:, 4], k) + off, t_end
+        cs = np.array(self.counter_step, dtype=np.int64)
+        d = np.repeat(sp[:, 2] - self.counter0, k) + (np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k))
+        key = cs[d] * width + np.repeat(sp[:, 1], k)
+        del d
+        key.sort()
+        step, join = np.divmod(key, width)
+        reqs = np.zeros(int(sp[:, 1].max()) + 1, dtype=np.int64)
+        reqs[sp[:, 1]] = sp[:, 0]
+        d = np.searchsorted(cs, step) + self.counter0        # each row's counter value
+        top = int(d.max()) + 1
+        s = np.searchsorted(sp[:, 1] * top + sp[:, 2], join * top + d, side="right") - 1   # its span
+        idx = (sp[:, 4] - sp[:, 2])[s] + d
+        return key, step, reqs[join], idx, np.array(self.counter_end, dtype=np.float64)[d - self.counter0]
 
 
 LOG_STEP_FIELDS = ("step", "t_ms", "dur_ms", "running", "waiting", "kv_used_blocks", "kv_free_blocks")
@@ -169,7 +179,14 @@ def log_records(log) -> dict:
     block was hashed. Builds nothing per row in Python (core.trace turns it into tables, or a
     TraceWriter streams it)."""
     out = {}
-    dec = log.decoder_rows() if hasattr(log, "decoder_rows") else None
+    joins_seen = [j for _, j, *_ in log.spans] + [j for j, _, _ in log.open.values()] if hasattr(log, "spans") else []
+    width = 0
+    if joins_seen:
+        width = max(joins_seen) + 2
+        for p in log.batch_parts:
+            if p.joins is not None and len(p.joins):
+                width = max(width, max(p.joins) + 2)
+    dec = log.decoder_rows(width) if width else None
     batch = tokens = None
     if log.batch_parts:
         step, reqs, n, pre, joins = zip(*log.batch_parts)
@@ -177,7 +194,7 @@ def log_records(log) -> dict:
         batch = {"step": np.repeat(np.array(step, dtype=np.int64), lens), "req": np.concatenate(reqs),
                  "tokens": np.concatenate(n), "kind": np.concatenate(pre).astype(np.int8)}
         if dec is not None:
-            batch_joins = np.concatenate([j if j is not None else np.full(m, -1, np.int64)
+            batch_joins = np.concatenate([np.asarray(j, dtype=np.int64) if j is not None else np.full(m, -1, np.int64)
                                           for j, m in zip(joins, lens.tolist())])
     if log.token_parts:
         reqs, index, t, ids, tstep, _ = zip(*log.token_parts)
@@ -192,11 +209,7 @@ def log_records(log) -> dict:
                   "index": np.concatenate(index), "source": codes, "token_id": tid}
         token_step = np.repeat(np.array(tstep, dtype=np.int64), lens)
     if dec is not None:
-        d_step, d_req, d_join, d_idx, d_t = dec
-        width = int(max(d_join.max(), batch_joins.max() if batch is not None else 0)) + 2
-        d_key = d_step * width + d_join
-        order = np.argsort(d_key, kind="stable")     # (rows come request by request)
-        d_key, d_step, d_req, d_idx, d_t = d_key[order], d_step[order], d_req[order], d_idx[order], d_t[order]
+        d_key, d_step, d_req, d_idx, d_t = dec
         m = len(d_key)
         d_batch = {"step": d_step, "req": d_req, "tokens": np.ones(m, np.int64), "kind": np.zeros(m, np.int8)}
         batch = d_batch if batch is None else _with_decoders(batch, batch["step"] * width + batch_joins, d_batch,
