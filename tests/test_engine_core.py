@@ -1,5 +1,5 @@
 """The engine core as a component you step: outputs carry everything (a recorder observing them
-makes the same trace as the simulator), a fast-forwarded run reports its tokens too, several
+makes the same trace as the simulator), a simulator's counted decoders report their tokens too, several
 cores are driven on one virtual clock by an outside loop, and stats() gives a router's load
 signals, checked against independent computations."""
 import numpy as np
@@ -56,49 +56,64 @@ def test_a_recorder_observing_the_outputs_makes_the_simulators_trace(ff):
         assert a.equals(b), part
 
 
-def test_a_fast_forwarded_run_reports_every_token_it_emits():
-    """Runs of identical decode steps come back as one EngineOutputs each; the tokens they report
-    are exactly the tokens of stepping one by one, with the same times."""
+def tokens_of(outs) -> list[tuple[int, int, float]]:
+    """Every token the outputs report, (request, output index, time), sorted: the listed ones, and
+    each decoder's from its span (EngineOutputs.entered / left: one a step it decoded in, at that
+    step's end; EngineOutputs.decoded says which decode counter value each step ran)."""
+    rows, t_of, start = [], {}, {}
+    for o in outs:
+        rows += [(int(r), int(i), o.t_ms) for r, i in zip(list(o.token_reqs), list(o.token_index))]
+        if o.decoded is not None:
+            t_of[o.decoded[0]] = o.t_ms
+        for r, b, _ in o.left:
+            j, a, e0 = start.pop(r)
+            rows += [(r, e0 + d - a, t_of[d]) for d in range(a, b)]
+        for r, j, a, e0 in o.entered:
+            start[r] = (j, a, e0)
+    assert not start, "a decoder never reported leaving"
+    return sorted(rows)
+
+
+def test_a_simulators_outputs_report_every_token_it_emits():
+    """A simulator's core counts its decoders instead of listing them: the tokens its outputs
+    report (listed, and each decoder's span) are exactly those of the same core listing every
+    entry, with the same times."""
     w = load_scenario("poisson2000")
     w = Workload(w.requests[:300], name="300")
     cfg = SchedulerConfig(max_seqs=32)
 
-    def tokens(ff):
-        core = EngineCore(cfg, StepTimeExecutor(MODEL), w, fast_forward=ff)
+    def tokens(explicit):
+        core = EngineCore(cfg, StepTimeExecutor(MODEL), w, explicit_batches=explicit)
         outs = drive(core, w.requests[0].arrival_ms)
-        runs = sum(1 for o in outs if o.record is not None and isinstance(o.record.step, np.ndarray))
-        rows = [(r, i, t) for o in outs for r, i, t in zip(
-            o.token_reqs.tolist(), o.token_index.tolist(),
-            (o.token_t_ms.tolist() if o.token_t_ms is not None else [o.t_ms] * len(o.token_reqs)))]
-        return sorted(rows), runs, len(outs)
-    stepped, runs0, n0 = tokens(False)
-    jumped, runs1, n1 = tokens(True)
-    assert runs0 == 0 and runs1 > 0 and n1 < n0
-    assert jumped == stepped
-    assert len(stepped) == int(w.max_output_tokens.sum())
+        listed = sum(len(o.token_reqs) for o in outs)
+        return tokens_of(outs), listed
+    listed_all, n_all = tokens(True)
+    counted, n_listed = tokens(False)
+    assert counted == listed_all
+    assert n_all == len(listed_all) == int(w.max_output_tokens.sum())
+    assert n_listed < n_all / 10          # (each request's first token; its decodes are counted)
 
 
 @pytest.mark.parametrize("model", [MODEL, StepModel(step_ms=4.0)])
-def test_a_run_goes_on_through_finishes_when_nobody_waits(model):
+def test_decode_steps_touch_no_request(model):
     """Five requests at t = 0, all admitted in one prefill step, outputs 3, 5, 8, 13 and 21
-    tokens: with nobody waiting, the decode steps after the prefill are one run that goes on
-    through four finishes (each request leaves at the end of its last token's step). The run
-    reports what stepping reports: 20 decode steps, batches of 5, 4, 4, 3, ... requests, every
-    token and each finish at its own step's end."""
+    tokens: after the prefill, 20 decode steps list no entry; each counts its decoders (5, 4,
+    4, 3, ... requests) and each request leaves at the end of its last token's step, as listing
+    every entry reports."""
     outs_len = [3, 5, 8, 13, 21]
     w = Workload([Request(f"r{i}", 0.0, 10, o) for i, o in enumerate(outs_len)], name="five")
     cfg = SchedulerConfig(max_seqs=8, token_budget=512, kv_blocks=64, block_size=16)
-    stepped = simulate(w, cfg, model, fast_forward=False)
-    jumped = simulate(w, cfg, model, fast_forward=True)
-    for part in ("tokens", "steps", "batch", "finishes", "kv"):
-        assert getattr(stepped, part).equals(getattr(jumped, part)), part
-    core = EngineCore(cfg, StepTimeExecutor(model), w, fast_forward=True)
+    listed = EngineCore(cfg, StepTimeExecutor(model), w, record=True)
+    drive(listed, 0.0)
+    stepped = listed.trace(w, {})
+    core = EngineCore(cfg, StepTimeExecutor(model), w, explicit_batches=False)
     outs = [o for o in drive(core, 0.0) if o.step is not None]
-    assert len(outs) == 2 and len(outs[1].record.step) == 20   # the prefill step, then one run
+    assert len(outs) == 21 and len(outs[0].step.reqs) == 5
+    assert all(len(o.step.reqs) == 0 for o in outs[1:])
     # decode step j (1..20) runs the requests with more than j tokens
-    assert outs[1].record.running.tolist() == [sum(o > j for o in outs_len) for j in range(1, 21)]
+    assert [o.step.decoders for o in outs[1:]] == [sum(o > j for o in outs_len) for j in range(1, 21)]
     ends = stepped.steps["t_ms"] + stepped.steps["dur_ms"]
-    assert [f.t_ms for f in outs[1].finished] == [float(ends[o - 1]) for o in outs_len]
+    assert [f.t_ms for o in outs for f in o.finished] == [float(ends[o - 1]) for o in outs_len]
 
 
 def test_every_request_leaves_through_the_outputs_with_its_reason():
@@ -109,7 +124,9 @@ def test_every_request_leaves_through_the_outputs_with_its_reason():
     fin = {f.req: f.reason for o in outs for f in o.finished}
     assert fin == {0: "length", 1: "abort", 2: "rejected"}
     # a: 5 tokens; b: tokens at 10, 15, 20, 25 ms, and the step ending at its abort (30 ms) emits none
-    assert sum(len(o.token_reqs) for o in outs) == 5 + 4
+    toks = tokens_of(outs)
+    assert len(toks) == 5 + 4
+    assert [t for r, _, t in toks if r == 1] == [10.0, 15.0, 20.0, 25.0]
 
 
 def test_two_cores_on_one_virtual_clock_driven_from_outside():

@@ -262,7 +262,7 @@ def test_the_readme_map_names_every_module():
 
 ENGINE_PARTS = ("core/engine/scheduler.py", "core/engine/kv_cache.py", "core/engine/block_pool.py",
                 "core/engine/prefix_cache.py", "core/engine/policies.py", "core/engine/admission.py",
-                "core/engine/fastforward.py", "core/engine/requests.py")
+                "core/engine/requests.py")
 RECORDERS = ("core.engine.steplog", "core.engine.kvlog", "core.trace.writer", "core.trace.build", "core.trace.save")
 
 

@@ -120,8 +120,8 @@ def test_vllm_v0_watermark_keeps_one_percent_of_the_pool_free():
 
 def test_budget_shares_decodes_first():
     want, dec = np.array([4, 1, 1]), np.array([False, True, True])
-    assert budget_shares(want, 4, dec, False).tolist() == [4, 0, 0]   # oldest first
-    assert budget_shares(want, 4, dec, True).tolist() == [2, 1, 1]    # stall-free
+    assert budget_shares(want, 4, dec, False) == [4, 0, 0]   # oldest first
+    assert budget_shares(want, 4, dec, True) == [2, 1, 1]    # stall-free
 
 
 # ---- each policy's defining rule on random workloads ---------------------------------------------

@@ -49,11 +49,11 @@ class EngineCore:
     def __init__(self, config: SchedulerConfig, executor=None, workload: Workload | None = None, *,
                  record: bool = False, kv_events: bool | None = None, fast_forward: bool = False,
                  stop_token_ids: Iterable[int] = (), request_data: bool = False,
-                 scheduler: type[Scheduler] = Scheduler):
+                 scheduler: type[Scheduler] = Scheduler, explicit_batches: bool = True):
         kv_events = record if kv_events is None else kv_events
         self.log = StepLog(kv_events) if record else None
         self.scheduler = scheduler(workload, config, stop_token_ids=stop_token_ids, request_data=request_data,
-                                   kv_events=kv_events)
+                                   kv_events=kv_events, explicit_batches=explicit_batches)
         self.executor = executor
         self.fast_forward = fast_forward
         self.free_at_ms = float("inf")   # when the last step ended (inf: none yet; its first step's idle is inf)
@@ -100,7 +100,7 @@ class EngineCore:
         out = None
         if self.fast_forward:
             ex = self.executor
-            out = sched.fast_forward(batch, lambda k, counts=None: ex.run_durations(batch, k, counts))
+            out = sched.advance(batch, lambda k: ex.run_durations(batch, k))
         if out is None:
             out = sched.update(batch, self.executor.execute(batch))
         self.free_at_ms = out.t_ms

@@ -181,6 +181,21 @@ class KVCacheManager:
             pos += k
         self._rec("alloc", owners, new, logical, 0, 1)
 
+    def grow_one_each(self, seqs: list):
+        """One fresh block for each of `seqs` (a list, each once), in order: decoders whose
+        position starts a block. The same blocks and log as grow_many with needs of 1."""
+        new = self._take(len(seqs))
+        tables = self.tables
+        if self.events is not None:
+            logical = [len(tables[s]) for s in seqs]
+            for s, b in zip(seqs, new):
+                tables[s].append(b)
+            self._rec("alloc", seqs, new, logical, 0, 1)
+        else:
+            for s, b in zip(seqs, new):
+                tables[s].append(b)
+            self.counts["alloc"] += len(new)
+
     def append_blocks(self, owners: list, times_ms) -> bool:
         """One fresh block for each entry of `owners` (a sequence may appear many times), in
         order, logged at the matching `times_ms` (a fast-forwarded run of steps). Only when no

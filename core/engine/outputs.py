@@ -34,6 +34,11 @@ class SchedulerOutput:
     block_updates: list[tuple[int, list[int]]] | None = None  # per entry: (blocks kept, blocks appended)
     finished: list[int] = field(default_factory=list)  # requests gone since the last output (drop their state)
     idle_ms: float = 0.0        # how long the engine sat idle before this step (inf: its first step)
+    # (prefill tokens, decode seqs, attended positions of prefill tokens and of decodes, prefill
+    # pieces, tokens) over every entry, listed or not: what a step-time model prices
+    agg: tuple | None = None
+    decoders: int = 0           # decoders in the step beyond the listed entries (a simulator's batch)
+    join_no: np.ndarray | None = None   # ... and each listed entry's join number (running order)
 
     @property
     def prefill_tokens(self) -> int:
@@ -49,6 +54,8 @@ class SchedulerOutput:
 
     @property
     def total_tokens(self) -> int:
+        if self.agg is not None:
+            return self.agg[5]
         return int(self.num_tokens.sum())
 
 
@@ -140,6 +147,13 @@ class EngineOutputs(NamedTuple):
     token_sources: np.ndarray | None = None   # ... codes into TOKEN_SOURCES (None: sampled)
     kv_events: list | tuple = ()              # KV block events since the last outputs (KVLog calls)
     events: list[dict] | None = None          # the executor's verbatim trace events (spec, tiles)
+    # a simulator's decoders (counted, not listed: core.engine.scheduler): (decode counter before the
+    # step, decoders) when they decoded in this step; those that started decoding (req, join number,
+    # first counter value, first output index); those that stopped (req, counter value after their
+    # last decode, that step's end or None)
+    decoded: tuple | None = None
+    entered: list | tuple = ()
+    left: list | tuple = ()
 
     @property
     def stats(self) -> SchedulerStats:

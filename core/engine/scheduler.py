@@ -23,8 +23,20 @@ no new request is admitted in a step that preempted.
 
 Admission control (queue order by priority, KV watermark, a bounded queue, a context
 budget, per-request deadlines): core.engine.admission. Per-request state: the request table
-(core.engine.requests). Per-step work is vectorised over the running set (numpy); only block
-allocation, admission and finishing touch Python per request.
+(core.engine.requests).
+
+The work of a step follows what changed in it, not how many requests run. A running request
+is either *explicit* (its computed and emitted counts kept in the request table, planned with
+numpy over the few of them: a prompt being computed, a request recomputing, a speculative decode,
+one with a cancellation time) or a *decoder*: one token a step, its position implicit from one
+decode counter D (computed = base + D, the base fixed when it started decoding), so a plain
+decode step touches no request. Two calendars say which decoders need attention in a step:
+those whose position starts a new KV block (keyed by D mod block size; they take a block each,
+in running order) and those that emit their last token (keyed by the value of D). The step
+time is priced from counts (core.engine.outputs.SchedulerOutput.agg); the per-request batch
+arrays are built only for an executor that asks (`explicit_batches`: the runner, a server); a
+simulator's outputs name the decoders that started and stopped decoding instead of every token
+(core.engine.steplog keeps them as membership spans).
 """
 from __future__ import annotations
 
@@ -35,7 +47,7 @@ import numpy as np
 
 from core.config import BIG, SchedulerConfig
 from core.engine import admission as adm
-from core.engine import fastforward, policies
+from core.engine import policies
 from core.engine.kv_cache import KVCacheManager
 from core.engine.outputs import (
     EMPTY,
@@ -52,17 +64,19 @@ from core.errors import ConfigError
 from core.workload import Request, Workload
 
 _tuple = tuple.__new__   # makes a NamedTuple without its Python-level __new__ (once per step)
+_INT = np.int64
 
 
 class Scheduler:
-    decode_fast_path = True   # False: plan every step in full (tests compare the two)
-
     def __init__(self, workload: Workload | None, config: SchedulerConfig, stop_token_ids: Iterable[int] = (),
-                 request_data: bool = False, kv_events: bool = False):
+                 request_data: bool = False, kv_events: bool = False, explicit_batches: bool = True):
         """`workload` None: no requests yet (a server adds them with add_request).
         `request_data`: each SchedulerOutput carries the token ids and block ids the executor
         has not been sent yet (an executor that runs a model keeps its own copy).
         `kv_events`: the KV block events go out with the EngineOutputs (a recorder wants them).
+        `explicit_batches`: every SchedulerOutput lists every entry (an executor that returns
+        tokens per entry); False (a simulator): the decoders are counted, not listed, and the
+        outputs list only the other entries' tokens (EngineOutputs.decoded, entered, left).
         The scheduler records nothing itself: everything it did is in its EngineOutputs."""
         self.cfg = config
         self.stop_token_ids = frozenset(stop_token_ids)  # a request emitting one of these stops (EOS)
@@ -73,32 +87,45 @@ class Scheduler:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.prefix_caching, config.model_id, kv_events)
         # vLLM V1 caches a request's full blocks (outputs too) when it schedules the tokens that fill them
         self.cache_when_scheduled = config.prefix_caching and config.kv_manager == "vllm-v1"
+        self.commit_after = config.prefix_caching and not self.cache_when_scheduled
         self.rules = policies.RULES[config.policy]
         self.seats = config.seats
-        self.running = np.empty(0, dtype=np.int64)   # running request rows, admission order
         self.waiting = adm.make_waiting(config, t)   # request rows, in admission order
         self.ran: set[int] = set()         # requests ever admitted (never rejected by queue_limit)
         self.watermark_blocks = adm.watermark_blocks(config, num_blocks)
         self.failed = {"rejected": 0, "deadline": 0}
         self.next_arrival = 0
-        # A fleet adds requests as they are routed, so no run of fast-forwarded steps may pass
-        # the next time one could be (core.fleet sets it before each step; None: no limit).
-        self.horizon_ms: float | None = None
+        self.horizon_ms: float | None = None   # (a fleet's: when a request could next be routed here)
         self.num_done = 0
         self.step = 0
         self.num_preemptions = 0
-        self.quiet = False       # the last planned step: nobody joined or left the running set
+        self.explicit_batches = explicit_batches
+        # the running set: request -> its join number (running order = the order they joined)
+        self._run: dict[int, int] = {}
+        self._joins = 0
+        self._exp: dict[int, int] = {}     # explicit running requests -> join number
+        self._dec: dict[int, int] = {}     # decoders -> base (computed = base + D)
+        self._stint: dict[int, int] = {}   # decoders -> the number of their decoding stint (calendar entries' key)
+        self._stints = 0
+        self.D = 0                         # the decode counter: steps the decoders decoded in
+        self._dsum = 0                     # sum of the decoders' bases
+        self._dec_ids = 0                  # decoders whose filled blocks go into the prefix cache
+        self.run_after = None              # after an advance: per step (running, waiting, KV used) it left
+        self._held_back = False            # the planned step preempted with requests waiting
+        bs = config.block_size
+        self._cross: list[list[tuple[int, int, int]]] = [[] for _ in range(bs)]   # (join, req, stint), join order
+        self._fin: dict[int, list[tuple[int, int, int]]] = {}    # D of their last token -> (join, req, stint)
+        self._decoders_ok = not config.spec_gamma   # (a speculative decode emits a varying number of tokens)
+        self._last_dec_t: float | None = None   # end of the last step the decoders decoded in
         self._step_gauges = None  # (running, waiting, kv used, kv free) when the pending step was planned
-        self._steady = False     # the last step ran every running request (set by update)
-        self._prefilling = None  # ... and these of them (mask over running) are mid-prefill
-        self._consts: dict = {}
-        self._ff_after = 0       # no fast-forward can succeed before this step (a request finishes first)
-        self.run_after = None    # the last fast-forwarded run: per step (running, waiting, KV used) after it
+        self._step_plan = None    # what schedule planned for update: see _batch
         # what happened since the last EngineOutputs (outside a step's own results)
         self._finished: list[Finish] = []
         self._queued: list[int] = []
         self._started: list[int] = []
         self._preempted: list[Preemption] = []
+        self._entered: list[tuple] = []
+        self._left: list[tuple] = []
         # request_data: how much of each request's token ids and block table the executor has
         self.request_data = request_data
         self._sent_tokens: dict[int, int] = {}
@@ -131,6 +158,11 @@ class Scheduler:
     @property
     def n(self) -> int:
         return self.requests.n
+
+    @property
+    def running(self) -> np.ndarray:
+        """The running request rows, in running order (the order they joined)."""
+        return np.fromiter(self._run, _INT, len(self._run))
 
     # ---- clock-driven inputs ---------------------------------------------------------
     def done(self) -> bool:
@@ -184,11 +216,12 @@ class Scheduler:
     def leave_running(self, i: int, now_ms: float, free_blocks: bool = True):
         """Take request i out of the running set (its KV blocks freed unless `free_blocks` is
         False: the deliberately broken variant in core.lessons.pathologies)."""
+        self._explicit_now(i)
         if free_blocks:
             self.kv.now_ms = now_ms
             self._free(i)
-        self.running = self.running[self.running != i]
-        self._steady = False
+        del self._run[i]
+        del self._exp[i]
 
     def _abort_due(self, now_ms):
         while self.aborts and self.aborts[0][0] <= now_ms:
@@ -212,89 +245,239 @@ class Scheduler:
             self._sent_blocks[i] = 0
         return freed
 
+    # ---- decoders: one token a step, positions implicit from the decode counter -------------
+    def _undecode(self, i: int) -> int:
+        """Decoder i leaves the calendars; returns its base."""
+        base = self._dec.pop(i)
+        stint = self._stint.pop(i)
+        seq = self._run[i]
+        bucket = self._cross[(-base) % self.cfg.block_size]
+        bucket.remove((seq, i, stint))
+        t = self.requests
+        key = int(t.out_len[i] + t.prompt_len[i]) - 2 - base
+        fin = self._fin.get(key)
+        if fin is not None:
+            fin.remove((seq, i, stint))
+            if not fin:
+                del self._fin[key]
+        if t.token_ids[i] is not None and (self.cache_when_scheduled or self.commit_after):
+            self._dec_ids -= 1
+        self._dsum -= base
+        return base
+
+    def _decode_now(self, i: int, seq: int):
+        """Request i (explicit, its last token emitted, one to compute) becomes a decoder."""
+        t, bs = self.requests, self.cfg.block_size
+        c = int(t.computed[i])
+        base = c - self.D
+        self._dec[i] = base
+        if t.token_ids[i] is not None and (self.cache_when_scheduled or self.commit_after):
+            self._dec_ids += 1   # (its filled blocks are cached as it decodes: stepped one by one)
+        stint = self._stint[i] = self._stints
+        self._stints += 1
+        self._dsum += base
+        del self._exp[i]
+        bisect.insort(self._cross[(-base) % bs], (seq, i, stint))
+        end = int(t.out_len[i] + t.prompt_len[i]) - 2 - base   # the value of D in its last token's step
+        self._fin.setdefault(end, []).append((seq, i, stint))
+        if not self.explicit_batches:
+            self._entered.append((i, seq, self.D, int(t.emitted[i])))
+
+    def _explicit_now(self, i: int):
+        """Decoder i's counts written back to the request table; it is explicit from now on."""
+        if i not in self._dec:
+            return
+        base = self._undecode(i)
+        t = self.requests
+        c = base + self.D
+        t.computed[i] = c
+        t.emitted[i] = c - t.prompt_len[i] + 1
+        t.nblocks[i] = len(self.kv.tables[i])
+        self._exp[i] = self._run[i]
+        if not self.explicit_batches:
+            self._left.append((i, self.D, self._last_dec_t))
+
+    def _sync_decoders(self):
+        """Every decoder's counts written into the request table (they stay decoders)."""
+        if not self._dec:
+            return
+        t = self.requests
+        who = np.fromiter(self._dec, _INT, len(self._dec))
+        c = np.fromiter(self._dec.values(), _INT, len(self._dec)) + self.D
+        t.computed[who] = c
+        t.emitted[who] = c - t.prompt_len[who] + 1
+        tables = self.kv.tables
+        t.nblocks[who] = np.fromiter((len(tables[i]) for i in self._dec), _INT, len(self._dec))
+
+
     # ---- one step ----------------------------------------------------------------------
     def schedule(self, now_ms: float) -> SchedulerOutput | None:
         """Choose the next step's batch (None if there is nothing to run now)."""
         cfg, kv = self.cfg, self.kv
         kv.now_ms = now_ms
-        self._abort_due(now_ms)
+        if self.aborts:
+            self._abort_due(now_ms)
         budget = cfg.token_budget if cfg.token_budget is not None else BIG
         if self.rules.prefill_steps and self.waiting:   # vllm-v0: a step of new prompts when any can join
-            joins, _ = self._admit_waiting(budget, 0, len(self.running))
+            joins, _ = self._admit_waiting(budget, 0, len(self._run))
             self.reject_over_bound(now_ms)
             if joins:
-                return self._planned(self._joined_batch(joins, now_ms), joined=True)
-        run = self.running
+                return self._planned(self._batch(None, joins, now_ms))
         # who may join in this step: static, only into an empty batch; vllm-v0, only in a step of
         # prompts alone (above)
-        cohort_open = not self.rules.prefill_steps and (not self.rules.cohorts or len(run) == 0)
+        cohort_open = not self.rules.prefill_steps and (not self.rules.cohorts or not self._run)
         preempted = False
-        if len(run):
-            steady = self._steady and self.decode_fast_path
-            plan = policies.plan_running(self, run, budget, self._prefilling, steady)
-            while not plan.steady and int(plan.need.sum()) > kv.num_free:
-                pos = adm.victim_position(cfg, run, self.requests)   # fcfs: the newest
-                self._preempt(int(run[pos]), now_ms)
-                run = np.delete(run, pos)
+        plan = None
+        if self._run:
+            plan = self._plan(budget)
+            while plan.need > kv.num_free:
+                self._preempt(self._victim(), now_ms)
                 preempted = True
-                plan = policies.plan_running(self, run, budget)
-            if plan.grow is not None:   # decodes only: one block each where a position starts one
-                if len(plan.grow):
-                    who = run[plan.grow]
-                    kv.grow_many(who, self.requests.nblocks[who], one_each=True)
-                    self.requests.nblocks[who] += 1
-            else:
-                self._grow(run, plan.need)
+                plan = self._plan(budget)
+            self._grow(plan)
             if self.cache_when_scheduled:
-                self._cache_scheduled(run, plan.start, self._const("ones", len(run)) if plan.num_tokens is None
-                                      else plan.num_tokens)
-            used = len(run) if plan.num_tokens is None else int(plan.num_tokens.sum())
-        else:
-            plan = None
-            used = 0
+                self._commit_scheduled(plan)
+        self._held_back = preempted and bool(self.waiting)   # (nobody joins a step that preempted: the next may)
+        used = plan.tokens if plan is not None else 0
         joins = []
         if cohort_open and not preempted:
-            joins, used = self._admit_waiting(budget, used, len(run))
-        self.reject_over_bound(now_ms)
-        batch = self._batch(run, plan, joins, used, now_ms)
+            joins, used = self._admit_waiting(budget, used, len(self._run))
+        if cfg.queue_limit is not None:
+            self.reject_over_bound(now_ms)
+        batch = self._batch(plan, joins, now_ms)
         if batch is None:
             return None
-        return self._planned(batch, joined=bool(joins) or preempted)
+        return self._planned(batch)
 
-    def _cache_scheduled(self, reqs: np.ndarray, start: np.ndarray, n: np.ndarray):
-        """vllm-v1: the blocks a step will fill are cached when it is scheduled, request by request
-        (running ones first, then each as it joins: one that joins after them may already hit
-        them); a simulated request's output ids, unknown, are stand-ins of its own
-        (core.engine.kv_cache.commit)."""
-        t, kv, bs = self.requests, self.kv, self.cfg.block_size
-        end = start + n
-        for j in np.flatnonzero(end // bs > start // bs).tolist():
-            i = int(reqs[j])
+    def _plan(self, budget: int) -> _Plan:
+        """The running requests' share of the next step: each explicit one's tokens (what it has
+        to compute, at most `chunk`; a speculative decode also proposes up to gamma draft tokens),
+        the decoders one token each; over the budget, shared in running order (sarathi: decodes
+        first), a decoder left without a token becoming explicit (it sits out); and the KV blocks
+        they need: the explicit ones' and one for each decoder whose position starts a block."""
+        cfg, t = self.cfg, self.requests
+        chunk, gamma, bs = cfg.chunk, cfg.spec_gamma, cfg.block_size
+        rows = []     # (join, req, computed, pending, want, is_decode)
+        total = nd = len(self._dec)
+        if self._exp:
+            computed, emitted, prompt, out_len = t.computed, t.emitted, t.prompt_len, t.out_len
+            for i, j in self._exp.items():
+                c, e = int(computed[i]), int(emitted[i])
+                pending = int(prompt[i]) + e - c
+                want = min(pending, chunk) if chunk else pending
+                is_decode = pending == 1 and e > 0
+                if gamma and is_decode:
+                    want += min(gamma, int(out_len[i]) - e - 1)
+                rows.append((j, i, c, pending, want, is_decode))
+                total += want
+            if len(rows) > 1:
+                rows.sort()
+        if total > budget:
+            rows, total = self._share(rows, budget)
+            nd = len(self._dec)
+        E, n, start, pre, emits = [], [], [], [], []
+        need = 0
+        needs = []
+        nblocks = t.nblocks
+        for _j, i, c, pending, take, is_decode in rows:
+            E.append(i)
+            n.append(take)
+            start.append(c)
+            pre.append(not is_decode)
+            emits.append(take >= pending)
+            k = -(-(c + take) // bs) - int(nblocks[i])
+            needs.append(k)
+            need += k
+        cross = self._cross[self.D % bs] if nd else []
+        return _Plan(E, n, start, pre, emits, needs, cross, nd, total, need + len(cross))
+
+    def _share(self, rows: list, budget: int) -> tuple[list, int]:
+        """The budget shared in running order (policies.budget_shares: sarathi, every decode before
+        any prompt piece). Decoders left without a token become explicit (they sit out). Returns
+        (the explicit rows with their shares, tokens)."""
+        run = self._run
+        entries = sorted([(run[i], i, None) for i in self._dec] + [(r[0], r[1], r) for r in rows])
+        shares = policies.budget_shares([1 if r is None else r[4] for _, _, r in entries], budget,
+                                        [r is None or r[5] for _, _, r in entries], self.rules.decodes_first)
+        t, out = self.requests, []
+        for (j, i, r), take in zip(entries, shares):
+            if r is not None:
+                out.append(r[:4] + (take, r[5]))
+            elif not take:   # (it sits out: explicit, with no tokens this step)
+                self._explicit_now(i)
+                out.append((j, i, int(t.computed[i]), 1, 0, True))
+        return out, sum(shares)
+
+    def _victim(self) -> int:
+        """The running request to preempt: the newest (fcfs) or by priority."""
+        if self.cfg.scheduling_policy != "priority":
+            return next(reversed(self._run))
+        run = self.running
+        return int(run[adm.victim_position(self.cfg, run, self.requests)])
+
+    def _grow(self, plan: _Plan):
+        """New KV blocks for the step, in running order: each explicit request's need and one for
+        each decoder whose position starts a block (the decoders' block counts are the tables')."""
+        who, more = [], []
+        if plan.need:
+            run = self._run
+            grow = [(run[i], i, k) for i, k in zip(plan.E, plan.needs) if k > 0]
+            if grow:
+                if plan.cross:
+                    grow = sorted(grow + [(s, i, 1) for s, i, _ in plan.cross])
+                who = [g[1] for g in grow]
+                more = [g[2] for g in grow]
+                nblocks = self.requests.nblocks
+                for i, k in zip(plan.E, plan.needs):
+                    if k > 0:
+                        nblocks[i] += k
+            else:
+                self.kv.grow_one_each([e[1] for e in plan.cross])
+                return
+            if all(k == 1 for k in more):
+                self.kv.grow_one_each(who)
+            else:
+                self.kv.grow_many(who, more)
+
+    def _ends_block(self, E: list, start: list, n: list, decoders: bool) -> list[int]:
+        """The entries whose computed tokens fill a block this step (their end crosses a block
+        boundary), in running order: the listed ones (E, from `start`, `n` tokens) and, with
+        `decoders`, the decoders whose position + 1 ends a block (next step's block starters)."""
+        bs, run = self.cfg.block_size, self._run
+        rows = [(run.get(i, -1), k, i) for k, (i, s, m) in enumerate(zip(E, start, n)) if (s + m) // bs > s // bs]
+        if decoders and self._dec:
+            due = self._cross[(self.D + 1) % bs]
+            if due:
+                rows = sorted(rows + [(s, -1, i) for s, i, _ in due])
+        return [r[2] for r in rows]
+
+    def _commit_scheduled(self, plan: _Plan):
+        """vllm-v1 prefix caching: the full blocks the step's running entries will fill, cached
+        when scheduled (outputs under stand-in ids, core.engine.kv_cache.commit)."""
+        t, kv = self.requests, self.kv
+        at = {i: k for k, i in enumerate(plan.E)}
+        for i in self._ends_block(plan.E, plan.start, plan.n, True):
             ids = t.token_ids[i]
-            if ids is not None:
-                kv.commit(i, ids, int(end[j]), int(t.prompt_len[i] + t.emitted[i]), -(i + 1))
+            if ids is None:
+                continue
+            k = at.get(i)
+            if k is not None:
+                kv.commit(i, ids, plan.start[k] + plan.n[k], int(t.prompt_len[i] + t.emitted[i]), -(i + 1))
+            else:
+                c = self._dec[i] + self.D
+                kv.commit(i, ids, c + 1, c + 1, -(i + 1))
 
     def _preempt(self, victim: int, now_ms: float):
         t = self.requests
+        self._explicit_now(victim)
         freed = self._free(victim)
         t.computed[victim] = 0
         t.state[victim] = WAITING
+        del self._run[victim]
+        del self._exp[victim]
         self.waiting.appendleft(victim)
         self.num_preemptions += 1
         self._preempted.append(Preemption(victim, now_ms, "kv_full", freed))
-
-    def _grow(self, run: np.ndarray, need: np.ndarray):
-        """Append `need` fresh KV blocks to each running request's table."""
-        grow = np.flatnonzero(need > 0)
-        if not len(grow):
-            return
-        who, more = run[grow], need[grow]
-        nblocks = self.requests.nblocks
-        if int(more.sum()) == len(grow):   # one block each
-            self.kv.grow_many(who, nblocks[who], one_each=True)
-        else:
-            self.kv.grow_many(who.tolist(), more.tolist())
-        nblocks[who] += more
 
     def _admit_waiting(self, budget: int, used: int, running: int) -> tuple[list[policies.Join], int]:
         """Admit waiting requests, head of the queue first, while a seat, the budget left and KV
@@ -315,67 +498,82 @@ class Scheduler:
     def _join(self, j: policies.Join):
         t, r = self.requests, j.req
         self.waiting.popleft()
-        self.kv.admit(r, j.hits, t.salt[r])
-        self.kv.grow(r, j.cached + j.take)
+        kv = self.kv
+        kv.admit(r, j.hits, t.salt[r])
+        kv.grow(r, j.cached + j.take)
         t.computed[r] = j.cached
         if t.preloaded:
             t.preloaded.pop(r, None)   # (preempted later, it recomputes everything here)
-        t.nblocks[r] = len(self.kv.tables[r])
+        t.nblocks[r] = len(kv.tables[r])
         t.state[r] = RUNNING
+        self._run[r] = self._exp[r] = self._joins
+        self._joins += 1
         if self.cache_when_scheduled:
             ids = t.token_ids[r]
             if ids is not None:
-                self.kv.commit(r, ids, j.cached + j.take, int(t.prompt_len[r] + t.emitted[r]), -(r + 1))
+                kv.commit(r, ids, j.cached + j.take, int(t.prompt_len[r] + t.emitted[r]), -(r + 1))
         if r not in self.ran:
             self.ran.add(r)
             self._started.append(r)
 
-    def _joined_batch(self, joins, now_ms) -> SchedulerOutput:
-        """vllm-v0: a step of just the prompts that joined."""
-        reqs, _, cached, take, todo = (np.array(c, dtype=np.int64) if k != 1 else None
-                                       for k, c in enumerate(zip(*joins)))
-        self.running = np.concatenate([self.running, reqs])
-        return SchedulerOutput(self.step, now_ms, reqs, take, cached, np.ones(len(reqs), dtype=bool), take >= todo)
+    def _batch(self, plan: _Plan | None, joins, now_ms) -> SchedulerOutput | None:
+        """The step's batch: the running requests that take part (those left without tokens sit
+        out), then the ones that joined. Explicit batches list every entry (numpy arrays);
+        otherwise the decoders are counted (agg, decoders) and the others listed (lists)."""
+        E, n, start, pre, emits = [], [], [], [], []
+        nd = 0
+        if plan is not None:
+            nd = plan.nd
+            for k, m in enumerate(plan.n):
+                if m > 0:
+                    E.append(plan.E[k])
+                    n.append(m)
+                    start.append(plan.start[k])
+                    pre.append(plan.pre[k])
+                    emits.append(plan.emits[k])
+        m0 = len(E)
+        for jn in joins:
+            E.append(jn.req)
+            n.append(jn.take)
+            start.append(jn.cached)
+            pre.append(True)
+            emits.append(jn.take >= jn.todo)
+        if not nd and not E:
+            return None
+        self._step_plan = (plan, nd)
+        prefill_tokens = prefill_pos = decode_pos = chunks = total = 0
+        for m, s, p in zip(n, start, pre):
+            pos = m * s + m * (m + 1) // 2
+            total += m
+            if p:
+                prefill_tokens += m
+                prefill_pos += pos
+                chunks += 1
+            else:
+                decode_pos += pos
+        decode_seqs = nd + len(E) - chunks
+        if nd:
+            decode_pos += self._dsum + nd * (self.D + 1)   # each decoder attends its position + 1
+        agg = (prefill_tokens, decode_seqs, prefill_pos, decode_pos, chunks, total + nd)
+        counts = (prefill_tokens, decode_seqs)
+        if not self.explicit_batches:
+            run = self._run
+            return SchedulerOutput(self.step, now_ms, E, n, start, pre, emits, counts, agg=agg, decoders=nd,
+                                   join_no=[run[i] for i in E])
+        if nd:   # every entry listed, in running order (the joins after them)
+            run, D = self._run, self.D
+            rows = sorted([(run[i], i, n[k], start[k], pre[k], emits[k]) for k, i in enumerate(E[:m0])]
+                          + [(run[i], i, 1, b + D, False, True) for i, b in self._dec.items()]) \
+                + [(0, i, n[k], start[k], pre[k], emits[k]) for k, i in enumerate(E[m0:], m0)]
+            _, E, n, start, pre, emits = (list(c) for c in zip(*rows))
+        return SchedulerOutput(self.step, now_ms, np.array(E, dtype=_INT), np.array(n, dtype=_INT),
+                               np.array(start, dtype=_INT), np.array(pre, dtype=bool), np.array(emits, dtype=bool),
+                               counts, agg=agg)
 
-    def _batch(self, run, plan, joins, used, now_ms) -> SchedulerOutput | None:
-        """The step's batch: the running requests that take part, then the ones that joined."""
-        m0 = len(run)
-        if plan is not None and plan.grow is not None and not joins:   # decodes only (the common step)
-            self.running = run
-            return SchedulerOutput(self.step, now_ms, run, self._const("ones", m0), plan.start,
-                                   self._const("false", m0), self._const("true", m0), (0, m0))
-        if plan is None:
-            n = start = np.empty(0, dtype=np.int64)
-            is_prefill = emits = np.empty(0, dtype=bool)
-        else:
-            n = plan.num_tokens if plan.num_tokens is not None else self._const("ones", m0)
-            is_prefill = plan.is_prefill if plan.is_prefill is not None else self._const("false", m0)
-            emits = plan.emits if plan.emits is not None else self._const("true", m0)
-            start = plan.start
-        counts = (used - m0, m0) if plan is not None and plan.grow is not None else None
-        if joins:   # (the joins' columns as tuples: numpy takes them as they are)
-            new, _, new_start, new_n, new_todo = zip(*joins)
-            run = np.concatenate([run, new])
-            n = np.concatenate([n, new_n])
-            start = np.concatenate([start, new_start])
-            is_prefill = np.concatenate([is_prefill, np.ones(len(joins), dtype=bool)])
-            emits = np.concatenate([emits, [a >= b for a, b in zip(new_n, new_todo)]])
-        self.running = run
-        if plan is None or not plan.steady:   # entries left without tokens (over the budget) sit out
-            k = np.count_nonzero(n)
-            if not k:
-                return None
-            if k < len(n):
-                active = n > 0
-                return SchedulerOutput(self.step, now_ms, run[active], n[active], start[active],
-                                       is_prefill[active], emits[active])
-        return SchedulerOutput(self.step, now_ms, run, n, start, is_prefill, emits, counts)
-
-    def _planned(self, batch: SchedulerOutput, joined: bool) -> SchedulerOutput:
+    def _planned(self, batch: SchedulerOutput) -> SchedulerOutput:
         kv = self.kv
         free = kv.num_free
-        self._step_gauges = (len(self.running), len(self.waiting), kv.num_blocks - free, free)
-        self.quiet = not joined  # nothing joined or left the running set
+        self._step_gauges = (len(self._run), len(self.waiting), kv.num_blocks - free, free)
         if self.request_data:
             self._attach_data(batch)
         return batch
@@ -405,91 +603,69 @@ class Scheduler:
                 i, now_ms, adm.REJECTED, f"{len(self.waiting) + 1} requests waiting, over the queue limit of "
                 f"{self.cfg.queue_limit}", "queue_limit"))
 
-    def _const(self, kind: str, k: int) -> np.ndarray:
-        """k ones (int64), True or False: read-only views of one array per kind."""
-        a = self._consts.get(kind)
-        if a is None or len(a) < k:
-            a = (np.ones if kind != "false" else np.zeros)(max(k, 256), dtype=np.int64 if kind == "ones" else bool)
-            a.flags.writeable = False
-            self._consts[kind] = a
-        return a[:k]
-
-    def fast_forward(self, batch: SchedulerOutput, durations, min_steps: int = 3) -> EngineOutputs | None:
-        """Simulator shortcut (core.engine.fastforward): apply a run of identical decode-only steps
-        starting with `batch` at once; returns the run's EngineOutputs (what stepping them one by
-        one would report, as arrays: the same trace), or None (then complete the step as usual)."""
-        if (self.step < self._ff_after or self.aborts or not self.quiet or len(batch.reqs) != len(self.running)
-                or self.cfg.queue_limit is not None or batch.prefill_tokens or self.cfg.spec_gamma
-                or self.cache_when_scheduled):
+    def advance(self, batch: SchedulerOutput, durations) -> EngineOutputs | None:
+        """A simulator's decode-only step (no listed entry) together with the identical ones after it,
+        up to the next event: a decoder's last token (the finish calendar), the next arrival,
+        cancellation or (a fleet) time a request could be routed here, or a step whose new blocks
+        the pool cannot give. The steps differ only in positions and times: their durations come at
+        once (`durations(k)`: the executor's, or None when it prices step by step), their blocks in
+        running order step by step (the block calendar), and their outputs as arrays (one record
+        row per step). Returns None (the step completes as usual) where fewer than two steps would
+        run. The same trace as stepping (tests/test_oracle.py)."""
+        plan, nd = self._step_plan
+        if not nd or len(batch.reqs) or self.explicit_batches or self._dec_ids or not self._fin or self._held_back:
             return None
-        run, wait = fastforward.plan(self, batch, durations, min_steps)
-        if run is None:   # (a request about to finish blocks every run until it is gone: skip the tries)
-            self._ff_after = self.step + wait
+        D, bs, kv = self.D, self.cfg.block_size, self.kv
+        K = min(self._fin) - D + 1      # through the step of the first last token
+        if K < 2:
             return None
-        t, kv = self.requests, self.kv
-        K, members = run.steps, self.running
-        emitted0 = t.emitted[members]
-        waiting0, used0 = len(self.waiting), self._step_gauges[2]
-        t_end = run.t_end_ms
-        if run.remaining is None:
-            if run.owners and not kv.append_blocks(run.owners, run.times):
-                for k in run.alloc_steps:  # some block must be evicted: replay step by step, exactly
-                    kv.now_ms = float(run.starts[k])
-                    owners = run.members[k % self.cfg.block_size]
-                    kv.grow_many(owners, [1] * len(owners))
-            t.computed[members] += K
-            t.emitted[members] += K
-            t.nblocks[members] = adm.blocks_for(t.computed[members], self.cfg.block_size)
-            fin = members[t.emitted[members] >= t.out_len[members]]
-            if len(fin):   # their last token came in the run's last step: they leave at its end, as update does
-                kv.now_ms = t_end
-                self._finish_emitted(fin, [], t_end)
-            freed = None
-        else:
-            took = np.minimum(run.remaining, K)
-            t.computed[members] += took
-            t.emitted[members] += took
-            t.nblocks[members] = adm.blocks_for(t.computed[members], self.cfg.block_size)
-            freed = self._through_finishes(run, members)
-        rec, token_reqs, token_index, token_t = fastforward.outputs(run, self.step, members, emitted0, used0,
-                                                                    waiting0, kv.num_blocks, freed)
-        # what each step left behind (running, waiting, KV blocks used after its end): a fleet's
-        # router hears these step by step
-        used_after = rec.kv_used_blocks - (0 if freed is None else freed)
-        self.run_after = (np.r_[rec.running[1:], len(self.running)], rec.waiting, used_after)
+        t = self.requests
+        limit = self.horizon_ms if self.horizon_ms is not None else np.inf
+        if self.next_arrival < t.n:
+            limit = min(limit, float(t.arrival[self.next_arrival]))
+        if self.aborts:
+            limit = min(limit, self.aborts[0][0])
+        d = durations(K)
+        if d is None:
+            return None
+        d = np.asarray(d, dtype=np.float64)
+        at = np.cumsum(np.concatenate(([batch.t_ms], d)))   # (sequential sums: bit-identical to t += d)
+        starts = at[:-1]
+        K = min(K, int(np.searchsorted(starts, limit, side="left")))   # a step that would admit or cancel
+        cross = [self._cross[(D + k) % bs] for k in range(1, K)]
+        need = np.cumsum([len(c) for c in cross]) if cross else np.zeros(0, dtype=_INT)
+        over = np.flatnonzero(need > kv.num_free)
+        if len(over):
+            K = int(over[0]) + 1
+        if K < 2:
+            return None
+        starts, ends, d = starts[:K], at[1:K + 1], d[:K]
+        owners = [i for c in cross[:K - 1] for i in (e[1] for e in c)]
+        times = np.repeat(starts[1:], [len(c) for c in cross[:K - 1]]).tolist()
+        if owners and not kv.append_blocks(owners, times):
+            for k in range(1, K):   # some block must be evicted: step by step, exactly
+                if cross[k - 1]:
+                    kv.now_ms = float(starts[k])
+                    kv.grow_one_each([e[1] for e in cross[k - 1]])
+        running, waiting, used0, _ = self._step_gauges
+        used = used0 + np.r_[0, need[:K - 1]].astype(_INT)
+        steps = np.arange(self.step, self.step + K, dtype=_INT)
+        rec = StepRecord(steps, starts, d, np.full(K, running, dtype=_INT), np.full(K, waiting, dtype=_INT),
+                         used, kv.num_blocks - used)
+        self.D += K
         self.step += K
+        t_end = float(ends[-1])
+        self._last_dec_t = t_end
+        kv.now_ms = t_end
+        due = self._fin.pop(D + K - 1, None)
+        if due:
+            self._finish_emitted([e[1] for e in sorted(due)], [], t_end)
+        # what each step left behind (running, waiting, KV blocks used): a fleet's router hears them
+        self.run_after = (np.r_[np.full(K - 1, running, dtype=_INT), len(self._run)], rec.waiting,
+                          np.r_[used[:-1], kv.num_used])
+        self._step_plan = None
         self._step_gauges = None
-        return self.take_outputs(t_end, batch, float(run.durations[0]), token_reqs, token_index, None, rec,
-                                 token_t)
-
-    def _through_finishes(self, run, members: np.ndarray) -> np.ndarray:
-        """A run through finishes: its block allocations and its requests' finishes in stepping
-        order (a step's allocations at its start, its finishers' frees at its end); returns the
-        blocks freed at the end of each step."""
-        kv, K = self.kv, run.steps
-        left = run.remaining
-        ends = run.ends
-        freed = np.zeros(K, dtype=np.int64)
-        stops = sorted(set((left[left <= K] - 1).tolist()) | {K - 1})
-        owners, times, osteps = run.owners, run.times, run.owner_steps
-        o = 0
-        for f in stops:
-            e = bisect.bisect_right(osteps, f, o)
-            if e > o and not kv.append_blocks(owners[o:e], times[o:e]):
-                k0 = o   # some block must be evicted: step by step, exactly
-                while k0 < e:
-                    k1 = bisect.bisect_right(osteps, osteps[k0], k0)
-                    kv.now_ms = float(times[k0])
-                    kv.grow_many(owners[k0:k1], [1] * (k1 - k0))
-                    k0 = k1
-            o = e
-            fin = members[left == f + 1]
-            if len(fin):
-                before = kv.num_free
-                kv.now_ms = float(ends[f])
-                self._finish_emitted(fin, [], float(ends[f]))
-                freed[f] = kv.num_free - before
-        return freed
+        return self.take_outputs(t_end, batch, float(d[0]), record=rec, decoded=(D, nd))
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
     def update(self, batch: SchedulerOutput, out: ExecutorOutput) -> EngineOutputs:
@@ -500,108 +676,159 @@ class Scheduler:
         draft tokens plus one recovered or bonus token. Emission stops at max tokens and at
         the first stop id (EOS); the KV cache keeps only what the emitted tokens justify
         (prompt + emitted - 1 positions), so rejected draft positions return to the pool.
-        A request cancelled while the step ran never receives its tokens."""
+        A request cancelled while the step ran never receives its tokens. Decoders (counted,
+        not listed) each emit one token: the decode counter moves on."""
         t, kv = self.requests, self.kv
         t_end = out.t_end_ms
         kv.now_ms = t_end
-        r = batch.reqs
-        whole = len(r) == len(self.running)   # every running request took part
-        t.computed[r] = batch.start_pos + batch.num_tokens
-        emit = batch.emits if batch.emits is not None else t.computed[r] >= t.prompt_len[r] + t.emitted[r]
-        cancelled = None
-        if self.aborts:
-            cancelled = t.abort_at[r] <= t_end
-            if cancelled.any():
-                emit = emit & ~cancelled
-            else:
-                cancelled = None
-        stopped = []
+        plan, nd = self._step_plan
+        self._step_plan = None
+        listed = batch.reqs if type(batch.reqs) is list else batch.reqs.tolist()
+        start = batch.start_pos if type(batch.start_pos) is list else batch.start_pos.tolist()
+        ntok = batch.num_tokens if type(batch.num_tokens) is list else batch.num_tokens.tolist()
+        emits = batch.emits if type(batch.emits) is list else batch.emits.tolist()
+        ends = self._ends_block(listed, start, ntok, not self.explicit_batches) if self.commit_after else None
+        if self.explicit_batches and self._dec:
+            self._sync_decoders()
+        for i, s, m in zip(listed, start, ntok):
+            t.computed[i] = s + m
+        cancelled = [i for i in listed if t.abort_at[i] <= t_end] if self.aborts else []
+        if cancelled:
+            gone = set(cancelled)
+            emits = [e and i not in gone for i, e in zip(listed, emits)]
         if out.tokens is None:  # simulated: one token (id unknown) per emitting entry
-            er = r[emit]
-            idx = t.emitted[er]
-            t.emitted[er] = idx + 1
+            er, idx, fin = self._emit_one_each(listed, emits)
             ids = src = None
-            # Every running request took part: next step those that emitted decode, the others
-            # continue their prefill (the steady-state plan of core.engine.policies).
-            self._steady = whole and not self.cfg.spec_gamma
-            self._prefilling = None if len(er) == len(r) else ~emit
+            stopped = []
         else:
-            self._steady = False
-            er, idx, ids, src, stopped = self._take_tokens(batch, out, emit)
+            er, idx, ids, src, stopped = self._take_tokens(listed, out, emits)
+            fin = self._reached_max(er.tolist())
         dur = t_end - batch.t_ms if out.dur_ms is None else out.dur_ms
         rec = _tuple(StepRecord, (batch.step, batch.t_ms, dur, *self._step_gauges))
         if out.tokens is not None:
-            self._roll_back(r)
-        if kv.prefix_caching and not self.cache_when_scheduled:
-            bs = self.cfg.block_size
-            crossed = (t.computed[r] // bs) > (batch.start_pos // bs)
-            for i in r[crossed].tolist():
+            self._roll_back(listed)
+        D0 = self.D
+        if nd:   # the decoders decoded: the counter moves on
+            self.D += 1
+            self._last_dec_t = t_end
+            due = self._fin.pop(D0, None)
+            if due and not self.explicit_batches:   # (listed entries' finishes are found above)
+                if fin:   # (in running order: join numbers)
+                    run = self._run
+                    fin = [i for _, i in sorted([(run[i], i) for i in fin] + [(s, i) for s, i, _ in due])]
+                else:
+                    fin = [e[1] for e in sorted(due)] if len(due) > 1 else [due[0][1]]
+        if ends:
+            dec = self._dec
+            for i in ends:
                 ids_i = t.token_ids[i]
                 if ids_i is not None and i in kv.tables:
-                    kv.commit(i, ids_i, int(t.computed[i]))
+                    base = dec.get(i)
+                    kv.commit(i, ids_i, int(t.computed[i]) if base is None else base + self.D)
         # requests that reached their max tokens or a stop id leave, their blocks freed
-        if out.tokens is None:   # one token each: emitted is now idx + 1
-            fin = er[idx >= t.out_len[er] - 1]
-        else:  # one row per token; a request's tokens are adjacent
-            emitters = er[np.r_[True, er[1:] != er[:-1]]] if len(er) > 1 else er
-            fin = emitters[t.emitted[emitters] >= t.out_len[emitters]]
-        if len(fin) or stopped:
+        if fin or stopped:
             self._finish_emitted(fin, stopped, t_end)
-        if cancelled is not None:
-            for i in r[cancelled].tolist():
+        if cancelled:
+            for i in cancelled:
                 self.abort(i, t_end, t.abort_reason.get(i, "abort"), max(float(t.abort_at[i]), batch.t_ms))
         for j, why in (out.failed or {}).items():     # one request's failure ends that request only
-            self.abort(int(r[j]), t_end, "error", detail=why)
+            self.abort(int(listed[j]), t_end, "error", detail=why)
+        if self._decoders_ok:   # the entries now one token away from their next emission decode from now on
+            self._new_decoders(listed)
         self.step += 1
         self._step_gauges = None
-        return self.take_outputs(t_end, batch, dur, er, idx, ids, rec, None, src, out.events)
+        decoded = (D0, nd) if nd and not self.explicit_batches else None
+        if self.explicit_batches and type(er) is list:
+            er, idx = np.array(er, dtype=_INT), np.array(idx, dtype=_INT)
+        return self.take_outputs(t_end, batch, dur, er, idx, ids, rec, None, src, out.events, decoded)
 
-    def _roll_back(self, r: np.ndarray):
+    def _emit_one_each(self, listed: list, emits: list) -> tuple[list, list, list]:
+        """A simulated step's tokens (ids unknown): one per emitting entry. Returns (requests, their
+        output indices, those that reached their max tokens)."""
+        t = self.requests
+        emitted, out_len = t.emitted, t.out_len
+        er, idx, fin = [], [], []
+        for i, e in zip(listed, emits):
+            if e:
+                x = int(emitted[i])
+                emitted[i] = x + 1
+                er.append(i)
+                idx.append(x)
+                if x >= out_len[i] - 1:
+                    fin.append(i)
+        return er, idx, fin
+
+    def _reached_max(self, er: list) -> list:
+        """Of the requests that emitted (one row per token, a request's adjacent), those at their max."""
+        t, fin, seen = self.requests, [], set()
+        for i in er:
+            if i not in seen:
+                seen.add(i)
+                if t.emitted[i] >= t.out_len[i]:
+                    fin.append(i)
+        return fin
+
+    def _new_decoders(self, listed: list):
+        t, exp = self.requests, self._exp
+        state, emitted, computed, prompt, abort_at = t.state, t.emitted, t.computed, t.prompt_len, t.abort_at
+        for i in listed:
+            s = exp.get(i)
+            if s is not None and state[i] == RUNNING:
+                e = emitted[i]
+                if e > 0 and computed[i] == prompt[i] + e - 1 and abort_at[i] == np.inf:
+                    self._decode_now(i, s)
+
+    def _roll_back(self, listed: list):
         """Keep KV only for the positions the emitted tokens justify (speculative rejections)."""
         t, kv = self.requests, self.kv
-        keep = t.prompt_len[r] + t.emitted[r] - 1
-        for j in np.flatnonzero(t.computed[r] > np.maximum(keep, 0)).tolist():
-            i = int(r[j])
-            if t.emitted[i] == 0:
-                continue  # a prefill chunk: nothing emitted yet, nothing to roll back
-            t.computed[i] = int(keep[j])
-            kv.truncate(i, int(keep[j]))
+        for i in listed:
+            keep = int(t.prompt_len[i] + t.emitted[i] - 1)
+            if t.computed[i] <= max(keep, 0) or t.emitted[i] == 0:
+                continue  # (a prefill chunk: nothing emitted yet, nothing to roll back)
+            t.computed[i] = keep
+            kv.truncate(i, keep)
             t.nblocks[i] = len(kv.tables[i])
             if self.request_data:
                 self._sent_blocks[i] = min(self._sent_blocks.get(i, 0), int(t.nblocks[i]))
 
-    def _finish_emitted(self, fin: np.ndarray, stopped: list[int], t_end: float):
+    def _finish_emitted(self, fin: list, stopped: list[int], t_end: float):
         """Requests that reached their max tokens (`fin`) or a stop id leave, their blocks freed."""
         t = self.requests
         reasons = {}
         if stopped:
             extra = [i for i in stopped if t.emitted[i] < t.out_len[i]]
             if extra:
-                fin = np.concatenate([fin, np.array(extra, dtype=np.int64)])
+                fin = list(fin) + extra
                 reasons = {i: "stop" for i in extra}
-        if not len(fin):
+        if not fin:
             return
         kv, state, nblocks, finished = self.kv, t.state, t.nblocks, self._finished
-        for i in fin.tolist():   # (what _free and _done do, inline: one of these per request of a run)
+        dec, run, exp = self._dec, self._run, self._exp
+        for i in fin:
+            if i in dec:   # a decoder: its counts written back as it leaves
+                base = self._undecode(i)
+                c = base + self.D
+                t.computed[i] = c
+                t.emitted[i] = c - t.prompt_len[i] + 1
+                if not self.explicit_batches:
+                    self._left.append((i, self.D, t_end))
+            else:
+                del exp[i]
+            del run[i]
             kv.free_seq(i)
             nblocks[i] = 0
             state[i] = DONE
-            f = Finish(i, t_end, reasons.get(i, "length") if reasons else "length")
-            finished.append(f)
+            finished.append(Finish(i, t_end, reasons.get(i, "length") if reasons else "length"))
             if self.request_data:
                 self._sent_blocks[i] = 0
         self.num_done += len(fin)
-        keep = t.state[self.running] == RUNNING
-        self.running = self.running[keep]
-        if self._prefilling is not None and len(keep) == len(self._prefilling):
-            self._prefilling = self._prefilling[keep]
 
-    def _take_tokens(self, batch, out, emit):
+    def _take_tokens(self, listed, out, emit):
         """Emitted tokens of a step whose executor returned ids: cut at max tokens and at the
         first stop id. Returns (reqs, output index, ids, source codes or None, stopped reqs)."""
         t = self.requests
         emit_r, emit_idx, emit_ids, emit_src, stopped = [], [], [], [], []
-        for j, i in enumerate(batch.reqs.tolist()):
+        for j, i in enumerate(listed):
             stop = t.stop_of.get(i, self.stop_token_ids)
             toks = out.tokens[j]
             if not emit[j] or not toks:
@@ -638,16 +865,16 @@ class Scheduler:
     def _gauges(self) -> tuple:
         """SchedulerStats' fields now, as a plain tuple (made once per step)."""
         kv = self.kv
-        return (len(self.running), len(self.waiting), kv.num_used, kv.num_blocks, self.num_preemptions,
+        return (len(self._run), len(self.waiting), kv.num_used, kv.num_blocks, self.num_preemptions,
                 kv.counts["hit"])
 
     def has_outputs(self) -> bool:
         """Something happened outside a step (arrivals queued or rejected, cancellations)."""
-        return bool(self._finished or self._queued or self._preempted or self.kv.events)
+        return bool(self._finished or self._queued or self._preempted or self.kv.events or self._left)
 
     def take_outputs(self, t_ms: float, batch: SchedulerOutput | None = None, dur_ms: float | None = None,
                      token_reqs=EMPTY, token_index=EMPTY, token_ids=None, record: StepRecord | None = None,
-                     token_t_ms=None, token_sources=None, events=None) -> EngineOutputs:
+                     token_t_ms=None, token_sources=None, events=None, decoded=None) -> EngineOutputs:
         """Everything that happened since the last EngineOutputs (with a step's tokens and
         record, when given), and forget it."""
         gauges = self._gauges()
@@ -665,7 +892,27 @@ class Scheduler:
             self._preempted = []
         if batch is not None and self._started:   # first scheduled in this step (kept for the step's outputs)
             started, self._started = self._started, []
+        entered = left = ()
+        if self._entered:
+            entered, self._entered = self._entered, []
+        if self._left:
+            left, self._left = self._left, []
         kv_events = self.kv.take_events() if self.kv.events else ()
         return _tuple(EngineOutputs, (t_ms, gauges, batch, dur_ms, fin or (), queued or (), started or (),
                                       preempted or (), token_reqs, token_index, token_ids, record, token_t_ms,
-                                      token_sources, kv_events, events))
+                                      token_sources, kv_events, events, decoded, entered, left))
+
+
+_NO = np.zeros(0, dtype=bool)
+_NO.flags.writeable = False
+
+
+class _Plan:
+    """The running requests' part of a step: the explicit ones in running order (E, their tokens
+    n, start positions, is-prefill and emits flags, new KV blocks each), the decoders crossing a
+    block boundary (join, req, stint), how many decoders, and the step's tokens and new blocks."""
+    __slots__ = ("E", "n", "start", "pre", "emits", "needs", "cross", "nd", "tokens", "need")
+
+    def __init__(self, E, n, start, pre, emits, needs, cross, nd, tokens, need):
+        self.E, self.n, self.start, self.pre, self.emits, self.needs = E, n, start, pre, emits, needs
+        self.cross, self.nd, self.tokens, self.need = cross, nd, tokens, need

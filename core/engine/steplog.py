@@ -1,11 +1,17 @@
 """The record of a run: `StepLog` observes an engine core's EngineOutputs (`record`) and keeps
-them as typed rows (or, for a fast-forwarded run of steps, rows whose fields are arrays), turned
-into columns per record type by `log_records` (core.trace makes the trace's tables of them, or a
-TraceWriter streams them). The scheduler writes nothing here: what is recorded is exactly what
-the engine reported.
+them as typed rows, turned into columns per record type by `log_records` (core.trace makes the
+trace's tables of them, or a TraceWriter streams them). The scheduler writes nothing here: what is
+recorded is exactly what the engine reported.
+
+A simulator's decoders are not listed step by step (core.engine.scheduler): the log keeps each
+one's membership span instead (request r decodes at decode counter values [a, b), its output
+indices from e0) and the step each counter value ran in; `log_records` expands them into the same
+batch and token rows stepping would have listed, merged with the listed entries by step and
+running order (each entry's join number).
 """
 from __future__ import annotations
 
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -14,21 +20,22 @@ from core.engine.kvlog import KVLog, spread
 from core.engine.outputs import EngineOutputs, StepRecord
 from core.engine.outputs import Preemption as PreemptRecord
 
-StepRun = StepRecord  # a fast-forwarded run: the same fields, one array each
-
 
 class BatchPart(NamedTuple):
-    step: int | np.ndarray          # one step, or (fast-forward) the steps the same batch repeats in
+    step: int
     reqs: np.ndarray
     num_tokens: np.ndarray
     is_prefill: np.ndarray
+    joins: np.ndarray | None        # each entry's join number (running order), where decoders are counted
 
 
 class TokenPart(NamedTuple):
     reqs: np.ndarray
     index: np.ndarray               # output position of each token
-    t_ms: float | np.ndarray
+    t_ms: float
     token_ids: np.ndarray | None    # None: ids unknown (simulated)
+    step: int
+    joins: list | None = None       # each token's request's join number, where decoders are counted
 
 
 class FinishRecord(NamedTuple):   # (core.engine.outputs.Finish is one too: the same first fields)
@@ -41,71 +48,109 @@ class StepLog:
     """Columnar record of what the scheduler did (turned into a trace by core.trace)."""
 
     def __init__(self, record_kv: bool = True):
+        self.kv = KVLog() if record_kv else None   # None: KV block events are not recorded
+        self.open: dict[int, tuple[int, int, int]] = {}   # decoder -> (join number, first counter value, e0)
+        self.counter0 = 0                           # the decode counter's value at counter_step[0]
+        self.clear()
+
+    def clear(self):
+        """Forget every record (a streaming writer has taken them); the run continues (open
+        decoder spans go on from where the records end)."""
         self.steps: list[StepRecord] = []
         self.batch_parts: list[BatchPart] = []
         self.token_parts: list[TokenPart] = []
         self.finishes: list[FinishRecord] = []
         self.preempts: list[PreemptRecord] = []
-        self.kv = KVLog() if record_kv else None   # None: KV block events are not recorded
         self.token_sources: list = []            # per token part: codes into TOKEN_SOURCES, or None (sampled)
         self.other: list[dict] = []              # verbatim events (spec, tiles)
+        self.spans: list[tuple[int, int, int, int, int]] = []   # closed: (req, join, a, b, e0)
+        if getattr(self, "counter_step", None):
+            d = self.counter0 + len(self.counter_step)
+            self.open = {r: (j, d, e0 + d - a) for r, (j, a, e0) in self.open.items()}
+            self.counter0 = d
+        self.counter_step: list[int] = []        # step of each counter value from counter0
+        self.counter_end: list[float] = []       # ... its end
+        if self.kv is not None:
+            self.kv.clear()
 
     def record(self, out: EngineOutputs):
-        """Observe one EngineOutputs (an engine core calls this for each): its step or run of
-        steps, batch, tokens, finishes, preemptions, KV block events and verbatim events."""
+        """Observe one EngineOutputs (an engine core calls this for each): its step, batch,
+        tokens, finishes, preemptions, decoders that started or stopped, KV block events and
+        verbatim events."""
         if out.finished:
             self.finishes += out.finished
         if out.preempted:
             self.preempts += out.preempted
         if out.kv_events and self.kv is not None:
             self.kv.extend(out.kv_events)
+        if out.left:
+            for r, b, _ in out.left:
+                j, a, e0 = self.open.pop(r)
+                if b > a:
+                    self.spans.append((r, j, a, b, e0))
         rec = out.record
-        if rec is None:
-            return
-        b = out.step
-        self.steps.append(rec)
-        if type(rec.step) is np.ndarray and len(out.token_reqs) != len(rec.step) * len(b.reqs):
-            # a run through finishes: each step's batch is the requests still decoding, one token
-            # each (its tokens, step by step)
-            k = len(out.token_reqs)
-            self.batch_parts.append(BatchPart(PerRow(np.repeat(rec.step, rec.running)), out.token_reqs,
-                                              np.ones(k, dtype=np.int64), np.zeros(k, dtype=bool)))
-        else:
-            self.batch_parts.append(BatchPart(rec.step, b.reqs, b.num_tokens, b.is_prefill))
-        self.token_parts.append(TokenPart(out.token_reqs, out.token_index,
-                                          out.t_ms if out.token_t_ms is None else out.token_t_ms, out.token_ids))
-        self.token_sources.append(out.token_sources)
-        if out.events:
-            self.other.extend(out.events)
+        if rec is not None:
+            b = out.step
+            self.steps.append(rec)
+            if out.decoded is not None:
+                if type(rec.step) is np.ndarray:   # a run of decode steps (Scheduler.advance)
+                    self.counter_step.extend(rec.step.tolist())
+                    self.counter_end.extend((rec.t_ms + rec.dur_ms).tolist())
+                else:
+                    self.counter_step.append(rec.step)
+                    self.counter_end.append(out.t_ms)
+            if len(b.reqs):
+                self.batch_parts.append(BatchPart(rec.step, b.reqs, b.num_tokens, b.is_prefill, b.join_no))
+            if len(out.token_reqs):
+                joins = None
+                if b.join_no is not None:   # (each listed token's request's join number: running order)
+                    jm = dict(zip(b.reqs, b.join_no))
+                    joins = [jm[r] for r in out.token_reqs]
+                self.token_parts.append(TokenPart(out.token_reqs, out.token_index, out.t_ms, out.token_ids,
+                                                  rec.step, joins))
+                self.token_sources.append(out.token_sources)
+            if out.events:
+                self.other.extend(out.events)
+        if out.entered:
+            for r, j, a, e0 in out.entered:
+                self.open[r] = (j, a, e0)
 
-    def clear(self):
-        """Forget every record (a streaming writer has taken them); the run continues."""
-        self.steps, self.batch_parts, self.token_parts = [], [], []
-        self.finishes, self.preempts, self.token_sources, self.other = [], [], [], []
-        if self.kv is not None:
-            self.kv.clear()
+    def decoder_rows(self, width: int) -> tuple[np.ndarray, ...] | None:
+        """The decoders' rows as stepping would list them, in step order then running order (the key
+        step x `width` + join number, ascending): (key, step, req, output index, time) per token;
+        None without decoders. Open spans count up to the counter's value now. The keys are built
+        span by span and sorted as values; every other column comes from the key."""
+        spans = list(self.spans)
+        d_now = self.counter0 + len(self.counter_step)
+        spans += [(r, j, a, d_now, e0) for r, (j, a, e0) in self.open.items() if d_now > a]
+        if not spans:
+            return None
+        sp = np.array(spans, dtype=np.int64)
+        sp = sp[np.lexsort((sp[:, 2], sp[:, 1]))]         # by join number, then first counter value
+        k = sp[:, 3] - sp[:, 2]
+        cs = np.array(self.counter_step, dtype=np.int64)
+        d = np.repeat(sp[:, 2] - self.counter0, k) + (np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k))
+        key = cs[d] * width + np.repeat(sp[:, 1], k)
+        del d
+        key.sort()
+        step, join = np.divmod(key, width)
+        reqs = np.zeros(int(sp[:, 1].max()) + 1, dtype=np.int64)
+        reqs[sp[:, 1]] = sp[:, 0]
+        d = np.searchsorted(cs, step) + self.counter0        # each row's counter value
+        top = int(d.max()) + 1
+        s = np.searchsorted(sp[:, 1] * top + sp[:, 2], join * top + d, side="right") - 1   # its span
+        idx = (sp[:, 4] - sp[:, 2])[s] + d
+        return key, step, reqs[join], idx, np.array(self.counter_end, dtype=np.float64)[d - self.counter0]
 
 
 LOG_STEP_FIELDS = ("step", "t_ms", "dur_ms", "running", "waiting", "kv_used_blocks", "kv_free_blocks")
 STEP_DTYPES = {name: (float if name in ("t_ms", "dur_ms") else np.int64) for name in LOG_STEP_FIELDS}
 
 
-# Fast-forwarded runs are expanded one by one (numpy calls per run) when a log has few of them
-# for its size, all together with whole-column gathers (work per row) when it has many: a serial
-# or static policy has thousands, and one np.tile each cost a third of building its trace. The
-# ratios are the measured costs of the two ways (bench.engine_core).
-ROWS_PER_RUN = 1000       # batch rows that cost as much to gather as one run's np.tile calls
-ENTRIES_PER_RUN = 10      # step entries that cost as much to spread as one run's own part
-
-
 def _steps(entries: list) -> dict:
-    # Entries are single steps (scalars) or runs (arrays), in order.
-    lens = [len(e[0]) if type(e[0]) is np.ndarray else 1 for e in entries]
-    if (len(entries) - lens.count(1)) * ENTRIES_PER_RUN > len(entries):   # many runs: each field spread once
-        lens = np.array(lens, dtype=np.int64)
-        return {name: spread([e[i] for e in entries], lens, STEP_DTYPES[name])
-                for i, name in enumerate(LOG_STEP_FIELDS)}
-    parts, singles = [], []   # few: consecutive singles gathered into one part
+    """Entries are single steps (scalars) or runs of decode steps (arrays, one per field), in order:
+    consecutive single steps gathered into one part."""
+    parts, singles = [], []
     for e in entries:
         if type(e[0]) is not np.ndarray:
             singles.append(e)
@@ -120,44 +165,11 @@ def _steps(entries: list) -> dict:
             for i, name in enumerate(LOG_STEP_FIELDS)}
 
 
-class PerRow(NamedTuple):
-    """A BatchPart's `step` when its rows are of several steps, one each (a run through finishes:
-    each step's batch is the requests still decoding)."""
-    steps: np.ndarray
-
-
-def _batch_rows(parts) -> dict:
-    """The batch columns of the step log's parts: a part is one step's batch, or (a fast-forwarded
-    run) the same batch over an array of steps, repeated once per step, or rows with a step each
-    (PerRow)."""
-    steps, reqs, tokens, prefill = zip(*parts)
-    is_run = [type(s) is np.ndarray for s in steps]
-    per_row = [type(s) is PerRow for s in steps]
-    k = np.fromiter((len(s) if r else 1 for s, r in zip(steps, is_run)), np.int64, len(parts))
-    m = np.fromiter(map(len, reqs), np.int64, len(parts))             # rows of each part's batch
-    rows = m * k
-    if any(per_row):
-        steps = [s.steps if p else s for s, p in zip(steps, per_row)]
-    if sum(is_run) * ROWS_PER_RUN < int(rows.sum()):
-        if any(is_run):
-            reqs, tokens, prefill = ([np.tile(v, j) if r else v for v, j, r in zip(col, k.tolist(), is_run)]
-                                     for col in (reqs, tokens, prefill))
-            steps = [np.repeat(x, len(v) // len(x)) if r else x for x, v, r in zip(steps, reqs, is_run)]
-        lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
-        return {"step": spread(list(steps), lens, np.int64), "req": np.concatenate(reqs),
-                "tokens": np.concatenate(tokens), "kind": np.concatenate(prefill).astype(np.int8)}
-    pid = np.repeat(np.arange(len(parts)), rows)                      # each output row's part
-    pos = np.arange(int(rows.sum())) - np.repeat(np.cumsum(rows) - rows, rows)   # its place in the part
-    m_of = m[pid]
-    idx = (np.cumsum(m) - m)[pid] + pos % m_of                        # the batch entry it repeats
-    src = [s if type(s) is np.ndarray else np.array([s]) for s in steps]
-    n_src = np.fromiter(map(len, src), np.int64, len(src))
-    at = pos // m_of
-    if any(per_row):   # (a per-row part's rows each read their own step)
-        at = np.where(np.array(per_row)[pid], pos, at)
-    all_steps = np.concatenate(src).astype(np.int64)
-    return {"step": all_steps[(np.cumsum(n_src) - n_src)[pid] + at], "req": np.concatenate(reqs)[idx],
-            "tokens": np.concatenate(tokens)[idx], "kind": np.concatenate(prefill)[idx].astype(np.int8)}
+def _with_decoders(listed: dict, key: np.ndarray, dec: dict, dkey: np.ndarray) -> dict:
+    """The listed rows (their keys step x width + join number, ascending) placed among the decoders'
+    rows (already in key order): each column once, by insertion."""
+    at = np.searchsorted(dkey, key)
+    return {k: np.insert(dec[k], at, listed[k]) for k in listed}
 
 
 def log_records(log) -> dict:
@@ -167,25 +179,57 @@ def log_records(log) -> dict:
     block was hashed. Builds nothing per row in Python (core.trace turns it into tables, or a
     TraceWriter streams it)."""
     out = {}
+    joins_seen = [j for _, j, *_ in log.spans] + [j for j, _, _ in log.open.values()] if hasattr(log, "spans") else []
+    width = 0
+    if joins_seen:
+        width = max(joins_seen) + 2
+        for p in log.batch_parts:
+            if p.joins is not None and len(p.joins):
+                width = max(width, max(p.joins) + 2)
+    dec = log.decoder_rows(width) if width else None
+    batch = tokens = None
+    if log.batch_parts:
+        step, reqs, n, pre, joins = zip(*log.batch_parts)
+        lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
+        batch = {"step": np.repeat(np.array(step, dtype=np.int64), lens), "req": np.concatenate(reqs),
+                 "tokens": np.concatenate(n), "kind": np.concatenate(pre).astype(np.int8)}
+        if dec is not None:
+            batch_joins = np.concatenate([np.asarray(j, dtype=np.int64) if j is not None else np.full(m, -1, np.int64)
+                                          for j, m in zip(joins, lens.tolist())])
     if log.token_parts:
-        reqs, index, t, ids = zip(*log.token_parts)
+        reqs, index, t, ids, tstep, _ = zip(*log.token_parts)
         lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
         n = int(lens.sum())
-        # A part's time is one scalar (a step) or one per token (a fast-forwarded run of steps).
         tid = (spread([-1 if x is None else x for x in ids], lens, np.int64) if any(x is not None for x in ids)
                else np.full(n, -1, dtype=np.int64))
         src = getattr(log, "token_sources", None)
         codes = (spread([0 if c is None else c for c in src], lens, np.int8) if src and any(c is not None for c in src)
                  else np.zeros(n, dtype=np.int8))
-        out["token"] = {"t_ms": spread(list(t), lens, np.float64), "req": np.concatenate(reqs),
-                        "index": np.concatenate(index), "source": codes,
-                        "token_id": tid}
+        tokens = {"t_ms": spread(list(t), lens, np.float64), "req": np.concatenate(reqs),
+                  "index": np.concatenate(index), "source": codes, "token_id": tid}
+        token_step = np.repeat(np.array(tstep, dtype=np.int64), lens)
+    if dec is not None:
+        d_key, d_step, d_req, d_idx, d_t = dec
+        m = len(d_key)
+        d_batch = {"step": d_step, "req": d_req, "tokens": np.ones(m, np.int64), "kind": np.zeros(m, np.int8)}
+        batch = d_batch if batch is None else _with_decoders(batch, batch["step"] * width + batch_joins, d_batch,
+                                                             d_key)
+        d_tok = {"t_ms": d_t, "req": d_req, "index": d_idx, "source": np.zeros(m, np.int8),
+                 "token_id": np.full(m, -1, np.int64)}
+        if tokens is None:
+            tokens = d_tok
+        else:
+            tj = np.fromiter(chain.from_iterable(p.joins for p in log.token_parts), np.int64, len(token_step))
+            tokens = _with_decoders(tokens, token_step * width + tj, d_tok, d_key)
+    if tokens is not None:
+        out["token"] = tokens
     if log.finishes:
         req, t, reason = (list(c) for c in list(zip(*log.finishes))[:3])   # (req, t_ms, reason, ...)
         out["finish"] = {"t_ms": np.array(t, dtype=float), "req": np.array(req, dtype=np.int64), "reason": reason}
     if log.steps:
         out["step"] = _steps(log.steps)
-        out["batch"] = _batch_rows(log.batch_parts)
+        if batch is not None:
+            out["batch"] = batch
     if log.kv is not None and len(log.kv):
         out["kv"] = log.kv.columns()
     if log.preempts:

@@ -57,7 +57,7 @@ class StepTimeExecutor:
         if self.speed is not None:
             return None
         if self.step_model.shape_ms > 0:
-            sizes = {len(batch.reqs)} if counts is None else set(np.asarray(counts[:k]).tolist())
+            sizes = {int(batch.total_tokens)} if counts is None else set(np.asarray(counts[:k]).tolist())
             if not sizes <= self.sizes_run:
                 return None
         return self.step_model.decode_run_ms(batch, k, counts)
@@ -95,15 +95,19 @@ def token_span_ms(workload: Workload, config: SchedulerConfig, step_model: StepM
     first, last = np.full(n, np.inf), np.full(n, -np.inf)
 
     def tokens(out):
-        if len(out.token_reqs):
-            t = np.full(len(out.token_reqs), out.t_ms) if out.token_t_ms is None else out.token_t_ms
-            np.minimum.at(first, out.token_reqs, t)
-            np.maximum.at(last, out.token_reqs, t)
+        for i in out.token_reqs:    # (a few a step: the listed entries'; a decoder's first is listed)
+            if out.t_ms < first[i]:
+                first[i] = out.t_ms
+            if out.t_ms > last[i]:
+                last[i] = out.t_ms
+        for i, _, t_last in out.left:   # a decoder's last token: the end of the last step it decoded in
+            if t_last is not None and t_last > last[i]:
+                last[i] = t_last
     if config.spec_gamma:
         raise ConfigError("spec_gamma: the simulator does not model speculative acceptance; "
                           "capture speculative runs with gpu_runner")
     core = EngineCore(config, StepTimeExecutor(step_model or StepModel()), workload, record=False, kv_events=False,
-                      fast_forward=fast_forward)
+                      fast_forward=fast_forward, explicit_batches=False)
     core.observe(tokens)
     with _no_cyclic_gc():
         loop.run(core, loop.VirtualClock(float(workload.arrival_ms[0])))
@@ -214,7 +218,7 @@ def simulator(config: SchedulerConfig, step_model: StepModel | None = None, work
                           "capture speculative runs with gpu_runner")
     extra = {"scheduler": scheduler} if scheduler is not None else {}
     return EngineCore(config, StepTimeExecutor(step_model or StepModel(), speed), workload, record=True,
-                      kv_events=record_kv, fast_forward=fast_forward, **extra)
+                      kv_events=record_kv, fast_forward=fast_forward, explicit_batches=False, **extra)
 
 
 def _run(core: EngineCore, workload: Workload, label, created, speed: Speed | None = None) -> dict:

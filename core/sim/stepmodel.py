@@ -65,6 +65,9 @@ def _combine(coef, feats):
 
 
 def batch_features(batch: SchedulerOutput) -> np.ndarray:
+    a = batch.agg
+    if a is not None:   # (the same numbers: integer sums of the entries' counts and positions)
+        return np.array([1.0, float(a[0]), float(a[1]), a[2] / 1000.0, a[3] / 1000.0, float(a[4])])
     return step_features(batch.num_tokens, batch.start_pos, batch.is_prefill)
 
 
@@ -144,7 +147,8 @@ class StepModel:
         if self.kind == "features":
             return float(_combine(self.coefficients(), batch_features(batch)))
         # Attention reads the K/V of every position each new token attends to.
-        kv_positions = int((batch.start_pos * batch.num_tokens + batch.num_tokens * (batch.num_tokens + 1) // 2).sum())
+        a, n = batch.agg, batch.num_tokens
+        kv_positions = a[2] + a[3] if a is not None else int((batch.start_pos * n + n * (n + 1) // 2).sum())
         return self._roofline_ms(kv_positions, batch.total_tokens)
 
     def _roofline_ms(self, kv_positions: int, tokens: int) -> float:
@@ -172,16 +176,16 @@ class StepModel:
             if self.kind == "affine":   # (the same operations as duration_ms, elementwise)
                 return (self.base_ms + self.prefill_ms_per_token * 0) + self.decode_ms_per_seq * np.asarray(counts[:k])
             return None
+        a = batch.agg   # (a decode-only batch: n decoding sequences attending s0 positions in all)
+        n = a[1] if a is not None else len(batch.reqs)
         if self.kind == "features":   # each step every sequence attends one more position
-            n = len(batch.reqs)
-            s0 = float((batch.start_pos + 1).sum())
+            s0 = float(a[3] if a is not None else (batch.start_pos + 1).sum())
             zero = np.zeros(k)
             return _combine(self.coefficients(), (np.ones(k), zero, np.full(k, float(n)), zero,
                                                   (s0 + n * np.arange(k, dtype=float)) / 1000.0, zero))
         if self.kind != "roofline":
             return np.full(k, self._forward_ms(batch))
-        s0 = int((batch.start_pos + 1).sum())
-        n = len(batch.reqs)
+        s0 = a[3] if a is not None else int((batch.start_pos + 1).sum())
         return np.array([self._roofline_ms(s0 + n * j, n) for j in range(k)])
 
     def describe(self) -> str:

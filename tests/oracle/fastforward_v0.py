@@ -17,7 +17,7 @@ from core.engine.outputs import StepRecord
 
 if TYPE_CHECKING:
     from core.engine.outputs import SchedulerOutput
-    from core.engine.policies import SchedulerView
+    from tests.oracle.policies_v0 import SchedulerView
 
 
 class DecodeRun(NamedTuple):
