@@ -903,8 +903,6 @@ class Scheduler:
                                       token_sources, kv_events, events, decoded, entered, left))
 
 
-_NO = np.zeros(0, dtype=bool)
-_NO.flags.writeable = False
 
 
 class _Plan:
