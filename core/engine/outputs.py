@@ -74,14 +74,14 @@ class ExecutorOutput:
 
 class StepRecord(NamedTuple):
     """A step as the trace records it: when it started, how long it took, and the engine's
-    gauges when it was planned. One row, or (a fast-forwarded run of steps) one array each."""
-    step: int | np.ndarray
-    t_ms: float | np.ndarray        # step start
-    dur_ms: float | np.ndarray
-    running: int | np.ndarray
-    waiting: int | np.ndarray
-    kv_used_blocks: int | np.ndarray
-    kv_free_blocks: int | np.ndarray
+    gauges when it was planned. One row, or (a fast-forwarded run of steps) one list each."""
+    step: int | list
+    t_ms: float | list        # step start
+    dur_ms: float | list
+    running: int | list
+    waiting: int | list
+    kv_used_blocks: int | list
+    kv_free_blocks: int | list
 
 
 class Preemption(NamedTuple):

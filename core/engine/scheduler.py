@@ -609,7 +609,7 @@ class Scheduler:
         cancellation or (a fleet) time a request could be routed here, or a step whose new blocks
         the pool cannot give. The steps differ only in positions and times: their durations come at
         once (`durations(k)`: the executor's, or None when it prices step by step), their blocks in
-        running order step by step (the block calendar), and their outputs as arrays (one record
+        running order step by step (the block calendar), and their outputs as lists (one record
         row per step). Returns None (the step completes as usual) where fewer than two steps would
         run. The same trace as stepping (tests/test_oracle.py)."""
         plan, nd = self._step_plan
@@ -628,44 +628,58 @@ class Scheduler:
         d = durations(K)
         if d is None:
             return None
-        d = np.asarray(d, dtype=np.float64)
-        at = np.cumsum(np.concatenate(([batch.t_ms], d)))   # (sequential sums: bit-identical to t += d)
-        starts = at[:-1]
-        K = min(K, int(np.searchsorted(starts, limit, side="left")))   # a step that would admit or cancel
-        cross = [self._cross[(D + k) % bs] for k in range(1, K)]
-        need = np.cumsum([len(c) for c in cross]) if cross else np.zeros(0, dtype=_INT)
-        over = np.flatnonzero(need > kv.num_free)
-        if len(over):
-            K = int(over[0]) + 1
+        # Python lists: a run is a few steps apart from long idle stretches (numpy's per-call cost
+        # dominated); starts are sequential sums, bit-identical to t += d
+        d = d.tolist() if hasattr(d, "tolist") else list(d)
+        starts, t_at = [], batch.t_ms
+        for x in d[:K]:
+            if t_at >= limit and starts:   # a step that would admit or cancel: not in the run
+                break
+            starts.append(t_at)
+            t_at += x
+        K = len(starts)
         if K < 2:
             return None
-        starts, ends, d = starts[:K], at[1:K + 1], d[:K]
-        owners = [i for c in cross[:K - 1] for i in (e[1] for e in c)]
-        times = np.repeat(starts[1:], [len(c) for c in cross[:K - 1]]).tolist()
-        if owners and not kv.append_blocks(owners, times):
-            for k in range(1, K):   # some block must be evicted: step by step, exactly
-                if cross[k - 1]:
-                    kv.now_ms = float(starts[k])
-                    kv.grow_one_each([e[1] for e in cross[k - 1]])
+        cross, need, free, n = self._cross, [], kv.num_free, 0
+        owners = []
+        for k in range(1, K):
+            c = cross[(D + k) % bs]
+            if c:
+                if n + len(c) > free:   # the pool cannot give this step's blocks: the run ends before it
+                    K = k
+                    break
+                n += len(c)
+                owners += [e[1] for e in c]
+            need.append(n)
+        if K < 2:
+            return None
+        del starts[K:], d[K:], need[K - 1:]
+        t_end = starts[-1] + d[-1]
+        if owners:
+            times = [s_ for k, s_ in enumerate(starts[1:], 1) for _ in range(len(cross[(D + k) % bs]))]
+            if not kv.append_blocks(owners, times):
+                for k in range(1, K):   # some block must be evicted: step by step, exactly
+                    c = cross[(D + k) % bs]
+                    if c:
+                        kv.now_ms = starts[k]
+                        kv.grow_one_each([e[1] for e in c])
         running, waiting, used0, _ = self._step_gauges
-        used = used0 + np.r_[0, need[:K - 1]].astype(_INT)
-        steps = np.arange(self.step, self.step + K, dtype=_INT)
-        rec = StepRecord(steps, starts, d, np.full(K, running, dtype=_INT), np.full(K, waiting, dtype=_INT),
-                         used, kv.num_blocks - used)
+        used = [used0] + [used0 + x for x in need]
+        total = kv.num_blocks
+        rec = StepRecord(list(range(self.step, self.step + K)), starts, d, [running] * K, [waiting] * K,
+                         used, [total - u for u in used])
         self.D += K
         self.step += K
-        t_end = float(ends[-1])
         self._last_dec_t = t_end
         kv.now_ms = t_end
         due = self._fin.pop(D + K - 1, None)
         if due:
             self._finish_emitted([e[1] for e in sorted(due)], [], t_end)
         # what each step left behind (running, waiting, KV blocks used): a fleet's router hears them
-        self.run_after = (np.r_[np.full(K - 1, running, dtype=_INT), len(self._run)], rec.waiting,
-                          np.r_[used[:-1], kv.num_used])
+        self.run_after = ([running] * (K - 1) + [len(self._run)], rec.waiting, used[:-1] + [kv.num_used])
         self._step_plan = None
         self._step_gauges = None
-        return self.take_outputs(t_end, batch, float(d[0]), record=rec, decoded=(D, nd))
+        return self.take_outputs(t_end, batch, d[0], record=rec, decoded=(D, nd))
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
     def update(self, batch: SchedulerOutput, out: ExecutorOutput) -> EngineOutputs:

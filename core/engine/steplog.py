@@ -93,9 +93,9 @@ class StepLog:
             b = out.step
             self.steps.append(rec)
             if out.decoded is not None:
-                if type(rec.step) is np.ndarray:   # a run of decode steps (Scheduler.advance)
-                    self.counter_step.extend(rec.step.tolist())
-                    self.counter_end.extend((rec.t_ms + rec.dur_ms).tolist())
+                if type(rec.step) is list:   # a run of decode steps (Scheduler.advance)
+                    self.counter_step.extend(rec.step)
+                    self.counter_end.extend([t + d for t, d in zip(rec.t_ms, rec.dur_ms)])
                 else:
                     self.counter_step.append(rec.step)
                     self.counter_end.append(out.t_ms)
@@ -148,11 +148,11 @@ STEP_DTYPES = {name: (float if name in ("t_ms", "dur_ms") else np.int64) for nam
 
 
 def _steps(entries: list) -> dict:
-    """Entries are single steps (scalars) or runs of decode steps (arrays, one per field), in order:
+    """Entries are single steps (scalars) or runs of decode steps (lists, one per field), in order:
     consecutive single steps gathered into one part."""
     parts, singles = [], []
     for e in entries:
-        if type(e[0]) is not np.ndarray:
+        if type(e[0]) is not list:
             singles.append(e)
             continue
         if singles:

@@ -423,18 +423,18 @@ class FleetSim:
                 self.replicas[self.decode_of[row]].tell(f.t_ms, "requests", -1, self._seq)
         if out.step is not None:
             rec = out.record
-            if type(rec.step) is np.ndarray and len(rec.step) > 1:
+            if type(rec.step) is list and len(rec.step) > 1:
                 # a fast-forwarded run: the router hears each step's end, as when stepping them
                 # one by one (what each step left: the scheduler's run_after)
-                running, waiting, used = (a[:-1].tolist() for a in rep.sched.run_after)
-                for t, n, w, u in zip(rec.t_ms[1:].tolist(), running, waiting, used):
+                running, waiting, used = (a[:-1] for a in rep.sched.run_after)
+                for t, n, w, u in zip(rec.t_ms[1:], running, waiting, used):
                     rep.tell(t, "gauges", (n, w, u), self._seq)
             g = out.gauges
             rep.tell(t_end, "gauges", (g[0], g[1], g[2]), self._seq)
         if rep.kv_news:
             news, rep.kv_news = rep.kv_news, []
             rec = out.record
-            if rec is not None and type(rec.step) is np.ndarray and len(rec.step) > 1:
+            if rec is not None and type(rec.step) is list and len(rec.step) > 1:
                 # a run: each event told at the end of the step it happened in, as when stepping
                 # (an eviction at a step's start belongs to that step; a store at its end too)
                 ends = np.r_[rec.t_ms[1:], t_end]
