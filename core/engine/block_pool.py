@@ -123,13 +123,17 @@ class BlockPool:
         if self.prefix is None:
             self.free_plain.extend(blocks if not refs.any() else arr[refs == 0].tolist())
             return arr, refs, None
-        hashes = [self.prefix.hash[b] for b in blocks]
+        hashes = list(map(self.prefix.hash.get, blocks))   # (get: no __missing__ call per uncached block)
+        plain, park = self.free_plain, self.prefix.park
+        if not refs.any() and hashes.count(None) == len(hashes):   # (the common case: none shared or cached)
+            plain.extend(blocks)
+            return arr, refs, hashes
         for b, h, r in zip(blocks, hashes, refs.tolist()):
             if r == 0:
                 if h is None:
-                    self.free_plain.append(b)
+                    plain.append(b)
                 else:
-                    self.prefix.park(b)
+                    park(b)
         return arr, refs, hashes
 
     def decref(self, block: int):
