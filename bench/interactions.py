@@ -8,10 +8,12 @@ Streamlit server on 127.0.0.1, one after the other, the same headless Chromium, 
   next ones (the median of clicks 2-4).
 - replay Play off: Play on for two ticks, then off; the time from the click that turns it off.
 - replay "Upload a file…": choosing the upload entry of the trace list.
+- Fleet page, Poisson 10000 (issue 50): the router policy changed to one this server has not run yet
+  (its simulation and every chart of the page included), after the page opened on that workload.
 - exports (CSV): the sidebar's "Slides and handouts" CSV zip of the replay view (SVG/PNG render every
   figure in Chromium through kaleido: timed too, reported apart).
 
-    python -m bench.interactions [--base REV] [--repeat 3] [--only kv,step,steps,play,upload,csv,svg]
+    python -m bench.interactions [--base REV] [--repeat 3] [--only kv,step,steps,play,upload,csv,svg,fleet]
 
 Needs Playwright and /usr/bin/chromium. Timings need an otherwise idle machine.
 """
@@ -136,10 +138,36 @@ def export(fmt: str):
     return run
 
 
+# routers a fleet case switches to, one not run yet on this server each time (the page starts on prefix-aware)
+FLEET_ROUTERS = ["least-requests", "least-kv", "round-robin", "power-of-two", "random", "weighted"]
+_fleet_runs = {}
+
+
+def fleet_router(browser, url):
+    context, page = _open(browser, url)
+    page.goto(f"{url}/fleet?fl_wl=Poisson+10000")
+    page.wait_for_selector("[data-testid='stMain']")
+    page.wait_for_function("() => window.__state.some(([s]) => s === 'notRunning')")
+    _settled(page)
+    k = _fleet_runs[url] = _fleet_runs.get(url, -1) + 1
+    box = page.locator(".st-key-fl_pol").get_by_role("combobox")
+
+    name = FLEET_ROUTERS[k % len(FLEET_ROUTERS)]
+
+    def choose():
+        box.click()
+        box.fill(name)
+        page.get_by_role("option", name=name, exact=True).click()
+    took = _timed(page, choose)
+    context.close()
+    return took
+
+
 CASES = {"kv": ("KV page load", kv_load), "step": ("replay step ▶ (first)", step),
          "steps": ("replay step ▶ (next ones)", steps_after), "play": ("replay Play off", play_off),
          "upload": ("replay 'Upload a file…'", upload_choice), "csv": ("export tables (CSV zip)", export("csv")),
-         "svg": ("export figures (SVG zip)", export("svg"))}
+         "svg": ("export figures (SVG zip)", export("svg")),
+         "fleet": ("Fleet page: router change", fleet_router)}
 
 
 def measure(browser, url: str, cases: list[str], repeat: int) -> dict:

@@ -112,7 +112,7 @@ class InMemory:
             return _Columns(tr.steps), len(tr.steps)
         if name == "kv_event":
             kv = tr.kv_events
-            return {"op": kv["op"].astype(str).to_numpy(dtype=object), "hash": kv["hash"].to_numpy()}, len(kv)
+            return {"op": _str_objects(kv["op"]), "hash": kv["hash"].to_numpy()}, len(kv)
         return self._fleet_relation(name)
 
     def _fleet_relation(self, name: str) -> tuple[dict, int]:
@@ -124,7 +124,7 @@ class InMemory:
             for c in {"replica_finish": ("t_ms", "req"), "replica_step": ("t_ms", "dur_ms"), "replica_kv": ()}[name]:
                 env[c] = df[c].to_numpy(dtype=float) if c != "req" else df[c].to_numpy()
             if name == "replica_kv":
-                env["op"] = df["op"].astype(str).to_numpy(dtype=object)
+                env["op"] = _str_objects(df["op"])
             return env, len(df)
         if name == "replica_preempt":
             p = tr.preempts
@@ -503,3 +503,12 @@ def delivery_bursts(trace, metrics: pd.DataFrame | None = None) -> pd.DataFrame:
         burst = (n >= 2) & (decode >= BURST_MIN_DECODE_MS) & (client < BURST_FRACTION * decode)
     return pd.DataFrame({"id": m["id"].to_numpy()[burst], "output_tokens": n[burst],
                          "client first→last token ms": client[burst], "engine decode ms": decode[burst]})
+
+
+def _str_objects(col) -> np.ndarray:
+    """A column's values as an object array of str (missing: NaN), as `col.astype(str)` gives them;
+    a categorical one by its codes, without a string per row."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        names = np.array([str(c) for c in col.cat.categories] + [np.nan], dtype=object)
+        return names[col.cat.codes.to_numpy()]
+    return col.astype(str).to_numpy(dtype=object)
