@@ -141,8 +141,9 @@ def _no_cyclic_gc():
 def reuse_freed_memory():
     """Long runs allocate and free many large arrays; glibc returns each to the OS and the
     next one page-faults fresh memory (a third of a 40k-request run's time went to system
-    time). Raise glibc's mmap and trim thresholds so freed memory is reused. Process-wide,
-    so only the command line calls it; a no-op where glibc is absent."""
+    time). Raise glibc's mmap and trim thresholds so freed memory is reused (the process keeps
+    its peak heap). Process-wide, so only the command line and the app server's startup
+    (ui.heap.freeze_startup_heap) call it; a no-op where glibc is absent."""
     import ctypes
     import ctypes.util
     try:
