@@ -630,7 +630,7 @@ class Scheduler:
             return None
         # Python lists: a run is a few steps apart from long idle stretches (numpy's per-call cost
         # dominated); starts are sequential sums, bit-identical to t += d
-        d = d.tolist() if hasattr(d, "tolist") else list(d)
+        d = list(d)
         starts, t_at = [], batch.t_ms
         for x in d[:K]:
             if t_at >= limit and starts:   # a step that would admit or cancel: not in the run

@@ -30,6 +30,7 @@ request, not before the transfer.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import math
@@ -166,18 +167,26 @@ class _Replica:
     def signals_as_of(self, t_ms: float) -> None:
         news, seen = self.news, self.seen
         while news and news[0][0] <= t_ms:
-            t, _, kind, v = heapq.heappop(news)
+            t, seq, kind, v = heapq.heappop(news)
             if kind == "requests":
                 seen["requests"] += v
             elif kind == "gauges":
                 seen["running"], seen["waiting"], seen["kv_used"] = v
+            elif kind == "run":   # a run of steps' gauges, each as of its step's end: those due now at once
+                times, j = v[0], v[4]
+                k = bisect.bisect_right(times, t_ms, j)
+                seen["running"], seen["waiting"], seen["kv_used"] = v[1][k - 1], v[2][k - 1], v[3][k - 1]
+                t = times[k - 1]
+                if k < len(times):   # the rest when due (no other gauges of this replica fall among them)
+                    heapq.heappush(news, (times[k], seq, kind, v[:4] + (k,)))
             else:   # "kv": hash events
                 for sign, h in v:
                     if sign > 0:
                         self.cached.add(h)
                     else:
                         self.cached.discard(h)
-            self.seen_t = t
+            if t > self.seen_t:   # (the latest news heard: a run's last due step may be later than what follows it)
+                self.seen_t = t
 
 
 class _Seen(list):
@@ -424,11 +433,10 @@ class FleetSim:
         if out.step is not None:
             rec = out.record
             if type(rec.step) is list and len(rec.step) > 1:
-                # a fast-forwarded run: the router hears each step's end, as when stepping them
-                # one by one (what each step left: the scheduler's run_after)
+                # a run of steps: the router hears each step's end, as when stepping them one by
+                # one (what each step left: the scheduler's run_after), told once for the run
                 running, waiting, used = (a[:-1] for a in rep.sched.run_after)
-                for t, n, w, u in zip(rec.t_ms[1:], running, waiting, used):
-                    rep.tell(t, "gauges", (n, w, u), self._seq)
+                rep.tell(rec.t_ms[1], "run", (rec.t_ms[1:], running, waiting, used, 0), self._seq)
             g = out.gauges
             rep.tell(t_end, "gauges", (g[0], g[1], g[2]), self._seq)
         if rep.kv_news:

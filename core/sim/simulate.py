@@ -50,17 +50,15 @@ class StepTimeExecutor:
             raise ConfigError(f"step model gave a non-positive step duration ({dur} ms)")
         return ExecutorOutput(batch.t_ms + dur, dur)
 
-    def run_durations(self, batch: SchedulerOutput, k: int, counts: np.ndarray | None = None) -> np.ndarray | None:
-        """A run of decode steps priced at once (fast-forward), or None: then each is stepped. A
-        run that would meet a batch size not yet run is stepped (its first-use cost is priced once),
+    def run_durations(self, batch: SchedulerOutput, k: int) -> list[float] | None:
+        """A run of decode steps priced at once (Scheduler.advance), or None: then each is stepped. A
+        run whose batch size (tokens) was not yet run is stepped (its first-use cost is priced once),
         and so is every step under a speed that changes over the run."""
         if self.speed is not None:
             return None
-        if self.step_model.shape_ms > 0:
-            sizes = {int(batch.total_tokens)} if counts is None else set(np.asarray(counts[:k]).tolist())
-            if not sizes <= self.sizes_run:
-                return None
-        return self.step_model.decode_run_ms(batch, k, counts)
+        if self.step_model.shape_ms > 0 and int(batch.total_tokens) not in self.sizes_run:
+            return None
+        return self.step_model.decode_run_ms(batch, k)
 
 
 def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel | None = None,

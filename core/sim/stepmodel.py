@@ -157,36 +157,28 @@ class StepModel:
         flops = 2.0 * m.params * tokens
         return self.base_ms + 1000.0 * max(bytes_moved / g.bandwidth_Bps, flops / g.flops)
 
-    def decode_run_ms(self, batch: SchedulerOutput, k: int, counts: np.ndarray | None = None) -> np.ndarray | None:
+    def decode_run_ms(self, batch: SchedulerOutput, k: int) -> list[float]:
         """Durations of `batch` (all one-token decodes) repeated k times, positions advancing
-        by one each step; equal to duration_ms of each of those steps. `counts`: step j runs only
-        counts[j] of the batch's requests (the others have finished): the durations where the
-        model prices a decode-only step by its count alone (constant, affine), else None. (The
-        steps after the first follow without a pause: a wake-up cost is the first's alone.)"""
-        out = self._run_ms(batch, k, counts)
-        if out is not None and self.wake_ms > 0 and batch.idle_ms > 0 and k > 0:
-            out = np.array(out, dtype=float)
+        by one each step; equal to duration_ms of each of those steps (a list: a run is often a
+        few steps, where numpy's per-call cost dominated). The steps after the first follow
+        without a pause: a wake-up cost is the first's alone."""
+        out = self._run_ms(batch, k)
+        if self.wake_ms > 0 and batch.idle_ms > 0 and k > 0:
             out[0] += self.wake(batch.idle_ms)
         return out
 
-    def _run_ms(self, batch: SchedulerOutput, k: int, counts: np.ndarray | None = None) -> np.ndarray | None:
-        if counts is not None:
-            if self.kind == "constant":
-                return np.full(k, self.step_ms)
-            if self.kind == "affine":   # (the same operations as duration_ms, elementwise)
-                return (self.base_ms + self.prefill_ms_per_token * 0) + self.decode_ms_per_seq * np.asarray(counts[:k])
-            return None
+    def _run_ms(self, batch: SchedulerOutput, k: int) -> list[float]:
         a = batch.agg   # (a decode-only batch: n decoding sequences attending s0 positions in all)
         n = a[1] if a is not None else len(batch.reqs)
         if self.kind == "features":   # each step every sequence attends one more position
             s0 = float(a[3] if a is not None else (batch.start_pos + 1).sum())
             zero = np.zeros(k)
             return _combine(self.coefficients(), (np.ones(k), zero, np.full(k, float(n)), zero,
-                                                  (s0 + n * np.arange(k, dtype=float)) / 1000.0, zero))
+                                                  (s0 + n * np.arange(k, dtype=float)) / 1000.0, zero)).tolist()
         if self.kind != "roofline":
-            return np.full(k, self._forward_ms(batch))
+            return [float(self._forward_ms(batch))] * k
         s0 = a[3] if a is not None else int((batch.start_pos + 1).sum())
-        return np.array([self._roofline_ms(s0 + n * j, n) for j in range(k)])
+        return [self._roofline_ms(s0 + n * j, n) for j in range(k)]
 
     def describe(self) -> str:
         out = self._describe()
