@@ -381,9 +381,10 @@ def _fit_report(a, sm, report) -> int:
 
 
 def cmd_simulate(a) -> int:
-    from core.sim.simulate import simulate
+    from core.sim.simulate import reuse_freed_memory, simulate
     from core.workload import load_workload
     check_writable(a.out, "--out")
+    reuse_freed_memory()   # (one engine or a fleet, in memory or streamed: freed pages reused)
     w = load_workload(a.workload)
     cfg = from_args(SchedulerConfig, a)
     sm, fit_report = _step_model(a)
@@ -391,8 +392,7 @@ def cmd_simulate(a) -> int:
         return _simulate_fleet(a, w, cfg, sm, fit_report)
     _fleet_flags_unused(a, False)
     if a.out.endswith(".parquet"):  # streamed: the trace is written while it is simulated
-        from core.sim.simulate import reuse_freed_memory, simulate_to_parquet
-        reuse_freed_memory()
+        from core.sim.simulate import simulate_to_parquet
         got = {}
         write_output(a.out, lambda p: got.update(zip(("meta", "counts"), simulate_to_parquet(
             w, cfg, str(p), sm, label=a.label))), "--out")

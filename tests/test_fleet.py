@@ -383,3 +383,5 @@ def test_fast_forward_changes_nothing_in_a_fleet(shape, policy, staleness):
     assert len(fast.steps) == len(slow.steps) and len(fast.tokens) == sum(r.max_output_tokens for r in w.requests)
     for t in TABLES:
         pd.testing.assert_frame_equal(getattr(fast, t).reset_index(drop=True), getattr(slow, t).reset_index(drop=True))
+    # the route events too: each decision's signals as the router saw them, and as of when
+    assert fast.events_of("route") == slow.events_of("route")
