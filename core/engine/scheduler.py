@@ -110,7 +110,6 @@ class Scheduler:
         self.D = 0                         # the decode counter: steps the decoders decoded in
         self._dsum = 0                     # sum of the decoders' bases
         self._dec_ids = 0                  # decoders whose filled blocks go into the prefix cache
-        self.run_after = None              # after an advance: per step (running, waiting, KV used) it left
         self._held_back = False            # the planned step preempted with requests waiting
         bs = config.block_size
         self._cross: list[list[tuple[int, int, int]]] = [[] for _ in range(bs)]   # (join, req, stint), join order
@@ -675,8 +674,6 @@ class Scheduler:
         due = self._fin.pop(D + K - 1, None)
         if due:
             self._finish_emitted([e[1] for e in sorted(due)], [], t_end)
-        # what each step left behind (running, waiting, KV blocks used): a fleet's router hears them
-        self.run_after = ([running] * (K - 1) + [len(self._run)], rec.waiting, used[:-1] + [kv.num_used])
         self._step_plan = None
         self._step_gauges = None
         return self.take_outputs(t_end, batch, d[0], record=rec, decoded=(D, nd))

@@ -434,9 +434,11 @@ class FleetSim:
             rec = out.record
             if type(rec.step) is list and len(rec.step) > 1:
                 # a run of steps: the router hears each step's end, as when stepping them one by
-                # one (what each step left: the scheduler's run_after), told once for the run
-                running, waiting, used = (a[:-1] for a in rep.sched.run_after)
-                rep.tell(rec.t_ms[1], "run", (rec.t_ms[1:], running, waiting, used, 0), self._seq)
+                # one, told once for the run. What each step but the last left behind is its own
+                # record (blocks are taken as a step starts; nobody joins or leaves before the last);
+                # the last's, the gauges below
+                rep.tell(rec.t_ms[1], "run", (rec.t_ms[1:], rec.running[:-1], rec.waiting[:-1], rec.kv_used_blocks[:-1],
+                                              0), self._seq)
             g = out.gauges
             rep.tell(t_end, "gauges", (g[0], g[1], g[2]), self._seq)
         if rep.kv_news:
