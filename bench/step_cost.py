@@ -1,6 +1,9 @@
 """What one simulated step costs in Python (issue 50's "<= 15 us per simulated step"), counted.
 
-    python -m bench.step_cost [--requests 10000] [--rate 50] [--repeat 3]
+    python -m bench.step_cost [--requests 10000] [--rate 50] [--repeat 3] [--both ROUNDS]
+
+--both: the engine compiled (setup.py) and from source, alternately, each in its own process
+(calls per step count only the Python functions cProfile sees: compiled ones are not among them).
 
 Workload and engine as bench.vs_vidur runs them: N requests, Poisson `--rate`/s, prompts uniform
 1..2,048, outputs 1..512 (bench.simulate.poisson_workload, seed 0); continuous batching, 256
@@ -19,10 +22,14 @@ work (requests joining, finishing, KV blocks taken). Nothing is asserted.
 """
 import argparse
 import cProfile
+import os
 import pstats
+import subprocess
+import sys
 import time
 
 from bench.simulate import poisson_workload
+from core import compiled
 from core.config import SchedulerConfig
 from core.engine import loop
 from core.engine.steplog import log_records
@@ -59,7 +66,11 @@ def main():
     ap.add_argument("--requests", type=int, default=10_000)
     ap.add_argument("--rate", type=float, default=50.0)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--both", type=int, default=0, metavar="ROUNDS",
+                    help="run compiled and from source alternately, ROUNDS times each, in their own processes")
     a = ap.parse_args()
+    if a.both:
+        return both([f"--requests={a.requests}", f"--rate={a.rate}", f"--repeat={a.repeat}"], a.both)
     w = poisson_workload(a.requests, a.rate)
     run_once(w, True, True)   # warm (imports, caches)
     rows = []
@@ -77,7 +88,8 @@ def main():
     kv = recs.get("kv") or {}
     blocks = int((kv["op"] == KV_OPS.index("alloc")).sum()) if kv.get("op") is not None else None
     steps = log_core.scheduler.step
-    print(f"{a.requests:,} requests (Poisson {a.rate:g}/s), {steps:,} simulated steps; best of {a.repeat}")
+    print(f"{a.requests:,} requests (Poisson {a.rate:g}/s), {steps:,} simulated steps; best of {a.repeat}; "
+          f"engine {compiled.STATE}")
     print(f"{'loop':<36} {'s':>7} {'steps':>8} {'us/step':>8} {'calls/step':>10}")
     for name, s, n, us, c in rows:
         print(f"{name:<36} {s:7.3f} {n:8,} {us:8.1f} {c:10.1f}")
@@ -85,6 +97,23 @@ def main():
     print(f"events per step: {a.requests / steps:.2f} joins, {a.requests / steps:.2f} finishes"
           + (f", {blocks / steps:.2f} KV blocks taken" if blocks is not None else ""))
     print("issue 50's target: <= 15 us per simulated step on this workload")
+
+
+def both(argv: list[str], rounds: int):
+    """The bench run alternately compiled and from source (SERVING_EXPLORER_PURE), each in its own
+    process, `rounds` times each; prints each run and the recorded loop's ratio per round."""
+    if not compiled.STATE.startswith("compiled"):
+        raise SystemExit(f"--both needs the compiled engine (python setup.py build_ext --inplace): {compiled.STATE}")
+    env_src = {**os.environ, "SERVING_EXPLORER_PURE": "1"}
+    for r in range(rounds):
+        us = {}
+        for name, env in (("compiled", None), ("source", env_src)):
+            out = subprocess.run([sys.executable, "-m", "bench.step_cost", *argv], env=env, capture_output=True,
+                                 text=True, check=True).stdout
+            print(f"--- round {r + 1}, {name}\n{out}", end="")
+            row = next(ln for ln in out.splitlines() if ln.startswith("recorded, fast-forward on"))
+            us[name] = float(row.split()[5])
+        print(f"round {r + 1}: recorded loop, source / compiled = {us['source'] / us['compiled']:.2f}x\n")
 
 
 if __name__ == "__main__":

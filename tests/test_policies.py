@@ -1,7 +1,6 @@
 """Batching policies named after real systems (core/engine/policies.py), worked by hand on small cases
 with 10 ms steps (one token per running request per step), and their defining rules checked
 on random workloads."""
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -119,7 +118,7 @@ def test_vllm_v0_watermark_keeps_one_percent_of_the_pool_free():
 
 
 def test_budget_shares_decodes_first():
-    want, dec = np.array([4, 1, 1]), np.array([False, True, True])
+    want, dec = [4, 1, 1], [False, True, True]   # (the scheduler's lists)
     assert budget_shares(want, 4, dec, False) == [4, 0, 0]   # oldest first
     assert budget_shares(want, 4, dec, True) == [2, 1, 1]    # stall-free
 

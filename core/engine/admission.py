@@ -54,7 +54,8 @@ class PriorityWaiting:
     def append(self, i: int):
         bisect.insort(self._keys, self._key(i))
 
-    appendleft = append   # a preempted request re-enters by its key
+    def appendleft(self, i: int):   # a preempted request re-enters by its key
+        self.append(i)
 
     def popleft(self) -> int:
         return self._keys.pop(0)[2]
@@ -77,7 +78,7 @@ def make_waiting(cfg: SchedulerConfig, table: RequestTable):
 
 
 def watermark_blocks(cfg: SchedulerConfig, num_blocks: int) -> int:
-    return int(cfg.kv_watermark * num_blocks)   # rounded down, as vLLM and Vidur do
+    return int((cfg.kv_watermark or 0.0) * num_blocks)   # rounded down, as vLLM and Vidur do
 
 
 def pool_blocks(cfg: SchedulerConfig, table: RequestTable) -> int:
@@ -147,8 +148,9 @@ def over_bound(cfg: SchedulerConfig, waiting, ran: set) -> list[int]:
     if cfg.queue_limit is None or len(waiting) <= cfg.queue_limit:
         return []
     excess = len(waiting) - cfg.queue_limit
-    out = []
-    for i in reversed(list(waiting)):
+    out: list[int] = []
+    queue: list[int] = list(waiting)
+    for i in reversed(queue):
         if len(out) == excess:
             break
         if i not in ran:

@@ -10,11 +10,13 @@ calloc'ed (untouched pages cost nothing).
 from __future__ import annotations
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from core.engine.prefix_cache import PrefixCache
 from core.errors import ConfigError
 
 
+@mypyc_attr(native_class=False)   # (compiled by setup.py: a builtin's subclass stays a Python class)
 class OutOfBlocks(RuntimeError):
     """Asked for more blocks than are free; callers check `num_free` first."""
 
@@ -64,7 +66,7 @@ class BlockPool:
                 raise OutOfBlocks(f"need {n} blocks, {self.num_free} free")
             new = self._uncached(plain)
             for _ in range(n - plain):
-                b, h = self.prefix.evict_oldest()
+                b, h = self.prefix.evict_oldest()  # type: ignore[union-attr]  # (cached blocks: a prefix cache)
                 evicted.append((b, h))
                 new.append(b)
         else:
@@ -99,7 +101,7 @@ class BlockPool:
         """Another owner for each of `blocks` (prefix hits; a cached-free one is revived)."""
         for b in blocks:
             if self.refcount[b] == 0:
-                self.prefix.revive(b)
+                self.prefix.revive(b)  # type: ignore[union-attr]
             self.refcount[b] += 1
         self.ever_shared |= bool(blocks)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from core.config import SchedulerConfig
 from core.engine.outputs import EngineOutputs, SchedulerStats
@@ -49,15 +50,15 @@ class EngineCore:
     def __init__(self, config: SchedulerConfig, executor=None, workload: Workload | None = None, *,
                  record: bool = False, kv_events: bool | None = None, fast_forward: bool = False,
                  stop_token_ids: Iterable[int] = (), request_data: bool = False,
-                 scheduler: type[Scheduler] = Scheduler, explicit_batches: bool = True):
+                 scheduler: Callable[..., Any] = Scheduler, explicit_batches: bool = True):
         kv_events = record if kv_events is None else kv_events
         self.log = StepLog(kv_events) if record else None
-        self.scheduler = scheduler(workload, config, stop_token_ids=stop_token_ids, request_data=request_data,
-                                   kv_events=kv_events, explicit_batches=explicit_batches)
+        self.scheduler: Any = scheduler(workload, config, stop_token_ids=stop_token_ids, request_data=request_data,
+                                        kv_events=kv_events, explicit_batches=explicit_batches)
         self.executor = executor
         self.fast_forward = fast_forward
         self.free_at_ms = float("inf")   # when the last step ended (inf: none yet; its first step's idle is inf)
-        self.observers: list[Observer] = [self.log.record] if record else []
+        self.observers: list[Observer] = [self.log.record] if self.log is not None else []
 
     @property
     def config(self) -> SchedulerConfig:

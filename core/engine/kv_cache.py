@@ -18,6 +18,7 @@ its KV events): the engine core puts them in its EngineOutputs, and a recorder's
 from __future__ import annotations
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from core.engine.admission import blocks_for
 from core.engine.block_pool import BlockPool, OutOfBlocks
@@ -117,7 +118,7 @@ class KVCacheManager:
                 self._rec("evict", None, [b], -1, 0, 0, [h])
         return new
 
-    def admit(self, seq, hits: list[int] = (), salt: str | None = None) -> int:
+    def admit(self, seq, hits: list[int] | tuple = (), salt: str | None = None) -> int:
         """Start a sequence's table with cache hits; returns the number of cached tokens."""
         if seq in self.tables:
             raise ValueError(f"sequence {seq!r} already has a block table")
@@ -131,7 +132,7 @@ class KVCacheManager:
         hits = list(hits)
         self.pool.share(hits)
         self.tables[seq] = list(hits)  # the table grows; the logged hit list must not
-        self.chain[seq] = [self.prefix.hash[b] for b in hits]
+        self.chain[seq] = [self.prefix.hash[b] for b in hits]  # type: ignore[union-attr]  # (hits: a prefix cache)
         self._rec("hit", seq, hits, 0, 1, self.pool.refcount[hits].tolist(), list(self.chain[seq]))
         if first:
             self.hits_first += len(hits)
@@ -172,7 +173,8 @@ class KVCacheManager:
                 pos += k
             self.counts["alloc"] += len(new)
             return
-        owners, logical = [], []
+        owners = []
+        logical: list[int] = []
         for seq, k in zip(seqs, needs):
             table = tables[seq]
             owners += [seq] * k
@@ -313,6 +315,7 @@ class KVCacheManager:
             self.prefix.check(self.block_size)
 
 
+@mypyc_attr(native_class=False)
 class _NoHashes(dict):
     def __missing__(self, key):
         return None

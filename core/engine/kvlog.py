@@ -96,7 +96,7 @@ class KVLog:
         out = {}
         for c, dt in self._NUM:
             if c == "req" and self._obj_req:
-                dt = object
+                dt = object  # type: ignore[assignment]
             cols = [p[c].astype(dt, copy=False) for p in parts]
             out[c] = cols[0] if len(cols) == 1 else np.concatenate(cols) if cols else np.empty(0, dt)
         out["hash"] = None

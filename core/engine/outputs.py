@@ -12,7 +12,7 @@ them with a reason, so a rejected or aborted request is answered by construction
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -20,14 +20,14 @@ import numpy as np
 @dataclass(slots=True)
 class SchedulerOutput:
     """One step's batch: entry j computes num_tokens[j] tokens of request reqs[j] from position
-    start_pos[j]."""
+    start_pos[j] (numpy arrays; lists in a simulator's batch)."""
     step: int
     t_ms: float                 # step start
-    reqs: np.ndarray            # request rows (core.engine.requests), batch order
-    num_tokens: np.ndarray      # tokens computed for each this step
-    start_pos: np.ndarray       # first position written (tokens already cached)
-    is_prefill: np.ndarray      # False: a one-token decode after at least one emission
-    emits: np.ndarray | None = None  # the step completes everything known (a token is due); None: compute
+    reqs: Any     # request rows (core.engine.requests), batch order
+    num_tokens: Any   # tokens computed for each this step
+    start_pos: Any    # first position written (tokens already cached)
+    is_prefill: Any   # False: a one-token decode after at least one emission
+    emits: Any = None  # the step completes everything known (a token is due); None: compute
     counts: tuple[int, int] | None = None  # (prefill tokens, decode seqs) when the scheduler knows them
     # Only for an executor that runs a model (Scheduler(request_data=True)); None otherwise:
     new_token_ids: list[list[int]] | None = None   # per entry: known ids not sent before (first: the prompt)
@@ -38,7 +38,7 @@ class SchedulerOutput:
     # pieces, tokens) over every entry, listed or not: what a step-time model prices
     agg: tuple | None = None
     decoders: int = 0           # decoders in the step beyond the listed entries (a simulator's batch)
-    join_no: np.ndarray | None = None   # ... and each listed entry's join number (running order)
+    join_no: Any = None   # ... and each listed entry's join number (running order)
 
     @property
     def prefill_tokens(self) -> int:
@@ -139,8 +139,8 @@ class EngineOutputs(NamedTuple):
     queued: list[int] | tuple = ()            # entered the waiting queue (arrival checks passed)
     started: list[int] | tuple = ()           # scheduled for the first time in this step
     preempted: list[Preemption] | tuple = ()  # sent back to the waiting queue (recompute)
-    token_reqs: np.ndarray = EMPTY            # one entry per emitted token: its request row
-    token_index: np.ndarray = EMPTY           # ... its output position
+    token_reqs: Any = EMPTY           # one entry per emitted token: its request row
+    token_index: Any = EMPTY          # ... its output position
     token_ids: np.ndarray | None = None       # ... its id (None: unknown, simulated)
     record: StepRecord | None = None          # the step (or run) as a trace records it
     token_t_ms: np.ndarray | None = None      # ... each token's time (a run); None: all at t_ms

@@ -34,7 +34,7 @@ Each policy is a `Rules` record; the functions here read the scheduler's state (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -64,7 +64,7 @@ class SchedulerView(Protocol):
     requests: RequestTable
     kv: KVCacheManager
     running: np.ndarray
-    waiting: object
+    waiting: Any
     watermark_blocks: int
 
 

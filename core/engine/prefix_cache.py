@@ -16,6 +16,9 @@ import functools
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
+
+from mypy_extensions import mypyc_attr
 
 
 def block_hash(parent: bytes | None, tokens, extra: bytes) -> bytes:
@@ -32,6 +35,7 @@ def extra_key(model_id: str | None, salt: str | None) -> bytes:
     return b"".join(len(p).to_bytes(4, "little") + p for p in parts)
 
 
+@mypyc_attr(native_class=False)
 class _Sparse(dict):
     """Per-block values kept only where set; absent blocks read as None."""
 
@@ -44,13 +48,13 @@ class PrefixCache:
         self.block_size = block_size
         self.model_id = model_id
         # hashes and token ids exist only for cached blocks
-        self.hash: dict[int, bytes] = _Sparse()        # block -> hash of its cached prefix (None: uncached)
-        self.tokens: dict[int, tuple] = _Sparse()      # block -> token ids of a cached block
+        self.hash: dict[int, bytes | None] = _Sparse()      # block -> hash of its cached prefix (None: uncached)
+        self.tokens: dict[int, tuple | None] = _Sparse()    # block -> token ids of a cached block
         self.cache: dict[bytes, int] = {}              # full-block hash -> physical block
         self.free_cached: OrderedDict[int, None] = OrderedDict()   # cached-free blocks, oldest release first
         # Who hears of every block entering (+1) and leaving (-1) the cache: fn(sign, hash), as an
         # engine publishes KV events (a fleet's router with precise prefix knowledge); None: nobody.
-        self.listener = None
+        self.listener: Callable | None = None
 
     def __len__(self) -> int:
         return len(self.cache)
@@ -99,7 +103,7 @@ class PrefixCache:
     def evict_oldest(self) -> tuple[int, bytes]:
         """Forget the least recently released cached-free block; returns (block, its hash)."""
         b, _ = self.free_cached.popitem(last=False)
-        h = self.hash.pop(b)
+        h: bytes = self.hash.pop(b)  # type: ignore[assignment]  # (a cached block has one)
         del self.cache[h]
         del self.tokens[b]
         if self.listener is not None:
@@ -112,6 +116,6 @@ class PrefixCache:
         for b, h in self.hash.items():
             assert h is not None, f"block {b}: a None hash stored"
             assert self.cache.get(h) == b, f"block {b}: hash not mapped back to it"
-            assert self.tokens[b] is not None and len(self.tokens[b]) == block_size
+            assert len(self.tokens[b] or ()) == block_size
         for h, b in self.cache.items():
             assert self.hash[b] == h, f"cache entry for block {b} is stale"

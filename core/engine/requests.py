@@ -11,7 +11,7 @@ preempted) -> DONE (finished, aborted or rejected).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import IntEnum
 
 import numpy as np
@@ -51,14 +51,22 @@ class RequestTable:
     `nblocks` (KV blocks held), `state` (RequestState); `salt` (tenant cache salt), `priority`,
     `token_ids` (known ids: prompt then outputs, None when the workload gives only counts);
     `stop_of` (request -> its own stop ids, replacing the engine's)."""
+    prompt_len: np.ndarray
+    out_len: np.ndarray
+    arrival: np.ndarray
+    abort_at: np.ndarray
+    computed: np.ndarray
+    emitted: np.ndarray
+    nblocks: np.ndarray
+    state: np.ndarray
 
     def __init__(self, workload: Workload | None = None):
         w = workload
         n = len(w.ids) if w is not None else 0
         self.n = n
-        self.ids: list[str] = list(w.ids) if n else []
+        self.ids: list[str] = list(w.ids) if w is not None else []
         self._cap: dict[str, np.ndarray] = {}
-        if n:
+        if w is not None and n:
             self.prompt_len = w.prompt_tokens.astype(np.int64)
             self.out_len = w.max_output_tokens.astype(np.int64)
             self.arrival = w.arrival_ms.astype(np.float64)
@@ -68,8 +76,8 @@ class RequestTable:
         else:
             for name, (dtype, _) in ARRAYS.items():
                 setattr(self, name, np.empty(0, dtype=dtype))
-        reqs = w.requests if n and not w.plain else [None] * n   # per-request fields beyond the columns
-        self.salt: list[str | None] = [r and r.tenant for r in reqs]
+        reqs: Sequence[Request | None] = w.requests if w is not None and n and not w.plain else [None] * n
+        self.salt: list[str | None] = [r.tenant if r else None for r in reqs]   # (per-request fields beyond columns)
         self.token_ids: list[list[int] | None] = [list(r.prompt_ids) if r and r.prompt_ids is not None else None
                                                   for r in reqs]
         self.priority: list[int] = [r.priority if r else 0 for r in reqs]

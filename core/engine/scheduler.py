@@ -42,8 +42,10 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 from core.config import BIG, SchedulerConfig
 from core.engine import admission as adm
@@ -67,6 +69,7 @@ _tuple = tuple.__new__   # makes a NamedTuple without its Python-level __new__ (
 _INT = np.int64
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)   # (core.lessons.pathologies breaks one on purpose)
 class Scheduler:
     def __init__(self, workload: Workload | None, config: SchedulerConfig, stop_token_ids: Iterable[int] = (),
                  request_data: bool = False, kv_events: bool = False, explicit_batches: bool = True):
@@ -116,8 +119,8 @@ class Scheduler:
         self._fin: dict[int, list[tuple[int, int, int]]] = {}    # D of their last token -> (join, req, stint)
         self._decoders_ok = not config.spec_gamma   # (a speculative decode emits a varying number of tokens)
         self._last_dec_t: float | None = None   # end of the last step the decoders decoded in
-        self._step_gauges = None  # (running, waiting, kv used, kv free) when the pending step was planned
-        self._step_plan = None    # what schedule planned for update: see _batch
+        self._step_gauges: tuple[int, int, int, int] | None = None  # running, waiting, kv used, kv free: as planned
+        self._step_plan: tuple[_Plan | None, int] | None = None    # what schedule planned for update: see _batch
         # what happened since the last EngineOutputs (outside a step's own results)
         self._finished: list[Finish] = []
         self._queued: list[int] = []
@@ -321,7 +324,7 @@ class Scheduler:
             joins, _ = self._admit_waiting(budget, 0, len(self._run))
             self.reject_over_bound(now_ms)
             if joins:
-                return self._planned(self._batch(None, joins, now_ms))
+                return self._planned(self._batch(None, joins, now_ms))  # type: ignore[arg-type]  # (joins: a batch)
         # who may join in this step: static, only into an empty batch; vllm-v0, only in a step of
         # prompts alone (above)
         cohort_open = not self.rules.prefill_steps and (not self.rules.cohorts or not self._run)
@@ -485,7 +488,7 @@ class Scheduler:
         joins = []
         seats = self.seats - running
         while self.waiting and seats > 0 and budget - used > 0:
-            j = policies.next_join(self, budget - used)
+            j = policies.next_join(self, budget - used)  # type: ignore[arg-type]  # (running: a property)
             if j is None:
                 break
             self._join(j)
@@ -611,7 +614,7 @@ class Scheduler:
         running order step by step (the block calendar), and their outputs as lists (one record
         row per step). Returns None (the step completes as usual) where fewer than two steps would
         run. The same trace as stepping (tests/test_oracle.py)."""
-        plan, nd = self._step_plan
+        plan, nd = self._step_plan  # type: ignore[misc]  # (planned: schedule returned this batch)
         if not nd or len(batch.reqs) or self.explicit_batches or self._dec_ids or not self._fin or self._held_back:
             return None
         D, bs, kv = self.D, self.cfg.block_size, self.kv
@@ -630,7 +633,8 @@ class Scheduler:
         # Python lists: a run is a few steps apart from long idle stretches (numpy's per-call cost
         # dominated); starts are sequential sums, bit-identical to t += d
         d = list(d)
-        starts, t_at = [], batch.t_ms
+        starts: list[float] = []
+        t_at = batch.t_ms
         for x in d[:K]:
             if t_at >= limit and starts:   # a step that would admit or cancel: not in the run
                 break
@@ -662,7 +666,7 @@ class Scheduler:
                     if c:
                         kv.now_ms = starts[k]
                         kv.grow_one_each([e[1] for e in c])
-        running, waiting, used0, _ = self._step_gauges
+        running, waiting, used0, _ = self._step_gauges  # type: ignore[misc]
         used = [used0] + [used0 + x for x in need]
         total = kv.num_blocks
         rec = StepRecord(list(range(self.step, self.step + K)), starts, d, [running] * K, [waiting] * K,
@@ -692,12 +696,12 @@ class Scheduler:
         t, kv = self.requests, self.kv
         t_end = out.t_end_ms
         kv.now_ms = t_end
-        plan, nd = self._step_plan
+        plan, nd = self._step_plan  # type: ignore[misc]  # (planned: schedule returned this batch)
         self._step_plan = None
         listed = batch.reqs if type(batch.reqs) is list else batch.reqs.tolist()
         start = batch.start_pos if type(batch.start_pos) is list else batch.start_pos.tolist()
         ntok = batch.num_tokens if type(batch.num_tokens) is list else batch.num_tokens.tolist()
-        emits = batch.emits if type(batch.emits) is list else batch.emits.tolist()
+        emits = batch.emits if type(batch.emits) is list else batch.emits.tolist()  # type: ignore[union-attr]
         ends = self._ends_block(listed, start, ntok, not self.explicit_batches) if self.commit_after else None
         if self.explicit_batches and self._dec:
             self._sync_decoders()
@@ -707,6 +711,7 @@ class Scheduler:
         if cancelled:
             gone = set(cancelled)
             emits = [e and i not in gone for i, e in zip(listed, emits)]
+        er: Any; idx: Any; ids: Any; src: Any   # (lists, or numpy arrays from an executor's tokens)
         if out.tokens is None:  # simulated: one token (id unknown) per emitting entry
             er, idx, fin = self._emit_one_each(listed, emits)
             ids = src = None
@@ -715,7 +720,7 @@ class Scheduler:
             er, idx, ids, src, stopped = self._take_tokens(listed, out, emits)
             fin = self._reached_max(er.tolist())
         dur = t_end - batch.t_ms if out.dur_ms is None else out.dur_ms
-        rec = _tuple(StepRecord, (batch.step, batch.t_ms, dur, *self._step_gauges))
+        rec = _tuple(StepRecord, (batch.step, batch.t_ms, dur, *self._step_gauges))  # type: ignore[misc]
         if out.tokens is not None:
             self._roll_back(listed)
         D0 = self.D
@@ -750,7 +755,7 @@ class Scheduler:
         self._step_gauges = None
         decoded = (D0, nd) if nd and not self.explicit_batches else None
         if self.explicit_batches and type(er) is list:
-            er, idx = np.array(er, dtype=_INT), np.array(idx, dtype=_INT)
+            er, idx = np.array(er, dtype=_INT), np.array(idx, dtype=_INT)  # type: ignore[assignment]
         return self.take_outputs(t_end, batch, dur, er, idx, ids, rec, None, src, out.events, decoded)
 
     def _emit_one_each(self, listed: list, emits: list) -> tuple[list, list, list]:
@@ -873,7 +878,7 @@ class Scheduler:
         queued = int((t.prompt_len[w] + t.emitted[w] - t.computed[w]).sum()) if len(w) else 0
         return SchedulerStats(*self._gauges(), queued)
 
-    def _gauges(self) -> tuple:
+    def _gauges(self) -> tuple[int, int, int, int, int, int]:
         """SchedulerStats' fields now, as a plain tuple (made once per step)."""
         kv = self.kv
         return (len(self._run), len(self.waiting), kv.num_used, kv.num_blocks, self.num_preemptions,
@@ -903,7 +908,8 @@ class Scheduler:
             self._preempted = []
         if batch is not None and self._started:   # first scheduled in this step (kept for the step's outputs)
             started, self._started = self._started, []
-        entered = left = ()
+        entered: list | tuple = ()
+        left: list | tuple = ()
         if self._entered:
             entered, self._entered = self._entered, []
         if self._left:

@@ -12,7 +12,7 @@ running order (each entry's join number).
 from __future__ import annotations
 
 from itertools import chain
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,7 +31,7 @@ class BatchPart(NamedTuple):
 
 class TokenPart(NamedTuple):
     reqs: np.ndarray
-    index: np.ndarray               # output position of each token
+    index: np.ndarray  # type: ignore[assignment]  # output position of each token
     t_ms: float
     token_ids: np.ndarray | None    # None: ids unknown (simulated)
     step: int
@@ -78,19 +78,19 @@ class StepLog:
         tokens, finishes, preemptions, decoders that started or stopped, KV block events and
         verbatim events."""
         if out.finished:
-            self.finishes += out.finished
+            self.finishes += out.finished  # type: ignore[arg-type]
         if out.preempted:
             self.preempts += out.preempted
         if out.kv_events and self.kv is not None:
             self.kv.extend(out.kv_events)
         if out.left:
-            for r, b, _ in out.left:
+            for r, end, _ in out.left:
                 j, a, e0 = self.open.pop(r)
-                if b > a:
-                    self.spans.append((r, j, a, b, e0))
-        rec = out.record
+                if end > a:
+                    self.spans.append((r, j, a, end, e0))
+        rec: Any = out.record
         if rec is not None:
-            b = out.step
+            b: Any = out.step   # (a record comes with its step)
             self.steps.append(rec)
             if out.decoded is not None:
                 if type(rec.step) is list:   # a run of decode steps (Scheduler.advance)
@@ -150,7 +150,8 @@ STEP_DTYPES = {name: (float if name in ("t_ms", "dur_ms") else np.int64) for nam
 def _steps(entries: list) -> dict:
     """Entries are single steps (scalars) or runs of decode steps (lists, one per field), in order:
     consecutive single steps gathered into one part."""
-    parts, singles = [], []
+    parts: list = []
+    singles: list = []
     for e in entries:
         if type(e[0]) is not list:
             singles.append(e)
@@ -178,7 +179,7 @@ def log_records(log) -> dict:
     are int8 codes into the field's values (schema.py); a KV hash column of None means no
     block was hashed. Builds nothing per row in Python (core.trace turns it into tables, or a
     TraceWriter streams it)."""
-    out = {}
+    out: dict[str, Any] = {}
     joins_seen = [j for _, j, *_ in log.spans] + [j for j, _, _ in log.open.values()] if hasattr(log, "spans") else []
     width = 0
     if joins_seen:
@@ -199,12 +200,12 @@ def log_records(log) -> dict:
     if log.token_parts:
         reqs, index, t, ids, tstep, _ = zip(*log.token_parts)
         lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
-        n = int(lens.sum())
+        n_tok = int(lens.sum())
         tid = (spread([-1 if x is None else x for x in ids], lens, np.int64) if any(x is not None for x in ids)
-               else np.full(n, -1, dtype=np.int64))
+               else np.full(n_tok, -1, dtype=np.int64))
         src = getattr(log, "token_sources", None)
         codes = (spread([0 if c is None else c for c in src], lens, np.int8) if src and any(c is not None for c in src)
-                 else np.zeros(n, dtype=np.int8))
+                 else np.zeros(n_tok, dtype=np.int8))
         tokens = {"t_ms": spread(list(t), lens, np.float64), "req": np.concatenate(reqs),
                   "index": np.concatenate(index), "source": codes, "token_id": tid}
         token_step = np.repeat(np.array(tstep, dtype=np.int64), lens)
@@ -224,8 +225,8 @@ def log_records(log) -> dict:
     if tokens is not None:
         out["token"] = tokens
     if log.finishes:
-        req, t, reason = (list(c) for c in list(zip(*log.finishes))[:3])   # (req, t_ms, reason, ...)
-        out["finish"] = {"t_ms": np.array(t, dtype=float), "req": np.array(req, dtype=np.int64), "reason": reason}
+        f_req, f_t, f_why = (list(c) for c in list(zip(*log.finishes))[:3])   # (req, t_ms, reason, ...)
+        out["finish"] = {"t_ms": np.array(f_t, dtype=float), "req": np.array(f_req, dtype=np.int64), "reason": f_why}
     if log.steps:
         out["step"] = _steps(log.steps)
         if batch is not None:
@@ -233,7 +234,7 @@ def log_records(log) -> dict:
     if log.kv is not None and len(log.kv):
         out["kv"] = log.kv.columns()
     if log.preempts:
-        req, t, reason, freed = (list(c) for c in zip(*log.preempts))
-        out["preempt"] = {"t_ms": np.array(t, dtype=float), "req": np.array(req, dtype=np.int64), "reason": reason,
+        p_req, p_t, p_why, freed = (list(c) for c in zip(*log.preempts))
+        out["preempt"] = {"t_ms": np.array(p_t, dtype=float), "req": np.array(p_req, dtype=np.int64), "reason": p_why,
                           "freed_blocks": np.array(freed, dtype=np.int64)}
     return out
