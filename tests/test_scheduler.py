@@ -203,7 +203,8 @@ def test_simulation_invariants(rows, cfg, model):
     if cfg["policy"] in ("vllm-v0", "orca"):
         cfg["chunk"] = None          # these compute whole prompts
     if cfg["chunk"] is None and cfg["token_budget"] is not None and cfg["policy"] not in ("vllm-v1", "sarathi"):
-        cfg["token_budget"] = max(cfg["token_budget"], 24)  # every prompt must fit unchunked
+        # every prompt, and a preempted request's prompt + outputs, must fit unchunked (else: test below)
+        cfg["token_budget"] = max(cfg["token_budget"], 24 + 10 - 1)
     if cfg["kv_blocks"] is not None:
         worst = max(-(-(p + o - 1) // cfg["block_size"]) for _, p, o, _, _ in rows)
         cfg["kv_blocks"] = max(cfg["kv_blocks"], worst)
@@ -332,3 +333,20 @@ def test_add_request_refuses_what_could_never_run():
         assert sched.add_request(Request(f"r{k}", float(k), 1 + k % 5, 1 + k % 3)) == k
     assert sched.requests.prompt_len.tolist() == [1 + k % 5 for k in range(40)]
     assert sched.requests.arrival.tolist() == [float(k) for k in range(40)] and len(sched.requests.state) == 40
+
+
+def test_a_request_that_cannot_run_even_alone_is_answered_not_left_waiting():
+    """vLLM V0 without chunking, KV for a few blocks of 1 token: the long request is preempted after
+    emitting, and its prompt + outputs (25 tokens) no longer fit the 24-token budget in one step.
+    It is rejected with the numbers (the loop used to stop with "no progress"); the others finish."""
+    rows = [(0, 1, 1), (0, 1, 1), (0, 1, 1), (17, 1, 6), (18, 20, 6)]
+    w = Workload([Request(f"r{i}", float(a), p, o) for i, (a, p, o) in enumerate(rows)])
+    cfg = SchedulerConfig(policy="vllm-v0", token_budget=24, block_size=1, kv_blocks=29)
+    core = EngineCore(cfg, StepTimeExecutor(StepModel(step_ms=1.0)), w)
+    finishes = []
+    loop.run(core, loop.VirtualClock(0.0), on_output=lambda out: finishes.extend(out.finished))
+    why = {f.req: f for f in finishes}
+    assert [why[i].reason for i in range(5)] == ["length"] * 4 + ["rejected"]
+    assert core.scheduler.num_preemptions >= 1
+    assert "25 tokens to compute" in why[4].detail and "token budget 24" in why[4].detail
+    assert core.scheduler.kv.num_free == 29

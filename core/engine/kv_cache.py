@@ -149,36 +149,18 @@ class KVCacheManager:
         table.extend(new)
         return new
 
-    def grow_many(self, seqs, needs, one_each: bool = False):
-        """Append needs[i] fresh blocks to seqs[i]'s table, for many sequences at once (one
-        log call: per-block owners and logical indices). `one_each` (every need is 1: decodes
-        crossing a block boundary, the common case of every step; `seqs` an array, `needs`
-        their current table lengths) takes the short way to the same blocks and log."""
-        tables = self.tables
-        if one_each:
-            new = self._take(len(seqs))
-            owners = seqs.tolist()
-            for seq, b in zip(owners, new):
-                tables[seq].append(b)
-            if self.events is not None:   # lists: the log reads Python ints fastest
-                self._rec("alloc", owners, new, np.asarray(needs).tolist(), 0, 1)
-            else:
-                self.counts["alloc"] += len(new)
-            return
-        new = self._take(sum(needs))
-        pos = 0
-        if self.events is None:       # no per-block owners and logical indices to record
-            for seq, k in zip(seqs, needs):
-                tables[seq] += new[pos:pos + k]
-                pos += k
-            self.counts["alloc"] += len(new)
-            return
-        owners = []
+    def grow_many(self, seqs, needs):
+        """Append needs[i] fresh blocks to seqs[i]'s table, for many sequences at once (one log
+        call: per-block owners and logical indices)."""
+        new, tables, rec = self._take(sum(needs)), self.tables, self.events is not None
+        owners: list = []
         logical: list[int] = []
+        pos = 0
         for seq, k in zip(seqs, needs):
             table = tables[seq]
-            owners += [seq] * k
-            logical += range(len(table), len(table) + k)
+            if rec:
+                owners += [seq] * k
+                logical += range(len(table), len(table) + k)
             table += new[pos:pos + k]
             pos += k
         self._rec("alloc", owners, new, logical, 0, 1)
@@ -186,17 +168,11 @@ class KVCacheManager:
     def grow_one_each(self, seqs: list):
         """One fresh block for each of `seqs` (a list, each once), in order: decoders whose
         position starts a block. The same blocks and log as grow_many with needs of 1."""
-        new = self._take(len(seqs))
-        tables = self.tables
-        if self.events is not None:
-            logical = [len(tables[s]) for s in seqs]
-            for s, b in zip(seqs, new):
-                tables[s].append(b)
-            self._rec("alloc", seqs, new, logical, 0, 1)
-        else:
-            for s, b in zip(seqs, new):
-                tables[s].append(b)
-            self.counts["alloc"] += len(new)
+        new, tables = self._take(len(seqs)), self.tables
+        logical = [len(tables[s]) for s in seqs] if self.events is not None else None
+        for s, b in zip(seqs, new):
+            tables[s].append(b)
+        self._rec("alloc", seqs, new, logical, 0, 1)
 
     def append_blocks(self, owners: list, times_ms) -> bool:
         """One fresh block for each entry of `owners` (a sequence may appear many times), in

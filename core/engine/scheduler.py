@@ -218,12 +218,17 @@ class Scheduler:
     def leave_running(self, i: int, now_ms: float, free_blocks: bool = True):
         """Take request i out of the running set (its KV blocks freed unless `free_blocks` is
         False: the deliberately broken variant in core.lessons.pathologies)."""
+        self.kv.now_ms = now_ms
+        self._leave(i, free_blocks)
+
+    def _leave(self, i: int, free: bool = True) -> int:
+        """Running request i leaves the running set (a finish, preemption or cancellation): its
+        counts written back, its blocks freed (`free`); returns how many."""
         self._explicit_now(i)
-        if free_blocks:
-            self.kv.now_ms = now_ms
-            self._free(i)
+        freed = self._free(i) if free else 0
         del self._run[i]
         del self._exp[i]
+        return freed
 
     def _abort_due(self, now_ms):
         while self.aborts and self.aborts[0][0] <= now_ms:
@@ -310,8 +315,6 @@ class Scheduler:
         t.emitted[who] = c - t.prompt_len[who] + 1
         tables = self.kv.tables
         t.nblocks[who] = np.fromiter((len(tables[i]) for i in self._dec), _INT, len(self._dec))
-
-
     # ---- one step ----------------------------------------------------------------------
     def schedule(self, now_ms: float) -> SchedulerOutput | None:
         """Choose the next step's batch (None if there is nothing to run now)."""
@@ -348,8 +351,23 @@ class Scheduler:
             self.reject_over_bound(now_ms)
         batch = self._batch(plan, joins, now_ms)
         if batch is None:
+            if self.waiting and not self._run:   # the head cannot run even alone: answered, not left waiting
+                self._never_runs(self.waiting.popleft(), now_ms)
+                return self.schedule(now_ms)
             return None
         return self._planned(batch)
+
+    def _never_runs(self, i: int, now_ms: float):
+        """Request i, at the head of the queue, cannot join an idle engine (a preempted request's
+        prompt + outputs over the token budget without chunked prefill, or over the KV pool above
+        the watermark): rejected with its numbers."""
+        t, cfg, kv = self.requests, self.cfg, self.kv
+        todo, e = int(t.prompt_len[i] + t.emitted[i]), int(t.emitted[i])
+        self._finish_failed(i, Finish(i, now_ms, adm.REJECTED, (
+            f"cannot run even with the engine idle: {todo:,} tokens to compute (its prompt and {e} tokens emitted "
+            f"before a preemption), token budget {cfg.token_budget}, chunked prefill "
+            f"{cfg.chunk if cfg.chunk else 'off'}, {kv.num_free:,} KV blocks free, {self.watermark_blocks} kept free "
+            "(watermark)")))
 
     def _plan(self, budget: int) -> _Plan:
         """The running requests' share of the next step: each explicit one's tokens (what it has
@@ -471,12 +489,9 @@ class Scheduler:
 
     def _preempt(self, victim: int, now_ms: float):
         t = self.requests
-        self._explicit_now(victim)
-        freed = self._free(victim)
+        freed = self._leave(victim)
         t.computed[victim] = 0
         t.state[victim] = WAITING
-        del self._run[victim]
-        del self._exp[victim]
         self.waiting.appendleft(victim)
         self.num_preemptions += 1
         self._preempted.append(Preemption(victim, now_ms, "kv_full", freed))
@@ -698,10 +713,8 @@ class Scheduler:
         kv.now_ms = t_end
         plan, nd = self._step_plan  # type: ignore[misc]  # (planned: schedule returned this batch)
         self._step_plan = None
-        listed = batch.reqs if type(batch.reqs) is list else batch.reqs.tolist()
-        start = batch.start_pos if type(batch.start_pos) is list else batch.start_pos.tolist()
-        ntok = batch.num_tokens if type(batch.num_tokens) is list else batch.num_tokens.tolist()
-        emits = batch.emits if type(batch.emits) is list else batch.emits.tolist()  # type: ignore[union-attr]
+        listed, start, ntok, emits = (x if type(x) is list else x.tolist()   # type: ignore[union-attr]
+                                      for x in (batch.reqs, batch.start_pos, batch.num_tokens, batch.emits))
         ends = self._ends_block(listed, start, ntok, not self.explicit_batches) if self.commit_after else None
         if self.explicit_batches and self._dec:
             self._sync_decoders()
@@ -818,25 +831,11 @@ class Scheduler:
                 reasons = {i: "stop" for i in extra}
         if not fin:
             return
-        kv, state, nblocks, finished = self.kv, t.state, t.nblocks, self._finished
-        dec, run, exp = self._dec, self._run, self._exp
-        for i in fin:
-            if i in dec:   # a decoder: its counts written back as it leaves
-                base = self._undecode(i)
-                c = base + self.D
-                t.computed[i] = c
-                t.emitted[i] = c - t.prompt_len[i] + 1
-                if not self.explicit_batches:
-                    self._left.append((i, self.D, t_end))
-            else:
-                del exp[i]
-            del run[i]
-            kv.free_seq(i)
-            nblocks[i] = 0
+        state, finished = t.state, self._finished
+        for i in fin:   # (a decoder's last step ended at t_end: _last_dec_t)
+            self._leave(i)
             state[i] = DONE
             finished.append(Finish(i, t_end, reasons.get(i, "length") if reasons else "length"))
-            if self.request_data:
-                self._sent_blocks[i] = 0
         self.num_done += len(fin)
 
     def _take_tokens(self, listed, out, emit):
@@ -918,8 +917,6 @@ class Scheduler:
         return _tuple(EngineOutputs, (t_ms, gauges, batch, dur_ms, fin or (), queued or (), started or (),
                                       preempted or (), token_reqs, token_index, token_ids, record, token_t_ms,
                                       token_sources, kv_events, events, decoded, entered, left))
-
-
 
 
 class _Plan:

@@ -144,21 +144,16 @@ STEP_DTYPES = {name: (float if name in ("t_ms", "dur_ms") else np.int64) for nam
 
 def _steps(entries: list) -> dict:
     """Entries are single steps (scalars) or runs of decode steps (lists, one per field), in order:
-    consecutive single steps gathered into one part."""
-    parts: list = []
-    singles: list = []
+    each field flattened into one list, then one array."""
+    cols: list[list] = [[] for _ in LOG_STEP_FIELDS]
     for e in entries:
-        if type(e[0]) is not list:
-            singles.append(e)
-            continue
-        if singles:
-            parts.append(list(zip(*singles)))
-            singles = []
-        parts.append(e)
-    if singles:
-        parts.append(list(zip(*singles)))
-    return {name: np.concatenate([np.asarray(p[i], dtype=STEP_DTYPES[name]) for p in parts])
-            for i, name in enumerate(LOG_STEP_FIELDS)}
+        if type(e[0]) is list:
+            for c, v in zip(cols, e):
+                c.extend(v)
+        else:
+            for c, v in zip(cols, e):
+                c.append(v)
+    return {name: np.array(c, dtype=STEP_DTYPES[name]) for name, c in zip(LOG_STEP_FIELDS, cols)}
 
 
 def _with_decoders(listed: dict, key: np.ndarray, dec: dict, dkey: np.ndarray) -> dict:

@@ -217,7 +217,7 @@ class Scheduler:
             if plan.grow is not None:   # decodes only: one block each where a position starts one
                 if len(plan.grow):
                     who = run[plan.grow]
-                    kv.grow_many(who, self.requests.nblocks[who], one_each=True)
+                    kv.grow_one_each(who.tolist())
                     self.requests.nblocks[who] += 1
             else:
                 self._grow(run, plan.need)
@@ -267,7 +267,7 @@ class Scheduler:
         who, more = run[grow], need[grow]
         nblocks = self.requests.nblocks
         if int(more.sum()) == len(grow):   # one block each
-            self.kv.grow_many(who, nblocks[who], one_each=True)
+            self.kv.grow_one_each(who.tolist())
         else:
             self.kv.grow_many(who.tolist(), more.tolist())
         nblocks[who] += more
