@@ -75,9 +75,6 @@ class KVCacheManager:
     def num_cached_free(self) -> int:
         return len(self.prefix.free_cached) if self.prefix is not None else 0
 
-    def is_free(self, b: int) -> bool:
-        return self.ref[b] == 0
-
     def blocks_for(self, num_tokens: int) -> int:
         return blocks_for(num_tokens, self.block_size)
 

@@ -28,7 +28,6 @@ class SchedulerOutput:
     start_pos: Any    # first position written (tokens already cached)
     is_prefill: Any   # False: a one-token decode after at least one emission
     emits: Any = None  # the step completes everything known (a token is due); None: compute
-    counts: tuple[int, int] | None = None  # (prefill tokens, decode seqs) when the scheduler knows them
     # Only for an executor that runs a model (Scheduler(request_data=True)); None otherwise:
     new_token_ids: list[list[int]] | None = None   # per entry: known ids not sent before (first: the prompt)
     block_updates: list[tuple[int, list[int]]] | None = None  # per entry: (blocks kept, blocks appended)
@@ -42,14 +41,14 @@ class SchedulerOutput:
 
     @property
     def prefill_tokens(self) -> int:
-        if self.counts is not None:
-            return self.counts[0]
+        if self.agg is not None:
+            return self.agg[0]
         return int(np.add.reduce(self.num_tokens, where=self.is_prefill))
 
     @property
     def decode_seqs(self) -> int:
-        if self.counts is not None:
-            return self.counts[1]
+        if self.agg is not None:
+            return self.agg[1]
         return len(self.is_prefill) - int(np.count_nonzero(self.is_prefill))
 
     @property

@@ -120,7 +120,7 @@ class Scheduler:
         self._decoders_ok = not config.spec_gamma   # (a speculative decode emits a varying number of tokens)
         self._last_dec_t: float | None = None   # end of the last step the decoders decoded in
         self._step_gauges: tuple[int, int, int, int] | None = None  # running, waiting, kv used, kv free: as planned
-        self._step_plan: tuple[_Plan | None, int] | None = None    # what schedule planned for update: see _batch
+        self._step_nd = 0                  # decoders in the planned step (see _batch)
         # what happened since the last EngineOutputs (outside a step's own results)
         self._finished: list[Finish] = []
         self._queued: list[int] = []
@@ -400,6 +400,8 @@ class Scheduler:
         needs = []
         nblocks = t.nblocks
         for _j, i, c, pending, take, is_decode in rows:
+            if not take:
+                continue   # (it sits out this step)
             E.append(i)
             n.append(take)
             start.append(c)
@@ -537,17 +539,9 @@ class Scheduler:
         """The step's batch: the running requests that take part (those left without tokens sit
         out), then the ones that joined. Explicit batches list every entry (numpy arrays);
         otherwise the decoders are counted (agg, decoders) and the others listed (lists)."""
-        E, n, start, pre, emits = [], [], [], [], []
-        nd = 0
-        if plan is not None:
-            nd = plan.nd
-            for k, m in enumerate(plan.n):
-                if m > 0:
-                    E.append(plan.E[k])
-                    n.append(m)
-                    start.append(plan.start[k])
-                    pre.append(plan.pre[k])
-                    emits.append(plan.emits[k])
+        E: list; n: list; start: list; pre: list; emits: list
+        nd, E, n, start, pre, emits = ((plan.nd, plan.E, plan.n, plan.start, plan.pre, plan.emits) if plan is not None
+                                       else (0, [], [], [], [], []))   # (the plan's lists: not read after this)
         m0 = len(E)
         for jn in joins:
             E.append(jn.req)
@@ -557,7 +551,7 @@ class Scheduler:
             emits.append(jn.take >= jn.todo)
         if not nd and not E:
             return None
-        self._step_plan = (plan, nd)
+        self._step_nd = nd
         prefill_tokens = prefill_pos = decode_pos = chunks = total = 0
         for m, s, p in zip(n, start, pre):
             pos = m * s + m * (m + 1) // 2
@@ -572,10 +566,9 @@ class Scheduler:
         if nd:
             decode_pos += self._dsum + nd * (self.D + 1)   # each decoder attends its position + 1
         agg = (prefill_tokens, decode_seqs, prefill_pos, decode_pos, chunks, total + nd)
-        counts = (prefill_tokens, decode_seqs)
         if not self.explicit_batches:
             run = self._run
-            return SchedulerOutput(self.step, now_ms, E, n, start, pre, emits, counts, agg=agg, decoders=nd,
+            return SchedulerOutput(self.step, now_ms, E, n, start, pre, emits, agg=agg, decoders=nd,
                                    join_no=[run[i] for i in E])
         if nd:   # every entry listed, in running order (the joins after them)
             run, D = self._run, self.D
@@ -585,7 +578,7 @@ class Scheduler:
             _, E, n, start, pre, emits = (list(c) for c in zip(*rows))
         return SchedulerOutput(self.step, now_ms, np.array(E, dtype=_INT), np.array(n, dtype=_INT),
                                np.array(start, dtype=_INT), np.array(pre, dtype=bool), np.array(emits, dtype=bool),
-                               counts, agg=agg)
+                               agg=agg)
 
     def _planned(self, batch: SchedulerOutput) -> SchedulerOutput:
         kv = self.kv
@@ -629,7 +622,7 @@ class Scheduler:
         running order step by step (the block calendar), and their outputs as lists (one record
         row per step). Returns None (the step completes as usual) where fewer than two steps would
         run. The same trace as stepping (tests/test_oracle.py)."""
-        plan, nd = self._step_plan  # type: ignore[misc]  # (planned: schedule returned this batch)
+        nd = self._step_nd
         if not nd or len(batch.reqs) or self.explicit_batches or self._dec_ids or not self._fin or self._held_back:
             return None
         D, bs, kv = self.D, self.cfg.block_size, self.kv
@@ -693,7 +686,6 @@ class Scheduler:
         due = self._fin.pop(D + K - 1, None)
         if due:
             self._finish_emitted([e[1] for e in sorted(due)], [], t_end)
-        self._step_plan = None
         self._step_gauges = None
         return self.take_outputs(t_end, batch, d[0], record=rec, decoded=(D, nd))
 
@@ -711,8 +703,7 @@ class Scheduler:
         t, kv = self.requests, self.kv
         t_end = out.t_end_ms
         kv.now_ms = t_end
-        plan, nd = self._step_plan  # type: ignore[misc]  # (planned: schedule returned this batch)
-        self._step_plan = None
+        nd = self._step_nd
         listed, start, ntok, emits = (x if type(x) is list else x.tolist()   # type: ignore[union-attr]
                                       for x in (batch.reqs, batch.start_pos, batch.num_tokens, batch.emits))
         ends = self._ends_block(listed, start, ntok, not self.explicit_batches) if self.commit_after else None

@@ -12,36 +12,13 @@ running order (each entry's join number).
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from core.engine.kvlog import KVLog, spread
-from core.engine.outputs import EngineOutputs, StepRecord
+from core.engine.outputs import EngineOutputs, Finish, StepRecord
 from core.engine.outputs import Preemption as PreemptRecord
-
-
-class BatchPart(NamedTuple):
-    step: int
-    reqs: np.ndarray
-    num_tokens: np.ndarray
-    is_prefill: np.ndarray
-    joins: np.ndarray | None        # each entry's join number (running order), where decoders are counted
-
-
-class TokenPart(NamedTuple):
-    reqs: np.ndarray
-    index: np.ndarray  # type: ignore[assignment]  # output position of each token
-    t_ms: float
-    token_ids: np.ndarray | None    # None: ids unknown (simulated)
-    step: int
-    joins: list | None = None       # each token's request's join number, where decoders are counted
-
-
-class FinishRecord(NamedTuple):   # (core.engine.outputs.Finish is one too: the same first fields)
-    req: int
-    t_ms: float
-    reason: str                     # length | stop | abort | deadline | rejected
 
 
 class StepLog:
@@ -57,9 +34,12 @@ class StepLog:
         """Forget every record (a streaming writer has taken them); the run continues (open
         decoder spans go on from where the records end)."""
         self.steps: list[StepRecord] = []
-        self.batch_parts: list[BatchPart] = []
-        self.token_parts: list[TokenPart] = []
-        self.finishes: list[FinishRecord] = []
+        # per step with listed entries: (step, reqs, num_tokens, is_prefill, join numbers or None where
+        # decoders are not counted) and (reqs, output index, t_ms, token ids or None: simulated, step,
+        # each token's request's join number or None)
+        self.batch_parts: list[tuple] = []
+        self.token_parts: list[tuple] = []
+        self.finishes: list[Finish] = []
         self.preempts: list[PreemptRecord] = []
         self.token_sources: list = []            # per token part: codes into TOKEN_SOURCES, or None (sampled)
         self.other: list[dict] = []              # verbatim events (spec, tiles)
@@ -78,7 +58,7 @@ class StepLog:
         tokens, finishes, preemptions, decoders that started or stopped, KV block events and
         verbatim events."""
         if out.finished:
-            self.finishes += out.finished  # type: ignore[arg-type]
+            self.finishes += out.finished
         if out.preempted:
             self.preempts += out.preempted
         if out.kv_events and self.kv is not None:
@@ -100,14 +80,13 @@ class StepLog:
                     self.counter_step.append(rec.step)
                     self.counter_end.append(out.t_ms)
             if len(b.reqs):
-                self.batch_parts.append(BatchPart(rec.step, b.reqs, b.num_tokens, b.is_prefill, b.join_no))
+                self.batch_parts.append((rec.step, b.reqs, b.num_tokens, b.is_prefill, b.join_no))
             if len(out.token_reqs):
                 joins = None
                 if b.join_no is not None:   # (each listed token's request's join number: running order)
                     jm = dict(zip(b.reqs, b.join_no))
                     joins = [jm[r] for r in out.token_reqs]
-                self.token_parts.append(TokenPart(out.token_reqs, out.token_index, out.t_ms, out.token_ids,
-                                                  rec.step, joins))
+                self.token_parts.append((out.token_reqs, out.token_index, out.t_ms, out.token_ids, rec.step, joins))
                 self.token_sources.append(out.token_sources)
             if out.events:
                 self.other.extend(out.events)
@@ -175,8 +154,8 @@ def log_records(log) -> dict:
     if joins_seen:
         width = max(joins_seen) + 2
         for p in log.batch_parts:
-            if p.joins is not None and len(p.joins):
-                width = max(width, max(p.joins) + 2)
+            if p[4] is not None and len(p[4]):
+                width = max(width, max(p[4]) + 2)
     dec = log.decoder_rows(width) if width else None
     batch = tokens = None
     if log.batch_parts:
@@ -210,7 +189,7 @@ def log_records(log) -> dict:
         if tokens is None:
             tokens = d_tok
         else:
-            tj = np.fromiter(chain.from_iterable(p.joins for p in log.token_parts), np.int64, len(token_step))
+            tj = np.fromiter(chain.from_iterable(p[5] for p in log.token_parts), np.int64, len(token_step))
             tokens = _with_decoders(tokens, token_step * width + tj, d_tok, d_key)
     if tokens is not None:
         out["token"] = tokens

@@ -139,7 +139,7 @@ DEFAULT_PARAMS = {"prefix-aware": {"cache_threshold": 0.3, "balance_abs": 4.0, "
                   "weighted": {"prefix": 2.0, "queue": 1.0, "kv": 1.0}}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Signals:
     """What the router knows of one replica: its load as the replica reported it (as of
     `t_ms`), and the prefix of this request's prompt it holds (blocks)."""

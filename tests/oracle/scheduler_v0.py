@@ -328,7 +328,6 @@ class Scheduler:
             is_prefill = plan.is_prefill if plan.is_prefill is not None else self._const("false", m0)
             emits = plan.emits if plan.emits is not None else self._const("true", m0)
             start = plan.start
-        counts = (used - m0, m0) if plan is not None and plan.grow is not None else None
         if joins:   # (the joins' columns as tuples: numpy takes them as they are)
             new, _, new_start, new_n, new_todo = zip(*joins)
             run = np.concatenate([run, new])
@@ -345,7 +344,7 @@ class Scheduler:
                 active = n > 0
                 return SchedulerOutput(self.step, now_ms, run[active], n[active], start[active],
                                        is_prefill[active], emits[active])
-        return SchedulerOutput(self.step, now_ms, run, n, start, is_prefill, emits, counts)
+        return SchedulerOutput(self.step, now_ms, run, n, start, is_prefill, emits)
 
     def _planned(self, batch: SchedulerOutput, joined: bool) -> SchedulerOutput:
         kv = self.kv
