@@ -33,10 +33,11 @@ decode counter D (computed = base + D, the base fixed when it started decoding),
 decode step touches no request. Two calendars say which decoders need attention in a step:
 those whose position starts a new KV block (keyed by D mod block size; they take a block each,
 in running order) and those that emit their last token (keyed by the value of D). The step
-time is priced from counts (core.engine.outputs.SchedulerOutput.agg); the per-request batch
-arrays are built only for an executor that asks (`explicit_batches`: the runner, a server); a
-simulator's outputs name the decoders that started and stopped decoding instead of every token
-(core.engine.steplog keeps them as membership spans).
+time is priced from counts (core.engine.outputs.SchedulerOutput.agg). Only a simulator counts
+decoders: an executor that returns tokens per entry (`explicit_batches`: the runner, a server)
+gets every entry listed, each one explicit, the same schedule; a simulator's outputs name the
+decoders that started and stopped decoding instead of every token (core.engine.steplog keeps
+them as membership spans).
 """
 from __future__ import annotations
 
@@ -77,8 +78,8 @@ class Scheduler:
         `request_data`: each SchedulerOutput carries the token ids and block ids the executor
         has not been sent yet (an executor that runs a model keeps its own copy).
         `kv_events`: the KV block events go out with the EngineOutputs (a recorder wants them).
-        `explicit_batches`: every SchedulerOutput lists every entry (an executor that returns
-        tokens per entry); False (a simulator): the decoders are counted, not listed, and the
+        `explicit_batches`: every SchedulerOutput lists every entry, each one explicit (an executor
+        that returns tokens per entry); False (a simulator): the decoders are counted, not listed, and the
         outputs list only the other entries' tokens (EngineOutputs.decoded, entered, left).
         The scheduler records nothing itself: everything it did is in its EngineOutputs."""
         self.cfg = config
@@ -117,7 +118,8 @@ class Scheduler:
         bs = config.block_size
         self._cross: list[list[tuple[int, int, int]]] = [[] for _ in range(bs)]   # (join, req, stint), join order
         self._fin: dict[int, list[tuple[int, int, int]]] = {}    # D of their last token -> (join, req, stint)
-        self._decoders_ok = not config.spec_gamma   # (a speculative decode emits a varying number of tokens)
+        # (listed batches keep every entry explicit; a speculative decode emits a varying number of tokens)
+        self._decoders_ok = not config.spec_gamma and not explicit_batches
         self._last_dec_t: float | None = None   # end of the last step the decoders decoded in
         self._step_gauges: tuple[int, int, int, int] | None = None  # running, waiting, kv used, kv free: as planned
         self._step_nd = 0                  # decoders in the planned step (see _batch)
@@ -287,8 +289,7 @@ class Scheduler:
         bisect.insort(self._cross[(-base) % bs], (seq, i, stint))
         end = int(t.out_len[i] + t.prompt_len[i]) - 2 - base   # the value of D in its last token's step
         self._fin.setdefault(end, []).append((seq, i, stint))
-        if not self.explicit_batches:
-            self._entered.append((i, seq, self.D, int(t.emitted[i])))
+        self._entered.append((i, seq, self.D, int(t.emitted[i])))
 
     def _explicit_now(self, i: int):
         """Decoder i's counts written back to the request table; it is explicit from now on."""
@@ -301,20 +302,8 @@ class Scheduler:
         t.emitted[i] = c - t.prompt_len[i] + 1
         t.nblocks[i] = len(self.kv.tables[i])
         self._exp[i] = self._run[i]
-        if not self.explicit_batches:
-            self._left.append((i, self.D, self._last_dec_t))
+        self._left.append((i, self.D, self._last_dec_t))
 
-    def _sync_decoders(self):
-        """Every decoder's counts written into the request table (they stay decoders)."""
-        if not self._dec:
-            return
-        t = self.requests
-        who = np.fromiter(self._dec, _INT, len(self._dec))
-        c = np.fromiter(self._dec.values(), _INT, len(self._dec)) + self.D
-        t.computed[who] = c
-        t.emitted[who] = c - t.prompt_len[who] + 1
-        tables = self.kv.tables
-        t.nblocks[who] = np.fromiter((len(tables[i]) for i in self._dec), _INT, len(self._dec))
     # ---- one step ----------------------------------------------------------------------
     def schedule(self, now_ms: float) -> SchedulerOutput | None:
         """Choose the next step's batch (None if there is nothing to run now)."""
@@ -461,13 +450,13 @@ class Scheduler:
             else:
                 self.kv.grow_many(who, more)
 
-    def _ends_block(self, E: list, start: list, n: list, decoders: bool) -> list[int]:
+    def _ends_block(self, E: list, start: list, n: list) -> list[int]:
         """The entries whose computed tokens fill a block this step (their end crosses a block
-        boundary), in running order: the listed ones (E, from `start`, `n` tokens) and, with
-        `decoders`, the decoders whose position + 1 ends a block (next step's block starters)."""
+        boundary), in running order: the listed ones (E, from `start`, `n` tokens) and
+        the decoders whose position + 1 ends a block (next step's block starters)."""
         bs, run = self.cfg.block_size, self._run
         rows = [(run.get(i, -1), k, i) for k, (i, s, m) in enumerate(zip(E, start, n)) if (s + m) // bs > s // bs]
-        if decoders and self._dec:
+        if self._dec:
             due = self._cross[(self.D + 1) % bs]
             if due:
                 rows = sorted(rows + [(s, -1, i) for s, i, _ in due])
@@ -478,7 +467,7 @@ class Scheduler:
         when scheduled (outputs under stand-in ids, core.engine.kv_cache.commit)."""
         t, kv = self.requests, self.kv
         at = {i: k for k, i in enumerate(plan.E)}
-        for i in self._ends_block(plan.E, plan.start, plan.n, True):
+        for i in self._ends_block(plan.E, plan.start, plan.n):
             ids = t.token_ids[i]
             if ids is None:
                 continue
@@ -542,7 +531,6 @@ class Scheduler:
         E: list; n: list; start: list; pre: list; emits: list
         nd, E, n, start, pre, emits = ((plan.nd, plan.E, plan.n, plan.start, plan.pre, plan.emits) if plan is not None
                                        else (0, [], [], [], [], []))   # (the plan's lists: not read after this)
-        m0 = len(E)
         for jn in joins:
             E.append(jn.req)
             n.append(jn.take)
@@ -570,12 +558,6 @@ class Scheduler:
             run = self._run
             return SchedulerOutput(self.step, now_ms, E, n, start, pre, emits, agg=agg, decoders=nd,
                                    join_no=[run[i] for i in E])
-        if nd:   # every entry listed, in running order (the joins after them)
-            run, D = self._run, self.D
-            rows = sorted([(run[i], i, n[k], start[k], pre[k], emits[k]) for k, i in enumerate(E[:m0])]
-                          + [(run[i], i, 1, b + D, False, True) for i, b in self._dec.items()]) \
-                + [(0, i, n[k], start[k], pre[k], emits[k]) for k, i in enumerate(E[m0:], m0)]
-            _, E, n, start, pre, emits = (list(c) for c in zip(*rows))
         return SchedulerOutput(self.step, now_ms, np.array(E, dtype=_INT), np.array(n, dtype=_INT),
                                np.array(start, dtype=_INT), np.array(pre, dtype=bool), np.array(emits, dtype=bool),
                                agg=agg)
@@ -623,7 +605,7 @@ class Scheduler:
         row per step). Returns None (the step completes as usual) where fewer than two steps would
         run. The same trace as stepping (tests/test_oracle.py)."""
         nd = self._step_nd
-        if not nd or len(batch.reqs) or self.explicit_batches or self._dec_ids or not self._fin or self._held_back:
+        if not nd or len(batch.reqs) or self._dec_ids or not self._fin or self._held_back:
             return None
         D, bs, kv = self.D, self.cfg.block_size, self.kv
         K = min(self._fin) - D + 1      # through the step of the first last token
@@ -706,9 +688,7 @@ class Scheduler:
         nd = self._step_nd
         listed, start, ntok, emits = (x if type(x) is list else x.tolist()   # type: ignore[union-attr]
                                       for x in (batch.reqs, batch.start_pos, batch.num_tokens, batch.emits))
-        ends = self._ends_block(listed, start, ntok, not self.explicit_batches) if self.commit_after else None
-        if self.explicit_batches and self._dec:
-            self._sync_decoders()
+        ends = self._ends_block(listed, start, ntok) if self.commit_after else None
         for i, s, m in zip(listed, start, ntok):
             t.computed[i] = s + m
         cancelled = [i for i in listed if t.abort_at[i] <= t_end] if self.aborts else []
@@ -732,7 +712,7 @@ class Scheduler:
             self.D += 1
             self._last_dec_t = t_end
             due = self._fin.pop(D0, None)
-            if due and not self.explicit_batches:   # (listed entries' finishes are found above)
+            if due:   # (listed entries' finishes are found above)
                 if fin:   # (in running order: join numbers)
                     run = self._run
                     fin = [i for _, i in sorted([(run[i], i) for i in fin] + [(s, i) for s, i, _ in due])]
@@ -757,7 +737,7 @@ class Scheduler:
             self._new_decoders(listed)
         self.step += 1
         self._step_gauges = None
-        decoded = (D0, nd) if nd and not self.explicit_batches else None
+        decoded = (D0, nd) if nd else None
         if self.explicit_batches and type(er) is list:
             er, idx = np.array(er, dtype=_INT), np.array(idx, dtype=_INT)  # type: ignore[assignment]
         return self.take_outputs(t_end, batch, dur, er, idx, ids, rec, None, src, out.events, decoded)
