@@ -109,15 +109,13 @@ class Scheduler:
         self._joins = 0
         self._exp: dict[int, int] = {}     # explicit running requests -> join number
         self._dec: dict[int, int] = {}     # decoders -> base (computed = base + D)
-        self._stint: dict[int, int] = {}   # decoders -> the number of their decoding stint (calendar entries' key)
-        self._stints = 0
         self.D = 0                         # the decode counter: steps the decoders decoded in
         self._dsum = 0                     # sum of the decoders' bases
         self._dec_ids = 0                  # decoders whose filled blocks go into the prefix cache
         self._held_back = False            # the planned step preempted with requests waiting
         bs = config.block_size
-        self._cross: list[list[tuple[int, int, int]]] = [[] for _ in range(bs)]   # (join, req, stint), join order
-        self._fin: dict[int, list[tuple[int, int, int]]] = {}    # D of their last token -> (join, req, stint)
+        self._cross: list[list[tuple[int, int]]] = [[] for _ in range(bs)]   # (join, req), join order
+        self._fin: dict[int, list[tuple[int, int]]] = {}    # D of their last token -> (join, req)
         # (listed batches keep every entry explicit; a speculative decode emits a varying number of tokens)
         self._decoders_ok = not config.spec_gamma and not explicit_batches
         self._last_dec_t: float | None = None   # end of the last step the decoders decoded in
@@ -255,25 +253,6 @@ class Scheduler:
         return freed
 
     # ---- decoders: one token a step, positions implicit from the decode counter -------------
-    def _undecode(self, i: int) -> int:
-        """Decoder i leaves the calendars; returns its base."""
-        base = self._dec.pop(i)
-        stint = self._stint.pop(i)
-        seq = self._run[i]
-        bucket = self._cross[(-base) % self.cfg.block_size]
-        bucket.remove((seq, i, stint))
-        t = self.requests
-        key = int(t.out_len[i] + t.prompt_len[i]) - 2 - base
-        fin = self._fin.get(key)
-        if fin is not None:
-            fin.remove((seq, i, stint))
-            if not fin:
-                del self._fin[key]
-        if t.token_ids[i] is not None and (self.cache_when_scheduled or self.commit_after):
-            self._dec_ids -= 1
-        self._dsum -= base
-        return base
-
     def _decode_now(self, i: int, seq: int):
         """Request i (explicit, its last token emitted, one to compute) becomes a decoder."""
         t, bs = self.requests, self.cfg.block_size
@@ -282,26 +261,34 @@ class Scheduler:
         self._dec[i] = base
         if t.token_ids[i] is not None and (self.cache_when_scheduled or self.commit_after):
             self._dec_ids += 1   # (its filled blocks are cached as it decodes: stepped one by one)
-        stint = self._stint[i] = self._stints
-        self._stints += 1
         self._dsum += base
         del self._exp[i]
-        bisect.insort(self._cross[(-base) % bs], (seq, i, stint))
+        bisect.insort(self._cross[(-base) % bs], (seq, i))
         end = int(t.out_len[i] + t.prompt_len[i]) - 2 - base   # the value of D in its last token's step
-        self._fin.setdefault(end, []).append((seq, i, stint))
+        self._fin.setdefault(end, []).append((seq, i))
         self._entered.append((i, seq, self.D, int(t.emitted[i])))
 
     def _explicit_now(self, i: int):
-        """Decoder i's counts written back to the request table; it is explicit from now on."""
+        """Decoder i leaves the calendars, its counts written back to the request table; it is
+        explicit from now on."""
         if i not in self._dec:
             return
-        base = self._undecode(i)
-        t = self.requests
+        base, seq, t = self._dec.pop(i), self._run[i], self.requests
+        self._cross[(-base) % self.cfg.block_size].remove((seq, i))
+        key = int(t.out_len[i] + t.prompt_len[i]) - 2 - base
+        fin = self._fin.get(key)
+        if fin is not None:
+            fin.remove((seq, i))
+            if not fin:
+                del self._fin[key]
+        if t.token_ids[i] is not None and (self.cache_when_scheduled or self.commit_after):
+            self._dec_ids -= 1
+        self._dsum -= base
         c = base + self.D
         t.computed[i] = c
         t.emitted[i] = c - t.prompt_len[i] + 1
         t.nblocks[i] = len(self.kv.tables[i])
-        self._exp[i] = self._run[i]
+        self._exp[i] = seq
         self._left.append((i, self.D, self._last_dec_t))
 
     # ---- one step ----------------------------------------------------------------------
@@ -435,7 +422,7 @@ class Scheduler:
             grow = [(run[i], i, k) for i, k in zip(plan.E, plan.needs) if k > 0]
             if grow:
                 if plan.cross:
-                    grow = sorted(grow + [(s, i, 1) for s, i, _ in plan.cross])
+                    grow = sorted(grow + [(s, i, 1) for s, i in plan.cross])
                 who = [g[1] for g in grow]
                 more = [g[2] for g in grow]
                 nblocks = self.requests.nblocks
@@ -459,7 +446,7 @@ class Scheduler:
         if self._dec:
             due = self._cross[(self.D + 1) % bs]
             if due:
-                rows = sorted(rows + [(s, -1, i) for s, i, _ in due])
+                rows = sorted(rows + [(s, -1, i) for s, i in due])
         return [r[2] for r in rows]
 
     def _commit_scheduled(self, plan: _Plan):
@@ -712,12 +699,9 @@ class Scheduler:
             self.D += 1
             self._last_dec_t = t_end
             due = self._fin.pop(D0, None)
-            if due:   # (listed entries' finishes are found above)
-                if fin:   # (in running order: join numbers)
-                    run = self._run
-                    fin = [i for _, i in sorted([(run[i], i) for i in fin] + [(s, i) for s, i, _ in due])]
-                else:
-                    fin = [e[1] for e in sorted(due)] if len(due) > 1 else [due[0][1]]
+            if due:   # with the listed entries' finishes found above, in running order (join numbers)
+                run = self._run
+                fin = [i for _, i in sorted([(run[i], i) for i in fin] + due)]
         if ends:
             dec = self._dec
             for i in ends:
@@ -893,7 +877,7 @@ class Scheduler:
 class _Plan:
     """The running requests' part of a step: the explicit ones in running order (E, their tokens
     n, start positions, is-prefill and emits flags, new KV blocks each), the decoders crossing a
-    block boundary (join, req, stint), how many decoders, and the step's tokens and new blocks."""
+    block boundary (join, req), how many decoders, and the step's tokens and new blocks."""
     __slots__ = ("E", "n", "start", "pre", "emits", "needs", "cross", "nd", "tokens", "need")
 
     def __init__(self, E, n, start, pre, emits, needs, cross, nd, tokens, need):
