@@ -550,9 +550,8 @@ class Scheduler:
                                agg=agg)
 
     def _planned(self, batch: SchedulerOutput) -> SchedulerOutput:
-        kv = self.kv
-        free = kv.num_free
-        self._step_gauges = (len(self._run), len(self.waiting), kv.num_blocks - free, free)
+        free = self.kv.num_free
+        self._step_gauges = (len(self._run), len(self.waiting), self.kv.num_blocks - free, free)
         if self.request_data:
             self._attach_data(batch)
         return batch
@@ -712,9 +711,8 @@ class Scheduler:
         # requests that reached their max tokens or a stop id leave, their blocks freed
         if fin or stopped:
             self._finish_emitted(fin, stopped, t_end)
-        if cancelled:
-            for i in cancelled:
-                self.abort(i, t_end, t.abort_reason.get(i, "abort"), max(float(t.abort_at[i]), batch.t_ms))
+        for i in cancelled:
+            self.abort(i, t_end, t.abort_reason.get(i, "abort"), max(float(t.abort_at[i]), batch.t_ms))
         for j, why in (out.failed or {}).items():     # one request's failure ends that request only
             self.abort(int(listed[j]), t_end, "error", detail=why)
         if self._decoders_ok:   # the entries now one token away from their next emission decode from now on
@@ -848,31 +846,20 @@ class Scheduler:
         """Everything that happened since the last EngineOutputs (with a step's tokens and
         record, when given), and forget it."""
         gauges = self._gauges()
-        fin, queued, preempted, started = self._finished, self._queued, self._preempted, None
-        if fin:
-            self._finished = []
-            if self.request_data:
-                self._gone += [f.req for f in fin]
-                for f in fin:
-                    self._sent_tokens.pop(f.req, None)
-                    self._sent_blocks.pop(f.req, None)
-        if queued:
-            self._queued = []
-        if preempted:
-            self._preempted = []
+        fin, queued, preempted, entered, left = self._finished, self._queued, self._preempted, self._entered, self._left
+        self._finished, self._queued, self._preempted, self._entered, self._left = [], [], [], [], []
+        if fin and self.request_data:
+            self._gone += [f.req for f in fin]
+            for f in fin:
+                self._sent_tokens.pop(f.req, None)
+                self._sent_blocks.pop(f.req, None)
+        started = None
         if batch is not None and self._started:   # first scheduled in this step (kept for the step's outputs)
             started, self._started = self._started, []
-        entered: list | tuple = ()
-        left: list | tuple = ()
-        if self._entered:
-            entered, self._entered = self._entered, []
-        if self._left:
-            left, self._left = self._left, []
         kv_events = self.kv.take_events() if self.kv.events else ()
         return _tuple(EngineOutputs, (t_ms, gauges, batch, dur_ms, fin or (), queued or (), started or (),
                                       preempted or (), token_reqs, token_index, token_ids, record, token_t_ms,
-                                      token_sources, kv_events, events, decoded, entered, left))
-
+                                      token_sources, kv_events, events, decoded, entered or (), left or ()))
 
 class _Plan:
     """The running requests' part of a step: the explicit ones in running order (E, their tokens
