@@ -319,7 +319,7 @@ class Scheduler:
         if plan is not None and plan.grow is not None and not joins:   # decodes only (the common step)
             self.running = run
             return SchedulerOutput(self.step, now_ms, run, self._const("ones", m0), plan.start,
-                                   self._const("false", m0), self._const("true", m0), (0, m0))
+                                   self._const("false", m0), self._const("true", m0))
         if plan is None:
             n = start = np.empty(0, dtype=np.int64)
             is_prefill = emits = np.empty(0, dtype=bool)
