@@ -350,3 +350,17 @@ def test_a_request_that_cannot_run_even_alone_is_answered_not_left_waiting():
     assert core.scheduler.num_preemptions >= 1
     assert "25 tokens to compute" in why[4].detail and "token budget 24" in why[4].detail
     assert core.scheduler.kv.num_free == 29
+
+
+def test_many_heads_that_cannot_run_are_each_answered_in_one_step_call():
+    """A KV watermark that leaves too few blocks for any request: every one is rejected on the idle
+    engine, one after another in a single schedule call (a loop: 3,000 of them, no recursion)."""
+    n = 3000
+    w = Workload([Request(f"r{i}", 0.0, 100, 1) for i in range(n)])   # 7 blocks of 16 each
+    cfg = SchedulerConfig(policy="continuous", kv_blocks=10, kv_watermark=0.5)   # 5 kept free
+    core = EngineCore(cfg, StepTimeExecutor(StepModel(step_ms=1.0)), w)
+    finishes = []
+    loop.run(core, loop.VirtualClock(0.0), on_output=lambda out: finishes.extend(out.finished))
+    assert len(finishes) == n and {f.reason for f in finishes} == {"rejected"}
+    assert all("cannot run even with the engine idle" in f.detail for f in finishes)
+    assert core.scheduler.kv.num_free == 10

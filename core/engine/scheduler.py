@@ -326,12 +326,10 @@ class Scheduler:
         if cfg.queue_limit is not None:
             self.reject_over_bound(now_ms)
         batch = self._batch(plan, joins, now_ms)
-        if batch is None:
-            if self.waiting and not self._run:   # the head cannot run even alone: answered, not left waiting
-                self._never_runs(self.waiting.popleft(), now_ms)
-                return self.schedule(now_ms)
-            return None
-        return self._planned(batch)
+        while batch is None and self.waiting and not self._run:   # a head that cannot run even alone: answered
+            self._never_runs(self.waiting.popleft(), now_ms)     # (and the next tried, as on an idle engine)
+            batch = self._batch(None, self._admit_waiting(budget, 0, 0)[0], now_ms)
+        return self._planned(batch) if batch is not None else None
 
     def _never_runs(self, i: int, now_ms: float):
         """Request i, at the head of the queue, cannot join an idle engine (a preempted request's
