@@ -70,7 +70,11 @@ def test_every_row_group_holds_one_record_type():
     t = pf.read()
     assert seen == {k: v for k, v in zip(*np.unique(t.column("rtype").to_numpy(zero_copy_only=False),
                                                        return_counts=True))}
-    assert seen["token"] == int(w.max_output_tokens.sum())
+    # the decoders' tokens as decode spans (core.trace.spans): listed tokens + the spans' = every token
+    span = t.filter(pa.compute.equal(t.column("rtype"), "span"))
+    assert seen["span"] == len(span) > 0
+    assert seen["token"] + pa.compute.sum(span.column("tokens")).as_py() == int(w.max_output_tokens.sum())
+    assert seen["token"] < int(w.max_output_tokens.sum()) / 4
 
 
 def test_writer_round_trips_bundled_traces():

@@ -114,12 +114,45 @@ def _source_view(con, files: list[Path]) -> set:
     stored = {r[0]: r[1] for r in con.execute(f"DESCRIBE SELECT * FROM read_parquet({listed})").fetchall()}
     cols = lambda s: ", ".join(_column_sql(c, stored, s) for c in COLUMNS)
     # every row with its place in the trace: (part, row in part)
-    con.execute(f"CREATE TEMP VIEW src AS SELECT {cols('s.')}, p.part * 4294967296 + s.file_row_number AS rowkey "
+    con.execute(f"CREATE TEMP VIEW src_file AS SELECT {cols('s.')}, p.part * 4294967296 + s.file_row_number AS rowkey "
                 f"FROM read_parquet({listed}, filename=true, file_row_number=true) s JOIN parts p USING (filename)")
-    # the rows in file order without sorting: a plain scan keeps it (DuckDB's preserve_insertion_order)
-    con.execute(f"CREATE TEMP VIEW scan AS SELECT {cols('')} FROM read_parquet({listed})")
-    check_parquet(con, files)
-    return (present & set(COLUMNS)) | {"rowkey"}
+    spans = con.execute("SELECT 1 FROM src_file WHERE rtype = 'span' LIMIT 1").fetchone() is not None
+    if spans:    # decode spans expanded (core.trace.spans), every token and batch row keyed by (step, join)
+        con.execute(f"CREATE TEMP VIEW src AS {_expanded_sql()}")
+        con.execute(f"CREATE TEMP VIEW scan AS SELECT {', '.join(_q(c) for c in COLUMNS)} FROM src ORDER BY rowkey")
+    else:
+        con.execute("CREATE TEMP VIEW src AS SELECT * FROM src_file")
+        # the rows in file order without sorting: a plain scan keeps it (DuckDB's preserve_insertion_order)
+        con.execute(f"CREATE TEMP VIEW scan AS SELECT {cols('')} FROM read_parquet({listed})")
+    check_parquet(con, files, spans)
+    return (present & set(COLUMNS)) | {"rowkey"} | ({"step"} if spans else set())
+
+
+def _q(c: str) -> str:
+    return f'"{c}"'
+
+
+def _expanded_sql() -> str:
+    """The view `src` of a file with decode spans (core.trace.spans.expand, in SQL): its other rows as
+    they are, its listed token and batch rows keyed by (step, join), and each span's tokens and batch
+    entries, one per step, each token at its step's end (the first step record of that number)."""
+    from core.trace.spans import KEY
+    keyed = [_q(c) if c != "rtype" else c for c in COLUMNS]
+    def row(vals: dict) -> str:
+        return ", ".join(f"{vals.get(c, f'CAST(NULL AS {_SQL_TYPES[COLUMNS[c]]})')} AS {_q(c)}" for c in COLUMNS)
+    common = {"req": "e.req", "step": "e.step", "join": 'e."join"'}
+    tok = row(common | {"rtype": "'token'", "t_ms": "st.t_end", "index": 'e."index"', "source": "'sampled'",
+                        "token_id": "CAST(-1 AS BIGINT)", "replica": "CAST(0 AS BIGINT)"})
+    bat = row(common | {"rtype": "'batch'", "kind": "'decode'", "tokens": "CAST(1 AS BIGINT)"})
+    expanded = """(SELECT s.req, s."join", s.step + k AS step, s."index" + k AS "index"
+                    FROM (SELECT req, "join", step, "index", unnest(range(tokens)) AS k
+                          FROM src_file WHERE rtype = 'span') s)"""
+    steps = "(SELECT step, arg_min(t_ms + dur_ms, rowkey) AS t_end FROM src_file WHERE rtype = 'step' GROUP BY step)"
+    return f"""SELECT * FROM src_file WHERE rtype <> 'token' AND rtype <> 'batch' AND rtype <> 'span'
+        UNION ALL SELECT {', '.join(keyed)}, step * {KEY} + "join" AS rowkey FROM src_file
+                  WHERE rtype = 'token' OR rtype = 'batch'
+        UNION ALL SELECT {tok}, e.step * {KEY} + e."join" AS rowkey FROM {expanded} e JOIN {steps} st USING (step)
+        UNION ALL SELECT {bat}, e.step * {KEY} + e."join" AS rowkey FROM {expanded} e"""
 
 
 _SQL_TYPES = {"string": "VARCHAR", "int64": "BIGINT", "float64": "DOUBLE"}
@@ -197,7 +230,7 @@ def check_layout(files: list[Path]) -> set:
     return set(first.names)
 
 
-def check_parquet(con, files: list[Path]):
+def check_parquet(con, files: list[Path], spans: bool = False):
     """Every check trace_from_parquet makes before it returns a trace, made without loading it, with
     the same functions (a trace the in-memory reader refuses is refused here, in one line): after
     check_layout (the parts' heads and declared columns: `_source_view` checks them before it makes its
@@ -227,10 +260,40 @@ def check_parquet(con, files: list[Path]):
     if rows.other:
         ids = con.execute("SELECT id FROM src WHERE rtype = 'request' ORDER BY rowkey").fetchnumpy()["id"]
         rows.finish({rid: j for j, rid in enumerate(ids.tolist())})
+    if spans:
+        _check_spans(con, name)
     _check_requests(con, name, n_req)
     con.execute("DROP TABLE chk_r")
     pa.default_memory_pool().release_unused()    # (mimalloc keeps freed pages for reuse otherwise)
     _CHECKED.add(key)
+
+
+def _check_spans(con, name: str):
+    """What the in-memory reader checks of a file with decode spans beyond each row (core.trace.parquet.
+    _with_spans), before a span is expanded: no request given more decode tokens than its max_output_tokens,
+    listed token and batch rows keyed (step and join present), no replica but 0, every span's steps recorded."""
+    over = con.execute("""SELECT s.req, s.n, r.max_output_tokens FROM
+        (SELECT req, sum(tokens) AS n FROM src_file WHERE rtype = 'span' GROUP BY req) s
+        JOIN (SELECT row_number() OVER (ORDER BY rowkey) - 1 AS i, max_output_tokens FROM src_file
+              WHERE rtype = 'request') r ON s.req = r.i
+        WHERE s.n > r.max_output_tokens ORDER BY s.req LIMIT 1""").fetchone()
+    if over:
+        raise TraceError(f"{name}: span records: request {over[0]} decodes {int(over[1]):,} tokens, over its "
+                         f"max_output_tokens {int(over[2]):,}")
+    for rtype, keys in (("token", ("step", "join")), ("batch", ("join",))):
+        miss = " OR ".join(f'"{k}" IS NULL' for k in keys)
+        bad = con.execute(f"SELECT {', '.join(_q(k) for k in keys)} FROM src_file WHERE rtype = '{rtype}' AND ({miss}) "
+                          "LIMIT 1").fetchone()
+        if bad:
+            k = keys[[v is None for v in bad].index(True)]
+            raise TraceError(f"{name}: {rtype} records of a file with decode spans: {k} missing")
+    if con.execute("SELECT 1 FROM src_file WHERE rtype = 'token' AND coalesce(replica, 0) <> 0 LIMIT 1").fetchone():
+        raise TraceError(f"{name}: decode spans in a fleet trace (a replica other than 0): not supported")
+    gap = con.execute("""SELECT e.req, e.step FROM (SELECT req, step + unnest(range(tokens)) AS step FROM src_file
+                         WHERE rtype = 'span') e ANTI JOIN (SELECT DISTINCT step FROM src_file WHERE rtype = 'step') st
+                         USING (step) ORDER BY e.step, e.req LIMIT 1""").fetchone()
+    if gap:
+        raise TraceError(f"{name}: span records: request {gap[0]} decodes in step {gap[1]}, which has no step record")
 
 
 def _check_requests(con, name: str, n_req: int):

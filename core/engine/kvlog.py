@@ -12,10 +12,10 @@ from core.trace.schema import KV_OPS
 
 
 class KVLog:
-    """Record of block events, one row per block touched. A call (a run of blocks) is kept
-    as one tuple and calls become typed columns together, vectorised, when read (recording
-    stays a list append). Sequence ids are the scheduler's integer request indices; other
-    ids (direct users name sequences anything) make the `req` column Python objects."""
+    """Record of block events, one row per block touched. Recording keeps the events as the
+    KVCacheManager handed them on (one tuple per call, a list extend per step); they become typed
+    columns together, vectorised, when read. Sequence ids are the scheduler's integer request
+    indices; other ids (direct users name sequences anything) make the `req` column Python objects."""
 
     _NUM = (("t_ms", np.float64), ("op", np.int8), ("req", np.int64), ("block", np.int64), ("logical", np.int64),
             ("ref", np.int64), ("src", np.int64))
@@ -26,34 +26,19 @@ class KVLog:
 
     def clear(self):
         """Forget what was recorded (a streaming writer has taken it)."""
-        self._calls: list[tuple] = []        # (t, op code, owner, blocks, logical0, step, refs, src)
+        self._calls: list[tuple] = []        # (t, op, seq, blocks, logical0, step, refs, hashes, src)
         self._done: list[dict] = []          # calls already turned into columns
-        self._hashes: list[tuple[int, list]] = []   # (first row, hashes of the call's blocks)
         self._obj_req = False                # a non-integer sequence id was seen
-        self.rows = 0
 
     def add(self, t, op, seq, blocks, logical0, step, refs, hashes=None, src=-1):
         """t: one time or one per block; seq: one id (None: no owner) or one per block;
         logical0: the first logical index (then + step per block), or one per block (step 0);
         refs: one count or one per block; hashes: one per block (bytes or None) or None."""
-        k = len(blocks)
-        if not k:
-            return
-        owner = -1 if seq is None else seq
-        if (type(owner) is not int and not self._obj_req and not isinstance(owner, (list, np.ndarray))
-                and (isinstance(owner, bool) or not isinstance(owner, (int, np.integer)))):
-            self._obj_req = True   # (lists and arrays of ids are checked when read: _columns_of)
-        self._calls.append((t, self._OPS[op], owner, blocks, logical0, step, refs, src))
-        if hashes is not None:
-            self._hashes.append((self.rows, hashes))
-        self.rows += k
+        self._calls.append((t, op, seq, blocks, logical0, step, refs, hashes, src))
 
     def extend(self, calls):
-        """Add the events a KVCacheManager handed on (take_events): (t, op, seq, blocks,
-        logical0, step, refs, hashes, src) each, as `add` takes them."""
-        add = self.add
-        for c in calls:
-            add(*c)
+        """Add the events a KVCacheManager handed on (take_events), as `add` takes them."""
+        self._calls += calls
 
     def _parts(self) -> list[dict]:
         if self._calls:
@@ -62,7 +47,7 @@ class KVLog:
         return self._done
 
     def _columns_of(self, calls) -> dict:
-        t, op, owner, blocks, logical0, step, refs, src = zip(*calls)
+        t, op, owner, blocks, logical0, step, refs, hashes, src = zip(*calls)
         lens = np.fromiter(map(len, blocks), np.int64, len(calls))
         n = int(lens.sum())
         block = np.fromiter(chain.from_iterable(blocks), np.int64, n)
@@ -71,23 +56,32 @@ class KVLog:
         if steps.any():  # runs of consecutive logical indices (+1 or -1 per block)
             first = np.cumsum(lens) - lens
             logical += (np.arange(n) - np.repeat(first, lens)) * np.repeat(steps, lens)
+        owners = [-1 if o is None else o for o in owner]
+        if not self._obj_req and any(isinstance(o, bool) or not isinstance(o, (int, np.integer, list, np.ndarray))
+                                     for o in owners if type(o) is not int):
+            self._obj_req = True   # (lists and arrays of ids are checked by spread)
         req = None
         if not self._obj_req:
             try:
-                req = spread(owner, lens, np.int64)
+                req = spread(owners, lens, np.int64)
             except (TypeError, ValueError, OverflowError):   # a sequence named by something else
                 self._obj_req = True
         if self._obj_req:
             req = np.empty(n, dtype=object)
-            req[:] = [x for o, k in zip(owner, lens.tolist())
+            req[:] = [x for o, k in zip(owners, lens.tolist())
                       for x in (o.tolist() if isinstance(o, np.ndarray) else o if isinstance(o, list) else [o] * k)]
-        return {"t_ms": spread(t, lens, np.float64), "op": np.repeat(np.array(op, dtype=np.int8), lens),
+        hash_col = None
+        if any(h is not None for h in hashes):
+            hash_col = [x for h, k in zip(hashes, lens.tolist())
+                        for x in ([None] * k if h is None else [b.hex()[:16] if b else None for b in h])]
+        codes = np.array([self._OPS[o] for o in op], np.int8)
+        return {"t_ms": spread(t, lens, np.float64), "op": np.repeat(codes, lens),
                 "req": req, "block": block, "logical": logical, "ref": spread(refs, lens, np.int64),
                 "src": (np.repeat(np.array(src, dtype=np.int64), lens) if any(x != -1 for x in src)
-                        else np.full(n, -1, dtype=np.int64))}
+                        else np.full(n, -1, dtype=np.int64)), "hash": hash_col}
 
     def __len__(self):
-        return self.rows
+        return sum(len(p["block"]) for p in self._done) + sum(len(c[3]) for c in self._calls)
 
     def columns(self) -> dict:
         """Columns t_ms, op (codes into KV_OPS), req (-1: none), block, logical, ref,
@@ -100,11 +94,8 @@ class KVLog:
             cols = [p[c].astype(dt, copy=False) for p in parts]
             out[c] = cols[0] if len(cols) == 1 else np.concatenate(cols) if cols else np.empty(0, dt)
         out["hash"] = None
-        if self._hashes:
-            col = [None] * self.rows
-            for pos, hs in self._hashes:
-                col[pos:pos + len(hs)] = [h.hex()[:16] if h else None for h in hs]
-            out["hash"] = col
+        if any(p["hash"] is not None for p in parts):
+            out["hash"] = [x for p in parts for x in (p["hash"] if p["hash"] is not None else [None] * len(p["block"]))]
         return out
 
 

@@ -167,7 +167,9 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
     pyarrow output stream) while the simulation runs: the log is handed to a
     core.trace.parquet.TraceWriter every `flush_steps` steps and forgotten, so memory stays
     bounded by the run's live state, not its length. Reading the file back gives exactly
-    the trace `simulate` returns (tests check). Returns (meta, rows per record type). Needs
+    the trace `simulate` returns (tests check). Plain decode steps are written as decode spans
+    (core.trace.spans: one row per stretch of a request's decoding, not a token and a batch row per
+    step). Returns (meta, rows per record type: token and batch as read back, spans expanded). Needs
     neither pandas nor Request objects for a plain workload."""
     from core.engine.steplog import log_records
     from core.trace.writer import ROW_GROUP_ROWS, TraceWriter, _dumps, workload_request_rows
@@ -181,9 +183,13 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
     try:
         writer.add("request", workload_request_rows(workload))
 
+        expanded = [0]
+
         def drain(log: StepLog):
-            for rtype, cols in log_records(log).items():
+            for rtype, cols in log_records(log, spans=True).items():
                 writer.add(rtype, {k: v for k, v in cols.items() if v is not None})
+                if rtype == "span":
+                    expanded[0] += int(cols["tokens"].sum())
             if log.other:
                 writer.add("other", {"t_ms": np.array([float(e.get("t_ms", 0.0)) for e in log.other]),
                                      "json": [_dumps(e) for e in log.other]})
@@ -203,7 +209,11 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
         writer.abort()
         raise
     writer.close(meta)
-    return meta, writer.counts
+    counts = dict(writer.counts)
+    if expanded[0]:
+        for rtype in ("token", "batch"):
+            counts[rtype] = counts.get(rtype, 0) + expanded[0]
+    return meta, counts
 
 
 def simulator(config: SchedulerConfig, step_model: StepModel | None = None, workload: Workload | None = None,

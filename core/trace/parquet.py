@@ -18,7 +18,8 @@ import pandas as pd
 
 from core.errors import TraceError, loads_json, short
 from core.trace.model import BadColumn, Trace, frame
-from core.trace.schema import REQUEST, SCHEMA, TABLE_EVENTS, TABLES, Field, Record
+from core.trace.schema import BATCH, REQUEST, SCHEMA, TABLE_EVENTS, TABLES, TOKEN, Field, Record
+from core.trace.spans import SPAN_COLUMNS, check_spans, expand
 from core.trace.validate import Problems, check_consistency, check_meta, read_events
 from core.trace.writer import COLUMNS, PARQUET_KEY, ROW_GROUP_ROWS, RTYPES, RowTables, TraceWriter, _dumps, head_bytes
 
@@ -269,8 +270,11 @@ class _Rows:
 def _record_columns(rtype: str) -> list[str]:
     if rtype == "other":
         return ["t_ms", "json"]
+    if rtype == "span":
+        return list(SPAN_COLUMNS)
     rec = next(r for r in TABLES if r.type == rtype)
-    return list(dict.fromkeys([f.column for f in rec.columns] + (["json"] if rec is REQUEST else [])))
+    keyed = {"token": ["step", "join"], "batch": ["join"]}.get(rtype, [])   # (among decode spans)
+    return list(dict.fromkeys([f.column for f in rec.columns] + (["json"] if rec is REQUEST else []) + keyed))
 
 
 def _row_groups_by_type(pf) -> dict[str, list[int]] | None:
@@ -413,6 +417,8 @@ def _trace_from_rows(rows: dict, head: dict, name: str) -> Trace:
     requests = rows["request"].frame(REQUEST, 0)
     extras = _request_extras(rows["request"], name)
     tables = {rec.table: rows[rec.type].frame(rec, len(requests)) for rec in TABLES if rec is not REQUEST}
+    if "span" in rows and rows["span"].n:
+        tables["tokens"], tables["batch"] = _with_spans(rows, tables, requests, name)
     other = _checked_other(_other_records(rows["other"], name), {rid: j for j, rid in
                                                                  enumerate(requests["id"].tolist())}, name)
     pb = Problems(name)
@@ -421,6 +427,39 @@ def _trace_from_rows(rows: dict, head: dict, name: str) -> Trace:
     pb.raise_if_any()
     extra = head.get("extra") if isinstance(head.get("extra"), dict) else {}
     return Trace(meta=head["meta"], requests=requests, **tables, other=other, request_extra=extras, extra=extra)
+
+
+def _listed(rows: _Rows, df: pd.DataFrame, keys: tuple, name: str) -> dict:
+    """A file with decode spans: its listed token or batch rows as columns (enum codes), with the
+    step and join numbers that place them among the spans."""
+    cols = {c: (np.asarray(df[c].array.codes, dtype=np.int8) if isinstance(df[c].dtype, pd.CategoricalDtype)
+                else df[c].to_numpy()) for c in df.columns}
+    for c in keys:
+        col = rows.col(c)
+        if col.null_count:
+            raise TraceError(f"{name}: {rows.rtype} records of a file with decode spans: {c} missing")
+        cols[c] = col.to_numpy(zero_copy_only=False).astype(np.int64)
+    return cols
+
+
+def _with_spans(rows: dict, tables: dict, requests: pd.DataFrame, name: str):
+    """The token and batch tables of a file with decode spans (core.trace.spans), expanded."""
+    sp = rows["span"]
+    span = {c: sp.col(c) for c in SPAN_COLUMNS}
+    check_spans(span, len(requests), requests["max_output_tokens"].to_numpy(), name)
+    span = {c: v.to_numpy(zero_copy_only=False).astype(np.int64) for c, v in span.items()}
+    tok = _listed(rows["token"], tables["tokens"], ("step", "join"), name)
+    if (tok.pop("replica") != 0).any():
+        raise TraceError(f"{name}: decode spans in a fleet trace (a replica other than 0): not supported")
+    st = tables["steps"]
+    tokens, batch = expand(span, {c: st[c].to_numpy() for c in ("step", "t_ms", "dur_ms")}, tok,
+                           _listed(rows["batch"], tables["batch"], ("join",), name), name)
+    cat = lambda rec, f, v: pd.Categorical.from_codes(v, categories=list(rec.field(f).values))
+    try:
+        return (frame(TOKEN, tokens | {"source": cat(TOKEN, "source", tokens["source"])}, len(requests)),
+                frame(BATCH, batch | {"kind": cat(BATCH, "kind", batch["kind"])}, len(requests)))
+    except BadColumn as e:
+        raise TraceError(f"{name}: decode spans: {e}") from None
 
 
 # ---- the same checks, a batch of rows at a time (out of core: core.analysis.outofcore) --------------
@@ -486,6 +525,8 @@ class RowChecker:
                 _request_extras(rows, self.name, self.seen[r])
             elif r == "other":
                 self.other += _other_records(rows, self.name, self.seen[r])
+            elif r == "span":
+                check_spans({c: rows.col(c) for c in SPAN_COLUMNS}, self.n_requests, None, self.name)
             else:
                 rows.frame(next(rec for rec in TABLES if rec.type == r), self.n_requests)
             self.seen[r] += rows.n

@@ -20,11 +20,11 @@ def _layout() -> dict[str, str]:
     for rec in TABLES:
         for f in rec.columns:
             assert cols.setdefault(f.column, _ARROW[f.type]) == _ARROW[f.type], f"two types for column {f.column}"
-    return cols | {"json": "string"}
+    return cols | {"join": "int64", "json": "string"}   # (join: a file with decode spans, core.trace.spans)
 
 
 COLUMNS = _layout()                           # column -> Arrow type, in file order
-RTYPES = [r.type for r in TABLES] + ["other"]
+RTYPES = [r.type for r in TABLES] + ["other", "span"]
 
 
 def _dumps(x) -> str:

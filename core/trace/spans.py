@@ -1,0 +1,128 @@
+"""Decode spans: how a simulated trace's Parquet file holds its plain decode steps.
+
+A simulator's decoders emit one token in every step of a stretch, so the file keeps each stretch
+as one `span` row instead of a token row and a batch row per step: request `req` (running order
+`join`) decoded one token in each of the `tokens` consecutive steps from `step`, its output
+indices from `index`; each token reached the client when its step ended (the step's t_ms +
+dur_ms). The other entries (prefill chunks, a request that sat out, ...) are listed as before,
+their token and batch rows carrying their step and join number. `expand` turns both into the
+token and batch rows stepping would have listed, in the same order (step, then running order);
+the readers (core.trace.parquet in memory, core.analysis.outofcore in SQL) read a file with
+spans exactly as they read the same trace with every row listed.
+
+A span row: req, join, step, tokens, index (columns of the file layout, core.trace.writer);
+single-engine traces only (replica 0). Listed rows of a file with spans: token rows add step
+and join, batch rows join.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from core.errors import TraceError
+
+SPAN_COLUMNS = ("req", "join", "step", "tokens", "index")
+KEY = 1 << 32               # row order key: step x KEY + join (join numbers below 2**31; -1: before every join)
+_JOIN_MAX = (1 << 31) - 1
+_STEP_MAX = (1 << 31) - 1
+
+
+def order_key(step, join) -> np.ndarray:
+    return np.asarray(step, dtype=np.int64) * KEY + np.asarray(join, dtype=np.int64)
+
+
+def check_spans(cols: dict, n_requests: int, max_output, name: str):
+    """A file's span rows against what a trace allows, before any is expanded: every column
+    present and in range (a request listed, step and join within the order key, at least one
+    token), and no request given more decode tokens than its max_output_tokens (so expanding
+    never makes more rows than a trace of those requests may hold; `max_output` None: not checked
+    here). TraceError otherwise."""
+    for c in SPAN_COLUMNS:
+        v = cols.get(c)
+        if v is None or (hasattr(v, "null_count") and v.null_count):
+            raise TraceError(f"{name}: span records: {c} missing")
+    req, join, step, n, idx = (np.asarray(cols[c], dtype=np.int64) for c in SPAN_COLUMNS)
+    for what, v, lo, hi in (("req", req, 0, n_requests - 1), ("join", join, 0, _JOIN_MAX),
+                            ("step", step, 0, _STEP_MAX), ("tokens", n, 1, _STEP_MAX), ("index", idx, 0, None)):
+        bad = (v < lo) | (v > hi) if hi is not None else v < lo
+        if bad.any():
+            k = int(np.argmax(bad))
+            upto = "" if hi is None else f"{hi:,}"
+            raise TraceError(f"{name}: span record {k}: {what}: expected an integer in {lo}..{upto}, got {int(v[k])}")
+    if ((step + n - 1) > _STEP_MAX).any():
+        k = int(np.argmax((step + n - 1) > _STEP_MAX))
+        raise TraceError(f"{name}: span record {k}: step + tokens past {_STEP_MAX:,}")
+    if max_output is None:   # (checked over the whole file elsewhere: core.analysis.outofcore)
+        return
+    per_req = np.bincount(req, weights=n, minlength=n_requests)
+    over = per_req > np.asarray(max_output, dtype=np.float64)
+    if over.any():
+        r = int(np.argmax(over))
+        raise TraceError(f"{name}: span records: request {r} decodes {int(per_req[r]):,} tokens, over its "
+                         f"max_output_tokens {int(np.asarray(max_output)[r]):,}")
+
+
+def span_rows(spans: list, counter0: int, counter_step: list) -> dict | None:
+    """Span rows from a step log's decoders: `spans` (req, join, a, b, e0) in decode counter values
+    (the counter's value c ran in step counter_step[c - counter0]), each cut where those steps are not
+    consecutive (a step the decoders sat out). None without spans."""
+    if not spans:
+        return None
+    sp = np.array(spans, dtype=np.int64).reshape(-1, 5)
+    cs = np.asarray(counter_step, dtype=np.int64)
+    a, b = sp[:, 2] - counter0, sp[:, 3] - counter0
+    gaps = np.flatnonzero(np.diff(cs) != 1) + 1 if len(cs) > 1 else np.zeros(0, np.int64)   # counter offsets
+    if len(gaps):   # cut each span at the gaps inside it
+        lo, hi = np.searchsorted(gaps, a, "right"), np.searchsorted(gaps, b, "left")
+        cuts = hi - lo
+        rep = np.repeat(np.arange(len(sp)), cuts + 1)
+        first = np.cumsum(cuts + 1) - (cuts + 1)
+        k = np.arange(len(rep)) - first[rep]            # piece number within its span
+        starts = np.where(k == 0, a[rep], gaps[np.minimum(lo[rep] + k - 1, len(gaps) - 1)])
+        ends = np.where(k == cuts[rep], b[rep], gaps[np.minimum(lo[rep] + k, len(gaps) - 1)])
+        sp, a, b = sp[rep], starts, ends
+    return {"req": sp[:, 0], "join": sp[:, 1], "step": cs[a], "tokens": b - a,
+            "index": sp[:, 4] + (a - (sp[:, 2] - counter0))}
+
+
+def _insert(dec: dict, dkey: np.ndarray, listed: dict, key: np.ndarray) -> dict:
+    """The listed rows placed among the decoders' rows (both in key order): each column once."""
+    at = np.searchsorted(dkey, key)
+    return {c: np.insert(dec[c], at, listed[c]) for c in listed}
+
+
+def expand(span: dict, steps: dict, tokens: dict | None, batch: dict | None, name: str = "trace") \
+        -> tuple[dict, dict]:
+    """Token and batch columns with the span rows expanded, in step then running order.
+    `span`: SPAN_COLUMNS; `steps`: the step records' step, t_ms, dur_ms (a span's steps must be
+    among them); `tokens` (t_ms, req, index, source codes, token_id, step, join) and `batch` (step,
+    req, tokens, kind codes, join): the listed rows, in key order, or None. Returns (tokens, batch)
+    without the step and join columns the listed rows carried."""
+    n = np.asarray(span["tokens"], dtype=np.int64)
+    m = int(n.sum())
+    s = np.repeat(np.arange(len(n)), n)
+    off = np.arange(m) - np.repeat(np.cumsum(n) - n, n)
+    step = np.asarray(span["step"], dtype=np.int64)[s] + off
+    join = np.asarray(span["join"], dtype=np.int64)[s]
+    key = order_key(step, join)
+    order = np.argsort(key, kind="stable")
+    key, step, s, off = key[order], step[order], s[order], off[order]
+    st = np.asarray(steps["step"], dtype=np.int64)
+    by = np.argsort(st, kind="stable")
+    at = np.minimum(np.searchsorted(st[by], step), max(len(st) - 1, 0))
+    if not len(st) or (st[by][at] != step).any():
+        k = int(np.argmax(st[by][at] != step)) if len(st) else 0
+        raise TraceError(f"{name}: span records: request {int(np.asarray(span['req'])[s[k]])} decodes in step "
+                         f"{int(step[k])}, which has no step record")
+    row = by[at]
+    t_end = np.asarray(steps["t_ms"], dtype=np.float64)[row] + np.asarray(steps["dur_ms"], dtype=np.float64)[row]
+    req = np.asarray(span["req"], dtype=np.int64)[s]
+    d_tok = {"t_ms": t_end, "req": req, "index": np.asarray(span["index"], dtype=np.int64)[s] + off,
+             "source": np.zeros(m, np.int8), "token_id": np.full(m, -1, np.int64)}
+    d_batch = {"step": step, "req": req, "tokens": np.ones(m, np.int64), "kind": np.zeros(m, np.int8)}
+    if tokens is not None and len(tokens["req"]):
+        tkey = order_key(tokens["step"], tokens["join"])
+        d_tok = _insert(d_tok, key, {c: tokens[c] for c in d_tok}, tkey)
+    if batch is not None and len(batch["req"]):
+        bkey = order_key(batch["step"], batch["join"])
+        d_batch = _insert(d_batch, key, {c: batch[c] for c in d_batch}, bkey)
+    return d_tok, d_batch

@@ -1,0 +1,170 @@
+"""Decode spans (core.trace.spans): a simulation streamed into Parquet keeps each stretch of a
+request's plain decoding as one row, and every reader reads the file as the trace stepping would
+have listed: in memory (the same trace as `simulate`), out of core (the same summary, DuckDB), the
+large-trace overview (the same views). Hostile span rows are refused in one line by both readers
+before anything is expanded."""
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from core.analysis import overview
+from core.analysis.metrics import request_metrics, summarize
+from core.analysis.outofcore import summarize_parquet
+from core.config import SchedulerConfig
+from core.errors import InputError
+from core.sim.simulate import simulate, simulate_to_parquet
+from core.sim.stepmodel import StepModel
+from core.trace import load_trace, to_doc
+from core.trace.spans import expand, span_rows
+from core.workload import load_workload
+from tests.conftest import DATA
+from tests.test_outofcore import OPTIONS, differences
+from tests.test_streaming import poisson
+
+MODEL = StepModel("affine", base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.05)
+CREATED = "2026-12-06T00:00:00+00:00"
+CASES = {   # what the spans must survive: preemption, a policy whose prefill steps the decoders sit out
+    # (spans cut at the gap), prefix caching (vLLM v1's cache commits as decoders fill blocks), a budget
+    # some decoders do not fit (they sit out: explicit for a step)
+    "preempt": (lambda: poisson(300, 1), SchedulerConfig(max_seqs=16, token_budget=256, chunk=64, kv_blocks=160)),
+    "vllm-v0": (lambda: poisson(200, 3), SchedulerConfig(policy="vllm-v0", max_seqs=16)),
+    "prefix": (lambda: load_workload(DATA / "workloads" / "shared_prefix_200.json"),
+               SchedulerConfig(max_seqs=32, token_budget=512, chunk=128, prefix_caching=True, kv_blocks=400)),
+    "sarathi": (lambda: poisson(200, 4), SchedulerConfig(policy="sarathi", max_seqs=64, token_budget=24, chunk=16)),
+}
+
+
+@pytest.fixture(scope="module")
+def streamed(tmp_path_factory):
+    out = {}
+    for name, (make, cfg) in CASES.items():
+        w = make()
+        d = tmp_path_factory.mktemp(name)
+        simulate_to_parquet(w, cfg, str(d / "t.parquet"), MODEL, created=CREATED, flush_steps=5)
+        (d / "parts").mkdir()
+        (d / "parts" / "part-00000.parquet").write_bytes((d / "t.parquet").read_bytes())
+        out[name] = (simulate(w, cfg, MODEL, created=CREATED), d / "t.parquet", d / "parts")
+    return out
+
+
+def rtype_rows(path, rtype):
+    t = pq.read_table(path)
+    return t.filter(pc.equal(t.column("rtype"), rtype))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_file_with_spans_reads_as_the_trace_in_memory(streamed, name):
+    mem, path, _ = streamed[name]
+    spans = rtype_rows(path, "span")
+    assert len(spans) and len(rtype_rows(path, "token")) + pc.sum(spans.column("tokens")).as_py() == len(mem.tokens)
+    assert to_doc(load_trace(path)) == to_doc(mem)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_out_of_core_metrics_of_a_file_with_spans_equal_the_loaded_trace(streamed, name):
+    mem, path, parts = streamed[name]
+    for kw in OPTIONS:
+        want = summarize(mem, per_request=False, **kw)["summary"]
+        for where in (path, parts):
+            assert differences(want, summarize_parquet(where, **kw)["summary"]) == [], (name, kw, where.name)
+
+
+@pytest.mark.parametrize("name", ["preempt", "prefix"])
+def test_the_overview_of_a_file_with_spans_equals_the_loaded_trace(streamed, name):
+    import pandas as pd
+
+    from core.analysis import cursor
+    mem, path, _ = streamed[name]
+    ov = overview.open_overview(path)[0]
+    pd.testing.assert_frame_equal(ov.request_metrics(), request_metrics(mem))
+    rows = cursor.row_index(mem)
+    a, b = cursor.time_range(mem)
+    for c in (a, (a + b) / 2, b):
+        idx = cursor.requests_near(mem, c, 40, request_metrics(mem))
+        got, want = ov.window(idx), cursor.subset(mem, idx, rows)
+        for table in ("tokens", "batch", "steps"):
+            pd.testing.assert_frame_equal(getattr(got, table), getattr(want, table), obj=table)
+        r1, b1 = ov.step_at(c)
+        r2, b2 = cursor.step_at(mem, c, rows)
+        assert r1 == r2
+        pd.testing.assert_frame_equal(b1, b2)
+
+
+def test_span_rows_are_cut_where_the_decoders_sat_out_a_step():
+    """Counter values 0..5 ran in steps 3, 4, 5, 7, 8, 10: a span over all six is three spans of
+    consecutive steps, each output index where it was."""
+    got = span_rows([(9, 2, 0, 6, 4), (8, 1, 1, 3, 0)], 0, [3, 4, 5, 7, 8, 10])
+    rows = sorted(zip(*(got[c].tolist() for c in ("req", "join", "step", "tokens", "index"))))
+    assert rows == [(8, 1, 4, 2, 0), (9, 2, 3, 3, 4), (9, 2, 7, 2, 7), (9, 2, 10, 1, 9)]
+
+
+def test_expand_places_listed_rows_by_step_then_join():
+    """Request 5 (join 0) decodes in steps 0-2; request 6 (join 1) is listed in steps 1 and 2 (a
+    prefill, then its first token), request 4 (join 2) in step 1: by step, then join."""
+    span = {"req": np.array([5]), "join": np.array([0]), "step": np.array([0]), "tokens": np.array([3]),
+            "index": np.array([10])}
+    steps = {"step": np.arange(3), "t_ms": np.array([0.0, 5.0, 11.0]), "dur_ms": np.array([5.0, 6.0, 7.0])}
+    listed_b = {"step": np.array([1, 1, 2]), "req": np.array([6, 4, 6]), "tokens": np.array([100, 1, 1]),
+                "kind": np.array([1, 0, 0], dtype=np.int8), "join": np.array([1, 2, 1])}
+    listed_t = {"t_ms": np.array([11.0, 18.0]), "req": np.array([4, 6]), "index": np.array([0, 0]),
+                "source": np.zeros(2, np.int8), "token_id": np.full(2, -1), "step": np.array([1, 2]),
+                "join": np.array([2, 1])}
+    tok, bat = expand(span, steps, listed_t, listed_b)
+    assert list(zip(bat["step"].tolist(), bat["req"].tolist(), bat["tokens"].tolist())) == [
+        (0, 5, 1), (1, 5, 1), (1, 6, 100), (1, 4, 1), (2, 5, 1), (2, 6, 1)]
+    assert list(zip(tok["t_ms"].tolist(), tok["req"].tolist(), tok["index"].tolist())) == [
+        (5.0, 5, 10), (11.0, 5, 11), (11.0, 4, 0), (18.0, 5, 12), (18.0, 6, 0)]
+
+
+# ---- hostile span rows: one line from both readers, nothing expanded first ----------------------------
+
+def with_span(path, tmp, column, value, where=0):
+    t = pq.read_table(path)
+    k = np.flatnonzero(pc.equal(t.column("rtype"), "span").to_numpy(zero_copy_only=False))[where]
+    at = np.zeros(len(t), dtype=bool)
+    at[k] = True
+    col = pc.if_else(pa.array(at), pa.scalar(value, pa.int64()), pc.cast(t.column(column), pa.int64()))
+    out = tmp / f"bad_{column}.parquet"
+    pq.write_table(t.set_column(t.column_names.index(column), column, col), out)
+    return out
+
+
+@pytest.mark.parametrize("column,value,message", [
+    ("tokens", 2 ** 31 - 1, r"span record \d+: step \+ tokens past|over its max_output_tokens"),
+    ("tokens", 0, r"span record \d+: tokens: expected an integer in 1\.\."),
+    ("req", 10 ** 6, r"span record \d+: req: expected an integer in 0\.\."),
+    ("step", 10 ** 8, r"which has no step record"),
+    ("join", -5, r"span record \d+: join: expected an integer in 0\.\."),
+])
+def test_hostile_span_rows_are_refused_before_anything_is_expanded(streamed, tmp_path, column, value, message):
+    _, path, _ = streamed["preempt"]
+    bad = with_span(path, tmp_path, column, value)
+    for read in (lambda: load_trace(bad), lambda: summarize_parquet(bad)):
+        with pytest.raises(InputError, match=message):
+            read()
+
+
+def test_listed_rows_of_a_file_with_spans_must_carry_their_place(streamed, tmp_path):
+    _, path, _ = streamed["preempt"]
+    t = pq.read_table(path)
+    is_tok = pc.equal(t.column("rtype"), "token")
+    bad = t.set_column(t.column_names.index("join"), "join",
+                       pc.if_else(is_tok, pa.scalar(None, pa.int64()), t.column("join")))
+    pq.write_table(bad, tmp_path / "nojoin.parquet")
+    for read in (lambda: load_trace(tmp_path / "nojoin.parquet"),
+                 lambda: summarize_parquet(tmp_path / "nojoin.parquet")):
+        with pytest.raises(InputError, match="token records of a file with decode spans: join missing"):
+            read()
+
+
+def test_the_command_line_reports_every_token(tmp_path, capsys):
+    """`core simulate --out x.parquet` counts the spans' tokens with the listed ones."""
+    from core.__main__ import main
+    w = DATA / "workloads" / "poisson500_vidur.csv"
+    assert main(["simulate", str(w), "--out", str(tmp_path / "x.parquet")]) == 0
+    n = int(load_workload(w).max_output_tokens.sum())
+    assert f"{n} tokens" in capsys.readouterr().out
+    assert len(load_trace(tmp_path / "x.parquet").tokens) == n
+    assert len(rtype_rows(tmp_path / "x.parquet", "token")) < n / 10
