@@ -168,3 +168,14 @@ def test_the_command_line_reports_every_token(tmp_path, capsys):
     assert f"{n} tokens" in capsys.readouterr().out
     assert len(load_trace(tmp_path / "x.parquet").tokens) == n
     assert len(rtype_rows(tmp_path / "x.parquet", "token")) < n / 10
+
+
+@pytest.mark.parametrize("name", ["preempt", "prefix"])
+def test_step_features_out_of_core_of_a_file_with_spans_equal_the_loaded_trace(streamed, name):
+    """What a fit reads (core.fit.outofcore.features_parquet) equals the features of the trace in memory."""
+    from core.fit.outofcore import features_parquet
+    from core.fit.stepfit import trace_features
+    mem, path, _ = streamed[name]
+    steps, X, y = trace_features(mem)
+    so, Xo, yo, _, _ = features_parquet(path)
+    assert list(so) == list(steps) and np.allclose(Xo, X, rtol=1e-12) and np.allclose(yo, y, rtol=1e-12)

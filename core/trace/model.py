@@ -36,6 +36,10 @@ def _column(f: Field, v, n: int, n_requests: int | None):
     if v is None:                                  # absent: the fill value
         if f.required:
             raise BadColumn(f, "missing")
+        if f.type in ("time", "int", "req"):         # (an array at once: a list of n values costs 30 ns each)
+            return np.full(n, f.fill, dtype=np.float64 if f.type == "time" else np.int64)
+        if f.type in ("str", "str?", "id"):
+            return pd.Series(np.full(n, f.fill, dtype=object), dtype=object, copy=False)
         v = [f.fill] * n
     if isinstance(v, pd.Series):
         v = v.array if isinstance(v.dtype, pd.CategoricalDtype) else v.to_numpy()
