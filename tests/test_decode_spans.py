@@ -59,6 +59,10 @@ def test_a_file_with_spans_reads_as_the_trace_in_memory(streamed, name):
     mem, path, _ = streamed[name]
     spans = rtype_rows(path, "span")
     assert len(spans) and len(rtype_rows(path, "token")) + pc.sum(spans.column("tokens")).as_py() == len(mem.tokens)
+    frees = rtype_rows(path, "kv_free")    # whole tables freed: one row each (none where blocks are shared)
+    assert (len(frees) > 0) == (not CASES[name][1].prefix_caching)
+    freed = pc.sum(frees.column("logical")).as_py() + len(frees) if len(frees) else 0
+    assert len(rtype_rows(path, "kv")) + freed == len(mem.kv)
     assert to_doc(load_trace(path)) == to_doc(mem)
 
 
@@ -76,6 +80,7 @@ def test_the_overview_of_a_file_with_spans_equals_the_loaded_trace(streamed, nam
     import pandas as pd
 
     from core.analysis import cursor
+    from core.analysis.occupancy import block_states
     mem, path, _ = streamed[name]
     ov = overview.open_overview(path)[0]
     pd.testing.assert_frame_equal(ov.request_metrics(), request_metrics(mem))
@@ -84,12 +89,15 @@ def test_the_overview_of_a_file_with_spans_equals_the_loaded_trace(streamed, nam
     for c in (a, (a + b) / 2, b):
         idx = cursor.requests_near(mem, c, 40, request_metrics(mem))
         got, want = ov.window(idx), cursor.subset(mem, idx, rows)
-        for table in ("tokens", "batch", "steps"):
+        for table in ("tokens", "batch", "steps", "kv"):
             pd.testing.assert_frame_equal(getattr(got, table), getattr(want, table), obj=table)
         r1, b1 = ov.step_at(c)
         r2, b2 = cursor.step_at(mem, c, rows)
         assert r1 == r2
         pd.testing.assert_frame_equal(b1, b2)
+    got, want = ov.occupancy(), block_states(mem, max_snapshots=160)
+    for k in ("times_ms", "state", "ref", "owner"):
+        assert np.array_equal(getattr(got, k), getattr(want, k)), k
 
 
 def test_span_rows_are_cut_where_the_decoders_sat_out_a_step():
@@ -141,6 +149,34 @@ def with_span(path, tmp, column, value, where=0):
 def test_hostile_span_rows_are_refused_before_anything_is_expanded(streamed, tmp_path, column, value, message):
     _, path, _ = streamed["preempt"]
     bad = with_span(path, tmp_path, column, value)
+    for read in (lambda: load_trace(bad), lambda: summarize_parquet(bad)):
+        with pytest.raises(InputError, match=message):
+            read()
+
+
+def with_free(path, tmp, column, value, where=0):
+    t = pq.read_table(path)
+    k = np.flatnonzero(pc.equal(t.column("rtype"), "kv_free").to_numpy(zero_copy_only=False))[where]
+    at = np.zeros(len(t), dtype=bool)
+    at[k] = True
+    col = pc.if_else(pa.array(at), pa.scalar(value, pa.int64()), pc.cast(t.column(column), pa.int64()))
+    out = tmp / f"badfree_{column}.parquet"
+    pq.write_table(t.set_column(t.column_names.index(column), column, col), out)
+    return out
+
+
+@pytest.mark.parametrize("column,value,where,message", [
+    ("logical", 10 ** 9, 0, r"kv_free record 0: frees 1,000,000,001 blocks"),     # more than allocated: not expanded
+    ("logical", 5000, 0, r"kv_free record \d+: frees [\d,]+ blocks after [\d,]+ KV rows: expected"),
+    ("index", 0, 0, r"kv_free record 0: request \d+ frees [\d,]+ blocks, more than it allocated before it"),
+    ("index", 0, -1, r"kv_free record \d+: frees [\d,]+ blocks after 0 KV rows"),  # out of order
+    ("req", 10 ** 6, 0, r"kv_free record 0: req: 1000000 out of range"),
+    ("index", -3, 0, r"kv_free record 0: index: -3 out of range"),
+])
+def test_hostile_frees_of_whole_tables_are_refused_before_they_are_expanded(streamed, tmp_path, column, value, where,
+                                                                         message):
+    _, path, _ = streamed["preempt"]
+    bad = with_free(path, tmp_path, column, value, where)
     for read in (lambda: load_trace(bad), lambda: summarize_parquet(bad)):
         with pytest.raises(InputError, match=message):
             read()

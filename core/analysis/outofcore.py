@@ -117,42 +117,79 @@ def _source_view(con, files: list[Path]) -> set:
     con.execute(f"CREATE TEMP VIEW src_file AS SELECT {cols('s.')}, p.part * 4294967296 + s.file_row_number AS rowkey "
                 f"FROM read_parquet({listed}, filename=true, file_row_number=true) s JOIN parts p USING (filename)")
     spans = con.execute("SELECT 1 FROM src_file WHERE rtype = 'span' LIMIT 1").fetchone() is not None
-    if spans:    # decode spans expanded (core.trace.spans), every token and batch row keyed by (step, join)
-        con.execute(f"CREATE TEMP VIEW src AS {_expanded_sql()}")
+    frees = con.execute("SELECT 1 FROM src_file WHERE rtype = 'kv_free' LIMIT 1").fetchone() is not None
+    if spans or frees:   # decode spans and frees of whole tables expanded (core.trace.spans)
+        if frees:
+            _free_tables(con)
+        con.execute(f"CREATE TEMP VIEW src AS {_expanded_sql(spans, frees)}")
         con.execute(f"CREATE TEMP VIEW scan AS SELECT {', '.join(_q(c) for c in COLUMNS)} FROM src ORDER BY rowkey")
     else:
         con.execute("CREATE TEMP VIEW src AS SELECT * FROM src_file")
         # the rows in file order without sorting: a plain scan keeps it (DuckDB's preserve_insertion_order)
         con.execute(f"CREATE TEMP VIEW scan AS SELECT {cols('')} FROM read_parquet({listed})")
-    check_parquet(con, files, spans)
+    check_parquet(con, files, spans, frees)
     return (present & set(COLUMNS)) | {"rowkey"} | ({"step"} if spans else set())
+
+
+def _free_tables(con):
+    """A file's frees of whole tables (kv_free rows), with what places their rows: `kv_fr` (n blocks,
+    after `pos` listed KV rows, the blocks freed before it in the file and by its request), `kv_upto`
+    (per place, the freed rows up to it) and the view `kv_al` (each allocation's number for its request)."""
+    con.execute("""CREATE TEMP TABLE kv_fr AS SELECT row_number() OVER (ORDER BY rowkey) - 1 AS k, t_ms, req,
+                   logical + 1 AS n, "index" AS pos,
+                   coalesce(sum(logical + 1) OVER (ORDER BY rowkey ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
+                       AS before_all,
+                   coalesce(sum(logical + 1) OVER (PARTITION BY req ORDER BY rowkey
+                                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before_req
+                   FROM src_file WHERE rtype = 'kv_free'""")
+    con.execute("CREATE TEMP TABLE kv_upto AS SELECT pos, max(before_all + n) AS upto FROM kv_fr GROUP BY pos")
+    con.execute("""CREATE TEMP VIEW kv_listed AS SELECT *, row_number() OVER (ORDER BY rowkey) - 1 AS p
+                   FROM src_file WHERE rtype = 'kv'""")
+    con.execute("""CREATE TEMP VIEW kv_al AS SELECT req, block, logical, p,
+                   row_number() OVER (PARTITION BY req ORDER BY p) - 1 AS ai FROM kv_listed WHERE op = 'alloc'""")
 
 
 def _q(c: str) -> str:
     return f'"{c}"'
 
 
-def _expanded_sql() -> str:
-    """The view `src` of a file with decode spans (core.trace.spans.expand, in SQL): its other rows as
-    they are, its listed token and batch rows keyed by (step, join), and each span's tokens and batch
-    entries, one per step, each token at its step's end (the first step record of that number)."""
+def _expanded_sql(spans: bool, frees: bool) -> str:
+    """The view `src` of a file with decode spans or frees of whole tables (core.trace.spans, in SQL): its
+    other rows as they are; with spans its listed token and batch rows keyed by (step, join) and each
+    span's tokens and batch entries, one per step, each token at its step's end (the first step record
+    of that number); with frees its listed KV rows and each free's rows (its request's allocations, the
+    last first) keyed by their place among the KV rows."""
     from core.trace.spans import KEY
-    keyed = [_q(c) if c != "rtype" else c for c in COLUMNS]
+
     def row(vals: dict) -> str:
         return ", ".join(f"{vals.get(c, f'CAST(NULL AS {_SQL_TYPES[COLUMNS[c]]})')} AS {_q(c)}" for c in COLUMNS)
-    common = {"req": "e.req", "step": "e.step", "join": 'e."join"'}
-    tok = row(common | {"rtype": "'token'", "t_ms": "st.t_end", "index": 'e."index"', "source": "'sampled'",
-                        "token_id": "CAST(-1 AS BIGINT)", "replica": "CAST(0 AS BIGINT)"})
-    bat = row(common | {"rtype": "'batch'", "kind": "'decode'", "tokens": "CAST(1 AS BIGINT)"})
-    expanded = """(SELECT s.req, s."join", s.step + k AS step, s."index" + k AS "index"
-                    FROM (SELECT req, "join", step, "index", unnest(range(tokens)) AS k
-                          FROM src_file WHERE rtype = 'span') s)"""
-    steps = "(SELECT step, arg_min(t_ms + dur_ms, rowkey) AS t_end FROM src_file WHERE rtype = 'step' GROUP BY step)"
-    return f"""SELECT * FROM src_file WHERE rtype <> 'token' AND rtype <> 'batch' AND rtype <> 'span'
-        UNION ALL SELECT {', '.join(keyed)}, step * {KEY} + "join" AS rowkey FROM src_file
-                  WHERE rtype = 'token' OR rtype = 'batch'
-        UNION ALL SELECT {tok}, e.step * {KEY} + e."join" AS rowkey FROM {expanded} e JOIN {steps} st USING (step)
-        UNION ALL SELECT {bat}, e.step * {KEY} + e."join" AS rowkey FROM {expanded} e"""
+    keyed = [_q(c) if c != "rtype" else c for c in COLUMNS]
+    own = ["span", "kv_free"] + (["token", "batch"] if spans else []) + (["kv"] if frees else [])
+    parts = ["SELECT * FROM src_file WHERE " + " AND ".join(f"rtype <> '{r}'" for r in own)]
+    if spans:
+        common = {"req": "e.req", "step": "e.step", "join": 'e."join"'}
+        tok = row(common | {"rtype": "'token'", "t_ms": "st.t_end", "index": 'e."index"', "source": "'sampled'",
+                            "token_id": "CAST(-1 AS BIGINT)", "replica": "CAST(0 AS BIGINT)"})
+        bat = row(common | {"rtype": "'batch'", "kind": "'decode'", "tokens": "CAST(1 AS BIGINT)"})
+        expanded = """(SELECT s.req, s."join", s.step + k AS step, s."index" + k AS "index"
+                        FROM (SELECT req, "join", step, "index", unnest(range(tokens)) AS k
+                              FROM src_file WHERE rtype = 'span') s)"""
+        steps = ("(SELECT step, arg_min(t_ms + dur_ms, rowkey) AS t_end FROM src_file WHERE rtype = 'step' "
+                 "GROUP BY step)")
+        parts += [f"""SELECT {', '.join(keyed)}, step * {KEY} + "join" AS rowkey FROM src_file
+                      WHERE rtype = 'token' OR rtype = 'batch'""",
+                  f"SELECT {tok}, e.step * {KEY} + e.\"join\" AS rowkey FROM {expanded} e JOIN {steps} st USING (step)",
+                  f"SELECT {bat}, e.step * {KEY} + e.\"join\" AS rowkey FROM {expanded} e"]
+    if frees:
+        free = row({"rtype": "'kv'", "t_ms": "f.t_ms", "op": "'free'", "req": "f.req", "block": "a.block",
+                    "logical": "a.logical", "ref": "CAST(0 AS BIGINT)", "src": "CAST(-1 AS BIGINT)",
+                    "replica": "CAST(0 AS BIGINT)"})
+        parts += [f"""SELECT {', '.join('l.' + c for c in keyed)}, l.p + coalesce(u.upto, 0) AS rowkey
+                      FROM kv_listed l ASOF LEFT JOIN kv_upto u ON l.p >= u.pos""",
+                  f"""SELECT {free}, f.pos + f.before_all + f.j AS rowkey
+                      FROM (SELECT *, unnest(range(n)) AS j FROM kv_fr) f
+                      JOIN kv_al a ON a.req = f.req AND a.ai = f.before_req + f.n - 1 - f.j"""]
+    return "\n        UNION ALL ".join(parts)
 
 
 _SQL_TYPES = {"string": "VARCHAR", "int64": "BIGINT", "float64": "DOUBLE"}
@@ -230,7 +267,7 @@ def check_layout(files: list[Path]) -> set:
     return set(first.names)
 
 
-def check_parquet(con, files: list[Path], spans: bool = False):
+def check_parquet(con, files: list[Path], spans: bool = False, frees: bool = False):
     """Every check trace_from_parquet makes before it returns a trace, made without loading it, with
     the same functions (a trace the in-memory reader refuses is refused here, in one line): after
     check_layout (the parts' heads and declared columns: `_source_view` checks them before it makes its
@@ -262,6 +299,8 @@ def check_parquet(con, files: list[Path], spans: bool = False):
         rows.finish({rid: j for j, rid in enumerate(ids.tolist())})
     if spans:
         _check_spans(con, name)
+    if frees:
+        _check_frees(con, name)
     _check_requests(con, name, n_req)
     con.execute("DROP TABLE chk_r")
     pa.default_memory_pool().release_unused()    # (mimalloc keeps freed pages for reuse otherwise)
@@ -294,6 +333,27 @@ def _check_spans(con, name: str):
                          USING (step) ORDER BY e.step, e.req LIMIT 1""").fetchone()
     if gap:
         raise TraceError(f"{name}: span records: request {gap[0]} decodes in step {gap[1]}, which has no step record")
+
+
+def _check_frees(con, name: str):
+    """What the in-memory reader checks of a file's kv_free rows beyond each row (core.trace.spans.
+    kv_with_frees), before one is expanded: each placed among the KV rows, in order; no more blocks
+    freed than allocated; then each freed block an allocation of its request before it."""
+    n_listed, n_alloc = con.execute("SELECT count(*), count(*) FILTER (WHERE op = 'alloc') FROM kv_listed").fetchone()
+    total = con.execute("SELECT coalesce(sum(n), 0) FROM kv_fr").fetchone()[0]
+    bad = con.execute(f"""SELECT k, n, pos FROM (SELECT k, n, pos, lag(pos) OVER (ORDER BY k) AS prev FROM kv_fr)
+                          WHERE n > {n_alloc} OR pos > {n_listed} OR pos < prev ORDER BY k LIMIT 1""").fetchone()
+    if bad is not None or total > n_alloc:
+        last = f"SELECT k, n, pos FROM kv_fr WHERE before_all + n > {n_alloc} ORDER BY k LIMIT 1"   # (they run out)
+        k, n, pos = bad if bad is not None else con.execute(last).fetchone()
+        raise TraceError(f"{name}: kv_free record {k}: frees {n:,} blocks after {pos:,} KV rows: expected its place "
+                         f"among the {n_listed:,} KV rows, in order, and no more blocks than allocated ({n_alloc:,})")
+    miss = con.execute("""SELECT f.k, f.req, f.n FROM (SELECT *, unnest(range(n)) AS j FROM kv_fr) f
+                          LEFT JOIN kv_al a ON a.req = f.req AND a.ai = f.before_req + f.n - 1 - f.j
+                          WHERE a.p IS NULL OR a.p >= f.pos ORDER BY f.k LIMIT 1""").fetchone()
+    if miss is not None:
+        raise TraceError(f"{name}: kv_free record {miss[0]}: request {miss[1]} frees {miss[2]:,} blocks, more than "
+                         "it allocated before it")
 
 
 def _check_requests(con, name: str, n_req: int):

@@ -22,13 +22,40 @@ class KVLog:
     _OPS = {op: i for i, op in enumerate(KV_OPS)}
 
     def __init__(self):
+        self.listed0 = 0                     # rows taken before the last clear (whole_frees counts from there)
+        self._calls: list[tuple] = []
+        self._done: list[dict] = []
         self.clear()
 
     def clear(self):
         """Forget what was recorded (a streaming writer has taken it)."""
-        self._calls: list[tuple] = []        # (t, op, seq, blocks, logical0, step, refs, hashes, src)
-        self._done: list[dict] = []          # calls already turned into columns
+        self.listed0 += len(self)
+        self._calls = []                     # (t, op, seq, blocks, logical0, step, refs, hashes, src)
+        self._done = []                      # calls already turned into columns
         self._obj_req = False                # a non-integer sequence id was seen
+
+    def whole_frees(self) -> dict | None:
+        """Take out the frees of a whole block table that a reader rebuilds from the same sequence's
+        allocations (no reference counts kept, no hashes: core.trace.spans.kv_with_frees): columns
+        t_ms, req, logical (the table's last index) and index (the KV rows recorded before it, from
+        the run's first, these left out), or None when there is none."""
+        keep, rows = [], []
+        n = self.listed0 + sum(len(p["block"]) for p in self._done)
+        for c in self._calls:
+            t, op, seq, blocks, logical0, step, refs, hashes, src = c
+            k = len(blocks)
+            if (op == "free" and step == -1 and type(refs) is int and refs == 0 and hashes is None and k
+                    and type(seq) is int and logical0 == k - 1 and type(t) is float):
+                rows.append((t, seq, logical0, n))
+            else:
+                keep.append(c)
+                n += k
+        if not rows:
+            return None
+        self._calls = keep
+        t, req, top, at = zip(*rows)
+        return {"t_ms": np.array(t, dtype=np.float64), "req": np.array(req, dtype=np.int64),
+                "logical": np.array(top, dtype=np.int64), "index": np.array(at, dtype=np.int64)}
 
     def add(self, t, op, seq, blocks, logical0, step, refs, hashes=None, src=-1):
         """t: one time or one per block; seq: one id (None: no owner) or one per block;

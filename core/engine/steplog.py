@@ -160,7 +160,11 @@ def log_records(log, spans: bool = False) -> dict:
         if batch is not None:
             out["batch"] = batch
     if log.kv is not None and len(log.kv):
-        out["kv"] = log.kv.columns()
+        frees = log.kv.whole_frees() if spans else None   # (a file's frees of whole tables: one row each)
+        if frees is not None:
+            out["kv_free"] = frees
+        if len(log.kv):
+            out["kv"] = log.kv.columns()
     if log.preempts:
         p_req, p_t, p_why, freed = (list(c) for c in zip(*log.preempts))
         out["preempt"] = {"t_ms": np.array(p_t, dtype=float), "req": np.array(p_req, dtype=np.int64), "reason": p_why,

@@ -183,13 +183,15 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
     try:
         writer.add("request", workload_request_rows(workload))
 
-        expanded = [0]
+        expanded, freed = [0], [0]
 
         def drain(log: StepLog):
             for rtype, cols in log_records(log, spans=True).items():
                 writer.add(rtype, {k: v for k, v in cols.items() if v is not None})
                 if rtype == "span":
                     expanded[0] += int(cols["tokens"].sum())
+                elif rtype == "kv_free":
+                    freed[0] += int(cols["logical"].sum()) + len(cols["logical"])
             if log.other:
                 writer.add("other", {"t_ms": np.array([float(e.get("t_ms", 0.0)) for e in log.other]),
                                      "json": [_dumps(e) for e in log.other]})
@@ -213,6 +215,8 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
     if expanded[0]:
         for rtype in ("token", "batch"):
             counts[rtype] = counts.get(rtype, 0) + expanded[0]
+    if freed[0]:
+        counts["kv"] = counts.get("kv", 0) + freed[0]
     return meta, counts
 
 

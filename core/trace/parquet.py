@@ -18,8 +18,8 @@ import pandas as pd
 
 from core.errors import TraceError, loads_json, short
 from core.trace.model import BadColumn, Trace, frame
-from core.trace.schema import BATCH, REQUEST, SCHEMA, TABLE_EVENTS, TABLES, TOKEN, Field, Record
-from core.trace.spans import SPAN_COLUMNS, check_spans, expand
+from core.trace.schema import BATCH, KV, REQUEST, SCHEMA, TABLE_EVENTS, TABLES, TOKEN, Field, Record
+from core.trace.spans import FREE_COLUMNS, SPAN_COLUMNS, check_frees, check_spans, expand, kv_with_frees
 from core.trace.validate import Problems, check_consistency, check_meta, read_events
 from core.trace.writer import COLUMNS, PARQUET_KEY, ROW_GROUP_ROWS, RTYPES, RowTables, TraceWriter, _dumps, head_bytes
 
@@ -272,6 +272,8 @@ def _record_columns(rtype: str) -> list[str]:
         return ["t_ms", "json"]
     if rtype == "span":
         return list(SPAN_COLUMNS)
+    if rtype == "kv_free":
+        return list(FREE_COLUMNS)
     rec = next(r for r in TABLES if r.type == rtype)
     keyed = {"token": ["step", "join"], "batch": ["join"]}.get(rtype, [])   # (among decode spans)
     return list(dict.fromkeys([f.column for f in rec.columns] + (["json"] if rec is REQUEST else []) + keyed))
@@ -419,6 +421,8 @@ def _trace_from_rows(rows: dict, head: dict, name: str) -> Trace:
     tables = {rec.table: rows[rec.type].frame(rec, len(requests)) for rec in TABLES if rec is not REQUEST}
     if "span" in rows and rows["span"].n:
         tables["tokens"], tables["batch"] = _with_spans(rows, tables, requests, name)
+    if "kv_free" in rows and rows["kv_free"].n:
+        tables["kv"] = _with_frees(rows["kv_free"], tables["kv"], len(requests), name)
     other = _checked_other(_other_records(rows["other"], name), {rid: j for j, rid in
                                                                  enumerate(requests["id"].tolist())}, name)
     pb = Problems(name)
@@ -460,6 +464,24 @@ def _with_spans(rows: dict, tables: dict, requests: pd.DataFrame, name: str):
                 frame(BATCH, batch | {"kind": cat(BATCH, "kind", batch["kind"])}, len(requests)))
     except BadColumn as e:
         raise TraceError(f"{name}: decode spans: {e}") from None
+
+
+def _with_frees(fr: _Rows, kv: pd.DataFrame, n_requests: int, name: str) -> pd.DataFrame:
+    """The KV table of a file whose frees of whole tables are kv_free rows (core.trace.spans), expanded."""
+    free = {c: fr.col(c) for c in FREE_COLUMNS}
+    check_frees(free, n_requests, name)
+    if (kv["replica"].to_numpy() != 0).any():
+        raise TraceError(f"{name}: kv_free records in a fleet trace (a replica other than 0): not supported")
+    cols = {c: kv[c].to_numpy() for c in ("t_ms", "req", "block", "logical", "ref", "src")}
+    cols["op"] = np.asarray(kv["op"].array.codes, dtype=np.int8)
+    cols["hash"] = kv["hash"].to_numpy() if kv["hash"].notna().any() else None
+    ops = tuple(KV.field("op").values)
+    out = kv_with_frees(cols, {c: v.to_numpy(zero_copy_only=False) for c, v in free.items()}, ops, name)
+    out["op"] = pd.Categorical.from_codes(out["op"], categories=list(ops))
+    try:
+        return frame(KV, out, n_requests)
+    except BadColumn as e:
+        raise TraceError(f"{name}: kv_free records: {e}") from None
 
 
 # ---- the same checks, a batch of rows at a time (out of core: core.analysis.outofcore) --------------
@@ -527,6 +549,8 @@ class RowChecker:
                 self.other += _other_records(rows, self.name, self.seen[r])
             elif r == "span":
                 check_spans({c: rows.col(c) for c in SPAN_COLUMNS}, self.n_requests, None, self.name)
+            elif r == "kv_free":
+                check_frees({c: rows.col(c) for c in FREE_COLUMNS}, self.n_requests, self.name)
             else:
                 rows.frame(next(rec for rec in TABLES if rec.type == r), self.n_requests)
             self.seen[r] += rows.n

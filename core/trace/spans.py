@@ -13,6 +13,9 @@ spans exactly as they read the same trace with every row listed.
 A span row: req, join, step, tokens, index (columns of the file layout, core.trace.writer);
 single-engine traces only (replica 0). Listed rows of a file with spans: token rows add step
 and join, batch rows join.
+
+The same files keep a free of a whole block table (no block shared) as one `kv_free` row, expanded
+by `kv_with_frees` (the rule is below, beside it).
 """
 from __future__ import annotations
 
@@ -126,3 +129,75 @@ def expand(span: dict, steps: dict, tokens: dict | None, batch: dict | None, nam
         bkey = order_key(batch["step"], batch["join"])
         d_batch = _insert(d_batch, key, {c: batch[c] for c in d_batch}, bkey)
     return d_tok, d_batch
+
+
+# ---- frees of whole block tables ---------------------------------------------------------------
+# A `kv_free` row (a simulated file without shared blocks: no prefix cache, no fork) stands for the
+# `free` rows of a request's whole block table: request `req` frees its next `logical` + 1 allocated
+# blocks (in the order they were allocated, counting from its first allocation, each freed once),
+# listed from the last allocated to the first, each with that allocation's block and logical index,
+# reference count 0, no hash; it comes after `index` of the file's listed KV rows.
+FREE_COLUMNS = ("t_ms", "req", "logical", "index")
+
+
+def kv_with_frees(kv: dict, frees: dict, ops: tuple, name: str = "trace") -> dict:
+    """The KV columns (t_ms, op codes into `ops`, req, block, logical, ref, hash (a list or None),
+    src) with the kv_free rows expanded in place. TraceError where a row cannot be: its place
+    outside the listed rows or before an earlier one's, or fewer allocations of its request before
+    it than it frees."""
+    L = len(kv["op"])
+    check_frees(frees, None, name)
+    n = np.asarray(frees["logical"], dtype=np.int64) + 1
+    pos = np.asarray(frees["index"], dtype=np.int64)
+    req = np.asarray(frees["req"], dtype=np.int64)
+    a = np.flatnonzero(np.asarray(kv["op"]) == ops.index("alloc"))
+    bad = (n > len(a)) | (pos > L) | (np.diff(pos, prepend=0) < 0)
+    if bad.any() or n.sum() > len(a):   # (before anything is expanded: at most every allocation freed once)
+        k = int(np.argmax(bad)) if bad.any() else int(np.argmax(np.cumsum(n) > len(a)))   # (where they run out)
+        raise TraceError(f"{name}: kv_free record {k}: frees {int(n[k]):,} blocks after {int(pos[k]):,} KV rows: "
+                         f"expected its place among the {L:,} KV rows, in order, and no more blocks than allocated "
+                         f"({len(a):,})")
+    ra = np.asarray(kv["req"], dtype=np.int64)[a]
+    oa = np.argsort(ra, kind="stable")
+    a, ra = a[oa], ra[oa]                                  # allocations by request, in order
+    of = np.argsort(req, kind="stable")
+    rf, nf = req[of], n[of]
+    excl = np.cumsum(nf) - nf
+    first = np.r_[True, rf[1:] != rf[:-1]] if len(rf) else np.zeros(0, bool)
+    off = excl - excl[np.maximum.accumulate(np.where(first, np.arange(len(rf)), 0))]
+    start = np.empty(len(req), np.int64)
+    start[of] = np.searchsorted(ra, rf) + off              # each free's first allocation (among a)
+    m = int(n.sum())
+    f = np.repeat(np.arange(len(n)), n)
+    j = np.arange(m) - np.repeat(np.cumsum(n) - n, n)
+    src = np.repeat(start + n - 1, n) - j                  # the last allocated first
+    ok = src < len(a)
+    ok[ok] = (ra[src[ok]] == req[f[ok]]) & (a[src[ok]] < pos[f[ok]])
+    if not ok.all():
+        k = int(f[np.argmin(ok)])
+        raise TraceError(f"{name}: kv_free record {k}: request {int(req[k])} frees {int(n[k]):,} blocks, more than "
+                         "it allocated before it")
+    rows = a[src]
+    add = {"t_ms": np.asarray(frees["t_ms"], dtype=np.float64)[f], "op": np.full(m, ops.index("free"), np.int8),
+           "req": req[f], "block": np.asarray(kv["block"])[rows], "logical": np.asarray(kv["logical"])[rows],
+           "ref": np.zeros(m, np.int64), "src": np.full(m, -1, np.int64)}
+    at = np.repeat(pos, n)
+    out = {c: np.insert(np.asarray(kv[c]), at, add[c]) for c in add}
+    hashes = kv.get("hash")
+    out["hash"] = None if hashes is None else list(np.insert(np.asarray(hashes, dtype=object), at, None))
+    return out
+
+
+def check_frees(cols: dict, n_requests: int | None, name: str):
+    """A file's kv_free rows, each on its own: every column present, a request listed (when
+    n_requests is given), logical and index >= 0, a time."""
+    for c in FREE_COLUMNS:
+        v = cols.get(c)
+        if v is None or (hasattr(v, "null_count") and v.null_count):
+            raise TraceError(f"{name}: kv_free records: {c} missing")
+    for c in ("req", "logical", "index"):
+        v = np.asarray(cols[c], dtype=np.int64)
+        bad = (v < 0) | (v >= n_requests) if c == "req" and n_requests is not None else v < 0
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise TraceError(f"{name}: kv_free record {k}: {c}: {int(v[k])} out of range")

@@ -24,7 +24,7 @@ def _layout() -> dict[str, str]:
 
 
 COLUMNS = _layout()                           # column -> Arrow type, in file order
-RTYPES = [r.type for r in TABLES] + ["other", "span"]
+RTYPES = [r.type for r in TABLES] + ["other", "span", "kv_free"]
 
 
 def _dumps(x) -> str:
