@@ -128,13 +128,14 @@ def test_expand_places_listed_rows_by_step_then_join():
 
 # ---- hostile span rows: one line from both readers, nothing expanded first ----------------------------
 
-def with_span(path, tmp, column, value, where=0):
+def with_value(path, tmp, rtype, column, value, where=0):
+    """The file with `column` of its `where`-th `rtype` row set to `value`."""
     t = pq.read_table(path)
-    k = np.flatnonzero(pc.equal(t.column("rtype"), "span").to_numpy(zero_copy_only=False))[where]
+    k = np.flatnonzero(pc.equal(t.column("rtype"), rtype).to_numpy(zero_copy_only=False))[where]
     at = np.zeros(len(t), dtype=bool)
     at[k] = True
     col = pc.if_else(pa.array(at), pa.scalar(value, pa.int64()), pc.cast(t.column(column), pa.int64()))
-    out = tmp / f"bad_{column}.parquet"
+    out = tmp / f"bad_{rtype}_{column}.parquet"
     pq.write_table(t.set_column(t.column_names.index(column), column, col), out)
     return out
 
@@ -148,21 +149,10 @@ def with_span(path, tmp, column, value, where=0):
 ])
 def test_hostile_span_rows_are_refused_before_anything_is_expanded(streamed, tmp_path, column, value, message):
     _, path, _ = streamed["preempt"]
-    bad = with_span(path, tmp_path, column, value)
+    bad = with_value(path, tmp_path, "span", column, value)
     for read in (lambda: load_trace(bad), lambda: summarize_parquet(bad)):
         with pytest.raises(InputError, match=message):
             read()
-
-
-def with_free(path, tmp, column, value, where=0):
-    t = pq.read_table(path)
-    k = np.flatnonzero(pc.equal(t.column("rtype"), "kv_free").to_numpy(zero_copy_only=False))[where]
-    at = np.zeros(len(t), dtype=bool)
-    at[k] = True
-    col = pc.if_else(pa.array(at), pa.scalar(value, pa.int64()), pc.cast(t.column(column), pa.int64()))
-    out = tmp / f"badfree_{column}.parquet"
-    pq.write_table(t.set_column(t.column_names.index(column), column, col), out)
-    return out
 
 
 @pytest.mark.parametrize("column,value,where,message", [
@@ -176,7 +166,7 @@ def with_free(path, tmp, column, value, where=0):
 def test_hostile_frees_of_whole_tables_are_refused_before_they_are_expanded(streamed, tmp_path, column, value, where,
                                                                          message):
     _, path, _ = streamed["preempt"]
-    bad = with_free(path, tmp_path, column, value, where)
+    bad = with_value(path, tmp_path, "kv_free", column, value, where)
     for read in (lambda: load_trace(bad), lambda: summarize_parquet(bad)):
         with pytest.raises(InputError, match=message):
             read()
