@@ -42,11 +42,10 @@ class KVLog:
         keep, rows = [], []
         n = self.listed0 + sum(len(p["block"]) for p in self._done)
         for c in self._calls:
-            t, op, seq, blocks, logical0, step, refs, hashes, src = c
-            k = len(blocks)
-            if (op == "free" and step == -1 and type(refs) is int and refs == 0 and hashes is None and k
-                    and type(seq) is int and logical0 == k - 1 and type(t) is float):
-                rows.append((t, seq, logical0, n))
+            k = len(c[3])   # (t, op, seq, blocks, logical0, step, refs, hashes, src)
+            if (c[1] == "free" and c[5] == -1 and c[7] is None and c[4] == k - 1 and k and type(c[6]) is int
+                    and c[6] == 0 and type(c[2]) is int and type(c[0]) is float):
+                rows.append((c[0], c[2], c[4], n))
             else:
                 keep.append(c)
                 n += k
@@ -98,14 +97,17 @@ class KVLog:
             req[:] = [x for o, k in zip(owners, lens.tolist())
                       for x in (o.tolist() if isinstance(o, np.ndarray) else o if isinstance(o, list) else [o] * k)]
         hash_col = None
-        if any(h is not None for h in hashes):
+        if hashes.count(None) != len(hashes):
             hash_col = [x for h, k in zip(hashes, lens.tolist())
                         for x in ([None] * k if h is None else [b.hex()[:16] if b else None for b in h])]
         codes = np.array([self._OPS[o] for o in op], np.int8)
         return {"t_ms": spread(t, lens, np.float64), "op": np.repeat(codes, lens),
                 "req": req, "block": block, "logical": logical, "ref": spread(refs, lens, np.int64),
-                "src": (np.repeat(np.array(src, dtype=np.int64), lens) if any(x != -1 for x in src)
+                "src": (np.repeat(np.array(src, dtype=np.int64), lens) if src.count(-1) != len(src)
                         else np.full(n, -1, dtype=np.int64)), "hash": hash_col}
+
+    def empty(self) -> bool:
+        return not self._calls and not self._done
 
     def __len__(self):
         return sum(len(p["block"]) for p in self._done) + sum(len(c[3]) for c in self._calls)

@@ -159,11 +159,11 @@ def log_records(log, spans: bool = False) -> dict:
         out["step"] = steps
         if batch is not None:
             out["batch"] = batch
-    if log.kv is not None and len(log.kv):
+    if log.kv is not None and not log.kv.empty():
         frees = log.kv.whole_frees() if spans else None   # (a file's frees of whole tables: one row each)
         if frees is not None:
             out["kv_free"] = frees
-        if len(log.kv):
+        if not log.kv.empty():
             out["kv"] = log.kv.columns()
     if log.preempts:
         p_req, p_t, p_why, freed = (list(c) for c in zip(*log.preempts))
