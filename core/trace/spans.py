@@ -110,13 +110,19 @@ def expand(span: dict, steps: dict, tokens: dict | None, batch: dict | None, nam
     order = np.argsort(key, kind="stable")
     key, step, s, off = key[order], step[order], s[order], off[order]
     st = np.asarray(steps["step"], dtype=np.int64)
-    by = np.argsort(st, kind="stable")
-    at = np.minimum(np.searchsorted(st[by], step), max(len(st) - 1, 0))
-    if not len(st) or (st[by][at] != step).any():
-        k = int(np.argmax(st[by][at] != step)) if len(st) else 0
+    if len(st) and st[-1] - st[0] == len(st) - 1 and (np.diff(st) == 1).all():   # (a run's steps: numbered in order)
+        row = step - st[0]
+        missing = (row < 0) | (row >= len(st))
+        row[missing] = 0
+    else:
+        by = np.argsort(st, kind="stable")
+        at = np.minimum(np.searchsorted(st[by], step), max(len(st) - 1, 0))
+        missing = st[by][at] != step if len(st) else np.ones(len(step), bool)
+        row = by[at] if len(st) else np.zeros(len(step), np.int64)
+    if missing.any():
+        k = int(np.argmax(missing))
         raise TraceError(f"{name}: span records: request {int(np.asarray(span['req'])[s[k]])} decodes in step "
                          f"{int(step[k])}, which has no step record")
-    row = by[at]
     t_end = np.asarray(steps["t_ms"], dtype=np.float64)[row] + np.asarray(steps["dur_ms"], dtype=np.float64)[row]
     req = np.asarray(span["req"], dtype=np.int64)[s]
     d_tok = {"t_ms": t_end, "req": req, "index": np.asarray(span["index"], dtype=np.int64)[s] + off,
