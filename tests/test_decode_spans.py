@@ -172,6 +172,19 @@ def test_hostile_frees_of_whole_tables_are_refused_before_they_are_expanded(stre
             read()
 
 
+@pytest.mark.parametrize("rtype,what", [("token", "decode spans"), ("kv", "kv_free records")])
+def test_spans_and_whole_table_frees_are_refused_in_a_fleet_trace(streamed, tmp_path, rtype, what):
+    """Both encodings are a single engine's: listed rows on another replica are refused by both readers."""
+    _, path, _ = streamed["preempt"]
+    t = pq.read_table(path)
+    bad = t.set_column(t.column_names.index("replica"), "replica",
+                       pc.if_else(pc.equal(t.column("rtype"), rtype), pa.scalar(1, pa.int64()), t.column("replica")))
+    pq.write_table(bad, tmp_path / "fleet.parquet")
+    for read in (lambda: load_trace(tmp_path / "fleet.parquet"), lambda: summarize_parquet(tmp_path / "fleet.parquet")):
+        with pytest.raises(InputError, match=f"{what} in a fleet trace"):
+            read()
+
+
 def test_listed_rows_of_a_file_with_spans_must_carry_their_place(streamed, tmp_path):
     _, path, _ = streamed["preempt"]
     t = pq.read_table(path)

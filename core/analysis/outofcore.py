@@ -339,6 +339,8 @@ def _check_frees(con, name: str):
     """What the in-memory reader checks of a file's kv_free rows beyond each row (core.trace.spans.
     kv_with_frees), before one is expanded: each placed among the KV rows, in order; no more blocks
     freed than allocated; then each freed block an allocation of its request before it."""
+    if con.execute("SELECT 1 FROM src_file WHERE rtype = 'kv' AND coalesce(replica, 0) <> 0 LIMIT 1").fetchone():
+        raise TraceError(f"{name}: kv_free records in a fleet trace (a replica other than 0): not supported")
     n_listed, n_alloc = con.execute("SELECT count(*), count(*) FILTER (WHERE op = 'alloc') FROM kv_listed").fetchone()
     total = con.execute("SELECT coalesce(sum(n), 0) FROM kv_fr").fetchone()[0]
     bad = con.execute(f"""SELECT k, n, pos FROM (SELECT k, n, pos, lag(pos) OVER (ORDER BY k) AS prev FROM kv_fr)
