@@ -422,7 +422,7 @@ def _trace_from_rows(rows: dict, head: dict, name: str) -> Trace:
     if "span" in rows and rows["span"].n:
         tables["tokens"], tables["batch"] = _with_spans(rows, tables, requests, name)
     if "kv_free" in rows and rows["kv_free"].n:
-        tables["kv"] = _with_frees(rows["kv_free"], tables["kv"], len(requests), name)
+        tables["kv"] = _with_frees(rows, tables["kv"], len(requests), name)
     other = _checked_other(_other_records(rows["other"], name), {rid: j for j, rid in
                                                                  enumerate(requests["id"].tolist())}, name)
     pb = Problems(name)
@@ -458,30 +458,30 @@ def _with_spans(rows: dict, tables: dict, requests: pd.DataFrame, name: str):
     st = tables["steps"]
     tokens, batch = expand(span, {c: st[c].to_numpy() for c in ("step", "t_ms", "dur_ms")}, tok,
                            _listed(rows["batch"], tables["batch"], ("join",), name), name)
-    cat = lambda rec, f, v: pd.Categorical.from_codes(v, categories=list(rec.field(f).values))
-    try:
-        return (frame(TOKEN, tokens | {"source": cat(TOKEN, "source", tokens["source"])}, len(requests)),
-                frame(BATCH, batch | {"kind": cat(BATCH, "kind", batch["kind"])}, len(requests)))
-    except BadColumn as e:
-        raise TraceError(f"{name}: decode spans: {e}") from None
+    return (_expanded_frame(TOKEN, tokens, len(requests), f"{name}: decode spans"),
+            _expanded_frame(BATCH, batch, len(requests), f"{name}: decode spans"))
 
 
-def _with_frees(fr: _Rows, kv: pd.DataFrame, n_requests: int, name: str) -> pd.DataFrame:
+def _with_frees(rows: dict, kv: pd.DataFrame, n_requests: int, name: str) -> pd.DataFrame:
     """The KV table of a file whose frees of whole tables are kv_free rows (core.trace.spans), expanded."""
-    free = {c: fr.col(c) for c in FREE_COLUMNS}
+    free = {c: rows["kv_free"].col(c) for c in FREE_COLUMNS}
     check_frees(free, n_requests, name)
-    if (kv["replica"].to_numpy() != 0).any():
+    cols = _listed(rows["kv"], kv, (), name)
+    if (cols.pop("replica") != 0).any():
         raise TraceError(f"{name}: kv_free records in a fleet trace (a replica other than 0): not supported")
-    cols = {c: kv[c].to_numpy() for c in ("t_ms", "req", "block", "logical", "ref", "src")}
-    cols["op"] = np.asarray(kv["op"].array.codes, dtype=np.int8)
-    cols["hash"] = kv["hash"].to_numpy() if kv["hash"].notna().any() else None
-    ops = tuple(KV.field("op").values)
-    out = kv_with_frees(cols, {c: v.to_numpy(zero_copy_only=False) for c, v in free.items()}, ops, name)
-    out["op"] = pd.Categorical.from_codes(out["op"], categories=list(ops))
+    out = kv_with_frees(cols, {c: v.to_numpy(zero_copy_only=False) for c, v in free.items()},
+                        tuple(KV.field("op").values), name)
+    return _expanded_frame(KV, out, n_requests, f"{name}: kv_free records")
+
+
+def _expanded_frame(rec: Record, cols: dict, n_requests: int, what: str) -> pd.DataFrame:
+    """A table from expanded columns (enum fields as codes), checked as every table is."""
+    cols = cols | {f.name: pd.Categorical.from_codes(cols[f.name], categories=list(f.values))
+                   for f in rec.columns if f.type == "enum"}
     try:
-        return frame(KV, out, n_requests)
+        return frame(rec, cols, n_requests)
     except BadColumn as e:
-        raise TraceError(f"{name}: kv_free records: {e}") from None
+        raise TraceError(f"{what}: {e}") from None
 
 
 # ---- the same checks, a batch of rows at a time (out of core: core.analysis.outofcore) --------------
