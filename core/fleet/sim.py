@@ -9,6 +9,12 @@ replica first) — so a request arriving as a step ends joins the next step, as 
 A replica fast-forwards runs of identical decode steps only up to the next time something
 could be routed to it (its scheduler's `horizon_ms`).
 
+Routes decided ahead (round-robin, random, no router queue limit) and nothing shared (no
+disaggregation): no replica ever waits on another or on the router, so each runs apart, as one
+engine over the requests routed to it (core.engine.loop.run), and the route events' signals are
+read back afterwards from what each replica told as it ran (`_Reported`) — the same trace as the
+loop (tests/test_fleet_apart.py), at the cost of the replicas' own steps.
+
 What the router sees of replica r at time t is what r had reported by t - staleness: its
 running, waiting and KV gauges as of its last step ended by then, the requests routed to it
 minus those finished by then, and (precise prefix knowledge) its prefix cache as its block
@@ -39,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.config import SchedulerConfig
+from core.engine import loop
 from core.engine.admission import blocks_needed
 from core.engine.core import EngineCore
 from core.engine.prefix_cache import block_hash, extra_key
@@ -145,6 +152,7 @@ class _Replica:
         self.cached: set = set()             # precise prefix knowledge: block hashes it has published
         self.kv_news: list = []              # hash events of the step under way
         self.routed = 0
+        self.reported: _Reported | None = None   # a run made apart (FleetSim.apart): what it told, read back
         if listen and self.sched.kv.prefix is not None:
             kv = self.sched.kv   # (each event with when it happened: a run of steps tells each at its step's end)
             self.sched.kv.prefix.listener = lambda sign, h: self.kv_news.append((sign, h, kv.now_ms))
@@ -189,6 +197,76 @@ class _Replica:
                 self.seen_t = t
 
 
+class _Reported:
+    """What a replica run apart (FleetSim.apart) told the router, kept as it ran and read back at
+    each routing as the router would have heard it by then: when each routed request reached it
+    (in routing order), when requests finished, and its gauges (running, waiting, KV used) at each
+    step's end (a run of steps: each step's, as `_outputs` tells them)."""
+
+    def __init__(self):
+        self.adds: list[float] = []
+        self.fins: list[float] = []
+        self.own: list[float] = []   # finishes stamped at the time of the step call that told them
+        self.times: list[float] = []
+        self.running: list[int] = []
+        self.waiting: list[int] = []
+        self.used: list[int] = []
+        self.rows: list[int] = []    # the fleet's rows routed here, in order
+
+    def observe(self, out) -> None:
+        if out.finished:
+            self.fins += [f.t_ms for f in out.finished]
+            called = out.t_ms if out.step is None else out.step.t_ms
+            self.own += [f.t_ms for f in out.finished if f.t_ms == called]
+        if out.step is not None:
+            rec = out.record
+            if type(rec.step) is list and len(rec.step) > 1:
+                self.times += rec.t_ms[1:]
+                self.running += rec.running[:-1]
+                self.waiting += rec.waiting[:-1]
+                self.used += rec.kv_used_blocks[:-1]
+            g = out.gauges
+            self.times.append(out.t_ms)
+            self.running.append(g[0])
+            self.waiting.append(g[1])
+            self.used.append(g[2])
+
+    def as_of_all(self, arrivals: np.ndarray, when: np.ndarray, fresh: bool, kv_blocks: int) -> list[dict]:
+        """What the router had heard of this replica when each request arrived (as of `when`, its
+        arrival less the staleness), as route events record it (Signals.to_dict): a count of the
+        requests routed here before it that had reached it minus those finished; the gauges of the
+        last step ended; as of the latest of these. `fresh` (no staleness): a step starting at an
+        arrival runs after it is routed, so what it tells at its own start is not heard yet."""
+        adds = np.asarray(self.adds, dtype=np.float64)
+        fins = np.sort(np.asarray(self.fins, dtype=np.float64))
+        times = np.asarray(self.times, dtype=np.float64)
+        order = np.argsort(times, kind="stable")   # (ties: as told)
+        times = times[order]
+        gauges = np.zeros((3, len(times) + 1), dtype=np.int64)   # (none heard yet: zeros)
+        for j, col in enumerate((self.running, self.waiting, self.used)):
+            gauges[j, 1:] = np.asarray(col, dtype=np.int64)[order]
+        before = np.zeros(len(when), dtype=np.int64)      # requests routed here before each arrival
+        rows = np.asarray(self.rows, dtype=np.int64)
+        if len(rows):
+            before[rows[rows + 1 < len(when)] + 1] = 1
+        before = np.cumsum(before)
+        a = np.minimum(np.searchsorted(adds, when, side="right"), before)
+        f = np.searchsorted(fins, when, side="right")
+        if fresh and self.own:
+            own = np.sort(np.asarray(self.own, dtype=np.float64))
+            f -= np.searchsorted(own, arrivals, side="right") - np.searchsorted(own, arrivals, side="left")
+        g = np.searchsorted(times, when, side="right")
+        last = np.zeros(len(when))
+        for at, k in ((adds, a), (fins, f), (times, g)):
+            if len(at):
+                last = np.maximum(last, np.where(k > 0, at[np.maximum(k - 1, 0)], 0.0))
+        run, wait, used = gauges[:, g].tolist()
+        blocks = max(1, kv_blocks)
+        return [{"requests": q, "running": x, "waiting": y, "kv_usage": round(u / blocks, 6), "prefix_blocks": 0,
+                 "cached_blocks": 0, "as_of_ms": t}
+                for q, x, y, u, t in zip((a - f).tolist(), run, wait, used, last.tolist())]
+
+
 class _Seen(list):
     """Signals recorded for a decision made ahead, with how many candidates were left out."""
 
@@ -226,6 +304,9 @@ class FleetSim:
         self._hashes: dict = {}                  # (row, extra) -> the prompt's block hashes
         self.roles = {role: [r for r in self.replicas if r.role == role] for role in ROLES}
         self.planned = self._plan_routes()
+        # routes decided ahead and nothing else shared (no disaggregation, no cached blocks heard):
+        # the replicas never wait on each other, and each runs apart (see `run`)
+        self.apart = self.planned is not None and not self.pd and rc.prefix_mode != "precise"
 
     # ---- routing -----------------------------------------------------------------------------
     def _prompt_hashes(self, row: int, rep: _Replica) -> list:
@@ -367,16 +448,7 @@ class FleetSim:
     def _add(self, rep: _Replica, row: int, r: Request, now: float, is_copy: bool = False, preloaded: int = 0,
              at: float | None = None):
         """`at`: when the request reaches the replica's engine (default now; a dispatch hop later)."""
-        if at is not None and at != now:
-            r = Request(r.id, at, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
-                        abort_at_ms=r.abort_at_ms,
-                        deadline_ms=None if r.deadline_ms is None else max(1e-6, r.arrival_ms + r.deadline_ms - at),
-                        priority=r.priority)
-            now = at
-        if r.arrival_ms != now:   # (a decode replica's copy: the client's deadline still counts from its arrival)
-            left = None if r.deadline_ms is None else max(1e-6, r.arrival_ms + r.deadline_ms - now)
-            r = Request(r.id, now, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
-                        abort_at_ms=r.abort_at_ms, deadline_ms=left, priority=r.priority)
+        r, now = _reaching(r, now, at)
         rep.core.add_request(r, preloaded=preloaded, client_abort=True)
         rep.rows.append(row)
         rep.is_copy.append(is_copy)
@@ -387,6 +459,67 @@ class FleetSim:
             rep.ready = min(rep.ready, now)
 
     # ---- the loop ------------------------------------------------------------------------------
+    def _run_apart(self):
+        """Each replica one engine over the requests routed to it, all added ahead, stepped to its
+        end on its own clock (core.engine.loop.run, as one engine's simulation), what it tells kept
+        (_Reported); then every routing in arrival order, with what the router heard of each
+        replica by then read back. The same trace as the loop below (tests/test_fleet_apart.py):
+        nothing a replica does depends on another's, nor on the router, whose decisions were
+        made ahead."""
+        hop = self.fleet.dispatch_ms
+        for rep in self.replicas:
+            rep.reported = _Reported()
+        for row, now in enumerate(self.w.arrival_ms.tolist()):
+            d = self.planned["decisions"].get((row, "whole"))
+            if d is None:
+                continue
+            rep = self.replicas[d.replica]
+            r, at = _reaching(self.requests[row], now, now + hop)
+            rep.core.add_request(r, client_abort=True)
+            rep.rows.append(row)
+            rep.is_copy.append(False)
+            rep.reported.adds.append(at)
+            rep.reported.rows.append(row)
+            rep.routed += 1
+        for rep in self.replicas:
+            if rep.rows:
+                rep.core.observe(rep.reported.observe)
+                loop.run(rep.core, loop.VirtualClock(rep.reported.adds[0]))
+                rep.core.observers.pop()
+        self._routes_apart()
+
+    def _routes_apart(self):
+        """The route events of a run made apart, as `_route` records them: what the router had
+        heard of each candidate by each arrival (staleness before it), read back per replica at
+        once from what the replica told as it ran (_Reported)."""
+        arr = self.w.arrival_ms
+        now_l = arr.tolist()
+        stale = self.router_cfg.staleness_ms
+        when = arr - stale
+        told = [rep.reported.as_of_all(arr, when, stale == 0, rep.kv_blocks) for rep in self.replicas]
+        decisions, policy = self.planned["decisions"], self.router_cfg.policy
+        block = [rep.spec.config.block_size for rep in self.replicas]
+        drains = [(rep.index, rep.drain_ms) for rep in self.replicas]
+        for row, now in enumerate(now_l):
+            r = self.requests[row]
+            ev = {"type": "route", "t_ms": now, "req": r.id, "policy": policy}
+            d = decisions.get((row, "whole"))
+            if d is None:
+                why = "no replica in rotation (every one drained)"
+                self.routes[row] = ev | {"replica": -1, "stage": "rejected", "reason": why}
+                self.router_finishes.append((row, now, "rejected", why))
+                continue
+            cands = [k for k, dr in drains if dr > now]
+            keep, _, more = recorded(cands, (d.replica,), None)
+            ev |= {"replica": d.replica, "stage": "whole", "reason": d.reason}
+            if d.scores:
+                ev["scores"] = {str(k): v for k, v in d.scores.items()}
+            ev["signals"] = {str(k): told[k][row] for k in keep}
+            if more:
+                ev["signals_left_out"] = more
+            ev["prompt_blocks"] = r.prompt_tokens // block[d.replica]
+            self.routes[row] = ev
+
     def _horizon(self, rep: _Replica, next_arrival: float) -> float | None:
         h = next_arrival
         if self.planned is not None:   # only its own next request can stop it
@@ -488,6 +621,8 @@ class FleetSim:
         self._add(dst, row, r, end, preloaded=r.prompt_tokens - 1)
 
     def run(self):
+        if self.apart:
+            return self._run_apart()
         w = self.w
         arrivals = w.arrival_ms.tolist()
         n = len(arrivals)
@@ -596,6 +731,22 @@ class FleetSim:
             out["pd_min_prompt"] = f.pd_min_prompt
             out["first_token"] = FIRST_TOKEN
         return out
+
+
+def _reaching(r: Request, now: float, at: float | None) -> tuple[Request, float]:
+    """Request r, routed at `now`, as it reaches its replica's engine at `at` (None: now): its
+    arrival then, its deadline still counted from the client's arrival."""
+    if at is not None and at != now:
+        r = Request(r.id, at, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
+                    abort_at_ms=r.abort_at_ms,
+                    deadline_ms=None if r.deadline_ms is None else max(1e-6, r.arrival_ms + r.deadline_ms - at),
+                    priority=r.priority)
+        now = at
+    if r.arrival_ms != now:   # (a decode replica's copy: the client's deadline still counts from its arrival)
+        left = None if r.deadline_ms is None else max(1e-6, r.arrival_ms + r.deadline_ms - now)
+        r = Request(r.id, now, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
+                    abort_at_ms=r.abort_at_ms, deadline_ms=left, priority=r.priority)
+    return r, now
 
 
 def merge_records(logs: list[dict], rows: list[np.ndarray], copies: list[np.ndarray]) -> dict:
