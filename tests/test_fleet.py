@@ -362,7 +362,8 @@ def test_round_robin_turns_the_prefill_and_decode_choices_apart():
 
 
 @pytest.mark.parametrize("shape,policy,staleness", [("uniform", "least-kv", 0.0), ("uniform", "least-requests", 30.0),
-                                                     ("uniform", "power-of-two", 0.0), ("pd", "round-robin", 0.0),
+                                                     ("uniform", "power-of-two", 0.0), ("uniform", "round-robin", 0.0),
+                                                     ("uniform", "random", 25.0), ("pd", "round-robin", 0.0),
                                                      ("pd", "least-kv", 0.0)])
 def test_fast_forward_changes_nothing_in_a_fleet(shape, policy, staleness):
     """Runs of identical decode steps applied at once (the simulator's fast-forward) must give

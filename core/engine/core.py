@@ -101,7 +101,7 @@ class EngineCore:
         out = None
         if self.fast_forward:
             ex = self.executor
-            out = sched.advance(batch, lambda k: ex.run_durations(batch, k))
+            out = sched.advance(batch, ex.run_durations)
         if out is None:
             out = sched.update(batch, self.executor.execute(batch))
         self.free_at_ms = out.t_ms

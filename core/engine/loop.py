@@ -79,7 +79,10 @@ class Inbox(Protocol):
 def run(core: EngineCore, clock, on_output: OutputCallback | None = None, inbox: Inbox | None = None) -> None:
     """Step `core` until every request has finished, or with an `inbox` (a server) until the
     inbox says stop. `on_output` gets every EngineOutputs (a step's, with what happened since
-    the last one; or, while idle, arrivals queued or rejected and cancellations)."""
+    the last one; or, while idle, arrivals queued or rejected and cancellations). An inbox may
+    answer a finish with a request (a closed loop): a run of decode steps then stops at each."""
+    if inbox is not None:
+        core.scheduler.finishes_end_runs = True
     while True:
         if inbox is not None:
             if not inbox.drain(core, clock.now()):

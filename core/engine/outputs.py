@@ -153,6 +153,8 @@ class EngineOutputs(NamedTuple):
     decoded: tuple | None = None
     entered: list | tuple = ()
     left: list | tuple = ()
+    # a run of steps: (running, waiting, KV blocks used) after each step but the last (the last's: gauges)
+    after: tuple | None = None
 
     @property
     def stats(self) -> SchedulerStats:

@@ -100,6 +100,7 @@ class Scheduler:
         self.failed = {"rejected": 0, "deadline": 0}
         self.next_arrival = 0
         self.horizon_ms: float | None = None   # (a fleet's: when a request could next be routed here)
+        self.finishes_end_runs = False         # (a closed loop answers each finish: runs stop there)
         self.num_done = 0
         self.step = 0
         self.num_preemptions = 0
@@ -580,80 +581,110 @@ class Scheduler:
                 f"{self.cfg.queue_limit}", "queue_limit"))
 
     def advance(self, batch: SchedulerOutput, durations) -> EngineOutputs | None:
-        """A simulator's decode-only step (no listed entry) together with the identical ones after it,
-        up to the next event: a decoder's last token (the finish calendar), the next arrival,
-        cancellation or (a fleet) time a request could be routed here, or a step whose new blocks
-        the pool cannot give. The steps differ only in positions and times: their durations come at
-        once (`durations(k)`: the executor's, or None when it prices step by step), their blocks in
-        running order step by step (the block calendar), and their outputs as lists (one record
-        row per step). Returns None (the step completes as usual) where fewer than two steps would
-        run. The same trace as stepping (tests/test_oracle.py)."""
-        nd = self._step_nd
-        if not nd or len(batch.reqs) or self._dec_ids or not self._fin or self._held_back:
+        """A simulator's decode-only step (no listed entry) together with the decode-only steps
+        after it, up to the next event: the next arrival, cancellation or (a fleet) time a request
+        could be routed here; a step whose new blocks the pool cannot give; or a decoder's last
+        token after which the next step could differ otherwise (a request waiting could join, an
+        explicit one take part, or `finishes_end_runs`: someone outside answers a finish, as a
+        closed loop sends its next request). Through other finishes the run goes on with the
+        decoders left. The steps differ only in positions, decoders and times: their durations
+        come per stretch between finishes (`durations(batch, k)`: the executor's, or None when it
+        prices step by step), their blocks in running order step by step (the block calendar),
+        their finishes at their steps' ends, their outputs as lists (one record row per step;
+        `after`: the gauges after each step but the last). Returns None (the step completes as
+        usual) where fewer than two steps would run. The same trace as stepping
+        (tests/test_oracle.py)."""
+        nd0 = self._step_nd
+        if not nd0 or len(batch.reqs) or self._dec_ids or not self._fin or self._held_back:
             return None
-        D, bs, kv = self.D, self.cfg.block_size, self.kv
-        K = min(self._fin) - D + 1      # through the step of the first last token
-        if K < 2:
-            return None
-        t = self.requests
+        bs, kv, t = self.cfg.block_size, self.kv, self.requests
         limit = self.horizon_ms if self.horizon_ms is not None else np.inf
         if self.next_arrival < t.n:
             limit = min(limit, float(t.arrival[self.next_arrival]))
         if self.aborts:
             limit = min(limit, self.aborts[0][0])
-        d = durations(K)
-        if d is None:
-            return None
-        # Python lists: a run is a few steps apart from long idle stretches (numpy's per-call cost
-        # dominated); starts are sequential sums, bit-identical to t += d
-        d = list(d)
+        D0, step0, cross = self.D, self.step, self._cross
+        _, waiting, used0, _ = self._step_gauges  # type: ignore[misc]
         starts: list[float] = []
-        t_at = batch.t_ms
-        for x in d[:K]:
-            if t_at >= limit and starts:   # a step that would admit or cancel: not in the run
+        d: list[float] = []
+        running: list[int] = []
+        used: list[int] = []
+        after_run: list[int] = []    # after each step: running, KV blocks used
+        after_used: list[int] = []
+        cur, lo = batch, 1           # a stretch's batch; its first step whose blocks are taken here
+        while True:
+            D = self.D
+            K = min(self._fin) - D + 1      # through the step of the next last token
+            dk = durations(cur, K)
+            if dk is None:
+                if lo:
+                    return None
                 break
-            starts.append(t_at)
-            t_at += x
-        K = len(starts)
-        if K < 2:
-            return None
-        cross, need, free, n = self._cross, [], kv.num_free, 0
-        owners = []
-        for k in range(1, K):
-            c = cross[(D + k) % bs]
-            if c:
-                if n + len(c) > free:   # the pool cannot give this step's blocks: the run ends before it
-                    K = k
+            # Python lists: a run is a few steps apart from long idle stretches (numpy's per-call cost
+            # dominated); starts are sequential sums, bit-identical to t += d
+            st: list[float] = []
+            t_at = cur.t_ms
+            for x in list(dk)[:K]:
+                if t_at >= limit and (st or starts):   # a step that would admit or cancel: not in the run
                     break
-                n += len(c)
-                owners += [e[1] for e in c]
-            need.append(n)
-        if K < 2:
-            return None
-        del starts[K:], d[K:], need[K - 1:]
-        t_end = starts[-1] + d[-1]
-        if owners:
-            times = [s_ for k, s_ in enumerate(starts[1:], 1) for _ in range(len(cross[(D + k) % bs]))]
-            if not kv.append_blocks(owners, times):
-                for k in range(1, K):   # some block must be evicted: step by step, exactly
-                    c = cross[(D + k) % bs]
-                    if c:
-                        kv.now_ms = starts[k]
-                        kv.grow_one_each([e[1] for e in c])
-        running, waiting, used0, _ = self._step_gauges  # type: ignore[misc]
-        used = [used0] + [used0 + x for x in need]
-        total = kv.num_blocks
-        rec = StepRecord(list(range(self.step, self.step + K)), starts, d, [running] * K, [waiting] * K,
-                         used, [total - u for u in used])
-        self.D += K
-        self.step += K
-        self._last_dec_t = t_end
-        kv.now_ms = t_end
-        due = self._fin.pop(D + K - 1, None)
-        if due:
+                st.append(t_at)
+                t_at += x
+            K = len(st)
+            need, free, n, owners = [], kv.num_free, 0, []
+            for k in range(lo, K):
+                c = cross[(D + k) % bs]
+                if c:
+                    if n + len(c) > free:   # the pool cannot give this step's blocks: the run ends before it
+                        K = k
+                        break
+                    n += len(c)
+                    owners += [e[1] for e in c]
+                need.append(n)
+            if lo and K < 2:
+                return None     # (nothing changed yet)
+            if K == 0:
+                break
+            del st[K:], need[K - lo:]
+            u0 = kv.num_used if not lo else used0
+            if owners:
+                times = [st[k] for k in range(lo, K) for _ in range(len(cross[(D + k) % bs]))]
+                if not kv.append_blocks(owners, times):
+                    for k in range(lo, K):   # some block must be evicted: step by step, exactly
+                        c = cross[(D + k) % bs]
+                        if c:
+                            kv.now_ms = st[k]
+                            kv.grow_one_each([e[1] for e in c])
+            u = ([used0] if lo else []) + [u0 + x for x in need]
+            n_run = len(self._run)
+            starts += st
+            d += list(dk)[:K]
+            running += [n_run] * K
+            used += u
+            after_run += [n_run] * K
+            after_used += u
+            self.D += K
+            t_end = st[-1] + d[-1]
+            self._last_dec_t = t_end
+            kv.now_ms = t_end
+            due = self._fin.pop(D + K - 1, None)
+            if not due:
+                break   # (the run ended before the stretch's last token)
             self._finish_emitted([e[1] for e in sorted(due)], [], t_end)
+            after_run[-1], after_used[-1] = len(self._run), kv.num_used
+            if self.finishes_end_runs or self.waiting or self._exp or not self._dec:
+                break
+            nd = len(self._dec)   # the run goes on with the decoders left
+            cur = self._batch(_Plan([], [], [], [], [], [], [], nd, nd, 0), [], t_end)  # type: ignore[assignment]
+            lo = 0
+        K = len(starts)
+        t_end = starts[-1] + d[-1]
+        total = kv.num_blocks
+        rec = StepRecord(list(range(step0, step0 + K)), starts, d, running, [waiting] * K, used,
+                         [total - x for x in used])
+        after = (after_run[:-1], [waiting] * (K - 1), after_used[:-1])
+        self.step += K
         self._step_gauges = None
-        return self.take_outputs(t_end, batch, d[0], record=rec, decoded=(D, nd))
+        return self.take_outputs(t_end, batch, d[0], record=rec, decoded=(D0, nd0), after=after)
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
     def update(self, batch: SchedulerOutput, out: ExecutorOutput) -> EngineOutputs:
@@ -840,7 +871,8 @@ class Scheduler:
 
     def take_outputs(self, t_ms: float, batch: SchedulerOutput | None = None, dur_ms: float | None = None,
                      token_reqs=EMPTY, token_index=EMPTY, token_ids=None, record: StepRecord | None = None,
-                     token_t_ms=None, token_sources=None, events=None, decoded=None) -> EngineOutputs:
+                     token_t_ms=None, token_sources=None, events=None, decoded=None,
+                     after: tuple | None = None) -> EngineOutputs:
         """Everything that happened since the last EngineOutputs (with a step's tokens and
         record, when given), and forget it."""
         gauges = self._gauges()
@@ -857,7 +889,7 @@ class Scheduler:
         kv_events = self.kv.take_events() if self.kv.events else ()
         return _tuple(EngineOutputs, (t_ms, gauges, batch, dur_ms, fin or (), queued or (), started or (),
                                       preempted or (), token_reqs, token_index, token_ids, record, token_t_ms,
-                                      token_sources, kv_events, events, decoded, entered or (), left or ()))
+                                      token_sources, kv_events, events, decoded, entered or (), left or (), after))
 
 class _Plan:
     """The running requests' part of a step: the explicit ones in running order (E, their tokens

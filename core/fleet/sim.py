@@ -221,22 +221,29 @@ class _Reported:
         if out.step is not None:
             rec = out.record
             if type(rec.step) is list and len(rec.step) > 1:
-                self.times += rec.t_ms[1:]
-                self.running += rec.running[:-1]
-                self.waiting += rec.waiting[:-1]
-                self.used += rec.kv_used_blocks[:-1]
+                self.times += rec.t_ms[1:]   # (each step's end but the last's, and what it left behind)
+                a = out.after
+                self.running += a[0]
+                self.waiting += a[1]
+                self.used += a[2]
             g = out.gauges
             self.times.append(out.t_ms)
             self.running.append(g[0])
             self.waiting.append(g[1])
             self.used.append(g[2])
 
-    def as_of_all(self, arrivals: np.ndarray, when: np.ndarray, fresh: bool, kv_blocks: int) -> list[dict]:
-        """What the router had heard of this replica when each request arrived (as of `when`, its
-        arrival less the staleness), as route events record it (Signals.to_dict): a count of the
-        requests routed here before it that had reached it minus those finished; the gauges of the
-        last step ended; as of the latest of these. `fresh` (no staleness): a step starting at an
-        arrival runs after it is routed, so what it tells at its own start is not heard yet."""
+    def as_of(self, asked: list[int], arrivals: np.ndarray, staleness_ms: float, kv_blocks: int) -> list[dict]:
+        """What the router had heard of this replica when requests `asked` (rows, in order)
+        arrived, as of their arrival less the staleness, as route events record it
+        (Signals.to_dict): a count of the requests routed here before it that had reached it
+        minus those finished; the gauges of the last step ended; as of the latest of these.
+        Without staleness, a step starting at an arrival runs after it is routed: what it tells
+        at its own start is not heard yet."""
+        if not asked:
+            return []
+        rows = np.asarray(asked, dtype=np.int64)
+        now = arrivals[rows]
+        when = now - staleness_ms
         adds = np.asarray(self.adds, dtype=np.float64)
         fins = np.sort(np.asarray(self.fins, dtype=np.float64))
         times = np.asarray(self.times, dtype=np.float64)
@@ -245,16 +252,12 @@ class _Reported:
         gauges = np.zeros((3, len(times) + 1), dtype=np.int64)   # (none heard yet: zeros)
         for j, col in enumerate((self.running, self.waiting, self.used)):
             gauges[j, 1:] = np.asarray(col, dtype=np.int64)[order]
-        before = np.zeros(len(when), dtype=np.int64)      # requests routed here before each arrival
-        rows = np.asarray(self.rows, dtype=np.int64)
-        if len(rows):
-            before[rows[rows + 1 < len(when)] + 1] = 1
-        before = np.cumsum(before)
+        before = np.searchsorted(np.asarray(self.rows, dtype=np.int64), rows)   # routed here before it
         a = np.minimum(np.searchsorted(adds, when, side="right"), before)
         f = np.searchsorted(fins, when, side="right")
-        if fresh and self.own:
+        if staleness_ms == 0 and self.own:
             own = np.sort(np.asarray(self.own, dtype=np.float64))
-            f -= np.searchsorted(own, arrivals, side="right") - np.searchsorted(own, arrivals, side="left")
+            f -= np.searchsorted(own, now, side="right") - np.searchsorted(own, now, side="left")
         g = np.searchsorted(times, when, side="right")
         last = np.zeros(len(when))
         for at, k in ((adds, a), (fins, f), (times, g)):
@@ -490,31 +493,37 @@ class FleetSim:
 
     def _routes_apart(self):
         """The route events of a run made apart, as `_route` records them: what the router had
-        heard of each candidate by each arrival (staleness before it), read back per replica at
-        once from what the replica told as it ran (_Reported)."""
-        arr = self.w.arrival_ms
-        now_l = arr.tolist()
-        stale = self.router_cfg.staleness_ms
-        when = arr - stale
-        told = [rep.reported.as_of_all(arr, when, stale == 0, rep.kv_blocks) for rep in self.replicas]
+        heard of each recorded candidate by each arrival (staleness before it), read back per
+        replica at once from what the replica told as it ran (_Reported)."""
+        arr = self.w.arrival_ms.tolist()
         decisions, policy = self.planned["decisions"], self.router_cfg.policy
         block = [rep.spec.config.block_size for rep in self.replicas]
         drains = [(rep.index, rep.drain_ms) for rep in self.replicas]
-        for row, now in enumerate(now_l):
+        plan: list = [None] * len(arr)   # (decision, recorded candidates, how many left out)
+        asked: list[list[int]] = [[] for _ in self.replicas]   # per replica: the rows it is recorded in
+        for row, now in enumerate(arr):
+            d = decisions.get((row, "whole"))
+            if d is not None:
+                keep, _, more = recorded([k for k, dr in drains if dr > now], (d.replica,), None)
+                plan[row] = (d, keep, more)
+                for k in keep:
+                    asked[k].append(row)
+        stale = self.router_cfg.staleness_ms
+        told = [iter(rep.reported.as_of(asked[rep.index], self.w.arrival_ms, stale, rep.kv_blocks))
+                for rep in self.replicas]
+        for row, now in enumerate(arr):
             r = self.requests[row]
             ev = {"type": "route", "t_ms": now, "req": r.id, "policy": policy}
-            d = decisions.get((row, "whole"))
-            if d is None:
+            if plan[row] is None:
                 why = "no replica in rotation (every one drained)"
                 self.routes[row] = ev | {"replica": -1, "stage": "rejected", "reason": why}
                 self.router_finishes.append((row, now, "rejected", why))
                 continue
-            cands = [k for k, dr in drains if dr > now]
-            keep, _, more = recorded(cands, (d.replica,), None)
+            d, keep, more = plan[row]
             ev |= {"replica": d.replica, "stage": "whole", "reason": d.reason}
             if d.scores:
                 ev["scores"] = {str(k): v for k, v in d.scores.items()}
-            ev["signals"] = {str(k): told[k][row] for k in keep}
+            ev["signals"] = {str(k): next(told[k]) for k in keep}
             if more:
                 ev["signals_left_out"] = more
             ev["prompt_blocks"] = r.prompt_tokens // block[d.replica]
@@ -567,11 +576,10 @@ class FleetSim:
             rec = out.record
             if type(rec.step) is list and len(rec.step) > 1:
                 # a run of steps: the router hears each step's end, as when stepping them one by
-                # one, told once for the run. What each step but the last left behind is its own
-                # record (blocks are taken as a step starts; nobody joins or leaves before the last);
+                # one, told once for the run: what each step but the last left behind (`after`);
                 # the last's, the gauges below
-                rep.tell(rec.t_ms[1], "run", (rec.t_ms[1:], rec.running[:-1], rec.waiting[:-1], rec.kv_used_blocks[:-1],
-                                              0), self._seq)
+                a = out.after
+                rep.tell(rec.t_ms[1], "run", (rec.t_ms[1:], a[0], a[1], a[2], 0), self._seq)
             g = out.gauges
             rep.tell(t_end, "gauges", (g[0], g[1], g[2]), self._seq)
         if rep.kv_news:
