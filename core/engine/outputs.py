@@ -41,21 +41,15 @@ class SchedulerOutput:
 
     @property
     def prefill_tokens(self) -> int:
-        if self.agg is not None:
-            return self.agg[0]
-        return int(np.add.reduce(self.num_tokens, where=self.is_prefill))
+        return self.agg[0] if self.agg is not None else int(np.add.reduce(self.num_tokens, where=self.is_prefill))
 
     @property
     def decode_seqs(self) -> int:
-        if self.agg is not None:
-            return self.agg[1]
-        return len(self.is_prefill) - int(np.count_nonzero(self.is_prefill))
+        return self.agg[1] if self.agg is not None else len(self.is_prefill) - int(np.count_nonzero(self.is_prefill))
 
     @property
     def total_tokens(self) -> int:
-        if self.agg is not None:
-            return self.agg[5]
-        return int(self.num_tokens.sum())
+        return self.agg[5] if self.agg is not None else int(self.num_tokens.sum())
 
 
 @dataclass(slots=True)

@@ -581,36 +581,25 @@ class Scheduler:
                 f"{self.cfg.queue_limit}", "queue_limit"))
 
     def advance(self, batch: SchedulerOutput, durations) -> EngineOutputs | None:
-        """A simulator's decode-only step (no listed entry) together with the decode-only steps
-        after it, up to the next event: the next arrival, cancellation or (a fleet) time a request
-        could be routed here; a step whose new blocks the pool cannot give; or a decoder's last
-        token after which the next step could differ otherwise (a request waiting could join, an
-        explicit one take part, or `finishes_end_runs`: someone outside answers a finish, as a
-        closed loop sends its next request). Through other finishes the run goes on with the
-        decoders left. The steps differ only in positions, decoders and times: their durations
-        come per stretch between finishes (`durations(batch, k)`: the executor's, or None when it
-        prices step by step), their blocks in running order step by step (the block calendar),
-        their finishes at their steps' ends, their outputs as lists (one record row per step;
-        `after`: the gauges after each step but the last). Returns None (the step completes as
-        usual) where fewer than two steps would run. The same trace as stepping
-        (tests/test_oracle.py)."""
+        """A simulator's decode-only step (no listed entry) and the decode-only steps after it, up to
+        the next arrival, cancellation or (a fleet) time a request could be routed here, a step
+        whose blocks the pool cannot give, or a last token after which the next step could differ
+        otherwise (a request waiting or an explicit one; `finishes_end_runs`: a closed loop answers
+        finishes). Durations per stretch between finishes (`durations(batch, k)`, None: priced step
+        by step), blocks in running order step by step (the block calendar), finishes at their
+        steps' ends, outputs as lists (a record row per step; `after`: the gauges after each step
+        but the last). None where fewer than two steps would run. The same trace as stepping."""
         nd0 = self._step_nd
         if not nd0 or len(batch.reqs) or self._dec_ids or not self._fin or self._held_back:
             return None
         bs, kv, t = self.cfg.block_size, self.kv, self.requests
-        limit = self.horizon_ms if self.horizon_ms is not None else np.inf
-        if self.next_arrival < t.n:
-            limit = min(limit, float(t.arrival[self.next_arrival]))
-        if self.aborts:
-            limit = min(limit, self.aborts[0][0])
+        limit = min(np.inf if self.horizon_ms is None else self.horizon_ms,
+                    self.aborts[0][0] if self.aborts else np.inf,
+                    float(t.arrival[self.next_arrival]) if self.next_arrival < t.n else np.inf)
         D0, step0, cross = self.D, self.step, self._cross
         _, waiting, used0, _ = self._step_gauges  # type: ignore[misc]
-        starts: list[float] = []
-        d: list[float] = []
-        running: list[int] = []
-        used: list[int] = []
-        after_run: list[int] = []    # after each step: running, KV blocks used
-        after_used: list[int] = []
+        starts: list[float] = []   # per step: start, duration, running, used; after each: running, used
+        d, running, used, after_run, after_used = [], [], [], [], []
         cur, lo = batch, 1           # a stretch's batch; its first step whose blocks are taken here
         while True:
             D = self.D
@@ -620,10 +609,8 @@ class Scheduler:
                 if lo:
                     return None
                 break
-            # Python lists: a run is a few steps apart from long idle stretches (numpy's per-call cost
-            # dominated); starts are sequential sums, bit-identical to t += d
             st: list[float] = []
-            t_at = cur.t_ms
+            t_at = cur.t_ms   # (sequential sums, bit-identical to stepping's t += d)
             for x in list(dk)[:K]:
                 if t_at >= limit and (st or starts):   # a step that would admit or cancel: not in the run
                     break
@@ -645,7 +632,7 @@ class Scheduler:
             if K == 0:
                 break
             del st[K:], need[K - lo:]
-            u0 = kv.num_used if not lo else used0
+            u0 = used0 if lo else kv.num_used
             if owners:
                 times = [st[k] for k in range(lo, K) for _ in range(len(cross[(D + k) % bs]))]
                 if not kv.append_blocks(owners, times):
@@ -656,16 +643,14 @@ class Scheduler:
                             kv.grow_one_each([e[1] for e in c])
             u = ([used0] if lo else []) + [u0 + x for x in need]
             n_run = len(self._run)
-            starts += st
-            d += list(dk)[:K]
-            running += [n_run] * K
-            used += u
-            after_run += [n_run] * K
-            after_used += u
+            starts.extend(st)
+            d.extend(list(dk)[:K])
+            running.extend([n_run] * K)
+            used.extend(u)
+            after_run.extend([n_run] * K)
+            after_used.extend(u)
             self.D += K
-            t_end = st[-1] + d[-1]
-            self._last_dec_t = t_end
-            kv.now_ms = t_end
+            self._last_dec_t = kv.now_ms = t_end = st[-1] + d[-1]
             due = self._fin.pop(D + K - 1, None)
             if not due:
                 break   # (the run ended before the stretch's last token)
@@ -676,15 +661,13 @@ class Scheduler:
             nd = len(self._dec)   # the run goes on with the decoders left
             cur = self._batch(_Plan([], [], [], [], [], [], [], nd, nd, 0), [], t_end)  # type: ignore[assignment]
             lo = 0
-        K = len(starts)
-        t_end = starts[-1] + d[-1]
-        total = kv.num_blocks
+        K, total = len(starts), kv.num_blocks
         rec = StepRecord(list(range(step0, step0 + K)), starts, d, running, [waiting] * K, used,
                          [total - x for x in used])
-        after = (after_run[:-1], [waiting] * (K - 1), after_used[:-1])
         self.step += K
         self._step_gauges = None
-        return self.take_outputs(t_end, batch, d[0], record=rec, decoded=(D0, nd0), after=after)
+        return self.take_outputs(starts[-1] + d[-1], batch, d[0], record=rec, decoded=(D0, nd0),
+                                 after=(after_run[:-1], [waiting] * (K - 1), after_used[:-1]))
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
     def update(self, batch: SchedulerOutput, out: ExecutorOutput) -> EngineOutputs:
