@@ -19,7 +19,7 @@ from core.sim.stepmodel import StepModel
 from core.trace import load_trace, to_doc
 from core.trace.spans import expand, span_rows
 from core.workload import load_workload
-from tests.conftest import DATA
+from tests.conftest import DATA, ROOT
 from tests.test_outofcore import OPTIONS, differences
 from tests.test_streaming import poisson
 
@@ -218,3 +218,34 @@ def test_step_features_out_of_core_of_a_file_with_spans_equal_the_loaded_trace(s
     steps, X, y = trace_features(mem)
     so, Xo, yo, _, _ = features_parquet(path)
     assert list(so) == list(steps) and np.allclose(Xo, X, rtol=1e-12) and np.allclose(yo, y, rtol=1e-12)
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_the_replay_page_shows_a_file_with_spans_as_the_same_trace_written_plainly(streamed, tmp_path, monkeypatch,
+                                                                                    large):
+    """A simulated run's file (decode spans, whole-table frees) and the same trace written row by row
+    (core.trace.to_parquet_bytes): the replay page shows the same numbers, charts and cursor, loaded
+    in memory and (large) from its overview."""
+    from streamlit.testing.v1 import AppTest
+
+    from core.trace import to_parquet_bytes
+    from tests.helpers import charts as plotly_figures
+    tr, path, _ = streamed["preempt"]
+    (tmp_path / "spans.parquet").write_bytes(path.read_bytes())
+    (tmp_path / "plain.parquet").write_bytes(to_parquet_bytes(tr))
+    monkeypatch.setenv("SERVING_EXPLORER_TRACES", str(tmp_path))
+    monkeypatch.setattr(overview, "LARGE_TRACE_ROWS", 10 if large else 10**9)
+    shown = []
+    for name in ("spans.parquet", "plain.parquet"):
+        at = AppTest.from_file(str(ROOT / "pages" / "replay.py"), default_timeout=120)
+        at.query_params["tr"] = name
+        at.run()
+        assert not at.exception, at.exception[0].message
+        s = at.slider(key="rp_cursor")
+        s.set_value(s.min + 0.4 * (s.max - s.min)).run()
+        assert not at.exception, at.exception[0].message
+        shown.append(([(m.label, m.value) for m in at.metric],
+                      [c.value for c in at.caption if c.value.startswith(("At the cursor", "Timeline:"))],
+                      [f["layout"].get("title", {}).get("text") for f in plotly_figures(at)][:3]))
+    assert shown[0] == shown[1]
+    assert len(shown[0][0]) >= 3 and len(shown[0][1]) >= 2 and len(shown[0][2]) == 3
