@@ -158,9 +158,17 @@ class Signals:
         return self.kv_used_blocks / max(1, self.kv_blocks)
 
     def to_dict(self) -> dict:
-        return {"requests": self.requests, "running": self.running, "waiting": self.waiting,
-                "kv_usage": round(self.kv_usage, 6), "prefix_blocks": self.prefix_blocks,
-                "cached_blocks": self.cached_blocks, "as_of_ms": self.t_ms}
+        return signals_dict(self.requests, self.running, self.waiting, self.kv_used_blocks, self.kv_blocks,
+                            self.prefix_blocks, self.cached_blocks, self.t_ms)
+
+
+def signals_dict(requests: int, running: int, waiting: int, kv_used: int, kv_blocks: int, prefix: int, cached: int,
+                 t_ms: float) -> dict:
+    """What a route event records of one candidate (Signals.to_dict; the fleet simulator's
+    read-back builds it from columns)."""
+    return {"requests": requests, "running": running, "waiting": waiting,
+            "kv_usage": round(kv_used / max(1, kv_blocks), 6), "prefix_blocks": prefix, "cached_blocks": cached,
+            "as_of_ms": t_ms}
 
 
 @dataclass(slots=True)

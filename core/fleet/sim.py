@@ -52,7 +52,7 @@ from core.engine.prefix_cache import block_hash, extra_key
 from core.engine.steplog import log_records
 from core.errors import ConfigError
 from core.fleet.link import Link
-from core.fleet.router import ROLES, Router, RouterConfig, Signals, check_roles, recorded
+from core.fleet.router import ROLES, Router, RouterConfig, Signals, check_roles, recorded, signals_dict
 from core.sim.simulate import _no_cyclic_gc, simulator
 from core.sim.stepmodel import StepModel
 from core.workload import MAX_TIME_MS, Request, Workload
@@ -211,7 +211,6 @@ class _Reported:
         self.running: list[int] = []
         self.waiting: list[int] = []
         self.used: list[int] = []
-        self.rows: list[int] = []    # the fleet's rows routed here, in order
 
     def observe(self, out) -> None:
         if out.finished:
@@ -232,9 +231,11 @@ class _Reported:
             self.waiting.append(g[1])
             self.used.append(g[2])
 
-    def as_of(self, asked: list[int], arrivals: np.ndarray, staleness_ms: float, kv_blocks: int) -> list[dict]:
+    def as_of(self, asked: list[int], routed: list[int], arrivals: np.ndarray, staleness_ms: float,
+              kv_blocks: int) -> list[dict]:
         """What the router had heard of this replica when requests `asked` (rows, in order)
-        arrived, as of their arrival less the staleness, as route events record it
+        arrived (`routed`: the rows routed here, in order), as of their arrival less the staleness, as
+        route events record it
         (Signals.to_dict): a count of the requests routed here before it that had reached it
         minus those finished; the gauges of the last step ended; as of the latest of these.
         Without staleness, a step starting at an arrival runs after it is routed: what it tells
@@ -252,7 +253,7 @@ class _Reported:
         gauges = np.zeros((3, len(times) + 1), dtype=np.int64)   # (none heard yet: zeros)
         for j, col in enumerate((self.running, self.waiting, self.used)):
             gauges[j, 1:] = np.asarray(col, dtype=np.int64)[order]
-        before = np.searchsorted(np.asarray(self.rows, dtype=np.int64), rows)   # routed here before it
+        before = np.searchsorted(np.asarray(routed, dtype=np.int64), rows)   # routed here before it
         a = np.minimum(np.searchsorted(adds, when, side="right"), before)
         f = np.searchsorted(fins, when, side="right")
         if staleness_ms == 0 and self.own:
@@ -264,9 +265,7 @@ class _Reported:
             if len(at):
                 last = np.maximum(last, np.where(k > 0, at[np.maximum(k - 1, 0)], 0.0))
         run, wait, used = gauges[:, g].tolist()
-        blocks = max(1, kv_blocks)
-        return [{"requests": q, "running": x, "waiting": y, "kv_usage": round(u / blocks, 6), "prefix_blocks": 0,
-                 "cached_blocks": 0, "as_of_ms": t}
+        return [signals_dict(q, x, y, u, kv_blocks, 0, 0, t)
                 for q, x, y, u, t in zip((a - f).tolist(), run, wait, used, last.tolist())]
 
 
@@ -307,9 +306,9 @@ class FleetSim:
         self._hashes: dict = {}                  # (row, extra) -> the prompt's block hashes
         self.roles = {role: [r for r in self.replicas if r.role == role] for role in ROLES}
         self.planned = self._plan_routes()
-        # routes decided ahead and nothing else shared (no disaggregation, no cached blocks heard):
-        # the replicas never wait on each other, and each runs apart (see `run`)
-        self.apart = self.planned is not None and not self.pd and rc.prefix_mode != "precise"
+        # routes decided ahead (a policy that reads no signals) and no disaggregation: the replicas
+        # never wait on each other, and each runs apart (see `run`)
+        self.apart = self.planned is not None and not self.pd
 
     # ---- routing -----------------------------------------------------------------------------
     def _prompt_hashes(self, row: int, rep: _Replica) -> list:
@@ -482,7 +481,6 @@ class FleetSim:
             rep.rows.append(row)
             rep.is_copy.append(False)
             rep.reported.adds.append(at)
-            rep.reported.rows.append(row)
             rep.routed += 1
         for rep in self.replicas:
             if rep.rows:
@@ -509,7 +507,7 @@ class FleetSim:
                 for k in keep:
                     asked[k].append(row)
         stale = self.router_cfg.staleness_ms
-        told = [iter(rep.reported.as_of(asked[rep.index], self.w.arrival_ms, stale, rep.kv_blocks))
+        told = [iter(rep.reported.as_of(asked[rep.index], rep.rows, self.w.arrival_ms, stale, rep.kv_blocks))
                 for rep in self.replicas]
         for row, now in enumerate(arr):
             r = self.requests[row]
