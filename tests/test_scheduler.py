@@ -331,8 +331,8 @@ def test_add_request_refuses_what_could_never_run():
     assert sched.n == 0
     for k in range(40):   # growth past the initial capacity keeps every value
         assert sched.add_request(Request(f"r{k}", float(k), 1 + k % 5, 1 + k % 3)) == k
-    assert sched.requests.prompt_len.tolist() == [1 + k % 5 for k in range(40)]
-    assert sched.requests.arrival.tolist() == [float(k) for k in range(40)] and len(sched.requests.state) == 40
+    assert list(sched.requests.prompt_len) == [1 + k % 5 for k in range(40)]
+    assert list(sched.requests.arrival) == [float(k) for k in range(40)] and len(sched.requests.state) == 40
 
 
 def test_a_request_that_cannot_run_even_alone_is_answered_not_left_waiting():

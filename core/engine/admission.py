@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from typing import Any
 
 import numpy as np
 
 from core.config import SchedulerConfig
-from core.engine.requests import RequestTable
 from core.errors import ConfigError
+
+# core.engine.requests.RequestTable, or any object with its columns (tests/oracle's table: numpy
+# columns); an annotation the compiled module does not check
+Table = Any
 
 REJECTED, DEADLINE = "rejected", "deadline"
 
@@ -44,7 +48,7 @@ def blocks_needed(prompt_tokens, output_tokens, block_size: int):
 class PriorityWaiting:
     """The waiting queue ordered by (priority, arrival, index), with deque's interface."""
 
-    def __init__(self, table: RequestTable):
+    def __init__(self, table: Table):
         self.table = table    # its priority list and arrival array grow with add_request
         self._keys: list[tuple] = []
 
@@ -73,7 +77,7 @@ class PriorityWaiting:
         return (k[2] for k in self._keys)
 
 
-def make_waiting(cfg: SchedulerConfig, table: RequestTable):
+def make_waiting(cfg: SchedulerConfig, table: Table):
     return PriorityWaiting(table) if cfg.scheduling_policy == "priority" else deque()
 
 
@@ -81,11 +85,12 @@ def watermark_blocks(cfg: SchedulerConfig, num_blocks: int) -> int:
     return int((cfg.kv_watermark or 0.0) * num_blocks)   # rounded down, as vLLM and Vidur do
 
 
-def pool_blocks(cfg: SchedulerConfig, table: RequestTable) -> int:
+def pool_blocks(cfg: SchedulerConfig, table: Table) -> int:
     """The KV pool: kv_blocks, or (unset) enough for every request at once. Refuses a workload
     with a request that could never run (more blocks than the pool without a context budget
     to reject it; a whole prompt over the token budget without chunked prefill)."""
-    need = blocks_needed(table.prompt_len, table.out_len, cfg.block_size)
+    prompt = np.asarray(table.prompt_len, dtype=np.int64)
+    need = blocks_needed(prompt, np.asarray(table.out_len, dtype=np.int64), cfg.block_size)
     if cfg.kv_blocks is None:
         num_blocks = int(need.sum())
     else:
@@ -100,7 +105,7 @@ def pool_blocks(cfg: SchedulerConfig, table: RequestTable) -> int:
                 f"{int(table.prompt_len[worst] + table.out_len[worst] - 1)} tokens) "
                 f"but the pool has {num_blocks}")
     if cfg.chunk is None and cfg.token_budget is not None and table.n:
-        worst = int(table.prompt_len.argmax())
+        worst = int(prompt.argmax())
         if table.prompt_len[worst] > cfg.token_budget:
             raise ConfigError(
                 f"token_budget: request {table.ids[worst]!r} has a {int(table.prompt_len[worst])}-token "
@@ -134,7 +139,7 @@ def too_big(cfg: SchedulerConfig, prompt: int, output: int, num_blocks: int) -> 
     return None
 
 
-def victim_position(cfg: SchedulerConfig, run: np.ndarray, table: RequestTable) -> int:
+def victim_position(cfg: SchedulerConfig, run: np.ndarray, table: Table) -> int:
     """Position in `run` of the request to preempt: the newest (fcfs), or the one with the
     highest (priority, arrival), the later admitted among equals (priority)."""
     if cfg.scheduling_policy != "priority":

@@ -17,6 +17,8 @@ its KV events): the engine core puts them in its EngineOutputs, and a recorder's
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from mypy_extensions import mypyc_attr
 
@@ -42,7 +44,7 @@ class KVCacheManager:
         self.model_id = model_id
         self.events: list | None = [] if record_events else None   # block events not yet taken
         self.now_ms = 0.0                      # set by the caller; stamps events
-        self.tables: dict = {}                 # seq id -> [physical block per logical block]
+        self.tables: dict[Any, list[int]] = {}   # seq id -> [physical block per logical block]
         self.chain: dict = {}                  # seq id -> hashes of its full blocks so far
         self.extra: dict = {}                  # seq id -> extra-key bytes (model + salt)
         self.counts = {op: 0 for op in KV_OPS}

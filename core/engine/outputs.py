@@ -11,7 +11,7 @@ them with a reason, so a rejected or aborted request is answered by construction
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -31,7 +31,7 @@ class SchedulerOutput:
     # Only for an executor that runs a model (Scheduler(request_data=True)); None otherwise:
     new_token_ids: list[list[int]] | None = None   # per entry: known ids not sent before (first: the prompt)
     block_updates: list[tuple[int, list[int]]] | None = None  # per entry: (blocks kept, blocks appended)
-    finished: list[int] = field(default_factory=list)  # requests gone since the last output (drop their state)
+    finished: list[int] | tuple = ()   # requests gone since the last output (drop their state)
     idle_ms: float = 0.0        # how long the engine sat idle before this step (inf: its first step)
     # (prefill tokens, decode seqs, attended positions of prefill tokens and of decodes, prefill
     # pieces, tokens) over every entry, listed or not: what a step-time model prices

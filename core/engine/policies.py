@@ -43,6 +43,9 @@ from core.engine.requests import RequestTable
 
 if TYPE_CHECKING:
     from core.engine.kv_cache import KVCacheManager
+    from core.engine.scheduler import Scheduler
+
+_tuple = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +94,11 @@ class Join(NamedTuple):
     todo: int                    # tokens it has to compute before its next token is due
 
 
-def next_join(view: SchedulerView, budget_left: int) -> Join | None:
+def next_join(view: Scheduler, budget_left: int) -> Join | None:
     """Whether the head of the waiting queue can join now (a seat is the caller's to check):
     the budget left, chunking (a whole prompt must fit without it) and free KV blocks above
-    the watermark. None: it cannot, and nobody behind it may pass it."""
+    the watermark. None: it cannot, and nobody behind it may pass it. (`view`: the scheduler,
+    read as a SchedulerView: typed as the class, its attributes are read natively.)"""
     cfg, t, kv = view.cfg, view.requests, view.kv
     r = view.waiting[0]
     total = int(t.prompt_len[r] + t.emitted[r])  # tokens to (re)compute
@@ -113,4 +117,4 @@ def next_join(view: SchedulerView, budget_left: int) -> Join | None:
     cost = kv.admission_cost(hits, cached + take) if hits else -(-(cached + take) // cfg.block_size)
     if cost > kv.num_free - view.watermark_blocks:
         return None
-    return Join(r, hits, cached, take, todo)
+    return _tuple(Join, (r, hits, cached, take, todo))  # type: ignore[misc]  # (NamedTuple's __new__ is slow)

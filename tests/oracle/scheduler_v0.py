@@ -21,7 +21,7 @@ from core.engine.outputs import (
     SchedulerStats,
     StepRecord,
 )
-from core.engine.requests import DONE, NOT_ARRIVED, RUNNING, WAITING, RequestTable
+from tests.oracle.requests_v0 import DONE, NOT_ARRIVED, RUNNING, WAITING, RequestTable
 from core.errors import ConfigError
 from core.workload import Request, Workload
 from tests.oracle import fastforward_v0 as fastforward
