@@ -328,7 +328,7 @@ def test_add_request_refuses_what_could_never_run():
         sched.add_request(Request("big", 0.0, 10, 31))
     with pytest.raises(ConfigError, match="over the per-step token budget of 16"):
         sched.add_request(Request("long", 0.0, 17, 1))
-    assert sched.n == 0
+    assert sched.requests.n == 0
     for k in range(40):   # growth past the initial capacity keeps every value
         assert sched.add_request(Request(f"r{k}", float(k), 1 + k % 5, 1 + k % 3)) == k
     assert list(sched.requests.prompt_len) == [1 + k % 5 for k in range(40)]

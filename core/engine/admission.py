@@ -28,9 +28,7 @@ import numpy as np
 from core.config import SchedulerConfig
 from core.errors import ConfigError
 
-# core.engine.requests.RequestTable, or any object with its columns (tests/oracle's table: numpy
-# columns); an annotation the compiled module does not check
-Table = Any
+Table = Any   # a core.engine.requests.RequestTable, or tests/oracle's (numpy columns): not checked when compiled
 
 REJECTED, DEADLINE = "rejected", "deadline"
 

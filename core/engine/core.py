@@ -27,6 +27,7 @@ from typing import Any
 
 from core.config import SchedulerConfig
 from core.engine.outputs import EngineOutputs, SchedulerStats
+from core.engine.requests import INF
 from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog, log_records
 from core.workload import Request, Workload
@@ -97,7 +98,7 @@ class EngineCore:
         batch = sched.schedule(now_ms)
         if batch is None:
             return self._emit(sched.take_outputs(now_ms)) if sched.has_outputs() else None
-        batch.idle_ms = now_ms - self.free_at_ms if self.free_at_ms != float("inf") else float("inf")
+        batch.idle_ms = now_ms - self.free_at_ms if self.free_at_ms != INF else INF
         out = None
         if self.fast_forward:
             ex = self.executor
@@ -128,7 +129,7 @@ class EngineCore:
 
     @property
     def num_requests(self) -> int:
-        return self.scheduler.n
+        return self.scheduler.requests.n
 
     @property
     def num_done(self) -> int:

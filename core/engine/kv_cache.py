@@ -45,8 +45,8 @@ class KVCacheManager:
         self.events: list | None = [] if record_events else None   # block events not yet taken
         self.now_ms = 0.0                      # set by the caller; stamps events
         self.tables: dict[Any, list[int]] = {}   # seq id -> [physical block per logical block]
-        self.chain: dict = {}                  # seq id -> hashes of its full blocks so far
-        self.extra: dict = {}                  # seq id -> extra-key bytes (model + salt)
+        self.chain: dict[Any, list] = {}       # seq id -> hashes of its full blocks so far
+        self.extra: dict[Any, Any] = {}        # seq id -> extra-key bytes (model + salt)
         self.counts = {op: 0 for op in KV_OPS}
         # hit blocks on each sequence's first admission (a re-admission after a preemption hits
         # its own blocks again: core.analysis.fleet's hit rate leaves those out)
@@ -167,11 +167,13 @@ class KVCacheManager:
     def grow_one_each(self, seqs: list):
         """One fresh block for each of `seqs` (a list, each once), in order: decoders whose
         position starts a block. The same blocks and log as grow_many with needs of 1."""
-        new, tables = self._take(len(seqs)), self.tables
-        logical = [len(tables[s]) for s in seqs] if self.events is not None else None
+        new: list[Any] = self._take(len(seqs))   # (Any: the ids go from list to list unconverted)
+        tables, logical = self.tables, []
         for s, b in zip(seqs, new):
-            tables[s].append(b)
-        self._rec("alloc", seqs, new, logical, 0, 1)
+            table = tables[s]
+            logical.append(len(table))
+            table.append(b)
+        self._rec("alloc", seqs, new, logical if self.events is not None else None, 0, 1)
 
     def append_blocks(self, owners: list, times_ms) -> bool:
         """One fresh block for each entry of `owners` (a sequence may appear many times), in

@@ -11,33 +11,37 @@ them with a reason, so a rejected or aborted request is answered by construction
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
 
-@dataclass(slots=True)
 class SchedulerOutput:
-    """One step's batch: entry j computes num_tokens[j] tokens of request reqs[j] from position
-    start_pos[j] (numpy arrays; lists in a simulator's batch)."""
+    """One step's batch: entry j computes num_tokens[j] tokens of request reqs[j] from position start_pos[j]
+    (numpy arrays; a simulator's: lists). A plain class: compiled, a dataclass's __init__ stays Python."""
     step: int
     t_ms: float                 # step start
     reqs: Any     # request rows (core.engine.requests), batch order
     num_tokens: Any   # tokens computed for each this step
     start_pos: Any    # first position written (tokens already cached)
     is_prefill: Any   # False: a one-token decode after at least one emission
-    emits: Any = None  # the step completes everything known (a token is due); None: compute
+    emits: Any  # the step completes everything known (a token is due); None: compute
     # Only for an executor that runs a model (Scheduler(request_data=True)); None otherwise:
-    new_token_ids: list[list[int]] | None = None   # per entry: known ids not sent before (first: the prompt)
-    block_updates: list[tuple[int, list[int]]] | None = None  # per entry: (blocks kept, blocks appended)
-    finished: list[int] | tuple = ()   # requests gone since the last output (drop their state)
-    idle_ms: float = 0.0        # how long the engine sat idle before this step (inf: its first step)
+    new_token_ids: list[list[int]] | None   # per entry: known ids not sent before (first: the prompt)
+    block_updates: list[tuple[int, list[int]]] | None  # per entry: (blocks kept, blocks appended)
+    finished: list[int] | tuple   # requests gone since the last output (drop their state)
+    idle_ms: float              # how long the engine sat idle before this step (inf: its first step)
     # (prefill tokens, decode seqs, attended positions of prefill tokens and of decodes, prefill
     # pieces, tokens) over every entry, listed or not: what a step-time model prices
-    agg: tuple | None = None
-    decoders: int = 0           # decoders in the step beyond the listed entries (a simulator's batch)
-    join_no: Any = None   # ... and each listed entry's join number (running order)
+    agg: tuple | None
+    decoders: int               # decoders in the step beyond the listed entries (a simulator's batch)
+    join_no: Any   # ... and each listed entry's join number (running order)
+
+    def __init__(self, step: int, t_ms: float, reqs: Any, num_tokens: Any, start_pos: Any, is_prefill: Any,
+                 emits: Any = None, agg: tuple | None = None, decoders: int = 0, join_no: Any = None):
+        self.step, self.t_ms, self.reqs, self.num_tokens, self.start_pos = step, t_ms, reqs, num_tokens, start_pos
+        self.is_prefill, self.emits, self.agg, self.decoders, self.join_no = is_prefill, emits, agg, decoders, join_no
+        self.new_token_ids, self.block_updates, self.finished, self.idle_ms = None, None, (), 0.0
 
     @property
     def prefill_tokens(self) -> int:
@@ -52,17 +56,20 @@ class SchedulerOutput:
         return self.agg[5] if self.agg is not None else int(self.num_tokens.sum())
 
 
-@dataclass(slots=True)
 class ExecutorOutput:
     """What an executor returns for one SchedulerOutput (the scheduler never knows who made it)."""
     t_end_ms: float                              # when the step's tokens are on the host
-    dur_ms: float | None = None                  # step duration (default t_end_ms - the step's start)
-    tokens: list[list[int]] | None = None        # per batch entry: token ids it emits ([] for none);
+    dur_ms: float | None                         # step duration (default t_end_ms - the step's start)
+    tokens: list[list[int]] | None               # per batch entry: token ids it emits ([] for none);
     #                                              None: one unknown token per entry that completes
-    sources: list[list[int]] | None = None       # per entry: codes into TOKEN_SOURCES (None: sampled)
-    events: list[dict] | None = None             # verbatim trace events (spec, tiles)
-    failed: dict[int, str] | None = None         # batch entry -> why it failed (its request ends with
+    sources: list[list[int]] | None              # per entry: codes into TOKEN_SOURCES (None: sampled)
+    events: list[dict] | None                    # verbatim trace events (spec, tiles)
+    failed: dict[int, str] | None                # batch entry -> why it failed (its request ends with
     #                                              reason "error"; the rest of the batch goes on)
+
+    def __init__(self, t_end_ms: float, dur_ms=None, tokens=None, sources=None, events=None, failed=None):
+        self.t_end_ms, self.dur_ms, self.tokens = t_end_ms, dur_ms, tokens
+        self.sources, self.events, self.failed = sources, events, failed
 
 
 class StepRecord(NamedTuple):

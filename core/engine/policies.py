@@ -28,24 +28,18 @@ They differ in who may join and what a step may mix:
   oldest first, then new prompts join, each piece taking what the budget has left, so a
   long prompt never stalls a decode.
 
-Each policy is a `Rules` record; the functions here read the scheduler's state (a
-`SchedulerView`) and return plans, and the scheduler applies them (core.engine.scheduler).
+Each policy is a `Rules` record; the functions here read the scheduler's state (its config,
+request table, KV manager, queue and watermark; never written) and return plans, and the
+scheduler applies them (core.engine.scheduler).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
-
-import numpy as np
-
-from core.config import SchedulerConfig
-from core.engine.requests import RequestTable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from core.engine.kv_cache import KVCacheManager
     from core.engine.scheduler import Scheduler
 
-_tuple = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,16 +53,6 @@ RULES = {"serial": Rules(), "static": Rules(cohorts=True), "continuous": Rules()
          "vllm-v0": Rules(prefill_steps=True), "orca": Rules(), "sarathi": Rules(decodes_first=True)}
 # serial is continuous with one seat (SchedulerConfig.seats); vllm-v1, orca and sarathi differ from
 # continuous in their chunking defaults and budget (SchedulerConfig.__post_init__).
-
-
-class SchedulerView(Protocol):
-    """What the policies read of the scheduler (and never write)."""
-    cfg: SchedulerConfig
-    requests: RequestTable
-    kv: KVCacheManager
-    running: np.ndarray
-    waiting: Any
-    watermark_blocks: int
 
 
 def budget_shares(want: list[int], budget: int, is_decode: list[bool], decodes_first: bool) -> list[int]:
@@ -85,20 +69,20 @@ def budget_shares(want: list[int], budget: int, is_decode: list[bool], decodes_f
     return out
 
 
-class Join(NamedTuple):
-    """A waiting request joining this step."""
-    req: int
-    hits: list[int]              # cached blocks of its prefix
-    cached: int                  # tokens they hold
-    take: int                    # tokens it computes this step
-    todo: int                    # tokens it has to compute before its next token is due
+class Join:
+    """A waiting request joining this step: `req`, `hits` (cached blocks of its prefix), `cached`
+    (tokens they hold), `take` (tokens it computes this step), `todo` (tokens it has to compute
+    before its next token is due). (A plain class: compiled, it is made natively.)"""
+    __slots__ = ("req", "hits", "cached", "take", "todo")
+
+    def __init__(self, req: int, hits: list[int], cached: int, take: int, todo: int):
+        self.req, self.hits, self.cached, self.take, self.todo = req, hits, cached, take, todo
 
 
 def next_join(view: Scheduler, budget_left: int) -> Join | None:
     """Whether the head of the waiting queue can join now (a seat is the caller's to check):
     the budget left, chunking (a whole prompt must fit without it) and free KV blocks above
-    the watermark. None: it cannot, and nobody behind it may pass it. (`view`: the scheduler,
-    read as a SchedulerView: typed as the class, its attributes are read natively.)"""
+    the watermark. None: it cannot, and nobody behind it may pass it."""
     cfg, t, kv = view.cfg, view.requests, view.kv
     r = view.waiting[0]
     total = int(t.prompt_len[r] + t.emitted[r])  # tokens to (re)compute
@@ -117,4 +101,4 @@ def next_join(view: Scheduler, budget_left: int) -> Join | None:
     cost = kv.admission_cost(hits, cached + take) if hits else -(-(cached + take) // cfg.block_size)
     if cost > kv.num_free - view.watermark_blocks:
         return None
-    return _tuple(Join, (r, hits, cached, take, todo))  # type: ignore[misc]  # (NamedTuple's __new__ is slow)
+    return Join(r, hits, cached, take, todo)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from enum import IntEnum
+from typing import Any, Final
 
 import numpy as np
 
@@ -29,7 +30,7 @@ class RequestState(IntEnum):
 
 NOT_ARRIVED, WAITING, RUNNING, DONE = (int(s) for s in RequestState)  # plain ints for the int8 state array
 
-INF = float("inf")
+INF: Final = float("inf")
 
 
 def cancellation(r: Request | None) -> tuple[float, str] | None:
@@ -69,10 +70,7 @@ class RequestTable:
             self.arrival = np.asarray(w.arrival_ms, dtype=np.float64).tolist()
         else:
             self.prompt_len, self.out_len, self.arrival = [], [], []
-        self.abort_at = [INF] * n
-        self.computed = [0] * n
-        self.emitted = [0] * n
-        self.nblocks = [0] * n
+        self.abort_at, self.computed, self.emitted, self.nblocks = [INF] * n, [0] * n, [0] * n, [0] * n
         self.state = [NOT_ARRIVED] * n
         reqs: Sequence[Request | None] = w.requests if w is not None and n and not w.plain else [None] * n
         self.salt: list[str | None] = [r.tenant if r else None for r in reqs]   # (per-request fields beyond columns)
@@ -95,14 +93,12 @@ class RequestTable:
         its abort_at_ms is a cancellation the engine applies (a simulated client, a fleet's
         replica); otherwise only its deadline is (a server's client cancels by itself)."""
         i = self.n
-        self.prompt_len.append(int(r.prompt_tokens))
-        self.out_len.append(int(r.max_output_tokens))
-        self.arrival.append(float(r.arrival_ms))
-        self.abort_at.append(INF)
-        self.computed.append(0)
-        self.emitted.append(0)
-        self.nblocks.append(0)
-        self.state.append(NOT_ARRIVED)
+        cols: list[list] = [self.prompt_len, self.out_len, self.arrival, self.abort_at, self.computed, self.emitted,
+                            self.nblocks, self.state]
+        vals: list[Any] = [int(r.prompt_tokens), int(r.max_output_tokens), float(r.arrival_ms), INF, 0, 0, 0,
+                           NOT_ARRIVED]   # (a list: a tuple of ints and floats would be read as floats, compiled)
+        for col, v in zip(cols, vals):
+            col.append(v)
         self.ids.append(r.id)
         self.salt.append(r.tenant)
         self.priority.append(r.priority)

@@ -63,7 +63,7 @@ from core.engine.outputs import (
     SchedulerStats,
     StepRecord,
 )
-from core.engine.requests import DONE, NOT_ARRIVED, RUNNING, WAITING, RequestTable
+from core.engine.requests import DONE, INF, NOT_ARRIVED, RUNNING, WAITING, RequestTable
 from core.errors import ConfigError
 from core.workload import Request, Workload
 
@@ -159,10 +159,6 @@ class Scheduler:
         if i in t.abort_reason:   # (its deadline joins the cancellations, not abort_at_ms: a client cancels itself)
             bisect.insort(self.aborts, (float(t.abort_at[i]), i, t.abort_reason[i]))
         return i
-
-    @property
-    def n(self) -> int:
-        return self.requests.n
 
     @property
     def running(self) -> np.ndarray:
@@ -268,12 +264,9 @@ class Scheduler:
         del self._exp[i]
         bisect.insort(self._cross[(-base) % bs], (seq, i))
         end = int(t.out_len[i] + t.prompt_len[i]) - 2 - base   # the value of D in its last token's step
-        due = self._fin.get(end)
-        if due is None:
-            self._fin[end] = [(seq, i)]
+        if end not in self._fin:
             heapq.heappush(self._fin_at, end)
-        else:
-            due.append((seq, i))
+        self._fin.setdefault(end, []).append((seq, i))
         self._entered.append((i, seq, self.D, int(t.emitted[i])))
 
     def _explicit_now(self, i: int):
@@ -600,9 +593,9 @@ class Scheduler:
         if not nd0 or len(batch.reqs) or self._dec_ids or not self._fin or self._held_back:
             return None
         bs, kv, t = self.cfg.block_size, self.kv, self.requests
-        limit = min(np.inf if self.horizon_ms is None else self.horizon_ms,
-                    self.aborts[0][0] if self.aborts else np.inf,
-                    float(t.arrival[self.next_arrival]) if self.next_arrival < t.n else np.inf)
+        limit = min(INF if self.horizon_ms is None else self.horizon_ms,
+                    self.aborts[0][0] if self.aborts else INF,
+                    t.arrival[self.next_arrival] if self.next_arrival < t.n else INF)
         D0, step0, cross = self.D, self.step, self._cross
         _, waiting, used0, _ = self._step_gauges  # type: ignore[misc]
         starts: list[float] = []   # per step: start, duration, running, used; after each: running, used
@@ -614,9 +607,9 @@ class Scheduler:
             while at[0] not in fin:
                 heapq.heappop(at)
             K = at[0] - D + 1               # through the step of the next last token
-            dk = durations(cur, K)
-            if dk is None:
-                if lo:
+            dk = durations(cur, K) if K > 1 or not lo else None
+            if dk is None or (lo and cur.t_ms + dk[0] >= limit):   # (one step: stepped; a second that would
+                if lo:                                             # admit or cancel is not in the run)
                     return None
                 break
             st: list[float] = []
@@ -694,8 +687,8 @@ class Scheduler:
         t_end = out.t_end_ms
         kv.now_ms = t_end
         nd = self._step_nd
-        listed, start, ntok, emits = (x if type(x) is list else x.tolist()   # type: ignore[union-attr]
-                                      for x in (batch.reqs, batch.start_pos, batch.num_tokens, batch.emits))
+        listed, start, ntok, emits = [x if type(x) is list else x.tolist()   # type: ignore[union-attr]
+                                      for x in (batch.reqs, batch.start_pos, batch.num_tokens, batch.emits)]
         ends = self._ends_block(listed, start, ntok) if self.commit_after else None
         for i, s, m in zip(listed, start, ntok):
             t.computed[i] = s + m
@@ -779,7 +772,7 @@ class Scheduler:
             s = exp.get(i)
             if s is not None and state[i] == RUNNING:
                 e = emitted[i]
-                if e > 0 and computed[i] == prompt[i] + e - 1 and abort_at[i] == np.inf:
+                if e > 0 and computed[i] == prompt[i] + e - 1 and abort_at[i] == INF:
                     self._decode_now(i, s)
 
     def _roll_back(self, listed: list):

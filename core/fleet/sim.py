@@ -727,7 +727,7 @@ class FleetSim:
             reps.append({"replica": r.index, "role": r.role, "engine": s.cfg.to_dict(),
                          "step_model": r.core.executor.step_model.to_dict(), "kv_blocks": s.kv.num_blocks,
                          "drain_ms": None if r.drain_ms == math.inf else r.drain_ms,
-                         "stats": {"steps": s.step, "requests": s.n, "preemptions": s.num_preemptions,
+                         "stats": {"steps": s.step, "requests": s.requests.n, "preemptions": s.num_preemptions,
                                    "prefix_hit_blocks": int(s.kv.counts.get("hit", 0)),
                                    "prefix_hit_blocks_first": int(s.kv.hits_first),
                                    **{f"kv_{k}": v for k, v in s.kv.counts.items()}}})
