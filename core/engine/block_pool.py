@@ -87,7 +87,7 @@ class BlockPool:
         plain = self.free_plain
         k = min(n, len(plain))
         if k:
-            new = plain[len(plain) - k:][::-1]
+            new = plain[-1:-k - 1:-1]   # (the last k, most recent first)
             del plain[len(plain) - k:]
         else:
             new = []

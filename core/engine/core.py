@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from core.config import SchedulerConfig
-from core.engine.outputs import EngineOutputs, SchedulerStats
+from core.engine.outputs import EngineOutputs, ExecutorOutput, SchedulerStats
 from core.engine.requests import INF
 from core.engine.scheduler import Scheduler
 from core.engine.steplog import StepLog, log_records
@@ -103,8 +103,10 @@ class EngineCore:
         if self.fast_forward:
             ex = self.executor
             out = sched.advance(batch, ex.run_durations)
-        if out is None:
-            out = sched.update(batch, self.executor.execute(batch))
+        if out is None:   # (a step advance priced (run_durations equals execute) is not priced again)
+            d = sched.priced_ms if self.fast_forward else None
+            out = sched.update(batch, ExecutorOutput(batch.t_ms + d, d) if d is not None and d > 0
+                               else self.executor.execute(batch))
         self.free_at_ms = out.t_ms
         return self._emit(out)
 

@@ -102,9 +102,7 @@ class Scheduler:
         self.next_arrival = 0
         self.horizon_ms: float | None = None   # (a fleet's: when a request could next be routed here)
         self.finishes_end_runs = False         # (a closed loop answers each finish: runs stop there)
-        self.num_done = 0
-        self.step = 0
-        self.num_preemptions = 0
+        self.num_done = self.step = self.num_preemptions = 0
         self.explicit_batches = explicit_batches
         # the running set: request -> its join number (running order = the order they joined)
         self._run: dict[int, int] = {}
@@ -131,6 +129,7 @@ class Scheduler:
         self._preempted: list[Preemption] = []
         self._entered: list[tuple] = []
         self._left: list[tuple] = []
+        self.priced_ms: float | None = None   # (advance: the first step's price, where it then did not run)
         # request_data: how much of each request's token ids and block table the executor has
         self.request_data = request_data
         self._sent_tokens: dict[int, int] = {}
@@ -272,9 +271,10 @@ class Scheduler:
     def _explicit_now(self, i: int):
         """Decoder i leaves the calendars, its counts written back to the request table; it is
         explicit from now on."""
-        if i not in self._dec:
+        b = self._dec.pop(i, None)
+        if b is None:
             return
-        base, seq, t = self._dec.pop(i), self._run[i], self.requests
+        base, seq, t = b, self._run[i], self.requests
         self._cross[(-base) % self.cfg.block_size].remove((seq, i))
         key = int(t.out_len[i] + t.prompt_len[i]) - 2 - base
         fin = self._fin.get(key)
@@ -510,7 +510,7 @@ class Scheduler:
             self.ran.add(r)
             self._started.append(r)
 
-    def _batch(self, plan: _Plan | None, joins, now_ms) -> SchedulerOutput | None:
+    def _batch(self, plan: _Plan | None, joins: list[policies.Join], now_ms: float) -> SchedulerOutput | None:
         """The step's batch: the running requests that take part (those left without tokens sit
         out), then the ones that joined. Explicit batches list every entry (numpy arrays);
         otherwise the decoders are counted (agg, decoders) and the others listed (lists)."""
@@ -589,7 +589,7 @@ class Scheduler:
         by step), blocks in running order step by step (the block calendar), finishes at their
         steps' ends, outputs as lists (a record row per step; `after`: the gauges after each step
         but the last). None where fewer than two steps would run. The same trace as stepping."""
-        nd0 = self._step_nd
+        nd0, self.priced_ms = self._step_nd, None
         if not nd0 or len(batch.reqs) or self._dec_ids or not self._fin or self._held_back:
             return None
         bs, kv, t = self.cfg.block_size, self.kv, self.requests
@@ -610,6 +610,7 @@ class Scheduler:
             dk = durations(cur, K) if K > 1 or not lo else None
             if dk is None or (lo and cur.t_ms + dk[0] >= limit):   # (one step: stepped; a second that would
                 if lo:                                             # admit or cancel is not in the run)
+                    self.priced_ms = dk[0] if dk is not None else None
                     return None
                 break
             st: list[float] = []
