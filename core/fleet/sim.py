@@ -861,4 +861,6 @@ def simulate_fleet(workload: Workload, fleet: FleetSpec, label: str | None = Non
     with _no_cyclic_gc():
         sim = FleetSim(workload, fleet, record_kv, fast_forward)
         sim.run()
-        return sim.trace(label, created)
+        tr = sim.trace(label, created)
+        del sim   # (freed before collection is back on: else its first pass walks every object of the run)
+        return tr

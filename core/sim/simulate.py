@@ -81,7 +81,9 @@ def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel 
         return tr
     with _no_cyclic_gc():   # building the trace allocates as many acyclic objects as the run
         core = simulator(config, step_model, workload, record_kv, fast_forward, speed=speed)
-        return core.trace(workload, _run(core, workload, label, created, speed))
+        tr = core.trace(workload, _run(core, workload, label, created, speed))
+        del core   # (freed before collection is back on: else its first pass walks every object of the run)
+        return tr
 
 
 def token_span_ms(workload: Workload, config: SchedulerConfig, step_model: StepModel | None = None,
