@@ -21,11 +21,11 @@ from core.engine.outputs import (
     SchedulerStats,
     StepRecord,
 )
-from tests.oracle.requests_v0 import DONE, NOT_ARRIVED, RUNNING, WAITING, RequestTable
 from core.errors import ConfigError
 from core.workload import Request, Workload
 from tests.oracle import fastforward_v0 as fastforward
 from tests.oracle import policies_v0 as policies
+from tests.oracle.requests_v0 import DONE, NOT_ARRIVED, RUNNING, WAITING, RequestTable
 
 _tuple = tuple.__new__   # makes a NamedTuple without its Python-level __new__ (once per step)
 
