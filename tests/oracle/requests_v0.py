@@ -1,53 +1,23 @@
-"""The request table as the oracle scheduler (tests/oracle/scheduler_v0.py) keeps it: numpy columns.
-A copy of core/engine/requests.py before its numbers moved to Python lists (one row read or
-written at a time by the engine step, where numpy scalars cost more than the work).
-
-Original docstring:
-The request table: every per-request value the engine keeps, one row per request in the
-order requests were added (a workload's order, or a server's arrival order).
-
-Numbers live in numpy arrays (the scheduler plans a step with a few vectorised operations
-over the running rows); what varies in length (known token ids) or is rare (per-request stop
-ids) lives in lists and dicts. A server appends rows while the loop runs (`add`): the arrays
-grow by doubling, and the attributes are views of the first `n` rows.
-
-A request passes through the states NOT_ARRIVED -> WAITING -> RUNNING (-> WAITING again when
-preempted) -> DONE (finished, aborted or rejected).
+"""The request table as the oracle scheduler (tests/oracle/scheduler_v0.py) keeps it: numpy columns,
+as core/engine/requests.py kept them before its numbers moved to Python lists (the engine reads
+and writes one row at a time, where numpy scalars cost more than the work). The states and the
+cancellation rule are core's own.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from enum import IntEnum
 
 import numpy as np
 
+from core.engine.requests import DONE, NOT_ARRIVED, RUNNING, WAITING, cancellation
 from core.workload import Request, Workload
 
-
-class RequestState(IntEnum):
-    NOT_ARRIVED = 0
-    WAITING = 1
-    RUNNING = 2
-    DONE = 3      # finished, aborted or rejected
-
-
-NOT_ARRIVED, WAITING, RUNNING, DONE = (int(s) for s in RequestState)  # plain ints for the int8 state array
+__all__ = ["DONE", "NOT_ARRIVED", "RUNNING", "WAITING", "RequestTable"]
 
 # name -> (dtype, value of a new row)
 ARRAYS = {"prompt_len": (np.int64, 0), "out_len": (np.int64, 0), "arrival": (np.float64, 0.0),
           "abort_at": (np.float64, np.inf), "computed": (np.int64, 0), "emitted": (np.int64, 0),
           "nblocks": (np.int64, 0), "state": (np.int8, NOT_ARRIVED)}
-
-
-def cancellation(r: Request | None) -> tuple[float, str] | None:
-    """(time, finish reason) of a request's earliest cancellation: the client's abort_at_ms
-    ("abort") or its deadline ("deadline"); None if it has neither."""
-    cands = []
-    if r is not None and r.abort_at_ms is not None:
-        cands.append((float(r.abort_at_ms), "abort"))
-    if r is not None and r.deadline_ms is not None:
-        cands.append((float(r.arrival_ms) + float(r.deadline_ms), "deadline"))
-    return min(cands) if cands else None
 
 
 class RequestTable:
