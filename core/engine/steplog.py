@@ -112,8 +112,7 @@ def log_records(log, spans: bool = False) -> dict:
     are int8 codes into the field's values (schema.py); a KV hash column of None means no
     block was hashed. The decoders' rows are expanded (core.trace.spans.expand), or with `spans`
     kept as span rows beside the listed rows (their step and join numbers added: a Parquet file's
-    decode spans). Builds nothing per row in Python (core.trace turns it into tables, or a
-    TraceWriter streams it)."""
+    decode spans, a fleet's replicas expanded together). Builds nothing per row in Python."""
     out: dict[str, Any] = {}
     d_now = log.counter0 + len(log.counter_step)
     span = span_rows(log.spans + [(r, j, a, d_now, e0) for r, (j, a, e0) in log.open.items() if d_now > a],
@@ -160,11 +159,7 @@ def log_records(log, spans: bool = False) -> dict:
         if batch is not None:
             out["batch"] = batch
     if log.kv is not None and not log.kv.empty():
-        frees = log.kv.whole_frees() if spans else None   # (a file's frees of whole tables: one row each)
-        if frees is not None:
-            out["kv_free"] = frees
-        if not log.kv.empty():
-            out["kv"] = log.kv.columns()
+        out["kv"] = log.kv.columns()
     if log.preempts:
         p_req, p_t, p_why, freed = (list(c) for c in zip(*log.preempts))
         out["preempt"] = {"t_ms": np.array(p_t, dtype=float), "req": np.array(p_req, dtype=np.int64), "reason": p_why,

@@ -26,8 +26,8 @@ import numpy as np
 import pandas as pd
 
 from core.errors import TraceError
+from core.fleet.records import fleet_step_numbers
 from core.fleet.router import ROLES, check_roles
-from core.fleet.sim import _fleet_step_numbers
 from core.trace.model import Trace
 from core.trace.schema import REQUEST
 from core.workload import MAX_TIME_MS
@@ -70,7 +70,7 @@ def merge_replicas(traces: list[Trace], *, roles: list[str] | None = None, reque
     local_ids = _local_ids(traces, roles)
     table, extra = _request_table(traces, local_ids, roles, requests, request_extra, names)
     pos = {rid: i for i, rid in enumerate(table["id"].tolist())}
-    step_no = _fleet_step_numbers([{"step": {"t_ms": t.steps["t_ms"].to_numpy(), "step": t.steps["step"].to_numpy()}}
+    step_no = fleet_step_numbers([{"step": {"t_ms": t.steps["t_ms"].to_numpy(), "step": t.steps["step"].to_numpy()}}
                                    if len(t.steps) else {} for t in traces]) if n > 1 else [None]
     parts: dict[str, list] = {name: [] for name in (*_TABLES, "steps", "batch", "kv_events")}
     for k, t in enumerate(traces):

@@ -49,10 +49,10 @@ from core.engine import loop
 from core.engine.admission import blocks_needed
 from core.engine.core import EngineCore
 from core.engine.prefix_cache import block_hash, extra_key
-from core.engine.steplog import log_records
 from core.errors import ConfigError
 from core.fleet.link import Link
-from core.fleet.router import ROLES, Router, RouterConfig, Signals, check_roles, recorded, signals_dict
+from core.fleet.records import fleet_records
+from core.fleet.router import ROLES, Router, RouterConfig, Signals, check_roles, recorded
 from core.sim.simulate import _no_cyclic_gc, simulator
 from core.sim.stepmodel import StepModel
 from core.workload import MAX_TIME_MS, Request, Workload
@@ -231,17 +231,16 @@ class _Reported:
             self.waiting.append(g[1])
             self.used.append(g[2])
 
-    def as_of(self, asked: list[int], routed: list[int], arrivals: np.ndarray, staleness_ms: float,
-              kv_blocks: int) -> list[dict]:
+    def as_of(self, asked: list[int], routed: list[int], arrivals: np.ndarray, staleness_ms: float) -> tuple:
         """What the router had heard of this replica when requests `asked` (rows, in order)
-        arrived (`routed`: the rows routed here, in order), as of their arrival less the staleness, as
-        route events record it
-        (Signals.to_dict): a count of the requests routed here before it that had reached it
-        minus those finished; the gauges of the last step ended; as of the latest of these.
-        Without staleness, a step starting at an arrival runs after it is routed: what it tells
-        at its own start is not heard yet."""
+        arrived (`routed`: the rows routed here, in order), as of their arrival less the staleness:
+        columns (lists) of what a route event records of it (Signals.to_dict): a count of the
+        requests routed here before it that had reached it minus those finished; the gauges
+        (running, waiting, KV used) of the last step ended; as of the latest of these. Without
+        staleness, a step starting at an arrival runs after it is routed: what it tells at its own
+        start is not heard yet."""
         if not asked:
-            return []
+            return [], [], [], [], []
         rows = np.asarray(asked, dtype=np.int64)
         now = arrivals[rows]
         when = now - staleness_ms
@@ -250,9 +249,6 @@ class _Reported:
         times = np.asarray(self.times, dtype=np.float64)
         order = np.argsort(times, kind="stable")   # (ties: as told)
         times = times[order]
-        gauges = np.zeros((3, len(times) + 1), dtype=np.int64)   # (none heard yet: zeros)
-        for j, col in enumerate((self.running, self.waiting, self.used)):
-            gauges[j, 1:] = np.asarray(col, dtype=np.int64)[order]
         before = np.searchsorted(np.asarray(routed, dtype=np.int64), rows)   # routed here before it
         a = np.minimum(np.searchsorted(adds, when, side="right"), before)
         f = np.searchsorted(fins, when, side="right")
@@ -264,9 +260,13 @@ class _Reported:
         for at, k in ((adds, a), (fins, f), (times, g)):
             if len(at):
                 last = np.maximum(last, np.where(k > 0, at[np.maximum(k - 1, 0)], 0.0))
-        run, wait, used = gauges[:, g].tolist()
-        return [signals_dict(q, x, y, u, kv_blocks, 0, 0, t)
-                for q, x, y, u, t in zip((a - f).tolist(), run, wait, used, last.tolist())]
+        heard = order[np.maximum(g - 1, 0)] if len(order) else g   # (the step ended last by then; none: zeros)
+        gauges = []
+        for col in (self.running, self.waiting, self.used):
+            v = np.asarray(col, dtype=np.int64)[heard] if len(order) else np.zeros(len(g), np.int64)
+            v[g == 0] = 0
+            gauges.append(v.tolist())
+        return (a - f).tolist(), gauges[0], gauges[1], gauges[2], last.tolist()
 
 
 class _Seen(list):
@@ -495,37 +495,52 @@ class FleetSim:
         replica at once from what the replica told as it ran (_Reported)."""
         arr = self.w.arrival_ms.tolist()
         decisions, policy = self.planned["decisions"], self.router_cfg.policy
-        block = [rep.spec.config.block_size for rep in self.replicas]
-        drains = [(rep.index, rep.drain_ms) for rep in self.replicas]
+        reps = self.replicas
+        block = [rep.spec.config.block_size for rep in reps]
+        drains = [(rep.index, rep.drain_ms) for rep in reps]
+        never = all(dr == math.inf for _, dr in drains)
         plan: list = [None] * len(arr)   # (decision, recorded candidates, how many left out)
-        asked: list[list[int]] = [[] for _ in self.replicas]   # per replica: the rows it is recorded in
+        asked: list[list[int]] = [[] for _ in reps]   # per replica: the rows it is recorded in
+        kept: dict = {}
         for row, now in enumerate(arr):
             d = decisions.get((row, "whole"))
             if d is not None:
-                keep, _, more = recorded([k for k, dr in drains if dr > now], (d.replica,), None)
-                plan[row] = (d, keep, more)
-                for k in keep:
+                alive = None if never else tuple(k for k, dr in drains if dr > now)
+                got = kept.get((alive, d.replica))
+                if got is None:   # (the same candidates and choice: the same record)
+                    got = kept[alive, d.replica] = recorded([k for k, _ in drains] if never else list(alive),
+                                                            (d.replica,), None)
+                plan[row] = (d, got[0], got[2])
+                for k in got[0]:
                     asked[k].append(row)
         stale = self.router_cfg.staleness_ms
-        told = [iter(rep.reported.as_of(asked[rep.index], rep.rows, self.w.arrival_ms, stale, rep.kv_blocks))
-                for rep in self.replicas]
+        told = []
+        for rep in reps:   # per replica: an iterator of its signals dicts, in routing order
+            q, run, wait, used, last = rep.reported.as_of(asked[rep.index], rep.rows, self.w.arrival_ms, stale)
+            kb = max(1, rep.kv_blocks)
+            told.append(iter([{"requests": a, "running": b, "waiting": c, "kv_usage": round(u / kb, 6),
+                               "prefix_blocks": 0, "cached_blocks": 0, "as_of_ms": t}
+                              for a, b, c, u, t in zip(q, run, wait, used, last)]))
+        ids, prompts = self.w.ids, self.w.prompt_tokens.tolist()
+        routes = self.routes
         for row, now in enumerate(arr):
-            r = self.requests[row]
-            ev = {"type": "route", "t_ms": now, "req": r.id, "policy": policy}
-            if plan[row] is None:
+            got = plan[row]
+            if got is None:
                 why = "no replica in rotation (every one drained)"
-                self.routes[row] = ev | {"replica": -1, "stage": "rejected", "reason": why}
+                routes[row] = {"type": "route", "t_ms": now, "req": ids[row], "policy": policy, "replica": -1,
+                               "stage": "rejected", "reason": why}
                 self.router_finishes.append((row, now, "rejected", why))
                 continue
-            d, keep, more = plan[row]
-            ev |= {"replica": d.replica, "stage": "whole", "reason": d.reason}
+            d, keep, more = got
+            ev = {"type": "route", "t_ms": now, "req": ids[row], "policy": policy, "replica": d.replica,
+                  "stage": "whole", "reason": d.reason}
             if d.scores:
                 ev["scores"] = {str(k): v for k, v in d.scores.items()}
             ev["signals"] = {str(k): next(told[k]) for k in keep}
             if more:
                 ev["signals_left_out"] = more
-            ev["prompt_blocks"] = r.prompt_tokens // block[d.replica]
-            self.routes[row] = ev
+            ev["prompt_blocks"] = prompts[row] // block[d.replica]
+            routes[row] = ev
 
     def _horizon(self, rep: _Replica, next_arrival: float) -> float | None:
         h = next_arrival
@@ -677,8 +692,7 @@ class FleetSim:
                                      step_model=first.core.executor.step_model.to_dict())
         meta["stats"] = self._stats()
         meta["fleet"] = self.meta_fleet()
-        records = merge_records([log_records(r.core.log) for r in reps], [np.asarray(r.rows, dtype=np.int64)
-                                                                           for r in reps],
+        records = fleet_records([r.core.log for r in reps], [np.asarray(r.rows, dtype=np.int64) for r in reps],
                                 [np.asarray(r.is_copy, dtype=bool) for r in reps])
         if self.router_finishes:
             rows, t, reasons, _ = zip(*self.router_finishes)
@@ -753,106 +767,6 @@ def _reaching(r: Request, now: float, at: float | None) -> tuple[Request, float]
         r = Request(r.id, now, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
                     abort_at_ms=r.abort_at_ms, deadline_ms=left, priority=r.priority)
     return r, now
-
-
-def merge_records(logs: list[dict], rows: list[np.ndarray], copies: list[np.ndarray]) -> dict:
-    """The replicas' step-log columns (core.engine.steplog.log_records) as one fleet's: request
-    rows mapped to the fleet's, a `replica` column, steps numbered fleet-wide in order of start
-    (ties: lower replica first), and prefill copies' tokens and finishes left out (the client
-    never sees them). One replica: its columns as they are, with replica 0."""
-    new_of = _fleet_step_numbers(logs) if len(logs) > 1 else [None]
-    merged: dict = {}
-    for k, lg in enumerate(logs):
-        for rtype, cols in lg.items():
-            cols = dict(cols)
-            keep = None
-            if rtype in ("token", "finish") and copies[k].any():
-                keep = ~copies[k][np.asarray(cols["req"], dtype=np.int64)]
-            if "req" in cols:
-                cols["req"] = _map_rows(cols["req"], rows[k])
-            if "step" in cols and new_of[k] is not None:
-                cols["step"] = new_of[k][np.asarray(cols["step"], dtype=np.int64)]
-            if rtype != "batch":
-                cols["replica"] = np.full(len(next(iter(cols.values()))), k, dtype=np.int64)
-            if keep is not None:
-                cols = {c: _take(v, keep) for c, v in cols.items()}
-            merged.setdefault(rtype, []).append(cols)
-    if len(logs) == 1:
-        return {rtype: parts[0] for rtype, parts in merged.items()}
-    return {rtype: _sorted(_concat(parts), "step" if rtype in ("step", "batch") else "t_ms")
-            for rtype, parts in merged.items()}
-
-
-def _fleet_step_numbers(logs: list[dict]) -> list:
-    """Per replica: its step number -> the fleet's (every step in order of start, ties by replica)."""
-    t, rep, old = [], [], []
-    for k, lg in enumerate(logs):
-        st = lg.get("step")
-        if st is not None:
-            t.append(np.asarray(st["t_ms"], dtype=np.float64))
-            rep.append(np.full(len(st["t_ms"]), k, dtype=np.int64))
-            old.append(np.asarray(st["step"], dtype=np.int64))
-    new_of = [None] * len(logs)
-    if not t:
-        return new_of
-    t, rep, old = np.concatenate(t), np.concatenate(rep), np.concatenate(old)
-    number = np.empty(len(t), dtype=np.int64)
-    number[np.lexsort((rep, t))] = np.arange(len(t))
-    for k in np.unique(rep).tolist():
-        mine = rep == k
-        m = np.full(int(old[mine].max()) + 1, -1, dtype=np.int64)
-        m[old[mine]] = number[mine]
-        new_of[k] = m
-    return new_of
-
-
-def _concat(parts: list[dict]) -> dict:
-    """Columns of several replicas' parts, one after the other (a column absent or None in some
-    parts: None where absent). Columns given as lists become object arrays (concatenated and,
-    by _sorted, reordered without a Python loop over their values)."""
-    lens = [len(next(iter(p.values()))) for p in parts]
-    out = {}
-    for c in [c for c in parts[0] if all(c in p for p in parts)]:
-        vals = [p[c] for p in parts]
-        if all(v is None for v in vals):
-            out[c] = None
-        elif all(isinstance(v, np.ndarray) for v in vals):
-            out[c] = np.concatenate(vals)
-        else:
-            out[c] = np.concatenate([_objects(v, n) for v, n in zip(vals, lens)])
-    return out
-
-
-def _objects(v, n: int) -> np.ndarray:
-    """A column as an object array of its values (None: n Nones)."""
-    if v is None:
-        return np.full(n, None, dtype=object)
-    if isinstance(v, np.ndarray):
-        return v.astype(object) if v.dtype != object else v
-    return np.fromiter(v, dtype=object, count=n)
-
-
-def _sorted(cols: dict, key: str) -> dict:
-    if key not in cols:
-        return cols
-    order = np.argsort(np.asarray(cols[key]), kind="stable")
-    return {c: (v[order] if isinstance(v, np.ndarray) else None if v is None else [v[j] for j in order.tolist()])
-            for c, v in cols.items()}
-
-
-def _map_rows(req, rows: np.ndarray) -> np.ndarray:
-    req = np.asarray(req, dtype=np.int64)
-    if not len(rows):
-        return req
-    return np.where(req >= 0, rows[np.maximum(req, 0)], -1)
-
-
-def _take(v, keep: np.ndarray):
-    if v is None:
-        return None
-    if isinstance(v, np.ndarray):
-        return v[keep]
-    return [x for x, k in zip(v, keep.tolist()) if k]
 
 
 def simulate_fleet(workload: Workload, fleet: FleetSpec, label: str | None = None, created: str | None = None,

@@ -188,7 +188,9 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
         expanded, freed = [0], [0]
 
         def drain(log: StepLog):
-            for rtype, cols in log_records(log, spans=True).items():
+            frees = log.kv.whole_frees() if log.kv is not None else None   # (frees of whole tables: a row each)
+            records = log_records(log, spans=True)
+            for rtype, cols in ([("kv_free", frees)] if frees else []) + list(records.items()):
                 writer.add(rtype, {k: v for k, v in cols.items() if v is not None})
                 if rtype == "span":
                     expanded[0] += int(cols["tokens"].sum())
