@@ -73,15 +73,16 @@ class ExecutorOutput:
 
 
 class StepRecord(NamedTuple):
-    """A step as the trace records it: when it started, how long it took, and the engine's
-    gauges when it was planned. One row, or (a fast-forwarded run of steps) one list each."""
-    step: int | list
+    """A step as the trace records it: its start, duration and the engine's gauges when planned.
+    A run of decode steps (Scheduler.advance): steps a range; lists of starts, durations, running
+    and KV used; one waiting count; in kv_free_blocks the pool's size (free: size - used)."""
+    step: int | range
     t_ms: float | list        # step start
     dur_ms: float | list
     running: int | list
-    waiting: int | list
+    waiting: int
     kv_used_blocks: int | list
-    kv_free_blocks: int | list
+    kv_free_blocks: int
 
 
 class Preemption(NamedTuple):

@@ -607,7 +607,7 @@ class Scheduler:
             while at[0] not in fin:
                 heapq.heappop(at)
             K = at[0] - D + 1               # through the step of the next last token
-            dk = durations(cur, K) if K > 1 or not lo else None
+            dk: list[float] | None = durations(cur, K) if K > 1 or not lo else None
             if dk is None or (lo and cur.t_ms + dk[0] >= limit):   # (one step: stepped; a second that would
                 if lo:                                             # admit or cancel is not in the run)
                     self.priced_ms = dk[0] if dk is not None else None
@@ -615,7 +615,7 @@ class Scheduler:
                 break
             st: list[float] = []
             t_at = cur.t_ms   # (sequential sums, bit-identical to stepping's t += d)
-            for x in list(dk)[:K]:
+            for x in dk[:K]:
                 if t_at >= limit and (st or starts):   # a step that would admit or cancel: not in the run
                     break
                 st.append(t_at)
@@ -648,7 +648,7 @@ class Scheduler:
             u = ([used0] if lo else []) + [u0 + x for x in need]
             n_run = len(self._run)
             starts.extend(st)
-            d.extend(list(dk)[:K])
+            d += dk[:K]
             running.extend([n_run] * K)
             used.extend(u)
             after_run.extend([n_run] * K)
@@ -665,9 +665,8 @@ class Scheduler:
             nd = len(self._dec)   # the run goes on with the decoders left
             cur = self._batch(_Plan([], [], [], [], [], [], [], nd, nd, 0), [], t_end)  # type: ignore[assignment]
             lo = 0
-        K, total = len(starts), kv.num_blocks
-        rec = StepRecord(list(range(step0, step0 + K)), starts, d, running, [waiting] * K, used,
-                         [total - x for x in used])
+        K = len(starts)
+        rec = StepRecord(range(step0, step0 + K), starts, d, running, waiting, used, kv.num_blocks)
         self.step += K
         self._step_gauges = None
         return self.take_outputs(starts[-1] + d[-1], batch, d[0], record=rec, decoded=(D0, nd0),

@@ -3,12 +3,10 @@ them as typed rows, turned into columns per record type by `log_records` (core.t
 trace's tables of them, or a TraceWriter streams them). The scheduler writes nothing here: what is
 recorded is exactly what the engine reported.
 
-A simulator's decoders are not listed step by step (core.engine.scheduler): the log keeps each
-one's membership span instead (request r decodes at decode counter values [a, b), its output
-indices from e0) and the step each counter value ran in; `log_records` turns them into span rows
-(core.trace.spans: consecutive steps), expanded into the same batch and token rows stepping would
-have listed, merged with the listed entries by step and running order (each entry's join number),
-or kept as spans for a Parquet file.
+A simulator's decoders are not listed step by step: the log keeps each one's membership span
+(request r decodes at decode counter values [a, b), output indices from e0) and the step each
+counter value ran in; `log_records` turns them into span rows (core.trace.spans), expanded into
+the rows stepping would have listed (placed by step and join number), or kept for a Parquet file.
 """
 from __future__ import annotations
 
@@ -72,7 +70,7 @@ class StepLog:
             b: Any = out.step   # (a record comes with its step)
             self.steps.append(rec)
             if out.decoded is not None:
-                if type(rec.step) is list:   # a run of decode steps (Scheduler.advance)
+                if type(rec.step) is range:   # a run of decode steps (Scheduler.advance)
                     self.counter_step.extend(rec.step)
                 else:
                     self.counter_step.append(rec.step)
@@ -88,22 +86,29 @@ class StepLog:
                 self.open[r] = (j, a, e0)
 
 
-LOG_STEP_FIELDS = ("step", "t_ms", "dur_ms", "running", "waiting", "kv_used_blocks", "kv_free_blocks")
-STEP_DTYPES = {name: (float if name in ("t_ms", "dur_ms") else np.int64) for name in LOG_STEP_FIELDS}
 
 
 def _steps(entries: list) -> dict:
-    """Entries are single steps (scalars) or runs of decode steps (lists, one per field), in order:
-    each field flattened into one list, then one array."""
-    cols: list[list] = [[] for _ in LOG_STEP_FIELDS]
+    """Entries are single steps or runs of decode steps (StepRecord), in order: starts, durations,
+    running and KV used flattened; step numbers, waiting and the pool's size repeated by numpy."""
+    cols: list[list] = [[], [], [], []]
+    first, lens, wait, size = [], [], [], []   # per entry
     for e in entries:
-        if type(e[0]) is list:
-            for c, v in zip(cols, e):
+        s, many = e[0], type(e[0]) is range
+        for c, v in zip(cols, (e[1], e[2], e[3], e[5])):
+            if many:
                 c.extend(v)
-        else:
-            for c, v in zip(cols, e):
+            else:
                 c.append(v)
-    return {name: np.array(c, dtype=STEP_DTYPES[name]) for name, c in zip(LOG_STEP_FIELDS, cols)}
+        first.append(s.start if many else s)
+        lens.append(len(s) if many else 1)
+        size.append(e[6] if many else e[6] + e[5])   # (a step's free + used: free again below, -1 kept)
+        wait.append(e[4])
+    n = np.array(lens, dtype=np.int64)
+    t, d, run, used = (np.array(c, dtype=np.float64 if k < 2 else np.int64) for k, c in enumerate(cols))
+    return {"step": np.repeat(np.array(first, dtype=np.int64) - (np.cumsum(n) - n), n) + np.arange(len(t)),
+            "t_ms": t, "dur_ms": d, "running": run, "waiting": np.repeat(np.array(wait, dtype=np.int64), n),
+            "kv_used_blocks": used, "kv_free_blocks": np.repeat(np.array(size, dtype=np.int64), n) - used}
 
 
 def log_records(log, spans: bool = False) -> dict:

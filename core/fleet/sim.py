@@ -219,7 +219,7 @@ class _Reported:
             self.own += [f.t_ms for f in out.finished if f.t_ms == called]
         if out.step is not None:
             rec = out.record
-            if type(rec.step) is list and len(rec.step) > 1:
+            if type(rec.step) is range and len(rec.step) > 1:
                 self.times += rec.t_ms[1:]   # (each step's end but the last's, and what it left behind)
                 a = out.after
                 self.running += a[0]
@@ -587,7 +587,7 @@ class FleetSim:
                 self.replicas[self.decode_of[row]].tell(f.t_ms, "requests", -1, self._seq)
         if out.step is not None:
             rec = out.record
-            if type(rec.step) is list and len(rec.step) > 1:
+            if type(rec.step) is range and len(rec.step) > 1:
                 # a run of steps: the router hears each step's end, as when stepping them one by
                 # one, told once for the run: what each step but the last left behind (`after`);
                 # the last's, the gauges below
@@ -598,7 +598,7 @@ class FleetSim:
         if rep.kv_news:
             news, rep.kv_news = rep.kv_news, []
             rec = out.record
-            if rec is not None and type(rec.step) is list and len(rec.step) > 1:
+            if rec is not None and type(rec.step) is range and len(rec.step) > 1:
                 # a run: each event told at the end of the step it happened in, as when stepping
                 # (an eviction at a step's start belongs to that step; a store at its end too)
                 ends = np.r_[rec.t_ms[1:], t_end]
