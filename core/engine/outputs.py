@@ -82,7 +82,7 @@ class StepRecord(NamedTuple):
     running: int | list
     waiting: int
     kv_used_blocks: int | list
-    kv_free_blocks: int
+    kv_free_blocks: int       # free blocks; a run's: the pool's size (each step's free: size - used)
 
 
 class Preemption(NamedTuple):
@@ -125,10 +125,10 @@ EMPTY.flags.writeable = False
 
 
 class EngineOutputs(NamedTuple):
-    """What happened since the last EngineOutputs: a step's result (`step` set; with a
-    fast-forwarded run, K identical steps at once: `record` holds arrays and `token_t_ms` each
-    token's time) together with what happened before it since the last outputs (arrivals queued
-    or rejected, cancellations, deadlines), or, between steps, only the latter. Everything a
+    """What happened since the last EngineOutputs: a step's result (`step` set; a fast-forwarded
+    run, K decode steps at once: `record` holds them as StepRecord says, `after` each one's gauges
+    but the last's) with what happened before it since the last outputs (arrivals queued or
+    rejected, cancellations, deadlines), or, between steps, only the latter. Everything a
     server answers clients from and everything a trace records is here: whoever records a run
     observes these, the scheduler writes nothing else. A tuple: read-only, and made once per
     step at the cost of a tuple."""

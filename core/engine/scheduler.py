@@ -587,8 +587,8 @@ class Scheduler:
         otherwise (a request waiting or an explicit one; `finishes_end_runs`: a closed loop answers
         finishes). Durations per stretch between finishes (`durations(batch, k)`, None: priced step
         by step), blocks in running order step by step (the block calendar), finishes at their
-        steps' ends, outputs as lists (a record row per step; `after`: the gauges after each step
-        but the last). None where fewer than two steps would run. The same trace as stepping."""
+        steps' ends, one record for the run (StepRecord; `after`: the gauges after each step but
+        the last). None where fewer than two steps would run. The same trace as stepping."""
         nd0, self.priced_ms = self._step_nd, None
         if not nd0 or len(batch.reqs) or self._dec_ids or not self._fin or self._held_back:
             return None

@@ -102,12 +102,12 @@ def _steps(entries: list) -> dict:
                 c.append(v)
         first.append(s.start if many else s)
         lens.append(len(s) if many else 1)
-        size.append(e[6] if many else e[6] + e[5])   # (a step's free + used: free again below, -1 kept)
+        size.append(e[6] if many else e[6] + e[5])   # the pool's size (free + used; -1 - used: not recorded)
         wait.append(e[4])
     n = np.array(lens, dtype=np.int64)
     t, d, run, used = (np.array(c, dtype=np.float64 if k < 2 else np.int64) for k, c in enumerate(cols))
-    return {"step": np.repeat(np.array(first, dtype=np.int64) - (np.cumsum(n) - n), n) + np.arange(len(t)),
-            "t_ms": t, "dur_ms": d, "running": run, "waiting": np.repeat(np.array(wait, dtype=np.int64), n),
+    steps = np.repeat(np.array(first, dtype=np.int64) - (np.cumsum(n) - n), n) + np.arange(len(t))   # first + j
+    return {"step": steps, "t_ms": t, "dur_ms": d, "running": run, "waiting": np.repeat(np.array(wait, np.int64), n),
             "kv_used_blocks": used, "kv_free_blocks": np.repeat(np.array(size, dtype=np.int64), n) - used}
 
 
@@ -117,7 +117,7 @@ def log_records(log, spans: bool = False) -> dict:
     are int8 codes into the field's values (schema.py); a KV hash column of None means no
     block was hashed. The decoders' rows are expanded (core.trace.spans.expand), or with `spans`
     kept as span rows beside the listed rows (their step and join numbers added: a Parquet file's
-    decode spans, a fleet's replicas expanded together). Builds nothing per row in Python."""
+    decode spans). Builds nothing per row in Python."""
     out: dict[str, Any] = {}
     d_now = log.counter0 + len(log.counter_step)
     span = span_rows(log.spans + [(r, j, a, d_now, e0) for r, (j, a, e0) in log.open.items() if d_now > a],

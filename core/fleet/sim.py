@@ -233,12 +233,11 @@ class _Reported:
 
     def as_of(self, asked: list[int], routed: list[int], arrivals: np.ndarray, staleness_ms: float) -> tuple:
         """What the router had heard of this replica when requests `asked` (rows, in order)
-        arrived (`routed`: the rows routed here, in order), as of their arrival less the staleness:
-        columns (lists) of what a route event records of it (Signals.to_dict): a count of the
-        requests routed here before it that had reached it minus those finished; the gauges
-        (running, waiting, KV used) of the last step ended; as of the latest of these. Without
-        staleness, a step starting at an arrival runs after it is routed: what it tells at its own
-        start is not heard yet."""
+        arrived (`routed`: the rows routed here, in order), as of their arrival less the staleness,
+        as five lists (requests, running, waiting, KV used blocks, as_of_ms): the requests routed
+        here before it that had reached it minus those finished; the gauges of the last step ended;
+        the time of the latest of these. Without staleness, a step starting at an arrival runs
+        after it is routed: what it tells at its own start is not heard yet."""
         if not asked:
             return [], [], [], [], []
         rows = np.asarray(asked, dtype=np.int64)
@@ -260,11 +259,12 @@ class _Reported:
         for at, k in ((adds, a), (fins, f), (times, g)):
             if len(at):
                 last = np.maximum(last, np.where(k > 0, at[np.maximum(k - 1, 0)], 0.0))
-        heard = order[np.maximum(g - 1, 0)] if len(order) else g   # (the step ended last by then; none: zeros)
         gauges = []
-        for col in (self.running, self.waiting, self.used):
-            v = np.asarray(col, dtype=np.int64)[heard] if len(order) else np.zeros(len(g), np.int64)
-            v[g == 0] = 0
+        for col in (self.running, self.waiting, self.used):   # (of the step ended last by then; none: zeros)
+            v = np.zeros(len(g), np.int64)
+            if len(order):
+                v = np.asarray(col, dtype=np.int64)[order[np.maximum(g - 1, 0)]]
+                v[g == 0] = 0
             gauges.append(v.tolist())
         return (a - f).tolist(), gauges[0], gauges[1], gauges[2], last.tolist()
 
@@ -506,32 +506,32 @@ class FleetSim:
             d = decisions.get((row, "whole"))
             if d is not None:
                 alive = None if never else tuple(k for k, dr in drains if dr > now)
-                got = kept.get((alive, d.replica))
-                if got is None:   # (the same candidates and choice: the same record)
-                    got = kept[alive, d.replica] = recorded([k for k, _ in drains] if never else list(alive),
+                rec = kept.get((alive, d.replica))
+                if rec is None:   # (the same candidates and choice: the same record)
+                    rec = kept[alive, d.replica] = recorded([k for k, _ in drains] if never else list(alive),
                                                             (d.replica,), None)
-                plan[row] = (d, got[0], got[2])
-                for k in got[0]:
+                plan[row] = (d, rec[0], rec[2])
+                for k in rec[0]:
                     asked[k].append(row)
         stale = self.router_cfg.staleness_ms
         told = []
         for rep in reps:   # per replica: an iterator of its signals dicts, in routing order
             q, run, wait, used, last = rep.reported.as_of(asked[rep.index], rep.rows, self.w.arrival_ms, stale)
             kb = max(1, rep.kv_blocks)
-            told.append(iter([{"requests": a, "running": b, "waiting": c, "kv_usage": round(u / kb, 6),
-                               "prefix_blocks": 0, "cached_blocks": 0, "as_of_ms": t}
-                              for a, b, c, u, t in zip(q, run, wait, used, last)]))
+            told.append(iter([{"requests": a, "running": r, "waiting": w, "kv_usage": round(u / kb, 6),
+                               "prefix_blocks": 0, "cached_blocks": 0, "as_of_ms": t}   # (as signals_dict)
+                              for a, r, w, u, t in zip(q, run, wait, used, last)]))
         ids, prompts = self.w.ids, self.w.prompt_tokens.tolist()
         routes = self.routes
         for row, now in enumerate(arr):
-            got = plan[row]
-            if got is None:
+            planned = plan[row]
+            if planned is None:
                 why = "no replica in rotation (every one drained)"
                 routes[row] = {"type": "route", "t_ms": now, "req": ids[row], "policy": policy, "replica": -1,
                                "stage": "rejected", "reason": why}
                 self.router_finishes.append((row, now, "rejected", why))
                 continue
-            d, keep, more = got
+            d, keep, more = planned
             ev = {"type": "route", "t_ms": now, "req": ids[row], "policy": policy, "replica": d.replica,
                   "stage": "whole", "reason": d.reason}
             if d.scores:
