@@ -86,8 +86,6 @@ class StepLog:
                 self.open[r] = (j, a, e0)
 
 
-
-
 def _steps(entries: list) -> dict:
     """Entries are single steps or runs of decode steps (StepRecord), in order: starts, durations,
     running and KV used flattened; step numbers, waiting and the pool's size repeated by numpy."""

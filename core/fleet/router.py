@@ -164,9 +164,8 @@ class Signals:
 
 def signals_dict(requests: int, running: int, waiting: int, kv_used: int, kv_blocks: int, prefix: int, cached: int,
                  t_ms: float) -> dict:
-    """What a route event records of one candidate (Signals.to_dict). The fleet simulator's
-    read-back of a run made apart (core.fleet.sim.FleetSim._routes_apart) builds the same dict
-    inline from columns; tests/test_fleet_apart.py holds the two equal."""
+    """What a route event records of one candidate (Signals.to_dict; the fleet simulator's
+    read-back builds it from columns)."""
     return {"requests": requests, "running": running, "waiting": waiting,
             "kv_usage": round(kv_used / max(1, kv_blocks), 6), "prefix_blocks": prefix, "cached_blocks": cached,
             "as_of_ms": t_ms}

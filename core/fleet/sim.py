@@ -52,7 +52,7 @@ from core.engine.prefix_cache import block_hash, extra_key
 from core.errors import ConfigError
 from core.fleet.link import Link
 from core.fleet.records import fleet_records
-from core.fleet.router import ROLES, Router, RouterConfig, Signals, check_roles, recorded
+from core.fleet.router import ROLES, Router, RouterConfig, Signals, check_roles, recorded, signals_dict
 from core.sim.simulate import _no_cyclic_gc, simulator
 from core.sim.stepmodel import StepModel
 from core.workload import MAX_TIME_MS, Request, Workload
@@ -517,9 +517,8 @@ class FleetSim:
         told = []
         for rep in reps:   # per replica: an iterator of its signals dicts, in routing order
             q, run, wait, used, last = rep.reported.as_of(asked[rep.index], rep.rows, self.w.arrival_ms, stale)
-            kb = max(1, rep.kv_blocks)
-            told.append(iter([{"requests": a, "running": r, "waiting": w, "kv_usage": round(u / kb, 6),
-                               "prefix_blocks": 0, "cached_blocks": 0, "as_of_ms": t}   # (as signals_dict)
+            kb = rep.kv_blocks
+            told.append(iter([signals_dict(a, r, w, u, kb, 0, 0, t)
                               for a, r, w, u, t in zip(q, run, wait, used, last)]))
         ids, prompts = self.w.ids, self.w.prompt_tokens.tolist()
         routes = self.routes
