@@ -83,6 +83,34 @@ def shared_prefix_workload(n, rate, seed) -> list[dict]:
     return out
 
 
+CAL_STAGES = ((2.0, 24), (6.0, 32), (15.0, 40), (35.0, 48), (70.0, 48), (140.0, 48))   # (req/s, requests)
+
+
+def calibration_workload(seed, stages=CAL_STAGES) -> list[dict]:
+    """A fleet's calibration run (issue 49, item 5): Poisson sends in stages of rising rate
+    (`stages`: (req/s, requests) each), so each replica sees lone prefills after pauses (its
+    wake-up, its first uses of a batch size) and every width up to and past what the closed loop
+    of 16 runs (8 a replica), each on enough steps to price it; prompts 32-320 tokens, half behind
+    one of four 192-token system prompts (prefix caching has hits), outputs 8-64."""
+    c, rng = corpus_ids(), np.random.default_rng(seed)
+    systems = [c[k:k + 192] for k in (1000, 5000, 9000, 13000)]
+    t, out = 0.0, []
+    for rate, n in stages:
+        for _ in range(n):
+            t += float(rng.exponential(1000.0 / rate))
+            if rng.random() < 0.5:
+                u = int(rng.integers(16, 128))
+                s = int(rng.integers(20000, len(c) - u))
+                prompt = systems[int(rng.integers(len(systems)))] + c[s:s + u]
+            else:
+                p = int(rng.integers(32, 320))
+                s = int(rng.integers(20000, len(c) - p))
+                prompt = c[s:s + p]
+            out.append({"id": f"k{len(out)}", "arrival_ms": round(t, 3), "prompt_ids": prompt,
+                        "output_tokens": int(rng.integers(8, 65))})
+    return out
+
+
 def pd_workload(n, rate, seed) -> list[dict]:
     c, rng = corpus_ids(), np.random.default_rng(seed)
     t, out = 0.0, []

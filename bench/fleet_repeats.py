@@ -10,13 +10,18 @@ ROUNDS times each, alternating, for three configurations:
   rr       shared-prefix workload (bench.fleet_real.shared_prefix_workload: 120 requests, Poisson
            12/s, four 192-token system prompts), prefix caching on 64 blocks each, round-robin;
   pa       the same workload and pool, prefix-aware routing;
-  closed   a closed loop of 16 (96 requests, prompts 96-160, outputs 24-40), round-robin, 512 blocks.
+  closed   a closed loop of 16 (96 requests, prompts 96-160, outputs 24-40), round-robin, 512 blocks;
+  cal      the fleet's calibration run (bench.fleet_real.calibration_workload: 240 requests in Poisson
+           stages from 2 to 140 req/s), round-robin, prefix caching, 512 blocks: lone prefills after
+           pauses, every width, each replica with and without the other mid-step (the fit's recipe,
+           as the single engine's calibration run is).
 
 Then, per configuration, the repeat floor (core.fit.noise: requests paired by id) and every run
 predicted by the fleet simulator (core.fit.fleet.predict_fleet): in sample (step models fitted on
 that run's own replicas) and held out (fitted on each configuration's first round, predicting every
 other run: its repeats and the other configurations). Each error is printed as a multiple of its
-configuration's floor. Every run is another start of the fleet (one fleet process per run), so the
+configuration's floor. A closed loop is predicted as one (CLIENTS: the fleet trace does not record its
+client), and the fit measures the replicas' contention for the two cores (core.fit.fleet.contention). Every run is another start of the fleet (one fleet process per run), so the
 held-out target is issue 49's "another start": 3x; in sample 1.5x. Asserts nothing.
 """
 from __future__ import annotations
@@ -32,20 +37,30 @@ CONFIGS = {
     "pa": (["--replicas", "2", "--router", "prefix-aware", "--prefix-caching", "--kv-blocks", "64"], "shared", []),
     "closed": (["--replicas", "2", "--router", "round-robin", "--kv-blocks", "512"], "closed",
                ["--concurrency", "16"]),
+    "cal": (["--replicas", "2", "--router", "round-robin", "--prefix-caching", "--kv-blocks", "512"], "cal", []),
 }
+CLIENTS = {"closed": 16}   # a closed loop's clients (a fleet trace does not record its client)
 TARGET = {"in sample": 1.5, "its repeats": 3.0, "another configuration": 3.0}
 
 
-def make_runs(rounds: int, out_dir: Path) -> dict:
-    from bench.fleet_real import closed_workload, run_fleet, shared_prefix_workload, write_workload
+def make_runs(rounds: int, out_dir: Path, configs: list[str]) -> dict:
+    from bench.fleet_real import (
+        calibration_workload,
+        closed_workload,
+        run_fleet,
+        shared_prefix_workload,
+        write_workload,
+    )
     tmp = Path(tempfile.mkdtemp(prefix="fleet_repeats_"))
-    wl = {"shared": tmp / "shared.json", "closed": tmp / "closed.json"}
+    wl = {"shared": tmp / "shared.json", "closed": tmp / "closed.json", "cal": tmp / "cal.json"}
     write_workload(wl["shared"], shared_prefix_workload(120, 12.0, 2))
     write_workload(wl["closed"], closed_workload(96, (96, 160), (24, 40), 1))
+    write_workload(wl["cal"], calibration_workload(3))
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs: dict = {c: [] for c in CONFIGS}
+    runs: dict = {c: [] for c in configs}
     for r in range(1, rounds + 1):
-        for c, (flags, w, drive) in CONFIGS.items():
+        for c in configs:
+            flags, w, drive = CONFIGS[c]
             _, path = run_fleet(tmp, f"{c}_r{r}", flags, wl[w], drive)
             dst = out_dir / f"{c}_r{r}.json.gz"
             shutil.copy(path, dst)
@@ -78,7 +93,7 @@ def evaluate(runs: dict) -> dict:
             for i, tr in enumerate(ts):
                 same = c == fc and i == 0
                 kind = "in sample" if same else "its repeats" if c == fc else "another configuration"
-                _, rep, _ = predict_fleet(tr, fits=None if same else fits[fc])
+                _, rep, _ = predict_fleet(tr, fits=None if same else fits[fc], clients=CLIENTS.get(c))
                 f = floors.get(c)
                 err = {"ttft_ms": rep["ttft"]["median"], "e2e_ms": rep["e2e"]["median"]}
                 x = {m: (err[m] / f[m]["p50"]) if f and err[m] is not None else None for m in METRICS}
@@ -91,6 +106,9 @@ def evaluate(runs: dict) -> dict:
                       f"{err['e2e_ms']:>8.1%} {xs[1]:>5}  {'met' if ok else 'MISSED'}")
     print(f"\n{sum(r['met'] for r in rows)} of {len(rows)} predictions within their targets "
           f"(in sample {TARGET['in sample']}x, held out {TARGET['its repeats']}x the floor)")
+    cal = [r for r in rows if r["fit"] == "cal_r1"]
+    if cal:
+        print(f"fitted on the calibration run: {sum(r['met'] for r in cal)} of {len(cal)}")
     return {"floors": floors, "rows": rows}
 
 
@@ -98,6 +116,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bundle", help="keep the runs' fleet traces here (default: a temporary directory)")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="the configurations to run (default: all)")
     ap.add_argument("--from", dest="source", help="evaluate the runs in this directory; make none")
     ap.add_argument("--json", help="write the floors and every row here")
     a = ap.parse_args(argv)
@@ -107,7 +126,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"{a.source}: no <config>_r<N>.json.gz fleet traces")
     else:
         keep = Path(a.bundle) if a.bundle else Path(tempfile.mkdtemp(prefix="fleet_repeats_out_"))
-        runs = make_runs(a.rounds, keep)
+        runs = make_runs(a.rounds, keep, a.configs.split(","))
     res = evaluate(runs)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=str))

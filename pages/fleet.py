@@ -354,8 +354,14 @@ def measured_view():
     if floor:
         st.caption(f"Floor (measured): {md(describe_floor(floor))}. In sample: within 1.5x the floor is issue 49's "
                    "target (docs/fidelity.md, Fleets).")
+    load = rep.get("load") or {}
     st.caption("Error per request: |simulated - measured| / measured. Step models: "
-               + "; ".join(f"{r}: {md(d)}" for r, d in rep["step_models"].items()))
+               + "; ".join(f"{r}: {md(d)}" for r, d in rep["step_models"].items())
+               + (f". Replicas sharing the host's cores: each step takes 1 + {rep['contention']:.2f} x (the other "
+                  "replicas mid-step at its start) times its price, c measured on the fit run's steps"
+                  if rep.get("contention") else "")
+               + (f". Sent as a closed loop of {load['concurrency']} clients (each later request a simulated finish "
+                  "plus its measured round trip)" if load.get("kind") == "closed" else ". Sent at the measured times"))
     left, right = st.columns(2)
     roles = replica_roles(tr)
     show_chart(fidelity_figure(table, "ttft_ms", roles), key="fl_meas_ttft", where=left, width="stretch")

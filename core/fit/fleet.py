@@ -64,20 +64,26 @@ FIRST_USE_ROUNDS = 8
 MIN_COVER = 10      # busy steps that must carry each feature the replica's steps carry
 
 
-def fit_replica(trace, k: int, model: str = "features", gap: bool = True, wake: bool = True):
+def fit_replica(trace, k: int, model: str = "features", gap: bool = True, wake: bool = True, scale=None):
     """(step model, fit report) fitted on replica k's steps of a fleet trace; `gap`: base_ms plus
     its step_gap_ms; `wake`: the replica's wake-up after a pause (core.fit.wake) from its own steps —
     the model fitted (robust_solve) on the steps that followed another within BUSY_GAP_MS, then
     every step's residual against the idle time before it (c + wake_ms x (1 - exp(-idle / tau)));
     where fewer than MIN_IDLE_STARTS steps followed a pause or no wake-up shows, the plain fit
-    (core.fit.stepfit.fit) on every step."""
+    (core.fit.stepfit.fit) on every step. `scale`: per step (a Series by step number), what its
+    measured duration is divided by before the model is fitted (the other replicas' contention:
+    fit_fleet); the idle times and the gap stay as measured."""
     from core.fit.stepfit import fit, model_of, trace_features
     from core.fit.wake import MIN_FIRST_USES, MIN_IDLE_STARTS, first_uses, fit_curve, idle_before
     from core.trace import one_replica
     one = one_replica(trace, k)
-    sm, report = fit(one, model)
+    on = one
+    if scale is not None:
+        on = dataclasses.replace(one, steps=one.steps.copy())
+        on.steps["dur_ms"] = on.steps["dur_ms"] / scale.reindex(on.steps["step"]).fillna(1.0).to_numpy()
+    sm, report = fit(on, model)
     if wake:
-        steps, X, y = trace_features(one)
+        steps, X, y = trace_features(on)
         idle = idle_before(one.steps.set_index("step").loc[steps])
         # the steps that ran a batch size (tokens) for the first time: they also pay its first use
         new = first_uses(one.batch.groupby("step")["tokens"].sum().reindex(steps, fill_value=0).to_numpy())
@@ -180,14 +186,71 @@ def roles_of(trace) -> list[str]:
     return [str(r.get("role", "both")) if isinstance(r, dict) else "both" for r in reps]
 
 
-def fit_fleet(trace, model: str = "features", gap: bool = True) -> dict:
-    """Role -> (step model, fit report), each fitted on that role's first replica of a fleet trace."""
+def others_busy(trace, k: int):
+    """Per step of replica k (a Series by step number): how many other replicas were mid-step when
+    it started."""
+    import pandas as pd
+    st = trace.steps
+    rep = st["replica"].to_numpy()
+    mine = st[rep == k]
+    t = mine["t_ms"].to_numpy(dtype=float)
+    n = np.zeros(len(t), dtype=np.int64)
+    for j in np.unique(rep[rep != k]).tolist():
+        g = st[rep == j].sort_values("t_ms")
+        s0 = g["t_ms"].to_numpy(dtype=float)
+        e0 = s0 + g["dur_ms"].to_numpy(dtype=float)
+        i = np.searchsorted(s0, t, side="right") - 1
+        n += (i >= 0) & (e0[np.maximum(i, 0)] > t)
+    return pd.Series(n, index=mine["step"].to_numpy())
+
+
+MIN_CONTENTION_STEPS = 20   # busy-engine steps each with and without another replica mid-step
+
+
+def contention(trace, k: int, sm) -> float | None:
+    """How much slower replica k's steps ran while other replicas were mid-step (replicas sharing
+    a host's cores): c in duration = price x (1 + c x others mid-step), from the ratio of the
+    medians of duration / price (the model's batch terms, no wake-up) over the steps that followed
+    another within BUSY_GAP_MS and ran no batch size for the first time, with and without others
+    mid-step (per other replica); None with fewer than MIN_CONTENTION_STEPS of either."""
+    from core.fit.stepfit import trace_features
+    from core.fit.wake import first_uses, idle_before
+    from core.trace import one_replica
+    one = one_replica(trace, k)
+    steps, X, y = trace_features(one)
+    busy = others_busy(trace, k).reindex(steps).fillna(0).to_numpy()
+    idle = idle_before(one.steps.set_index("step").loc[steps])
+    new = first_uses(one.batch.groupby("step")["tokens"].sum().reindex(steps, fill_value=0).to_numpy())
+    price = X @ sm.coefficients()
+    ok = (idle < BUSY_GAP_MS) & (price > 0) & ~new
+    lone, shared = ok & (busy == 0), ok & (busy > 0)
+    if lone.sum() < MIN_CONTENTION_STEPS or shared.sum() < MIN_CONTENTION_STEPS:
+        return None
+    r = y / np.where(price > 0, price, 1.0)
+    return max(0.0, float(np.median(r[shared]) / np.median(r[lone]) - 1.0) / float(busy[shared].mean()))
+
+
+def fit_fleet(trace, model: str = "features", gap: bool = True, shared: bool = True) -> dict:
+    """Role -> (step model, fit report), each fitted on that role's first replica of a fleet trace.
+    `shared`: with several replicas, their contention for the host's cores (`contention`) is
+    measured on that replica's steps and the model fitted on the durations without it (two rounds);
+    the report's `contention` is c (0: not measurable), which predict_fleet gives the simulator."""
     roles = roles_of(trace)
     hop = dispatch_ms(trace)
     out = {}
     for role in dict.fromkeys(roles):
-        sm, report = fit_replica(trace, roles.index(role), model, gap)
-        out[role] = (sm, {**report, "dispatch_ms": hop})
+        k = roles.index(role)
+        sm, report = fit_replica(trace, k, model, gap)
+        c = 0.0
+        if shared and len(roles) > 1:
+            busy = others_busy(trace, k)
+            for _ in range(2):
+                got = contention(trace, k, sm)
+                if not got:
+                    break
+                c = got
+                sm, report = fit_replica(trace, k, model, gap, scale=1.0 + c * busy)
+        out[role] = (sm, {**report, "dispatch_ms": hop, "contention": c})
     return out
 
 
@@ -220,12 +283,17 @@ def repeats_beside(path) -> list:
 
 
 def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[float, float] | None = None,
-                  held_out: set | None = None, fits: dict | None = None):
+                  held_out: set | None = None, fits: dict | None = None, clients: int | None = None):
     """(simulated trace, report, per-request table) for a measured fleet trace. `link`: (latency
     ms, GB/s) of a disaggregated fleet's KV link (default: fitted on the trace's own transfers);
     `held_out`: only these requests' transfers are scored (the others fitted the link); `fits`:
     role -> (step model, report) fitted elsewhere (fit_fleet on another run: a held-out
-    prediction), default fitted on this trace (in sample)."""
+    prediction), default fitted on this trace (in sample). `clients`: the run was sent by a closed
+    loop of that many clients (a fleet trace does not record its client; default: the trace's
+    meta.load, else its send times): it is predicted as that loop, the first sends as measured and
+    each later one a simulated finish plus that replacement's measured round trip
+    (core.fit.predict.round_trips_ms) — replaying a closed loop's send times would hand a
+    simulation slower than the run more requests than the loop keeps in flight."""
     import pandas as pd
 
     from core.analysis.metrics import request_metrics
@@ -256,10 +324,22 @@ def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[
                   kv_bytes_per_token=per_token.pop() if len(per_token) == 1 else None, model=m.get("name"),
                   pd_min_prompt=(trace.meta.get("fleet") or {}).get("pd_min_prompt", 0))
     hop = next((f[1].get("dispatch_ms") for f in fits.values() if f[1].get("dispatch_ms") is not None), None)
-    spec = FleetSpec([ReplicaSpec(cfg, fits[r][0], r) for r in roles], router=router, dispatch_ms=hop or 0.0, **kw)
-    sim = simulate_fleet(trace.workload(), spec)
+    shared = max((f[1].get("contention") or 0.0 for f in fits.values()), default=0.0)
+    spec = FleetSpec([ReplicaSpec(cfg, fits[r][0], r) for r in roles], router=router, dispatch_ms=hop or 0.0,
+                     contention=shared if len(roles) > 1 else 0.0, **kw)
+    from core.fit.stepinfer import closed_loop_clients
+    clients = clients or closed_loop_clients(trace)
+    mm = request_metrics(trace)
+    closed = {}
+    if clients:
+        from core.fit.predict import round_trips_ms
+        ok = np.isfinite(np.asarray(mm["e2e_ms"], dtype=float))
+        trips = round_trips_ms(np.asarray(mm["arrival_ms"], dtype=float)[ok],
+                               np.asarray(mm["e2e_ms"], dtype=float)[ok], clients)
+        closed = {"concurrency": clients, "delay_ms": trips if len(trips) else 0.0}
+    sim = simulate_fleet(trace.workload(), spec, **closed)
     meas_r, sim_r = serving_replicas(trace), serving_replicas(sim)
-    mm, sm = request_metrics(trace), request_metrics(sim)
+    sm = request_metrics(sim)
     at = {rid: i for i, rid in enumerate(sm["id"])}
     idx = np.array([at[r] for r in mm["id"]], dtype=np.int64)
     table = pd.DataFrame({"id": list(mm["id"]), "replica": [meas_r.get(r) for r in mm["id"]],
@@ -277,7 +357,8 @@ def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[
               "step_models": {r: f[0].describe() + (DECODE_PREFILL_NOTE if r == "decode" else "")
                               for r, f in fits.items()},
               "gap_ms": {r: f[1].get("gap_ms") for r, f in fits.items()}, "dispatch_ms": hop,
-              "router": router.to_dict()}
+              "contention": spec.contention, "router": router.to_dict(),
+              "load": sim.meta.get("load") or {"kind": "open", "sends": "as measured"}}
     if "prefill" in roles:
         pt = {e["req"]: e["dur_ms"] for e in sim.events_of("transfer")}
         mt = {e["req"]: e["dur_ms"] for e in measured_xfers}

@@ -9,6 +9,13 @@ replica first) — so a request arriving as a step ends joins the next step, as 
 A replica fast-forwards runs of identical decode steps only up to the next time something
 could be routed to it (its scheduler's `horizon_ms`).
 
+A closed loop of clients (`concurrency`: a measured closed loop predicted as one) sends the first
+`concurrency` requests at their workload times and each later one (in workload order) a delay after
+a request finishes at the client (its finish, or its rejection at the router): the k-th replacement
+`delay_ms[k]` after the k-th finish in time (the client's round trip), never before the one sent
+before it. Replicas then step one step at a time (a run of steps could not stop where a finish on
+another replica sends a request it should take).
+
 Routes decided ahead (round-robin, random, no router queue limit) and nothing shared (no
 disaggregation): no replica ever waits on another or on the router, so each runs apart, as one
 engine over the requests routed to it (core.engine.loop.run), and the route events' signals are
@@ -83,6 +90,8 @@ class FleetSpec:
     kv_bytes_per_token: int | None = None   # disaggregated: the model's KV bytes per token
     model: str | None = None             # where kv_bytes_per_token came from
     dispatch_ms: float = 0.0             # router to replica: a routed request reaches its engine this much later
+    contention: float = 0.0              # replicas sharing a host's cores: a step takes 1 + contention x (other
+    #                                      replicas mid-step at its start) times its priced duration
 
     def __post_init__(self):
         if not self.replicas:
@@ -95,6 +104,9 @@ class FleetSpec:
             raise ConfigError(f"pd_min_prompt: expected an integer >= 0, got {self.pd_min_prompt!r}")
         if not (isinstance(self.dispatch_ms, (int, float)) and 0 <= self.dispatch_ms < 1e6):
             raise ConfigError(f"dispatch_ms: expected a number of ms from 0 to 1e6, got {self.dispatch_ms!r}")
+        if isinstance(self.contention, bool) or not (isinstance(self.contention, (int, float))
+                                                     and 0 <= self.contention <= 100):
+            raise ConfigError(f"contention: expected a number from 0 to 100, got {self.contention!r}")
 
     @property
     def disaggregated(self) -> bool:
@@ -284,8 +296,11 @@ class _Idle:
 class FleetSim:
     """A fleet run over one workload (`run()` returns the trace)."""
 
-    def __init__(self, workload: Workload, fleet: FleetSpec, record_kv: bool = True, fast_forward: bool = True):
+    def __init__(self, workload: Workload, fleet: FleetSpec, record_kv: bool = True, fast_forward: bool = True,
+                 concurrency: int | None = None, delay_ms=0.0):
         self.w = workload
+        self.clients = None if concurrency is None else _Clients(workload, concurrency, delay_ms)
+        fast_forward = fast_forward and self.clients is None
         self.fleet = fleet
         rc = fleet.router
         self.router_cfg = rc
@@ -295,7 +310,7 @@ class FleetSim:
         self.router = Router(rc, len(self.replicas), [r.core.num_kv_blocks for r in self.replicas])
         self.pd = fleet.disaggregated           # (asked at every routing: a walk over the replicas)
         self.link = Link(fleet.link_gbps, fleet.link_latency_ms) if self.pd else None
-        self.requests = workload.requests
+        self.requests = list(workload.requests) if self.clients is not None else workload.requests
         n = len(workload)
         self.routes: list[dict | None] = [None] * n
         self.transfers: list[dict] = []
@@ -305,10 +320,13 @@ class FleetSim:
         self._seq = [0]
         self._hashes: dict = {}                  # (row, extra) -> the prompt's block hashes
         self.roles = {role: [r for r in self.replicas if r.role == role] for role in ROLES}
-        self.planned = self._plan_routes()
+        self.planned = self._plan_routes() if self.clients is None else None
         # routes decided ahead (a policy that reads no signals) and no disaggregation: the replicas
         # never wait on each other, and each runs apart (see `run`)
-        self.apart = self.planned is not None and not self.pd
+        self.apart = self.planned is not None and not self.pd and not fleet.contention
+        if fleet.contention:   # (each step priced at its start by who else is mid-step: stepped one by one)
+            for rep in self.replicas:
+                rep.core.executor.speed = _Shared(rep, self.replicas, fleet.contention)
 
     # ---- routing -----------------------------------------------------------------------------
     def _prompt_hashes(self, row: int, rep: _Replica) -> list:
@@ -412,6 +430,7 @@ class FleetSim:
         if d is None:
             self.routes[row] = ev | {"replica": -1, "stage": "rejected", "reason": why}
             self.router_finishes.append((row, now, "rejected", why))
+            self._client_done(now)
             return
         ev |= {"replica": d.replica, "stage": "whole" if whole else "prefill", "reason": d.reason}
         dec = None
@@ -420,6 +439,7 @@ class FleetSim:
             if dd is None:
                 self.routes[row] = ev | {"replica": -1, "stage": "rejected", "reason": dwhy}
                 self.router_finishes.append((row, now, "rejected", dwhy))
+                self._client_done(now)
                 return
             dec = dd.replica
             ev["decode"] = dec
@@ -581,6 +601,8 @@ class FleetSim:
             row = rep.rows[f.req]
             if rep.is_copy[f.req] and f.reason == "length":
                 self._push(f.t_ms, "prefilled", (row, rep.index))
+            else:
+                self._client_done(f.t_ms)
             rep.tell(f.t_ms, "requests", -1, self._seq)
             if rep.is_copy[f.req] and f.reason != "length":   # it never reaches its decode replica
                 self.replicas[self.decode_of[row]].tell(f.t_ms, "requests", -1, self._seq)
@@ -614,6 +636,11 @@ class FleetSim:
             else:
                 rep.tell(t_end, "kv", [(sign, h) for sign, h, _ in news], self._seq)
 
+    def _client_done(self, t: float):
+        """A request finished at the client at t: a closed loop sends the next when the loop reaches t."""
+        if self.clients is not None:
+            self._push(t, "done", None)
+
     def _push(self, t: float, kind: str, payload):
         self._seq[0] += 1
         heapq.heappush(self.pending, (t, self._seq[0], kind, payload))
@@ -643,8 +670,8 @@ class FleetSim:
     def run(self):
         if self.apart:
             return self._run_apart()
-        w = self.w
-        arrivals = w.arrival_ms.tolist()
+        clients = self.clients
+        arrivals = clients.at if clients is not None else self.w.arrival_ms.tolist()
         n = len(arrivals)
         reps = self.replicas
         due: list = []              # (ready, replica), stale entries skipped: the earliest first, ties by index
@@ -664,10 +691,16 @@ class FleetSim:
             if now == math.inf:
                 break
             if t_arr <= now:
+                if clients is not None:   # (sent now: its arrival, and no client abort at the workload's time)
+                    self.requests[i] = dataclasses.replace(self.requests[i], arrival_ms=t_arr, abort_at_ms=None)
                 self._route(i, t_arr)
                 i += 1
             elif t_ev <= now:
-                t, _, kind, (row, src) = heapq.heappop(self.pending)
+                t, _, kind, payload = heapq.heappop(self.pending)
+                if kind == "done":
+                    clients.finished(t)
+                    continue
+                row, src = payload
                 xfer_index[row] = len(self.transfers)
                 self._start_transfer(row, src, t)
             elif t_link <= now:
@@ -685,12 +718,16 @@ class FleetSim:
     def trace(self, label: str | None = None, created: str | None = None):
         from core.trace.build import trace_from_records
         w = self.w
+        if self.clients is not None:   # (as sent)
+            w = Workload(self.requests, name=f"{w.name}, closed loop of {self.clients.concurrency}")
         reps = self.replicas
         first = reps[0]
         meta = first.core.trace_meta(w, "simulated", label or self._label(), {"name": "core.fleet"}, created,
                                      step_model=first.core.executor.step_model.to_dict())
         meta["stats"] = self._stats()
         meta["fleet"] = self.meta_fleet()
+        if self.clients is not None:
+            meta["load"] = {"kind": "closed", "concurrency": self.clients.concurrency, "first_sends": "as given"}
         records = fleet_records([r.core.log for r in reps], [np.asarray(r.rows, dtype=np.int64) for r in reps],
                                 [np.asarray(r.is_copy, dtype=bool) for r in reps])
         if self.router_finishes:
@@ -745,11 +782,50 @@ class FleetSim:
                                    "prefix_hit_blocks_first": int(s.kv.hits_first),
                                    **{f"kv_{k}": v for k, v in s.kv.counts.items()}}})
         out = {"replicas": reps, "router": self.router_cfg.to_dict()}
+        if f.contention:
+            out["contention"] = f.contention
         if f.disaggregated:
             out["link"] = self.link.to_dict() | {"kv_bytes_per_token": f.kv_bytes_per_token, "model": f.model}
             out["pd_min_prompt"] = f.pd_min_prompt
             out["first_token"] = FIRST_TOKEN
         return out
+
+
+class _Shared:
+    """Replicas sharing a host's cores (FleetSpec.contention): a step starting at t takes 1 + c x
+    (the other replicas mid-step at t) times its price (the executor's speed factor)."""
+
+    def __init__(self, rep: _Replica, replicas: list[_Replica], c: float):
+        self.others = [o for o in replicas if o is not rep]
+        self.c = c
+
+    def at(self, t_ms: float) -> float:
+        return 1.0 + self.c * sum(1 for o in self.others if o.busy and o.ready > t_ms)
+
+
+class _Clients:
+    """A closed loop's clients (FleetSim's `concurrency`): the send time of each request, in
+    workload order (inf: not sent yet)."""
+
+    def __init__(self, w: Workload, concurrency: int, delay_ms):
+        if not (isinstance(concurrency, (int, np.integer)) and concurrency >= 1):
+            raise ConfigError(f"fleet closed loop: concurrency: expected an integer >= 1, got {concurrency!r}")
+        d = np.atleast_1d(np.asarray(delay_ms, dtype=float))
+        if not (len(d) and np.isfinite(d).all() and (d >= 0).all()):
+            raise ConfigError(f"fleet closed loop: delay_ms: expected numbers >= 0, got {delay_ms!r}")
+        self.concurrency = int(concurrency)
+        self.delays = d.tolist()
+        c = min(self.concurrency, len(w))
+        self.at = w.arrival_ms[:c].tolist() + [math.inf] * (len(w) - c)
+        self.next, self.replaced = c, 0
+
+    def finished(self, t: float):
+        """The k-th finish (in time) sends the next request delays[k] ms later."""
+        if self.next < len(self.at):
+            d = self.delays[min(self.replaced, len(self.delays) - 1)]
+            self.at[self.next] = max(t + d, self.at[self.next - 1] if self.next else 0.0)
+            self.next += 1
+            self.replaced += 1
 
 
 def _reaching(r: Request, now: float, at: float | None) -> tuple[Request, float]:
@@ -769,10 +845,13 @@ def _reaching(r: Request, now: float, at: float | None) -> tuple[Request, float]
 
 
 def simulate_fleet(workload: Workload, fleet: FleetSpec, label: str | None = None, created: str | None = None,
-                   record_kv: bool = True, fast_forward: bool = True):
-    """The trace of `workload` served by `fleet` (see the module's docstring)."""
+                   record_kv: bool = True, fast_forward: bool = True, concurrency: int | None = None,
+                   delay_ms=0.0):
+    """The trace of `workload` served by `fleet` (see the module's docstring); `concurrency`: sent
+    by a closed loop of that many clients, each replacement `delay_ms` after a finish (one number,
+    or one per replacement in order: the last repeats)."""
     with _no_cyclic_gc():
-        sim = FleetSim(workload, fleet, record_kv, fast_forward)
+        sim = FleetSim(workload, fleet, record_kv, fast_forward, concurrency, delay_ms)
         sim.run()
         tr = sim.trace(label, created)
         del sim   # (freed before collection is back on: else its first pass walks every object of the run)

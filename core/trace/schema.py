@@ -358,7 +358,9 @@ META = Record("meta", None, "where the trace comes from", (
           "its views draw, its replicas' drawn blocks side by side", default=None, lo=0),
     Field("fleet", "object", "fleet traces: {replicas: [{replica, role, engine, step_model, kv_blocks, drain_ms, "
           "stats}], router: {policy, staleness_ms, seed, prefix, params, queue_limit}, link: {gbps, latency_ms, "
-          "kv_bytes_per_token, model}, pd_min_prompt, first_token}", default=None),
+          "kv_bytes_per_token, model}, pd_min_prompt, first_token, contention (a simulated fleet whose replicas "
+          "share a host's cores: each step 1 + contention x the others mid-step at its start times its price)}",
+          default=None),
 ))
 
 EVENTS = (TOKEN, FINISH, STEP, KV, KV_EVENT, PREEMPT, SPEC, TILES, GAUGE, ROUTE, TRANSFER)   # tables: in this order
