@@ -21,8 +21,9 @@ predicted by the fleet simulator (core.fit.fleet.predict_fleet): in sample (step
 that run's own replicas) and held out (fitted on each configuration's first round, predicting every
 other run: its repeats and the other configurations). Each error is printed as a multiple of its
 configuration's floor. A closed loop is predicted as one (CLIENTS: the fleet trace does not record its
-client), and the fit measures the replicas' contention for the two cores (core.fit.fleet.contention). Every run is another start of the fleet (one fleet process per run), so the
-held-out target is issue 49's "another start": 3x; in sample 1.5x. Asserts nothing.
+client), and the fit measures the replicas' contention for the two cores (core.fit.fleet.contention).
+Every run is another start of the fleet (one fleet process per run), so the held-out target is issue
+49's "another start": 3x; in sample 1.5x. Asserts nothing.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ Metrics, per run (the trace's own tables; TTFT, TPOT, E2E and goodput by core.an
 - hit rate: hit blocks (1st admission) / the full prompt blocks routed (sum of prompt // 16 over
   the requests the router placed): core.analysis.fleet's prefix_cache, as the Fleet page and
   `python -m core metrics` give it;
-- imbalance: max / mean of the requests routed to each replica.
+- imbalance: core.analysis.definitions.imbalance (max / mean of the requests routed to each replica).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ import numpy as np
 
 from core.analysis.fleet import prefix_cache
 from core.analysis.metrics import SLO, InMemory, distribution, request_metrics, slo_summary
+from core.analysis.routing import fleet_numbers
 from core.config import SchedulerConfig
 from core.errors import InputError
 from core.fleet.link import Link
@@ -103,13 +104,6 @@ def hit_blocks(tr) -> tuple[int, int, int]:
     return pc["hit_blocks_all"], pc["hit_blocks_first"], pc["prompt_blocks"]
 
 
-def imbalance(tr) -> float:
-    """max / mean of the requests routed to each replica (rejected ones left out)."""
-    reps = [e["replica"] for e in tr.events_of("route") if e["replica"] >= 0]
-    counts = np.bincount(reps, minlength=len(tr.meta["fleet"]["replicas"]))
-    return float(counts.max() / counts.mean())
-
-
 def run_numbers(w: Workload, tr) -> dict:
     m = request_metrics(tr)
     ttft = distribution(m["ttft_ms"], "TTFT", (50, 99))
@@ -117,7 +111,7 @@ def run_numbers(w: Workload, tr) -> dict:
     return {"hits": n_all, "hits_first": n_first, "hit_rate": n_first / full if full else float("nan"),
             "preemptions": len(tr.preempts), "ttft_mean": ttft["mean"], "ttft_p50": ttft["p50"],
             "ttft_p99": ttft["p99"], "e2e_mean": distribution(m["e2e_ms"], "E2E")["mean"],
-            "imbalance": imbalance(tr)}
+            "imbalance": fleet_numbers(tr)["imbalance"]}
 
 
 def simulate(w: Workload, pool: int, policy: str, staleness_ms: float = 0, prefix: str | None = None):

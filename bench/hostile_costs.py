@@ -33,7 +33,7 @@ def _timed(fn) -> float:
 def fleet_page() -> list[tuple[str, float, float]]:
     import streamlit as st
 
-    from tests.helpers import open_page
+    from bench.helpers import open_page
     from ui import fleet as uf
     rows = []
     at = open_page("fleet")                                   # warm: the default view and its policy table
@@ -73,7 +73,7 @@ def spans_loss(fit: bool) -> list[tuple[str, float, float]]:
 
 
 def memory() -> list[tuple[str, float, float]]:
-    from tests.helpers import peak_mib
+    from bench.helpers import peak_mib
     rows = []
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
@@ -104,7 +104,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--skip-fit", action="store_true", help="leave out the whole spans fit (~20 s)")
     a = ap.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     print("| what | now | before (or the other path) | ratio |\n|---|---|---|---|")
     for name, now, other in fleet_page() + spans_loss(not a.skip_fit):
         ratio = other / now if now and other == other else float("nan")

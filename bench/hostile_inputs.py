@@ -44,8 +44,7 @@ def gz(path: Path, head: bytes, filler: bytes, repeat: int, tail: bytes):
 
 
 def main() -> int:
-    sys.path.insert(0, str(ROOT))
-    from tests.helpers import minimal
+    from bench.helpers import minimal
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         doc = json.dumps(minimal()).encode()

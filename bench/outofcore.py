@@ -52,7 +52,7 @@ def main():
     a = ap.parse_args()
     d = Path(a.dir)
     d.mkdir(parents=True, exist_ok=True)
-    from tests.test_outofcore import comparable, differences
+    from bench.helpers import comparable, differences
     print(f"{'requests':>10} {'rows':>12} {'path':>12} {'seconds':>8} {'peak GB':>8}  result")
     for n in (int(x) for x in a.sizes.split(",")):
         trace = ensure(d, n)

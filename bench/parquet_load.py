@@ -38,13 +38,13 @@ def main() -> int:
     from core.config import SchedulerConfig
     from core.sim.simulate import simulate
     from core.sim.stepmodel import StepModel
-    from core.trace.parquet import _to_table
+    from core.trace.parquet import to_table
     tr = simulate(poisson_workload(a.requests, 50.0), SchedulerConfig(max_seqs=256, token_budget=8192, chunk=8192),
                   StepModel("affine", base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.05))
     events = sum(len(getattr(tr, t)) for t in ("tokens", "finishes", "steps", "batch", "kv", "preempts"))
     with tempfile.TemporaryDirectory() as d:
         files = {"one mixed table": Path(d) / "old.parquet", "per-type row groups": Path(d) / "new.parquet"}
-        pq.write_table(_to_table(tr), files["one mixed table"], compression="zstd")
+        pq.write_table(to_table(tr), files["one mixed table"], compression="zstd")
         save_trace(tr, files["per-type row groups"])
         print(f"{a.requests:,} requests, {events:,} events; files "
               + ", ".join(f"{k} {p.stat().st_size / 2**20:.1f} MiB" for k, p in files.items()))

@@ -33,7 +33,7 @@ from core import compiled
 from core.config import SchedulerConfig
 from core.engine import loop
 from core.engine.steplog import log_records
-from core.sim.simulate import _no_cyclic_gc, reuse_freed_memory, simulator
+from core.sim.simulate import no_cyclic_gc, reuse_freed_memory, simulator
 from core.sim.stepmodel import StepModel
 from core.trace.schema import KV_OPS
 
@@ -47,7 +47,7 @@ def run_once(w, record: bool, ff: bool):
     if not record:
         core.log = None
         core.observers = []
-    with _no_cyclic_gc():
+    with no_cyclic_gc():
         t = time.perf_counter()
         loop.run(core, loop.VirtualClock(float(w.arrival_ms[0])))
         dt = time.perf_counter() - t
@@ -89,7 +89,7 @@ def main():
             best = min(best, dt)
         n_steps = core.scheduler.step
         if build is None:   # the trace's columns from the first recorded run's log, once
-            with _no_cyclic_gc():   # (as simulate builds its trace)
+            with no_cyclic_gc():   # (as simulate builds its trace)
                 t = time.perf_counter()
                 recs = log_records(core.log)
                 build, steps = time.perf_counter() - t, n_steps

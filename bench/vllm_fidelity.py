@@ -36,12 +36,12 @@ import numpy as np
 
 from core.analysis.metrics import request_metrics
 from core.config import SchedulerConfig
+from core.experiments.sweep import simulate_closed
 from core.fit.predict import replayed_run
 from core.fit.predict import round_trips_ms as core_round_trips
 from core.fit.reqfit import errors, fit_from_requests
 from core.fit.stepinfer import closed_loop_clients, fit_inferred
 from core.sim.simulate import simulate
-from core.sim.sweep import simulate_closed
 from core.trace import open_trace
 from core.workload import Workload
 

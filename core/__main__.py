@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     _fanout_flags(w, "points")
 
     q = sub.add_parser("search", help="capacity search: every scheduler configuration of a grid at one offered "
-                                      "load; the cheapest that meets the SLOs (core/sim/search.py)")
+                                      "load; the cheapest that meets the SLOs (core/experiments/search.py)")
     q.add_argument("workload", help="workload file (its requests' lengths and order are kept; arrivals are not)")
     q.add_argument("--rate", type=_rate, required=True, help="offered load: Poisson arrivals at this rate (req/s)")
     q.add_argument("--seed", type=_nonneg_int, default=0,
@@ -685,7 +685,7 @@ def _sweep_fleet(a, cfg, sm):
 
 
 def cmd_sweep(a) -> int:
-    from core.sim.sweep import sweep
+    from core.experiments.sweep import sweep
     from core.workload import load_workload
     w = load_workload(a.workload)
     sm, _ = _step_model(a)
@@ -735,8 +735,8 @@ def cmd_sweep(a) -> int:
 
 
 def cmd_search(a) -> int:
+    from core.experiments.search import check_fleet_axes, parse_grid, search, uses_fleet
     from core.fleet.options import FleetFlags
-    from core.sim.search import check_fleet_axes, parse_grid, search, uses_fleet
     from core.workload import load_workload
     grid = parse_grid(a.grid)
     flags = FleetFlags.from_args(a)
@@ -759,7 +759,7 @@ def cmd_search(a) -> int:
 
 
 def _print_search(a, out) -> int:
-    from core.sim.search import describe
+    from core.config import describe_options as describe
     cost = a.usd_per_hour is not None
     print(f"{'configuration':>44} {'SLO met':>8} {'goodput tok/s':>13} {'TTFT p99':>9} {'TPOT p99':>9}"
           + (f" {'USD/1k good':>11}" if cost else ""))
@@ -788,8 +788,9 @@ def _print_search(a, out) -> int:
 def _print_fleet_search(a, out) -> int:
     """The search's table with the fleet's columns: replicas (N, or P+D disaggregated), router, and with a
     price the configuration's price per hour (one replica's times its replicas)."""
+    from core.config import describe_options as describe
+    from core.experiments.search import FLEET_AXES
     from core.fleet.options import describe_shape
-    from core.sim.search import FLEET_AXES, describe
 
     def shape(p):          # (an invalid scheduler configuration has no fleet: its axes', or the flags')
         if "fleet" in p:

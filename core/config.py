@@ -325,3 +325,8 @@ def options_markdown(groups: dict) -> str:
             out.append(f"| `{f.name}` | {flag} | {default} | {text} |")
         out.append("")
     return "\n".join(out)
+
+
+def describe_options(config: dict) -> str:
+    """Options in words, as a grid point of a capacity search shows them ("max_seqs 16, kv_blocks none")."""
+    return ", ".join(f"{k} {'none' if v is None else v}" for k, v in config.items())

@@ -279,14 +279,7 @@ class FleetClient(EngineClient):
         b = r.board
         b.as_of(now - self.router_cfg.staleness_ms)
         mode = self.router_cfg.prefix_mode
-        prefix = cached = 0
-        if mode is not None:
-            known = b.cached if mode == "precise" else self.router.sent[r.index]
-            cached = len(known)
-            for h in hashes:
-                if h not in known:
-                    break
-                prefix += 1
+        cached, prefix = (0, 0) if mode is None else self.router.known_prefix(r.index, hashes, b.cached)
         return Signals(r.index, b.requests, b.running, b.waiting, b.kv_used, r.info.kv_blocks, cached, prefix, b.t_ms)
 
     def _choose(self, role: str, ids: list[int], hashes, now: float, exclude=()):

@@ -5,21 +5,11 @@ import pandas as pd
 import streamlit as st
 
 from core.analysis.metrics import SLO
+from core.analysis.routing import drains_of, fleet_description, replica_roles, routes_after
 from core.config import SchedulerConfig
 from core.errors import InputError
-from core.figures.fleet import (
-    STALENESS_MS,
-    STALENESS_POLICIES,
-    FleetSetup,
-    drains_of,
-    fidelity_figure,
-    fleet_description,
-    pd_split_figure,
-    policy_figure,
-    replica_roles,
-    routes_after,
-    staleness_figure,
-)
+from core.experiments.fleet import STALENESS_MS, STALENESS_POLICIES, FleetSetup
+from core.figures.fleet import fidelity_figure, pd_split_figure, policy_figure, staleness_figure
 from core.figures.timeline import MAX_LANES
 from core.fit.noise import describe as describe_floor
 from core.fleet.router import GLOSSARY, POLICIES, POLICY_WORDS

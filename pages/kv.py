@@ -169,7 +169,7 @@ st.caption("vLLM 0.32.0 (CPU build) serving the bundled tiny model, 48 requests 
            "prefix shared by 8 requests + 64 tokens of its own, 48 out; `--block-size 32 --num-gpu-blocks-override 64 "
            "--enable-prefix-caching`. The engine published every block it cached and evicted (its KV events: "
            "data/imports/vllm_telemetry/run2_poisson4_p192_o48, how it was made in MADE.md).")
-real, simulated, sim_tr, sim_notes = cached_vllm_cache()
+real, simulated, _, sim_notes = cached_vllm_cache()
 show_chart(prefix_cache_figure(real, title="vLLM's own prefix cache (measured: its KV events), stacked by prefix "
                                "chain; dashed: the simulator on the same workload", simulated=simulated),
            key="kv_real_cache")

@@ -8,7 +8,9 @@ import streamlit as st
 
 from core.analysis.metrics import SLO
 from core.config import SchedulerConfig
+from core.config import describe_options as describe
 from core.errors import InputError
+from core.experiments.search import check_work, parse_grid, search
 from core.figures.load import load_curves, search_figure
 from core.lessons.load import (
     SEARCH_BUDGET_S,
@@ -25,7 +27,6 @@ from core.lessons.load import (
 )
 from core.lessons.scenarios import DATA
 from core.lessons.schedules import POLICY_LABELS, policy_config
-from core.sim.search import check_work, describe, parse_grid, search
 from core.workload import load_workload
 from ui import (
     HASH_FUNCS,
@@ -226,7 +227,7 @@ st.subheader("Capacity search: the cheapest configuration that meets the SLOs")
 st.caption("Every combination of the values below, on this page's workload arriving as one Poisson process at the "
            "load given (arrival seed above), under the SLOs and attainment of the sidebar; each point's goodput "
            "and cost per 1,000 good tokens, and the cheapest configuration that meets the SLOs "
-           "(core/sim/search.py; `python -m core search` runs the same from the command line). A configuration "
+           "(core/experiments/search.py; `python -m core search` runs the same from the command line). A configuration "
            "whose first quarter of requests already misses the SLOs too often is stopped early.")
 s1, s2, s3 = st.columns(3)
 s_rate = s1.number_input("Offered load (req/s)", 0.1, 100_000.0, 20.0, **bound("ld_s_rate"))

@@ -10,6 +10,7 @@ from core.analysis.compare import compare_table, distinct_labels, workload_diffe
 from core.analysis.cursor import advance, gauge_coverage, requests_near, step_cursor, subset, time_range
 from core.analysis.export import USER_META_LIMITS, chrome_trace_json, metrics_csv, metrics_frame_csv, with_run_metadata
 from core.analysis.metrics import BURST_FRACTION, delivery_bursts, engine_side
+from core.analysis.routing import fleet_description, has_replicas
 from core.analysis.tools import headline, itl_note, tool_comparison
 from core.analysis.views import cursor_panels, missing_views
 from core.config import POLICIES, SchedulerConfig
@@ -18,7 +19,6 @@ from core.figures import CURSOR
 from core.figures.attention import captured_tiles_figure
 from core.figures.batch import batch_figure, gauges_figure, in_flight_figure
 from core.figures.engine import counted_steps_figure, engine_phases_figure, prefix_cache_figure
-from core.figures.fleet import fleet_description, has_replicas
 from core.figures.latency import cdf_figure
 from core.figures.memory import occupancy_heatmap
 from core.figures.spec import acceptance_by_position_figure
@@ -180,7 +180,7 @@ if tr is None:
 fleet_tr = None   # the whole fleet's trace when one replica is shown
 cursor_tr = tr    # what the cursor's views read (the whole fleet: its replicas numbered apart, totals summed)
 if not large and has_replicas(tr):
-    from core.figures.fleet import replica_roles
+    from core.analysis.routing import replica_roles
     roles = replica_roles(tr)
     whole = "the whole fleet"
     pick = st.selectbox("Replica", [whole] + [f"replica {i} ({role})" for i, role in enumerate(roles)],

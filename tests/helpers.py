@@ -18,22 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.helpers import minimal, open_page, peak_mib  # noqa: F401  (shared with bench/)
 from tests.conftest import DATA, ROOT
 
 # ---- AppTest -------------------------------------------------------------------------------------
-
-def open_page(page, params=None):
-    """The page as the server runs it: through app.py (page config, link checks, navigation);
-    pages rerun themselves through app.py when started on their own (ui.ensure_app_frame)."""
-    from streamlit.testing.v1 import AppTest
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=120)
-    at.switch_page(f"pages/{page}.py")
-    for k, v in (params or {}).items():
-        at.query_params[k] = v
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
 
 def charts(at):
     """Plotly figures on the page as dicts (st.plotly_chart appears as an unknown element)."""
@@ -133,14 +121,6 @@ def wait_idle(page):
 
 
 # ---- traces and schedules ------------------------------------------------------------------------
-
-def minimal():
-    return {"schema": "serving-trace/1", "meta": {"source": "given"},
-            "requests": [{"id": "A", "arrival_ms": 0, "prompt_tokens": 4, "max_output_tokens": 2}],
-            "events": [{"t_ms": 10, "type": "token", "req": "A", "index": 0},
-                       {"t_ms": 20, "type": "token", "req": "A", "index": 1},
-                       {"t_ms": 20, "type": "finish", "req": "A", "reason": "length"}]}
-
 
 def sim_trace(**cfg):
     """30 requests of the shared-prefix workload, simulated with prefix caching (options: cfg)."""
@@ -382,18 +362,3 @@ class StreamedCompletion:
             return last["message"]
         return next((c["choices"][0]["finish_reason"] for c in reversed(self.chunks)
                      if c.get("choices") and c["choices"][0]["finish_reason"]), "none")
-
-
-
-
-def peak_mib(argv, timeout_s: int = 600) -> tuple[int, str, int]:
-    """(exit code, stderr, peak resident memory in MiB) of `python -m core ARGV` in its own process:
-    VmHWM, the peak of that process's own memory since its exec (ru_maxrss would count the pytest
-    worker it was forked from: Linux keeps the larger of the two across exec)."""
-    code = ("import re, sys; from core.__main__ import main; rc = main(sys.argv[1:]); "
-            "print(re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1), file=sys.stderr); "
-            "sys.exit(rc)")
-    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=timeout_s,
-                       cwd=str(ROOT))
-    *err, rss_kib = r.stderr.rstrip("\n").split("\n")
-    return r.returncode, "\n".join(err), int(rss_kib) // 1024

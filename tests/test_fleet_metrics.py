@@ -106,6 +106,24 @@ def test_imbalance_of_a_known_routing():
     assert f["router"]["imbalance"] == pytest.approx(9 / 7)
 
 
+def test_the_policy_comparison_and_the_fleet_summary_report_one_imbalance_on_a_disaggregated_fleet():
+    """Worked by hand on the bundled PD fleet: its prefill replicas' routed counts (route events
+    naming them), max / mean; the policy comparison (core.analysis.routing.fleet_numbers, which
+    bench/fleet_routing.py prints) reports that same number, not the worst of the two roles."""
+    from core.analysis.routing import fleet_numbers
+    tr = load_trace(DATA / "traces" / "fleet_pd.json.gz")
+    roles = [r["role"] for r in tr.meta["fleet"]["replicas"]]
+    routed = [0] * len(roles)
+    for e in tr.events_of("route"):
+        for k in (e.get("replica"), e.get("decode")):
+            if isinstance(k, int) and k >= 0:
+                routed[k] += 1
+    first = [c for c, r in zip(routed, roles) if r in ("both", "prefill")]
+    want = max(first) / (sum(first) / len(first))
+    assert fleet_of(tr)["router"]["imbalance"] == pytest.approx(want)
+    assert fleet_numbers(tr)["imbalance"] == pytest.approx(want)
+
+
 def test_rejections_at_the_router_and_routes_counted_from_finishes_without_route_events():
     # the only replica leaves rotation at 5 ms: b (10 ms) is rejected at the router
     w = Workload([Request("a", 0.0, 8, 2), Request("b", 10.0, 8, 2)], name="w")

@@ -202,7 +202,7 @@ def test_bin_averages_of_running_requests_by_hand():
 
 
 def test_fleet_numbers_on_a_trace_without_kv_rows_read_the_replicas_own_counts(default_run):
-    from core.figures.fleet import fleet_numbers
+    from core.analysis.routing import fleet_numbers
     spec = FleetSpec.uniform(4, CONFIG, AFFINE, router=RouterConfig("prefix-aware"))
     lean = simulate_fleet(four_times_as_fast(), spec, record_kv=False)
     assert not len(lean.kv)
@@ -217,7 +217,7 @@ def test_fleet_numbers_on_a_trace_without_kv_rows_read_the_replicas_own_counts(d
 def test_a_trace_with_replica_columns_but_no_router_events_still_has_its_replicas(default_run):
     """An imported fleet trace may carry only the replica columns: each request's replica is then
     the one its tokens came from, which for whole requests is the router's choice."""
-    from core.figures.fleet import has_replicas, request_replicas
+    from core.analysis.routing import has_replicas, request_replicas
     bare = dataclasses.replace(default_run, meta={k: v for k, v in default_run.meta.items() if k != "fleet"},
                                other=[e for e in default_run.other if e.get("type") != "route"])
     assert has_replicas(bare)

@@ -7,11 +7,11 @@ import pytest
 
 from core.config import SchedulerConfig
 from core.errors import ConfigError
+from core.experiments.sweep import simulate_closed
 from core.fit.fleet import fit_fleet, others_busy
 from core.fleet.router import RouterConfig
 from core.fleet.sim import FleetSpec, simulate_fleet
 from core.sim.stepmodel import StepModel
-from core.sim.sweep import simulate_closed
 from core.workload import Request, Workload
 
 CFG = SchedulerConfig(policy="continuous", max_seqs=16, token_budget=2048, chunk=2048, kv_blocks=4096)
@@ -42,7 +42,7 @@ def test_a_closed_loop_sends_each_later_request_a_delay_after_a_finish_by_hand()
 
 
 def test_a_closed_loop_on_one_replica_is_the_single_engines_closed_loop():
-    """Another code path for the same thing: core.sim.sweep's ClosedLoop inbox on one engine."""
+    """Another code path for the same thing: core.experiments.sweep's ClosedLoop inbox on one engine."""
     w = poisson(60, 20.0, 3)
     sm = StepModel("affine", base_ms=2.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.3)
     delays = np.linspace(0.5, 3.0, 56)

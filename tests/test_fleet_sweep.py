@@ -18,12 +18,12 @@ from core.__main__ import main
 from core.analysis.metrics import SLO
 from core.config import SchedulerConfig
 from core.errors import ConfigError
+from core.experiments.search import configurations, fleets, parse_grid, search
+from core.experiments.sweep import point_summary, retimed, sweep
 from core.fleet.options import FleetFlags
 from core.fleet.router import RouterConfig
 from core.fleet.sim import FleetSpec, simulate_fleet
-from core.sim.search import configurations, fleets, parse_grid, search
 from core.sim.stepmodel import StepModel
-from core.sim.sweep import point_summary, retimed, sweep
 from core.workload import Request, Workload
 
 N, PROMPT, OUT, SERVICE_MS = 120, 20, 10, 10.0

@@ -10,8 +10,9 @@ import pytest
 
 from core.analysis.fleet import fleet_summary, prefix_cache
 from core.analysis.metrics import InMemory
+from core.analysis.routing import fleet_numbers
 from core.config import SchedulerConfig
-from core.figures.fleet import fleet_numbers, replica_hits_figure
+from core.figures.fleet import replica_hits_figure
 from core.fleet.router import RouterConfig
 from core.fleet.sim import FleetSpec, simulate_fleet
 from core.sim.stepmodel import StepModel
@@ -192,7 +193,7 @@ def test_an_upload_expanding_to_millions_of_prompt_tokens_is_refused_on_the_page
 def test_choosing_another_policy_does_not_simulate_every_policy_again(monkeypatch):
     """Issue 48 item 17: the policy table (every policy on the sidebar's fleet) was keyed by the sidebar's
     policy too, so each router change simulated all seven again (7.7-11.1 s on the 2-core machine)."""
-    from core.figures import fleet as ff
+    from core.experiments import fleet as ff
     calls = []
     real = ff.compare_policies
     monkeypatch.setattr(ff, "compare_policies", lambda *a, **k: calls.append(1) or real(*a, **k))

@@ -73,8 +73,8 @@ def test_a_json_document_is_parsed_once(tmp_path, monkeypatch):
     class Top:      # the fast decoder's whole-document scan
         def decode(self, b):
             whole.append(("msgspec", len(b)))
-            return jsoncodec._TOP.__class__.decode(jsoncodec._TOP, b)
-    monkeypatch.setattr(jsonstream, "_TOP", Top())
+            return jsoncodec.TOP_DECODER.__class__.decode(jsoncodec.TOP_DECODER, b)
+    monkeypatch.setattr(jsonstream, "TOP_DECODER", Top())
     imp = open_trace(f)
     assert imp.kind == "guidellm" and len(whole) == 1, whole
 

@@ -78,7 +78,7 @@ def streamed_only(monkeypatch):
     """Fail if decode_fast falls back to the whole-document decoder."""
     def whole(*a):
         raise AssertionError("fell back to the whole-document decoder")
-    monkeypatch.setattr(jsonstream, "_decode_whole", whole)
+    monkeypatch.setattr(jsonstream, "decode_whole", whole)
 
 
 def random_trace(seed: int, n_max: int = 40, **cfg):
@@ -448,12 +448,12 @@ def test_events_decoded_a_slice_at_a_time(monkeypatch, streamed_only):
     assert len(raw) > 100_000
     want = REFERENCE(raw, "t")
     sizes = []
-    events = jsonstream._events
+    events = jsonstream.decode_events
 
     def spy(r):
         sizes.append(len(r))
         return events(r)
-    monkeypatch.setattr(jsonstream, "_events", spy)
+    monkeypatch.setattr(jsonstream, "decode_events", spy)
     biggest = max(len(json.dumps(e, separators=(",", ":"))) for e in to_doc(tr)["events"])
     for chunk in (4096, 20_000):
         sizes.clear()

@@ -28,7 +28,9 @@ LEVELS = [
     ("core.trace",),
     ("core.engine",),
     ("core.analysis",),
-    ("core.sim", "core.fleet"),   # core.fleet: several engine cores behind a router, one virtual clock
+    ("core.sim",),
+    ("core.fleet",),          # several engine cores (core.sim's simulators) behind a router, one virtual clock
+    ("core.experiments",),    # sweeps and searches over one engine or a fleet
     ("core.fit",),
     ("core.lessons",),
     ("core.figures",),
@@ -415,3 +417,78 @@ def test_request_fields_are_declared_once():
     for mod in ("core/trace/writer.py", "core/trace/model.py"):
         src = (ROOT / mod).read_text()
         assert not any(f'"{name}"' in src for name in OPTIONAL if name != "tenant"), mod
+
+
+OURS = ("core", "gpu_runner", "ui", "pages", "bench", "deploy", "tests")
+
+
+def private_imports(path: Path) -> list[str]:
+    """`from <one of our modules> import _name`: another module's private name (a name it keeps to
+    itself; one another module needs is public)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] in OURS:
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.module}.{a.name}"
+                      for a in node.names if _private(a.name)]
+    return found
+
+
+def _shipped_and_bench():
+    return [p for lib in (*LIBS, "pages", "bench", "deploy") for p in (ROOT / lib).rglob("*.py")] + [ROOT / "app.py"]
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert [f for p in _shipped_and_bench() for f in private_imports(p)] == []
+
+
+def test_the_private_import_rule_sees_what_it_forbids(tmp_path):
+    p = tmp_path / "x.py"
+    p.write_text("from core.sim.simulate import _hidden, simulate\nfrom os import _exit\n"
+                 "def f():\n    from core.trace.writer import _dumps\n")
+    saved = globals()["ROOT"]
+    globals()["ROOT"] = tmp_path
+    try:
+        got = [f.split(": ", 1)[1] for f in private_imports(p)]
+    finally:
+        globals()["ROOT"] = saved
+    assert got == ["core.sim.simulate._hidden", "core.trace.writer._dumps"]
+
+
+def test_bench_imports_nothing_from_tests_and_edits_no_sys_path():
+    """The benchmarks run from the repository root (`python -m bench.X`): what they share with the
+    tests lives in bench/helpers.py, which the tests import."""
+    bad = []
+    for p in (ROOT / "bench").rglob("*.py"):
+        tree = ast.parse(p.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "tests":
+                bad.append(f"{p.name}:{node.lineno}: from {node.module}")
+            elif isinstance(node, ast.Import) and any(a.name.split(".")[0] == "tests" for a in node.names):
+                bad.append(f"{p.name}:{node.lineno}: import tests")
+            elif isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+                    and node.value.id == "sys":
+                bad.append(f"{p.name}:{node.lineno}: sys.path")
+    assert bad == []
+
+
+def test_fleet_imbalance_is_defined_once():
+    """One definition (core.analysis.definitions.imbalance) that the fleet summary, the policy
+    comparison and bench/fleet_routing.py all use: no function of that name anywhere else."""
+    where = []
+    for p in _shipped_and_bench():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and "imbalance" in node.name:
+                where.append(f"{p.relative_to(ROOT)}:{node.name}")
+    assert where == ["core/analysis/definitions.py:imbalance"]
+
+
+SIMULATORS = ("core.sim.simulate", "core.sim.parallel", "core.fleet.sim", "core.experiments")
+
+
+def test_figures_take_data_in_and_run_no_simulation():
+    """core/figures draws what it is given: the experiments that run simulations are
+    core.experiments', the fleet's routing read back core.analysis.routing's."""
+    bad = {str(p.relative_to(ROOT)): sorted(d for d in imports_of(p) if d.startswith(SIMULATORS))
+           for p in (ROOT / "core" / "figures").rglob("*.py")}
+    assert {k: v for k, v in bad.items() if v} == {}

@@ -121,11 +121,11 @@ SEARCH_LINK = {"ld_s_ms": "8,16,64", "ld_s_tb": "2048,8192", "ld_s_kb": "none", 
 
 
 def searched_here():
-    """core.sim.search on the page's defaults and SEARCH_LINK's grid, run here."""
+    """core.experiments.search on the page's defaults and SEARCH_LINK's grid, run here."""
     from core.analysis.metrics import SLO
     from core.config import SchedulerConfig
+    from core.experiments.search import search
     from core.lessons.schedules import policy_config
-    from core.sim.search import search
     from core.sim.stepmodel import StepModel
     from core.workload import load_workload
     return search(load_workload(DATA / "workloads" / "poisson500_vidur.csv"),
@@ -182,7 +182,7 @@ def test_one_search_at_a_time_per_session():
 
 
 def test_the_capacity_search_section_answers_as_the_search_does():
-    """Issue 29 part 3 and issue 36 item 25: the Load page's search is core.sim.search on the page's
+    """Issue 29 part 3 and issue 36 item 25: the Load page's search is core.experiments.search on the page's
     workload, SLOs and step model. Its chart: every simulated configuration drawn, those with the same
     result on one marker labelled with their count, the answer starred, the cost axis in plain USD;
     its table: no "None", an em dash with the reason, notes that fit their column; "Open this

@@ -3,10 +3,10 @@ file or its parts, the same summary as core.analysis.metrics.summarize on the lo
 by field (percentiles exact: both are Hyndman-Fan type 7), on bundled traces of every origin,
 with fixed windows, tariffs and SLOs; and the CLI uses it past its row threshold or when asked."""
 import json
-import math
 
 import pytest
 
+from bench.helpers import comparable, differences
 from core.__main__ import main
 from core.analysis.metrics import SLO, summarize
 from core.errors import InputError
@@ -21,26 +21,6 @@ TRACES = ("chapter31_continuous.json", "shared_prefix_caching_on.json.gz", "shar
           "spec_measured_cpu.json", "runner_served_tiny_loadgen.json.gz", "vllm_cpu_run2_merged.json.gz")
 OPTIONS = ({}, {"usd_per_hour": 3.0, "slo": SLO(ttft_ms=200.0, tpot_ms=30.0)},
            {"window": (100.0, 900.0), "slo": SLO(e2e_ms=1000.0)}, {"percentiles": (25, 75, 99.9)})
-
-
-def differences(a, b, path=""):
-    """Where two summaries differ (floats to 1e-9 relative: sums taken in another order)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = [f"{path}.{k}: only in {'the loaded trace' if k in a else 'out of core'}" for k in set(a) ^ set(b)]
-        return out + [d for k in set(a) & set(b) for d in differences(a[k], b[k], f"{path}.{k}")]
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and all(
-            isinstance(x, (int, float)) for x in a + b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
-    if isinstance(a, float) or isinstance(b, float):
-        if a is None or b is None or not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12):
-            return [f"{path}: {a!r} vs {b!r}"]
-        return []
-    return [] if a == b else [f"{path}: {str(a)[:100]!r} vs {str(b)[:100]!r}"]
-
-
-def comparable(summary: dict) -> dict:
-    """Every field (the engine's KV-event summary too)."""
-    return summary
 
 
 @pytest.fixture(scope="module")

@@ -231,7 +231,7 @@ def test_a_deep_head_is_refused_before_any_row_is_read_or_duckdb_started(tmp_pat
         raise AssertionError("rows read (or DuckDB started) before the head was checked")
     monkeypatch.setattr(tp, "_arrow", no)
     monkeypatch.setattr(pq.ParquetFile, "read_row_groups", no)
-    monkeypatch.setattr(ooc, "_connect", no)
+    monkeypatch.setattr(ooc, "duck_connect", no)
     for read in (lambda: trace_from_parquet(p.read_bytes(), "deep.parquet"), lambda: load_trace(parts),
                  lambda: summarize_parquet(p), lambda: summarize_parquet(parts)):
         with pytest.raises(TraceError, match=r"nested too deeply \(3,002 levels; at most 1,024 are read\)"):

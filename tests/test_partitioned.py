@@ -76,13 +76,13 @@ def test_files_keep_one_record_type_per_row_group_and_old_layouts_still_read():
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from core.trace.parquet import _row_groups_by_type, _to_table
+    from core.trace.parquet import _row_groups_by_type, to_table
     tr = load_trace(DATA / "traces" / "shared_prefix_measured_cpu.json.gz")
     new = to_parquet_bytes(tr)
     groups = _row_groups_by_type(pq.ParquetFile(pa.BufferReader(new)))
     assert groups is not None and {"request", "token", "finish", "step", "batch", "kv"} <= set(groups)
     buf = pa.BufferOutputStream()
-    pq.write_table(_to_table(tr), buf, compression="zstd")
+    pq.write_table(to_table(tr), buf, compression="zstd")
     old = buf.getvalue().to_pybytes()
     assert _row_groups_by_type(pq.ParquetFile(pa.BufferReader(old))) is None
     same(trace_from_parquet(new), trace_from_parquet(old))

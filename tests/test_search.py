@@ -1,4 +1,4 @@
-"""The capacity search (core.sim.search, issue 29 part 3): its answer and every point against a
+"""The capacity search (core.experiments.search, issue 29 part 3): its answer and every point against a
 brute-force run of every configuration made here with the simulator and the metric definitions,
 early stopping that never drops a configuration that would have met the target, the grid's
 refusals, and the command line."""
@@ -11,10 +11,10 @@ from core.__main__ import main
 from core.analysis.metrics import SLO, request_metrics, slo_check
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.sim.search import configurations, parse_grid, search
+from core.experiments.search import configurations, parse_grid, search
+from core.experiments.sweep import point_summary, retimed
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel
-from core.sim.sweep import point_summary, retimed
 from core.workload import Request, Workload
 
 SM = StepModel("affine", base_ms=5.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.4)
@@ -231,7 +231,7 @@ def test_a_time_budget_starts_no_configuration_once_spent():
 
 
 def test_the_work_of_a_search_is_bounded_before_it_runs():
-    from core.sim.search import check_work, simulated_tokens
+    from core.experiments.search import check_work, simulated_tokens
     w = workload(50)
     tokens = sum(r.prompt_tokens + r.max_output_tokens for r in w.requests)     # counted here
     grid = {"max_seqs": [1, 2, 4], "token_budget": [512, 1024]}

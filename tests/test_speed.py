@@ -9,12 +9,12 @@ import pytest
 
 from core.config import SchedulerConfig
 from core.errors import ConfigError
+from core.experiments.sweep import simulate_closed
 from core.fit.calibrate import Calibration, at_speed_over_time
 from core.fit.runs import load_run
 from core.sim.frontend import FrontEnd
 from core.sim.simulate import simulate
 from core.sim.stepmodel import Speed, StepModel
-from core.sim.sweep import simulate_closed
 from core.workload import Request, Workload
 from tests.conftest import DATA
 

@@ -8,8 +8,8 @@ from core.__main__ import main
 from core.analysis.metrics import SLO
 from core.config import SchedulerConfig
 from core.errors import ConfigError
+from core.experiments.sweep import retimed, simulate_closed, sweep
 from core.sim.stepmodel import StepModel
-from core.sim.sweep import retimed, simulate_closed, sweep
 from core.workload import Request, Workload
 
 STEP10 = StepModel("constant", step_ms=10.0)

@@ -330,8 +330,8 @@ def file_version(files: list[Path]) -> tuple:
     time and a hash of its first and last 64 KiB (core.analysis.overview's identity). A file
     replaced by another of the same name, size and time (cp -p, a restored backup) is another
     version: caches keyed by this never serve the old one's results."""
-    from core.analysis.overview import _identity
-    return tuple(tuple(x) for x in _identity(files))
+    from core.analysis.overview import files_identity
+    return tuple(tuple(x) for x in files_identity(files))
 
 
 def load_trace_file(path: Path):

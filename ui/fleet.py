@@ -1,14 +1,16 @@
-"""Caches around core's fleet (core.fleet through core.figures.fleet), shared by every session of
+"""Caches around core's fleet (core.fleet, core.experiments.fleet, core.figures.fleet), shared by every session of
 the app process: a fleet run per (workload, load multiplier, setup), its figures per trace, and
 the comparisons (policies, staleness, P:D splits), each computed once for the same inputs. The
 traces and figures returned are shared: never mutate them."""
 import streamlit as st
 
+from core.analysis import routing
 from core.analysis.metrics import SLO
+from core.experiments import fleet as fx
 from core.figures import fleet as ff
 from ui.cache import HASH_FUNCS
 
-FLEET_HASH = {**HASH_FUNCS, ff.FleetSetup: repr, SLO: repr}
+FLEET_HASH = {**HASH_FUNCS, fx.FleetSetup: repr, SLO: repr}
 
 
 @st.cache_resource(show_spinner=False)
@@ -23,14 +25,14 @@ def cached_workload_file(name: str, block_tokens: int | None = None):
 
 @st.cache_resource(show_spinner=False, max_entries=16, hash_funcs=FLEET_HASH)
 def _compressed(workload, factor: float):
-    return ff.compressed(workload, factor)
+    return fx.compressed(workload, factor)
 
 
 @st.cache_resource(show_spinner="Simulating the fleet…", max_entries=16, hash_funcs=FLEET_HASH)
-def cached_fleet(workload, factor: float, setup: ff.FleetSetup):
+def cached_fleet(workload, factor: float, setup: fx.FleetSetup):
     """(the workload as simulated: arrivals compressed by `factor`; its fleet trace)."""
     w = _compressed(workload, factor)
-    return w, ff.run_fleet(w, setup, created="(app)")
+    return w, fx.run_fleet(w, setup, created="(app)")
 
 
 def _animation(trace, theme: str):
@@ -39,8 +41,8 @@ def _animation(trace, theme: str):
 
 
 _VIEWS = {"animation": _animation, "lanes": ff.fleet_lanes, "signals": ff.replica_signals,
-          "hits": ff.replica_hits_figure, "transfers": ff.transfers_figure, "numbers": ff.fleet_numbers,
-          "routes": ff.request_replicas}
+          "hits": ff.replica_hits_figure, "transfers": ff.transfers_figure, "numbers": routing.fleet_numbers,
+          "routes": routing.request_replicas}
 
 
 @st.cache_resource(show_spinner=False, max_entries=64, hash_funcs=FLEET_HASH)
@@ -55,7 +57,7 @@ def fleet_view(what: str, trace, *args):
     return _fleet_view(what, trace, args)[1]
 
 
-def cached_policy_rows(workload, factor: float, setup: ff.FleetSetup) -> list[dict]:
+def cached_policy_rows(workload, factor: float, setup: fx.FleetSetup) -> list[dict]:
     """Every policy on the setup: the same rows whatever the sidebar's policy (keyed without it, so
     choosing another policy does not simulate all seven again)."""
     import dataclasses
@@ -63,11 +65,11 @@ def cached_policy_rows(workload, factor: float, setup: ff.FleetSetup) -> list[di
 
 
 @st.cache_resource(show_spinner="Simulating every router policy…", max_entries=16, hash_funcs=FLEET_HASH)
-def _policy_rows(workload, factor: float, setup: ff.FleetSetup) -> list[dict]:
-    return ff.compare_policies(_compressed(workload, factor), setup)
+def _policy_rows(workload, factor: float, setup: fx.FleetSetup) -> list[dict]:
+    return fx.compare_policies(_compressed(workload, factor), setup)
 
 
-def cached_staleness_rows(workload, factor: float, setup: ff.FleetSetup, staleness: tuple,
+def cached_staleness_rows(workload, factor: float, setup: fx.FleetSetup, staleness: tuple,
                           policies: tuple) -> list[dict]:
     """The staleness grid for `policies`: keyed without the sidebar's policy and staleness (it sets both)."""
     import dataclasses
@@ -76,14 +78,14 @@ def cached_staleness_rows(workload, factor: float, setup: ff.FleetSetup, stalene
 
 
 @st.cache_resource(show_spinner="Simulating each policy at each staleness…", max_entries=16, hash_funcs=FLEET_HASH)
-def _staleness_rows(workload, factor: float, setup: ff.FleetSetup, staleness: tuple,
+def _staleness_rows(workload, factor: float, setup: fx.FleetSetup, staleness: tuple,
                     policies: tuple) -> list[dict]:
-    return ff.staleness_sweep(_compressed(workload, factor), setup, staleness, policies)
+    return fx.staleness_sweep(_compressed(workload, factor), setup, staleness, policies)
 
 
 @st.cache_resource(show_spinner="Simulating each prefill:decode split…", max_entries=16, hash_funcs=FLEET_HASH)
-def cached_pd_rows(workload, factor: float, setup: ff.FleetSetup, total: int, slo: SLO) -> list[dict]:
-    return ff.pd_splits(_compressed(workload, factor), setup, total, slo)
+def cached_pd_rows(workload, factor: float, setup: fx.FleetSetup, total: int, slo: SLO) -> list[dict]:
+    return fx.pd_splits(_compressed(workload, factor), setup, total, slo)
 
 
 def cached_lesson() -> list[dict]:

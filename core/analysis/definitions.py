@@ -88,6 +88,21 @@ STEP_FEATURES = {"prefill_tokens": If(PREFILL_ENTRY, Col("tokens"), 0.0), "decod
                  "prefill_chunks": If(PREFILL_ENTRY, 1.0, 0.0)}
 
 
+FIRST_ROUTE_ROLES = ("both", "prefill")   # the replicas a request's first route goes to
+
+
+def imbalance(routed) -> float | None:
+    """A fleet's routing imbalance: max / mean of the requests routed to each replica of one set
+    (1 = even; None when none was routed). The fleet's figure (core.analysis.fleet's
+    router.imbalance, the policy comparison, bench/fleet_routing.py) is over the replicas of
+    FIRST_ROUTE_ROLES, each counting the requests routed to it as their replica or their decode
+    replica; a disaggregated fleet's decode replicas have their own (router.imbalance_decode)."""
+    v = [float(x) for x in routed]
+    if not v or not sum(v):
+        return None
+    return max(v) / (sum(v) / len(v))
+
+
 def _none_if_nan(x):
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 

@@ -198,12 +198,6 @@ def _per_replica(ev, reps: list[int]) -> dict:
     return out
 
 
-def _ratio_max_mean(values: list) -> float | None:
-    if not values or not sum(values):
-        return None
-    return max(values) / (sum(values) / len(values))
-
-
 def _meta_hits(info: dict, key: str = "prefix_hit_blocks") -> int | None:
     v = info["stats"].get(key)
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
@@ -293,9 +287,9 @@ def _router(ev, meta: dict, rows: list[dict], from_routes: bool) -> dict:
     out = {"policy": policy if isinstance(policy, str) else None,
            "staleness_ms": float(stale) if isinstance(stale, (int, float)) and not isinstance(stale, bool) else None,
            "routed_from": "route events" if from_routes else "finishes",
-           "imbalance": _ratio_max_mean([x["routed"] for x in rows if x["role"] in ("both", "prefill")])}
+           "imbalance": d.imbalance([x["routed"] for x in rows if x["role"] in d.FIRST_ROUTE_ROLES])}
     if any(x["role"] == "decode" for x in rows):
-        out["imbalance_decode"] = _ratio_max_mean([x["routed"] for x in rows if x["role"] == "decode"])
+        out["imbalance_decode"] = d.imbalance([x["routed"] for x in rows if x["role"] == "decode"])
     out["rejected"] = int(ev.agg("replica_finish", REJECTED)["rejected"])
     return out
 

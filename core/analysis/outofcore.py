@@ -91,7 +91,7 @@ def _head_of(f: Path, schema) -> dict:
     return parquet_head(schema, f.name)
 
 
-def _connect(tmp: str):
+def duck_connect(tmp: str):
     import duckdb
     con = duckdb.connect(config={"memory_limit": MEMORY_LIMIT, "temp_directory": tmp,
                                  "threads": max(1, os.cpu_count() or 1)})
@@ -99,7 +99,7 @@ def _connect(tmp: str):
     return con
 
 
-def _source_view(con, files: list[Path]) -> set:
+def source_view(con, files: list[Path]) -> set:
     """The view `src`: every row of the parts with its place in the trace (rowkey: part, row in part),
     and `scan`: the rows in file order unsorted (a plain scan keeps it). Each holds every column of the
     layout in the layout's type, read as the in-memory reader reads it (`_column_sql`: a null in a field
@@ -197,7 +197,7 @@ _SQL_TYPES = {"string": "VARCHAR", "int64": "BIGINT", "float64": "DOUBLE"}
 
 def _fills() -> dict[str, dict]:
     """Per column, {fill value: the record types whose field in it reads a null as that value} (the fields
-    with a fill that are neither required nor nullable: core.trace.parquet._Rows.field fills their nulls)."""
+    with a fill that are neither required nor nullable: core.trace.parquet.Rows.field fills their nulls)."""
     out: dict[str, dict] = {}
     for rec in TABLES:
         for f in rec.columns:
@@ -270,7 +270,7 @@ def check_layout(files: list[Path]) -> set:
 def check_parquet(con, files: list[Path], spans: bool = False, frees: bool = False):
     """Every check trace_from_parquet makes before it returns a trace, made without loading it, with
     the same functions (a trace the in-memory reader refuses is refused here, in one line): after
-    check_layout (the parts' heads and declared columns: `_source_view` checks them before it makes its
+    check_layout (the parts' heads and declared columns: `source_view` checks them before it makes its
     views), each record's values against their declarations, a batch of rows at a time
     (core.trace.parquet.RowChecker); request ids unique; the verbatim events' requests; and
     validate.check_consistency (tokens after arrival, indices 0..n-1, times not decreasing, at most
@@ -476,8 +476,8 @@ def _summarize(files, window, usd_per_hour, percentiles, slo) -> dict:
     head = trace_head(files)
     meta = head.get("meta") or {}
     with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as tmp:
-        con = _connect(tmp)
-        ev = DuckDBTrace(con, _source_view(con, files))
+        con = duck_connect(tmp)
+        ev = DuckDBTrace(con, source_view(con, files))
         kv = bool(ev.agg("kv_event", {"n": d.Agg("count")})["n"])
         summary = d.summary(ev, window, usd_per_hour, percentiles, slo, meta, has_kv_events=kv)
         fleet = fl.fleet_summary(ev, meta)
@@ -639,8 +639,8 @@ def request_metrics_parquet(path):
     files = parquet_files(path)
     trace_head(files)
     with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as tmp:
-        con = _connect(tmp)
-        DuckDBTrace(con, _source_view(con, files))
+        con = duck_connect(tmp)
+        DuckDBTrace(con, source_view(con, files))
         t = con.sql(f"SELECT {', '.join(d.REQUEST_METRICS)} FROM m ORDER BY i").to_arrow_table()
         con.close()
     num = lambda c: t.column(c).to_numpy(zero_copy_only=False).astype(float)   # NULL -> NaN
@@ -658,8 +658,8 @@ def request_table_parquet(path):
     files = parquet_files(path)
     trace_head(files)
     with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as tmp:
-        con = _connect(tmp)
-        _source_view(con, files)
+        con = duck_connect(tmp)
+        source_view(con, files)
         df = con.execute("SELECT id, t_ms AS arrival_ms, prompt_tokens, max_output_tokens FROM src "
                          "WHERE rtype = 'request' ORDER BY rowkey").fetchdf()
         con.close()

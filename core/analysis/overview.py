@@ -39,7 +39,14 @@ import numpy as np
 import pandas as pd
 
 from core.analysis.occupancy import Occupancy, OccupancyGrid, blocks_drawn, thinned_snapshots
-from core.analysis.outofcore import _connect, _source_view, parquet_files, parquet_rows, summarize_parquet, trace_head
+from core.analysis.outofcore import (
+    duck_connect,
+    parquet_files,
+    parquet_rows,
+    source_view,
+    summarize_parquet,
+    trace_head,
+)
 from core.errors import InputError
 from core.trace.model import Trace
 from core.trace.schema import BATCH, TABLES, TOKEN
@@ -64,7 +71,7 @@ def is_large(path) -> bool:
     return rows is not None and rows > LARGE_TRACE_ROWS
 
 
-def _identity(files: list[Path]) -> list:
+def files_identity(files: list[Path]) -> list:
     """[name, size, mtime_ns, sha256 of the first and last HASH_BYTES] of each file."""
     out = []
     for f in files:
@@ -112,14 +119,14 @@ def build(path, out: Path | None = None, progress=None) -> Path:
     say = progress or (lambda msg: None)
     try:
         for _ in range(BUILD_TRIES):
-            before = _identity(files)
+            before = files_identity(files)
             t_start = time.perf_counter()
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".part", dir=out.parent))
             try:
                 doc = _build_into(tmp, path, files, say)
                 files = parquet_files(path)
-                if _identity(files) != before:      # replaced or rewritten while read: build it again
+                if files_identity(files) != before:      # replaced or rewritten while read: build it again
                     say("the trace changed during the build; building again")
                     continue
                 doc.update(source=before, built={"seconds": round(time.perf_counter() - t_start, 3),
@@ -145,8 +152,8 @@ def _build_into(tmp: Path, path, files: list[Path], say) -> dict:
     say("summary (out of core)")
     summary = summarize_parquet(path)
     with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as spill:
-        con = _connect(spill)
-        cols = _source_view(con, files)
+        con = duck_connect(spill)
+        cols = source_view(con, files)
         say("requests, finishes, steps, preemptions")
         small = ", ".join(f"'{t}'" for t in _SMALL)
         keep = list(dict.fromkeys(["rtype"] + [f.column for r in TABLES if r.type in _SMALL for f in r.columns]
@@ -332,7 +339,7 @@ class Overview:        # a core.analysis.views.TraceView
     def __init__(self, folder: Path, name: str):
         import pyarrow.parquet as pq
 
-        from core.trace.parquet import _Rows, _trace_from_rows
+        from core.trace.parquet import Rows, trace_from_rows
         self.folder, self.name = folder, name
         doc = json.loads((folder / "overview.json").read_text())
         if doc.get("version") != VERSION:
@@ -343,9 +350,9 @@ class Overview:        # a core.analysis.views.TraceView
         rows = {}
         for r in ("request", "token", "finish", "step", "batch", "kv", "kv_event", "preempt", "other"):
             sel = np.flatnonzero(rtype == r)
-            rows[r] = _Rows.of_table(t.take(sel) if r in _SMALL and len(sel) else None, r, name)
+            rows[r] = Rows.of_table(t.take(sel) if r in _SMALL and len(sel) else None, r, name)
         # a skeleton: every table the page reads whole is here; tokens, batch and kv are read per view
-        self.skeleton = _trace_from_rows(rows, doc["head"], name)
+        self.skeleton = trace_from_rows(rows, doc["head"], name)
         n = len(self.skeleton.requests)
         ts = pq.read_table(folder / "token_spans.parquet")
         req = ts.column("req").to_numpy()
@@ -404,8 +411,8 @@ class Overview:        # a core.analysis.views.TraceView
         return in_flight_series(self.skeleton, metrics=self.request_metrics())
 
     def _frame(self, t, rec):
-        from core.trace.parquet import _Rows
-        return _Rows.of_table(t, rec.type, self.name).frame(rec, len(self.skeleton.requests))
+        from core.trace.parquet import Rows
+        return Rows.of_table(t, rec.type, self.name).frame(rec, len(self.skeleton.requests))
 
     def window(self, req_idx) -> Trace:
         """cursor.subset(trace, req_idx): those requests, their tokens, finishes, batch entries and
@@ -497,7 +504,8 @@ def current(path) -> Path | None:
         return None
     try:
         doc = json.loads((folder / "overview.json").read_text())
-        return folder if doc.get("version") == VERSION and doc.get("source") == _identity(parquet_files(path)) else None
+        same = doc.get("version") == VERSION and doc.get("source") == files_identity(parquet_files(path))
+        return folder if same else None
     except (OSError, ValueError, AttributeError):
         return None
 

@@ -1,4 +1,4 @@
-"""Throughput-latency curves of load sweeps (core.sim.sweep), one color per policy."""
+"""Throughput-latency curves of load sweeps (core.experiments.sweep), one color per policy."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,8 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from core.config import describe_options as describe
 from core.figures import PALETTE, base_layout, log_ticks
-from core.sim.search import describe
 
 # each panel's title says what its line styles mean (dashes are p50 in three panels, goodput in the
 # fourth), so the legend needs only the policies' colours
@@ -96,7 +96,7 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured
 
 
 def search_figure(points: list[dict], priced: bool, best: dict | None = None) -> go.Figure:
-    """A capacity search (core.sim.search) as a scatter: goodput (x) against cost per 1,000 good
+    """A capacity search (core.experiments.search) as a scatter: goodput (x) against cost per 1,000 good
     tokens (y, on a log axis labelled in plain USD, never SI prefixes such as "µ"; without a price,
     TTFT p99), SLO met or not by colour and symbol, the Pareto front of the configurations that
     meet the SLOs (no other one both cheaper and of more goodput) as a line, and `best` (the search's

@@ -443,9 +443,9 @@ def _predict_closed(cal: Calibration, run: Run, cfg):
     measured round trip (the client's, core.fit.predict.round_trips_ms, on the front end's clock),
     the front end's way out of the finished request and way in of the new one around it."""
     from core.analysis.metrics import request_metrics
+    from core.experiments.sweep import simulate_closed
     from core.fit.predict import round_trips_ms
     from core.sim.frontend import at_front_end
-    from core.sim.sweep import simulate_closed
     from core.workload import Workload
     fe, c, w = cal.front_end, run.clients, run.workload
     m = request_metrics(run.truth)

@@ -14,7 +14,7 @@ import tempfile
 import numpy as np
 
 from core.analysis.definitions import STEP_FEATURES
-from core.analysis.outofcore import _connect, _source_view, parquet_files, trace_head
+from core.analysis.outofcore import duck_connect, parquet_files, source_view, trace_head
 from core.errors import ConfigError
 from core.fit.stepfit import FEATURES, MIN_STEPS, MODELS, counted_features_of, model_of, solve
 
@@ -25,8 +25,8 @@ def features_parquet(path) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, bo
     files = parquet_files(path)
     meta = trace_head(files).get("meta") or {}
     with tempfile.TemporaryDirectory(prefix="serving-explorer-duckdb-") as tmp:
-        con = _connect(tmp)
-        cols = _source_view(con, files)
+        con = duck_connect(tmp)
+        cols = source_view(con, files)
         steps = con.execute("SELECT step, t_ms, dur_ms" + (", prefill_tokens, prefill_reqs, decode_reqs"
                                                             if {"prefill_tokens", "prefill_reqs", "decode_reqs"} <= cols
                                                             else "")

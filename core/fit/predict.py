@@ -51,8 +51,8 @@ def replayed_run(trace: Trace, config: SchedulerConfig, step_model, closed_loop:
     replacement's measured round trip (round_trips_ms); any other run (or with `closed_loop`
     False) at its send times. Returns (predicted trace, the closed loop's clients or None)."""
     from core.analysis.metrics import request_metrics
+    from core.experiments.sweep import simulate_closed
     from core.fit.stepinfer import closed_loop_clients
-    from core.sim.sweep import simulate_closed
     clients = closed_loop_clients(trace) if closed_loop else None
     label = f"predicted for {trace.label}"
     if clients:

@@ -257,13 +257,17 @@ class Router:
         self.cap = list(cap)
 
     # -- approximate prefix knowledge: what the router sent where --------------------------------
-    def sent_prefix(self, replica: int, hashes: list) -> int:
-        seen, k = self.sent[replica], 0
+    def known_prefix(self, replica: int, hashes: list, published: set) -> tuple[int, int]:
+        """(the blocks the router believes `replica` holds, of them the prompt's leading blocks
+        `hashes`): with precise knowledge the hashes the replica `published` (its cache events, as
+        heard), with approximate knowledge what the router sent it (`remember`). Both fleets ask."""
+        known = published if self.cfg.prefix_mode == "precise" else self.sent[replica]
+        k = 0
         for h in hashes:
-            if h not in seen:
+            if h not in known:
                 break
             k += 1
-        return k
+        return len(known), k
 
     def remember(self, replica: int, hashes: list):
         seen = self.sent[replica]

@@ -60,7 +60,7 @@ from core.errors import ConfigError
 from core.fleet.link import Link
 from core.fleet.records import fleet_records
 from core.fleet.router import ROLES, Router, RouterConfig, Signals, check_roles, recorded, signals_dict
-from core.sim.simulate import _no_cyclic_gc, simulator
+from core.sim.simulate import no_cyclic_gc, simulator
 from core.sim.stepmodel import StepModel
 from core.workload import MAX_TIME_MS, Request, Workload
 
@@ -350,19 +350,8 @@ class FleetSim:
         rep.signals_as_of(now - self.router_cfg.staleness_ms)
         s = rep.seen
         mode = self.router_cfg.prefix_mode
-        prefix = cached = 0
-        if mode is not None:
-            hashes = self._prompt_hashes(row, rep)
-            if mode == "precise":
-                known = rep.cached
-                cached = len(known)
-            else:
-                known = self.router.sent[rep.index]
-                cached = len(known)
-            for h in hashes:
-                if h not in known:
-                    break
-                prefix += 1
+        cached, prefix = (0, 0) if mode is None else \
+            self.router.known_prefix(rep.index, self._prompt_hashes(row, rep), rep.cached)
         return Signals(rep.index, s["requests"], s["running"], s["waiting"], s["kv_used"], rep.kv_blocks,
                        cached, prefix, rep.seen_t)
 
@@ -850,7 +839,7 @@ def simulate_fleet(workload: Workload, fleet: FleetSpec, label: str | None = Non
     """The trace of `workload` served by `fleet` (see the module's docstring); `concurrency`: sent
     by a closed loop of that many clients, each replacement `delay_ms` after a finish (one number,
     or one per replacement in order: the last repeats)."""
-    with _no_cyclic_gc():
+    with no_cyclic_gc():
         sim = FleetSim(workload, fleet, record_kv, fast_forward, concurrency, delay_ms)
         sim.run()
         tr = sim.trace(label, created)

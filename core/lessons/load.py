@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 
 from core.analysis.metrics import SLO, summarize
 from core.config import SchedulerConfig
+from core.config import describe_options as describe
 from core.errors import InputError
+from core.experiments.sweep import point_summary, retimed, sweep
 from core.lessons.schedules import POLICY_LABELS, policy_config
-from core.sim.search import describe
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel
-from core.sim.sweep import point_summary, retimed, sweep
 from core.workload import Request, Workload
 
-MAX_POINTS_PER_POLICY = 24   # a page's sweep; python -m core sweep takes up to core.sim.sweep.MAX_POINTS
+MAX_POINTS_PER_POLICY = 24   # a page's sweep; python -m core sweep takes up to core.experiments.sweep.MAX_POINTS
 # A page's capacity search (what one click may start; a link starts none): at most this many simulated
-# tokens (core.sim.search.simulated_tokens: configurations x the workload's prompt + output tokens;
+# tokens (core.experiments.search.simulated_tokens: configurations x the workload's prompt + output tokens;
 # measured here 0.1-0.6 us per token on one CPU, ~25 us when every step holds one request of a
 # one-token chunk), and no configuration started after SEARCH_BUDGET_S seconds.
 SEARCH_MAX_TOKENS = 40_000_000
@@ -37,7 +37,7 @@ NOTE_CHARS = 48              # a note fits the table's wide column; longer reaso
 def sweep_policies(workload: Workload, policies: list[str], config: SchedulerConfig, step_model: StepModel,
                    chunk: int | None, rates=None, concurrency=None, seed: int = 0, slo: SLO | None = None,
                    attainment: float = 0.9) -> dict[str, dict]:
-    """{policy label: core.sim.sweep.sweep result} for each policy (core.analysis.compare's names)."""
+    """{policy label: core.experiments.sweep.sweep result} for each policy (core.analysis.compare's names)."""
     return {POLICY_LABELS[p]: sweep(workload, policy_config(p, config, chunk), step_model, rates=rates,
                                     concurrency=concurrency, seed=seed, slo=slo, attainment=attainment)
             for p in policies}
@@ -112,7 +112,7 @@ _NOTE_LOAD = (re.compile(r"closed loop, concurrency (\d+)"), re.compile(r"Poisso
 
 def run_load(trace, file_summary: dict | None = None) -> dict | None:
     """Where a measured run sits on a sweep's axis: {"kind": "open", "rate"} or {"kind":
-    "closed", "concurrency"}, from meta.load (gpu_runner loadgen, core.sim.sweep), a vLLM result
+    "closed", "concurrency"}, from meta.load (gpu_runner loadgen, core.experiments.sweep), a vLLM result
     file's max_concurrency / request_rate, or (captures made before meta.load existed) the
     loadgen note "closed loop, concurrency N" / "Poisson R req/s". None: not a load run."""
     meta = trace.meta if trace is not None else {}
@@ -136,7 +136,7 @@ def run_load(trace, file_summary: dict | None = None) -> dict | None:
 
 
 def measured_point(label: str, trace, slo: SLO | None, file_summary: dict | None = None) -> dict | None:
-    """A measured or imported run as a sweep point (core.sim.sweep.point_summary) with its load
+    """A measured or imported run as a sweep point (core.experiments.sweep.point_summary) with its load
     and label; None when the file does not say what load it ran under."""
     load = run_load(trace, file_summary)
     if load is None or trace is None or not len(trace.tokens):
@@ -197,7 +197,7 @@ def _cell(column: str, v) -> str:
 
 
 def searched_workload(workload: Workload, rate: float, seed: int) -> Workload:
-    """The workload a capacity search simulated (core.sim.search: retimed at `rate`, Poisson, `seed`),
+    """The workload a capacity search simulated (core.experiments.search: retimed at `rate`, Poisson, `seed`),
     named so that the Schedules page says where it came from."""
     timed = retimed(workload, rate, seed)
     return Workload(timed.requests, name=f"{workload.name} at {rate:g} req/s (Poisson, seed {seed}), from the "

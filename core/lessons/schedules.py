@@ -17,7 +17,7 @@ import pandas as pd
 from core.analysis.metrics import cost_usd, first_scheduled_ms, request_metrics, summarize, throughput
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.sim.parallel import run_all
+from core.sim.parallel import PARALLEL_MIN_REQUESTS, run_all
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel
 from core.trace import Trace
@@ -44,7 +44,6 @@ def policy_config(policy: str, config: SchedulerConfig, chunk: int | None = None
                                chunk=chunk if policy in TAKES_CHUNK else None)
 
 
-PARALLEL_MIN_REQUESTS = 1_000     # below this, a policy simulates in milliseconds: no worker processes
 
 
 def run_policies(workload, policies: list[str], config: SchedulerConfig, step_model: StepModel,

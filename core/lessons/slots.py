@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 
 EMPTY, PREFILL, DECODE, HELD = 0, 1, 2, 3
-KIND_NAMES = ("empty", "prefill", "decode", "held, not scheduled")
 MAX_STEPS = 240        # steps (animation frames) shown; a longer run shows its first MAX_STEPS
 MAX_SEATS = 64         # seats drawn; a larger batch is refused (the timeline views serve it)
 

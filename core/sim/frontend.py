@@ -56,10 +56,6 @@ class FrontEnd:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"front end {f.name}: expected a finite number >= 0, got {v!r}")
 
-    @property
-    def is_zero(self) -> bool:
-        return not any(dataclasses.astuple(self))
-
     def way_in(self, prompt_tokens, in_flight=0) -> np.ndarray:
         return (self.in_ms + self.in_ms_per_prompt_token * np.asarray(prompt_tokens, dtype=np.float64)
                 + self.in_ms_per_in_flight * np.asarray(in_flight, dtype=np.float64))

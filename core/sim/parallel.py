@@ -237,6 +237,9 @@ def warm() -> None:
                          daemon=True).start()
 
 
+PARALLEL_MIN_REQUESTS = 1_000     # below this, a run simulates in milliseconds: no worker processes
+
+
 def run_all(fn, jobs: list[dict], workers: int | None = None, ray: str | None = None,
             results: str | None = None) -> list:
     """[fn(**job) for job in jobs], in order: forked for this call into up to `workers`

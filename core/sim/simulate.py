@@ -79,7 +79,7 @@ def simulate(workload: Workload, config: SchedulerConfig, step_model: StepModel 
             tr = at_front_end(simulate(engine_workload(workload, front_end, busy), config, step_model, label,
                                        created, record_kv, fast_forward, speed=speed), workload, front_end)
         return tr
-    with _no_cyclic_gc():   # building the trace allocates as many acyclic objects as the run
+    with no_cyclic_gc():   # building the trace allocates as many acyclic objects as the run
         core = simulator(config, step_model, workload, record_kv, fast_forward, speed=speed)
         tr = core.trace(workload, _run(core, workload, label, created, speed))
         del core   # (freed before collection is back on: else its first pass walks every object of the run)
@@ -109,7 +109,7 @@ def token_span_ms(workload: Workload, config: SchedulerConfig, step_model: StepM
     core = EngineCore(config, StepTimeExecutor(step_model or StepModel()), workload, record=False, kv_events=False,
                       fast_forward=fast_forward, explicit_batches=False)
     core.observe(tokens)
-    with _no_cyclic_gc():
+    with no_cyclic_gc():
         loop.run(core, loop.VirtualClock(float(workload.arrival_ms[0])))
     first[np.isinf(first)] = np.nan
     last[np.isinf(last)] = np.nan
@@ -125,7 +125,7 @@ def _in_flight(tr, workload: Workload, in_flight_at) -> np.ndarray:
 
 
 @contextmanager
-def _no_cyclic_gc():
+def no_cyclic_gc():
     """Cyclic GC off for a block that allocates many small acyclic records (a run's log):
     each collection pass would walk every live object of the process (in a Streamlit server,
     its whole heap) and free nothing."""
@@ -174,7 +174,7 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
     step). Returns (meta, rows per record type: token and batch as read back, spans expanded). Needs
     neither pandas nor Request objects for a plain workload."""
     from core.engine.steplog import log_records
-    from core.trace.writer import ROW_GROUP_ROWS, TraceWriter, _dumps, workload_request_rows
+    from core.trace.writer import ROW_GROUP_ROWS, TraceWriter, dumps_json, workload_request_rows
     if row_group_rows is None:
         # Rows still buffered when the run ends are written after its last step: a run of a
         # few million tokens ends sooner with smaller row groups; a long one writes faster
@@ -198,7 +198,7 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
                     freed[0] += int(cols["logical"].sum()) + len(cols["logical"])
             if log.other:
                 writer.add("other", {"t_ms": np.array([float(e.get("t_ms", 0.0)) for e in log.other]),
-                                     "json": [_dumps(e) for e in log.other]})
+                                     "json": [dumps_json(e) for e in log.other]})
             log.clear()
 
         core = simulator(config, step_model, workload, record_kv, fast_forward)
@@ -240,7 +240,7 @@ def simulator(config: SchedulerConfig, step_model: StepModel | None = None, work
 
 def _run(core: EngineCore, workload: Workload, label, created, speed: Speed | None = None) -> dict:
     """Run a simulator core over its workload; returns the trace's metadata."""
-    with _no_cyclic_gc():
+    with no_cyclic_gc():
         loop.run(core, loop.VirtualClock(float(workload.arrival_ms[0])))
         extra = {"speed": speed.describe()} if speed is not None else {}
         return core.trace_meta(workload, "simulated", label or f"{core.config.policy} (simulated)",

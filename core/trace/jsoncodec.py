@@ -15,7 +15,7 @@ or names the first problem.
 The fast path streams (`decode_fast`, see "streaming" below): gzip is inflated and the
 events decoded a slice of about STREAM_CHUNK bytes at a time into growing columns, so the
 whole text and all the typed events never coexist; documents in another layout than ours
-go to the same decoder run on the whole document (`_decode_whole`).
+go to the same decoder run on the whole document (`decode_whole`).
 """
 from __future__ import annotations
 
@@ -226,9 +226,9 @@ def _struct(rec: Record, tagged: bool = True) -> type:
 
 
 _BATCH = _struct(BATCH, tagged=False)
-_STRUCTS = {_struct(rec): rec for rec in TABLE_EVENTS}
-_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_EVENTS = msgspec.json.Decoder(list[functools.reduce(operator.or_, _STRUCTS)])  # a tagged union
+EVENT_STRUCTS = {_struct(rec): rec for rec in TABLE_EVENTS}
+TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_EVENTS = msgspec.json.Decoder(list[functools.reduce(operator.or_, EVENT_STRUCTS)])  # a tagged union
 _KNOWN = {rec.type for rec in TABLE_EVENTS}
 
 
@@ -250,11 +250,11 @@ def _columns(rec: Record, evs: list, index_of: dict) -> dict:
 
 
 def _tables(events: list, other: list, index_of: dict) -> tuple[dict, list]:
-    by: dict[type, list] = {cls: [] for cls in _STRUCTS}
+    by: dict[type, list] = {cls: [] for cls in EVENT_STRUCTS}
     for e in events:
         by[type(e)].append(e)
     out, n = {}, len(index_of)
-    for cls, rec in _STRUCTS.items():
+    for cls, rec in EVENT_STRUCTS.items():
         out[rec.table] = frame(rec, _columns(rec, by[cls], index_of), n)
         if rec is STEP:
             batches = list(map(attrgetter("batch"), by[cls]))
@@ -276,7 +276,7 @@ _TYPES = msgspec.json.Decoder(list[_Type])
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 
 
-def _events(raw: bytes) -> tuple[list, list]:
+def decode_events(raw: bytes) -> tuple[list, list]:
     """(typed table events, verbatim events as dicts) from the raw `events` list."""
     try:
         return _EVENTS.decode(raw), []
@@ -287,12 +287,12 @@ def _events(raw: bytes) -> tuple[list, list]:
         return events, [msgspec.json.decode(r) for r, k in zip(raws, kinds) if not k]
 
 
-def _decode_whole(raw, name: str) -> Trace | None:
+def decode_whole(raw, name: str) -> Trace | None:
     """The whole-document fast decoder: the trace in `raw` (all of the uncompressed JSON), or
     None when refused. The streaming decoder's fallback for documents not in its layout."""
     try:
-        top = _TOP.decode(raw)
-        events, other = _events(top["events"])
+        top = TOP_DECODER.decode(raw)
+        events, other = decode_events(top["events"])
         doc = {k: msgspec.json.decode(v) for k, v in top.items() if k != "events"}
     except (msgspec.DecodeError, KeyError, RecursionError, UnicodeDecodeError):
         return None

@@ -18,7 +18,7 @@ import pandas as pd
 
 from core import errors
 from core.errors import TraceError
-from core.trace.jsoncodec import _STRUCTS, _TOP, _decode_whole, _events, gunzip
+from core.trace.jsoncodec import EVENT_STRUCTS, TOP_DECODER, decode_events, decode_whole, gunzip
 from core.trace.jsonscan import squeeze, top_level_commas
 from core.trace.model import BadColumn, Trace, frame
 from core.trace.schema import BATCH, STEP, TABLE_EVENTS, Field, Record, dtype
@@ -151,10 +151,10 @@ class _Columns:
         return out
 
     def add(self, events: list, other: list):
-        by: dict[type, list] = {cls: [] for cls in _STRUCTS}
+        by: dict[type, list] = {cls: [] for cls in EVENT_STRUCTS}
         for e in events:
             by[type(e)].append(e)
-        for cls, rec in _STRUCTS.items():
+        for cls, rec in EVENT_STRUCTS.items():
             if not by[cls]:
                 continue
             cols = self._add(rec, by[cls])
@@ -242,7 +242,7 @@ def _header(rd: _Reader) -> tuple[dict, int]:
     while not rd.buf.lstrip(_WS) and rd.more():
         rd.buf = rd.buf.lstrip(_WS)  # leading white space, however much, is not kept
     if rd.buf.lstrip(_WS)[:1] != b"{":
-        raise _Refused  # not a JSON object (or gzip inside gzip, a BOM, ...): as _decode_whole
+        raise _Refused  # not a JSON object (or gzip inside gzip, a BOM, ...): as decode_whole
     pos, tries = 0, 0
     while True:
         m = _EVENTS_KEY.search(rd.buf, pos)
@@ -263,7 +263,7 @@ def _header(rd: _Reader) -> tuple[dict, int]:
         if sep in (b",", b"{"):
             try:
                 with memoryview(rd.buf) as mv:
-                    top = _TOP.decode(b"".join((mv[:i + (sep == b"{")], b"}")))
+                    top = TOP_DECODER.decode(b"".join((mv[:i + (sep == b"{")], b"}")))
             except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
                 top = None
             if top is not None:
@@ -302,7 +302,7 @@ def _likely_cut(buf) -> int:
 
 def _slice(raw) -> tuple[list, list]:
     try:
-        return _events(raw)
+        return decode_events(raw)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         raise _Refused from None
 
@@ -339,7 +339,7 @@ def _stream_events(rd: _Reader, start: int, chunk: int, index_of: dict, doc: dic
                 try:
                     with memoryview(buf) as mv:
                         raw = b"".join((b"[", mv[:cut], b"]"))
-                    events, other = _slice(raw) if exact else _events(raw)
+                    events, other = _slice(raw) if exact else decode_events(raw)
                     del raw
                     if not events and not other:
                         raise _Refused  # nothing before the comma: not JSON
@@ -371,7 +371,7 @@ def _stream_events(rd: _Reader, start: int, chunk: int, index_of: dict, doc: dic
         tail = b"".join((b'{"events":[', mv))
     rd.buf = bytearray()
     try:
-        top = _TOP.decode(tail)
+        top = TOP_DECODER.decode(tail)
     except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         raise _Refused from None
     ev = top.pop("events")
@@ -404,4 +404,4 @@ def decode_fast(data: bytes, name: str, chunk: int = STREAM_CHUNK) -> Trace | No
         text = w.text
     finally:
         rd.pieces.close()
-    return _decode_whole(text if text is not None else gunzip(data, name), name)
+    return decode_whole(text if text is not None else gunzip(data, name), name)

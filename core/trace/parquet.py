@@ -21,7 +21,16 @@ from core.trace.model import BadColumn, Trace, frame
 from core.trace.schema import BATCH, KV, REQUEST, SCHEMA, TABLE_EVENTS, TABLES, TOKEN, Field, Record
 from core.trace.spans import FREE_COLUMNS, SPAN_COLUMNS, check_frees, check_spans, expand, kv_with_frees
 from core.trace.validate import Problems, check_consistency, check_meta, read_events
-from core.trace.writer import COLUMNS, PARQUET_KEY, ROW_GROUP_ROWS, RTYPES, RowTables, TraceWriter, _dumps, head_bytes
+from core.trace.writer import (
+    COLUMNS,
+    PARQUET_KEY,
+    ROW_GROUP_ROWS,
+    RTYPES,
+    RowTables,
+    TraceWriter,
+    dumps_json,
+    head_bytes,
+)
 
 _NEEDED = {"rtype", "json"} | {f.column for r in TABLES for f in r.columns if f.required}
 
@@ -33,7 +42,7 @@ def is_parquet(data: bytes) -> bool:
 def request_columns(trace_requests: pd.DataFrame, request_extra: list) -> dict:
     """The request rows in the file layout (extra fields as JSON in `json`)."""
     cols = {f.column: trace_requests[f.name] for f in REQUEST.columns}
-    extras = [_dumps(e) if e else None for e in request_extra]
+    extras = [dumps_json(e) if e else None for e in request_extra]
     cols["json"] = extras + [None] * (len(trace_requests) - len(extras))
     return cols
 
@@ -46,7 +55,7 @@ def _trace_rows(trace: Trace):
         yield rec.type, {f.column: df[f.name] for f in rec.columns}
     if trace.other:
         yield "other", {"t_ms": np.array([float(e.get("t_ms", 0.0)) for e in trace.other]),
-                        "json": [_dumps(e) for e in trace.other]}
+                        "json": [dumps_json(e) for e in trace.other]}
 
 
 def write_trace(trace: Trace, sink, row_group_rows: int = ROW_GROUP_ROWS):
@@ -61,7 +70,7 @@ def write_trace(trace: Trace, sink, row_group_rows: int = ROW_GROUP_ROWS):
     w.close(trace.meta, trace.extra)
 
 
-def _to_table(trace: Trace):
+def to_table(trace: Trace):
     """The whole trace as one Arrow table in the file layout (plain string columns), the
     document head in its metadata."""
     import pyarrow as pa
@@ -93,7 +102,7 @@ def write_parquet_parts(trace: Trace, directory: str | Path, rows_per_part: int 
     import pyarrow.parquet as pq
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    t = _to_table(trace)
+    t = to_table(trace)
     paths = []
     for k, start in enumerate(range(0, max(len(t), 1), rows_per_part)):
         part = d / f"part-{k:05d}.parquet"
@@ -189,7 +198,7 @@ def _head(schema, name: str) -> dict:
     return head
 
 
-class _Rows:
+class Rows:
     """The rows of one record type, column by column, straight from Arrow."""
 
     def __init__(self, t, rt: np.ndarray, rtype: str, name: str):
@@ -206,7 +215,7 @@ class _Rows:
         self.col = lambda c: pick(t.column(c)) if c in names else pa.nulls(self.n, getattr(pa, COLUMNS[c])())
 
     @classmethod
-    def of_table(cls, t, rtype: str, name: str) -> _Rows:
+    def of_table(cls, t, rtype: str, name: str) -> Rows:
         """The rows of one record type read on their own (only its columns): a column absent
         from the file is all null; each is cast to the layout's type, naming it if it cannot be."""
         import pyarrow as pa
@@ -325,8 +334,8 @@ def trace_from_parquet(data: bytes, name: str = "trace.parquet") -> Trace:
         # statistics are what the file claims; the rows must agree (rtype is read as a dictionary: cheap)
         if t is not None and pc.unique(t.column("rtype")).to_pylist() != [r]:
             raise TraceError(f"{name}: row groups claim {r} records but hold other record types")
-        rows[r] = _Rows.of_table(t, r, name)
-    return _trace_from_rows(rows, head, name)
+        rows[r] = Rows.of_table(t, r, name)
+    return trace_from_rows(rows, head, name)
 
 
 def trace_from_parquet_dir(directory: str | Path) -> Trace:
@@ -380,10 +389,10 @@ def _trace_from_table(t, head: dict, name: str) -> Trace:
     if idx.null_count:
         raise TraceError(f"{name}: unknown record type in column rtype")
     rt = idx.to_numpy(zero_copy_only=False).astype(np.int64)
-    return _trace_from_rows({r: _Rows(t, rt, r, name) for r in RTYPES}, head, name)
+    return trace_from_rows({r: Rows(t, rt, r, name) for r in RTYPES}, head, name)
 
 
-def _request_extras(rows: _Rows, name: str, first: int = 0) -> list[dict]:
+def _request_extras(rows: Rows, name: str, first: int = 0) -> list[dict]:
     """The request records' extra fields; extras never shadow a column (the JSON form would let them)."""
     if rows.col("json").null_count == rows.n:
         return [{} for _ in range(rows.n)]
@@ -397,7 +406,7 @@ def _request_extras(rows: _Rows, name: str, first: int = 0) -> list[dict]:
     return extras
 
 
-def _other_records(rows: _Rows, name: str, first: int = 0) -> list[dict]:
+def _other_records(rows: Rows, name: str, first: int = 0) -> list[dict]:
     """The verbatim events (the `other` records), none of a type that has its own records."""
     other = rows.json(first=first)
     tabled = {rec.type for rec in TABLE_EVENTS}
@@ -415,7 +424,7 @@ def _checked_other(other: list, index_of: dict, name: str) -> list:
     return other
 
 
-def _trace_from_rows(rows: dict, head: dict, name: str) -> Trace:
+def trace_from_rows(rows: dict, head: dict, name: str) -> Trace:
     requests = rows["request"].frame(REQUEST, 0)
     extras = _request_extras(rows["request"], name)
     tables = {rec.table: rows[rec.type].frame(rec, len(requests)) for rec in TABLES if rec is not REQUEST}
@@ -433,7 +442,7 @@ def _trace_from_rows(rows: dict, head: dict, name: str) -> Trace:
     return Trace(meta=head["meta"], requests=requests, **tables, other=other, request_extra=extras, extra=extra)
 
 
-def _listed(rows: _Rows, df: pd.DataFrame, keys: tuple, name: str) -> dict:
+def _listed(rows: Rows, df: pd.DataFrame, keys: tuple, name: str) -> dict:
     """A file with decode spans: its listed token or batch rows as columns (enum codes), with the
     step and join numbers that place them among the spans."""
     cols = {c: (np.asarray(df[c].array.codes, dtype=np.int8) if isinstance(df[c].dtype, pd.CategoricalDtype)
@@ -506,7 +515,7 @@ def row_group_reads(pf) -> list[tuple[list[int] | None, list[str], str | None]]:
 class RowChecker:
     """trace_from_parquet's checks of each record, made on batches of rows in file order (a trace
     too large to load: core.analysis.outofcore), with the same functions: each column cast to the
-    layout's type, each record type's values against their declarations (`_Rows.frame`), the
+    layout's type, each record type's values against their declarations (`Rows.frame`), the
     request extras and the verbatim events (`_request_extras`, `_other_records`). What needs every
     row at once is left to the caller: request ids unique across batches, `finish(index_of)` for the
     verbatim events' requests, validate.check_consistency on slices of requests."""
@@ -539,7 +548,7 @@ class RowChecker:
             raise TraceError(f"{self.name}: unknown record type in column rtype")
         rt = idx.to_numpy(zero_copy_only=False).astype(np.int64)
         for r in RTYPES:
-            rows = _Rows(t, rt, r, self.name)
+            rows = Rows(t, rt, r, self.name)
             if not rows.n:
                 continue
             if r == "request":

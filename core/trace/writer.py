@@ -27,7 +27,7 @@ COLUMNS = _layout()                           # column -> Arrow type, in file or
 RTYPES = [r.type for r in TABLES] + ["other", "span", "kv_free"]
 
 
-def _dumps(x) -> str:
+def dumps_json(x) -> str:
     return json.dumps(x, separators=(",", ":"), allow_nan=False)
 
 
@@ -216,7 +216,7 @@ def workload_request_rows(workload) -> dict:
             "max_output_tokens": workload.max_output_tokens}
     if not workload.plain:
         cols["tenant"] = [r.tenant for r in workload.requests]
-        cols["json"] = [_dumps(e) if e else None for e in request_extras(workload)]
+        cols["json"] = [dumps_json(e) if e else None for e in request_extras(workload)]
     return cols
 
 

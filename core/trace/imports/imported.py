@@ -17,8 +17,6 @@ from core.errors import TraceError, short
 from core.trace.model import BadColumn, Trace, frame
 from core.trace.schema import REQUEST, TABLES
 
-OUR_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "latency_ms", "output_tok_per_s")
-
 
 @dataclass
 class Imported:

@@ -4,7 +4,7 @@ given offered load, and at what cost per 1,000 good tokens.
 Every configuration (the grid's product over SchedulerConfig options, on a base configuration)
 simulates the same workload arriving as the same Poisson process (one seed), so the points
 differ only by the configuration. A point's attainment, goodput and cost are those of
-core.sim.sweep.point_summary (definitions in core.analysis.metrics); cost per 1,000 good tokens =
+core.experiments.sweep.point_summary (definitions in core.analysis.metrics); cost per 1,000 good tokens =
 the hourly price over the goodput in tokens per second. The answer: among the configurations
 whose attainment reaches the target, the one with the lowest cost per 1,000 good tokens (without a
 price: the highest goodput per replica, the same order at any price); ties go to the smaller
@@ -44,7 +44,9 @@ import time
 
 from core.analysis.metrics import SLO, request_metrics, slo_check
 from core.config import SchedulerConfig, from_dict
+from core.config import describe_options as describe
 from core.errors import ConfigError
+from core.experiments.sweep import point_summary, retimed
 from core.fleet.options import (
     MAX_REPLICAS,
     FleetFlags,
@@ -57,7 +59,6 @@ from core.fleet.options import (
 from core.fleet.router import POLICIES
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel
-from core.sim.sweep import point_summary, retimed
 from core.workload import Workload
 
 MAX_CONFIGS = 4096
@@ -419,6 +420,3 @@ def replicas_of(p: dict) -> int:
     return (p.get("fleet") or {}).get("replicas", 1)
 
 
-def describe(config: dict) -> str:
-    """A grid point in words ("max_seqs 16, kv_blocks none")."""
-    return ", ".join(f"{k} {'none' if v is None else v}" for k, v in config.items())
