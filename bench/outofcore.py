@@ -62,10 +62,10 @@ def main():
         print(f"{n:>10,} {rows:>12,} {'out of core':>12} {s1:>8.1f} {m1:>8.2f}  "
               + ("ok" if ooc else f"FAILED: {err1}"), flush=True)
         if n <= a.in_memory_up_to:
-            import core.__main__ as cli
+            import core.commands.common as cli
             limit = max(cli.OUT_OF_CORE_ROWS, rows + 1)
-            code = (f"import sys, core.__main__ as c; c.OUT_OF_CORE_ROWS = {limit}; "
-                    f"sys.exit(c.main(['metrics', {str(trace)!r}, '--json']))")
+            code = (f"import sys, core.commands.common as c, core.__main__ as m; c.OUT_OF_CORE_ROWS = {limit}; "
+                    f"sys.exit(m.main(['metrics', {str(trace)!r}, '--json']))")
             with tempfile.NamedTemporaryFile("r", suffix=".txt") as tf, tempfile.NamedTemporaryFile("w+") as out:
                 p = subprocess.run(["/usr/bin/time", "-f", "%e %M", "-o", tf.name, sys.executable, "-c", code],
                                    cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True)

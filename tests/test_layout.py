@@ -34,7 +34,7 @@ LEVELS = [
     ("core.fit",),
     ("core.lessons",),
     ("core.figures",),
-    ("core.__main__",),
+    ("core.__main__", "core.commands"),   # the command line and its commands by group
     ("gpu_runner",),
     ("ui",),          # the app's glue: core only (test_the_app_never_imports_gpu_runner_or_torch)
 ]

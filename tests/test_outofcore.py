@@ -76,7 +76,7 @@ def test_the_cli_summarises_out_of_core_when_asked_or_past_its_threshold(parquet
     got = json.loads(capsys.readouterr().out)
     assert got["computed"]["out_of_core"] and "requests" not in got
     assert differences(comparable(summarize(tr, per_request=False)["summary"]), comparable(got["summary"])) == []
-    import core.__main__ as cli
+    import core.commands.common as cli
     monkeypatch.setattr(cli, "OUT_OF_CORE_ROWS", 10)
     assert main(["metrics", str(file), "--json"]) == 0
     out = capsys.readouterr()

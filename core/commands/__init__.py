@@ -1,0 +1,1 @@
+"""The command line's commands by group (core/__main__.py builds the parser from them and runs one)."""
