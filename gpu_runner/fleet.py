@@ -61,7 +61,7 @@ from pathlib import Path
 from core.engine.prefix_cache import block_hash, extra_key
 from core.errors import ConfigError
 from core.fleet.router import Decision, Router, RouterConfig, Signals, recorded
-from core.fleet.sim import FIRST_TOKEN
+from core.fleet.spec import FIRST_TOKEN
 from gpu_runner.client import EngineClient, Overloaded, ServerStopping, Stream
 from gpu_runner.engine_process import REPLICA_STALL_S, ProcessClient
 from gpu_runner.launch import ServeOptions

@@ -1,5 +1,5 @@
 """A fleet whose routes are decided ahead (round-robin, random) runs each replica apart, as one
-engine over its requests (core.fleet.sim.FleetSim._run_apart), and reads back what the router
+engine over its requests (core.fleet.apart.run_apart), and reads back what the router
 heard of each replica at each arrival. The oracle is the fleet's own loop, which steps all
 replicas on one clock and tells the router as each step ends (`sim.apart = False`): every
 table, every route event (signals, as-of times) and the metadata must be equal."""

@@ -16,11 +16,8 @@ a request finishes at the client (its finish, or its rejection at the router): t
 before it. Replicas then step one step at a time (a run of steps could not stop where a finish on
 another replica sends a request it should take).
 
-Routes decided ahead (round-robin, random, no router queue limit) and nothing shared (no
-disaggregation): no replica ever waits on another or on the router, so each runs apart, as one
-engine over the requests routed to it (core.engine.loop.run), and the route events' signals are
-read back afterwards from what each replica told as it ran (`_Reported`) — the same trace as the
-loop (tests/test_fleet_apart.py), at the cost of the replicas' own steps.
+Routes decided ahead (round-robin, random, no router queue limit) and nothing shared: each replica
+runs apart (core.fleet.apart), the same trace as this loop at the cost of the replicas' own steps.
 
 What the router sees of replica r at time t is what r had reported by t - staleness: its
 running, waiting and KV gauges as of its last step ended by then, the requests routed to it
@@ -47,98 +44,19 @@ import bisect
 import dataclasses
 import heapq
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from core.config import SchedulerConfig
-from core.engine import loop
-from core.engine.admission import blocks_needed
 from core.engine.core import EngineCore
 from core.engine.prefix_cache import block_hash, extra_key
 from core.errors import ConfigError
+from core.fleet.apart import Reported, run_apart
 from core.fleet.link import Link
 from core.fleet.records import fleet_records
-from core.fleet.router import ROLES, Router, RouterConfig, Signals, check_roles, recorded, signals_dict
+from core.fleet.router import ROLES, Router, Signals, recorded
+from core.fleet.spec import FIRST_TOKEN, FleetSpec, ReplicaSpec, reaching, sized
 from core.sim.simulate import no_cyclic_gc, simulator
-from core.sim.stepmodel import StepModel
 from core.workload import MAX_TIME_MS, Request, Workload
-
-FIRST_TOKEN = ("decode replica (vLLM's disaggregated convention: it recomputes the prompt's last token and "
-               "emits token 0; the prefill replica's token is discarded)")
-
-
-@dataclass
-class ReplicaSpec:
-    config: SchedulerConfig
-    step_model: StepModel | None = None
-    role: str = "both"
-    drain_ms: float | None = None       # taken out of rotation at this time: nothing routed after it
-
-    def __post_init__(self):
-        if self.role not in ROLES:
-            raise ConfigError(f"replica role: expected one of {', '.join(ROLES)}, got {self.role!r}")
-
-
-@dataclass
-class FleetSpec:
-    replicas: list[ReplicaSpec]
-    router: RouterConfig = field(default_factory=RouterConfig)
-    link_gbps: float = 25.0              # GB/s (BLIS's default 25 GB/s)
-    link_latency_ms: float = 0.05        # BLIS's 0.05 ms
-    pd_min_prompt: int = 0               # disaggregated: shorter prompts run whole on a decode replica
-    kv_bytes_per_token: int | None = None   # disaggregated: the model's KV bytes per token
-    model: str | None = None             # where kv_bytes_per_token came from
-    dispatch_ms: float = 0.0             # router to replica: a routed request reaches its engine this much later
-    contention: float = 0.0              # replicas sharing a host's cores: a step takes 1 + contention x (other
-    #                                      replicas mid-step at its start) times its priced duration
-
-    def __post_init__(self):
-        if not self.replicas:
-            raise ConfigError("a fleet needs at least one replica")
-        check_roles([r.role for r in self.replicas], "replica roles")
-        if self.disaggregated:
-            if not self.kv_bytes_per_token or self.kv_bytes_per_token < 1:
-                raise ConfigError("disaggregated serving needs the model's KV bytes per token (--model PRESET)")
-        if isinstance(self.pd_min_prompt, bool) or not isinstance(self.pd_min_prompt, int) or self.pd_min_prompt < 0:
-            raise ConfigError(f"pd_min_prompt: expected an integer >= 0, got {self.pd_min_prompt!r}")
-        if not (isinstance(self.dispatch_ms, (int, float)) and 0 <= self.dispatch_ms < 1e6):
-            raise ConfigError(f"dispatch_ms: expected a number of ms from 0 to 1e6, got {self.dispatch_ms!r}")
-        if isinstance(self.contention, bool) or not (isinstance(self.contention, (int, float))
-                                                     and 0 <= self.contention <= 100):
-            raise ConfigError(f"contention: expected a number from 0 to 100, got {self.contention!r}")
-
-    @property
-    def disaggregated(self) -> bool:
-        return any(r.role != "both" for r in self.replicas)
-
-    @classmethod
-    def uniform(cls, n: int, config: SchedulerConfig, step_model: StepModel | None = None, **kw) -> FleetSpec:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"replicas: expected an integer >= 1, got {n!r}")
-        return cls([ReplicaSpec(config, step_model) for _ in range(n)], **kw)
-
-    @classmethod
-    def disagg(cls, p: int, d: int, config: SchedulerConfig, step_model: StepModel | None = None, **kw) -> FleetSpec:
-        for name, v in (("prefill replicas", p), ("decode replicas", d)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"{name}: expected an integer >= 1, got {v!r}")
-        return cls([ReplicaSpec(config, step_model, "prefill") for _ in range(p)]
-                   + [ReplicaSpec(config, step_model, "decode") for _ in range(d)], **kw)
-
-
-def sized(fleet: FleetSpec, w: Workload) -> FleetSpec:
-    """Replicas whose KV pool is unset get what one engine would for the whole workload
-    (enough for every request at once), as core.engine.admission.pool_blocks gives it."""
-    if all(r.config.kv_blocks is not None for r in fleet.replicas):
-        return fleet
-    out = []
-    for r in fleet.replicas:
-        if r.config.kv_blocks is None:
-            need = blocks_needed(w.prompt_tokens, w.max_output_tokens, r.config.block_size)
-            r = dataclasses.replace(r, config=dataclasses.replace(r.config, kv_blocks=max(1, int(need.sum()))))
-        out.append(r)
-    return dataclasses.replace(fleet, replicas=out)
 
 
 class _Replica:
@@ -164,7 +82,7 @@ class _Replica:
         self.cached: set = set()             # precise prefix knowledge: block hashes it has published
         self.kv_news: list = []              # hash events of the step under way
         self.routed = 0
-        self.reported: _Reported | None = None   # a run made apart (FleetSim.apart): what it told, read back
+        self.reported: Reported | None = None   # a run made apart (FleetSim.apart): what it told, read back
         if listen and self.sched.kv.prefix is not None:
             kv = self.sched.kv   # (each event with when it happened: a run of steps tells each at its step's end)
             self.sched.kv.prefix.listener = lambda sign, h: self.kv_news.append((sign, h, kv.now_ms))
@@ -207,78 +125,6 @@ class _Replica:
                         self.cached.discard(h)
             if t > self.seen_t:   # (the latest news heard: a run's last due step may be later than what follows it)
                 self.seen_t = t
-
-
-class _Reported:
-    """What a replica run apart (FleetSim.apart) told the router, kept as it ran and read back at
-    each routing as the router would have heard it by then: when each routed request reached it
-    (in routing order), when requests finished, and its gauges (running, waiting, KV used) at each
-    step's end (a run of steps: each step's, as `_outputs` tells them)."""
-
-    def __init__(self):
-        self.adds: list[float] = []
-        self.fins: list[float] = []
-        self.own: list[float] = []   # finishes stamped at the time of the step call that told them
-        self.times: list[float] = []
-        self.running: list[int] = []
-        self.waiting: list[int] = []
-        self.used: list[int] = []
-
-    def observe(self, out) -> None:
-        if out.finished:
-            self.fins += [f.t_ms for f in out.finished]
-            called = out.t_ms if out.step is None else out.step.t_ms
-            self.own += [f.t_ms for f in out.finished if f.t_ms == called]
-        if out.step is not None:
-            rec = out.record
-            if type(rec.step) is range and len(rec.step) > 1:
-                self.times += rec.t_ms[1:]   # (each step's end but the last's, and what it left behind)
-                a = out.after
-                self.running += a[0]
-                self.waiting += a[1]
-                self.used += a[2]
-            g = out.gauges
-            self.times.append(out.t_ms)
-            self.running.append(g[0])
-            self.waiting.append(g[1])
-            self.used.append(g[2])
-
-    def as_of(self, asked: list[int], routed: list[int], arrivals: np.ndarray, staleness_ms: float) -> tuple:
-        """What the router had heard of this replica when requests `asked` (rows, in order)
-        arrived (`routed`: the rows routed here, in order), as of their arrival less the staleness,
-        as five lists (requests, running, waiting, KV used blocks, as_of_ms): the requests routed
-        here before it that had reached it minus those finished; the gauges of the last step ended;
-        the time of the latest of these. Without staleness, a step starting at an arrival runs
-        after it is routed: what it tells at its own start is not heard yet."""
-        if not asked:
-            return [], [], [], [], []
-        rows = np.asarray(asked, dtype=np.int64)
-        now = arrivals[rows]
-        when = now - staleness_ms
-        adds = np.asarray(self.adds, dtype=np.float64)
-        fins = np.sort(np.asarray(self.fins, dtype=np.float64))
-        times = np.asarray(self.times, dtype=np.float64)
-        order = np.argsort(times, kind="stable")   # (ties: as told)
-        times = times[order]
-        before = np.searchsorted(np.asarray(routed, dtype=np.int64), rows)   # routed here before it
-        a = np.minimum(np.searchsorted(adds, when, side="right"), before)
-        f = np.searchsorted(fins, when, side="right")
-        if staleness_ms == 0 and self.own:
-            own = np.sort(np.asarray(self.own, dtype=np.float64))
-            f -= np.searchsorted(own, now, side="right") - np.searchsorted(own, now, side="left")
-        g = np.searchsorted(times, when, side="right")
-        last = np.zeros(len(when))
-        for at, k in ((adds, a), (fins, f), (times, g)):
-            if len(at):
-                last = np.maximum(last, np.where(k > 0, at[np.maximum(k - 1, 0)], 0.0))
-        gauges = []
-        for col in (self.running, self.waiting, self.used):   # (of the step ended last by then; none: zeros)
-            v = np.zeros(len(g), np.int64)
-            if len(order):
-                v = np.asarray(col, dtype=np.int64)[order[np.maximum(g - 1, 0)]]
-                v[g == 0] = 0
-            gauges.append(v.tolist())
-        return (a - f).tolist(), gauges[0], gauges[1], gauges[2], last.tolist()
 
 
 class _Seen(list):
@@ -459,7 +305,7 @@ class FleetSim:
     def _add(self, rep: _Replica, row: int, r: Request, now: float, is_copy: bool = False, preloaded: int = 0,
              at: float | None = None):
         """`at`: when the request reaches the replica's engine (default now; a dispatch hop later)."""
-        r, now = _reaching(r, now, at)
+        r, now = reaching(r, now, at)
         rep.core.add_request(r, preloaded=preloaded, client_abort=True)
         rep.rows.append(row)
         rep.is_copy.append(is_copy)
@@ -470,85 +316,7 @@ class FleetSim:
             rep.ready = min(rep.ready, now)
 
     # ---- the loop ------------------------------------------------------------------------------
-    def _run_apart(self):
-        """Each replica one engine over the requests routed to it, all added ahead, stepped to its
-        end on its own clock (core.engine.loop.run, as one engine's simulation), what it tells kept
-        (_Reported); then every routing in arrival order, with what the router heard of each
-        replica by then read back. The same trace as the loop below (tests/test_fleet_apart.py):
-        nothing a replica does depends on another's, nor on the router, whose decisions were
-        made ahead."""
-        hop = self.fleet.dispatch_ms
-        for rep in self.replicas:
-            rep.reported = _Reported()
-        for row, now in enumerate(self.w.arrival_ms.tolist()):
-            d = self.planned["decisions"].get((row, "whole"))
-            if d is None:
-                continue
-            rep = self.replicas[d.replica]
-            r, at = _reaching(self.requests[row], now, now + hop)
-            rep.core.add_request(r, client_abort=True)
-            rep.rows.append(row)
-            rep.is_copy.append(False)
-            rep.reported.adds.append(at)
-            rep.routed += 1
-        for rep in self.replicas:
-            if rep.rows:
-                rep.core.observe(rep.reported.observe)
-                loop.run(rep.core, loop.VirtualClock(rep.reported.adds[0]))
-                rep.core.observers.pop()
-        self._routes_apart()
 
-    def _routes_apart(self):
-        """The route events of a run made apart, as `_route` records them: what the router had
-        heard of each recorded candidate by each arrival (staleness before it), read back per
-        replica at once from what the replica told as it ran (_Reported)."""
-        arr = self.w.arrival_ms.tolist()
-        decisions, policy = self.planned["decisions"], self.router_cfg.policy
-        reps = self.replicas
-        block = [rep.spec.config.block_size for rep in reps]
-        drains = [(rep.index, rep.drain_ms) for rep in reps]
-        never = all(dr == math.inf for _, dr in drains)
-        plan: list = [None] * len(arr)   # (decision, recorded candidates, how many left out)
-        asked: list[list[int]] = [[] for _ in reps]   # per replica: the rows it is recorded in
-        kept: dict = {}
-        for row, now in enumerate(arr):
-            d = decisions.get((row, "whole"))
-            if d is not None:
-                alive = None if never else tuple(k for k, dr in drains if dr > now)
-                rec = kept.get((alive, d.replica))
-                if rec is None:   # (the same candidates and choice: the same record)
-                    rec = kept[alive, d.replica] = recorded([k for k, _ in drains] if never else list(alive),
-                                                            (d.replica,), None)
-                plan[row] = (d, rec[0], rec[2])
-                for k in rec[0]:
-                    asked[k].append(row)
-        stale = self.router_cfg.staleness_ms
-        told = []
-        for rep in reps:   # per replica: an iterator of its signals dicts, in routing order
-            q, run, wait, used, last = rep.reported.as_of(asked[rep.index], rep.rows, self.w.arrival_ms, stale)
-            kb = rep.kv_blocks
-            told.append(iter([signals_dict(a, r, w, u, kb, 0, 0, t)
-                              for a, r, w, u, t in zip(q, run, wait, used, last)]))
-        ids, prompts = self.w.ids, self.w.prompt_tokens.tolist()
-        routes = self.routes
-        for row, now in enumerate(arr):
-            planned = plan[row]
-            if planned is None:
-                why = "no replica in rotation (every one drained)"
-                routes[row] = {"type": "route", "t_ms": now, "req": ids[row], "policy": policy, "replica": -1,
-                               "stage": "rejected", "reason": why}
-                self.router_finishes.append((row, now, "rejected", why))
-                continue
-            d, keep, more = planned
-            ev = {"type": "route", "t_ms": now, "req": ids[row], "policy": policy, "replica": d.replica,
-                  "stage": "whole", "reason": d.reason}
-            if d.scores:
-                ev["scores"] = {str(k): v for k, v in d.scores.items()}
-            ev["signals"] = {str(k): next(told[k]) for k in keep}
-            if more:
-                ev["signals_left_out"] = more
-            ev["prompt_blocks"] = prompts[row] // block[d.replica]
-            routes[row] = ev
 
     def _horizon(self, rep: _Replica, next_arrival: float) -> float | None:
         h = next_arrival
@@ -658,7 +426,7 @@ class FleetSim:
 
     def run(self):
         if self.apart:
-            return self._run_apart()
+            return run_apart(self)
         clients = self.clients
         arrivals = clients.at if clients is not None else self.w.arrival_ms.tolist()
         n = len(arrivals)
@@ -815,22 +583,6 @@ class _Clients:
             self.at[self.next] = max(t + d, self.at[self.next - 1] if self.next else 0.0)
             self.next += 1
             self.replaced += 1
-
-
-def _reaching(r: Request, now: float, at: float | None) -> tuple[Request, float]:
-    """Request r, routed at `now`, as it reaches its replica's engine at `at` (None: now): its
-    arrival then, its deadline still counted from the client's arrival."""
-    if at is not None and at != now:
-        r = Request(r.id, at, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
-                    abort_at_ms=r.abort_at_ms,
-                    deadline_ms=None if r.deadline_ms is None else max(1e-6, r.arrival_ms + r.deadline_ms - at),
-                    priority=r.priority)
-        now = at
-    if r.arrival_ms != now:   # (a decode replica's copy: the client's deadline still counts from its arrival)
-        left = None if r.deadline_ms is None else max(1e-6, r.arrival_ms + r.deadline_ms - now)
-        r = Request(r.id, now, r.prompt_tokens, r.max_output_tokens, r.prompt_ids, r.tenant,
-                    abort_at_ms=r.abort_at_ms, deadline_ms=left, priority=r.priority)
-    return r, now
 
 
 def simulate_fleet(workload: Workload, fleet: FleetSpec, label: str | None = None, created: str | None = None,
