@@ -247,7 +247,7 @@ def cmd_fleet(a) -> int:
     import dataclasses
     import os
 
-    from gpu_runner.fleet import main_fleet, roles_of
+    from gpu_runner.fleet_serve import main_fleet, roles_of
     options = serve_options(a)
     if options.model.threads is None:     # replicas share the cores: torch would give each all of them
         n = len(roles_of(a))

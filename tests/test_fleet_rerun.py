@@ -65,7 +65,7 @@ def test_a_second_run_with_the_same_trace_out_writes_its_own_trace(tmp_path):
 
 
 def test_the_replicas_trace_directory_is_cleared_of_earlier_runs_only(tmp_path):
-    from gpu_runner.fleet import replica_trace_dir
+    from gpu_runner.fleet_serve import replica_trace_dir
     out = tmp_path / "t.json.gz"
     d = replica_trace_dir(out)
     assert d == tmp_path / "t.json.gz.replicas" and d.is_dir()
