@@ -4,7 +4,6 @@ command's options and its main."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 from core.errors import ConfigError
@@ -104,27 +103,9 @@ def serve_fleet(fc: FleetClient, app, host: str, port: int, drain_timeout_s: flo
     config = uvicorn.Config(app.app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, lifespan="off")
     server = _Server(config)
-    died: list[str] = []
-
-    def watch():
-        while not server.should_exit:
-            time.sleep(0.2)
-            fc.check_stalls()       # (logged there; its requests answered 503)
-            why = fc.failure()
-            if why:
-                log.error("%s; the fleet exits (status 1)", why)
-                died.append(why)
-                server.should_exit = True
-                return
-    fc.start()
-    threading.Thread(target=watch, name="fleet-watch", daemon=True).start()
-    try:
-        if ready is not None:
-            ready(server)
-        server.run()
-    finally:
-        fc.stop()
-    return died[0] if died else None
+    # (a stall is logged by check_stalls, its requests answered 503)
+    from gpu_runner.server import run_watched
+    return run_watched(server, fc, "fleet-watch", "%s; the fleet exits (status 1)", tick=fc.check_stalls, ready=ready)
 
 
 def _check_port(host: str, port: int):

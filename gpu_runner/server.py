@@ -364,7 +364,6 @@ def serve(se: EngineClient, app: App, host: str, port: int, ready=None) -> str |
     requests end with finish_reason "abort", the trace is written), then the HTTP server.
     An engine that stops by itself (a crash, a killed engine process) is logged and stops the
     server too, so that a supervisor restarts it: returns why (None after a signal)."""
-    import threading
 
     import uvicorn
 
@@ -375,24 +374,36 @@ def serve(se: EngineClient, app: App, host: str, port: int, ready=None) -> str |
 
     config = uvicorn.Config(app.app, host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5, lifespan="off")
-    server = _Server(config)
+    # /health says 503 as soon as the engine is gone; the server then exits
+    return run_watched(_Server(config), se, "engine-watch", "the engine stopped: %s; the server exits (status 1)",
+                       ready=ready)
+
+
+def run_watched(server, client: EngineClient, name: str, said: str, tick=None, ready=None) -> str | None:
+    """Run uvicorn's `server` with `client` started beside it and watched every 0.2 s by a thread
+    `name`: `tick()` first (a fleet's stall check), then client.failure(): a failure is logged
+    (`said` % why) and ends the server, and is returned (None when the server ended otherwise: a
+    signal). The client is stopped when the server has ended. `ready(server)`: called before it runs."""
+    import threading
     died: list[str] = []
 
-    def watch():      # /health says 503 as soon as the engine is gone; the server then exits
+    def watch():
         while not server.should_exit:
             time.sleep(0.2)
-            why = se.failure()
+            if tick is not None:
+                tick()
+            why = client.failure()
             if why:
-                log.error("the engine stopped: %s; the server exits (status 1)", why)
+                log.error(said, why)
                 died.append(why)
                 server.should_exit = True
                 return
-    se.start()
-    threading.Thread(target=watch, name="engine-watch", daemon=True).start()
+    client.start()
+    threading.Thread(target=watch, name=name, daemon=True).start()
     try:
         if ready is not None:
             ready(server)
         server.run()
     finally:
-        se.stop()
+        client.stop()
     return died[0] if died else None
