@@ -282,30 +282,17 @@ def repeats_beside(path) -> list:
     return got if len(got) >= 2 else []
 
 
-def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[float, float] | None = None,
-                  held_out: set | None = None, fits: dict | None = None, clients: int | None = None):
-    """(simulated trace, report, per-request table) for a measured fleet trace. `link`: (latency
-    ms, GB/s) of a disaggregated fleet's KV link (default: fitted on the trace's own transfers);
-    `held_out`: only these requests' transfers are scored (the others fitted the link); `fits`:
-    role -> (step model, report) fitted elsewhere (fit_fleet on another run: a held-out
-    prediction), default fitted on this trace (in sample). `clients`: the run was sent by a closed
-    loop of that many clients (a fleet trace does not record its client; default: the trace's
-    meta.load, else its send times): it is predicted as that loop, the first sends as measured and
-    each later one a simulated finish plus that replacement's measured round trip
-    (core.fit.predict.round_trips_ms) — replaying a closed loop's send times would hand a
-    simulation slower than the run more requests than the loop keeps in flight."""
-    import pandas as pd
-
-    from core.analysis.metrics import request_metrics
+def measured_spec(trace, fits: dict, link: tuple[float, float] | None = None):
+    """(the FleetSpec a measured fleet trace ran as, with each role's fitted step model; the link used):
+    its replicas' roles and engine options, its router, the fits' dispatch hop and contention, and
+    (disaggregated) the KV link (`link`, or fitted on its own transfers) and bytes per token."""
     from core.config import SchedulerConfig, from_dict
     from core.fleet.router import RouterConfig
-    from core.fleet.sim import FleetSpec, ReplicaSpec, simulate_fleet
+    from core.fleet.sim import FleetSpec, ReplicaSpec
     roles = roles_of(trace)
     names = {f.name for f in dataclasses.fields(SchedulerConfig)}
     eng = {k: v for k, v in (trace.meta.get("engine") or {}).items() if k in names}
     cfg = from_dict(SchedulerConfig, eng, "meta.engine", strict=False)
-    if fits is None:
-        fits = fit_fleet(trace, model, gap)
     missing = [r for r in dict.fromkeys(roles) if r not in fits]
     if missing:
         raise ConfigError(f"fleet prediction: no step model for the {', '.join(missing)} role(s) of this fleet "
@@ -314,40 +301,73 @@ def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[
     router = RouterConfig(rc.get("policy", "round-robin"), rc.get("staleness_ms", 0.0), rc.get("seed", 0),
                           rc.get("prefix"), rc.get("queue_limit"), rc.get("params") or {})
     kw = {}
-    measured_xfers = [e for e in trace.events_of("transfer") if e.get("dur_ms") is not None]
-    if "prefill" in roles:
-        if link is None:
-            link = link_fit(measured_xfers)
-        per_token = {e["bytes"] // e["tokens"] for e in measured_xfers if e.get("tokens")}
-        m = trace.meta.get("model") or {}
+    if "prefill" not in roles:
+        link = None
+    else:
+        measured = [e for e in trace.events_of("transfer") if e.get("dur_ms") is not None]
+        link = link if link is not None else link_fit(measured)
+        per_token = {e["bytes"] // e["tokens"] for e in measured if e.get("tokens")}
         kw = dict(link_latency_ms=link[0], link_gbps=link[1],
-                  kv_bytes_per_token=per_token.pop() if len(per_token) == 1 else None, model=m.get("name"),
+                  kv_bytes_per_token=per_token.pop() if len(per_token) == 1 else None,
+                  model=(trace.meta.get("model") or {}).get("name"),
                   pd_min_prompt=(trace.meta.get("fleet") or {}).get("pd_min_prompt", 0))
     hop = next((f[1].get("dispatch_ms") for f in fits.values() if f[1].get("dispatch_ms") is not None), None)
     shared = max((f[1].get("contention") or 0.0 for f in fits.values()), default=0.0)
     spec = FleetSpec([ReplicaSpec(cfg, fits[r][0], r) for r in roles], router=router, dispatch_ms=hop or 0.0,
                      contention=shared if len(roles) > 1 else 0.0, **kw)
+    return spec, link
+
+
+def closed_loop_of(trace, mm, clients: int | None) -> dict:
+    """simulate_fleet's closed-loop arguments for a measured run sent by `clients` clients (default:
+    the trace's meta.load): the first sends as measured, each later one a simulated finish plus that
+    replacement's measured round trip (core.fit.predict.round_trips_ms); {} for an open loop."""
+    from core.fit.predict import round_trips_ms
     from core.fit.stepinfer import closed_loop_clients
     clients = clients or closed_loop_clients(trace)
-    mm = request_metrics(trace)
-    closed = {}
-    if clients:
-        from core.fit.predict import round_trips_ms
-        ok = np.isfinite(np.asarray(mm["e2e_ms"], dtype=float))
-        trips = round_trips_ms(np.asarray(mm["arrival_ms"], dtype=float)[ok],
-                               np.asarray(mm["e2e_ms"], dtype=float)[ok], clients)
-        closed = {"concurrency": clients, "delay_ms": trips if len(trips) else 0.0}
-    sim = simulate_fleet(trace.workload(), spec, **closed)
+    if not clients:
+        return {}
+    ok = np.isfinite(np.asarray(mm["e2e_ms"], dtype=float))
+    trips = round_trips_ms(np.asarray(mm["arrival_ms"], dtype=float)[ok], np.asarray(mm["e2e_ms"], dtype=float)[ok],
+                           clients)
+    return {"concurrency": clients, "delay_ms": trips if len(trips) else 0.0}
+
+
+def request_table(trace, sim, mm):
+    """Per measured request: its replica and TTFT / E2E, measured and simulated."""
+    import pandas as pd
+
+    from core.analysis.metrics import request_metrics
     meas_r, sim_r = serving_replicas(trace), serving_replicas(sim)
     sm = request_metrics(sim)
     at = {rid: i for i, rid in enumerate(sm["id"])}
     idx = np.array([at[r] for r in mm["id"]], dtype=np.int64)
-    table = pd.DataFrame({"id": list(mm["id"]), "replica": [meas_r.get(r) for r in mm["id"]],
-                          "replica_sim": [sim_r.get(r) for r in mm["id"]],
-                          "ttft_ms": np.asarray(mm["ttft_ms"], dtype=float),
-                          "ttft_ms_sim": np.asarray(sm["ttft_ms"], dtype=float)[idx],
-                          "e2e_ms": np.asarray(mm["e2e_ms"], dtype=float),
-                          "e2e_ms_sim": np.asarray(sm["e2e_ms"], dtype=float)[idx]})
+    return pd.DataFrame({"id": list(mm["id"]), "replica": [meas_r.get(r) for r in mm["id"]],
+                         "replica_sim": [sim_r.get(r) for r in mm["id"]],
+                         "ttft_ms": np.asarray(mm["ttft_ms"], dtype=float),
+                         "ttft_ms_sim": np.asarray(sm["ttft_ms"], dtype=float)[idx],
+                         "e2e_ms": np.asarray(mm["e2e_ms"], dtype=float),
+                         "e2e_ms_sim": np.asarray(sm["e2e_ms"], dtype=float)[idx]})
+
+
+def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[float, float] | None = None,
+                  held_out: set | None = None, fits: dict | None = None, clients: int | None = None):
+    """(simulated trace, report, per-request table) for a measured fleet trace. `link`: (latency
+    ms, GB/s) of a disaggregated fleet's KV link (default: fitted on the trace's own transfers);
+    `held_out`: only these requests' transfers are scored (the others fitted the link); `fits`:
+    role -> (step model, report) fitted elsewhere (fit_fleet on another run: a held-out
+    prediction), default fitted on this trace (in sample). `clients`: the run was sent by a closed
+    loop of that many clients (a fleet trace does not record its client; default: the trace's
+    meta.load, else its send times): it is predicted as that loop (closed_loop_of) — replaying a
+    closed loop's send times would hand a simulation slower than the run more requests than the
+    loop keeps in flight."""
+    from core.analysis.metrics import request_metrics
+    from core.fleet.sim import simulate_fleet
+    fits = fits if fits is not None else fit_fleet(trace, model, gap)
+    spec, link = measured_spec(trace, fits, link)
+    mm = request_metrics(trace)
+    sim = simulate_fleet(trace.workload(), spec, **closed_loop_of(trace, mm, clients))
+    table = request_table(trace, sim, mm)
     # the router agreed when it chose the same replicas: whole (or prefill) and decode
     pairs = {e["req"]: (e["replica"], e.get("decode", -1)) for e in sim.events_of("route")}
     same = [pairs.get(e["req"]) == (e["replica"], e.get("decode", -1)) for e in trace.events_of("route")]
@@ -356,12 +376,12 @@ def predict_fleet(trace, model: str = "features", gap: bool = True, link: tuple[
               "e2e": errors(table["e2e_ms_sim"], table["e2e_ms"]),
               "step_models": {r: f[0].describe() + (DECODE_PREFILL_NOTE if r == "decode" else "")
                               for r, f in fits.items()},
-              "gap_ms": {r: f[1].get("gap_ms") for r, f in fits.items()}, "dispatch_ms": hop,
-              "contention": spec.contention, "router": router.to_dict(),
+              "gap_ms": {r: f[1].get("gap_ms") for r, f in fits.items()}, "dispatch_ms": spec.dispatch_ms or None,
+              "contention": spec.contention, "router": spec.router.to_dict(),
               "load": sim.meta.get("load") or {"kind": "open", "sends": "as measured"}}
-    if "prefill" in roles:
+    if link is not None:
         pt = {e["req"]: e["dur_ms"] for e in sim.events_of("transfer")}
-        mt = {e["req"]: e["dur_ms"] for e in measured_xfers}
+        mt = {e["req"]: e["dur_ms"] for e in trace.events_of("transfer") if e.get("dur_ms") is not None}
         keys = [k for k in mt if k in pt and (held_out is None or k in held_out)]
         report["transfer"] = errors([pt[k] for k in keys], [mt[k] for k in keys])
         report["link"] = {"latency_ms": link[0], "gbps": link[1]}
