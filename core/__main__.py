@@ -24,7 +24,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from core.cli import fail
     from core.cli import run as run_cli
+    from core.errors import ConfigError
+    from core.fleet.router import load_policies, router_modules
+    try:
+        load_policies(router_modules(sys.argv[1:] if argv is None else argv))
+    except ConfigError as e:
+        return fail(str(e))
     return run_cli(build_parser(), {"simulate": run.cmd_simulate, "metrics": report.cmd_metrics, "sweep": run.cmd_sweep,
                                     "search": run.cmd_search, "compare": report.cmd_compare,
                                     "overview": report.cmd_overview, "fit": measured.cmd_fit,

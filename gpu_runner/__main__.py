@@ -75,8 +75,9 @@ def build_parser():
                     "KV arrives from a prefill replica)")
     fl.add_argument("--pd-min-prompt", type=_nonneg_int_flag, default=0, metavar="T",
                     help="disaggregated: shorter prompts run whole on a decode replica (default 0: every prompt)")
-    from core.fleet.router import POLICIES
+    from core.fleet.router import POLICIES, ROUTER_MODULE_HELP
     fl.add_argument("--router", choices=POLICIES, default="round-robin", help="routing policy (default round-robin)")
+    fl.add_argument("--router-module", action="append", metavar="MODULE", help=ROUTER_MODULE_HELP)
     fl.add_argument("--router-staleness-ms", type=float, default=0.0,
                     help="the router reads the replicas' signals as of this many ms ago (default 0: as pushed)")
     fl.add_argument("--router-seed", type=int, default=0, help="seed of random and power-of-two (default 0)")
@@ -267,7 +268,13 @@ def cmd_loadgen(a) -> int:
 
 
 def main(argv=None) -> int:
-    from core.cli import run
+    from core.cli import fail, run
+    from core.errors import ConfigError
+    from core.fleet.router import load_policies, router_modules
+    try:
+        load_policies(router_modules(sys.argv[1:] if argv is None else argv))
+    except ConfigError as e:
+        return fail(str(e))
     return run(build_parser(), {"capture": cmd_capture, "generate": cmd_generate, "export-hf": cmd_export_hf,
                                 "serve": cmd_serve, "loadgen": cmd_loadgen, "observe": cmd_observe,
                                 "fleet": cmd_fleet}, argv)

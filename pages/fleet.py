@@ -83,7 +83,7 @@ with st.sidebar:
     else:
         n = st.slider("Replicas", 1, MAX_REPLICAS, 4, **bound("fl_n"))
         n_p = n_d = 0
-    policy = st.selectbox("Router policy", POLICIES, index=POLICIES.index("prefix-aware"), **bound("fl_pol"),
+    policy = st.selectbox("Router policy", list(POLICIES), index=POLICIES.index("prefix-aware"), **bound("fl_pol"),
                           help="\n\n".join(f"**{p}** {w}" for p, w in POLICY_WORDS.items()))
     load_check = True
     if policy == "prefix-aware":
@@ -228,8 +228,8 @@ def staleness_experiment():
                 "Load-based policies then send bursts to a replica that already got them; round-robin never looks.")
     c1, _ = st.columns(2)
     upto = c1.select_slider("Staleness grid up to (ms)", [s for s in STALENESS_MS if s > 0], 200, **bound("fl_s_max"))
-    pols = st.pills("Policies", POLICIES, selection_mode="multi", default=list(STALENESS_POLICIES),   # (full width)
-                    **bound("fl_s_pol"))
+    pols = st.pills("Policies", list(POLICIES), selection_mode="multi", default=list(STALENESS_POLICIES),
+                    **bound("fl_s_pol"))   # (full width)
     grid = tuple(s for s in STALENESS_MS if s <= upto)
     if not pols:
         st.info("Pick at least one policy.")

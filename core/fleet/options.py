@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from core.config import SchedulerConfig, from_dict
 from core.errors import ConfigError
-from core.fleet.router import POLICIES, PREFIX_POLICIES, ROLES, RouterConfig, parse_params
+from core.fleet.router import POLICIES, PREFIX_POLICIES, ROLES, ROUTER_MODULE_HELP, RouterConfig, parse_params
 
 if TYPE_CHECKING:
     from core.fleet.sim import FleetSpec, ReplicaSpec
@@ -101,6 +101,7 @@ def add_fleet_flags(p: argparse.ArgumentParser, seed: bool = True):
     # (defaults None: a flag that does not apply to the fleet given is refused, not silently ignored;
     # the defaults stated in the help are applied in fleet_from_args)
     g.add_argument("--router", choices=POLICIES, help="routing policy (default round-robin)")
+    g.add_argument("--router-module", action="append", metavar="MODULE", help=ROUTER_MODULE_HELP)
     g.add_argument("--router-staleness-ms", type=_nonneg,
                    help="the router sees each replica's state as of this long ago (default 0)")
     g.add_argument("--router-prefix", choices=("precise", "approximate"),
@@ -165,7 +166,8 @@ def router_from_args(a) -> RouterConfig:
 
 # flags that mean something only for a fleet, and those only for disaggregated serving
 FLEET_ONLY = {"router": "--router", "router_staleness_ms": "--router-staleness-ms", "router_prefix": "--router-prefix",
-              "router_param": "--router-param", "router_queue_limit": "--router-queue-limit", "drain": "--drain"}
+              "router_param": "--router-param", "router_queue_limit": "--router-queue-limit", "drain": "--drain",
+              "router_module": "--router-module"}
 PD_ONLY = {"kv_link_gbps": "--kv-link-gbps", "kv_link_latency_ms": "--kv-link-latency-ms",
            "pd_min_prompt": "--pd-min-prompt"}
 

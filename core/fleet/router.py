@@ -48,12 +48,115 @@ from __future__ import annotations
 import math
 import random as _random
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from core.errors import ConfigError
 
+PREFIX_MODES = ("precise", "approximate")
 ROLES = ("both", "prefill", "decode")   # a replica's role: whole requests, or one side of disaggregated serving
-POLICIES = ("round-robin", "random", "least-requests", "least-kv", "power-of-two", "prefix-aware", "weighted")
+
+
+class Policy:
+    """One routing policy, registered by name (`register`): `choose(router, cands, prompt_blocks)`
+    picks a candidate from what the router knows of each (Signals) and may use the router's
+    memory (its seeded generator, its round-robin counters, `router.best`). Declared with it: its
+    words for the page (`words`), its parameters and their defaults (`params`), the prefix
+    knowledge it uses by default (`prefix`: precise, approximate, or None: it does not look at
+    prefixes), and whether it decides without any signal (`signal_free`: a fleet then plans every
+    route ahead). Adding a policy is one subclass: the simulator, `gpu_runner fleet`, the command
+    lines' --router and the Fleet page all read the registry."""
+    name = ""
+    words = ""
+    params: dict = {}
+    prefix: str | None = None
+    signal_free = False
+
+    @staticmethod
+    def choose(router, cands: list, prompt_blocks: int):
+        raise NotImplementedError
+
+
+REGISTRY: dict[str, type[Policy]] = {}
+
+
+def register(cls: type[Policy]) -> type[Policy]:
+    """Register a Policy subclass under its name (a class decorator)."""
+    if not cls.name or not cls.words:
+        raise ConfigError(f"router policy {cls.__name__}: a name and words are needed")
+    if cls.prefix not in (None, *PREFIX_MODES):
+        raise ConfigError(f"router policy {cls.name}: prefix knowledge must be precise, approximate or None")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+ROUTER_MODULE_HELP = ("import MODULE before anything else: a module that registers routing policies "
+                      "(core.fleet.router.register); they are then --router choices")
+
+
+def load_policies(modules) -> list[str]:
+    """Import modules that hold routing policies (a command line's --router-module): each registers
+    its Policy classes as it is imported (`register`), or lists them in ROUTER_POLICIES (registered
+    here); returns the names added. ConfigError naming a module that cannot be imported."""
+    import importlib
+    before = set(REGISTRY)
+    for m in modules or ():
+        try:
+            mod = importlib.import_module(m)
+        except Exception as e:   # (its own error, in one line)
+            raise ConfigError(f"--router-module {m}: cannot import it ({type(e).__name__}: {e})") from None
+        for cls in getattr(mod, "ROUTER_POLICIES", ()):
+            register(cls)
+    return [n for n in REGISTRY if n not in before]
+
+
+def router_modules(argv) -> list[str]:
+    """The --router-module values of a command line (read before its parser checks --router)."""
+    out, args = [], list(argv or ())
+    for k, x in enumerate(args):
+        if x == "--router-module" and k + 1 < len(args):
+            out.append(args[k + 1])
+        elif x.startswith("--router-module="):
+            out.append(x.split("=", 1)[1])
+    return out
+
+
+class _LiveNames(Sequence):
+    """A read-only view of the registry's names that is never stale (a policy registered later is in it)."""
+
+    def __init__(self, read):
+        self._read = read
+
+    def __getitem__(self, k):
+        return self._read()[k]
+
+    def __len__(self):
+        return len(self._read())
+
+    def __repr__(self):
+        return repr(self._read())
+
+
+class _LiveMap(Mapping):
+    """A read-only view of what the registered policies declare, never stale."""
+
+    def __init__(self, read):
+        self._read = read
+
+    def __getitem__(self, k):
+        return self._read()[k]
+
+    def __iter__(self):
+        return iter(self._read())
+
+    def __len__(self):
+        return len(self._read())
+
+    def __repr__(self):
+        return repr(self._read())
+
+
+POLICIES = _LiveNames(lambda: tuple(REGISTRY))                       # their names, in registration order
 RECORDED_SIGNALS = 16   # a route event records what the router saw of at most this many replicas
 
 
@@ -99,23 +202,7 @@ def check_roles(roles: list[str], where: str = "roles") -> None:
 
 
 # In a student's words (the Fleet page's glossary and its policy help): what each policy does
-POLICY_WORDS = {
-    "round-robin": "takes turns: request 0 to replica 0, request 1 to replica 1, ... and around again. It never "
-                   "looks at the replicas, so it cannot be misled by old news, nor avoid a busy replica.",
-    "random": "picks a replica at random for each request: even on average, uneven in any short stretch.",
-    "least-requests": "sends each request to the replica holding the fewest requests (running, waiting, or just "
-                      "sent there).",
-    "least-kv": "sends each request to the replica with the most free KV-cache memory (ties: fewest requests).",
-    "power-of-two": "draws two replicas at random and sends the request to the less busy of the two: nearly as "
-                    "good as asking every replica, at the price of asking two.",
-    "prefix-aware": "sends a request to the replica that already has the longest start of its prompt in its "
-                    "prefix cache (that part need not be computed again), unless that replica is much busier than "
-                    "the least busy one (its load check); with no useful cache anywhere, it spreads the load. After "
-                    "sglang-router's cache_aware.",
-    "weighted": "scores every replica on three things, the share of the prompt it has cached (weight 2), how few "
-                "requests it holds (1) and how much KV memory it has free (1), and takes the highest total. After "
-                "llm-d's scorers.",
-}
+POLICY_WORDS = _LiveMap(lambda: {n: c.words for n, c in REGISTRY.items()})
 GLOSSARY = {
     "replica": "one copy of the model on its own GPU(s), with its own scheduler, batch and KV cache.",
     "router": "the front door of a fleet: every request arrives there first and the router chooses the replica "
@@ -129,14 +216,12 @@ GLOSSARY = {
     "drain": "taking a replica out of the router's rotation: it gets no new requests but finishes the ones it "
              "holds, so it can stop without cutting anyone off.",
 }
-PREFIX_POLICIES = ("prefix-aware", "weighted")
-PREFIX_MODES = ("precise", "approximate")
-DEFAULT_PREFIX_MODE = {"prefix-aware": "approximate", "weighted": "precise"}
+PREFIX_POLICIES = _LiveNames(lambda: tuple(n for n, c in REGISTRY.items() if c.prefix))   # those that look at prefixes
+DEFAULT_PREFIX_MODE = _LiveMap(lambda: {n: c.prefix for n, c in REGISTRY.items() if c.prefix})
 # sglang-router's cache_aware defaults (its Rust router's --cache-threshold, --balance-abs-threshold,
 # --balance-rel-threshold) and llm-d's default scorer weights.
 NO_LOAD_CHECK = 1e9     # prefix-aware's balance_abs that switches its load check off
-DEFAULT_PARAMS = {"prefix-aware": {"cache_threshold": 0.3, "balance_abs": 4.0, "balance_rel": 1.5},
-                  "weighted": {"prefix": 2.0, "queue": 1.0, "kv": 1.0}}
+DEFAULT_PARAMS = _LiveMap(lambda: {n: dict(c.params) for n, c in REGISTRY.items() if c.params})
 
 
 @dataclass(slots=True)
@@ -279,7 +364,7 @@ class Router:
         while len(seen) > self.cap[replica]:
             seen.popitem(last=False)
 
-    def _best(self, cands: list[Signals], key) -> Signals:
+    def best(self, cands: list[Signals], key) -> Signals:
         """The candidate with the smallest `key`; ties: the first at or after the rotating pointer
         (a position among these candidates)."""
         keys = [key(s) for s in cands]
@@ -293,50 +378,105 @@ class Router:
     # -- the choice ------------------------------------------------------------------------------
     def choose(self, cands: list[Signals], prompt_blocks: int) -> Decision:
         """The replica for a request among `cands` (non-empty, in replica order), given what the
-        router knows of each and the request's prompt length in full blocks."""
-        p = self.cfg.policy
+        router knows of each and the request's prompt length in full blocks: the policy's choice
+        (REGISTRY), the only candidate when there is one."""
         group = tuple(c.replica for c in cands)   # one pointer per set of candidates (prefill, decode, ...)
         self.turn = self.turns[group] = self.turns.get(group, -1) + 1
         if len(cands) == 1:
             c = cands[0]
             return Decision(c.replica, "the only replica in rotation", {c.replica: 1.0})
-        if p == "round-robin":    # (a counter per candidate set: prefill and decode choices turn apart)
-            k = self.rr_of.get(group, 0)
-            self.rr_of[group] = k + 1
-            c = cands[k % len(cands)]
-            return Decision(c.replica, f"turn {k} of round-robin over {len(cands)}", {})
-        if p == "random":
-            c = cands[self.rng.randrange(len(cands))]
-            return Decision(c.replica, "drawn at random", {})
-        if p == "least-requests":
-            c = self._best(cands, lambda s: s.requests)
-            return Decision(c.replica, f"fewest requests ({c.requests})", {s.replica: -s.requests for s in cands})
-        if p == "least-kv":
-            c = self._best(cands, lambda s: (s.kv_usage, s.requests))
-            return Decision(c.replica, f"lowest KV use ({c.kv_usage:.1%})",
-                            {s.replica: -round(s.kv_usage, 6) for s in cands})
-        if p == "power-of-two":
-            a, b = self.rng.sample(range(len(cands)), 2)
-            x, y = cands[a], cands[b]
-            c = y if y.requests < x.requests else x
-            return Decision(c.replica, f"fewer requests of two drawn (replicas {x.replica}: {x.requests}, "
-                            f"{y.replica}: {y.requests})", {x.replica: -x.requests, y.replica: -y.requests})
-        if p == "prefix-aware":
-            return self._cache_aware(cands, prompt_blocks)
-        return self._weighted(cands, prompt_blocks)
+        return REGISTRY[self.cfg.policy].choose(self, cands, prompt_blocks)
 
-    def _cache_aware(self, cands: list[Signals], prompt_blocks: int) -> Decision:
-        prm = self.cfg.params
-        least = self._best(cands, lambda s: s.requests)
+
+# ---- the policies -------------------------------------------------------------------------------------
+@register
+class RoundRobin(Policy):
+    name, signal_free = "round-robin", True
+    words = ("takes turns: request 0 to replica 0, request 1 to replica 1, ... and around again. It never looks "
+             "at the replicas, so it cannot be misled by old news, nor avoid a busy replica.")
+
+    @staticmethod
+    def choose(router, cands: list[Signals], prompt_blocks: int) -> Decision:
+        group = tuple(c.replica for c in cands)   # (a counter per candidate set: prefill and decode choices turn apart)
+        k = router.rr_of.get(group, 0)
+        router.rr_of[group] = k + 1
+        c = cands[k % len(cands)]
+        return Decision(c.replica, f"turn {k} of round-robin over {len(cands)}", {})
+
+
+@register
+class Random(Policy):
+    name, signal_free = "random", True
+    words = 'picks a replica at random for each request: even on average, uneven in any short stretch.'
+
+    @staticmethod
+    def choose(router, cands: list[Signals], prompt_blocks: int) -> Decision:
+        c = cands[router.rng.randrange(len(cands))]
+        return Decision(c.replica, "drawn at random", {})
+
+
+@register
+class LeastRequests(Policy):
+    name = "least-requests"
+    words = 'sends each request to the replica holding the fewest requests (running, waiting, or just sent there).'
+
+    @staticmethod
+    def choose(router, cands: list[Signals], prompt_blocks: int) -> Decision:
+        c = router.best(cands, lambda s: s.requests)
+        return Decision(c.replica, f"fewest requests ({c.requests})", {s.replica: -s.requests for s in cands})
+
+
+@register
+class LeastKV(Policy):
+    name = "least-kv"
+    words = 'sends each request to the replica with the most free KV-cache memory (ties: fewest requests).'
+
+    @staticmethod
+    def choose(router, cands: list[Signals], prompt_blocks: int) -> Decision:
+        c = router.best(cands, lambda s: (s.kv_usage, s.requests))
+        return Decision(c.replica, f"lowest KV use ({c.kv_usage:.1%})",
+                        {s.replica: -round(s.kv_usage, 6) for s in cands})
+
+
+@register
+class PowerOfTwo(Policy):
+    name = "power-of-two"
+    words = ("draws two replicas at random and sends the request to the less busy of the two: nearly as good as "
+             "asking every replica, at the price of asking two.")
+
+    @staticmethod
+    def choose(router, cands: list[Signals], prompt_blocks: int) -> Decision:
+        a, b = router.rng.sample(range(len(cands)), 2)
+        x, y = cands[a], cands[b]
+        c = y if y.requests < x.requests else x
+        return Decision(c.replica, f"fewer requests of two drawn (replicas {x.replica}: {x.requests}, "
+                        f"{y.replica}: {y.requests})", {x.replica: -x.requests, y.replica: -y.requests})
+
+
+@register
+class PrefixAware(Policy):
+    # sglang-router's cache_aware defaults (its Rust router's --cache-threshold, --balance-abs-threshold,
+    # --balance-rel-threshold)
+    name, prefix = "prefix-aware", "approximate"
+    params = {"cache_threshold": 0.3, "balance_abs": 4.0, "balance_rel": 1.5}
+    words = ("sends a request to the replica that already has the longest start of its prompt in its prefix cache "
+             "(that part need not be computed again), unless that replica is much busier than the least busy one "
+             "(its load check); with no useful cache anywhere, it spreads the load. After sglang-router's "
+             "cache_aware.")
+
+    @staticmethod
+    def choose(router, cands: list[Signals], prompt_blocks: int) -> Decision:
+        prm = router.cfg.params
+        least = router.best(cands, lambda s: s.requests)
         scores = {s.replica: round(s.prefix_blocks / max(1, prompt_blocks), 6) for s in cands}
-        best = self._best(cands, lambda s: (-s.prefix_blocks, s.requests))
+        best = router.best(cands, lambda s: (-s.prefix_blocks, s.requests))
         rate = best.prefix_blocks / max(1, prompt_blocks)
         if not (best.prefix_blocks and rate > prm["cache_threshold"]):
-            if self.cfg.prefix_mode == "precise":
-                room = self._best(cands, lambda s: (s.requests, s.cached_blocks))
+            if router.cfg.prefix_mode == "precise":
+                room = router.best(cands, lambda s: (s.requests, s.cached_blocks))
                 why = f"the least loaded ({room.requests} requests)"
             else:
-                room = self._best(cands, lambda s: (s.cached_blocks, s.requests))
+                room = router.best(cands, lambda s: (s.cached_blocks, s.requests))
                 why = f"the emptiest cache ({room.cached_blocks} blocks)"
             return Decision(room.replica, f"no cache holds over {prm['cache_threshold']:.0%} of the prompt "
                             f"(best {rate:.0%}): {why}", scores)
@@ -347,8 +487,19 @@ class Router:
         return Decision(best.replica, f"holds {best.prefix_blocks} of {prompt_blocks} prompt blocks "
                         f"({rate:.0%} > {prm['cache_threshold']:.0%})", scores)
 
-    def _weighted(self, cands: list[Signals], prompt_blocks: int) -> Decision:
-        w = self.cfg.params
+
+@register
+class Weighted(Policy):
+    # llm-d's default scorer weights
+    name, prefix = "weighted", "precise"
+    params = {"prefix": 2.0, "queue": 1.0, "kv": 1.0}
+    words = ("scores every replica on three things, the share of the prompt it has cached (weight 2), how few "
+             "requests it holds (1) and how much KV memory it has free (1), and takes the highest total. After "
+             "llm-d's scorers.")
+
+    @staticmethod
+    def choose(router, cands: list[Signals], prompt_blocks: int) -> Decision:
+        w = router.cfg.params
         qs = [s.requests for s in cands]
         qlo, qhi = min(qs), max(qs)
         scores = {}
@@ -357,6 +508,6 @@ class Router:
             queue = 1.0 if qhi == qlo else 1.0 - (s.requests - qlo) / (qhi - qlo)
             kv = 1.0 - min(1.0, s.kv_usage)
             scores[s.replica] = round(w["prefix"] * prefix + w["queue"] * queue + w["kv"] * kv, 9)
-        best = self._best(cands, lambda s: -scores[s.replica])
+        best = router.best(cands, lambda s: -scores[s.replica])
         return Decision(best.replica, f"highest weighted score {scores[best.replica]:g} "
                         f"(prefix x{w['prefix']:g}, queue x{w['queue']:g}, kv x{w['kv']:g})", scores)

@@ -53,7 +53,7 @@ from core.errors import ConfigError
 from core.fleet.apart import Reported, run_apart
 from core.fleet.link import Link
 from core.fleet.records import fleet_records
-from core.fleet.router import ROLES, Router, Signals, recorded
+from core.fleet.router import REGISTRY, ROLES, Router, Signals, recorded
 from core.fleet.spec import FIRST_TOKEN, FleetSpec, ReplicaSpec, reaching, sized
 from core.sim.simulate import no_cyclic_gc, simulator
 from core.workload import MAX_TIME_MS, Request, Workload
@@ -202,12 +202,12 @@ class FleetSim:
                        cached, prefix, rep.seen_t)
 
     def _plan_routes(self) -> dict | None:
-        """A policy that reads no signals (round-robin, random) and no router queue limit: every
+        """A policy that reads no signals (signal_free: round-robin, random) and no router queue limit: every
         decision made ahead, in arrival order (the same draws as made one by one), so each
         replica knows when its next request comes and fast-forwards up to it, not to every
         arrival's. None otherwise. {(row, stage): Decision}, and per replica its arrival times."""
         rc = self.router_cfg
-        if rc.policy not in ("round-robin", "random") or rc.queue_limit is not None:
+        if not REGISTRY[rc.policy].signal_free or rc.queue_limit is not None:
             return None
         router = Router(rc, len(self.replicas))
         plan, times = {}, [[] for _ in self.replicas]

@@ -1,0 +1,90 @@
+"""Adding a routing policy is one class and its test (issue 51): this file's toy policy, declared
+here and nowhere else, runs in the fleet simulator, in `gpu_runner fleet` (which imports this
+module with --router-module: ROUTER_POLICIES) and on the Fleet page. The expectations are the toy's
+rule itself: every request goes to the last replica in rotation. (Registered for each test and
+taken out after it, so that the other tests see the registry as shipped.)"""
+import pytest
+
+from core.fleet.router import POLICIES, POLICY_WORDS, REGISTRY, Decision, Policy, register
+
+NAME = "last-in-line"
+
+
+class LastInLine(Policy):
+    name = NAME
+    words = "sends every request to the last replica in rotation (a toy: the test of adding a policy)."
+
+    @staticmethod
+    def choose(router, cands, prompt_blocks):
+        c = cands[-1]
+        return Decision(c.replica, "the last replica in rotation", {})
+
+
+ROUTER_POLICIES = [LastInLine]
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    register(LastInLine)
+    yield
+    REGISTRY.pop(NAME, None)
+
+
+def test_the_registry_lists_it_with_its_words():
+    assert NAME in POLICIES and POLICIES[-1] == NAME
+    assert POLICY_WORDS[NAME].startswith("sends every request to the last replica")
+    REGISTRY.pop(NAME)
+    assert NAME not in POLICIES and NAME not in POLICY_WORDS   # (live views: never a stale copy)
+
+
+def test_it_runs_in_the_fleet_simulator():
+    from core.config import SchedulerConfig
+    from core.fleet.router import RouterConfig
+    from core.fleet.sim import FleetSpec, simulate_fleet
+    from core.sim.stepmodel import StepModel
+    from core.workload import Request, Workload
+    w = Workload([Request(f"r{i}", 5.0 * i, 16, 4) for i in range(9)])
+    tr = simulate_fleet(w, FleetSpec.uniform(3, SchedulerConfig(), StepModel(step_ms=1.0),
+                                             router=RouterConfig(NAME)))
+    routes = tr.events_of("route")
+    assert [e["replica"] for e in routes] == [2] * 9
+    assert {e["reason"] for e in routes} == {"the last replica in rotation"}
+    assert set(tr.finishes["replica"].tolist()) == {2} and tr.meta["fleet"]["router"]["policy"] == NAME
+
+
+def test_it_runs_in_gpu_runner_fleet(tmp_path):
+    import httpx
+
+    from core.trace import load_trace
+    from tests.helpers import BOUND_S, start_fleet, stop_process
+    proc, url, out = start_fleet(tmp_path, "--replicas", "2", "--router", NAME, "--router-module", __name__)
+    try:
+        for p in ("The ", "A list is", "import "):
+            r = httpx.post(f"{url}/v1/completions", json={"prompt": p, "max_tokens": 4, "temperature": 0},
+                           timeout=BOUND_S)
+            assert r.status_code == 200, r.text
+    finally:
+        stop_process(proc)
+    tr = load_trace(out)
+    assert [e["replica"] for e in tr.events_of("route")] == [1, 1, 1]
+    assert set(tr.finishes["replica"].tolist()) == {1}
+
+
+def test_an_unknown_router_module_is_refused_in_one_line(capsys):
+    from core.__main__ import main
+    assert main(["simulate", "x.json", "--replicas", "2", "--router-module", "no.such.module"]) == 2
+    err = capsys.readouterr().err
+    assert "--router-module no.such.module: cannot import it" in err and "Traceback" not in err
+
+
+def test_it_runs_on_the_fleet_page():
+    from tests.helpers import charts, open_page
+    at = open_page("fleet", {"fl_pol": NAME})
+    assert not at.error
+    lanes = next(f for f in charts(at) if (f["layout"].get("title") or {}).get("text", "").startswith(
+        "Requests by replica"))
+    replicas = {int(rep) for t in lanes["data"] if t["type"] == "bar" and t["name"].startswith("replica ")
+                for _, rep, *_ in t["customdata"]}
+    assert replicas == {3}     # (the page's default fleet: 4 replicas)
+    marks = next(t for t in lanes["data"] if t["name"] == "routed here")
+    assert all("why: the last replica in rotation" in text for text in marks["hovertext"])
