@@ -39,14 +39,8 @@ import numpy as np
 import pandas as pd
 
 from core.analysis.occupancy import Occupancy, OccupancyGrid, blocks_drawn, thinned_snapshots
-from core.analysis.outofcore import (
-    duck_connect,
-    parquet_files,
-    parquet_rows,
-    source_view,
-    summarize_parquet,
-    trace_head,
-)
+from core.analysis.outofcore import summarize_parquet
+from core.analysis.parquet_source import duck_connect, parquet_files, parquet_rows, source_view, trace_head
 from core.errors import InputError
 from core.trace.model import Trace
 from core.trace.schema import BATCH, TABLES, TOKEN

@@ -97,5 +97,5 @@ def read_any(path):
 
 def parquet_rows_of(path) -> int | None:
     """Rows of a Parquet trace (file or directory of parts) from its footers, None for other files."""
-    from core.analysis.outofcore import parquet_rows
+    from core.analysis.parquet_source import parquet_rows
     return parquet_rows(path)

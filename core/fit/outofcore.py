@@ -14,7 +14,7 @@ import tempfile
 import numpy as np
 
 from core.analysis.definitions import STEP_FEATURES
-from core.analysis.outofcore import duck_connect, parquet_files, source_view, trace_head
+from core.analysis.parquet_source import duck_connect, parquet_files, source_view, trace_head
 from core.errors import ConfigError
 from core.fit.stepfit import FEATURES, MIN_STEPS, MODELS, counted_features_of, model_of, solve
 
