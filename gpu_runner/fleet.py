@@ -55,11 +55,11 @@ import itertools
 import queue
 import threading
 import time
-from collections import deque
 from pathlib import Path
 
 from core.engine.prefix_cache import block_hash, extra_key
 from core.errors import ConfigError
+from core.fleet.board import Board
 from core.fleet.router import Decision, Router, RouterConfig, Signals, recorded
 from core.fleet.spec import FIRST_TOKEN
 from gpu_runner.client import EngineClient, Overloaded, ServerStopping, Stream
@@ -72,49 +72,13 @@ CLOCK = ("one host clock: every engine process uses the front end's origin on CL
 
 
 
-class _Board:
-    """What the router knows of one replica, as of a time: events (t_ms, kind, value) applied in
-    order up to that time (the simulator's _Replica.signals_as_of, for a real replica)."""
-
-    FOLD_AT = 4096     # queued events: past this, what is older than now - staleness is folded in
-
-    def __init__(self, staleness_ms: float = 0.0):
-        self.staleness_ms = staleness_ms
-        self.events: deque = deque()
-        self.requests = self.running = self.waiting = self.kv_used = 0
-        self.cached: set = set()
-        self.t_ms = 0.0
-        self.lock = threading.Lock()
-
-    def tell(self, t_ms: float, kind: str, value):
-        with self.lock:
-            self.events.append((t_ms, kind, value))
-            full = len(self.events) > self.FOLD_AT
-        if full:     # (no request routed for a while: the router reads as of now - staleness, never earlier)
-            self.as_of(t_ms - self.staleness_ms)
-
-    def as_of(self, t_ms: float):
-        with self.lock:
-            ev = self.events
-            while ev and ev[0][0] <= t_ms:
-                t, kind, v = ev.popleft()
-                self.t_ms = t
-                if kind == "requests":
-                    self.requests += v
-                elif kind == "gauges":
-                    self.running, self.waiting, self.kv_used = v
-                else:   # cache news
-                    for sign, h in v:
-                        (self.cached.add if sign > 0 else self.cached.discard)(h)
-
-
 class Replica(ProcessClient):
     """One engine process of the fleet: `serve`'s, telling the fleet's board what it reports."""
 
     def __init__(self, fleet: FleetClient, index: int, role: str, options: ServeOptions, metrics, max_waiting: int,
                  stall_s: float | None = None):
         self.fleet, self.index, self.role = fleet, index, role
-        self.board = _Board(fleet.router_cfg.staleness_ms)
+        self.board = Board(fleet.router_cfg.staleness_ms, shared=True)   # told from this replica's reader thread
         super().__init__(options, metrics, max_waiting, fleet.origin_ns, label=f"replica {index}", wait=False,
                          stall_s=stall_s)
 

@@ -40,7 +40,6 @@ request, not before the transfer.
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import heapq
 import math
@@ -51,6 +50,7 @@ from core.engine.core import EngineCore
 from core.engine.prefix_cache import block_hash, extra_key
 from core.errors import ConfigError
 from core.fleet.apart import Reported, run_apart
+from core.fleet.board import Board
 from core.fleet.link import Link
 from core.fleet.records import fleet_records
 from core.fleet.router import REGISTRY, ROLES, Router, Signals, recorded
@@ -75,11 +75,7 @@ class _Replica:
         self.queue: list | None = None       # the fleet's heap of (ready, replica), told of every change
         self.busy = False                    # a step runs until `ready`
         self.drain_ms = math.inf if spec.drain_ms is None else float(spec.drain_ms)
-        # what the router has been told, applied when it is old enough (heap of (t, seq, kind, value))
-        self.news: list = []
-        self.seen = {"requests": 0, "running": 0, "waiting": 0, "kv_used": 0}
-        self.seen_t = 0.0
-        self.cached: set = set()             # precise prefix knowledge: block hashes it has published
+        self.board = Board()                 # what the router has been told, applied when it is old enough
         self.kv_news: list = []              # hash events of the step under way
         self.routed = 0
         self.reported: Reported | None = None   # a run made apart (FleetSim.apart): what it told, read back
@@ -97,34 +93,6 @@ class _Replica:
             self._ready = t
             if t != math.inf and self.queue is not None:
                 heapq.heappush(self.queue, (t, self.index))
-
-    def tell(self, t_ms: float, kind: str, value, seq: list):
-        seq[0] += 1
-        heapq.heappush(self.news, (t_ms, seq[0], kind, value))
-
-    def signals_as_of(self, t_ms: float) -> None:
-        news, seen = self.news, self.seen
-        while news and news[0][0] <= t_ms:
-            t, seq, kind, v = heapq.heappop(news)
-            if kind == "requests":
-                seen["requests"] += v
-            elif kind == "gauges":
-                seen["running"], seen["waiting"], seen["kv_used"] = v
-            elif kind == "run":   # a run of steps' gauges, each as of its step's end: those due now at once
-                times, j = v[0], v[4]
-                k = bisect.bisect_right(times, t_ms, j)
-                seen["running"], seen["waiting"], seen["kv_used"] = v[1][k - 1], v[2][k - 1], v[3][k - 1]
-                t = times[k - 1]
-                if k < len(times):   # the rest when due (no other gauges of this replica fall among them)
-                    heapq.heappush(news, (times[k], seq, kind, v[:4] + (k,)))
-            else:   # "kv": hash events
-                for sign, h in v:
-                    if sign > 0:
-                        self.cached.add(h)
-                    else:
-                        self.cached.discard(h)
-            if t > self.seen_t:   # (the latest news heard: a run's last due step may be later than what follows it)
-                self.seen_t = t
 
 
 class _Seen(list):
@@ -193,13 +161,12 @@ class FleetSim:
         return got
 
     def _signals(self, rep: _Replica, row: int, now: float) -> Signals:
-        rep.signals_as_of(now - self.router_cfg.staleness_ms)
-        s = rep.seen
+        b = rep.board
+        b.as_of(now - self.router_cfg.staleness_ms)
         mode = self.router_cfg.prefix_mode
         cached, prefix = (0, 0) if mode is None else \
-            self.router.known_prefix(rep.index, self._prompt_hashes(row, rep), rep.cached)
-        return Signals(rep.index, s["requests"], s["running"], s["waiting"], s["kv_used"], rep.kv_blocks,
-                       cached, prefix, rep.seen_t)
+            self.router.known_prefix(rep.index, self._prompt_hashes(row, rep), b.cached)
+        return Signals(rep.index, b.requests, b.running, b.waiting, b.kv_used, rep.kv_blocks, cached, prefix, b.t_ms)
 
     def _plan_routes(self) -> dict | None:
         """A policy that reads no signals (signal_free: round-robin, random) and no router queue limit: every
@@ -297,7 +264,7 @@ class FleetSim:
             self._add(self.replicas[d.replica], row, r, now, at=now + hop)
         else:
             self.decode_of[row] = dec
-            self.replicas[dec].tell(now, "requests", 1, self._seq)   # it will hold this request
+            self.replicas[dec].board.tell(now, "requests", 1)   # it will hold this request
             copy = Request(r.id, now, r.prompt_tokens, 1, r.prompt_ids, r.tenant, abort_at_ms=r.abort_at_ms,
                            deadline_ms=r.deadline_ms, priority=r.priority)
             self._add(self.replicas[d.replica], row, copy, now, is_copy=True, at=now + hop)
@@ -310,7 +277,7 @@ class FleetSim:
         rep.rows.append(row)
         rep.is_copy.append(is_copy)
         if not (preloaded and rep.role == "decode"):   # (a decode replica was told at routing)
-            rep.tell(now, "requests", 1, self._seq)
+            rep.board.tell(now, "requests", 1)
         rep.routed += 1
         if not rep.busy:   # idle: it steps now (a busy one takes it at its step's end)
             rep.ready = min(rep.ready, now)
@@ -360,9 +327,9 @@ class FleetSim:
                 self._push(f.t_ms, "prefilled", (row, rep.index))
             else:
                 self._client_done(f.t_ms)
-            rep.tell(f.t_ms, "requests", -1, self._seq)
+            rep.board.tell(f.t_ms, "requests", -1)
             if rep.is_copy[f.req] and f.reason != "length":   # it never reaches its decode replica
-                self.replicas[self.decode_of[row]].tell(f.t_ms, "requests", -1, self._seq)
+                self.replicas[self.decode_of[row]].board.tell(f.t_ms, "requests", -1)
         if out.step is not None:
             rec = out.record
             if type(rec.step) is range and len(rec.step) > 1:
@@ -370,9 +337,9 @@ class FleetSim:
                 # one, told once for the run: what each step but the last left behind (`after`);
                 # the last's, the gauges below
                 a = out.after
-                rep.tell(rec.t_ms[1], "run", (rec.t_ms[1:], a[0], a[1], a[2], 0), self._seq)
+                rep.board.tell(rec.t_ms[1], "run", (rec.t_ms[1:], a[0], a[1], a[2], 0))
             g = out.gauges
-            rep.tell(t_end, "gauges", (g[0], g[1], g[2]), self._seq)
+            rep.board.tell(t_end, "gauges", (g[0], g[1], g[2]))
         if rep.kv_news:
             news, rep.kv_news = rep.kv_news, []
             rec = out.record
@@ -385,13 +352,13 @@ class FleetSim:
                 for sign, h, now in news:
                     j = min(last, int(np.searchsorted(ends, now, side="right" if sign < 0 else "left")))
                     if at is not None and j != at:
-                        rep.tell(float(ends[at]), "kv", group, self._seq)
+                        rep.board.tell(float(ends[at]), "kv", group)
                         group = []
                     group.append((sign, h))
                     at = j
-                rep.tell(float(ends[at]), "kv", group, self._seq)
+                rep.board.tell(float(ends[at]), "kv", group)
             else:
-                rep.tell(t_end, "kv", [(sign, h) for sign, h, _ in news], self._seq)
+                rep.board.tell(t_end, "kv", [(sign, h) for sign, h, _ in news])
 
     def _client_done(self, t: float):
         """A request finished at the client at t: a closed loop sends the next when the loop reaches t."""
