@@ -57,10 +57,11 @@ import threading
 import time
 from pathlib import Path
 
-from core.engine.prefix_cache import block_hash, extra_key
+from core.engine.prefix_cache import extra_key
 from core.errors import ConfigError
 from core.fleet.board import Board
-from core.fleet.router import Decision, Router, RouterConfig, Signals, recorded
+from core.fleet.front import decide, prompt_hashes, rejected_event, route_event, signals_of
+from core.fleet.router import Router, RouterConfig
 from core.fleet.spec import FIRST_TOKEN
 from gpu_runner.client import EngineClient, Overloaded, ServerStopping, Stream
 from gpu_runner.engine_process import REPLICA_STALL_S, ProcessClient
@@ -237,18 +238,7 @@ class FleetClient(EngineClient):
 
     # ---- routing --------------------------------------------------------------------------------
     def _hashes(self, ids: list[int]) -> list:
-        bs, parent, out = self.block_size, None, []
-        for i in range(len(ids) // bs):
-            parent = block_hash(parent, tuple(ids[i * bs:(i + 1) * bs]), self.extra)
-            out.append(parent)
-        return out
-
-    def _signals(self, r: Replica, hashes: list, now: float) -> Signals:
-        b = r.board
-        b.as_of(now - self.router_cfg.staleness_ms)
-        mode = self.router_cfg.prefix_mode
-        cached, prefix = (0, 0) if mode is None else self.router.known_prefix(r.index, hashes, b.cached)
-        return Signals(r.index, b.requests, b.running, b.waiting, b.kv_used, r.info.kv_blocks, cached, prefix, b.t_ms)
+        return prompt_hashes(ids, self.block_size, self.extra)
 
     def _choose(self, role: str, ids: list[int], hashes, now: float, exclude=()):
         cands = [r for r in self.replicas if r.role == role and r.alive() and r.index not in exclude]
@@ -256,16 +246,9 @@ class FleetClient(EngineClient):
             downs = [r.failure() or f"replica {r.index} stopped" for r in self.replicas if r.role == role]
             return None, [], f"no {role if role != 'both' else ''} replica is up".replace("  ", " ") + (
                 f" ({'; '.join(downs)})" if downs else "")
-        sigs = [self._signals(r, hashes, now) for r in cands]
-        lim = self.router_cfg.queue_limit
-        if lim is not None:
-            waiting = sum(max(0, s.requests - s.running) for s in sigs)
-            if waiting >= lim:
-                return None, sigs, f"router queue limit: {waiting} requests waiting across the fleet (limit {lim})"
-        d: Decision = self.router.choose(sigs, len(ids) // self.block_size)
-        if self.router_cfg.prefix_mode == "approximate":
-            self.router.remember(d.replica, hashes)
-        return d, sigs, None
+        sigs = [signals_of(self.router, r.index, r.board, r.info.kv_blocks, hashes, now) for r in cands]
+        d, why = decide(self.router, sigs, len(ids) // self.block_size, lambda _: hashes)
+        return d, sigs, why
 
     def submit(self, s: Stream, kv=None, kv_out: bool = False) -> None:
         with self._lock:
@@ -308,20 +291,9 @@ class FleetClient(EngineClient):
                     e.args = (why,)        # (the replica's own limit, named)
                     raise
                 break
-            ev = {"type": "route", "t_ms": now, "req": s.rid, "replica": d.replica,
-                  "stage": "prefill" if split else "whole", "policy": self.router_cfg.policy, "reason": d.reason}
-            if split:
-                ev |= {"decode": dd.replica, "decode_reason": dd.reason}
-            scores = {**(d.scores or {}), **((dd.scores or {}) if dd else {})}
             # (as the simulator records it: at most RECORDED_SIGNALS replicas, the chosen first)
-            sigs, scores, left = recorded(list(sigs), (d.replica,) if dd is None else (d.replica, dd.replica),
-                                          scores or None)
-            if scores:
-                ev["scores"] = {str(k): v for k, v in scores.items()}
-            ev["signals"] = {str(x.replica): x.to_dict() for x in sigs}
-            if left:
-                ev["signals_left_out"] = left
-            ev["prompt_blocks"] = len(s.prompt_ids) // self.block_size
+            ev = route_event(now, s.rid, self.router_cfg.policy, d, sigs, len(s.prompt_ids) // self.block_size,
+                             dd if split else None)
             self.routed[d.replica] += 1
             if self.recording:
                 self.routes.append(ev)
@@ -333,8 +305,7 @@ class FleetClient(EngineClient):
         self.n_rejected += 1
         if self.recording:
             self.rejected.append((s.rid, now, why))
-            self.routes.append({"type": "route", "t_ms": now, "req": s.rid, "replica": -1, "stage": "rejected",
-                                "policy": self.router_cfg.policy, "reason": why})
+            self.routes.append(rejected_event(now, s.rid, self.router_cfg.policy, why))
             self.accepted.append((s.rid, now, len(s.prompt_ids), s.max_tokens))
 
     def _prefill(self, s: Stream, rep: Replica, decode: int, now: float):

@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from core.engine import loop
+from core.fleet.front import rejected_event, route_event
 from core.fleet.router import recorded, signals_dict
 from core.fleet.spec import reaching
 
@@ -152,17 +153,9 @@ def routes_apart(sim) -> None:
         planned = plan[row]
         if planned is None:
             why = "no replica in rotation (every one drained)"
-            routes[row] = {"type": "route", "t_ms": now, "req": ids[row], "policy": policy, "replica": -1,
-                           "stage": "rejected", "reason": why}
+            routes[row] = rejected_event(now, ids[row], policy, why)
             sim.router_finishes.append((row, now, "rejected", why))
             continue
         d, keep, more = planned
-        ev = {"type": "route", "t_ms": now, "req": ids[row], "policy": policy, "replica": d.replica,
-              "stage": "whole", "reason": d.reason}
-        if d.scores:
-            ev["scores"] = {str(k): v for k, v in d.scores.items()}
-        ev["signals"] = {str(k): next(told[k]) for k in keep}
-        if more:
-            ev["signals_left_out"] = more
-        ev["prompt_blocks"] = prompts[row] // block[d.replica]
-        routes[row] = ev
+        routes[row] = route_event(now, ids[row], policy, d, (), prompts[row] // block[d.replica], None, more,
+                                  {str(k): next(told[k]) for k in keep})

@@ -47,10 +47,11 @@ import math
 import numpy as np
 
 from core.engine.core import EngineCore
-from core.engine.prefix_cache import block_hash, extra_key
+from core.engine.prefix_cache import extra_key
 from core.errors import ConfigError
 from core.fleet.apart import Reported, run_apart
 from core.fleet.board import Board
+from core.fleet.front import decide, prompt_hashes, rejected_event, route_event, signals_of
 from core.fleet.link import Link
 from core.fleet.records import fleet_records
 from core.fleet.router import REGISTRY, ROLES, Router, Signals, recorded
@@ -153,20 +154,12 @@ class FleetSim:
         key = (row, cfg.block_size, extra)
         got = self._hashes.get(key)
         if got is None:
-            bs, parent, got = cfg.block_size, None, []
-            for i in range(len(ids) // bs):
-                parent = block_hash(parent, tuple(ids[i * bs:(i + 1) * bs]), extra)
-                got.append(parent)
+            got = prompt_hashes(ids, cfg.block_size, extra)
             self._hashes = {key: got}   # (one request's at a time: routing asks twice at most)
         return got
 
     def _signals(self, rep: _Replica, row: int, now: float) -> Signals:
-        b = rep.board
-        b.as_of(now - self.router_cfg.staleness_ms)
-        mode = self.router_cfg.prefix_mode
-        cached, prefix = (0, 0) if mode is None else \
-            self.router.known_prefix(rep.index, self._prompt_hashes(row, rep), b.cached)
-        return Signals(rep.index, b.requests, b.running, b.waiting, b.kv_used, rep.kv_blocks, cached, prefix, b.t_ms)
+        return signals_of(self.router, rep.index, rep.board, rep.kv_blocks, lambda: self._prompt_hashes(row, rep), now)
 
     def _plan_routes(self) -> dict | None:
         """A policy that reads no signals (signal_free: round-robin, random) and no router queue limit: every
@@ -211,16 +204,9 @@ class FleetSim:
             sigs = [self._signals(self.replicas[k], row, now) for k in keep]
             return d, _Seen(sigs, len(cands) - len(keep)), None
         sigs = [self._signals(rep, row, now) for rep in cands]
-        lim = self.router_cfg.queue_limit
-        if lim is not None:
-            waiting = sum(max(0, s.requests - s.running) for s in sigs)
-            if waiting >= lim:
-                return None, sigs, f"router queue limit: {waiting} requests waiting across the fleet (limit {lim})"
         blocks = self.requests[row].prompt_tokens // cands[0].spec.config.block_size
-        d = self.router.choose(sigs, blocks)
-        if self.router_cfg.prefix_mode == "approximate":
-            self.router.remember(d.replica, self._prompt_hashes(row, self.replicas[d.replica]))
-        return d, sigs, None
+        d, why = decide(self.router, sigs, blocks, lambda k: self._prompt_hashes(row, self.replicas[k]))
+        return d, sigs, why
 
     def _route(self, row: int, now: float):
         r = self.requests[row]
@@ -228,37 +214,21 @@ class FleetSim:
         whole = not pd or r.prompt_tokens < self.fleet.pd_min_prompt
         group = self.roles["both"] if not pd else self.roles["decode" if whole else "prefill"]
         d, sigs, why = self._choose(group, row, now, "whole" if whole else "prefill")
-        ev = {"type": "route", "t_ms": now, "req": r.id, "policy": self.router_cfg.policy}
+        policy = self.router_cfg.policy
         if d is None:
-            self.routes[row] = ev | {"replica": -1, "stage": "rejected", "reason": why}
-            self.router_finishes.append((row, now, "rejected", why))
-            self._client_done(now)
+            self._rejected(row, now, why)
             return
-        ev |= {"replica": d.replica, "stage": "whole" if whole else "prefill", "reason": d.reason}
-        dec = None
+        dd = None
         if not whole:
             dd, dsigs, dwhy = self._choose(self.roles["decode"], row, now, "decode")
             if dd is None:
-                self.routes[row] = ev | {"replica": -1, "stage": "rejected", "reason": dwhy}
-                self.router_finishes.append((row, now, "rejected", dwhy))
-                self._client_done(now)
+                self._rejected(row, now, dwhy)
                 return
-            dec = dd.replica
-            ev["decode"] = dec
-            ev["decode_reason"] = dd.reason
             sigs = _Seen(list(sigs) + list(dsigs), getattr(sigs, "left_out", 0) + getattr(dsigs, "left_out", 0))
-            if dd.scores:
-                d.scores = {**d.scores, **dd.scores}
-        chosen = (d.replica,) if dec is None else (d.replica, dec)
-        left = getattr(sigs, "left_out", 0)
-        sigs, scores, more = recorded(list(sigs), chosen, d.scores or None)
-        if scores:
-            ev["scores"] = {str(k): v for k, v in scores.items()}
-        ev["signals"] = {str(s.replica): s.to_dict() for s in sigs}
-        if left or more:
-            ev["signals_left_out"] = left + more    # (candidates whose signals were not recorded)
-        ev["prompt_blocks"] = r.prompt_tokens // self.replicas[d.replica].spec.config.block_size
-        self.routes[row] = ev
+        dec = None if dd is None else dd.replica
+        self.routes[row] = route_event(now, r.id, policy, d, sigs,
+                                       r.prompt_tokens // self.replicas[d.replica].spec.config.block_size, dd,
+                                       getattr(sigs, "left_out", 0))
         hop = self.fleet.dispatch_ms
         if whole:
             self._add(self.replicas[d.replica], row, r, now, at=now + hop)
@@ -268,6 +238,11 @@ class FleetSim:
             copy = Request(r.id, now, r.prompt_tokens, 1, r.prompt_ids, r.tenant, abort_at_ms=r.abort_at_ms,
                            deadline_ms=r.deadline_ms, priority=r.priority)
             self._add(self.replicas[d.replica], row, copy, now, is_copy=True, at=now + hop)
+
+    def _rejected(self, row: int, now: float, why: str):
+        self.routes[row] = rejected_event(now, self.requests[row].id, self.router_cfg.policy, why)
+        self.router_finishes.append((row, now, "rejected", why))
+        self._client_done(now)
 
     def _add(self, rep: _Replica, row: int, r: Request, now: float, is_copy: bool = False, preloaded: int = 0,
              at: float | None = None):
