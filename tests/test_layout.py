@@ -505,3 +505,20 @@ def test_no_room_of_core_or_gpu_runner_grows_past_600_lines():
              for lib in ("core", "gpu_runner") for p in (ROOT / lib).rglob("*.py")}
     assert {k: n for k, n in sizes.items() if n > OVERSIZE.get(k, ROOM_LINES)} == {}
     assert sizes["core/__main__.py"] <= 400    # (the commands by group: core/commands)
+
+
+def test_one_router_front_end_for_both_fleets():
+    """What the simulated fleet and `gpu_runner fleet` did twice is written once (core/fleet/front.py,
+    core/fleet/board.py): no other fleet module hashes prompt blocks, words a queue-limit refusal,
+    builds a route event or keeps a board of news."""
+    files = [*(ROOT / "core" / "fleet").glob("*.py"), *(ROOT / "gpu_runner").glob("*.py")]
+    bad = []
+    for p in files:
+        if p.name in ("front.py", "board.py"):
+            continue
+        text = p.read_text()
+        for what in ("block_hash(", '"type": "route"', "waiting across the fleet (limit", "heapq.heappush(self.news",
+                     "def signals_as_of", "def as_of(self, t_ms"):
+            if what in text:
+                bad.append(f"{p.relative_to(ROOT)}: {what}")
+    assert bad == []
