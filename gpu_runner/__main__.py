@@ -75,19 +75,8 @@ def build_parser():
                     "KV arrives from a prefill replica)")
     fl.add_argument("--pd-min-prompt", type=_nonneg_int_flag, default=0, metavar="T",
                     help="disaggregated: shorter prompts run whole on a decode replica (default 0: every prompt)")
-    from core.fleet.router import POLICIES, ROUTER_MODULE_HELP
-    fl.add_argument("--router", choices=POLICIES, default="round-robin", help="routing policy (default round-robin)")
-    fl.add_argument("--router-module", action="append", metavar="MODULE", help=ROUTER_MODULE_HELP)
-    fl.add_argument("--router-staleness-ms", type=float, default=0.0,
-                    help="the router reads the replicas' signals as of this many ms ago (default 0: as pushed)")
-    fl.add_argument("--router-seed", type=int, default=0, help="seed of random and power-of-two (default 0)")
-    fl.add_argument("--router-prefix", choices=("precise", "approximate"),
-                    help="prefix knowledge of prefix-aware / weighted: the replicas' published cache (precise) or "
-                    "the router's record of what it sent (approximate) (default: the policy's)")
-    fl.add_argument("--router-param", action="append", metavar="KEY=VALUE", help="a policy parameter "
-                    "(prefix-aware: cache_threshold, balance_abs, balance_rel; weighted: prefix, queue, kv)")
-    fl.add_argument("--router-queue-limit", type=_nonneg_int_flag, metavar="Q",
-                    help="refuse (503) when this many requests wait across the fleet, as the router sees them")
+    from core.fleet.options import add_router_flags
+    add_router_flags(fl, defaults=True)
     fl.add_argument("--drain-timeout-s", type=float, default=60.0,
                     help="on SIGTERM / Ctrl-C, wait at most this long for in-flight requests (default 60)")
     from core.cli import positive_float

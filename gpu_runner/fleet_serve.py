@@ -7,7 +7,6 @@ import threading
 from pathlib import Path
 
 from core.errors import ConfigError
-from core.fleet.router import RouterConfig
 from gpu_runner.fleet import FleetClient
 from gpu_runner.launch import ServeOptions
 
@@ -148,15 +147,14 @@ def main_fleet(a, options: ServeOptions) -> int:
     import sys
 
     from core.cli import check_writable, write_output
-    from core.fleet.router import parse_params
+    from core.fleet.options import router_from_args
     from core.trace import save_trace
     from gpu_runner.server_metrics import ServerMetrics
     roles = roles_of(a)
     _check_port(a.host, a.port)     # before the replicas spend seconds loading
     if options.model.speculative and "prefill" in roles:
         raise ConfigError("--speculative: disaggregated replicas do not speculate (the draft's KV is not moved)")
-    rc = RouterConfig(a.router, a.router_staleness_ms, a.router_seed, a.router_prefix, a.router_queue_limit,
-                      parse_params(a.router_param))
+    rc = router_from_args(a)
     traces = None
     if a.trace_out:
         check_writable(a.trace_out, "--trace-out")

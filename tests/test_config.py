@@ -93,3 +93,20 @@ if __name__ == "__main__":  # rewrite the tables in docs/configuration.md
     doc = path.read_text()
     head, tail = doc[:doc.index(BEGIN) + len(BEGIN)], doc[doc.index(END):]
     path.write_text(head + "\n" + options_markdown(option_groups()) + tail)
+
+
+def test_the_router_flags_are_declared_once_with_the_same_names_on_both_command_lines():
+    """core.fleet.options.add_router_flags declares them for `python -m core simulate` and
+    `python -m gpu_runner fleet` alike (they were declared twice, `--seed` against `--router-seed`)."""
+    import argparse
+
+    from core.__main__ import build_parser as core_parser
+    from gpu_runner.__main__ import build_parser as gpu_parser
+
+    def router_flags(ap, cmd):
+        sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction)).choices[cmd]
+        return {o: (a.help, a.choices) for a in sub._actions for o in a.option_strings if o.startswith("--router")}
+    core, gpu = router_flags(core_parser(), "simulate"), router_flags(gpu_parser(), "fleet")
+    assert set(core) == set(gpu) == {"--router", "--router-module", "--router-param", "--router-prefix",
+                                     "--router-queue-limit", "--router-seed", "--router-staleness-ms"}
+    assert {k: v[0] for k, v in core.items()} == {k: v[0] for k, v in gpu.items()}

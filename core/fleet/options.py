@@ -20,7 +20,15 @@ from typing import TYPE_CHECKING
 
 from core.config import SchedulerConfig, from_dict
 from core.errors import ConfigError
-from core.fleet.router import POLICIES, PREFIX_POLICIES, ROLES, ROUTER_MODULE_HELP, RouterConfig, parse_params
+from core.fleet.router import (
+    POLICIES,
+    PREFIX_MODES,
+    PREFIX_POLICIES,
+    ROLES,
+    ROUTER_MODULE_HELP,
+    RouterConfig,
+    parse_params,
+)
 
 if TYPE_CHECKING:
     from core.fleet.sim import FleetSpec, ReplicaSpec
@@ -68,6 +76,16 @@ def _prompt_tokens(text: str) -> int:
     return v
 
 
+def _queue_limit(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v < 2**31:
+        raise argparse.ArgumentTypeError(f"expected a number of requests >= 0, got {text!r}")
+    return v
+
+
 def _link_gbps(text: str) -> float:
     """A KV link's bandwidth: 1 MB/s (0.001 GB/s) to 1 PB/s: below, one prompt's KV takes longer than
     any run a trace can hold."""
@@ -100,18 +118,7 @@ def add_fleet_flags(p: argparse.ArgumentParser, seed: bool = True):
                         "options, step_model: {step model options}}; unset options are the flags')")
     # (defaults None: a flag that does not apply to the fleet given is refused, not silently ignored;
     # the defaults stated in the help are applied in fleet_from_args)
-    g.add_argument("--router", choices=POLICIES, help="routing policy (default round-robin)")
-    g.add_argument("--router-module", action="append", metavar="MODULE", help=ROUTER_MODULE_HELP)
-    g.add_argument("--router-staleness-ms", type=_nonneg,
-                   help="the router sees each replica's state as of this long ago (default 0)")
-    g.add_argument("--router-prefix", choices=("precise", "approximate"),
-                   help="prefix-aware/weighted: the replicas' own cached blocks (precise) or what the router sent "
-                        "where (approximate); default: prefix-aware approximate, weighted precise")
-    g.add_argument("--router-param", action="append", metavar="KEY=VALUE",
-                   help="policy parameter: prefix-aware cache_threshold, balance_abs, balance_rel; weighted "
-                        "prefix, queue, kv (weights)")
-    g.add_argument("--router-queue-limit", type=int, metavar="Q",
-                   help="reject at the router when this many requests wait across the fleet")
+    add_router_flags(g, defaults=False, seed=seed)
     g.add_argument("--drain", action="append", type=_drain, metavar="REPLICA@MS",
                    help="take a replica out of rotation at a time (it finishes what it holds)")
     g.add_argument("--kv-link-gbps", type=_link_gbps,
@@ -120,8 +127,32 @@ def add_fleet_flags(p: argparse.ArgumentParser, seed: bool = True):
                    help="disaggregated: per-transfer latency in ms (default 0.05)")
     g.add_argument("--pd-min-prompt", type=_prompt_tokens, metavar="T",
                    help="disaggregated: prompts shorter than T tokens run whole on a decode replica (default 0)")
+    if seed:   # (the name it had before --router-seed, kept)
+        g.add_argument("--seed", dest="router_seed", type=int, help=argparse.SUPPRESS)
+
+
+def add_router_flags(g, defaults: bool, seed: bool = True) -> None:
+    """The router's flags, declared once for both command lines (`python -m core simulate | sweep |
+    search` and `python -m gpu_runner fleet`). `defaults` False: they stay None when not given (the
+    core refuses a fleet flag given to one engine; router_from_args applies the defaults stated)."""
+    def d(v):
+        return v if defaults else None
+    g.add_argument("--router", choices=POLICIES, default=d("round-robin"), help="routing policy (default round-robin)")
+    g.add_argument("--router-module", action="append", metavar="MODULE", help=ROUTER_MODULE_HELP)
+    g.add_argument("--router-staleness-ms", type=_nonneg, default=d(0.0),
+                   help="the router reads each replica's signals as of this many ms ago (default 0)")
     if seed:
-        g.add_argument("--seed", type=int, default=0, help="seed of the router's random draws (default 0)")
+        g.add_argument("--router-seed", type=int, default=d(0),
+                       help="seed of the router's random draws (random, power-of-two; default 0)")
+    g.add_argument("--router-prefix", choices=PREFIX_MODES,
+                   help="prefix-aware/weighted: the replicas' own cached blocks (precise) or what the router sent "
+                        "where (approximate); default: prefix-aware approximate, weighted precise")
+    g.add_argument("--router-param", action="append", metavar="KEY=VALUE",
+                   help="policy parameter: prefix-aware cache_threshold, balance_abs, balance_rel; weighted "
+                        "prefix, queue, kv (weights)")
+    g.add_argument("--router-queue-limit", type=_queue_limit, metavar="Q",
+                   help="refuse at the router when this many requests wait across the fleet (as the router sees "
+                        "them)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +173,7 @@ class FleetFlags:
     kv_link_latency_ms: float | None = None   # None: 0.05
     pd_min_prompt: int | None = None
     seed: int = 0
+    router_seed: int | None = None
     model: str | None = None            # the model preset whose KV bytes per token a transfer moves
     dtype_bytes: float = 2.0
 
@@ -160,7 +192,11 @@ def wants_fleet(a) -> bool:
 
 
 def router_from_args(a) -> RouterConfig:
-    return RouterConfig(a.router or "round-robin", a.router_staleness_ms or 0.0, getattr(a, "seed", 0) or 0,
+    """The RouterConfig of either command line's router flags (add_router_flags); without
+    --router-seed (sweep, search) the arrivals' --seed seeds the router too."""
+    seed = getattr(a, "router_seed", None)
+    return RouterConfig(a.router or "round-robin", a.router_staleness_ms or 0.0,
+                        seed if seed is not None else getattr(a, "seed", 0) or 0,
                         a.router_prefix, a.router_queue_limit, parse_params(a.router_param))
 
 
