@@ -66,24 +66,21 @@ def _positive(text: str) -> float:
     return v
 
 
-def _prompt_tokens(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if not 0 <= v < 2**31:
-        raise argparse.ArgumentTypeError(f"expected a number of prompt tokens >= 0, got {text!r}")
-    return v
+def _count_of(what: str):
+    """An argparse type: an integer count of `what`, 0 to 2^31 - 1."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = -1
+        if not 0 <= v < 2**31:
+            raise argparse.ArgumentTypeError(f"expected a number of {what} >= 0, got {text!r}")
+        return v
+    return parse
 
 
-def _queue_limit(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if not 0 <= v < 2**31:
-        raise argparse.ArgumentTypeError(f"expected a number of requests >= 0, got {text!r}")
-    return v
+_prompt_tokens = _count_of("prompt tokens")
+_queue_limit = _count_of("requests")
 
 
 def _link_gbps(text: str) -> float:
