@@ -385,7 +385,11 @@ class Router:
         if len(cands) == 1:
             c = cands[0]
             return Decision(c.replica, "the only replica in rotation", {c.replica: 1.0})
-        return REGISTRY[self.cfg.policy].choose(self, cands, prompt_blocks)
+        policy = REGISTRY.get(self.cfg.policy)
+        if policy is None:   # (a policy a --router-module registered in another process)
+            raise ConfigError(f"router policy {self.cfg.policy!r} is not registered in this process (known: "
+                              f"{', '.join(REGISTRY)}); a module's policy is registered where it is imported")
+        return policy.choose(self, cands, prompt_blocks)
 
 
 # ---- the policies -------------------------------------------------------------------------------------
