@@ -167,7 +167,7 @@ class FleetSim:
         replica knows when its next request comes and fast-forwards up to it, not to every
         arrival's. None otherwise. {(row, stage): Decision}, and per replica its arrival times."""
         rc = self.router_cfg
-        if not REGISTRY[rc.policy].signal_free or rc.queue_limit is not None:
+        if not getattr(REGISTRY.get(rc.policy), "signal_free", False) or rc.queue_limit is not None:
             return None
         router = Router(rc, len(self.replicas))
         plan, times = {}, [[] for _ in self.replicas]
