@@ -20,8 +20,8 @@ Then, per configuration, the repeat floor (core.fit.noise: requests paired by id
 predicted by the fleet simulator (core.fit.fleet.predict_fleet): in sample (step models fitted on
 that run's own replicas) and held out (fitted on each configuration's first round, predicting every
 other run: its repeats and the other configurations). Each error is printed as a multiple of its
-configuration's floor. A closed loop is predicted as one (CLIENTS: the fleet trace does not record its
-client), and the fit measures the replicas' contention for the two cores (core.fit.fleet.contention).
+configuration's floor. A closed loop is predicted as one (core.fit.fleet.REPEAT_CLIENTS: the fleet trace does not
+record its client), and the fit measures the replicas' contention for the two cores (core.fit.fleet.contention).
 Every run is another start of the fleet (one fleet process per run), so the held-out target is issue
 49's "another start": 3x; in sample 1.5x. Asserts nothing.
 """
@@ -33,6 +33,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from core.fit.fleet import REPEAT_CLIENTS
+
 CONFIGS = {
     "rr": (["--replicas", "2", "--router", "round-robin", "--prefix-caching", "--kv-blocks", "64"], "shared", []),
     "pa": (["--replicas", "2", "--router", "prefix-aware", "--prefix-caching", "--kv-blocks", "64"], "shared", []),
@@ -40,7 +42,6 @@ CONFIGS = {
                ["--concurrency", "16"]),
     "cal": (["--replicas", "2", "--router", "round-robin", "--prefix-caching", "--kv-blocks", "512"], "cal", []),
 }
-CLIENTS = {"closed": 16}   # a closed loop's clients (a fleet trace does not record its client)
 TARGET = {"in sample": 1.5, "its repeats": 3.0, "another configuration": 3.0}
 
 
@@ -94,7 +95,7 @@ def evaluate(runs: dict) -> dict:
             for i, tr in enumerate(ts):
                 same = c == fc and i == 0
                 kind = "in sample" if same else "its repeats" if c == fc else "another configuration"
-                _, rep, _ = predict_fleet(tr, fits=None if same else fits[fc], clients=CLIENTS.get(c))
+                _, rep, _ = predict_fleet(tr, fits=None if same else fits[fc], clients=REPEAT_CLIENTS.get(c))
                 f = floors.get(c)
                 err = {"ttft_ms": rep["ttft"]["median"], "e2e_ms": rep["e2e"]["median"]}
                 x = {m: (err[m] / f[m]["p50"]) if f and err[m] is not None else None for m in METRICS}

@@ -72,7 +72,6 @@ CLOCK = ("one host clock: every engine process uses the front end's origin on CL
          "so replica and router times need no alignment; uncertainty: the clock read (< 1 us)")
 
 
-
 class Replica(ProcessClient):
     """One engine process of the fleet: `serve`'s, telling the fleet's board what it reports."""
 

@@ -79,12 +79,12 @@ def test_the_replicas_trace_directory_is_cleared_of_earlier_runs_only(tmp_path):
 @pytest.mark.parametrize("param", ["cache_threshold=inf", "cache_threshold=-1", "balance_abs=inf",
                                    "balance_rel=nan"])
 def test_a_router_parameter_that_cannot_work_is_refused_before_any_replica_starts(param, capsys, monkeypatch):
-    import gpu_runner.fleet
+    import gpu_runner.fleet_serve
     from gpu_runner.__main__ import main
 
     def no_replicas(*a, **k):
         raise AssertionError("a replica was started")
-    monkeypatch.setattr(gpu_runner.fleet, "FleetClient", no_replicas)
+    monkeypatch.setattr(gpu_runner.fleet_serve, "FleetClient", no_replicas)   # (what main_fleet calls)
     assert main(["fleet", "--router", "prefix-aware", "--router-param", param, "--port", str(free_port())]) == 2
     err = capsys.readouterr().err
     key = param.split("=")[0]

@@ -77,6 +77,14 @@ def test_a_step_is_slower_by_the_contention_for_each_other_replica_mid_step_by_h
     assert tr.finishes.sort_values("req")["t_ms"].tolist() == [10.0, 20.0]
 
 
+def test_two_steps_starting_together_do_not_slow_each_other():
+    # r0 and r1 at 0 on replicas 0 and 1: neither was mid-step when the other started (either order)
+    tr = simulate_fleet(one_token(2, [0.0, 0.0]),
+                        FleetSpec.uniform(2, CFG, FLAT, router=RouterConfig("round-robin"), contention=1.0))
+    assert tr.finishes.sort_values("req")["t_ms"].tolist() == [10.0, 10.0]
+    assert others_busy(tr, 0).tolist() == [0] and others_busy(tr, 1).tolist() == [0]
+
+
 def test_others_busy_counts_the_other_replicas_mid_step_at_each_start():
     tr = simulate_fleet(one_token(3, [0.0, 5.0, 12.0]),
                         FleetSpec.uniform(2, CFG, FLAT, router=RouterConfig("round-robin")))

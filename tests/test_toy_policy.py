@@ -88,3 +88,25 @@ def test_it_runs_on_the_fleet_page():
     assert replicas == {3}     # (the page's default fleet: 4 replicas)
     marks = next(t for t in lanes["data"] if t["name"] == "routed here")
     assert all("why: the last replica in rotation" in text for text in marks["hovertext"])
+
+
+def test_a_fresh_worker_process_learns_it_from_policy_setup():
+    """The Fleet page's comparisons, sweeps and searches run their jobs in worker processes (loky's,
+    started fresh, in a server of several threads): core.sim.parallel.run_all's `setup` registers
+    the policy there first (core.fleet.router.policy_setup)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from core.config import SchedulerConfig
+    from core.experiments.fleet import FleetSetup, _numbers_job
+    from core.fleet.router import load_policies, policy_setup
+    from core.sim.parallel import _set_up_then
+    from core.sim.stepmodel import StepModel
+    from core.workload import Request, Workload
+    assert policy_setup() == (load_policies, [__name__])
+    w = Workload([Request(f"r{i}", 5.0 * i, 16, 4) for i in range(8)])
+    setup = FleetSetup(SchedulerConfig(), StepModel(step_ms=1.0), replicas=4, policy=NAME)
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        got = pool.submit(_set_up_then, _numbers_job, policy_setup(), dict(workload=w, setup=setup, slo=None)).result(
+            timeout=300)
+    assert got["per_replica"] == [0, 0, 0, 8]

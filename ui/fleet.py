@@ -159,5 +159,5 @@ def cached_fleet_floor(path: str):
 def cached_prediction(path: str):
     """(simulated trace, report, per-request table) of core.fit.fleet.predict_fleet for a
     bundled measured fleet trace."""
-    from core.fit.fleet import predict_fleet
-    return predict_fleet(cached_measured(path))
+    from core.fit.fleet import clients_of, predict_fleet
+    return predict_fleet(cached_measured(path), clients=clients_of(path))

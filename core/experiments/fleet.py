@@ -13,7 +13,7 @@ from core.analysis.metrics import SLO
 from core.analysis.routing import fleet_numbers
 from core.config import SchedulerConfig
 from core.errors import ConfigError
-from core.fleet.router import NO_LOAD_CHECK, POLICIES, RouterConfig
+from core.fleet.router import NO_LOAD_CHECK, POLICIES, RouterConfig, policy_setup
 from core.fleet.sim import FleetSpec, ReplicaSpec, simulate_fleet
 from core.formulas.kv import MODELS
 from core.sim.parallel import PARALLEL_MIN_REQUESTS, run_all
@@ -121,7 +121,7 @@ def _run_jobs(jobs: list[dict]) -> list[dict]:
     """_numbers_job over `jobs`: in worker processes when each run is large enough to gain from it (as
     the Schedules page's policies: a run of a few hundred requests takes less than shipping it)."""
     if len(jobs) > 1 and len(jobs[0]["workload"]) >= PARALLEL_MIN_REQUESTS:
-        return run_all(_numbers_job, jobs)
+        return run_all(_numbers_job, jobs, setup=policy_setup())
     return [_numbers_job(**j) for j in jobs]
 
 

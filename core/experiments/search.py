@@ -56,7 +56,7 @@ from core.fleet.options import (
     router_from_args,
     seeded,
 )
-from core.fleet.router import POLICIES
+from core.fleet.router import POLICIES, policy_setup
 from core.sim.simulate import simulate
 from core.sim.stepmodel import StepModel
 from core.workload import Workload
@@ -342,7 +342,7 @@ def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, gri
     if on_fleets:
         jobs = [j | {"fleet": spec_of[repr(pt)]} for j, (pt, _) in zip(jobs, valid)]
     if budget_s is None:
-        results = run_all(search_point, jobs, workers, ray, results)
+        results = run_all(search_point, jobs, workers, ray, results, setup=policy_setup())
     else:
         if ray is not None or results is not None:
             raise ConfigError("search: a time budget runs here, not with --ray or --results")
@@ -393,7 +393,7 @@ def _within_budget(jobs: list[dict], budget_s: float, workers: int | None) -> li
         if k and time.perf_counter() - t0 >= budget_s:
             why = f"not simulated: the search's budget of {budget_s:g} s was spent"
             return out + [{"not_run": why} for _ in jobs[k:]]
-        out += run_all(search_point, jobs[k:k + wave], workers)
+        out += run_all(search_point, jobs[k:k + wave], workers, setup=policy_setup())
     return out
 
 

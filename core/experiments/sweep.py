@@ -32,6 +32,7 @@ from core.engine import loop
 from core.engine.admission import blocks_needed
 from core.engine.core import EngineCore
 from core.errors import ConfigError
+from core.fleet.router import policy_setup
 from core.sim.parallel import run_all
 from core.sim.simulate import simulator
 from core.sim.stepmodel import StepModel
@@ -232,7 +233,7 @@ def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, ra
     if fleet is not None:
         jobs = [j | {"fleet": fleet} for j in jobs]
     runs = run_all(run_point, [dict(workload=workload, config=config, step_model=step_model, slo=slo, **j)
-                               for j in jobs], workers, ray, results)
+                               for j in jobs], workers, ray, results, setup=policy_setup())
     points = ([with_repeats(runs[i:i + repeats], seeds) for i in range(0, len(runs), repeats)] if repeats > 1
               else runs)
     out = {"kind": "open" if kind == "rate" else "closed", "workload": workload.name, "requests": len(workload),

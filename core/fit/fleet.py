@@ -188,7 +188,7 @@ def roles_of(trace) -> list[str]:
 
 def others_busy(trace, k: int):
     """Per step of replica k (a Series by step number): how many other replicas were mid-step when
-    it started."""
+    it started (a step of theirs started before it and ended after: FleetSpec.contention's rule)."""
     import pandas as pd
     st = trace.steps
     rep = st["replica"].to_numpy()
@@ -199,7 +199,7 @@ def others_busy(trace, k: int):
         g = st[rep == j].sort_values("t_ms")
         s0 = g["t_ms"].to_numpy(dtype=float)
         e0 = s0 + g["dur_ms"].to_numpy(dtype=float)
-        i = np.searchsorted(s0, t, side="right") - 1
+        i = np.searchsorted(s0, t, side="left") - 1    # (its last step started before t: mid-step if it ends after)
         n += (i >= 0) & (e0[np.maximum(i, 0)] > t)
     return pd.Series(n, index=mine["step"].to_numpy())
 
@@ -266,6 +266,19 @@ def fleet_run(path):
     roles_of(tr)
     name = p.name[:-len(".json.gz")] if p.name.endswith(".json.gz") else p.stem
     return Run(name, p, tr.workload(), tr, "the fleet front end's (its arrival to the token leaving it)", None)
+
+
+# The bundled fleet repeats' clients (data/imports/fleet_repeats/MADE.md): a fleet trace does not
+# record its client, and a closed loop must be predicted as one
+REPEAT_CLIENTS = {"closed": 16}
+
+
+def clients_of(path) -> int | None:
+    """A bundled fleet repeat's closed-loop clients (`<config>_r<N>.json.gz`, REPEAT_CLIENTS), else None."""
+    import re
+    from pathlib import Path
+    m = re.fullmatch(r"(?P<config>.+)_r\d+\.json\.gz", Path(path).name)
+    return REPEAT_CLIENTS.get(m["config"]) if m and Path(path).parent.name == "fleet_repeats" else None
 
 
 def repeats_beside(path) -> list:

@@ -90,8 +90,8 @@ class Reported:
 def run_apart(sim) -> None:
     """Each replica one engine over the requests routed to it, all added ahead, stepped to its
     end on its own clock (core.engine.loop.run, as one engine's simulation), what it tells kept
-    (_Reported); then every routing in arrival order, with what the router heard of each
-    replica by then read back. The same trace as the loop below (tests/test_fleet_apart.py):
+    (Reported); then every routing in arrival order, with what the router heard of each
+    replica by then read back. The same trace as FleetSim.run's loop (tests/test_fleet_apart.py):
     nothing a replica does depends on another's, nor on the router, whose decisions were
     made ahead."""
     hop = sim.fleet.dispatch_ms
@@ -119,7 +119,7 @@ def run_apart(sim) -> None:
 def routes_apart(sim) -> None:
     """The route events of a run made apart, as `_route` records them: what the router had
     heard of each recorded candidate by each arrival (staleness before it), read back per
-    replica at once from what the replica told as it ran (_Reported)."""
+    replica at once from what the replica told as it ran (Reported)."""
     arr = sim.w.arrival_ms.tolist()
     decisions, policy = sim.planned["decisions"], sim.router_cfg.policy
     reps = sim.replicas

@@ -64,8 +64,10 @@ class Policy:
     words for the page (`words`), its parameters and their defaults (`params`), the prefix
     knowledge it uses by default (`prefix`: precise, approximate, or None: it does not look at
     prefixes), and whether it decides without any signal (`signal_free`: a fleet then plans every
-    route ahead). Adding a policy is one subclass: the simulator, `gpu_runner fleet`, the command
-    lines' --router and the Fleet page all read the registry."""
+    route ahead, asking it with prompt_blocks 0: such a policy reads neither signals nor the
+    prompt). Adding a policy is one subclass: the simulator, `gpu_runner fleet`, the command lines'
+    --router and the Fleet page all read the registry (worker processes get it through
+    policy_setup)."""
     name = ""
     words = ""
     params: dict = {}
@@ -110,14 +112,23 @@ def load_policies(modules) -> list[str]:
     return [n for n in REGISTRY if n not in before]
 
 
+def policy_setup() -> tuple | None:
+    """What a worker process must run to know the policies registered here beyond the shipped ones
+    (core.sim.parallel.run_all's `setup`): (load_policies, their modules), or None."""
+    mods = sorted({c.__module__ for c in REGISTRY.values() if c.__module__ != __name__})
+    return (load_policies, mods) if mods else None
+
+
 def router_modules(argv) -> list[str]:
     """The --router-module values of a command line (read before its parser checks --router)."""
     out, args = [], list(argv or ())
     for k, x in enumerate(args):
-        if x == "--router-module" and k + 1 < len(args):
-            out.append(args[k + 1])
-        elif x.startswith("--router-module="):
-            out.append(x.split("=", 1)[1])
+        flag, eq, value = x.partition("=")
+        if len(flag) > len("--router-") and "--router-module".startswith(flag):   # (argparse takes a prefix)
+            if eq:
+                out.append(value)
+            elif k + 1 < len(args):
+                out.append(args[k + 1])
     return out
 
 

@@ -16,8 +16,9 @@ a request finishes at the client (its finish, or its rejection at the router): t
 before it. Replicas then step one step at a time (a run of steps could not stop where a finish on
 another replica sends a request it should take).
 
-Routes decided ahead (round-robin, random, no router queue limit) and nothing shared: each replica
-runs apart (core.fleet.apart), the same trace as this loop at the cost of the replicas' own steps.
+Routes decided ahead (a signal_free policy: round-robin, random; no router queue limit) and nothing
+shared: each replica runs apart (core.fleet.apart), the same trace as this loop at the cost of the
+replicas' own steps.
 
 What the router sees of replica r at time t is what r had reported by t - staleness: its
 running, waiting and KV gauges as of its last step ended by then, the requests routed to it
@@ -75,6 +76,7 @@ class _Replica:
         self._ready = math.inf               # when it next steps (inf: idle until something arrives)
         self.queue: list | None = None       # the fleet's heap of (ready, replica), told of every change
         self.busy = False                    # a step runs until `ready`
+        self.started = -math.inf             # when its last step started
         self.drain_ms = math.inf if spec.drain_ms is None else float(spec.drain_ms)
         self.board = Board()                 # what the router has been told, applied when it is old enough
         self.kv_news: list = []              # hash events of the step under way
@@ -287,6 +289,7 @@ class FleetSim:
         if out is not None and out.step is not None:
             rep.ready = out.t_ms
             rep.busy = True
+            rep.started = now
             return
         rep.busy = False
         nxt = core.next_event_ms()
@@ -492,14 +495,15 @@ class FleetSim:
 
 class _Shared:
     """Replicas sharing a host's cores (FleetSpec.contention): a step starting at t takes 1 + c x
-    (the other replicas mid-step at t) times its price (the executor's speed factor)."""
+    (the other replicas mid-step at t: started before t, ending after it; two steps starting together
+    do not slow each other, in either order) times its price (the executor's speed factor)."""
 
     def __init__(self, rep: _Replica, replicas: list[_Replica], c: float):
         self.others = [o for o in replicas if o is not rep]
         self.c = c
 
     def at(self, t_ms: float) -> float:
-        return 1.0 + self.c * sum(1 for o in self.others if o.busy and o.ready > t_ms)
+        return 1.0 + self.c * sum(1 for o in self.others if o.busy and o.started < t_ms < o.ready)
 
 
 class _Clients:

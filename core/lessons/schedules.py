@@ -44,8 +44,6 @@ def policy_config(policy: str, config: SchedulerConfig, chunk: int | None = None
                                chunk=chunk if policy in TAKES_CHUNK else None)
 
 
-
-
 def run_policies(workload, policies: list[str], config: SchedulerConfig, step_model: StepModel,
                  chunk: int | None = None, created: str = "", record_kv: bool = True,
                  summaries: bool = False) -> list[tuple]:

@@ -240,8 +240,15 @@ def warm() -> None:
 PARALLEL_MIN_REQUESTS = 1_000     # below this, a run simulates in milliseconds: no worker processes
 
 
+def _set_up_then(fn, setup, job):
+    """One job, after `setup` (function, argument) has run where it runs (e.g. routing policies a
+    module registered, imported in a fresh worker process)."""
+    setup[0](setup[1])
+    return fn(**job)
+
+
 def run_all(fn, jobs: list[dict], workers: int | None = None, ray: str | None = None,
-            results: str | None = None) -> list:
+            results: str | None = None, setup: tuple | None = None) -> list:
     """[fn(**job) for job in jobs], in order: forked for this call into up to `workers`
     processes (default: one per CPU; concurrent.futures) when the caller runs one thread, else on the
     process's shared workers (loky's reusable executor, one per CPU; `workers` does not apply); here, one after
@@ -249,7 +256,11 @@ def run_all(fn, jobs: list[dict], workers: int | None = None, ray: str | None = 
     must be a module-level function. A job's exception is raised here. `ray`: run them as Ray
     tasks instead (core.sim.rayrun: "local", "auto" or "ray://HOST:PORT"). `results`: each job writes
     its result row to this directory or pyarrow filesystem URI, read back as a dataset (core.sim.shared);
-    the location is claimed for this call before the first job, or refused in one line."""
+    the location is claimed for this call before the first job, or refused in one line. `setup`:
+    (function, argument) called before each job where it runs (a worker process starts fresh)."""
+    if setup is not None:
+        jobs = [dict(fn=fn, setup=setup, job=j) for j in jobs]
+        fn = _set_up_then
     if results is not None:
         from core.sim import shared
         run = shared.prepare(results, len(jobs))       # claimed (or refused) before any job runs
