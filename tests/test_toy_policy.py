@@ -37,6 +37,16 @@ def test_the_registry_lists_it_with_its_words():
     assert NAME not in POLICIES and NAME not in POLICY_WORDS   # (live views: never a stale copy)
 
 
+def test_a_policy_without_its_own_choice_is_refused():
+    from core.errors import ConfigError
+
+    class NoChoice(Policy):
+        name, words = "no-choice", "never chooses."
+    with pytest.raises(ConfigError, match="no-choice: it needs its own choose"):
+        register(NoChoice)
+    assert "no-choice" not in POLICIES
+
+
 def test_it_runs_in_the_fleet_simulator():
     from core.config import SchedulerConfig
     from core.fleet.router import RouterConfig

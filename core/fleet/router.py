@@ -76,7 +76,7 @@ class Policy:
 
     @staticmethod
     def choose(router, cands: list, prompt_blocks: int):
-        raise NotImplementedError
+        raise NotImplementedError   # (register refuses a policy that leaves this as it is)
 
 
 REGISTRY: dict[str, type[Policy]] = {}
@@ -86,6 +86,8 @@ def register(cls: type[Policy]) -> type[Policy]:
     """Register a Policy subclass under its name (a class decorator)."""
     if not cls.name or not cls.words:
         raise ConfigError(f"router policy {cls.__name__}: a name and words are needed")
+    if cls.choose is Policy.choose:
+        raise ConfigError(f"router policy {cls.name}: it needs its own choose(router, cands, prompt_blocks)")
     if cls.prefix not in (None, *PREFIX_MODES):
         raise ConfigError(f"router policy {cls.name}: prefix knowledge must be precise, approximate or None")
     REGISTRY[cls.name] = cls
