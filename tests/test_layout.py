@@ -505,6 +505,7 @@ def test_no_room_of_core_or_gpu_runner_grows_past_600_lines():
              for lib in ("core", "gpu_runner") for p in (ROOT / lib).rglob("*.py")}
     assert {k: n for k, n in sizes.items() if n > OVERSIZE.get(k, ROOM_LINES)} == {}
     assert sizes["core/__main__.py"] <= 400    # (the commands by group: core/commands)
+    assert len((ROOT / "pages" / "replay.py").read_text().splitlines()) <= 300   # (its sections: ui/replay)
 
 
 def test_one_router_front_end_for_both_fleets():

@@ -8,6 +8,7 @@ every number comes from core.
   fmt.py      display formatting
   heap.py     the process's startup (heap frozen, simulation workers started)
   fleet.py    the Fleet page's caches (imported from ui.fleet, not re-exported here)
+  replay/     the Trace replay page's sections (imported from ui.replay.*)
 """
 from ui.cache import *  # noqa: F403
 from ui.fmt import *  # noqa: F403
