@@ -37,44 +37,33 @@ from core.engine.requests import RequestTable
 from core.engine.steplog import log_records
 
 
-def calendar_run(w, seats: int, budget: int, chunk: int, bs: int, num_blocks: int,
-                 base_ms: float, prefill_ms: float, decode_ms: float) -> dict:
-    """Continuous batching on calendars (see the module's text). Returns the step rows, the
-    decode spans, the prefill pieces and the step at which each decode counter value was reached."""
-    arrival = w.arrival_ms.tolist()
-    prompt = w.prompt_tokens.tolist()
-    out_len = [r.max_output_tokens for r in w.requests]
-    n = len(arrival)
-    free = list(range(num_blocks - 1, -1, -1))    # the pool hands out 0, 1, 2, ... (taken from the end)
-    tables: dict[int, list[int]] = {}
-    waiting: deque[int] = deque()
-    prefilling: dict[int, int] = {}               # mid-prefill request -> tokens computed (running order)
-    decoding: set[int] = set()
-    crossing = [[] for _ in range(bs)]            # D mod bs -> decoders whose next position starts a block
-    finishing: dict[int, list[int]] = {}          # value of D after their last decode -> decoders
-    D, t, nxt, step, done = 0, arrival[0], 0, 0, 0
-    steps, spans, pieces, counter_step = [], [], [], [-1]
+class _Calendars:
+    """The calendar step's state: the block pool and tables, the running prompts and decoders, the
+    block calendar (D mod block size -> decoders whose next position starts a block) and the finish
+    calendar (value of D after their last decode -> decoders), with the spans and pieces recorded."""
+    __slots__ = ("prompt", "out_len", "chunk", "bs", "free", "tables", "prefilling", "decoding", "crossing",
+                 "finishing", "spans", "pieces")
 
-    def start_decoding(r):
-        nonlocal done
-        if out_len[r] == 1:                       # its one token came with the prefill
-            free.extend(tables.pop(r))
-            done += 1
-            return
-        decoding.add(r)
-        spans.append((r, D, 0))
-        crossing[(D - prompt[r]) % bs].append(r)
-        finishing.setdefault(D + out_len[r] - 1, []).append(r)
+    def __init__(self, prompt: list, out_len: list, chunk: int, bs: int, num_blocks: int):
+        self.prompt, self.out_len, self.chunk, self.bs = prompt, out_len, chunk, bs
+        self.free = list(range(num_blocks - 1, -1, -1))    # the pool hands out 0, 1, 2, ... (taken from the end)
+        self.tables: dict[int, list[int]] = {}
+        self.prefilling: dict[int, int] = {}               # mid-prefill request -> tokens computed (running order)
+        self.decoding: set[int] = set()
+        self.crossing = [[] for _ in range(bs)]            # D mod bs -> decoders whose next position starts a block
+        self.finishing: dict[int, list[int]] = {}          # value of D after their last decode -> decoders
+        self.spans: list = []
+        self.pieces: list = []
 
-    while done < n:
-        while nxt < n and arrival[nxt] <= t:
-            waiting.append(nxt)
-            nxt += 1
-        ndec = len(decoding)
-        left = budget - ndec
+    def take_work(self, step: int, D: int, waiting: deque, ndec: int, left: int, seats: int) -> tuple[list, list, int]:
+        """The step's prefill work within `left` tokens: running prompts go on, oldest first; a fresh
+        block for each decoder crossing a block boundary at counter value D; then waiting requests join
+        while a seat, budget and the blocks of their first chunk are free. Returns the running prompts'
+        and the joined ones' (request, tokens computed) and the prefill tokens taken."""
+        prompt, chunk, bs, tables, free, pieces = self.prompt, self.chunk, self.bs, self.tables, self.free, self.pieces
         prefill_tokens = 0
         continued = []
-        for r, c in prefilling.items():           # running prompts go on, oldest first
+        for r, c in self.prefilling.items():        # running prompts go on, oldest first
             if left <= 0:
                 break
             take = min(prompt[r] - c, chunk, left)
@@ -86,16 +75,11 @@ def calendar_run(w, seats: int, budget: int, chunk: int, bs: int, num_blocks: in
             pieces.append((r, step, take))
             left -= take
             prefill_tokens += take
-        due = crossing[D % bs]
-        if due:                                   # a fresh block for each decoder crossing a boundary
-            due = crossing[D % bs] = [r for r in due if r in decoding]
-            if due:
-                new = free[-len(due):]
-                del free[-len(due):]
-                for r, b in zip(due, new):
-                    tables[r].append(b)
-        joined = []
-        running = ndec + len(prefilling)
+        due = self.crossing[D % bs]
+        if due:                                     # a fresh block for each decoder crossing a boundary
+            self._open_blocks(D, due)
+        joined = []                                 # then waiting requests join
+        running = ndec + len(self.prefilling)
         while waiting and running < seats and left > 0:
             r = waiting[0]
             take = min(prompt[r], chunk, left)
@@ -110,7 +94,73 @@ def calendar_run(w, seats: int, budget: int, chunk: int, bs: int, num_blocks: in
             left -= take
             prefill_tokens += take
             running += 1
-        if not ndec and not prefilling and not joined:
+        return continued, joined, prefill_tokens
+
+    def _open_blocks(self, D: int, due: list) -> None:
+        """A fresh block for each decoder crossing a block boundary at counter value D (`due`: its
+        calendar entry, where decoders that finished since are dropped)."""
+        due = self.crossing[D % self.bs] = [r for r in due if r in self.decoding]
+        if due:
+            free, tables = self.free, self.tables
+            new = free[-len(due):]
+            del free[-len(due):]
+            for r, b in zip(due, new):
+                tables[r].append(b)
+
+    def settle(self, continued: list, joined: list, D: int, decoded: bool) -> int:
+        """After the step: the decoders whose last decode brought the counter to D leave (when it
+        decoded), then its prompts go on prefilling or start decoding (running prompts first, then the
+        ones that joined). Returns how many requests are done."""
+        prompt, prefilling = self.prompt, self.prefilling
+        done = 0
+        if decoded:
+            for r in self.finishing.pop(D, ()):
+                self.decoding.discard(r)
+                self.free.extend(self.tables.pop(r))
+                self.spans.append((r, D, 1))
+                done += 1
+        for r, c in continued:
+            if c == prompt[r]:
+                del prefilling[r]
+                done += self._start_decoding(r, D)
+            else:
+                prefilling[r] = c
+        for r, take in joined:
+            if take == prompt[r]:
+                done += self._start_decoding(r, D)
+            else:
+                prefilling[r] = take
+        return done
+
+    def _start_decoding(self, r: int, D: int) -> int:
+        """Request r's prompt is done: it decodes from counter value D on; 1 if it is done instead."""
+        if self.out_len[r] == 1:                       # its one token came with the prefill
+            self.free.extend(self.tables.pop(r))
+            return 1
+        self.decoding.add(r)
+        self.spans.append((r, D, 0))
+        self.crossing[(D - self.prompt[r]) % self.bs].append(r)
+        self.finishing.setdefault(D + self.out_len[r] - 1, []).append(r)
+        return 0
+
+
+def calendar_run(w, seats: int, budget: int, chunk: int, bs: int, num_blocks: int,
+                 base_ms: float, prefill_ms: float, decode_ms: float) -> dict:
+    """Continuous batching on calendars (see the module's text). Returns the step rows, the
+    decode spans, the prefill pieces and the step at which each decode counter value was reached."""
+    arrival = w.arrival_ms.tolist()
+    n = len(arrival)
+    cal = _Calendars(w.prompt_tokens.tolist(), [r.max_output_tokens for r in w.requests], chunk, bs, num_blocks)
+    waiting: deque[int] = deque()
+    D, t, nxt, step, done = 0, arrival[0], 0, 0, 0
+    steps, counter_step = [], [-1]
+    while done < n:
+        while nxt < n and arrival[nxt] <= t:
+            waiting.append(nxt)
+            nxt += 1
+        ndec = len(cal.decoding)
+        continued, joined, prefill_tokens = cal.take_work(step, D, waiting, ndec, budget - ndec, seats)
+        if not ndec and not cal.prefilling and not joined:
             t = arrival[nxt]                      # idle: jump to the next arrival
             continue
         dur = base_ms + prefill_ms * prefill_tokens + decode_ms * ndec
@@ -119,24 +169,9 @@ def calendar_run(w, seats: int, budget: int, chunk: int, bs: int, num_blocks: in
         if ndec:
             D += 1
             counter_step.append(step)
-            for r in finishing.pop(D, ()):
-                decoding.discard(r)
-                free.extend(tables.pop(r))
-                spans.append((r, D, 1))
-                done += 1
-        for r, c in continued:
-            if c == prompt[r]:
-                del prefilling[r]
-                start_decoding(r)
-            else:
-                prefilling[r] = c
-        for r, take in joined:
-            if take == prompt[r]:
-                start_decoding(r)
-            else:
-                prefilling[r] = take
+        done += cal.settle(continued, joined, D, ndec > 0)
         step += 1
-    return {"steps": steps, "spans": spans, "pieces": pieces, "counter_step": counter_step}
+    return {"steps": steps, "spans": cal.spans, "pieces": cal.pieces, "counter_step": counter_step}
 
 
 def rows_of(log: dict) -> tuple[dict, dict]:

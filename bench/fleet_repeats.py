@@ -77,40 +77,64 @@ def bundled(d: Path) -> dict:
     return {c: v for c, v in runs.items() if v}
 
 
-def evaluate(runs: dict) -> dict:
-    from core.fit.fleet import fit_fleet, fleet_run, predict_fleet
-    from core.fit.noise import METRICS, repeat_floor
-    loaded = {c: [fleet_run(p) for p in ps] for c, ps in runs.items()}
-    floors = {c: repeat_floor(rs) for c, rs in loaded.items() if len(rs) >= 2}
-    for c, f in floors.items():
-        print(f"floor {c}: TTFT {f['ttft_ms']['p50']:.1%}, E2E {f['e2e_ms']['p50']:.1%} ({len(f['runs'])} repeats, "
-              f"paired by {f['paired_by']}); run medians spread TTFT {f['ttft_ms']['run_spread']:.1%}, "
-              f"E2E {f['e2e_ms']['run_spread']:.1%}")
-    traces = {c: [r.truth for r in rs] for c, rs in loaded.items()}
-    fits = {c: fit_fleet(ts[0]) for c, ts in traces.items()}
-    rows = []
-    print(f"\n{'fit on':<10} {'predicted':<12} {'kind':<22} {'TTFT p50':>8} {'x':>5} {'E2E p50':>8} {'x':>5}  target")
-    for fc in traces:
-        for c, ts in traces.items():
-            for i, tr in enumerate(ts):
-                same = c == fc and i == 0
-                kind = "in sample" if same else "its repeats" if c == fc else "another configuration"
-                _, rep, _ = predict_fleet(tr, fits=None if same else fits[fc], clients=REPEAT_CLIENTS.get(c))
-                f = floors.get(c)
-                err = {"ttft_ms": rep["ttft"]["median"], "e2e_ms": rep["e2e"]["median"]}
-                x = {m: (err[m] / f[m]["p50"]) if f and err[m] is not None else None for m in METRICS}
-                ok = all(v is not None and v <= TARGET[kind] for v in x.values())
-                rows.append({"fit": f"{fc}_r1", "predicted": f"{c}_r{i + 1}", "kind": kind, "ttft_p50": err["ttft_ms"],
-                             "e2e_p50": err["e2e_ms"], "ttft_x_floor": x["ttft_ms"], "e2e_x_floor": x["e2e_ms"],
-                             "routing_agreement": rep["routing_agreement"], "met": ok})
-                xs = [f"{v:.1f}x" if v is not None else "-" for v in x.values()]
-                print(f"{fc + '_r1':<10} {c + f'_r{i + 1}':<12} {kind:<22} {err['ttft_ms']:>8.1%} {xs[0]:>5} "
-                      f"{err['e2e_ms']:>8.1%} {xs[1]:>5}  {'met' if ok else 'MISSED'}")
+def _print_floor(config: str, f: dict) -> None:
+    print(f"floor {config}: TTFT {f['ttft_ms']['p50']:.1%}, E2E {f['e2e_ms']['p50']:.1%} ({len(f['runs'])} repeats, "
+          f"paired by {f['paired_by']}); run medians spread TTFT {f['ttft_ms']['run_spread']:.1%}, "
+          f"E2E {f['e2e_ms']['run_spread']:.1%}")
+
+
+def _kind(fit_config: str, config: str, i: int) -> str:
+    """What run i of `config` is to the fit on `fit_config`'s first round."""
+    if config != fit_config:
+        return "another configuration"
+    return "in sample" if i == 0 else "its repeats"
+
+
+def _x_floor(err: dict, f: dict | None) -> dict:
+    """Each error as a multiple of its configuration's floor (None without a floor or an error)."""
+    from core.fit.noise import METRICS
+    return {m: (err[m] / f[m]["p50"]) if f and err[m] is not None else None for m in METRICS}
+
+
+def _predict(fit_config: str, config: str, i: int, tr, fits: dict, floors: dict) -> dict:
+    """Run i of `config` predicted by the fit on `fit_config`'s first round (in sample: by its own
+    replicas); prints its line and returns its row."""
+    from core.fit.fleet import predict_fleet
+    kind = _kind(fit_config, config, i)
+    _, rep, _ = predict_fleet(tr, fits=None if kind == "in sample" else fits[fit_config],
+                              clients=REPEAT_CLIENTS.get(config))
+    err = {"ttft_ms": rep["ttft"]["median"], "e2e_ms": rep["e2e"]["median"]}
+    x = _x_floor(err, floors.get(config))
+    ok = all(v is not None and v <= TARGET[kind] for v in x.values())
+    xs = [f"{v:.1f}x" if v is not None else "-" for v in x.values()]
+    print(f"{fit_config + '_r1':<10} {config + f'_r{i + 1}':<12} {kind:<22} {err['ttft_ms']:>8.1%} {xs[0]:>5} "
+          f"{err['e2e_ms']:>8.1%} {xs[1]:>5}  {'met' if ok else 'MISSED'}")
+    return {"fit": f"{fit_config}_r1", "predicted": f"{config}_r{i + 1}", "kind": kind, "ttft_p50": err["ttft_ms"],
+            "e2e_p50": err["e2e_ms"], "ttft_x_floor": x["ttft_ms"], "e2e_x_floor": x["e2e_ms"],
+            "routing_agreement": rep["routing_agreement"], "met": ok}
+
+
+def _print_totals(rows: list[dict]) -> None:
     print(f"\n{sum(r['met'] for r in rows)} of {len(rows)} predictions within their targets "
           f"(in sample {TARGET['in sample']}x, held out {TARGET['its repeats']}x the floor)")
     cal = [r for r in rows if r["fit"] == "cal_r1"]
     if cal:
         print(f"fitted on the calibration run: {sum(r['met'] for r in cal)} of {len(cal)}")
+
+
+def evaluate(runs: dict) -> dict:
+    from core.fit.fleet import fit_fleet, fleet_run
+    from core.fit.noise import repeat_floor
+    loaded = {c: [fleet_run(p) for p in ps] for c, ps in runs.items()}
+    floors = {c: repeat_floor(rs) for c, rs in loaded.items() if len(rs) >= 2}
+    for c, f in floors.items():
+        _print_floor(c, f)
+    traces = {c: [r.truth for r in rs] for c, rs in loaded.items()}
+    fits = {c: fit_fleet(ts[0]) for c, ts in traces.items()}
+    print(f"\n{'fit on':<10} {'predicted':<12} {'kind':<22} {'TTFT p50':>8} {'x':>5} {'E2E p50':>8} {'x':>5}  target")
+    rows = [_predict(fc, c, i, tr, fits, floors) for fc in traces for c, ts in traces.items()
+            for i, tr in enumerate(ts)]
+    _print_totals(rows)
     return {"floors": floors, "rows": rows}
 
 

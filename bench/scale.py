@@ -42,6 +42,47 @@ def same_trace(a: Path, b: Path) -> bool:
     return got.stdout.strip() == "True"
 
 
+def _trees(d: Path, old_rev: str) -> dict[str, Path]:
+    """This checkout, and a git worktree of old_rev in d (made unless there) when it is not "none"."""
+    trees = {"new": REPO}
+    if old_rev != "none":
+        old = d / "old-tree"
+        if not old.exists():
+            subprocess.run(["git", "worktree", "add", "--detach", str(old), old_rev], cwd=REPO, check=True,
+                           capture_output=True)
+        trees["old"] = old
+    return trees
+
+
+def _best_runs(trees: dict[str, Path], w: Path, d: Path, n: int, repeat: int) -> dict:
+    """Each tree's best of `repeat` simulations of workload w (n requests), alternating, each printed:
+    {tree: (wall s, peak GB, user s, system s)}; a failed run is printed and left out."""
+    best = {}
+    for k in range(repeat):
+        for name, tree in trees.items():
+            out = d / f"{name}{n}.parquet"
+            try:
+                wall, gb, _, user, sys_s = run(tree, w, out, d / f"{name}{n}-{k}.log")
+            except RuntimeError as e:
+                print(f"{name} {n}: failed ({str(e).splitlines()[0]})")
+                continue
+            if name not in best or wall < best[name][0]:
+                best[name] = (wall, gb, user, sys_s)
+            print(f"{name:>3} {n:>9,} requests: {wall:7.2f} s wall, {gb:5.2f} GB peak, "
+                  f"{user:6.2f} s user, {sys_s:5.2f} s system", flush=True)
+    return best
+
+
+def _print_table(rows: list) -> None:
+    print("\n| requests | old s / GB | new s / GB | old / new time | same trace |")
+    print("|---|---|---|---|---|")
+    for n, best, same in rows:
+        o, nw = best.get("old"), best.get("new")
+        fmt = lambda x: f"{x[0]:.2f} s / {x[1]:.2f} GB" if x else "—"
+        ratio = f"{o[0] / nw[0]:.1f}x" if o and nw else "—"
+        print(f"| {n:,} | {fmt(o)} | {fmt(nw)} | {ratio} | {'—' if same is None else same} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", default="10000,100000")
@@ -54,31 +95,13 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(a.keep or tmp)
         d.mkdir(parents=True, exist_ok=True)
-        trees = {"new": REPO}
-        if a.old_rev != "none":
-            old = d / "old-tree"
-            if not old.exists():
-                subprocess.run(["git", "worktree", "add", "--detach", str(old), a.old_rev], cwd=REPO, check=True,
-                               capture_output=True)
-            trees["old"] = old
+        trees = _trees(d, a.old_rev)
         rows = []
         try:
             for n in sizes:
                 w = d / f"poisson{n}.csv"
                 write_workload_csv(w, n, 50.0, 0)
-                best = {}
-                for k in range(a.repeat):
-                    for name, tree in trees.items():
-                        out = d / f"{name}{n}.parquet"
-                        try:
-                            wall, gb, _, user, sys_s = run(tree, w, out, d / f"{name}{n}-{k}.log")
-                        except RuntimeError as e:
-                            print(f"{name} {n}: failed ({str(e).splitlines()[0]})")
-                            continue
-                        if name not in best or wall < best[name][0]:
-                            best[name] = (wall, gb, user, sys_s)
-                        print(f"{name:>3} {n:>9,} requests: {wall:7.2f} s wall, {gb:5.2f} GB peak, "
-                              f"{user:6.2f} s user, {sys_s:5.2f} s system", flush=True)
+                best = _best_runs(trees, w, d, n, a.repeat)
                 same = same_trace(d / f"new{n}.parquet", d / f"old{n}.parquet") \
                     if a.compare and len(best) == 2 and n <= 100_000 else None
                 rows.append((n, best, same))
@@ -86,13 +109,7 @@ def main():
             if "old" in trees and not a.keep:
                 subprocess.run(["git", "worktree", "remove", "--force", str(trees["old"])], cwd=REPO,
                                capture_output=True)
-        print("\n| requests | old s / GB | new s / GB | old / new time | same trace |")
-        print("|---|---|---|---|---|")
-        for n, best, same in rows:
-            o, nw = best.get("old"), best.get("new")
-            fmt = lambda x: f"{x[0]:.2f} s / {x[1]:.2f} GB" if x else "—"
-            ratio = f"{o[0] / nw[0]:.1f}x" if o and nw else "—"
-            print(f"| {n:,} | {fmt(o)} | {fmt(nw)} | {ratio} | {'—' if same is None else same} |")
+        _print_table(rows)
 
 
 if __name__ == "__main__":

@@ -48,12 +48,9 @@ from core.workload import Workload
 INDEX = re.compile(r".*-(\d+)-\d+$")
 
 
-def engine_side(path: Path, trace):
-    """vLLM's own view of a run from the OpenTelemetry spans bench/vllm_cpu.sh collects (OTLP=1):
-    the `llm_request` spans that started inside the run's wall-clock window (windows.txt beside
-    the result file), matched to the result's requests by the dataset index in vLLM's request id
-    (checked: vLLM's TTFT never exceeds the client's). Returns (workload with the engine
-    front-end's arrival times, {id: TTFT ms}, {id: E2E ms}) or None without spans."""
+def _run_spans(path: Path) -> list[dict] | None:
+    """The `llm_request` spans that started inside the run's wall-clock window (windows.txt beside
+    the result file), or None without spans or without the run's window."""
     spans_file, windows = path.parent / "vllm_spans.jsonl", path.parent / "windows.txt"
     if not spans_file.exists() or not windows.exists():
         return None
@@ -63,10 +60,11 @@ def engine_side(path: Path, trace):
     if lo is None:
         return None
     spans = [json.loads(ln) for ln in spans_file.read_text().splitlines() if ln.strip()]
-    spans = [sp for sp in spans if sp["name"] == "llm_request" and lo * 1e9 <= sp["start_ns"] <= hi * 1e9]
-    reqs = trace.workload().requests            # send order
-    if len(spans) != len(reqs):
-        raise SystemExit(f"{path}: {len(spans)} vLLM spans in the run's window for {len(reqs)} requests")
+    return [sp for sp in spans if sp["name"] == "llm_request" and lo * 1e9 <= sp["start_ns"] <= hi * 1e9]
+
+
+def _spans_by_request(path: Path, spans: list[dict], reqs: list) -> dict:
+    """The spans by the id the importer gave their request, from the dataset index in vLLM's request id."""
     # `vllm bench serve` names request i of its dataset "bench-<hash>-i" (vLLM: "cmpl-bench-<hash>-i-0");
     # the importer names the same request "req<i>". Matching by send order is not enough: sends
     # 0.03 ms apart can reach the engine in either order.
@@ -78,7 +76,12 @@ def engine_side(path: Path, trace):
         by_index[f"req{int(m.group(1))}"] = sp
     if set(by_index) != {r.id for r in reqs}:
         raise SystemExit(f"{path}: the spans' request indices do not match the file's requests")
-    t0 = min(sp["start_ns"] for sp in spans)
+    return by_index
+
+
+def _engine_view(path: Path, reqs: list, by_index: dict, t0: int) -> tuple[list, dict, dict]:
+    """The requests at the engine front-end's arrival times (from t0, its first span's start), and
+    vLLM's own TTFT and E2E (ms) by request id."""
     ttft, e2e, out = {}, {}, []
     for r in reqs:
         sp = by_index[r.id]
@@ -89,6 +92,23 @@ def engine_side(path: Path, trace):
         out.append(dataclasses.replace(r, arrival_ms=(sp["start_ns"] - t0) / 1e6))
         ttft[r.id] = a["gen_ai.latency.time_to_first_token"] * 1000.0
         e2e[r.id] = a["gen_ai.latency.e2e"] * 1000.0
+    return out, ttft, e2e
+
+
+def engine_side(path: Path, trace):
+    """vLLM's own view of a run from the OpenTelemetry spans bench/vllm_cpu.sh collects (OTLP=1):
+    the `llm_request` spans that started inside the run's wall-clock window (windows.txt beside
+    the result file), matched to the result's requests by the dataset index in vLLM's request id
+    (checked: vLLM's TTFT never exceeds the client's). Returns (workload with the engine
+    front-end's arrival times, {id: TTFT ms}, {id: E2E ms}) or None without spans."""
+    spans = _run_spans(path)
+    if spans is None:
+        return None
+    reqs = trace.workload().requests            # send order
+    if len(spans) != len(reqs):
+        raise SystemExit(f"{path}: {len(spans)} vLLM spans in the run's window for {len(reqs)} requests")
+    by_index = _spans_by_request(path, spans, reqs)
+    out, ttft, e2e = _engine_view(path, reqs, by_index, min(sp["start_ns"] for sp in spans))
     measured = request_metrics(trace).set_index("id")
     late = [r.id for r in reqs if ttft[r.id] > measured.at[r.id, "ttft_ms"] + 1.0]
     if late:

@@ -51,7 +51,7 @@ def workload_of(name: str) -> str:
     return re.sub(r"_r\d+$", "", name)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--method", choices=("spans", "log"), default="log")
     ap.add_argument("--model", choices=("affine", "features"), default="affine")
@@ -68,8 +68,11 @@ def main(argv=None) -> int:
                     help="every held-out run (the same server's too) at its own logged speed over the run: another "
                          "client on a 2-core machine slows the engine beside it (guidellm, inference-perf)")
     ap.add_argument("--json", help="write every row here")
-    a = ap.parse_args(argv)
-    ss = sessions(a.sessions.split(","))
+    return ap
+
+
+def _floors(ss: dict) -> dict:
+    """(session, workload) -> the repeat floor of each workload with two or more runs in a session (printed)."""
     floors = {}
     for s, runs in ss.items():
         by_w = {}
@@ -81,55 +84,83 @@ def main(argv=None) -> int:
                 f = floors[(s, w)]
                 print(f"floor {s}/{w}: TTFT {f['ttft_ms']['p50']:.1%}, E2E {f['e2e_ms']['p50']:.1%} "
                       f"({len(rs)} repeats)")
-    fit_ws = a.fit_workloads.split(",") if a.fit_workloads else sorted({workload_of(n) for n in ss[a.fit_session]})
-    rows = []
-    groups = [fit_ws] if a.together else [[w] for w in fit_ws]
-    for ws in groups:
-        fits = [ss[a.fit_session][f"{w}_r{k}"] for w in ws for k in a.fit_round.split(",")]
-        t0 = time.perf_counter()
-        cal = calibrate(fits, a.model, a.method)
-        names = " + ".join(f.name for f in fits)
-        print(f"\nfit on {names} ({a.method}, {a.model}, {time.perf_counter() - t0:.0f} s): {cal.describe()}")
-        print(f"{'predicted':<36} {'kind':<14} {'TTFT p50':>8} {'x':>5} {'E2E p50':>8} {'x':>5} "
-              f"{'TTFT med p/m':>13} {'E2E med p/m':>13} {'vs reps':>7} {'(E2E)':>7}  target")
-        for s, runs in ss.items():
-            for n, r in runs.items():
-                kind = ("in sample" if any(r is f for f in fits) else "same server" if s == a.fit_session
-                        else "another start")
-                if kind == "same server" and workload_of(n) in ws:
-                    kind = "same workload"
-                ev = evaluate(cal, r, {f.name for f in fits}, a.model,
-                              speed_from_log=(a.speed_from_log and kind == "another start")
-                              or (a.speed_everywhere and kind != "in sample"))
-                summ, rws = ev["summary"], ev["rows"]
-                f = floors.get((s, workload_of(n)))
-                x = {m: summ[m]["p50"] / f[m]["p50"] if f else None for m in METRICS}
-                med = {m: float(np.median(rws[f"{m}_predicted"]) / np.median(rws[f"{m}_measured"]) - 1)
-                       for m in METRICS}
-                # the run-level median against the repeats' own (the median of their medians): what a
-                # prediction of the workload can be held to when its repeats' medians spread
-                rep = {m: float(np.median(f[m]["run_medians"])) if f else None for m in METRICS}
-                vs_rep = {m: (float(np.median(rws[f"{m}_predicted"])) / rep[m] - 1) if rep[m] else None
-                          for m in METRICS}
-                limit = TARGET.get(kind, 2.0)
-                ok = all(v is not None and v <= limit for v in x.values())
-                per_request_ok = ok
-                if kind in ("same server", "same workload"):
-                    ok = ok and abs(med["ttft_ms"]) <= 0.10 and abs(med["e2e_ms"]) <= 0.05
-                rep_ok = None
-                if vs_rep["ttft_ms"] is not None and kind in ("same server", "same workload", "in sample"):
-                    rep_ok = abs(vs_rep["ttft_ms"]) <= 0.10 and abs(vs_rep["e2e_ms"]) <= 0.05
-                rows.append({"fit": names, "predicted": r.name, "kind": kind, "ttft_p50": summ["ttft_ms"]["p50"],
-                             "e2e_p50": summ["e2e_ms"]["p50"], "ttft_x_floor": x["ttft_ms"], "e2e_x_floor": x["e2e_ms"],
-                             "ttft_median_diff": med["ttft_ms"], "e2e_median_diff": med["e2e_ms"],
-                             "ttft_median_vs_repeats": vs_rep["ttft_ms"], "e2e_median_vs_repeats": vs_rep["e2e_ms"],
-                             "per_request_met": per_request_ok, "run_level_vs_repeats_met": rep_ok, "met": ok})
-                xs = [f"{v:.1f}x" if v is not None else "-" for v in x.values()]
-                vr = (f"{vs_rep['ttft_ms']:>+7.1%} {vs_rep['e2e_ms']:>+7.1%}" if vs_rep["ttft_ms"] is not None
-                      else f"{'-':>7} {'-':>7}")
-                print(f"{r.name:<36} {kind:<14} {summ['ttft_ms']['p50']:>8.1%} {xs[0]:>5} "
-                      f"{summ['e2e_ms']['p50']:>8.1%} {xs[1]:>5} {med['ttft_ms']:>+13.1%} {med['e2e_ms']:>+13.1%} "
-                      f"{vr}  {'met' if ok else 'MISSED'}")
+    return floors
+
+
+def _fit(a, ss: dict, ws: list[str]):
+    """The calibration on workloads ws' runs of --fit-round in the fit session (printed, with the
+    table's header): (the fitted runs, the calibration, their names)."""
+    fits = [ss[a.fit_session][f"{w}_r{k}"] for w in ws for k in a.fit_round.split(",")]
+    t0 = time.perf_counter()
+    cal = calibrate(fits, a.model, a.method)
+    names = " + ".join(f.name for f in fits)
+    print(f"\nfit on {names} ({a.method}, {a.model}, {time.perf_counter() - t0:.0f} s): {cal.describe()}")
+    print(f"{'predicted':<36} {'kind':<14} {'TTFT p50':>8} {'x':>5} {'E2E p50':>8} {'x':>5} "
+          f"{'TTFT med p/m':>13} {'E2E med p/m':>13} {'vs reps':>7} {'(E2E)':>7}  target")
+    return fits, cal, names
+
+
+def _kind(r, fits: list, session: str, name: str, fit_session: str, ws: list[str]) -> str:
+    """What run `name` of `session` is to the fit on `fits` (workloads ws of the fit session)."""
+    if any(r is f for f in fits):
+        return "in sample"
+    if session != fit_session:
+        return "another start"
+    return "same workload" if workload_of(name) in ws else "same server"
+
+
+def _run_level(rws, f: dict | None) -> tuple[dict, dict]:
+    """Each metric's run-level median, predicted over measured, and against the median of the workload's
+    repeats' medians (None without a floor)."""
+    med = {m: float(np.median(rws[f"{m}_predicted"]) / np.median(rws[f"{m}_measured"]) - 1)
+           for m in METRICS}
+    # the run-level median against the repeats' own (the median of their medians): what a
+    # prediction of the workload can be held to when its repeats' medians spread
+    rep = {m: float(np.median(f[m]["run_medians"])) if f else None for m in METRICS}
+    vs_rep = {m: (float(np.median(rws[f"{m}_predicted"])) / rep[m] - 1) if rep[m] else None
+              for m in METRICS}
+    return med, vs_rep
+
+
+def _verdicts(kind: str, x: dict, med: dict, vs_rep: dict) -> tuple[bool, bool, bool | None]:
+    """(met, per-request targets met, run-level medians within 10%/5% of the repeats' or None)."""
+    limit = TARGET.get(kind, 2.0)
+    ok = all(v is not None and v <= limit for v in x.values())
+    per_request_ok = ok
+    if kind in ("same server", "same workload"):
+        ok = ok and abs(med["ttft_ms"]) <= 0.10 and abs(med["e2e_ms"]) <= 0.05
+    rep_ok = None
+    if vs_rep["ttft_ms"] is not None and kind in ("same server", "same workload", "in sample"):
+        rep_ok = abs(vs_rep["ttft_ms"]) <= 0.10 and abs(vs_rep["e2e_ms"]) <= 0.05
+    return ok, per_request_ok, rep_ok
+
+
+def _predict(a, cal, fits: list, names: str, kind: str, r, floor: dict | None) -> dict:
+    """Run r predicted by the calibration, held against its workload's floor: its row."""
+    ev = evaluate(cal, r, {f.name for f in fits}, a.model,
+                  speed_from_log=(a.speed_from_log and kind == "another start")
+                  or (a.speed_everywhere and kind != "in sample"))
+    summ, rws = ev["summary"], ev["rows"]
+    x = {m: summ[m]["p50"] / floor[m]["p50"] if floor else None for m in METRICS}
+    med, vs_rep = _run_level(rws, floor)
+    ok, per_request_ok, rep_ok = _verdicts(kind, x, med, vs_rep)
+    return {"fit": names, "predicted": r.name, "kind": kind, "ttft_p50": summ["ttft_ms"]["p50"],
+            "e2e_p50": summ["e2e_ms"]["p50"], "ttft_x_floor": x["ttft_ms"], "e2e_x_floor": x["e2e_ms"],
+            "ttft_median_diff": med["ttft_ms"], "e2e_median_diff": med["e2e_ms"],
+            "ttft_median_vs_repeats": vs_rep["ttft_ms"], "e2e_median_vs_repeats": vs_rep["e2e_ms"],
+            "per_request_met": per_request_ok, "run_level_vs_repeats_met": rep_ok, "met": ok}
+
+
+def _print_row(row: dict) -> None:
+    xs = [f"{v:.1f}x" if v is not None else "-" for v in (row["ttft_x_floor"], row["e2e_x_floor"])]
+    vr = (f"{row['ttft_median_vs_repeats']:>+7.1%} {row['e2e_median_vs_repeats']:>+7.1%}"
+          if row["ttft_median_vs_repeats"] is not None else f"{'-':>7} {'-':>7}")
+    print(f"{row['predicted']:<36} {row['kind']:<14} {row['ttft_p50']:>8.1%} {xs[0]:>5} "
+          f"{row['e2e_p50']:>8.1%} {xs[1]:>5} {row['ttft_median_diff']:>+13.1%} {row['e2e_median_diff']:>+13.1%} "
+          f"{vr}  {'met' if row['met'] else 'MISSED'}")
+
+
+def _print_totals(rows: list[dict]) -> None:
     met = sum(r["met"] for r in rows)
     print(f"\n{met} of {len(rows)} predictions within their targets")
     per = sum(r["per_request_met"] for r in rows)
@@ -138,6 +169,24 @@ def main(argv=None) -> int:
     lv = [r["run_level_vs_repeats_met"] for r in rows if r["run_level_vs_repeats_met"] is not None]
     print(f"{sum(lv)} of {len(lv)} on the fit's server with run-level medians within 10% (TTFT) and 5% (E2E) of "
           "the repeats' median medians")
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    ss = sessions(a.sessions.split(","))
+    floors = _floors(ss)
+    fit_ws = a.fit_workloads.split(",") if a.fit_workloads else sorted({workload_of(n) for n in ss[a.fit_session]})
+    rows = []
+    groups = [fit_ws] if a.together else [[w] for w in fit_ws]
+    for ws in groups:
+        fits, cal, names = _fit(a, ss, ws)
+        for s, runs in ss.items():
+            for n, r in runs.items():
+                kind = _kind(r, fits, s, n, a.fit_session, ws)
+                row = _predict(a, cal, fits, names, kind, r, floors.get((s, workload_of(n))))
+                rows.append(row)
+                _print_row(row)
+    _print_totals(rows)
     if a.json:
         Path(a.json).write_text(json.dumps({"floors": {f"{s}/{w}": v for (s, w), v in floors.items()},
                                             "rows": rows}, indent=1, default=str))

@@ -333,8 +333,8 @@ class ModelExecutor:
         return self.e.attention(q, c.k[li], c.v[li], chunks)
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
-        from gpu_runner.spec_decode import SAMPLED, verify
-        e, dev, sp = self.e, self.e.device, self.e.cfg.sampling
+        """One step: draft proposals, one packed forward, sampling and verification; tokens on the host."""
+        e, dev = self.e, self.e.device
         self._receive(batch)
         bs = self.block_size
         reqs, starts, ns = batch.reqs.tolist(), batch.start_pos.tolist(), batch.num_tokens.tolist()
@@ -345,11 +345,7 @@ class ModelExecutor:
         # Plain entries that complete emit one sampled token; a decode entry of more than one
         # token verifies draft proposals.
         emits = batch.emits.tolist()
-        spec = [j for j in range(len(reqs)) if not batch.is_prefill[j] and ns[j] > 1] if self.drafter else []
-        props, qdist = {}, {}
-        if spec:
-            props, qdist = self.drafter.propose(reqs, known, spec, starts, {j: ns[j] - 1 for j in spec}, slots,
-                                                [self.gens[r] for r in reqs], sp, dev)
+        spec, props, qdist = self._propose(batch, reqs, known, starts, ns, slots)
         entries = [([known[j][s]] + props[j] if j in props else known[j][s:s + n], s, slots[j])
                    for j, (s, n) in enumerate(zip(starts, ns))]
         packed = pack(entries, dev)
@@ -361,59 +357,82 @@ class ModelExecutor:
         plain = [j for j in range(len(reqs)) if emits[j] and j not in props]
         if plain:
             logits = e.model.logits(hidden[packed.last_rows(plain)], weights)
-            groups: dict[tuple, list[int]] = {}
-            for k, j in enumerate(plain):
-                p = self.sp_of[reqs[j]]
-                groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(k)
-            finite = torch.isfinite(logits).all(-1).tolist()
-            for k in [k for k, ok in enumerate(finite) if not ok]:
-                failed[plain[k]] = "the model's logits are not finite (inf or NaN) for this request"
-            for ks in groups.values():   # one draw per distinct sampling setting
-                ks = [k for k in ks if finite[k]]
-                if not ks:
-                    continue
-                try:
-                    picked, _ = sample(logits[ks] if len(ks) < len(plain) else logits,
-                                       [self.gens[reqs[plain[k]]] for k in ks], self.sp_of[reqs[plain[ks[0]]]])
-                except (RuntimeError, ValueError) as err:    # one setting's draw fails: its requests only
-                    for k in ks:
-                        failed[plain[k]] = f"sampling failed: {type(err).__name__}: {str(err)[:200]}"
-                    continue
-                for k, tok in zip(ks, picked):
-                    tokens[plain[k]] = [tok]
-                    if sources is not None:
-                        sources[plain[k]] = [SAMPLED]
+            self._sample_plain(logits, [reqs[j] for j in plain], plain, tokens, sources, failed)
         events = []
-        greedy = sp.temperature == 0
         for j in spec:
             c = packed.chunks[j]
             logits = e.model.logits(hidden[c.row:c.row + c.n], weights)  # [gamma + 1, V]
-            try:
-                if not torch.isfinite(logits).all():
-                    raise ValueError("the model's logits are not finite (inf or NaN)")
-                if greedy:
-                    p = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
-                    q = torch.nn.functional.one_hot(torch.tensor(props[j], device=dev),
-                                                    logits.shape[-1]).to(logits.dtype)
-                else:
-                    p = filtered_probs(logits, sp)
-                    q = torch.stack(qdist[j])
-                tokens[j], sources[j], positions = verify(p, q, props[j], self.gens[reqs[j]], greedy)
-            except (RuntimeError, ValueError) as err:      # this request's verification only
-                failed[j] = f"speculative verification failed: {type(err).__name__}: {str(err)[:200]}"
-                tokens[j], sources[j] = [], []
-                continue
-            accepted = sum(1 for x in positions if x["accepted"])
-            self.drafter.rejected_after(reqs[j], starts[j], accepted)
-            events.append({"type": "spec", "req": self.ids[reqs[j]], "step": int(batch.step),
-                           "proposed": props[j], "positions": positions, "accepted": accepted,
-                           "bonus": accepted == len(props[j])})
+            ev = self._verify(batch, j, reqs[j], starts[j], logits, props[j], qdist, tokens, sources, failed)
+            if ev is not None:
+                events.append(ev)
         t_end = self.clock.now()                                     # tokens are on the host now
         for ev in events:
             ev["t_ms"] = t_end
         if e.cfg.capture_tiles is not None:
             events += self._tile_events(batch)
         return ExecutorOutput(t_end, tokens=tokens, sources=sources, events=events or None, failed=failed or None)
+
+    def _propose(self, batch: SchedulerOutput, reqs, known, starts, ns, slots) -> tuple[list[int], dict, dict]:
+        """The speculative entries (decodes of more than one token) and the draft's proposals for them."""
+        spec = [j for j in range(len(reqs)) if not batch.is_prefill[j] and ns[j] > 1] if self.drafter else []
+        props, qdist = {}, {}
+        if spec:
+            props, qdist = self.drafter.propose(reqs, known, spec, starts, {j: ns[j] - 1 for j in spec}, slots,
+                                                [self.gens[r] for r in reqs], self.e.cfg.sampling, self.e.device)
+        return spec, props, qdist
+
+    def _sample_plain(self, logits, rows: list[int], plain: list[int], tokens, sources, failed) -> None:
+        """One sampled token per plain entry (rows[k]: entry plain[k]'s request), into tokens/sources;
+        an entry whose logits are not finite, or whose draw fails, goes into failed."""
+        from gpu_runner.spec_decode import SAMPLED
+        groups: dict[tuple, list[int]] = {}
+        for k, r in enumerate(rows):
+            p = self.sp_of[r]
+            groups.setdefault((p.temperature, p.top_k, p.top_p), []).append(k)
+        finite = torch.isfinite(logits).all(-1).tolist()
+        for k in [k for k, ok in enumerate(finite) if not ok]:
+            failed[plain[k]] = "the model's logits are not finite (inf or NaN) for this request"
+        for ks in groups.values():   # one draw per distinct sampling setting
+            ks = [k for k in ks if finite[k]]
+            if not ks:
+                continue
+            try:
+                picked, _ = sample(logits[ks] if len(ks) < len(plain) else logits,
+                                   [self.gens[rows[k]] for k in ks], self.sp_of[rows[ks[0]]])
+            except (RuntimeError, ValueError) as err:    # one setting's draw fails: its requests only
+                for k in ks:
+                    failed[plain[k]] = f"sampling failed: {type(err).__name__}: {str(err)[:200]}"
+                continue
+            for k, tok in zip(ks, picked):
+                tokens[plain[k]] = [tok]
+                if sources is not None:
+                    sources[plain[k]] = [SAMPLED]
+
+    def _verify(self, batch: SchedulerOutput, j: int, r: int, start: int, logits, proposed: list[int], qdist,
+                tokens, sources, failed) -> dict | None:
+        """Verify entry j's proposals (request row r) against its logits [gamma + 1, V]: its tokens and
+        sources, and its `spec` event (None, and the entry in failed, when verification fails)."""
+        from gpu_runner.spec_decode import verify
+        sp, dev = self.e.cfg.sampling, self.e.device
+        greedy = sp.temperature == 0
+        try:
+            if not torch.isfinite(logits).all():
+                raise ValueError("the model's logits are not finite (inf or NaN)")
+            if greedy:
+                p = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+                q = torch.nn.functional.one_hot(torch.tensor(proposed, device=dev), logits.shape[-1]).to(logits.dtype)
+            else:
+                p = filtered_probs(logits, sp)
+                q = torch.stack(qdist[j])
+            tokens[j], sources[j], positions = verify(p, q, proposed, self.gens[r], greedy)
+        except (RuntimeError, ValueError) as err:      # this request's verification only
+            failed[j] = f"speculative verification failed: {type(err).__name__}: {str(err)[:200]}"
+            tokens[j], sources[j] = [], []
+            return None
+        accepted = sum(1 for x in positions if x["accepted"])
+        self.drafter.rejected_after(r, start, accepted)
+        return {"type": "spec", "req": self.ids[r], "step": int(batch.step), "proposed": proposed,
+                "positions": positions, "accepted": accepted, "bonus": accepted == len(proposed)}
 
     def _tile_events(self, batch) -> list[dict]:
         """Captured (m, l) per query row after each KV tile, as `tiles` events."""

@@ -86,30 +86,12 @@ def config_from_hf(cfg: dict, where: str = "config.json") -> ModelConfig:
         c = msgspec.convert(cfg, HFConfig)
     except msgspec.ValidationError as e:
         raise ConfigError(f"{where}: {validation_message(e)}") from None
-    if c.model_type not in SUPPORTED:
-        raise ConfigError(f"{where}: model_type {short(c.model_type)} is not supported (expected one of "
-                          f"{', '.join(SUPPORTED)})")
-    if c.rope_scaling:
-        raise ConfigError(f"{where}: rope_scaling {short(c.rope_scaling)} is not supported by this runner")
-    rope = c.rope_parameters or RopeParameters()
-    if rope.rope_type not in ("default", None):
-        raise ConfigError(f"{where}: rope_parameters.rope_type {short(rope.rope_type)} is not supported "
-                          "by this runner")
-    for key in REQUIRED:
-        if getattr(c, key) is None:
-            raise ConfigError(f"{where}: {key}: missing" if key not in cfg else f"{where}: {key}: expected an "
-                              "integer >= 1, got null")
+    rope = _supported_rope(c, where)
+    _check_required(c, cfg, where)
     heads, dim = c.num_attention_heads, c.hidden_size
     kv_heads = c.num_key_value_heads or heads
     head_dim = c.head_dim
-    if heads % kv_heads:
-        raise ConfigError(f"{where}: num_attention_heads ({heads}) must be a multiple of "
-                          f"num_key_value_heads ({kv_heads})")
-    if head_dim is None and dim % heads:
-        raise ConfigError(f"{where}: hidden_size ({dim}) must be a multiple of num_attention_heads ({heads}) "
-                          "when head_dim is not given")
-    if (head_dim or dim // heads) % 2:
-        raise ConfigError(f"{where}: head_dim ({head_dim or dim // heads}) must be even (rotary positions)")
+    _check_heads(heads, kv_heads, dim, head_dim, where)
     theta = c.rope_theta if c.rope_theta is not None else rope.rope_theta
     try:
         return ModelConfig(vocab_size=c.vocab_size, dim=dim, n_layers=c.num_hidden_layers, n_heads=heads,
@@ -121,6 +103,40 @@ def config_from_hf(cfg: dict, where: str = "config.json") -> ModelConfig:
                            qkv_bias=c.model_type == "qwen2" if c.attention_bias is None else c.attention_bias)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
+
+
+def _supported_rope(c: HFConfig, where: str) -> RopeParameters:
+    """The config's rope parameters, or ConfigError for an unsupported model_type or rope variant."""
+    if c.model_type not in SUPPORTED:
+        raise ConfigError(f"{where}: model_type {short(c.model_type)} is not supported (expected one of "
+                          f"{', '.join(SUPPORTED)})")
+    if c.rope_scaling:
+        raise ConfigError(f"{where}: rope_scaling {short(c.rope_scaling)} is not supported by this runner")
+    rope = c.rope_parameters or RopeParameters()
+    if rope.rope_type not in ("default", None):
+        raise ConfigError(f"{where}: rope_parameters.rope_type {short(rope.rope_type)} is not supported "
+                          "by this runner")
+    return rope
+
+
+def _check_required(c: HFConfig, cfg: dict, where: str) -> None:
+    """ConfigError for the first REQUIRED field that is absent or null."""
+    for key in REQUIRED:
+        if getattr(c, key) is None:
+            raise ConfigError(f"{where}: {key}: missing" if key not in cfg else f"{where}: {key}: expected an "
+                              "integer >= 1, got null")
+
+
+def _check_heads(heads: int, kv_heads: int, dim: int, head_dim: int | None, where: str) -> None:
+    """ConfigError unless the attention heads divide evenly and the head dimension is even."""
+    if heads % kv_heads:
+        raise ConfigError(f"{where}: num_attention_heads ({heads}) must be a multiple of "
+                          f"num_key_value_heads ({kv_heads})")
+    if head_dim is None and dim % heads:
+        raise ConfigError(f"{where}: hidden_size ({dim}) must be a multiple of num_attention_heads ({heads}) "
+                          "when head_dim is not given")
+    if (head_dim or dim // heads) % 2:
+        raise ConfigError(f"{where}: head_dim ({head_dim or dim // heads}) must be even (rotary positions)")
 
 
 def param_count(c: ModelConfig) -> int:
@@ -158,6 +174,28 @@ def check_model_size(c: ModelConfig, where: str, limit: int | None = None) -> No
 def read_safetensors_header(f: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{tensor name: (dtype, shape)} from a safetensors file's header, checked against the file's
     size: a bounded read, whatever the header claims."""
+    size, n, raw = _read_header_bytes(f)
+    doc = parse_json(raw.rstrip(b" "), f"{f}: safetensors header")
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{f}: corrupt safetensors header (expected a JSON object, got {_type_name(doc)})")
+    data_len = size - 8 - n
+    out = {}
+    for name, e in doc.items():
+        if name == "__metadata__":
+            continue
+        out[name] = _header_entry(f"{f}: tensor {short(name)}", e, data_len)
+    from safetensors import SafetensorError, safe_open
+    try:  # the library's own checks (offsets that cover the data exactly, ...): reads the header only
+        with safe_open(str(f), framework="pt"):
+            pass
+    except SafetensorError as e:
+        raise ConfigError(f"{f}: corrupt safetensors file ({_first_line(e)})") from None
+    return out
+
+
+def _read_header_bytes(f: Path) -> tuple[int, int, bytes]:
+    """(file size, header length, header bytes) of a safetensors file; ConfigError when the file is
+    unreadable, or the header length is truncated, too large or past the file's end."""
     try:
         size = f.stat().st_size
         with open(f, "rb") as fh:
@@ -174,39 +212,32 @@ def read_safetensors_header(f: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             raw = fh.read(n)
     except OSError as e:
         raise ConfigError(f"{f}: cannot read ({e.strerror or e})") from None
-    doc = parse_json(raw.rstrip(b" "), f"{f}: safetensors header")
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{f}: corrupt safetensors header (expected a JSON object, got {_type_name(doc)})")
-    data_len = size - 8 - n
-    out = {}
-    for name, e in doc.items():
-        if name == "__metadata__":
-            continue
-        where = f"{f}: tensor {short(name)}"
-        if not isinstance(e, dict):
-            raise ConfigError(f"{where}: corrupt header entry {short(e)}")
-        dt, shape, off = e.get("dtype"), e.get("shape"), e.get("data_offsets")
-        if dt not in DTYPE_BYTES:
-            raise ConfigError(f"{where}: unknown dtype {short(dt)}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                  for d in shape):
-            raise ConfigError(f"{where}: corrupt shape {short(shape)}")
-        if not (isinstance(off, list) and len(off) == 2 and all(isinstance(o, int) and not isinstance(o, bool)
-                                                                 for o in off) and 0 <= off[0] <= off[1]):
-            raise ConfigError(f"{where}: corrupt data_offsets {short(off)}")
-        if off[1] > data_len:
-            raise ConfigError(f"{where}: truncated file: the tensor's data ends at byte {off[1]:,} of the data "
-                              f"section, which holds {data_len:,}")
-        if math.prod(shape) * DTYPE_BYTES[dt] != off[1] - off[0]:
-            raise ConfigError(f"{where}: corrupt header: shape {shape} in {dt} does not match data_offsets {off}")
-        out[name] = (dt, tuple(shape))
-    from safetensors import SafetensorError, safe_open
-    try:  # the library's own checks (offsets that cover the data exactly, ...): reads the header only
-        with safe_open(str(f), framework="pt"):
-            pass
-    except SafetensorError as e:
-        raise ConfigError(f"{f}: corrupt safetensors file ({_first_line(e)})") from None
-    return out
+    return size, n, raw
+
+
+def _is_int(v) -> bool:
+    """An int that is not a bool."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _header_entry(where: str, e, data_len: int) -> tuple[str, tuple[int, ...]]:
+    """(dtype, shape) of one header entry, checked (dtype known, shape and data_offsets well formed,
+    within the data section and of the shape's size)."""
+    if not isinstance(e, dict):
+        raise ConfigError(f"{where}: corrupt header entry {short(e)}")
+    dt, shape, off = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+    if dt not in DTYPE_BYTES:
+        raise ConfigError(f"{where}: unknown dtype {short(dt)}")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise ConfigError(f"{where}: corrupt shape {short(shape)}")
+    if not (isinstance(off, list) and len(off) == 2 and all(_is_int(o) for o in off) and 0 <= off[0] <= off[1]):
+        raise ConfigError(f"{where}: corrupt data_offsets {short(off)}")
+    if off[1] > data_len:
+        raise ConfigError(f"{where}: truncated file: the tensor's data ends at byte {off[1]:,} of the data "
+                          f"section, which holds {data_len:,}")
+    if math.prod(shape) * DTYPE_BYTES[dt] != off[1] - off[0]:
+        raise ConfigError(f"{where}: corrupt header: shape {shape} in {dt} does not match data_offsets {off}")
+    return dt, tuple(shape)
 
 
 def _first_line(e: Exception) -> str:

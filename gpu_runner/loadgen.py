@@ -473,10 +473,8 @@ def with_engine_side(tr, cap: Capture):
     return tr
 
 
-def main_loadgen(a) -> int:
-    from core.cli import Progress, check_writable, write_output
-    from core.trace import trace_from_doc
-    from core.workload import load_workload
+def _check_args(a) -> None:
+    """InputError for loadgen flags out of range (or both arrival modes at once)."""
     if (a.rate is not None) and (a.concurrency is not None):
         raise InputError("--rate and --concurrency: choose one (or neither: the workload's arrival times)")
     if a.rate is not None and not 0 < a.rate <= 1e6:
@@ -487,14 +485,28 @@ def main_loadgen(a) -> int:
         raise InputError(f"--metrics-interval: expected seconds > 0, got {a.metrics_interval}")
     if not (a.request_timeout > 0 and a.request_timeout == a.request_timeout):
         raise InputError(f"--request-timeout: expected seconds > 0, got {a.request_timeout}")
+
+
+def _arrivals(a) -> tuple[str, dict | None]:
+    """How requests arrive, in words, and as the trace's meta.load (None: the workload's own times)."""
+    if a.rate is not None:
+        return f"Poisson {a.rate:g} req/s, seed {a.seed}", {"kind": "open", "rate": a.rate, "seed": a.seed}
+    if a.concurrency is not None:
+        return f"closed loop, concurrency {a.concurrency}", {"kind": "closed", "concurrency": a.concurrency}
+    return "the workload's arrival times", None
+
+
+def main_loadgen(a) -> int:
+    from core.cli import Progress, check_writable, write_output
+    from core.trace import trace_from_doc
+    from core.workload import load_workload
+    _check_args(a)
     check_writable(a.out, "--out")
     w = load_workload(a.workload, tokenize=lambda text: list(text.encode("utf-8")))
-    how = (f"Poisson {a.rate:g} req/s, seed {a.seed}" if a.rate is not None else
-           f"closed loop, concurrency {a.concurrency}" if a.concurrency is not None else "the workload's arrival times")
+    how, load = _arrivals(a)
     cap = Capture(a.url, a.model, a.temperature, a.metrics_interval)
     cap.request_timeout = a.request_timeout
-    cap.load = ({"kind": "open", "rate": a.rate, "seed": a.seed} if a.rate is not None else
-                {"kind": "closed", "concurrency": a.concurrency} if a.concurrency is not None else None)
+    cap.load = load
     from gpu_runner.observe import Telemetry, check_flags
     check_flags(a)
     if a.kv_events or a.otlp_port:

@@ -191,6 +191,19 @@ class App:
         return ids
 
     def _stream(self, body: CompletionBody, ids: list[int]) -> tuple[Stream, list[str]]:
+        max_tokens = self._max_tokens(body, ids)
+        sp = _sampling(body)
+        stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+        if "" in stop:
+            raise BadRequest("stop: expected a string or a list of up to 16 non-empty strings")
+        info = self.se.info
+        stops = _stop_token_ids(body, info)
+        if info.speculative:   # one sampling setting for the whole speculative batch
+            sp = _speculative_sampling(body, sp, info.sampling)
+        return Stream("", ids, max_tokens, sp, stops, asyncio.get_running_loop(), stop)
+
+    def _max_tokens(self, body: CompletionBody, ids: list[int]) -> int:
+        """The completion's token limit (default 16); BadRequest for n > 1 or past the model's context."""
         if (body.n or 1) != 1:
             raise BadRequest("n: only 1 is supported")
         max_tokens = body.max_tokens or body.max_completion_tokens or 16
@@ -198,26 +211,7 @@ class App:
             raise BadRequest(f"This model's maximum context length is {self.max_seq_len} tokens. However, you "
                              f"requested {len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} "
                              f"for the completion).")
-        sp = SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
-                            top_p=1.0 if body.top_p is None else body.top_p, top_k=max(0, body.top_k or 0),
-                            seed=body.seed or 0)
-        stop = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
-        if "" in stop:
-            raise BadRequest("stop: expected a string or a list of up to 16 non-empty strings")
-        stop_ids = body.stop_token_ids or []
-        ignore_eos = body.ignore_eos
-        info = self.se.info
-        eos = () if ignore_eos else tuple(info.stop_token_ids)
-        stops = tuple(dict.fromkeys([*eos, *stop_ids])) if (stop_ids or ignore_eos) else None
-        if info.speculative:   # one sampling setting for the whole speculative batch
-            server_sp = info.sampling
-            given = {k for k in ("temperature", "top_p", "top_k", "seed") if getattr(body, k) is not None}
-            if any(getattr(sp, k) != getattr(server_sp, k) for k in given):
-                raise BadRequest("speculative serving samples with the server's settings "
-                                 f"(temperature {server_sp.temperature:g}, top_k {server_sp.top_k}, top_p "
-                                 f"{server_sp.top_p:g}, seed {server_sp.seed}); leave them out of the request")
-            sp = server_sp
-        return Stream("", ids, max_tokens, sp, stops, asyncio.get_running_loop(), stop)
+        return max_tokens
 
     # ---- completions --------------------------------------------------------------------------
     async def completions(self, request: Request):
@@ -261,6 +255,32 @@ class App:
             return StreamingResponse(gen.sse(request, usage_in_stream), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         return await gen.whole(request)
+
+
+def _sampling(body: CompletionBody) -> SamplingParams:
+    """The request's sampling settings (OpenAI's defaults: temperature 1, top_p 1, no top_k)."""
+    return SamplingParams(temperature=1.0 if body.temperature is None else body.temperature,
+                          top_p=1.0 if body.top_p is None else body.top_p, top_k=max(0, body.top_k or 0),
+                          seed=body.seed or 0)
+
+
+def _stop_token_ids(body: CompletionBody, info) -> tuple[int, ...] | None:
+    """The token ids that end the request (the model's end of sequence unless ignore_eos, then
+    stop_token_ids), or None for the engine's default."""
+    stop_ids = body.stop_token_ids or []
+    ignore_eos = body.ignore_eos
+    eos = () if ignore_eos else tuple(info.stop_token_ids)
+    return tuple(dict.fromkeys([*eos, *stop_ids])) if (stop_ids or ignore_eos) else None
+
+
+def _speculative_sampling(body: CompletionBody, sp: SamplingParams, server_sp: SamplingParams) -> SamplingParams:
+    """The server's sampling settings; BadRequest when the request sets one of them otherwise."""
+    given = {k for k in ("temperature", "top_p", "top_k", "seed") if getattr(body, k) is not None}
+    if any(getattr(sp, k) != getattr(server_sp, k) for k in given):
+        raise BadRequest("speculative serving samples with the server's settings "
+                         f"(temperature {server_sp.temperature:g}, top_k {server_sp.top_k}, top_p "
+                         f"{server_sp.top_p:g}, seed {server_sp.seed}); leave them out of the request")
+    return server_sp
 
 
 class _Generation:

@@ -80,93 +80,119 @@ def _figures(run: dict) -> dict | None:
     return None if "error" in f or f.get("output_tok_per_s") is None else f
 
 
+def _capture_side(run: dict) -> tuple[bool, dict] | None:
+    """gpu_runner capture (True) or vLLM served through `vllm bench serve` (False), both by core metrics
+    (tok/s over [first arrival, last token]; capture's TTFT counts the queue); None for any other run."""
+    side = True if run["engine"] == "gpu_runner capture" else \
+        False if run["client"] == "vllm bench serve" and run["engine"].startswith("vLLM") else None
+    if side is None or "error" in run["core_metrics"]:
+        return None
+    return side, run["core_metrics"]
+
+
+def _side(run: dict, client: str) -> tuple[bool, dict] | None:
+    """Whether the run is ours (True) or vLLM's (False) for `client`, with its figures; None if not compared."""
+    if client == "gpu_runner capture":   # the in-process run against vLLM served through `vllm bench serve`
+        return _capture_side(run)
+    if run["client"] == client and _figures(run) is not None:
+        return run["engine"].startswith("gpu_runner"), _figures(run)
+    return None
+
+
+def _by_round(runs: list[dict], client: str) -> dict:
+    """{ours: {round: figures}} over the repeated runs compared for `client` (ours: True, vLLM: False)."""
+    by = {}
+    for r in runs:
+        if "_r" not in r["file"]:
+            continue
+        compared = _side(r, client)
+        if compared is None:
+            continue
+        side, fig = compared
+        by.setdefault(side, {})[int(r["file"].rsplit("_r", 1)[1].split(".")[0])] = fig
+    return by
+
+
+def _ratios(client: str, ours: dict, theirs: dict, rounds: list[int]) -> tuple[dict, list[str]]:
+    """Ours over vLLM's per round, best against best and the rounds' median: the figures and their lines."""
+    tps = [ours[k]["output_tok_per_s"] / theirs[k]["output_tok_per_s"] for k in rounds]
+    ttft = [ours[k]["ttft_mean_ms"] / theirs[k]["ttft_mean_ms"] for k in rounds]
+    best_tps = (max(o["output_tok_per_s"] for o in ours.values())
+                / max(t["output_tok_per_s"] for t in theirs.values()))
+    best_ttft = min(o["ttft_mean_ms"] for o in ours.values()) / min(t["ttft_mean_ms"] for t in theirs.values())
+    doc = {"rounds": rounds, "tok_s_ratio": tps, "ttft_ratio": ttft, "best_tok_s_ratio": best_tps,
+           "best_ttft_ratio": best_ttft, "median_tok_s_ratio": statistics.median(tps),
+           "median_ttft_ratio": statistics.median(ttft)}
+    lines = [f"  {client}: per round tok/s " + ", ".join(f"{x:.2f}x" for x in tps)
+             + "; TTFT " + ", ".join(f"{x:.2f}x" for x in ttft),
+             f"  {client}: best of {len(ours)} vs best of {len(theirs)}: tok/s {best_tps:.2f}x, "
+             f"TTFT {best_ttft:.2f}x;"
+             f" median of the rounds: tok/s {statistics.median(tps):.2f}x, TTFT {statistics.median(ttft):.2f}x"]
+    return doc, lines
+
+
 def versus(runs: list[dict]) -> dict:
     """Ours against vLLM for each client: per round (the repeat number: with ALTERNATE=1 the two runs
     were back to back), best of all repeats each (highest tok/s, lowest mean TTFT) and the median."""
     lines, doc = [], {}
     for client in ("vllm bench serve", "gpu_runner loadgen", "gpu_runner capture"):
-        by = {}
-        for r in runs:
-            if "_r" not in r["file"]:
-                continue
-            if client == "gpu_runner capture":   # the in-process run against vLLM served through `vllm bench serve`;
-                # both by core metrics (tok/s over [first arrival, last token]; capture's TTFT counts the queue)
-                side = True if r["engine"] == "gpu_runner capture" else \
-                    False if r["client"] == "vllm bench serve" and r["engine"].startswith("vLLM") else None
-                if side is None or "error" in r["core_metrics"]:
-                    continue
-                fig = r["core_metrics"]
-            elif r["client"] == client and _figures(r) is not None:
-                side, fig = r["engine"].startswith("gpu_runner"), _figures(r)
-            else:
-                continue
-            by.setdefault(side, {})[int(r["file"].rsplit("_r", 1)[1].split(".")[0])] = fig
+        by = _by_round(runs, client)
         ours, theirs = by.get(True, {}), by.get(False, {})
         rounds = sorted(set(ours) & set(theirs))
         if not rounds:
             continue
-        tps = [ours[k]["output_tok_per_s"] / theirs[k]["output_tok_per_s"] for k in rounds]
-        ttft = [ours[k]["ttft_mean_ms"] / theirs[k]["ttft_mean_ms"] for k in rounds]
-        best_tps = (max(o["output_tok_per_s"] for o in ours.values())
-                    / max(t["output_tok_per_s"] for t in theirs.values()))
-        best_ttft = min(o["ttft_mean_ms"] for o in ours.values()) / min(t["ttft_mean_ms"] for t in theirs.values())
-        doc[client] = {"rounds": rounds, "tok_s_ratio": tps, "ttft_ratio": ttft, "best_tok_s_ratio": best_tps,
-                       "best_ttft_ratio": best_ttft, "median_tok_s_ratio": statistics.median(tps),
-                       "median_ttft_ratio": statistics.median(ttft)}
-        lines += [f"  {client}: per round tok/s " + ", ".join(f"{x:.2f}x" for x in tps)
-                  + "; TTFT " + ", ".join(f"{x:.2f}x" for x in ttft),
-                  f"  {client}: best of {len(ours)} vs best of {len(theirs)}: tok/s {best_tps:.2f}x, "
-                  f"TTFT {best_ttft:.2f}x;"
-                  f" median of the rounds: tok/s {statistics.median(tps):.2f}x, TTFT {statistics.median(ttft):.2f}x"]
+        doc[client], more = _ratios(client, ours, theirs, rounds)
+        lines += more
     return {"lines": lines or ["  (no pair of runs)"], "doc": doc}
 
 
-def main() -> int:
-    out = Path(sys.argv[1]).resolve()
-    rows, medians, doc = [], [], {"runs": []}
-    for prefix, engine, client in GROUPS:
-        files = sorted(out.glob(f"{prefix}_r*.json"), key=lambda p: int(p.stem.rsplit("_r", 1)[1])) \
-            or ([out / f"{prefix}.json"] if (out / f"{prefix}.json").exists() else [])
-        if not files:
-            continue
-        reps = []
-        for p in files:
-            run = {"file": p.name, "engine": engine, "client": client, "core_metrics": core_metrics(p)}
-            if prefix.startswith("vllm_bench"):
-                run["file_figures"] = file_figures(p)
-            reps.append(run)
-            doc["runs"].append(run)
-            tag = p.stem.rsplit("_", 1)[1] if "_r" in p.stem else "-"
-            if run.get("file_figures"):
-                rows.append(row(engine, client, f"{tag} file's own", run["file_figures"]))
-            rows.append(row(engine, client, f"{tag} core metrics", run["core_metrics"]))
-        ok = [r for r in reps if "error" not in r["core_metrics"]]
-        if ok:
-            med = {k: statistics.median(r["core_metrics"][k] for r in ok) for k in KEYS}
-            by_tps = sorted(ok, key=lambda r: r["core_metrics"]["output_tok_per_s"])
-            chosen = by_tps[(len(by_tps) - 1) // 2]
-            if chosen["file"] != f"{prefix}.json":
-                shutil.copyfile(out / chosen["file"], out / f"{prefix}.json")
-            med.update(completed=sum(r["core_metrics"]["completed"] or 0 for r in ok),
-                       failed=sum(r["core_metrics"]["failed"] or 0 for r in ok))
-            medians.append(row(engine, client, f"median of {len(ok)}", med))
-            doc.setdefault("medians", []).append({"engine": engine, "client": client, "repeats": len(ok),
-                                                  "median_core_metrics": med, "copied_to": f"{prefix}.json",
-                                                  "copied_from": chosen["file"]})
-    verdict = versus(doc["runs"])
-    doc["versus"] = verdict["doc"]
-    if (out / "served.json").exists():
-        m = core_metrics(out / "served.json")
-        doc["served_trace"] = m
-        rows.append(row("gpu_runner serve", "server-side trace", "all it served (a)", m))
+def _group_files(out: Path, prefix: str) -> list[Path]:
+    """The group's repeats (PREFIX_rK.json, by K), else PREFIX.json alone, else none."""
+    return sorted(out.glob(f"{prefix}_r*.json"), key=lambda p: int(p.stem.rsplit("_r", 1)[1])) \
+        or ([out / f"{prefix}.json"] if (out / f"{prefix}.json").exists() else [])
+
+
+def _measure(files: list[Path], prefix: str, engine: str, client: str, runs: list, rows: list) -> list[dict]:
+    """Each repeat measured (core metrics; a `vllm bench serve` file's own figures too), added to runs
+    and its rows to rows; returns the group's repeats."""
+    reps = []
+    for p in files:
+        run = {"file": p.name, "engine": engine, "client": client, "core_metrics": core_metrics(p)}
+        if prefix.startswith("vllm_bench"):
+            run["file_figures"] = file_figures(p)
+        reps.append(run)
+        runs.append(run)
+        tag = p.stem.rsplit("_", 1)[1] if "_r" in p.stem else "-"
+        if run.get("file_figures"):
+            rows.append(row(engine, client, f"{tag} file's own", run["file_figures"]))
+        rows.append(row(engine, client, f"{tag} core metrics", run["core_metrics"]))
+    return reps
+
+
+def _median(out: Path, prefix: str, engine: str, client: str, ok: list[dict]) -> tuple[str, dict]:
+    """The median of each figure over the repeats measured, its row and its record; the repeat with
+    the median output tok/s is copied to PREFIX.json."""
+    med = {k: statistics.median(r["core_metrics"][k] for r in ok) for k in KEYS}
+    by_tps = sorted(ok, key=lambda r: r["core_metrics"]["output_tok_per_s"])
+    chosen = by_tps[(len(by_tps) - 1) // 2]
+    if chosen["file"] != f"{prefix}.json":
+        shutil.copyfile(out / chosen["file"], out / f"{prefix}.json")
+    med.update(completed=sum(r["core_metrics"]["completed"] or 0 for r in ok),
+               failed=sum(r["core_metrics"]["failed"] or 0 for r in ok))
+    return (row(engine, client, f"median of {len(ok)}", med),
+            {"engine": engine, "client": client, "repeats": len(ok), "median_core_metrics": med,
+             "copied_to": f"{prefix}.json", "copied_from": chosen["file"]})
+
+
+def _cpu_model() -> str:
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
-    doc.update({"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-                "cpu": model, "versions": read(out, "versions.txt"), "greedy": read(out, "greedy.txt"),
-                "loadavg": read(out, "loadavg.txt"), "notes": read(out, "notes.txt")})
+    return next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), "?")
+
+
+def _summary_text(out: Path, doc: dict, model: str, medians: list[str], verdict: dict, rows: list[str]) -> str:
     head = (f"{'engine':<18} {'client':<19} {'run, figures':<22} {'out tok/s':>9} {'TTFT mean':>9} {'TTFT p99':>9} "
             f"{'TPOT mean':>9} {'TPOT p99':>9} {'done/failed':>11}")
-    text = "\n".join([
+    return "\n".join([
         "bench/vllm_cpu.sh: vLLM CPU vs gpu_runner serve, tiny byte model (2.9 M parameters, float32)",
         f"date: {doc['date']}",
         f"cpu: {model}",
@@ -186,6 +212,32 @@ def main() -> int:
         "", "greedy equality (temperature 0, 32 tokens, token ids):", read(out, "greedy.txt"),
         "", "commands:", read(out, "commands.txt"),
     ])
+
+
+def main() -> int:
+    out = Path(sys.argv[1]).resolve()
+    rows, medians, doc = [], [], {"runs": []}
+    for prefix, engine, client in GROUPS:
+        files = _group_files(out, prefix)
+        if not files:
+            continue
+        reps = _measure(files, prefix, engine, client, doc["runs"], rows)
+        ok = [r for r in reps if "error" not in r["core_metrics"]]
+        if ok:
+            med_row, med_doc = _median(out, prefix, engine, client, ok)
+            medians.append(med_row)
+            doc.setdefault("medians", []).append(med_doc)
+    verdict = versus(doc["runs"])
+    doc["versus"] = verdict["doc"]
+    if (out / "served.json").exists():
+        m = core_metrics(out / "served.json")
+        doc["served_trace"] = m
+        rows.append(row("gpu_runner serve", "server-side trace", "all it served (a)", m))
+    model = _cpu_model()
+    doc.update({"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                "cpu": model, "versions": read(out, "versions.txt"), "greedy": read(out, "greedy.txt"),
+                "loadavg": read(out, "loadavg.txt"), "notes": read(out, "notes.txt")})
+    text = _summary_text(out, doc, model, medians, verdict, rows)
     (out / "summary.txt").write_text(text + "\n")
     (out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(text)
