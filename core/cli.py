@@ -153,7 +153,7 @@ def check_writable(path, flag: str = "", directory_ok: bool = True):
         mode = os.stat(p).st_mode
     except OSError:
         mode = None
-    if mode is not None and (stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode)):
+    if mode is not None and _is_node(mode):
         if not os.access(p, os.W_OK):
             raise InputError(f"{_where(path, flag)}: is not writable")
         return
@@ -195,50 +195,48 @@ def _write_directory(p: Path, write, flag: str):
         shutil.rmtree(old, ignore_errors=True)
 
 
-def write_output(path, write, flag: str = ""):
-    """write(tmp) to a temporary file, then put it at `path` without damaging what is there:
-    - a regular file (or a new path) is replaced whole or not at all (a full disk or a kill
-      mid-write leaves it intact), keeping the file's mode and, when allowed, its owner;
-    - a symlink is written through: its target is replaced that way, the link stays;
-    - a character or block device or a FIFO is written through (its node stays), a FIFO only
-      when a process is reading it;
-    - anything else (a socket) is refused.
-    The temporary name ends like `path`, so writers that choose the format by suffix agree.
-    An OSError becomes one line naming the flag and path."""
+def _is_node(mode: int) -> bool:
+    """Whether a file mode is a character or block device's or a FIFO's (written through, never replaced)."""
     import stat
+    return stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode)
+
+
+def _stat_or_none(target: Path, path, flag: str):
+    """os.stat(target), None when nothing is there; any other OSError as one line naming the flag and path."""
+    from core.errors import InputError
+    try:
+        return os.stat(target)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise InputError(f"{_where(path, flag)}: cannot write ({e.strerror})") from None
+
+
+def _write_through(target: Path, fifo: bool, write, path, flag: str, name: str) -> None:
+    """write(tmp) into a temporary directory, then its bytes into the device or FIFO node `target`."""
     import tempfile
 
     from core.errors import InputError
-    p = Path(path)
-    check_not_input(path, flag)
-    if str(path).endswith("/"):
-        return _write_directory(p, write, flag)
-    target = Path(os.path.realpath(p)) if p.is_symlink() else p
-    try:
-        st = os.stat(target)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise InputError(f"{_where(path, flag)}: cannot write ({e.strerror})") from None
-    mode = st.st_mode if st is not None else None
-    special = mode is not None and (stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISFIFO(mode))
-    if mode is not None and not (special or stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise InputError(f"{_where(path, flag)}: is neither a regular file nor a device or FIFO (a socket?); "
-                         "name a file")
-    if special:
-        with tempfile.TemporaryDirectory() as d:
-            tmp = Path(d) / f".partial-{os.getpid()}-{p.name}"
-            try:
-                write(tmp)
-                _copy_into(tmp, target, stat.S_ISFIFO(mode))
-            except OSError as e:
-                raise InputError(f"{_where(path, flag)}: cannot write ({e.strerror})") from None
-        return None
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d) / f".partial-{os.getpid()}-{name}"
+        try:
+            write(tmp)
+            _copy_into(tmp, target, fifo)
+        except OSError as e:
+            raise InputError(f"{_where(path, flag)}: cannot write ({e.strerror})") from None
+
+
+def _replace_whole(target: Path, st, write, path, flag: str) -> None:
+    """write(tmp) beside `target`, then rename it over `target` (given the mode and, when allowed,
+    the owner of the regular file `st` there); the temporary file is removed whatever happens."""
+    import stat
+
+    from core.errors import InputError
     tmp = target.with_name(f".partial-{os.getpid()}-{target.name}")
     try:
         write(tmp)
-        if st is not None and stat.S_ISREG(mode) and tmp.is_file():
-            os.chmod(tmp, stat.S_IMODE(mode))
+        if st is not None and stat.S_ISREG(st.st_mode) and tmp.is_file():
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))
             try:
                 os.chown(tmp, st.st_uid, st.st_gid)
             except PermissionError:
@@ -252,6 +250,36 @@ def write_output(path, write, flag: str = ""):
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             tmp.unlink(missing_ok=True)
+
+
+def write_output(path, write, flag: str = ""):
+    """write(tmp) to a temporary file, then put it at `path` without damaging what is there:
+    - a regular file (or a new path) is replaced whole or not at all (a full disk or a kill
+      mid-write leaves it intact), keeping the file's mode and, when allowed, its owner;
+    - a symlink is written through: its target is replaced that way, the link stays;
+    - a character or block device or a FIFO is written through (its node stays), a FIFO only
+      when a process is reading it;
+    - anything else (a socket) is refused.
+    The temporary name ends like `path`, so writers that choose the format by suffix agree.
+    An OSError becomes one line naming the flag and path."""
+    import stat
+
+    from core.errors import InputError
+    p = Path(path)
+    check_not_input(path, flag)
+    if str(path).endswith("/"):
+        return _write_directory(p, write, flag)
+    target = Path(os.path.realpath(p)) if p.is_symlink() else p
+    st = _stat_or_none(target, path, flag)
+    mode = st.st_mode if st is not None else None
+    special = mode is not None and _is_node(mode)
+    if mode is not None and not (special or stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise InputError(f"{_where(path, flag)}: is neither a regular file nor a device or FIFO (a socket?); "
+                         "name a file")
+    if special:
+        _write_through(target, stat.S_ISFIFO(mode), write, path, flag, p.name)
+    else:
+        _replace_whole(target, st, write, path, flag)
     return None
 
 

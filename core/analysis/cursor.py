@@ -197,6 +197,43 @@ def gauge_coverage(trace: Trace, gauges: list[dict], metrics: pd.DataFrame | Non
             "reading_running": busy, "missed": bool(missed)}
 
 
+def _replica_pools(kv: pd.DataFrame, reps: list | None, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(each of the n replicas' pool: its recorded kv_blocks, or the blocks its events touch when that is
+    missing or smaller; the blocks its own view draws of it: occupancy.blocks_drawn)."""
+    pools = np.zeros(n, dtype=np.int64)
+    drawn = np.zeros(n, dtype=np.int64)
+    for k in range(n):
+        given = reps[k].get("kv_blocks") if reps and k < len(reps) and isinstance(reps[k], dict) else None
+        mine = kv["block"].to_numpy()[kv["replica"].to_numpy() == k] if len(kv) else np.empty(0, np.int64)
+        touched = int(mine.max()) + 1 if len(mine) else 0
+        pools[k] = given if isinstance(given, int) and not isinstance(given, bool) and given >= touched else touched
+        drawn[k] = blocks_drawn(touched, {"engine": {"kv_blocks": int(pools[k])}})
+    return pools, drawn
+
+
+def _fleet_step_totals(st: pd.DataFrame, n: int) -> pd.DataFrame:
+    """A copy of the steps whose running, waiting and KV blocks used (where recorded) are the n replicas'
+    total at each step's start: every replica's last reported value, summed."""
+    steps = st.copy()
+    if not len(st):
+        return steps
+    order = np.argsort(st["t_ms"].to_numpy(), kind="stable")
+    rep = st["replica"].to_numpy()[order]
+    for col in ("running", "waiting", "kv_used_blocks"):
+        v = st[col].to_numpy()
+        if not (v >= 0).any():
+            continue                 # (not recorded)
+        now, total = np.zeros(n, dtype=np.int64), 0
+        out = np.empty(len(v), dtype=v.dtype)
+        for j, k in zip(order.tolist(), rep.tolist()):
+            x = max(int(v[j]), 0)
+            total += x - now[k]
+            now[k] = x
+            out[j] = total
+        steps[col] = out
+    return steps
+
+
 def fleet_as_one(trace: Trace) -> Trace:
     """A fleet trace's replicas as one engine's views read them (the replay page's whole-fleet
     cursor): each replica's KV blocks numbered after the ones before it (replica k's block b is
@@ -209,34 +246,12 @@ def fleet_as_one(trace: Trace) -> Trace:
     reps = (t.meta.get("fleet") or {}).get("replicas") if isinstance(t.meta.get("fleet"), dict) else None
     kv, st = t.kv, t.steps
     n = 1 + max([int(df["replica"].max()) for df in (kv, st) if len(df)] + [len(reps or []) - 1, 0])
-    pools = np.zeros(n, dtype=np.int64)      # each replica's pool
-    drawn = np.zeros(n, dtype=np.int64)      # ... and the blocks its own view draws of it (occupancy.blocks_drawn)
-    for k in range(n):
-        given = reps[k].get("kv_blocks") if reps and k < len(reps) and isinstance(reps[k], dict) else None
-        mine = kv["block"].to_numpy()[kv["replica"].to_numpy() == k] if len(kv) else np.empty(0, np.int64)
-        touched = int(mine.max()) + 1 if len(mine) else 0
-        pools[k] = given if isinstance(given, int) and not isinstance(given, bool) and given >= touched else touched
-        drawn[k] = blocks_drawn(touched, {"engine": {"kv_blocks": int(pools[k])}})
+    pools, drawn = _replica_pools(kv, reps, n)
     offset = np.concatenate([[0], np.cumsum(drawn)[:-1]])
     kv = kv.copy()
     if len(kv):
         kv["block"] = kv["block"].to_numpy() + offset[kv["replica"].to_numpy()]
-    steps = st.copy()
-    if len(st):
-        order = np.argsort(st["t_ms"].to_numpy(), kind="stable")
-        rep = st["replica"].to_numpy()[order]
-        for col in ("running", "waiting", "kv_used_blocks"):
-            v = st[col].to_numpy()
-            if not (v >= 0).any():
-                continue                 # (not recorded)
-            now, total = np.zeros(n, dtype=np.int64), 0
-            out = np.empty(len(v), dtype=v.dtype)
-            for j, k in zip(order.tolist(), rep.tolist()):
-                x = max(int(v[j]), 0)
-                total += x - now[k]
-                now[k] = x
-                out[j] = total
-            steps[col] = out
+    steps = _fleet_step_totals(st, n)
     meta = dict(t.meta)
     meta["engine"] = {**(t.meta.get("engine") or {}), "kv_blocks": int(pools.sum())}
     meta["kv_blocks_drawn"] = int(drawn.sum())   # (the replicas' drawn blocks side by side: their free ones add up)

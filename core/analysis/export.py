@@ -96,37 +96,40 @@ def engine_phase_slices(trace) -> list[dict]:
     return out
 
 
-def chrome_trace(trace) -> dict:
-    us = 1000.0
-    ev: list[dict] = [
-        {"ph": "M", "pid": SCHED_PID, "name": "process_name", "args": {"name": "scheduler"}},
-        {"ph": "M", "pid": SCHED_PID, "tid": 1, "name": "thread_name", "args": {"name": "steps"}},
-        {"ph": "M", "pid": REQ_PID, "name": "process_name", "args": {"name": "requests"}},
-    ]
+def _step_events(trace) -> list[dict]:
+    """The scheduler's steps: a slice per step named by its batch (or its counts, for an iteration
+    log), and the running/waiting and KV-blocks counters where recorded."""
+    us, ev = 1000.0, []
     st, b = trace.steps, trace.batch
-    if len(st):
-        pre = b[b["kind"] == "prefill"].groupby("step")["tokens"].sum()
-        dec = b[b["kind"] == "decode"].groupby("step")["req"].count()
-        steps = st["step"].to_numpy()
-        n_pre = pre.reindex(steps, fill_value=0).to_numpy()
-        n_dec = dec.reindex(steps, fill_value=0).to_numpy()
-        if not len(b) and (st["prefill_tokens"].to_numpy() >= 0).all():   # counted steps (an iteration log)
-            n_pre, n_dec = st["prefill_tokens"].to_numpy(), st["decode_reqs"].to_numpy()
-        for s, t, d, ru, wa, used, p, dcount in zip(steps.tolist(), st["t_ms"].tolist(), st["dur_ms"].tolist(),
-                                                     st["running"].tolist(), st["waiting"].tolist(),
-                                                     st["kv_used_blocks"].tolist(), n_pre.tolist(), n_dec.tolist()):
-            ev.append({"ph": "X", "pid": SCHED_PID, "tid": 1, "name": f"step {s}: {p} prefill tok, {dcount} decode",
-                       "ts": t * us, "dur": d * us, "args": {"step": s, "prefill_tokens": p, "decode_seqs": dcount}})
-            if ru >= 0:
-                ev.append({"ph": "C", "pid": SCHED_PID, "name": "sequences", "ts": t * us,
-                           "args": {"running": ru, "waiting": wa}})
-            if used >= 0:
-                ev.append({"ph": "C", "pid": SCHED_PID, "name": "kv_used_blocks", "ts": t * us,
-                           "args": {"kv_used_blocks": used}})
-    ids = trace.ids
+    if not len(st):
+        return ev
+    pre = b[b["kind"] == "prefill"].groupby("step")["tokens"].sum()
+    dec = b[b["kind"] == "decode"].groupby("step")["req"].count()
+    steps = st["step"].to_numpy()
+    n_pre = pre.reindex(steps, fill_value=0).to_numpy()
+    n_dec = dec.reindex(steps, fill_value=0).to_numpy()
+    if not len(b) and (st["prefill_tokens"].to_numpy() >= 0).all():   # counted steps (an iteration log)
+        n_pre, n_dec = st["prefill_tokens"].to_numpy(), st["decode_reqs"].to_numpy()
+    for s, t, d, ru, wa, used, p, dcount in zip(steps.tolist(), st["t_ms"].tolist(), st["dur_ms"].tolist(),
+                                                 st["running"].tolist(), st["waiting"].tolist(),
+                                                 st["kv_used_blocks"].tolist(), n_pre.tolist(), n_dec.tolist()):
+        ev.append({"ph": "X", "pid": SCHED_PID, "tid": 1, "name": f"step {s}: {p} prefill tok, {dcount} decode",
+                   "ts": t * us, "dur": d * us, "args": {"step": s, "prefill_tokens": p, "decode_seqs": dcount}})
+        if ru >= 0:
+            ev.append({"ph": "C", "pid": SCHED_PID, "name": "sequences", "ts": t * us,
+                       "args": {"running": ru, "waiting": wa}})
+        if used >= 0:
+            ev.append({"ph": "C", "pid": SCHED_PID, "name": "kv_used_blocks", "ts": t * us,
+                       "args": {"kv_used_blocks": used}})
+    return ev
+
+
+def _request_events(trace) -> list[dict]:
+    """A thread per request with its queued (or waiting for first token), prefill and decode slices."""
+    us, ev = 1000.0, []
     sp = request_spans(trace)
-    has_steps = bool(len(st))
-    for i, rid in enumerate(ids):
+    has_steps = bool(len(trace.steps))
+    for i, rid in enumerate(trace.ids):
         tid = i + 1
         ev.append({"ph": "M", "pid": REQ_PID, "tid": tid, "name": "thread_name", "args": {"name": f"request {rid}"}})
         ev.append({"ph": "M", "pid": REQ_PID, "tid": tid, "name": "thread_sort_index", "args": {"sort_index": tid}})
@@ -139,12 +142,29 @@ def chrome_trace(trace) -> dict:
             ev.append({"ph": "X", "pid": REQ_PID, "tid": tid, "name": "prefill", "ts": s0 * us, "dur": (f - s0) * us})
         if not np.isnan(f) and last > f:
             ev.append({"ph": "X", "pid": REQ_PID, "tid": tid, "name": "decode", "ts": f * us, "dur": (last - f) * us})
+    return ev
+
+
+def _instant_events(trace) -> list[dict]:
+    """An instant per token, then one per preemption, on their requests' threads."""
+    us, ev = 1000.0, []
     tk = trace.tokens
     for r, k, t in zip(tk["req"].tolist(), tk["index"].tolist(), tk["t_ms"].tolist()):
         ev.append({"ph": "i", "s": "t", "pid": REQ_PID, "tid": r + 1, "name": f"token {k}", "ts": t * us})
     for r, t, reason in zip(trace.preempts["req"].tolist(), trace.preempts["t_ms"].tolist(),
                             trace.preempts["reason"].tolist()):
         ev.append({"ph": "i", "s": "t", "pid": REQ_PID, "tid": r + 1, "name": f"preempted ({reason})", "ts": t * us})
+    return ev
+
+
+def chrome_trace(trace) -> dict:
+    """The trace as a Chrome Trace Event document (the layout in the module docstring)."""
+    ev: list[dict] = [
+        {"ph": "M", "pid": SCHED_PID, "name": "process_name", "args": {"name": "scheduler"}},
+        {"ph": "M", "pid": SCHED_PID, "tid": 1, "name": "thread_name", "args": {"name": "steps"}},
+        {"ph": "M", "pid": REQ_PID, "name": "process_name", "args": {"name": "requests"}},
+    ]
+    ev += _step_events(trace) + _request_events(trace) + _instant_events(trace)
     ev += gauge_counters(trace) + prefix_cache_counters(trace) + engine_phase_slices(trace)
     return {"traceEvents": ev, "displayTimeUnit": "ms",
             "otherData": {"source": trace.source, "label": trace.label, "created": str(trace.meta.get("created", ""))}}

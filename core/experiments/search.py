@@ -141,34 +141,70 @@ def _fleet_value(name: str, v: str):
     return n
 
 
-def check_fleet_axes(grid: dict[str, list], flags: FleetFlags | None) -> None:
-    """Refuse (one line) fleet axes that cannot go with each other or with the fleet flags."""
-    f = flags or FleetFlags()
-    pd_flags = f.prefill_replicas or f.decode_replicas
-    if "replicas" in grid and (pd_flags or f.replicas_file or f.replicas):
-        raise ConfigError("grid: replicas: the fleet is already given by "
-                          + ("--replicas-file" if f.replicas_file else "--replicas (the grid's axis would override "
-                             "it)" if f.replicas else "--prefill-replicas/--decode-replicas") + "; drop one")
+def _pd_flags(f: FleetFlags):
+    """Whether the fleet flags ask for a disaggregated fleet (--prefill-replicas or --decode-replicas)."""
+    return f.prefill_replicas or f.decode_replicas
+
+
+def _replicas_axis_clash(grid: dict[str, list], f: FleetFlags) -> str | None:
+    if "replicas" in grid and (_pd_flags(f) or f.replicas_file or f.replicas):
+        return ("grid: replicas: the fleet is already given by "
+                + ("--replicas-file" if f.replicas_file else "--replicas (the grid's axis would override "
+                   "it)" if f.replicas else "--prefill-replicas/--decode-replicas") + "; drop one")
+    return None
+
+
+def _router_axis_clash(grid: dict[str, list], f: FleetFlags) -> str | None:
     if "router" in grid and f.router is not None:
-        raise ConfigError(f"grid: router: --router {f.router} is given too (the grid's axis would override it); "
-                          "drop one")
+        return f"grid: router: --router {f.router} is given too (the grid's axis would override it); drop one"
+    return None
+
+
+def _pd_axes_clash(grid: dict[str, list], f: FleetFlags) -> str | None:
     if any(k in grid for k in PD_AXES) and (f.replicas or f.replicas_file):
-        raise ConfigError("grid: prefill_replicas/decode_replicas: the fleet is already given by "
-                          + ("--replicas-file" if f.replicas_file else "--replicas") + "; drop one")
+        return ("grid: prefill_replicas/decode_replicas: the fleet is already given by "
+                + ("--replicas-file" if f.replicas_file else "--replicas") + "; drop one")
+    return None
+
+
+def _pd_half(grid: dict[str, list], f: FleetFlags) -> str | None:
     for k, flag, other, other_flag in (("prefill_replicas", f.prefill_replicas, "decode_replicas", f.decode_replicas),
                                        ("decode_replicas", f.decode_replicas, "prefill_replicas", f.prefill_replicas)):
         if (k in grid or flag) and not (other in grid or other_flag):
-            raise ConfigError(f"grid: {k} needs {other} too (a grid axis or --{other.replace('_', '-')}): "
-                              "disaggregated serving has both")
-    if "router" in grid and not (any(k in grid for k in ("replicas", *PD_AXES)) or f.replicas or pd_flags
+            return (f"grid: {k} needs {other} too (a grid axis or --{other.replace('_', '-')}): "
+                    "disaggregated serving has both")
+    return None
+
+
+def _router_without_fleet(grid: dict[str, list], f: FleetFlags) -> str | None:
+    if "router" in grid and not (any(k in grid for k in ("replicas", *PD_AXES)) or f.replicas or _pd_flags(f)
                                  or f.replicas_file):
-        raise ConfigError("grid: router needs a fleet: a replicas (or prefill_replicas and decode_replicas) axis, "
-                          "or --replicas, --prefill-replicas/--decode-replicas, --replicas-file")
-    if f.replicas and pd_flags:
-        raise ConfigError("--replicas and --prefill-replicas/--decode-replicas: give one or the other")
-    if f.replicas_file and (f.replicas or pd_flags):
-        raise ConfigError("--replicas-file and --replicas/--prefill-replicas/--decode-replicas: give one or the other "
-                          "(the file lists every replica)")
+        return ("grid: router needs a fleet: a replicas (or prefill_replicas and decode_replicas) axis, "
+                "or --replicas, --prefill-replicas/--decode-replicas, --replicas-file")
+    return None
+
+
+def _fleet_flags_clash(grid: dict[str, list], f: FleetFlags) -> str | None:
+    if f.replicas and _pd_flags(f):
+        return "--replicas and --prefill-replicas/--decode-replicas: give one or the other"
+    if f.replicas_file and (f.replicas or _pd_flags(f)):
+        return ("--replicas-file and --replicas/--prefill-replicas/--decode-replicas: give one or the other "
+                "(the file lists every replica)")
+    return None
+
+
+# check_fleet_axes' checks, in the order they are made: each returns why it refuses, or None
+_FLEET_AXES_CHECKS = (_replicas_axis_clash, _router_axis_clash, _pd_axes_clash, _pd_half, _router_without_fleet,
+                      _fleet_flags_clash)
+
+
+def check_fleet_axes(grid: dict[str, list], flags: FleetFlags | None) -> None:
+    """Refuse (one line) fleet axes that cannot go with each other or with the fleet flags."""
+    f = flags or FleetFlags()
+    for check in _FLEET_AXES_CHECKS:
+        why = check(grid, f)
+        if why is not None:
+            raise ConfigError(why)
 
 
 def uses_fleet(grid: dict[str, list], flags: FleetFlags | None) -> bool:
@@ -308,6 +344,60 @@ def _search_point(workload, config, step_model, slo, target, usd_per_hour, prune
     return _priced(point_summary(tr, slo), usd_per_hour, target)
 
 
+def _check_search_args(slo: SLO, target: float, rate: float) -> None:
+    """Refuse (one line) a search without SLO bounds, an attainment target out of (0, 1], a rate not > 0."""
+    if not slo.given():
+        raise ConfigError("search: give at least one SLO bound (--slo-ttft-ms, --slo-tpot-ms, --slo-e2e-ms)")
+    if not 0 < target <= 1:
+        raise ConfigError(f"attainment: expected a fraction in (0, 1], got {target!r}")
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise ConfigError(f"rate: expected requests per second > 0, got {rate!r}")
+
+
+def _with_fleets(configs: list[tuple[dict, SchedulerConfig | str]], step_model: StepModel, flags: FleetFlags | None,
+                 seed: int) -> tuple[list[tuple[dict, SchedulerConfig | str]], dict[str, object]]:
+    """(the configurations, a configuration whose fleet is invalid now saying why as a scheduler's does;
+    {repr(grid point): its fleet, None or why it is invalid})."""
+    specs = fleets(configs, step_model, flags, seed)
+    configs = [(pt, s if isinstance(s, str) else c) for (pt, c), s in zip(configs, specs)]
+    return configs, {repr(pt): s for (pt, _), s in zip(configs, specs)}
+
+
+def _run_jobs(jobs: list[dict], workers: int | None, ray: str | None, results: str | None,
+              budget_s: float | None) -> list[dict]:
+    """search_point over the jobs: all of them (in processes, Ray tasks or via `results`), or as many
+    as `budget_s` allows (here only)."""
+    from core.sim.parallel import run_all
+    if budget_s is None:
+        return run_all(search_point, jobs, workers, ray, results, setup=policy_setup())
+    if ray is not None or results is not None:
+        raise ConfigError("search: a time budget runs here, not with --ray or --results")
+    return _within_budget(jobs, budget_s, workers)
+
+
+def _point_rows(configs: list[tuple[dict, SchedulerConfig | str]], by_point: dict[str, dict],
+                spec_of: dict[str, object] | None, usd_per_hour: float | None) -> list[dict]:
+    """One row per configuration, in grid order: {"config": the grid point} and why it is invalid or its
+    run's answer (on fleets, `spec_of` given: and the fleet's shape and price)."""
+    points = []
+    for pt, c in configs:
+        row = {"config": pt}
+        if isinstance(c, str):
+            row["invalid"] = c
+        else:
+            row.update(by_point[repr(pt)])
+            if spec_of is not None:     # (a configuration not run has no worker's answer)
+                row.update(_fleet_cost(spec_of[repr(pt)], usd_per_hour))
+        points.append(row)
+    return points
+
+
+def _tally(points: list[dict]) -> dict[str, int]:
+    """How many points were stopped early, simulated, not run (the budget spent)."""
+    return {"pruned": sum(1 for p in points if p.get("pruned")), "simulated": sum(1 for p in points if "meets" in p),
+            "not_run": sum(1 for p in points if "not_run" in p)}
+
+
 def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, grid: dict[str, list], rate: float,
            slo: SLO, target: float = 0.9, seed: int = 0, usd_per_hour: float | None = None,
            prune: bool = True, workers: int | None = None, ray: str | None = None,
@@ -319,20 +409,13 @@ def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, gri
     base fleet (the fleet flags; the grid's fleet axes override them); with a fleet, each point has
     "fleet" (core.fleet.options.fleet_shape) and "usd_per_hour" (its replicas' price), and the
     result "fleet" (the base router's settings)."""
-    from core.sim.parallel import run_all
-    if not slo.given():
-        raise ConfigError("search: give at least one SLO bound (--slo-ttft-ms, --slo-tpot-ms, --slo-e2e-ms)")
-    if not 0 < target <= 1:
-        raise ConfigError(f"attainment: expected a fraction in (0, 1], got {target!r}")
-    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
-        raise ConfigError(f"rate: expected requests per second > 0, got {rate!r}")
+    _check_search_args(slo, target, rate)
     check_fleet_axes(grid, fleet)
     configs = configurations(base, grid)
     on_fleets = uses_fleet(grid, fleet)
+    spec_of = None
     if on_fleets:        # a configuration whose fleet is invalid is reported as such, as a scheduler's
-        specs = fleets(configs, step_model, fleet, seed)
-        configs = [(pt, s if isinstance(s, str) else c) for (pt, c), s in zip(configs, specs)]
-        spec_of = {repr(pt): s for (pt, _), s in zip(configs, specs)}
+        configs, spec_of = _with_fleets(configs, step_model, fleet, seed)
     timed = retimed(workload, rate, seed)
     valid = [(pt, c) for pt, c in configs if isinstance(c, SchedulerConfig)]
     if not valid:      # nothing to run (nor to write to --results, nor to read back from it)
@@ -341,31 +424,14 @@ def search(workload: Workload, base: SchedulerConfig, step_model: StepModel, gri
                  prune=prune) for _, c in valid]
     if on_fleets:
         jobs = [j | {"fleet": spec_of[repr(pt)]} for j, (pt, _) in zip(jobs, valid)]
-    if budget_s is None:
-        results = run_all(search_point, jobs, workers, ray, results, setup=policy_setup())
-    else:
-        if ray is not None or results is not None:
-            raise ConfigError("search: a time budget runs here, not with --ray or --results")
-        results = _within_budget(jobs, budget_s, workers)
-    by_point = {repr(pt): r for (pt, _), r in zip(valid, results)}
-    points = []
-    for pt, c in configs:
-        row = {"config": pt}
-        if isinstance(c, str):
-            row["invalid"] = c
-        else:
-            row.update(by_point[repr(pt)])
-            if on_fleets:     # (a configuration not run has no worker's answer)
-                row.update(_fleet_cost(spec_of[repr(pt)], usd_per_hour))
-        points.append(row)
+    results = _run_jobs(jobs, workers, ray, results, budget_s)
+    points = _point_rows(configs, {repr(pt): r for (pt, _), r in zip(valid, results)}, spec_of, usd_per_hour)
     if all("invalid" in p for p in points):    # each ran into its limits with this workload (a pool too small...)
         raise ConfigError(none_could_run(workload, [(p["config"], p["invalid"]) for p in points]))
     out = {"workload": workload.name, "requests": len(workload), "rate": rate, "seed": seed,
            "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms}, "attainment": target,
            "usd_per_hour": usd_per_hour, "base": base.to_dict(), "step_model": step_model.to_dict(),
-           "grid": grid, "points": points, "best": best_of(points, usd_per_hour),
-           "pruned": sum(1 for p in points if p.get("pruned")), "simulated": sum(1 for p in points if "meets" in p),
-           "not_run": sum(1 for p in points if "not_run" in p)}
+           "grid": grid, "points": points, "best": best_of(points, usd_per_hour), **_tally(points)}
     if on_fleets:
         f = dataclasses.replace(fleet or FleetFlags(), seed=seed)
         out["fleet"] = {"router": router_from_args(f).to_dict(), "replicas_file": f.replicas_file}

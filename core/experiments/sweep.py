@@ -200,17 +200,8 @@ def capacity(points: list[dict], target: float) -> dict | None:
     return {key: best[key], "attainment": attainment_of(best), "target": target}
 
 
-def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, rates=None, concurrency=None,
-          seed: int = 0, slo: SLO | None = None, attainment: float = 0.9, workers: int | None = None,
-          repeats: int = 1, ray: str | None = None, results: str | None = None, fleet=None) -> dict:
-    """{"kind", "points": [...] (in the order given), "capacity"} over `rates` (req/s, open
-    loop) or `concurrency` levels (closed loop). Open-loop points can be repeated with arrival
-    seeds seed, seed+1, ... (`repeats`; see with_repeats). Runs go to up to `workers`
-    processes (default: one per CPU); 1 runs them here; `ray`: Ray tasks; `results`: each point's row
-    written to that directory or URI and read back as a dataset (core.sim.shared). `fleet` (a
-    core.fleet.sim.FleetSpec, open loop only): every point served by that fleet (its replicas carry
-    their own scheduler and step model; `config` and `step_model` are then only reported), the
-    result's "fleet" says which (core.fleet.options.fleet_summary)."""
+def _check_sweep_args(rates, concurrency, attainment: float, repeats: int, fleet) -> tuple[str, list]:
+    """(kind: "rate" or "concurrency", the loads) of a sweep's arguments, or ConfigError saying what is wrong."""
     if (rates is None) == (concurrency is None):
         raise ConfigError("sweep: give either rates or concurrency levels")
     loads = list(rates if rates is not None else concurrency)
@@ -227,6 +218,21 @@ def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, ra
     if fleet is not None and kind == "concurrency":
         raise ConfigError("sweep: a closed loop (--concurrency) runs on one engine; a fleet (--replicas, "
                           "--prefill-replicas/--decode-replicas, --replicas-file) takes open-loop --rates")
+    return kind, loads
+
+
+def sweep(workload: Workload, config: SchedulerConfig, step_model: StepModel, rates=None, concurrency=None,
+          seed: int = 0, slo: SLO | None = None, attainment: float = 0.9, workers: int | None = None,
+          repeats: int = 1, ray: str | None = None, results: str | None = None, fleet=None) -> dict:
+    """{"kind", "points": [...] (in the order given), "capacity"} over `rates` (req/s, open
+    loop) or `concurrency` levels (closed loop). Open-loop points can be repeated with arrival
+    seeds seed, seed+1, ... (`repeats`; see with_repeats). Runs go to up to `workers`
+    processes (default: one per CPU); 1 runs them here; `ray`: Ray tasks; `results`: each point's row
+    written to that directory or URI and read back as a dataset (core.sim.shared). `fleet` (a
+    core.fleet.sim.FleetSpec, open loop only): every point served by that fleet (its replicas carry
+    their own scheduler and step model; `config` and `step_model` are then only reported), the
+    result's "fleet" says which (core.fleet.options.fleet_summary)."""
+    kind, loads = _check_sweep_args(rates, concurrency, attainment, repeats, fleet)
     seeds = list(range(seed, seed + repeats))
     jobs = ([dict(rate=x, seed=s) for x in loads for s in seeds] if kind == "rate"
             else [dict(concurrency=int(x)) for x in loads])

@@ -67,6 +67,47 @@ def _curtain(x0: float, x1: float, y0: float, y1: float) -> dict:
     return dict(x=[x0, x1, x1, x0, x0], y=[y0, y0, y1, y1, y0])
 
 
+def _slot_titles(grids: list[tuple[str, SlotGrid, list[str]]]) -> list[str]:
+    """Each schedule's panel title: its steps and idle seat-steps (wrapped)."""
+    return [wrap_title(f"{label}: {g.total_steps} steps, {g.idle_fraction():.0%} of seat-steps idle"
+                       + (f" (first {len(g.steps)} shown)" if g.truncated else ""), 32) for label, g, _ in grids]
+
+
+def _slot_heatmap(label: str, g: SlotGrid, ids: list[str], ncol: int, scale: list, labelled: bool) -> go.Heatmap:
+    """Seats x steps of one schedule, coloured by request (`ncol` colours), each cell named by its request
+    when `labelled`."""
+    z = np.where(g.req >= 0, g.req % ncol, np.nan).astype(float)
+    name = np.array([[ids[r] if r >= 0 else "" for r in seat] for seat in g.req], dtype=object)
+    kind = np.array(["", "prefill", "decode", "held (not computed this step)"], dtype=object)[g.kind]
+    custom = np.dstack([name, kind, g.tokens.astype(object),
+                        np.broadcast_to(g.t_ms, g.req.shape).astype(object)])
+    return go.Heatmap(
+        z=z, x=np.arange(len(g.steps)), y=np.arange(g.seats), zmin=0, zmax=ncol, colorscale=scale, showscale=False,
+        xgap=1, ygap=2, text=name if labelled else None, texttemplate="%{text}" if labelled else None,
+        textfont=dict(size=9),
+        customdata=custom, name=label,
+        hovertemplate="seat %{y}, step %{x}<br>%{customdata[0]} %{customdata[1]}<br>"
+                      "tokens %{customdata[2]}, t %{customdata[3]} ms<extra></extra>")
+
+
+def _slot_frames(dynamic: list[tuple[int, str, SlotGrid, list[str]]], longest: int) -> list[go.Frame]:
+    """One frame per step: each schedule's curtain drawn back past the step, its line telling the step
+    (past a schedule's last step: its curtain stays, its line says it is done)."""
+    frames = []
+    for k in range(longest):
+        data = []
+        for _, what, g, ids in dynamic:
+            j = min(k, len(g.steps) - 1)
+            if what == "curtain":
+                data.append(go.Scatter(**_curtain(j + 0.5, longest - 0.5, -0.5, g.seats - 0.5)))
+            else:
+                done = k >= len(g.steps)
+                data.append(go.Scatter(text=[f"done after {g.total_steps} steps" if done and not g.truncated
+                                             else step_story(g, ids, j)]))
+        frames.append(go.Frame(name=str(k), data=data, traces=[i for i, *_ in dynamic]))
+    return frames
+
+
 def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "light") -> go.Figure:
     """Seats (rows) x steps (columns) of each schedule, one subplot each, coloured by request;
     a triangle marks a prefill step, a pale cell a seat held but not computed in the step.
@@ -76,8 +117,7 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "l
     rows = len(grids)
     longest = max(len(g.steps) for _, g, _ in grids)
     heights = [g.seats + 1.6 for _, g, _ in grids]
-    titles = [wrap_title(f"{label}: {g.total_steps} steps, {g.idle_fraction():.0%} of seat-steps idle"
-                         + (f" (first {len(g.steps)} shown)" if g.truncated else ""), 32) for label, g, _ in grids]
+    titles = _slot_titles(grids)
     lines = max(t.count("<br>") + 1 for t in titles)
     # a title line is ~21 px (Streamlit draws subplot titles at 16 px); the tick labels above it ~24 px
     height = int(min(1100, 250 + sum(34 * g.seats + 40 for _, g, _ in grids) + (rows - 1) * (34 + 22 * lines)))
@@ -91,20 +131,7 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "l
     scale = [x for i in range(ncol) for x in ([i / ncol, PALETTE[i]], [(i + 1) / ncol, PALETTE[i]])]
     dynamic = []        # (trace index, kind, grid, row) of the traces the frames update
     for row, (label, g, ids) in enumerate(grids, start=1):
-        S = len(g.steps)
-        x = np.arange(S)
-        z = np.where(g.req >= 0, g.req % ncol, np.nan).astype(float)
-        name = np.array([[ids[r] if r >= 0 else "" for r in seat] for seat in g.req], dtype=object)
-        kind = np.array(["", "prefill", "decode", "held (not computed this step)"], dtype=object)[g.kind]
-        custom = np.dstack([name, kind, g.tokens.astype(object),
-                            np.broadcast_to(g.t_ms, g.req.shape).astype(object)])
-        fig.add_trace(go.Heatmap(
-            z=z, x=x, y=np.arange(g.seats), zmin=0, zmax=ncol, colorscale=scale, showscale=False, xgap=1, ygap=2,
-            text=name if labelled else None, texttemplate="%{text}" if labelled else None,
-            textfont=dict(size=9),
-            customdata=custom, name=label,
-            hovertemplate="seat %{y}, step %{x}<br>%{customdata[0]} %{customdata[1]}<br>"
-                          "tokens %{customdata[2]}, t %{customdata[3]} ms<extra></extra>"), row=row, col=1)
+        fig.add_trace(_slot_heatmap(label, g, ids, ncol, scale, labelled), row=row, col=1)
         held = np.argwhere(g.kind == HELD)
         fig.add_trace(go.Scatter(x=held[:, 1], y=held[:, 0], mode="markers", hoverinfo="skip",
                                  marker=dict(symbol="square", size=9, color="rgba(255,255,255,0.6)"),
@@ -127,20 +154,7 @@ def slot_animation(grids: list[tuple[str, SlotGrid, list[str]]], theme: str = "l
                          tickvals=list(range(g.seats)), row=row, col=1, autorange=False)
         fig.update_xaxes(range=[-0.5, longest - 0.5], row=row, col=1)
     fig.update_xaxes(title_text="forward step (iteration)", row=rows, col=1)
-
-    frames = []
-    for k in range(longest):
-        data = []
-        for _, what, g, ids in dynamic:
-            j = min(k, len(g.steps) - 1)
-            if what == "curtain":
-                data.append(go.Scatter(**_curtain(j + 0.5, longest - 0.5, -0.5, g.seats - 0.5)))
-            else:
-                done = k >= len(g.steps)
-                data.append(go.Scatter(text=[f"done after {g.total_steps} steps" if done and not g.truncated
-                                             else step_story(g, ids, j)]))
-        frames.append(go.Frame(name=str(k), data=data, traces=[i for i, *_ in dynamic]))
-    fig.frames = frames
+    fig.frames = _slot_frames(dynamic, longest)
     base_layout(fig, height=height)
     fig.update_layout(margin=dict(l=10, r=10, t=52, b=50 + CONTROLS_PX + 24), plot_bgcolor=GRAY + "22")
     return play_controls(fig, [str(k) for k in range(longest)])

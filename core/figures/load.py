@@ -18,6 +18,85 @@ PANELS = (("ttft_ms", "TTFT (ms)<br>solid p99 · dashed p50"), ("tpot_ms", "TPOT
 MEASURED = ("#222222", "#8C564B", "#17BECF", "#7F7F7F")
 
 
+def _cell(k: int) -> tuple[int, int]:
+    """The (row, col) of panel k (PANELS order) in the 2 x 2 grid."""
+    return k // 2 + 1, k % 2 + 1
+
+
+def _panel_series(metric: str | None, pts: list[dict]) -> list[tuple[str, list, str]]:
+    """(name, y values, dash) of one policy's lines in one panel."""
+    if metric is None:
+        series = [("output", [p["output_tok_per_s"] for p in pts], "solid")]
+        if pts and "slo" in pts[0]:
+            series.append(("goodput", [p["slo"]["goodput_tok_per_s"] for p in pts], "dash"))
+        return series
+    return [("p99", [p[metric]["p99"] for p in pts], "solid"),
+            ("p50", [p[metric]["p50"] for p in pts], "dash")]
+
+
+def _policy_traces(fig: go.Figure, label: str, res: dict, color: str, key: str) -> None:
+    """One policy's lines in every panel, and its capacity as a star."""
+    pts = res["points"]
+    x = [p[key] for p in pts]
+    for k, (metric, _) in enumerate(PANELS):
+        row, col = _cell(k)
+        for name, y, dash in _panel_series(metric, pts):
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=label,
+                                     legendgroup=label, showlegend=k == 0 and name == "p99",
+                                     line=dict(color=color, dash=dash), marker=dict(size=5),
+                                     hovertemplate=f"{label} {name}<br>{key} %{{x:g}}: %{{y:,.3f}}<extra></extra>"),
+                          row=row, col=col)
+    cap = res.get("capacity")
+    if cap is not None:
+        at = next(p for p in pts if p[key] == cap[key])
+        fig.add_trace(go.Scatter(x=[cap[key]], y=[at["output_tok_per_s"]], mode="markers", showlegend=False,
+                                 marker=dict(symbol="star", size=14, color=color, line=dict(width=1)),
+                                 hovertemplate=(f"{label}: capacity {key} %{{x:g}} (SLO attainment "
+                                                f"{cap['attainment']:.3f} >= {cap['target']:g})<extra></extra>")),
+                      row=2, col=2)
+
+
+def _measured_traces(fig: go.Figure, j: int, p: dict, key: str) -> None:
+    """A measured run (the j-th) as diamonds at its load in every panel."""
+    color = MEASURED[j % len(MEASURED)]
+    for k, (metric, _) in enumerate(PANELS):
+        row, col = _cell(k)
+        marks = ([("output", p["output_tok_per_s"], "diamond")] if metric is None else
+                 [("p99", p[metric]["p99"], "diamond"), ("p50", p[metric]["p50"], "diamond-open")])
+        for name, y, symbol in marks:
+            fig.add_trace(go.Scatter(x=[p[key]], y=[y], mode="markers", name=f"{p['origin']}: {p['label']}",
+                                     legendgroup=f"m{j}", showlegend=k == 0 and name == "p99",
+                                     marker=dict(symbol=symbol, size=11, color=color, line=dict(width=1.5)),
+                                     hovertemplate=f"{p['origin']}: {p['label']} {name}<br>{key} %{{x:g}}: "
+                                                   f"%{{y:,.3f}}<extra></extra>"),
+                          row=row, col=col)
+
+
+def _slo_lines(fig: go.Figure, slo, xs: list) -> None:
+    """The SLO's latency bounds as gray lines across the loads `xs` (sorted, not empty)."""
+    for k, (metric, _) in enumerate(PANELS[:3]):
+        bound = getattr(slo, metric)
+        if bound is not None:   # a line trace, not a shape: shape labels on log axes are in log units
+            row, col = _cell(k)
+            fig.add_trace(go.Scatter(x=[xs[0], xs[-1]], y=[bound, bound], mode="lines", showlegend=False,
+                                     name=f"SLO {metric.split('_')[0].upper()} <= {bound:g} ms",
+                                     line=dict(color="#666", dash="dot", width=1.5),
+                                     hovertemplate=f"SLO: {metric.split('_')[0].upper()} <= {bound:g} ms"
+                                                   "<extra></extra>"),
+                          row=row, col=col)
+
+
+def _load_axes(fig: go.Figure, xlabel: str, log_y: bool) -> None:
+    """The bottom panels' x titles; the latency panels' log y axes, ticked from their own values."""
+    for k in range(4):
+        row, col = _cell(k)
+        fig.update_xaxes(title_text=xlabel if k >= 2 else None, row=row, col=col)
+        if log_y and k < 3:   # ticks from the panel's own values, every label at full size
+            axis = "y" if k == 0 else f"y{k + 1}"
+            ys = [v for tr in fig.data if (tr.yaxis or "y") == axis for v in (tr.y if tr.y is not None else ())]
+            fig.update_yaxes(type="log", row=row, col=col, **log_ticks(ys))
+
+
 def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured: list[dict] = ()) -> go.Figure:
     """results: {policy label: sweep result}. p50 dashed, p99 solid; output tokens/s solid and
     goodput dashed; SLO bounds as gray lines; each policy's capacity marked with a star.
@@ -30,62 +109,13 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured
     fig = make_subplots(rows=2, cols=2, subplot_titles=[t for _, t in PANELS], vertical_spacing=0.2,
                         horizontal_spacing=0.08)
     for i, (label, res) in enumerate(results.items()):
-        color = PALETTE[i % len(PALETTE)]
-        pts = res["points"]
-        x = [p[key] for p in pts]
-        for k, (metric, _) in enumerate(PANELS):
-            row, col = k // 2 + 1, k % 2 + 1
-            if metric is None:
-                series = [("output", [p["output_tok_per_s"] for p in pts], "solid")]
-                if pts and "slo" in pts[0]:
-                    series.append(("goodput", [p["slo"]["goodput_tok_per_s"] for p in pts], "dash"))
-            else:
-                series = [("p99", [p[metric]["p99"] for p in pts], "solid"),
-                          ("p50", [p[metric]["p50"] for p in pts], "dash")]
-            for name, y, dash in series:
-                fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers", name=label,
-                                         legendgroup=label, showlegend=k == 0 and name == "p99",
-                                         line=dict(color=color, dash=dash), marker=dict(size=5),
-                                         hovertemplate=f"{label} {name}<br>{key} %{{x:g}}: %{{y:,.3f}}<extra></extra>"),
-                              row=row, col=col)
-        cap = res.get("capacity")
-        if cap is not None:
-            at = next(p for p in pts if p[key] == cap[key])
-            fig.add_trace(go.Scatter(x=[cap[key]], y=[at["output_tok_per_s"]], mode="markers", showlegend=False,
-                                     marker=dict(symbol="star", size=14, color=color, line=dict(width=1)),
-                                     hovertemplate=(f"{label}: capacity {key} %{{x:g}} (SLO attainment "
-                                                    f"{cap['attainment']:.3f} >= {cap['target']:g})<extra></extra>")),
-                          row=2, col=2)
+        _policy_traces(fig, label, res, PALETTE[i % len(PALETTE)], key)
     for j, p in enumerate(measured):
-        color = MEASURED[j % len(MEASURED)]
-        for k, (metric, _) in enumerate(PANELS):
-            marks = ([("output", p["output_tok_per_s"], "diamond")] if metric is None else
-                     [("p99", p[metric]["p99"], "diamond"), ("p50", p[metric]["p50"], "diamond-open")])
-            for name, y, symbol in marks:
-                fig.add_trace(go.Scatter(x=[p[key]], y=[y], mode="markers", name=f"{p['origin']}: {p['label']}",
-                                         legendgroup=f"m{j}", showlegend=k == 0 and name == "p99",
-                                         marker=dict(symbol=symbol, size=11, color=color, line=dict(width=1.5)),
-                                         hovertemplate=f"{p['origin']}: {p['label']} {name}<br>{key} %{{x:g}}: "
-                                                       f"%{{y:,.3f}}<extra></extra>"),
-                              row=k // 2 + 1, col=k % 2 + 1)
+        _measured_traces(fig, j, p, key)
     xs = sorted({p[key] for r in results.values() for p in r["points"]} | {p[key] for p in measured})
     if slo is not None and xs:
-        for k, (metric, _) in enumerate(PANELS[:3]):
-            bound = getattr(slo, metric)
-            if bound is not None:   # a line trace, not a shape: shape labels on log axes are in log units
-                fig.add_trace(go.Scatter(x=[xs[0], xs[-1]], y=[bound, bound], mode="lines", showlegend=False,
-                                         name=f"SLO {metric.split('_')[0].upper()} <= {bound:g} ms",
-                                         line=dict(color="#666", dash="dot", width=1.5),
-                                         hovertemplate=f"SLO: {metric.split('_')[0].upper()} <= {bound:g} ms"
-                                                       "<extra></extra>"),
-                              row=k // 2 + 1, col=k % 2 + 1)
-    for k in range(4):
-        row, col = k // 2 + 1, k % 2 + 1
-        fig.update_xaxes(title_text=xlabel if k >= 2 else None, row=row, col=col)
-        if log_y and k < 3:   # ticks from the panel's own values, every label at full size
-            axis = "y" if k == 0 else f"y{k + 1}"
-            ys = [v for tr in fig.data if (tr.yaxis or "y") == axis for v in (tr.y if tr.y is not None else ())]
-            fig.update_yaxes(type="log", row=row, col=col, **log_ticks(ys))
+        _slo_lines(fig, slo, xs)
+    _load_axes(fig, xlabel, log_y)
     base_layout(fig, None, height=620)
     # one entry per policy (and measured run), at the top: above the fold at 1280x800, beside the
     # panels' titles that say what solid and dashed mean
@@ -93,6 +123,47 @@ def load_curves(results: dict[str, dict], slo=None, log_y: bool = True, measured
                                   yanchor="top"), margin=dict(t=100))    # room for a legend of two rows
     fig.update_annotations(font_size=12)
     return fig
+
+
+def _search_y(p: dict, priced: bool):
+    """A search point's y: its cost per 1,000 good tokens when priced, else its TTFT p99."""
+    return p["cost_per_1k_good_tokens_usd"] if priced else p["ttft_ms"]["p99"]
+
+
+def _same_results(done: list[dict], meets: bool, priced: bool) -> list[list[dict]]:
+    """The points that meet the SLOs (or miss them) with a y, grouped by equal (goodput, y), in first-seen order."""
+    groups: dict[tuple, list[dict]] = {}
+    for p in done:
+        if p["meets"] == meets and _search_y(p, priced) is not None:
+            groups.setdefault((f"{p['slo']['goodput_tok_per_s']:.9g}", f"{_search_y(p, priced):.9g}"), []).append(p)
+    return list(groups.values())
+
+
+def _pareto_front(done: list[dict], priced: bool) -> list[dict]:
+    """The points that meet the SLOs with no other one both cheaper and of more goodput, most goodput first."""
+    ok = sorted((p for p in done if p["meets"] and _search_y(p, priced) is not None),
+                key=lambda p: (-p["slo"]["goodput_tok_per_s"], _search_y(p, priced)))
+    front, best_y = [], math.inf
+    for p in ok:                          # most goodput first: keep each that is cheaper than all before it
+        if _search_y(p, priced) < best_y:
+            front.append(p)
+            best_y = _search_y(p, priced)
+    return front
+
+
+def _results_trace(same: list[list[dict]], name: str, color: str, symbol: str, priced: bool,
+                   y_hover: str) -> go.Scatter:
+    """One marker per group of points with the same result, sized by and labelled with their number."""
+    return go.Scatter(
+        x=[g[0]["slo"]["goodput_tok_per_s"] for g in same], y=[_search_y(g[0], priced) for g in same],
+        mode="markers+text", name=name, text=[f"×{len(g)}" if len(g) > 1 else "" for g in same],
+        textposition="middle right",
+        marker=dict(color=color, symbol=symbol, size=[10 + 4 * math.sqrt(len(g) - 1) for g in same],
+                    line=dict(width=1)),
+        customdata=[["<br>".join(describe(p["config"]) for p in g), g[0]["slo"]["attainment"], len(g)]
+                    for g in same],
+        hovertemplate="%{customdata[2]} configuration(s):<br>%{customdata[0]}<br>goodput %{x:,.1f} tok/s<br>"
+                      + y_hover + "<br>SLO met %{customdata[1]:.3f}<extra></extra>")
 
 
 def search_figure(points: list[dict], priced: bool, best: dict | None = None) -> go.Figure:
@@ -107,32 +178,13 @@ def search_figure(points: list[dict], priced: bool, best: dict | None = None) ->
     fig = go.Figure()
 
     def y_of(p):
-        return p["cost_per_1k_good_tokens_usd"] if priced else p["ttft_ms"]["p99"]
+        return _search_y(p, priced)
 
     y_hover = "USD %{y:.3~r} per 1,000 good tokens" if priced else "TTFT p99 %{y:,.1f} ms"
     for meets, name, color, symbol in ((True, "meets the SLOs", PALETTE[2], "circle"),
                                        (False, "misses them", PALETTE[5], "x")):
-        groups: dict[tuple, list[dict]] = {}
-        for p in done:
-            if p["meets"] == meets and y_of(p) is not None:
-                groups.setdefault((f"{p['slo']['goodput_tok_per_s']:.9g}", f"{y_of(p):.9g}"), []).append(p)
-        same = list(groups.values())
-        fig.add_trace(go.Scatter(
-            x=[g[0]["slo"]["goodput_tok_per_s"] for g in same], y=[y_of(g[0]) for g in same], mode="markers+text",
-            name=name, text=[f"×{len(g)}" if len(g) > 1 else "" for g in same], textposition="middle right",
-            marker=dict(color=color, symbol=symbol, size=[10 + 4 * math.sqrt(len(g) - 1) for g in same],
-                        line=dict(width=1)),
-            customdata=[["<br>".join(describe(p["config"]) for p in g), g[0]["slo"]["attainment"], len(g)]
-                        for g in same],
-            hovertemplate="%{customdata[2]} configuration(s):<br>%{customdata[0]}<br>goodput %{x:,.1f} tok/s<br>"
-                          + y_hover + "<br>SLO met %{customdata[1]:.3f}<extra></extra>"))
-    ok = sorted((p for p in done if p["meets"] and y_of(p) is not None),
-                key=lambda p: (-p["slo"]["goodput_tok_per_s"], y_of(p)))
-    front, best_y = [], math.inf
-    for p in ok:                          # most goodput first: keep each that is cheaper than all before it
-        if y_of(p) < best_y:
-            front.append(p)
-            best_y = y_of(p)
+        fig.add_trace(_results_trace(_same_results(done, meets, priced), name, color, symbol, priced, y_hover))
+    front = _pareto_front(done, priced)
     if len(front) > 1:
         fig.add_trace(go.Scatter(x=[p["slo"]["goodput_tok_per_s"] for p in front], y=[y_of(p) for p in front],
                                  mode="lines", name="Pareto front", line=dict(color=PALETTE[2], dash="dot"),

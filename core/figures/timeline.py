@@ -99,6 +99,71 @@ def aggregate_timeline(schedules: list[tuple[str, object]], groups: int = GROUPS
     return base_layout(fig, title, height=min(MAX_HEIGHT, 140 + 260 * rows))
 
 
+def _first_use(shown: set, name: str) -> bool:
+    """Whether `name` is not yet in `shown` (it is now): one legend entry per name over all subplots."""
+    new = name not in shown
+    shown.add(name)
+    return new
+
+
+def _phase_bars(fig: go.Figure, k: int, sp: dict, ids: np.ndarray, shown: set) -> None:
+    """Subplot k's bars: queue wait (or waiting for first token, without step events), prefill, decode."""
+    has_steps = not np.all(np.isnan(sp["scheduled"]))
+    queue_end = sp["scheduled"] if has_steps else sp["first"]
+    qname = "queue wait" if has_steps else "waiting for first token"
+    fig.add_trace(go.Bar(base=sp["arrival"], x=queue_end - sp["arrival"], y=ids, orientation="h",
+                         marker_color=QUEUE_COLOR, name=qname, legendgroup=qname, showlegend=_first_use(shown, qname),
+                         hovertemplate="%{y}: waiting %{x:.3f} ms from %{base:.3f} ms<extra></extra>"),
+                  row=k, col=1)
+    if has_steps:
+        fig.add_trace(go.Bar(base=sp["scheduled"], x=sp["first"] - sp["scheduled"], y=ids, orientation="h",
+                             marker_color=PREFILL_COLOR, name="prefill", legendgroup="prefill",
+                             showlegend=_first_use(shown, "prefill"),
+                             hovertemplate="%{y}: prefill %{x:.3f} ms from %{base:.3f} ms<extra></extra>"),
+                      row=k, col=1)
+    fig.add_trace(go.Bar(base=sp["first"], x=sp["last"] - sp["first"], y=ids, orientation="h",
+                         marker_color=DECODE_COLOR, name="decode", legendgroup="decode",
+                         showlegend=_first_use(shown, "decode"),
+                         hovertemplate="%{y}: first to last token %{x:.3f} ms<extra></extra>"),
+                  row=k, col=1)
+
+
+def _token_ticks(tr, ids: np.ndarray, dense: bool, shown: set) -> go.Scatter:
+    """Every token emission of a trace with tokens as a tick (small dots when `dense`), its gap in the hover."""
+    tk = tr.tokens.sort_values(["req", "index"])
+    r = tk["req"].to_numpy()
+    t = tk["t_ms"].to_numpy()
+    gap = np.r_[np.nan, np.diff(t)]
+    gap[np.r_[True, r[1:] != r[:-1]]] = np.nan
+    custom = np.column_stack([tk["index"].to_numpy(), gap])
+    color = ORIGIN_COLORS.get(tr.source, "#333")
+    return go.Scatter(x=t, y=ids[r], mode="markers", name=f"token ({tr.source})",
+                      legendgroup=f"tok-{tr.source}", showlegend=_first_use(shown, f"tok-{tr.source}"),
+                      marker=dict(symbol="line-ns-open", size=5 if dense else 12, color=color,
+                                  line_width=1 if dense else 2, opacity=0.55 if dense else 1.0),
+                      customdata=custom,
+                      hovertemplate="%{y} token %{customdata[0]} at %{x:.3f} ms"
+                                    "<br>gap %{customdata[1]:.3f} ms<extra></extra>")
+
+
+def _preempt_marks(pre, ids: np.ndarray, shown: set) -> go.Scatter:
+    """Each preemption (blocks freed here, the request recomputed later) as a cross."""
+    return go.Scatter(x=pre["t_ms"], y=ids[pre["req"].to_numpy()], mode="markers", name="preempted",
+                      legendgroup="preempted", showlegend=_first_use(shown, "preempted"),
+                      marker=dict(symbol="x-thin-open", size=11, color=PREEMPT_COLOR, line_width=2.5),
+                      customdata=pre["freed_blocks"],
+                      hovertemplate="%{y} preempted at %{x:.3f} ms: %{customdata} KV blocks freed, "
+                                    "recomputed later<extra></extra>")
+
+
+def _timeline_title(draw_markers: bool, dense: bool, total_tokens: int, max_token_markers: int) -> str:
+    """The figure's title, saying when token ticks are drawn small or hidden."""
+    return "Request timelines" + ("" if draw_markers and not dense else
+                                  f" (token ticks drawn small: {total_tokens:,} tokens; zoom in to separate them)"
+                                  if draw_markers else
+                                  f" (token ticks hidden: {total_tokens:,} tokens, more than {max_token_markers:,})")
+
+
 def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: int = 20_000,
                       height_per_row: int = 22, max_lanes: int = MAX_LANES, max_height: int = MAX_HEIGHT) -> go.Figure:
     """Stacked timelines (one subplot per schedule, shared x in ms). Bars: queue wait
@@ -126,58 +191,15 @@ def schedule_timeline(schedules: list[tuple[str, object]], max_token_markers: in
     shown = set()
     for k, (_, tr) in enumerate(schedules, start=1):
         ids = np.array(tr.ids, dtype=object)
-        sp = request_spans(tr)
-        has_steps = not np.all(np.isnan(sp["scheduled"]))
-        queue_end = sp["scheduled"] if has_steps else sp["first"]
-        legend = lambda name: (name not in shown, shown.add(name))[0]
-        qname = "queue wait" if has_steps else "waiting for first token"
-        fig.add_trace(go.Bar(base=sp["arrival"], x=queue_end - sp["arrival"], y=ids, orientation="h",
-                             marker_color=QUEUE_COLOR, name=qname, legendgroup=qname, showlegend=legend(qname),
-                             hovertemplate="%{y}: waiting %{x:.3f} ms from %{base:.3f} ms<extra></extra>"),
-                      row=k, col=1)
-        if has_steps:
-            fig.add_trace(go.Bar(base=sp["scheduled"], x=sp["first"] - sp["scheduled"], y=ids, orientation="h",
-                                 marker_color=PREFILL_COLOR, name="prefill", legendgroup="prefill",
-                                 showlegend=legend("prefill"),
-                                 hovertemplate="%{y}: prefill %{x:.3f} ms from %{base:.3f} ms<extra></extra>"),
-                          row=k, col=1)
-        fig.add_trace(go.Bar(base=sp["first"], x=sp["last"] - sp["first"], y=ids, orientation="h",
-                             marker_color=DECODE_COLOR, name="decode", legendgroup="decode",
-                             showlegend=legend("decode"),
-                             hovertemplate="%{y}: first to last token %{x:.3f} ms<extra></extra>"),
-                      row=k, col=1)
+        _phase_bars(fig, k, request_spans(tr), ids, shown)
         if draw_markers and len(tr.tokens):
-            tk = tr.tokens.sort_values(["req", "index"])
-            r = tk["req"].to_numpy()
-            t = tk["t_ms"].to_numpy()
-            gap = np.r_[np.nan, np.diff(t)]
-            gap[np.r_[True, r[1:] != r[:-1]]] = np.nan
-            custom = np.column_stack([tk["index"].to_numpy(), gap])
-            color = ORIGIN_COLORS.get(tr.source, "#333")
-            fig.add_trace(go.Scatter(x=t, y=ids[r], mode="markers", name=f"token ({tr.source})",
-                                     legendgroup=f"tok-{tr.source}", showlegend=legend(f"tok-{tr.source}"),
-                                     marker=dict(symbol="line-ns-open", size=5 if dense else 12, color=color,
-                                                 line_width=1 if dense else 2, opacity=0.55 if dense else 1.0),
-                                     customdata=custom,
-                                     hovertemplate="%{y} token %{customdata[0]} at %{x:.3f} ms"
-                                                   "<br>gap %{customdata[1]:.3f} ms<extra></extra>"),
-                          row=k, col=1)
+            fig.add_trace(_token_ticks(tr, ids, dense, shown), row=k, col=1)
         pre = getattr(tr, "preempts", None)
         if pre is not None and len(pre):   # blocks freed here, the request recomputed later
-            fig.add_trace(go.Scatter(x=pre["t_ms"], y=ids[pre["req"].to_numpy()], mode="markers", name="preempted",
-                                     legendgroup="preempted", showlegend=legend("preempted"),
-                                     marker=dict(symbol="x-thin-open", size=11, color=PREEMPT_COLOR, line_width=2.5),
-                                     customdata=pre["freed_blocks"],
-                                     hovertemplate="%{y} preempted at %{x:.3f} ms: %{customdata} KV blocks freed, "
-                                                   "recomputed later<extra></extra>"),
-                          row=k, col=1)
+            fig.add_trace(_preempt_marks(pre, ids, shown), row=k, col=1)
         fig.update_yaxes(autorange="reversed", type="category", row=k, col=1)
     fig.update_layout(barmode="overlay", bargap=0.35)
     fig.update_xaxes(title_text="time (ms)", row=rows, col=1)
-    title = "Request timelines" + ("" if draw_markers and not dense else
-                                   f" (token ticks drawn small: {total_tokens:,} tokens; zoom in to separate them)"
-                                   if draw_markers else
-                                   f" (token ticks hidden: {total_tokens:,} tokens, more than {max_token_markers:,})")
     if per_row < 12:
         fig.update_yaxes(showticklabels=False)
-    return base_layout(fig, title, height=height)
+    return base_layout(fig, _timeline_title(draw_markers, dense, total_tokens, max_token_markers), height=height)

@@ -146,12 +146,8 @@ def from_llmservingsim_jsonl(text: str, name: str) -> Workload:
     return w if w is not None else _llmservingsim_jsonl_rows(text, name)
 
 
-def _llmservingsim_jsonl_columns(text: str, name: str) -> Workload | None:
-    import pyarrow as pa
-    import pyarrow.json as pa_json
-    data = text.encode()
-    if not data.isascii() and any(c in text for c in _UNICODE_LINE_BREAKS):
-        return None
+def _flat_object_lines(data: bytes) -> int | None:
+    """The number of non-blank lines when each is one flat JSON object (see below), else None."""
     # The line-by-line reading needs exactly one object on each non-blank line; pyarrow reads any
     # whitespace-separated run of objects. Take only files whose lines, JSON whitespace dropped
     # and blank lines merged, are each "{...}" with that one "{" (flat objects, no arrays): an
@@ -165,7 +161,28 @@ def _llmservingsim_jsonl_columns(text: str, name: str) -> Workload | None:
     if not (c[:1] == b"{" and c[-1:] == b"}" and c.count(b"{") == n and c.count(b"\n{") == n - 1
             and c.count(b"}\n") == n - 1 and b"[" not in c and b"NaN" not in c and b"Inf" not in c):
         return None
-    del c
+    return n
+
+
+def _jsonl_ids(t, n: int, text: str) -> tuple[bool, list[str] | None]:
+    """(whether the column-wise reading decides the ids, the ids: None for row numbers)."""
+    id_nulls = t.column("id").null_count
+    if id_nulls == 0:
+        return True, _strs(t.column("id"))
+    if id_nulls == n and '"id"' not in text and "\\u" not in text:  # (no key spelled "\\u0069d")
+        return True, None  # str(len(out)): the row number among non-blank lines
+    return False, None  # some ids missing or null (str(None) is "None"): the line-by-line rule decides
+
+
+def _llmservingsim_jsonl_columns(text: str, name: str) -> Workload | None:
+    import pyarrow as pa
+    import pyarrow.json as pa_json
+    data = text.encode()
+    if not data.isascii() and any(c in text for c in _UNICODE_LINE_BREAKS):
+        return None
+    n = _flat_object_lines(data)
+    if n is None:
+        return None
     f64 = pa.float64()
     schema = pa.schema([(k, f64) for k in LLMSERVINGSIM_KEYS] + [("id", pa.string())])
     try:
@@ -180,13 +197,9 @@ def _llmservingsim_jsonl_columns(text: str, name: str) -> Workload | None:
     p, o = _f64(t.column("input_toks")), _f64(t.column("output_toks"))
     if first_bad_row(a, p, o) is not None:
         return None
-    id_nulls = t.column("id").null_count
-    if id_nulls == 0:
-        ids = _strs(t.column("id"))
-    elif id_nulls == n and '"id"' not in text and "\\u" not in text:  # (no key spelled "\\u0069d")
-        ids = None  # str(len(out)): the row number among non-blank lines
-    else:
-        return None  # some ids missing or null (str(None) is "None"): the line-by-line rule decides
+    decided, ids = _jsonl_ids(t, n, text)
+    if not decided:
+        return None
     return Workload._checked(ids, a, p.astype(np.int64), o.astype(np.int64), name)
 
 

@@ -101,6 +101,33 @@ OPTIONAL = ("prompt_ids", "tenant", "abort_at_ms", "deadline_ms", "priority")
 _DEFAULTS = {f.name: f.default for f in fields(Request) if f.name in OPTIONAL}
 
 
+def _as_list(col) -> list:
+    """A column (numpy array or any iterable) as a list of Python values."""
+    return col.tolist() if isinstance(col, np.ndarray) else list(col)
+
+
+def _check_id_column(ids: list, name: str) -> None:
+    """Refuse the first id that is not a non-empty string, naming its row."""
+    for i, v in enumerate(ids):
+        if not isinstance(v, str) or not v:
+            raise WorkloadError(f"{name}: row {i} (request {short(v)}): id must be a non-empty string")
+
+
+def _refuse_row(bad: int, a: np.ndarray, p: np.ndarray, o: np.ndarray, where) -> None:
+    """Raise the error Request would for row `bad` (the first with a bad time or count)."""
+    check_time(float(a[bad]), f"{where(bad)}: arrival_ms")
+    checkcount_value(int(p[bad]), f"{where(bad)}: prompt_tokens")
+    checkcount_value(int(o[bad]), f"{where(bad)}: output_tokens")
+
+
+def _tenant_column(tenants: list, where) -> list | None:
+    """The tenants (None when every one is None), or WorkloadError at the first that is neither a string nor None."""
+    for i, t in enumerate(tenants):
+        if t is not None and not isinstance(t, str):
+            raise WorkloadError(f"{where(i)}: tenant: expected a string or null, got {short(t)}")
+    return None if all(t is None for t in tenants) else tenants
+
+
 class Workload:
     """Requests sorted by arrival (stable: equal arrivals keep their given order).
 
@@ -138,36 +165,28 @@ class Workload:
         n = len(arrival_ms)
         cols = {"arrival_ms": n, "prompt_tokens": len(prompt_tokens), "output_tokens": len(max_output_tokens)}
         if ids is not None:
-            ids = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+            ids = _as_list(ids)
             cols = {"ids": len(ids)} | cols
         if isinstance(tenant, str) or tenant is None:
             tenants = None if tenant is None else [tenant] * n
         else:
-            tenants = tenant.tolist() if isinstance(tenant, np.ndarray) else list(tenant)
+            tenants = _as_list(tenant)
             cols["tenant"] = len(tenants)
         if len(set(cols.values())) > 1:
             raise WorkloadError(f"{name}: columns differ in length ("
                                 + ", ".join(f"{k} {v}" for k, v in cols.items()) + ")")
         rid = (lambda i: ids[i]) if ids is not None else str
         if ids is not None:
-            for i, v in enumerate(ids):
-                if not isinstance(v, str) or not v:
-                    raise WorkloadError(f"{name}: row {i} (request {short(v)}): id must be a non-empty string")
+            _check_id_column(ids, name)
         where = lambda i: f"{name}: row {i} (request {rid(i)!r})"
         a = time_column(arrival_ms, where, "arrival_ms")
         p = count_column(prompt_tokens, where, "prompt_tokens")
         o = count_column(max_output_tokens, where, "output_tokens")
         bad = first_bad_row(a, p, o)
         if bad is not None:
-            check_time(float(a[bad]), f"{where(bad)}: arrival_ms")
-            checkcount_value(int(p[bad]), f"{where(bad)}: prompt_tokens")
-            checkcount_value(int(o[bad]), f"{where(bad)}: output_tokens")
+            _refuse_row(bad, a, p, o, where)
         if tenants is not None:
-            for i, t in enumerate(tenants):
-                if t is not None and not isinstance(t, str):
-                    raise WorkloadError(f"{where(i)}: tenant: expected a string or null, got {short(t)}")
-            if all(t is None for t in tenants):
-                tenants = None
+            tenants = _tenant_column(tenants, where)
         return cls._checked(ids, a, p, o, name, tenants)
 
     @classmethod
