@@ -98,8 +98,6 @@ def add_parsers(sub) -> None:
     fm.add_argument("--label", help="the merged trace's label")
 
 def cmd_fit(a) -> int:
-    from core.fit.stepfit import fit
-    from core.trace import Imported
     if a.out:
         check_writable(a.out, "--out", directory_ok=False)
     if a.from_requests and a.from_token_times:
@@ -107,40 +105,53 @@ def cmd_fit(a) -> int:
     rows = parquet_rows_of(a.trace)
     big = rows is not None and rows > common.OUT_OF_CORE_ROWS
     if a.out_of_core or (big and not (a.from_requests or a.from_token_times)):
-        if a.from_requests or a.from_token_times:
-            raise InputError("fit: --out-of-core fits to step events; --from-requests and --from-token-times read the "
-                             "trace in memory")
-        if rows is None and not (Path(a.trace).suffix == ".parquet" or Path(a.trace).is_dir()):
-            raise InputError(f"{a.trace}: --out-of-core reads Parquet traces (a .parquet file or a directory of parts)")
-        # (a damaged .parquet file goes on to the reader, which names what is wrong with it)
-        from core.fit.outofcore import fit_parquet
-        sm, report = fit_parquet(a.trace, a.model or "features")
-        return _fit_report(a, sm, report)
-    tr = read_any(a.trace)
+        sm, report = _fit_out_of_core(a, rows)
+    else:
+        sm, report = _fit_in_memory(a, read_any(a.trace))
+    return _fit_report(a, sm, report)
+
+def _fit_out_of_core(a, rows: int | None):
+    """(step model, report) fitted to a Parquet trace's step events where the data lives (--out-of-core)."""
+    if a.from_requests or a.from_token_times:
+        raise InputError("fit: --out-of-core fits to step events; --from-requests and --from-token-times read the "
+                         "trace in memory")
+    if rows is None and not (Path(a.trace).suffix == ".parquet" or Path(a.trace).is_dir()):
+        raise InputError(f"{a.trace}: --out-of-core reads Parquet traces (a .parquet file or a directory of parts)")
+    # (a damaged .parquet file goes on to the reader, which names what is wrong with it)
+    from core.fit.outofcore import fit_parquet
+    return fit_parquet(a.trace, a.model or "features")
+
+def _fit_in_memory(a, tr):
+    """(step model, report) fitted to the trace read: to its inferred steps (--from-token-times), its
+    requests (--from-requests), or its step events."""
+    from core.trace import Imported
     if a.from_token_times:
         from core.fit.stepinfer import fit_inferred
         if isinstance(tr, Imported) and (tr.trace is None or tr.aligned_at_zero):
             raise InputError(f"{a.trace}: inferring steps needs each request's send time and per-token times "
                              "(a vLLM result saved with --save-detailed and start_times)")
-        sm, report = fit_inferred(tr.trace if isinstance(tr, Imported) else tr, from_args(SchedulerConfig, a),
-                                  a.model or "affine")
-    elif a.from_requests:
+        return fit_inferred(tr.trace if isinstance(tr, Imported) else tr, from_args(SchedulerConfig, a),
+                            a.model or "affine")
+    if a.from_requests:
         from core.fit.reqfit import fit_from_requests
         if isinstance(tr, Imported) and tr.trace is None:
             raise InputError(f"{a.trace}: the file has only summary numbers, no per-request measurements to fit")
-        sm, report = fit_from_requests(tr.trace if isinstance(tr, Imported) else tr, from_args(SchedulerConfig, a),
-                                       a.model or "affine", search_rounds=a.search_rounds,
-                                       send_times_known=not (isinstance(tr, Imported) and tr.aligned_at_zero))
-    elif isinstance(tr, Imported) and (tr.trace is None or not len(tr.trace.steps)):
+        return fit_from_requests(tr.trace if isinstance(tr, Imported) else tr, from_args(SchedulerConfig, a),
+                                 a.model or "affine", search_rounds=a.search_rounds,
+                                 send_times_known=not (isinstance(tr, Imported) and tr.aligned_at_zero))
+    return _fit_steps(a, tr)
+
+def _fit_steps(a, tr):
+    """(step model, report) fitted to the trace's step events (affine for an iteration log's counted steps)."""
+    from core.fit.stepfit import counted_steps, fit
+    from core.trace import Imported
+    if isinstance(tr, Imported) and (tr.trace is None or not len(tr.trace.steps)):
         raise InputError(f"{a.trace}: {tr.label} has no step events to fit a step model to; "
                          f"--from-token-times fits one to the steps inferred from its streamed tokens, "
                          f"--from-requests to its per-request TTFT and E2E; an engine's iteration log "
                          f"(vLLM --enable-logging-iteration-details) has its steps")
-    else:
-        from core.fit.stepfit import counted_steps
-        steps_of = tr.trace if isinstance(tr, Imported) else tr
-        sm, report = fit(steps_of, a.model or ("affine" if counted_steps(steps_of) else "features"))
-    return _fit_report(a, sm, report)
+    steps_of = tr.trace if isinstance(tr, Imported) else tr
+    return fit(steps_of, a.model or ("affine" if counted_steps(steps_of) else "features"))
 
 def _fit_report(a, sm, report) -> int:
     from core.fit.stepfit import describe_identifiability, save

@@ -13,7 +13,7 @@ Two terms, each fitted to what it explains (core.fit.frontfit has the equations)
   times), by simulating the fit runs' workloads under their own flags (core.fit.reqfit: several
   runs jointly separate a step's fixed cost from its per-sequence cost, which one narrow run
   cannot). `method="log"` fits the step model to the engine's iteration log instead (its
-  elapsed times, plus the per-step time the log leaves out, from the spans).
+  elapsed times, plus the per-step time the log leaves out, from the spans: core.fit.logfit).
 
 A prediction's error splits exactly by part, per request: E2E = front end (in + out of the last
 token) + queue + prefill + decode, TTFT = front end (in + out of the first) + queue + prefill; each
@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import InputError
+from core.fit.engineview import engine_view, has_phases
 from core.fit.frontfit import fit_front_end, samples
 from core.fit.runs import Run
 from core.sim.frontend import FrontEnd
@@ -80,41 +81,6 @@ class Calibration:
         return f"no wake-up after a pause: {w.get('why', where)}"
 
 
-def has_phases(run: Run) -> bool:
-    """Per-request engine phases: spans (vLLM), or a trace with its own steps and batch entries."""
-    tr = run.truth
-    return (any("engine_inference_ms" in e for e in tr.request_extra[:200])
-            or (len(tr.batch) > 0 and len(tr.steps) > 0))
-
-
-def engine_view(run: Run, fe: FrontEnd):
-    """The run as its engine core saw it: each request arriving at the core (the front end's
-    arrival plus the way in, with the requests in flight then), its first and last token when the
-    core had them (the measured TTFT and E2E less the way out of that token), its tokens spaced
-    evenly between. What the core did meanwhile (waiting for the step boundary, queueing, prefill)
-    is left for the simulation to reproduce."""
-    from core.trace.build import given_trace
-    from core.workload import Request, Workload
-    s = samples(run.truth).set_index("id")
-    reqs, emitted = [], {}
-    for r in run.workload.requests:
-        if r.id not in s.index:
-            continue
-        x = s.loc[r.id]
-        if not np.isfinite([x.queue_ms, x.prefill_ms, x.inference_ms, x.ttft_ms, x.e2e_ms]).all():
-            continue
-        n = r.max_output_tokens
-        a = r.arrival_ms + float(fe.way_in(r.prompt_tokens, x.in_flight))
-        first = max(r.arrival_ms + x.ttft_ms - float(fe.way_out(0)), a + 1e-3)
-        last = max(r.arrival_ms + x.e2e_ms - float(fe.way_out(n - 1)), first)
-        reqs.append(Request(r.id, a, r.prompt_tokens, r.max_output_tokens, prompt_ids=r.prompt_ids))
-        emitted[r.id] = np.linspace(first, last, n).tolist() if n > 1 else [first]
-    if len(reqs) < 2:
-        raise InputError(f"{run.name}: {len(reqs)} requests with the engine's phases (its spans): too few to fit")
-    reqs.sort(key=lambda q: q.arrival_ms)
-    return given_trace(Workload(reqs, name=run.name), emitted, {"label": f"{run.name} (engine core's view)"})
-
-
 WAIT_ROUNDS = 2      # front-end refits with the step-boundary waits of the fit runs' simulation
 
 
@@ -131,16 +97,7 @@ def boundary_waits(runs: list[Run], sm: StepModel, fe: FrontEnd) -> dict:
 
 def calibrate(runs: list[Run], model: str = "affine", method: str = "spans") -> Calibration:
     """The front end and the step model, fitted on `runs` together (each under its own flags)."""
-    if method not in METHODS:
-        raise InputError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
-    if not runs:
-        raise InputError("fit: no runs given")
-    missing = [r for r in runs if r.config is None]
-    if missing:
-        unread = [n for r in missing for n in r.notes if n.startswith("not read: ")]
-        raise InputError(f"fit: no engine flags for {', '.join(r.name for r in missing)} (its files do not state "
-                         "them" + (f"; {'; '.join(unread[:2])}" if unread else "") + "): give them with --flags "
-                         "'{\"max_seqs\": 16, \"token_budget\": 2048, ...}'")
+    _check_fit_runs(runs, method)
     with_phases = [r for r in runs if has_phases(r)]
     names = ", ".join(r.name for r in with_phases)
     if with_phases:
@@ -160,14 +117,35 @@ def calibrate(runs: list[Run], model: str = "affine", method: str = "spans") -> 
             fe, fe_report = fit_front_end([r.truth for r in with_phases], names,
                                           waits=boundary_waits(with_phases, sm, fe))
         sm, step_report = _step_fit(runs, fe, model, method)
+    return Calibration(sm, fe, [r.name for r in runs],
+                       {"method": method, "model": model, "front_end": fe_report, "step_model": step_report,
+                        **_references(runs, sm, step_report)})
+
+
+def _check_fit_runs(runs: list[Run], method: str) -> None:
+    """InputError for an unknown method, no runs, or runs without engine flags."""
+    if method not in METHODS:
+        raise InputError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
+    if not runs:
+        raise InputError("fit: no runs given")
+    missing = [r for r in runs if r.config is None]
+    if missing:
+        unread = [n for r in missing for n in r.notes if n.startswith("not read: ")]
+        raise InputError(f"fit: no engine flags for {', '.join(r.name for r in missing)} (its files do not state "
+                         "them" + (f"; {'; '.join(unread[:2])}" if unread else "") + "): give them with --flags "
+                         "'{\"max_seqs\": 16, \"token_budget\": 2048, ...}'")
+
+
+def _references(runs: list[Run], sm: StepModel, step_report: dict) -> dict:
+    """The fit runs' machine speed, for scaling to another run's: the median of their reference steps
+    (reference_step_ms) and of their logged steps over the fitted forward pass (logged_ratios);
+    None where they have none."""
     refs = [x for x in (reference_step_ms(r) for r in runs) if x is not None]
     ratios = [logged_ratios(forward_model(sm, step_report), r.steps)[1] for r in runs
               if r.steps is not None and "decode_reqs" in r.steps.steps and sm.kind in ("affine", "features")]
     ratios = np.concatenate(ratios) if ratios else np.zeros(0)
-    return Calibration(sm, fe, [r.name for r in runs],
-                       {"method": method, "model": model, "front_end": fe_report, "step_model": step_report,
-                        "reference_step_ms": float(np.median(refs)) if refs else None,
-                        "reference_ratio": float(np.median(ratios)) if len(ratios) else None})
+    return {"reference_step_ms": float(np.median(refs)) if refs else None,
+            "reference_ratio": float(np.median(ratios)) if len(ratios) else None}
 
 
 def forward_model(sm: StepModel, step_report: dict) -> StepModel:
@@ -190,133 +168,8 @@ def _step_fit(runs: list[Run], fe: FrontEnd, model: str, method: str):
     if method == "spans":
         from core.fit.reqfit import fit_from_requests
         return fit_from_requests([engine_view(r, fe) for r in runs], [r.config for r in runs], model, robust=ROBUST)
-    return _log_fit(runs, model, fe)
-
-
-OVERHEAD_TERMS = ("base_ms",)   # what a cycle holds beyond the logged forward pass
-# ... and its part per decoding sequence (the engine core's scheduling and output hand-over of each
-# request: the logged forward pass hardly grows with the batch, the cycle does), fitted only where
-# the fit runs decode at WIDTH_SPAN or more widths apart, each seen on MIN_CELL+ decode-only steps:
-# a run decoding at one width (a closed loop) cannot tell it from the fixed part
-PER_SEQ_TERMS = ("base_ms", "decode_ms_per_seq")
-WIDTH_SPAN = 4
-
-
-def decode_widths(logs) -> list[int]:
-    """The decode-only batch sizes the iteration logs show on MIN_CELL or more steps each."""
-    st = pd.concat([t.steps for t in logs], ignore_index=True)
-    dec = st[(st["prefill_reqs"] == 0) & (st["decode_reqs"] > 0)]
-    n = dec.groupby("decode_reqs").size()
-    return sorted(int(k) for k in n[n >= MIN_CELL].index)
-
-
-def _log_fit(runs: list[Run], model: str, fe: FrontEnd | None = None):
-    """The step model fitted to the runs' iteration logs together (the forward pass each step
-    logs), plus what the engine's cycle holds beyond it (scheduling, the output's processing and
-    hand-over: a fixed part and a part per decoding sequence, OVERHEAD_TERMS), fitted so that the
-    fit runs simulated under their flags reproduce their spans' engine-core view
-    (core.fit.reqfit.fit_added_terms, robust loss), starting from the spans' median decode time per
-    token minus the median logged decode-only step. Without spans, that start alone (or nothing).
-    With spans, the engine's wake-up after a pause (core.fit.wake) is fitted first from the runs'
-    TTFTs, the forward pass then priced on the steps of a busy engine (a prefill with nothing
-    decoding beside it may be a first step after a pause), and the two are fitted in turn
-    (WAKE_ROUNDS); where the runs cannot tell a wake-up (a closed loop), every step prices it."""
-    from core.fit.stepfit import counted_steps, trace_features
-    logs = [r.steps for r in runs if r.steps is not None and len(trace_features(r.steps)[2])]
-    if not logs:
-        raise InputError("fit: --method log needs step events: an iteration log (vLLM's server log with "
-                         "--enable-logging-iteration-details) or a trace with steps, in a fit run")
-    with_phases = [r for r in runs if has_phases(r)]
-    # (with spans, a wake-up after pauses is fitted below: the forward pass is priced on a busy engine's steps)
-    sm, quality = _log_forward(logs, model, busy_only=fe is not None and bool(with_phases))
-    extra = []
-    for r in runs:   # (the forward pass an iteration log times is not the engine's whole cycle)
-        if r.steps is None or not counted_steps(r.steps) or not has_phases(r):
-            continue
-        s = samples(r.truth)
-        many = s["output_tokens"] > 1
-        per = ((s["inference_ms"] - s["prefill_ms"]) / (s["output_tokens"] - 1))[many]
-        st = r.steps.steps
-        dec = st[(st["prefill_reqs"] == 0) & (st["decode_reqs"] > 0)]["dur_ms"]
-        if len(per) and len(dec):
-            extra.append(float(per.median()) - float(dec.median()))
-    overhead = max(float(np.median(extra)), 0.0) if extra else 0.0
-    if fe is None or not with_phases:
-        sm = dataclasses.replace(sm, base_ms=sm.base_ms + overhead)
-        return sm, {"fitted_on": "iteration logs", **quality, "overhead_ms": overhead}
-    from core.fit.reqfit import fit_added_terms
-    from core.fit.wake import fit_wake
-    widths = decode_widths(logs)
-    terms = PER_SEQ_TERMS if widths and widths[-1] - widths[0] >= WIDTH_SPAN else OVERHEAD_TERMS
-    seen = f"widths {widths[0]}-{widths[-1]}" if widths else "no width"
-    cycle_terms = (f"fixed and per decoding sequence (decode-only steps at {seen})" if len(terms) > 1 else
-                   f"fixed only (decode-only steps at {seen}, {MIN_CELL}+ steps each: "
-                   + (f"{widths[-1] - widths[0]} apart" if widths else "none")
-                   + f"; a part per decoding sequence needs widths {WIDTH_SPAN}+ apart)")
-    views, configs = [engine_view(r, fe) for r in with_phases], [r.config for r in with_phases]
-    woke, wake = fit_wake(views, configs, dataclasses.replace(sm, base_ms=sm.base_ms + overhead))
-    if woke.wake_ms > 0:
-        sm = dataclasses.replace(sm, wake_ms=woke.wake_ms, wake_tau_ms=woke.wake_tau_ms)
-    elif quality.get("busy_only"):   # (no wake-up to carry the slower steps after a pause: all steps price it)
-        sm, quality = _log_forward(logs, model, busy_only=False)
-    sm, added = fit_added_terms(views, configs, sm, terms, {"base_ms": overhead}, robust=ROBUST)
-    for _ in range(WAKE_ROUNDS - 1):   # (the wake-up again, from the cycle the added terms left, then those)
-        if sm.wake_ms <= 0:
-            break
-        woke, again = fit_wake(views, configs, sm)
-        if woke.wake_ms <= 0:
-            break
-        wake = again
-        fwd = dataclasses.replace(sm, **{t: getattr(sm, t) - added["added"][t] for t in terms},
-                                  wake_ms=woke.wake_ms, wake_tau_ms=woke.wake_tau_ms)
-        sm, added = fit_added_terms(views, configs, fwd, terms, added["added"], robust=ROBUST)
-    return sm, {"fitted_on": "iteration logs + the cycle beyond them from the spans", **quality,
-                "cycle_terms": cycle_terms, "overhead_ms": added["added"]["base_ms"], "overhead": added, "wake": wake}
-
-
-MIN_CELL = 20     # decode-only steps of one batch size for their median to count (_log_forward)
-MIN_BUSY_PREFILLS = 5   # prefills beside decodes for the forward pass to be priced on those alone
-WAKE_ROUNDS = 2   # the wake-up and the cycle's added terms fitted in turn (each leaves the other's share)
-
-
-def _log_forward(logs, model: str, busy_only: bool = False):
-    """The forward pass as the iteration logs time it: the cost per decoding sequence is the slope
-    of the median decode-only step over the batch sizes seen at least MIN_CELL times (weighted by
-    the square root of their counts; 0 when fewer than two such sizes or a falling slope: a run
-    that decodes at one batch size cannot tell a step's fixed cost from its cost per sequence, and
-    least squares over mixed steps then puts the noise of a few wide steps on that term); the other
-    terms by non-negative least squares on what that leaves."""
-    from core.fit.stepfit import feature_range, model_of, solve, trace_features
-    from core.sim.stepmodel import FEATURES
-    parts = [trace_features(t) for t in logs]
-    X = np.vstack([p[1] for p in parts])
-    y = np.concatenate([p[2] for p in parts])
-    st = pd.concat([t.steps for t in logs], ignore_index=True)
-    dec = st[(st["prefill_reqs"] == 0) & (st["decode_reqs"] > 0)]
-    g = dec.groupby("decode_reqs")["dur_ms"].agg(["median", "size"])
-    g = g[g["size"] >= MIN_CELL]
-    slope = 0.0
-    if len(g) >= 2:
-        slope = max(float(np.polyfit(g.index.to_numpy(dtype=float), g["median"].to_numpy(), 1,
-                                     w=np.sqrt(g["size"].to_numpy()))[0]), 0.0)
-    k = FEATURES.index("decode_seqs")
-    p = FEATURES.index("prefill_tokens")
-    busy = ~((X[:, p] > 0) & (X[:, k] == 0))
-    busy_only = busy_only and ((X[:, p] > 0) & busy).sum() >= MIN_BUSY_PREFILLS
-    if busy_only:
-        # (a prefill with nothing decoding beside it may be the first step after a pause, slower by
-        # the engine's wake-up (core.fit.wake): the forward pass is priced on steps of a busy engine)
-        X, y = X[busy], y[busy]
-    rest = X.copy()
-    rest[:, k] = 0.0
-    coef, quality = solve(rest, y - slope * X[:, k], model)
-    coef[k] = slope
-    quality["range"] = feature_range(X)         # (the steps' own: the decode column was set aside above)
-    quality["busy_only"] = busy_only
-    quality["decode_ms_per_seq_from"] = (f"decode-only step medians at {len(g)} batch sizes" if len(g) >= 2 else
-                                         f"{len(g)} batch size(s) with {MIN_CELL}+ decode-only steps: not separable "
-                                         "from the fixed cost, 0")
-    return model_of(model, coef), quality
+    from core.fit.logfit import log_fit
+    return log_fit(runs, model, fe, robust=ROBUST)
 
 
 def reference_step_ms(run: Run) -> float | None:

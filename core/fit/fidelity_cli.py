@@ -25,22 +25,66 @@ def run_fidelity(a) -> int:
     given = _given_flags(a)
     floors = [repeat_floor([load_run(p) for p in group]) for group in (a.repeats or [])]
     if not a.fit:
-        if a.json:
-            print(json.dumps(_clean({"repeat_floors": floors}), allow_nan=False, default=str))
-        else:
-            for floor in floors:
-                print(describe(floor))
-                _print_pairs(floor)
+        _print_floors(floors, a.json)
         return 0
     fit_runs = [load_run(p) for p in a.fit]
     targets = [load_run(p) for p in a.predict]
-    for r in fit_runs + targets:   # (never another run's flags: a run whose files do not state them is refused)
-        if r.config is None and given is not None:
+    _use_given(fit_runs + targets, given, a)
+    notes = list(dict.fromkeys(f"{r.name}: {n}" for r in fit_runs + targets for n in r.notes))
+    _refuse_unflagged(targets)
+    cal = calibrate(fit_runs, a.model, a.method)
+    out = _predictions(cal, fit_runs, targets, floors, notes, a)
+    if not floors:
+        notes.append("no repeats given (--repeats): the errors are not held against the engine's own repeat noise")
+    if a.json:
+        print(json.dumps(_clean({"fit": [str(r.path) for r in fit_runs], "calibration": {
+            "step_model": cal.step_model.to_dict(), "front_end": cal.front_end.to_dict(), "report": cal.report},
+            "repeat_floors": floors, "predicted": out, "notes": notes}), allow_nan=False, default=str))
+        return 0
+    _print_report(cal, fit_runs, floors, out, notes, a.per_request)
+    return 0
+
+
+def _print_report(cal, fit_runs: list, floors: list[dict], out: list[dict], notes: list, per_request: bool) -> None:
+    """The calibration, the repeat floors, the predicted runs and the notes, in words."""
+    print(f"fitted on {', '.join(r.name for r in fit_runs)} ({cal.report['method']}): {cal.describe()}")
+    print(f"  front end split: {cal.report['front_end'].get('split')}")
+    for note in (cal.cycle_note(), cal.wake_note()):
+        if note:
+            print(f"  {note}")
+    for floor in floors:
+        print(describe(floor))
+    _print_table(out)
+    _print_runs(out, per_request)
+    for n in notes:
+        print(f"note: {n}")
+
+
+def _print_floors(floors: list[dict], as_json: bool) -> None:
+    """The repeat floors alone (--repeats without --fit)."""
+    if as_json:
+        print(json.dumps(_clean({"repeat_floors": floors}), allow_nan=False, default=str))
+        return
+    for floor in floors:
+        print(describe(floor))
+        _print_pairs(floor)
+
+
+def _use_given(runs: list, given, a) -> None:
+    """The given flags (--flags or --server-log) for the runs whose files do not state them, with a
+    note saying so (never another run's flags: a run whose files do not state them is refused)."""
+    if given is None:
+        return
+    for r in runs:
+        if r.config is None:
             r.config = given
             r.notes = [n for n in r.notes if "no engine flags" not in n] + [
                 "engine flags from " + ("--flags" if a.flags is not None else f"--server-log {a.server_log}")
                 + " (its own files do not state them)"]
-    notes = list(dict.fromkeys(f"{r.name}: {n}" for r in fit_runs + targets for n in r.notes))
+
+
+def _refuse_unflagged(targets: list) -> None:
+    """InputError naming the runs to predict that have no engine flags."""
     unflagged = [r for r in targets if r.config is None]
     if unflagged:
         unread = [n for r in unflagged for n in r.notes if n.startswith("not read: ")]
@@ -48,7 +92,11 @@ def run_fidelity(a) -> int:
                          "state them" + (f"; {'; '.join(unread[:2])}" if unread else "") + "; another run's are "
                          "never assumed): give them with --flags '{\"max_seqs\": 16, ...}' or "
                          "--server-log LOG (the server's whole log, whose start-up lines state them)")
-    cal = calibrate(fit_runs, a.model, a.method)
+
+
+def _predictions(cal, fit_runs: list, targets: list, floors: list[dict], notes: list, a) -> list[dict]:
+    """Each target run predicted with the calibration and held against its workload's repeat floor
+    (notes added where a prediction extrapolates or has no floor)."""
     fitted = {r.name for r in fit_runs}
     out = []
     for r in targets:
@@ -66,25 +114,7 @@ def run_fidelity(a) -> int:
                     "floor_runs": floor and floor["runs"],
                     "times_floor": {m: times_floor(summ[m]["p50"], floor, m) for m in METRICS},
                     "outside_fitted_range": ev["outside"], **summ, "rows": ev["rows"].to_dict("records")})
-    if not floors:
-        notes.append("no repeats given (--repeats): the errors are not held against the engine's own repeat noise")
-    if a.json:
-        print(json.dumps(_clean({"fit": [str(r.path) for r in fit_runs], "calibration": {
-            "step_model": cal.step_model.to_dict(), "front_end": cal.front_end.to_dict(), "report": cal.report},
-            "repeat_floors": floors, "predicted": out, "notes": notes}), allow_nan=False, default=str))
-        return 0
-    print(f"fitted on {', '.join(r.name for r in fit_runs)} ({cal.report['method']}): {cal.describe()}")
-    print(f"  front end split: {cal.report['front_end'].get('split')}")
-    for note in (cal.cycle_note(), cal.wake_note()):
-        if note:
-            print(f"  {note}")
-    for floor in floors:
-        print(describe(floor))
-    _print_table(out)
-    _print_runs(out, a.per_request)
-    for n in notes:
-        print(f"note: {n}")
-    return 0
+    return out
 
 
 def _given_flags(a):

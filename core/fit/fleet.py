@@ -300,7 +300,6 @@ def measured_spec(trace, fits: dict, link: tuple[float, float] | None = None):
     its replicas' roles and engine options, its router, the fits' dispatch hop and contention, and
     (disaggregated) the KV link (`link`, or fitted on its own transfers) and bytes per token."""
     from core.config import SchedulerConfig, from_dict
-    from core.fleet.router import RouterConfig
     from core.fleet.sim import FleetSpec, ReplicaSpec
     roles = roles_of(trace)
     names = {f.name for f in dataclasses.fields(SchedulerConfig)}
@@ -310,25 +309,36 @@ def measured_spec(trace, fits: dict, link: tuple[float, float] | None = None):
     if missing:
         raise ConfigError(f"fleet prediction: no step model for the {', '.join(missing)} role(s) of this fleet "
                           f"(fitted: {', '.join(fits) or 'none'})")
-    rc = (trace.meta.get("fleet") or {}).get("router") or {}
-    router = RouterConfig(rc.get("policy", "round-robin"), rc.get("staleness_ms", 0.0), rc.get("seed", 0),
-                          rc.get("prefix"), rc.get("queue_limit"), rc.get("params") or {})
-    kw = {}
-    if "prefill" not in roles:
-        link = None
-    else:
-        measured = [e for e in trace.events_of("transfer") if e.get("dur_ms") is not None]
-        link = link if link is not None else link_fit(measured)
-        per_token = {e["bytes"] // e["tokens"] for e in measured if e.get("tokens")}
-        kw = dict(link_latency_ms=link[0], link_gbps=link[1],
-                  kv_bytes_per_token=per_token.pop() if len(per_token) == 1 else None,
-                  model=(trace.meta.get("model") or {}).get("name"),
-                  pd_min_prompt=(trace.meta.get("fleet") or {}).get("pd_min_prompt", 0))
+    router = _router_of(trace)
+    kw, link = _link_options(trace, roles, link)
     hop = next((f[1].get("dispatch_ms") for f in fits.values() if f[1].get("dispatch_ms") is not None), None)
     shared = max((f[1].get("contention") or 0.0 for f in fits.values()), default=0.0)
     spec = FleetSpec([ReplicaSpec(cfg, fits[r][0], r) for r in roles], router=router, dispatch_ms=hop or 0.0,
                      contention=shared if len(roles) > 1 else 0.0, **kw)
     return spec, link
+
+
+def _router_of(trace):
+    """The RouterConfig a measured fleet trace's meta.fleet.router states (round-robin by default)."""
+    from core.config import from_dict
+    from core.fleet.router import RouterConfig
+    rc = (trace.meta.get("fleet") or {}).get("router") or {}
+    return from_dict(RouterConfig, {k: v for k, v in rc.items() if v is not None}, "meta.fleet.router", strict=False)
+
+
+def _link_options(trace, roles: list[str], link: tuple[float, float] | None) -> tuple[dict, tuple | None]:
+    """(FleetSpec's KV-link options, the link used) of a disaggregated fleet (a prefill role): `link`
+    or fitted on the trace's measured transfers; ({}, None) for one that is not."""
+    if "prefill" not in roles:
+        return {}, None
+    measured = [e for e in trace.events_of("transfer") if e.get("dur_ms") is not None]
+    link = link if link is not None else link_fit(measured)
+    per_token = {e["bytes"] // e["tokens"] for e in measured if e.get("tokens")}
+    kw = dict(link_latency_ms=link[0], link_gbps=link[1],
+              kv_bytes_per_token=per_token.pop() if len(per_token) == 1 else None,
+              model=(trace.meta.get("model") or {}).get("name"),
+              pd_min_prompt=(trace.meta.get("fleet") or {}).get("pd_min_prompt", 0))
+    return kw, link
 
 
 def closed_loop_of(trace, mm, clients: int | None) -> dict:

@@ -119,13 +119,32 @@ def repeat_floor(runs) -> dict:
     metric the per-request floor (median, min, max over ordered pairs, and each pair's value), the
     p90 likewise, and the run-level medians and their spread; `paired` requests and how they were
     paired. InputError when fewer than two runs or when they are not repeats of one workload."""
+    _check_separate(runs)
+    tables = _tables(runs)
+    keys = _paired_keys(runs, tables)
+    out = {"runs": [r.name for r in runs], "paired": len(keys),
+           "unpaired": sum(len(t) for t in tables) - len(keys) * len(tables), "paired_by": tables[0].attrs["how"],
+           "key": tables[0].attrs["key"],
+           "clock": runs[0].clock,
+           "prompts": {str(k): int(v) for k, v in zip(keys, tables[0].loc[keys, "prompt_tokens"].to_numpy())}}
+    for m in METRICS:
+        out[m] = _metric_floor(runs, [t.loc[keys, m].to_numpy(dtype=float) for t in tables])
+    return out
+
+
+def _check_separate(runs) -> None:
+    """InputError unless two or more runs, none given twice."""
     if len(runs) < 2:
         raise InputError(f"repeats: {len(runs)} run given; the repeat floor needs at least two runs of one workload")
     where = [str(r.path.resolve()) for r in runs]
     twice = sorted({w for w in where if where.count(w) > 1})
     if twice:
         raise InputError(f"repeats: {twice[0]} given twice; the floor needs separate runs of one workload")
-    tables = _tables(runs)
+
+
+def _paired_keys(runs, tables: list[pd.DataFrame]) -> list:
+    """The keys of the requests every run sent, sorted; InputError when fewer than 3, or when a
+    paired request's prompt length differs between the runs (not repeats)."""
     common = set(tables[0].index)
     for t in tables[1:]:
         common &= set(t.index)
@@ -141,30 +160,28 @@ def repeat_floor(runs) -> dict:
             raise InputError(f"repeats: {r.name} is not a repeat of {runs[0].name}: its request {k} has "
                              f"{int(b[bad[0]])} prompt tokens, {runs[0].name}'s {int(a[bad[0]])} "
                              f"({len(bad)} of {len(keys)} requests differ)")
-    out = {"runs": [r.name for r in runs], "paired": len(keys),
-           "unpaired": sum(len(t) for t in tables) - len(keys) * len(tables), "paired_by": tables[0].attrs["how"],
-           "key": tables[0].attrs["key"],
-           "clock": runs[0].clock,
-           "prompts": {str(k): int(v) for k, v in zip(keys, tables[0].loc[keys, "prompt_tokens"].to_numpy())}}
-    for m in METRICS:
-        vals = [t.loc[keys, m].to_numpy(dtype=float) for t in tables]
-        pairs, p50s, p90s = [], [], []
-        for i, j in itertools.permutations(range(len(runs)), 2):
-            a, b = vals[i], vals[j]
-            ok = np.isfinite(a) & np.isfinite(b) & (b > 0)
-            e = np.abs(a[ok] - b[ok]) / b[ok]
-            if not len(e):
-                continue
-            p50s.append(float(np.median(e)))
-            p90s.append(float(np.percentile(e, 90)))
-            pairs.append({"as_prediction": runs[i].name, "of": runs[j].name, "p50": p50s[-1], "p90": p90s[-1]})
-        medians = [float(np.nanmedian(v)) for v in vals]
-        out[m] = {"p50": float(np.median(p50s)) if p50s else None,
-                  "p50_min": min(p50s) if p50s else None, "p50_max": max(p50s) if p50s else None,
-                  "p90": float(np.median(p90s)) if p90s else None, "pairs": pairs,
-                  "run_medians": medians,
-                  "run_spread": (max(medians) / min(medians) - 1.0) if medians and min(medians) > 0 else None}
-    return out
+    return keys
+
+
+def _metric_floor(runs, vals: list[np.ndarray]) -> dict:
+    """One metric's floor from each run's paired values: per ordered pair and over the pairs, and
+    the run-level medians and their spread."""
+    pairs, p50s, p90s = [], [], []
+    for i, j in itertools.permutations(range(len(runs)), 2):
+        a, b = vals[i], vals[j]
+        ok = np.isfinite(a) & np.isfinite(b) & (b > 0)
+        e = np.abs(a[ok] - b[ok]) / b[ok]
+        if not len(e):
+            continue
+        p50s.append(float(np.median(e)))
+        p90s.append(float(np.percentile(e, 90)))
+        pairs.append({"as_prediction": runs[i].name, "of": runs[j].name, "p50": p50s[-1], "p90": p90s[-1]})
+    medians = [float(np.nanmedian(v)) for v in vals]
+    return {"p50": float(np.median(p50s)) if p50s else None,
+            "p50_min": min(p50s) if p50s else None, "p50_max": max(p50s) if p50s else None,
+            "p90": float(np.median(p90s)) if p90s else None, "pairs": pairs,
+            "run_medians": medians,
+            "run_spread": (max(medians) / min(medians) - 1.0) if medians and min(medians) > 0 else None}
 
 
 def request_floor(run, others) -> dict:

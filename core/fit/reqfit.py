@@ -211,6 +211,52 @@ def fit_added_terms(traces, configs, base: StepModel, terms: tuple[str, ...], st
                       "simulations": evaluations * len(runs), "iterations": iterations}
 
 
+def _fit_runs(trace, config, model: str, send_times_known: bool, max_requests: int) -> tuple[list, list, int]:
+    """(the runs of `trace` (one or a list), one config per run, their completed requests) for
+    fit_from_requests; ConfigError when they cannot be fitted."""
+    if model not in MODELS:
+        raise ConfigError(f"model: expected one of {', '.join(MODELS)}, got {model!r}")
+    if not send_times_known:
+        raise ConfigError("fit: the file has no send times (every request starts at its own 0), so the load the "
+                          "engine saw is unknown; a request-level fit needs start_times")
+    runs = [_Run(t, max_requests) for t in (trace if isinstance(trace, (list, tuple)) else [trace])]
+    if not runs:
+        raise ConfigError("fit: no runs given")
+    configs = _configs(config, len(runs))
+    n_ok = sum(int(r.ok.sum()) for r in runs)
+    if n_ok < MIN_REQUESTS:
+        raise ConfigError(f"fit: needs at least {MIN_REQUESTS} completed requests with TTFT and E2E, has {n_ok}")
+    return runs, configs, n_ok
+
+
+def _affine_search(affine_loss, coef: np.ndarray, search_size: int, search_rounds: int) -> tuple[np.ndarray, int]:
+    """(the model's coefficients, the losses evaluated) from a global search over the three affine
+    coefficients (log scale, a factor of 30 either way of `coef`), then Nelder-Mead from its best
+    point; the other coefficients 0."""
+    from scipy.optimize import differential_evolution, minimize
+    x0 = np.log(np.maximum(coef[:3], FLOOR_MS))
+    found = differential_evolution(affine_loss, [(v - np.log(30.0), v + np.log(30.0)) for v in x0],
+                                   popsize=search_size, maxiter=search_rounds, tol=1e-10, seed=0, polish=False,
+                                   init="sobol")
+    local = minimize(affine_loss, found.x, method="Nelder-Mead",
+                     options={"maxfev": 150, "xatol": 1e-4, "fatol": 1e-9,
+                              "initial_simplex": np.vstack([found.x] + [found.x + 0.2 * np.eye(3)[i]
+                                                                          for i in range(3)])})
+    return np.r_[np.exp(local.x), np.zeros(len(FEATURES) - 3)], int(found.nfev) + int(local.nfev)
+
+
+def _scheduler(configs: list):
+    """The runs' scheduler settings for a report: one dict when they share them, else one per run."""
+    return configs[0].to_dict() if len(set(map(repr, configs))) == 1 else [c.to_dict() for c in configs]
+
+
+def _error_percentiles(sims, runs) -> dict:
+    """p50 and p90 of the per-request relative errors of TTFT and E2E over all the runs."""
+    errs = [errors(sim, r.trace) for sim, r in zip(sims, runs)]
+    e = {k: np.concatenate([x[k] for x in errs]) for k in ("ttft_ms", "e2e_ms")}
+    return {k: {f"p{q}": float(np.percentile(v, q)) for q in (50, 90)} for k, v in e.items() if len(v)}
+
+
 def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max_iter: int = 30,
                       search_size: int = 6, search_rounds: int = 15,
                       send_times_known: bool = True, max_requests: int = MAX_REQUESTS,
@@ -228,19 +274,7 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
     requests slowed by something the step model does not carry, a stalled machine, weigh as
     much as their error, not its square; the linear polish is reweighted to match). Raises
     ConfigError when the runs cannot be fitted this way."""
-    from scipy.optimize import differential_evolution, minimize
-    if model not in MODELS:
-        raise ConfigError(f"model: expected one of {', '.join(MODELS)}, got {model!r}")
-    if not send_times_known:
-        raise ConfigError("fit: the file has no send times (every request starts at its own 0), so the load the "
-                          "engine saw is unknown; a request-level fit needs start_times")
-    runs = [_Run(t, max_requests) for t in (trace if isinstance(trace, (list, tuple)) else [trace])]
-    if not runs:
-        raise ConfigError("fit: no runs given")
-    configs = _configs(config, len(runs))
-    n_ok = sum(int(r.ok.sum()) for r in runs)
-    if n_ok < MIN_REQUESTS:
-        raise ConfigError(f"fit: needs at least {MIN_REQUESTS} completed requests with TTFT and E2E, has {n_ok}")
+    runs, configs, n_ok = _fit_runs(trace, config, model, send_times_known, max_requests)
     ttft, e2e = np.concatenate([r.ttft for r in runs]), np.concatenate([r.e2e for r in runs])
 
     coef = _start(runs, ttft, e2e)
@@ -307,19 +341,11 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
     # the model's coefficients
     def affine_loss(x):
         return loss_only(np.r_[np.exp(x), np.zeros(len(FEATURES) - 3)])
-    x0 = np.log(np.maximum(coef[:3], FLOOR_MS))
     evaluate(coef)    # settings the workload cannot run under (a pool too small) say so here, not inside scipy
-    found = differential_evolution(affine_loss, [(v - np.log(30.0), v + np.log(30.0)) for v in x0],
-                                   popsize=search_size, maxiter=search_rounds, tol=1e-10, seed=0, polish=False,
-                                   init="sobol")
-    local = minimize(affine_loss, found.x, method="Nelder-Mead",
-                     options={"maxfev": 150, "xatol": 1e-4, "fatol": 1e-9,
-                              "initial_simplex": np.vstack([found.x] + [found.x + 0.2 * np.eye(3)[i]
-                                                                          for i in range(3)])})
-    coef = np.r_[np.exp(local.x), np.zeros(len(FEATURES) - 3)]
+    coef, searched = _affine_search(affine_loss, coef, search_size, search_rounds)
     sims, loss = evaluate(coef)
     coef, sims, loss, n_eval, iterations = polish(coef, sims, loss, robust)
-    evaluations = int(found.nfev) + int(local.nfev) + 1 + n_eval
+    evaluations = searched + 1 + n_eval
     if robust is not None:
         # the robust search can settle on a schedule short of the best one (the requests that
         # schedule misplaces look like outliers); the least-squares fit is kept when its robust loss is lower
@@ -331,15 +357,12 @@ def fit_from_requests(trace, config: SchedulerConfig, model: str = "affine", max
         if loss2 < loss:
             coef, sims, loss, iterations = c2, s2, loss2, plain_report["iterations"]
     sm = model_of(model, coef)
-    errs = [errors(sim, r.trace) for sim, r in zip(sims, runs)]
-    e = {k: np.concatenate([x[k] for x in errs]) for k in ("ttft_ms", "e2e_ms")}
     X = np.vstack([trace_features(sim)[1] for sim in sims])
     report = {"trace": " + ".join(r.trace.label for r in runs), "model": model, "fitted_on": "requests",
               "runs": len(runs), "requests": n_ok, "robust": robust, "iterations": iterations,
               "simulations": evaluations * len(runs), "loss": loss,
-              "scheduler": (configs[0].to_dict() if len(set(map(repr, configs))) == 1
-                            else [c.to_dict() for c in configs]),
-              "error": {k: {f"p{q}": float(np.percentile(v, q)) for q in (50, 90)} for k, v in e.items() if len(v)},
+              "scheduler": _scheduler(configs),
+              "error": _error_percentiles(sims, runs),
               # the batches of the best fit's simulated schedules: what the coefficients were fitted on
               "range": feature_range(X) if len(X) else {},
               # what the requests could say about each term, on the best fit's schedule

@@ -98,63 +98,95 @@ def _dir_run(d: Path, config) -> Run:
     files = sorted(f for f in d.iterdir() if f.is_file())
     if len(files) > MAX_FILES:
         raise InputError(f"{d}: {len(files)} files; a run directory holds one run's files (at most {MAX_FILES})")
-    roles: dict[str, tuple[Path, object]] = {}
-    notes, dataset, unread = [], None, []
-    for f in files:
-        if f.name == "dataset.jsonl":
-            dataset = f
-            continue
-        if f.suffix in (".xz", ".txt", ".md") or f.name.endswith(".decoded.jsonl") or f.name == "otlp_bodies.jsonl":
-            continue   # (raw captures beside their decoded forms; notes)
-        try:
-            got = open_trace(f)
-        except InputError as e:
-            unread.append(f"{f.name} ({str(e)[:300]})")
-            continue
-        role = role_of(got.kind) if isinstance(got, Imported) else "requests"
-        tr = got.trace if isinstance(got, Imported) else got
-        if role == "steps" or (role == "telemetry" and len(tr.kv_events)):
-            role = "steps" if len(tr.steps) else "kv"
-        if role in roles:
-            notes.append(f"{f.name}: a second {role} file, not used ({roles[role][0].name} is)")
-            continue
-        roles[role] = (f, got)
+    roles, dataset, notes, unread = _read_files(files)
     if "spans" not in roles and "requests" not in roles:
         raise InputError(f"{d}: no file with per-request times (vLLM's OTLP spans, a client's result file); found "
                          + (", ".join(f.name for f in files[:8]) or "nothing")
                          + (f"; not read: {'; '.join(unread[:4])}" if unread else ""))
     notes += [f"not read: {u}" for u in unread]
     src, got = roles.get("spans") or roles["requests"]
-    truth = got.trace if isinstance(got, Imported) else got
     clock = ("vLLM's front end (its spans: its arrival to the token reaching it)" if "spans" in roles
              else f"the client's ({src.name}: its send to its receipt)")
-    truth, dropped = measured_requests(truth)
+    truth, dropped = measured_requests(_trace_of(got))
     if dropped:
         notes.append(f"{dropped} earlier requests in {src.name} (a warm-up) left out: the run is the last "
                      "`vllm bench serve` run's requests")
-    steps = kv = None
-    cfg = config
-    if "steps" in roles:
-        f, got = roles["steps"]
-        steps = got.trace if isinstance(got, Imported) else got
-        if cfg is None:
-            cfg = _vllm_flags(steps.meta.get("engine") or {}, f.name, notes)
-    if "kv" in roles:
-        kv = roles["kv"][1].trace if isinstance(roles["kv"][1], Imported) else roles["kv"][1]
+    steps, cfg = _steps_and_flags(roles.get("steps"), config, notes)
+    kv = _trace_of(roles["kv"][1]) if "kv" in roles else None
     w = _workload(truth, dataset, notes, d.name)
-    clients = None
-    if "requests" in roles:    # (a closed loop is predicted as one: core.fit.calibrate.predict)
-        from core.fit.stepinfer import closed_loop_clients
-        got = roles["requests"][1]
-        # (a file of several runs, a guidellm sweep: one closed loop only when every run is that loop)
-        parts = (got.runs or [got]) if isinstance(got, Imported) else [got]
-        loops = {closed_loop_clients(x.trace if isinstance(x, Imported) else x) for x in parts}
-        clients = loops.pop() if len(loops) == 1 else None
-        if len(parts) > 1:
-            notes.append(f"{roles['requests'][0].name}: {len(parts)} runs of one client (a sweep): "
-                         + (f"each a closed loop of {clients}" if clients else "not one closed loop; predicted "
-                            "at the measured send times"))
+    clients = _clients(roles["requests"], notes) if "requests" in roles else None
     return Run(d.name, d, w, truth, clock, cfg, steps, kv, notes, clients)
+
+
+def _trace_of(got):
+    """The trace of what open_trace returned (an Imported file's, or the trace itself)."""
+    return got.trace if isinstance(got, Imported) else got
+
+
+def _read_files(files: list[Path]) -> tuple[dict[str, tuple[Path, object]], Path | None, list[str], list[str]]:
+    """(role -> (its file, what open_trace read), the prompts file or None, notes, the files not
+    read with why) of a run directory's files: the first file of each role is used."""
+    roles: dict[str, tuple[Path, object]] = {}
+    notes, dataset, unread = [], None, []
+    for f in files:
+        if f.name == "dataset.jsonl":
+            dataset = f
+            continue
+        if _not_a_record(f):
+            continue
+        try:
+            got = open_trace(f)
+        except InputError as e:
+            unread.append(f"{f.name} ({str(e)[:300]})")
+            continue
+        role = _role(got)
+        if role in roles:
+            notes.append(f"{f.name}: a second {role} file, not used ({roles[role][0].name} is)")
+            continue
+        roles[role] = (f, got)
+    return roles, dataset, notes, unread
+
+
+def _not_a_record(f: Path) -> bool:
+    """Raw captures beside their decoded forms, and notes: not read as the run's records."""
+    return f.suffix in (".xz", ".txt", ".md") or f.name.endswith(".decoded.jsonl") or f.name == "otlp_bodies.jsonl"
+
+
+def _role(got) -> str:
+    """What a run's file is to it (core.trace.imports.sniff.role_of; our own traces: requests), a log
+    or telemetry file as "steps" when it has steps, else "kv" (KV events only)."""
+    role = role_of(got.kind) if isinstance(got, Imported) else "requests"
+    tr = _trace_of(got)
+    if role == "steps" or (role == "telemetry" and len(tr.kv_events)):
+        role = "steps" if len(tr.steps) else "kv"
+    return role
+
+
+def _steps_and_flags(steps: tuple[Path, object] | None, config, notes: list) -> tuple[object | None, object]:
+    """(the iteration log's trace, or None; the engine flags: `config`, else those its start-up line states)."""
+    if steps is None:
+        return None, config
+    f, got = steps
+    tr = _trace_of(got)
+    if config is None:
+        config = _vllm_flags(tr.meta.get("engine") or {}, f.name, notes)
+    return tr, config
+
+
+def _clients(requests: tuple[Path, object], notes: list) -> int | None:
+    """A client's closed loop (its clients; a closed loop is predicted as one: core.fit.calibrate.predict),
+    or None; a note when its file holds several runs."""
+    from core.fit.stepinfer import closed_loop_clients
+    f, got = requests
+    # (a file of several runs, a guidellm sweep: one closed loop only when every run is that loop)
+    parts = (got.runs or [got]) if isinstance(got, Imported) else [got]
+    loops = {closed_loop_clients(_trace_of(x)) for x in parts}
+    clients = loops.pop() if len(loops) == 1 else None
+    if len(parts) > 1:
+        notes.append(f"{f.name}: {len(parts)} runs of one client (a sweep): "
+                     + (f"each a closed loop of {clients}" if clients else "not one closed loop; predicted "
+                        "at the measured send times"))
+    return clients
 
 
 def server_log_flags(path) -> SchedulerConfig:
