@@ -38,15 +38,17 @@ BIG = 1 << 62  # "no limit" for budgets and seats
 def opt(default=MISSING, help: str = "", *, flag: str | None = None, cli: bool = True,
         choices: tuple | None = None, minimum: float | None = None, maximum: float | None = None,
         above: float | None = None, below: float | None = None, parse=None, factory=None,
-        label: str | None = None, none: str = "no limit"):
+        label: str | None = None, none: str = "no limit", many=None, metavar: str | None = None):
     """A declared option. Bounds: `minimum`/`maximum` inclusive, `above`/`below` exclusive
     (`minimum` also drives the flag's argument check: 1 a positive integer, 0 a number >= 0);
     `parse` turns a flag's text into the value (e.g. "0,1" -> (0, 1)); `cli=False` keeps an
     option out of the command lines (set by the program itself). `label`: the option's name on
     a page (its widget is generated from this declaration: ui.widgets.option_input); `none`: what
-    an unset (None) value means there, shown as "0 = ...". """
+    an unset (None) value means there, shown as "0 = ...". `many`: the flag may be given several
+    times, each text parsed by `parse`, and `many` turns the list into the value (e.g. dict, tuple). """
     meta = {"help": help, "flag": flag, "cli": cli, "choices": choices, "minimum": minimum, "maximum": maximum,
-            "above": above, "below": below, "parse": parse, "label": label, "none": none}
+            "above": above, "below": below, "parse": parse, "label": label, "none": none, "many": many,
+            "metavar": metavar}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -261,8 +263,20 @@ def from_dict(cls, d, where: str = "config", strict: bool = True, aliases: dict 
         raise ConfigError(f"{where}: {e}") from None
 
 
+def flag_prefix(cls) -> str:
+    """The prefix of a group's flags: its FLAG_PREFIX (e.g. "router-": --router-staleness-ms), else none."""
+    return getattr(cls, "FLAG_PREFIX", "")
+
+
 def flag_name(f: dataclasses.Field, prefix: str = "") -> str:
     return f.metadata.get("flag") or "--" + prefix + f.name.replace("_", "-")
+
+
+def flag_dest(f: dataclasses.Field, prefix: str = "") -> str:
+    """Where a flag's value lands in the parsed namespace: the option's name, or with a `prefix`
+    (options of a group that shares a command line with others) the flag's own name, as argparse
+    derives it ("--router-staleness-ms" -> router_staleness_ms)."""
+    return flag_name(f, prefix).lstrip("-").replace("-", "_") if prefix else f.name
 
 
 def _arg_type(tp, minimum):
@@ -274,10 +288,35 @@ def _arg_type(tp, minimum):
     return str
 
 
-def add_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", skip: tuple = (), defaults: dict | None = None):
+def _flag_type(parse):
+    """A declaration's `parse` as an argparse type: its InputError's message becomes the flag's
+    error ("argument --router-param: router parameter 'x': expected key=value")."""
+    from core.errors import InputError
+
+    @functools.wraps(parse)
+    def flag_type(text: str):
+        try:
+            return parse(text)
+        except InputError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return flag_type
+
+
+def _flag_default(f: dataclasses.Field):
+    if f.default is not MISSING:
+        return f.default
+    return None
+
+
+def add_flags(parser, cls, prefix: str | None = None, skip: tuple = (), defaults: dict | None = None,
+              unset: bool = False):
     """One command-line flag per option of `cls` (nested groups are skipped: add them
-    with their own call). Defaults come from the declaration unless `defaults` overrides."""
+    with their own call). Defaults come from the declaration unless `defaults` overrides.
+    `prefix`: flags named --PREFIX<option> (dest as flag_dest says); `unset`: every flag's value
+    stays None when not given (a caller that must tell a flag given from a default, e.g. to refuse
+    it where it does not apply), its help still stating the declared default."""
     hints = _hints(cls)
+    prefix = flag_prefix(cls) if prefix is None else prefix
     for f in options(cls):
         meta = f.metadata
         if not meta.get("cli", True) or f.name in skip:
@@ -285,29 +324,49 @@ def add_flags(parser: argparse.ArgumentParser, cls, prefix: str = "", skip: tupl
         tp, nullable = _base_type(hints[f.name])
         if dataclasses.is_dataclass(tp):
             continue
-        default = (defaults or {}).get(f.name, f.default if f.default is not MISSING else None)
-        help_ = meta.get("help", "")
+        declared = (defaults or {}).get(f.name, _flag_default(f))
+        default = None if unset else declared
+        help_ = meta.get("help", "").replace("%", "%%")     # (argparse formats help with %)
+        dest = flag_dest(f, prefix)
         if tp is bool:
-            parser.add_argument(flag_name(f, prefix), dest=f.name, action=argparse.BooleanOptionalAction,
+            parser.add_argument(flag_name(f, prefix), dest=dest, action=argparse.BooleanOptionalAction,
                                 default=default, help=help_)
             continue
-        kw = {"dest": f.name, "default": default,
-              "help": help_ + ("" if default is None else f" (default {default})")}
+        kw = {"dest": dest, "default": default,
+              "help": help_ + ("" if declared is None or meta.get("many") else f" (default {declared})")}
         if meta.get("choices"):
-            kw["choices"] = list(meta["choices"])
+            kw["choices"] = meta["choices"]        # (a live sequence stays live: policies a module registers)
         elif meta.get("parse") is not None:
-            kw["type"] = meta["parse"]
+            kw["type"] = _flag_type(meta["parse"])
         else:
             kw["type"] = _arg_type(tp, meta.get("minimum"))
+        if meta.get("many"):
+            kw["action"] = "append"
+        if meta.get("metavar"):
+            kw["metavar"] = meta["metavar"]
         parser.add_argument(flag_name(f, prefix), **kw)
 
 
-def from_args(cls, args: argparse.Namespace, **overrides):
+def flag_values(cls, args, prefix: str | None = None, unset: bool = False) -> dict:
+    """{option: value} of the parsed flags of `cls` (add_flags with the same prefix); `unset`:
+    the flags not given are left out (their declared defaults apply)."""
+    out = {}
+    prefix = flag_prefix(cls) if prefix is None else prefix
+    for f in options(cls):
+        dest = flag_dest(f, prefix)
+        if not f.metadata.get("cli", True) or not hasattr(args, dest):
+            continue
+        v = getattr(args, dest)
+        if v is None and unset:
+            continue
+        many = f.metadata.get("many")
+        out[f.name] = many(v) if many and v is not None else v
+    return out
+
+
+def from_args(cls, args: argparse.Namespace, prefix: str | None = None, unset: bool = False, **overrides):
     """The option group from parsed flags (options without a flag keep their defaults)."""
-    kwargs = {f.name: getattr(args, f.name) for f in options(cls)
-              if f.metadata.get("cli", True) and hasattr(args, f.name)}
-    kwargs.update(overrides)
-    return cls(**kwargs)
+    return cls(**(flag_values(cls, args, prefix, unset) | overrides))
 
 
 def options_markdown(groups: dict) -> str:
@@ -318,8 +377,11 @@ def options_markdown(groups: dict) -> str:
                 "| option | flag | default | meaning |", "|---|---|---|---|"]
         for f in options(cls):
             meta = f.metadata
-            default = "(options below)" if f.default is MISSING else "none" if f.default is None else f"`{f.default}`"
-            flag = f"`{flag_name(f)}`" if meta.get("cli", True) and f.default is not MISSING else "—"
+            nested = f.default is MISSING and (f.default_factory is MISSING
+                                               or dataclasses.is_dataclass(f.default_factory))
+            value = f.default if f.default is not MISSING else None if nested else f.default_factory()
+            default = "(options below)" if nested else "none" if value in (None, {}, ()) else f"`{value}`"
+            flag = f"`{flag_name(f, flag_prefix(cls))}`" if meta.get("cli", True) and not nested else "—"
             choices = f" ({' / '.join(map(str, meta['choices']))})" if meta.get("choices") else ""
             text = f"{meta.get('help', '')}{choices}".replace("|", "\\|")
             out.append(f"| `{f.name}` | {flag} | {default} | {text} |")

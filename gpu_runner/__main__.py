@@ -12,7 +12,6 @@ from pathlib import Path
 
 from core.cli import Parser as _Parser
 from core.cli import Progress, check_writable, write_output
-from core.cli import nonneg_int as _nonneg_int_flag
 from core.cli import positive_int as _pos_int
 from core.config import SamplingParams, SchedulerConfig, add_flags, from_args
 from core.trace import save_trace
@@ -69,14 +68,8 @@ def build_parser():
     fl.add_argument("--trace-out", help="the fleet's measured trace, written at shutdown (.json, .json.gz, "
                     ".parquet); each replica's own trace is rewritten in TRACE_OUT.replicas/ as serve's --trace-out is")
     fl.add_argument("--label", help="the fleet trace's label")
-    fl.add_argument("--replicas", type=_pos_int, help="identical replicas (default 2)")
-    fl.add_argument("--prefill-replicas", type=_pos_int, help="disaggregated: replicas that compute prompts")
-    fl.add_argument("--decode-replicas", type=_pos_int, help="disaggregated: replicas that decode (the prompt's "
-                    "KV arrives from a prefill replica)")
-    fl.add_argument("--pd-min-prompt", type=_nonneg_int_flag, default=0, metavar="T",
-                    help="disaggregated: shorter prompts run whole on a decode replica (default 0: every prompt)")
-    from core.fleet.options import add_router_flags
-    add_router_flags(fl, defaults=True)
+    from core.fleet.options import add_real_fleet_flags
+    add_real_fleet_flags(fl)
     fl.add_argument("--drain-timeout-s", type=float, default=60.0,
                     help="on SIGTERM / Ctrl-C, wait at most this long for in-flight requests (default 60)")
     from core.cli import positive_float

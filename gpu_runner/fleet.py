@@ -260,36 +260,7 @@ class FleetClient(EngineClient):
             split = self.pd and len(s.prompt_ids) >= self.pd_min_prompt
             role = "prefill" if split else ("decode" if self.pd else "both")
             hashes = self._hashes(s.prompt_ids) if self.router_cfg.prefix_mode else []
-            tried: set[int] = set()
-            while True:
-                d, sigs, why = self._choose(role, s.prompt_ids, hashes, now, tried)
-                dd = None
-                if d is not None and split:
-                    dd, dsigs, why = self._choose("decode", s.prompt_ids, hashes, now)
-                    sigs = sigs + dsigs
-                if d is None or (split and dd is None):
-                    self._reject(s, now, why)
-                    raise ServerStopping(why)
-                rep = self.replicas[d.replica]
-                try:
-                    if split:
-                        self._prefill(s, rep, dd.replica, now)
-                    else:
-                        rep.board.tell(now, "requests", 1)
-                        rep.submit(s)
-                except ServerStopping:       # it died between the check and the send: choose again
-                    if not split:
-                        rep.board.tell(now, "requests", -1)
-                    tried.add(d.replica)
-                    continue
-                except Overloaded as e:     # its waiting queue is full: 503, and a rejection in the trace
-                    if not split:
-                        rep.board.tell(now, "requests", -1)
-                    why = f"replica {d.replica}: {e}"
-                    self._reject(s, now, why)
-                    e.args = (why,)        # (the replica's own limit, named)
-                    raise
-                break
+            d, dd, sigs = self._place(s, role, split, hashes, now)
             # (as the simulator records it: at most RECORDED_SIGNALS replicas, the chosen first)
             ev = route_event(now, s.rid, self.router_cfg.policy, d, sigs, len(s.prompt_ids) // self.block_size,
                              dd if split else None)
@@ -297,6 +268,46 @@ class FleetClient(EngineClient):
             if self.recording:
                 self.routes.append(ev)
                 self.accepted.append((s.rid, s.arrival_ms, len(s.prompt_ids), s.max_tokens))
+
+    def _place(self, s: Stream, role: str, split: bool, hashes: list, now: float):
+        """Choose a replica (split: and a decode replica) and send the request there: (decision,
+        decode decision or None, signals). A replica that stopped between the choice and the send is
+        left out and the choice made again; no replica, or a full queue, rejects the request."""
+        tried: set[int] = set()
+        while True:
+            d, sigs, why = self._choose(role, s.prompt_ids, hashes, now, tried)
+            dd = None
+            if d is not None and split:
+                dd, dsigs, why = self._choose("decode", s.prompt_ids, hashes, now)
+                sigs = sigs + dsigs
+            if d is None or (split and dd is None):
+                self._reject(s, now, why)
+                raise ServerStopping(why)
+            if self._send(s, d.replica, dd, split, now, tried):
+                return d, dd, sigs
+
+    def _send(self, s: Stream, replica: int, dd, split: bool, now: float, tried: set[int]) -> bool:
+        """Send the request to its chosen replica: False when it stopped meanwhile (added to `tried`)."""
+        rep = self.replicas[replica]
+        try:
+            if split:
+                self._prefill(s, rep, dd.replica, now)
+            else:
+                rep.board.tell(now, "requests", 1)
+                rep.submit(s)
+            return True
+        except ServerStopping:       # it died between the check and the send: choose again
+            if not split:
+                rep.board.tell(now, "requests", -1)
+            tried.add(replica)
+            return False
+        except Overloaded as e:     # its waiting queue is full: 503, and a rejection in the trace
+            if not split:
+                rep.board.tell(now, "requests", -1)
+            why = f"replica {replica}: {e}"
+            self._reject(s, now, why)
+            e.args = (why,)        # (the replica's own limit, named)
+            raise
 
     def _reject(self, s: Stream, now: float, why: str):
         """A request refused before any replica took it (no replica, a queue limit, a full queue):
@@ -456,24 +467,11 @@ class FleetClient(EngineClient):
     def trace(self, label: str | None = None):
         """The fleet trace: the replicas' own traces (written as they stopped) merged on the front
         end's clock with its request table, routes and transfers (core.fleet.merge)."""
-        import pandas as pd
-
         from core.fleet.merge import merge_replicas
-        from core.trace import load_trace
-        from core.trace.model import Trace, empty, frame
-        from core.trace.schema import FINISH, REQUEST
-        traces = []
-        for k in range(len(self.replicas)):
-            p = self.replica_traces / f"replica-{k}.json.gz" if self.replica_traces is not None else None
-            if p is not None and p.exists():
-                traces.append(load_trace(p))
-            else:      # a replica that served nothing writes no trace
-                traces.append(Trace(meta={}, requests=empty(REQUEST)))
+        from core.trace.model import frame
+        from core.trace.schema import REQUEST
         rid, arr, p_tok, m_tok = (list(c) for c in zip(*self.accepted)) if self.accepted else ([], [], [], [])
         requests = frame(REQUEST, {"id": rid, "arrival_ms": arr, "prompt_tokens": p_tok, "max_output_tokens": m_tok})
-        base = next((t for t in traces if t.meta), None)
-        if base is not None:
-            traces = [t if t.meta else Trace(meta=dict(base.meta), requests=empty(REQUEST)) for t in traces]
         fleet = {"router": self.router_cfg.to_dict(), "clock": CLOCK}
         if self.pd:
             fleet |= {"pd_min_prompt": self.pd_min_prompt, "first_token": FIRST_TOKEN,
@@ -481,12 +479,41 @@ class FleetClient(EngineClient):
                                "latency_ms": None, "kv_bytes_per_token": self.kv_bytes_per_token(), "model":
                                self.info.model}}
         other = self.routes + list(self.transfers.values())
-        tr = merge_replicas(traces, roles=self.roles, requests=requests, other=other, fleet=fleet,
-                            label=label or self._label())
+        tr = merge_replicas(self._replica_traces(), roles=self.roles, requests=requests, other=other, fleet=fleet,
+                            label=label or self._label(), one_clock=CLOCK)
         tr.meta["source"] = "measured"
-        row = {r: i for i, r in enumerate(rid)}
+        self._add_front_end_finishes(tr, {r: i for i, r in enumerate(rid)})
+        if self.rejected:
+            tr.meta.setdefault("stats", {})["rejected"] = len(self.rejected)
+        if self.deaths:
+            notes = [tr.meta["notes"]] if isinstance(tr.meta.get("notes"), str) and tr.meta["notes"] else []
+            tr.meta["notes"] = "; ".join(notes + [_death_note(d) for d in self.deaths])
+        return tr
+
+    def _replica_traces(self) -> list:
+        """Each replica's own trace (one that served nothing wrote none: an empty one, its meta as another's)."""
+        from core.trace import load_trace
+        from core.trace.model import Trace, empty
+        from core.trace.schema import REQUEST
+        traces = []
+        for k in range(len(self.replicas)):
+            p = self.replica_traces / f"replica-{k}.json.gz" if self.replica_traces is not None else None
+            if p is not None and p.exists():
+                traces.append(load_trace(p))
+            else:      # a replica that served nothing writes no trace
+                traces.append(Trace(meta={}, requests=empty(REQUEST)))
+        base = next((t for t in traces if t.meta), None)
+        if base is not None:
+            traces = [t if t.meta else Trace(meta=dict(base.meta), requests=empty(REQUEST)) for t in traces]
+        return traces
+
+    def _add_front_end_finishes(self, tr, row: dict) -> None:
+        """Finishes only the front end saw: rejected at the router (replica -1), failed by a dying replica."""
+        import pandas as pd
+
+        from core.trace.model import frame
+        from core.trace.schema import FINISH
         ended = set(tr.finishes["req"].tolist())
-        # finishes only the front end saw: rejected at the router (replica -1), failed by a dying replica
         add = [(t, row[r], "rejected", -1) for r, t, _ in self.rejected]
         add += [(t, row[r], "abort" if why == "abort" else "error", src) for r, t, src, why in self.handoff_failures
                 if r in row and row[r] not in ended]
@@ -498,18 +525,6 @@ class FleetClient(EngineClient):
             fin = frame(FINISH, {"t_ms": t, "req": req, "reason": reason, "replica": rep})
             tr.finishes = pd.concat([tr.finishes, fin], ignore_index=True).sort_values("t_ms", kind="stable") \
                 .reset_index(drop=True)
-        if self.rejected:
-            tr.meta.setdefault("stats", {})["rejected"] = len(self.rejected)
-        if self.deaths:
-            notes = [tr.meta["notes"]] if isinstance(tr.meta.get("notes"), str) and tr.meta["notes"] else []
-            notes += [f"replica {d['replica']} was taken out of rotation at {d['t_ms']:.1f} ms ({d['why']}): the "
-                      f"{len(d['failed'])} requests it held end 'error' there, as the front end saw them"
-                      if d.get("stalled") else
-                      f"replica {d['replica']} died at {d['t_ms']:.1f} ms ({d['why']}): its events after its trace's "
-                      f"last rewrite (about once a second) are missing; the {len(d['failed'])} requests it failed "
-                      "end 'error' there, as the front end saw them" for d in self.deaths]
-            tr.meta["notes"] = "; ".join(notes)
-        return tr
 
     def kv_bytes_per_token(self) -> int | None:
         done = [t for t in self.transfers.values() if t.get("tokens")]
@@ -521,3 +536,13 @@ class FleetClient(EngineClient):
         else:
             shape = f"{len(self.roles)} replicas"
         return f"{shape}, {self.router_cfg.policy} (measured, gpu_runner fleet)"
+
+
+def _death_note(d: dict) -> str:
+    """A replica taken out of rotation (stalled) or dead, in the trace's notes."""
+    if d.get("stalled"):
+        return (f"replica {d['replica']} was taken out of rotation at {d['t_ms']:.1f} ms ({d['why']}): the "
+                f"{len(d['failed'])} requests it held end 'error' there, as the front end saw them")
+    return (f"replica {d['replica']} died at {d['t_ms']:.1f} ms ({d['why']}): its events after its trace's "
+            f"last rewrite (about once a second) are missing; the {len(d['failed'])} requests it failed "
+            "end 'error' there, as the front end saw them")

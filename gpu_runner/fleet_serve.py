@@ -162,7 +162,7 @@ def main_fleet(a, options: ServeOptions) -> int:
     served = a.served_model_name or options.model.model
     metrics = ServerMetrics(served, replicas=len(roles))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    fc = FleetClient(options, roles, rc, metrics, a.max_waiting, a.pd_min_prompt, traces, a.replica_stall_s)
+    fc = FleetClient(options, roles, rc, metrics, a.max_waiting, a.pd_min_prompt or 0, traces, a.replica_stall_s)
     app = fleet_app(fc, served, metrics)
     info = fc.info
 

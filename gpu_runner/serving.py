@@ -78,7 +78,7 @@ class EngineService:
         if self.cfg.kv_blocks is None:
             raise ConfigError("serve needs a KV pool size: --kv-blocks N or --kv-memory-mb M")
         self.core = EngineCore(self.cfg, None, record=engine.cfg.record or trace_out is not None,
-                               stop_token_ids=engine.stop_token_ids, request_data=True)
+                               stop_token_ids=engine.stop_token_ids, request_data=True, cache_news=publish_cache)
         self.clock = loop.WallClock(0.0)
         self.core.executor = self.executor = ModelExecutor(engine, self.cfg.kv_blocks, self.cfg.block_size,
                                                            self.clock)
@@ -102,10 +102,6 @@ class EngineService:
         self.kv_recv: dict[str, float] = {}
         kv = self.core.scheduler.kv
         self.executor.hit_blocks = lambda i: len(kv.chain.get(i, ()))
-        self.cache_news: list | None = None      # a fleet router's precise prefix knowledge: (+1/-1, hash)
-        if publish_cache and kv.prefix is not None:
-            self.cache_news = []
-            kv.prefix.listener = lambda sign, h: self.cache_news.append((sign, h))
 
     @property
     def info(self) -> EngineInfo:
@@ -275,9 +271,7 @@ class EngineService:
             pending = len(self._pending)
         hits = (st.prefix_hit_blocks - self._hits_seen) * self.cfg.block_size
         self._hits_seen = st.prefix_hit_blocks
-        news = []
-        if self.cache_news:
-            news, self.cache_news[:] = list(self.cache_news), []
+        news = [(sign, h) for sign, h, _ in out.cache_news]    # (a fleet router's precise prefix knowledge)
         self.emit(Outputs(events, StepStats(st.running, st.waiting + pending, st.kv_usage, st.preemptions, hits,
                                             st.kv_used_blocks, news)))
 
@@ -314,7 +308,8 @@ class EngineService:
         e = self.engine
         meta = self.core.trace_meta(wl, "measured", f"served by gpu_runner on {e.model_name}",
                                     e.engine_meta(), device=device_name(e.device), **e.model_meta(),
-                                    notes="gpu_runner serve: arrival = when the HTTP request was accepted")
+                                    notes="gpu_runner serve: arrival = when the HTTP request was accepted",
+                                    clock=host_clock(self.clock))
         return self.core.trace(wl, meta)
 
     def _maybe_flush(self):
@@ -344,3 +339,19 @@ class EngineService:
                       f"{self.core.num_steps} steps)", flush=True)
         except Exception as e:  # a full disk must not stop serving; say it once per flush
             print(f"gpu_runner serve: could not write {self.trace_out}: {e}", flush=True)
+
+
+def host_clock(clock) -> dict:
+    """meta.clock of times on a WallClock: its origin on this host's monotonic clock (perf_counter_ns is
+    CLOCK_MONOTONIC, one for every process of a boot: the boot id says which), and that instant on
+    the epoch clock, so that replicas started apart are placed on one clock (core.fleet.clocks)."""
+    pc, ep = time.perf_counter_ns(), time.time_ns()
+    origin = clock.origin_ns - round(clock.t0 * 1e6)       # (t_ms 0 on perf_counter_ns)
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        boot = None
+    return {"kind": "perf_counter", "t0_s": origin / 1e9, "resolution_ms": 1e-6, "boot_id": boot,
+            "epoch_t0_s": (ep - (pc - origin)) / 1e9,
+            "how": "t_ms 0 on this host's CLOCK_MONOTONIC (perf_counter_ns, seconds since boot), and that instant on "
+                   "the epoch clock (time_ns, read beside it when the trace was written)"}

@@ -14,10 +14,13 @@ BEGIN, END = "<!-- options:begin -->", "<!-- options:end -->"
 
 
 def option_groups():
+    from core.fleet.options import FleetOptions
+    from core.fleet.router import RouterConfig
     from gpu_runner.launch import ModelOptions
     from gpu_runner.options import EngineConfig
     return {"Scheduler": SchedulerConfig, "Step-time model (simulator)": StepModel, "Sampling": SamplingParams,
-            "Runner engine": EngineConfig, "Runner model": ModelOptions}
+            "Runner engine": EngineConfig, "Runner model": ModelOptions, "Fleet": FleetOptions,
+            "Router": RouterConfig}
 
 
 @pytest.mark.parametrize("cfg", [SchedulerConfig("static", max_seqs=3, chunk=8, prefix_caching=True),
@@ -110,3 +113,46 @@ def test_the_router_flags_are_declared_once_with_the_same_names_on_both_command_
     assert set(core) == set(gpu) == {"--router", "--router-module", "--router-param", "--router-prefix",
                                      "--router-queue-limit", "--router-seed", "--router-staleness-ms"}
     assert {k: v[0] for k, v in core.items()} == {k: v[0] for k, v in gpu.items()}
+
+
+def _subcommands(parser):
+    import argparse
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_every_command_prints_its_help(capsys):
+    """Help texts go through argparse's % formatting: a declared help with a bare % ("63% of") broke
+    `simulate --help` until add_flags escaped it."""
+    from core.__main__ import build_parser as core_parser
+    from gpu_runner.__main__ import build_parser as gpu_parser
+    for parser in (core_parser(), gpu_parser()):
+        for name, sub in _subcommands(parser).items():
+            assert sub.format_help(), name
+
+
+def test_the_fleet_flags_are_generated_from_one_declaration_each():
+    """The fleet's and the router's flags come from FleetOptions and RouterConfig (core.config.opt):
+    no module adds one by hand, and gpu_runner fleet's share core simulate's names and help."""
+    import re
+
+    from core.__main__ import build_parser as core_parser
+    from core.config import flag_name, options
+    from core.fleet.options import REAL_FLEET, FleetOptions
+    from core.fleet.router import RouterConfig
+    from gpu_runner.__main__ import build_parser as gpu_parser
+    declared = {flag_name(f, "router-") for f in options(RouterConfig)} | {flag_name(f) for f in options(FleetOptions)}
+    assert {"--router", "--router-param", "--replicas", "--drain", "--kv-link-gbps"} <= declared
+    by_hand = []
+    for path in [*(ROOT / "core").rglob("*.py"), *(ROOT / "gpu_runner").rglob("*.py")]:
+        for flag in re.findall(r"add_argument\(\s*\"(--[a-z-]+)\"", path.read_text()):
+            if flag in declared:
+                by_hand.append(f"{path.relative_to(ROOT)}: {flag}")
+    assert not by_hand, by_hand
+
+    def fleet_flags(parser, cmd):
+        return {o: a.help for a in _subcommands(parser)[cmd]._actions for o in a.option_strings if o in declared}
+    core, gpu = fleet_flags(core_parser(), "simulate"), fleet_flags(gpu_parser(), "fleet")
+    real = {flag_name(f) for f in options(FleetOptions) if f.name in REAL_FLEET}
+    assert set(core) == declared and set(gpu) == real | {flag_name(f, "router-") for f in options(RouterConfig)}
+    assert all(gpu[k] == core[k] for k in gpu)
+    assert set(fleet_flags(core_parser(), "sweep")) == declared - {"--router-seed"}   # (the arrivals' --seed)

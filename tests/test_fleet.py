@@ -76,8 +76,8 @@ def test_every_request_routed_once_finishes_once_and_each_pool_is_conserved(shar
     assert sorted(e["req"] for e in routes) == sorted(shared.ids)
     assert tr.finishes["req"].value_counts().max() == 1 and len(tr.finishes) == len(shared)
     for rep in sim.replicas:
-        rep.sched.kv.check()                                   # refcounts, free list, prefix cache
-        assert rep.sched.kv.num_free == rep.sched.kv.num_blocks   # everything returned at the end
+        rep.core.scheduler.kv.check()                                   # refcounts, free list, prefix cache
+        assert rep.core.scheduler.kv.num_free == rep.core.scheduler.kv.num_blocks   # everything returned at the end
         # the trace's own block ledger per replica: every allocation freed
         kv = tr.kv[tr.kv["replica"] == rep.index]
         assert int((kv.op == "alloc").sum()) + int((kv.op == "hit").sum()) == int((kv.op == "free").sum())
@@ -156,7 +156,7 @@ def test_pd_transfer_bytes_and_fair_share_and_decode_waits_for_it():
     assert (tr.finishes["replica"] == 1).all() and len(tr.finishes) == 2
     check_trace(tr)
     for rep in sim.replicas:
-        rep.sched.kv.check()
+        rep.core.scheduler.kv.check()
 
 
 def test_pd_sends_only_blocks_the_decode_side_lacks():
@@ -309,9 +309,9 @@ def test_one_replica_of_a_fleet_trace_is_that_replicas_run(shared):
         one = one_replica(tr, r)
         mine = [rid for rid in shared.ids if order[rid] % 3 == r]            # round-robin: i mod 3
         assert one.ids == mine
-        assert len(one.steps) == sim.replicas[r].sched.step                 # the replica's own step count
+        assert len(one.steps) == sim.replicas[r].core.scheduler.step                 # the replica's own step count
         assert len(one.tokens) == int(shared.max_output_tokens[[order[i] for i in mine]].sum())
-        assert int((one.kv["op"] == "hit").sum()) == sim.replicas[r].sched.kv.counts["hit"]
+        assert int((one.kv["op"] == "hit").sum()) == sim.replicas[r].core.scheduler.kv.counts["hit"]
         check_trace(one)      # a valid trace on its own (its tokens, finishes, batch entries are its requests')
 
 

@@ -241,6 +241,10 @@ def test_sigterm_writes_a_valid_trace(tmp_path):
     assert tr.meta["source"] == "measured" and len(tr.requests) == 4 and len(tr.finishes) == 4
     assert len(tr.tokens) == 32
     assert conservation(tr) == []
+    # its clock: t_ms 0 on this host's CLOCK_MONOTONIC and on the epoch clock (a fleet merge places it by them)
+    clock = tr.meta["clock"]
+    assert clock["kind"] == "perf_counter" and 0 < clock["t0_s"] < time.monotonic()
+    assert abs(clock["epoch_t0_s"] - (time.time() - (time.monotonic() - clock["t0_s"]))) < 0.5
 
 
 def test_loadgen_against_our_server_matches_the_servers_own_trace(tiny, tmp_path):

@@ -59,14 +59,15 @@ def fleet_view(what: str, trace, *args):
 
 def cached_policy_rows(workload, factor: float, setup: fx.FleetSetup) -> list[dict]:
     """Every policy on the setup: the same rows whatever the sidebar's policy (keyed without it, so
-    choosing another policy does not simulate all seven again)."""
+    choosing another policy does not simulate all seven again); keyed by the policies registered now
+    (a module that registers one later gets its row)."""
     import dataclasses
-    return _policy_rows(workload, factor, dataclasses.replace(setup, policy=ff.POLICIES[0]))
+    return _policy_rows(workload, factor, dataclasses.replace(setup, policy=ff.POLICIES[0]), tuple(ff.POLICIES))
 
 
 @st.cache_resource(show_spinner="Simulating every router policy…", max_entries=16, hash_funcs=FLEET_HASH)
-def _policy_rows(workload, factor: float, setup: fx.FleetSetup) -> list[dict]:
-    return fx.compare_policies(_compressed(workload, factor), setup)
+def _policy_rows(workload, factor: float, setup: fx.FleetSetup, policies: tuple) -> list[dict]:
+    return fx.compare_policies(_compressed(workload, factor), setup, policies)
 
 
 def cached_staleness_rows(workload, factor: float, setup: fx.FleetSetup, staleness: tuple,

@@ -92,9 +92,9 @@ def add_parsers(sub) -> None:
     fm.add_argument("--out", required=True, help="the fleet trace (.json, .json.gz, .parquet)")
     fm.add_argument("--roles", help="each replica's role, comma-separated: both | prefill | decode (default: both "
                                     "for every one)")
-    fm.add_argument("--offsets-ms", help="comma-separated ms added to each replica's times, when they were not "
-                                         "recorded on one clock (default: none; gpu_runner fleet's replicas share "
-                                         "the front end's clock)")
+    fm.add_argument("--offsets-ms", help="comma-separated ms added to each replica's times (default: from the clock "
+                                         "each trace records: one host's monotonic clock, epoch origins; a replica "
+                                         "that cannot be placed is refused)")
     fm.add_argument("--label", help="the merged trace's label")
 
 def cmd_fit(a) -> int:
@@ -242,6 +242,9 @@ def cmd_fleet_merge(a) -> int:
     except TraceError as e:
         raise InputError(str(e)) from None
     write_output(a.out, lambda p: save_trace(tr, p), "--out")
+    for r in tr.meta["fleet"].get("alignment") or ():
+        unc = "" if r["uncertainty_ms"] is None else f" ± {r['uncertainty_ms']:.3g} ms"
+        print(f"{r['file']}: replica {r['replica']}, offset {r['offset_ms']:+.3f} ms{unc} ({r['how']})")
     served = tr.finishes.groupby("replica").size().to_dict() if len(tr.finishes) else {}
     print(f"wrote {a.out}: {len(tr.requests)} requests on {n} replicas (finished per replica: "
           + ", ".join(f"{k}: {served.get(k, 0)}" for k in range(n)) + f"), {len(tr.steps)} steps")

@@ -98,17 +98,15 @@ def pool_blocks(cfg: SchedulerConfig, table: Table) -> int:
         worst = int(need.argmax()) if table.n else 0
         if table.n and need[worst] > num_blocks and cfg.max_model_len is None:
             raise ConfigError(
-                f"kv_blocks: request {table.ids[worst]!r} needs {int(need[worst])} blocks "
-                f"of {cfg.block_size} tokens (prompt + output - 1 = "
-                f"{int(table.prompt_len[worst] + table.out_len[worst] - 1)} tokens) "
+                f"kv_blocks: request {table.ids[worst]!r} needs {int(need[worst])} blocks of {cfg.block_size} "
+                f"tokens (prompt + output - 1 = {int(table.prompt_len[worst] + table.out_len[worst] - 1)} tokens) "
                 f"but the pool has {num_blocks}")
     if cfg.chunk is None and cfg.token_budget is not None and table.n:
         worst = int(prompt.argmax())
         if table.prompt_len[worst] > cfg.token_budget:
             raise ConfigError(
-                f"token_budget: request {table.ids[worst]!r} has a {int(table.prompt_len[worst])}-token "
-                f"prompt, more than the per-step budget of {cfg.token_budget}; "
-                f"enable chunked prefill (chunk) or raise the budget")
+                f"token_budget: request {table.ids[worst]!r} has a {int(table.prompt_len[worst])}-token prompt, more "
+                f"than the per-step budget of {cfg.token_budget}; enable chunked prefill (chunk) or raise the budget")
     return num_blocks
 
 

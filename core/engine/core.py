@@ -44,18 +44,20 @@ class EngineCore:
     `workload` None: requests come with add_request (a server, a closed loop, a router).
     `record`: a StepLog observes every output; `trace` builds the trace from it. `kv_events`:
     the outputs carry the KV block events (default: when recording; an observer of its own may
-    ask for them). `scheduler`: the Scheduler class (a lesson's broken variant).
+    ask for them). `scheduler`: the Scheduler class (a lesson's broken variant). `cache_news`: the
+    outputs carry the prefix cache's changes (EngineOutputs.cache_news: a fleet router's news).
     `fast_forward` (a virtual clock only): runs of identical decode-only steps come back as one
     EngineOutputs with one row per step (the same trace as stepping them one by one)."""
 
     def __init__(self, config: SchedulerConfig, executor=None, workload: Workload | None = None, *,
                  record: bool = False, kv_events: bool | None = None, fast_forward: bool = False,
                  stop_token_ids: Iterable[int] = (), request_data: bool = False,
-                 scheduler: Callable[..., Any] = Scheduler, explicit_batches: bool = True):
+                 scheduler: Callable[..., Any] = Scheduler, explicit_batches: bool = True, cache_news: bool = False):
         kv_events = record if kv_events is None else kv_events
         self.log = StepLog(kv_events) if record else None
+        news = {"cache_news": True} if cache_news else {}    # (a scheduler class of its own need not know it)
         self.scheduler: Any = scheduler(workload, config, stop_token_ids=stop_token_ids, request_data=request_data,
-                                        kv_events=kv_events, explicit_batches=explicit_batches)
+                                        kv_events=kv_events, explicit_batches=explicit_batches, **news)
         self.executor = executor
         self.fast_forward = fast_forward
         self.free_at_ms = float("inf")   # when the last step ended (inf: none yet; its first step's idle is inf)
@@ -89,11 +91,13 @@ class EngineCore:
         self.scheduler.abort(i, now_ms, reason)
 
     # ---- stepping -----------------------------------------------------------------------------
-    def step(self, now_ms: float) -> EngineOutputs | None:
-        """Run one step starting at `now_ms` (or, fast-forwarding, a run of identical steps) and
-        return its outputs, with everything that happened since the last outputs; when there is
-        nothing to run now, what happened meanwhile (step None), or None if nothing did."""
+    def step(self, now_ms: float, until_ms: float | None = None) -> EngineOutputs | None:
+        """Run one step starting at `now_ms` (or, fast-forwarding, a run of identical steps, none
+        starting at or after `until_ms`: a fleet's next routing here) and return its outputs, with
+        everything that happened since the last outputs; when there is nothing to run now, what
+        happened meanwhile (step None), or None if nothing did."""
         sched = self.scheduler
+        sched.horizon_ms = until_ms
         sched.admit_arrivals(now_ms)
         batch = sched.schedule(now_ms)
         if batch is None:
@@ -141,6 +145,22 @@ class EngineCore:
     def num_steps(self) -> int:
         return self.scheduler.step
 
+    def cached_prefix_blocks(self, prompt_ids, salt: str | None, max_tokens: int) -> int:
+        """Blocks of the longest cached prefix of a prompt (at most `max_tokens` tokens); changes nothing."""
+        return len(self.scheduler.kv.match_prefix(prompt_ids, salt, max_tokens))
+
+    @property
+    def prefix_hits_first(self) -> int:
+        """Prefix-cache hit blocks on requests' first admissions."""
+        return self.scheduler.kv.hits_first
+
+    def run_stats(self) -> dict:
+        """What the engine did (a trace's meta.stats): steps, preemptions, KV pool size, KV operations
+        (kv_<op>), and rejected / deadline finishes when any."""
+        sched = self.scheduler
+        return {"steps": sched.step, "preemptions": sched.num_preemptions, "kv_blocks": sched.kv.num_blocks,
+                **{f"kv_{k}": v for k, v in sched.kv.counts.items()}, **{k: v for k, v in sched.failed.items() if v}}
+
     def stats(self) -> SchedulerStats:
         """Load signals now: running, waiting, KV blocks used / free, preemptions, prefix hits,
         prompt tokens waiting to be computed."""
@@ -153,14 +173,10 @@ class EngineCore:
         runs), the engine (its `name`, the scheduler options, then the rest of `engine`),
         `fields` (step_model, model, versions, ...), the workload, and what the engine did."""
         sched = self.scheduler
-        engine = {"name": engine.get("name"), **sched.cfg.to_dict(),
-                  **{k: v for k, v in engine.items() if k != "name"}}
+        engine = {"name": engine.get("name"), **sched.cfg.to_dict(), **{k: v for k, v in engine.items() if k != "name"}}
         where = {"device": device} if device is not None else {}
         return {"source": source, "label": label, "created": created or now_iso(), **where, "engine": engine,
-                **fields, "workload": workload.name,
-                "stats": {"steps": sched.step, "preemptions": sched.num_preemptions, "kv_blocks": sched.kv.num_blocks,
-                          **{f"kv_{k}": v for k, v in sched.kv.counts.items()},
-                          **{k: v for k, v in sched.failed.items() if v}}}   # rejected, deadline (when any)
+                **fields, "workload": workload.name, "stats": self.run_stats()}
 
     def trace(self, workload: Workload, meta: dict):
         """The trace of what the recorder observed (record=True)."""

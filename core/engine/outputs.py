@@ -157,6 +157,7 @@ class EngineOutputs(NamedTuple):
     left: list | tuple = ()
     # a run of steps: (running, waiting, KV blocks used) after each step but the last (the last's: gauges)
     after: tuple | None = None
+    cache_news: list | tuple = ()   # asked (cache_news): prefix-cache changes (+1 stored | -1 evicted, hash, t_ms)
 
     @property
     def stats(self) -> SchedulerStats:

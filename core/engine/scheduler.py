@@ -74,7 +74,8 @@ _INT = np.int64
 @mypyc_attr(allow_interpreted_subclasses=True)   # (core.lessons.pathologies breaks one on purpose)
 class Scheduler:
     def __init__(self, workload: Workload | None, config: SchedulerConfig, stop_token_ids: Iterable[int] = (),
-                 request_data: bool = False, kv_events: bool = False, explicit_batches: bool = True):
+                 request_data: bool = False, kv_events: bool = False, explicit_batches: bool = True,
+                 cache_news: bool = False):
         """`workload` None: no requests yet (a server adds them with add_request).
         `request_data`: each SchedulerOutput carries the token ids and block ids the executor
         has not been sent yet (an executor that runs a model keeps its own copy).
@@ -82,6 +83,7 @@ class Scheduler:
         `explicit_batches`: every SchedulerOutput lists every entry, each one explicit (an executor
         that returns tokens per entry); False (a simulator): the decoders are counted, not listed, and the
         outputs list only the other entries' tokens (EngineOutputs.decoded, entered, left).
+        `cache_news`: the outputs carry the prefix cache's changes (a fleet router's precise knowledge).
         The scheduler records nothing itself: everything it did is in its EngineOutputs."""
         self.cfg = config
         self.stop_token_ids = frozenset(stop_token_ids)  # a request emitting one of these stops (EOS)
@@ -135,6 +137,9 @@ class Scheduler:
         self._sent_tokens: dict[int, int] = {}
         self._sent_blocks: dict[int, int] = {}
         self._gone: list[int] = []
+        self._news: list[tuple] = []
+        if cache_news and self.kv.prefix is not None:    # (each with when it happened: a run's steps end apart)
+            self.kv.prefix.listener = lambda sign, h: self._news.append((sign, h, self.kv.now_ms))
 
     # ---- requests arriving while the loop runs (a server) -----------------------------------
     def add_request(self, r: Request, stop_ids: Iterable[int] | None = None, preloaded: int = 0,
@@ -175,8 +180,7 @@ class Scheduler:
             if t.state[i] == NOT_ARRIVED:
                 why = adm.too_big(self.cfg, int(t.prompt_len[i]), int(t.out_len[i]), self.kv.num_blocks)
                 if why is not None:
-                    self._finish_failed(i, Finish(i, float(t.arrival[i]), adm.REJECTED, why,
-                                                                       "max_model_len"))
+                    self._finish_failed(i, Finish(i, float(t.arrival[i]), adm.REJECTED, why, "max_model_len"))
                 else:
                     self.waiting.append(i)
                     t.state[i] = WAITING
@@ -592,11 +596,8 @@ class Scheduler:
         nd0, self.priced_ms = self._step_nd, None
         if not nd0 or len(batch.reqs) or self._dec_ids or not self._fin or self._held_back:
             return None
-        bs, kv, t = self.cfg.block_size, self.kv, self.requests
-        limit = min(INF if self.horizon_ms is None else self.horizon_ms,
-                    self.aborts[0][0] if self.aborts else INF,
-                    t.arrival[self.next_arrival] if self.next_arrival < t.n else INF)
-        D0, step0, cross = self.D, self.step, self._cross
+        kv, limit = self.kv, self._run_limit()
+        D0, step0 = self.D, self.step
         _, waiting, used0, _ = self._step_gauges  # type: ignore[misc]
         starts: list[float] = []   # per step: start, duration, running, used; after each: running, used
         d, running, used, after_run, after_used = [], [], [], [], []
@@ -613,24 +614,8 @@ class Scheduler:
                     self.priced_ms = dk[0] if dk is not None else None
                     return None
                 break
-            st: list[float] = []
-            t_at = cur.t_ms   # (sequential sums, bit-identical to stepping's t += d)
-            for x in dk[:K]:
-                if t_at >= limit and (st or starts):   # a step that would admit or cancel: not in the run
-                    break
-                st.append(t_at)
-                t_at += x
-            K = len(st)
-            need, free, n, owners = [], kv.num_free, 0, []
-            for k in range(lo, K):
-                c = cross[(D + k) % bs]
-                if c:
-                    if n + len(c) > free:   # the pool cannot give this step's blocks: the run ends before it
-                        K = k
-                        break
-                    n += len(c)
-                    owners += [e[1] for e in c]
-                need.append(n)
+            st = _run_starts(cur.t_ms, dk[:K], limit, bool(starts))
+            K, need, owners = self._run_need(D, lo, len(st))
             if lo and K < 2:
                 return None     # (nothing changed yet)
             if K == 0:
@@ -638,13 +623,7 @@ class Scheduler:
             del st[K:], need[K - lo:]
             u0 = used0 if lo else kv.num_used
             if owners:
-                times = [st[k] for k in range(lo, K) for _ in range(len(cross[(D + k) % bs]))]
-                if not kv.append_blocks(owners, times):
-                    for k in range(lo, K):   # some block must be evicted: step by step, exactly
-                        c = cross[(D + k) % bs]
-                        if c:
-                            kv.now_ms = st[k]
-                            kv.grow_one_each([e[1] for e in c])
+                self._grow_run(D, lo, K, st, owners)
             u = ([used0] if lo else []) + [u0 + x for x in need]
             n_run = len(self._run)
             starts.extend(st)
@@ -671,6 +650,38 @@ class Scheduler:
         self._step_gauges = None
         return self.take_outputs(starts[-1] + d[-1], batch, d[0], record=rec, decoded=(D0, nd0),
                                  after=(after_run[:-1], [waiting] * (K - 1), after_used[:-1]))
+
+    def _run_limit(self) -> float:
+        """When a decode run must stop: the next arrival, cancellation or (a fleet) routing time."""
+        t = self.requests
+        return min(INF if self.horizon_ms is None else self.horizon_ms, self.aborts[0][0] if self.aborts else INF,
+                   t.arrival[self.next_arrival] if self.next_arrival < t.n else INF)
+
+    def _run_need(self, D: int, lo: int, K: int) -> tuple[int, list[int], list[int]]:
+        """A run's steps lo..K-1 from the block calendar: (the steps the pool gives blocks for, blocks
+        taken through each, the requests that take one, in order)."""
+        bs, cross, free = self.cfg.block_size, self._cross, self.kv.num_free
+        need: list[int] = []
+        owners: list[int] = []
+        n = 0
+        for k in range(lo, K):
+            c = cross[(D + k) % bs]
+            if c:
+                if n + len(c) > free:   # the pool cannot give this step's blocks: the run ends before it
+                    return k, need, owners
+                n += len(c)
+                owners += [e[1] for e in c]
+            need.append(n)
+        return K, need, owners
+
+    def _grow_run(self, D: int, lo: int, K: int, st: list[float], owners: list[int]):
+        """Give a run's steps lo..K-1 their blocks, each at its step's start (st[k])."""
+        bs, cross, kv = self.cfg.block_size, self._cross, self.kv
+        if not kv.append_blocks(owners, [st[k] for k in range(lo, K) for _ in range(len(cross[(D + k) % bs]))]):
+            for k in range(lo, K):   # some block must be evicted: step by step, exactly
+                if cross[(D + k) % bs]:
+                    kv.now_ms = st[k]
+                    kv.grow_one_each([e[1] for e in cross[(D + k) % bs]])
 
     # ---- completing a step: one path for plain, speculative and simulated steps ---------------
     def update(self, batch: SchedulerOutput, out: ExecutorOutput) -> EngineOutputs:
@@ -717,12 +728,7 @@ class Scheduler:
                 run = self._run
                 fin = [i for _, i in sorted([(run[i], i) for i in fin] + due)]
         if ends:
-            dec = self._dec
-            for i in ends:
-                ids_i = t.token_ids[i]
-                if ids_i is not None and i in kv.tables:
-                    base = dec.get(i)
-                    kv.commit(i, ids_i, int(t.computed[i]) if base is None else base + self.D)
+            self._commit_filled(ends)
         # requests that reached their max tokens or a stop id leave, their blocks freed
         if fin or stopped:
             self._finish_emitted(fin, stopped, t_end)
@@ -738,6 +744,15 @@ class Scheduler:
         if self.explicit_batches and type(er) is list:
             er, idx = np.array(er, dtype=_INT), np.array(idx, dtype=_INT)  # type: ignore[assignment]
         return self.take_outputs(t_end, batch, dur, er, idx, ids, rec, None, src, out.events, decoded)
+
+    def _commit_filled(self, ends: list):
+        """Cache the blocks a step filled (a manager that commits after the step: commit_after)."""
+        t, kv, dec = self.requests, self.kv, self._dec
+        for i in ends:
+            ids_i = t.token_ids[i]
+            if ids_i is not None and i in kv.tables:
+                base = dec.get(i)
+                kv.commit(i, ids_i, int(t.computed[i]) if base is None else base + self.D)
 
     def _emit_one_each(self, listed: list, emits: list) -> tuple[list, list, list]:
         """A simulated step's tokens (ids unknown): one per emitting entry. Returns (requests, their
@@ -849,12 +864,11 @@ class Scheduler:
     def _gauges(self) -> tuple[int, int, int, int, int, int]:
         """SchedulerStats' fields now, as a plain tuple (made once per step)."""
         kv = self.kv
-        return (len(self._run), len(self.waiting), kv.num_used, kv.num_blocks, self.num_preemptions,
-                kv.counts["hit"])
+        return (len(self._run), len(self.waiting), kv.num_used, kv.num_blocks, self.num_preemptions, kv.counts["hit"])
 
     def has_outputs(self) -> bool:
         """Something happened outside a step (arrivals queued or rejected, cancellations)."""
-        return bool(self._finished or self._queued or self._preempted or self.kv.events or self._left)
+        return bool(self._finished or self._queued or self._preempted or self.kv.events or self._left or self._news)
 
     def take_outputs(self, t_ms: float, batch: SchedulerOutput | None = None, dur_ms: float | None = None,
                      token_reqs=EMPTY, token_index=EMPTY, token_ids=None, record: StepRecord | None = None,
@@ -874,9 +888,24 @@ class Scheduler:
         if batch is not None and self._started:   # first scheduled in this step (kept for the step's outputs)
             started, self._started = self._started, []
         kv_events = self.kv.take_events() if self.kv.events else ()
+        news, self._news = (self._news, []) if self._news else ((), self._news)
         return _tuple(EngineOutputs, (t_ms, gauges, batch, dur_ms, fin or (), queued or (), started or (),
                                       preempted or (), token_reqs, token_index, token_ids, record, token_t_ms,
-                                      token_sources, kv_events, events, decoded, entered or (), left or (), after))
+                                      token_sources, kv_events, events, decoded, entered or (), left or (), after,
+                                      news))
+
+
+def _run_starts(t0: float, dk: list[float], limit: float, more: bool) -> list[float]:
+    """Each step's start, from t0 (sums bit-identical to stepping's t += d), up to the first at `limit`
+    (it would admit or cancel: not in the run, unless it is the run's first, `more` False)."""
+    st: list[float] = []
+    for x in dk:
+        if t0 >= limit and (st or more):
+            break
+        st.append(t0)
+        t0 += x
+    return st
+
 
 class _Plan:
     """The running requests' part of a step: the explicit ones in running order (E, their tokens

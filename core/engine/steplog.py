@@ -109,6 +109,26 @@ def _steps(entries: list) -> dict:
             "kv_used_blocks": used, "kv_free_blocks": np.repeat(np.array(size, dtype=np.int64), n) - used}
 
 
+def _token_columns(log, batch: dict | None, keyed: bool) -> dict:
+    """The token rows' columns (keyed: each listed token's step, and join number from the batch's)."""
+    reqs, index, t, ids, tstep = zip(*log.token_parts)
+    lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
+    n_tok = int(lens.sum())
+    tid = (spread([-1 if x is None else x for x in ids], lens, np.int64) if any(x is not None for x in ids)
+           else np.full(n_tok, -1, dtype=np.int64))
+    src = getattr(log, "token_sources", None)
+    codes = (spread([0 if c is None else c for c in src], lens, np.int8) if src and any(c is not None for c in src)
+             else np.zeros(n_tok, dtype=np.int8))
+    tokens = {"t_ms": spread(list(t), lens, np.float64), "req": np.concatenate(reqs),
+              "index": np.concatenate(index), "source": codes, "token_id": tid}
+    if keyed:   # (a listed token's join number: its request's batch entry in that step)
+        tokens["step"] = np.repeat(np.array(tstep, dtype=np.int64), lens)
+        bkey = order_key(batch["step"], batch["req"])   # type: ignore[index]
+        by = np.argsort(bkey, kind="stable")
+        tokens["join"] = batch["join"][by][np.searchsorted(bkey[by], order_key(tokens["step"], tokens["req"]))]  # type: ignore[index]
+    return tokens
+
+
 def log_records(log, spans: bool = False) -> dict:
     """What the StepLog holds, as columns per record type: {rtype: {field: values}} for
     token, finish, step, batch, kv and preempt (types with no rows are left out). Enum fields
@@ -131,21 +151,7 @@ def log_records(log, spans: bool = False) -> dict:
             batch["join"] = np.concatenate([np.asarray(j, dtype=np.int64) if j is not None else np.full(m, -1, np.int64)
                                             for j, m in zip(joins, lens.tolist())])
     if log.token_parts:
-        reqs, index, t, ids, tstep = zip(*log.token_parts)
-        lens = np.fromiter(map(len, reqs), np.int64, len(reqs))
-        n_tok = int(lens.sum())
-        tid = (spread([-1 if x is None else x for x in ids], lens, np.int64) if any(x is not None for x in ids)
-               else np.full(n_tok, -1, dtype=np.int64))
-        src = getattr(log, "token_sources", None)
-        codes = (spread([0 if c is None else c for c in src], lens, np.int8) if src and any(c is not None for c in src)
-                 else np.zeros(n_tok, dtype=np.int8))
-        tokens = {"t_ms": spread(list(t), lens, np.float64), "req": np.concatenate(reqs),
-                  "index": np.concatenate(index), "source": codes, "token_id": tid}
-        if keyed:   # (a listed token's join number: its request's batch entry in that step)
-            tokens["step"] = np.repeat(np.array(tstep, dtype=np.int64), lens)
-            bkey = order_key(batch["step"], batch["req"])   # type: ignore[index]
-            by = np.argsort(bkey, kind="stable")
-            tokens["join"] = batch["join"][by][np.searchsorted(bkey[by], order_key(tokens["step"], tokens["req"]))]  # type: ignore[index]
+        tokens = _token_columns(log, batch, keyed)
     steps = _steps(log.steps) if log.steps else None
     if span is not None:
         if spans:

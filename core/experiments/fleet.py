@@ -13,6 +13,7 @@ from core.analysis.metrics import SLO
 from core.analysis.routing import fleet_numbers
 from core.config import SchedulerConfig
 from core.errors import ConfigError
+from core.fleet.options import LINK_DEFAULTS
 from core.fleet.router import NO_LOAD_CHECK, POLICIES, RouterConfig, policy_setup
 from core.fleet.sim import FleetSpec, ReplicaSpec, simulate_fleet
 from core.formulas.kv import MODELS
@@ -48,9 +49,9 @@ class FleetSetup:
     staleness_ms: float = 0.0
     prefill: int = 0                     # disaggregated: prefill replicas (0: whole replicas)
     decode: int = 0                      # disaggregated: decode replicas
-    link_gbps: float = 25.0              # KV link, GB/s
-    link_latency_ms: float = 0.05
-    pd_min_prompt: int = 0               # shorter prompts run whole on a decode replica
+    link_gbps: float = LINK_DEFAULTS["kv_link_gbps"]               # KV link, GB/s (the flags' defaults)
+    link_latency_ms: float = LINK_DEFAULTS["kv_link_latency_ms"]
+    pd_min_prompt: int = LINK_DEFAULTS["pd_min_prompt"]            # shorter prompts run whole on a decode replica
     model: str = "Llama-2-7B"            # whose KV bytes per token the link moves
     drain_replica: int | None = None     # this replica leaves rotation at drain_ms
     drain_ms: float = 0.0
@@ -94,7 +95,8 @@ class FleetSetup:
         return {"balance_abs": NO_LOAD_CHECK} if self.policy == "prefix-aware" and not self.load_check else {}
 
     def spec(self) -> FleetSpec:
-        router = RouterConfig(self.policy, float(self.staleness_ms), int(self.seed), params=self.router_params())
+        router = RouterConfig(policy=self.policy, staleness_ms=float(self.staleness_ms), seed=int(self.seed),
+                              params=self.router_params())
         if self.disaggregated:
             reps = ([ReplicaSpec(self.config, self.step_model, "prefill") for _ in range(self.prefill)]
                     + [ReplicaSpec(self.config, self.step_model, "decode") for _ in range(self.decode)])

@@ -6,10 +6,12 @@ request table, a `replica` column on tokens, finishes, steps, KV block events an
 steps numbered fleet-wide in order of start (ties: the lower replica first), the router's
 `route` and `transfer` events when the front end recorded them, and `meta.fleet`.
 
-Clocks: every replica's times must already be on one clock (gpu_runner's fleet starts every
-engine process with the front end's origin on the host's monotonic clock, so they are; replicas
-started on their own each have their own origin: `offsets_ms` moves replica k's times by
-offsets_ms[k]). The merge does not guess an alignment.
+Clocks: replicas started on their own each have their own origin: they are placed on one clock
+from what each trace records of its clock (core.fleet.clocks: one host's monotonic clock, epoch
+origins, ...; a replica that cannot be placed is refused), or by `offsets_ms` (replica k's times
+moved by offsets_ms[k]) when given; gpu_runner's fleet starts every engine process with the front
+end's origin (`one_clock`: they are on one clock already). The merge never assumes offsets of 0;
+meta.fleet.alignment says how each replica was placed.
 
 Requests: given `requests` (the front end's own table: arrival = when the front end accepted the
 request), every replica's rows are matched to it by id. Otherwise the table is the union of the
@@ -26,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from core.errors import TraceError
+from core.fleet.clocks import Placement, place_replicas
 from core.fleet.records import fleet_step_numbers
 from core.fleet.router import ROLES, check_roles
 from core.trace.model import Trace
@@ -37,17 +40,36 @@ _TABLES = ("tokens", "finishes", "kv", "preempts")     # tables with a req colum
 
 def merge_replicas(traces: list[Trace], *, roles: list[str] | None = None, requests: pd.DataFrame | None = None,
                    request_extra: list | None = None, other: list[dict] | None = None, fleet: dict | None = None,
-                   label: str | None = None, offsets_ms: list[float] | None = None, names: list[str] | None = None
-                   ) -> Trace:
+                   label: str | None = None, offsets_ms: list[float] | None = None, names: list[str] | None = None,
+                   one_clock: str | None = None) -> Trace:
     """One fleet trace from replica k's trace at traces[k] (see the module's docstring).
     `other`: the front end's verbatim events (route, transfer); `fleet`: meta.fleet's router and
     link parts (the replicas' part is built here from their traces); `names`: the files, for
-    error messages."""
+    error messages; `one_clock`: how the replicas' times are known to be on one clock already."""
     n = len(traces)
     if n == 0:
         raise TraceError("fleet merge: no replica traces")
     names = names or [f"replica {k}" for k in range(n)]
     roles = list(roles or ["both"] * n)
+    _check_replicas(traces, roles, offsets_ms, names)
+    placed = _placement(traces, names, offsets_ms, one_clock)
+    traces = _on_one_clock(traces, placed.offsets_ms, names)
+    local_ids = _local_ids(traces, roles)
+    table, extra = _request_table(traces, local_ids, roles, requests, request_extra, names)
+    pos = {rid: i for i, rid in enumerate(table["id"].tolist())}
+    out = _replica_tables(traces, local_ids, roles, pos)
+    ev = _other_events(traces, local_ids, other, set(pos))
+    meta = _meta(traces, roles, {**(fleet or {}), "alignment": placed.rows(names)}, label)
+    if placed.clock is not None:
+        meta["clock"] = placed.clock
+    return Trace(meta=meta, requests=table, tokens=out["tokens"], finishes=out["finishes"], steps=out["steps"],
+                 batch=out["batch"], kv=out["kv"], kv_events=out["kv_events"], preempts=out["preempts"], other=ev,
+                 request_extra=extra, extra=dict(traces[0].extra))
+
+
+def _check_replicas(traces: list[Trace], roles: list[str], offsets_ms, names: list[str]) -> None:
+    """Roles, one source, one offset per replica, and each trace a replica's own."""
+    n = len(traces)
     if len(roles) != n or any(r not in ROLES for r in roles):
         raise TraceError(f"fleet merge: expected {n} roles from {', '.join(ROLES)}, got {roles}")
     check_roles(roles, "fleet merge: roles")
@@ -57,6 +79,19 @@ def merge_replicas(traces: list[Trace], *, roles: list[str] | None = None, reque
             f"{names[k]}: {src or 'not recorded'}" for k, src in enumerate(sources)) + "); merge replicas of one run")
     if offsets_ms is not None and len(offsets_ms) != n:
         raise TraceError(f"fleet merge: expected {n} clock offsets, got {len(offsets_ms)}")
+
+
+def _placement(traces: list[Trace], names: list[str], offsets_ms, one_clock: str | None) -> Placement:
+    if one_clock is not None:
+        return Placement([0.0] * len(traces), 0.0, one_clock, None)
+    if offsets_ms is not None:
+        return Placement([float(x) for x in offsets_ms], None, "given (offsets_ms)", None)
+    return place_replicas(traces, names)
+
+
+def _on_one_clock(traces: list[Trace], offsets_ms, names: list[str]) -> list[Trace]:
+    """Replica k's times moved by offsets_ms[k] (inside the times a trace holds); each must be a
+    replica's own trace, not a fleet's."""
     traces = [_shifted(t, offsets_ms[k]) if offsets_ms and offsets_ms[k] else t for k, t in enumerate(traces)]
     if offsets_ms:
         for k, t in enumerate(traces):
@@ -67,9 +102,18 @@ def merge_replicas(traces: list[Trace], *, roles: list[str] | None = None, reque
     for k, t in enumerate(traces):
         if (t.steps["replica"] != 0).any() or len(t.events_of("route")):
             raise TraceError(f"fleet merge: {names[k]} is already a fleet trace (give each replica's own trace)")
-    local_ids = _local_ids(traces, roles)
-    table, extra = _request_table(traces, local_ids, roles, requests, request_extra, names)
-    pos = {rid: i for i, rid in enumerate(table["id"].tolist())}
+    return traces
+
+
+def _renumbered(r: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """A replica's request indexes as the merged table's rows (-1 stays -1)."""
+    return np.where(r >= 0, rows[np.maximum(r, 0)] if len(rows) else -1, -1)
+
+
+def _replica_tables(traces: list[Trace], local_ids, roles: list[str], pos: dict) -> dict[str, pd.DataFrame]:
+    """The merged record tables: each replica's rows with the merged request rows, a replica column
+    and fleet-wide step numbers, in time (steps, batch: step) order."""
+    n = len(traces)
     step_no = fleet_step_numbers([{"step": {"t_ms": t.steps["t_ms"].to_numpy(), "step": t.steps["step"].to_numpy()}}
                                    if len(t.steps) else {} for t in traces]) if n > 1 else [None]
     parts: dict[str, list] = {name: [] for name in (*_TABLES, "steps", "batch", "kv_events")}
@@ -84,7 +128,7 @@ def merge_replicas(traces: list[Trace], *, roles: list[str] | None = None, reque
             if name in ("tokens", "finishes") and copy.any():
                 keep = ~((r >= 0) & copy[np.maximum(r, 0)])
                 df, r = df[keep], r[keep]
-            df["req"] = np.where(r >= 0, rows[np.maximum(r, 0)] if len(rows) else -1, -1)
+            df["req"] = _renumbered(r, rows)
             df["replica"] = k
             parts[name].append(df)
         st, b = t.steps.copy(), t.batch.copy()
@@ -92,14 +136,17 @@ def merge_replicas(traces: list[Trace], *, roles: list[str] | None = None, reque
             st["step"] = step_no[k][st["step"].to_numpy()]
             b["step"] = step_no[k][b["step"].to_numpy()]
         st["replica"] = k
-        r = b["req"].to_numpy()
-        b["req"] = np.where(r >= 0, rows[np.maximum(r, 0)] if len(rows) else -1, -1)
+        b["req"] = _renumbered(b["req"].to_numpy(), rows)
         parts["steps"].append(st)
         parts["batch"].append(b)
         parts["kv_events"].append(t.kv_events)
-    out = {name: _concat(dfs, "step" if name in ("steps", "batch") else "t_ms") for name, dfs in parts.items()}
+    return {name: _concat(dfs, "step" if name in ("steps", "batch") else "t_ms") for name, dfs in parts.items()}
+
+
+def _other_events(traces: list[Trace], local_ids, other: list[dict] | None, known: set) -> list[dict]:
+    """The front end's events and each replica's own (its requests renamed as merged; events of a
+    request the merged table does not hold are dropped), in time order."""
     ev = [dict(e) for e in (other or [])]
-    known = set(pos)
     for k, t in enumerate(traces):
         ren = dict(zip(t.requests["id"].tolist(), local_ids[k]))
         for e in t.other:
@@ -111,10 +158,7 @@ def merge_replicas(traces: list[Trace], *, roles: list[str] | None = None, reque
             e.setdefault("replica", k)
             ev.append(e)
     ev.sort(key=lambda e: e.get("t_ms", 0.0))
-    meta = _meta(traces, roles, fleet, label)
-    return Trace(meta=meta, requests=table, tokens=out["tokens"], finishes=out["finishes"], steps=out["steps"],
-                 batch=out["batch"], kv=out["kv"], kv_events=out["kv_events"], preempts=out["preempts"], other=ev,
-                 request_extra=extra, extra=dict(traces[0].extra))
+    return ev
 
 
 def _time_span(t: Trace) -> tuple[float, float]:
@@ -159,11 +203,11 @@ def _local_ids(traces: list[Trace], roles: list[str]) -> list[list[str]]:
             for k, lst in enumerate(ids)]
 
 
-def _request_table(traces, local_ids, roles, requests, request_extra, names):
-    """(request table, per-request extras)."""
-    first: dict[str, tuple] = {}     # id -> (earliest arrival, replica, row)
-    body: dict[str, tuple] = {}      # id -> (replica, row) whose fields describe the request: a prefill
-    #                                  replica's copy asked one token, its decode replica's the client's count
+def _first_and_body(traces, local_ids, roles) -> tuple[dict, dict]:
+    """id -> (earliest arrival, replica, row); id -> (replica, row) whose fields describe the request
+    (a prefill replica's copy asked one token, its decode replica's the client's count)."""
+    first: dict[str, tuple] = {}
+    body: dict[str, tuple] = {}
     for k, t in enumerate(traces):
         arr = t.requests["arrival_ms"].to_numpy()
         for j, rid in enumerate(local_ids[k]):
@@ -172,21 +216,32 @@ def _request_table(traces, local_ids, roles, requests, request_extra, names):
                 first[rid] = (float(arr[j]), k, j)
             if rid not in body or (roles[body[rid][0]] == "prefill" and roles[k] != "prefill"):
                 body[rid] = (k, j)
+    return first, body
+
+
+def _front_end_table(traces, first: dict, requests: pd.DataFrame, request_extra):
+    """The front end's own request table, every replica's request one it accepted."""
+    given = set(requests["id"].tolist())
+    missing = [rid for rid in first if rid not in given]
+    if missing:
+        raise TraceError(f"fleet merge: request {missing[0]!r} of a replica's trace is not one the front end "
+                         f"accepted ({len(missing)} such)")
+    table = requests.reset_index(drop=True)
+    if request_extra is not None:
+        return table, list(request_extra)
+    extra = []    # each request's extras (prompt ids, ...) as the first replica that holds it recorded them
+    for rid in table["id"].tolist():
+        got = first.get(rid)
+        ex = traces[got[1]].request_extra if got is not None else None
+        extra.append(dict(ex[got[2]]) if ex else {})
+    return table, extra
+
+
+def _request_table(traces, local_ids, roles, requests, request_extra, names):
+    """(request table, per-request extras): the front end's, or the union of the replicas' in order of arrival."""
+    first, body = _first_and_body(traces, local_ids, roles)
     if requests is not None:
-        given = set(requests["id"].tolist())
-        missing = [rid for rid in first if rid not in given]
-        if missing:
-            raise TraceError(f"fleet merge: request {missing[0]!r} of a replica's trace is not one the front end "
-                             f"accepted ({len(missing)} such)")
-        table = requests.reset_index(drop=True)
-        if request_extra is not None:
-            return table, list(request_extra)
-        extra = []    # each request's extras (prompt ids, ...) as the first replica that holds it recorded them
-        for rid in table["id"].tolist():
-            got = first.get(rid)
-            ex = traces[got[1]].request_extra if got is not None else None
-            extra.append(dict(ex[got[2]]) if ex else {})
-        return table, extra
+        return _front_end_table(traces, first, requests, request_extra)
     order = sorted(first.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[1][2]))
     cols = {c.name: [] for c in REQUEST.columns}
     extra = []

@@ -11,27 +11,25 @@ they describe (None: no fleet flag given, one engine as before).
 `sweep` and `search` take the same flags (`add_fleet_flags(p, seed=False)`: their `--seed` of the
 Poisson arrivals seeds the router too); they hand their workers a FleetSpec (dataclasses: pickled to
 worker processes and Ray tasks), `search` builds one per grid point from a FleetFlags (the flags as data).
+
+Every flag is declared once (core.config.opt): the fleet's own in FleetOptions, the router's in
+core.fleet.router.RouterConfig; the flags, `gpu_runner fleet`'s (the same names), FleetFlags' fields
+and docs/configuration.md's tables are generated from them.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import TYPE_CHECKING
 
-from core.config import SchedulerConfig, from_dict
+from core.config import SchedulerConfig, add_flags, flag_dest, flag_name, flag_values, from_dict, opt, options
 from core.errors import ConfigError
 from core.fleet.router import (
-    POLICIES,
-    PREFIX_MODES,
     PREFIX_POLICIES,
     ROLES,
     ROUTER_MODULE_HELP,
     RouterConfig,
-    parse_params,
 )
-
-if TYPE_CHECKING:
-    from core.fleet.sim import FleetSpec, ReplicaSpec
+from core.fleet.spec import FleetSpec, ReplicaSpec
 
 MAX_REPLICAS = 4096
 
@@ -104,84 +102,100 @@ def _drain(text: str) -> tuple[int, float]:
     return rep, ms
 
 
+_SPEC = {f.name: f.default for f in dataclasses.fields(FleetSpec)}      # (the link's defaults are FleetSpec's)
+# The fleet's own options (the router's are RouterConfig's). Each option's flag, help, argument check
+# and docs/configuration.md row come from these declarations; `gpu_runner fleet` takes the ones a real
+# fleet has (REAL_FLEET) under the same names.
+_FLEET_OPTIONS = (
+    ("replicas", int | None, opt(None, "identical replicas behind the router, each serving whole requests "
+                                 f"(1..{MAX_REPLICAS}; simulate/sweep/search: default one engine; gpu_runner fleet: "
+                                 "default 2)", parse=_count, metavar="N")),
+    ("prefill_replicas", int | None, opt(None, "disaggregated: replicas that compute prompts (with "
+                                         "--decode-replicas)", parse=_count, metavar="P")),
+    ("decode_replicas", int | None, opt(None, "disaggregated: replicas that decode (each request's prompt KV "
+                                        "arrives over the link)", parse=_count, metavar="D")),
+    ("replicas_file", str | None, opt(None, "replicas that differ: a JSON list, one object per replica ({role, "
+                                      "drain_ms, scheduler options, step_model: {step model options}}; unset options "
+                                      "are the flags'); not with the counts above", metavar="F.json")),
+    ("drain", tuple | None, opt(None, "take replica REPLICA (0-based) out of rotation at MS ms; it finishes what it "
+                                "holds (repeat)", parse=_drain, many=tuple, metavar="REPLICA@MS")),
+    ("kv_link_gbps", float, opt(_SPEC["link_gbps"], "disaggregated: the KV link's bandwidth in GB/s (10^9 "
+                                "bytes/s), shared fairly by concurrent transfers", parse=_link_gbps, metavar="B")),
+    ("kv_link_latency_ms", float, opt(_SPEC["link_latency_ms"], "disaggregated: latency added to each KV transfer, "
+                                      "ms", parse=_nonneg, metavar="L")),
+    ("pd_min_prompt", int, opt(_SPEC["pd_min_prompt"], "disaggregated: prompts shorter than T tokens run whole on a "
+                               "decode replica", parse=_prompt_tokens, metavar="T")),
+)
+REAL_FLEET = ("replicas", "prefill_replicas", "decode_replicas", "pd_min_prompt")   # what gpu_runner fleet takes
+LINK_DEFAULTS = {name: field.default for name, _, field in _FLEET_OPTIONS
+                 if name in ("kv_link_gbps", "kv_link_latency_ms", "pd_min_prompt")}   # (disaggregated only)
+
+
+def _fleet_option_group():
+    """The fleet's own options as an option group (docs/configuration.md's table, the flags)."""
+    return dataclasses.make_dataclass("FleetOptions", list(_FLEET_OPTIONS), frozen=True,
+                                      namespace={"__module__": __name__})
+
+
+FleetOptions = _fleet_option_group()
+FleetOptions.__doc__ = "The fleet's own options (the router's: RouterConfig), declared once."
+
+
+def _as_flags(fields, prefix: str = "") -> list:
+    """Declared options as FleetFlags' fields: under their flags' names (router, router_staleness_ms,
+    router_param, ...), None when not given (the declared defaults apply then)."""
+    return [(flag_dest(f, prefix), object, dataclasses.field(default=None, metadata=f.metadata)) for f in fields]
+
+
+def _from_args(cls, a):
+    """The flags as data: every option of `cls` given in the namespace `a` (lists as tuples)."""
+    got = {}
+    for f in dataclasses.fields(cls):
+        v = getattr(a, f.name, None)
+        if v is not None:
+            got[f.name] = tuple(v) if isinstance(v, list) else v
+    return cls(**got)
+
+
+# The fleet flags as data (what `fleet_from_args` reads), for a caller without a command line (a
+# search builds one fleet per grid point from them): the fleet's options, the router's (generated
+# from RouterConfig's declarations), and the settings of other groups a fleet reads (the arrivals'
+# seed, the model whose KV a transfer moves). Unset: the flags' defaults.
+FleetFlags = dataclasses.make_dataclass(
+    "FleetFlags",
+    [*_as_flags(dataclasses.fields(FleetOptions)), *_as_flags(options(RouterConfig), RouterConfig.FLAG_PREFIX),
+     ("seed", int, opt(0, cli=False)), ("model", str | None, opt(None, cli=False)),
+     ("dtype_bytes", float, opt(2.0, cli=False))],
+    frozen=True, namespace={"from_args": classmethod(_from_args), "__module__": __name__})
+FleetFlags.__doc__ = "The fleet's flags as data (core.fleet.options): the fleet's options and the router's."
+
+
+
+
 def add_fleet_flags(p: argparse.ArgumentParser, seed: bool = True):
     g = p.add_argument_group("fleet (several replicas behind a router; core/fleet)")
-    g.add_argument("--replicas", type=_count, help="identical replicas behind the router (default: one engine)")
-    g.add_argument("--prefill-replicas", type=_count, help="disaggregated: replicas that compute prompts")
-    g.add_argument("--decode-replicas", type=_count, help="disaggregated: replicas that decode (their KV arrives "
-                                                          "over the link)")
-    g.add_argument("--replicas-file", metavar="F.json",
-                   help="replicas that differ: a JSON list, one object per replica ({role, drain_ms, scheduler "
-                        "options, step_model: {step model options}}; unset options are the flags')")
-    # (defaults None: a flag that does not apply to the fleet given is refused, not silently ignored;
-    # the defaults stated in the help are applied in fleet_from_args)
+    # (unset: a flag that does not apply to the fleet given is refused, not silently ignored; the
+    # defaults stated in the help are applied in fleet_from_args)
+    add_flags(g, FleetOptions, unset=True, skip=("drain", "kv_link_gbps", "kv_link_latency_ms", "pd_min_prompt"))
     add_router_flags(g, defaults=False, seed=seed)
-    g.add_argument("--drain", action="append", type=_drain, metavar="REPLICA@MS",
-                   help="take a replica out of rotation at a time (it finishes what it holds)")
-    g.add_argument("--kv-link-gbps", type=_link_gbps,
-                   help="disaggregated: KV link bandwidth in GB/s, 10^9 bytes per second (default 25)")
-    g.add_argument("--kv-link-latency-ms", type=_nonneg,
-                   help="disaggregated: per-transfer latency in ms (default 0.05)")
-    g.add_argument("--pd-min-prompt", type=_prompt_tokens, metavar="T",
-                   help="disaggregated: prompts shorter than T tokens run whole on a decode replica (default 0)")
+    add_flags(g, FleetOptions, unset=True, skip=("replicas", "prefill_replicas", "decode_replicas", "replicas_file"))
     if seed:   # (the name it had before --router-seed, kept)
         g.add_argument("--seed", dest="router_seed", type=int, help=argparse.SUPPRESS)
 
 
+def add_real_fleet_flags(p) -> None:
+    """`gpu_runner fleet`'s fleet flags: the declared ones a real fleet has, and the router's."""
+    add_flags(p, FleetOptions, unset=True, skip=tuple(n for n, _, _ in _FLEET_OPTIONS if n not in REAL_FLEET))
+    add_router_flags(p, defaults=True)
+
+
 def add_router_flags(g, defaults: bool, seed: bool = True) -> None:
-    """The router's flags, declared once for both command lines (`python -m core simulate | sweep |
-    search` and `python -m gpu_runner fleet`). `defaults` False: they stay None when not given (the
-    core refuses a fleet flag given to one engine; router_from_args applies the defaults stated)."""
-    def d(v):
-        return v if defaults else None
-    g.add_argument("--router", choices=POLICIES, default=d("round-robin"), help="routing policy (default round-robin)")
+    """The router's flags, generated from RouterConfig's declarations for both command lines
+    (`python -m core simulate | sweep | search` and `python -m gpu_runner fleet`). `defaults` False:
+    they stay None when not given (the core refuses a fleet flag given to one engine;
+    router_from_args applies the declared defaults)."""
+    add_flags(g, RouterConfig, unset=not defaults, skip=() if seed else ("seed",))
     g.add_argument("--router-module", action="append", metavar="MODULE", help=ROUTER_MODULE_HELP)
-    g.add_argument("--router-staleness-ms", type=_nonneg, default=d(0.0),
-                   help="the router reads each replica's signals as of this many ms ago (default 0)")
-    if seed:
-        g.add_argument("--router-seed", type=int, default=d(0),
-                       help="seed of the router's random draws (random, power-of-two; default 0)")
-    g.add_argument("--router-prefix", choices=PREFIX_MODES,
-                   help="prefix-aware/weighted: the replicas' own cached blocks (precise) or what the router sent "
-                        "where (approximate); default: prefix-aware approximate, weighted precise")
-    g.add_argument("--router-param", action="append", metavar="KEY=VALUE",
-                   help="policy parameter: prefix-aware cache_threshold, balance_abs, balance_rel; weighted "
-                        "prefix, queue, kv (weights)")
-    g.add_argument("--router-queue-limit", type=_queue_limit, metavar="Q",
-                   help="refuse at the router when this many requests wait across the fleet (as the router sees "
-                        "them)")
-
-
-@dataclasses.dataclass(frozen=True)
-class FleetFlags:
-    """The fleet flags as data (what `fleet_from_args` reads), for a caller without a command line
-    (a search builds one fleet per grid point from them). Defaults: the flags' defaults."""
-    replicas: int | None = None
-    prefill_replicas: int | None = None
-    decode_replicas: int | None = None
-    replicas_file: str | None = None
-    router: str | None = None            # None: round-robin (the flags' default)
-    router_staleness_ms: float | None = None
-    router_prefix: str | None = None
-    router_param: tuple[str, ...] | None = None
-    router_queue_limit: int | None = None
-    drain: tuple[tuple[int, float], ...] | None = None
-    kv_link_gbps: float | None = None    # None: 25 (disaggregated fleets only)
-    kv_link_latency_ms: float | None = None   # None: 0.05
-    pd_min_prompt: int | None = None
-    seed: int = 0
-    router_seed: int | None = None
-    model: str | None = None            # the model preset whose KV bytes per token a transfer moves
-    dtype_bytes: float = 2.0
-
-    @classmethod
-    def from_args(cls, a) -> FleetFlags:
-        names = [f.name for f in dataclasses.fields(cls)]
-        got = {k: getattr(a, k) for k in names if getattr(a, k, None) is not None}
-        for k in ("router_param", "drain"):
-            if k in got:
-                got[k] = tuple(got[k])
-        return cls(**got)
 
 
 def wants_fleet(a) -> bool:
@@ -189,20 +203,19 @@ def wants_fleet(a) -> bool:
 
 
 def router_from_args(a) -> RouterConfig:
-    """The RouterConfig of either command line's router flags (add_router_flags); without
-    --router-seed (sweep, search) the arrivals' --seed seeds the router too."""
-    seed = getattr(a, "router_seed", None)
-    return RouterConfig(a.router or "round-robin", a.router_staleness_ms or 0.0,
-                        seed if seed is not None else getattr(a, "seed", 0) or 0,
-                        a.router_prefix, a.router_queue_limit, parse_params(a.router_param))
+    """The RouterConfig of either command line's router flags (add_router_flags, or a FleetFlags);
+    without --router-seed (sweep, search) the arrivals' --seed seeds the router too."""
+    given = flag_values(RouterConfig, a, unset=True)
+    if "seed" not in given:
+        given["seed"] = getattr(a, "seed", 0) or 0
+    return RouterConfig(**given)
 
 
 # flags that mean something only for a fleet, and those only for disaggregated serving
-FLEET_ONLY = {"router": "--router", "router_staleness_ms": "--router-staleness-ms", "router_prefix": "--router-prefix",
-              "router_param": "--router-param", "router_queue_limit": "--router-queue-limit", "drain": "--drain",
-              "router_module": "--router-module"}
-PD_ONLY = {"kv_link_gbps": "--kv-link-gbps", "kv_link_latency_ms": "--kv-link-latency-ms",
-           "pd_min_prompt": "--pd-min-prompt"}
+FLEET_ONLY = {**{flag_dest(f, RouterConfig.FLAG_PREFIX): flag_name(f, RouterConfig.FLAG_PREFIX)
+                 for f in options(RouterConfig) if f.name != "seed"},
+              "drain": "--drain", "router_module": "--router-module"}
+PD_ONLY = {n: "--" + n.replace("_", "-") for n in LINK_DEFAULTS}
 
 
 def _given(a, flags: dict) -> list[str]:
@@ -232,38 +245,36 @@ def kv_bytes_per_token(a) -> tuple[int, str]:
     return MODELS[name].kv_bytes_per_token(dtype), name
 
 
-def fleet_from_args(a, cfg: SchedulerConfig, step_model, kv_bytes_per_token=None, model: str | None = None,
-                    replicas: int | None = None, prefill: int | None = None, decode: int | None = None,
-                    router: str | None = None) -> FleetSpec | None:
-    """The FleetSpec the flags describe (None: no fleet flag: one engine). `replicas`, `prefill`,
-    `decode`, `router` override the flags (a search's grid)."""
-    from core.fleet.sim import FleetSpec, ReplicaSpec
-    n = replicas if replicas is not None else a.replicas
-    p = prefill if prefill is not None else a.prefill_replicas
-    d = decode if decode is not None else a.decode_replicas
-    if not (n or p or d or a.replicas_file):
-        check_no_fleet_flags(a)
-        return None
+def _grid_router(a, router: str | None) -> RouterConfig:
+    """The flags' router, its policy replaced by a search grid's `router` (the flags' parameters were
+    for --router's policy: the grid's other policies take their defaults)."""
     rc = router_from_args(a)
-    if router is not None and router != rc.policy:   # (the flags' parameters were for --router's policy)
-        rc = dataclasses.replace(rc, policy=router, params={},
-                                 prefix=rc.prefix if router in PREFIX_POLICIES else None)
+    if router is None or router == rc.policy:
+        return rc
+    return dataclasses.replace(rc, policy=router, params={}, prefix=rc.prefix if router in PREFIX_POLICIES else None)
+
+
+def _replica_specs(a, cfg: SchedulerConfig, step_model, n, p, d) -> list[ReplicaSpec]:
+    """The replicas: a file's, or n whole ones, or p prefill and d decode ones."""
     if a.replicas_file:
         if n or p or d:
             raise ConfigError("--replicas-file and --replicas/--prefill-replicas/--decode-replicas: give one or the "
                               "other (the file lists every replica)")
-        specs = replicas_from_file(a.replicas_file, cfg, step_model)
-    elif p or d:
+        return replicas_from_file(a.replicas_file, cfg, step_model)
+    if p or d:
         if n:
             raise ConfigError("--replicas and --prefill-replicas/--decode-replicas: give one or the other")
         if not (p and d):
             raise ConfigError("disaggregated serving needs both --prefill-replicas and --decode-replicas")
-        specs = [ReplicaSpec(cfg, step_model, "prefill") for _ in range(p)] + \
-                [ReplicaSpec(cfg, step_model, "decode") for _ in range(d)]
-    else:
-        specs = [ReplicaSpec(cfg, step_model) for _ in range(n)]
+        return [ReplicaSpec(cfg, step_model, "prefill") for _ in range(p)] + \
+               [ReplicaSpec(cfg, step_model, "decode") for _ in range(d)]
+    return [ReplicaSpec(cfg, step_model) for _ in range(n)]
+
+
+def _drained(specs: list[ReplicaSpec], drains) -> list[ReplicaSpec]:
+    """The replicas with --drain REPLICA@MS applied (one drain a replica)."""
     drained: dict[int, float] = {}
-    for rep, t in a.drain or ():
+    for rep, t in drains or ():
         if rep >= len(specs):
             raise ConfigError(f"--drain {rep}@{t:g}: there are {len(specs)} replicas (0..{len(specs) - 1})")
         if rep in drained:
@@ -271,13 +282,29 @@ def fleet_from_args(a, cfg: SchedulerConfig, step_model, kv_bytes_per_token=None
                               "drain a replica)")
         drained[rep] = t
         specs[rep] = dataclasses.replace(specs[rep], drain_ms=t)
+    return specs
+
+
+def fleet_from_args(a, cfg: SchedulerConfig, step_model, kv_bytes_per_token=None, model: str | None = None,
+                    replicas: int | None = None, prefill: int | None = None, decode: int | None = None,
+                    router: str | None = None) -> FleetSpec | None:
+    """The FleetSpec the flags describe (None: no fleet flag: one engine). `replicas`, `prefill`,
+    `decode`, `router` override the flags (a search's grid)."""
+    n = replicas if replicas is not None else a.replicas
+    p = prefill if prefill is not None else a.prefill_replicas
+    d = decode if decode is not None else a.decode_replicas
+    if not (n or p or d or a.replicas_file):
+        check_no_fleet_flags(a)
+        return None
+    rc = _grid_router(a, router)
+    specs = _drained(_replica_specs(a, cfg, step_model, n, p, d), a.drain)
     pd = any(s.role != "both" for s in specs)
     if not pd and _given(a, PD_ONLY):
         raise ConfigError(f"{', '.join(_given(a, PD_ONLY))}: disaggregated serving's flags, but every replica runs "
                           "requests whole (give --prefill-replicas and --decode-replicas, or roles in --replicas-file)")
-    gbps = 25.0 if a.kv_link_gbps is None else a.kv_link_gbps
-    latency = 0.05 if a.kv_link_latency_ms is None else a.kv_link_latency_ms
-    return FleetSpec(specs, rc, gbps, latency, a.pd_min_prompt or 0, kv_bytes_per_token if pd else None, model)
+    link = {k: v if getattr(a, k) is None else getattr(a, k) for k, v in LINK_DEFAULTS.items()}
+    return FleetSpec(specs, rc, link["kv_link_gbps"], link["kv_link_latency_ms"], link["pd_min_prompt"],
+                     kv_bytes_per_token if pd else None, model)
 
 
 REPLICAS_FILE_BYTES = 16 << 20
@@ -285,7 +312,6 @@ REPLICAS_FILE_BYTES = 16 << 20
 
 def replicas_from_file(path: str, cfg: SchedulerConfig, step_model) -> list[ReplicaSpec]:
     from core.errors import json_from_bytes, read_input_file
-    from core.fleet.sim import ReplicaSpec
     from core.sim.stepmodel import StepModel
     # at most 16 MiB read (a 1 GiB file, or a link to /dev/zero, is refused before it is read whole)
     raw = read_input_file(path, "replicas (a short JSON list)", ConfigError, REPLICAS_FILE_BYTES)

@@ -49,8 +49,10 @@ import math
 import random as _random
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 
+from core.config import check_options, opt
 from core.errors import ConfigError
 
 PREFIX_MODES = ("precise", "approximate")
@@ -276,28 +278,56 @@ class Decision:
     scores: dict[int, float]             # candidate -> its score (higher wins), where the policy scores
 
 
+def param_item(text: str) -> tuple[str, float]:
+    """One --router-param KEY=VALUE as (key, number)."""
+    k, sep, v = text.partition("=")
+    if not sep or not k:
+        raise ConfigError(f"router parameter {text!r}: expected key=value")
+    try:
+        return k.strip(), float(v)
+    except ValueError:
+        raise ConfigError(f"router parameter {k}: expected a number, got {v!r}") from None
+
+
+def parse_params(items) -> dict:
+    """`key=value` strings (a command line's --router-param), or (key, number) pairs as param_item
+    read them, as a dict of numbers."""
+    return dict(param_item(s) if isinstance(s, str) else s for s in items or ())
+
+
 @dataclass
 class RouterConfig:
-    policy: str = "round-robin"
-    staleness_ms: float = 0.0
-    seed: int = 0
-    prefix: str | None = None            # precise | approximate (None: the policy's default)
-    queue_limit: int | None = None       # requests waiting across the fleet before the router rejects
-    params: dict = field(default_factory=dict)   # policy parameters (DEFAULT_PARAMS)
+    """The router's settings, each declared once (core.config.opt): the --router* flags of both
+    command lines (`python -m core simulate|sweep|search`, `python -m gpu_runner fleet`), trace
+    metadata and the table in docs/configuration.md come from these declarations."""
+    FLAG_PREFIX: ClassVar[str] = "router-"
+    policy: str = opt("round-robin", "routing policy (each defined in core/fleet/router.py's docstring; "
+                      "--router-module adds more)", flag="--router", choices=POLICIES)
+    staleness_ms: float = opt(0.0, "the router reads each replica's load (and, precise, its cached blocks) as of "
+                              "this many ms ago", minimum=0, below=1e9, metavar="S")
+    seed: int = opt(0, "seed of the router's random draws (random, power-of-two); sweep and search: the arrivals' "
+                    "--seed (each repeat's) seeds the router too", metavar="SEED")
+    prefix: str | None = opt(None, "prefix-aware/weighted: what the router knows of each replica's prefix cache, "
+                             "the replicas' own cached blocks (precise) or what it sent where (approximate); "
+                             "default: prefix-aware approximate, weighted precise", choices=PREFIX_MODES)
+    queue_limit: int | None = opt(None, "refuse a request at the router when this many requests wait across the "
+                                  "fleet, as the router sees them (finish reason rejected)", minimum=0,
+                                  metavar="Q")
+    params: dict = opt(help="policy parameter KEY=VALUE (repeat): prefix-aware cache_threshold 0.3, "
+                       "balance_abs 4, balance_rel 1.5; weighted weights prefix 2, queue 1, kv 1",
+                       flag="--router-param", parse=param_item, many=parse_params, factory=dict, metavar="KEY=VALUE")
 
     def __post_init__(self):
-        if self.policy not in POLICIES:
-            raise ConfigError(f"router: expected one of {', '.join(POLICIES)}, got {self.policy!r}")
-        if not (isinstance(self.staleness_ms, (int, float)) and 0 <= self.staleness_ms < 1e9):
-            raise ConfigError(f"router staleness: expected a number of ms >= 0, got {self.staleness_ms!r}")
-        if self.prefix is not None and self.prefix not in PREFIX_MODES:
-            raise ConfigError(f"router prefix knowledge: expected precise or approximate, got {self.prefix!r}")
+        try:
+            check_options(self)
+        except ConfigError as e:     # ("policy" alone would read as the scheduler's)
+            raise ConfigError(f"router {e}") from None
         if self.prefix is not None and self.policy not in PREFIX_POLICIES:
             raise ConfigError(f"router prefix knowledge ({self.prefix}): {self.policy} does not look at prefixes "
                               f"(only {' and '.join(PREFIX_POLICIES)} do); leave it out")
-        if self.queue_limit is not None and (not isinstance(self.queue_limit, int) or self.queue_limit < 0):
-            raise ConfigError(f"router queue limit: expected an integer >= 0, got {self.queue_limit!r}")
         known = DEFAULT_PARAMS.get(self.policy, {})
+        if not isinstance(self.params, dict):
+            raise ConfigError(f"router parameters: expected an object of numbers, got {self.params!r}")
         for k, v in self.params.items():
             if k not in known:
                 raise ConfigError(f"router parameter {k!r}: {self.policy} takes "
@@ -322,20 +352,6 @@ class RouterConfig:
         if self.queue_limit is not None:
             d["queue_limit"] = self.queue_limit
         return d
-
-
-def parse_params(items: list[str] | None) -> dict:
-    """`key=value` strings (a command line's --router-param) as a dict of numbers."""
-    out = {}
-    for s in items or ():
-        k, sep, v = s.partition("=")
-        if not sep or not k:
-            raise ConfigError(f"router parameter {s!r}: expected key=value")
-        try:
-            out[k.strip()] = float(v)
-        except ValueError:
-            raise ConfigError(f"router parameter {k}: expected a number, got {v!r}") from None
-    return out
 
 
 class Router:

@@ -7,7 +7,9 @@ a KV transfer), the next transfer's end (the decode replica receives the request
 replicas' next steps; at equal times, arrivals first, then transfers, then steps (lowest
 replica first) — so a request arriving as a step ends joins the next step, as in one engine.
 A replica fast-forwards runs of identical decode steps only up to the next time something
-could be routed to it (its scheduler's `horizon_ms`).
+could be routed to it (EngineCore.step's `until_ms`). The fleet talks to its engines through
+EngineCore's front only: requests in, steps out (their outputs carry the prefix cache's changes:
+`cache_news`, the news the real fleet's engine processes send), and read-only questions.
 
 A closed loop of clients (`concurrency`: a measured closed loop predicted as one) sends the first
 `concurrency` requests at their workload times and each later one (in workload order) a delay after
@@ -68,8 +70,8 @@ class _Replica:
         self.index = index
         self.spec = spec
         self.role = spec.role
-        self.core: EngineCore = simulator(spec.config, spec.step_model, None, record_kv, fast_forward)
-        self.sched = self.core.scheduler
+        self.core: EngineCore = simulator(spec.config, spec.step_model, None, record_kv, fast_forward,
+                                          cache_news=listen)
         self.kv_blocks = self.core.num_kv_blocks   # (the pool's size: read at every routing)
         self.rows: list[int] = []            # local request row -> the fleet's
         self.is_copy: list[bool] = []        # local row: a prefill copy (its token and finish are not the client's)
@@ -79,12 +81,8 @@ class _Replica:
         self.started = -math.inf             # when its last step started
         self.drain_ms = math.inf if spec.drain_ms is None else float(spec.drain_ms)
         self.board = Board()                 # what the router has been told, applied when it is old enough
-        self.kv_news: list = []              # hash events of the step under way
         self.routed = 0
         self.reported: Reported | None = None   # a run made apart (FleetSim.apart): what it told, read back
-        if listen and self.sched.kv.prefix is not None:
-            kv = self.sched.kv   # (each event with when it happened: a run of steps tells each at its step's end)
-            self.sched.kv.prefix.listener = lambda sign, h: self.kv_news.append((sign, h, kv.now_ms))
 
     @property
     def ready(self) -> float:
@@ -282,8 +280,7 @@ class FleetSim:
 
     def _step(self, rep: _Replica, now: float, next_arrival: float):
         core = rep.core
-        rep.sched.horizon_ms = self._horizon(rep, next_arrival)
-        out = core.step(now)
+        out = core.step(now, self._horizon(rep, next_arrival))
         if out is not None:
             self._outputs(rep, out)
         if out is not None and out.step is not None:
@@ -318,8 +315,8 @@ class FleetSim:
                 rep.board.tell(rec.t_ms[1], "run", (rec.t_ms[1:], a[0], a[1], a[2], 0))
             g = out.gauges
             rep.board.tell(t_end, "gauges", (g[0], g[1], g[2]))
-        if rep.kv_news:
-            news, rep.kv_news = rep.kv_news, []
+        if out.cache_news:
+            news = out.cache_news
             rec = out.record
             if rec is not None and type(rec.step) is range and len(rec.step) > 1:
                 # a run: each event told at the end of the step it happened in, as when stepping
@@ -351,7 +348,7 @@ class FleetSim:
         r = self.requests[row]
         dst = self.replicas[self.decode_of[row]]
         bs = dst.spec.config.block_size
-        held = len(dst.sched.kv.match_prefix(r.prompt_ids, r.tenant, r.prompt_tokens - 1)) if r.prompt_ids else 0
+        held = dst.core.cached_prefix_blocks(r.prompt_ids, r.tenant, r.prompt_tokens - 1) if r.prompt_ids else 0
         blocks = max(0, -(-r.prompt_tokens // bs) - held)
         nbytes = blocks * bs * self.fleet.kv_bytes_per_token
         self.link.add(row, nbytes, now)
@@ -412,7 +409,10 @@ class FleetSim:
             else:
                 heapq.heappop(due)
                 self._step(rep, now, t_arr)
-        for rep in reps:
+        self._check_finished()
+
+    def _check_finished(self) -> None:
+        for rep in self.replicas:
             if rep.core.has_unfinished():
                 raise RuntimeError(f"replica {rep.index}: requests left unfinished")
 
@@ -462,10 +462,7 @@ class FleetSim:
     def _stats(self) -> dict:
         out: dict = {}
         for r in self.replicas:
-            s = r.sched
-            part = {"steps": s.step, "preemptions": s.num_preemptions, "kv_blocks": s.kv.num_blocks,
-                    **{f"kv_{k}": v for k, v in s.kv.counts.items()}, **{k: v for k, v in s.failed.items() if v}}
-            for k, v in part.items():
+            for k, v in r.core.run_stats().items():
                 out[k] = out.get(k, 0) + v
         if self.router_finishes:
             out["rejected"] = out.get("rejected", 0) + len(self.router_finishes)
@@ -475,14 +472,14 @@ class FleetSim:
         f = self.fleet
         reps = []
         for r in self.replicas:
-            s = r.sched
-            reps.append({"replica": r.index, "role": r.role, "engine": s.cfg.to_dict(),
-                         "step_model": r.core.executor.step_model.to_dict(), "kv_blocks": s.kv.num_blocks,
+            c, st = r.core, r.core.run_stats()
+            reps.append({"replica": r.index, "role": r.role, "engine": c.config.to_dict(),
+                         "step_model": c.executor.step_model.to_dict(), "kv_blocks": c.num_kv_blocks,
                          "drain_ms": None if r.drain_ms == math.inf else r.drain_ms,
-                         "stats": {"steps": s.step, "requests": s.requests.n, "preemptions": s.num_preemptions,
-                                   "prefix_hit_blocks": int(s.kv.counts.get("hit", 0)),
-                                   "prefix_hit_blocks_first": int(s.kv.hits_first),
-                                   **{f"kv_{k}": v for k, v in s.kv.counts.items()}}})
+                         "stats": {"steps": c.num_steps, "requests": c.num_requests, "preemptions": st["preemptions"],
+                                   "prefix_hit_blocks": int(st.get("kv_hit", 0)),
+                                   "prefix_hit_blocks_first": int(c.prefix_hits_first),
+                                   **{k: v for k, v in st.items() if k.startswith("kv_") and k != "kv_blocks"}}})
         out = {"replicas": reps, "router": self.router_cfg.to_dict()}
         if f.contention:
             out["contention"] = f.contention

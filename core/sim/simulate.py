@@ -226,16 +226,17 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
 
 def simulator(config: SchedulerConfig, step_model: StepModel | None = None, workload: Workload | None = None,
               record_kv: bool = True, fast_forward: bool = False, scheduler=None,
-              speed: Speed | None = None) -> EngineCore:
+              speed: Speed | None = None, cache_news: bool = False) -> EngineCore:
     """An engine core that simulates: the step-time model as its executor, recording its
     trace. Drive it with core.engine.loop.run on a VirtualClock, or step it yourself (several
-    cores on one clock)."""
+    cores on one clock). `cache_news`: its outputs carry the prefix cache's changes (a fleet's router)."""
     if config.spec_gamma:
         raise ConfigError("spec_gamma: the simulator does not model speculative acceptance; "
                           "capture speculative runs with gpu_runner")
     extra = {"scheduler": scheduler} if scheduler is not None else {}
     return EngineCore(config, StepTimeExecutor(step_model or StepModel(), speed), workload, record=True,
-                      kv_events=record_kv, fast_forward=fast_forward, explicit_batches=False, **extra)
+                      kv_events=record_kv, fast_forward=fast_forward, explicit_batches=False, cache_news=cache_news,
+                      **extra)
 
 
 def _run(core: EngineCore, workload: Workload, label, created, speed: Speed | None = None) -> dict:

@@ -343,7 +343,9 @@ META = Record("meta", None, "where the trace comes from", (
     Field("versions", "object", "software versions", default=None),
     Field("notes", "str", "free text", default=None),
     Field("clock", "object", "what t_ms 0 is: {kind: epoch | perf_counter | wall-clock, t0_s: that instant "
-          "on that clock in seconds, resolution_ms, how} (imported and observed traces; merge aligns by it)",
+          "on that clock in seconds, resolution_ms, how; a monotonic clock (gpu_runner serve): boot_id, the "
+          "host's boot whose clock it is, and epoch_t0_s, the same instant on the epoch clock} (imported, "
+          "observed and served traces; merge and fleet-merge align by it)",
           default=None),
     Field("provenance", "object", "imported traces: where and how each quantity was measured "
           "({quantity: text}, e.g. ttft_ms: 'client: AIPerf time_to_first_token')", default=None),
@@ -359,7 +361,9 @@ META = Record("meta", None, "where the trace comes from", (
     Field("fleet", "object", "fleet traces: {replicas: [{replica, role, engine, step_model, kv_blocks, drain_ms, "
           "stats}], router: {policy, staleness_ms, seed, prefix, params, queue_limit}, link: {gbps, latency_ms, "
           "kv_bytes_per_token, model}, pd_min_prompt, first_token, contention (a simulated fleet whose replicas "
-          "share a host's cores: each step 1 + contention x the others mid-step at its start times its price)}",
+          "share a host's cores: each step 1 + contention x the others mid-step at its start times its price), "
+          "alignment (measured replicas merged: [{replica, file, offset_ms, uncertainty_ms, how}], how each "
+          "replica's time 0 was placed on the fleet's clock)}",
           default=None),
 ))
 
