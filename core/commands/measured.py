@@ -205,6 +205,13 @@ def cmd_merge(a) -> int:
           f"{len(tr.events_of('gauge'))} gauge samples")
     return 0
 
+def _print_alignment(tr) -> None:
+    """How each replica was placed on the fleet's clock (core.fleet.clocks)."""
+    for r in tr.meta["fleet"].get("alignment") or ():
+        unc = "" if r["uncertainty_ms"] is None else f" ± {r['uncertainty_ms']:.3g} ms"
+        print(f"{r['file']}: replica {r['replica']}, offset {r['offset_ms']:+.3f} ms{unc} ({r['how']})")
+
+
 def cmd_fleet_merge(a) -> int:
     from core.fleet.merge import merge_replicas
     from core.fleet.router import ROLES
@@ -242,9 +249,7 @@ def cmd_fleet_merge(a) -> int:
     except TraceError as e:
         raise InputError(str(e)) from None
     write_output(a.out, lambda p: save_trace(tr, p), "--out")
-    for r in tr.meta["fleet"].get("alignment") or ():
-        unc = "" if r["uncertainty_ms"] is None else f" ± {r['uncertainty_ms']:.3g} ms"
-        print(f"{r['file']}: replica {r['replica']}, offset {r['offset_ms']:+.3f} ms{unc} ({r['how']})")
+    _print_alignment(tr)
     served = tr.finishes.groupby("replica").size().to_dict() if len(tr.finishes) else {}
     print(f"wrote {a.out}: {len(tr.requests)} requests on {n} replicas (finished per replica: "
           + ", ".join(f"{k}: {served.get(k, 0)}" for k in range(n)) + f"), {len(tr.steps)} steps")
