@@ -237,43 +237,67 @@ class _Reader:
         return self.buf
 
 
-def _header(rd: _Reader) -> tuple[dict, int]:
-    """(the top-level keys before "events", decoded; where the events list's text starts)."""
+def _skip_to_object(rd: _Reader):
+    """Read past leading white space (not kept); _Refused unless a JSON object starts there."""
     while not rd.buf.lstrip(_WS) and rd.more():
         rd.buf = rd.buf.lstrip(_WS)  # leading white space, however much, is not kept
     if rd.buf.lstrip(_WS)[:1] != b"{":
         raise _Refused  # not a JSON object (or gzip inside gzip, a BOM, ...): as decode_whole
+
+
+def _read_for_key(rd: _Reader, pos: int) -> int:
+    """No `"events": [` in rd.buf[pos:]: read on; where the next search starts. At the end of the
+    input: _Refused (not a serving trace) or _Whole (no plain top-level "events" list)."""
+    # the next search starts where an incomplete `"events" :` may begin
+    k = rd.buf.rfind(b'"events"', pos)
+    pos = k if k >= 0 and not rd.buf[k + 8:].strip(_WS + b":") else max(pos, len(rd.buf) - 8)
+    pos = rd.squeeze_before(pos)    # (searched already)
+    if not rd.more():
+        if b'"schema"' not in rd.buf:
+            raise _Refused    # not a serving trace: left unparsed for the other readers
+        raise _Whole(rd.buf)  # no (plain) top-level "events" list
+    return pos
+
+
+def _keys_before(buf: bytearray, m: re.Match) -> tuple[dict | None, bytes]:
+    """(the top-level keys before the candidate `"events": [` at m, undecoded values; None when the
+    text before it is not an object's beginning), the byte before the key."""
+    i = m.start() - 1  # the byte before the key
+    while i >= 0 and buf[i] in _WS:
+        i -= 1
+    sep = buf[i:i + 1]
+    if sep not in (b",", b"{"):
+        return None, sep
+    try:
+        with memoryview(buf) as mv:
+            return TOP_DECODER.decode(b"".join((mv[:i + (sep == b"{")], b"}"))), sep
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return None, sep
+
+
+def _checked_header(rd: _Reader, top: dict, sep: bytes) -> dict:
+    """The header's keys decoded, once they are known to be a serving trace's in the streaming layout."""
+    if not top and sep == b",":
+        raise _Refused  # `{ ,`: not JSON
+    if "schema" not in top:
+        raise _Refused    # not a serving trace (another tool's document with an "events" key)
+    if "events" in top or not {"schema", "meta", "requests"} <= top.keys():
+        raise _Whole(rd.rest())  # another layout: the whole-document decoder
+    return {k: msgspec.json.decode(v) for k, v in top.items()}
+
+
+def _header(rd: _Reader) -> tuple[dict, int]:
+    """(the top-level keys before "events", decoded; where the events list's text starts)."""
+    _skip_to_object(rd)
     pos, tries = 0, 0
     while True:
         m = _EVENTS_KEY.search(rd.buf, pos)
         if m is None:
-            # the next search starts where an incomplete `"events" :` may begin
-            k = rd.buf.rfind(b'"events"', pos)
-            pos = k if k >= 0 and not rd.buf[k + 8:].strip(_WS + b":") else max(pos, len(rd.buf) - 8)
-            pos = rd.squeeze_before(pos)    # (searched already)
-            if not rd.more():
-                if b'"schema"' not in rd.buf:
-                    raise _Refused    # not a serving trace: left unparsed for the other readers
-                raise _Whole(rd.buf)  # no (plain) top-level "events" list
+            pos = _read_for_key(rd, pos)
             continue
-        i = m.start() - 1  # the byte before the key
-        while i >= 0 and rd.buf[i] in _WS:
-            i -= 1
-        sep = rd.buf[i:i + 1]
-        if sep in (b",", b"{"):
-            try:
-                with memoryview(rd.buf) as mv:
-                    top = TOP_DECODER.decode(b"".join((mv[:i + (sep == b"{")], b"}")))
-            except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
-                top = None
-            if top is not None:
-                if not top and sep == b",":
-                    raise _Refused  # `{ ,`: not JSON
-                if "schema" not in top:
-                    raise _Refused    # not a serving trace (another tool's document with an "events" key)
-                if "events" in top or not {"schema", "meta", "requests"} <= top.keys():
-                    raise _Whole(rd.rest())  # another layout: the whole-document decoder
-                return {k: msgspec.json.decode(v) for k, v in top.items()}, m.end()
+        top, sep = _keys_before(rd.buf, m)
+        if top is not None:
+            return _checked_header(rd, top, sep), m.end()
         tries += 1
         if tries >= _HEADER_TRIES:
             raise _Whole(rd.rest())
@@ -321,50 +345,42 @@ def _read_past_padding(rd: _Reader) -> bool:
     return False
 
 
-def _stream_events(rd: _Reader, start: int, chunk: int, index_of: dict, doc: dict) -> tuple[dict, list]:
-    """The tables and verbatim events of the events list starting at rd.buf[start:]; the
-    top-level keys after the list are added to `doc`."""
-    rd.buf = rd.buf[start:]  # a new buffer: the header's text is freed
-    rd.squeezed = 0
-    cols, cuts = _Columns(index_of), 0
+def _decode_before(buf: bytearray, cut: int, cols: _Columns, exact: bool) -> bool:
+    """Add the events of buf[:cut] to cols; False when they do not decode as a list (when `exact`,
+    the cut is the true one: _Refused)."""
+    try:
+        with memoryview(buf) as mv:
+            raw = b"".join((b"[", mv[:cut], b"]"))
+        events, other = _slice(raw) if exact else decode_events(raw)
+        del raw
+        if not events and not other:
+            raise _Refused  # nothing before the comma: not JSON
+        cols.add(events, other)
+        del events, other
+        return True
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return False  # perhaps cut inside a string or an event: find the true cut
+
+
+def _cut_events(buf: bytearray, cols: _Columns) -> int:
+    """Add the events before the last top-level comma of buf to cols; the comma's offset (<= 0:
+    no top-level comma in buf yet)."""
+    cut, exact = _likely_cut(buf), False
     while True:
-        buf = rd.buf
-        if len(buf) < chunk and rd.more():
-            continue
-        if rd.eof:
-            break
-        cut, exact = _likely_cut(buf), False
-        while True:
-            if cut > 0:
-                try:
-                    with memoryview(buf) as mv:
-                        raw = b"".join((b"[", mv[:cut], b"]"))
-                    events, other = _slice(raw) if exact else decode_events(raw)
-                    del raw
-                    if not events and not other:
-                        raise _Refused  # nothing before the comma: not JSON
-                    cols.add(events, other)
-                    del events, other
-                    break
-                except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
-                    pass  # perhaps cut inside a string or an event: find the true cut
-            if exact:
-                if cut == 0:
-                    raise _Refused  # a comma first: not JSON
-                break
-            true_cut, _ = top_level_commas(buf)
-            if true_cut == cut:
-                raise _Refused  # the true cut, and it does not decode
-            cut, exact = true_cut, True
-        if cut > 0:
-            del buf[:cut + 1]
-            cuts += 1
-            continue
-        if not _read_past_padding(rd):   # no top-level comma yet: read on
-            break
-        if len(rd.buf) > NO_COMMA_LIMIT:  # megabytes with no event boundary (one huge event): each further
-            raise _Refused                # read would rescan them all; the whole-document path reads it
-    # the rest: the last events, the end of the list, the top-level keys after it
+        if cut > 0 and _decode_before(buf, cut, cols, exact):
+            return cut
+        if exact:
+            if cut == 0:
+                raise _Refused  # a comma first: not JSON
+            return cut
+        true_cut, _ = top_level_commas(buf)
+        if true_cut == cut:
+            raise _Refused  # the true cut, and it does not decode
+        cut, exact = true_cut, True
+
+
+def _stream_tail(rd: _Reader, cols: _Columns, cuts: int, doc: dict):
+    """The rest of the input: the last events, the end of the list, the top-level keys after it (added to doc)."""
     if cuts and rd.buf.lstrip(_WS)[:1] == b"]":
         raise _Refused  # a comma before the end of the list: not JSON
     with memoryview(rd.buf) as mv:
@@ -381,6 +397,30 @@ def _stream_events(rd: _Reader, start: int, chunk: int, index_of: dict, doc: dic
     del tail, ev
     for k, v in top.items():
         doc[k] = msgspec.json.decode(v)
+
+
+def _stream_events(rd: _Reader, start: int, chunk: int, index_of: dict, doc: dict) -> tuple[dict, list]:
+    """The tables and verbatim events of the events list starting at rd.buf[start:]; the
+    top-level keys after the list are added to `doc`."""
+    rd.buf = rd.buf[start:]  # a new buffer: the header's text is freed
+    rd.squeezed = 0
+    cols, cuts = _Columns(index_of), 0
+    while True:
+        buf = rd.buf
+        if len(buf) < chunk and rd.more():
+            continue
+        if rd.eof:
+            break
+        cut = _cut_events(buf, cols)
+        if cut > 0:
+            del buf[:cut + 1]
+            cuts += 1
+            continue
+        if not _read_past_padding(rd):   # no top-level comma yet: read on
+            break
+        if len(rd.buf) > NO_COMMA_LIMIT:  # megabytes with no event boundary (one huge event): each further
+            raise _Refused                # read would rescan them all; the whole-document path reads it
+    _stream_tail(rd, cols, cuts, doc)
     return cols.tables()
 
 

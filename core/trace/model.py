@@ -30,55 +30,75 @@ def empty(rec: Record) -> pd.DataFrame:
     return pd.DataFrame(copy=False, data={f.name: pd.Series(dtype=dtype(f)) for f in rec.columns})
 
 
+def _absent(f: Field, n: int):
+    """An absent column: its fill value n times (a list when the type's own path makes the column)."""
+    if f.required:
+        raise BadColumn(f, "missing")
+    if f.type in ("time", "int", "req"):         # (an array at once: a list of n values costs 30 ns each)
+        return np.full(n, f.fill, dtype=np.float64 if f.type == "time" else np.int64)
+    if f.type in ("str", "str?", "id"):
+        return pd.Series(np.full(n, f.fill, dtype=object), dtype=object, copy=False)
+    return [f.fill] * n
+
+
+def _enum_column(f: Field, v, check: bool) -> pd.Categorical:
+    if not (isinstance(v, pd.Categorical) and list(v.categories) == list(f.values)):
+        code = {x: k for k, x in enumerate(f.values)}
+        try:
+            codes = np.fromiter(map(code.__getitem__, v), np.int8, len(v))
+        except (KeyError, TypeError):  # a value outside `values`: NaN
+            codes = np.fromiter((code.get(x, -1) if isinstance(x, str) else -1 for x in v), np.int8, len(v))
+        v = pd.Categorical.from_codes(codes, categories=list(f.values))
+    if check and (v.codes < 0).any():
+        raise BadColumn(f)
+    return v
+
+
+def _str_column(f: Field, v, check: bool) -> pd.Series:
+    a = np.asarray(v, dtype=object) if not isinstance(v, np.ndarray) or v.dtype != object else v
+    if check and f.type == "id" and len(a) and (not all(type(x) is str and x for x in a.tolist())
+                                                or pd.Index(a, dtype=object).has_duplicates):
+        raise BadColumn(f)
+    return pd.Series(a, dtype=object, copy=False)  # a bare array would become pandas' str dtype (None -> NaN)
+
+
+def _numbers_ok(f: Field, a: np.ndarray, n_requests: int) -> bool:
+    """Whether every value of a (non-empty) numeric column is within its declaration."""
+    t = f.type
+    if t == "time":
+        return ((a >= 0) & (a <= MAX_TIME_MS)).all()  # NaN fails both
+    if t == "req":
+        return ((a >= (-1 if f.nullable else 0)) & (a < n_requests)).all()
+    if f.lo is not None:
+        ok = ((a >= f.lo) | (a == f.default)).all() if isinstance(f.default, int) else (a >= f.lo).all()
+        return ok and bool((a <= f.hi).all())
+    return bool((a <= f.hi).all())
+
+
+def _number_column(f: Field, v, n_requests: int | None) -> np.ndarray:
+    try:
+        a = np.asarray(v, dtype=np.float64 if f.type == "time" else np.int64)
+    except (OverflowError, TypeError, ValueError):
+        raise BadColumn(f) from None
+    if n_requests is not None and len(a) and not _numbers_ok(f, a, n_requests):
+        raise BadColumn(f)
+    return a
+
+
 def _column(f: Field, v, n: int, n_requests: int | None):
     """One column as numpy (or a Categorical); checked when n_requests is given."""
     check = n_requests is not None
     if v is None:                                  # absent: the fill value
-        if f.required:
-            raise BadColumn(f, "missing")
-        if f.type in ("time", "int", "req"):         # (an array at once: a list of n values costs 30 ns each)
-            return np.full(n, f.fill, dtype=np.float64 if f.type == "time" else np.int64)
-        if f.type in ("str", "str?", "id"):
-            return pd.Series(np.full(n, f.fill, dtype=object), dtype=object, copy=False)
-        v = [f.fill] * n
+        v = _absent(f, n)
+        if not isinstance(v, list):
+            return v
     if isinstance(v, pd.Series):
         v = v.array if isinstance(v.dtype, pd.CategoricalDtype) else v.to_numpy()
-    t = f.type
-    if t == "enum":
-        if not (isinstance(v, pd.Categorical) and list(v.categories) == list(f.values)):
-            code = {x: k for k, x in enumerate(f.values)}
-            try:
-                codes = np.fromiter(map(code.__getitem__, v), np.int8, len(v))
-            except (KeyError, TypeError):  # a value outside `values`: NaN
-                codes = np.fromiter((code.get(x, -1) if isinstance(x, str) else -1 for x in v), np.int8, len(v))
-            v = pd.Categorical.from_codes(codes, categories=list(f.values))
-        if check and (v.codes < 0).any():
-            raise BadColumn(f)
-        return v
-    if t in ("str", "str?", "id"):
-        a = np.asarray(v, dtype=object) if not isinstance(v, np.ndarray) or v.dtype != object else v
-        if check and t == "id" and len(a) and (not all(type(x) is str and x for x in a.tolist())
-                                               or pd.Index(a, dtype=object).has_duplicates):
-            raise BadColumn(f)
-        return pd.Series(a, dtype=object, copy=False)  # a bare array would become pandas' str dtype (None -> NaN)
-    try:
-        a = np.asarray(v, dtype=np.float64 if t == "time" else np.int64)
-    except (OverflowError, TypeError, ValueError):
-        raise BadColumn(f) from None
-    if not check or not len(a):
-        return a
-    if t == "time":
-        ok = ((a >= 0) & (a <= MAX_TIME_MS)).all()  # NaN fails both
-    elif t == "req":
-        ok = ((a >= (-1 if f.nullable else 0)) & (a < n_requests)).all()
-    elif f.lo is not None:
-        ok = ((a >= f.lo) | (a == f.default)).all() if isinstance(f.default, int) else (a >= f.lo).all()
-        ok = ok and bool((a <= f.hi).all())
-    else:
-        ok = bool((a <= f.hi).all())
-    if not ok:
-        raise BadColumn(f)
-    return a
+    if f.type == "enum":
+        return _enum_column(f, v, check)
+    if f.type in ("str", "str?", "id"):
+        return _str_column(f, v, check)
+    return _number_column(f, v, n_requests)
 
 
 def frame(rec: Record, data: dict, n_requests: int | None = None) -> pd.DataFrame:

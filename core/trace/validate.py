@@ -139,6 +139,42 @@ class _Table:
         return frame(self.rec, cols | (extra or {}), n_requests)
 
 
+def _check_verbatim(e: dict, check_t: Callable, checks) -> None:
+    """A verbatim event's t_ms and the fields the loader relies on; _Bad when one is wrong."""
+    check_t(e.get("t_ms"))
+    for name, chk in checks:
+        if e.get(name) is not None:
+            chk(e[name])
+
+
+def _batch_rows(e: dict, batch: _Table) -> list:
+    """A step event's batch entries as rows of the batch table; _Bad located within the step."""
+    b = e.get("batch", [])
+    if not isinstance(b, list):
+        raise _Bad(".batch: expected a list")
+    entries = []
+    for k, item in enumerate(b):
+        try:
+            if not isinstance(item, dict):
+                raise _Bad(": expected an object")
+            entries.append(batch.row(item))
+        except _Bad as bad:
+            raise _Bad(f".batch[{k}]{bad}") from None
+    return entries
+
+
+def _event_type(e, i: int, where: str, pb: Problems) -> str | None:
+    """The event's type, or None (the problem recorded) when it is not an object with a string type."""
+    if not isinstance(e, dict):
+        pb.add(i, f"{where}[{i}]: expected an object")
+        return None
+    typ = e.get("type")
+    if not isinstance(typ, str):
+        pb.add(i, f"{where}[{i}].type: expected a string, got {short(typ)}")
+        return None
+    return typ
+
+
 def read_events(events: list, index_of: dict, pb: Problems, where: str = "events") -> tuple[dict, list, dict]:
     """(tables, verbatim events, event index per row of tokens and finishes); problems go to pb,
     each located as `where[i]`."""
@@ -153,38 +189,22 @@ def read_events(events: list, index_of: dict, pb: Problems, where: str = "events
     step_at = [name for name, _, _ in tables["step"].fields].index("step")
     other = []
     for i, e in enumerate(events):
-        if not isinstance(e, dict):
-            pb.add(i, f"{where}[{i}]: expected an object")
+        typ = _event_type(e, i, where, pb)
+        if typ is None:
             continue
-        typ = e.get("type")
-        if not isinstance(typ, str):
-            pb.add(i, f"{where}[{i}].type: expected a string, got {short(typ)}")
-            continue
-        at = f"{where}[{i}] ({typ})"
         tab = tables.get(typ)
         try:
             if tab is None:  # kept verbatim: check what the loader relies on
-                check_t(e.get("t_ms"))
-                for name, chk in verbatim.get(typ, ()):
-                    if e.get(name) is not None:
-                        chk(e[name])
+                _check_verbatim(e, check_t, verbatim.get(typ, ()))
                 other.append(e)
                 continue
             row = tab.row(e)
             if tab.rec is STEP:
-                b = e.get("batch", [])
-                if not isinstance(b, list):
-                    raise _Bad(".batch: expected a list")
-                entries = []
-                for k, item in enumerate(b):
-                    at = f"{where}[{i}] (step).batch[{k}]"
-                    if not isinstance(item, dict):
-                        raise _Bad(": expected an object")
-                    entries.append(batch.row(item))
+                entries = _batch_rows(e, batch)
                 batch.rows += entries
                 batch_steps += [row[step_at]] * len(entries)
         except _Bad as bad:
-            pb.add(i, f"{at}{bad}")
+            pb.add(i, f"{where}[{i}] ({typ}){bad}")
             continue
         tab.rows.append(row)
         tab.pos.append(i)

@@ -218,50 +218,36 @@ def profiling_load(summary: dict | None) -> dict | None:
     return None
 
 
-def import_records(records: list[dict], name: str, summary: dict | None = None,
-                   scrapes: list[dict] | None = None, metrics_export: dict | None = None) -> Imported:
-    profiling = [r for r in records if r.get("metadata", {}).get("benchmark_phase", "profiling") == "profiling"]
-    warmup = len(records) - len(profiling)
-    if not profiling:
-        raise TraceError(f"{name}: no profiling-phase records (only {warmup} warm-up record(s))")
-    starts = [_ns(r["metadata"], "request_start_ns", f"{name}: line {k + 1}") for k, r in enumerate(profiling)]
-    t0 = min(starts)
-    rows = RequestRows(name, id_field="metadata.x_request_id")
-    cancelled = 0
-    for k, (r, s_ns) in enumerate(zip(profiling, starts)):
-        md, m, where = r["metadata"], r["metrics"], f"{name}: record {k + 1}"
-        rid = str(md.get("x_request_id") or f"req{k}")
-        at = (s_ns - t0) / 1e6
-        end_ms = (_ns(md, "request_end_ns", where) - t0) / 1e6 if md.get("request_end_ns") else None
-        n_in = _tokens(m, "input_sequence_length", where) or 0
-        err = r.get("error")
-        if err or md.get("was_cancelled"):
-            cancelled += bool(md.get("was_cancelled"))
-            msg = (f"{err.get('type') or 'error'} {err.get('code') or ''}: {err.get('message') or ''}".strip()
-                   if isinstance(err, dict) else "cancelled" if md.get("was_cancelled") else str(err))
-            rows.fail(rid, at, n_in, msg, t_ms=end_ms, reason="abort" if md.get("was_cancelled") else "error")
-            continue
-        ttft = _ms(m, "time_to_first_token", where)
-        n_out = _tokens(m, "output_sequence_length", where)
-        if ttft is None or not n_out:
-            rows.empty(rid, at, n_in, t_ms=end_ms)
-            continue
-        gaps = _ms(m, "inter_chunk_latency", where) or []
-        chunk = [at + ttft]
-        for g in gaps:
-            chunk.append(chunk[-1] + g)
-        rows.add(rid, at, n_in, chunk, n_out, where, end_ms=end_ms)
-    stats, file_summary, version = {}, {}, ""
-    if summary:
-        stats, file_summary = summary_stats(summary)
-        version = str(summary.get("aiperf_version", ""))
-    notes = [f"{len(profiling):,} requests from AIPerf's profile export (client-side times, epoch ns); token "
-             "times per streamed response (TTFT, then inter_chunk_latency)."]
-    if warmup:
-        notes.append(f"{warmup} warm-up record(s) left out (benchmark_phase not 'profiling').")
-    if not summary:
-        notes.append("No profile_export_aiperf.json beside it: AIPerf's own statistics are not shown.")
-    notes += rows.notes()
+def _failure(err, md: dict) -> str:
+    """What went wrong with a failed or cancelled request, in a few words."""
+    if isinstance(err, dict):
+        return f"{err.get('type') or 'error'} {err.get('code') or ''}: {err.get('message') or ''}".strip()
+    return "cancelled" if md.get("was_cancelled") else str(err)
+
+
+def _add_record(rows: RequestRows, k: int, r: dict, at: float, t0: int, name: str):
+    """One profiling record's row, `at` ms after t0 (epoch ns)."""
+    md, m, where = r["metadata"], r["metrics"], f"{name}: record {k + 1}"
+    rid = str(md.get("x_request_id") or f"req{k}")
+    end_ms = (_ns(md, "request_end_ns", where) - t0) / 1e6 if md.get("request_end_ns") else None
+    n_in = _tokens(m, "input_sequence_length", where) or 0
+    err = r.get("error")
+    if err or md.get("was_cancelled"):
+        rows.fail(rid, at, n_in, _failure(err, md), t_ms=end_ms, reason="abort" if md.get("was_cancelled") else "error")
+        return
+    ttft = _ms(m, "time_to_first_token", where)
+    n_out = _tokens(m, "output_sequence_length", where)
+    if ttft is None or not n_out:
+        rows.empty(rid, at, n_in, t_ms=end_ms)
+        return
+    gaps = _ms(m, "inter_chunk_latency", where) or []
+    chunk = [at + ttft]
+    for g in gaps:
+        chunk.append(chunk[-1] + g)
+    rows.add(rid, at, n_in, chunk, n_out, where, end_ms=end_ms)
+
+
+def _records_meta(name: str, version: str, t0: int, notes: list[str], summary: dict | None) -> dict:
     meta = {"source": "imported", "label": f"{name} (AIPerf{' ' + version if version else ''})", "created": "unknown",
             "engine": {"name": "unknown (an OpenAI-compatible server driven by AIPerf)"},
             "device": "not recorded by the client", "notes": " ".join(notes),
@@ -273,6 +259,32 @@ def import_records(records: list[dict], name: str, summary: dict | None = None,
     load = profiling_load(summary)
     if load:
         meta["load"] = load
+    return meta
+
+
+def import_records(records: list[dict], name: str, summary: dict | None = None,
+                   scrapes: list[dict] | None = None, metrics_export: dict | None = None) -> Imported:
+    profiling = [r for r in records if r.get("metadata", {}).get("benchmark_phase", "profiling") == "profiling"]
+    warmup = len(records) - len(profiling)
+    if not profiling:
+        raise TraceError(f"{name}: no profiling-phase records (only {warmup} warm-up record(s))")
+    starts = [_ns(r["metadata"], "request_start_ns", f"{name}: line {k + 1}") for k, r in enumerate(profiling)]
+    t0 = min(starts)
+    rows = RequestRows(name, id_field="metadata.x_request_id")
+    for k, (r, s_ns) in enumerate(zip(profiling, starts)):
+        _add_record(rows, k, r, (s_ns - t0) / 1e6, t0, name)
+    stats, file_summary, version = {}, {}, ""
+    if summary:
+        stats, file_summary = summary_stats(summary)
+        version = str(summary.get("aiperf_version", ""))
+    notes = [f"{len(profiling):,} requests from AIPerf's profile export (client-side times, epoch ns); token "
+             "times per streamed response (TTFT, then inter_chunk_latency)."]
+    if warmup:
+        notes.append(f"{warmup} warm-up record(s) left out (benchmark_phase not 'profiling').")
+    if not summary:
+        notes.append("No profile_export_aiperf.json beside it: AIPerf's own statistics are not shown.")
+    notes += rows.notes()
+    meta = _records_meta(name, version, t0, notes, summary)
     tr = rows.trace(meta)
     if scrapes:
         tr.other = gauges(scrapes, t0, name)

@@ -83,9 +83,8 @@ def import_report(doc: dict, name: str) -> Imported:
     return runs[0]
 
 
-def _benchmark(b: dict, k: int, name: str, version: str) -> Imported:
-    label = _label(b, k)
-    where0 = f"{name}: benchmarks[{k}]"
+def _records(b: dict, where0: str) -> list[tuple[str, dict]]:
+    """The benchmark's request records, (kind, record), successful first."""
     reqs = b.get("requests")
     if not isinstance(reqs, dict):
         raise TraceError(f"{where0}.requests: expected an object with successful, incomplete, errored lists")
@@ -93,6 +92,11 @@ def _benchmark(b: dict, k: int, name: str, version: str) -> Imported:
                for r in (reqs.get(kind) or []) if isinstance(r, dict)]
     if not records:
         raise TraceError(f"{where0}.requests: no request records (guidellm keeps them unless sampled away)")
+    return records
+
+
+def _started(records: list[tuple[str, dict]], where0: str) -> list[tuple]:
+    """Each record as (kind, record, info.timings, start in epoch s, where)."""
     parsed = []
     for j, (kind, r) in enumerate(records):
         where = f"{where0}.requests.{kind}[{j}]"
@@ -102,33 +106,30 @@ def _benchmark(b: dict, k: int, name: str, version: str) -> Imported:
         if start is None:
             raise TraceError(f"{where}: info.timings.request_start: missing (the request never started)")
         parsed.append((kind, r, tm, float(start), where))
-    t0 = min(p[3] for p in parsed)
-    rows = RequestRows(f"{name} [{label}]")
-    response_ids = {}
-    for kind, r, tm, start, where in parsed:
-        rid = str(r.get("request_id") or f"req{len(rows.reqs)}")
-        if isinstance(r.get("response_id"), str):
-            response_ids[rid] = r["response_id"]
-        at = (start - t0) * 1000.0
-        n_in = count(r.get("prompt_tokens") or 0, where, "prompt_tokens")
-        end = _t(tm, "request_end", where)
-        end_ms = None if end is None else (end - t0) * 1000.0
-        first, last = _t(tm, "first_token_iteration", where), _t(tm, "last_token_iteration", where)
-        n_out = count(r.get("output_tokens") or 0, where, "output_tokens")
-        err = (r.get("info") or {}).get("error")
-        reason = {"successful": "length", "incomplete": "abort", "errored": "error"}[kind]
-        if first is None or last is None or n_out == 0:
-            if kind == "successful":
-                rows.empty(rid, at, n_in, t_ms=end_ms)
-            else:
-                rows.fail(rid, at, n_in, str(err or kind), t_ms=end_ms, reason=reason)
-            continue
-        rows.add_interpolated(rid, at, n_in, (first - t0) * 1000.0, (last - t0) * 1000.0, n_out, where,
-                              reason=reason, end_ms=end_ms, error=str(err or kind) if kind != "successful" else None)
-    stats, fs = _stats(b)
-    notes = [f"{len(records):,} requests of guidellm benchmark {label} (client-side, epoch seconds); token times "
-             "interpolated between each request's first and last token (guidellm keeps no per-token times)."]
-    notes += rows.notes()
+    return parsed
+
+
+def _add_request(rows: RequestRows, t0: float, rid: str, kind: str, r: dict, tm: dict, start: float, where: str):
+    """One request record's row: interpolated tokens, or an empty or failed request."""
+    at = (start - t0) * 1000.0
+    n_in = count(r.get("prompt_tokens") or 0, where, "prompt_tokens")
+    end = _t(tm, "request_end", where)
+    end_ms = None if end is None else (end - t0) * 1000.0
+    first, last = _t(tm, "first_token_iteration", where), _t(tm, "last_token_iteration", where)
+    n_out = count(r.get("output_tokens") or 0, where, "output_tokens")
+    err = (r.get("info") or {}).get("error")
+    reason = {"successful": "length", "incomplete": "abort", "errored": "error"}[kind]
+    if first is None or last is None or n_out == 0:
+        if kind == "successful":
+            rows.empty(rid, at, n_in, t_ms=end_ms)
+        else:
+            rows.fail(rid, at, n_in, str(err or kind), t_ms=end_ms, reason=reason)
+        return
+    rows.add_interpolated(rid, at, n_in, (first - t0) * 1000.0, (last - t0) * 1000.0, n_out, where,
+                          reason=reason, end_ms=end_ms, error=str(err or kind) if kind != "successful" else None)
+
+
+def _meta(b: dict, name: str, label: str, version: str, t0: float, notes: list[str]) -> dict:
     meta = {"source": "imported", "label": f"{name} [{label}] (guidellm{' ' + version if version else ''})",
             "created": "unknown", "engine": {"name": "unknown (an OpenAI-compatible server driven by guidellm)",
                                              "strategy": ((b.get("config") or {}).get("strategy"))},
@@ -139,16 +140,40 @@ def _benchmark(b: dict, k: int, name: str, version: str) -> Imported:
     load = _load(b)
     if load:
         meta["load"] = load
-    tr = rows.trace(meta)
+    return meta
+
+
+def _window(b: dict, t0: float) -> tuple[float, float] | None:
+    """The benchmark's measured window, ms on the trace's clock."""
+    if finite(b.get("start_time")) and finite(b.get("end_time")) and b["end_time"] > b["start_time"]:
+        return (b["start_time"] - t0) * 1000.0, (b["end_time"] - t0) * 1000.0
+    return None
+
+
+def _benchmark(b: dict, k: int, name: str, version: str) -> Imported:
+    label = _label(b, k)
+    where0 = f"{name}: benchmarks[{k}]"
+    records = _records(b, where0)
+    parsed = _started(records, where0)
+    t0 = min(p[3] for p in parsed)
+    rows = RequestRows(f"{name} [{label}]")
+    response_ids = {}
+    for kind, r, tm, start, where in parsed:
+        rid = str(r.get("request_id") or f"req{len(rows.reqs)}")
+        if isinstance(r.get("response_id"), str):
+            response_ids[rid] = r["response_id"]
+        _add_request(rows, t0, rid, kind, r, tm, start, where)
+    stats, fs = _stats(b)
+    notes = [f"{len(records):,} requests of guidellm benchmark {label} (client-side, epoch seconds); token times "
+             "interpolated between each request's first and last token (guidellm keeps no per-token times)."]
+    notes += rows.notes()
+    tr = rows.trace(_meta(b, name, label, version, t0, notes))
     for k, rid in enumerate(tr.ids):       # the server's id for it (merge pairs requests with spans by it)
         if rid in response_ids:
             tr.request_extra[k]["response_id"] = response_ids[rid]
-    window = None
-    if finite(b.get("start_time")) and finite(b.get("end_time")) and b["end_time"] > b["start_time"]:
-        window = ((b["start_time"] - t0) * 1000.0, (b["end_time"] - t0) * 1000.0)   # its measured window
     return Imported(tr, "guidellm", fs, rows.failed, notes, tool=f"guidellm {version}".strip(),
                     what="benchmark report", stats=stats, origin=PROVENANCE, run_label=label,
-                    estimator="inverted_cdf", weights={"tpot_ms": "tokens-1"}, window_ms=window)
+                    estimator="inverted_cdf", weights={"tpot_ms": "tokens-1"}, window_ms=_window(b, t0))
 
 
 def _load(b: dict) -> dict | None:

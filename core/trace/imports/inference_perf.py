@@ -51,33 +51,44 @@ def _s(v, where, key) -> float:
     return float(v)
 
 
+def _failure(err) -> str:
+    """What went wrong with a failed request, in a few words."""
+    if isinstance(err, str):
+        return err
+    if isinstance(err, dict):
+        return (f"{err.get('error_type') or err.get('type') or 'error'}: "
+                f"{err.get('error_msg') or err.get('message') or ''}")
+    return short(err)
+
+
+def _add_request(rows: RequestRows, k: int, r: dict, s: float, t0: float, name: str):
+    """Request k's row (its start_time s, seconds): its output_token_times, or an empty or failed request."""
+    where, rid, at = f"{name}: request {k}", f"req{k}", (s - t0) * 1000.0
+    info = r.get("info") if isinstance(r.get("info"), dict) else {}
+    rm = info.get("response_metrics") if isinstance(info.get("response_metrics"), dict) else {}
+    n_in = count(info.get("input_tokens") or 0, where, "info.input_tokens")
+    end = r.get("end_time")
+    end_ms = (_s(end, where, "end_time") - t0) * 1000.0 if end is not None else None
+    if r.get("error"):
+        rows.fail(rid, at, n_in, _failure(r["error"]), index=k, t_ms=end_ms)
+        return
+    times = rm.get("output_token_times") or rm.get("chunk_times") or []
+    if not isinstance(times, list) or not all(finite(x) for x in times):
+        raise TraceError(f"{where}: info.response_metrics.output_token_times: expected a list of seconds")
+    n_out = count(rm.get("output_tokens", len(times)), where, "info.response_metrics.output_tokens")
+    if not n_out or not times:
+        rows.empty(rid, at, n_in, t_ms=end_ms)
+        return
+    rows.add(rid, at, n_in, [(x - t0) * 1000.0 for x in times], n_out, where, end_ms=end_ms)
+
+
 def import_per_request(doc: list, name: str, summary: dict | None = None) -> Imported:
     starts = [_s(r.get("start_time") if isinstance(r, dict) else None, f"{name}: request {k}", "start_time")
               for k, r in enumerate(doc)]
     t0 = min(starts)
     rows = RequestRows(name)
     for k, (r, s) in enumerate(zip(doc, starts)):
-        where, rid, at = f"{name}: request {k}", f"req{k}", (s - t0) * 1000.0
-        info = r.get("info") if isinstance(r.get("info"), dict) else {}
-        rm = info.get("response_metrics") if isinstance(info.get("response_metrics"), dict) else {}
-        n_in = count(info.get("input_tokens") or 0, where, "info.input_tokens")
-        end = r.get("end_time")
-        end_ms = (_s(end, where, "end_time") - t0) * 1000.0 if end is not None else None
-        if r.get("error"):
-            err = r["error"]
-            msg = err if isinstance(err, str) else (f"{err.get('error_type') or err.get('type') or 'error'}: "
-                                                   f"{err.get('error_msg') or err.get('message') or ''}"
-                                                   if isinstance(err, dict) else short(err))
-            rows.fail(rid, at, n_in, msg, index=k, t_ms=end_ms)
-            continue
-        times = rm.get("output_token_times") or rm.get("chunk_times") or []
-        if not isinstance(times, list) or not all(finite(x) for x in times):
-            raise TraceError(f"{where}: info.response_metrics.output_token_times: expected a list of seconds")
-        n_out = count(rm.get("output_tokens", len(times)), where, "info.response_metrics.output_tokens")
-        if not n_out or not times:
-            rows.empty(rid, at, n_in, t_ms=end_ms)
-            continue
-        rows.add(rid, at, n_in, [(x - t0) * 1000.0 for x in times], n_out, where, end_ms=end_ms)
+        _add_request(rows, k, r, s, t0, name)
     stats, fs = summary_stats(summary) if summary else ({}, {})
     notes = [f"{len(doc):,} requests from inference-perf's per-request lifecycle metrics (client-side "
              "perf_counter seconds); token times are its output_token_times."]

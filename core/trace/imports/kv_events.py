@@ -63,9 +63,8 @@ def _event(ev, where: str) -> tuple[str, dict]:
     raise TraceError(f"{where}: an event: expected a tagged array or map, got {short(ev)}")
 
 
-def decode_payload(payload: bytes, seq: int, where: str, rows: list) -> float:
-    """Append the rows of one KVEventBatch payload (msgpack) to `rows` as tuples (ts_s, op, hash,
-    parent, tokens, seq, medium); returns the batch's timestamp (epoch s)."""
+def _batch(payload: bytes, where: str) -> list:
+    """The payload's KVEventBatch as [ts, [events], dp_rank, ...], checked."""
     import msgspec
     try:
         batch = msgspec.msgpack.decode(payload)
@@ -76,6 +75,27 @@ def decode_payload(payload: bytes, seq: int, where: str, rows: list) -> float:
     if not (isinstance(batch, list) and len(batch) >= 2 and isinstance(batch[0], (int, float))
             and not isinstance(batch[0], bool) and isinstance(batch[1], list)):
         raise TraceError(f"{where}: payload: expected a KVEventBatch [ts, [events], dp_rank], got {short(batch)}")
+    return batch
+
+
+def _add_stored(f: dict, hashes: list, at: str, ts: float, seq: int, medium: str | None, rows: list):
+    """A BlockStored event's rows, one per block (`at`: where the event is)."""
+    parent = f.get("parent_block_hash")
+    parent = None if parent is None else block_hash(parent, at)
+    size = f.get("block_size")
+    size = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else 0
+    if size > INT_MAX:
+        raise TraceError(f"{at} (BlockStored): block_size: expected tokens per block, got {short(size)}")
+    for h in hashes:       # a chain: each block's parent is the one before it
+        hh = block_hash(h, at)
+        rows.append((ts, "stored", hh, parent, size, seq, medium))
+        parent = hh
+
+
+def decode_payload(payload: bytes, seq: int, where: str, rows: list) -> float:
+    """Append the rows of one KVEventBatch payload (msgpack) to `rows` as tuples (ts_s, op, hash,
+    parent, tokens, seq, medium); returns the batch's timestamp (epoch s)."""
+    batch = _batch(payload, where)
     ts = float(batch[0])
     for k, ev in enumerate(batch[1]):
         tag, f = _event(ev, f"{where}: event {k}")
@@ -89,16 +109,7 @@ def decode_payload(payload: bytes, seq: int, where: str, rows: list) -> float:
         if tag == "BlockRemoved":
             rows.extend((ts, "removed", block_hash(h, f"{where}: event {k}"), None, 0, seq, medium) for h in hashes)
             continue
-        parent = f.get("parent_block_hash")
-        parent = None if parent is None else block_hash(parent, f"{where}: event {k}")
-        size = f.get("block_size")
-        size = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else 0
-        if size > INT_MAX:
-            raise TraceError(f"{where}: event {k} ({tag}): block_size: expected tokens per block, got {short(size)}")
-        for h in hashes:       # a chain: each block's parent is the one before it
-            hh = block_hash(h, f"{where}: event {k}")
-            rows.append((ts, "stored", hh, parent, size, seq, medium))
-            parent = hh
+        _add_stored(f, hashes, f"{where}: event {k}", ts, seq, medium, rows)
         if len(rows) > MAX_ROWS:
             raise TraceError(f"{where}: more than {MAX_ROWS:,} KV event rows")
     return ts

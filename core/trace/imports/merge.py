@@ -80,10 +80,8 @@ def _labels(runs) -> str:
     return shown + (f", and {len(runs) - NAMED:,} more" if len(runs) > NAMED else "")
 
 
-def _all_runs(x: Imported, name: str) -> Trace:
-    """One trace of every run of a file of several (a guidellm sweep): requests and events of each
-    on their common epoch clock, each request's run in request_extra["run"] (ids prefixed with the
-    run's label when two runs share one)."""
+def _epoch_runs(x: Imported, name: str) -> tuple[list[Trace], list[dict]]:
+    """Each run's trace and clock, refused unless every run has requests on an epoch clock."""
     trs = [r.trace for r in x.runs]
     if any(t is None for t in trs):
         raise TraceError(f"{name}: holds {len(trs):,} runs ({_labels(x.runs)}), some with a summary only: choose "
@@ -93,6 +91,37 @@ def _all_runs(x: Imported, name: str) -> Trace:
         kinds = sorted({str(c.get("kind") or "no") for c in clocks})
         raise TraceError(f"{name}: holds {len(trs):,} runs ({_labels(x.runs)}) on their own {'/'.join(kinds)} "
                          f"clocks, which do not place them in one run: choose one (--run K, K in 0..{len(trs) - 1})")
+    return trs, clocks
+
+
+def _shifted_tables(t: Trace, shift: float, base: int) -> dict[str, pd.DataFrame]:
+    """A run's event tables, times moved by `shift` ms and request rows by `base`."""
+    out = {}
+    for rec in TABLE_EVENTS:
+        df = getattr(t, rec.table).copy()
+        for f in rec.columns:
+            if f.name == "t_ms":
+                df["t_ms"] = df["t_ms"] + shift
+            elif f.type == "req":
+                df[f.name] = np.where(df[f.name] >= 0, df[f.name] + base, df[f.name])
+        out[rec.table] = df
+    return out
+
+
+def _all_runs_meta(x: Imported, name: str, first: Trace, t0: float) -> dict:
+    n = len(x.runs)
+    meta = {k: v for k, v in first.meta.items() if k != "load"}     # (each run's own place on a load sweep)
+    return {**meta, "clock": {**first.meta["clock"], "t0_s": t0},
+            "label": f"{name} (all {n} runs: {_labels(x.runs)})",
+            "notes": f"Every one of the {n:,} runs of {name} ({_labels(x.runs)}), on their common epoch clock; "
+                     "each request's run is in request_extra.run. " + str(first.meta.get("notes") or "")}
+
+
+def _all_runs(x: Imported, name: str) -> Trace:
+    """One trace of every run of a file of several (a guidellm sweep): requests and events of each
+    on their common epoch clock, each request's run in request_extra["run"] (ids prefixed with the
+    run's label when two runs share one)."""
+    trs, clocks = _epoch_runs(x, name)
     t0 = min(c["t0_s"] for c in clocks)
     ids = [i for t in trs for i in t.ids]
     clash = pd.Index(ids).has_duplicates
@@ -108,23 +137,13 @@ def _all_runs(x: Imported, name: str) -> Trace:
         reqs.append(q)
         extra += [{**e, "run": r.run_label, **{f: e[f] + shift for f in EXTRA_TIMES if isinstance(e.get(f), float)}}
                   for e in t.request_extra]
-        for rec in TABLE_EVENTS:
-            df = getattr(t, rec.table).copy()
-            for f in rec.columns:
-                if f.name == "t_ms":
-                    df["t_ms"] = df["t_ms"] + shift
-                elif f.type == "req":
-                    df[f.name] = np.where(df[f.name] >= 0, df[f.name] + base, df[f.name])
-            tables[rec.table].append(df)
+        for table, df in _shifted_tables(t, shift, base).items():
+            tables[table].append(df)
         other += [{**e, "t_ms": e["t_ms"] + shift} if "t_ms" in e else dict(e) for e in t.other]
         base += len(t.requests)
     first = trs[int(np.argmin([c["t0_s"] for c in clocks]))]
-    meta = {k: v for k, v in first.meta.items() if k != "load"}     # (each run's own place on a load sweep)
-    meta = {**meta, "clock": {**first.meta["clock"], "t0_s": t0},
-            "label": f"{name} (all {len(trs)} runs: {_labels(x.runs)})",
-            "notes": f"Every one of the {len(trs):,} runs of {name} ({_labels(x.runs)}), on their common epoch clock; "
-                     "each request's run is in request_extra.run. " + str(first.meta.get("notes") or "")}
-    tr = Trace(meta=meta, requests=pd.concat(reqs, ignore_index=True), request_extra=extra, other=other)
+    tr = Trace(meta=_all_runs_meta(x, name, first, t0), requests=pd.concat(reqs, ignore_index=True),
+               request_extra=extra, other=other)
     for rec in TABLE_EVENTS:
         setattr(tr, rec.table, frame(rec, {f.name: pd.concat(tables[rec.table], ignore_index=True)[f.name]
                                            for f in rec.columns}))
@@ -364,6 +383,51 @@ def _move_origin(out: Trace) -> tuple[float, int]:
     return d, before
 
 
+def _join_order(roles: list[str], b: int) -> list[int]:
+    """The parts other than the base, spans first (the log aligns to them), then everything else."""
+    spans_k = [k for k in range(len(roles)) if k != b and roles[k] == "spans"]
+    return spans_k + [k for k in range(len(roles)) if k != b and k not in spans_k]
+
+
+def _join(run: _Run, k: int) -> dict:
+    """Join part k onto the run; its report row."""
+    row = {"file": run.names[k], "clock": run.clocks[k]["kind"], "matched": None, "added": "", "dropped": 0,
+           "left_out": []}
+    off, unc, how = JOINS[run.roles[k]](run, k, row)
+    run.offsets[k] = off
+    row.update(offset_ms=off, uncertainty_ms=unc, how=how, left_out="; ".join(row["left_out"]))
+    return row
+
+
+def _tidy(out: Trace):
+    """The joined steps as one checked table, the gauges of every source in time order (after the other events)."""
+    if len(out.steps):
+        out.steps = frame(STEP, {f.name: out.steps[f.name] for f in STEP.columns})
+    gauges = sorted((e for e in out.other if e.get("type") == "gauge"), key=lambda e: e["t_ms"])   # several sources
+    out.other = [e for e in out.other if e.get("type") != "gauge"] + gauges
+
+
+def _provenance(base: Trace, trs: list[Trace], order: list[int]) -> dict:
+    """The base's provenance, then each part's (a key the base has already: prefixed "engine ")."""
+    prov = dict(base.meta.get("provenance") or {})
+    for k in order:
+        for key, v in (trs[k].meta.get("provenance") or {}).items():
+            prov.setdefault(key if key not in prov else f"engine {key}", v)
+    return prov
+
+
+def _merge_notes(base: Trace, report: list[dict], moved: float, before: int) -> str:
+    notes = [str(base.meta.get("notes") or "")] + [
+        f"Merged {r['file']} ({r['role']}): offset {r['offset_ms']:.3f} ms ± {r['uncertainty_ms']:.3f} ms, "
+        f"{r['how']}" + (f"; added {r['added']}" if r["added"] else "")
+        + (f"; left out: {r['left_out']}" if r["left_out"] else "") + "." for r in report[1:]]
+    if moved:
+        notes.append(f"The trace's origin is {moved:.3f} ms before the base's first event, at the earliest event of "
+                     f"any file, so that {before:,} event(s) from before the run's first request (a warm-up or test "
+                     "request, samples taken before it) are kept.")
+    return " ".join(n for n in notes if n)
+
+
 def merge(parts: list, names: list[str], run: int | None = None) -> tuple[Trace, list[dict]]:
     """One trace of a run from its parts (Trace or Imported, with meta.clock), and one report
     row per part: {file, role, clock, offset_ms, uncertainty_ms, how, matched, added, dropped,
@@ -378,36 +442,13 @@ def merge(parts: list, names: list[str], run: int | None = None) -> tuple[Trace,
     report = [{"file": names[b], "role": "base (its clock is the trace's)", "clock": base_c["kind"], "offset_ms": 0.0,
                "uncertainty_ms": float(base_c.get("resolution_ms") or 0), "how": base_c.get("how", ""),
                "matched": None, "added": "", "dropped": 0, "left_out": ""}]
-    # spans first (the log aligns to them), then everything else
-    spans_k = [k for k in range(len(trs)) if k != b and roles[k] == "spans"]
-    order = spans_k + [k for k in range(len(trs)) if k != b and k not in spans_k]
-    for k in order:
-        row = {"file": names[k], "clock": clocks[k]["kind"], "matched": None, "added": "", "dropped": 0,
-               "left_out": []}
-        off, unc, how = JOINS[roles[k]](run_, k, row)
-        run_.offsets[k] = off
-        row.update(offset_ms=off, uncertainty_ms=unc, how=how, left_out="; ".join(row["left_out"]))
-        report.append(row)
+    order = _join_order(roles, b)
+    report += [_join(run_, k) for k in order]
     out, base = run_.out, run_.base
-    if len(out.steps):
-        out.steps = frame(STEP, {f.name: out.steps[f.name] for f in STEP.columns})
-    gauges = sorted((e for e in out.other if e.get("type") == "gauge"), key=lambda e: e["t_ms"])   # several sources
-    out.other = [e for e in out.other if e.get("type") != "gauge"] + gauges
+    _tidy(out)
     moved, before = _move_origin(out)
     out.meta["label"] = f"{base.label} + {len(parts) - 1} more file(s) (merged)"
     out.meta["merged_from"] = report
-    prov = dict(base.meta.get("provenance") or {})
-    for k in order:
-        for key, v in (trs[k].meta.get("provenance") or {}).items():
-            prov.setdefault(key if key not in prov else f"engine {key}", v)
-    out.meta["provenance"] = prov
-    notes = [str(base.meta.get("notes") or "")] + [
-        f"Merged {r['file']} ({r['role']}): offset {r['offset_ms']:.3f} ms ± {r['uncertainty_ms']:.3f} ms, "
-        f"{r['how']}" + (f"; added {r['added']}" if r["added"] else "")
-        + (f"; left out: {r['left_out']}" if r["left_out"] else "") + "." for r in report[1:]]
-    if moved:
-        notes.append(f"The trace's origin is {moved:.3f} ms before the base's first event, at the earliest event of "
-                     f"any file, so that {before:,} event(s) from before the run's first request (a warm-up or test "
-                     "request, samples taken before it) are kept.")
-    out.meta["notes"] = " ".join(n for n in notes if n)
+    out.meta["provenance"] = _provenance(base, trs, order)
+    out.meta["notes"] = _merge_notes(base, report, moved, before)
     return out, report

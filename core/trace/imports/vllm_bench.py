@@ -57,18 +57,29 @@ def import_vllm(doc: dict, name: str = "vllm result") -> Imported:
         raise TraceError(f"{name}: {e}") from None
 
 
-def _import_vllm(doc: dict, name: str) -> Imported:
-    summary = {k: v for k, v in doc.items()
-               if k in VLLM_SUMMARY_KEYS or k in ("failed", "num_prompts", "request_rate", "max_concurrency",
-                                                    "model_id", "backend", "date", "burstiness")
-               or any(k.startswith(f"{s}_{m}_ms") for s in ("mean", "median", "std") for m in METRIC_NAMES)
-               or any(k.startswith("p") and k.endswith(f"_{m}_ms") for m in METRIC_NAMES)}
-    sglang = is_sglang(doc)
-    meta = {"source": "imported", "label": f"{name} ({'SGLang' if sglang else 'vLLM'} benchmark result)",
+_SUMMARY_EXTRA_KEYS = ("failed", "num_prompts", "request_rate", "max_concurrency", "model_id", "backend", "date",
+                       "burstiness")
+
+
+def _is_summary_key(k: str) -> bool:
+    """A key of the file's summary: a summary field, a run setting, or a metric's statistic."""
+    return (k in VLLM_SUMMARY_KEYS or k in _SUMMARY_EXTRA_KEYS
+            or any(k.startswith(f"{s}_{m}_ms") for s in ("mean", "median", "std") for m in METRIC_NAMES)
+            or any(k.startswith("p") and k.endswith(f"_{m}_ms") for m in METRIC_NAMES))
+
+
+def _vllm_meta(doc: dict, name: str, sglang: bool) -> dict:
+    return {"source": "imported", "label": f"{name} ({'SGLang' if sglang else 'vLLM'} benchmark result)",
             "created": str(doc.get("date", "")) or "unknown",
             "engine": {"name": str(doc.get("backend") or "vllm"), "model": doc.get("model_id"),
                        "request_rate": doc.get("request_rate"), "max_concurrency": doc.get("max_concurrency")},
             "device": "not recorded in the result file", "notes": ""}
+
+
+def _import_vllm(doc: dict, name: str) -> Imported:
+    summary = {k: v for k, v in doc.items() if _is_summary_key(k)}
+    sglang = is_sglang(doc)
+    meta = _vllm_meta(doc, name, sglang)
     if not all(k in doc for k in ("ttfts", "itls", "output_lens")):
         return Imported(None, "vllm", summary, notes=[
             "This file has only summary fields; per-request views need the detailed arrays "

@@ -108,7 +108,8 @@ def engine_options(text: str) -> dict:
     return out
 
 
-def import_iteration_log(text: str, name: str) -> Imported:
+def _step_lines(text: str, name: str) -> tuple[list[dict], int]:
+    """(each iteration line's fields, how many lines mention Iteration( but do not parse)."""
     rows, bad = [], 0
     for ln in text.splitlines():
         if MARK not in ln:
@@ -123,6 +124,43 @@ def import_iteration_log(text: str, name: str) -> Imported:
     if not rows:
         raise TraceError(f"{name}: no 'Iteration(i): ... iteration elapsed time: X ms' lines (vLLM writes them "
                          "with --enable-logging-iteration-details)")
+    return rows, bad
+
+
+def _logged_seconds(df: pd.DataFrame) -> tuple[np.ndarray, float]:
+    """(each line's timestamp in seconds since 2000-01-01, years counted on at new year's eve; its resolution, s)."""
+    frac = df["frac"].fillna("").map(lambda f: float("0." + f) if f else 0.0).to_numpy()
+    sec = np.array([_second(*r) for r in df[["mon", "day", "h", "m", "s"]].itertuples(index=False)]) + frac
+    year = 366 * 86400.0
+    sec = sec + year * np.concatenate([[0], np.cumsum(np.diff(sec) < -300 * 86400)])  # past new year's eve
+    return sec, 1.0 if not frac.any() else 0.001
+
+
+def _back_to_back(dur: np.ndarray, sec_ms: np.ndarray, resolution: float) -> tuple[np.ndarray, int]:
+    """(each step's earliest feasible end: back to back, not before its logged second; how many end
+    past their logged second)."""
+    end = np.empty(len(dur))
+    late, prev = 0, -np.inf
+    for i in range(len(dur)):
+        e = max(prev + dur[i], sec_ms[i])
+        if e > sec_ms[i] + resolution * 1000.0:
+            late += 1
+        end[i] = prev = e
+    return end, late
+
+
+def _wall_clock(first: pd.Series, t0: float, resolution: float) -> dict:
+    day0 = _second(first["mon"], first["day"], "00", "00", "00")
+    return {"kind": "wall-clock", "t0_s": t0, "resolution_ms": resolution * 1000.0,
+            "t0": f"{first['mon']}-{first['day']} (no year) {first['h']}:{first['m']}:{first['s']}",
+            "month": int(first["mon"]), "day": int(first["day"]), "seconds_of_day": t0 - day0,
+            "how": "t0_s is seconds since 2000-01-01 00:00 (the log has no year; month, day and seconds_of_day "
+                   "say when in the year, in the server's time zone); each step's end is the later of its "
+                   "logged second and the previous step's end plus its duration"}
+
+
+def import_iteration_log(text: str, name: str) -> Imported:
+    rows, bad = _step_lines(text, name)
     engines = sorted({r["engine"] or "000" for r in rows})
     notes = []
     if len(engines) > 1:
@@ -131,20 +169,10 @@ def import_iteration_log(text: str, name: str) -> Imported:
         rows = [r for r in rows if (r["engine"] or "000") == engines[0]]
     df = pd.DataFrame(rows)
     dur = df["ms"].astype(float).to_numpy()
-    frac = df["frac"].fillna("").map(lambda f: float("0." + f) if f else 0.0).to_numpy()
-    sec = np.array([_second(*r) for r in df[["mon", "day", "h", "m", "s"]].itertuples(index=False)]) + frac
-    year = 366 * 86400.0
-    sec = sec + year * np.concatenate([[0], np.cumsum(np.diff(sec) < -300 * 86400)])  # past new year's eve
-    resolution = 1.0 if not frac.any() else 0.001
+    sec, resolution = _logged_seconds(df)
     base = float(sec[0])
     sec_ms = (sec - base) * 1000.0        # in ms from the first line's timestamp (exact integers for whole seconds)
-    end = np.empty(len(dur))
-    late, prev = 0, -np.inf
-    for i in range(len(dur)):       # earliest feasible end: back to back, not before the logged second
-        e = max(prev + dur[i], sec_ms[i])
-        if e > sec_ms[i] + resolution * 1000.0:
-            late += 1
-        end[i] = prev = e
+    end, late = _back_to_back(dur, sec_ms, resolution)
     start = end - dur
     t0_ms = float(start.min())
     t0 = base + t0_ms / 1000.0
@@ -166,14 +194,7 @@ def import_iteration_log(text: str, name: str) -> Imported:
                      "logged durations overlap); they are kept after the previous step.")
     if bad:
         notes.append(f"{bad} line(s) mention Iteration( but do not parse; they were skipped.")
-    first = df.iloc[int(np.argmin(start))]
-    day0 = _second(first["mon"], first["day"], "00", "00", "00")
-    clock = {"kind": "wall-clock", "t0_s": t0, "resolution_ms": resolution * 1000.0,
-             "t0": f"{first['mon']}-{first['day']} (no year) {first['h']}:{first['m']}:{first['s']}",
-             "month": int(first["mon"]), "day": int(first["day"]), "seconds_of_day": t0 - day0,
-             "how": "t0_s is seconds since 2000-01-01 00:00 (the log has no year; month, day and seconds_of_day "
-                    "say when in the year, in the server's time zone); each step's end is the later of its "
-                    "logged second and the previous step's end plus its duration"}
+    clock = _wall_clock(df.iloc[int(np.argmin(start))], t0, resolution)
     meta = {"source": "imported", "label": f"{name} (vLLM iteration log)", "created": "unknown",
             "engine": engine_options(text), "device": "not recorded in the log", "clock": clock,
             "provenance": {"steps": "engine: vLLM's iteration log (--enable-logging-iteration-details)",
