@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent
 ENGINE = ROOT / "core" / "engine"
 # the engine's step (scheduler, KV manager, block pool, prefix cache, policies, admission, request
 # table, its outputs, the core and loop) and what records it (step log, KV log)
-COMPILED = ("scheduler", "kv_cache", "block_pool", "prefix_cache", "policies", "admission", "requests",
+COMPILED = ("scheduler", "running", "kv_cache", "block_pool", "prefix_cache", "policies", "admission", "requests",
             "outputs", "core", "loop", "steplog", "kvlog")
 
 
