@@ -1,6 +1,8 @@
 """Fleet: several replicas behind a router, simulated on one clock (core.fleet): where each request
 went and why, each replica's load, its prefix-cache hits, the routing policies side by side, and two
 experiments (router staleness; the prefill:decode split)."""
+from pathlib import Path
+
 import pandas as pd
 import streamlit as st
 
@@ -15,6 +17,7 @@ from core.fit.noise import describe as describe_floor
 from core.fleet.router import GLOSSARY, POLICIES, POLICY_WORDS
 from core.formulas.kv import MODELS
 from ui import (
+    UPLOAD_LIMIT_MB,
     bound,
     cached_scenario,
     choice_param,
@@ -42,6 +45,8 @@ from ui.fleet import (
     cached_workload_file,
     fleet_view,
     prefetch_lesson,
+    uploaded_fleet,
+    uploaded_prediction,
 )
 
 ensure_app_frame()
@@ -307,18 +312,41 @@ def measured_files() -> dict:
     return out
 
 
+UPLOAD_FLEET = "Upload a fleet trace…"
+
+
+def _measured_choice(files: dict):
+    """(trace, bundled path or None, upload or None) of the tab's choice; None where nothing to show."""
+    names = [Path(p).name for p in files.values()]      # a link names a file by its name (its folder's too
+    short = {label: Path(p).name if names.count(Path(p).name) == 1 else f"{Path(p).parent.name}/{Path(p).name}"
+             for label, p in files.items()}             # where two bundled files share a name)
+    choice_param("fl_measured", short | {UPLOAD_FLEET: "upload"}, "measured fleet")
+    label = st.selectbox("Measured fleet", [*files, UPLOAD_FLEET], **bound("fl_measured"))
+    if label != UPLOAD_FLEET:
+        return cached_measured(files[label]), files[label], None
+    up = st.file_uploader(f"A fleet trace (serving-trace/1 .json, .json.gz, .parquet: `gpu_runner fleet "
+                          f"--trace-out`, `python -m core fleet-merge`, a simulated fleet), up to {UPLOAD_LIMIT_MB} MB",
+                          type=["json", "gz", "parquet"], key="fl_meas_upload")
+    if up is None:
+        st.info("Upload a fleet trace to see it here, beside the fleet simulator's prediction of it.")
+        return None, None, None
+    tr, why = uploaded_fleet(up)
+    if why:
+        st.error(why)
+        return None, None, None
+    return tr, None, up
+
+
 def measured_view():
     files = measured_files()
     st.markdown("Fleets that really ran on this project's 2-core VM (the bundled tiny model): `python -m gpu_runner "
                 "fleet` (engine processes behind this router, disaggregated prefill/decode with the KV moved), or "
                 "`gpu_runner serve` replicas behind sglang-router, their own traces merged by `python -m core "
                 "fleet-merge` (data/traces/README.md and data/imports/sglang_router/SOURCE.md say how each was "
-                "made). Any other fleet trace opens on the Replay page.")
-    if not files:
-        st.info("No measured fleet traces are bundled.")
+                "made). Upload your own fleet's trace below; any other trace opens on the Replay page.")
+    tr, path, up = _measured_choice(files)
+    if tr is None:
         return
-    label = st.selectbox("Measured fleet", list(files), **bound("fl_measured"))
-    tr = cached_measured(files[label])
     st.markdown(f"{origin_badge(tr)} {md(fleet_description(tr))}")
     show_chart(fleet_view("lanes", tr), key="fl_meas_lanes", width="stretch")
     show_chart(fleet_view("signals", tr), key="fl_meas_signals", width="stretch")
@@ -327,12 +355,16 @@ def measured_view():
     if not (tr.meta.get("fleet") or {}).get("router"):
         st.caption("This run's router was not ours (its decisions are not in the trace): no simulation beside it.")
         return
-    sim, rep, table = cached_prediction(files[label])
+    try:
+        sim, rep, table = cached_prediction(path) if path is not None else uploaded_prediction(up, tr)
+    except InputError as e:
+        st.error(f"The fleet simulator cannot predict this run: {md(e)}")
+        return
     st.markdown(f"**The fleet simulator on this run's own workload** (the front end's arrival times, the same "
                 f"router, a step model fitted on each role's first replica plus its time between steps, its "
                 f"wake-up after a pause and the router-to-replica hop: core/fit/fleet.py): {origin_badge(sim)}")
     row = {"routing agreement": f"{rep['routing_agreement']:.0%}" if rep["routing_agreement"] is not None else "—"}
-    floor = cached_fleet_floor(files[label])
+    floor = cached_fleet_floor(path) if path is not None else None
     for k, word in (("ttft", "TTFT"), ("e2e", "E2E"), ("transfer", "KV transfer")):
         if k in rep and rep[k]["median"] is not None:
             row[f"{word} error median"] = f"{rep[k]['median']:.1%}"
@@ -363,6 +395,8 @@ def measured_view():
 TABS = {"Policies": "Router policies side by side", "Stale router": "Experiment: a stale router",
         "P:D split": "Experiment: the P:D split", "Animation": "Animation",
         "Lesson": "Lesson: how routing wins and loses", "Measured": "Measured fleets"}
+if "fl_measured" in st.query_params and "fl_tab" not in st.query_params:
+    st.query_params["fl_tab"] = st.session_state["fl_tab"] = TABS["Measured"]   # (a link to one opens its tab)
 choice_param("fl_tab", TABS, "tab")
 tabs = st.tabs(list(TABS), **bound("fl_tab"))
 for tab, title, view in zip(tabs, TABS.values(), (policies_view, staleness_experiment, pd_experiment, animation_view,

@@ -164,8 +164,11 @@ def test_fleet_merge_writes_parquet_and_keeps_the_origin(tmp_path, capsys, two_r
     from core.trace import load_trace
     a = str(DATA / "traces" / "chapter31_measured_cpu.json")
     b = str(DATA / "traces" / "shared_prefix_measured_cpu.json.gz")
+    # (two runs with no clock recorded: placed only by offsets given; issue 52: never at 0 by assumption)
+    assert main(["fleet-merge", a, b, "--out", str(tmp_path / "f.parquet")]) == 2
+    one_line_error(capsys, "chapter31_measured_cpu.json records no clock (meta.clock): its times cannot be placed")
     for out in (tmp_path / "f.parquet", tmp_path / "parts/"):
-        assert main(["fleet-merge", a, b, "--out", str(out)]) == 0
+        assert main(["fleet-merge", a, b, "--out", str(out), "--offsets-ms", "0,0"]) == 0
         tr = load_trace(str(out).rstrip("/") if str(out).endswith("parts/") else out)
         assert tr.meta["source"] == "measured" and tr.meta["label"] == "2 replicas (measured)"
         assert all(x is None or isinstance(x, str) for x in tr.requests["tenant"])

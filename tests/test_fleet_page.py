@@ -363,3 +363,41 @@ def test_the_whole_fleet_cursor_views_add_up_the_replicas():
         got = int(seen.iloc[-1]) if len(seen) else 0
         assert got == want, (t, got, want)
     assert series["running"].max() > max(one_replica(tr, k).steps["running"].max() for k in (0, 1))
+
+
+def test_a_link_names_a_measured_fleet_by_its_file_and_an_unknown_one_is_said():
+    """Issue 52 item 6: `?fl_measured=<file name>` opens that bundled fleet (it was ignored); a
+    name that is no bundled fleet is dropped with a notice, not silently."""
+    at = open_page("fleet", {"fl_measured": "rr_r2.json.gz"})      # (its tab opens with it)
+    assert not at.exception
+    assert at.selectbox(key="fl_measured").value == "gpu_runner fleet, repeated: rr r2"
+    at = open_page("fleet", {"fl_tab": "Measured", "fl_measured": "cache_aware/fleet.json.gz"})
+    assert at.selectbox(key="fl_measured").value == "sglang-router in front of serve replicas: cache aware"
+    at = open_page("fleet", {"fl_tab": "Measured", "fl_measured": "no_such_fleet.json.gz"})
+    assert not at.exception
+    assert any("such" in w.value and "is not one of" in w.value and "measured fleet" in w.value for w in at.warning)
+
+
+def test_an_uploaded_fleet_trace_opens_beside_the_simulators_prediction():
+    """Issue 52 item 6: the Measured tab opens an uploaded fleet trace (here a bundled one's bytes,
+    predicted independently below) and refuses a single engine's trace in one line."""
+    from core.analysis.metrics import request_metrics
+    from core.fit.fleet import predict_fleet
+    from core.trace import load_trace
+    path = DATA / "traces" / "fleet_pd.json.gz"
+    if not path.exists():
+        path = sorted((DATA / "traces").glob("fleet_*.json.gz"))[0]
+    at = open_page("fleet", {"fl_tab": "Measured", "fl_measured": "upload"})
+    at.file_uploader(key="fl_meas_upload").set_value(("mine.json.gz", path.read_bytes(), "application/gzip")).run()
+    assert not at.exception and not at.error
+    tr = load_trace(path)
+    sim, _, _ = predict_fleet(tr)
+    m, s = request_metrics(tr), request_metrics(sim)
+    s_e2e = dict(zip(s["id"], s["e2e_ms"]))
+    err = np.median([abs(s_e2e[r] - e) / e for r, e in zip(m["id"], m["e2e_ms"])])
+    row = at.dataframe[0].value.to_dict("records")[0]
+    assert row["E2E error median"] == f"{err:.1%}"
+    one = DATA / "traces" / "shared_prefix_caching_on.json.gz"
+    at.file_uploader(key="fl_meas_upload").set_value(("one.json.gz", one.read_bytes(), "application/gzip")).run()
+    assert not at.exception
+    assert any("is not a fleet trace" in e.value for e in at.error)

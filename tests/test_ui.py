@@ -10,7 +10,7 @@ from core.lessons.scenarios import SCHEDULE_PRESETS
 from tests.conftest import ROOT
 
 PAGES = sorted((ROOT / "pages").glob("*.py"))
-SOURCES = PAGES + sorted((ROOT / "ui").glob("*.py"))
+SOURCES = PAGES + sorted((ROOT / "ui").rglob("*.py"))
 
 
 def test_every_bound_widget_goes_through_the_table():

@@ -162,3 +162,36 @@ def cached_prediction(path: str):
     bundled measured fleet trace."""
     from core.fit.fleet import clients_of, predict_fleet
     return predict_fleet(cached_measured(path), clients=clients_of(path))
+
+
+def uploaded_fleet(up):
+    """(fleet trace, None) of an uploaded file, or (None, why not): a trace of several replicas
+    (meta.fleet or a replica column), any format the Replay page opens. Kept in this session only."""
+    from core.analysis.routing import has_replicas
+    from ui.cache import parse_uploaded_trace
+    from ui.fmt import md
+    tr, imp, err = parse_uploaded_trace(up, "fl_meas")
+    if err:
+        return None, f"Could not load {md(up.name)}: {md(err)}"
+    if tr is None and imp is not None:
+        tr = imp.trace
+    if tr is None or not has_replicas(tr):
+        return None, (f"{md(up.name)} is not a fleet trace (no meta.fleet and no replica column): a single engine's "
+                      "trace opens on the Replay page; replicas' own traces become one with `python -m core "
+                      "fleet-merge`")
+    return tr, None
+
+
+def uploaded_prediction(up, tr):
+    """core.fit.fleet.predict_fleet of an uploaded fleet trace, once per upload, in this session only
+    (as its trace: parse_uploaded_trace); raises InputError where it cannot be predicted."""
+    from core.fit.fleet import predict_fleet
+    key = "_fl_meas_prediction"
+    held = st.session_state.get(key)
+    if held is not None and held[0] == up.file_id:
+        return held[1]
+    st.session_state.pop(key, None)
+    with st.spinner("Simulating the uploaded fleet's workload…"):
+        got = predict_fleet(tr)
+    st.session_state[key] = (up.file_id, got)
+    return got
