@@ -415,4 +415,6 @@ class ProcessClient(EngineClient):
         if not self._stopping and self.error is None:
             self.proc.join(1.0)       # (its exit code, when it is ending)
             self.error = f"{self.label} ended (exit code {self.proc.exitcode})"
+        if not self._stopping:      # (said at once, not when the last replica is gone)
+            log.error("%s: its %d open request(s) fail (503 or an error event)", self.error, len(self.streams))
         self.fail_all(self.error or "the server stopped", 503)    # nobody waits forever on a dead engine

@@ -111,6 +111,8 @@ class Replica(ProcessClient):
             self.fleet.deaths.append({"replica": self.index, "t_ms": now, "why": message,
                                       "failed": list(self.streams), "stalled": self.stall is not None})
         super().fail_all(message, status)
+        if self.metrics is not None:      # (its last gauges would otherwise stand forever; counters stay)
+            self.metrics.gone()
 
 
 class _PrefillCopy(Stream):
@@ -251,12 +253,14 @@ class FleetClient(EngineClient):
 
     def submit(self, s: Stream, kv=None, kv_out: bool = False) -> None:
         with self._lock:
-            if self._stopping or self.draining:
-                raise ServerStopping("the fleet is draining: it admits no new requests" if self.draining
-                                     else "the server is shutting down")
+            if self._stopping and not self.draining:
+                raise ServerStopping("the server is shutting down")
             s.rid = s.rid or f"req-{next(self._rid)}"     # (an X-Request-Id the server took, or ours)
             now = self.now_ms()
             s.arrival_ms = now
+            if self.draining:       # refused, and in the trace as a rejection (finish reason rejected)
+                self._reject(s, now, "the fleet is draining: it admits no new requests")
+                raise ServerStopping("the fleet is draining: it admits no new requests")
             split = self.pd and len(s.prompt_ids) >= self.pd_min_prompt
             role = "prefill" if split else ("decode" if self.pd else "both")
             hashes = self._hashes(s.prompt_ids) if self.router_cfg.prefix_mode else []
@@ -265,6 +269,8 @@ class FleetClient(EngineClient):
             ev = route_event(now, s.rid, self.router_cfg.policy, d, sigs, len(s.prompt_ids) // self.block_size,
                              dd if split else None)
             self.routed[d.replica] += 1
+            if split:                # (the decode replica holds it too)
+                self.routed[dd.replica] += 1
             if self.recording:
                 self.routes.append(ev)
                 self.accepted.append((s.rid, s.arrival_ms, len(s.prompt_ids), s.max_tokens))

@@ -26,7 +26,8 @@ class _RouterCollector:
         stalls = CounterMetricFamily("gpu_runner:replica_stalls", "Times the replica was taken out of rotation "
                                      "for making no progress (--replica-stall-s)", labels=["model_name", "replica"])
         routed = CounterMetricFamily("gpu_runner:router_requests", "Requests the router sent to each replica "
-                                     "(disaggregated: to its prefill replica)", labels=["model_name", "replica"])
+                                     "(disaggregated: its prefill and its decode replica each count it)",
+                                     labels=["model_name", "replica"])
         for r in fc.replicas:
             up.add_metric([self.model, str(r.index), r.role], 1.0 if r.alive() else 0.0)
             routed.add_metric([self.model, str(r.index)], fc.routed[r.index])
@@ -57,7 +58,7 @@ def fleet_app(fc: FleetClient, served: str, metrics):
 
         async def prom(self, request):
             for r in fc.replicas:
-                if r.metrics is not None:
+                if r.metrics is not None and r.alive():     # (a dead replica's gauges are gone: ServerMetrics.gone)
                     r.metrics.idle(**r.load())
             return Response(metrics.render(), 200, media_type="text/plain; version=0.0.4; charset=utf-8")
     metrics.registry.register(_RouterCollector(fc, served))

@@ -86,6 +86,15 @@ class ServerMetrics:
         self._preemptions = 0
         self._zero()
 
+    def gone(self):
+        """This view's engine is gone (a dead replica): its gauges leave the exposition until it steps
+        again; its counters stay (what it did)."""
+        for g in (self.running, self.waiting, self.kv):
+            try:
+                g.remove(*self.lv.values())
+            except KeyError:
+                pass
+
     def step(self, running: int, waiting: int, kv_usage: float, preemptions: int, hit_tokens: int):
         lv = self.lv
         self.running.labels(**lv).set(running)

@@ -72,6 +72,8 @@ def test_round_robin_a_killed_replica_and_the_drain(tmp_path):
             r = complete(url, p)
             assert r.status_code == 200, r.text
         assert metric(url, "gpu_runner:router_requests_total") == {"0": 3.0, "1": 5.0}
+        # issue 52 item 7: the dead replica's gauges leave /metrics (its last running count stood forever)
+        assert set(metric(url, "vllm:num_requests_running")) == {"1"}
 
         # 3. SIGTERM drains: an in-flight stream finishes whole, a new request is refused, then exit 0
         s = Stream(url, "Drain me", 40)
@@ -91,6 +93,7 @@ def test_round_robin_a_killed_replica_and_the_drain(tmp_path):
         assert finals[-1] == "length", s.lines
         log = stop(proc, signal_it=False)       # it exits by itself once drained
         assert proc.returncode == 0, log
+        assert "replica 0 ended (exit code -9): its 1 open request(s) fail" in log      # said when it died
     finally:
         stop(proc)
     from core.trace import load_trace
@@ -104,7 +107,9 @@ def test_round_robin_a_killed_replica_and_the_drain(tmp_path):
     assert fin[ids[1]] == ("length", 1) and fin[ids[3]] == ("length", 1)
     assert fin[ids[4]] == ("error", 0)                  # the killed replica's stream, as the front end saw it
     assert "replica 0 died" in tr.meta["notes"]         # (its own trace ends at its last rewrite)
-    assert fin[ids[-1]] == ("length", 1)                # the drained stream
+    assert fin[ids[-2]] == ("length", 1)                # the drained stream
+    assert fin[ids[-1]] == ("rejected", -1)             # refused while draining: in the trace (issue 52 item 7)
+    assert "draining" in routes[-1]["reason"] and routes[-1]["replica"] == -1
     assert tr.meta["fleet"]["router"]["policy"] == "round-robin"
     assert 1 in set(tr.steps["replica"])      # (replica 0 may have died before its first trace rewrite)
 
