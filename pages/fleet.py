@@ -7,13 +7,12 @@ import pandas as pd
 import streamlit as st
 
 from core.analysis.metrics import SLO
-from core.analysis.routing import drains_of, fleet_description, replica_roles, routes_after
+from core.analysis.routing import drains_of, fleet_description, routes_after
 from core.config import SchedulerConfig
 from core.errors import InputError
 from core.experiments.fleet import STALENESS_MS, STALENESS_POLICIES, FleetSetup
-from core.figures.fleet import fidelity_figure, pd_split_figure, policy_figure, staleness_figure
+from core.figures.fleet import pd_split_figure, policy_figure, staleness_figure
 from core.figures.timeline import MAX_LANES
-from core.fit.noise import describe as describe_floor
 from core.fleet.router import GLOSSARY, POLICIES, POLICY_WORDS
 from core.formulas.kv import MODELS
 from ui import (
@@ -35,18 +34,16 @@ from ui import (
 )
 from ui.fleet import (
     cached_fleet,
-    cached_fleet_floor,
     cached_lesson,
     cached_measured,
     cached_pd_rows,
     cached_policy_rows,
-    cached_prediction,
     cached_staleness_rows,
     cached_workload_file,
+    fleet_prediction_panel,
     fleet_view,
     prefetch_lesson,
     uploaded_fleet,
-    uploaded_prediction,
 )
 
 ensure_app_frame()
@@ -352,42 +349,7 @@ def measured_view():
     show_chart(fleet_view("signals", tr), key="fl_meas_signals", width="stretch")
     if tr.events_of("transfer"):
         show_chart(fleet_view("transfers", tr), key="fl_meas_transfers", width="stretch")
-    if not (tr.meta.get("fleet") or {}).get("router"):
-        st.caption("This run's router was not ours (its decisions are not in the trace): no simulation beside it.")
-        return
-    try:
-        sim, rep, table = cached_prediction(path) if path is not None else uploaded_prediction(up, tr)
-    except InputError as e:
-        st.error(f"The fleet simulator cannot predict this run: {md(e)}")
-        return
-    st.markdown(f"**The fleet simulator on this run's own workload** (the front end's arrival times, the same "
-                f"router, a step model fitted on each role's first replica plus its time between steps, its "
-                f"wake-up after a pause and the router-to-replica hop: core/fit/fleet.py): {origin_badge(sim)}")
-    row = {"routing agreement": f"{rep['routing_agreement']:.0%}" if rep["routing_agreement"] is not None else "—"}
-    floor = cached_fleet_floor(path) if path is not None else None
-    for k, word in (("ttft", "TTFT"), ("e2e", "E2E"), ("transfer", "KV transfer")):
-        if k in rep and rep[k]["median"] is not None:
-            row[f"{word} error median"] = f"{rep[k]['median']:.1%}"
-            f = (floor or {}).get(f"{k}_ms", {}).get("p50")
-            if f:
-                row[f"{word} x floor"] = f"{rep[k]['median'] / f:.1f}x"
-            row[f"{word} error p90"] = f"{rep[k]['p90']:.1%}"
-    show_table(pd.DataFrame([row]), hide_index=True, key="fl_meas_err")
-    if floor:
-        st.caption(f"Floor (measured): {md(describe_floor(floor))}. In sample: within 1.5x the floor is issue 49's "
-                   "target (docs/fidelity.md, Fleets).")
-    load = rep.get("load") or {}
-    st.caption("Error per request: |simulated - measured| / measured. Step models: "
-               + "; ".join(f"{r}: {md(d)}" for r, d in rep["step_models"].items())
-               + (f". Replicas sharing the host's cores: each step takes 1 + {rep['contention']:.2f} x (the other "
-                  "replicas mid-step at its start) times its price, c measured on the fit run's steps"
-                  if rep.get("contention") else "")
-               + (f". Sent as a closed loop of {load['concurrency']} clients (each later request a simulated finish "
-                  "plus its measured round trip)" if load.get("kind") == "closed" else ". Sent at the measured times"))
-    left, right = st.columns(2)
-    roles = replica_roles(tr)
-    show_chart(fidelity_figure(table, "ttft_ms", roles), key="fl_meas_ttft", where=left, width="stretch")
-    show_chart(fidelity_figure(table, "e2e_ms", roles), key="fl_meas_e2e", where=right, width="stretch")
+    fleet_prediction_panel(tr, path, "fl_meas")
 
 
 # Each tab runs only while it is open (the experiments simulate many runs each). Short labels: all six

@@ -410,3 +410,26 @@ def test_a_trace_compared_with_itself_shows_the_comparison():
     table = at.dataframe[[k for k, d in enumerate(at.dataframe) if "ratio" in d.value.columns][0]].value
     assert list(table.columns)[1].endswith("(first)") and list(table.columns)[2].endswith("(second)")
     assert (table["ratio"].dropna() == 1.0).all()
+
+
+def test_a_whole_fleet_is_predicted_by_the_fleet_simulator():
+    """Issue 52 item 5: "How good is the simulator?" on a fleet trace predicted it as one engine (64
+    decoding sequences a step); the whole fleet is now predicted by the fleet simulator, its E2E error
+    computed here from the measured and the simulated trace; one replica is still one engine."""
+    import numpy as np
+
+    from core.analysis.metrics import request_metrics
+    from core.fit.fleet import predict_fleet
+    from core.trace import load_trace
+    at = open_page("replay", {"tr": "fleet_two.json.gz"})
+    assert not at.exception
+    tr = load_trace(DATA / "traces" / "fleet_two.json.gz")
+    sim, _, _ = predict_fleet(tr)
+    m, s = request_metrics(tr), request_metrics(sim)
+    s_e2e = dict(zip(s["id"], s["e2e_ms"]))
+    err = np.median([abs(s_e2e[r] - e) / e for r, e in zip(m["id"], m["e2e_ms"])])
+    row = next(d.value for d in at.dataframe if "routing agreement" in d.value.columns).to_dict("records")[0]
+    assert row["E2E error median"] == f"{err:.1%}"
+    at = at.selectbox(key="rp_replica").set_value("replica 1 (both)").run()
+    assert not at.exception
+    assert not any("routing agreement" in d.value.columns for d in at.dataframe)

@@ -182,16 +182,70 @@ def uploaded_fleet(up):
     return tr, None
 
 
-def uploaded_prediction(up, tr):
-    """core.fit.fleet.predict_fleet of an uploaded fleet trace, once per upload, in this session only
-    (as its trace: parse_uploaded_trace); raises InputError where it cannot be predicted."""
+def held_prediction(tr):
+    """core.fit.fleet.predict_fleet of a fleet trace that is not a bundled file (an upload), once per
+    trace object, in this session only (as its trace: parse_uploaded_trace; held by a weak reference,
+    so a later trace never meets another's prediction); raises InputError where it cannot be predicted."""
+    import weakref
+
     from core.fit.fleet import predict_fleet
-    key = "_fl_meas_prediction"
+    key = "_fleet_prediction"
     held = st.session_state.get(key)
-    if held is not None and held[0] == up.file_id:
+    if held is not None and held[0]() is tr:
         return held[1]
     st.session_state.pop(key, None)
-    with st.spinner("Simulating the uploaded fleet's workload…"):
+    with st.spinner("Simulating the fleet's workload…"):
         got = predict_fleet(tr)
-    st.session_state[key] = (up.file_id, got)
+    st.session_state[key] = (weakref.ref(tr), got)
     return got
+
+
+def fleet_prediction_panel(tr, path: str | None, key: str) -> None:
+    """The fleet simulator on a measured fleet's own workload beside it (core.fit.fleet.predict_fleet):
+    routing agreement and per-request errors (as multiples of the repeat floor where the run has
+    repeats), the step models, and each request's (measured, simulated) TTFT and E2E. `path`: a
+    bundled file (shared cache), else held in this session (held_prediction)."""
+    import pandas as pd
+
+    from core.analysis.routing import replica_roles
+    from core.errors import InputError
+    from core.figures.fleet import fidelity_figure
+    from core.fit.noise import describe as describe_floor
+    from ui.fmt import md, origin_badge
+    from ui.present import show_chart, show_table
+    if not (tr.meta.get("fleet") or {}).get("router"):
+        st.caption("This run's router was not ours (its decisions are not in the trace): no simulation beside it.")
+        return
+    try:
+        sim, rep, table = cached_prediction(path) if path is not None else held_prediction(tr)
+    except InputError as e:
+        st.error(f"The fleet simulator cannot predict this run: {md(e)}")
+        return
+    st.markdown(f"**The fleet simulator on this run's own workload** (the front end's arrival times, the same "
+                f"router, a step model fitted on each role's first replica plus its time between steps, its "
+                f"wake-up after a pause and the router-to-replica hop: core/fit/fleet.py): {origin_badge(sim)}")
+    row = {"routing agreement": f"{rep['routing_agreement']:.0%}" if rep["routing_agreement"] is not None else "—"}
+    floor = cached_fleet_floor(path) if path is not None else None
+    for k, word in (("ttft", "TTFT"), ("e2e", "E2E"), ("transfer", "KV transfer")):
+        if k in rep and rep[k]["median"] is not None:
+            row[f"{word} error median"] = f"{rep[k]['median']:.1%}"
+            f = (floor or {}).get(f"{k}_ms", {}).get("p50")
+            if f:
+                row[f"{word} x floor"] = f"{rep[k]['median'] / f:.1f}x"
+            row[f"{word} error p90"] = f"{rep[k]['p90']:.1%}"
+    show_table(pd.DataFrame([row]), hide_index=True, key=f"{key}_err")
+    if floor:
+        st.caption(f"Floor (measured): {md(describe_floor(floor))}. In sample: within 1.5x the floor is issue 49's "
+                   "target (docs/fidelity.md, Fleets).")
+    load = rep.get("load") or {}
+    st.caption("Error per request: |simulated - measured| / measured. Step models: "
+               + "; ".join(f"{r}: {md(d)}" for r, d in rep["step_models"].items())
+               + (f". Replicas sharing the host's cores: each step takes 1 + {rep['contention']:.2f} x (the other "
+                  "replicas mid-step at its start) times its price, c measured on the fit run's steps"
+                  if rep.get("contention") else "")
+               + (f". Sent as a closed loop of {load['concurrency']} clients (each later request a simulated finish "
+                  "plus its measured round trip)" if load.get("kind") == "closed" else ". Sent at the measured times"))
+    left, right = st.columns(2)
+    roles = replica_roles(tr)
+    show_chart(fidelity_figure(table, "ttft_ms", roles), key=f"{key}_ttft", where=left, width="stretch")
+    show_chart(fidelity_figure(table, "e2e_ms", roles), key=f"{key}_e2e", where=right, width="stretch")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from core.analysis.compare import compare_table, distinct_labels, workload_differences
+from core.analysis.routing import has_replicas
 from core.config import POLICIES, SchedulerConfig
 from core.errors import InputError
 from core.figures.latency import cdf_figure
@@ -24,6 +25,7 @@ from ui import (
     show_chart,
     show_table,
 )
+from ui.fleet import fleet_prediction_panel
 from ui.replay.opening import UPLOAD, Replay, get_trace
 
 PREDICT = "Predicted by the simulator"
@@ -225,8 +227,15 @@ def _fidelity_report(r: Replay, fid) -> None:
 
 def fidelity_section(r: Replay, pred: Prediction) -> None:
     """How good is the simulator on this trace (when it has enough steps to fit, or is an engine's
-    result file with settings stated)."""
+    result file with settings stated); a whole fleet: the fleet simulator on its own workload."""
     tr = r.tr
+    if not r.large and r.fleet_tr is None and has_replicas(tr):
+        st.header("How good is the simulator?")
+        st.caption("A fleet is predicted as a fleet: the fleet simulator with this run's router and replicas, each "
+                   "role's step model fitted on its first replica (as on the Fleet page's measured tab); pick one "
+                   "replica above to compare that engine alone.")
+        fleet_prediction_panel(tr, str(r.files[r.choice]) if r.choice in r.files else None, "rp_fleet_fid")
+        return
     if len(tr.steps) < MIN_STEPS and pred.settings is not None and not r.aligned_at_zero:
         choice = _result_file_fit(r, pred)
     elif len(tr.steps) >= MIN_STEPS:
