@@ -300,16 +300,23 @@ class EngineService:
         return self.core.scheduler.requests.workload("served") if self.core.num_requests else None
 
     def trace(self):
-        """The measured trace of everything served so far (unfinished requests have no finish)."""
+        """The measured trace of everything served so far (unfinished requests have no finish); with
+        nothing served, a trace of 0 requests (its engine and clock: an idle replica still merges)."""
+        import types
+
         from gpu_runner.engine import device_name
-        wl = self.workload()
-        if wl is None or self.core.log is None:
+        if self.core.log is None:
             return None
-        e = self.engine
-        meta = self.core.trace_meta(wl, "measured", f"served by gpu_runner on {e.model_name}",
-                                    e.engine_meta(), device=device_name(e.device), **e.model_meta(),
+        wl, e = self.workload(), self.engine
+        meta = self.core.trace_meta(wl or types.SimpleNamespace(name="served"), "measured",
+                                    f"served by gpu_runner on {e.model_name}", e.engine_meta(),
+                                    device=device_name(e.device), **e.model_meta(),
                                     notes="gpu_runner serve: arrival = when the HTTP request was accepted",
                                     clock=host_clock(self.clock))
+        if wl is None:
+            from core.trace.model import Trace, empty
+            from core.trace.schema import REQUEST
+            return Trace(meta=meta, requests=empty(REQUEST))
         return self.core.trace(wl, meta)
 
     def _maybe_flush(self):

@@ -292,3 +292,32 @@ def test_the_trace_is_rewritten_when_idle_not_under_requests_in_flight():
     assert not flush_due(5.0, 1.0, busy=True) and not flush_due(29.9, 1.0, busy=True)
     assert flush_due(30.0, 1.0, busy=True)
     assert not flush_due(30.0, 60.0, busy=True) and flush_due(60.0, 60.0, busy=True)   # the 5% rule still stretches it
+
+
+def test_an_idle_server_writes_a_trace_of_no_requests_that_merges(tmp_path):
+    """Issue 52 item 7: `serve --trace-out` that served nothing wrote no file, so a fleet merge of an
+    idle replica failed; it writes a trace of 0 requests with its clock, and fleet-merge takes it."""
+    from core.fleet.merge import merge_replicas
+    from core.trace import load_trace
+    port = free_port()
+    out = tmp_path / "idle.json.gz"
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_runner", "serve", "--port", str(port), "--threads", "1",
+                             "--kv-blocks", "64", "--trace-out", str(out)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        from deploy.serve import wait_healthy
+        wait_healthy(f"http://127.0.0.1:{port}", 60, [proc], path="/health")
+        proc.send_signal(signal.SIGTERM)
+        log, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "(0 requests, 0 steps)" in log, log
+    idle = load_trace(out)
+    assert len(idle.requests) == 0 and idle.meta["clock"]["kind"] == "perf_counter"
+    busy = load_trace(ROOT / "data" / "traces" / "chapter31_measured_cpu.json")
+    busy.meta = {**busy.meta, "clock": {**idle.meta["clock"], "t0_s": idle.meta["clock"]["t0_s"] - 10.0}}
+    m = merge_replicas([busy, idle], names=["busy", "idle"])
+    assert len(m.requests) == len(busy.requests)
+    assert [r["offset_ms"] for r in m.meta["fleet"]["alignment"]] == pytest.approx([0.0, 10_000.0])
