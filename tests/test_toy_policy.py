@@ -120,3 +120,19 @@ def test_a_fresh_worker_process_learns_it_from_policy_setup():
         got = pool.submit(_set_up_then, _numbers_job, policy_setup(), dict(workload=w, setup=setup, slo=None)).result(
             timeout=300)
     assert got["per_replica"] == [0, 0, 0, 8]
+
+
+def test_the_weighted_policys_scorers_and_weights_are_data(monkeypatch):
+    """Issue 51 item 2: a scorer is an entry of core.fleet.router.SCORERS and its default weight an
+    entry of Weighted.params; the decision is the weighted sum, computed here by hand."""
+    from core.fleet import router as rt
+    from core.fleet.router import Router, RouterConfig, Signals
+    monkeypatch.setitem(rt.SCORERS, "odd", lambda cands, pb: [float(s.replica % 2) for s in cands])
+    monkeypatch.setattr(rt.Weighted, "params", {**rt.Weighted.params, "odd": 0.0})
+    cfg = RouterConfig("weighted", params={"odd": 5.0})
+    assert cfg.params == {"prefix": 2.0, "queue": 1.0, "kv": 1.0, "odd": 5.0}
+    cands = [Signals(r, requests=2, running=2, waiting=0, kv_used_blocks=10 * r, kv_blocks=100, prefix_blocks=0)
+             for r in range(3)]
+    d = Router(cfg, 3, [100] * 3).choose(cands, 4)
+    by_hand = {r: 2.0 * 0 + 1.0 * 1.0 + 1.0 * (1 - r / 10) + 5.0 * (r % 2) for r in range(3)}
+    assert d.replica == 1 and d.scores == pytest.approx(by_hand)

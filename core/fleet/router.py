@@ -24,7 +24,8 @@ Policies (`POLICIES`):
   replicas holding tens (`--router-param balance_abs=64` gives sglang's).
   Its prefix knowledge is *approximate* by default, as sglang's: what the router itself sent
   where (a per-replica LRU of block hashes, capped at the replica's pool size).
-- `weighted`: llm-d's scorer sum. Each scorer gives every candidate a score in [0, 1]:
+- `weighted`: llm-d's scorer sum. Each scorer (SCORERS: name -> function, its weight a router
+  parameter of that name) gives every candidate a score in [0, 1]:
   `prefix` = cached prefix blocks / prompt blocks; `queue` = 1 - (q - q_min)/(q_max - q_min)
   over the candidates' requests held (1 for all when equal); `kv` = 1 - KV use. The candidate
   with the highest weighted sum wins. Default weights are llm-d's
@@ -521,9 +522,31 @@ class PrefixAware(Policy):
                         f"({rate:.0%} > {prm['cache_threshold']:.0%})", scores)
 
 
+def _prefix_scores(cands: list[Signals], prompt_blocks: int) -> list[float]:
+    """The share of the prompt's blocks each candidate has cached (llm-d's precise-prefix-cache)."""
+    return [s.prefix_blocks / max(1, prompt_blocks) for s in cands]
+
+
+def _queue_scores(cands: list[Signals], prompt_blocks: int) -> list[float]:
+    """1 - (q - q_min) / (q_max - q_min) over the requests each holds; 1 for all when equal (queue-depth)."""
+    qs = [s.requests for s in cands]
+    qlo, qhi = min(qs), max(qs)
+    return [1.0 if qhi == qlo else 1.0 - (q - qlo) / (qhi - qlo) for q in qs]
+
+
+def _kv_scores(cands: list[Signals], prompt_blocks: int) -> list[float]:
+    """1 - KV use (kv-utilization)."""
+    return [1.0 - min(1.0, s.kv_usage) for s in cands]
+
+
+# The weighted policy's scorers, by the name its weight (a router parameter) has: each gives every
+# candidate a score in [0, 1]; a scorer added here, with its default weight in Weighted.params, is used.
+SCORERS = {"prefix": _prefix_scores, "queue": _queue_scores, "kv": _kv_scores}
+
+
 @register
 class Weighted(Policy):
-    # llm-d's default scorer weights
+    # llm-d's default scorer weights (one per SCORERS entry, in the order they are summed)
     name, prefix = "weighted", "precise"
     params = {"prefix": 2.0, "queue": 1.0, "kv": 1.0}
     words = ("scores every replica on three things, the share of the prompt it has cached (weight 2), how few "
@@ -533,14 +556,13 @@ class Weighted(Policy):
     @staticmethod
     def choose(router, cands: list[Signals], prompt_blocks: int) -> Decision:
         w = router.cfg.params
-        qs = [s.requests for s in cands]
-        qlo, qhi = min(qs), max(qs)
+        parts = {k: SCORERS[k](cands, prompt_blocks) for k in w}
         scores = {}
-        for s in cands:
-            prefix = s.prefix_blocks / max(1, prompt_blocks)
-            queue = 1.0 if qhi == qlo else 1.0 - (s.requests - qlo) / (qhi - qlo)
-            kv = 1.0 - min(1.0, s.kv_usage)
-            scores[s.replica] = round(w["prefix"] * prefix + w["queue"] * queue + w["kv"] * kv, 9)
+        for i, s in enumerate(cands):
+            total = 0.0
+            for k, weight in w.items():      # (in the weights' order: the sums are the same to the last bit)
+                total += weight * parts[k][i]
+            scores[s.replica] = round(total, 9)
         best = router.best(cands, lambda s: -scores[s.replica])
         return Decision(best.replica, f"highest weighted score {scores[best.replica]:g} "
                         f"(prefix x{w['prefix']:g}, queue x{w['queue']:g}, kv x{w['kv']:g})", scores)
