@@ -302,13 +302,11 @@ class EngineService:
     def trace(self):
         """The measured trace of everything served so far (unfinished requests have no finish); with
         nothing served, a trace of 0 requests (its engine and clock: an idle replica still merges)."""
-        import types
-
         from gpu_runner.engine import device_name
         if self.core.log is None:
             return None
         wl, e = self.workload(), self.engine
-        meta = self.core.trace_meta(wl or types.SimpleNamespace(name="served"), "measured",
+        meta = self.core.trace_meta(wl or _NothingServed, "measured",
                                     f"served by gpu_runner on {e.model_name}", e.engine_meta(),
                                     device=device_name(e.device), **e.model_meta(),
                                     notes="gpu_runner serve: arrival = when the HTTP request was accepted",
@@ -346,6 +344,11 @@ class EngineService:
                       f"{self.core.num_steps} steps)", flush=True)
         except Exception as e:  # a full disk must not stop serving; say it once per flush
             print(f"gpu_runner serve: could not write {self.trace_out}: {e}", flush=True)
+
+
+class _NothingServed:
+    """The workload a trace of no requests names (trace_meta reads its name)."""
+    name = "served"
 
 
 def host_clock(clock) -> dict:

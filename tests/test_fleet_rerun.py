@@ -56,10 +56,11 @@ def test_a_second_run_with_the_same_trace_out_writes_its_own_trace(tmp_path):
     (replicas / "replica-7.json.gz").write_bytes(b"an older run's, with more replicas")
     (replicas / "notes.txt").write_text("not a replica trace: kept")
 
-    rc, log = run_fleet(out, 1)                       # replica 1 serves nothing: writes no trace
+    rc, log = run_fleet(out, 1)                       # replica 1 serves nothing: a trace of 0 requests
     assert rc == 0, log
     assert f"wrote {out}: 1 requests" in log, log
-    assert {p.name for p in replicas.iterdir()} == {"replica-0.json.gz", "notes.txt"}
+    assert {p.name for p in replicas.iterdir()} == {"replica-0.json.gz", "replica-1.json.gz", "notes.txt"}
+    assert len(load_trace(replicas / "replica-1.json.gz").requests) == 0    # this run's, not the last run's
     tr = load_trace(out)
     assert len(tr.requests) == 1 and tr.finishes["replica"].tolist() == [0]
 
