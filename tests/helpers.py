@@ -362,3 +362,16 @@ class StreamedCompletion:
             return last["message"]
         return next((c["choices"][0]["finish_reason"] for c in reversed(self.chunks)
                      if c.get("choices") and c["choices"][0]["finish_reason"]), "none")
+
+
+def fleet_e2e_error_median(tr) -> float:
+    """The fleet simulator's prediction of a measured fleet trace (core.fit.fleet.predict_fleet),
+    held against it here: the median over requests of |simulated - measured| / measured E2E."""
+    import numpy as np
+
+    from core.analysis.metrics import request_metrics
+    from core.fit.fleet import predict_fleet
+    sim, _, _ = predict_fleet(tr)
+    m, s = request_metrics(tr), request_metrics(sim)
+    s_e2e = dict(zip(s["id"], s["e2e_ms"]))
+    return float(np.median([abs(s_e2e[r] - e) / e for r, e in zip(m["id"], m["e2e_ms"])]))

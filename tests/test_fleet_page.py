@@ -15,7 +15,7 @@ from core.formulas.kv import MODELS
 from core.sim.stepmodel import StepModel
 from core.workload import Request, Workload, load_workload
 from tests.conftest import DATA
-from tests.helpers import arr, charts, open_page
+from tests.helpers import arr, charts, fleet_e2e_error_median, open_page
 
 # the page's defaults: shared_prefix_200 arriving 4x as fast, 4 replicas, prefix-aware, prefix caching, enough KV
 AFFINE = StepModel(kind="affine", base_ms=5.0, prefill_ms_per_token=0.05, decode_ms_per_seq=0.2)
@@ -381,8 +381,6 @@ def test_a_link_names_a_measured_fleet_by_its_file_and_an_unknown_one_is_said():
 def test_an_uploaded_fleet_trace_opens_beside_the_simulators_prediction():
     """Issue 52 item 6: the Measured tab opens an uploaded fleet trace (here a bundled one's bytes,
     predicted independently below) and refuses a single engine's trace in one line."""
-    from core.analysis.metrics import request_metrics
-    from core.fit.fleet import predict_fleet
     from core.trace import load_trace
     path = DATA / "traces" / "fleet_pd.json.gz"
     if not path.exists():
@@ -390,11 +388,7 @@ def test_an_uploaded_fleet_trace_opens_beside_the_simulators_prediction():
     at = open_page("fleet", {"fl_tab": "Measured", "fl_measured": "upload"})
     at.file_uploader(key="fl_meas_upload").set_value(("mine.json.gz", path.read_bytes(), "application/gzip")).run()
     assert not at.exception and not at.error
-    tr = load_trace(path)
-    sim, _, _ = predict_fleet(tr)
-    m, s = request_metrics(tr), request_metrics(sim)
-    s_e2e = dict(zip(s["id"], s["e2e_ms"]))
-    err = np.median([abs(s_e2e[r] - e) / e for r, e in zip(m["id"], m["e2e_ms"])])
+    err = fleet_e2e_error_median(load_trace(path))
     row = at.dataframe[0].value.to_dict("records")[0]
     assert row["E2E error median"] == f"{err:.1%}"
     one = DATA / "traces" / "shared_prefix_caching_on.json.gz"

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from tests.conftest import DATA
-from tests.helpers import arr, charts, growing, open_page
+from tests.helpers import arr, charts, fleet_e2e_error_median, growing, open_page
 
 
 def replay(params=None):
@@ -416,18 +416,11 @@ def test_a_whole_fleet_is_predicted_by_the_fleet_simulator():
     """Issue 52 item 5: "How good is the simulator?" on a fleet trace predicted it as one engine (64
     decoding sequences a step); the whole fleet is now predicted by the fleet simulator, its E2E error
     computed here from the measured and the simulated trace; one replica is still one engine."""
-    import numpy as np
 
-    from core.analysis.metrics import request_metrics
-    from core.fit.fleet import predict_fleet
     from core.trace import load_trace
     at = open_page("replay", {"tr": "fleet_two.json.gz"})
     assert not at.exception
-    tr = load_trace(DATA / "traces" / "fleet_two.json.gz")
-    sim, _, _ = predict_fleet(tr)
-    m, s = request_metrics(tr), request_metrics(sim)
-    s_e2e = dict(zip(s["id"], s["e2e_ms"]))
-    err = np.median([abs(s_e2e[r] - e) / e for r, e in zip(m["id"], m["e2e_ms"])])
+    err = fleet_e2e_error_median(load_trace(DATA / "traces" / "fleet_two.json.gz"))
     row = next(d.value for d in at.dataframe if "routing agreement" in d.value.columns).to_dict("records")[0]
     assert row["E2E error median"] == f"{err:.1%}"
     at = at.selectbox(key="rp_replica").set_value("replica 1 (both)").run()

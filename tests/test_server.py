@@ -217,18 +217,28 @@ def test_metrics_parse_and_use_vllm_names(tiny):
         assert srv.metric("vllm:inter_token_latency_seconds_count") == 4     # 5 tokens, 4 gaps
 
 
+def _serve_with_trace(port: int, out, kv_blocks: int):
+    """`gpu_runner serve --trace-out OUT` on `port`, returned once healthy."""
+    from deploy.serve import wait_healthy
+    proc = subprocess.Popen([sys.executable, "-m", "gpu_runner", "serve", "--port", str(port), "--threads", "1",
+                             "--kv-blocks", str(kv_blocks), "--trace-out", str(out)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", 60, [proc], path="/health")
+    except BaseException:
+        proc.kill()
+        raise
+    return proc
+
+
 def test_sigterm_writes_a_valid_trace(tmp_path):
     from core.analysis.metrics import conservation
     from core.trace import load_trace
     port = free_port()
     out = tmp_path / "served.json"
-    proc = subprocess.Popen([sys.executable, "-m", "gpu_runner", "serve", "--port", str(port), "--threads", "1",
-                             "--kv-blocks", "128", "--trace-out", str(out)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = _serve_with_trace(port, out, 128)
     try:
-        from deploy.serve import wait_healthy
-        wait_healthy(f"http://127.0.0.1:{port}", 60, [proc], path="/health")
         for p in PROMPTS:
             r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": p, "max_tokens": 8}, timeout=30)
             assert r.status_code == 200
@@ -301,13 +311,8 @@ def test_an_idle_server_writes_a_trace_of_no_requests_that_merges(tmp_path):
     from core.trace import load_trace
     port = free_port()
     out = tmp_path / "idle.json.gz"
-    proc = subprocess.Popen([sys.executable, "-m", "gpu_runner", "serve", "--port", str(port), "--threads", "1",
-                             "--kv-blocks", "64", "--trace-out", str(out)], cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = _serve_with_trace(port, out, 64)
     try:
-        from deploy.serve import wait_healthy
-        wait_healthy(f"http://127.0.0.1:{port}", 60, [proc], path="/health")
         proc.send_signal(signal.SIGTERM)
         log, _ = proc.communicate(timeout=30)
     finally:

@@ -137,8 +137,8 @@ def router_modules(argv) -> list[str]:
     return out
 
 
-class _LiveNames(Sequence):
-    """A read-only view of the registry's names that is never stale (a policy registered later is in it)."""
+class _Live:
+    """A read-only view of what `read()` returns now: never stale (a policy registered later is in it)."""
 
     def __init__(self, read):
         self._read = read
@@ -153,23 +153,15 @@ class _LiveNames(Sequence):
         return repr(self._read())
 
 
-class _LiveMap(Mapping):
-    """A read-only view of what the registered policies declare, never stale."""
+class _LiveNames(_Live, Sequence):
+    """The registry's names, live."""
 
-    def __init__(self, read):
-        self._read = read
 
-    def __getitem__(self, k):
-        return self._read()[k]
+class _LiveMap(_Live, Mapping):
+    """What the registered policies declare, live."""
 
     def __iter__(self):
         return iter(self._read())
-
-    def __len__(self):
-        return len(self._read())
-
-    def __repr__(self):
-        return repr(self._read())
 
 
 POLICIES = _LiveNames(lambda: tuple(REGISTRY))                       # their names, in registration order
