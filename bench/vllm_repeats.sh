@@ -35,16 +35,8 @@ REC=$ROOT/bench/vllm_cpu/record_telemetry.py; QUIET=$ROOT/data/imports/vllm_tele
 VENV_ENV=(env PYTHONPATH=$ROOT/bench/vllm_cpu VLLM_TARGET_DEVICE=cpu)
 rm -rf "$RAW"; mkdir -p "$RAW/client" "$RAW/ds"
 mark() { echo "$1 $(date +%s%N)" >> "$RAW/marks.txt"; }
-PIDS=()
-stop_group() {
-  local pid=$1 i
-  kill -0 -- "-$pid" 2>/dev/null || return 0
-  kill -TERM -- "-$pid" 2>/dev/null || true
-  for i in $(seq 1 60); do kill -0 -- "-$pid" 2>/dev/null || return 0; sleep 0.5; done
-  kill -KILL -- "-$pid" 2>/dev/null || true
-}
-cleanup() { local p; for p in "${PIDS[@]}"; do stop_group "$p"; done; }
-trap cleanup EXIT
+# shellcheck source=bench/process_groups.sh
+source "$ROOT/bench/process_groups.sh"     # PIDS, stop_group, cleanup (on EXIT)
 
 [ -x "$VLLM" ] || { echo "no vLLM at $VLLM: make the venv as bench/vllm_cpu.sh does" >&2; exit 1; }
 if [ ! -f "$MODEL_DIR/config.json" ]; then

@@ -510,7 +510,7 @@ def main_loadgen(a) -> int:
     from gpu_runner.observe import Telemetry, check_flags
     check_flags(a)
     if a.kv_events or a.otlp_port:
-        cap.telemetry = Telemetry(a.kv_events, a.kv_topic, a.otlp_port)
+        cap.telemetry = Telemetry(a.kv_events, a.kv_topic, a.otlp_port, kv_bind=a.kv_bind)
     t0 = time.perf_counter()
     try:
         run_loop(cap.run(w, a.rate, a.concurrency, a.seed, Progress("requests")))

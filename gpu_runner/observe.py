@@ -70,8 +70,9 @@ class Telemetry:
     summary."""
 
     def __init__(self, kv_events: str | None = None, kv_topic: str = "", otlp_port: int | None = None,
-                 metrics_url: str | None = None, metrics_interval: float = 0.5, otlp_host: str = "127.0.0.1"):
-        self.kv_endpoint, self.kv_topic = kv_events, kv_topic
+                 metrics_url: str | None = None, metrics_interval: float = 0.5, otlp_host: str = "127.0.0.1",
+                 kv_bind: bool = False):
+        self.kv_endpoint, self.kv_topic, self.kv_bind = kv_events, kv_topic, kv_bind
         self.otlp_port, self.otlp_host = otlp_port, otlp_host
         self.metrics_url, self.metrics_interval = metrics_url, metrics_interval
         self.kv_rows: list[tuple] = []
@@ -114,7 +115,7 @@ class Telemetry:
         sock.setsockopt(zmq.SUBSCRIBE, self.kv_topic.encode())
         sock.setsockopt(zmq.MAXMSGSIZE, 64 << 20)
         try:
-            sock.connect(self.kv_endpoint)
+            (sock.bind if self.kv_bind else sock.connect)(self.kv_endpoint)
         except zmq.ZMQError as e:
             self.problems.append(f"--kv-events {self.kv_endpoint}: {e}")
             ctx.term()
@@ -263,7 +264,8 @@ class Telemetry:
         parts = []
         if self.kv_endpoint:
             parts.append(f"{self.counts['kv_messages']} KV event batches ({len(self.kv_rows)} rows) from "
-                         f"{self.kv_endpoint}" + ("" if self.counts["kv_messages"] else " (nothing received)"))
+                         f"{self.kv_endpoint}" + ("" if self.counts["kv_messages"] else f" (nothing received"
+                                                  f"{kv_hint(self.kv_endpoint, self.kv_bind)})"))
         if self.otlp_port:
             n = sum(1 for s in self.spans if s.get("name") == "llm_request")
             parts.append(f"{self.counts['otlp_exports']} OTLP exports ({n} request spans) on port {self.otlp_port}"
@@ -454,9 +456,24 @@ def protobuf_fields(data: bytes, desc, limit: int, max_depth: int = 100) -> int:
             return n           # groups (not in OTLP) or garbage: left to the parser
 
 
+def kv_hint(endpoint: str, bound: bool) -> str:
+    """Why a KV-event subscription may hear nothing: vLLM's publisher binds only `*`, ipc:// and
+    inproc:// endpoints and CONNECTS to a host address, so a server given tcp://127.0.0.1:PORT and a
+    subscriber connecting to the same address never meet."""
+    if bound or not endpoint.startswith("tcp://") or "*" in endpoint:
+        return ""
+    return (": a vLLM given this host address connects to it rather than binding it, so both sides connected; "
+            "give --kv-bind, or have vLLM publish on ipc:///PATH or tcp://*:PORT (vllm/distributed/kv_events.py)")
+
+
 def add_telemetry_flags(p, metrics_default: bool = True):
     p.add_argument("--kv-events", metavar="tcp://HOST:PORT",
-                   help="subscribe to a vLLM KV-event publisher (--kv-events-config endpoint tcp://*:PORT)")
+                   help="subscribe to a vLLM KV-event publisher (its --kv-events-config endpoint: ipc:///PATH or "
+                        "tcp://*:PORT, which vLLM binds; for tcp://127.0.0.1:PORT, which vLLM connects to, add "
+                        "--kv-bind)")
+    p.add_argument("--kv-bind", action="store_true",
+                   help="bind the --kv-events endpoint instead of connecting to it (a vLLM given a host address "
+                        "such as tcp://127.0.0.1:PORT connects to it)")
     p.add_argument("--kv-topic", default="", help="topic prefix to subscribe to (default: all)")
     p.add_argument("--otlp-port", type=int, help="receive OpenTelemetry spans (OTLP/HTTP, /v1/traces) on "
                    "127.0.0.1:PORT (vLLM: --otlp-traces-endpoint http://127.0.0.1:PORT/v1/traces)")
@@ -482,7 +499,7 @@ def main_observe(a) -> int:
         raise InputError(f"--duration: expected seconds > 0, got {a.duration}")
     if not a.flush_interval > 0:
         raise InputError(f"--flush-interval: expected seconds > 0, got {a.flush_interval}")
-    tel = Telemetry(a.kv_events, a.kv_topic, a.otlp_port, a.metrics, a.metrics_interval)
+    tel = Telemetry(a.kv_events, a.kv_topic, a.otlp_port, a.metrics, a.metrics_interval, kv_bind=a.kv_bind)
     if not tel.any_source():
         raise InputError("observe: give at least one of --kv-events, --otlp-port, --metrics")
     check_writable(a.out, "--out")

@@ -297,8 +297,9 @@ def lesson_view():
 
 
 def measured_files() -> dict:
-    """label -> path of the bundled measured fleet traces: gpu_runner fleet runs (data/traces/fleet_*)
-    and our replicas behind sglang-router, merged (data/imports/sglang_router/*/fleet.json.gz)."""
+    """label -> path of the bundled measured fleet traces: gpu_runner fleet runs (data/traces/fleet_*),
+    our replicas behind sglang-router, merged (data/imports/sglang_router/*/fleet.json.gz), and two
+    vLLM servers behind it, merged from their own files (data/imports/vllm_fleet/fleet.json.gz)."""
     from core.lessons.scenarios import DATA
     out = {f"gpu_runner fleet: {p.name.removeprefix('fleet_').split('.')[0].replace('_', ' ')}": str(p)
            for p in sorted((DATA / "traces").glob("fleet_*.json.gz"))}
@@ -306,6 +307,9 @@ def measured_files() -> dict:
             for p in sorted((DATA / "imports" / "sglang_router").glob("*/fleet.json.gz"))}
     out |= {f"gpu_runner fleet, repeated: {p.name.split('.')[0].replace('_', ' ')}": str(p)
             for p in sorted((DATA / "imports" / "fleet_repeats").glob("*_r*.json.gz"))}
+    vllm = DATA / "imports" / "vllm_fleet" / "fleet.json.gz"
+    if vllm.exists():
+        out["vLLM 0.32 CPU x2 behind sglang-router (cache_aware), its servers' own files"] = str(vllm)
     return out
 
 

@@ -140,3 +140,41 @@ def test_observe_refuses_bad_flags_in_one_line(tmp_path):
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 2 and msg in err and "Traceback" not in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_kv_bind_hears_a_publisher_that_connects_as_vllm_does_to_a_host_address(tmp_path):
+    """Issue 52 item 8: vLLM's publisher binds only `*`, ipc:// and inproc:// endpoints and connects to
+    a host address (vllm/distributed/kv_events.py ZmqEventPublisher); a subscriber that connects to the
+    same tcp://127.0.0.1:PORT then hears nothing, and the summary says why. With --kv-bind it binds."""
+    frames = [[base64.b64decode(f) for f in json.loads(ln)["frames"]]
+              for ln in (RUN / "kv_events.jsonl").read_text().splitlines()]
+    port = free_port()
+    out = tmp_path / "bound.json"
+    proc = observe("--kv-events", f"tcp://127.0.0.1:{port}", "--kv-bind", "--out", str(out), "--flush-interval",
+                   "0.3")
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.XPUB)
+    pub.connect(f"tcp://127.0.0.1:{port}")      # the publisher connects, as vLLM does here
+    try:
+        assert pub.poll(30_000), "the observer never subscribed"
+        pub.recv()
+        for f in frames:
+            pub.send_multipart(f)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (out.exists() and len(load_trace(out).kv_events)
+                                                   == len(open_trace(RUN / "kv_events.jsonl").trace.kv_events)):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        pub.close(0)
+        ctx.term()
+    assert proc.returncode == 0, stderr
+    assert len(load_trace(out).kv_events) == len(open_trace(RUN / "kv_events.jsonl").trace.kv_events)
+    quiet = observe("--kv-events", f"tcp://127.0.0.1:{free_port()}", "--out", str(tmp_path / "q.json"),
+                    "--duration", "1")
+    stdout, stderr = quiet.communicate(timeout=60)
+    assert quiet.returncode == 0, stderr
+    assert "--kv-bind" in stdout and "connects to it rather than binding it" in stdout

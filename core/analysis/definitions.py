@@ -118,6 +118,17 @@ def measurement_window(window: tuple[float, float] | None, drain: tuple[float, f
     return start, end, "fixed"
 
 
+def client_window(meta: dict | None) -> tuple[float, float] | None:
+    """The benchmark client's own throughput window a trace records (meta.client_window: a client's
+    file joined with a fleet's, e.g. vllm bench serve's duration from its first send), or None."""
+    w = (meta or {}).get("client_window")
+    if not isinstance(w, dict):
+        return None
+    a, b = w.get("start_ms"), w.get("end_ms")
+    ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in (a, b))
+    return (float(a), float(b)) if ok and a < b else None
+
+
 def drain_window(ev) -> tuple[float, float]:
     """[first arrival, last emission] (no requests: 0; no tokens: the first arrival)."""
     first = ev.agg("request", DRAIN)["first_arrival"]
@@ -336,6 +347,8 @@ def summary(ev, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENTILES,
     meta = meta or {}
     c = ev.agg("request", COUNTS)
     start, end, kind = measurement_window(window, drain_window(ev))
+    if window is None and (cw := client_window(meta)) is not None:    # the client's own, as its tool reports it
+        start, end, kind = cw[0], cw[1], "client"
     n_out = emitted(ev, start, end)
     span_ms = end - start
     tok_s = n_out * 1000.0 / span_ms if span_ms > 0 else math.nan

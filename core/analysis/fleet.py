@@ -116,9 +116,15 @@ FIELDS = {
                                 "disaggregated request counts at its prefill and at its decode replica); null "
                                 "without route events",
     "replicas[].prefix_hit_rate": "prefix_hit_blocks_first / prompt_blocks (0..1; null without either)",
+    "replicas[].prefix_hit_tokens": "prefix-cache hit tokens by the server's own counter over the capture (vLLM's "
+                                    "vllm:prefix_cache_hits: its last /metrics sample less its first; "
+                                    "meta.fleet.replicas[].stats.prefix_hit_tokens); null where its counters were "
+                                    "not sampled",
+    "replicas[].prefix_query_tokens": "prompt tokens looked up in the prefix cache by the same counters "
+                                      "(vllm:prefix_cache_queries); null where not sampled",
     "prefix_cache": "the fleet's prefix cache: the replicas' sums (hit_blocks_first, prompt_blocks, "
-                    "hit_blocks_all) and hit_rate = hit_blocks_first / prompt_blocks, the one prefix hit rate the "
-                    "app, the CLI and docs/fleet.md show",
+                    "hit_blocks_all; hit_tokens and query_tokens by the servers' own counters) and hit_rate = "
+                    "hit_blocks_first / prompt_blocks, the one prefix hit rate the app, the CLI and docs/fleet.md show",
     "router": "the router",
     "router.policy": "meta.fleet.router.policy",
     "router.staleness_ms": "meta.fleet.router.staleness_ms: how old the replica signals it routed on were",
@@ -215,7 +221,9 @@ def _hits_row(per: dict, present: dict, info: dict, r: int) -> dict:
     blocks = int(per["prompt_blocks"][r]) if present["route"] else None
     return {"prefix_hit_blocks": hits, "prefix_hit_blocks_source": src if hits is not None else None,
             "prefix_hit_blocks_first": first, "prompt_blocks": blocks,
-            "prefix_hit_rate": first / blocks if first is not None and blocks else None}
+            "prefix_hit_rate": first / blocks if first is not None and blocks else None,
+            "prefix_hit_tokens": _meta_hits(info, "prefix_hit_tokens"),
+            "prefix_query_tokens": _meta_hits(info, "prefix_query_tokens")}
 
 
 def _hit_totals(rows: list[dict]) -> dict:
@@ -226,7 +234,8 @@ def _hit_totals(rows: list[dict]) -> dict:
         return None if any(v is None for v in vals) else sum(vals)
     first, blocks = total("prefix_hit_blocks_first"), total("prompt_blocks")
     return {"hit_blocks_first": first, "prompt_blocks": blocks, "hit_blocks_all": total("prefix_hit_blocks"),
-            "hit_rate": first / blocks if first is not None and blocks else None}
+            "hit_rate": first / blocks if first is not None and blocks else None,
+            "hit_tokens": total("prefix_hit_tokens"), "query_tokens": total("prefix_query_tokens")}
 
 
 def prefix_cache(ev, meta: dict, reps: list[int]) -> tuple[list[dict], dict]:

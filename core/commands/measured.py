@@ -88,7 +88,13 @@ def add_parsers(sub) -> None:
     fm = sub.add_parser("fleet-merge", help="replicas' own measured traces as one fleet trace (a replica column, "
                                             "steps numbered fleet-wide): e.g. gpu_runner serve replicas behind "
                                             "another router")
-    fm.add_argument("files", nargs="+", help="replica k's trace is the k-th file (ours: gpu_runner serve --trace-out)")
+    fm.add_argument("files", nargs="+", help="replica k is the k-th: its trace (ours: gpu_runner serve --trace-out), "
+                                             "or a folder of its server's own files (vLLM: the server log, OTLP "
+                                             "spans, KV events, /metrics scrapes), or one such file")
+    fm.add_argument("--client", metavar="FILE", help="the benchmark client's file for the whole fleet (vllm bench "
+                                                      "serve, AIPerf, guidellm, ...): its requests joined to the "
+                                                      "replicas' by the X-Request-Id each sent (by time only where "
+                                                      "no id matches; core.fleet.client)")
     fm.add_argument("--out", required=True, help="the fleet trace (.json, .json.gz, .parquet)")
     fm.add_argument("--roles", help="each replica's role, comma-separated: both | prefill | decode (default: both "
                                     "for every one)")
@@ -212,10 +218,38 @@ def _print_alignment(tr) -> None:
         print(f"{r['file']}: replica {r['replica']}, offset {r['offset_ms']:+.3f} ms{unc} ({r['how']})")
 
 
+def _client_trace(path: str):
+    """The client's requests (one run of a file of several: refused, name it with merge --run first)."""
+    from core.trace import Imported, Trace
+    x = read_any(path)
+    window = None
+    if isinstance(x, Imported):
+        if len(x.runs) > 1:
+            raise InputError(f"--client {path}: holds {len(x.runs)} runs; a fleet's client file is one run")
+        window = x.window_ms
+        x = x.trace
+    if not isinstance(x, Trace) or not len(x.requests):
+        raise InputError(f"--client {path}: no per-request records to join (a summary only?)")
+    if window is not None:
+        x.meta["client_window"] = {"start_ms": float(window[0]), "end_ms": float(window[1]),
+                                   "how": f"{path}: the client's own throughput window (its duration)"}
+    return x
+
+
+def _print_join(r: dict) -> None:
+    how = (f"{r['by_id']} by the ids it sent" if r["by_id"] else
+           f"{r['by_time']} by time in order of arrival, {r['ambiguous']} of them ambiguous")
+    print(f"{r['file']}: client requests joined: {how}; {r['unmatched']} on no replica"
+          + (f"; {r['twice']} ids on two replicas (the finished copy taken)" if r["twice"] else "")
+          + f"; {r['engine_only']} engine requests not the client's; the fleet's times moved "
+          f"{r['offset_ms']:+.3f} ms ± {r['uncertainty_ms']:.3f} ms ({r['how']})")
+
+
 def cmd_fleet_merge(a) -> int:
+    from core.fleet.client import join_client
     from core.fleet.merge import merge_replicas
+    from core.fleet.replica_files import replica_trace
     from core.fleet.router import ROLES
-    from core.trace import Trace
     check_writable(a.out, "--out")
     n = len(a.files)
     roles = None
@@ -238,18 +272,25 @@ def cmd_fleet_merge(a) -> int:
             raise InputError(f"fleet-merge: {f} is given twice (as replica {seen[key]} and {len(seen)}); give each "
                              "replica's own trace once")
         seen[key] = len(seen)
-    traces = []
+    traces, made = [], []
     for f in a.files:
-        tr = read_any(f)
-        if not isinstance(tr, Trace):
-            raise InputError(f"{f}: expected a trace of one replica (serving-trace/1), got {type(tr).__name__}")
+        tr, how = replica_trace(f)
         traces.append(tr)
+        made.append(how)
+    client = _client_trace(a.client) if a.client else None
     try:
         tr = merge_replicas(traces, roles=roles, offsets_ms=offsets, label=a.label, names=list(a.files))
+        if client is not None:
+            tr, joined = join_client(tr, client, a.client)
     except TraceError as e:
         raise InputError(str(e)) from None
     write_output(a.out, lambda p: save_trace(tr, p), "--out")
+    for k, (f, how) in enumerate(zip(a.files, made)):
+        if how != "its own trace":
+            print(f"replica {k}: {f}: {how}")
     _print_alignment(tr)
+    if client is not None:
+        _print_join(joined)
     served = tr.finishes.groupby("replica").size().to_dict() if len(tr.finishes) else {}
     print(f"wrote {a.out}: {len(tr.requests)} requests on {n} replicas (finished per replica: "
           + ", ".join(f"{k}: {served.get(k, 0)}" for k in range(n)) + f"), {len(tr.steps)} steps")

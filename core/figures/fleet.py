@@ -275,10 +275,28 @@ def _signal_points(t: np.ndarray, end: np.ndarray, v: np.ndarray, max_points: in
     return xs, ys
 
 
+def _gauge_samples(trace, r: int) -> dict[str, tuple[list, list]]:
+    """Replica r's signals from its server's own gauge samples (core.trace.gauges: running, waiting,
+    KV usage x its engine's KV blocks), for the signals its step records lack."""
+    reps = (trace.meta.get("fleet") or {}).get("replicas") or []
+    eng = (reps[r].get("engine") if r < len(reps) and isinstance(reps[r], dict) else None) or {}
+    blocks = eng.get("kv_blocks") if isinstance(eng, dict) else None
+    out: dict[str, tuple[list, list]] = {}
+    for col, key, scale in (("running", "running", 1.0), ("waiting", "waiting", 1.0),
+                            ("kv_used_blocks", "kv_usage", blocks)):
+        if not isinstance(scale, (int, float)):
+            continue
+        pts = [(e["t_ms"], e[key] * scale) for e in trace.other if e.get("type") == "gauge"
+               and e.get("replica", 0) == r and isinstance(e.get(key), (int, float))]
+        if pts:
+            out[col] = ([p[0] for p in pts], [p[1] for p in pts])
+    return out
+
+
 def replica_signals(trace, drains=None, max_points: int = MAX_SIGNAL_POINTS) -> go.Figure:
     """Each replica's running and waiting requests and KV blocks in use, one subplot per signal on
     one shared time axis, a line per replica (from its step events; the line breaks where the
-    replica sat idle)."""
+    replica sat idle; a signal its steps do not record, from its server's /metrics samples, dotted)."""
     roles = replica_roles(trace)
     st = trace.steps
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
@@ -291,10 +309,20 @@ def replica_signals(trace, drains=None, max_points: int = MAX_SIGNAL_POINTS) -> 
         t = s["t_ms"].to_numpy(dtype=float)
         end = t + s["dur_ms"].to_numpy(dtype=float)
         name = f"r{r}" + ("" if roles[r] == "both" else f" {roles[r]}")
+        sampled = None
         for k, (col, _) in enumerate(SIGNALS, start=1):
             v = s[col].to_numpy(dtype=float)
-            if (v < 0).all():
-                continue          # not recorded
+            if (v < 0).all():     # not in its step records (vLLM's iteration log): its /metrics samples
+                sampled = _gauge_samples(trace, r) if sampled is None else sampled
+                x, yv = sampled.get(col, ([], []))
+                if x:
+                    fig.add_trace(go.Scatter(x=x, y=yv, mode="lines+markers", line_shape="hv", marker=dict(size=3),
+                                             line=dict(color=color_of(r), width=1.5, dash="dot"), name=name,
+                                             legendgroup=name, showlegend=k == 1,
+                                             hovertemplate=f"{name} %{{x:.1f}} ms: %{{y}} {SIGNALS[k - 1][1]} "
+                                                           "(the server's own gauges, sampled)<extra></extra>"),
+                                  row=k, col=1)
+                continue
             x, yv = _signal_points(t, end, v, max_points)
             fig.add_trace(go.Scatter(x=x, y=yv, mode="lines", line_shape="hv", line=dict(color=color_of(r), width=1.5),
                                      name=name, legendgroup=name, showlegend=k == 1,
@@ -309,6 +337,22 @@ def replica_signals(trace, drains=None, max_points: int = MAX_SIGNAL_POINTS) -> 
     return base_layout(fig, "Each replica over time: running, waiting, KV blocks used" + peak, height=560)
 
 
+def _counted_hits_figure(rows: list[dict], labels: list[str]) -> go.Figure:
+    """Prefix-cache hits per replica where no KV rows say which blocks hit (a vLLM fleet): the
+    servers' own counters in tokens (core.analysis.fleet's prefix_hit_tokens), "unknown" where a
+    replica's counters were not sampled, never 0."""
+    n = len(rows)
+    hits = [x["prefix_hit_tokens"] for x in rows]
+    text = ["unknown" if h is None else f"{h:,} of {q:,}" if q else f"{h:,}"
+            for h, q in zip(hits, (x["prefix_query_tokens"] for x in rows))]
+    fig = go.Figure(go.Bar(x=labels, y=[h or 0 for h in hits], marker_color=[color_of(r) for r in range(n)],
+                           text=text, textposition="auto", name="hit tokens",
+                           hovertemplate="%{x}: %{text} prompt tokens hit the prefix cache (the server's own "
+                                         "counters over the capture)<extra></extra>"))
+    fig.update_yaxes(title_text="prefix-cache hit tokens", rangemode="nonnegative")
+    return base_layout(fig, "Prefix-cache hits per replica (tokens, by each server's own counters)", height=320)
+
+
 def replica_hits_figure(trace) -> go.Figure:
     """Prefix-cache hit blocks per replica as core.analysis.fleet defines them: on first admission
     (the replica's colour; the hover adds the full prompt blocks routed there and the hit rate) and,
@@ -317,6 +361,8 @@ def replica_hits_figure(trace) -> go.Figure:
     n = len(roles)
     rows, _ = prefix_cache(InMemory(trace), trace.meta, list(range(n)))
     labels = [f"r{r}" + ("" if roles[r] == "both" else f" {roles[r]}") for r in range(n)]
+    if all(x["prefix_hit_blocks_first"] is None for x in rows):
+        return _counted_hits_figure(rows, labels)
     first = [x["prefix_hit_blocks_first"] for x in rows]
     again = [None if x["prefix_hit_blocks"] is None or f is None else x["prefix_hit_blocks"] - f
              for x, f in zip(rows, first)]

@@ -139,7 +139,9 @@ def _replica_tables(traces: list[Trace], local_ids, roles: list[str], pos: dict)
         b["req"] = _renumbered(b["req"].to_numpy(), rows)
         parts["steps"].append(st)
         parts["batch"].append(b)
-        parts["kv_events"].append(t.kv_events)
+        kv = t.kv_events.copy()
+        kv["replica"] = k
+        parts["kv_events"].append(kv)
     return {name: _concat(dfs, "step" if name in ("steps", "batch") else "t_ms") for name, dfs in parts.items()}
 
 
@@ -270,6 +272,18 @@ def _concat(dfs: list[pd.DataFrame], key: str) -> pd.DataFrame:
     return out
 
 
+def _counted_hits(t: Trace) -> dict:
+    """The server's own prefix-cache counters over the capture (vLLM's vllm:prefix_cache_hits and
+    _queries, tokens, as its /metrics samples give them: the last sample less the first), where
+    the replica's trace has them."""
+    out = {}
+    for key, name in (("prefix_cache_hits", "prefix_hit_tokens"), ("prefix_cache_queries", "prefix_query_tokens")):
+        vals = [e[key] for e in t.other if e.get("type") == "gauge" and isinstance(e.get(key), (int, float))]
+        if vals:
+            out[name] = int(round(vals[-1] - vals[0]))
+    return out
+
+
 def _meta(traces: list[Trace], roles: list[str], fleet: dict | None, label: str | None) -> dict:
     m0 = traces[0].meta
     meta = {k: v for k, v in m0.items() if k not in ("stats", "label", "fleet")}
@@ -279,11 +293,13 @@ def _meta(traces: list[Trace], roles: list[str], fleet: dict | None, label: str 
         for key, v in st.items():
             if isinstance(v, (int, float)) and not isinstance(v, bool):
                 stats[key] = stats.get(key, 0) + v
-        hits = int((t.kv["op"] == "hit").sum()) if len(t.kv) else 0
+        # hit blocks from the replica's own KV rows; a server that records none (vLLM) has them unknown, never 0
+        hits = int((t.kv["op"] == "hit").sum()) if len(t.kv) else None
         reps.append({"replica": k, "role": roles[k], "engine": t.meta.get("engine"), "step_model": None,
                      "kv_blocks": st.get("kv_blocks"), "drain_ms": None,
                      "stats": {"steps": len(t.steps), "requests": len(t.requests),
-                               "preemptions": int(st.get("preemptions", 0)), "prefix_hit_blocks": hits}})
+                               "preemptions": int(st.get("preemptions", 0)), "prefix_hit_blocks": hits,
+                               **_counted_hits(t)}})
     meta["stats"] = stats
     meta["label"] = label or f"{len(traces)} replicas ({m0.get('source') or 'origin not recorded'})"
     meta["fleet"] = {"replicas": reps, **(fleet or {})}

@@ -154,6 +154,8 @@ TOOL_FILES = {
         "imports/vllm_sweep/maxseqs_x_concurrency",
     "inference-perf 0.7 against our server (per request)":
         "imports/inference_perf/ip_rate4_p64_o32/per_request_lifecycle_metrics.json",
+    "vLLM 0.32 (CPU) x2 behind sglang-router: a fleet from its servers' own files + vllm bench serve":
+        "imports/vllm_fleet/fleet.json.gz",
 }
 
 

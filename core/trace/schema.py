@@ -251,6 +251,8 @@ KV_EVENT = Record("kv_event", "kv_events", "the engine's prefix cache changed, a
     Field("seq", "int", "the publisher's batch sequence number (-1: not recorded)", default=-1, lo=0),
     Field("medium", "str?", "where the block lives as the engine names it (e.g. GPU)", default=None,
           write="present"),
+    Field("replica", "int", "fleet traces: the replica whose engine published it (absent: 0, the only one)",
+          default=0, lo=0, write="present"),
 ), order=0)
 
 PREEMPT = Record("preempt", "preempts", "a running request lost its KV blocks (to be recomputed)", (
@@ -352,6 +354,12 @@ META = Record("meta", None, "where the trace comes from", (
     Field("load", "object", "where the run sits on a load axis: {kind: open | closed, rate (req/s) | concurrency}",
           default=None),
     Field("startup", "object", "measured runs: cold start ({model_load_ms, first_step_ms})", default=None),
+    Field("client_ids", "object", "a client's file: its request ids are the ones it sent as X-Request-Id "
+          "({sent: true, how}), the ids a fleet's join (fleet-merge --client) matches to the replicas' requests",
+          default=None),
+    Field("client_window", "object", "a benchmark client's own throughput window on the trace's clock, "
+          "{start_ms, end_ms, how} (a client's file joined with a fleet's: e.g. vllm bench serve's duration from its "
+          "first send); output throughput is taken over it unless a window is given", default=None),
     Field("merged_from", "objects", "merged traces: one row per file ({file, role, clock, offset_ms, "
           "uncertainty_ms, how, matched, dropped, added, left_out})", default=None),
     Field("failures", "objects", "captures: the requests that failed ({index, id, error})", default=None),

@@ -351,7 +351,7 @@ def _one_of_each(trs, roles, names) -> int:
     return b
 
 
-def _move_origin(out: Trace) -> tuple[float, int]:
+def move_origin(out: Trace) -> tuple[float, int]:
     """Move the trace's zero to its earliest event when some came before it (the engine's work for
     a warm-up request, samples before the first request): (ms moved, events that were before)."""
     ts = [a for a in _times(out) if len(a)]
@@ -375,6 +375,9 @@ def _move_origin(out: Trace) -> tuple[float, int]:
     out.other = [{**e, "t_ms": e["t_ms"] + d} if isinstance(e.get("t_ms"), (int, float)) else e for e in out.other]
     out.request_extra = [{**e, **{f: e[f] + d for f in EXTRA_TIMES if isinstance(e.get(f), (int, float))}}
                          for e in out.request_extra]
+    w = out.meta.get("client_window")
+    if isinstance(w, dict) and all(isinstance(w.get(k), (int, float)) for k in ("start_ms", "end_ms")):
+        out.meta["client_window"] = {**w, "start_ms": w["start_ms"] + d, "end_ms": w["end_ms"] + d}
     c = dict(out.meta.get("clock") or {})
     if isinstance(c.get("t0_s"), (int, float)):
         c["t0_s"] = c["t0_s"] - d / 1000.0
@@ -446,7 +449,7 @@ def merge(parts: list, names: list[str], run: int | None = None) -> tuple[Trace,
     report += [_join(run_, k) for k in order]
     out, base = run_.out, run_.base
     _tidy(out)
-    moved, before = _move_origin(out)
+    moved, before = move_origin(out)
     out.meta["label"] = f"{base.label} + {len(parts) - 1} more file(s) (merged)"
     out.meta["merged_from"] = report
     out.meta["provenance"] = _provenance(base, trs, order)

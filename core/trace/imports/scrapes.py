@@ -11,7 +11,9 @@ from core.trace.schema import REQUEST
 
 
 def looks_like_scrape(doc) -> bool:
-    return isinstance(doc, dict) and "t_ns" in doc and isinstance(doc.get("text"), str)
+    """A scrape line: its body, or the error the recorder met (the server not up yet)."""
+    return isinstance(doc, dict) and "t_ns" in doc and (isinstance(doc.get("text"), str)
+                                                         or isinstance(doc.get("error"), str))
 
 
 def gauge_trace(events: list[dict], t0_s: float, label: str, notes: list[str], how: str) -> Trace:
@@ -28,10 +30,18 @@ def import_scrapes(lines: list[dict], name: str) -> Imported:
         if not (isinstance(t, int) and 0 < t < 1 << 63):
             raise TraceError(f"{name}: line {k + 1}: t_ns: expected epoch nanoseconds, got {short(t)}")
         ts.append(t)
-    t0 = min(ts)
-    events = [g for t, ln in zip(ts, lines) if (g := gauge_from_text((t - t0) / 1e6, ln["text"])) is not None]
-    notes = [f"{len(lines)} /metrics pages -> {len(events)} gauge events (requests running / waiting, KV-cache "
+    pages = [(t, ln["text"]) for t, ln in zip(ts, lines) if isinstance(ln.get("text"), str)]
+    if not pages:
+        raise TraceError(f"{name}: none of its {len(lines):,} scrapes got a page (each line records the error "
+                         f"met, e.g. {short(lines[0].get('error'), 80)}): was the server up?")
+    t0 = pages[0][0]
+    events = [g for t, text in pages if (g := gauge_from_text((t - t0) / 1e6, text)) is not None]
+    notes = [f"{len(pages)} /metrics pages -> {len(events)} gauge events (requests running / waiting, KV-cache "
              "usage, preemptions, prefix-cache counters); no requests."]
-    tr = gauge_trace(events, t0 / 1e9, f"{name} (/metrics scrapes)", notes, "the first scrape's t_ns")
-    return Imported(tr, "metrics", {"scrapes": len(lines), "gauge_events": len(events)}, notes=notes,
+    if len(pages) < len(lines):
+        notes.append(f"{len(lines) - len(pages):,} scrape(s) got no page (the recorder wrote the error met: the "
+                     "server not up yet, or gone): left out.")
+    tr = gauge_trace(events, t0 / 1e9, f"{name} (/metrics scrapes)", notes, "the first answered scrape's t_ns")
+    counts = {"scrapes": len(pages), "failed_scrapes": len(lines) - len(pages), "gauge_events": len(events)}
+    return Imported(tr, "metrics", counts, notes=notes,
                     tool="Prometheus /metrics", what="recorded scrapes", origin=tr.meta["provenance"])

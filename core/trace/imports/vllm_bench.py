@@ -91,10 +91,14 @@ def _import_vllm(doc: dict, name: str) -> Imported:
         meta["clock"] = {"kind": "perf_counter", "t0_s": float(min(doc[key])), "resolution_ms": 1e-6,
                          "how": f"the benchmark's {key} (time.perf_counter of the client, seconds)"}
     meta["provenance"] = ORIGIN
+    prefix = _sent_id_prefix(doc, name)
+    if prefix is not None:
+        meta["client_ids"] = {"sent": True, "how": f"vllm bench serve --request-id-prefix {prefix!r} (the file's "
+                              f"request_id_prefix, written by --metadata): request i's X-Request-Id is {prefix}i"}
     rows = RequestRows(name)
     for i in range(len(arrival_ms)):
         _add_row(rows, name, arrival_ms, i, *(cols[k][i] for k in ("ttfts", "itls", "output_lens", "input_lens",
-                                                                   "errors")))
+                                                                   "errors")), prefix=prefix)
     notes += rows.notes()      # merged chunks, failed requests (excluded from latency statistics, as vLLM does)
     meta["notes"] = " ".join(notes)
     tr = rows.trace(meta)
@@ -180,8 +184,22 @@ def _vllm_arrivals(doc: dict, n: int, name: str) -> tuple[np.ndarray, bool, list
     return arrival_ms, False, notes
 
 
-def _add_row(rows: RequestRows, name: str, arrival_ms: np.ndarray, i, ttft, gaps, nout, nin, err):
-    rid, where, at = f"req{i}", f"{name}: request {i}", float(arrival_ms[i])
+def _sent_id_prefix(doc: dict, name: str) -> str | None:
+    """The X-Request-Id prefix the client sent, when the file records it: `vllm bench serve` numbers
+    its requests prefix + index in the order of its dataset (its outputs keep that order) but writes
+    the prefix only where asked (`--metadata request_id_prefix=P`, beside `--request-id-prefix P`)."""
+    p = doc.get("request_id_prefix")
+    if p is None:
+        return None
+    if not isinstance(p, str) or not 0 < len(p) <= 100 or not p.isprintable():
+        raise TraceError(f"{name}: request_id_prefix: expected the printable prefix of the request ids sent "
+                         f"(vllm bench serve --metadata request_id_prefix=P), got {short(p)}")
+    return p
+
+
+def _add_row(rows: RequestRows, name: str, arrival_ms: np.ndarray, i, ttft, gaps, nout, nin, err,
+             prefix: str | None = None):
+    rid, where, at = (f"req{i}" if prefix is None else f"{prefix}{i}"), f"{name}: request {i}", float(arrival_ms[i])
     ok = err is None or err == ""    # vLLM writes "" for a request that succeeded
     if not isinstance(gaps, list) or not all(finite(g) and g >= 0 for g in gaps):
         raise TraceError(f"{where}: itls: expected a list of gaps >= 0 (seconds)")
