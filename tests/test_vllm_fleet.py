@@ -15,10 +15,11 @@ import pytest
 
 from core.__main__ import main
 from core.analysis.metrics import summarize
-from core.fleet.client import id_forms, join_client, pair_by_id
+from core.fleet.client import join_client, pair_by_id
 from core.fleet.merge import merge_replicas
 from core.fleet.replica_files import replica_trace
 from core.trace import load_trace, open_trace
+from core.trace.imports.otlp import id_forms
 from tests.conftest import DATA
 from tests.helpers import charts, open_page
 
@@ -187,3 +188,32 @@ def test_the_replay_page_opens_the_real_vllm_fleet():
     assert any(o.startswith("replica 1") for o in reps.options)
     at = reps.set_value(next(o for o in reps.options if o.startswith("replica 1"))).run()
     assert not at.exception
+
+
+def test_merge_of_the_client_with_a_fleet_trace_joins_by_id(tmp_path, capsys, fleet_only):
+    """Issue 52 item 2: `merge bench.json fleet.json.gz` paired by time and put every request on one
+    replica; a fleet's trace now goes through the same join as fleet-merge --client."""
+    from core.trace import save_trace
+    f = tmp_path / "fleet_only.json.gz"
+    save_trace(fleet_only, f)
+    out = tmp_path / "joined.json.gz"
+    assert main(["merge", str(CLIENT), str(f), "--out", str(out)]) == 0
+    assert "64 by the ids it sent" in capsys.readouterr().out
+    tr = load_trace(out)
+    sent = _router_sent()
+    port = {_port_of_replica(k): k for k in (0, 1)}
+    fin = dict(zip(tr.finishes["req"].tolist(), tr.finishes["replica"].tolist()))
+    assert {rid: fin[i] for i, rid in enumerate(tr.ids)} == {rid: port[p] for rid, p in sent.items()}
+
+
+def test_one_replicas_share_merges_with_the_fleets_client_file(tmp_path, capsys):
+    """Issue 52 item 2: the client's 64 requests with one replica's 16 spans were refused ("cannot
+    pair"); the ids the client sent pair that replica's 16, the other 48 stay the client's alone."""
+    out = tmp_path / "r1.json.gz"
+    assert main(["merge", str(CLIENT), str(FLEET / "replica1" / "spans.otlp.jsonl"),
+                 str(FLEET / "replica1" / "server.log.gz"), "--out", str(out)]) == 0
+    assert "matched 16 of 64" in capsys.readouterr().out
+    tr = load_trace(out)
+    mine = {rid for rid, p in _router_sent().items() if p == _port_of_replica(1)}
+    viewed = {rid for rid, ex in zip(tr.ids, tr.request_extra) if "engine_request_id" in ex}
+    assert viewed == mine

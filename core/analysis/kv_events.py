@@ -50,30 +50,50 @@ def chain_roots(table: pd.DataFrame) -> dict:
     root: dict = {}
     for op, h, parent in zip(table["op"].tolist(), table["hash"].tolist(), table["parent"].tolist()):
         if op == "stored" and h not in root:
-            root[h] = root.get(parent, parent) if parent is not None else h
+            root[h] = root.get(parent, parent) if isinstance(parent, str) else h     # (none: NaN or None)
     return root
+
+
+def _replicas_apart(table: pd.DataFrame) -> tuple[pd.DataFrame, list | None]:
+    """A fleet's KV events with each replica's hashes its own (`r<k>:<hash>`: the same block hash in
+    two replicas' caches is two cached blocks), and each row's replica; one engine's: as they are."""
+    if "replica" not in table or table["replica"].nunique() < 2:
+        return table, None
+    reps = table["replica"].tolist()
+    t = table.copy()
+    t["hash"] = [f"r{k}:{h}" if isinstance(h, str) else None for k, h in zip(reps, table["hash"].tolist())]
+    t["parent"] = [f"r{k}:{h}" if isinstance(h, str) else None for k, h in zip(reps, table["parent"].tolist())]
+    return t, reps
 
 
 def cache_over_time(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
     """One row per kv_event row: t_ms, op, cached (distinct blocks in the cache after it), and
     cached blocks per prefix chain for the `top` chains with the most blocks at their peak (named
-    chain 1.. by first appearance), the rest summed in `other chains`."""
+    chain 1.. by first appearance), the rest summed in `other chains`. A fleet's events (a replica
+    column naming several): each replica's cache apart, `cached` their sum, chains named by replica
+    (r0 chain 1, ...), a clear clearing its own replica's; attrs["replicas"] says how many."""
+    table, reps = _replicas_apart(table)
     root = chain_roots(table)
-    cached: set = set()
+    cached: dict = {}          # hash -> its replica
     per: dict = {}
     rows = []
-    for t, op, h in zip(table["t_ms"].tolist(), table["op"].astype(str).tolist(), table["hash"].tolist()):
+    rep_of = reps if reps is not None else [0] * len(table)
+    for t, op, h, k in zip(table["t_ms"].tolist(), table["op"].astype(str).tolist(), table["hash"].tolist(), rep_of):
         if op == "stored" and h not in cached:
-            cached.add(h)
+            cached[h] = k
             r = root.get(h, h)
             per[r] = per.get(r, 0) + 1
         elif op == "removed" and h in cached:
-            cached.discard(h)
+            del cached[h]
             r = root.get(h, h)
             per[r] -= 1
         elif op == "cleared":
-            cached.clear()
-            per = {}
+            gone = [x for x, kk in cached.items() if kk == k]
+            for x in gone:
+                del cached[x]
+                r = root.get(x, x)
+                per[r] -= 1
+            per = {r: n for r, n in per.items() if n}
         rows.append((t, op, len(cached), dict(per)))
     peak: dict = {}
     order: list = []
@@ -83,13 +103,15 @@ def cache_over_time(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
                 order.append(r)
             peak[r] = max(peak.get(r, 0), n)
     best = sorted(order, key=lambda r: (-peak[r], order.index(r)))[:top]
-    names = {r: f"chain {order.index(r) + 1}" for r in sorted(best, key=order.index)}
+    names = {r: (f"{str(r).split(':', 1)[0]} " if reps is not None else "") + f"chain {order.index(r) + 1}"
+             for r in sorted(best, key=order.index)}
     out = pd.DataFrame({"t_ms": [r[0] for r in rows], "op": [r[1] for r in rows], "cached": [r[2] for r in rows]})
     for r, name in names.items():
         out[name] = [p.get(r, 0) for *_, p in rows]
     out["other chains"] = out["cached"] - (out[list(names.values())].sum(axis=1) if names else 0)
     out.attrs["chains"] = list(names.values())
     out.attrs["chain_count"] = len(order)
+    out.attrs["replicas"] = len(set(reps)) if reps is not None else 1
     return out
 
 

@@ -138,7 +138,7 @@ def fleet_description(trace) -> str:
         return shape + " (from the trace's replica columns; no router events)"
     rc = f.get("router") if isinstance(f.get("router"), dict) else None
     out = [shape, f"router {rc.get('policy', '?')}, staleness {rc.get('staleness_ms', 0):g} ms" if rc
-           else "router not recorded (another router's decisions)"]
+           else _unrecorded_router(f)]
     link = f.get("link")
     if isinstance(link, dict):
         model = f" ({link['model']})" if link.get("model") else ""
@@ -148,6 +148,19 @@ def fleet_description(trace) -> str:
             out.append(f"KV {link.get('kind') or 'link'}{model}")
     out += [f"replica {r} drained at {t:g} ms" for r, t in drains_of(trace)]
     return "; ".join(out)
+
+
+def _unrecorded_router(f: dict) -> str:
+    """What is known of another router's decisions: not its scores and reasons, but (a fleet merged
+    from its replicas' own files) which replica served each request."""
+    client = f.get("client") if isinstance(f.get("client"), dict) else {}
+    if client.get("by_id"):
+        return (f"another router (its scores and reasons not recorded); each request's replica from the replicas' "
+                f"own files, {client['by_id']:,} joined to the client's requests by the X-Request-Id each carried")
+    if f.get("alignment"):
+        return ("another router (its scores and reasons not recorded); each request's replica from the replicas' "
+                "own files")
+    return "router not recorded (another router's decisions)"
 
 
 def routes_after(trace, replica: int, t_ms: float) -> int:

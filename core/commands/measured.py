@@ -194,6 +194,9 @@ def cmd_merge(a) -> int:
                          "KV events)")
     check_writable(a.out, "--out")
     parts = [read_any(f) for f in a.files]
+    fleets = [k for k, x in enumerate(parts) if _is_fleet(x)]
+    if fleets:
+        return _merge_with_fleet(a, parts, fleets)
     try:
         tr, report = merge(parts, [str(f) for f in a.files], run=a.run)
     except TraceError as e:
@@ -210,6 +213,35 @@ def cmd_merge(a) -> int:
     print(f"wrote {a.out}: {len(tr.requests)} requests, {len(tr.steps)} steps, {len(tr.kv_events)} KV event rows, "
           f"{len(tr.events_of('gauge'))} gauge samples")
     return 0
+
+def _is_fleet(x) -> bool:
+    """A trace of several replicas (meta.fleet, or replicas named in its records)."""
+    from core.trace import Trace
+    return isinstance(x, Trace) and (isinstance(x.meta.get("fleet"), dict) or bool(len(x.finishes) and (
+        x.finishes["replica"] > 0).any()) or bool(len(x.steps) and (x.steps["replica"] > 0).any()))
+
+
+def _merge_with_fleet(a, parts, fleets) -> int:
+    """A client's file with a fleet's trace: joined by the ids the client sent (core.fleet.client),
+    never paired across replicas by time where ids exist."""
+    from core.fleet.client import join_client
+    if len(fleets) > 1 or len(parts) != 2:
+        raise InputError(f"merge: {a.files[fleets[0]]} is a fleet's trace: give it with its client's file alone "
+                         "(or each replica's files to python -m core fleet-merge, with --client)")
+    f = fleets[0]
+    client = _client_trace(a.files[1 - f])
+    try:
+        tr, joined = join_client(parts[f], client, a.files[1 - f])
+    except TraceError as e:
+        raise InputError(f"merge: {e}") from None
+    write_output(a.out, lambda p: save_trace(tr, p), "--out")
+    if a.json:
+        print(json.dumps({"out": a.out, "client": joined}, allow_nan=False))
+        return 0
+    _print_join(joined)
+    print(f"wrote {a.out}: {len(tr.requests)} requests, {len(tr.steps)} steps (the fleet's, on the client's clock)")
+    return 0
+
 
 def _print_alignment(tr) -> None:
     """How each replica was placed on the fleet's clock (core.fleet.clocks)."""

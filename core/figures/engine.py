@@ -54,6 +54,9 @@ def prefix_cache_figure(over_time, cursor_ms: float | None = None, title: str | 
     fig.update_xaxes(title_text="time (ms)", row=2, col=1)
     fig.update_layout(barmode="relative", bargap=0)
     n = over_time.attrs.get("chain_count", 0)
+    reps = over_time.attrs.get("replicas", 1)
+    if title is None and reps > 1:
+        title = f"The fleet's prefix caches ({reps} replicas' own KV events, their sum; chains by replica): {n} chains"
     # 500 px: on a phone the legend takes a row per entry below the plot, which kept ~60 px for both panels
     return base_layout(fig, title or f"The engine's prefix cache (its KV events): {n} prefix chains", height=500)
 

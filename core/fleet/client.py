@@ -23,8 +23,6 @@ difference; else the median of client send - engine arrival over the pairs).
 """
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
@@ -32,24 +30,8 @@ from core.errors import TraceError
 from core.trace.imports import otlp
 from core.trace.imports.imported import epoch_offset
 from core.trace.imports.merge import move_origin
+from core.trace.imports.otlp import id_forms
 from core.trace.model import Trace
-
-_PREFIXES = (re.compile(r"^r\d+/"), re.compile(r"^(?:chatcmpl|cmpl)-"))
-_TAILS = (re.compile(r"-[0-9a-f]{8}$"), re.compile(r"-\d+$"))
-
-
-def id_forms(engine_id: str) -> list[str]:
-    """The engine id and what it is with each decoration taken off in turn: `r<k>/` (the fleet
-    merge's), `cmpl-`/`chatcmpl-` (vLLM's), a random 8-hex suffix, the choice index `-<n>`."""
-    out = [engine_id]
-    s = engine_id
-    for pat in _PREFIXES:
-        s = pat.sub("", s, count=1)
-        out.append(s)
-    for pat in _TAILS:
-        s = pat.sub("", s, count=1)
-        out.append(s)
-    return list(dict.fromkeys(x for x in out if x))
 
 
 def pair_by_id(client: Trace, fleet: Trace) -> tuple[list[tuple[int, int]], dict]:

@@ -55,9 +55,10 @@ def given_trace(workload: Workload, emissions: dict[str, list[float]], meta: dic
 
 def one_replica(trace: Trace, replica: int) -> Trace:
     """One replica of a fleet trace, as a trace of its own: its steps (their batch entries), KV
-    block events, preemptions, tokens and finishes, and the requests that ran there (a batch
-    entry, a token or a finish on it), renumbered in the trace's order; the route and transfer
-    events of those requests; meta as the fleet's, labelled with the replica. A disaggregated
+    block events, the prefix-cache events its engine published, preemptions, tokens and finishes,
+    and the requests that ran there (a batch entry, a token or a finish on it), renumbered in the
+    trace's order; the route and transfer events of those requests, its own gauge samples; meta as
+    the fleet's (its engine: the replica's own where meta.fleet has it), labelled with the replica. A disaggregated
     prefill replica's requests have no tokens or finish there (their decode replica emits them)."""
     import numpy as np
     t = trace
@@ -83,10 +84,17 @@ def one_replica(trace: Trace, replica: int) -> Trace:
     ids = set(t.requests["id"].iloc[keep].tolist())
     meta = dict(t.meta)
     meta["label"] = f"{t.label}, replica {replica}"
+    reps = (t.meta.get("fleet") or {}).get("replicas") if isinstance(t.meta.get("fleet"), dict) else None
+    own = reps[replica].get("engine") if isinstance(reps, list) and replica < len(reps) and \
+        isinstance(reps[replica], dict) else None
+    if isinstance(own, dict):
+        meta["engine"] = own
     return Trace(meta=meta, requests=t.requests.iloc[keep].reset_index(drop=True),
                  tokens=remap(parts["tokens"]), finishes=remap(parts["finishes"]),
                  steps=steps.reset_index(drop=True), batch=remap(batch), kv=remap(parts["kv"]),
-                 kv_events=t.kv_events.iloc[0:0], preempts=remap(parts["preempts"]),
-                 other=[e for e in t.other if e.get("req") in ids],
+                 kv_events=t.kv_events[t.kv_events["replica"] == replica].reset_index(drop=True),
+                 preempts=remap(parts["preempts"]),
+                 other=[e for e in t.other if e.get("req") in ids
+                        or (e.get("type") == "gauge" and e.get("replica", 0) == replica)],
                  request_extra=[t.request_extra[i] for i in keep.tolist()] if t.request_extra else [],
                  extra=dict(t.extra))

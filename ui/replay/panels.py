@@ -112,7 +112,7 @@ def two_clocks(r: Replay, s: dict) -> None:
     requests whose tokens reached the client in a burst (core.analysis.metrics.delivery_bursts)."""
     tr = r.tr
     eng = engine_side(tr)
-    if eng is None:
+    if eng is None or not ({"ttft_ms", "e2e_ms"} & set(eng)):    # (only the engine's phases: no client to set beside)
         return
     bursts = delivery_bursts(tr, r.views.request_metrics())
     client_ttft = s["ttft_ms"]["median"]

@@ -17,6 +17,7 @@ engine-side phases (queue, prefill, decode, in model) are kept per request (`eng
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -303,24 +304,46 @@ def _containing(keys: list[list[str]], ids: list[str]) -> list[int | None]:
     return [min((first[k] for k in ks if k in first), default=None) for ks in keys]
 
 
+_PREFIXES = (re.compile(r"^r\d+/"), re.compile(r"^(?:chatcmpl|cmpl)-"))
+_TAILS = (re.compile(r"-[0-9a-f]{8}$"), re.compile(r"-\d+$"))
+
+
+def id_forms(engine_id: str) -> list[str]:
+    """The engine id and what it is with each decoration taken off in turn: `r<k>/` (the fleet
+    merge's), `cmpl-`/`chatcmpl-` (vLLM's), a random 8-hex suffix, the choice index `-<n>`."""
+    out = [engine_id]
+    s = engine_id
+    for pat in _PREFIXES:
+        s = pat.sub("", s, count=1)
+        out.append(s)
+    for pat in _TAILS:
+        s = pat.sub("", s, count=1)
+        out.append(s)
+    return list(dict.fromkeys(x for x in out if x))
+
+
 def pair_requests(base: Trace, spans: Trace) -> list[tuple[int, int]]:
-    """(base row, span row) pairs: by id (the span's request id contains the client's request or
-    response id, as vLLM builds it from X-Request-Id), else in order of arrival (_in_order)."""
+    """(base row, span row) pairs: by id (the span's request id is the client's request or response
+    id with vLLM's decorations, id_forms, or contains it), else in order of arrival (_in_order).
+    A client whose ids are the ones it sent (meta.client_ids) is paired by them alone: one
+    replica's share of a fleet's client pairs its own requests and leaves the others unpaired."""
     sid = spans.ids
-    keys = []
+    sent = bool((base.meta.get("client_ids") or {}).get("sent"))
+    keys = []      # (a short id the client did not send, e.g. req0, is its own numbering: no key)
     for i, rid in enumerate(base.ids):
         ex = base.request_extra[i] if i < len(base.request_extra) else {}
-        keys.append([k for k in (ex.get("response_id"), rid) if isinstance(k, str) and len(k) >= 8])
-    index = {}
+        keys.append([k for k in (ex.get("response_id"), rid) if isinstance(k, str) and (len(k) >= 8 or sent)])
+    index: dict[str, int] = {}
     for j, s in enumerate(sid):
-        index.setdefault(s, j)
-    exact = [next((index[s] for k in ks for s in (k, f"{k}-0", f"cmpl-{k}", f"cmpl-{k}-0") if s in index), None)
-             for ks in keys]
+        for form in id_forms(str(s)):
+            index.setdefault(form, j)
+    exact = [next((index[k] for k in ks if k in index), None) for ks in keys]
     rest = [i for i, j in enumerate(exact) if j is None and keys[i]]
-    for i, j in zip(rest, _containing([keys[i] for i in rest], sid) if rest else ()):
-        exact[i] = j
+    if rest and not sent:      # (ids the client sent decide alone; others may sit inside a longer engine id)
+        for i, j in zip(rest, _containing([keys[i] for i in rest], sid)):
+            exact[i] = j
     by_id = [(i, j) for i, j in enumerate(exact) if j is not None]
-    if len(by_id) >= max(1, len(base.ids) // 2):
+    if by_id and (sent or len(by_id) >= max(1, len(base.ids) // 2)):
         return by_id
     return _in_order(base, spans)
 
