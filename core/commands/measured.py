@@ -197,11 +197,7 @@ def cmd_merge(a) -> int:
     fleets = [k for k, x in enumerate(parts) if _is_fleet(x)]
     if fleets:
         return _merge_with_fleet(a, parts, fleets)
-    try:
-        tr, report = merge(parts, [str(f) for f in a.files], run=a.run)
-    except TraceError as e:
-        raise InputError(f"merge: {e}") from None
-    write_output(a.out, lambda p: save_trace(tr, p), "--out")
+    tr, report = _merged(a, lambda: merge(parts, [str(f) for f in a.files], run=a.run))
     if a.json:
         print(json.dumps({"out": a.out, "files": report}, allow_nan=False))
         return 0
@@ -213,6 +209,16 @@ def cmd_merge(a) -> int:
     print(f"wrote {a.out}: {len(tr.requests)} requests, {len(tr.steps)} steps, {len(tr.kv_events)} KV event rows, "
           f"{len(tr.events_of('gauge'))} gauge samples")
     return 0
+
+def _merged(a, make):
+    """(trace, report) of `make`, written to --out; its TraceError as the merge's one-line error."""
+    try:
+        tr, report = make()
+    except TraceError as e:
+        raise InputError(f"merge: {e}") from None
+    write_output(a.out, lambda p: save_trace(tr, p), "--out")
+    return tr, report
+
 
 def _is_fleet(x) -> bool:
     """A trace of several replicas (meta.fleet, or replicas named in its records)."""
@@ -230,11 +236,7 @@ def _merge_with_fleet(a, parts, fleets) -> int:
                          "(or each replica's files to python -m core fleet-merge, with --client)")
     f = fleets[0]
     client = _client_trace(a.files[1 - f])
-    try:
-        tr, joined = join_client(parts[f], client, a.files[1 - f])
-    except TraceError as e:
-        raise InputError(f"merge: {e}") from None
-    write_output(a.out, lambda p: save_trace(tr, p), "--out")
+    tr, joined = _merged(a, lambda: join_client(parts[f], client, a.files[1 - f]))
     if a.json:
         print(json.dumps({"out": a.out, "client": joined}, allow_nan=False))
         return 0
