@@ -252,12 +252,13 @@ class EngineClient(ABC):
         self.streams.pop(s.rid, None)
         self._unscheduled.discard(s.rid)
 
-    def fail_all(self, message: str, status: int = 503):
-        """Nobody waits forever on a dead engine: every open stream ends with `message`."""
+    def fail_all(self, message: str, status: int = 503, cut: bool = False):
+        """Nobody waits forever on a dead engine: every open stream ends with `message` (`cut`: a
+        fleet's replica, whose streams a router cuts rather than ends)."""
         with one_delivery(), self._lock:
             for s in list(self.streams.values()):
                 self._end(s)
-                s.push(Failed(s.rid, message, status))
+                s.push(Failed(s.rid, message, status, cut))
 
 
 class InProcessClient(EngineClient):

@@ -79,6 +79,9 @@ class Replica(ProcessClient):
                  stall_s: float | None = None):
         self.fleet, self.index, self.role = fleet, index, role
         self.board = Board(fleet.router_cfg.staleness_ms, shared=True)   # told from this replica's reader thread
+        # each open stream's deliveries [(t_ms, tokens)], what reached its client: kept for the requests this
+        # replica fails by dying (its own trace ends at its last rewrite); dropped as a stream ends otherwise
+        self.delivered: dict[str, list[tuple[float, int]]] = {}
         super().__init__(options, metrics, max_waiting, fleet.origin_ns, label=f"replica {index}", wait=False,
                          stall_s=stall_s)
 
@@ -95,6 +98,10 @@ class Replica(ProcessClient):
         if isinstance(ev, KVLoaded):          # the decode side has the KV: the transfer's end
             self.fleet.kv_loaded(self.index, ev)
             return
+        if isinstance(ev, RequestOutput) and ev.token_ids and self.fleet.recording:
+            self.delivered.setdefault(s.rid, []).append((ev.t_ms, len(ev.token_ids)))
+        if isinstance(ev, Failed) or (isinstance(ev, RequestOutput) and ev.finish_reason is not None):
+            self.delivered.pop(s.rid, None)
         super()._event(s, ev)
 
     def _end(self, s: Stream):
@@ -102,15 +109,19 @@ class Replica(ProcessClient):
             self.board.tell(self.now_ms(), "requests", -1)
         super()._end(s)
 
-    def fail_all(self, message: str, status: int = 503):
+    def fail_all(self, message: str, status: int = 503, cut: bool = True):
         """The engine process is gone, or out of rotation for a stall: its open requests fail
-        (naming it); the fleet notes when, and which requests, for its trace (a dead replica's own
-        trace ends at its last rewrite)."""
+        (naming it: a request not yet answered gets a 503; a stream already under way is cut, as
+        sglang-router cuts one whose worker died); the fleet notes when, and which requests, for
+        its trace (a dead replica's own trace ends at its last rewrite)."""
+        death = None
         if not self._stopping and (self.streams or self.stall is None):
-            now = self.now_ms()
-            self.fleet.deaths.append({"replica": self.index, "t_ms": now, "why": message,
-                                      "failed": list(self.streams), "stalled": self.stall is not None})
-        super().fail_all(message, status)
+            death = {"replica": self.index, "t_ms": self.now_ms(), "why": message, "failed": list(self.streams),
+                     "stalled": self.stall is not None}
+            self.fleet.deaths.append(death)
+        super().fail_all(message, status, cut=True)
+        if death is not None:    # (its streams are closed: no delivery reaches these lists any more)
+            death["streamed"] = {r: self.delivered.pop(r) for r in death["failed"] if r in self.delivered}
         if self.metrics is not None:      # (its last gauges would otherwise stand forever; counters stay)
             self.metrics.gone()
 
@@ -489,6 +500,7 @@ class FleetClient(EngineClient):
                             label=label or self._label(), one_clock=CLOCK)
         tr.meta["source"] = "measured"
         self._add_front_end_finishes(tr, {r: i for i, r in enumerate(rid)})
+        self._add_streamed_tokens(tr, {r: i for i, r in enumerate(rid)})
         if self.rejected:
             tr.meta.setdefault("stats", {})["rejected"] = len(self.rejected)
         if self.deaths:
@@ -532,6 +544,29 @@ class FleetClient(EngineClient):
             tr.finishes = pd.concat([tr.finishes, fin], ignore_index=True).sort_values("t_ms", kind="stable") \
                 .reset_index(drop=True)
 
+    def _add_streamed_tokens(self, tr, row: dict) -> None:
+        """A request a dying replica failed keeps the tokens that reached its client, as the front end
+        delivered them (the replica's own trace ends at its last rewrite, before some of them)."""
+        import numpy as np
+        import pandas as pd
+
+        from core.trace.model import frame
+        from core.trace.schema import TOKEN
+        got = {row[r]: (d["replica"], parts) for d in self.deaths for r, parts in (d.get("streamed") or {}).items()
+               if r in row}
+        if not got:
+            return
+        t, req, index, rep = [], [], [], []
+        for j, (k, parts) in got.items():
+            n = sum(c for _, c in parts)
+            t += [ms for ms, c in parts for _ in range(c)]
+            req += [j] * n
+            index += list(range(n))
+            rep += [k] * n
+        add = frame(TOKEN, {"t_ms": t, "req": req, "index": index, "replica": rep})
+        keep = tr.tokens[~np.isin(tr.tokens["req"].to_numpy(), list(got))]
+        tr.tokens = pd.concat([keep, add], ignore_index=True).sort_values("t_ms", kind="stable").reset_index(drop=True)
+
     def kv_bytes_per_token(self) -> int | None:
         done = [t for t in self.transfers.values() if t.get("tokens")]
         return done[0]["bytes"] // done[0]["tokens"] if done else None
@@ -550,5 +585,6 @@ def _death_note(d: dict) -> str:
         return (f"replica {d['replica']} was taken out of rotation at {d['t_ms']:.1f} ms ({d['why']}): the "
                 f"{len(d['failed'])} requests it held end 'error' there, as the front end saw them")
     return (f"replica {d['replica']} died at {d['t_ms']:.1f} ms ({d['why']}): its events after its trace's "
-            f"last rewrite (about once a second) are missing; the {len(d['failed'])} requests it failed "
+            f"last rewrite (about once a second) are missing, except the tokens the front end delivered to the "
+            f"clients of the {len(d['failed'])} requests it failed, which "
             "end 'error' there, as the front end saw them")

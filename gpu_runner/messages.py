@@ -115,6 +115,8 @@ class Failed(msgspec.Struct, tag="failed", frozen=True):
     rid: str
     message: str
     status: int                            # the HTTP status that answers it (400, 500, 503)
+    cut: bool = False                      # a fleet's replica died under it: its stream is cut, as a router
+    #                                        cuts a stream whose upstream died (gpu_runner.server.StreamCut)
 
 
 class KVReady(msgspec.Struct, tag="kv_ready", frozen=True):

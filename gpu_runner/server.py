@@ -63,9 +63,31 @@ class BadRequest(Exception):
 class EngineError(Exception):
     """The engine ended a request without a result (rejected after it was accepted, or failed)."""
 
-    def __init__(self, message: str, status: int):
+    def __init__(self, message: str, status: int, cut: bool = False):
         super().__init__(message)
-        self.status = status
+        self.status, self.cut = status, cut
+
+
+class StreamCut(Exception):
+    """A fleet's replica died under a stream already under way: the front end, a router, sends the
+    error event naming it and then cuts the response (no [DONE], the HTTP body left unfinished), as
+    sglang-router 0.3.2 cuts one whose worker died (measured: docs/fleet.md), so that a benchmark
+    client counts the request failed (vllm bench serve counts any stream with a token a success
+    unless the body breaks: aiohttp's ClientPayloadError). One `serve` whose engine dies ends its
+    streams as vLLM's server does (vllm/entrypoints/openai/completion/serving.py): an error event,
+    then [DONE]."""
+
+
+class _NoCutTracebacks(logging.Filter):
+    """uvicorn logs an exception that ends a started response with its traceback; a StreamCut is the
+    front end's own choice, logged in one line where it is raised."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, StreamCut)
+
+
+logging.getLogger("uvicorn.error").addFilter(_NoCutTracebacks())
 
 
 def error_body(message: str, status: int) -> dict:
@@ -306,7 +328,7 @@ class _Generation:
                     yield item.text
             elif isinstance(item, Failed):   # rejected after it was accepted (queue limit), or failed
                 self.finish = "error"
-                raise EngineError(item.message, item.status)
+                raise EngineError(item.message, item.status, item.cut)
 
     def usage(self) -> dict:
         n_p, n_c = len(self.s.prompt_ids), len(self.ids)
@@ -347,8 +369,11 @@ class _Generation:
                 u["choices"], u["usage"] = [], self.usage()
                 yield f"data: {json.dumps(u)}\n\n"
             yield "data: [DONE]\n\n"
-        except EngineError as e:   # the stream ends with the reason, then [DONE]
+        except EngineError as e:   # the stream ends with the reason, then [DONE] (a fleet's dead replica: cut)
             yield f"data: {json.dumps(error_body(str(e), e.status))}\n\n"
+            if e.cut:     # (the reason reaches the client; the unfinished body makes its request a failure)
+                log.warning("request %s: %s; its stream is cut after %d tokens", self.rid, e, len(self.ids))
+                raise StreamCut(str(e)) from None
             yield "data: [DONE]\n\n"
         finally:
             watcher.cancel()

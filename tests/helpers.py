@@ -328,6 +328,7 @@ class StreamedCompletion:
 
     def __init__(self, url, prompt, max_tokens):
         self.chunks, self.lines, self.done = [], [], threading.Event()
+        self.cut = None        # the body broke off before its end (a fleet's dead replica): the error
         self.t = threading.Thread(target=self._run, args=(url, prompt, max_tokens), daemon=True)
         self.t.start()
 
@@ -344,6 +345,8 @@ class StreamedCompletion:
                         self.chunks.append(json.loads(line[6:]))
                     elif line.startswith("{"):
                         self.chunks.append(json.loads(line))
+        except httpx.TransportError as e:      # (RemoteProtocolError: the body ended unfinished)
+            self.cut = e
         finally:
             self.done.set()
 
