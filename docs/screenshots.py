@@ -35,6 +35,7 @@ PROJECTOR = {"width": 1280, "height": 800}
 SCHEDULES_10K = ("schedules?sc=Poisson+10000&pol=continuous&pol=chunked&ms=256&tb=8192&ch=512"
                  "&s_kind=affine&s_base=5&s_pp=0.02&s_pd=0.05")
 TRACE_10K = "poisson10000.parquet"
+FLEET_VLLM = "fleet?fl_tab=Measured&fl_measured=vllm_fleet/fleet.json.gz"
 VLLM_MERGED = "vLLM+0.32+(CPU)+run+2:+client+%2B+iteration+log+%2B+spans+%2B+KV+events,+merged"
 SIMULATE_10K = ["--max-seqs", "256", "--token-budget", "8192", "--chunk", "8192", "--step-model", "affine",
                 "--base-ms", "5", "--prefill-ms-per-token", "0.02", "--decode-ms-per-seq", "0.05"]
@@ -143,6 +144,11 @@ def main(only: set[str] = frozenset()):
                 settle(page, f"replay?tr={TRACE_10K}", url)
                 scroll_to(page, "[data-testid='stSlider']", below_px=-60)
                 shoot(page, "replay_10000_requests")
+            if wanted("fleet_vllm_measured"):
+                # a real vLLM fleet (two vLLM CPU servers behind sglang-router) from its servers' own files
+                settle(page, FLEET_VLLM, url)
+                scroll_to(page, "text=Fleets that really ran", below_px=760)   # its lanes' end, each replica
+                shoot(page, "fleet_vllm_measured")
             if wanted("fleet_pd"):
                 settle(page, FLEET_PD, url)
                 scroll_to(page, "h3:has-text(\"Where each request went\")", below_px=-20)

@@ -351,6 +351,7 @@ def measured_view():
     st.markdown(f"{origin_badge(tr)} {md(fleet_description(tr))}")
     show_chart(fleet_view("lanes", tr), key="fl_meas_lanes", width="stretch")
     show_chart(fleet_view("signals", tr), key="fl_meas_signals", width="stretch")
+    show_chart(fleet_view("hits", tr), key="fl_meas_hits", width="stretch")
     if tr.events_of("transfer"):
         show_chart(fleet_view("transfers", tr), key="fl_meas_transfers", width="stretch")
     fleet_prediction_panel(tr, path, "fl_meas")
