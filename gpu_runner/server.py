@@ -91,8 +91,9 @@ logging.getLogger("uvicorn.error").addFilter(_NoCutTracebacks())
 
 
 def error_body(message: str, status: int) -> dict:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, "Error")
-    return {"object": "error", "message": message, "type": kind, "code": status}
+    kind = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
+            503: "ServiceUnavailableError"}.get(status, "Error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
 def error(message: str, status: int = 400, headers: dict | None = None) -> JSONResponse:

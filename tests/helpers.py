@@ -361,8 +361,8 @@ class StreamedCompletion:
     def end(self) -> str:
         """How it ended: its finish reason, or its error's message."""
         last = self.chunks[-1] if self.chunks else {}
-        if last.get("object") == "error":
-            return last["message"]
+        if isinstance(last.get("error"), dict):
+            return last["error"]["message"]
         return next((c["choices"][0]["finish_reason"] for c in reversed(self.chunks)
                      if c.get("choices") and c["choices"][0]["finish_reason"]), "none")
 

@@ -123,6 +123,7 @@ def test_the_server_answers_a_body_that_is_not_utf8_with_400_not_500():
         for path in ("/v1/completions", "/v1/chat/completions"):
             r = client.post(path, content=b'{"prompt": "\xff\xfe", "messages": [{"role": "u", "content": "x"}]}',
                             headers={"content-type": "application/json"})
-            assert r.status_code == 400 and r.json()["message"] == "request body: not UTF-8 JSON (byte 12)", r.text
+            msg = r.json()["error"]["message"]
+            assert r.status_code == 400 and msg == "request body: not UTF-8 JSON (byte 12)", r.text
         r = client.post("/v1/completions", content=b"{not json")
-        assert r.status_code == 400 and "body is not valid JSON" in r.json()["message"]
+        assert r.status_code == 400 and "body is not valid JSON" in r.json()["error"]["message"]

@@ -61,7 +61,7 @@ def answer_all(url, n, prompt=LONG):
     def one(k):
         r = complete(url, prompt, 8)
         with lock:
-            got[k] = (r.status_code, r.json().get("message") if r.status_code != 200 else r.json()["choices"])
+            got[k] = (r.status_code, r.json()["error"]["message"] if r.status_code != 200 else r.json()["choices"])
             order.append(k)
     threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
     for t in threads:
@@ -142,7 +142,7 @@ def test_a_frozen_whole_replica_fails_its_requests_comes_back_and_the_fleet_stil
     try:
         bad = httpx.post(f"{url}/v1/completions", content=b'{"prompt": "\xff", "max_tokens": 2}',
                          headers={"content-type": "application/json"}, timeout=BOUND_S)
-        assert bad.status_code == 400 and bad.json()["message"] == "request body: not UTF-8 JSON (byte 12)"
+        assert bad.status_code == 400 and bad.json()["error"]["message"] == "request body: not UTF-8 JSON (byte 12)"
         pid = health(url)["replicas"][1]["pid"]
         assert complete(url, "The ").status_code == 200          # request 0: replica 0
         s = Stream(url, "Once upon a time", 1500)                # request 1: replica 1, streaming when it freezes

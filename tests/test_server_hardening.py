@@ -29,7 +29,7 @@ def srv(bundled):
 def test_what_the_server_does_not_do_is_refused(srv, body, field):
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     r = httpx.post(f"{srv.url}{path}", json=body, timeout=30)
-    assert r.status_code == 400 and r.json()["message"].startswith(field), r.text
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(field), r.text
 
 
 def test_what_it_does_is_still_accepted(srv):
@@ -49,7 +49,7 @@ def test_a_lone_surrogate_is_a_400_and_the_connection_lives(srv, raw, field):
     with httpx.Client(timeout=30) as c:
         r = c.post(f"{srv.url}{path}", content=raw, headers={"Content-Type": "application/json"})
         assert r.status_code == 400, r.text
-        msg = r.json()["message"]      # msgspec refuses the escape itself; the text check names the field
+        msg = r.json()["error"]["message"]      # msgspec refuses the escape itself; the text check names the field
         assert "surrogate" in msg and (field in msg or "byte" in msg), msg
         # the same keep-alive connection answers the next request
         assert c.post(f"{srv.url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
@@ -89,5 +89,5 @@ def test_a_part_that_is_not_text_is_a_400_naming_its_type_and_place(srv):
     parts = [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/a.png"}}]
     r = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}],
                                                             "max_tokens": 3}, timeout=30)
-    assert r.status_code == 400 and r.json()["message"].startswith(
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(
         "messages[0].content[1].type: 'image_url' parts are not supported"), r.text

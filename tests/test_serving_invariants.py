@@ -53,21 +53,22 @@ def one(url: str, kind: str, rng: random.Random, out: list, k: int):
     try:
         if kind == "bad_json":
             r = httpx.post(path, content=b'{"prompt": ', headers={"Content-Type": "application/json"}, timeout=60)
-            out[k] = (kind, r.status_code, r.json().get("message", ""))
+            out[k] = (kind, r.status_code, r.json().get("error", {}).get("message", ""))
             return
         if kind == "bad_field":
             r = httpx.post(path, json={**body, "max_tokens": 0}, timeout=60)
-            out[k] = (kind, r.status_code, r.json().get("message", ""))
+            out[k] = (kind, r.status_code, r.json().get("error", {}).get("message", ""))
             return
         if kind == "unsupported":
             r = httpx.post(path, json={**body, "best_of": 3}, timeout=60)
-            out[k] = (kind, r.status_code, r.json().get("message", ""))
+            out[k] = (kind, r.status_code, r.json().get("error", {}).get("message", ""))
             return
         if kind == "too_long":
             body["prompt"] = "x" * 200
         if kind == "whole":
             r = httpx.post(path, json=body, timeout=60)
-            detail = r.json().get("message") if r.status_code != 200 else r.json()["choices"][0]["finish_reason"]
+            detail = (r.json()["error"]["message"] if r.status_code != 200 else
+                      r.json()["choices"][0]["finish_reason"])
             out[k] = (kind, r.status_code, detail)
             return
         body["stream"] = True
@@ -76,7 +77,7 @@ def one(url: str, kind: str, rng: random.Random, out: list, k: int):
         with httpx.stream("POST", path, json=body, timeout=60) as r:
             if r.status_code != 200:
                 r.read()
-                out[k] = (kind, r.status_code, r.json().get("message", ""))
+                out[k] = (kind, r.status_code, r.json().get("error", {}).get("message", ""))
                 return
             payloads, done = [], False
             for line in r.iter_lines():
@@ -93,7 +94,7 @@ def one(url: str, kind: str, rng: random.Random, out: list, k: int):
                     return          # closing the stream: the server must abort the request
             last = next((p for p in reversed(payloads) if p.get("choices")), payloads[-1] if payloads else None)
             reason = (last or {}).get("choices", [{}])[0].get("finish_reason") if last and last.get("choices") else None
-            error = (last or {}).get("message") if last and "choices" not in last else None
+            error = (last or {}).get("error", {}).get("message") if last and "choices" not in last else None
             out[k] = (kind, "stream", (reason, error, done))
     except httpx.HTTPError as e:
         out[k] = (kind, "client error", repr(e))
