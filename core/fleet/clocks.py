@@ -28,9 +28,13 @@ class Placement:
     uncertainty_ms: float | None     # None: not known (offsets given)
     how: str
     clock: dict | None          # the common clock (meta.clock of the merged trace), None: virtual
+    own_ms: tuple[float, ...] = ()   # each replica's own files' alignment within it (a merged server's: its log's)
 
     def rows(self, names: list[str]) -> list[dict]:
-        return [{"replica": k, "file": n, "offset_ms": off, "uncertainty_ms": self.uncertainty_ms, "how": self.how}
+        """One row per replica; its uncertainty: the placement's, or its own files' where larger."""
+        own = list(self.own_ms) + [0.0] * (len(names) - len(self.own_ms))
+        return [{"replica": k, "file": n, "offset_ms": off, "how": self.how,
+                 "uncertainty_ms": None if self.uncertainty_ms is None else max(self.uncertainty_ms, own[k])}
                 for k, (n, off) in enumerate(zip(names, self.offsets_ms))]
 
 
@@ -84,9 +88,23 @@ def _missing(c: dict | None) -> str:
     return f"records a {c.get('kind') or 'clock of no kind'} clock that the others' cannot be set against"
 
 
+def own_uncertainty(t) -> float:
+    """How well a replica's own events sit on its own clock: the largest uncertainty of the files
+    merged into it (meta.merged_from: a vLLM server's iteration log placed by its spans, ...)."""
+    rows = t.meta.get("merged_from") or []
+    return max([float(r["uncertainty_ms"]) for r in rows if isinstance(r, dict)
+                and isinstance(r.get("uncertainty_ms"), (int, float))] + [0.0])
+
+
 def place_replicas(traces: list, names: list[str]) -> Placement:
     """Each replica's offset onto one clock (see the module's docstring); TraceError naming the first
     replica that cannot be placed."""
+    import dataclasses
+    got = _place(traces, names)
+    return dataclasses.replace(got, own_ms=tuple(own_uncertainty(t) for t in traces))
+
+
+def _place(traces: list, names: list[str]) -> Placement:
     n = len(traces)
     clocks = [t.meta.get("clock") for t in traces]
     if all(not c for c in clocks) and all(t.meta.get("source") == "simulated" for t in traces):
