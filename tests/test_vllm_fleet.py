@@ -217,3 +217,22 @@ def test_one_replicas_share_merges_with_the_fleets_client_file(tmp_path, capsys)
     mine = {rid for rid, p in _router_sent().items() if p == _port_of_replica(1)}
     viewed = {rid for rid, ex in zip(tr.ids, tr.request_extra) if "engine_request_id" in ex}
     assert viewed == mine
+
+
+def test_each_replicas_steps_and_gauges_are_drawn_apart():
+    """Issue 52 item 4: both servers' iteration logs and /metrics samples were drawn as one engine's
+    (one gauge line zigzagging between two servers)."""
+    from core.figures.batch import gauges_figure
+    from core.figures.engine import counted_steps_figure
+    tr = load_trace(FLEET / "fleet.json.gz")
+    steps = counted_steps_figure(tr.steps)
+    assert steps.layout.title.text.startswith("Each replica's steps")
+    for k in (0, 1):
+        mine = tr.steps[tr.steps["replica"] == k]
+        drawn = [d for d in steps.data if d.name.startswith(f"r{k} ")]
+        assert sum(len(d.x) for d in drawn) == len(mine)
+    g = gauges_figure(tr.events_of("gauge"))
+    for k in (0, 1):
+        run = next(d for d in g.data if d.name == f"running (server r{k})")
+        want = [e["running"] for e in tr.events_of("gauge") if e.get("replica") == k and "running" in e]
+        assert list(run.y) == want

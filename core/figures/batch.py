@@ -47,31 +47,40 @@ def gauges_figure(gauges: list[dict], cursor_ms: float | None = None) -> go.Figu
     (DENSE_GAUGES): a line between two scrapes seconds apart would claim what nobody saw. Each series
     is drawn from the samples that carry it (an iteration log's KV usage has no running count)."""
     fig = go.Figure()
+    reps = sorted({int(g.get("replica", 0)) for g in gauges})
+    apart = len(reps) > 1          # a fleet's: each replica's own series (a sum of samples taken apart is no one's)
 
-    def series(key, scale=1.0):
-        got = [(g["t_ms"], g[key] * scale) for g in gauges if isinstance(g.get(key), (int, float))]
+    def series(key, r, scale=1.0):
+        got = [(g["t_ms"], g[key] * scale) for g in gauges if isinstance(g.get(key), (int, float))
+               and (not apart or g.get("replica", 0) == r)]
         return [t for t, _ in got], [v for _, v in got]
 
     counts = []
-    for i, key in enumerate(("running", "waiting")):
-        x, y = series(key)
+    for k, r in enumerate(reps):
+        who, dash = (f" r{r}", ("solid", "dash", "dashdot", "longdash")[k % 4]) if apart else ("", "solid")
+        for i, key in enumerate(("running", "waiting")):
+            x, y = series(key, r)
+            if x:
+                counts.append(len(x))
+                fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers" if len(x) >= DENSE_GAUGES else "markers",
+                                         name=f"{key} (server{who})", marker=dict(size=7, symbol=i),
+                                         line=dict(shape="hv", color=PALETTE[i], dash=dash)))
+        x, y = series("kv_usage", r, 100.0)
         if x:
             counts.append(len(x))
-            fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers" if len(x) >= DENSE_GAUGES else "markers",
-                                       name=f"{key} (server)", line=dict(shape="hv", color=PALETTE[i]),
-                                       marker=dict(size=7, symbol=i)))
-    x, y = series("kv_usage", 100.0)
-    if x:
-        counts.append(len(x))
-        dense = len(x) >= DENSE_GAUGES
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines" if dense else "markers", name="KV usage % (server)",
-                                   yaxis="y2", line=dict(shape="hv", color=PALETTE[3], dash="dot"),
-                                   marker=dict(size=7, symbol="diamond-open")))
+            dense = len(x) >= DENSE_GAUGES
+            fig.add_trace(go.Scatter(x=x, y=y, mode="lines" if dense else "markers", name=f"KV usage % (server{who})",
+                                     yaxis="y2", line=dict(shape="hv", color=PALETTE[3], dash="dot" if not apart
+                                                           else dash), marker=dict(size=7, symbol="diamond-open")))
     if cursor_ms is not None:
         fig.add_vline(x=cursor_ms, line_color=CURSOR, line_width=2)
     fig.update_layout(xaxis_title="time (ms)", yaxis=dict(title="requests", rangemode="nonnegative"),
                       yaxis2=dict(title="KV usage (%)", overlaying="y", side="right", range=[0, 100], showgrid=False))
     sparse = min(counts, default=0)
+    if apart:
+        few = f": {sparse} samples of the sparsest series" if sparse < DENSE_GAUGES else ""
+        return base_layout(fig, f"Each replica's gauges ({len(reps)} replicas), sampled from its own /metrics{few}",
+                           height=280)
     if sparse < DENSE_GAUGES:
         return base_layout(fig, f"Server gauges (measured): {sparse} samples of the sparsest series", height=280)
     return base_layout(fig, "Server gauges, sampled from its /metrics (measured by the client)", height=280)

@@ -96,19 +96,30 @@ def engine_phases_figure(ids: list[str], arrival_ms, extras: list[dict], cursor_
 
 def counted_steps_figure(steps, cursor_ms: float | None = None) -> go.Figure:
     """An engine's logged steps (no requests): duration over time, prefill steps and decode-only
-    steps apart, the marker's size by the tokens computed."""
+    steps apart, the marker's size by the tokens computed. A fleet's (a replica column naming
+    several): each replica's steps apart, prefill steps filled and decode-only ones open."""
     fig = go.Figure()
     pre = steps["prefill_reqs"].to_numpy() > 0
     tokens = steps["prefill_tokens"].to_numpy() + steps["decode_tokens"].to_numpy()
-    for mask, name, color in ((pre, "with prefill", "#F2B701"), (~pre, "decode only", "#80B1D3")):
+    reps = sorted(set(steps["replica"].tolist())) if "replica" in steps else [0]
+    rep = steps["replica"].to_numpy() if len(reps) > 1 else np.zeros(len(steps), dtype=int)
+    groups = [(pre, "with prefill", "#F2B701", "circle"), (~pre, "decode only", "#80B1D3", "circle")]
+    if len(reps) > 1:
+        from core.figures.fleet import color_of
+        groups = [(pre & (rep == k), f"r{k} with prefill", color_of(k), "circle") for k in reps] + \
+                 [(~pre & (rep == k), f"r{k} decode only", color_of(k), "circle-open") for k in reps]
+    for mask, name, color, symbol in groups:
         s = steps[mask]
         fig.add_trace(go.Scattergl(
             x=s["t_ms"], y=s["dur_ms"], mode="markers", name=name,
-            marker=dict(color=color, size=np.clip(4 + np.sqrt(tokens[mask]) / 2, 4, 16), line=dict(width=0)),
+            marker=dict(color=color, size=np.clip(4 + np.sqrt(tokens[mask]) / 2, 4, 16), symbol=symbol,
+                        line=dict(width=1 if symbol.endswith("open") else 0, color=color)),
             customdata=np.stack([s["prefill_reqs"], s["prefill_tokens"], s["decode_reqs"]], axis=1),
             hovertemplate="%{x:.1f} ms: %{y:.2f} ms; prefill %{customdata[0]} req / %{customdata[1]} tok, "
                           "decode %{customdata[2]} req<extra></extra>"))
     if cursor_ms is not None:
         fig.add_vline(x=cursor_ms, line_color=CURSOR, line_width=2)
     fig.update_layout(xaxis_title="time (ms)", yaxis_title="step duration (ms)")
-    return base_layout(fig, "The engine's steps, from its iteration log", height=300)
+    title = (f"Each replica's steps ({len(reps)} replicas), from their iteration logs" if len(reps) > 1
+             else "The engine's steps, from its iteration log")
+    return base_layout(fig, title, height=300)
