@@ -230,6 +230,12 @@ def _print_fleet(f):
             f", {r['prefix_hit_blocks']:,} prefix-hit blocks ({r['prefix_hit_blocks_source']}" + (
                 "" if r["prefix_hit_rate"] is None else f"; on first admission {r['prefix_hit_blocks_first']:,} of "
                 f"{r['prompt_blocks']:,} prompt blocks routed, {r['prefix_hit_rate']:.1%}") + ")"
+        if r.get("prefix_hit_tokens") is not None:     # the server's own counters (a vLLM fleet)
+            q = r.get("prefix_query_tokens")
+            hits += f", prefix-cache hits {r['prefix_hit_tokens']:,}" + (f" of {q:,}" if q else "") + \
+                " prompt tokens (the server's own counters)"
+        elif r["prefix_hit_blocks"] is None:
+            hits = ", prefix-cache hits unknown (no KV rows, no counters)"
         print(f"  replica {r['replica']} ({r['role']}{sm}): {r['routed']} routed, {r['requests']} finished, "
               f"{r['prefilled']} prefilled{lat}; {r['steps']:,} steps, busy {fmt_num(r['busy_fraction'])}{hits}")
     ro = f["router"]
