@@ -15,6 +15,7 @@ import pytest
 
 from core.__main__ import main
 from core.analysis.metrics import summarize
+from core.errors import TraceError
 from core.fleet.client import join_client, pair_by_id
 from core.fleet.merge import merge_replicas
 from core.fleet.replica_files import replica_trace
@@ -236,3 +237,49 @@ def test_each_replicas_steps_and_gauges_are_drawn_apart():
         run = next(d for d in g.data if d.name == f"running (server r{k})")
         want = [e["running"] for e in tr.events_of("gauge") if e.get("replica") == k and "running" in e]
         assert list(run.y) == want
+
+
+def test_a_request_on_no_replicas_files_is_on_no_replica(fleet_only):
+    """A client request whose id no replica holds finishes on -1 (no replica's), never counted on
+    replica 0; a client none of whose requests can be joined is refused."""
+    gone = "cmpl-fleet-7-0"
+    keep = [j for j, rid in enumerate(fleet_only.ids) if rid != gone]
+    tr, r = join_client(_subset(fleet_only, keep), _client(), "client.json")
+    assert (r["by_id"], r["unmatched"]) == (63, 1)
+    i = tr.ids.index("fleet-7")
+    assert tr.finishes.loc[tr.finishes["req"] == i, "replica"].tolist() == [-1]
+    assert tr.request_extra[i]["replica"] is None
+    rows = summarize(tr, per_request=False)["summary"]["fleet"]["replicas"]
+    full = summarize(join_client(fleet_only, _client(), "c")[0], per_request=False)["summary"]["fleet"]["replicas"]
+    assert sum(x["requests"] for x in rows) == 63 and sum(x["requests"] for x in full) == 64
+    with pytest.raises(TraceError, match="none of its 64 requests could be joined"):
+        join_client(_subset(fleet_only, keep[:10]), _client(request_id_prefix=None), "client.json")
+
+
+def test_the_client_clock_is_placed_inside_the_band_every_pair_allows(merged):
+    """Each engine arrival after its client send, each engine first token before the client's."""
+    r = merged.meta["fleet"]["client"]
+    assert r["uncertainty_ms"] < 5 and "pairs bound it" in r["how"]
+    send = merged.requests["arrival_ms"].to_numpy()
+    first = merged.tokens.groupby("req")["t_ms"].min()
+    for i, ex in enumerate(merged.request_extra):
+        assert ex["engine_arrival_ms"] >= send[i] - 1e-6
+        assert ex["engine_arrival_ms"] + ex["engine_ttft_ms"] <= first[i] + 1e-6
+
+
+def test_a_folder_with_our_own_replica_trace_is_a_replica(tmp_path):
+    """A folder holding a gpu_runner serve trace (measured: it has requests, but it is a replica's own,
+    not a client's file) is that replica."""
+    src = DATA / "imports" / "sglang_router" / "cache_aware" / "r0.json.gz"
+    (tmp_path / "r0").mkdir()
+    (tmp_path / "r0" / "r0.json.gz").write_bytes(src.read_bytes())
+    (tmp_path / "r0" / "notes.txt").write_text("how this replica was started\n")
+    tr, how = replica_trace(tmp_path / "r0")
+    assert tr.ids == load_trace(src).ids and how == "its own trace"
+
+
+def test_compare_takes_both_sides_over_their_drain_windows(capsys):
+    """A joined fleet records its client's own window; compare still sets drain beside drain."""
+    assert main(["compare", str(FLEET / "fleet.json.gz"),
+                 str(DATA / "imports" / "sglang_router" / "cache_aware" / "fleet.json.gz")]) == 0
+    assert "drain window (ms)" in capsys.readouterr().out

@@ -66,8 +66,8 @@ def distinct_labels(label_a: str, label_b: str) -> tuple[str, str]:
 
 def compare_table(a: Trace, b: Trace, label_a: str, label_b: str) -> pd.DataFrame:
     """Key metrics side by side with the difference (second - first) and the ratio."""
-    return summary_table(summarize(a, per_request=False)["summary"], summarize(b, per_request=False)["summary"],
-                         label_a, label_b)
+    return summary_table(summarize(a, per_request=False, client_window_too=False)["summary"],
+                         summarize(b, per_request=False, client_window_too=False)["summary"], label_a, label_b)
 
 
 def summary_table(sa: dict, sb: dict, label_a: str, label_b: str) -> pd.DataFrame:

@@ -342,12 +342,12 @@ def numpy_distribution(values, name: str, percentiles=DEFAULT_PERCENTILES) -> di
 
 
 def summary(ev, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENTILES, slo=None, meta=None,
-            has_kv_events: bool = False) -> dict:
+            has_kv_events: bool = False, client_window_too: bool = True) -> dict:
     """The summary of one trace (metrics.summarize's "summary"), whichever evaluator holds it."""
     meta = meta or {}
     c = ev.agg("request", COUNTS)
     start, end, kind = measurement_window(window, drain_window(ev))
-    if window is None and (cw := client_window(meta)) is not None:    # the client's own, as its tool reports it
+    if window is None and client_window_too and (cw := client_window(meta)) is not None:   # the client's own
         start, end, kind = cw[0], cw[1], "client"
     n_out = emitted(ev, start, end)
     span_ms = end - start

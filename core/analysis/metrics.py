@@ -414,13 +414,15 @@ def step_summary(trace) -> dict | None:
 
 
 def summarize(trace, window=None, usd_per_hour=None, percentiles=DEFAULT_PERCENTILES, slo: SLO | None = None,
-              per_request: bool = True) -> dict:
+              per_request: bool = True, client_window_too: bool = True) -> dict:
     """The metrics of one trace as plain JSON-ready data (used by the CLI and pages). With
     SLO bounds given: summary.slo and a per-request slo_met. `per_request` False: no
-    "requests" rows (callers that read only the summary; 10,000 rows cost ~0.1 s)."""
+    "requests" rows (callers that read only the summary; 10,000 rows cost ~0.1 s).
+    `client_window_too` False: throughput over the drain window even where the trace records its
+    client's own window (meta.client_window; a comparison of two traces takes both over their drain)."""
     ev = InMemory(trace)
     summary = d.summary(ev, window, usd_per_hour, percentiles, slo, trace.meta,
-                        has_kv_events=bool(len(getattr(trace, "kv_events", ()))))
+                        has_kv_events=bool(len(getattr(trace, "kv_events", ()))), client_window_too=client_window_too)
     fleet = fl.fleet_summary(ev, trace.meta)
     if fleet is not None:
         summary["fleet"] = fleet

@@ -235,7 +235,7 @@ def _merge_with_fleet(a, parts, fleets) -> int:
         raise InputError(f"merge: {a.files[fleets[0]]} is a fleet's trace: give it with its client's file alone "
                          "(or each replica's files to python -m core fleet-merge, with --client)")
     f = fleets[0]
-    client = _client_trace(a.files[1 - f])
+    client = _client_trace(a.files[1 - f], a.run)
     tr, joined = _merged(a, lambda: join_client(parts[f], client, a.files[1 - f]))
     if a.json:
         print(json.dumps({"out": a.out, "client": joined}, allow_nan=False))
@@ -252,14 +252,18 @@ def _print_alignment(tr) -> None:
         print(f"{r['file']}: replica {r['replica']}, offset {r['offset_ms']:+.3f} ms{unc} ({r['how']})")
 
 
-def _client_trace(path: str):
-    """The client's requests (one run of a file of several: refused, name it with merge --run first)."""
+def _client_trace(path: str, run: int | None = None):
+    """The client's requests (a file of several runs: run `run`, else refused)."""
     from core.trace import Imported, Trace
     x = read_any(path)
     window = None
     if isinstance(x, Imported):
-        if len(x.runs) > 1:
-            raise InputError(f"--client {path}: holds {len(x.runs)} runs; a fleet's client file is one run")
+        if len(x.runs) > 1 and run is not None:
+            if not 0 <= run < len(x.runs):
+                raise InputError(f"--run {run}: {path} holds runs 0..{len(x.runs) - 1}")
+            x = x.runs[run]
+        elif len(x.runs) > 1:
+            raise InputError(f"{path}: holds {len(x.runs)} runs; a fleet's client file is one run (merge --run K)")
         window = x.window_ms
         x = x.trace
     if not isinstance(x, Trace) or not len(x.requests):
@@ -326,8 +330,9 @@ def cmd_fleet_merge(a) -> int:
     if client is not None:
         _print_join(joined)
     served = tr.finishes.groupby("replica").size().to_dict() if len(tr.finishes) else {}
+    nowhere = f"; on no replica's files: {served[-1]}" if served.get(-1) else ""
     print(f"wrote {a.out}: {len(tr.requests)} requests on {n} replicas (finished per replica: "
-          + ", ".join(f"{k}: {served.get(k, 0)}" for k in range(n)) + f"), {len(tr.steps)} steps")
+          + ", ".join(f"{k}: {served.get(k, 0)}" for k in range(n)) + f"{nowhere}), {len(tr.steps)} steps")
     return 0
 
 def cmd_fidelity(a) -> int:

@@ -109,7 +109,7 @@ def _summary_and_requests(path, out_of_core: bool):
     tr = got.trace if isinstance(got, Imported) else got
     if tr is None:
         raise InputError(f"{path}: only summary fields; nothing per request to compare")
-    return summarize(tr, per_request=False)["summary"], tr.requests, {"out_of_core": False}
+    return summarize(tr, per_request=False, client_window_too=False)["summary"], tr.requests, {"out_of_core": False}
 
 def cmd_overview(a) -> int:
     import time

@@ -13,13 +13,16 @@ The join decides each client request's engine request, hence its replica:
   router's retry) is counted, paired with the copy that finished.
 - **by time**, only when no id matches (a client that sends none, or ids the servers did not keep):
   in order of arrival (core.trace.imports.otlp's pairing), and the report counts the ambiguous
-  pairs: neighbours in that order whose sends are closer than the clocks' uncertainty.
+  pairs: neighbours in that order whose sends are closer than the clocks' uncertainty. A client
+  none of whose requests can be joined is refused.
 
 The joined trace is the client's (its arrivals, tokens and finishes: what a user measured), each
 token and finish on the replica its engine request ran on, each request carrying the engine's view
 of it (engine_request_id, engine_arrival_ms, engine_ttft_ms, ...), with the fleet's steps, KV
 events, gauges and route events moved onto the client's clock (both epoch clocks: their origins'
-difference; else the median of client send - engine arrival over the pairs).
+difference; else the band every pair allows: engine arrival after the send, engine first token
+before the client's; a request on no replica's files finishes on replica -1, its extra's replica
+None).
 """
 from __future__ import annotations
 
@@ -75,11 +78,30 @@ def _offset(client: Trace, fleet: Trace, pairs) -> tuple[float, float, str]:
     cc, fc = client.meta.get("clock") or {}, fleet.meta.get("clock") or {}
     if cc.get("kind") == "epoch" and fc.get("kind") == "epoch":
         return epoch_offset(cc, fc)
-    if not pairs:
-        raise TraceError("fleet merge --client: no client request could be paired with a fleet request, and the "
-                         f"clocks ({cc.get('kind') or 'none'} / {fc.get('kind') or 'none'}) do not place them "
-                         "otherwise")
-    return otlp.offset_by_pairs(client, fleet, pairs)
+    return _bounded_offset(client, fleet, pairs)
+
+
+def _bounded_offset(client: Trace, fleet: Trace, pairs) -> tuple[float, float, str]:
+    """Each pair bounds the offset from both sides: the engine received the request after the client
+    sent it (offset >= send - engine arrival), and emitted its first token before the client read it
+    (offset <= client first token - engine first token). The band's middle, its half width the
+    uncertainty; where the pairs leave no band (clocks that drift, a pairing that is wrong), the
+    median of send - arrival, its half spread the uncertainty, and the `how` says so."""
+    send = client.requests["arrival_ms"].to_numpy(dtype=float)
+    arr = fleet.requests["arrival_ms"].to_numpy(dtype=float)
+    c_first = client.tokens.groupby("req")["t_ms"].min() if len(client.tokens) else {}
+    f_first = fleet.tokens.groupby("req")["t_ms"].min() if len(fleet.tokens) else {}
+    lo = max(send[i] - arr[j] for i, j in pairs)
+    his = [c_first[i] - f_first[j] for i, j in pairs if i in c_first and j in f_first]
+    hi = min(his) if his else None
+    if hi is not None and lo <= hi:
+        return ((lo + hi) / 2, (hi - lo) / 2, f"{len(pairs)} pairs bound it: each engine arrival after its send "
+                f"(>= {lo:.3f} ms), each engine first token before the client's (<= {hi:.3f} ms); the middle")
+    off, unc, how = otlp.offset_by_pairs(client, fleet, pairs)
+    why = "no first tokens to bound it from above" if hi is None else \
+        f"the pairs leave no offset that puts every arrival after its send and every first token before the client's " \
+        f"({lo:.3f} > {hi:.3f} ms: clocks that drift, or pairs that are wrong)"
+    return off, unc, f"{how} ({why})"
 
 
 def join_client(fleet: Trace, client: Trace, name: str) -> tuple[Trace, dict]:
@@ -92,6 +114,10 @@ def join_client(fleet: Trace, client: Trace, name: str) -> tuple[Trace, dict]:
         pairs = otlp._in_order(client, fleet)
         by_time = len(pairs)
         report["unmatched"] = len(client.ids) - by_time
+    if not pairs:
+        raise TraceError(f"{name}: none of its {len(client.ids):,} requests could be joined to the fleet's "
+                         f"{len(fleet.ids):,}: no id it sent is a replica's, and in order of arrival they fit no one "
+                         "run of the fleet's requests (or more than one); is it this fleet's client?")
     off, unc, how = _offset(client, fleet, pairs)
     report.update(file=name, by_time=by_time, ambiguous=_ambiguous(client, pairs, 2 * unc) if by_time else 0,
                   engine_only=len(fleet.ids) - len(pairs), offset_ms=off, uncertainty_ms=unc, how=how)
@@ -105,8 +131,8 @@ def _joined(fleet: Trace, client: Trace, pairs, off: float, report: dict) -> Tra
     for i, j in pairs:
         rep[i] = rep_of.get(j, -1)
     out = Trace(meta=_meta(fleet, client, report), requests=client.requests.copy(),
-                tokens=_on_replicas(client.tokens, rep, keep_unknown=True),
-                finishes=_on_replicas(client.finishes, rep, keep_unknown=True),
+                tokens=_on_replicas(client.tokens, rep, unknown=0),
+                finishes=_on_replicas(client.finishes, rep, unknown=-1),
                 steps=_moved(fleet.steps, off), batch=_rows_renamed(fleet.batch, to_client),
                 kv=_rows_renamed(_moved(fleet.kv, off), to_client), kv_events=_moved(fleet.kv_events, off),
                 preempts=_rows_renamed(_moved(fleet.preempts, off), to_client),
@@ -114,8 +140,8 @@ def _joined(fleet: Trace, client: Trace, pairs, off: float, report: dict) -> Tra
                 request_extra=[dict(e) for e in client.request_extra] or [{} for _ in client.ids],
                 extra=dict(client.extra))
     otlp.attach_spans(out, fleet, pairs, off)
-    for i, _ in pairs:
-        out.request_extra[i]["replica"] = int(rep[i])
+    for i in range(len(client.ids)):   # (None: on no replica's files: its finish is on -1, not on any replica)
+        out.request_extra[i]["replica"] = int(rep[i]) if rep[i] >= 0 else None
     moved, before = move_origin(out)
     if moved:
         report.update(origin_moved_ms=moved, events_before=before)
@@ -145,22 +171,23 @@ def _events(fleet: Trace, client: Trace, pairs, off: float) -> list[dict]:
 
 def _replica_of(fleet: Trace) -> dict[int, int]:
     """fleet request row -> the replica that served it: where it finished, else where its tokens
-    came from, else where its steps' batch rows are."""
+    came from."""
     out: dict[int, int] = {}
-    for df in (fleet.batch, fleet.tokens, fleet.finishes):
+    for df in (fleet.tokens, fleet.finishes):
         if len(df) and "replica" in df:
             ok = df["req"].to_numpy() >= 0
             out.update(zip(df["req"].to_numpy()[ok].tolist(), df["replica"].to_numpy()[ok].tolist()))
     return {int(k): int(v) for k, v in out.items() if v >= 0}
 
 
-def _on_replicas(df: pd.DataFrame, rep: np.ndarray, keep_unknown: bool) -> pd.DataFrame:
-    """A client table (tokens, finishes) with each row on its request's replica (unpaired: 0, and
-    the request's extra says it is not known)."""
+def _on_replicas(df: pd.DataFrame, rep: np.ndarray, unknown: int) -> pd.DataFrame:
+    """A client table (tokens, finishes) with each row on its request's replica; a request found on
+    no replica's files on `unknown` (finishes: -1, no replica's; tokens, which name one: 0, and the
+    request's extra says replica None)."""
     df = df.copy()
     if len(df):
         r = rep[df["req"].to_numpy()]
-        df["replica"] = np.where(r >= 0, r, 0) if keep_unknown else r
+        df["replica"] = np.where(r >= 0, r, unknown)
     return df
 
 
@@ -184,16 +211,22 @@ def _rows_renamed(df: pd.DataFrame, to_client: dict[int, int]) -> pd.DataFrame:
 
 
 def _meta(fleet: Trace, client: Trace, report: dict) -> dict:
+    """The client's meta, with the fleet's engine, stats and fleet parts, both sides' provenance (a
+    key the client has already: the fleet's as "engine <key>") and the fleet's notes after its own."""
     meta = dict(client.meta)
     for key in ("engine", "model", "stats", "versions", "kv_blocks_drawn"):
         if fleet.meta.get(key) is not None:
             meta[key] = fleet.meta[key]
+    prov = dict(client.meta.get("provenance") or {})
+    for key, v in (fleet.meta.get("provenance") or {}).items():
+        prov.setdefault(key if key not in prov else f"engine {key}", v)
+    meta["provenance"] = prov
     meta["fleet"] = {**(fleet.meta.get("fleet") or {}), "client": report}
     meta["label"] = f"{client.label} + {fleet.label}"
     by = (f"{report['by_id']} by the ids the client sent" if report["by_id"] else
           f"{report['by_time']} by time in order of arrival ({report['ambiguous']} ambiguous: sends closer than the "
           "clocks' uncertainty)")
-    meta["notes"] = " ".join(x for x in (str(client.meta.get("notes") or ""), (
+    meta["notes"] = " ".join(x for x in (str(client.meta.get("notes") or ""), str(fleet.meta.get("notes") or ""), (
         f"Joined with the fleet's trace: {len(client.ids)} client requests, {by}; {report['unmatched']} not found on "
         f"any replica; {report['engine_only']} engine requests the client did not send (not in this trace, their "
         f"steps are); the fleet's times moved {report['offset_ms']:+.3f} ms ± {report['uncertainty_ms']:.3f} ms "

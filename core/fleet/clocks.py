@@ -33,9 +33,14 @@ class Placement:
     def rows(self, names: list[str]) -> list[dict]:
         """One row per replica; its uncertainty: the placement's, or its own files' where larger."""
         own = list(self.own_ms) + [0.0] * (len(names) - len(self.own_ms))
-        return [{"replica": k, "file": n, "offset_ms": off, "how": self.how,
-                 "uncertainty_ms": None if self.uncertainty_ms is None else max(self.uncertainty_ms, own[k])}
-                for k, (n, off) in enumerate(zip(names, self.offsets_ms))]
+        rows = []
+        for k, (n, off) in enumerate(zip(names, self.offsets_ms)):
+            unc, how = self.uncertainty_ms, self.how
+            if unc is not None and own[k] > unc:
+                unc = own[k]
+                how = f"{how}; within it, its own files placed on its clock ± {unc:.3g} ms (its log by its spans)"
+            rows.append({"replica": k, "file": n, "offset_ms": off, "how": how, "uncertainty_ms": unc})
+        return rows
 
 
 def _t0(c: dict, key: str = "t0_s") -> float | None:

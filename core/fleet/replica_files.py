@@ -52,8 +52,9 @@ def replica_trace(path: str | Path) -> tuple[Trace, str]:
         if isinstance(x, Trace):
             return x, "its own trace"
         parts, names, skipped = [x], [str(p)], []
-    for x, n in zip(parts, names):
-        if role(x) == "requests" and len((x.trace if isinstance(x, Imported) else x).requests):
+    for x, n in zip(parts, names):      # (our own measured trace has requests too: it is a replica's)
+        client = isinstance(x, Imported) or x.meta.get("source") == "imported"
+        if client and role(x) == "requests" and len((x.trace if isinstance(x, Imported) else x).requests):
             raise TraceError(f"{n}: a benchmark client's file is the whole fleet's, not one replica's: give it once "
                              "with --client FILE")
     if len(parts) == 1 and isinstance(parts[0], Trace):

@@ -325,6 +325,8 @@ GAUGE = Record("gauge", None, "the server's own load, sampled by a capture clien
     Field("preemptions", "number", "preemptions so far (vllm:num_preemptions_total)", default=None, lo=0),
     Field("prefix_cache_queries", "number", "prefix-cache queries so far, tokens", default=None, lo=0),
     Field("prefix_cache_hits", "number", "prefix-cache hits so far, tokens", default=None, lo=0),
+    Field("replica", "int", "fleet traces: the replica whose server it was read from (absent: 0, the only one)",
+          default=0, lo=0, write="present"),
 ))
 
 META = Record("meta", None, "where the trace comes from", (

@@ -34,7 +34,7 @@ def import_scrapes(lines: list[dict], name: str) -> Imported:
     if not pages:
         raise TraceError(f"{name}: none of its {len(lines):,} scrapes got a page (each line records the error "
                          f"met, e.g. {short(lines[0].get('error'), 80)}): was the server up?")
-    t0 = pages[0][0]
+    t0 = min(t for t, _ in pages)
     events = [g for t, text in pages if (g := gauge_from_text((t - t0) / 1e6, text)) is not None]
     notes = [f"{len(pages)} /metrics pages -> {len(events)} gauge events (requests running / waiting, KV-cache "
              "usage, preemptions, prefix-cache counters); no requests."]
