@@ -57,6 +57,8 @@
 # ALTERNATE (1: both servers stay up and the measured runs alternate between them, A B B A A B ...,
 # so that this VM's drift over minutes (measured: the same engine 1.65x apart minutes apart) falls
 # on both; 0: every vLLM run, then every run of ours, each server alone on the machine),
+# PAUSE_IDLE (1: while one server is measured the other is stopped, SIGSTOP, and continued before
+# its own runs: vLLM's idle CPU worker polls at 40-65% of a core; 0: the idle one left running),
 # CAPTURE (1: each round also runs `gpu_runner capture` of the same burst in-process, no HTTP:
 # runner_capture_rK.json, compared with vLLM served; 0: off).
 set -euo pipefail
@@ -82,6 +84,7 @@ OTLP="${OTLP:-1}"
 OTLP_PORT="${OTLP_PORT:-4318}"
 VLLM_ONLY="${VLLM_ONLY:-0}"
 ALTERNATE="${ALTERNATE:-1}"
+PAUSE_IDLE="${PAUSE_IDLE:-1}"
 CAPTURE="${CAPTURE:-1}"
 MAX_SEQS=16
 TOKEN_BUDGET=2048
@@ -337,16 +340,31 @@ if [ "$VLLM_ONLY" = 1 ]; then
 elif [ "$ALTERNATE" = 1 ]; then
   # Both servers up (each idle while the other is measured), the engines measured in turn:
   # A B B A A B ... for each client, so that the machine's drift over minutes falls on both.
+  # PAUSE_IDLE=1 (the default): the server not being measured is stopped (SIGSTOP to its process group)
+  # and continued before its own runs: vLLM's idle CPU worker polls for work at 40-65% of a core
+  # (measured: the summary's "busy" lines), which on two cores took from the other engine's runs.
   vllm_up
   runner_up
   loadavg "both servers up, idle"
+  only() {  # vllm | runner | none: the server(s) left running for the next measured run
+    if [ "$PAUSE_IDLE" != 1 ]; then return 0; fi
+    local v=CONT g=CONT
+    case $1 in vllm) g=STOP;; runner) v=STOP;; none) v=STOP; g=STOP;; esac
+    kill -"$v" -- "-$VLLM_PID" 2>/dev/null || true
+    kill -"$g" -- "-$RUNNER_PID" 2>/dev/null || true
+    sleep 1
+  }
+  V() { only vllm; "$@"; }
+  G() { only runner; "$@"; }
+  C() { only none; maybe_capture "$1"; }
   for ((r = 1; r <= REPEATS; r++)); do
     if (( r % 2 )); then
-      vllm_bench "$r"; runner_bench "$r"; vllm_loadgen "$r"; runner_loadgen "$r"; maybe_capture "$r"
+      V vllm_bench "$r"; G runner_bench "$r"; V vllm_loadgen "$r"; G runner_loadgen "$r"; C "$r"
     else
-      maybe_capture "$r"; runner_bench "$r"; vllm_bench "$r"; runner_loadgen "$r"; vllm_loadgen "$r"
+      C "$r"; G runner_bench "$r"; V vllm_bench "$r"; G runner_loadgen "$r"; V vllm_loadgen "$r"
     fi
   done
+  only both       # (both continued: a stopped server would not hear its SIGTERM)
   vllm_down
   runner_down
 else

@@ -50,6 +50,7 @@ class _Plan:
     dec_idx: torch.Tensor | None    # [B * L] slots of their positions, padded with slot 0
     dec_mask: torch.Tensor | None   # [B, 1, 1, L] True where a position is in the context
     others: list                    # (chunk, causal mask [n, ctx], or None: no cached prefix, is_causal)
+    prompts: list                   # (first row, B, n, slots [B * n]): B whole prompts of n tokens, rows in a run
 
 
 def _plan(chunks, device) -> _Plan:
@@ -65,15 +66,22 @@ def _plan(chunks, device) -> _Plan:
         idx[mask] = flat
         idx, mask = idx.reshape(-1), mask[:, None, None, :]
         rows = torch.tensor([c.row for c in decodes], device=device)
-    others = []
+    others, runs = [], []
     for c in chunks:
         if c.n != 1 and c.start == 0:   # no cached prefix: plain causal (same values, upper tiles skipped)
-            others.append((c, None))
+            last = runs[-1] if runs else None
+            if last is not None and last[-1].n == c.n and last[-1].row + c.n == c.row:
+                last.append(c)           # (prompts of one length, packed one after another: one call for all)
+            else:
+                runs.append([c])
         elif c.n != 1:
             ctx = c.start + c.n
             qpos = torch.arange(c.start, ctx, device=device)[:, None]
             others.append((c, torch.arange(ctx, device=device)[None, :] <= qpos))   # causal with offset
-    return _Plan(rows, not others and [c.row for c in decodes] == list(range(len(decodes))), idx, mask, others)
+    prompts = [(r[0].row, len(r), r[0].n, torch.cat([c.slots for c in r]) if len(r) > 1 else r[0].slots)
+               for r in runs]
+    return _Plan(rows, not others and not prompts and [c.row for c in decodes] == list(range(len(decodes))), idx,
+                 mask, others, prompts)
 
 
 def paged_attention(q, k_cache, v_cache, chunks: list[Chunk], scale: float | None = None):
@@ -99,6 +107,12 @@ def paged_attention(q, k_cache, v_cache, chunks: list[Chunk], scale: float | Non
         if plan.all_decodes:
             return o
         out[plan.dec_rows] = o
+    for row, B, n, slots in plan.prompts:   # whole prompts of one length: one causal call over all of them
+        k = k_flat.index_select(0, slots).view(B, n, hkv, hd).transpose(1, 2)   # [B, Hkv, n, hd]
+        v = v_flat.index_select(0, slots).view(B, n, hkv, hd).transpose(1, 2)
+        qc = q[row:row + B * n].view(B, n, -1, hd).transpose(1, 2)             # [B, H, n, hd]
+        o = F.scaled_dot_product_attention(qc, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        out[row:row + B * n] = o.transpose(1, 2).reshape(B * n, -1, hd)
     for c, mask in plan.others:
         k = k_flat.index_select(0, c.slots).transpose(0, 1)[None]   # [1, Hkv, ctx, hd]
         v = v_flat.index_select(0, c.slots).transpose(0, 1)[None]
