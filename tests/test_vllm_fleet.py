@@ -283,3 +283,15 @@ def test_compare_takes_both_sides_over_their_drain_windows(capsys):
     assert main(["compare", str(FLEET / "fleet.json.gz"),
                  str(DATA / "imports" / "sglang_router" / "cache_aware" / "fleet.json.gz")]) == 0
     assert "drain window (ms)" in capsys.readouterr().out
+
+
+def test_a_fleets_cached_blocks_count_each_replicas_cache_apart():
+    """The same block hash on two replicas is two cached blocks; a clear empties its own replica's."""
+    import pandas as pd
+
+    from core.analysis.kv_events import cached_blocks
+    rows = pd.DataFrame({"t_ms": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+                         "op": ["stored", "stored", "stored", "cleared", "removed", "stored"],
+                         "hash": ["a", "a", "b", None, "b", "c"], "replica": [0, 1, 0, 1, 0, 1]})
+    _, n = cached_blocks(rows)
+    assert n.tolist() == [1, 2, 3, 2, 1, 2]     # by hand: {0a} {0a,1a} {0a,1a,0b} {0a,0b} {0a} {0a,1c}

@@ -9,27 +9,32 @@ import pandas as pd
 
 def cached_blocks(table: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """(t_ms, cached blocks after each row): a stored hash already cached and a removed hash not
-    cached change nothing; a clear empties the cache."""
-    return table["t_ms"].to_numpy(dtype=float), CacheCount().feed(table["op"].tolist(), table["hash"].tolist())
+    cached change nothing; a clear empties the cache. A fleet's rows (a replica column): each
+    replica's cache its own (the same hash on two replicas is two blocks; a clear empties its own),
+    the count their sum."""
+    reps = table["replica"].tolist() if "replica" in table else None
+    return table["t_ms"].to_numpy(dtype=float), CacheCount().feed(table["op"].tolist(), table["hash"].tolist(),
+                                                                  reps)
 
 
 class CacheCount:
-    """The distinct blocks cached after each kv_event row, fed in recorded order all at once or in
-    consecutive chunks (a trace larger than memory: core/analysis/outofcore.py)."""
+    """The distinct blocks cached after each kv_event row (per replica, summed), fed in recorded
+    order all at once or in consecutive chunks (a trace larger than memory: core/analysis/outofcore.py)."""
 
     def __init__(self):
-        self.cached: set = set()
+        self.cached: set = set()         # (replica, hash)
 
-    def feed(self, ops: list, hashes: list) -> np.ndarray:
+    def feed(self, ops: list, hashes: list, replicas: list | None = None) -> np.ndarray:
         cached = self.cached
         n = np.empty(len(ops), dtype=np.int64)
-        for k, (op, h) in enumerate(zip(ops, hashes)):
+        reps = replicas if replicas is not None else [0] * len(ops)
+        for k, (op, h, r) in enumerate(zip(ops, hashes, reps)):
             if op == "stored":
-                cached.add(h)
+                cached.add((r, h))
             elif op == "removed":
-                cached.discard(h)
+                cached.discard((r, h))
             else:
-                cached.clear()
+                cached.difference_update([x for x in cached if x[0] == r])
             n[k] = len(cached)
         return n
 

@@ -255,8 +255,11 @@ class DuckDBTrace:
         million at a time (memory: the cache's hashes; kv_events.CacheCount, as in memory)."""
         from core.analysis.kv_events import CacheCount
         count, peak = CacheCount(), 0
-        for b in self.con.sql("SELECT kv_event_op, hash FROM scan WHERE rtype = 'kv_event'").to_arrow_reader(1 << 20):
-            n = count.feed(b.column("kv_event_op").to_pylist(), b.column("hash").to_pylist())
+        rep = "coalesce(replica, 0) AS replica" if "replica" in self.cols else "0 AS replica"
+        sql = f"SELECT kv_event_op, hash, {rep} FROM scan WHERE rtype = 'kv_event'"
+        for b in self.con.sql(sql).to_arrow_reader(1 << 20):
+            n = count.feed(b.column("kv_event_op").to_pylist(), b.column("hash").to_pylist(),
+                           b.column("replica").to_pylist())
             peak = max(peak, int(n.max()) if len(n) else 0)
         return peak
 
