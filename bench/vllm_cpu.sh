@@ -59,6 +59,9 @@
 # on both; 0: every vLLM run, then every run of ours, each server alone on the machine),
 # PAUSE_IDLE (1: while one server is measured the other is stopped, SIGSTOP, and continued before
 # its own runs: vLLM's idle CPU worker polls at 40-65% of a core; 0: the idle one left running),
+# RUNNER_CORES (0: our engine pinned to core 0 with `--cores`, its HTTP server on the others, as
+# vLLM's VLLM_CPU_OMP_THREADS_BIND=auto binds its worker to core 0 and its API server to core 1 here;
+# empty: not pinned),
 # CAPTURE (1: each round also runs `gpu_runner capture` of the same burst in-process, no HTTP:
 # runner_capture_rK.json, compared with vLLM served; 0: off).
 set -euo pipefail
@@ -85,6 +88,8 @@ OTLP_PORT="${OTLP_PORT:-4318}"
 VLLM_ONLY="${VLLM_ONLY:-0}"
 ALTERNATE="${ALTERNATE:-1}"
 PAUSE_IDLE="${PAUSE_IDLE:-1}"
+RUNNER_CORES="${RUNNER_CORES-0}"     # our engine pinned as vLLM pins its worker here (core 0; '' : not pinned)
+CORES_FLAG=(); [ -n "$RUNNER_CORES" ] && CORES_FLAG=(--cores "$RUNNER_CORES")
 CAPTURE="${CAPTURE:-1}"
 MAX_SEQS=16
 TOKEN_BUDGET=2048
@@ -304,7 +309,8 @@ runner_up() {
   say "6. gpu_runner serve on 127.0.0.1:$RUNNER_PORT"
   loadavg "before gpu_runner serve"
   start_server gpu_runner "$RUNNER_PORT" "$OUT/runner_server.log" "$PY" -m gpu_runner serve --host 127.0.0.1 \
-    --port "$RUNNER_PORT" --threads 1 --max-seqs "$MAX_SEQS" --token-budget "$TOKEN_BUDGET" --trace-out "$OUT/served.json"
+    --port "$RUNNER_PORT" --threads 1 "${CORES_FLAG[@]}" --max-seqs "$MAX_SEQS" --token-budget "$TOKEN_BUDGET" \
+    --trace-out "$OUT/served.json"
   RUNNER_PID=$STARTED_PID
   run "$PY" "$HERE/greedy.py" query --url "http://127.0.0.1:$RUNNER_PORT" --prompts "$OUT/greedy.json" --out "$OUT/greedy_runner.json"
   say "warm-up: one unmeasured pass of the workload"
@@ -320,7 +326,7 @@ runner_loadgen() {  # REPEAT
 }
 runner_capture() {  # REPEAT: the runner in-process (no HTTP, no client): `gpu_runner capture` of the same burst
   loadavg "before gpu_runner capture (repeat $1)"
-  run "$PY" -m gpu_runner capture --workload "$OUT/workload.json" --threads 1 --max-seqs "$MAX_SEQS" \
+  run "$PY" -m gpu_runner capture --workload "$OUT/workload.json" --threads 1 "${CORES_FLAG[@]}" --max-seqs "$MAX_SEQS" \
     --token-budget "$TOKEN_BUDGET" --out "$OUT/runner_capture_r$1.json" > "$OUT/runner_capture_r$1.log" 2>&1 \
     || { echo "gpu_runner capture failed (log $OUT/runner_capture_r$1.log)" | tee -a "$OUT/notes.txt" >&2; }
 }
@@ -388,7 +394,7 @@ say "summary"
 {
   echo "cpu: $(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1), $(nproc) cores visible"
   echo "vllm serve threads: $(grep -m1 -o 'Reducing Torch threads[^.]*' "$OUT/vllm_server.log" || echo '?'); $(grep -m1 -o "VLLM_CPU_OMP_THREADS_BIND=[^,]*" "$OUT/vllm_server.log" || echo 'VLLM_CPU_OMP_THREADS_BIND=?'); worker $(grep -m1 -o 'core ids=\[[0-9, ]*\]' "$OUT/vllm_server.log" || echo 'core ids=?'), $(grep -m1 -o 'reserved_cpus=\[[0-9, ]*\]' "$OUT/vllm_server.log" || echo 'reserved_cpus=?') (API server)"
-  echo "gpu_runner serve threads: --threads 1 (torch intra-op); the engine in its own process (the default), the uvicorn event loop in the server process"
+  echo "gpu_runner serve threads: --threads 1 (torch intra-op)${RUNNER_CORES:+, --cores $RUNNER_CORES (the engine process pinned there, the server on the other cores)}; the engine in its own process (the default), the uvicorn event loop in the server process"
   echo "clients (vllm bench serve, loadgen) run under nice -n $CLIENT_NICE; servers at normal priority"
   echo "vllm bench serve -> gpu_runner: $RUNNER_BENCH"
 } >> "$OUT/notes.txt"

@@ -203,7 +203,9 @@ def cmd_serve(a) -> int:
     options = serve_options(a)
     if a.engine_process:
         from gpu_runner.engine_process import ProcessClient
-        se = ProcessClient(options, metrics, a.max_waiting)
+        from gpu_runner.launch import pin
+        se = ProcessClient(options, metrics, a.max_waiting)   # (its engine process pins itself to --cores)
+        pin(options.model.cores, rest=True)                  # the HTTP server on the other cores
     else:
         from gpu_runner.client import InProcessClient
         se = InProcessClient(serve_engine(options), metrics, a.max_waiting,
@@ -230,8 +232,11 @@ def cmd_fleet(a) -> int:
     import dataclasses
     import os
 
+    from core.errors import InputError
     from gpu_runner.fleet_serve import main_fleet, roles_of
     options = serve_options(a)
+    if options.model.cores is not None:
+        raise InputError("--cores pins one engine (serve, capture); a fleet's replicas share the host's cores")
     if options.model.threads is None:     # replicas share the cores: torch would give each all of them
         n = len(roles_of(a))
         options = dataclasses.replace(options, model=dataclasses.replace(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.config import check_options, opt
+from core.errors import ConfigError
 from gpu_runner.options import EngineConfig
 
 
@@ -23,11 +24,45 @@ class ModelOptions:
     dtype: str = opt("auto", "auto: float32 on CPU, bfloat16 on CUDA",
                      choices=("auto", "float32", "float64", "bfloat16", "float16"))
     threads: int | None = opt(None, "CPU threads for torch", minimum=1, maximum=1024)
+    cores: str | None = opt(None, "CPU cores the engine runs on, e.g. 0 or 0-1 or 0,2 (pinned: sched_setaffinity); "
+                            "serve puts its HTTP server on the others, as vLLM's CPU build binds its worker and API "
+                            "server (default: not pinned)", metavar="LIST")
     speculative: bool = opt(False, "speculative decoding with a draft model")
     draft: str = opt("tiny-draft", "draft model: tiny-draft | a local HF checkpoint dir")
 
     def __post_init__(self):
         check_options(self)
+        if self.cores is not None:
+            core_set(self.cores)
+
+
+def core_set(spec: str) -> set[int]:
+    """The cores named by `spec` ("0", "0-1", "0,2-3"), each one this process may run on; ConfigError
+    naming the flag otherwise."""
+    import os
+    allowed = os.sched_getaffinity(0)
+    out: set[int] = set()
+    try:
+        for part in spec.split(","):
+            lo, _, hi = part.strip().partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise ConfigError(f"cores: expected a list such as 0 or 0-1 or 0,2, got {spec!r}") from None
+    if not out or not out <= allowed:
+        raise ConfigError(f"cores: {spec!r} names cores this process may not run on (it may use "
+                          f"{', '.join(map(str, sorted(allowed)))})")
+    return out
+
+
+def pin(cores: str | None, rest: bool = False) -> None:
+    """This process onto `cores` (rest: onto every other core it may use; none left: unchanged)."""
+    import os
+    if not cores:
+        return
+    chosen = core_set(cores)
+    target = (os.sched_getaffinity(0) - chosen) if rest else chosen
+    if target:
+        os.sched_setaffinity(0, target)
 
 
 @dataclass(slots=True)
@@ -82,6 +117,7 @@ def build_engine(mo: ModelOptions, cfg: EngineConfig, adjust=None):
     import torch
 
     from gpu_runner.engine import Engine
+    pin(mo.cores)          # (before torch starts its threads: they inherit the affinity)
     if mo.threads:
         torch.set_num_threads(mo.threads)
     t_load = time.perf_counter()
