@@ -378,3 +378,35 @@ def fleet_e2e_error_median(tr) -> float:
     m, s = request_metrics(tr), request_metrics(sim)
     s_e2e = dict(zip(s["id"], s["e2e_ms"]))
     return float(np.median([abs(s_e2e[r] - e) / e for r, e in zip(m["id"], m["e2e_ms"])]))
+
+
+def scattered_cache(lens, starts, H, Hkv, hd, bs, seed=0, dtype=None):
+    """A paged KV cache with each sequence's blocks scattered, its chunks (start: positions cached
+    before the step) and each chunk's contiguous causal attention: (q, k cache, v cache, chunks,
+    reference, full q per sequence, full k per sequence)."""
+    import torch
+
+    from gpu_runner.kernels.reference import Chunk, contiguous_causal_attention
+    dtype = torch.float32 if dtype is None else dtype
+    g = torch.Generator().manual_seed(seed)
+    nb = sum(-(-L // bs) for L in lens) + 3
+    kc = torch.zeros(nb, bs, Hkv, hd, dtype=dtype)
+    vc = torch.zeros_like(kc)
+    perm = torch.randperm(nb, generator=g).tolist()
+    chunks, qs, refs, full_q, full_k, row, used = [], [], [], [], [], 0, 0
+    for L, start in zip(lens, starts):
+        k = torch.randn(L, Hkv, hd, generator=g, dtype=dtype)
+        v = torch.randn(L, Hkv, hd, generator=g, dtype=dtype)
+        q = torch.randn(L, H, hd, generator=g, dtype=dtype)
+        table = perm[used:used + -(-L // bs)]
+        used += len(table)
+        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(L)])
+        kc.view(-1, Hkv, hd)[slots] = k
+        vc.view(-1, Hkv, hd)[slots] = v
+        chunks.append(Chunk(row, L - start, start, slots))
+        qs.append(q[start:])
+        refs.append(contiguous_causal_attention(q, k, v)[start:])
+        full_q.append(q)
+        full_k.append(k)
+        row += L - start
+    return torch.cat(qs), kc, vc, chunks, torch.cat(refs), full_q, full_k

@@ -25,6 +25,22 @@ pytestmark = pytest.mark.slow     # subprocesses and real sockets, a few seconds
 RUN = ROOT / "data" / "imports" / "vllm_telemetry" / "run2_poisson4_p192_o48"
 
 
+def kv_frames() -> list[list[bytes]]:
+    """The bundled run's KV-event messages as vLLM's publisher sent them (ZMQ frames)."""
+    return [[base64.b64decode(f) for f in json.loads(ln)["frames"]]
+            for ln in (RUN / "kv_events.jsonl").read_text().splitlines()]
+
+
+def stop_when(proc, done, timeout_s: float = 20.0):
+    """SIGTERM once `done()` holds (or after timeout_s: the caller's asserts then say what is missing);
+    (stdout, stderr)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not done():
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    return proc.communicate(timeout=30)
+
+
 def observe(*flags):
     return subprocess.Popen([sys.executable, "-m", "gpu_runner", "observe", *flags], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -61,8 +77,7 @@ class MetricsPages(BaseHTTPRequestHandler):
 
 
 def test_observe_records_vllms_kv_events_spans_and_metrics_exactly(tmp_path):
-    frames = [[base64.b64decode(f) for f in json.loads(ln)["frames"]]
-              for ln in (RUN / "kv_events.jsonl").read_text().splitlines()]
+    frames = kv_frames()
     bodies = [json.loads(ln) for ln in (RUN / "otlp_bodies.jsonl").read_text().splitlines()]
     MetricsPages.pages = [json.loads(ln)["text"] for ln in (RUN / "metrics_scrapes.jsonl").read_text().splitlines()]
     metrics = ThreadingHTTPServer(("127.0.0.1", 0), MetricsPages)
@@ -146,8 +161,7 @@ def test_kv_bind_hears_a_publisher_that_connects_as_vllm_does_to_a_host_address(
     """Issue 52 item 8: vLLM's publisher binds only `*`, ipc:// and inproc:// endpoints and connects to
     a host address (vllm/distributed/kv_events.py ZmqEventPublisher); a subscriber that connects to the
     same tcp://127.0.0.1:PORT then hears nothing, and the summary says why. With --kv-bind it binds."""
-    frames = [[base64.b64decode(f) for f in json.loads(ln)["frames"]]
-              for ln in (RUN / "kv_events.jsonl").read_text().splitlines()]
+    frames = kv_frames()
     port = free_port()
     out = tmp_path / "bound.json"
     proc = observe("--kv-events", f"tcp://127.0.0.1:{port}", "--kv-bind", "--out", str(out), "--flush-interval",
@@ -160,19 +174,15 @@ def test_kv_bind_hears_a_publisher_that_connects_as_vllm_does_to_a_host_address(
         pub.recv()
         for f in frames:
             pub.send_multipart(f)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not (out.exists() and len(load_trace(out).kv_events)
-                                                   == len(open_trace(RUN / "kv_events.jsonl").trace.kv_events)):
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=30)
+        want = len(open_trace(RUN / "kv_events.jsonl").trace.kv_events)
+        stdout, stderr = stop_when(proc, lambda: out.exists() and len(load_trace(out).kv_events) == want)
     finally:
         if proc.poll() is None:
             proc.kill()
         pub.close(0)
         ctx.term()
     assert proc.returncode == 0, stderr
-    assert len(load_trace(out).kv_events) == len(open_trace(RUN / "kv_events.jsonl").trace.kv_events)
+    assert len(load_trace(out).kv_events) == want
     quiet = observe("--kv-events", f"tcp://127.0.0.1:{free_port()}", "--out", str(tmp_path / "q.json"),
                     "--duration", "1")
     stdout, stderr = quiet.communicate(timeout=60)

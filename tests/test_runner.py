@@ -19,6 +19,7 @@ from gpu_runner.model import ModelConfig, Transformer, init_weights
 from gpu_runner.options import EngineConfig
 from gpu_runner.tokenizer import ByteTokenizer
 from tests.conftest import DATA, ROOT
+from tests.helpers import scattered_cache
 
 pytestmark = pytest.mark.slow  # loads the bundled torch models, runs the runner CLI in subprocesses
 
@@ -91,28 +92,11 @@ def test_whole_prompts_of_one_length_attend_in_one_call_as_each_alone():
     """Issue 53: whole prompts of one length, packed one after another, go through one causal call
     ([B, H, n, hd]); each row equals its prompt's contiguous attention, beside a prompt of another
     length, a decode and a chunk with a cached prefix in the same step."""
-    torch.manual_seed(2)
-    H, Hkv, hd, bs = 4, 2, 8, 4
     plan = [(6, 0), (6, 0), (6, 0), (9, 0), (7, 3), (6, 0), (6, 0), (3, 2)]   # (length, cached prefix)
-    nb = 64
-    kc = torch.zeros(nb, bs, Hkv, hd, dtype=torch.float64)
-    vc = torch.zeros_like(kc)
-    perm = torch.randperm(nb).tolist()
-    chunks, qs, refs, row, used = [], [], [], 0, 0
-    for L, start in plan:
-        k, v, q = (torch.randn(L, Hkv, hd, dtype=torch.float64), torch.randn(L, Hkv, hd, dtype=torch.float64),
-                   torch.randn(L, H, hd, dtype=torch.float64))
-        table = perm[used:used + -(-L // bs)]
-        used += len(table)
-        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(L)])
-        kc.view(-1, Hkv, hd)[slots] = k
-        vc.view(-1, Hkv, hd)[slots] = v
-        chunks.append(Chunk(row, L - start, start, slots))
-        qs.append(q[start:])
-        refs.append(contiguous_causal_attention(q, k, v)[start:])
-        row += L - start
-    out = paged_attention(torch.cat(qs), kc, vc, StepChunks(chunks))
-    torch.testing.assert_close(out, torch.cat(refs), rtol=0, atol=1e-12)
+    q, kc, vc, chunks, refs, _, _ = scattered_cache([L for L, _ in plan], [s for _, s in plan], 4, 2, 8, 4, seed=2,
+                                                    dtype=torch.float64)
+    out = paged_attention(q, kc, vc, StepChunks(chunks))
+    torch.testing.assert_close(out, refs, rtol=0, atol=1e-12)
 
 
 def incremental_logits(model, ids, corrupt_at=None, chunk=3, block_size=4):

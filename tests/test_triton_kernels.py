@@ -9,34 +9,10 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 from gpu_runner.kernels import triton_attention as T
-from gpu_runner.kernels.reference import Chunk, contiguous_causal_attention, paged_attention
+from gpu_runner.kernels.reference import paged_attention
+from tests.helpers import scattered_cache
 
 pytestmark = pytest.mark.slow  # Triton kernels under the interpreter on CPU
-
-
-def scattered_cache(lens, starts, H, Hkv, hd, bs, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    nb = sum(-(-L // bs) for L in lens) + 3
-    kc = torch.zeros(nb, bs, Hkv, hd, dtype=dtype)
-    vc = torch.zeros_like(kc)
-    perm = torch.randperm(nb, generator=g).tolist()
-    chunks, qs, refs, full_q, full_k, row, used = [], [], [], [], [], 0, 0
-    for L, start in zip(lens, starts):
-        k = torch.randn(L, Hkv, hd, generator=g, dtype=dtype)
-        v = torch.randn(L, Hkv, hd, generator=g, dtype=dtype)
-        q = torch.randn(L, H, hd, generator=g, dtype=dtype)
-        table = perm[used:used + -(-L // bs)]
-        used += len(table)
-        slots = torch.tensor([table[p // bs] * bs + p % bs for p in range(L)])
-        kc.view(-1, Hkv, hd)[slots] = k
-        vc.view(-1, Hkv, hd)[slots] = v
-        chunks.append(Chunk(row, L - start, start, slots))
-        qs.append(q[start:])
-        refs.append(contiguous_causal_attention(q, k, v)[start:])
-        full_q.append(q)
-        full_k.append(k)
-        row += L - start
-    return torch.cat(qs), kc, vc, chunks, torch.cat(refs), full_q, full_k
 
 
 @pytest.mark.parametrize("H,Hkv,hd,bs,lens,starts", [
