@@ -8,9 +8,11 @@ Workload: the issue's burst, N requests of PROMPT corpus tokens (the bundled tin
 tokenizer) asking for OUTPUT tokens each, all at t = 0, `continuous` with SEATS sequences and a
 BUDGET-token step. Each variant runs in its own Python process (torch threads = --threads),
 serves a 4-request warm-up, then the workload in-process (Engine.run: no HTTP server or
-client), recording on. Printed per variant: the best of --repeat runs by output tokens/s
-(tokens / wall time of Engine.run), its mean TTFT, the median decode-only and prefill step
-durations from its trace, and a hash of the greedy outputs (equal hashes: the same tokens).
+client), recording on; this checkout's variants with glibc keeping freed memory for reuse, as
+`serve` and `capture` run (one variant without, beside them). Printed per variant: the best
+of --repeat runs by output tokens/s (tokens / wall time of Engine.run), its mean TTFT, the
+median decode-only and prefill step durations from its trace, and a hash of the greedy outputs
+(equal hashes: the same tokens).
 The old revision runs from a git worktree (default 17aa769, before issue 16's changes).
 Not a test: nothing is asserted.
 """
@@ -39,6 +41,9 @@ from gpu_runner.engine import Engine
 from gpu_runner.options import EngineConfig
 from gpu_runner.tokenizer import ByteTokenizer
 a = json.loads(sys.argv[1])
+if a.get("reuse"):        # (as serve and capture build their engine: gpu_runner.launch.build_engine)
+    from core.sim.simulate import reuse_freed_memory
+    reuse_freed_memory()
 torch.set_num_threads(a["threads"])
 tok = ByteTokenizer()
 corpus = tok.encode(open("data/corpus/pydoc_topics.txt").read())
@@ -67,6 +72,11 @@ print(json.dumps({"tok_s": n / secs, "secs": secs, "ttft_ms": ttft,
 """
 
 
+# this checkout runs as serve and capture build its engine (glibc keeping freed memory for reuse,
+# core.sim.simulate.reuse_freed_memory), the old revision as it ran; one variant shows the difference
+PLAIN_MALLOC = "freed memory returned (glibc's default)"
+
+
 def run(tree: Path, args: dict) -> dict:
     return run_worker(tree, WORKER, args, 1800)
 
@@ -85,7 +95,8 @@ def main():
     base = {k: getattr(a, k) for k in ("threads", "n", "prompt", "output", "seats", "budget")}
     with tempfile.TemporaryDirectory() as tmp:
         variants = [("this checkout, --matmul torch", REPO, "torch"),
-                    ("this checkout, --matmul onednn", REPO, "onednn")]
+                    ("this checkout, --matmul onednn", REPO, "onednn"),
+                    (f"this checkout, --matmul onednn, {PLAIN_MALLOC}", REPO, "onednn")]
         stack = contextlib.ExitStack()
         if a.old_rev != "none":
             old = stack.enter_context(worktree(a.old_rev, Path(tmp) / "old"))
@@ -94,7 +105,7 @@ def main():
             results = {name: [] for name, _, _ in variants}
             for r in range(a.repeat):
                 for name, tree, matmul in variants:
-                    res = run(tree, {**base, "matmul": matmul})
+                    res = run(tree, {**base, "matmul": matmul, "reuse": tree == REPO and PLAIN_MALLOC not in name})
                     results[name].append(res)
                     print(f"round {r + 1}: {name:50s} {res['tok_s']:7.0f} tok/s", file=sys.stderr, flush=True)
         finally:

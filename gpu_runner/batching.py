@@ -55,7 +55,9 @@ def attend_with(attention, cache):
     return lambda q, li, chunks: attention(q, cache.k[li], cache.v[li], chunks)
 
 
-def forward(model, packed: Packed, cache, attend, weights=None):
+def forward(model, packed: Packed, cache, attend, weights=None, rows=None):
     """Run `model` over a packed step against `cache`; attend(q, layer, chunks) -> [N, H, hd];
-    weights: None or the model's gpu_runner.onednn.OneDNNWeights. Returns hidden states [N, D]."""
-    return model.forward_paged(packed.tokens, packed.positions, packed.slots, packed.chunks, cache, attend, weights)
+    weights: None or the model's gpu_runner.onednn.OneDNNWeights. Returns hidden states [N, D],
+    or with `rows` (an index tensor) those rows' only (the model's forward_paged)."""
+    return model.forward_paged(packed.tokens, packed.positions, packed.slots, packed.chunks, cache, attend, weights,
+                               rows=rows)

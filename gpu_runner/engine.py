@@ -350,18 +350,28 @@ class ModelExecutor:
                    for j, (s, n) in enumerate(zip(starts, ns))]
         packed = pack(entries, dev)
         weights = e.weights
-        hidden = forward(e.model, packed, self.cache, self.attend, weights)
+        plain = [j for j in range(len(reqs)) if emits[j] and j not in props]
+        # only the rows whose logits are read: each plain entry's last token, then each
+        # speculative entry's gamma + 1 (the model's last layer runs on those alone)
+        want = [packed.chunks[j].row + packed.chunks[j].n - 1 for j in plain]
+        at = {}
+        for j in spec:
+            c = packed.chunks[j]
+            at[j] = len(want)
+            want.extend(range(c.row, c.row + c.n))
+        every = len(want) == len(packed.tokens) and want == list(range(len(want)))     # (a decode-only step)
+        hidden = forward(e.model, packed, self.cache, self.attend, weights,
+                         rows=None if every else torch.tensor(want, dtype=torch.long, device=dev))
         tokens = [[] for _ in reqs]
         sources = [[] for _ in reqs] if self.drafter else None
         failed: dict[int, str] = {}
-        plain = [j for j in range(len(reqs)) if emits[j] and j not in props]
         if plain:
-            logits = e.model.logits(hidden[packed.last_rows(plain)], weights)
+            logits = e.model.logits(hidden[:len(plain)], weights)
             self._sample_plain(logits, [reqs[j] for j in plain], plain, tokens, sources, failed)
         events = []
         for j in spec:
             c = packed.chunks[j]
-            logits = e.model.logits(hidden[c.row:c.row + c.n], weights)  # [gamma + 1, V]
+            logits = e.model.logits(hidden[at[j]:at[j] + c.n], weights)  # [gamma + 1, V]
             ev = self._verify(batch, j, reqs[j], starts[j], logits, props[j], qdist, tokens, sources, failed)
             if ev is not None:
                 events.append(ev)

@@ -118,6 +118,10 @@ def build_engine(mo: ModelOptions, cfg: EngineConfig, adjust=None):
 
     from gpu_runner.engine import Engine
     pin(mo.cores)          # (before torch starts its threads: they inherit the affinity)
+    from core.sim.simulate import reuse_freed_memory
+    # (each prefill activation, 2-8 MB, otherwise page-faults fresh memory in: what vLLM's CPU
+    # build asks of tcmalloc in LD_PRELOAD, vllm/platforms/cpu.py; docs/benchmarks.md)
+    malloc = reuse_freed_memory()
     if mo.threads:
         torch.set_num_threads(mo.threads)
     t_load = time.perf_counter()
@@ -128,6 +132,8 @@ def build_engine(mo: ModelOptions, cfg: EngineConfig, adjust=None):
         cfg = adjust(model, cfg)
     engine = Engine(model, tok, cfg, device, name, draft=draft, draft_name=draft_name)
     engine.startup["model_load_ms"] = load_ms
+    if malloc:
+        engine.startup["malloc"] = "glibc keeps freed memory for reuse (mmap and trim thresholds 1 GiB)"
     return engine
 
 

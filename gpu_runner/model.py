@@ -158,29 +158,45 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(x))
 
     # ---- packed chunks against a paged KV cache ----------------------------------------------
-    def forward_paged(self, tokens, positions, slots, seqs, cache, attention, weights=None):
+    def forward_paged(self, tokens, positions, slots, seqs, cache, attention, weights=None, rows=None):
         """One engine step.
         tokens, positions, slots: [N] (all chunks packed; slot = block * block_size + offset,
         where each new token's K/V is written); seqs: per chunk (start, n_new, context_len,
         block_table tensor); cache: PagedKVCache; attention(q, layer, seqs) -> [N, H, hd]
         reads K/V through the block tables; weights: None (the modules' own linears) or a
         gpu_runner.onednn.OneDNNWeights of this model. Returns hidden states [N, D] (final
-        norm applied)."""
+        norm applied), or with `rows` (a [R] index tensor) those rows' only, [R, D].
+
+        With `rows` and oneDNN's linears (`weights`), the last layer writes every token's K/V
+        and attends for every token as without, then runs its output projection, MLP and the
+        final norm on the chosen rows only: a prefill of 16 x 128 tokens needs 16 rows' hidden
+        states (their next-token logits), and the rest of the last layer is most of a layer's
+        work. Each row's result is what it is without `rows`, bit for bit (oneDNN's products,
+        the norms and the residual adds compute each row on its own; tests/test_runner.py).
+        torch's linears can round a row differently in a batch of another size, so with them
+        every row is computed and the chosen ones returned."""
         x = self.embed_tokens(tokens)                                    # [N, D]
         cos, sin = self.rope_cos[positions].to(x.dtype), self.rope_sin[positions].to(x.dtype)
         if weights is not None:
             cos, sin = weights.rope_tables(cos, sin)
+        # (the rows cut before the last layer's output projection where its linears are oneDNN's,
+        # whose rows are computed each on its own; torch's linears are not, so there after the norm)
+        cut = len(self.layers) - 1 if weights is not None and rows is not None else None
         for li, layer in enumerate(self.layers):
             a = layer.self_attn
             h = layer.input_layernorm(x)
             q, k, v = a.qkv(h, cos, sin) if weights is None else weights.qkv(li, h, cos, sin)
             cache.write(li, slots, k, v)
+            if li == cut and len(rows) == 0:
+                return x[:0]                                             # (K/V written; no row wanted)
             o = attention(q, li, seqs)                                   # [N, H, hd]
             o = o.reshape(o.shape[0], -1)
+            if li == cut:
+                o, x = o[rows], x[rows]
             x = x + (a.o_proj(o) if weights is None else weights.o(li, o))
             h = layer.post_attention_layernorm(x)
             x = x + (layer.mlp(h) if weights is None else weights.mlp(li, h))
-        return self.norm(x)
+        return self.norm(x) if cut is not None or rows is None else self.norm(x)[rows]
 
     def logits(self, hidden, weights=None):
         return self.lm_head(hidden) if weights is None else weights.logits(hidden)

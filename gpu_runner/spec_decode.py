@@ -74,7 +74,7 @@ class DraftRunner:
         returns the draft logits at each entry's last token: [len(entries), V]."""
         packed = pack(entries, device)
         w = None if self.weights is None else self.weights()
-        return self.model.logits(forward(self.model, packed, self.cache, self.attend, w)[packed.last_rows()], w)
+        return self.model.logits(forward(self.model, packed, self.cache, self.attend, w, rows=packed.last_rows()), w)
 
     def propose(self, reqs, token_ids, spec, starts, gammas, slots, gens, sp, device):
         """Draft gammas[j] tokens for each batch entry j in `spec` (reqs[j]: its request;

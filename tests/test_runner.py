@@ -281,6 +281,43 @@ def test_onednn_linear_rows_do_not_depend_on_the_rest_of_the_batch():
             assert torch.equal(w.mlp(0, x[:n]), alone[:n]), n
 
 
+def _paged_step(m, weights, rows=None):
+    """One packed step of three prompts (lengths 5, 9, 3) through a fresh paged cache: (hidden, cache)."""
+    from gpu_runner.batching import attend_with, forward, pack
+    from gpu_runner.kernels.reference import paged_attention
+    cfg = m.cfg
+    cache = PagedKVCache(cfg.n_layers, 12, 4, cfg.n_kv_heads, cfg.head_dim, "cpu", next(m.parameters()).dtype)
+    g = torch.Generator().manual_seed(9)
+    entries, block = [], 0
+    for n in (5, 9, 3):
+        nb = -(-n // 4)
+        table = list(range(block, block + nb))[::-1]                  # (scattered: last block first)
+        block += nb
+        slots = [table[p // 4] * 4 + p % 4 for p in range(n)]
+        entries.append((torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist(), 0, slots))
+    packed = pack(entries, "cpu")
+    with torch.inference_mode():
+        hidden = forward(m, packed, cache, attend_with(paged_attention, cache), weights,
+                         rows=None if rows is None else torch.tensor(rows, dtype=torch.long))
+    return hidden, cache
+
+
+@pytest.mark.parametrize("packed_weights", [False, True])
+def test_the_last_layer_on_the_wanted_rows_only_gives_their_hidden_states_bit_for_bit(packed_weights):
+    """forward_paged with rows (each prompt's last token, then a run of rows as a speculative
+    entry's) equals the same rows of the whole step's hidden states, bit for bit, and leaves the
+    same K/V in the cache; with no row wanted it still writes every layer's K/V."""
+    m, w = packed_fp32_model() if packed_weights else (fp32_model(), None)
+    full, cache = _paged_step(m, w)
+    rows = [4, 13, 16, 6, 7, 8]
+    some, cache2 = _paged_step(m, w, rows)
+    assert torch.equal(some, full[rows])
+    none, cache3 = _paged_step(m, w, [])
+    assert none.shape == (0, m.cfg.dim)
+    for li in range(m.cfg.n_layers):
+        assert torch.equal(cache2.k[li], cache.k[li]) and torch.equal(cache3.v[li], cache.v[li])
+
+
 def test_matmul_option_is_recorded_and_checked(model):
     from gpu_runner import onednn
     with pytest.raises(ConfigError, match="matmul onednn"):

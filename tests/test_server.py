@@ -303,6 +303,9 @@ def test_the_trace_is_rewritten_when_idle_not_under_requests_in_flight():
     assert not flush_due(5.0, 1.0, busy=True) and not flush_due(29.9, 1.0, busy=True)
     assert flush_due(30.0, 1.0, busy=True)
     assert not flush_due(30.0, 60.0, busy=True) and flush_due(60.0, 60.0, busy=True)   # the 5% rule still stretches it
+    # a rewrite due since an idle spell waits until the requests now in flight have been so for as long
+    assert not flush_due(100.0, 1.0, busy=True, busy_for_s=0.02) and not flush_due(100.0, 1.0, True, 29.9)
+    assert flush_due(100.0, 1.0, busy=True, busy_for_s=30.0) and flush_due(100.0, 1.0, busy=False, busy_for_s=0.0)
 
 
 def test_an_idle_server_writes_a_trace_of_no_requests_that_merges(tmp_path):

@@ -355,7 +355,8 @@ META = Record("meta", None, "where the trace comes from", (
           "({quantity: text}, e.g. ttft_ms: 'client: AIPerf time_to_first_token')", default=None),
     Field("load", "object", "where the run sits on a load axis: {kind: open | closed, rate (req/s) | concurrency}",
           default=None),
-    Field("startup", "object", "measured runs: cold start ({model_load_ms, first_step_ms})", default=None),
+    Field("startup", "object", "measured runs: cold start ({model_load_ms, first_step_ms}) and, where set, how the "
+          "engine's process allocates (malloc)", default=None),
     Field("client_ids", "object", "a client's file: its request ids are the ones it sent as X-Request-Id "
           "({sent: true, how}), the ids a fleet's join (fleet-merge --client) matches to the replicas' requests",
           default=None),
