@@ -32,6 +32,7 @@ SARATHI_CHUNK = 512          # sarathi's token budget per step when no chunk is 
 VLLM_V0_WATERMARK = 0.01     # vllm-v0's free-block watermark when none is given (vLLM's default)
 SCHEDULING_POLICIES = ("fcfs", "priority")
 KV_MANAGERS = ("keep-cached", "vllm-v1")
+CPU_TIER_POLICIES = ("lru", "arc")   # vLLM 0.32's CPU offloading policies (core.kvtier.policy)
 BIG = 1 << 62  # "no limit" for budgets and seats
 
 
@@ -155,6 +156,20 @@ class SchedulerConfig:
     model_id: str | None = opt(None, "part of the prefix-cache key (model/adapter identity)", cli=False)
     spec_gamma: int = opt(0, "speculative decoding: draft tokens verified per decode step (0: off)", cli=False,
                           minimum=0)
+    cpu_kv_blocks: int = opt(0, "CPU tier under the prefix cache, in blocks (vLLM's --kv-offloading-size over the "
+                             "bytes of a block): full prompt blocks are copied to it as they are computed, and a "
+                             "request admitted later loads its prefix from it before its prefill (0: no tier; needs "
+                             "prefix_caching and the vllm-v1 KV manager)", minimum=0, maximum=1 << 30,
+                             label="CPU tier (blocks)", none="no tier")
+    cpu_kv_policy: str = opt("lru", "which CPU-tier block leaves first when a store needs room: lru or arc (vLLM's "
+                             "eviction_policy)", choices=CPU_TIER_POLICIES, label="CPU tier eviction")
+    kv_block_bytes: int | None = opt(None, "bytes of one KV block, all layers, K and V: the simulated CPU tier prices "
+                                     "its copies by it (the runner sets its own)", minimum=1, label="KV block bytes",
+                                     none="unset")
+    host_gbps: float = opt(25.0, "host link bandwidth for CPU-tier copies, GB/s per direction (one copy at a time "
+                           "in each direction, as vLLM's offloading streams)", above=0, label="Host link GB/s")
+    host_latency_ms: float = opt(0.0, "fixed time added to each CPU-tier copy, ms", minimum=0,
+                                 label="Host link latency (ms)")
 
     def __post_init__(self):
         check_options(self)
@@ -169,6 +184,10 @@ class SchedulerConfig:
             self.token_budget = self.chunk if self.token_budget is None else min(self.token_budget, self.chunk)
         if self.kv_watermark is None:
             self.kv_watermark = VLLM_V0_WATERMARK if self.policy == "vllm-v0" else 0.0
+        if self.cpu_kv_blocks:
+            if not self.prefix_caching or self.kv_manager != "vllm-v1":
+                raise ConfigError("cpu_kv_blocks: the CPU tier follows vLLM V1's offloading connector, keyed by the "
+                                  "prefix cache's hashes; set prefix_caching and kv_manager vllm-v1")
 
     @property
     def seats(self) -> int:

@@ -135,6 +135,23 @@ def main(only: set[str] = frozenset()):
                 page.get_by_text("A real engine's prefix cache").first.wait_for()
                 scroll_to(page, "h2:has-text(\"A real engine's prefix cache\")", below_px=-20)
                 shoot(page, "vllm_prefix_cache")
+            if wanted("kv_tiers"):
+                # the CPU tier under the prefix cache (KV page): the lesson's runs, occupancy by tier, copies
+                settle(page, "kv", url)
+                page.get_by_text("A CPU tier under the prefix cache").first.wait_for()
+                scroll_to(page, "h2:has-text(\"A CPU tier under the prefix cache\")", below_px=-20)
+                shoot(page, "kv_tiers")
+            if wanted("kv_tier_animation"):
+                settle(page, "kv", url)
+                page.get_by_text("Blocks leaving for the CPU tier and coming back on a hit").first.click()
+                chart = page.locator("[data-testid='stPlotlyChart']").filter(
+                    has=page.locator(".slider-container")).filter(has_text="copy ").first
+                chart.scroll_into_view_if_needed()
+                chart.get_by_text("▶ play").click()
+                page.wait_for_timeout(2500)
+                chart.get_by_text("❚❚ pause").click()
+                page.mouse.move(2, 2)
+                chart.screenshot(path=str(OUT / "kv_tier_animation.png"))
             if wanted("replay_vllm_inside"):
                 settle(page, "replay?tr=" + VLLM_MERGED, url)
                 scroll_to(page, "text=The engine's prefix cache", below_px=-80)

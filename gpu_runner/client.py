@@ -218,7 +218,7 @@ class EngineClient(ABC):
             if msg.stats is not None:
                 st = self._stats = msg.stats
                 if self.metrics is not None:
-                    self.metrics.step(st.running, st.waiting, st.kv_usage, st.preemptions, st.hit_tokens)
+                    self.metrics.step(st.running, st.waiting, st.kv_usage, st.preemptions, st.hit_tokens, st.tier)
 
     def _event(self, s: Stream, ev):
         m = self.metrics

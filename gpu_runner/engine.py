@@ -160,8 +160,14 @@ class Engine:
     def scheduler_config(self) -> SchedulerConfig:
         """The scheduler options this engine runs with: its pool, model id and draft length."""
         sc = self.cfg.scheduler
+        tier = {}
+        if sc.cpu_kv_blocks:   # the CPU tier's copies are real here: its bytes per block are this model's
+            if self.draft is not None:
+                raise ConfigError("cpu_kv_blocks: the CPU tier copies the target model's KV only; run it without "
+                                  "a draft model")
+            tier = {"kv_block_bytes": PagedKVCache.bytes_per_block(self.model.cfg, sc.block_size, self.dtype)}
         return dataclasses.replace(sc, kv_blocks=self.pool_blocks(sc), model_id=self.model_name,
-                                   spec_gamma=self.cfg.gamma if self.draft is not None else 0)
+                                   spec_gamma=self.cfg.gamma if self.draft is not None else 0, **tier)
 
     @torch.inference_mode()
     def run(self, workload: Workload, progress=None, on_output=None) -> tuple[Trace | None, dict[str, list[int]]]:
@@ -273,6 +279,41 @@ class ModelExecutor:
         self.loaded: list[tuple[int, float, float, int]] = []   # (row, t_recv_ms, t_written_ms, bytes) since taken
         self.hit_blocks = None                  # row -> its leading blocks that are prefix-cache hits (shared:
         #                                         never overwritten); set by the engine's owner
+        self.cpu_tier = None                    # the CPU tier's pool (core.kvtier): made at its first copy
+
+    # ---- the CPU tier under the prefix cache: real copies between the two pools -------------------------
+    def _copies(self, jobs, kind: str, times: dict) -> dict:
+        """Make the copies of one kind among `jobs`; their (start, end) ms added to `times` by job id."""
+        mine = [j for j in jobs if j.kind == kind]
+        times.update(zip(map(id, mine), self.copy_kv(mine)))
+        return times
+
+    def copy_kv(self, jobs) -> list[tuple[float, float]]:
+        """Make the CPU tier's copies (core.kvtier.tier.Job: load, CPU chunks into GPU blocks; store,
+        GPU blocks into CPU chunks), one after another; (start, end) ms of each, on the engine's clock.
+        The CPU pool lives in host memory (pinned when the model is on a GPU); each copy is waited for,
+        so its time is the copy's own."""
+        c = self.cache
+        if self.cpu_tier is None:
+            m, n = self.e.model.cfg, self.e.cfg.scheduler.cpu_kv_blocks
+            self.cpu_tier = PagedKVCache(m.n_layers, n, self.block_size, m.n_kv_heads, m.head_dim,
+                                         torch.device("cpu"), self.e.dtype)
+            if c.k.device.type == "cuda":
+                self.cpu_tier.k, self.cpu_tier.v = self.cpu_tier.k.pin_memory(), self.cpu_tier.v.pin_memory()
+        cpu, times = self.cpu_tier, []
+        for job in jobs:
+            t0 = self.clock.now()
+            blocks = torch.tensor(job.blocks, dtype=torch.long, device=c.k.device)
+            chunks = torch.tensor(job.chunks, dtype=torch.long)
+            for gpu_pool, host in ((c.k, cpu.k), (c.v, cpu.v)):
+                if job.kind == "load":
+                    gpu_pool.index_copy_(1, blocks, host.index_select(1, chunks).to(gpu_pool.device))
+                else:
+                    host.index_copy_(1, chunks, gpu_pool.index_select(1, blocks).to(host.device))
+            if c.k.device.type == "cuda":
+                torch.cuda.synchronize(c.k.device)
+            times.append((t0, self.clock.now()))
+        return times
 
     # ---- disaggregated prefill/decode: the prompt's KV out of this cache, into another ----------------
     def export_kv(self, i: int, tokens: int):
@@ -340,6 +381,8 @@ class ModelExecutor:
         reqs, starts, ns = batch.reqs.tolist(), batch.start_pos.tolist(), batch.num_tokens.tolist()
         if self.pending_kv:
             self._write_pending(reqs)
+        copies = batch.kv_copies or []
+        times = self._copies(copies, "load", {})   # (the CPU tier's loads land before the forward)
         known = [self.tokens[r] for r in reqs]
         slots = [slots_of(self.tables[r], s + n, bs) for r, s, n in zip(reqs, starts, ns)]
         # Plain entries that complete emit one sampled token; a decode entry of more than one
@@ -380,7 +423,9 @@ class ModelExecutor:
             ev["t_ms"] = t_end
         if e.cfg.capture_tiles is not None:
             events += self._tile_events(batch)
-        return ExecutorOutput(t_end, tokens=tokens, sources=sources, events=events or None, failed=failed or None)
+        times = self._copies(copies, "store", times)   # the blocks this step filled, now that their KV is written
+        return ExecutorOutput(t_end, tokens=tokens, sources=sources, events=events or None, failed=failed or None,
+                              copies=[times[id(j)] for j in copies] or None)
 
     def _propose(self, batch: SchedulerOutput, reqs, known, starts, ns, slots) -> tuple[list[int], dict, dict]:
         """The speculative entries (decodes of more than one token) and the draft's proposals for them."""

@@ -144,6 +144,7 @@ class StepStats(msgspec.Struct, tag="stats", frozen=True):
     kv_used_blocks: int = 0
     cache_news: list[tuple[int, bytes]] = []   # (+1 cached | -1 evicted, block hash) since the last (a fleet
     #                                            router's precise prefix knowledge; only when asked)
+    tier: tuple | None = None               # the CPU tier's metrics so far (core.kvtier.tier.CPUTier.metrics)
 
 
 RequestEvent = Accepted | Scheduled | RequestOutput | Failed | KVReady | KVLoaded

@@ -16,6 +16,15 @@ read ours. Each name means what it means in vLLM (v1 engine, docs "Production Me
     vllm:e2e_request_latency_seconds   histogram  arrival -> last token
     vllm:request_queue_time_seconds    histogram  arrival -> first scheduled
 
+With a CPU tier under the prefix cache (`--cpu-kv-blocks`), vLLM's offloading metrics (vllm/distributed/
+kv_transfer/kv_connector/v1/offloading/metrics.py, vllm/v1/kv_offload/cpu/common.py; docs/kv-tiers.md):
+
+    vllm:kv_offload_store_bytes_total / _load_bytes_total   counters  bytes copied GPU -> CPU / CPU -> GPU
+    vllm:kv_offload_store_time_total / _load_time_total     counters  seconds those copies took
+    vllm:kv_offload_cpu_cache_usage_perc                    gauge     CPU chunks being written or read / capacity
+    vllm:external_prefix_cache_queries_total / _hits_total  counters  prompt tokens looked up in the tier (past
+                                                                      the GPU hit) / found there, tokens
+
 Every series carries `model_name`. A request's tokens delivered by one step (speculative
 decoding) count as one gap of that step's length and zero-length gaps for the rest, as the
 client sees them.
@@ -34,6 +43,12 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                    240.0, 480.0, 960.0, 1920.0, 7680.0)
 FINISH_REASONS = {"length": "length", "stop": "stop", "abort": "abort"}
+TIER_COUNTERS = (("kv_offload_store_bytes", "Bytes stored to the CPU offloading tier"),
+                 ("kv_offload_load_bytes", "Bytes loaded from the CPU offloading tier"),
+                 ("kv_offload_store_time", "Seconds spent storing to the CPU offloading tier"),
+                 ("kv_offload_load_time", "Seconds spent loading from the CPU offloading tier"),
+                 ("external_prefix_cache_queries", "External (CPU tier) prefix-cache queries, in tokens"),
+                 ("external_prefix_cache_hits", "External (CPU tier) prefix-cache hits, in tokens"))
 
 
 class ServerMetrics:
@@ -62,7 +77,11 @@ class ServerMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.queue = Histogram("vllm:request_queue_time_seconds", "Time waiting before first scheduled", lab,
                                buckets=LATENCY_BUCKETS, registry=r)
+        self.tier_counters = [Counter(f"vllm:{n}", h, lab, registry=r) for n, h in TIER_COUNTERS]
+        self.tier_usage = Gauge("vllm:kv_offload_cpu_cache_usage_perc", "CPU offloading cache usage (chunks being "
+                                "stored or loaded over the capacity)", lab, registry=r)
         self._preemptions = 0
+        self._tier = (0,) * len(TIER_COUNTERS)
         if replicas is None:
             self._zero()
 
@@ -84,6 +103,7 @@ class ServerMetrics:
         """This view's label values (its series start at 0)."""
         self.lv = lv
         self._preemptions = 0
+        self._tier = (0,) * len(TIER_COUNTERS)
         self._zero()
 
     def gone(self):
@@ -95,8 +115,17 @@ class ServerMetrics:
             except KeyError:
                 pass
 
-    def step(self, running: int, waiting: int, kv_usage: float, preemptions: int, hit_tokens: int):
+    def step(self, running: int, waiting: int, kv_usage: float, preemptions: int, hit_tokens: int,
+             tier: tuple | None = None):
         lv = self.lv
+        if tier is not None:   # (the CPU tier's totals so far: the counters move by what they added)
+            store_b, load_b, store_s, load_s, usage, queried, hit = tier
+            now = (store_b, load_b, store_s, load_s, queried, hit)
+            for c, new, old in zip(self.tier_counters, now, self._tier):
+                if new > old:
+                    c.labels(**lv).inc(new - old)
+            self._tier = now
+            self.tier_usage.labels(**lv).set(usage)
         self.running.labels(**lv).set(running)
         self.waiting.labels(**lv).set(waiting)
         self.kv.labels(**lv).set(kv_usage)

@@ -279,8 +279,9 @@ class EngineService:
         hits = (st.prefix_hit_blocks - self._hits_seen) * self.cfg.block_size
         self._hits_seen = st.prefix_hit_blocks
         news = [(sign, h) for sign, h, _ in out.cache_news]    # (a fleet router's precise prefix knowledge)
+        tier = self.core.scheduler.tier
         self.emit(Outputs(events, StepStats(st.running, st.waiting + pending, st.kv_usage, st.preemptions, hits,
-                                            st.kv_used_blocks, news)))
+                                            st.kv_used_blocks, news, tier.metrics() if tier is not None else None)))
 
     def run(self):
         """The engine thread (or an engine process's main thread): the step loop until stopped."""

@@ -6,7 +6,9 @@ from core.config import SchedulerConfig
 from core.errors import InputError
 from core.figures.engine import prefix_cache_figure
 from core.figures.memory import block_table_figure, kv_growth_chart, occupancy_heatmap, waste_chart
+from core.figures.tiers import tier_animation_figure, tier_occupancy_figure
 from core.formulas import kv
+from core.lessons import kv_tiers as tiers
 from core.lessons.scenarios import fork_demo, prefix_match, shared_prefix_demo, without_tenants, word_prefix_match
 from core.sim.stepmodel import StepModel
 from core.workload.files import parse_token_ids
@@ -186,6 +188,75 @@ st.caption(f"Measured: vLLM's KV events, {real.attrs.get('chain_count', 0)} pref
            "outputs fill too (48 output tokens complete one more block per request), caches each block when the "
            "step that fills it is scheduled, and keeps one block of the pool as vLLM's null block; "
            + md(sim_notes[1]) + ".")
+
+# ---- a CPU tier under the prefix cache ------------------------------------------------------------
+st.header("A CPU tier under the prefix cache")
+st.markdown("vLLM can keep a second copy of prompt blocks in host memory (`--kv-offloading-size`): each full "
+            "prompt block is copied to the CPU tier when the step that computes it ends; a request admitted "
+            "later looks its prefix up there right after the GPU prefix cache, and a CPU hit copies the blocks "
+            "back *before* the request's prefill, which then skips them. The tier is a copy, never the prefix "
+            "cache itself; it evicts (LRU or ARC) only when a store needs room. Rules and code references: "
+            "docs/kv-tiers.md.")
+c1, c2, c3, c4, c5 = st.columns(5)
+kt_models = ["Llama-3-8B", "Llama-2-7B", "Mistral-7B", "Qwen2.5-7B"]
+kt_model = c1.selectbox("Model (on an H100)", kt_models, **bound("kt_model"))
+kt_gbps = option_input("kt_gbps", tiers.HOST_GBPS, c2, label="Host link GB/s", min_value=0.1, max_value=1000.0)
+kt_cpu = option_input("kt_cpu", tiers.CPU_BLOCKS, c3, label="CPU tier (blocks)", min_value=1, max_value=100_000)
+kt_pool = option_input("kt_pool", tiers.GPU_BLOCKS, c4, label="GPU pool (blocks)", min_value=140, max_value=100_000)
+kt_pol = c5.selectbox("CPU eviction", ["lru", "arc"], **bound("kt_pol"))
+args = (int(kt_cpu), kt_pol, float(kt_gbps), int(kt_pool), kt_model)
+with st.spinner("Simulating the workload with and without the CPU tier..."):
+    cmp = tiers.compare(*args)
+    tier_run = tiers.run(*args)
+off_, on_ = cmp["without"], cmp["with"]
+st.markdown(f"{origin_badge(tier_run)} {md(tiers.step_model(kt_model).describe())}; {len(tiers.workload())} "
+            f"requests at "
+            f"{tiers.RATE_PER_S:g}/s, each one of {tiers.PREFIXES} prefixes of {tiers.PREFIX_TOKENS:,} tokens (a "
+            f"document, a conversation's history) + {tiers.OWN_TOKENS} tokens of its own, {tiers.OUT_TOKENS} out; "
+            f"blocks of {tiers.BLOCK} tokens = {tiers.block_bytes(kt_model):,} bytes.")
+m1, m2, m3, m4 = st.columns(4)
+m1.metric("mean TTFT with the tier", f"{on_['ttft_mean_ms']:.1f} ms",
+          f"{on_['ttft_mean_ms'] - off_['ttft_mean_ms']:+.1f} ms against none", delta_color="inverse")
+m2.metric("prefill tokens computed", f"{on_['prefill_tokens']:,}",
+          f"{on_['prefill_tokens'] - off_['prefill_tokens']:+,} against none", delta_color="inverse")
+m3.metric("hits: GPU · CPU", f"{on_['gpu_hit_rate']:.1%} · {on_['cpu_hit_rate']:.1%}",
+          help="Prompt tokens found on each tier on the requests' first admissions, over all their prompt tokens "
+          "(core.analysis.kv_tiers: one definition with and without a tier). Without the tier the GPU rate is "
+          f"{off_['gpu_hit_rate']:.1%}.")
+cp = on_["copies"]
+m4.metric("copied: stored · loaded", f"{cp['store']['bytes'] / 1e9:.1f} · {cp['load']['bytes'] / 1e9:.1f} GB",
+          help=f"{cp['store']['blocks']:,} blocks stored, {cp['load']['blocks']:,} loaded in {cp['load']['jobs']} "
+          f"loads, {cp['evict']['blocks']:,} evicted from the CPU tier.")
+show_chart(tier_occupancy_figure(tier_run, int(kt_cpu)), key="kt_occ")
+with st.expander("Blocks leaving for the CPU tier and coming back on a hit (animation)", expanded=False):
+    small = tiers.small_run(kt_pol)
+    st.caption(f"A small run to follow block by block: 8 requests over three prefixes of 4 blocks, served one at a "
+               f"time; a GPU pool of {tiers.SMALL_GPU} blocks (one is vLLM's null block), a CPU tier of "
+               f"{tiers.SMALL_CPU}. Each frame is one copy: outlined blocks leave the GPU pool for the CPU tier "
+               "(blue), come back for a hit (orange), or are evicted from the tier (grey). "
+               + origin_badge(small))
+    show_chart(tier_animation_figure(small, tiers.SMALL_GPU, tiers.SMALL_CPU), key="kt_anim", width="stretch")
+
+st.subheader("When does offloading pay?")
+pt = tiers.per_token(kt_model, tiers.GPU, float(kt_gbps))
+be = tiers.measured_break_even(*args)
+st.markdown(
+    f"A load must beat the recompute it replaces. Per token, the copy moves {pt['kv_bytes_per_token']:,} KV bytes over "
+    f"the host link: **{pt['load_us']:.2f} µs** at {float(kt_gbps):g} GB/s. Computing the token again costs 2 × "
+    f"parameters FLOPs: **{pt['recompute_us']:.2f} µs** at the {tiers.GPU}'s compute roof. So loading pays above "
+    f"**{pt['break_even_gbps']:.1f} GB/s** for {kt_model} (KV bytes per token × FLOP/s / (2 × parameters)); "
+    f"at {float(kt_gbps):g} GB/s it {'pays' if pt['pays'] else 'does not pay'}. :blue-badge[given: presets]")
+if be["blocks_loaded"]:
+    st.markdown(
+        f"In the run: {be['loads']} loads brought back {be['blocks_loaded']:,} blocks at "
+        f"**{be['load_ms_per_block']:.3f} ms a block** (copies queue one behind another on the link), against "
+        f"**{be['prefill_ms_per_block']:.3f} ms a block** to prefill a {tiers.PREFIX_TOKENS:,}-token prefix in the "
+        f"same step model ({be['flops_ms_per_block']:.3f} ms of it is the FLOPs; the rest is the K/V attention reads "
+        "that the roofline step model charges). The load also costs the request a step: it waits for its copy "
+        f"before its prefill. {origin_badge(tier_run)}")
+else:
+    st.info("No request found its prefix on the CPU tier in this run: nothing was loaded.")
+st.caption("Exercises KV tiers 1 and 2 (Exercises page) work these numbers out.")
 
 # ---- prefix identity -----------------------------------------------------------------------
 st.header("Same prefix, not merely similar words")

@@ -275,6 +275,38 @@ def test_the_paging_animation_plays_on_the_kv_page(server, page):
     chart.screenshot(path=str(SHOTS / "paging_animation.png"))
 
 
+def test_the_cpu_tier_lesson_and_its_animation_on_the_kv_page(server, page):
+    """Issue 54: the KV page's CPU tier section (occupancy by tier, the lesson's numbers) and the animation
+    of blocks leaving for the CPU tier and coming back on a hit, played in Chromium."""
+    from playwright.sync_api import expect
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"{server}/kv")
+    wait_idle(page)
+    head = page.get_by_role("heading", name="A CPU tier under the prefix cache")
+    head.scroll_into_view_if_needed()
+    expect(page.get_by_text("When does offloading pay?")).to_be_visible()
+    expect(page.get_by_text("loading pays above")).to_be_visible()
+    occ = page.locator("[data-testid='stPlotlyChart']").filter(has_text="KV blocks by tier over time").first
+    occ.scroll_into_view_if_needed()
+    expect(occ.locator(".main-svg").first).to_be_visible()
+    assert page.locator("[data-testid='stException']").count() == 0
+    page.get_by_text("Blocks leaving for the CPU tier and coming back on a hit").click()
+    chart = page.locator("[data-testid='stPlotlyChart']").filter(has=page.locator(".slider-container")) \
+        .filter(has_text="copy ").first
+    chart.scroll_into_view_if_needed()
+    current = chart.locator("text.slider-label", has_text="copy ")
+    assert current.text_content().strip() == "copy 1"
+    chart.get_by_text("▶ play").click()
+    page.wait_for_timeout(2500)
+    chart.get_by_text("❚❚ pause").click()
+    assert int(current.text_content().split()[-1]) >= 3
+    chart.screenshot(path=str(SHOTS / "kv_tier_animation.png"))
+    page.set_viewport_size({"width": 1280, "height": 1400})
+    head.evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.wait_for_timeout(500)
+    page.screenshot(path=str(SHOTS / "kv_tiers.png"))
+
+
 def export(page, fmt: str, download: str, tries: int = 3):
     """Ask for an export until its download button shows (under load a click can land while the
     page is still settling; asking again builds the same zip)."""

@@ -37,7 +37,7 @@ def test_every_link_opens_a_page_with_declared_parameters():
 
 def test_page_checks_answers_and_hides_the_reference():
     at = open_page("exercises")
-    assert len(at.subheader) == len(EXERCISES) == 21 and len(at.expander) == len(EXERCISES)
+    assert len(at.subheader) == len(EXERCISES) == 23 and len(at.expander) == len(EXERCISES)
     at.number_input(key="ex_ch31-2_0").set_value(12.0).run()
     at.number_input(key="ex_ch31-2_1").set_value(12.0).run()
     assert [s.value for s in at.success] == ["All 2 correct"]     # the icon is the mark: not a second one

@@ -26,7 +26,7 @@ LEVELS = [
     ("core.formulas",),
     ("core.workload",),
     ("core.trace",),
-    ("core.engine",),
+    ("core.engine", "core.kvtier"),   # the engine core, and the KV tier its scheduler asks (core.kvtier.tier)
     ("core.analysis",),
     ("core.sim",),
     ("core.fleet",),          # several engine cores (core.sim's simulators) behind a router, one virtual clock

@@ -101,6 +101,9 @@ class EngineCore:
         sched.admit_arrivals(now_ms)
         batch = sched.schedule(now_ms)
         if batch is None:
+            if sched.copies:   # CPU-tier loads planned with nothing to run: made now (vLLM's step without a forward)
+                jobs, sched.copies = sched.copies, None
+                sched.tier.measured(jobs, self.executor.copy_kv(jobs))
             return self._emit(sched.take_outputs(now_ms)) if sched.has_outputs() else None
         batch.idle_ms = now_ms - self.free_at_ms if self.free_at_ms != INF else INF
         out = None
@@ -156,10 +159,13 @@ class EngineCore:
 
     def run_stats(self) -> dict:
         """What the engine did (a trace's meta.stats): steps, preemptions, KV pool size, KV operations
-        (kv_<op>), and rejected / deadline finishes when any."""
+        (kv_<op>), rejected / deadline finishes when any, and with a CPU tier its counts (tier_<name>,
+        core.kvtier.tier.CPUTier.stats)."""
         sched = self.scheduler
+        tier = {f"tier_{k}": v for k, v in sched.tier.stats.items()} if sched.tier is not None else {}
         return {"steps": sched.step, "preemptions": sched.num_preemptions, "kv_blocks": sched.kv.num_blocks,
-                **{f"kv_{k}": v for k, v in sched.kv.counts.items()}, **{k: v for k, v in sched.failed.items() if v}}
+                **{f"kv_{k}": v for k, v in sched.kv.counts.items()}, **{k: v for k, v in sched.failed.items() if v},
+                **tier}
 
     def stats(self) -> SchedulerStats:
         """Load signals now: running, waiting, KV blocks used / free, preemptions, prefix hits,
@@ -183,7 +189,9 @@ class EngineCore:
         if self.log is None:
             raise ValueError("this engine core records nothing (record=False)")
         from core.trace.build import trace_from_records
-        return trace_from_records(workload, log_records(self.log), meta, self.log.other)
+        tier = self.scheduler.tier
+        other = self.log.other + (tier.events(self.scheduler.requests.ids) if tier is not None else [])
+        return trace_from_records(workload, log_records(self.log), meta, other)
 
 
 def now_iso() -> str:

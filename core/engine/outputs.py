@@ -30,6 +30,7 @@ class SchedulerOutput:
     new_token_ids: list[list[int]] | None   # per entry: known ids not sent before (first: the prompt)
     block_updates: list[tuple[int, list[int]]] | None  # per entry: (blocks kept, blocks appended)
     finished: list[int] | tuple   # requests gone since the last output (drop their state)
+    kv_copies: list | None      # CPU-tier copies to make (core.kvtier.tier.Job: loads before the forward, stores after)
     idle_ms: float              # how long the engine sat idle before this step (inf: its first step)
     # (prefill tokens, decode seqs, attended positions of prefill tokens and of decodes, prefill
     # pieces, tokens) over every entry, listed or not: what a step-time model prices
@@ -42,6 +43,7 @@ class SchedulerOutput:
         self.step, self.t_ms, self.reqs, self.num_tokens, self.start_pos = step, t_ms, reqs, num_tokens, start_pos
         self.is_prefill, self.emits, self.agg, self.decoders, self.join_no = is_prefill, emits, agg, decoders, join_no
         self.new_token_ids, self.block_updates, self.finished, self.idle_ms = None, None, (), 0.0
+        self.kv_copies = None
 
     @property
     def prefill_tokens(self) -> int:
@@ -66,10 +68,12 @@ class ExecutorOutput:
     events: list[dict] | None                    # verbatim trace events (spec, tiles)
     failed: dict[int, str] | None                # batch entry -> why it failed (its request ends with
     #                                              reason "error"; the rest of the batch goes on)
+    copies: list | None                          # per SchedulerOutput.kv_copies job: (start, end) ms, measured
 
-    def __init__(self, t_end_ms: float, dur_ms=None, tokens=None, sources=None, events=None, failed=None):
+    def __init__(self, t_end_ms: float, dur_ms=None, tokens=None, sources=None, events=None, failed=None,
+                 copies=None):
         self.t_end_ms, self.dur_ms, self.tokens = t_end_ms, dur_ms, tokens
-        self.sources, self.events, self.failed = sources, events, failed
+        self.sources, self.events, self.failed, self.copies = sources, events, failed, copies
 
 
 class StepRecord(NamedTuple):

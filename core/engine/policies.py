@@ -37,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from core.engine.prefix_cache import extra_key
+
 if TYPE_CHECKING:
     from core.engine.scheduler import Scheduler
 
@@ -72,11 +74,15 @@ def budget_shares(want: list[int], budget: int, is_decode: list[bool], decodes_f
 class Join:
     """A waiting request joining this step: `req`, `hits` (cached blocks of its prefix), `cached`
     (tokens they hold), `take` (tokens it computes this step), `todo` (tokens it has to compute
-    before its next token is due). (A plain class: compiled, it is made natively.)"""
-    __slots__ = ("req", "hits", "cached", "take", "todo")
+    before its next token is due); `load`: the CPU tier's keys it loads first (it joins after the
+    load, core.kvtier). (A plain class: compiled, it is made natively.)"""
+    __slots__ = ("req", "hits", "cached", "take", "todo", "load")
 
-    def __init__(self, req: int, hits: list[int], cached: int, take: int, todo: int):
-        self.req, self.hits, self.cached, self.take, self.todo = req, hits, cached, take, todo
+    def __init__(self, req: int, hits: list[int], cached: int, take: int, todo: int, load: list | None = None):
+        self.req, self.hits, self.cached, self.take, self.todo, self.load = req, hits, cached, take, todo, load
+
+
+SKIP = Join(-1, [], 0, 0, 0)   # the head waits a step (its CPU-tier lookup must be asked again); others may pass
 
 
 def next_join(view: Scheduler, budget_left: int) -> Join | None:
@@ -95,10 +101,38 @@ def next_join(view: Scheduler, budget_left: int) -> Join | None:
     if pre is not None and pre > cached and not t.emitted[r]:   # KV that came with it (disaggregated decode)
         cached = pre
     todo = total - cached
+    tier = view.tier
+    if tier is not None and known and pre is None:   # the CPU tier, after the GPU hit (vLLM's connector lookup)
+        keys = tier.keys(r, known, total // cfg.block_size, extra_key(kv.model_id, t.salt[r]))
+        n = tier.lookup(r, keys, len(hits))
+        if n is None:
+            return SKIP
+        if n:
+            cost = kv.admission_cost(hits, cached + n * cfg.block_size)
+            if cost > kv.num_free - view.watermark_blocks:
+                return None
+            return Join(r, hits, cached, 0, todo, keys[len(hits):len(hits) + n])
+    return _fits(view, r, hits, cached, todo, budget_left, 0)
+
+
+def held_join(view: Scheduler, r: int, budget_left: int) -> Join | None:
+    """Whether request r, holding KV blocks loaded from the CPU tier, can join now (as next_join;
+    its computed tokens were set when its load was planned)."""
+    t = view.requests
+    cached = int(t.computed[r])
+    return _fits(view, r, [], cached, int(t.prompt_len[r] + t.emitted[r]) - cached, budget_left,
+                 len(view.kv.tables[r]))
+
+
+def _fits(view: Scheduler, r: int, hits: list[int], cached: int, todo: int, budget_left: int,
+          held: int) -> Join | None:
+    """The join of request r if its tokens fit the budget left and its new blocks the free ones above
+    the watermark (`held`: blocks it already holds)."""
+    cfg, kv = view.cfg, view.kv
     take = min(todo, cfg.chunk or todo, budget_left)
     if cfg.chunk is None and take < todo:
         return None  # the whole prompt must fit in this step's budget
-    cost = kv.admission_cost(hits, cached + take) if hits else -(-(cached + take) // cfg.block_size)
+    cost = kv.admission_cost(hits, cached + take) if hits else -(-(cached + take) // cfg.block_size) - held
     if cost > kv.num_free - view.watermark_blocks:
         return None
     return Join(r, hits, cached, take, todo)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
@@ -27,6 +28,7 @@ from core.engine.outputs import (
 )
 from core.engine.requests import DONE, INF, NOT_ARRIVED, RUNNING, WAITING, RequestTable
 from core.errors import ConfigError
+from core.kvtier.tier import make_tier
 from core.workload import Request, Workload
 
 _tuple = tuple.__new__   # makes a NamedTuple without its Python-level __new__ (once per step)
@@ -60,6 +62,9 @@ class SchedulerState:
         self.rules = policies.RULES[config.policy]
         self.seats = config.seats
         self.waiting = adm.make_waiting(config, t)   # request rows, in admission order
+        self.tier = make_tier(config)      # the CPU tier under the prefix cache (core.kvtier), or None
+        self.holding: deque[int] = deque()   # waiting requests holding KV blocks (CPU-tier loads), scheduled first
+        self.copies: list | None = None    # CPU-tier loads planned by a schedule that made no batch (request_data)
         self.ran: set[int] = set()         # requests ever admitted (never rejected by queue_limit)
         self.watermark_blocks = adm.watermark_blocks(config, num_blocks)
         self.failed = {"rejected": 0, "deadline": 0}
@@ -162,6 +167,9 @@ class SchedulerState:
             if t.state[i] != DONE:
                 times.append(when)
                 break
+        done = self.tier.next_load_ms() if self.tier is not None else None
+        if done is not None:
+            times.append(done)
         return min(times) if times else None
 
     def abort(self, i: int, now_ms: float, reason: str = "abort", t_finish: float | None = None,
@@ -175,6 +183,10 @@ class SchedulerState:
             self.failed[adm.DEADLINE] += 1
         if t.state[i] == RUNNING:
             self.leave_running(i, now_ms)
+        elif i in self.holding:   # (its CPU-tier load planned or done: it holds blocks)
+            self.holding.remove(i)
+            self.kv.now_ms = now_ms
+            self._free(i)
         elif t.state[i] == WAITING:
             self.waiting.remove(i)
         self._done(i, Finish(i, now_ms if t_finish is None else t_finish, reason, detail))
@@ -203,6 +215,8 @@ class SchedulerState:
         self.requests.state[i] = DONE  # a request not yet arrived is skipped when it would arrive
         self.num_done += 1
         self._finished.append(f)
+        if self.tier is not None:
+            self.tier.finished(i)
 
     def _finish_failed(self, i: int, f: Finish):
         """A request that never ran and never will (rejected)."""
@@ -318,9 +332,11 @@ class SchedulerState:
                 reasons = {i: "stop" for i in extra}
         if not fin:
             return
-        state, finished = t.state, self._finished
+        state, finished, tier = t.state, self._finished, self.tier
         for i in fin:   # (a decoder's last step ended at t_end: _last_dec_t)
             self._leave(i)
+            if tier is not None:
+                tier.finished(i)
             state[i] = DONE
             finished.append(_tuple(Finish, (i, t_end, reasons.get(i, "length") if reasons else "length", None,  # type: ignore[misc]
                                             None)))
@@ -356,19 +372,67 @@ class SchedulerState:
         return (np.array(emit_r, dtype=np.int64), np.array(emit_idx, dtype=np.int64),
                 np.array(emit_ids, dtype=np.int64), src, stopped)
 
+    # ---- the CPU tier (core.kvtier): loads planned and done, stores offered -------------------------
+    def _load(self, j: policies.Join):
+        """A CPU-tier hit: the request's GPU blocks are taken now (its GPU hits and one per block to
+        load) and the load starts; it holds them while it waits (vLLM's WAITING_FOR_REMOTE_KVS)."""
+        t, kv, r, bs = self.requests, self.kv, j.req, self.cfg.block_size
+        load = j.load or []
+        kv.admit(r, j.hits, t.salt[r])
+        kv.grow(r, j.cached + len(load) * bs)
+        table = kv.tables[r]
+        t.nblocks[r] = len(table)
+        t.computed[r] = j.cached + len(load) * bs
+        first = r not in self.ran
+        self.tier.admitted(r, len(j.hits), len(load), first, int(t.prompt_len[r] + t.emitted[r]))  # type: ignore[union-attr]
+        self.tier.load(r, load, table[len(j.hits):], len(j.hits), kv.now_ms, first)  # type: ignore[union-attr]
+
+    def _loads_done(self, now_ms: float):
+        """The CPU-tier loads done by now: their blocks enter the prefix cache and their requests may
+        join (all prompt + emitted tokens loaded: the last one is computed again, for its logits)."""
+        t, kv = self.requests, self.kv
+        for r in self.tier.due(now_ms):  # type: ignore[union-attr]
+            total, c = int(t.prompt_len[r] + t.emitted[r]), int(t.computed[r])
+            ids = t.token_ids[r]
+            if ids is not None:
+                kv.commit(r, ids, c, total, -(r + 1))
+            if c >= total:
+                t.computed[r] = total - 1
+
+    def _offer(self, batch: SchedulerOutput):
+        """The CPU tier is offered the full prompt blocks this step's tokens complete (each listed
+        entry's, then those of running requests whose last offer found no room), then settles the
+        finished requests' recency (vLLM's build_connector_meta)."""
+        t, kv, bs, tier, run = self.requests, self.kv, self.cfg.block_size, self.tier, self._run
+        reqs = batch.reqs if type(batch.reqs) is list else batch.reqs.tolist()
+        rows = [(i, int(s) + int(n)) for i, s, n in zip(reqs, batch.start_pos, batch.num_tokens)]
+        if tier.owed:  # type: ignore[union-attr]
+            listed = set(reqs)
+            owed = [i for i in tier.owed if i in run and i not in listed]  # type: ignore[union-attr]
+            rows += [(i, int(t.prompt_len[i])) for i in sorted(owed, key=run.__getitem__)]
+        for i, end in rows:
+            chain = kv.chain.get(i)
+            if chain:
+                upto = min(min(end, int(t.prompt_len[i])) // bs, len(chain))
+                tier.offer(i, chain, kv.tables[i], upto, kv.now_ms)  # type: ignore[union-attr]
+        jobs = tier.settle(True)  # type: ignore[union-attr]
+        if self.request_data:
+            batch.kv_copies = jobs
+
     # ---- what happened ----------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
         """The gauges now, with the prompt tokens the waiting requests must still compute
         (a preempted request recomputes its emitted tokens too): a router's load signals."""
         t = self.requests
         p, e, c = t.prompt_len, t.emitted, t.computed
-        queued = sum([p[i] + e[i] - c[i] for i in self.waiting])
+        queued = sum([p[i] + e[i] - c[i] for i in self.waiting]) + sum([p[i] + e[i] - c[i] for i in self.holding])
         return SchedulerStats(*self._gauges(), queued)
 
     def _gauges(self) -> tuple[int, int, int, int, int, int]:
         """SchedulerStats' fields now, as a plain tuple (made once per step)."""
         kv = self.kv
-        return (len(self._run), len(self.waiting), kv.num_used, kv.num_blocks, self.num_preemptions, kv.counts["hit"])
+        return (len(self._run), len(self.waiting) + len(self.holding), kv.num_used, kv.num_blocks, self.num_preemptions,
+                kv.counts["hit"])
 
     def has_outputs(self) -> bool:
         """Something happened outside a step (arrivals queued or rejected, cancellations)."""

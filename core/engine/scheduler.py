@@ -78,6 +78,8 @@ class Scheduler(SchedulerState):
         kv.now_ms = now_ms
         if self.aborts:
             self._abort_due(now_ms)
+        if self.tier is not None:
+            self._loads_done(now_ms)
         budget = cfg.token_budget if cfg.token_budget is not None else BIG
         if self.rules.prefill_steps and self.waiting:   # vllm-v0: a step of new prompts when any can join
             joins, _ = self._admit_waiting(budget, 0, len(self._run))
@@ -106,9 +108,11 @@ class Scheduler(SchedulerState):
         if cfg.queue_limit is not None:
             self.reject_over_bound(now_ms)
         batch = self._batch(plan, joins, now_ms)
-        while batch is None and self.waiting and not self._run:   # a head that cannot run even alone: answered
-            self._never_runs(self.waiting.popleft(), now_ms)     # (and the next tried, as on an idle engine)
+        while batch is None and self.waiting and not self._run and not self.holding:   # a head that cannot run even
+            self._never_runs(self.waiting.popleft(), now_ms)     # alone: answered (and the next tried, as idle)
             batch = self._batch(None, self._admit_waiting(budget, 0, 0)[0], now_ms)
+        if batch is None and self.tier is not None:   # (loads only: EngineCore.step has the executor make them)
+            self.copies = self.tier.settle(self.request_data)
         return self._planned(batch) if batch is not None else None
 
     def _never_runs(self, i: int, now_ms: float):
@@ -253,26 +257,61 @@ class Scheduler(SchedulerState):
         self._preempted.append(Preemption(victim, now_ms, "kv_full", freed))
 
     def _admit_waiting(self, budget: int, used: int, running: int) -> tuple[list[policies.Join], int]:
-        """Admit waiting requests, head of the queue first, while a seat, the budget left and KV
-        blocks (with the watermark) allow, `running` seats being taken; never skips past a head
-        that does not fit. Returns (the joins, budget used)."""
-        joins = []
+        """Admit waiting requests while a seat (`running` taken), the budget left and KV blocks (with the
+        watermark) allow, in vLLM's order: first the requests holding KV blocks (CPU-tier loads: a load done
+        joins, one in flight is passed over), then the waiting queue, head first, never skipping past a
+        head that does not fit; there a CPU-tier hit plans a load (the request then holds its blocks) and a
+        tier lookup to be asked again passes the request over. Those passed over keep their places.
+        Returns (the joins, budget used)."""
         seats = self.seats - running
-        while self.waiting and seats > 0 and budget - used > 0:
-            j = policies.next_join(self, budget - used)
-            if j is None:
+        joins: list[policies.Join] = []
+        held, waiting, tier = self.holding, self.waiting, self.tier
+        passed_held: list[int] = []
+        passed: list[int] = []
+        while seats > 0 and budget - used > 0:
+            if held:
+                r = held[0]
+                if r in tier.loading:  # type: ignore[union-attr]
+                    passed_held.append(held.popleft())
+                    continue
+                j = policies.held_join(self, r, budget - used)
+                if j is None:
+                    break
+                held.popleft()
+            elif waiting:
+                j = policies.next_join(self, budget - used)
+                if j is None:
+                    break
+                if j is policies.SKIP:
+                    passed.append(waiting.popleft())
+                    continue
+                waiting.popleft()
+                if j.load is not None:
+                    self._load(j)
+                    passed_held.append(j.req)
+                    continue
+            else:
                 break
-            self._join(j)
+            self._join(j, False)
             joins.append(j)
             used += j.take
             seats -= 1
+        for r in reversed(passed_held):
+            held.appendleft(r)
+        for r in reversed(passed):
+            waiting.appendleft(r)
         return joins, used
 
-    def _join(self, j: policies.Join):
+    def _join(self, j: policies.Join, pop: bool = True):
+        """Request j.req joins the running set (`pop`: taken off the waiting queue's head here)."""
         t, r = self.requests, j.req
-        self.waiting.popleft()
+        if pop:
+            self.waiting.popleft()
         kv = self.kv
-        kv.admit(r, j.hits, t.salt[r])
+        if r not in kv.tables:   # (one holding blocks from a CPU-tier load has its table)
+            kv.admit(r, j.hits, t.salt[r])
+            if self.tier is not None:
+                self.tier.admitted(r, len(j.hits), 0, r not in self.ran, int(t.prompt_len[r] + t.emitted[r]))
         kv.grow(r, j.cached + j.take)
         t.computed[r] = j.cached
         if t.preloaded:
@@ -329,9 +368,11 @@ class Scheduler(SchedulerState):
 
     def _planned(self, batch: SchedulerOutput) -> SchedulerOutput:
         free = self.kv.num_free
-        self._step_gauges = (len(self._run), len(self.waiting), self.kv.num_blocks - free, free)
+        self._step_gauges = (len(self._run), len(self.waiting) + len(self.holding), self.kv.num_blocks - free, free)
         if self.request_data:
             self._attach_data(batch)
+        if self.tier is not None:
+            self._offer(batch)
         return batch
 
     def _attach_data(self, batch: SchedulerOutput):
@@ -369,7 +410,8 @@ class Scheduler(SchedulerState):
         steps' ends, one record for the run (StepRecord; `after`: the gauges after each step but
         the last). None where fewer than two steps would run. The same trace as stepping."""
         nd0, self.priced_ms = self._step_nd, None
-        if not nd0 or len(batch.reqs) or self._dec_ids or not self._fin or self._held_back:
+        if not nd0 or len(batch.reqs) or self._dec_ids or not self._fin or self._held_back or \
+                (self.tier is not None and self.tier.busy):
             return None
         kv, limit = self.kv, self._run_limit()
         D0, step0 = self.D, self.step
@@ -428,9 +470,10 @@ class Scheduler(SchedulerState):
 
     def _run_limit(self) -> float:
         """When a decode run must stop: the next arrival, cancellation or (a fleet) routing time."""
-        t = self.requests
+        t, tier = self.requests, self.tier
         return min(INF if self.horizon_ms is None else self.horizon_ms, self.aborts[0][0] if self.aborts else INF,
-                   t.arrival[self.next_arrival] if self.next_arrival < t.n else INF)
+                   t.arrival[self.next_arrival] if self.next_arrival < t.n else INF,
+                   tier.next_load_ms() or INF if tier is not None and tier.loading else INF)
 
     def _run_need(self, D: int, lo: int, K: int) -> tuple[int, list[int], list[int]]:
         """A run's steps lo..K-1 from the block calendar: (the steps the pool gives blocks for, blocks
@@ -504,6 +547,8 @@ class Scheduler(SchedulerState):
                 fin = [i for _, i in sorted([(run[i], i) for i in fin] + due)]
         if ends:
             self._commit_filled(ends)
+        if self.tier is not None:   # (the copies an executor made, measured: instead of the link's model)
+            self.tier.submit(t_end, batch.kv_copies, out.copies)
         # requests that reached their max tokens or a stop id leave, their blocks freed
         if fin or stopped:
             self._finish_emitted(fin, stopped, t_end)

@@ -131,6 +131,18 @@ def _drained(what: str) -> Callable[[], float]:
     return f
 
 
+def _tier(what: str, model: str | None = None) -> Callable[[], float]:
+    def f():
+        from core.lessons import kv_tiers as L
+        if what == "break_even":
+            return L.per_token(model or L.MODEL)["break_even_gbps"]
+        c = L.compare()
+        if what == "saved":
+            return float(c["without"]["prefill_tokens"] - c["with"]["prefill_tokens"])
+        return c["without"]["ttft_mean_ms"] - c["with"]["ttft_mean_ms"]
+    return f
+
+
 EXERCISES = [
     Exercise("ch31-1", "Chapter 31, exercise 1",
              "From the chapter's serial and continuous schedules (Table 31.1), how long does each of A and B take "
@@ -287,7 +299,32 @@ EXERCISES = [
              "replica stopped without draining would have cut off the requests it still held.",
              (Numeric("served by replica 3", _drained("served"), 0.5, "requests"),
               Numeric("lost", _drained("lost"), 0.5, "requests"))),
+    Exercise("kvtier-1", "KV tiers, 1",
+             "A CPU hit replaces the prefill of the tokens it loads by a copy of their KV over the host link. At the "
+             "compute roof a token's prefill costs 2 x parameters FLOPs. On an H100-SXM (989 TFLOP/s in bf16), "
+             "below which host-link bandwidth (GB/s) does loading a token's KV take longer than computing it again, "
+             "for Llama-3-8B (8.03 B parameters, 131,072 KV bytes a token) and for Llama-2-7B (6.74 B, 524,288)?",
+             "kv?kt_model=Llama-2-7B&kt_gbps=25",
+             "Break-even: KV bytes per token / bandwidth = 2 x parameters / FLOP/s, so bandwidth = KV bytes per token "
+             "x FLOP/s / (2 x parameters). Llama-3-8B: 131,072 x 989e12 / (2 x 8.03e9) = 8.1 GB/s; Llama-2-7B: "
+             "524,288 x 989e12 / (2 x 6.74e9) = 38.5 GB/s. Grouped-query attention (8 KV heads instead of 32) makes "
+             "Llama-3-8B's KV four times smaller per token: a PCIe link pays for it, while Llama-2-7B's needs a link "
+             "faster than PCIe 4.0. (Presets: core.formulas.kv; GB/s is 10^9 bytes per second.)",
+             (Numeric("Llama-3-8B (GB/s)", _tier("break_even", "Llama-3-8B"), 0.2, "GB/s"),
+              Numeric("Llama-2-7B (GB/s)", _tier("break_even", "Llama-2-7B"), 0.5, "GB/s"))),
+    Exercise("kvtier-2", "KV tiers, 2",
+             "On the KV page's lesson run (Llama-3-8B on an H100, 96 requests over 12 long prefixes, a GPU pool of "
+             "400 blocks, a CPU tier of 4,000, 25 GB/s), how many prompt tokens does the CPU tier take off the "
+             "prefills, and by how many ms does it lower the mean TTFT?",
+             "kv?kt_model=Llama-3-8B&kt_gbps=25&kt_cpu=4000&kt_pool=400",
+             "Read them off the page: prefill tokens computed without the tier minus with it (the GPU hits are "
+             "the same in both runs: the tier only adds the prefixes the GPU pool had let go), and the two mean "
+             "TTFTs. The saving is the prefill those tokens no longer need, less the loads' copies and the step "
+             "each loading request waits.",
+             (Numeric("prefill tokens saved", _tier("saved"), 0.5, "tokens"),
+              Numeric("mean TTFT lower by (ms)", _tier("ttft"), 0.05, "ms"))),
 ]
 
 # The Exercises page's groups: (heading, key prefix)
-GROUPS = (("Chapter 31", "ch31"), ("Serving lesson: recall and stretch", "recall"), ("Routing a fleet", "fleet"))
+GROUPS = (("Chapter 31", "ch31"), ("Serving lesson: recall and stretch", "recall"), ("Routing a fleet", "fleet"),
+          ("KV tiers", "kvtier"))

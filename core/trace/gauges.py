@@ -11,6 +11,12 @@ METRIC_TO_GAUGE = {"vllm:num_requests_running": "running", "vllm:num_requests_wa
                    "vllm:kv_cache_usage_perc": "kv_usage", "vllm:gpu_cache_usage_perc": "kv_usage",
                    "vllm:num_preemptions": "preemptions", "vllm:prefix_cache_queries": "prefix_cache_queries",
                    "vllm:prefix_cache_hits": "prefix_cache_hits",
+                   "vllm:kv_offload_store_bytes": "offload_store_bytes",
+                   "vllm:kv_offload_load_bytes": "offload_load_bytes",
+                   "vllm:kv_offload_store_time": "offload_store_s", "vllm:kv_offload_load_time": "offload_load_s",
+                   "vllm:kv_offload_cpu_cache_usage_perc": "offload_cpu_usage",
+                   "vllm:external_prefix_cache_queries": "external_prefix_cache_queries",
+                   "vllm:external_prefix_cache_hits": "external_prefix_cache_hits",
                    "sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "waiting",
                    "sglang:token_usage": "kv_usage"}
 

@@ -316,6 +316,25 @@ TRANSFER = Record("transfer", None, "fleet traces: a request's KV cache moved fr
           default=None, lo=0),
 ))
 
+TIER = Record("tier", None, "a KV copy between the GPU pool and the CPU tier under the prefix cache, or CPU "
+              "blocks evicted (core.kvtier.tier)", (
+    _t_ms("when the copy started (eviction: when the store that needed room was offered)"),
+    Field("op", "str", "store (GPU blocks copied to the CPU tier), load (CPU blocks copied back before a request's "
+          "prefill) or evict (CPU blocks dropped for a store)", default=None),
+    _req("the request (null: an eviction)", default=None),
+    Field("blocks", "int", "KV blocks copied or evicted", default=None, lo=0),
+    Field("bytes", "int", "bytes copied (blocks x the engine's kv_block_bytes; 0: an eviction)", default=None, lo=0),
+    Field("dur_ms", "number", "how long the copy took (its end is t_ms + dur_ms; simulated: latency + bytes / "
+          "bandwidth, one copy at a time in each direction)", default=None, lo=0),
+    Field("offered_ms", "number", "when the copy was decided: a store, at the end of the step that scheduled the "
+          "blocks' last tokens; a load, at the request's admission (a copy waits for those before it)",
+          default=None),
+    Field("first", "bool", "load: made on the request's first admission (its CPU-tier hits)", default=None),
+    Field("chunks", "ints", "the CPU tier's chunk ids", default=None),
+    Field("gpu_blocks", "ints", "the GPU blocks read (store) or written (load)", default=None),
+    Field("hashes", "objects", "the blocks' prefix-cache hashes (as the kv table's hash)", default=None),
+))
+
 GAUGE = Record("gauge", None, "the server's own load, sampled by a capture client from its /metrics (engines "
                "whose steps we cannot see)", (
     _t_ms("when the sample was read"),
@@ -325,6 +344,19 @@ GAUGE = Record("gauge", None, "the server's own load, sampled by a capture clien
     Field("preemptions", "number", "preemptions so far (vllm:num_preemptions_total)", default=None, lo=0),
     Field("prefix_cache_queries", "number", "prefix-cache queries so far, tokens", default=None, lo=0),
     Field("prefix_cache_hits", "number", "prefix-cache hits so far, tokens", default=None, lo=0),
+    Field("offload_store_bytes", "number", "bytes stored to a CPU offloading tier so far "
+          "(vllm:kv_offload_store_bytes_total)", default=None, lo=0),
+    Field("offload_load_bytes", "number", "bytes loaded back from it so far (vllm:kv_offload_load_bytes_total)",
+          default=None, lo=0),
+    Field("offload_store_s", "number", "seconds those stores took (vllm:kv_offload_store_time_total)", default=None,
+          lo=0),
+    Field("offload_load_s", "number", "seconds those loads took (vllm:kv_offload_load_time_total)", default=None,
+          lo=0),
+    Field("offload_cpu_usage", "number", "CPU offloading cache usage, 0..1 (vllm:kv_offload_cpu_cache_usage_perc)",
+          default=None, lo=0),
+    Field("external_prefix_cache_queries", "number", "prompt tokens looked up past the GPU hit in an external "
+          "(CPU tier) cache so far", default=None, lo=0),
+    Field("external_prefix_cache_hits", "number", "of those, tokens found there so far", default=None, lo=0),
     Field("replica", "int", "fleet traces: the replica whose server it was read from (absent: 0, the only one)",
           default=0, lo=0, write="present"),
 ))
@@ -378,7 +410,7 @@ META = Record("meta", None, "where the trace comes from", (
           default=None),
 ))
 
-EVENTS = (TOKEN, FINISH, STEP, KV, KV_EVENT, PREEMPT, SPEC, TILES, GAUGE, ROUTE, TRANSFER)   # tables: in this order
+EVENTS = (TOKEN, FINISH, STEP, KV, KV_EVENT, PREEMPT, SPEC, TILES, GAUGE, ROUTE, TRANSFER, TIER)   # tables: this order
 TABLE_EVENTS = tuple(r for r in EVENTS if r.table)
 VERBATIM_EVENTS = {r.type: r for r in EVENTS if not r.table}
 TABLES = (REQUEST, TOKEN, FINISH, STEP, BATCH, KV, KV_EVENT, PREEMPT)  # in-memory tables (and Parquet rtypes)

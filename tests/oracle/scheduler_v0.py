@@ -47,6 +47,7 @@ class Scheduler:
         self.aborts = sorted((float(t.abort_at[i]), i, why) for i, why in t.abort_reason.items())
         num_blocks = adm.pool_blocks(config, t)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.prefix_caching, config.model_id, kv_events)
+        self.tier = self.copies = None   # (the oracle predates the CPU tier: runs without one)
         # vLLM V1 caches a request's full blocks (outputs too) when it schedules the tokens that fill them
         self.cache_when_scheduled = config.prefix_caching and config.kv_manager == "vllm-v1"
         self.rules = policies.RULES[config.policy]
