@@ -296,6 +296,30 @@ def lesson_view():
                                       for c in table.columns if c in DEFINITIONS})
 
 
+def tiers_view():
+    from core.lessons import kv_tiers as tiers
+    st.caption(f"{tiers.FLEET_REPLICAS} replicas, each with a GPU pool of {tiers.FLEET_GPU_BLOCKS} blocks (one "
+               f"{tiers.PREFIX_TOKENS:,}-token prefix at a time) and a CPU tier of {tiers.CPU_BLOCKS:,} blocks under "
+               "its prefix cache (vLLM's offloading rules, docs/kv-tiers.md), serve the KV page's lesson workload "
+               f"({len(tiers.workload())} requests over {tiers.PREFIXES} long prefixes). Both routers hear the "
+               "replicas' own cache news (precise). prefix-aware sees only the GPU prefix caches: once a prefix has "
+               "left its replica's GPU, no replica looks better than another and the request goes to the least "
+               "loaded, where the whole prefix is computed again. tier-aware also hears each CPU tier (as llm-d's "
+               "index by tier): a prefix held there counts half a GPU block a block, so the request goes back to "
+               "the replica that can load it. These runs do not follow this page's settings.")
+    with st.spinner("Simulating the fleet with each router..."):
+        cmp = tiers.fleet_compare()
+    rows = [{"router": pol, "mean TTFT (ms)": round(v["ttft_mean_ms"], 2), "p90 TTFT (ms)": round(v["ttft_p90_ms"], 2),
+             "prefill tokens computed": v["prefill_tokens"], "GPU hit rate": f"{v['gpu_hit_rate']:.1%}",
+             "CPU hit rate": f"{v['cpu_hit_rate']:.1%}"} for pol, v in cmp.items()]
+    show_table(pd.DataFrame(rows), hide_index=True, key="fl_tiers_cmp")
+    per = [{"router": pol, "replica": r["replica"], "GPU hit tokens": r["gpu_hit_tokens"],
+            "CPU hit tokens": r["cpu_hit_tokens"]} for pol, v in cmp.items() for r in v["per_replica"]]
+    st.markdown("**Hits by tier, per replica** (first admissions; core.analysis.kv_tiers)")
+    show_table(pd.DataFrame(per), hide_index=True, key="fl_tiers_per")
+    st.caption(f"{origin_badge(tiers.fleet_run('tier-aware'))} {md(tiers.step_model().describe())}")
+
+
 def measured_files() -> dict:
     """label -> path of the bundled measured fleet traces: gpu_runner fleet runs (data/traces/fleet_*),
     our replicas behind sglang-router, merged (data/imports/sglang_router/*/fleet.json.gz), and two
@@ -357,17 +381,18 @@ def measured_view():
     fleet_prediction_panel(tr, path, "fl_meas")
 
 
-# Each tab runs only while it is open (the experiments simulate many runs each). Short labels: all six
+# Each tab runs only while it is open (the experiments simulate many runs each). Short labels: all seven
 # fit beside the sidebar at 1024 px; a link may still name a tab by its earlier, longer label.
 TABS = {"Policies": "Router policies side by side", "Stale router": "Experiment: a stale router",
         "P:D split": "Experiment: the P:D split", "Animation": "Animation",
-        "Lesson": "Lesson: how routing wins and loses", "Measured": "Measured fleets"}
+        "Lesson": "Lesson: how routing wins and loses", "Tiers": "Experiment: CPU tiers per replica",
+        "Measured": "Measured fleets"}
 if "fl_measured" in st.query_params and "fl_tab" not in st.query_params:
     st.query_params["fl_tab"] = st.session_state["fl_tab"] = TABS["Measured"]   # (a link to one opens its tab)
 choice_param("fl_tab", TABS, "tab")
 tabs = st.tabs(list(TABS), **bound("fl_tab"))
 for tab, title, view in zip(tabs, TABS.values(), (policies_view, staleness_experiment, pd_experiment, animation_view,
-                                                   lesson_view, measured_view)):
+                                                   lesson_view, tiers_view, measured_view)):
     with tab:
         if tab.open:
             st.markdown(f"##### {title}")

@@ -410,7 +410,7 @@ def test_every_fleet_tab_is_in_sight_at_1024_px(server, browser):
         right = page.evaluate("document.querySelector('[data-testid=\"stMain\"]').getBoundingClientRect().right")
         names = tabs.all_inner_texts()
         assert [n.strip() for n in names] == ["Policies", "Stale router", "P:D split", "Animation", "Lesson",
-                                              "Measured"]
+                                              "Tiers", "Measured"]
         for k in range(tabs.count()):
             box = tabs.nth(k).bounding_box()
             assert box is not None and box["x"] + box["width"] <= right, names[k]

@@ -239,3 +239,57 @@ def test_the_kv_page_shows_the_tier_lesson_with_the_core_numbers():
     assert len(first) == 1 and first[0].endswith("r0 stores 5 blocks in the CPU tier")
     ops = [fr["layout"]["annotations"][0]["text"] for fr in anim["frames"]]
     assert any("loads 4 blocks back (a CPU hit)" in t for t in ops) and any("evicted" in t for t in ops)
+
+
+# ---- a fleet: each replica's tier, and routing that knows which tier holds a prefix ---------------
+
+def test_the_tier_aware_router_counts_cpu_blocks_at_their_weight_and_prefix_aware_ignores_them():
+    from core.fleet.router import Router, RouterConfig, Signals
+    # replica 0 holds nothing; replica 1 holds the prompt's first 16 of 20 blocks in its CPU tier only
+    cands = [Signals(0, 1, 1, 0, 10, 100, 0, 0, 0.0, 0), Signals(1, 2, 2, 0, 10, 100, 5, 0, 0.0, 16)]
+    blind = Router(RouterConfig("prefix-aware", prefix="precise"), 2).choose(cands, 20)
+    aware = Router(RouterConfig("tier-aware"), 2).choose(cands, 20)
+    assert blind.replica == 0 and "least loaded" in blind.reason            # no GPU cache: the least loaded
+    assert aware.replica == 1 and "16 in its CPU tier" in aware.reason      # 0.5 x 16 = 8 of 20: 40% > 30%
+    assert aware.scores == {0: 0.0, 1: 0.4}
+    half = Router(RouterConfig("tier-aware", params={"cpu_weight": 0.0}), 2).choose(cands, 20)
+    assert half.replica == blind.replica and half.reason == blind.reason    # weight 0: prefix-aware's choice
+
+
+def test_the_board_keeps_the_cpu_tiers_news_apart_from_the_gpu_caches():
+    from core.fleet.board import Board
+    b = Board()
+    b.tell(1.0, "kv", [(1, b"g"), (2, b"c"), (2, b"d")])
+    b.tell(2.0, "kv", [(-2, b"d"), (-1, b"x")])
+    b.as_of(5.0)
+    assert b.cached == {b"g"} and b.cpu == {b"c"}
+
+
+def test_a_fleet_of_tiers_routed_by_tier_computes_fewer_prefill_tokens():
+    from core.lessons import kv_tiers as L
+    c = L.fleet_compare()
+    blind, aware = c["prefix-aware"], c["tier-aware"]
+    for v in (blind, aware):   # every prompt token is computed or hit on one tier (no preemption in these runs)
+        assert v["prefill_tokens"] == v["prompt_tokens"] - v["gpu_hit_tokens"] - v["cpu_hit_tokens"]
+        assert sum(r["cpu_hit_tokens"] for r in v["per_replica"]) == v["cpu_hit_tokens"]
+    assert aware["cpu_hit_tokens"] > blind["cpu_hit_tokens"] and aware["prefill_tokens"] < blind["prefill_tokens"]
+    assert aware["ttft_mean_ms"] < blind["ttft_mean_ms"]
+    tr = L.fleet_run("tier-aware")
+    assert {e["replica"] for e in tr.events_of("tier")} == set(range(L.FLEET_REPLICAS))
+    assert any("in its CPU tier" in e["reason"] for e in tr.events_of("route"))
+
+
+def test_vllm_kv_events_of_the_cpu_tier_are_counted_apart_from_the_gpu_prefix_cache():
+    """vLLM publishes its CPU offloading tier's stores and evictions as KV events with medium CPU
+    (docs/kv-tiers.md section 4): the GPU prefix cache over time counts only the GPU's."""
+    import pandas as pd
+
+    from core.analysis.kv_events import cache_over_time, kv_event_summary
+    t = pd.DataFrame({"t_ms": [1.0, 2.0, 3.0, 4.0, 5.0], "op": ["stored", "stored", "stored", "removed", "removed"],
+                      "hash": ["a", "b", "a", "a", "b"], "parent": [None, "a", None, None, None],
+                      "tokens": [16, 16, 0, 0, 0], "seq": [0, 0, 1, 2, 2],
+                      "medium": ["GPU", "GPU", "CPU", "GPU", "CPU"]})
+    s = kv_event_summary(t)
+    assert (s["stored_blocks"], s["removed_blocks"], s["peak_cached_blocks"]) == (2, 1, 2)
+    assert (s["cpu_stored_blocks"], s["cpu_removed_blocks"]) == (1, 1)
+    assert cache_over_time(t)["cached"].tolist() == [1, 2, 1]

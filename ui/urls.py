@@ -134,7 +134,8 @@ URL_KEYS: dict[str, UrlKey] = {
             fl_model="disaggregated: the model whose KV bytes per token the link moves",
             fl_drain="drain a replica on or off", fl_dr="drain: the replica taken out of rotation",
             fl_dt="drain: when it leaves rotation, ms",
-            fl_tab="the open tab: policies side by side, an experiment, the animation, the lesson, measured fleets",
+            fl_tab="the open tab: policies side by side, an experiment, the animation, the lesson, CPU tiers, measured "
+                   "fleets",
             fl_s_max="staleness experiment: the largest staleness of its grid, ms",
             fl_s_pol="staleness experiment: the policies compared",
             fl_t="P:D experiment: total replicas split into prefill and decode ones",

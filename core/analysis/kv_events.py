@@ -39,13 +39,32 @@ class CacheCount:
         return n
 
 
+def on_gpu(table: pd.DataFrame) -> pd.DataFrame:
+    """The events of the GPU prefix cache: those whose medium is GPU or not stated (vLLM's CPU
+    offloading tier publishes its own stores and evictions with medium CPU: another cache)."""
+    if "medium" not in table:
+        return table
+    m = table["medium"]
+    keep = m.isna() | (m.astype(str).str.upper() == "GPU")
+    return table if bool(keep.all()) else table[keep.to_numpy()]
+
+
 def kv_event_summary(table: pd.DataFrame) -> dict:
     """{stored_blocks, removed_blocks, cleared, peak_cached_blocks} (metrics --json's summary.kv_events):
-    rows by op, and the most distinct blocks cached at once."""
-    ops = table["op"].astype(str)
-    _, n = cached_blocks(table)
-    return {"stored_blocks": int((ops == "stored").sum()), "removed_blocks": int((ops == "removed").sum()),
-            "cleared": int((ops == "cleared").sum()), "peak_cached_blocks": int(n.max()) if len(n) else 0}
+    the GPU prefix cache's rows by op, and the most distinct blocks cached at once; with events of
+    other media (a CPU offloading tier), their stored and removed blocks by medium too."""
+    gpu = on_gpu(table)
+    ops = gpu["op"].astype(str)
+    _, n = cached_blocks(gpu)
+    out = {"stored_blocks": int((ops == "stored").sum()), "removed_blocks": int((ops == "removed").sum()),
+           "cleared": int((ops == "cleared").sum()), "peak_cached_blocks": int(n.max()) if len(n) else 0}
+    if len(gpu) < len(table):
+        rest = table.drop(gpu.index)
+        for medium, rows in rest.groupby(rest["medium"].astype(str).str.upper()):
+            o = rows["op"].astype(str)
+            out[f"{medium.lower()}_stored_blocks"] = int((o == "stored").sum())
+            out[f"{medium.lower()}_removed_blocks"] = int((o == "removed").sum())
+    return out
 
 
 def chain_roots(table: pd.DataFrame) -> dict:
@@ -76,8 +95,9 @@ def cache_over_time(table: pd.DataFrame, top: int = 8) -> pd.DataFrame:
     cached blocks per prefix chain for the `top` chains with the most blocks at their peak (named
     chain 1.. by first appearance), the rest summed in `other chains`. A fleet's events (a replica
     column naming several): each replica's cache apart, `cached` their sum, chains named by replica
-    (r0 chain 1, ...), a clear clearing its own replica's; attrs["replicas"] says how many."""
-    table, reps = _replicas_apart(table)
+    (r0 chain 1, ...), a clear clearing its own replica's; attrs["replicas"] says how many. Only the GPU
+    prefix cache's events (on_gpu)."""
+    table, reps = _replicas_apart(on_gpu(table).reset_index(drop=True))
     root = chain_roots(table)
     cached: dict = {}          # hash -> its replica
     per: dict = {}

@@ -161,7 +161,8 @@ class EngineOutputs(NamedTuple):
     left: list | tuple = ()
     # a run of steps: (running, waiting, KV blocks used) after each step but the last (the last's: gauges)
     after: tuple | None = None
-    cache_news: list | tuple = ()   # asked (cache_news): prefix-cache changes (+1 stored | -1 evicted, hash, t_ms)
+    cache_news: list | tuple = ()   # asked (cache_news): prefix-cache changes (+1 stored | -1 evicted, hash, t_ms;
+    #                                 the CPU tier's: +2 | -2)
 
     @property
     def stats(self) -> SchedulerStats:

@@ -107,6 +107,8 @@ class SchedulerState:
         self._news: list[tuple] = []
         if cache_news and self.kv.prefix is not None:    # (each with when it happened: a run's steps end apart)
             self.kv.prefix.listener = lambda sign, h: self._news.append((sign, h, self.kv.now_ms))
+            if self.tier is not None:   # the CPU tier's, on the same channel: +2 stored there, -2 evicted from it
+                self.tier.listener = lambda sign, h, t: self._news.append((2 * sign, h, t))
 
     # ---- requests arriving while the loop runs (a server) -----------------------------------
     def add_request(self, r: Request, stop_ids: Iterable[int] | None = None, preloaded: int = 0,

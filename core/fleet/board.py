@@ -6,7 +6,8 @@ order told).
 
 News: `requests` (+1 routed there, -1 finished), `gauges` (running, waiting, KV blocks used, at a
 step's end), `run` (a run of steps' gauges: (times, running, waiting, used, 0), each applied as its
-step's end falls due), `kv` (the prefix cache's news: [(+1 cached | -1 evicted, hash)]).
+step's end falls due), `kv` (the prefix cache's news: [(+1 cached | -1 evicted, hash)]; a CPU tier's
+under it: +2 stored there | -2 evicted from it).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Board:
         self.seq = 0
         self.requests = self.running = self.waiting = self.kv_used = 0
         self.cached: set = set()
+        self.cpu: set = set()     # hashes in the replica's CPU tier (core.kvtier)
         self.t_ms = 0.0
         self.lock = threading.Lock() if shared else None
 
@@ -69,9 +71,10 @@ class Board:
                     heapq.heappush(news, (times[k], seq, kind, v[:4] + (k,)))
             else:   # "kv": hash events
                 for sign, h in v:
+                    where = self.cached if -1 <= sign <= 1 else self.cpu
                     if sign > 0:
-                        self.cached.add(h)
+                        where.add(h)
                     else:
-                        self.cached.discard(h)
+                        where.discard(h)
             if t > self.t_ms:   # (the latest news heard: a run's last due step may be later than what follows it)
                 self.t_ms = t

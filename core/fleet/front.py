@@ -22,11 +22,15 @@ def signals_of(router: Router, replica: int, board, kv_blocks: int, hashes, now_
     """What the router knows of `replica` at now_ms: its board as of now less the staleness, and
     (prefix knowledge) how much of the prompt (`hashes`, or a function giving them) it holds."""
     board.as_of(now_ms - router.cfg.staleness_ms)
-    cached = prefix = 0
+    cached = prefix = cpu = 0
     if router.cfg.prefix_mode is not None:
-        cached, prefix = router.known_prefix(replica, hashes() if callable(hashes) else hashes, board.cached)
+        hs = hashes() if callable(hashes) else hashes
+        cached, prefix = router.known_prefix(replica, hs, board.cached)
+        if board.cpu and router.cfg.prefix_mode == "precise":   # (a CPU tier's news: the blocks after those)
+            while prefix + cpu < len(hs) and hs[prefix + cpu] in board.cpu:
+                cpu += 1
     return Signals(replica, board.requests, board.running, board.waiting, board.kv_used, kv_blocks, cached, prefix,
-                   board.t_ms)
+                   board.t_ms, cpu)
 
 
 def decide(router: Router, sigs: list[Signals], prompt_blocks: int, hashes_of) -> tuple[Decision | None, str | None]:

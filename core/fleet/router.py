@@ -245,14 +245,18 @@ class Signals:
     cached_blocks: int = 0     # blocks the router believes it has cached in all
     prefix_blocks: int = 0     # of this request's prompt blocks, the leading ones cached there
     t_ms: float = 0.0          # the time these signals describe
+    cpu_prefix_blocks: int = 0   # and the ones after those held in its CPU tier (precise knowledge of a tier)
 
     @property
     def kv_usage(self) -> float:
         return self.kv_used_blocks / max(1, self.kv_blocks)
 
     def to_dict(self) -> dict:
-        return signals_dict(self.requests, self.running, self.waiting, self.kv_used_blocks, self.kv_blocks,
-                            self.prefix_blocks, self.cached_blocks, self.t_ms)
+        d = signals_dict(self.requests, self.running, self.waiting, self.kv_used_blocks, self.kv_blocks,
+                         self.prefix_blocks, self.cached_blocks, self.t_ms)
+        if self.cpu_prefix_blocks:
+            d["cpu_prefix_blocks"] = self.cpu_prefix_blocks
+        return d
 
 
 def signals_dict(requests: int, running: int, waiting: int, kv_used: int, kv_blocks: int, prefix: int, cached: int,
@@ -492,26 +496,52 @@ class PrefixAware(Policy):
 
     @staticmethod
     def choose(router, cands: list[Signals], prompt_blocks: int) -> Decision:
-        prm = router.cfg.params
-        least = router.best(cands, lambda s: s.requests)
-        scores = {s.replica: round(s.prefix_blocks / max(1, prompt_blocks), 6) for s in cands}
-        best = router.best(cands, lambda s: (-s.prefix_blocks, s.requests))
-        rate = best.prefix_blocks / max(1, prompt_blocks)
-        if not (best.prefix_blocks and rate > prm["cache_threshold"]):
-            if router.cfg.prefix_mode == "precise":
-                room = router.best(cands, lambda s: (s.requests, s.cached_blocks))
-                why = f"the least loaded ({room.requests} requests)"
-            else:
-                room = router.best(cands, lambda s: (s.cached_blocks, s.requests))
-                why = f"the emptiest cache ({room.cached_blocks} blocks)"
-            return Decision(room.replica, f"no cache holds over {prm['cache_threshold']:.0%} of the prompt "
-                            f"(best {rate:.0%}): {why}", scores)
-        lo = least.requests
-        if best.requests - lo > prm["balance_abs"] and best.requests > lo * prm["balance_rel"]:
-            return Decision(least.replica, f"replica {best.replica} holds the prefix but is overloaded "
-                            f"({best.requests} requests vs {lo}): the least loaded", scores)
-        return Decision(best.replica, f"holds {best.prefix_blocks} of {prompt_blocks} prompt blocks "
-                        f"({rate:.0%} > {prm['cache_threshold']:.0%})", scores)
+        return cache_aware(router, cands, prompt_blocks, {s.replica: s.prefix_blocks for s in cands})
+
+
+def cache_aware(router, cands: list[Signals], prompt_blocks: int, held: dict) -> Decision:
+    """sglang's cache_aware over `held` (replica -> the prompt's blocks it holds, as the policy counts
+    them): the longest held prefix over cache_threshold wins unless its replica fails the load check."""
+    prm = router.cfg.params
+    least = router.best(cands, lambda s: s.requests)
+    scores = {s.replica: round(held[s.replica] / max(1, prompt_blocks), 6) for s in cands}
+    best = router.best(cands, lambda s: (-held[s.replica], s.requests))
+    got = held[best.replica]
+    rate = got / max(1, prompt_blocks)
+    if not (got and rate > prm["cache_threshold"]):
+        if router.cfg.prefix_mode == "precise":
+            room = router.best(cands, lambda s: (s.requests, s.cached_blocks))
+            why = f"the least loaded ({room.requests} requests)"
+        else:
+            room = router.best(cands, lambda s: (s.cached_blocks, s.requests))
+            why = f"the emptiest cache ({room.cached_blocks} blocks)"
+        return Decision(room.replica, f"no cache holds over {prm['cache_threshold']:.0%} of the prompt "
+                        f"(best {rate:.0%}): {why}", scores)
+    lo = least.requests
+    if best.requests - lo > prm["balance_abs"] and best.requests > lo * prm["balance_rel"]:
+        return Decision(least.replica, f"replica {best.replica} holds the prefix but is overloaded "
+                        f"({best.requests} requests vs {lo}): the least loaded", scores)
+    tier = f" ({best.prefix_blocks} on its GPU, {best.cpu_prefix_blocks} in its CPU tier)" \
+        if best.cpu_prefix_blocks and got != best.prefix_blocks else ""
+    shown = got if isinstance(got, int) else f"{got:g}"
+    return Decision(best.replica, f"holds {shown} of {prompt_blocks} prompt blocks{tier} "
+                    f"({rate:.0%} > {prm['cache_threshold']:.0%})", scores)
+
+
+@register
+class TierAware(Policy):
+    name, prefix = "tier-aware", "precise"
+    params = {"cache_threshold": 0.3, "balance_abs": 4.0, "balance_rel": 1.5, "cpu_weight": 0.5}
+    words = ("prefix-aware routing that knows which tier holds a prefix, as llm-d's index by tier: the prompt's "
+             "leading blocks in a replica's GPU prefix cache count fully, the ones after them in its CPU tier "
+             "count `cpu_weight` (0.5) each (they save their prefill but must be loaded first); then as "
+             "prefix-aware, with the replicas' own cache news (precise).")
+
+    @staticmethod
+    def choose(router, cands: list[Signals], prompt_blocks: int) -> Decision:
+        w = router.cfg.params["cpu_weight"]
+        return cache_aware(router, cands, prompt_blocks,
+                           {s.replica: s.prefix_blocks + w * s.cpu_prefix_blocks for s in cands})
 
 
 def _prefix_scores(cands: list[Signals], prompt_blocks: int) -> list[float]:

@@ -31,6 +31,7 @@ ids, offered, start, end).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.engine.prefix_cache import block_hash
@@ -88,6 +89,7 @@ class CPUTier:
         self.owed: set[int] = set()            # requests whose last offer found no room (offered again)
         self._ended: list[int] = []            # finished requests, their recency refreshed at the next scheduling
         self.log: list[Job] = []
+        self.listener: Callable | None = None   # fn(+1 stored | -1 evicted, key, t_ms): a router's tier-aware index
         self.jobs: list[Job] = []              # copies decided since the last take (an executor that copies makes them)
         self.first_hits: dict[int, tuple[int, int]] = {}   # request -> (GPU, CPU) hit blocks, first admission
         self._keys: dict[int, list] = {}       # request -> its full blocks' chained hashes (the lookup's keys)
@@ -203,6 +205,9 @@ class CPUTier:
         self._free += freed
         self._n_evictable -= len(out)
         self.log.append(Job("evict", -1, out, freed, [], now_ms, now_ms, now_ms))
+        if self.listener is not None:
+            for key in out:
+                self.listener(-1, key, now_ms)
         self.stats["evicted"] += len(out)
         return True
 
@@ -276,6 +281,8 @@ class CPUTier:
                             self.ref[key] = 0
                             self._n_evictable += 1
                             self.policy.evictable(key, True)
+                            if self.listener is not None:
+                                self.listener(1, key, job.t_end)
                 else:
                     self.stats["loaded"] += n
                     for key in job.keys:

@@ -20,7 +20,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from core.analysis.kv_tiers import copy_totals, hit_rates
+from core.analysis.kv_tiers import copy_totals, hit_rates, hits_by_tier
 from core.analysis.metrics import summarize
 from core.config import SchedulerConfig
 from core.engine.outputs import SchedulerOutput
@@ -151,3 +151,44 @@ def small_run(policy: str = "lru"):
                           kv_block_bytes=block_bytes(), host_gbps=HOST_GBPS, host_latency_ms=HOST_LATENCY_MS)
     return simulate(Workload(reqs, name="three prefixes"), cfg, step_model(), label=f"small tier run ({policy})",
                     created="2026-12-07T00:00:00+00:00")
+
+
+# ---- a fleet of replicas, each with its tier: routing that knows which tier holds a prefix ----------
+FLEET_REPLICAS = 4
+FLEET_POLICIES = ("prefix-aware", "tier-aware")   # both with the replicas' own cache news (precise)
+FLEET_GPU_BLOCKS = 200      # each replica's GPU pool: one prefix at a time; the rest stay in its CPU tier
+
+
+@lru_cache(maxsize=8)
+def fleet_run(policy: str, cpu_blocks: int = CPU_BLOCKS, gpu_blocks: int = FLEET_GPU_BLOCKS):
+    """The lesson's workload on FLEET_REPLICAS replicas, each with a GPU pool of GPU_BLOCKS and a CPU tier,
+    routed by `policy` with precise prefix knowledge: prefix-aware sees the GPU prefix caches only,
+    tier-aware the CPU tiers too (a CPU block counts half)."""
+    from core.fleet.router import RouterConfig
+    from core.fleet.sim import simulate_fleet
+    from core.fleet.spec import FleetSpec
+    spec = FleetSpec.uniform(FLEET_REPLICAS, config(cpu_blocks, gpu_blocks=gpu_blocks), step_model(),
+                             router=RouterConfig(policy, prefix="precise"))
+    return simulate_fleet(workload(), spec, label=f"{FLEET_REPLICAS} replicas with CPU tiers, {policy}",
+                          created="2026-12-07T00:00:00+00:00")
+
+
+def fleet_compare(cpu_blocks: int = CPU_BLOCKS, gpu_blocks: int = FLEET_GPU_BLOCKS) -> dict:
+    """Per routing policy: mean TTFT, prefill tokens computed, hits by tier; per replica, hits by tier."""
+    out = {}
+    for pol in FLEET_POLICIES:
+        tr = fleet_run(pol, cpu_blocks, gpu_blocks)
+        s = summarize(tr, per_request=False)["summary"]
+        per = hits_by_tier(tr).merge(_replica_of(tr), on="id")
+        out[pol] = {"ttft_mean_ms": s["ttft_ms"]["mean"], "ttft_p90_ms": s["ttft_ms"]["p90"],
+                    "prefill_tokens": int(tr.batch[tr.batch["kind"] == "prefill"]["tokens"].sum()),
+                    **hit_rates(tr),
+                    "per_replica": per.groupby("replica")[["gpu_hit_tokens", "cpu_hit_tokens"]].sum()
+                    .reset_index().to_dict("records")}
+    return out
+
+
+def _replica_of(trace):
+    import pandas as pd
+    routes = [(e["req"], e["replica"]) for e in trace.events_of("route") if e.get("replica", -1) >= 0]
+    return pd.DataFrame(routes, columns=["id", "replica"])

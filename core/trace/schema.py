@@ -333,6 +333,8 @@ TIER = Record("tier", None, "a KV copy between the GPU pool and the CPU tier und
     Field("chunks", "ints", "the CPU tier's chunk ids", default=None),
     Field("gpu_blocks", "ints", "the GPU blocks read (store) or written (load)", default=None),
     Field("hashes", "objects", "the blocks' prefix-cache hashes (as the kv table's hash)", default=None),
+    Field("replica", "int", "fleet traces: the replica whose tier it was (absent: 0, the only one)", default=0,
+          lo=0, write="present"),
 ))
 
 GAUGE = Record("gauge", None, "the server's own load, sampled by a capture client from its /metrics (engines "
