@@ -91,7 +91,8 @@ def test_the_page_with_defaults_draws_what_the_fleet_did(default_run):
     assert table.loc["prefix-aware", "TTFT p99 ms"] == pytest.approx(p99)
     counts = np.bincount([rep for rep, _ in routed(default_run).values()], minlength=4)
     assert table.loc["prefix-aware", "imbalance"] == pytest.approx(counts.max() / counts.mean())
-    assert len(table) == 7
+    from core.fleet.router import POLICIES
+    assert sorted(table.index) == sorted(POLICIES) and len(POLICIES) == 8   # every registered policy, once
 
 
 def test_disaggregated_lanes_put_prefill_and_decode_on_the_routed_replicas():

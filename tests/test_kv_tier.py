@@ -293,3 +293,15 @@ def test_vllm_kv_events_of_the_cpu_tier_are_counted_apart_from_the_gpu_prefix_ca
     assert (s["stored_blocks"], s["removed_blocks"], s["peak_cached_blocks"]) == (2, 1, 2)
     assert (s["cpu_stored_blocks"], s["cpu_removed_blocks"]) == (1, 1)
     assert cache_over_time(t)["cached"].tolist() == [1, 2, 1]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.integers(1, 40)), min_size=1, max_size=10),
+       st.integers(1, 40), st.integers(10, 40))
+def test_runs_of_decode_steps_give_the_trace_of_stepping_one_by_one(specs, cpu, kv_blocks):
+    from core.trace import to_doc
+    w = Workload([req(f"q{i}", 7.0 * i, k, s, out) for i, (k, s, out) in enumerate(specs)])
+    c = SchedulerConfig(policy="vllm-v1", token_budget=64, block_size=BS, kv_blocks=kv_blocks, prefix_caching=True,
+                        kv_manager="vllm-v1", cpu_kv_blocks=cpu, kv_block_bytes=MB, host_gbps=2.0, host_latency_ms=0.5)
+    assert to_doc(simulate(w, c, STEP, fast_forward=True, created="x")) == \
+        to_doc(simulate(w, c, STEP, fast_forward=False, created="x"))

@@ -189,9 +189,12 @@ class EngineCore:
         if self.log is None:
             raise ValueError("this engine core records nothing (record=False)")
         from core.trace.build import trace_from_records
+        return trace_from_records(workload, log_records(self.log), meta, self.log.other + self.tier_events())
+
+    def tier_events(self) -> list:
+        """The CPU tier's copies as trace events (core.kvtier.tier.CPUTier.events), [] without a tier."""
         tier = self.scheduler.tier
-        other = self.log.other + (tier.events(self.scheduler.requests.ids) if tier is not None else [])
-        return trace_from_records(workload, log_records(self.log), meta, other)
+        return tier.events(self.scheduler.requests.ids) if tier is not None else []
 
 
 def now_iso() -> str:

@@ -169,7 +169,7 @@ class SchedulerState:
             if t.state[i] != DONE:
                 times.append(when)
                 break
-        done = self.tier.next_load_ms() if self.tier is not None else None
+        done = self.tier.next_done_ms() if self.tier is not None else None
         if done is not None:
             times.append(done)
         return min(times) if times else None
@@ -373,6 +373,36 @@ class SchedulerState:
         src = np.array(emit_src, dtype=np.int8) if out.sources is not None else None
         return (np.array(emit_r, dtype=np.int64), np.array(emit_idx, dtype=np.int64),
                 np.array(emit_ids, dtype=np.int64), src, stopped)
+
+    def _never_runs(self, i: int, now_ms: float):
+        """Request i, at the head of the queue, cannot join an idle engine (a preempted request's
+        prompt + outputs over the token budget without chunked prefill, or over the KV pool above
+        the watermark): rejected with its numbers."""
+        t, cfg, kv = self.requests, self.cfg, self.kv
+        todo, e = int(t.prompt_len[i] + t.emitted[i]), int(t.emitted[i])
+        self._finish_failed(i, Finish(i, now_ms, adm.REJECTED, (
+            f"cannot run even with the engine idle: {todo:,} tokens to compute (its prompt and {e} tokens emitted "
+            f"before a preemption), token budget {cfg.token_budget}, chunked prefill "
+            f"{cfg.chunk if cfg.chunk else 'off'}, {kv.num_free:,} KV blocks free, {self.watermark_blocks} kept free "
+            "(watermark)")))
+
+    def reject_over_bound(self, now_ms: float):
+        for i in adm.over_bound(self.cfg, self.waiting, self.ran):   # queue_limit
+            self.waiting.remove(i)
+            self._finish_failed(i, Finish(
+                i, now_ms, adm.REJECTED, f"{len(self.waiting) + 1} requests waiting, over the queue limit of "
+                f"{self.cfg.queue_limit}", "queue_limit"))
+
+    def _release_held(self, now_ms: float):
+        """Nothing runs or loads, and the requests holding KV blocks after their CPU-tier loads cannot join
+        (their blocks and the rest leave too few): the newest gives its blocks back and waits again, to look
+        its prefix up anew. (vLLM avoids this by reserving room for in-flight loads: docs/kv-tiers.md.)"""
+        i = self.holding.pop()
+        self.kv.now_ms = now_ms
+        self._free(i)
+        self.requests.computed[i] = 0
+        self.tier.loaded.pop(i, None)  # type: ignore[union-attr]
+        self.waiting.appendleft(i)
 
     # ---- the CPU tier (core.kvtier): loads planned and done, stores offered -------------------------
     def _load(self, j: policies.Join):

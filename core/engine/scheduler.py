@@ -53,7 +53,6 @@ from core.engine import policies
 from core.engine.outputs import (
     EngineOutputs,
     ExecutorOutput,
-    Finish,
     Preemption,
     SchedulerOutput,
     StepRecord,
@@ -108,24 +107,17 @@ class Scheduler(SchedulerState):
         if cfg.queue_limit is not None:
             self.reject_over_bound(now_ms)
         batch = self._batch(plan, joins, now_ms)
+        while batch is None and self.holding and not self._run and not self.tier.loading:  # type: ignore[union-attr]
+            if not preempted:   # (held blocks, nothing runs or loads: after one more try, the newest lets go)
+                self._release_held(now_ms)
+            preempted = False   # (a step that preempted the last running request admits at once)
+            batch = self._batch(None, self._admit_waiting(budget, 0, 0)[0], now_ms)
         while batch is None and self.waiting and not self._run and not self.holding:   # a head that cannot run even
             self._never_runs(self.waiting.popleft(), now_ms)     # alone: answered (and the next tried, as idle)
             batch = self._batch(None, self._admit_waiting(budget, 0, 0)[0], now_ms)
         if batch is None and self.tier is not None:   # (loads only: EngineCore.step has the executor make them)
             self.copies = self.tier.settle(self.request_data)
         return self._planned(batch) if batch is not None else None
-
-    def _never_runs(self, i: int, now_ms: float):
-        """Request i, at the head of the queue, cannot join an idle engine (a preempted request's
-        prompt + outputs over the token budget without chunked prefill, or over the KV pool above
-        the watermark): rejected with its numbers."""
-        t, cfg, kv = self.requests, self.cfg, self.kv
-        todo, e = int(t.prompt_len[i] + t.emitted[i]), int(t.emitted[i])
-        self._finish_failed(i, Finish(i, now_ms, adm.REJECTED, (
-            f"cannot run even with the engine idle: {todo:,} tokens to compute (its prompt and {e} tokens emitted "
-            f"before a preemption), token budget {cfg.token_budget}, chunked prefill "
-            f"{cfg.chunk if cfg.chunk else 'off'}, {kv.num_free:,} KV blocks free, {self.watermark_blocks} kept free "
-            "(watermark)")))
 
     def _plan(self, budget: int) -> _Plan:
         """The running requests' share of the next step: each explicit one's tokens (what it has
@@ -393,13 +385,6 @@ class Scheduler(SchedulerState):
         batch.new_token_ids, batch.block_updates = toks, blocks
         batch.finished, self._gone = self._gone, []
 
-    def reject_over_bound(self, now_ms: float):
-        for i in adm.over_bound(self.cfg, self.waiting, self.ran):   # queue_limit
-            self.waiting.remove(i)
-            self._finish_failed(i, Finish(
-                i, now_ms, adm.REJECTED, f"{len(self.waiting) + 1} requests waiting, over the queue limit of "
-                f"{self.cfg.queue_limit}", "queue_limit"))
-
     def advance(self, batch: SchedulerOutput, durations) -> EngineOutputs | None:
         """A simulator's decode-only step (no listed entry) and the decode-only steps after it, up to
         the next arrival, cancellation or (a fleet) time a request could be routed here, a step
@@ -473,7 +458,7 @@ class Scheduler(SchedulerState):
         t, tier = self.requests, self.tier
         return min(INF if self.horizon_ms is None else self.horizon_ms, self.aborts[0][0] if self.aborts else INF,
                    t.arrival[self.next_arrival] if self.next_arrival < t.n else INF,
-                   tier.next_load_ms() or INF if tier is not None and tier.loading else INF)
+                   (tier.next_done_ms() or INF) if tier is not None else INF)
 
     def _run_need(self, D: int, lo: int, K: int) -> tuple[int, list[int], list[int]]:
         """A run's steps lo..K-1 from the block calendar: (the steps the pool gives blocks for, blocks

@@ -445,11 +445,8 @@ class FleetSim:
             fin["reason"] = [fin["reason"][k] for k in order.tolist()]
         other = [e for e in self.routes if e is not None]
         other += [{k: v for k, v in e.items() if k != "_row"} for e in self.transfers]
-        for k, r in enumerate(reps):
-            other += r.core.log.other
-            sched = r.core.scheduler
-            if sched.tier is not None:   # (each replica's CPU tier: its copies, named by the fleet's request ids)
-                other += [{**e, "replica": k} for e in sched.tier.events(sched.requests.ids)]
+        for k, r in enumerate(reps):   # (and each replica's CPU tier's copies, named by the fleet's request ids)
+            other += r.core.log.other + [{**e, "replica": k} for e in r.core.tier_events()]
         other.sort(key=lambda e: e["t_ms"])
         return trace_from_records(w, records, meta, other)
 

@@ -257,10 +257,10 @@ class CPUTier:
         self.log.append(job)
 
     # ---- completions ----------------------------------------------------------------------------
-    def next_load_ms(self) -> float | None:
-        """When the earliest load in flight ends (None: none is)."""
-        ends = [j.t_end for j in self._flight if j.kind == "load"]
-        return min(ends) if ends else None
+    def next_done_ms(self) -> float | None:
+        """When the earliest copy in flight ends (None: none is): a load lets its request join, a store makes
+        its blocks readable to a lookup that waits for them."""
+        return min(j.t_end for j in self._flight) if self._flight else None
 
     def due(self, now_ms: float) -> list[int]:
         """Apply the transfers done by `now_ms`, in the order they ended; returns the requests whose
