@@ -255,9 +255,11 @@ class Scheduler(SchedulerState):
         head that does not fit; there a CPU-tier hit plans a load (the request then holds its blocks) and a
         tier lookup to be asked again passes the request over. Those passed over keep their places.
         Returns (the joins, budget used)."""
+        held, waiting, tier = self.holding, self.waiting, self.tier
+        if not waiting and not held:
+            return [], used
         seats = self.seats - running
         joins: list[policies.Join] = []
-        held, waiting, tier = self.holding, self.waiting, self.tier
         passed_held: list[int] = []
         passed: list[int] = []
         while seats > 0 and budget - used > 0:
