@@ -147,7 +147,7 @@ def main(only: set[str] = frozenset()):
                 chart = page.locator("[data-testid='stPlotlyChart']").filter(
                     has=page.locator(".slider-container")).filter(has_text="copy ").first
                 chart.scroll_into_view_if_needed()
-                chart.get_by_text("▶ play").click()
+                chart.get_by_text("▶ 2×").click()
                 page.wait_for_timeout(2500)
                 chart.get_by_text("❚❚ pause").click()
                 page.mouse.move(2, 2)

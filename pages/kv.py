@@ -231,9 +231,9 @@ show_chart(tier_occupancy_figure(tier_run, int(kt_cpu)), key="kt_occ")
 with st.expander("Blocks leaving for the CPU tier and coming back on a hit (animation)", expanded=False):
     small = tiers.small_run(kt_pol)
     st.caption(f"A small run to follow block by block: 8 requests over three prefixes of 4 blocks, served one at a "
-               f"time; a GPU pool of {tiers.SMALL_GPU} blocks (one is vLLM's null block), a CPU tier of "
-               f"{tiers.SMALL_CPU}. Each frame is one copy: outlined blocks leave the GPU pool for the CPU tier "
-               "(blue), come back for a hit (orange), or are evicted from the tier (grey). "
+               f"time; a GPU pool of {tiers.SMALL_GPU} blocks (left; one is vLLM's null block), a CPU tier of "
+               f"{tiers.SMALL_CPU} (right). Each frame is one copy: outlined blocks leave the GPU pool for the CPU "
+               "tier (blue), come back for a hit (orange), or are evicted from the tier (grey). "
                + origin_badge(small))
     show_chart(tier_animation_figure(small, tiers.SMALL_GPU, tiers.SMALL_CPU), key="kt_anim", width="stretch")
 

@@ -295,8 +295,8 @@ def test_the_cpu_tier_lesson_and_its_animation_on_the_kv_page(server, page):
         .filter(has_text="copy ").first
     chart.scroll_into_view_if_needed()
     current = chart.locator("text.slider-label", has_text="copy ")
-    assert current.text_content().strip() == "copy 1"
-    chart.get_by_text("▶ play").click()
+    assert current.text_content().strip() == "copy 0"
+    chart.get_by_text("▶ 2×").click()
     page.wait_for_timeout(2500)
     chart.get_by_text("❚❚ pause").click()
     assert int(current.text_content().split()[-1]) >= 3

@@ -234,10 +234,10 @@ def test_the_kv_page_shows_the_tier_lesson_with_the_core_numbers():
     figs = charts(at)
     titles = [(f.get("layout", {}).get("title") or {}).get("text", "") for f in figs]
     assert any("by tier over time" in t.replace("<br>", " ") for t in titles)
-    anim = next(f for f, t in zip(figs, titles) if "coming back<br>on a hit" in t or "coming back on a hit" in t)
-    first = [a["text"] for a in anim["layout"]["annotations"]]
-    assert len(first) == 1 and first[0].endswith("r0 stores 5 blocks in the CPU tier")
-    ops = [fr["layout"]["annotations"][0]["text"] for fr in anim["frames"]]
+    anim = next(f for f in figs if f.get("frames") and "copy" in f["layout"]["sliders"][0]["currentvalue"]["prefix"])
+    story = [d.get("text") for d in anim["data"] if d.get("mode") == "text"][0][0]
+    assert story.replace("<br>", " ").endswith("r0 stores 5 blocks in the CPU tier")
+    ops = [fr["data"][3]["text"][0].replace("<br>", " ") for fr in anim["frames"]]
     assert any("loads 4 blocks back (a CPU hit)" in t for t in ops) and any("evicted" in t for t in ops)
 
 

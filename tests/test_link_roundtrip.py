@@ -98,6 +98,10 @@ CASES = [
          num("pg_ms", 4), num("pg_pool", 128), num("pg_bs", 8), sel("pg_wl", "burst5"),
          Set("pg_cursor", "slider", ["ArrowLeft"]), num("kv_seqs", 3), num("kv_tokens", 4096), num("kv_hd", 96),
          num("kv_heads", 4), num("kv_layers", 40), sel("kv_gpu", "H100-SXM"), sel("kv_dtype", "fp8"), PRESENT))),
+    # the CPU tier lesson (each change simulates the lesson's workload with and without the tier)
+    Case("kv-tiers", "kv", (
+        (sel("kt_pol", "arc"), num("kt_pool", 300), num("kt_cpu", 2000), num("kt_gbps", 10),
+         sel("kt_model", "Llama-2-7B")),)),
     # the tiles visited: its range follows the tile size, set before it
     Case("tiles-chapter", "tiles", (
         (num("at_bq2", 64), sel("at_dt", "4"), sel("at_hd", "64"), Set("at_causal", "toggle", False),

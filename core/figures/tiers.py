@@ -7,7 +7,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from core.analysis.kv_tiers import copies
-from core.figures import PALETTE, base_layout
+from core.figures import PALETTE, base_layout, wrap_title
+from core.figures.animate import CONTROLS_PX, play_controls
 
 STORE_COLOR, LOAD_COLOR, EVICT_COLOR = "#0072B2", "#D55E00", "#999999"   # Okabe-Ito
 
@@ -65,7 +66,8 @@ def tier_occupancy_figure(trace, cpu_capacity: int | None = None, title: str | N
 def tier_animation_figure(trace, gpu_blocks: int, cpu_blocks: int, max_frames: int = 80) -> go.Figure:
     """One frame per copy (the first `max_frames`): the GPU pool (left) and the CPU tier (right) as grids
     of blocks; CPU blocks held are coloured by the request that stored them, and the copy's blocks are
-    outlined on both sides (store: blue, leaving the GPU; load: orange, coming back for a hit; evict: grey)."""
+    outlined on both sides (store: blue, leaving the GPU; load: orange, coming back for a hit; evict: grey),
+    with a line saying what the copy is. Played in the browser (core.figures.animate.play_controls)."""
     ev = trace.events_of("tier")[:max_frames]
     cols_g = max(8, int(np.ceil(np.sqrt(max(gpu_blocks, 1)))))
     cols_c = max(8, int(np.ceil(np.sqrt(max(cpu_blocks, 1)))))
@@ -89,48 +91,33 @@ def tier_animation_figure(trace, gpu_blocks: int, cpu_blocks: int, max_frames: i
         hx, hy = xy(held, cols_c, cx0)
         gx, gy = xy(e["gpu_blocks"], cols_g, 0)
         mx, my = xy(e["chunks"], cols_c, cx0)
-        verb = {"store": f"{e['req']} stores {e['blocks']} blocks in the CPU tier",
-                "load": f"{e['req']} loads {e['blocks']} blocks back (a CPU hit) before its prefill",
-                "evict": f"{e['blocks']} CPU blocks evicted to make room"}[e["op"]]
+        n = f"{e['blocks']} block{'s' if e['blocks'] != 1 else ''}"
+        verb = {"store": f"{e['req']} stores {n} in the CPU tier",
+                "load": f"{e['req']} loads {n} back (a CPU hit) before its prefill",
+                "evict": f"{n} evicted from the CPU tier to make room"}[e["op"]]
         outline = dict(symbol="square-open", size=11, color=line, line=dict(width=2))
-        frames.append(go.Frame(name=str(k), traces=[2, 3, 4], data=[
+        frames.append(go.Frame(name=str(k), traces=[2, 3, 4, 5], data=[
             go.Scatter(x=hx, y=hy, mode="markers", text=[f"stored by {r}" for r in held.values()],
                        marker=dict(symbol="square", size=9, color=[colour[r] for r in held.values()]),
-                       hovertemplate="CPU chunk %{text}<extra></extra>", name="CPU blocks held"),
-            go.Scatter(x=gx, y=gy, mode="markers", marker=outline, hovertemplate="GPU block<extra></extra>",
-                       name="GPU blocks copied"),
-            go.Scatter(x=mx, y=my, mode="markers", marker=outline, hovertemplate="CPU chunk<extra></extra>",
-                       name="CPU blocks copied")],
-            layout=go.Layout(annotations=[_caption(f"{e['t_ms'] / 1e3:.3f} s: {verb}")])))
+                       hovertemplate="CPU chunk %{text}<extra></extra>"),
+            go.Scatter(x=gx, y=gy, mode="markers", marker=outline, hovertemplate="GPU block<extra></extra>"),
+            go.Scatter(x=mx, y=my, mode="markers", marker=outline, hovertemplate="CPU chunk<extra></extra>"),
+            go.Scatter(text=[wrap_title(f"{e['t_ms'] / 1e3:.3f} s: {verb}", 44)])]))
     ax, ay = xy(range(gpu_blocks), cols_g, 0)
     bx, by = xy(range(cpu_blocks), cols_c, cx0)
-    pools = [go.Scatter(x=ax, y=ay, mode="markers", hoverinfo="skip", name=f"GPU pool ({gpu_blocks:,} blocks)",
-                        marker=dict(symbol="square", size=9, color="rgba(128,128,128,0.18)")),
-             go.Scatter(x=bx, y=by, mode="markers", hoverinfo="skip", name=f"CPU tier ({cpu_blocks:,} blocks)",
-                        marker=dict(symbol="square", size=9, color="rgba(128,128,128,0.10)"))]
-    empty = [go.Scatter(x=[], y=[], mode="markers", showlegend=False) for _ in range(3)]
-    fig = go.Figure(data=pools + (list(frames[0].data) if frames else empty), frames=frames)
     low = float(min(ay.min(initial=0), by.min(initial=0)))
+    first = frames[0].data if frames else [go.Scatter(x=[], y=[]) for _ in range(3)] + \
+        [go.Scatter(text=["no copies between the tiers in this run"])]
+    pools = [go.Scatter(x=ax, y=ay, mode="markers", hoverinfo="skip",
+                        marker=dict(symbol="square", size=9, color="rgba(128,128,128,0.18)")),
+             go.Scatter(x=bx, y=by, mode="markers", hoverinfo="skip",
+                        marker=dict(symbol="square", size=9, color="rgba(128,128,128,0.10)"))]
+    fig = go.Figure(data=pools + [go.Scatter(x=d.x, y=d.y, mode="markers", marker=d.marker, text=d.text,
+                                             hovertemplate=d.hovertemplate) for d in first[:3]]
+                    + [go.Scatter(x=[-0.5], y=[0.6], mode="text", text=first[3].text, textposition="top right",
+                                  hoverinfo="skip", textfont=dict(size=13), cliponaxis=False)], frames=frames)
     fig.update_xaxes(visible=False, range=[-1, cx0 + cols_c])
-    fig.update_yaxes(visible=False, range=[low - 0.8, 0.8])
-    steps = [dict(method="animate", label=str(k + 1),
-                  args=[[str(k)], dict(mode="immediate", frame=dict(duration=0, redraw=True))])
-             for k in range(len(frames))]
-    fig.update_layout(
-        updatemenus=[dict(type="buttons", showactive=False, x=0, y=-0.05, xanchor="left", buttons=[
-            dict(label="▶ play", method="animate",
-                 args=[None, dict(frame=dict(duration=700, redraw=True), fromcurrent=True)]),
-            dict(label="❚❚ pause", method="animate",
-                 args=[[None], dict(mode="immediate", frame=dict(duration=0, redraw=False))])])],
-        sliders=[dict(steps=steps, x=0.15, len=0.85, currentvalue=dict(prefix="copy "))] if steps else [])
-    fig.update_layout(annotations=list(frames[0].layout.annotations) if frames else
-                      [_caption("no copies between the tiers in this run")])
-    base_layout(fig, f"Blocks leaving for the CPU tier and coming back on a hit: the GPU pool ({gpu_blocks:,} "
-                f"blocks, left), the CPU tier ({cpu_blocks:,}, right)", height=int(min(680, 380 + 22 * (0.8 - low))))
-    return fig.update_layout(showlegend=False)
-
-
-def _caption(text: str) -> dict:
-    """A frame's line above the grids (what this copy is)."""
-    return dict(text=text, x=0, y=1.02, xref="paper", yref="paper", xanchor="left", yanchor="bottom",
-                showarrow=False, font=dict(size=14))
+    fig.update_yaxes(visible=False, range=[low - 0.8, 2.2])
+    base_layout(fig, height=int(min(760, 200 + CONTROLS_PX + 28 * (2.2 - low))))   # (the page says what it shows)
+    fig.update_layout(showlegend=False, margin=dict(l=10, r=10, t=20))
+    return play_controls(fig, [str(k) for k in range(len(frames))], label="copy ", base_fps=1.5, below_px=10)
