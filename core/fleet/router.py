@@ -531,7 +531,7 @@ def cache_aware(router, cands: list[Signals], prompt_blocks: int, held: dict) ->
 @register
 class TierAware(Policy):
     name, prefix = "tier-aware", "precise"
-    params = {"cache_threshold": 0.3, "balance_abs": 4.0, "balance_rel": 1.5, "cpu_weight": 0.5}
+    params = {**PrefixAware.params, "cpu_weight": 0.5}
     words = ("prefix-aware routing that knows which tier holds a prefix, as llm-d's index by tier: the prompt's "
              "leading blocks in a replica's GPU prefix cache count fully, the ones after them in its CPU tier "
              "count `cpu_weight` (0.5) each (they save their prefill but must be loaded first); then as "
