@@ -167,10 +167,12 @@ except InputError:
 if rel is not None:
     st.caption(f"The machine's speed, in one number from the iteration logs (measured): this run's logged steps took "
                f"{rel:.2f}× what the fit runs' took for the same batches (the median of each step against the fitted "
-               "forward pass). A step model fitted on one server's runs carries that server's speed; on this 2-core "
-               "VM it drifts between servers started minutes apart, and a benchmark client beside it takes more of "
-               "the cores in one phase than another (`python -m core fidelity --speed-from-log` prices each "
-               "predicted run at its own speed over the run, read from its iteration log).")
+               "forward pass; a closed loop's steps that compute prompt tokens, as its decode steps share the cores "
+               "with the streaming API server and client). A step model fitted on one server's runs carries that "
+               "server's speed; on this 2-core VM it drifts between servers started minutes apart, and a "
+               "benchmark client beside it takes more of the cores in one phase than another (`python -m core "
+               "fidelity --speed-from-log` prices each predicted run at its own speed over the run, read from its "
+               "iteration log).")
 
 if steps is not None:
     st.subheader("Step by step")

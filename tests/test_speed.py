@@ -80,6 +80,33 @@ def test_the_speed_over_a_run_follows_its_logged_steps():
     assert np.allclose(np.asarray(sp3.factor), 0.5 * np.asarray(sp.factor))
 
 
+def test_a_closed_loop_reads_its_speed_from_its_prefill_steps():
+    """A closed loop keeps the engine busy and its decode steps share the two cores with the API server
+    and the client streaming every token: their logged forward pass stretches (s5's wB r2: 4-wide decode
+    steps logged 2.38 ms, 1.62 in its repeat r1, while its E2E median moved 1.15x). Its speed is read from
+    the steps that compute prompt tokens, over the fit runs' own such steps (reference_ratio_prefill);
+    a calibration without that reference (older) and a run that is not a closed loop read every step."""
+    from core.fit.runs import server_log_flags
+    d = DATA / "imports/vllm_repeats/s5/wB_c4_p128_o32_r2"
+    run = load_run(d, server_log_flags(d.parent / "server_start.log"))
+    assert run.clients == 4
+    st = run.steps.steps
+    pre = st[st["prefill_tokens"] > 0]["dur_ms"].to_numpy()
+    dec = st[(st["prefill_tokens"] == 0) & (st["decode_reqs"] == 4)]["dur_ms"].to_numpy()
+    assert len(pre) >= 5 and len(dec) > 5 * len(pre)
+    one = Calibration(StepModel("affine", base_ms=1.0), FrontEnd(in_ms=1.0), ["x"], {})
+    cal = dataclasses.replace(one, report={"reference_ratio": 1.0, "reference_ratio_prefill": 2.0})
+    use, _ = at_speed_over_time(cal, run)
+    assert use.report["speed_factor"] == pytest.approx(np.median(pre) / 2.0)
+    older, _ = at_speed_over_time(one, run)
+    assert older.report["speed_factor"] == pytest.approx(np.median(st["dur_ms"].to_numpy()), rel=0.05)
+    k = load_run(RUN, server_log_flags(RUN.parent / "server_start.log"))
+    assert k.clients is None
+    a, _ = at_speed_over_time(cal, k)
+    b, _ = at_speed_over_time(one, k)
+    assert a.report["speed_factor"] == b.report["speed_factor"]
+
+
 def test_a_sweep_s_phases_run_at_their_own_speeds():
     """guidellm's sweep beside a 2-core vLLM: its synchronous phase decodes one sequence at a time
     (logged steps about 2.6 ms), its throughput phase 16 at once (6+ ms): the factors against a

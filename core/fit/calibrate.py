@@ -141,11 +141,14 @@ def _references(runs: list[Run], sm: StepModel, step_report: dict) -> dict:
     (reference_step_ms) and of their logged steps over the fitted forward pass (logged_ratios);
     None where they have none."""
     refs = [x for x in (reference_step_ms(r) for r in runs) if x is not None]
-    ratios = [logged_ratios(forward_model(sm, step_report), r.steps)[1] for r in runs
-              if r.steps is not None and "decode_reqs" in r.steps.steps and sm.kind in ("affine", "features")]
-    ratios = np.concatenate(ratios) if ratios else np.zeros(0)
-    return {"reference_step_ms": float(np.median(refs)) if refs else None,
-            "reference_ratio": float(np.median(ratios)) if len(ratios) else None}
+    logs = [r.steps for r in runs if r.steps is not None and "decode_reqs" in r.steps.steps
+            and sm.kind in ("affine", "features")]
+    out: dict = {"reference_step_ms": float(np.median(refs)) if refs else None}
+    for key, prefill in (("reference_ratio", False), ("reference_ratio_prefill", True)):
+        ratios = [logged_ratios(forward_model(sm, step_report), log, prefill)[1] for log in logs]
+        ratios = np.concatenate(ratios) if ratios else np.zeros(0)
+        out[key] = float(np.median(ratios)) if len(ratios) else None
+    return out
 
 
 def forward_model(sm: StepModel, step_report: dict) -> StepModel:
@@ -155,12 +158,16 @@ def forward_model(sm: StepModel, step_report: dict) -> StepModel:
     return dataclasses.replace(sm, wake_ms=0.0, **{k: max(getattr(sm, k) - v, 0.0) for k, v in added.items()})
 
 
-def logged_ratios(fwd: StepModel, log) -> tuple[np.ndarray, np.ndarray]:
-    """(step numbers, logged duration / the forward pass's price) of a log's steps that both price."""
+def logged_ratios(fwd: StepModel, log, prefill: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(step numbers, logged duration / the forward pass's price) of a log's steps that both price
+    (`prefill`: only the steps that compute prompt tokens)."""
     from core.fit.stepfit import trace_features
+    from core.sim.stepmodel import FEATURES
     steps_no, X, y = trace_features(log)
     model_ms = X @ fwd.coefficients()
     ok = (model_ms > 0) & (y > 0)
+    if prefill:
+        ok &= X[:, FEATURES.index("prefill_tokens")] > 0
     return steps_no[ok], y[ok] / model_ms[ok]
 
 
@@ -214,8 +221,19 @@ def at_speed(cal: Calibration, run: Run) -> tuple[Calibration, float]:
 def _speed_ratios(cal: Calibration, run: Run) -> tuple[np.ndarray, np.ndarray]:
     """(step numbers, speed ratio) of the run's logged steps: each step's logged duration over the
     fitted forward pass's price for its batch, over the same on the fit runs' own (reference_ratio;
-    1 where the calibration has none). InputError with fewer than SPEED_MIN_STEPS."""
-    steps_no, ratio = logged_ratios(forward_model(cal.step_model, cal.report.get("step_model") or {}), run.steps)
+    1 where the calibration has none). A closed loop's (run.clients) from its steps that compute
+    prompt tokens, over the fit runs' own such steps (reference_ratio_prefill), where it logged at
+    least SPEED_MIN_STEPS: the loop keeps the engine busy, and its decode steps share the two cores
+    with the API server and the client streaming every sequence's token, so their logged forward
+    pass stretches where its cycle hardly does (docs/fidelity.md, "The closed loop's logged step").
+    InputError with fewer than SPEED_MIN_STEPS steps in all."""
+    fwd = forward_model(cal.step_model, cal.report.get("step_model") or {})
+    ref_pre = cal.report.get("reference_ratio_prefill")
+    if run.clients and ref_pre:
+        steps_no, ratio = logged_ratios(fwd, run.steps, prefill=True)
+        if len(ratio) >= SPEED_MIN_STEPS:
+            return steps_no, ratio / ref_pre
+    steps_no, ratio = logged_ratios(fwd, run.steps)
     if len(ratio) < SPEED_MIN_STEPS:
         raise InputError(f"{run.name}: fewer than {SPEED_MIN_STEPS} logged steps to read its speed from")
     return steps_no, ratio / (cal.report.get("reference_ratio") or 1.0)
