@@ -393,64 +393,6 @@ class SchedulerState:
                 i, now_ms, adm.REJECTED, f"{len(self.waiting) + 1} requests waiting, over the queue limit of "
                 f"{self.cfg.queue_limit}", "queue_limit"))
 
-    def _release_held(self, now_ms: float):
-        """Nothing runs or loads, and the requests holding KV blocks after their CPU-tier loads cannot join
-        (their blocks and the rest leave too few): the newest gives its blocks back and waits again, to look
-        its prefix up anew. (vLLM avoids this by reserving room for in-flight loads: docs/kv-tiers.md.)"""
-        i = self.holding.pop()
-        self.kv.now_ms = now_ms
-        self._free(i)
-        self.requests.computed[i] = 0
-        self.tier.loaded.pop(i, None)  # type: ignore[union-attr]
-        self.waiting.appendleft(i)
-
-    # ---- the CPU tier (core.kvtier): loads planned and done, stores offered -------------------------
-    def _load(self, j: policies.Join):
-        """A CPU-tier hit: the request's GPU blocks are taken now (its GPU hits and one per block to
-        load) and the load starts; it holds them while it waits (vLLM's WAITING_FOR_REMOTE_KVS)."""
-        t, kv, r, bs = self.requests, self.kv, j.req, self.cfg.block_size
-        load = j.load or []
-        kv.admit(r, j.hits, t.salt[r])
-        kv.grow(r, j.cached + len(load) * bs)
-        table = kv.tables[r]
-        t.nblocks[r] = len(table)
-        t.computed[r] = j.cached + len(load) * bs
-        first = r not in self.ran
-        self.tier.admitted(r, len(j.hits), len(load), first, int(t.prompt_len[r] + t.emitted[r]))  # type: ignore[union-attr]
-        self.tier.load(r, load, table[len(j.hits):], len(j.hits), kv.now_ms, first)  # type: ignore[union-attr]
-
-    def _loads_done(self, now_ms: float):
-        """The CPU-tier loads done by now: their blocks enter the prefix cache and their requests may
-        join (all prompt + emitted tokens loaded: the last one is computed again, for its logits)."""
-        t, kv = self.requests, self.kv
-        for r in self.tier.due(now_ms):  # type: ignore[union-attr]
-            total, c = int(t.prompt_len[r] + t.emitted[r]), int(t.computed[r])
-            ids = t.token_ids[r]
-            if ids is not None:
-                kv.commit(r, ids, c, total, -(r + 1))
-            if c >= total:
-                t.computed[r] = total - 1
-
-    def _offer(self, batch: SchedulerOutput):
-        """The CPU tier is offered the full prompt blocks this step's tokens complete (each listed
-        entry's, then those of running requests whose last offer found no room), then settles the
-        finished requests' recency (vLLM's build_connector_meta)."""
-        t, kv, bs, tier, run = self.requests, self.kv, self.cfg.block_size, self.tier, self._run
-        reqs = batch.reqs if type(batch.reqs) is list else batch.reqs.tolist()
-        rows = [(i, int(s) + int(n)) for i, s, n in zip(reqs, batch.start_pos, batch.num_tokens)]
-        if tier.owed:  # type: ignore[union-attr]
-            listed = set(reqs)
-            owed = [i for i in tier.owed if i in run and i not in listed]  # type: ignore[union-attr]
-            rows += [(i, int(t.prompt_len[i])) for i in sorted(owed, key=run.__getitem__)]
-        for i, end in rows:
-            chain = kv.chain.get(i)
-            if chain:
-                upto = min(min(end, int(t.prompt_len[i])) // bs, len(chain))
-                tier.offer(i, chain, kv.tables[i], upto, kv.now_ms)  # type: ignore[union-attr]
-        jobs = tier.settle(True)  # type: ignore[union-attr]
-        if self.request_data:
-            batch.kv_copies = jobs
-
     # ---- what happened ----------------------------------------------------------------------
     def stats(self) -> SchedulerStats:
         """The gauges now, with the prompt tokens the waiting requests must still compute

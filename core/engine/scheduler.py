@@ -59,6 +59,7 @@ from core.engine.outputs import (
 )
 from core.engine.requests import INF, RUNNING, WAITING
 from core.engine.running import SchedulerState
+from core.kvtier import connector
 
 _tuple = tuple.__new__   # makes a NamedTuple without its Python-level __new__ (once per step)
 _INT = np.int64
@@ -78,7 +79,7 @@ class Scheduler(SchedulerState):
         if self.aborts:
             self._abort_due(now_ms)
         if self.tier is not None:
-            self._loads_done(now_ms)
+            connector.loads_done(self, now_ms)
         budget = cfg.token_budget if cfg.token_budget is not None else BIG
         if self.rules.prefill_steps and self.waiting:   # vllm-v0: a step of new prompts when any can join
             joins, _ = self._admit_waiting(budget, 0, len(self._run))
@@ -109,7 +110,7 @@ class Scheduler(SchedulerState):
         batch = self._batch(plan, joins, now_ms)
         while batch is None and self.holding and not self._run and not self.tier.loading:  # type: ignore[union-attr]
             if not preempted:   # (held blocks, nothing runs or loads: after one more try, the newest lets go)
-                self._release_held(now_ms)
+                connector.release_held(self, now_ms)
             preempted = False   # (a step that preempted the last running request admits at once)
             batch = self._batch(None, self._admit_waiting(budget, 0, 0)[0], now_ms)
         while batch is None and self.waiting and not self._run and not self.holding:   # a head that cannot run even
@@ -281,7 +282,7 @@ class Scheduler(SchedulerState):
                     continue
                 waiting.popleft()
                 if j.load is not None:
-                    self._load(j)
+                    connector.start_load(self, j)
                     passed_held.append(j.req)
                     continue
             else:
@@ -366,7 +367,7 @@ class Scheduler(SchedulerState):
         if self.request_data:
             self._attach_data(batch)
         if self.tier is not None:
-            self._offer(batch)
+            connector.offer(self, batch)
         return batch
 
     def _attach_data(self, batch: SchedulerOutput):
