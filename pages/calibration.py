@@ -89,7 +89,8 @@ own_speed = not runner and st.toggle(
     "At the predicted run's own speed", False, **bound("cal_speed"),
     help="its machine speed over the run, read from its iteration log: each 5 s of its logged steps against the "
          "fitted forward pass, over the fit runs' own (a server started on a slower VM, a benchmark client that "
-         "takes more of the two cores in one phase than another); the prediction then reads the run's own log. "
+         "takes more of the two cores in one phase than another; a closed loop: its steps that compute prompt "
+         "tokens); the prediction then reads the run's own log. "
          "`python -m core fidelity --speed-from-log` does the same")
 if not fit_on:
     st.info("Choose at least one run to fit on.")

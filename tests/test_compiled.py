@@ -57,7 +57,10 @@ RUNS = textwrap.dedent("""
         ("vllm-v0, prefix caching", load(200, 3, True), SchedulerConfig("vllm-v0", max_seqs=16, token_budget=1024,
                                                                        kv_blocks=300, prefix_caching=True)),
         ("sarathi", load(200, 4), SchedulerConfig("sarathi", max_seqs=16, token_budget=256, chunk=128)),
-        ("orca, KV pressure", load(150, 5), SchedulerConfig("orca", max_seqs=16, token_budget=512, kv_blocks=120))):
+        ("orca, KV pressure", load(150, 5), SchedulerConfig("orca", max_seqs=16, token_budget=512, kv_blocks=120)),
+        ("vllm-v1, a CPU tier under KV pressure", load(200, 7, True),   # (stores, loads, evictions, preemptions)
+         SchedulerConfig("vllm-v1", max_seqs=16, token_budget=512, chunk=256, kv_blocks=90, prefix_caching=True,
+                         kv_manager="vllm-v1", cpu_kv_blocks=400, kv_block_bytes=1 << 16, host_gbps=10.0))):
         doc = to_doc(simulate(w, cfg, affine, created="2026-01-01T00:00:00Z"))
         out[name] = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
     for spec_name, spec in (
@@ -87,7 +90,7 @@ def test_compiled_and_source_give_the_same_traces():
     built, source = _runs(False), _runs(True)
     assert built["state"] == "compiled (mypyc)"
     assert source["state"] == "source (SERVING_EXPLORER_PURE is set)"
-    assert len(built["runs"]) == 7
+    assert len(built["runs"]) == 8
     for name, h in built["runs"].items():
         assert source["runs"][name] == h, f"{name}: the compiled engine's trace differs from the source's"
 

@@ -98,8 +98,10 @@ def test_a_closed_loop_reads_its_speed_from_its_prefill_steps():
     cal = dataclasses.replace(one, report={"reference_ratio": 1.0, "reference_ratio_prefill": 2.0})
     use, _ = at_speed_over_time(cal, run)
     assert use.report["speed_factor"] == pytest.approx(np.median(pre) / 2.0)
+    assert "prompt tokens" in use.report["speed_from"] and "prompt tokens" in use.speed.describe()["how"]
     older, _ = at_speed_over_time(one, run)
     assert older.report["speed_factor"] == pytest.approx(np.median(st["dur_ms"].to_numpy()), rel=0.05)
+    assert older.report["speed_from"] == "its logged steps"
     k = load_run(RUN, server_log_flags(RUN.parent / "server_start.log"))
     assert k.clients is None
     a, _ = at_speed_over_time(cal, k)

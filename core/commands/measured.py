@@ -76,7 +76,7 @@ def add_parsers(sub) -> None:
                          "(each 5 s of logged steps against the fitted forward pass, the log aligned to the "
                          "run's spans: a client that takes more of the cores in one phase than another), or, without "
                          "spans, one number (the median of its logged steps against the fitted forward pass, over "
-                         "the fit runs' own)")
+                         "the fit runs' own); a closed loop's from its steps that compute prompt tokens")
     fi.add_argument("--flags", metavar="JSON",
                     help="the engine's scheduler options for runs whose files do not state them, as a JSON object of "
                          "SchedulerConfig fields, e.g. '{\"policy\": \"vllm-v1\", \"max_seqs\": 16, "

@@ -203,7 +203,8 @@ def reference_step_ms(run: Run) -> float | None:
 def at_speed(cal: Calibration, run: Run) -> tuple[Calibration, float]:
     """The calibration scaled to the predicted run's machine speed, one number for the whole run:
     its logged steps against the fitted forward pass for their batches (logged_ratios), the median,
-    over the same on the fit runs' own steps (reference_ratio); every step-model and front-end term
+    over the same on the fit runs' own steps (reference_ratio; a closed loop's steps that compute
+    prompt tokens, _speed_ratios); every step-model and front-end term
     times it (read from the predicted run's own iteration log: the prediction is then no longer
     wholly held out, and says so). For a run without spans to align its log by; at_speed_over_time
     otherwise. Returns (scaled calibration, factor). (A closed loop of 4 never decodes one
@@ -212,31 +213,36 @@ def at_speed(cal: Calibration, run: Run) -> tuple[Calibration, float]:
     if not ref or run.steps is None or "decode_reqs" not in run.steps.steps \
             or cal.step_model.kind not in ("affine", "features"):
         raise InputError(f"{run.name}: scaling to the run's speed needs iteration logs in the fit runs and in it")
-    _, ratio = _speed_ratios(cal, run)
+    _, ratio, which = _speed_ratios(cal, run)
     f = float(np.median(ratio))
     sm = dataclasses.replace(cal.step_model, **{k: getattr(cal.step_model, k) * f for k in COEFFICIENTS})
-    return Calibration(sm, _scaled(cal.front_end, f), cal.fit_runs, {**cal.report, "speed_factor": f}), f
+    return Calibration(sm, _scaled(cal.front_end, f), cal.fit_runs,
+                       {**cal.report, "speed_factor": f, "speed_from": which}), f
 
 
-def _speed_ratios(cal: Calibration, run: Run) -> tuple[np.ndarray, np.ndarray]:
-    """(step numbers, speed ratio) of the run's logged steps: each step's logged duration over the
-    fitted forward pass's price for its batch, over the same on the fit runs' own (reference_ratio;
+def _speed_ratios(cal: Calibration, run: Run) -> tuple[np.ndarray, np.ndarray, str]:
+    """(step numbers, speed ratio, which steps) of the run's logged steps: each step's logged duration over
+    the fitted forward pass's price for its batch, over the same on the fit runs' own (reference_ratio;
     1 where the calibration has none). A closed loop's (run.clients) from its steps that compute
     prompt tokens, over the fit runs' own such steps (reference_ratio_prefill), where it logged at
     least SPEED_MIN_STEPS: the loop keeps the engine busy, and its decode steps share the two cores
-    with the API server and the client streaming every sequence's token, so their logged forward
-    pass stretches where its cycle hardly does (docs/fidelity.md, "The closed loop's logged step").
-    InputError with fewer than SPEED_MIN_STEPS steps in all."""
+    with the API server and the client streaming every sequence's token, so their logged forward pass
+    stretches where its cycle hardly does (docs/fidelity.md, "A closed loop's speed from the steps that
+    compute prompt tokens"). The rule assumes open-loop fit runs (the calibration run): a fit run that is
+    itself a closed loop puts its stretched decode steps into reference_ratio. InputError with fewer
+    than SPEED_MIN_STEPS steps in all."""
     fwd = forward_model(cal.step_model, cal.report.get("step_model") or {})
     ref_pre = cal.report.get("reference_ratio_prefill")
     if run.clients and ref_pre:
         steps_no, ratio = logged_ratios(fwd, run.steps, prefill=True)
         if len(ratio) >= SPEED_MIN_STEPS:
-            return steps_no, ratio / ref_pre
+            return steps_no, ratio / ref_pre, "its steps that compute prompt tokens (a closed loop)"
     steps_no, ratio = logged_ratios(fwd, run.steps)
     if len(ratio) < SPEED_MIN_STEPS:
         raise InputError(f"{run.name}: fewer than {SPEED_MIN_STEPS} logged steps to read its speed from")
-    return steps_no, ratio / (cal.report.get("reference_ratio") or 1.0)
+    which = "its logged steps" + (f" (a closed loop with fewer than {SPEED_MIN_STEPS} that compute prompt tokens)"
+                                  if run.clients and ref_pre else "")
+    return steps_no, ratio / (cal.report.get("reference_ratio") or 1.0), which
 
 
 def _scaled(fe: FrontEnd, f: float) -> FrontEnd:
@@ -254,7 +260,8 @@ SPEED_MIN_STEPS = 5       # logged steps in a window for its own factor (else th
 def at_speed_over_time(cal: Calibration, run: Run, window_ms: float = SPEED_WINDOW_MS) -> tuple[Calibration, Speed]:
     """The calibration at the predicted run's machine speed as it went over the run: each logged
     step's duration against the fitted forward pass for its batch (forward_model), over the same
-    ratio on the fit runs' own steps (reference_ratio); its median per `window_ms` of the run (5 s,
+    ratio on the fit runs' own steps (reference_ratio; a closed loop's steps that compute prompt
+    tokens, _speed_ratios); its median per `window_ms` of the run (5 s,
     SPEED_WINDOW_MS; the log aligned to the run's spans, core.trace.imports.vllm_log.align_steps)
     is a factor on every simulated step that starts in that window (core.sim.stepmodel.Speed); the
     front end's terms are times the median over the run. A machine whose client takes more of its
@@ -270,7 +277,7 @@ def at_speed_over_time(cal: Calibration, run: Run, window_ms: float = SPEED_WIND
         raise InputError(f"{run.name}: its speed over the run needs its iteration log and its request spans")
     if cal.step_model.kind not in ("affine", "features"):
         raise InputError(f"{run.name}: its speed over the run needs an affine or features step model")
-    steps_no, ratio = _speed_ratios(cal, run)
+    steps_no, ratio, which = _speed_ratios(cal, run)
     aligned, _, _, unc, _ = align_steps(log, truth, 0.0, float(clock["t0_s"]))
     t_of = dict(zip(aligned["step"].to_numpy().tolist(), aligned["t_ms"].to_numpy(dtype=float).tolist()))
     t0 = float(np.nanmin(truth.requests["arrival_ms"].to_numpy(dtype=float)))   # (the workload's time 0)
@@ -287,10 +294,10 @@ def at_speed_over_time(cal: Calibration, run: Run, window_ms: float = SPEED_WIND
             last = float(np.median(sel))
         factors.append(last)
     speed = Speed(tuple(edges.tolist()), tuple(np.clip(factors, 0.05, 50.0).tolist()),
-                  f"{run.name}'s logged steps against the fitted forward pass, median per {window_ms:.0f} ms "
+                  f"{run.name}: {which} against the fitted forward pass, median per {window_ms:.0f} ms "
                   f"(log aligned to its spans within {unc:.1f} ms)")
     return (Calibration(cal.step_model, _scaled(cal.front_end, whole), cal.fit_runs,
-                        {**cal.report, "speed_factor": whole}, speed), speed)
+                        {**cal.report, "speed_factor": whole, "speed_from": which}, speed), speed)
 
 
 def predict(cal: Calibration, run: Run, config=None):

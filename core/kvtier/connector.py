@@ -1,8 +1,11 @@
 """The scheduler's side of the CPU tier (vLLM's OffloadingConnectorScheduler, with the scheduler's
 handling of requests waiting for their KV: WAITING_FOR_REMOTE_KVS): what core.engine's scheduler
 (`s`, its state and transitions) does with the tier (core.kvtier.tier.CPUTier) at four points of a
-step, reading and writing the scheduler's state as its own methods do. Called only when the
-scheduler has a tier; nothing here runs without one.
+step, reading and writing the scheduler's state as its own methods did before they moved here (its
+running set `_run` and its `_free` included). Called only when the scheduler has a tier; nothing here
+runs without one. The rest of the tier's part in a step stays in the scheduler: the holding queue
+served first at admission, the CPU lookup (core.engine.policies.next_join), the copies an executor
+made (`update`).
 
 - `start_load`: a waiting request's CPU-tier hit (policies.next_join) takes its GPU blocks and
   starts the load; it then holds them, out of the waiting queue, until the load is done.
@@ -14,8 +17,15 @@ scheduler has a tier; nothing here runs without one.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def start_load(s, j) -> None:
+if TYPE_CHECKING:
+    from core.engine.outputs import SchedulerOutput
+    from core.engine.policies import Join
+    from core.engine.scheduler import Scheduler
+
+
+def start_load(s: Scheduler, j: Join) -> None:
     """A CPU-tier hit (`j`, a policies.Join with `load`): the request's GPU blocks are taken now (its
     GPU hits and one per block to load) and the load starts; it holds them while it waits."""
     t, kv, r, bs = s.requests, s.kv, j.req, s.cfg.block_size
@@ -30,7 +40,7 @@ def start_load(s, j) -> None:
     s.tier.load(r, load, table[len(j.hits):], len(j.hits), kv.now_ms, first)
 
 
-def loads_done(s, now_ms: float) -> None:
+def loads_done(s: Scheduler, now_ms: float) -> None:
     """The CPU-tier loads done by now: their blocks enter the prefix cache and their requests may
     join (all prompt + emitted tokens loaded: the last one is computed again, for its logits)."""
     t, kv = s.requests, s.kv
@@ -43,7 +53,7 @@ def loads_done(s, now_ms: float) -> None:
             t.computed[r] = total - 1
 
 
-def offer(s, batch) -> None:
+def offer(s: Scheduler, batch: SchedulerOutput) -> None:
     """The CPU tier is offered the full prompt blocks this step's tokens complete (each listed
     entry's, then those of running requests whose last offer found no room, in running order), then
     settles the finished requests' recency; an executor that copies gets the step's copies."""
@@ -64,7 +74,7 @@ def offer(s, batch) -> None:
         batch.kv_copies = jobs
 
 
-def release_held(s, now_ms: float) -> None:
+def release_held(s: Scheduler, now_ms: float) -> None:
     """Nothing runs or loads, and the requests holding KV blocks after their CPU-tier loads cannot join
     (their blocks and the rest leave too few): the newest gives its blocks back and waits again, to look
     its prefix up anew. (vLLM avoids this by reserving room for in-flight loads: docs/kv-tiers.md.)"""
