@@ -21,11 +21,27 @@ from collections.abc import Callable
 from mypy_extensions import mypyc_attr
 
 
-def block_hash(parent: bytes | None, tokens, extra: bytes) -> bytes:
+def block_hash(parent: bytes | None, tokens: tuple, extra: bytes) -> bytes:
+    """A full block's chained hash (sha256 over the parent's hash, the extra keys and the token ids as
+    int64), remembered: the waiting queue's heads are matched against the cache at every step they
+    wait, and each match hashes the prompt's blocks from the first (vLLM keeps each request's block
+    hashes instead). Forgotten all at once every _MEMO_MAX blocks."""
+    key = (parent, tokens, extra)
+    got = _memo.get(key)
+    if got is not None:
+        return got
     h = hashlib.sha256(parent or b"\x00" * 32)
     h.update(extra)
     h.update(array("q", tokens).tobytes())
-    return h.digest()
+    out = h.digest()
+    if len(_memo) >= _MEMO_MAX:
+        _memo.clear()
+    _memo[key] = out
+    return out
+
+
+_memo: dict[tuple, bytes] = {}
+_MEMO_MAX = 1 << 16
 
 
 @functools.lru_cache(maxsize=4096)
