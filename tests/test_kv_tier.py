@@ -177,6 +177,33 @@ def test_lru_order_refresh_protection_and_all_or_nothing():
     assert p.evict(2, set()) is None and p.evict(1, set()) == [b"b"]
 
 
+def test_lru_heap_keeps_only_live_entries_and_the_same_order():
+    """Each refresh and each unpin pushes a heap entry and leaves the old one stale; the heap is rebuilt
+    from the live entries when stale ones dominate, so it stays bounded, and the victims are still the
+    evictable chunks of lowest rank (computed here from the ranks), pins and protection respected."""
+    import random
+    rng = random.Random(5)
+    keys = [i.to_bytes(4, "little") for i in range(3000)]
+    p = LRU(3000)
+    _ready(p, keys)
+    pinned = set()
+    for _ in range(400):
+        p.finished(rng.sample(keys, 40), set(), set())
+        k = rng.choice(keys)
+        if k in p and k not in pinned:
+            p.evictable(k, False)
+            pinned.add(k)
+        elif k in pinned:
+            p.evictable(k, True)
+            pinned.discard(k)
+        assert len(p._heap) <= 2 * len(p._evictable) + 1024 + 1
+        if rng.random() < 0.2:
+            protected = set(rng.sample(keys, 50))
+            want = sorted((k for k in p._evictable if k not in protected), key=p.rank.__getitem__)[:3]
+            assert p.evict(3, protected) == want
+    assert len(p._heap) < 16_000     # (without the rebuild: over 18,000 entries, most of them stale)
+
+
 def test_arc_moves_reused_chunks_to_t2_and_adapts_to_ghost_hits():
     p = ARC(2)
     _ready(p, [b"a", b"b"])

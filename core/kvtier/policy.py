@@ -42,13 +42,22 @@ class LRU:
                 self.rank[key] = self._next
                 if key in self._evictable:
                     heapq.heappush(self._heap, (self._next, key))
+        self._compact()
 
     def evictable(self, key: bytes, yes: bool):
         if yes:
             self._evictable.add(key)
             heapq.heappush(self._heap, (self.rank[key], key))
+            self._compact()
         else:
             self._evictable.discard(key)
+
+    def _compact(self):
+        """Mostly stale entries (refreshed, pinned or gone since pushed): the heap rebuilt from the live
+        ones, which pop in the same (rank, key) order."""
+        if len(self._heap) > 2 * len(self._evictable) + 1024:
+            self._heap = [(self.rank[k], k) for k in self._evictable]
+            heapq.heapify(self._heap)
 
     def evict(self, n: int, protected: set[bytes]) -> list[bytes] | None:
         picked: list[bytes] = []
