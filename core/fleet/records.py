@@ -99,10 +99,11 @@ def _sorted(cols: dict, key: str) -> dict:
 
 
 def _map_rows(req, rows: np.ndarray) -> np.ndarray:
+    """Local request rows as the fleet's (-1, no request, stays -1: the last of `rows` + [-1])."""
     req = np.asarray(req, dtype=np.int64)
     if not len(rows):
         return req
-    return np.where(req >= 0, rows[np.maximum(req, 0)], -1)
+    return np.append(rows, -1)[req]
 
 
 def _take(v, keep: np.ndarray):

@@ -406,7 +406,7 @@ class Router:
         """The replica for a request among `cands` (non-empty, in replica order), given what the
         router knows of each and the request's prompt length in full blocks: the policy's choice
         (REGISTRY), the only candidate when there is one."""
-        group = tuple(c.replica for c in cands)   # one pointer per set of candidates (prefill, decode, ...)
+        group = tuple([c.replica for c in cands])   # one pointer per set of candidates (prefill, decode, ...)
         self.turn = self.turns[group] = self.turns.get(group, -1) + 1
         if len(cands) == 1:
             c = cands[0]
@@ -427,7 +427,7 @@ class RoundRobin(Policy):
 
     @staticmethod
     def choose(router, cands: list[Signals], prompt_blocks: int) -> Decision:
-        group = tuple(c.replica for c in cands)   # (a counter per candidate set: prefill and decode choices turn apart)
+        group = tuple([c.replica for c in cands])   # (a counter per candidate set: prefill, decode turn apart)
         k = router.rr_of.get(group, 0)
         router.rr_of[group] = k + 1
         c = cands[k % len(cands)]

@@ -171,25 +171,27 @@ class FleetSim:
             return None
         router = Router(rc, len(self.replicas))
         plan, times = {}, [[] for _ in self.replicas]
-        blank: dict[tuple, list] = {}      # candidates -> their (empty) signals: built once per set
-        pd, arrivals = self.pd, self.w.arrival_ms.tolist()
+        pd, arrivals, hop = self.pd, self.w.arrival_ms.tolist(), self.fleet.dispatch_ms
+        # the candidates of a role change only when a replica drains: built once per role and drain epoch
+        drains = sorted({rep.drain_ms for rep in self.replicas if rep.drain_ms != math.inf})
+        cands_of: dict[tuple, list] = {}
+        epoch, whole = 0, [("whole", "decode" if pd else "both")]
         for row, now in enumerate(arrivals):
-            r = self.requests[row]
-            whole = not pd or r.prompt_tokens < self.fleet.pd_min_prompt
-            stages = ([("whole", "decode" if pd else "both")] if whole
+            while epoch < len(drains) and drains[epoch] <= now:
+                epoch += 1
+            stages = (whole if not pd or self.requests[row].prompt_tokens < self.fleet.pd_min_prompt
                       else [("prefill", "prefill"), ("decode", "decode")])
             for stage, role in stages:
-                cands = [rep for rep in self.roles[role] if rep.drain_ms > now]
-                if not cands:
+                sigs = cands_of.get((role, epoch))
+                if sigs is None:   # (their signals are blank: the policy reads none)
+                    sigs = cands_of[role, epoch] = [Signals(rep.index, 0, 0, 0, 0, 1) for rep in self.roles[role]
+                                                    if rep.drain_ms > now]
+                if not sigs:
                     break
-                key = tuple(rep.index for rep in cands)
-                sigs = blank.get(key)
-                if sigs is None:
-                    sigs = blank[key] = [Signals(k, 0, 0, 0, 0, 1) for k in key]
                 d = router.choose(sigs, 0)
                 plan[row, stage] = d
                 if stage != "decode":
-                    times[d.replica].append(now + self.fleet.dispatch_ms)
+                    times[d.replica].append(now + hop)
         return {"decisions": plan, "times": times, "next": [0] * len(self.replicas)}
 
     def _choose(self, group: list[_Replica], row: int, now: float, stage: str = "whole"):
