@@ -23,10 +23,10 @@ def signals_of(router: Router, replica: int, board, kv_blocks: int, hashes, now_
     (prefix knowledge) how much of the prompt (`hashes`, or a function giving them) it holds."""
     board.as_of(now_ms - router.cfg.staleness_ms)
     cached = prefix = cpu = 0
-    if router.cfg.prefix_mode is not None:
+    if router.prefix_mode is not None:
         hs = hashes() if callable(hashes) else hashes
         cached, prefix = router.known_prefix(replica, hs, board.cached)
-        if board.cpu and router.cfg.prefix_mode == "precise":   # (a CPU tier's news: the blocks after those)
+        if board.cpu and router.prefix_mode == "precise":   # (a CPU tier's news: the blocks after those)
             while prefix + cpu < len(hs) and hs[prefix + cpu] in board.cpu:
                 cpu += 1
     return Signals(replica, board.requests, board.running, board.waiting, board.kv_used, kv_blocks, cached, prefix,
@@ -43,7 +43,7 @@ def decide(router: Router, sigs: list[Signals], prompt_blocks: int, hashes_of) -
         if waiting >= lim:
             return None, f"router queue limit: {waiting} requests waiting across the fleet (limit {lim})"
     d = router.choose(sigs, prompt_blocks)
-    if router.cfg.prefix_mode == "approximate":
+    if router.prefix_mode == "approximate":
         router.remember(d.replica, hashes_of(d.replica))
     return d, None
 

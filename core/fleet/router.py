@@ -149,6 +149,12 @@ class _Live:
     def __len__(self):
         return len(self._read())
 
+    def __iter__(self):   # (read once: Sequence's would read it again for every item)
+        return iter(self._read())
+
+    def __contains__(self, k):   # (a router asks at every routing: one read, not one per item)
+        return k in self._read()
+
     def __repr__(self):
         return repr(self._read())
 
@@ -159,9 +165,6 @@ class _LiveNames(_Live, Sequence):
 
 class _LiveMap(_Live, Mapping):
     """What the registered policies declare, live."""
-
-    def __iter__(self):
-        return iter(self._read())
 
 
 POLICIES = _LiveNames(lambda: tuple(REGISTRY))                       # their names, in registration order
@@ -366,13 +369,14 @@ class Router:
         cap = capacity_blocks or [1 << 30] * replicas
         self.sent: list[OrderedDict] = [OrderedDict() for _ in range(replicas)]   # approximate: hash -> None (LRU)
         self.cap = list(cap)
+        self.prefix_mode = config.prefix_mode   # (read at every routing: the config's is worked out each time)
 
     # -- approximate prefix knowledge: what the router sent where --------------------------------
     def known_prefix(self, replica: int, hashes: list, published: set) -> tuple[int, int]:
         """(the blocks the router believes `replica` holds, of them the prompt's leading blocks
         `hashes`): with precise knowledge the hashes the replica `published` (its cache events, as
         heard), with approximate knowledge what the router sent it (`remember`). Both fleets ask."""
-        known = published if self.cfg.prefix_mode == "precise" else self.sent[replica]
+        known = published if self.prefix_mode == "precise" else self.sent[replica]
         k = 0
         for h in hashes:
             if h not in known:
@@ -509,7 +513,7 @@ def cache_aware(router, cands: list[Signals], prompt_blocks: int, held: dict) ->
     got = held[best.replica]
     rate = got / max(1, prompt_blocks)
     if not (got and rate > prm["cache_threshold"]):
-        if router.cfg.prefix_mode == "precise":
+        if router.prefix_mode == "precise":
             room = router.best(cands, lambda s: (s.requests, s.cached_blocks))
             why = f"the least loaded ({room.requests} requests)"
         else:
