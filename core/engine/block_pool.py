@@ -35,9 +35,10 @@ class BlockPool:
 
     @property
     def live(self) -> bool:
-        # Reference counts matter once a block can have two owners (prefix caching, forks);
-        # until then every block in a table has exactly one and counting costs per step.
-        return self.prefix is not None or self.ever_shared
+        # Reference counts matter once a block has had two owners (a prefix hit, a fork: the
+        # caller calls start_sharing first); until then every block in a table has exactly one
+        # and counting costs per step (a prefix cache that never hits counts nothing).
+        return self.ever_shared
 
     def refs_from(self, tables) -> np.ndarray:
         """References per block: the counts (live), or counted from the block tables."""
@@ -71,7 +72,7 @@ class BlockPool:
                 new.append(b)
         else:
             new = self._uncached(n)
-        if self.prefix is not None or self.ever_shared:   # (live)
+        if self.ever_shared:   # (live)
             self.refcount[new] = 1
         return new, evicted
 
@@ -98,7 +99,8 @@ class BlockPool:
         return new
 
     def share(self, blocks: list[int]):
-        """Another owner for each of `blocks` (prefix hits; a cached-free one is revived)."""
+        """Another owner for each of `blocks` (prefix hits; a cached-free one is revived); counts
+        kept (start_sharing) first."""
         for b in blocks:
             if self.refcount[b] == 0:
                 self.prefix.revive(b)  # type: ignore[union-attr]
@@ -106,7 +108,7 @@ class BlockPool:
         self.ever_shared |= bool(blocks)
 
     def start_sharing(self, tables):
-        """From now on a block can have two owners (a fork): keep reference counts."""
+        """From now on a block can have two owners (a fork, a prefix hit): keep reference counts."""
         if not self.live:
             self.refcount = self.refs_from(tables)
         self.ever_shared = True
@@ -115,9 +117,13 @@ class BlockPool:
         """One owner fewer for each of `blocks`; those left without one become free (a cached
         one waits in the prefix cache's LRU). Returns (the blocks, references left per block or
         0 when none was shared, their hashes or None without a prefix cache)."""
-        if not self.live:   # every block had one owner: all are free now
-            self.free_plain.extend(blocks)
-            return blocks, 0, None
+        if not self.live:   # every block had one owner: all are free now (a cached one to the prefix cache's LRU)
+            if self.prefix is None:
+                self.free_plain.extend(blocks)
+                return blocks, 0, None
+            hashes = list(map(self.prefix.hash.get, blocks))
+            self._park(blocks, hashes, None)
+            return blocks, 0, hashes
         arr = np.array(blocks, dtype=np.int64)
         ref = self.refcount
         ref[arr] -= 1
@@ -126,17 +132,23 @@ class BlockPool:
             self.free_plain.extend(blocks if not refs.any() else arr[refs == 0].tolist())
             return arr, refs, None
         hashes = list(map(self.prefix.hash.get, blocks))   # (get: no __missing__ call per uncached block)
-        plain, park = self.free_plain, self.prefix.park
-        if not refs.any() and hashes.count(None) == len(hashes):   # (the common case: none shared or cached)
+        self._park(blocks, hashes, refs if refs.any() else None)
+        return arr, refs, hashes
+
+    def _park(self, blocks: list[int], hashes: list, refs):
+        """Released blocks left without an owner (refs None: all) become free: an uncached one on
+        the stack, a cached one in the prefix cache's LRU."""
+        plain = self.free_plain
+        if refs is None and hashes.count(None) == len(hashes):   # (the common case: none shared or cached)
             plain.extend(blocks)
-            return arr, refs, hashes
-        for b, h, r in zip(blocks, hashes, refs.tolist()):
+            return
+        park = self.prefix.park  # type: ignore[union-attr]
+        for b, h, r in zip(blocks, hashes, refs.tolist() if refs is not None else [0] * len(blocks)):
             if r == 0:
                 if h is None:
                     plain.append(b)
                 else:
                     park(b)
-        return arr, refs, hashes
 
     def decref(self, block: int):
         """One owner fewer for a block that keeps others (copy-on-write)."""

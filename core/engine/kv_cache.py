@@ -90,8 +90,8 @@ class KVCacheManager:
     def admission_cost(self, hits: list[int], num_tokens: int) -> int:
         """Free blocks consumed by admitting a new sequence with these hits and
         `num_tokens` slots: fresh blocks plus hit blocks that are currently free."""
-        ref = self.pool.refcount   # (hits: prefix caching, so counts are kept)
-        revived = sum(1 for b in hits if ref[b] == 0)
+        free = self.prefix.free_cached if hits else ()  # type: ignore[union-attr]  # (hits: a prefix cache; a free hit is cached-free)
+        revived = sum(1 for b in hits if b in free)
         return revived + max(0, self.blocks_for(num_tokens) - len(hits))
 
     # ---- mutations -----------------------------------------------------------------
@@ -129,6 +129,7 @@ class KVCacheManager:
             self.tables[seq], self.chain[seq] = [], []
             return 0
         hits = list(hits)
+        self.pool.start_sharing(self.tables.values())   # (counts kept from the first hit on)
         self.pool.share(hits)
         self.tables[seq] = list(hits)  # the table grows; the logged hit list must not
         self.chain[seq] = [self.prefix.hash[b] for b in hits]  # type: ignore[union-attr]  # (hits: a prefix cache)
@@ -251,7 +252,7 @@ class KVCacheManager:
             chain.append(h)
             b = table[i]
             if self.prefix.insert(b, h, chunk):   # (else an identical block is already cached)
-                self._rec("cache", seq, [b], i, 1, int(self.pool.refcount[b]), [h])
+                self._rec("cache", seq, [b], i, 1, int(self.pool.refcount[b]) if self.pool.live else 1, [h])
 
     def _release(self, seq, blocks: list[int], logical0: int, step: int):
         logged, refs, hashes = self.pool.release(blocks)
