@@ -257,7 +257,8 @@ class SchedulerState:
         if b is None:
             return
         base, seq, t = b, self._run[i], self.requests
-        self._cross[(-base) % self.cfg.block_size].remove((seq, i))
+        cross = self._cross[(-base) % self.cfg.block_size]   # (in join order: found by bisection)
+        del cross[bisect.bisect_left(cross, (seq, i))]
         key = int(t.out_len[i] + t.prompt_len[i]) - 2 - base
         fin = self._fin.get(key)
         if fin is not None:
