@@ -252,3 +252,22 @@ def test_grow_many_equals_individual_grows(lengths, bs):
         b.grow(i, n)
     assert a.tables == b.tables
     a.check(); b.check()
+
+
+def test_admission_cost_counts_cached_free_hits_before_and_after_sharing():
+    """A hit consumes a free block only when it is cached-free (in the prefix cache's LRU); the
+    pool keeps reference counts only from the first shared block on, and the cost is the same
+    before and after (hand counts: 2-token blocks, 5-token prompts need 3 blocks)."""
+    bm = KVCacheManager(16, 2, prefix_caching=True)
+    fill(bm, "a", [1, 2, 3, 4, 5])          # a's 2 full blocks cached, in use
+    fill(bm, "b", [7, 8, 9, 10, 11])
+    bm.free_seq("b")                         # b's 2 full blocks cached-free
+    assert not bm.pool.live                  # no block has had two owners yet
+    in_use, cached_free = [1, 2, 3, 4, 0], [7, 8, 9, 10, 0]
+    costs = []
+    for _ in range(2):
+        costs.append([bm.admission_cost(bm.match_prefix(p, max_tokens=4), 5) for p in (in_use, cached_free)])
+        fill(bm, f"c{len(costs)}", [1, 2, 3, 4, 6])   # hits a's blocks: shared from here on
+    assert bm.pool.live
+    assert costs == [[1, 3], [1, 3]]         # in use: 1 fresh block; cached-free: 2 revived + 1 fresh
+    bm.check()

@@ -136,3 +136,16 @@ def test_the_weighted_policys_scorers_and_weights_are_data(monkeypatch):
     d = Router(cfg, 3, [100] * 3).choose(cands, 4)
     by_hand = {r: 2.0 * 0 + 1.0 * 1.0 + 1.0 * (1 - r / 10) + 5.0 * (r % 2) for r in range(3)}
     assert d.replica == 1 and d.scores == pytest.approx(by_hand)
+
+
+def test_a_live_view_reads_the_registry_once_per_question():
+    """`name in PREFIX_POLICIES` reads the registry once (a router asks at every routing: read per
+    item, 10k routings on 4 replicas took 2.3-2.8 s instead of 1.4-1.7 s)."""
+    from core.fleet.router import _LiveMap, _LiveNames
+    reads = []
+    names = _LiveNames(lambda: reads.append(1) or ("a", "b", "c"))
+    table = _LiveMap(lambda: reads.append(1) or {"a": 1})
+    for ask, expected in ((lambda: "c" in names, True), (lambda: "z" in names, False), (lambda: "a" in table, True),
+                          (lambda: [*iter(names)], ["a", "b", "c"]), (lambda: [*iter(table)], ["a"])):
+        reads.clear()
+        assert ask() == expected and len(reads) == 1
