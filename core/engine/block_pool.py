@@ -53,10 +53,6 @@ class BlockPool:
     def num_uncached_free(self) -> int:
         return len(self.free_plain) + (self.num_blocks - self.fresh)
 
-    @property
-    def num_free(self) -> int:
-        return len(self.free_plain) + (self.num_blocks - self.fresh) + len(self.free_cached)
-
     def take(self, n: int) -> tuple[list[int], list[tuple[int, bytes]]]:
         """n free blocks, owned once each: uncached first, then the least recently released
         cached ones (evicting the prefix they held). Returns (blocks, [(evicted block, hash)])."""
@@ -64,7 +60,7 @@ class BlockPool:
         plain = len(self.free_plain) + (self.num_blocks - self.fresh)
         if n > plain:
             if n > plain + len(self.free_cached):
-                raise OutOfBlocks(f"need {n} blocks, {self.num_free} free")
+                raise OutOfBlocks(f"need {n} blocks, {plain + len(self.free_cached)} free")
             new = self._uncached(plain)
             for _ in range(n - plain):
                 b, h = self.prefix.evict_oldest()  # type: ignore[union-attr]  # (cached blocks: a prefix cache)
@@ -149,10 +145,6 @@ class BlockPool:
                     plain.append(b)
                 else:
                     park(b)
-
-    def decref(self, block: int):
-        """One owner fewer for a block that keeps others (copy-on-write)."""
-        self.refcount[block] -= 1
 
     def check(self, ref: np.ndarray):
         free = self.free_plain + list(range(self.fresh, self.num_blocks)) + \

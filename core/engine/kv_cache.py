@@ -20,15 +20,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from mypy_extensions import mypyc_attr
 
 from core.engine.admission import blocks_for
 from core.engine.block_pool import BlockPool, OutOfBlocks
-from core.engine.prefix_cache import PrefixCache, block_hash, extra_key
+from core.engine.prefix_cache import PrefixCache, Sparse, block_hash, extra_key
 from core.errors import ConfigError
 from core.trace.schema import KV_OPS
-
-__all__ = ["KVCacheManager", "OutOfBlocks", "block_hash", "extra_key"]
 
 
 class KVCacheManager:
@@ -77,9 +74,6 @@ class KVCacheManager:
     def num_cached_free(self) -> int:
         return len(self.prefix.free_cached) if self.prefix is not None else 0
 
-    def blocks_for(self, num_tokens: int) -> int:
-        return blocks_for(num_tokens, self.block_size)
-
     def match_prefix(self, token_ids, salt: str | None = None, max_tokens: int | None = None) -> list[int]:
         """Physical blocks holding the longest cached exact prefix of `token_ids` (full
         blocks only, at most `max_tokens` tokens). Pure: changes nothing."""
@@ -92,7 +86,7 @@ class KVCacheManager:
         `num_tokens` slots: fresh blocks plus hit blocks that are currently free."""
         free = self.prefix.free_cached if hits else ()  # type: ignore[union-attr]  # (hits: a prefix cache; a free hit is cached-free)
         revived = sum(1 for b in hits if b in free)
-        return revived + max(0, self.blocks_for(num_tokens) - len(hits))
+        return revived + max(0, blocks_for(num_tokens, self.block_size) - len(hits))
 
     # ---- mutations -----------------------------------------------------------------
     def take_events(self) -> list:
@@ -112,9 +106,8 @@ class KVCacheManager:
     def _take(self, n: int) -> list[int]:
         """n free blocks from the pool (evictions from the prefix cache logged)."""
         new, evicted = self.pool.take(n)
-        if evicted:
-            for b, h in evicted:
-                self._rec("evict", None, [b], -1, 0, 0, [h])
+        for b, h in evicted:
+            self._rec("evict", None, [b], -1, 0, 0, [h])
         return new
 
     def admit(self, seq, hits: list[int] | tuple = (), salt: str | None = None) -> int:
@@ -141,7 +134,7 @@ class KVCacheManager:
     def grow(self, seq, num_tokens: int) -> list[int]:
         """Make the table cover `num_tokens` positions; returns the new blocks."""
         table = self.tables[seq]
-        need = self.blocks_for(num_tokens) - len(table)
+        need = blocks_for(num_tokens, self.block_size) - len(table)
         if need <= 0:
             return []
         new = self._take(need)
@@ -203,7 +196,7 @@ class KVCacheManager:
         engine can copy the KV data."""
         table = self.tables[seq]
         first = start_pos // self.block_size
-        end_blocks = self.blocks_for(start_pos + num_tokens)
+        end_blocks = blocks_for(start_pos + num_tokens, self.block_size)
         ref = self.pool.refcount
         cows = [i for i in range(first, min(len(table), end_blocks)) if ref[table[i]] > 1] if self.pool.live else []
         need = len(cows) + max(0, end_blocks - len(table))
@@ -213,7 +206,7 @@ class KVCacheManager:
         for i in cows:
             src = table[i]
             dst = self._take(1)[0]
-            self.pool.decref(src)
+            self.pool.refcount[src] -= 1   # (it keeps its other owners)
             table[i] = dst
             copies.append((src, dst))
             self._rec("cow", seq, [dst], i, 1, 1, None, src)
@@ -261,7 +254,7 @@ class KVCacheManager:
     def truncate(self, seq, num_tokens: int):
         """Drop blocks past `num_tokens` positions (speculative rollback)."""
         table = self.tables[seq]
-        keep = self.blocks_for(num_tokens)
+        keep = blocks_for(num_tokens, self.block_size)
         if len(table) > keep:
             dropped = table[keep:][::-1]
             del table[keep:]
@@ -293,10 +286,4 @@ class KVCacheManager:
             self.prefix.check(self.block_size)
 
 
-@mypyc_attr(native_class=False)
-class _NoHashes(dict):
-    def __missing__(self, key):
-        return None
-
-
-_NONE = _NoHashes()
+_NONE = Sparse()   # (no prefix cache: every block uncached)

@@ -56,14 +56,11 @@ class KVLog:
         return {"t_ms": np.array(t, dtype=np.float64), "req": np.array(req, dtype=np.int64),
                 "logical": np.array(top, dtype=np.int64), "index": np.array(at, dtype=np.int64)}
 
-    def add(self, t, op, seq, blocks, logical0, step, refs, hashes=None, src=-1):
-        """t: one time or one per block; seq: one id (None: no owner) or one per block;
-        logical0: the first logical index (then + step per block), or one per block (step 0);
-        refs: one count or one per block; hashes: one per block (bytes or None) or None."""
-        self._calls.append((t, op, seq, blocks, logical0, step, refs, hashes, src))
-
     def extend(self, calls):
-        """Add the events a KVCacheManager handed on (take_events), as `add` takes them."""
+        """Add the events a KVCacheManager handed on (take_events), each (t, op, seq, blocks, logical0,
+        step, refs, hashes, src). t: one time or one per block; seq: one id (None: no owner) or one per
+        block; logical0: the first logical index (then + step per block), or one per block (step 0);
+        refs: one count or one per block; hashes: one per block (bytes or None) or None."""
         self._calls += calls
 
     def _parts(self) -> list[dict]:

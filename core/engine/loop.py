@@ -19,14 +19,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from core.engine.outputs import EngineOutputs, ExecutorOutput, SchedulerOutput
+from core.engine.outputs import EngineOutputs
 
 if TYPE_CHECKING:
     from core.engine.core import EngineCore
-
-
-class Executor(Protocol):
-    def execute(self, batch: SchedulerOutput) -> ExecutorOutput: ...
 
 
 class VirtualClock:

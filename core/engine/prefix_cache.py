@@ -52,7 +52,7 @@ def extra_key(model_id: str | None, salt: str | None) -> bytes:
 
 
 @mypyc_attr(native_class=False)
-class _Sparse(dict):
+class Sparse(dict):
     """Per-block values kept only where set; absent blocks read as None."""
 
     def __missing__(self, key):
@@ -64,19 +64,13 @@ class PrefixCache:
         self.block_size = block_size
         self.model_id = model_id
         # hashes and token ids exist only for cached blocks
-        self.hash: dict[int, bytes | None] = _Sparse()      # block -> hash of its cached prefix (None: uncached)
-        self.tokens: dict[int, tuple | None] = _Sparse()    # block -> token ids of a cached block
+        self.hash: dict[int, bytes | None] = Sparse()      # block -> hash of its cached prefix (None: uncached)
+        self.tokens: dict[int, tuple | None] = Sparse()    # block -> token ids of a cached block
         self.cache: dict[bytes, int] = {}              # full-block hash -> physical block
         self.free_cached: OrderedDict[int, None] = OrderedDict()   # cached-free blocks, oldest release first
         # Who hears of every block entering (+1) and leaving (-1) the cache: fn(sign, hash), as an
         # engine publishes KV events (a fleet's router with precise prefix knowledge); None: nobody.
         self.listener: Callable | None = None
-
-    def __len__(self) -> int:
-        return len(self.cache)
-
-    def extra(self, salt: str | None) -> bytes:
-        return extra_key(self.model_id, salt)
 
     def match(self, token_ids, salt: str | None = None, max_tokens: int | None = None) -> list[int]:
         """Physical blocks holding the longest cached exact prefix of `token_ids` (full
@@ -85,7 +79,7 @@ class PrefixCache:
             return []
         bs = self.block_size
         limit = len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
-        extra = self.extra(salt)
+        extra = extra_key(self.model_id, salt)
         hits, parent = [], None
         for i in range(limit // bs):
             chunk = tuple(token_ids[i * bs:(i + 1) * bs])

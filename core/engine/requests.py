@@ -13,22 +13,13 @@ preempted) -> DONE (finished, aborted or rejected).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from enum import IntEnum
 from typing import Any, Final
 
 import numpy as np
 
 from core.workload import Request, Workload
 
-
-class RequestState(IntEnum):
-    NOT_ARRIVED = 0
-    WAITING = 1
-    RUNNING = 2
-    DONE = 3      # finished, aborted or rejected
-
-
-NOT_ARRIVED, WAITING, RUNNING, DONE = (int(s) for s in RequestState)  # plain ints for the int8 state array
+NOT_ARRIVED, WAITING, RUNNING, DONE = range(4)   # a request's state (DONE: finished, aborted or rejected)
 
 INF: Final = float("inf")
 
@@ -47,7 +38,7 @@ def cancellation(r: Request | None) -> tuple[float, str] | None:
 class RequestTable:
     """Rows: `ids`; `prompt_len`, `out_len` (max output tokens), `arrival` (ms), `abort_at` (ms,
     inf: never), `computed` (tokens with KV in the cache), `emitted` (output tokens so far),
-    `nblocks` (KV blocks held), `state` (RequestState); `salt` (tenant cache salt), `priority`,
+    `nblocks` (KV blocks held), `state` (NOT_ARRIVED .. DONE); `salt` (tenant cache salt), `priority`,
     `token_ids` (known ids: prompt then outputs, None when the workload gives only counts);
     `stop_of` (request -> its own stop ids, replacing the engine's)."""
     prompt_len: list[int]

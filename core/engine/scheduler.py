@@ -287,7 +287,7 @@ class Scheduler(SchedulerState):
                     continue
             else:
                 break
-            self._join(j, False)
+            self._join(j)
             joins.append(j)
             used += j.take
             seats -= 1
@@ -297,12 +297,9 @@ class Scheduler(SchedulerState):
             waiting.appendleft(r)
         return joins, used
 
-    def _join(self, j: policies.Join, pop: bool = True):
-        """Request j.req joins the running set (`pop`: taken off the waiting queue's head here)."""
-        t, r = self.requests, j.req
-        if pop:
-            self.waiting.popleft()
-        kv = self.kv
+    def _join(self, j: policies.Join):
+        """Request j.req (taken off the waiting queue by the caller, or holding blocks) joins the running set."""
+        t, r, kv = self.requests, j.req, self.kv
         if r not in kv.tables:   # (one holding blocks from a CPU-tier load has its table)
             kv.admit(r, j.hits, t.salt[r])
             if self.tier is not None:

@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 
 from core.engine.kvlog import KVLog, spread
-from core.engine.outputs import EngineOutputs, Finish, StepRecord
-from core.engine.outputs import Preemption as PreemptRecord
+from core.engine.outputs import EngineOutputs, Finish, Preemption, StepRecord
 from core.trace.spans import expand, order_key, span_rows
 
 
@@ -38,7 +37,7 @@ class StepLog:
         self.batch_parts: list[tuple] = []
         self.token_parts: list[tuple] = []
         self.finishes: list[Finish] = []
-        self.preempts: list[PreemptRecord] = []
+        self.preempts: list[Preemption] = []
         self.token_sources: list = []            # per token part: codes into TOKEN_SOURCES, or None (sampled)
         self.other: list[dict] = []              # verbatim events (spec, tiles)
         self.spans: list[tuple[int, int, int, int, int]] = []   # closed: (req, join, a, b, e0)
