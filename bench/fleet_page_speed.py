@@ -14,11 +14,8 @@ the steps and KV rows, which must be equal (the same trace). Nothing is asserted
 idle. bench.interactions times the same change in a browser, charts included.
 """
 import argparse
-import subprocess
-import tempfile
-from pathlib import Path
 
-from bench.revisions import REPO, run_worker, worktree
+from bench.revisions import REPO, built_worktree, run_worker
 
 WORKER = r"""
 import dataclasses, json, sys, time
@@ -58,9 +55,7 @@ def main(argv=None):
     ap.add_argument("--routers", default="least-requests,prefix-aware,round-robin")
     a = ap.parse_args(argv)
     args = {"routers": a.routers.split(","), "repeat": a.repeat}
-    with tempfile.TemporaryDirectory() as tmp, worktree(a.base, Path(tmp) / "base") as base:
-        subprocess.run(["python", "setup.py", "-q", "build_ext", "--inplace"], cwd=base, check=True,
-                       capture_output=True)
+    with built_worktree(a.base) as base:
         print(f"{'round':>5} {'router':>16} {a.base + ' s':>14} {'this s':>8}  ratio  steps / KV rows")
         for k in range(a.rounds):
             old, new = run_worker(base, WORKER, args), run_worker(REPO, WORKER, args)

@@ -13,11 +13,8 @@ process, best of --repeat `simulate` calls in process; prints seconds per round 
 KV events, which must be equal (the same trace). Nothing is asserted. The machine must be idle.
 """
 import argparse
-import subprocess
-import tempfile
-from pathlib import Path
 
-from bench.revisions import REPO, run_worker, worktree
+from bench.revisions import REPO, built_worktree, run_worker
 
 WORKER = r"""
 import json, sys, time
@@ -60,9 +57,7 @@ def main(argv=None):
     ap.add_argument("--cpu-kv-blocks", type=int, default=0)
     a = ap.parse_args(argv)
     args = {"requests": a.requests, "repeat": a.repeat, "cpu": a.cpu_kv_blocks}
-    with tempfile.TemporaryDirectory() as tmp, worktree(a.base, Path(tmp) / "base") as base:
-        subprocess.run(["python", "setup.py", "-q", "build_ext", "--inplace"], cwd=base, check=True,
-                       capture_output=True)
+    with built_worktree(a.base) as base:
         print(f"{'round':>5} {a.base + ' s':>14} {'this s':>8}  ratio  steps / KV rows / tier events (base; this)")
         for k in range(a.rounds):
             old, new = run_worker(base, WORKER, args), run_worker(REPO, WORKER, args)

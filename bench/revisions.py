@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +20,16 @@ def worktree(rev: str, where: Path):
         yield where
     finally:
         subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where)], capture_output=True)
+
+
+@contextmanager
+def built_worktree(rev: str):
+    """A detached worktree of `rev` in a temporary folder, its engine compiled as this checkout's
+    (`python setup.py build_ext --inplace`), removed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp, worktree(rev, Path(tmp) / "base") as base:
+        subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=base, check=True,
+                       capture_output=True)
+        yield base
 
 
 def run_worker(tree: Path, code: str, args: dict, timeout_s: float = 3600) -> dict:
