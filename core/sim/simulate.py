@@ -147,11 +147,10 @@ def reuse_freed_memory() -> bool:
     (ui.heap.freeze_startup_heap) and the runner's engine (gpu_runner.launch.build_engine) call
     it; a no-op where glibc is absent. True when glibc took both."""
     import ctypes
-    import ctypes.util
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    try:   # (the process's own symbols, libc's among them: no library search, 1 ms against 6)
+        libc = ctypes.CDLL(None)
         return libc.mallopt(-3, 1 << 30) == 1 and libc.mallopt(-1, 1 << 30) == 1   # M_MMAP_ / M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return False
 
 
@@ -177,11 +176,11 @@ def simulate_to_parquet(workload: Workload, config: SchedulerConfig, sink, step_
     from core.engine.steplog import log_records
     from core.trace.writer import ROW_GROUP_ROWS, TraceWriter, dumps_json, workload_request_rows
     if row_group_rows is None:
-        # Rows still buffered when the run ends are written after its last step: a run of a
-        # few million tokens ends sooner with smaller row groups; a long one writes faster
-        # with large ones (each row group writes every column chunk, most of them null).
-        small = int(workload.max_output_tokens.sum()) < 4 * ROW_GROUP_ROWS
-        row_group_rows = ROW_GROUP_ROWS // 4 if small else ROW_GROUP_ROWS
+        # The writer thread encodes a row group beside the run, but the last one (and the rows
+        # still buffered) after its last step: 131,072 rows keep that tail short (a 10k-request run
+        # 0.32 against 0.35 s with 262,144) and cost a long run nothing (100k: 3.28 against 3.30 s
+        # with 1,048,576; docs/benchmarks.md, issue 50).
+        row_group_rows = ROW_GROUP_ROWS // 8
     writer = TraceWriter(sink, row_group_rows)
     try:
         writer.add("request", workload_request_rows(workload))
