@@ -46,6 +46,7 @@ replica taken out of rotation at time t gets nothing routed after t.
 """
 from __future__ import annotations
 
+import functools
 import math
 import random as _random
 from collections import OrderedDict
@@ -266,9 +267,14 @@ def signals_dict(requests: int, running: int, waiting: int, kv_used: int, kv_blo
                  t_ms: float) -> dict:
     """What a route event records of one candidate (Signals.to_dict; the fleet simulator's
     read-back builds it from columns)."""
-    return {"requests": requests, "running": running, "waiting": waiting,
-            "kv_usage": round(kv_used / max(1, kv_blocks), 6), "prefix_blocks": prefix, "cached_blocks": cached,
-            "as_of_ms": t_ms}
+    return {"requests": requests, "running": running, "waiting": waiting, "kv_usage": _usage(kv_used, kv_blocks),
+            "prefix_blocks": prefix, "cached_blocks": cached, "as_of_ms": t_ms}
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _usage(kv_used: int, kv_blocks: int) -> float:
+    """The KV usage a route event records (a few distinct values a run: each rounded once)."""
+    return round(kv_used / max(1, kv_blocks), 6)
 
 
 @dataclass(slots=True)
