@@ -88,9 +88,34 @@ def span_rows(spans: list, counter0: int, counter_step: list) -> dict | None:
 
 
 def _insert(dec: dict, dkey: np.ndarray, listed: dict, key: np.ndarray) -> dict:
-    """The listed rows placed among the decoders' rows (both in key order): each column once."""
-    at = np.searchsorted(dkey, key)
-    return {c: np.insert(dec[c], at, listed[c]) for c in listed}
+    """The listed rows placed among the decoders' rows (both in key order)."""
+    return _inserted(dec, len(dkey), np.searchsorted(dkey, key), listed)
+
+
+def _inserted(dec: dict, n: int, at: np.ndarray, listed: dict) -> dict:
+    """np.insert(dec[c], at, listed[c]) for every column c of `listed` (`at` in order; a column of
+    `dec` given as a constant (value, dtype) is that value in each of its n rows), with the places
+    found once for all the columns (np.insert finds them again for each)."""
+    k = len(at)
+    ins = np.asarray(at, dtype=np.int64) + np.arange(k)   # listed row j's place
+    rest = np.ones(n + k, dtype=bool)                     # the others' (a mask: faster to write through)
+    rest[ins] = False
+    out = {}
+    for c, v in listed.items():
+        d = dec[c]
+        if isinstance(d, tuple):
+            col = np.full(n + k, d[0], dtype=d[1])
+        else:
+            col = np.empty(n + k, dtype=d.dtype)
+            col[rest] = d
+        col[ins] = v
+        out[c] = col
+    return out
+
+
+def _filled(cols: dict, m: int) -> dict:
+    """Columns with the constant ones (value, dtype) made arrays of m rows."""
+    return {c: np.full(m, v[0], dtype=v[1]) if isinstance(v, tuple) else v for c, v in cols.items()}
 
 
 def expand(span: dict, steps: dict, tokens: dict | None, batch: dict | None, name: str = "trace") \
@@ -102,13 +127,14 @@ def expand(span: dict, steps: dict, tokens: dict | None, batch: dict | None, nam
     without the step and join columns the listed rows carried."""
     n = np.asarray(span["tokens"], dtype=np.int64)
     m = int(n.sum())
-    s = np.repeat(np.arange(len(n)), n)
-    off = np.arange(m) - np.repeat(np.cumsum(n) - n, n)
-    step = np.asarray(span["step"], dtype=np.int64)[s] + off
-    join = np.asarray(span["join"], dtype=np.int64)[s]
-    key = order_key(step, join)
-    order = np.argsort(key, kind="stable")
-    key, step, s, off = key[order], step[order], s[order], off[order]
+    first = np.cumsum(n) - n                           # each span's first row, span after span
+    sp_step, sp_join = np.asarray(span["step"], dtype=np.int64), np.asarray(span["join"], dtype=np.int64)
+    # row r of span s decodes in step sp_step[s] + (r - first[s]); the rows in (step, join) order
+    order = np.argsort(order_key(np.arange(m) - np.repeat(first - sp_step, n), np.repeat(sp_join, n)), kind="stable")
+    s = np.repeat(np.arange(len(n)), n)[order]         # (the one gather over every row: the rest read the spans')
+    off = order - first[s]
+    step = sp_step[s] + off
+    key = order_key(step, sp_join[s])
     st = np.asarray(steps["step"], dtype=np.int64)
     if len(st) and st[-1] - st[0] == len(st) - 1 and (np.diff(st) == 1).all():   # (a run's steps: numbered in order)
         row = step - st[0]
@@ -126,15 +152,15 @@ def expand(span: dict, steps: dict, tokens: dict | None, batch: dict | None, nam
     t_end = np.asarray(steps["t_ms"], dtype=np.float64)[row] + np.asarray(steps["dur_ms"], dtype=np.float64)[row]
     req = np.asarray(span["req"], dtype=np.int64)[s]
     d_tok = {"t_ms": t_end, "req": req, "index": np.asarray(span["index"], dtype=np.int64)[s] + off,
-             "source": np.zeros(m, np.int8), "token_id": np.full(m, -1, np.int64)}
-    d_batch = {"step": step, "req": req, "tokens": np.ones(m, np.int64), "kind": np.zeros(m, np.int8)}
+             "source": (0, np.int8), "token_id": (-1, np.int64)}
+    d_batch = {"step": step, "req": req, "tokens": (1, np.int64), "kind": (0, np.int8)}
     if tokens is not None and len(tokens["req"]):
         tkey = order_key(tokens["step"], tokens["join"])
         d_tok = _insert(d_tok, key, {c: tokens[c] for c in d_tok}, tkey)
     if batch is not None and len(batch["req"]):
         bkey = order_key(batch["step"], batch["join"])
         d_batch = _insert(d_batch, key, {c: batch[c] for c in d_batch}, bkey)
-    return d_tok, d_batch
+    return _filled(d_tok, m), _filled(d_batch, m)
 
 
 # ---- frees of whole block tables ---------------------------------------------------------------
@@ -188,7 +214,7 @@ def kv_with_frees(kv: dict, frees: dict, ops: tuple, name: str = "trace") -> dic
            "req": req[f], "block": np.asarray(kv["block"])[rows], "logical": np.asarray(kv["logical"])[rows],
            "ref": np.zeros(m, np.int64), "src": np.full(m, -1, np.int64)}
     at = np.repeat(pos, n)
-    out = {c: np.insert(np.asarray(kv[c]), at, add[c]) for c in add}
+    out = _inserted({c: np.asarray(kv[c]) for c in add}, L, at, add)
     hashes = kv.get("hash")
     out["hash"] = None if hashes is None else list(np.insert(np.asarray(hashes, dtype=object), at, None))
     return out
