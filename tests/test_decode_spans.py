@@ -126,6 +126,65 @@ def test_expand_places_listed_rows_by_step_then_join():
         (5.0, 5, 10), (11.0, 5, 11), (11.0, 4, 0), (18.0, 5, 12), (18.0, 6, 0)]
 
 
+
+@pytest.mark.parametrize("seed", range(6))
+def test_expand_equals_listing_every_row_by_hand(seed):
+    """Random spans (requests decoding over overlapping stretches of steps, joins in any order) and
+    listed rows between them: expand gives what listing each span's steps one by one and sorting
+    every row by (step, join) gives, each token at its step's end (listed tokens keep their time)."""
+    rng = np.random.default_rng(seed)
+    n_steps, n_spans = 40, 25
+    joins = rng.permutation(200)[:n_spans + 12]
+    start = rng.integers(0, n_steps - 1, n_spans)
+    n = np.minimum(rng.integers(1, 15, n_spans), n_steps - start)
+    span = {"req": rng.integers(0, 50, n_spans), "join": joins[:n_spans], "step": start, "tokens": n,
+            "index": rng.integers(0, 9, n_spans)}
+    steps = {"step": np.arange(n_steps), "t_ms": np.cumsum(rng.uniform(1, 3, n_steps)),
+             "dur_ms": rng.uniform(0.5, 1.0, n_steps)}
+    # listed rows: the other joins, in steps of their own (one per (step, join)), in key order
+    lj = joins[n_spans:]
+    ls = rng.integers(0, n_steps, len(lj))
+    key_order = np.lexsort((lj, ls))
+    ls, lj = ls[key_order], lj[key_order]
+    k = len(lj)
+    listed_t = {"t_ms": rng.uniform(0, 100, k), "req": rng.integers(0, 50, k), "index": rng.integers(0, 9, k),
+                "source": rng.integers(0, 3, k).astype(np.int8), "token_id": rng.integers(0, 1000, k),
+                "step": ls, "join": lj}
+    listed_b = {"step": ls, "req": listed_t["req"], "tokens": rng.integers(2, 99, k),
+                "kind": np.ones(k, np.int8), "join": lj}
+    tok, bat = expand(span, steps, listed_t, listed_b)
+    end = steps["t_ms"] + steps["dur_ms"]
+    rows = []   # (step, join, token row, batch row)
+    for j in range(n_spans):
+        for off in range(int(n[j])):
+            st, r = int(start[j]) + off, int(span["req"][j])
+            rows.append((st, int(span["join"][j]), (float(end[st]), r, int(span["index"][j]) + off, 0, -1),
+                         (st, r, 1, 0)))
+    for j in range(k):
+        rows.append((int(ls[j]), int(lj[j]),
+                     tuple(listed_t[c][j].item() for c in ("t_ms", "req", "index", "source", "token_id")),
+                     tuple(listed_b[c][j].item() for c in ("step", "req", "tokens", "kind"))))
+    rows.sort(key=lambda x: (x[0], x[1]))
+    assert list(zip(*(tok[c].tolist() for c in ("t_ms", "req", "index", "source", "token_id")))) == [x[2] for x in rows]
+    assert list(zip(*(bat[c].tolist() for c in ("step", "req", "tokens", "kind")))) == [x[3] for x in rows]
+    assert (tok["source"].dtype, tok["token_id"].dtype, bat["tokens"].dtype, bat["kind"].dtype) == \
+        (np.int8, np.int64, np.int64, np.int8)
+
+
+def test_rows_placed_for_every_column_at_once_equal_numpy_insert():
+    """spans._inserted (the kv_free rows' placement) against np.insert, column by column, with several
+    rows at one place, at the start and at the end, and a constant column."""
+    from core.trace.spans import _inserted
+    rng = np.random.default_rng(1)
+    n = 50
+    at = np.sort(np.r_[0, 0, rng.integers(0, n + 1, 20), n, n])
+    dec = {"a": rng.integers(0, 9, n), "b": rng.uniform(0, 1, n), "c": (7, np.int8)}
+    add = {"a": rng.integers(100, 200, len(at)), "b": rng.uniform(5, 6, len(at)), "c": np.full(len(at), 3, np.int8)}
+    got = _inserted(dec, n, at, add)
+    assert np.array_equal(got["a"], np.insert(dec["a"], at, add["a"]))
+    assert np.array_equal(got["b"], np.insert(dec["b"], at, add["b"]))
+    assert np.array_equal(got["c"], np.insert(np.full(n, 7, np.int8), at, add["c"])) and got["c"].dtype == np.int8
+
 # ---- hostile span rows: one line from both readers, nothing expanded first ----------------------------
 
 def with_value(path, tmp, rtype, column, value, where=0):
